@@ -1,0 +1,1 @@
+"""Bundled example workloads (TOML files in this folder); ``rpeg examples`` lists them."""

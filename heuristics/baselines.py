@@ -1,0 +1,225 @@
+"""The two baseline planners of SPEC §8 and the memory repair they share.
+
+* **greedy** — every invocation on all GPUs with its fastest strategy, one after another (the
+  list scheduler serialises them because they share every device).
+* **concurrent** — invocations with no data dependency between them (one topological level of
+  the data edges) run side by side on disjoint shares of the devices; for every level the
+  partition with the least estimated time (the slowest member's isolated time) is chosen.
+
+Both then make the plan memory-feasible if they can (:func:`repair_memory`: move one vertex at a
+time to the strategy that lowers the worst device peak at the least extra time) and otherwise
+explain which invocation does not fit and by how much (:class:`Infeasible`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from ..ir.cluster import Allocation, Cluster
+from ..ir.plan import Choice, Plan
+from .candidates import Directory, _allocs
+from .evaluator import Evaluator
+
+__all__ = ["Infeasible", "concurrent_plan", "greedy_plan", "levels", "repair_memory"]
+
+GIB = 2**30
+
+
+@dataclass
+class Infeasible(Exception):
+    """No memory-feasible plan was found; :attr:`reason` says which invocation and by how much."""
+
+    reason: str
+    vertex: str | None = None
+    excess_bytes: float = 0.0
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def _check_directories(ev: Evaluator, dirs: list[Directory], size: int | None = None) -> None:
+    m_eff = ev.cluster.hardware.m_eff
+    for d in dirs:
+        ok = d.of_size(size) if size is not None else d.strategies
+        if not ok:
+            v = ev.graph.vertices[d.vertex]
+            where = f"on {size} GPUs" if size is not None else "in any legal layout"
+            if d.smallest_isolated == float("inf"):
+                raise Infeasible(f"invocation {v.name!r} has no legal parallel layout on cluster "
+                                 f"{ev.cluster.shape_str}", v.name)
+            excess = d.smallest_isolated - m_eff
+            if size is not None and d.strategies:
+                excess = max(excess, 0.0)
+                reason = (f"invocation {v.name!r} ({v.role.value} of {v.model}) does not fit {where}: "
+                          f"every layout of that size exceeds M_eff={m_eff / GIB:.1f} GiB")
+            else:
+                reason = (f"invocation {v.name!r} ({v.role.value} of {v.model}) does not fit {where}: "
+                          f"its smallest isolated footprint is {d.smallest_isolated / GIB:.1f} GiB per GPU, "
+                          f"{excess / GIB:.1f} GiB over M_eff={m_eff / GIB:.1f} GiB "
+                          f"({ev.cluster.hardware.gpu_memory_bytes / GIB:.1f} GiB GPUs, "
+                          f"{ev.cluster.hardware.memory_headroom:.0%} headroom)")
+            raise Infeasible(reason, v.name, excess)
+
+
+def explain_memory(ev: Evaluator, plan: Plan) -> Infeasible:
+    """Describe the worst device of an infeasible plan: its peak, the excess, who sits there."""
+    mem = ev.memory(plan)
+    worst = max(range(len(mem.peak)), key=mem.peak.__getitem__)
+    atom = mem.atoms[worst]
+    names = [ev.graph.vertices[v].name for v, c in enumerate(plan.choices) if c.allocation.mask & atom]
+    first = (atom & -atom).bit_length() - 1
+    excess = mem.peak[worst] - mem.m_eff
+    return Infeasible(
+        f"no memory-feasible plan found: GPU {first} (and {atom.bit_count() - 1} like it) needs "
+        f"{mem.peak[worst] / GIB:.1f} GiB, {excess / GIB:.1f} GiB over M_eff={mem.m_eff / GIB:.1f} GiB; "
+        f"co-resident invocations: {', '.join(names)}",
+        names[0] if names else None,
+        excess,
+    )
+
+
+def repair_memory(ev: Evaluator, dirs: list[Directory], plan: Plan, max_moves: int = 200) -> Plan:
+    """Make ``plan`` memory-feasible by changing strategies in place (allocations kept).
+
+    Each move switches one vertex to another strategy of the same shape that strictly lowers the
+    worst device's peak ratio, choosing the one that adds the least estimated time (ties: the
+    larger drop). Stops when feasible or when no move helps.
+
+    Raises
+    ------
+    Infeasible
+        When no sequence of such moves reaches feasibility.
+    """
+    costs = ev.costs
+    ratio = ev.memory(plan).ratio
+    moves = 0
+    while ratio > 1.0 + 1e-9 and moves < max_moves:
+        best = None
+        for d in dirs:
+            cur = plan.choices[d.vertex]
+            t_cur = costs.op_time(d.vertex, cur.strategy)
+            for i in d.of_size(cur.allocation.size):
+                s = d.strategies[i]
+                if s == cur.strategy:
+                    continue
+                trial = plan.replace(d.vertex, Choice(s, cur.allocation))
+                r = ev.memory(trial).ratio
+                if r < ratio - 1e-12:
+                    key = (d.times[i] - t_cur, r)
+                    if best is None or key < best[0]:
+                        best = (key, trial, r)
+        if best is None:
+            break
+        _, plan, ratio = best
+        moves += 1
+    if ratio > 1.0 + 1e-9:
+        raise explain_memory(ev, plan)
+    return plan
+
+
+def greedy_plan(ev: Evaluator, dirs: list[Directory]) -> Plan:
+    """SPEC §8 greedy baseline: all GPUs, fastest strategy per invocation, repaired for memory.
+
+    Raises
+    ------
+    Infeasible
+        If some invocation has no strategy on all GPUs, or the co-resident state cannot fit.
+    """
+    cluster = ev.cluster
+    n = cluster.num_devices
+    _check_directories(ev, dirs)
+    _check_directories(ev, dirs, n)
+    alloc = _allocs(cluster, n)[0]
+    plan = Plan(tuple(Choice(d.strategies[d.of_size(n)[0]], alloc) for d in dirs))
+    return repair_memory(ev, dirs, plan)
+
+
+def levels(ev: Evaluator) -> list[list[int]]:
+    """Group vertices by longest-path depth in the data-edge DAG (no dependency inside a group)."""
+    g = ev.graph
+    depth = [0] * len(g.vertices)
+    # vertex order is topological, so visiting edges by destination order settles each depth
+    for e in sorted(g.data_edges, key=lambda e: g.index[e.dst]):
+        depth[g.index[e.dst]] = max(depth[g.index[e.dst]], depth[g.index[e.src]] + 1)
+    out: dict[int, list[int]] = {}
+    for v, k in enumerate(depth):
+        out.setdefault(k, []).append(v)
+    return [out[k] for k in sorted(out)]
+
+
+def _pack(cluster: Cluster, sizes: list[int]) -> list[Allocation] | None:
+    """Place blocks of ``sizes`` (largest first) at the first free aligned origins."""
+    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
+    used = 0
+    out: list[Allocation | None] = [None] * len(sizes)
+    for i in order:
+        for a in _allocs(cluster, sizes[i]):
+            if not a.mask & used:
+                out[i] = a
+                used |= a.mask
+                break
+        else:
+            return None
+    return out  # type: ignore[return-value]
+
+
+def concurrent_plan(ev: Evaluator, dirs: list[Directory], *, alternatives: int = 8) -> Plan:
+    """SPEC §8 concurrent baseline: independent invocations side by side on disjoint devices.
+
+    For each topological level, every assignment of legal sizes to its members that packs into
+    the cluster is scored by its slowest member's fastest isolated time; the best is taken. If
+    the result is memory-infeasible, strategies are repaired first, then the levels' next-best
+    partitions (up to ``alternatives`` each) are tried in order.
+
+    Raises
+    ------
+    Infeasible
+        When no tried partition can be made memory-feasible.
+    """
+    cluster = ev.cluster
+    _check_directories(ev, dirs)
+    ranked: list[list[tuple[float, list[tuple[int, Choice]]]]] = []
+    for group in levels(ev):
+        options: list[tuple[float, list[tuple[int, Choice]]]] = []
+        per_member = [
+            sorted({dirs[v].strategies[i].size for i in range(len(dirs[v]))}) for v in group
+        ]
+        for sizes in itertools.product(*per_member):
+            if sum(sizes) > cluster.num_devices:
+                continue
+            allocs = _pack(cluster, list(sizes))
+            if allocs is None:
+                continue
+            choice = []
+            t = 0.0
+            for v, size, a in zip(group, sizes, allocs):
+                i = dirs[v].of_size(size)[0]
+                t = max(t, dirs[v].times[i])
+                choice.append((v, Choice(dirs[v].strategies[i], a)))
+            options.append((t, choice))
+        if not options:
+            names = ", ".join(ev.graph.vertices[v].name for v in group)
+            raise Infeasible(f"invocations {names} cannot share cluster {cluster.shape_str} side by side")
+        options.sort(key=lambda o: o[0])
+        ranked.append(options[:alternatives])
+
+    def build(picks: tuple[int, ...]) -> Plan:
+        choices: list[Choice | None] = [None] * len(dirs)
+        for level, k in zip(ranked, picks):
+            for v, c in level[k][1]:
+                choices[v] = c
+        return Plan(tuple(choices))  # type: ignore[arg-type]
+
+    combos = sorted(
+        itertools.product(*(range(len(r)) for r in ranked)),
+        key=lambda p: (sum(r[k][0] for r, k in zip(ranked, p)), p),
+    )
+    first_error: Infeasible | None = None
+    for picks in combos[: max(1, alternatives * len(ranked))]:
+        try:
+            return repair_memory(ev, dirs, build(picks))
+        except Infeasible as exc:
+            first_error = first_error or exc
+    assert first_error is not None
+    raise first_error

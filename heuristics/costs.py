@@ -1,0 +1,167 @@
+"""Cached per-(vertex, strategy) costs: the bridge between the IR and the cost model.
+
+Every duration and memory figure of an OP node depends only on its vertex and its
+:class:`~rpeg.ir.plan.Strategy` (shape, degrees, microbatches, tiers), not on where the
+allocation sits, so each is computed once per pair and reused by every evaluation. COMM and
+RESHARD durations depend on the tier spanned by the allocations involved and are cached by
+``(bytes, sizes, tier)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..costmodel.memory import training_state_bytes, transient_bytes, weight_bytes
+from ..costmodel.time import Layout, comm_time, op_time, reshard_time
+from ..ir.cluster import Cluster
+from ..ir.graph import RPEG
+from ..ir.plan import Choice, Strategy
+from ..ir.types import Role
+from ..ir.workload import Workload
+
+__all__ = ["Costs", "VertexMemory"]
+
+
+@dataclass(frozen=True, slots=True)
+class VertexMemory:
+    """Per-device memory of one vertex under one strategy (bytes, SPEC §6).
+
+    Attributes
+    ----------
+    transient
+        ``A(v)`` without serving weights: activations (+ KV cache; training also its BF16
+        weights and gradients).
+    weights
+        ``W_shard·sb`` of the model's layout under this strategy (a serving or shadow copy).
+    train_state
+        ``12·W_shard/Pd`` for a training vertex, else 0.
+    """
+
+    transient: float
+    weights: float
+    train_state: float
+
+    @property
+    def isolated(self) -> float:
+        """Peak if the vertex ran alone on its devices: training state + transient, or a
+        serving copy of the weights + transient."""
+        if self.train_state:
+            return self.train_state + self.transient
+        return self.weights + self.transient
+
+
+class Costs:
+    """Cost provider for :func:`~rpeg.ir.lower.lower` and the memory check.
+
+    Parameters
+    ----------
+    graph
+        The compact RPEG (vertex indices refer to ``graph.vertices``).
+    workload
+        Supplies ``Lp``, ``Lr`` and the response-length quantiles.
+    cluster
+        Supplies the hardware figures and the tier of a device set.
+    """
+
+    def __init__(self, graph: RPEG, workload: Workload, cluster: Cluster) -> None:
+        self.graph = graph
+        self.workload = workload
+        self.cluster = cluster
+        self.hw = cluster.hardware
+        self._op: dict[tuple, tuple[float, ...]] = {}
+        self._mem: dict[tuple, VertexMemory] = {}
+        self._comm: dict[tuple, float] = {}
+        self._reshard: dict[tuple, float] = {}
+        self._layout: dict[Strategy, Layout] = {}
+        self._specs = [graph.models[v.model].spec for v in graph.vertices]
+        self._model_heads = [graph.models[v.model].head for v in graph.vertices]
+
+    def layout(self, s: Strategy) -> Layout:
+        """The cost model's :class:`Layout` of a strategy."""
+        lay = self._layout.get(s)
+        if lay is None:
+            lay = Layout(s.dp, s.pp, s.tp, s.mb, s.pp_tier, s.dp_tier, self.cluster.gpus_per_node)
+            self._layout[s] = lay
+        return lay
+
+    # ------------------------------------------------------------------ times
+    def op_phases(self, vertex: int, choice: Choice, split: bool) -> tuple[float, ...]:
+        """Seconds of the vertex's OP node, or of each of its ``Q`` phase nodes when ``split``
+        (:meth:`phases` of the choice's strategy)."""
+        return self.phases(vertex, choice.strategy, split)
+
+    def phases(self, vertex: int, strategy: Strategy, split: bool) -> tuple[float, ...]:
+        """Seconds of the OP node, or of each of the ``Q`` phase nodes when ``split`` (cached).
+
+        Generation phase ``q`` decodes steps ``t_{q−1}..t_q`` for the ``(1 − f_{q−1})`` share of
+        sequences still running (phase 1 also prefills); inference phase ``q`` processes the
+        share ``f_q − f_{q−1}``. Unsplit nodes process everything (SPEC §5, §6).
+        """
+        key = (vertex, strategy, split)
+        hit = self._op.get(key)
+        if hit is None:
+            hit = self._op[key] = self._op_phases(vertex, strategy, split)
+        return hit
+
+    def op_time(self, vertex: int, strategy: Strategy) -> float:
+        """Seconds of the unsplit OP node (the directory's sort key)."""
+        return self.phases(vertex, strategy, False)[0]
+
+    def _op_phases(self, vertex: int, s: Strategy, split: bool) -> tuple[float, ...]:
+        v = self.graph.vertices[vertex]
+        w = self.workload
+        spec = self._specs[vertex]
+        lay = self.layout(s)
+        common = {"prompt_len": w.prompt_len, "response_len": w.response_len, "head": v.head}
+        if not split:
+            return (op_time(spec, v.role, lay, self.hw, sequences=v.sequences, **common).total,)
+        out = []
+        prev_f, prev_t = 0.0, 0
+        for f, t in w.quantiles:  # type: ignore[union-attr]
+            if v.role is Role.GENERATION:
+                seqs = v.sequences * (1.0 - prev_f)
+                bd = op_time(spec, v.role, lay, self.hw, sequences=seqs, decode=(prev_t, t),
+                             prefill=prev_t == 0, **common)
+            else:
+                bd = op_time(spec, v.role, lay, self.hw, sequences=v.sequences * (f - prev_f), **common)
+            out.append(bd.total)
+            prev_f, prev_t = f, t
+        return tuple(out)
+
+    def comm(self, nbytes: float, src: Choice, dst: Choice) -> float:
+        """``α_p2p + bytes·β_p2p / min(|σu|, |σv|)`` at the tier spanned by both allocations."""
+        a, b = src.allocation, dst.allocation
+        tier = a.tier if a.mask == b.mask else self.cluster.tier_of_mask(a.mask | b.mask)
+        key = (nbytes, a.size, b.size, tier)
+        hit = self._comm.get(key)
+        if hit is None:
+            hit = self._comm[key] = comm_time(nbytes, a.size, b.size, tier, self.hw)
+        return hit
+
+    def reshard(self, model: str, dst: Choice) -> float:
+        """AlltoAll of ``N_m·sb/|σ|`` over the ``|σ|`` ranks of the destination allocation."""
+        a = dst.allocation
+        key = (model, a.size, a.tier)
+        hit = self._reshard.get(key)
+        if hit is None:
+            inst = self.graph.models[model]
+            hit = self._reshard[key] = reshard_time(inst.spec, a.size, a.tier, self.hw, inst.head)
+        return hit
+
+    # ------------------------------------------------------------------ memory
+    def memory(self, vertex: int, s: Strategy) -> VertexMemory:
+        """Per-device memory figures of ``vertex`` under strategy ``s`` (cached)."""
+        key = (vertex, s)
+        hit = self._mem.get(key)
+        if hit is None:
+            v = self.graph.vertices[vertex]
+            spec = self._specs[vertex]
+            head = self._model_heads[vertex]  # storage: what the model's weights carry
+            lay = self.layout(s)
+            w = self.workload
+            trans = transient_bytes(spec, v.role, lay, sequences=v.sequences, prompt_len=w.prompt_len,
+                                    response_len=w.response_len, head=v.head)
+            wb = weight_bytes(spec, lay, head)
+            ts = training_state_bytes(spec, lay, head) if v.role is Role.TRAINING else 0.0
+            hit = self._mem[key] = VertexMemory(trans, wb, ts)
+        return hit

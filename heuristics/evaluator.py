@@ -1,0 +1,216 @@
+"""Evaluate a configuration ``C = (G°(y), P)``: unroll, lower, cost, schedule, score (SPEC §5–§7).
+
+Score ``= Keval·B·R·(Lp+Lr)/MS`` tokens/s. Memory penalty
+``score·exp(−β_oom·max(0, max_d peak(d)/M_eff − 1))`` with ``β_oom = 40``. Optional utilisation
+objective: ``Util = Σ_d busy(d)/(|D|·MS)``; the objective is ``score·Util`` when ``score ≥ (1 − δ)``
+times the best raw score seen so far by this evaluator (``δ = 0.10``), else ``score·1e−12``.
+
+Per-device memory (SPEC §6): ``peak(d) = Σ_m S(m, d) + max_{v on d} A(v, d)`` where
+
+* ``S`` is ``12·W_shard/Pd`` on the training devices of ``m``; a BF16 copy ``W_shard·sb`` on a
+  device serving a frozen model, and on a device serving a trainable model ``m`` with ``τ(m) > 0``
+  that is not one of ``m``'s training devices (a shadow copy); a shared backbone once;
+* ``A(v, d)`` is the vertex's transient; a serving vertex of a trainable model on a device with
+  no persistent copy of it (``τ = 0``, or a device that also trains ``m``) materialises its BF16
+  weights transiently, so they join ``A(v, d)`` (``docs/decisions.md``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..ir.cluster import Cluster, mask_devices
+from ..ir.lower import ExecGraph, lower
+from ..ir.plan import Plan
+from ..ir.templates import Structure, build_graph
+from ..ir.types import Role
+from ..ir.unroll import unroll
+from ..ir.workload import Workload
+from .costs import Costs
+from .scheduler import Schedule, atoms_of, list_schedule
+
+__all__ = ["BETA_OOM", "Evaluation", "Evaluator", "MemoryReport"]
+
+BETA_OOM = 40.0
+MEMORY_TOL = 1e-9  # relative slack on peak ≤ M_eff for float round-off
+
+
+@dataclass
+class MemoryReport:
+    """Per-atom memory of a plan.
+
+    Attributes
+    ----------
+    atoms
+        Device masks (devices of an atom host the same vertices, so share one peak).
+    peak
+        ``peak(d)`` of each atom's devices in bytes.
+    m_eff
+        ``M_eff`` in bytes.
+    """
+
+    atoms: list[int]
+    peak: list[float]
+    m_eff: float
+
+    @property
+    def max_peak(self) -> float:
+        """``max_d peak(d)``."""
+        return max(self.peak, default=0.0)
+
+    @property
+    def ratio(self) -> float:
+        """``max_d peak(d)/M_eff``."""
+        return self.max_peak / self.m_eff
+
+    @property
+    def feasible(self) -> bool:
+        """``peak(d) ≤ M_eff`` on every device."""
+        return self.ratio <= 1.0 + MEMORY_TOL
+
+    def per_device(self, num_devices: int) -> list[float]:
+        """``peak(d)`` for every flat id ``d`` (0 for devices nothing runs on)."""
+        out = [0.0] * num_devices
+        for a, p in zip(self.atoms, self.peak):
+            for d in mask_devices(a):
+                out[d] = p
+        return out
+
+
+@dataclass
+class Evaluation:
+    """What an evaluation returns.
+
+    Attributes
+    ----------
+    score
+        The objective the search maximises: throughput, memory-penalised, and utilisation-
+        weighted when that objective is on.
+    throughput
+        Raw score ``Keval·B·R·(Lp+Lr)/MS`` in tokens/s.
+    makespan
+        ``MS`` in seconds over ``Keval`` steps.
+    utilization
+        ``Σ_d busy(d)/(|D|·MS)``.
+    memory
+        Per-device peaks and feasibility.
+    graph, schedule
+        The lowered graph and its schedule (kept only when asked for).
+    """
+
+    score: float
+    throughput: float
+    makespan: float
+    utilization: float
+    memory: MemoryReport
+    graph: ExecGraph | None = field(default=None, repr=False)
+    schedule: Schedule | None = field(default=None, repr=False)
+
+    @property
+    def feasible(self) -> bool:
+        """Memory feasibility of the plan."""
+        return self.memory.feasible
+
+
+class Evaluator:
+    """Scores plans for one workload, cluster and structural candidate.
+
+    Parameters
+    ----------
+    workload, cluster
+        The problem.
+    structure
+        The structural candidate ``y``; ``None`` is the synchronous structure.
+    k_eval
+        Steps to unroll (SPEC default 8).
+    objective
+        ``"throughput"`` or ``"throughput-util"``.
+    delta
+        ``δ`` of the utilisation objective.
+    penalty
+        ``True`` for the soft memory penalty; ``False`` scores infeasible plans 0 (hard rejection).
+    """
+
+    def __init__(self, workload: Workload, cluster: Cluster, structure: Structure | None = None,
+                 *, k_eval: int = 8, objective: str = "throughput", delta: float = 0.10,
+                 penalty: bool = True) -> None:
+        if objective not in ("throughput", "throughput-util"):
+            raise ValueError(f"objective must be 'throughput' or 'throughput-util', got {objective!r}")
+        if not 0.0 <= delta < 1.0:
+            raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+        self.workload = workload
+        self.cluster = cluster
+        self.structure = structure or Structure.synchronous(workload)
+        self.graph = build_graph(workload, self.structure)
+        self.unrolled = unroll(self.graph, k_eval)
+        self.k_eval = k_eval
+        self.costs = Costs(self.graph, workload, cluster)
+        self.objective = objective
+        self.delta = delta
+        self.penalty = penalty
+        self.best_raw = 0.0
+        self.evaluations = 0
+        g = self.graph
+        self._work = k_eval * workload.tokens_per_step
+        self._trainer = {m: g.index[t.name] for m in g.models if (t := g.training_vertex(m)) is not None}
+        self._vmodel = [v.model for v in g.vertices]
+        self._training = [v.role is Role.TRAINING for v in g.vertices]
+        self._trainable = {m: inst.trainable for m, inst in g.models.items()}
+
+    # ------------------------------------------------------------------ memory
+    def memory(self, plan: Plan) -> MemoryReport:
+        """Per-device peaks of ``plan`` (module docstring; SPEC §6)."""
+        masks = [c.allocation.mask for c in plan.choices]
+        mems = [self.costs.memory(v, c.strategy) for v, c in enumerate(plan.choices)]
+        atoms = atoms_of(masks)
+        tau = self.graph.staleness
+        peaks = []
+        for a in atoms:
+            persistent = 0.0
+            copies: dict[str, float] = {}
+            worst = 0.0
+            on = [v for v, m in enumerate(masks) if m & a]
+            for v in on:
+                if self._training[v]:
+                    persistent += mems[v].train_state
+            for v in on:
+                if self._training[v]:
+                    worst = max(worst, mems[v].transient)
+                    continue
+                m = self._vmodel[v]
+                trainer = self._trainer.get(m)
+                if trainer is None or (tau[m] > 0 and not masks[trainer] & a):
+                    copies[m] = max(copies.get(m, 0.0), mems[v].weights)  # frozen or shadow copy
+                    worst = max(worst, mems[v].transient)
+                else:
+                    worst = max(worst, mems[v].transient + mems[v].weights)
+            peaks.append(persistent + sum(copies.values()) + worst)
+        return MemoryReport(atoms, peaks, self.cluster.hardware.m_eff)
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, plan: Plan, *, keep: bool = False) -> Evaluation:
+        """Unroll (cached), lower, cost, schedule and score ``plan``.
+
+        Parameters
+        ----------
+        plan
+            One choice per vertex of :attr:`graph`.
+        keep
+            Keep the lowered graph and schedule in the result.
+        """
+        self.evaluations += 1
+        g = lower(self.unrolled, plan, self.workload.quantiles, self.costs)  # type: ignore[arg-type]
+        sched = list_schedule(g)
+        ms = sched.makespan
+        raw = self._work / ms if ms > 0 else math.inf
+        util = sched.busy_device_seconds() / (self.cluster.num_devices * ms) if ms > 0 else 0.0
+        mem = self.memory(plan)
+        score = raw
+        if not mem.feasible:
+            score = raw * math.exp(-BETA_OOM * (mem.ratio - 1.0)) if self.penalty else 0.0
+        if self.objective == "throughput-util":
+            if raw > self.best_raw:
+                self.best_raw = raw
+            score = score * util if raw >= (1.0 - self.delta) * self.best_raw else score * 1e-12
+        return Evaluation(score, raw, ms, util, mem, g if keep else None, sched if keep else None)

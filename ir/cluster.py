@@ -1,0 +1,262 @@
+"""The device space: racks × nodes × GPUs, aligned allocations, flat ids and link tiers.
+
+Devices are addressed by ``(r, n, g)`` with flat id ``((r·Nn) + n)·Ng + g`` (SPEC §2). An
+allocation ``D(o, δ)`` is a contiguous hyper-rectangle with origin ``o`` and extent ``δ``; it is
+*aligned* when each origin coordinate is a multiple of the extent in that dimension (P7), so
+allocations of one shape tile the device space. Legal shapes (P6, see ``docs/decisions.md``):
+
+* part of one node: ``(1, 1, e)`` with ``e | Ng``;
+* whole nodes inside one rack: ``(1, k, Ng)`` with ``k | Nn``;
+* whole racks: ``(k, Nn, Ng)`` with ``k | Nr``.
+
+A set of devices is represented as an ``int`` bit mask (bit ``i`` = flat id ``i``), which makes
+overlap and union tests single integer operations in the evaluator.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+from .hardware import Hardware
+
+__all__ = ["TIER_CLUSTER", "TIER_NODE", "TIER_RACK", "Allocation", "Cluster"]
+
+TIER_NODE = 0  # all devices inside one node
+TIER_RACK = 1  # several nodes inside one rack
+TIER_CLUSTER = 2  # several racks
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """An aligned hyper-rectangle ``D(o, δ)`` of the device space.
+
+    Parameters
+    ----------
+    origin
+        ``(r, n, g)`` of its first device.
+    extent
+        ``(dr, dn, dg)``, its size in racks, nodes and GPUs.
+    mask
+        Bit mask of its flat device ids.
+    tier
+        Slowest link tier it spans (0 node, 1 rack, 2 cluster).
+    """
+
+    origin: tuple[int, int, int]
+    extent: tuple[int, int, int]
+    mask: int
+    tier: int
+
+    @property
+    def size(self) -> int:
+        """Number of devices ``|σ| = dr·dn·dg``."""
+        return self.extent[0] * self.extent[1] * self.extent[2]
+
+    def devices(self) -> list[int]:
+        """Flat device ids in rank order (GPU fastest, then node, then rack)."""
+        return mask_devices(self.mask)
+
+
+def mask_devices(mask: int) -> list[int]:
+    """Flat ids of the set bits of ``mask``, ascending."""
+    out = []
+    i = 0
+    while mask:
+        if mask & 1:
+            out.append(i)
+        mask >>= 1
+        i += 1
+    return out
+
+
+_SHAPE_RE = re.compile(r"^\s*(\d+)\s*[x×*,]\s*(\d+)\s*[x×*,]\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A homogeneous GPU cluster of ``racks × nodes_per_rack × gpus_per_node`` devices.
+
+    Parameters
+    ----------
+    racks, nodes_per_rack, gpus_per_node
+        ``Nr, Nn, Ng``.
+    hardware
+        Per-GPU and link figures (:class:`~rpeg.ir.hardware.Hardware`).
+
+    Raises
+    ------
+    ValueError
+        If a dimension is not a positive integer (the message names it).
+    """
+
+    racks: int
+    nodes_per_rack: int
+    gpus_per_node: int
+    hardware: Hardware
+
+    def __post_init__(self) -> None:
+        for name in ("racks", "nodes_per_rack", "gpus_per_node"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Cluster: {name} must be a positive integer, got {value!r}")
+        if not isinstance(self.hardware, Hardware):
+            raise ValueError(f"Cluster: hardware must be a Hardware, got {type(self.hardware).__name__}")
+
+    @classmethod
+    def from_shape(cls, shape: str | tuple[int, int, int], hardware: Hardware) -> Cluster:
+        """Build from ``"RxNxG"`` (e.g. ``"2x8x4"``) or a ``(R, N, G)`` tuple.
+
+        Raises
+        ------
+        ValueError
+            If the shape string is malformed.
+        """
+        if isinstance(shape, str):
+            m = _SHAPE_RE.match(shape)
+            if not m:
+                raise ValueError(f"cluster shape must look like RACKSxNODESxGPUS (e.g. 1x2x4), got {shape!r}")
+            r, n, g = (int(x) for x in m.groups())
+        else:
+            r, n, g = shape
+        return cls(r, n, g, hardware)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(Nr, Nn, Ng)``."""
+        return (self.racks, self.nodes_per_rack, self.gpus_per_node)
+
+    @property
+    def shape_str(self) -> str:
+        """``"RxNxG"``."""
+        return f"{self.racks}x{self.nodes_per_rack}x{self.gpus_per_node}"
+
+    @property
+    def num_devices(self) -> int:
+        """``|D| = Nr·Nn·Ng``."""
+        return self.racks * self.nodes_per_rack * self.gpus_per_node
+
+    @property
+    def all_mask(self) -> int:
+        """Mask of every device."""
+        return (1 << self.num_devices) - 1
+
+    def flat_id(self, r: int, n: int, g: int) -> int:
+        """``((r·Nn) + n)·Ng + g``."""
+        return (r * self.nodes_per_rack + n) * self.gpus_per_node + g
+
+    def coords(self, flat: int) -> tuple[int, int, int]:
+        """Inverse of :meth:`flat_id`."""
+        node, g = divmod(flat, self.gpus_per_node)
+        r, n = divmod(node, self.nodes_per_rack)
+        return (r, n, g)
+
+    # ------------------------------------------------------------------ tiers
+    def tier_of_mask(self, mask: int) -> int:
+        """Slowest tier spanned by the devices of ``mask``: 0 if all in one node, 1 if all in one
+        rack, else 2. An empty or single-device mask is tier 0."""
+        if mask & (mask - 1) == 0:
+            return TIER_NODE
+        lo = (mask & -mask).bit_length() - 1
+        hi = mask.bit_length() - 1
+        node_lo, node_hi = lo // self.gpus_per_node, hi // self.gpus_per_node
+        if node_lo == node_hi:
+            return TIER_NODE
+        if node_lo // self.nodes_per_rack == node_hi // self.nodes_per_rack:
+            return TIER_RACK
+        return TIER_CLUSTER
+
+    # ------------------------------------------------------------------ allocations
+    def shape_for_size(self, size: int) -> tuple[int, int, int] | None:
+        """The legal allocation extent with ``size`` devices, or ``None`` if there is none.
+
+        ``size ≤ Ng`` needs ``size | Ng``; larger sizes need whole nodes: ``size = k·Ng`` with
+        ``k | Nn`` (one rack) or ``k = j·Nn`` with ``j | Nr`` (whole racks).
+        """
+        Ng, Nn, Nr = self.gpus_per_node, self.nodes_per_rack, self.racks
+        if size < 1:
+            return None
+        if size <= Ng:
+            return (1, 1, size) if Ng % size == 0 else None
+        if size % Ng:
+            return None
+        k = size // Ng
+        if k <= Nn:
+            return (1, k, Ng) if Nn % k == 0 else None
+        if k % Nn:
+            return None
+        j = k // Nn
+        return (j, Nn, Ng) if j <= Nr and Nr % j == 0 else None
+
+    @cached_property
+    def legal_sizes(self) -> tuple[int, ...]:
+        """All allocation sizes with a legal shape, ascending."""
+        return tuple(s for s in range(1, self.num_devices + 1) if self.shape_for_size(s) is not None)
+
+    def allocation(self, origin: tuple[int, int, int], extent: tuple[int, int, int]) -> Allocation:
+        """Validate and build ``D(origin, extent)``.
+
+        Raises
+        ------
+        ValueError
+            If the extent is not a legal shape, the origin is not aligned to the extent (P7), or
+            the rectangle leaves the device space; the message names the field and value.
+        """
+        origin = tuple(int(x) for x in origin)  # type: ignore[assignment]
+        extent = tuple(int(x) for x in extent)  # type: ignore[assignment]
+        if len(origin) != 3 or len(extent) != 3:
+            raise ValueError(f"allocation origin and extent need 3 coordinates, got {origin!r}, {extent!r}")
+        size = extent[0] * extent[1] * extent[2]
+        if min(extent) < 1 or self.shape_for_size(size) != extent:
+            raise ValueError(
+                f"allocation extent {list(extent)} is not a legal shape on cluster {self.shape_str} "
+                f"(legal shape for {size} devices: {self.shape_for_size(size)})"
+            )
+        for dim, (o, e, lim) in enumerate(zip(origin, extent, self.shape)):
+            name = ("rack", "node", "gpu")[dim]
+            if o < 0 or o + e > lim:
+                raise ValueError(
+                    f"allocation origin {list(origin)} with extent {list(extent)} leaves the cluster "
+                    f"{self.shape_str} in the {name} dimension"
+                )
+            if o % e:
+                raise ValueError(
+                    f"allocation origin {list(origin)} is not aligned to extent {list(extent)} in the "
+                    f"{name} dimension (P7)"
+                )
+        return self._make(origin, extent)  # type: ignore[arg-type]
+
+    def _make(self, origin: tuple[int, int, int], extent: tuple[int, int, int]) -> Allocation:
+        Ng, Nn = self.gpus_per_node, self.nodes_per_rack
+        mask = 0
+        for r in range(origin[0], origin[0] + extent[0]):
+            for n in range(origin[1], origin[1] + extent[1]):
+                base = (r * Nn + n) * Ng
+                mask |= ((1 << extent[2]) - 1) << (base + origin[2])
+        return Allocation(origin, extent, mask, self.tier_of_mask(mask))
+
+    def allocations_of_size(self, size: int) -> list[Allocation]:
+        """Every aligned allocation with ``size`` devices, in flat-id order of their origins."""
+        extent = self.shape_for_size(size)
+        if extent is None:
+            return []
+        out = []
+        for r in range(0, self.racks, extent[0]):
+            for n in range(0, self.nodes_per_rack, extent[1]):
+                for g in range(0, self.gpus_per_node, extent[2]):
+                    out.append(self._make((r, n, g), extent))
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        """The ``cluster`` block of a result file (SPEC §12)."""
+        hw = self.hardware.to_dict()
+        hw.pop("format", None)
+        return {
+            "racks": self.racks,
+            "nodes_per_rack": self.nodes_per_rack,
+            "gpus_per_node": self.gpus_per_node,
+            "gpu_memory_bytes": self.hardware.gpu_memory_bytes,
+            "memory_headroom": self.hardware.memory_headroom,
+            "hardware": hw,
+        }

@@ -1,0 +1,261 @@
+"""Model specifications: the shape of a decoder-only transformer and its parameter count.
+
+A :class:`ModelSpec` is everything the cost model and the runtime need to know about a model:
+layers ``L``, hidden size ``d``, FFN width ``dff``, vocabulary ``V``, attention heads and KV heads
+(grouped-query attention), head dimension, number of FFN projections (2 for a plain MLP, 3 for a
+gated/SwiGLU one), tied embeddings and the bytes per scalar (SPEC §2).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+__all__ = ["MODEL_PRESETS", "ModelSpec", "model_preset"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a decoder-only transformer.
+
+    Parameters
+    ----------
+    name
+        Human-readable name (used in messages and result files).
+    layers
+        Number of transformer blocks ``L``.
+    hidden
+        Model width ``d``.
+    ffn_hidden
+        FFN inner width ``dff``.
+    vocab
+        Vocabulary size ``V``.
+    heads
+        Number of query heads.
+    kv_heads
+        Number of key/value heads (``kv_heads < heads`` is grouped-query attention).
+    head_dim
+        Width of one head; ``0`` means ``hidden // heads``.
+    ffn_projections
+        Matrices in the FFN: 2 for ``up, down``; 3 for gated ``gate, up, down`` (SwiGLU).
+    tied_embeddings
+        Whether the LM head shares the input embedding matrix.
+    dtype_bytes
+        Bytes per scalar ``sb`` of weights and activations (2 for BF16).
+
+    Raises
+    ------
+    ValueError
+        If a field is out of range; the message names the field and its value.
+    """
+
+    name: str
+    layers: int
+    hidden: int
+    ffn_hidden: int
+    vocab: int
+    heads: int
+    kv_heads: int
+    head_dim: int = 0
+    ffn_projections: int = 3
+    tied_embeddings: bool = False
+    dtype_bytes: int = 2
+
+    def __post_init__(self) -> None:
+        for field in ("layers", "hidden", "ffn_hidden", "vocab", "heads", "kv_heads"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ModelSpec {self.name!r}: {field} must be a positive integer, got {value!r}")
+        if self.head_dim == 0:
+            if self.hidden % self.heads:
+                raise ValueError(
+                    f"ModelSpec {self.name!r}: hidden={self.hidden} is not divisible by heads={self.heads}; "
+                    "give head_dim explicitly"
+                )
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        if self.head_dim < 1:
+            raise ValueError(f"ModelSpec {self.name!r}: head_dim must be positive, got {self.head_dim!r}")
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"ModelSpec {self.name!r}: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
+            )
+        if self.ffn_projections not in (2, 3):
+            raise ValueError(
+                f"ModelSpec {self.name!r}: ffn_projections must be 2 or 3, got {self.ffn_projections!r}"
+            )
+        if self.dtype_bytes not in (1, 2, 4):
+            raise ValueError(f"ModelSpec {self.name!r}: dtype_bytes must be 1, 2 or 4, got {self.dtype_bytes!r}")
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def q_width(self) -> int:
+        """Width of the query/output projections, ``heads · head_dim``."""
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Width ``d_kv = kv_heads · head_dim`` of each of the K and V projections."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def layer_params(self) -> int:
+        """Matmul parameters of one block, ``W_layer``.
+
+        ``W_layer = 2·d·d_q + 2·d·d_kv + n_ffn·d·dff``; without GQA (``d_kv = d_q = d``) this is the
+        SPEC §6 form ``4d² + n_ffn·d·dff``. Norm weights (``2d``) are not matmul work and are
+        counted only in :attr:`params`.
+        """
+        d = self.hidden
+        return 2 * d * self.q_width + 2 * d * self.kv_width + self.ffn_projections * d * self.ffn_hidden
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding ``V·d``."""
+        return self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        """Total parameter count ``N_m``.
+
+        ``N = L·(W_layer + 2d) + V·d + d + (0 if tied else V·d)``: blocks with their two norms,
+        the input embedding, the final norm and an untied LM head.
+        """
+        d = self.hidden
+        head = 0 if self.tied_embeddings else self.vocab * d
+        return self.layers * (self.layer_params + 2 * d) + self.embedding_params + d + head
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of one full copy of the weights, ``N_m·sb``."""
+        return self.params * self.dtype_bytes
+
+    def scaled(self, *, layers: int, hidden: int, heads: int, kv_heads: int | None = None,
+               ffn_hidden: int | None = None, vocab: int | None = None) -> ModelSpec:
+        """A smaller model of the same family (for CPU runs and tests).
+
+        ``ffn_hidden`` defaults to the original ratio ``dff/d`` applied to the new ``hidden``.
+        """
+        ratio = self.ffn_hidden / self.hidden
+        return replace(
+            self,
+            name=f"{self.name}-scaled",
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            kv_heads=kv_heads if kv_heads is not None else heads,
+            head_dim=0,
+            ffn_hidden=ffn_hidden if ffn_hidden is not None else max(1, round(hidden * ratio)),
+            vocab=vocab if vocab is not None else self.vocab,
+        )
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def preset(cls, name: str) -> ModelSpec:
+        """Return the preset called ``name`` (see :data:`MODEL_PRESETS`)."""
+        return model_preset(name)
+
+    @classmethod
+    def from_hf_config(cls, path: str | Path, name: str | None = None) -> ModelSpec:
+        """Read a Hugging Face ``config.json`` from disk (nothing is downloaded).
+
+        Understands the Llama/Mistral/Qwen field names (``num_hidden_layers``, ``hidden_size``,
+        ``intermediate_size``, ``vocab_size``, ``num_attention_heads``, ``num_key_value_heads``,
+        ``head_dim``, ``tie_word_embeddings``, ``torch_dtype``) and the GPT-2/OPT spellings
+        (``n_layer``, ``n_embd``, ``n_head``, ``n_inner``, ``ffn_dim``). Gated FFN (3 projections)
+        is assumed for ``hidden_act`` in ``silu``/``swiglu``; 2 otherwise.
+
+        Raises
+        ------
+        ValueError
+            If a required field is missing; the message names the field and the file.
+        """
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        with path.open() as fh:
+            cfg = json.load(fh)
+
+        def pick(*keys: str, default: object = None) -> object:
+            for key in keys:
+                if key in cfg and cfg[key] is not None:
+                    return cfg[key]
+            if default is None:
+                raise ValueError(f"{path}: missing config field {' / '.join(keys)!r}")
+            return default
+
+        hidden = int(pick("hidden_size", "n_embd", "d_model"))
+        heads = int(pick("num_attention_heads", "n_head", "num_heads"))
+        act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu"))).lower()
+        dtype = str(cfg.get("torch_dtype", "bfloat16"))
+        dtype_bytes = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1}.get(dtype, 2)
+        return cls(
+            name=name or str(cfg.get("_name_or_path") or cfg.get("model_type") or path.parent.name),
+            layers=int(pick("num_hidden_layers", "n_layer", "num_layers")),
+            hidden=hidden,
+            ffn_hidden=int(pick("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)),
+            vocab=int(pick("vocab_size")),
+            heads=heads,
+            kv_heads=int(pick("num_key_value_heads", default=heads)),
+            head_dim=int(cfg.get("head_dim") or 0),
+            ffn_projections=3 if act in ("silu", "swiglu", "swish") else 2,
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            dtype_bytes=dtype_bytes,
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain-data form (inverse of ``ModelSpec(**d)``)."""
+        return {
+            "name": self.name,
+            "layers": self.layers,
+            "hidden": self.hidden,
+            "ffn_hidden": self.ffn_hidden,
+            "vocab": self.vocab,
+            "heads": self.heads,
+            "kv_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "ffn_projections": self.ffn_projections,
+            "tied_embeddings": self.tied_embeddings,
+            "dtype_bytes": self.dtype_bytes,
+        }
+
+
+def _llama(name: str, L: int, d: int, dff: int, heads: int, kv: int, vocab: int) -> ModelSpec:
+    return ModelSpec(name=name, layers=L, hidden=d, ffn_hidden=dff, vocab=vocab, heads=heads, kv_heads=kv)
+
+
+#: Presets with published parameter totals (checked to 2% in ``tests/ir/test_models.py``).
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    "llama2-7b": _llama("llama2-7b", 32, 4096, 11008, 32, 32, 32000),  # 6.74B
+    "llama2-13b": _llama("llama2-13b", 40, 5120, 13824, 40, 40, 32000),  # 13.0B
+    # 34B-class: Llama-2 34B was never released; Code Llama 34B has its shape (33.7B).
+    "llama2-34b": _llama("llama2-34b", 48, 8192, 22016, 64, 8, 32000),
+    "llama2-70b": _llama("llama2-70b", 80, 8192, 28672, 64, 8, 32000),  # 69.0B
+    "llama3.1-8b": _llama("llama3.1-8b", 32, 4096, 14336, 32, 8, 128256),  # 8.03B
+    "llama3.3-70b": _llama("llama3.3-70b", 80, 8192, 28672, 64, 8, 128256),  # 70.6B
+    # 175B-class (GPT-3 shape) for the RPEG paper's 1,024-GPU configuration.
+    "gpt3-175b": ModelSpec(
+        name="gpt3-175b", layers=96, hidden=12288, ffn_hidden=49152, vocab=50257, heads=96,
+        kv_heads=96, ffn_projections=2, tied_embeddings=True,
+    ),
+}
+
+_ALIASES = {"7b": "llama2-7b", "13b": "llama2-13b", "34b": "llama2-34b", "70b": "llama2-70b",
+            "8b": "llama3.1-8b", "175b": "gpt3-175b"}
+
+
+def model_preset(name: str) -> ModelSpec:
+    """Look up a model preset by name (case-insensitive; ``7b``/``13b``/``34b``/``70b``/``8b``/``175b``
+    are short for the Llama-2 sizes, Llama-3.1 8B and the 175B class).
+
+    Raises
+    ------
+    ValueError
+        For an unknown name, listing the known ones.
+    """
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in MODEL_PRESETS:
+        known = ", ".join(sorted(MODEL_PRESETS) + sorted(_ALIASES))
+        raise ValueError(f"unknown model preset {name!r}; known presets: {known}")
+    return MODEL_PRESETS[key]
