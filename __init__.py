@@ -3,10 +3,38 @@
 Front door::
 
     import rpeg
-    result = rpeg.solve(workload, cluster, method="concurrent")
+    wf = rpeg.load_workload(rpeg.example_path("ppo-7b-16gpu"))
+    cluster = rpeg.Cluster.from_shape("1x4x4", rpeg.hardware_preset("gh200"))
+    result = rpeg.solve(wf.workload, cluster, method="concurrent")
+    print(result.summary())
 
 Layers (data flows one way): :mod:`rpeg.ir` ← :mod:`rpeg.costmodel` ← :mod:`rpeg.heuristics` /
 :mod:`rpeg.formulations` ← :mod:`rpeg.solvers` ← :mod:`rpeg.runtime`.
 """
 
+from .costmodel import HARDWARE_PRESETS, hardware_preset, load_hardware
+from .examples import example_names, example_path
+from .ir import Cluster, Hardware, ModelSpec, Structure, Workload, load_workload, model_preset
+from .solvers import METHODS, Result, Status, register, solve
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "HARDWARE_PRESETS",
+    "METHODS",
+    "Cluster",
+    "Hardware",
+    "ModelSpec",
+    "Result",
+    "Status",
+    "Structure",
+    "Workload",
+    "example_names",
+    "example_path",
+    "hardware_preset",
+    "load_hardware",
+    "load_workload",
+    "model_preset",
+    "register",
+    "solve",
+]

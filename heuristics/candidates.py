@@ -32,14 +32,12 @@ def enumerate_strategies(cluster: Cluster, layers: int, sequences: int) -> list[
     allocation's tier.
     """
     Ng = cluster.gpus_per_node
-    tps = [t for t in _divisors(Ng)]
+    tps = _divisors(Ng)
     pps = [p for p in _divisors(layers) if p == 1 or p % 2 == 0]
     out: list[Strategy] = []
     for size in cluster.legal_sizes:
         extent = cluster.shape_for_size(size)
         assert extent is not None
-        origin_alloc = cluster.allocations_of_size(size)[0]
-        devices = origin_alloc.devices()
         for tp in tps:
             for pp in pps:
                 if size % (tp * pp):
@@ -49,16 +47,23 @@ def enumerate_strategies(cluster: Cluster, layers: int, sequences: int) -> list[
                     continue
                 b_local = sequences // dp
                 mbs = [1] if pp == 1 else [m for m in _divisors(b_local) if m >= pp and b_local // m >= 8]
-                rep = pp * tp
-                rep_mask = 0
-                for d in devices[:rep]:
-                    rep_mask |= 1 << d
-                pp_tier = cluster.tier_of_mask(rep_mask)
-                dp_tier = origin_alloc.tier if dp > 1 else 0
                 for mb in mbs:
                     if check_strategy(cluster, layers, sequences, extent, dp, pp, tp, mb) is None:
-                        out.append(Strategy(extent, dp, pp, tp, mb, pp_tier, dp_tier))
+                        out.append(make_strategy(cluster, extent, dp, pp, tp, mb))
     return out
+
+
+def make_strategy(cluster: Cluster, extent: tuple[int, int, int], dp: int, pp: int, tp: int, mb: int) -> Strategy:
+    """A :class:`Strategy` with its link tiers: the pipeline's inter-node boundaries span the
+    tier of one replica's ``Pp·Pt`` consecutive devices; the DP group spans the allocation's tier.
+    (Tiers depend only on the shape, so the first aligned origin stands for all.)"""
+    first = _allocs(cluster, dp * pp * tp)[0]
+    rep_mask = 0
+    for d in first.devices()[: pp * tp]:
+        rep_mask |= 1 << d
+    pp_tier = cluster.tier_of_mask(rep_mask)
+    dp_tier = first.tier if dp > 1 else 0
+    return Strategy(tuple(extent), dp, pp, tp, mb, pp_tier, dp_tier)  # type: ignore[arg-type]
 
 
 @dataclass

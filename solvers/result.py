@@ -1,0 +1,363 @@
+"""What every method returns: :class:`Result`, and the ``rpeg.result/1`` file format (SPEC §12).
+
+A result recomputes its figures from its own data: :meth:`Result.from_json` rebuilds workload,
+cluster, structure and plan from the file and re-scores the plan with the evaluator, so a file
+read back and written again is the same file, and any method's numbers can be re-derived.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from ..heuristics.candidates import make_strategy
+from ..heuristics.evaluator import Evaluation, Evaluator
+from ..ir.cluster import Cluster
+from ..ir.graph import RPEG
+from ..ir.hardware import Hardware
+from ..ir.models import ModelSpec
+from ..ir.plan import Choice, Plan, check_strategy
+from ..ir.templates import Structure
+from ..ir.workload import Workload
+
+__all__ = ["FORMAT", "Result", "Status", "plan_from_entries"]
+
+FORMAT = "rpeg.result/1"
+GIB = 2**30
+
+
+class Status(str, Enum):
+    """How a method ended (mapped explicitly from each engine's own status)."""
+
+    OPTIMAL = "optimal"  # proven optimal (exact methods)
+    FEASIBLE = "feasible"  # a memory-feasible plan, optimality not proven
+    TIME_LIMIT = "time_limit"  # stopped by the time/evaluation budget; best plan so far returned
+    INFEASIBLE = "infeasible"  # no memory-feasible plan exists or was found; see ``message``
+
+
+@dataclass
+class Result:
+    """A plan, its score and how it was found.
+
+    Attributes
+    ----------
+    workload, cluster, structure
+        The problem and the chosen structural candidate.
+    graph
+        The compact RPEG of that structure.
+    plan
+        One choice per vertex, or ``None`` when no feasible plan was found.
+    evaluation
+        The evaluator's verdict on ``plan`` (schedule kept), or ``None``.
+    status
+        :class:`Status`.
+    method
+        Name of the method that produced it.
+    runtime_s
+        Wall-clock seconds the method took.
+    evaluations
+        Plan evaluations the method performed.
+    k_eval
+        Steps unrolled for scoring.
+    objective_bound
+        Best proven bound on the throughput (exact methods), else ``None``.
+    message
+        Why the result is infeasible, or notes from the method.
+    """
+
+    workload: Workload
+    cluster: Cluster
+    structure: Structure
+    graph: RPEG
+    plan: Plan | None
+    evaluation: Evaluation | None
+    status: Status
+    method: str
+    runtime_s: float = 0.0
+    evaluations: int = 0
+    k_eval: int = 8
+    objective_bound: float | None = None
+    message: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ figures
+    @property
+    def feasible(self) -> bool:
+        """Whether a memory-feasible plan is present."""
+        return self.plan is not None and self.evaluation is not None and self.evaluation.feasible
+
+    @property
+    def throughput(self) -> float:
+        """Predicted tokens/s, ``Keval·B·R·(Lp+Lr)/MS`` (0 when infeasible)."""
+        return self.evaluation.throughput if self.evaluation else 0.0
+
+    @property
+    def makespan(self) -> float:
+        """Predicted seconds for ``Keval`` steps (``inf`` when infeasible)."""
+        return self.evaluation.makespan if self.evaluation else math.inf
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        """The ``rpeg.result/1`` document (SPEC §12; ``docs/result-format.md``)."""
+        g = self.graph
+        names = [v.name for v in g.vertices]
+        models = {
+            m: {
+                "layers": inst.spec.layers,
+                "hidden": inst.spec.hidden,
+                "params": inst.spec.params,
+                "trainable": inst.trainable,
+                "head": inst.head.value,
+                "spec": inst.spec.to_dict(),
+            }
+            for m, inst in g.models.items()
+        }
+        doc: dict[str, Any] = {
+            "format": FORMAT,
+            "workload": self.workload.to_dict(),
+            "models": models,
+            "cluster": self.cluster.to_dict(),
+            "structure": self.structure.to_dict(),
+            "vertices": [{"name": v.name, "role": v.role.value, "model": v.model, "sequences": v.sequences}
+                         for v in g.vertices],
+            "k_eval": self.k_eval,
+            "plan": [c.to_dict(names[i]) for i, c in enumerate(self.plan.choices)] if self.plan else [],
+            "nodes": [],
+            "makespan": None,
+            "throughput": 0.0,
+            "utilization": 0.0,
+            "peak_memory": [],
+            "memory_feasible": False,
+            "method": self.method,
+            "status": self.status.value,
+            "objective_bound": self.objective_bound,
+            "runtime_s": self.runtime_s,
+            "evaluations": self.evaluations,
+            "message": self.message,
+        }
+        ev = self.evaluation
+        if ev is not None:
+            doc["makespan"] = ev.makespan
+            doc["throughput"] = ev.throughput
+            doc["utilization"] = ev.utilization
+            doc["peak_memory"] = ev.memory.per_device(self.cluster.num_devices)
+            doc["memory_feasible"] = ev.memory.feasible
+            if ev.graph is not None and ev.schedule is not None:
+                doc["nodes"] = _nodes(ev, names, self.cluster)
+        if self.extra:
+            doc["extra"] = self.extra
+        return doc
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        """Serialise to JSON; also write it to ``path`` when given."""
+        text = json.dumps(self.to_dict(), indent=1) + "\n"
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_json(cls, source: str | Path) -> Result:
+        """Read a result written by :meth:`to_json` (a path or the JSON text) and re-score it.
+
+        Raises
+        ------
+        ValueError
+            If the document is not ``rpeg.result/1`` or a field is missing or malformed.
+        """
+        text = str(source)
+        if not text.lstrip().startswith("{"):
+            text = Path(source).read_text()
+        doc = json.loads(text)
+        return cls.from_dict(doc)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Result:
+        """Inverse of :meth:`to_dict` (re-scores the plan)."""
+        if doc.get("format") != FORMAT:
+            raise ValueError(f"result: format must be {FORMAT!r}, got {doc.get('format')!r}")
+        workload, cluster, structure = problem_from_dict(doc)
+        k_eval = int(_need(doc, "k_eval"))
+        ev = Evaluator(workload, cluster, structure, k_eval=k_eval)
+        plan = plan_from_entries(ev, doc["plan"]) if doc.get("plan") else None
+        evaluation = ev.evaluate(plan, keep=True) if plan is not None else None
+        return cls(
+            workload=workload,
+            cluster=cluster,
+            structure=structure,
+            graph=ev.graph,
+            plan=plan,
+            evaluation=evaluation,
+            status=Status(_need(doc, "status")),
+            method=str(_need(doc, "method")),
+            runtime_s=float(doc.get("runtime_s", 0.0)),
+            evaluations=int(doc.get("evaluations", 0)),
+            k_eval=k_eval,
+            objective_bound=doc.get("objective_bound"),
+            message=str(doc.get("message", "")),
+            extra=dict(doc.get("extra", {})),
+        )
+
+    # ------------------------------------------------------------------ text
+    def summary(self) -> str:
+        """A readable report: throughput, makespan, peak memory vs capacity, and per invocation
+        its allocation, ``(dp, pp, tp)``, ``mb`` and time."""
+        lines = [
+            f"workload   {self.workload.name} ({self.workload.algorithm}, B={self.workload.batch}, "
+            f"R={self.workload.rollouts}, Lp={self.workload.prompt_len}, Lr={self.workload.response_len})",
+            f"cluster    {self.cluster.shape_str} × {self.cluster.hardware.name} "
+            f"({self.cluster.num_devices} GPUs, {self.cluster.hardware.gpu_memory_bytes / GIB:.1f} GiB each)",
+            f"method     {self.method}   status {self.status.value}   "
+            f"{self.runtime_s:.2f} s, {self.evaluations} evaluations",
+            f"structure  {self.structure.label}",
+        ]
+        if self.plan is None or self.evaluation is None:
+            lines.append(f"NO FEASIBLE PLAN: {self.message}")
+            return "\n".join(lines)
+        ev = self.evaluation
+        mem = ev.memory
+        lines += [
+            f"throughput {ev.throughput:,.0f} tokens/s (predicted)",
+            f"makespan   {ev.makespan:.3f} s for {self.k_eval} steps ({ev.makespan / self.k_eval:.3f} s/step)",
+            f"utilization {ev.utilization:.1%}",
+            f"peak mem   {mem.max_peak / GIB:.1f} GiB of M_eff {mem.m_eff / GIB:.1f} GiB per GPU "
+            f"({mem.ratio:.0%}) — {'fits' if mem.feasible else 'DOES NOT FIT'}",
+        ]
+        if self.objective_bound is not None:
+            lines.append(f"bound      {self.objective_bound:,.0f} tokens/s")
+        if self.message:
+            lines.append(f"note       {self.message}")
+        lines.append("")
+        header = f"{'invocation':<20} {'role':<10} {'GPUs':>5} {'allocation (origin+extent)':<28} " \
+                 f"{'(dp,pp,tp)':<12} {'mb':>4} {'time/step s':>11}"
+        lines.append(header)
+        lines.append("-" * len(header))
+        times = _per_vertex_time(ev, len(self.graph.vertices), self.k_eval)
+        for i, (v, c) in enumerate(zip(self.graph.vertices, self.plan.choices)):
+            a, s = c.allocation, c.strategy
+            alloc = f"{list(a.origin)}+{list(a.extent)}"
+            lines.append(f"{v.name:<20} {v.role.value:<10} {a.size:>5} {alloc:<28} "
+                         f"({s.dp},{s.pp},{s.tp}){'':<4} {s.mb:>4} {times[i]:>11.3f}")
+        return "\n".join(lines)
+
+
+def _per_vertex_time(ev: Evaluation, n: int, k_eval: int) -> list[float]:
+    """Mean OP seconds per step of each vertex (phases summed)."""
+    out = [0.0] * n
+    g = ev.graph
+    if g is None:
+        return out
+    for i in range(len(g.kind)):
+        if g.kind[i] == 0:
+            out[g.vertex[i]] += g.duration[i]
+    return [t / k_eval for t in out]
+
+
+def _nodes(ev: Evaluation, names: list[str], cluster: Cluster) -> list[dict[str, Any]]:
+    g, s = ev.graph, ev.schedule
+    assert g is not None and s is not None
+    dev_cache: dict[int, list[int]] = {}
+    out = []
+    for i in range(len(g.kind)):
+        m = g.mask[i]
+        devs = dev_cache.get(m)
+        if devs is None:
+            devs = dev_cache[m] = [d for d in range(cluster.num_devices) if m >> d & 1]
+        node: dict[str, Any] = {
+            "id": i,
+            "kind": g.kind_of(i).value,
+            "vertex": names[g.vertex[i]],
+            "step": g.step[i],
+            "phase": g.phase[i],
+            "devices": devs,
+            "start": s.start[i],
+            "finish": s.finish[i],
+            "preds": list(g.preds[i]),
+        }
+        if g.kind[i]:
+            node["source"] = names[g.source[i]]
+            node["bytes"] = g.nbytes[i]
+        out.append(node)
+    return out
+
+
+def _need(doc: dict[str, Any], key: str, where: str = "result") -> Any:
+    if key not in doc:
+        raise ValueError(f"{where}: missing field {key!r}")
+    return doc[key]
+
+
+def problem_from_dict(doc: dict[str, Any]) -> tuple[Workload, Cluster, Structure]:
+    """Rebuild workload, cluster and structure from a result document."""
+    w = _need(doc, "workload")
+    models = {role: ModelSpec(**spec) for role, spec in _need(w, "models", "result.workload").items()}
+    workload = Workload(
+        algorithm=_need(w, "algorithm", "result.workload"),
+        models=models,
+        batch=_need(w, "B", "result.workload"),
+        rollouts=_need(w, "R", "result.workload"),
+        prompt_len=_need(w, "Lp", "result.workload"),
+        response_len=_need(w, "Lr", "result.workload"),
+        quantiles=tuple((f, t) for f, t in _need(w, "quantiles", "result.workload")),
+        staleness={k: tuple(v) for k, v in w.get("staleness_choices", {}).items()},
+        ac_sharing=bool(w.get("ac_sharing_allowed", True)),
+        name=str(w.get("name", "workload")),
+    )
+    c = _need(doc, "cluster")
+    hw = Hardware.from_dict(_need(c, "hardware", "result.cluster"), source="result.cluster.hardware")
+    cluster = Cluster(int(_need(c, "racks", "result.cluster")), int(_need(c, "nodes_per_rack", "result.cluster")),
+                      int(_need(c, "gpus_per_node", "result.cluster")), hw)
+    st = _need(doc, "structure")
+    structure = Structure(
+        algorithm=str(_need(st, "algorithm", "result.structure")),
+        ac_sharing=bool(_need(st, "ac_sharing", "result.structure")),
+        staleness=tuple(sorted((str(k), int(v)) for k, v in _need(st, "staleness", "result.structure").items())),
+    )
+    # keep the graph's own trainable-model order for a stable label
+    order = [m for m in ("actor", "actor_critic", "critic") if m in structure.tau]
+    structure = Structure(structure.algorithm, structure.ac_sharing, tuple((m, structure.tau[m]) for m in order))
+    return workload, cluster, structure
+
+
+def plan_from_entries(ev: Evaluator, entries: list[dict[str, Any]]) -> Plan:
+    """Build and validate a :class:`Plan` from ``plan`` entries of a result document.
+
+    Every entry is checked against P1–P8 and the cluster's device space.
+
+    Raises
+    ------
+    ValueError
+        Naming the vertex and the offending field when an entry is missing, unknown or illegal.
+    """
+    g = ev.graph
+    by_name = {}
+    for i, e in enumerate(entries):
+        name = e.get("vertex")
+        if name not in g.index:
+            raise ValueError(f"plan[{i}]: unknown vertex {name!r}; the graph has {', '.join(g.index)}")
+        by_name[name] = e
+    missing = [v.name for v in g.vertices if v.name not in by_name]
+    if missing:
+        raise ValueError(f"plan: no entry for vertex(es) {', '.join(missing)}")
+    choices = []
+    for v in g.vertices:
+        e = by_name[v.name]
+        for key in ("origin", "extent", "dp", "pp", "tp", "mb"):
+            if key not in e:
+                raise ValueError(f"plan entry for {v.name!r}: missing field {key!r}")
+        extent = tuple(int(x) for x in e["extent"])
+        spec = g.models[v.model].spec
+        why = check_strategy(ev.cluster, spec.layers, v.sequences, extent, int(e["dp"]), int(e["pp"]),
+                             int(e["tp"]), int(e["mb"]))
+        if why:
+            raise ValueError(f"plan entry for {v.name!r} is illegal: {why}")
+        try:
+            alloc = ev.cluster.allocation(tuple(int(x) for x in e["origin"]), extent)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ValueError(f"plan entry for {v.name!r}: {exc}") from None
+        choices.append(Choice(make_strategy(ev.cluster, extent, int(e["dp"]), int(e["pp"]), int(e["tp"]),
+                                            int(e["mb"])), alloc))
+    return Plan(tuple(choices))
