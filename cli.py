@@ -69,8 +69,16 @@ def _finish(result: Result, json_out: str | None) -> int:
 def _cmd_solve(args: argparse.Namespace) -> int:
     wf = _workload_file(args.workload)
     cluster = _cluster(wf, args.cluster, args.hardware)
-    result = solve(wf.workload, cluster, method=args.method, time_limit=args.time_limit, seed=args.seed,
-                   k_eval=args.k_eval or wf.k_eval, objective=args.objective, delta=args.delta)
+    result = solve(
+        wf.workload,
+        cluster,
+        method=args.method,
+        time_limit=args.time_limit,
+        seed=args.seed,
+        k_eval=args.k_eval or wf.k_eval,
+        objective=args.objective,
+        delta=args.delta,
+    )
     return _finish(result, args.json)
 
 
@@ -96,8 +104,20 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     evaluation = ev.evaluate(plan, keep=True)
     status = Status.FEASIBLE if evaluation.feasible else Status.INFEASIBLE
     message = "" if evaluation.feasible else "the plan exceeds M_eff on some GPU (see peak mem)"
-    result = Result(wf.workload, cluster, ev.structure, ev.graph, plan, evaluation, status, "evaluate",
-                    0.0, ev.evaluations, k_eval, message=message)
+    result = Result(
+        wf.workload,
+        cluster,
+        ev.structure,
+        ev.graph,
+        plan,
+        evaluation,
+        status,
+        "evaluate",
+        0.0,
+        ev.evaluations,
+        k_eval,
+        message=message,
+    )
     return _finish(result, args.json)
 
 
@@ -109,7 +129,9 @@ def _parser() -> argparse.ArgumentParser:
 
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("workload", help="workload TOML file or bundled example name")
-        sp.add_argument("--cluster", help="cluster shape RACKSxNODESxGPUS, e.g. 1x4x4 (default: from the file)")
+        sp.add_argument(
+            "--cluster", help="cluster shape RACKSxNODESxGPUS, e.g. 1x4x4 (default: from the file)"
+        )
         sp.add_argument("--hardware", help="hardware preset or JSON file (default: from the file)")
         sp.add_argument("--json", metavar="OUT.json", help="write the rpeg.result/1 file here")
         sp.add_argument("--k-eval", type=int, default=None, help="steps to unroll when scoring (default 8)")

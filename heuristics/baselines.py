@@ -46,19 +46,25 @@ def _check_directories(ev: Evaluator, dirs: list[Directory], size: int | None = 
             v = ev.graph.vertices[d.vertex]
             where = f"on {size} GPUs" if size is not None else "in any legal layout"
             if d.smallest_isolated == float("inf"):
-                raise Infeasible(f"invocation {v.name!r} has no legal parallel layout on cluster "
-                                 f"{ev.cluster.shape_str}", v.name)
+                raise Infeasible(
+                    f"invocation {v.name!r} has no legal parallel layout on cluster {ev.cluster.shape_str}",
+                    v.name,
+                )
             excess = d.smallest_isolated - m_eff
             if size is not None and d.strategies:
                 excess = max(excess, 0.0)
-                reason = (f"invocation {v.name!r} ({v.role.value} of {v.model}) does not fit {where}: "
-                          f"every layout of that size exceeds M_eff={m_eff / GIB:.1f} GiB")
+                reason = (
+                    f"invocation {v.name!r} ({v.role.value} of {v.model}) does not fit {where}: "
+                    f"every layout of that size exceeds M_eff={m_eff / GIB:.1f} GiB"
+                )
             else:
-                reason = (f"invocation {v.name!r} ({v.role.value} of {v.model}) does not fit {where}: "
-                          f"its smallest isolated footprint is {d.smallest_isolated / GIB:.1f} GiB per GPU, "
-                          f"{excess / GIB:.1f} GiB over M_eff={m_eff / GIB:.1f} GiB "
-                          f"({ev.cluster.hardware.gpu_memory_bytes / GIB:.1f} GiB GPUs, "
-                          f"{ev.cluster.hardware.memory_headroom:.0%} headroom)")
+                reason = (
+                    f"invocation {v.name!r} ({v.role.value} of {v.model}) does not fit {where}: "
+                    f"its smallest isolated footprint is {d.smallest_isolated / GIB:.1f} GiB per GPU, "
+                    f"{excess / GIB:.1f} GiB over M_eff={m_eff / GIB:.1f} GiB "
+                    f"({ev.cluster.hardware.gpu_memory_bytes / GIB:.1f} GiB GPUs, "
+                    f"{ev.cluster.hardware.memory_headroom:.0%} headroom)"
+                )
             raise Infeasible(reason, v.name, excess)
 
 
@@ -182,9 +188,7 @@ def concurrent_plan(ev: Evaluator, dirs: list[Directory], *, alternatives: int =
     ranked: list[list[tuple[float, list[tuple[int, Choice]]]]] = []
     for group in levels(ev):
         options: list[tuple[float, list[tuple[int, Choice]]]] = []
-        per_member = [
-            sorted({dirs[v].strategies[i].size for i in range(len(dirs[v]))}) for v in group
-        ]
+        per_member = [sorted({dirs[v].strategies[i].size for i in range(len(dirs[v]))}) for v in group]
         for sizes in itertools.product(*per_member):
             if sum(sizes) > cluster.num_devices:
                 continue

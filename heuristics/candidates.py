@@ -53,7 +53,9 @@ def enumerate_strategies(cluster: Cluster, layers: int, sequences: int) -> list[
     return out
 
 
-def make_strategy(cluster: Cluster, extent: tuple[int, int, int], dp: int, pp: int, tp: int, mb: int) -> Strategy:
+def make_strategy(
+    cluster: Cluster, extent: tuple[int, int, int], dp: int, pp: int, tp: int, mb: int
+) -> Strategy:
     """A :class:`Strategy` with its link tiers: the pipeline's inter-node boundaries span the
     tier of one replica's ``Pp·Pt`` consecutive devices; the DP group spans the allocation's tier.
     (Tiers depend only on the shape, so the first aligned origin stands for all.)"""

@@ -36,7 +36,9 @@ def check_schedule(g: ExecGraph, s: Schedule, tol: float = 1e-9) -> list[str]:
             if not 0 <= p < n:
                 errors.append(f"node {i} names unknown predecessor {p}")
             elif s.start[i] < s.finish[p] - eps:
-                errors.append(f"precedence: node {i} starts at {s.start[i]} before pred {p} finishes at {s.finish[p]}")
+                errors.append(
+                    f"precedence: node {i} starts at {s.start[i]} before pred {p} finishes at {s.finish[p]}"
+                )
     # acyclicity by Kahn's algorithm
     indeg = [len(p) for p in g.preds]
     succ: list[list[int]] = [[] for _ in range(n)]

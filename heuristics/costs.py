@@ -120,8 +120,16 @@ class Costs:
         for f, t in w.quantiles:  # type: ignore[union-attr]
             if v.role is Role.GENERATION:
                 seqs = v.sequences * (1.0 - prev_f)
-                bd = op_time(spec, v.role, lay, self.hw, sequences=seqs, decode=(prev_t, t),
-                             prefill=prev_t == 0, **common)
+                bd = op_time(
+                    spec,
+                    v.role,
+                    lay,
+                    self.hw,
+                    sequences=seqs,
+                    decode=(prev_t, t),
+                    prefill=prev_t == 0,
+                    **common,
+                )
             else:
                 bd = op_time(spec, v.role, lay, self.hw, sequences=v.sequences * (f - prev_f), **common)
             out.append(bd.total)
@@ -159,8 +167,15 @@ class Costs:
             head = self._model_heads[vertex]  # storage: what the model's weights carry
             lay = self.layout(s)
             w = self.workload
-            trans = transient_bytes(spec, v.role, lay, sequences=v.sequences, prompt_len=w.prompt_len,
-                                    response_len=w.response_len, head=v.head)
+            trans = transient_bytes(
+                spec,
+                v.role,
+                lay,
+                sequences=v.sequences,
+                prompt_len=w.prompt_len,
+                response_len=w.response_len,
+                head=v.head,
+            )
             wb = weight_bytes(spec, lay, head)
             ts = training_state_bytes(spec, lay, head) if v.role is Role.TRAINING else 0.0
             hit = self._mem[key] = VertexMemory(trans, wb, ts)

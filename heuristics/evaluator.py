@@ -30,10 +30,30 @@ from ..ir.workload import Workload
 from .costs import Costs
 from .scheduler import Schedule, atoms_of, list_schedule
 
-__all__ = ["BETA_OOM", "Evaluation", "Evaluator", "MemoryReport"]
+__all__ = ["BETA_OOM", "AtomMemory", "Evaluation", "Evaluator", "MemoryReport"]
 
 BETA_OOM = 40.0
 MEMORY_TOL = 1e-9  # relative slack on peak ≤ M_eff for float round-off
+
+
+@dataclass
+class AtomMemory:
+    """What makes up the peak of one atom's devices.
+
+    Attributes
+    ----------
+    mask
+        The atom's devices.
+    persistent
+        ``S(m, d)`` items: ``(model, "train")`` for optimizer state and FP32 master weights,
+        ``(model, "copy")`` for a frozen model's or a shadow BF16 copy.
+    transient
+        ``A(v, d)`` per vertex name (the peak adds only the largest).
+    """
+
+    mask: int
+    persistent: dict[tuple[str, str], float]
+    transient: dict[str, float]
 
 
 @dataclass
@@ -53,6 +73,7 @@ class MemoryReport:
     atoms: list[int]
     peak: list[float]
     m_eff: float
+    detail: list[AtomMemory] = field(default_factory=list)
 
     @property
     def max_peak(self) -> float:
@@ -132,9 +153,17 @@ class Evaluator:
         ``True`` for the soft memory penalty; ``False`` scores infeasible plans 0 (hard rejection).
     """
 
-    def __init__(self, workload: Workload, cluster: Cluster, structure: Structure | None = None,
-                 *, k_eval: int = 8, objective: str = "throughput", delta: float = 0.10,
-                 penalty: bool = True) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        cluster: Cluster,
+        structure: Structure | None = None,
+        *,
+        k_eval: int = 8,
+        objective: str = "throughput",
+        delta: float = 0.10,
+        penalty: bool = True,
+    ) -> None:
         if objective not in ("throughput", "throughput-util"):
             raise ValueError(f"objective must be 'throughput' or 'throughput-util', got {objective!r}")
         if not 0.0 <= delta < 1.0:
@@ -159,34 +188,41 @@ class Evaluator:
         self._trainable = {m: inst.trainable for m, inst in g.models.items()}
 
     # ------------------------------------------------------------------ memory
-    def memory(self, plan: Plan) -> MemoryReport:
-        """Per-device peaks of ``plan`` (module docstring; SPEC §6)."""
+    def memory(self, plan: Plan, *, detail: bool = False) -> MemoryReport:
+        """Per-device peaks of ``plan`` (module docstring; SPEC §6).
+
+        With ``detail`` the report also lists, per atom, each persistent item
+        (``(model, "train" | "copy")`` → bytes) and each vertex's transient ``A(v, d)``.
+        """
         masks = [c.allocation.mask for c in plan.choices]
         mems = [self.costs.memory(v, c.strategy) for v, c in enumerate(plan.choices)]
         atoms = atoms_of(masks)
         tau = self.graph.staleness
+        names = [v.name for v in self.graph.vertices]
         peaks = []
+        details: list[AtomMemory] = []
         for a in atoms:
-            persistent = 0.0
-            copies: dict[str, float] = {}
-            worst = 0.0
-            on = [v for v, m in enumerate(masks) if m & a]
-            for v in on:
-                if self._training[v]:
-                    persistent += mems[v].train_state
-            for v in on:
-                if self._training[v]:
-                    worst = max(worst, mems[v].transient)
+            persistent: dict[tuple[str, str], float] = {}
+            transient: dict[str, float] = {}
+            for v, m in enumerate(masks):
+                if not m & a:
                     continue
-                m = self._vmodel[v]
-                trainer = self._trainer.get(m)
-                if trainer is None or (tau[m] > 0 and not masks[trainer] & a):
-                    copies[m] = max(copies.get(m, 0.0), mems[v].weights)  # frozen or shadow copy
-                    worst = max(worst, mems[v].transient)
-                else:
-                    worst = max(worst, mems[v].transient + mems[v].weights)
-            peaks.append(persistent + sum(copies.values()) + worst)
-        return MemoryReport(atoms, peaks, self.cluster.hardware.m_eff)
+                model = self._vmodel[v]
+                if self._training[v]:
+                    persistent[(model, "train")] = mems[v].train_state
+                    transient[names[v]] = mems[v].transient
+                    continue
+                trainer = self._trainer.get(model)
+                if trainer is None or (tau[model] > 0 and not masks[trainer] & a):
+                    key = (model, "copy")  # a frozen model's or a shadow copy, once per model
+                    persistent[key] = max(persistent.get(key, 0.0), mems[v].weights)
+                    transient[names[v]] = mems[v].transient
+                else:  # no persistent serving copy here: the BF16 weights are materialised
+                    transient[names[v]] = mems[v].transient + mems[v].weights
+            peaks.append(sum(persistent.values()) + max(transient.values(), default=0.0))
+            if detail:
+                details.append(AtomMemory(a, persistent, transient))
+        return MemoryReport(atoms, peaks, self.cluster.hardware.m_eff, details)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, plan: Plan, *, keep: bool = False) -> Evaluation:

@@ -34,7 +34,6 @@ __all__ = [
     "NodeKind",
     "Plan",
     "PubEdge",
-    "RPEG",
     "Role",
     "Strategy",
     "Structure",

@@ -222,7 +222,9 @@ class RPEG:
         read = {c for v in self.vertices for c in v.inputs}
         for c in sorted(read - produced):  # rule (3)
             if c not in self.inputs:
-                raise ValueError(f"RPEG: container {c!r} is read but never produced nor declared an input (rule 3)")
+                raise ValueError(
+                    f"RPEG: container {c!r} is read but never produced nor declared an input (rule 3)"
+                )
         for c in sorted(produced - read):
             if c not in self.outputs:
                 raise ValueError(

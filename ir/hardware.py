@@ -40,7 +40,9 @@ class Link:
 
     def __post_init__(self) -> None:
         if not (self.alpha >= 0.0 and self.beta >= 0.0):
-            raise ValueError(f"Link alpha and beta must be non-negative, got alpha={self.alpha!r}, beta={self.beta!r}")
+            raise ValueError(
+                f"Link alpha and beta must be non-negative, got alpha={self.alpha!r}, beta={self.beta!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -130,8 +132,18 @@ class Hardware:
         ValueError
             If a field is missing or malformed; the message names the field and ``source``.
         """
-        required = ("name", "gpu_memory_bytes", "peak_flops", "mem_bandwidth", "gamma_m", "gamma_k",
-                    "c_nongemm", "b_cal", "collective", "p2p")
+        required = (
+            "name",
+            "gpu_memory_bytes",
+            "peak_flops",
+            "mem_bandwidth",
+            "gamma_m",
+            "gamma_k",
+            "c_nongemm",
+            "b_cal",
+            "collective",
+            "p2p",
+        )
         missing = [k for k in required if k not in data]
         if missing:
             raise ValueError(f"{source}: hardware description is missing field(s) {', '.join(missing)}")

@@ -31,7 +31,7 @@ from .plan import Choice, Plan
 from .types import NodeKind, Role
 from .unroll import EdgeKind, Unrolled
 
-__all__ = ["OP", "COMM", "RESHARD", "CostProvider", "ExecGraph", "lower"]
+__all__ = ["COMM", "OP", "RESHARD", "CostProvider", "ExecGraph", "lower"]
 
 OP, COMM, RESHARD = 0, 1, 2
 _KINDS = (NodeKind.OP, NodeKind.COMM, NodeKind.RESHARD)
@@ -97,8 +97,18 @@ class ExecGraph:
         """The :class:`NodeKind` of node ``i``."""
         return _KINDS[self.kind[i]]
 
-    def add(self, kind: int, vertex: int, source: int, step: int, phase: int, mask: int, nbytes: float,
-            duration: float, preds: list[int]) -> int:
+    def add(
+        self,
+        kind: int,
+        vertex: int,
+        source: int,
+        step: int,
+        phase: int,
+        mask: int,
+        nbytes: float,
+        duration: float,
+        preds: list[int],
+    ) -> int:
         """Append a node and return its id."""
         i = len(self.kind)
         self.kind.append(kind)
@@ -151,8 +161,9 @@ def _static(unrolled: Unrolled) -> tuple:
     return cache
 
 
-def lower(unrolled: Unrolled, plan: Plan, quantiles: tuple[tuple[float, int], ...],
-          costs: CostProvider) -> ExecGraph:
+def lower(
+    unrolled: Unrolled, plan: Plan, quantiles: tuple[tuple[float, int], ...], costs: CostProvider
+) -> ExecGraph:
     """Lower ``unrolled`` under ``plan`` into an :class:`ExecGraph` with durations.
 
     Parameters
@@ -255,8 +266,17 @@ def lower(unrolled: Unrolled, plan: Plan, quantiles: tuple[tuple[float, int], ..
                     elif phasewise:
                         gfirst = first[e.src_step * n + e.src]
                         for q in range(Q):
-                            c = out.add(COMM, v, e.src, k, q + 1, mv, data_bytes[e.ref] * fracs[q], durs[q],
-                                        [gfirst + q])
+                            c = out.add(
+                                COMM,
+                                v,
+                                e.src,
+                                k,
+                                q + 1,
+                                mv,
+                                data_bytes[e.ref] * fracs[q],
+                                durs[q],
+                                [gfirst + q],
+                            )
                             phase_preds[q].append(c)
                     else:
                         c = out.add(COMM, v, e.src, k, 0, mv, data_bytes[e.ref], durs[0], [src_last])

@@ -66,7 +66,9 @@ class ModelSpec:
         for field in ("layers", "hidden", "ffn_hidden", "vocab", "heads", "kv_heads"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ModelSpec {self.name!r}: {field} must be a positive integer, got {value!r}")
+                raise ValueError(
+                    f"ModelSpec {self.name!r}: {field} must be a positive integer, got {value!r}"
+                )
         if self.head_dim == 0:
             if self.hidden % self.heads:
                 raise ValueError(
@@ -85,7 +87,9 @@ class ModelSpec:
                 f"ModelSpec {self.name!r}: ffn_projections must be 2 or 3, got {self.ffn_projections!r}"
             )
         if self.dtype_bytes not in (1, 2, 4):
-            raise ValueError(f"ModelSpec {self.name!r}: dtype_bytes must be 1, 2 or 4, got {self.dtype_bytes!r}")
+            raise ValueError(
+                f"ModelSpec {self.name!r}: dtype_bytes must be 1, 2 or 4, got {self.dtype_bytes!r}"
+            )
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -130,8 +134,16 @@ class ModelSpec:
         """Bytes of one full copy of the weights, ``N_m·sb``."""
         return self.params * self.dtype_bytes
 
-    def scaled(self, *, layers: int, hidden: int, heads: int, kv_heads: int | None = None,
-               ffn_hidden: int | None = None, vocab: int | None = None) -> ModelSpec:
+    def scaled(
+        self,
+        *,
+        layers: int,
+        hidden: int,
+        heads: int,
+        kv_heads: int | None = None,
+        ffn_hidden: int | None = None,
+        vocab: int | None = None,
+    ) -> ModelSpec:
         """A smaller model of the same family (for CPU runs and tests).
 
         ``ffn_hidden`` defaults to the original ratio ``dff/d`` applied to the new ``hidden``.
@@ -235,13 +247,26 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "llama3.3-70b": _llama("llama3.3-70b", 80, 8192, 28672, 64, 8, 128256),  # 70.6B
     # 175B-class (GPT-3 shape) for the RPEG paper's 1,024-GPU configuration.
     "gpt3-175b": ModelSpec(
-        name="gpt3-175b", layers=96, hidden=12288, ffn_hidden=49152, vocab=50257, heads=96,
-        kv_heads=96, ffn_projections=2, tied_embeddings=True,
+        name="gpt3-175b",
+        layers=96,
+        hidden=12288,
+        ffn_hidden=49152,
+        vocab=50257,
+        heads=96,
+        kv_heads=96,
+        ffn_projections=2,
+        tied_embeddings=True,
     ),
 }
 
-_ALIASES = {"7b": "llama2-7b", "13b": "llama2-13b", "34b": "llama2-34b", "70b": "llama2-70b",
-            "8b": "llama3.1-8b", "175b": "gpt3-175b"}
+_ALIASES = {
+    "7b": "llama2-7b",
+    "13b": "llama2-13b",
+    "34b": "llama2-34b",
+    "70b": "llama2-70b",
+    "8b": "llama3.1-8b",
+    "175b": "gpt3-175b",
+}
 
 
 def model_preset(name: str) -> ModelSpec:

@@ -100,7 +100,14 @@ class Plan:
 
 
 def check_strategy(
-    cluster: Cluster, layers: int, sequences: int, extent: tuple[int, int, int], dp: int, pp: int, tp: int, mb: int
+    cluster: Cluster,
+    layers: int,
+    sequences: int,
+    extent: tuple[int, int, int],
+    dp: int,
+    pp: int,
+    tp: int,
+    mb: int,
 ) -> str | None:
     """Check P1–P8 (SPEC §4) for one choice's shape and degrees; return why not, or ``None``.
 

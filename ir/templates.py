@@ -154,7 +154,15 @@ def build_graph(workload: Workload, structure: Structure | None = None) -> RPEG:
             g.vertex("actor_greedy_gen", Role.GENERATION, actor_name, Head.LM, B, {prompts, wa}, {greedy})
         g.vertex("ref_inf", Role.INFERENCE, "reference", Head.LM, BR, {Y, wref}, {ref_lp})
         reward_in = {Y, wrw} | ({greedy} if greedy else set())
-        g.vertex("reward_inf", Role.INFERENCE, "reward", Head.SCALAR, BR + (B if greedy else 0), reward_in, {rw})
+        g.vertex(
+            "reward_inf",
+            Role.INFERENCE,
+            "reward",
+            Head.SCALAR,
+            BR + (B if greedy else 0),
+            reward_in,
+            {rw},
+        )
         train_in = {Y, lp, ref_lp, rw, wa}
         values = None
         if critic_name is not None:
@@ -196,9 +204,7 @@ def build_graph(workload: Workload, structure: Structure | None = None) -> RPEG:
     trained = {m for m, inst in g.models.items() if inst.trainable}
     tau = structure.tau
     if set(tau) != trained:
-        raise ValueError(
-            f"structure.staleness names {sorted(tau)}, but the graph trains {sorted(trained)}"
-        )
+        raise ValueError(f"structure.staleness names {sorted(tau)}, but the graph trains {sorted(trained)}")
     return RPEG(
         algorithm=algo,
         models=g.models,
@@ -224,7 +230,7 @@ class _Builder:
         self.pubs: list[PubEdge] = []
         self.inputs: set[str] = set()
 
-    def model(self, name: str, spec, trainable: bool, head: Head) -> None:  # noqa: ANN001
+    def model(self, name: str, spec, trainable: bool, head: Head) -> None:
         self.models[name] = ModelInstance(name, spec, trainable, head)
 
     def container(self, name: str, count: int, elem: int, weights_of: str | None = None) -> str:

@@ -107,7 +107,9 @@ class Workload:
         needed = ALGORITHMS[self.algorithm]
         for role in needed:
             if role not in models:
-                raise ValueError(f"workload.models: algorithm {self.algorithm!r} needs a model for role {role!r}")
+                raise ValueError(
+                    f"workload.models: algorithm {self.algorithm!r} needs a model for role {role!r}"
+                )
         for role, spec in models.items():
             if role not in ROLES:
                 raise ValueError(f"workload.models: unknown role {role!r}; roles are {', '.join(ROLES)}")
@@ -129,9 +131,7 @@ class Workload:
                 )
             prev_f, prev_t = f, t
         if q[-1][0] != 1.0 or q[-1][1] != self.response_len:
-            raise ValueError(
-                f"workload.quantiles must end with (1.0, Lr={self.response_len}), got {q[-1]}"
-            )
+            raise ValueError(f"workload.quantiles must end with (1.0, Lr={self.response_len}), got {q[-1]}")
         object.__setattr__(self, "quantiles", q)
 
         trainable = [r for r in TRAINABLE_ROLES if r in models]

@@ -122,8 +122,10 @@ class Result:
             "models": models,
             "cluster": self.cluster.to_dict(),
             "structure": self.structure.to_dict(),
-            "vertices": [{"name": v.name, "role": v.role.value, "model": v.model, "sequences": v.sequences}
-                         for v in g.vertices],
+            "vertices": [
+                {"name": v.name, "role": v.role.value, "model": v.model, "sequences": v.sequences}
+                for v in g.vertices
+            ],
             "k_eval": self.k_eval,
             "plan": [c.to_dict(names[i]) for i, c in enumerate(self.plan.choices)] if self.plan else [],
             "nodes": [],
@@ -231,16 +233,20 @@ class Result:
         if self.message:
             lines.append(f"note       {self.message}")
         lines.append("")
-        header = f"{'invocation':<20} {'role':<10} {'GPUs':>5} {'allocation (origin+extent)':<28} " \
-                 f"{'(dp,pp,tp)':<12} {'mb':>4} {'time/step s':>11}"
+        header = (
+            f"{'invocation':<20} {'role':<10} {'GPUs':>5} {'allocation (origin+extent)':<28} "
+            f"{'(dp,pp,tp)':<12} {'mb':>4} {'time/step s':>11}"
+        )
         lines.append(header)
         lines.append("-" * len(header))
         times = _per_vertex_time(ev, len(self.graph.vertices), self.k_eval)
         for i, (v, c) in enumerate(zip(self.graph.vertices, self.plan.choices)):
             a, s = c.allocation, c.strategy
             alloc = f"{list(a.origin)}+{list(a.extent)}"
-            lines.append(f"{v.name:<20} {v.role.value:<10} {a.size:>5} {alloc:<28} "
-                         f"({s.dp},{s.pp},{s.tp}){'':<4} {s.mb:>4} {times[i]:>11.3f}")
+            lines.append(
+                f"{v.name:<20} {v.role.value:<10} {a.size:>5} {alloc:<28} "
+                f"({s.dp},{s.pp},{s.tp}){'':<4} {s.mb:>4} {times[i]:>11.3f}"
+            )
         return "\n".join(lines)
 
 
@@ -308,17 +314,25 @@ def problem_from_dict(doc: dict[str, Any]) -> tuple[Workload, Cluster, Structure
     )
     c = _need(doc, "cluster")
     hw = Hardware.from_dict(_need(c, "hardware", "result.cluster"), source="result.cluster.hardware")
-    cluster = Cluster(int(_need(c, "racks", "result.cluster")), int(_need(c, "nodes_per_rack", "result.cluster")),
-                      int(_need(c, "gpus_per_node", "result.cluster")), hw)
+    cluster = Cluster(
+        int(_need(c, "racks", "result.cluster")),
+        int(_need(c, "nodes_per_rack", "result.cluster")),
+        int(_need(c, "gpus_per_node", "result.cluster")),
+        hw,
+    )
     st = _need(doc, "structure")
     structure = Structure(
         algorithm=str(_need(st, "algorithm", "result.structure")),
         ac_sharing=bool(_need(st, "ac_sharing", "result.structure")),
-        staleness=tuple(sorted((str(k), int(v)) for k, v in _need(st, "staleness", "result.structure").items())),
+        staleness=tuple(
+            sorted((str(k), int(v)) for k, v in _need(st, "staleness", "result.structure").items())
+        ),
     )
     # keep the graph's own trainable-model order for a stable label
     order = [m for m in ("actor", "actor_critic", "critic") if m in structure.tau]
-    structure = Structure(structure.algorithm, structure.ac_sharing, tuple((m, structure.tau[m]) for m in order))
+    structure = Structure(
+        structure.algorithm, structure.ac_sharing, tuple((m, structure.tau[m]) for m in order)
+    )
     return workload, cluster, structure
 
 
@@ -350,14 +364,26 @@ def plan_from_entries(ev: Evaluator, entries: list[dict[str, Any]]) -> Plan:
                 raise ValueError(f"plan entry for {v.name!r}: missing field {key!r}")
         extent = tuple(int(x) for x in e["extent"])
         spec = g.models[v.model].spec
-        why = check_strategy(ev.cluster, spec.layers, v.sequences, extent, int(e["dp"]), int(e["pp"]),
-                             int(e["tp"]), int(e["mb"]))
+        why = check_strategy(
+            ev.cluster,
+            spec.layers,
+            v.sequences,
+            extent,
+            int(e["dp"]),
+            int(e["pp"]),
+            int(e["tp"]),
+            int(e["mb"]),
+        )
         if why:
             raise ValueError(f"plan entry for {v.name!r} is illegal: {why}")
         try:
             alloc = ev.cluster.allocation(tuple(int(x) for x in e["origin"]), extent)  # type: ignore[arg-type]
         except ValueError as exc:
             raise ValueError(f"plan entry for {v.name!r}: {exc}") from None
-        choices.append(Choice(make_strategy(ev.cluster, extent, int(e["dp"]), int(e["pp"]), int(e["tp"]),
-                                            int(e["mb"])), alloc))
+        choices.append(
+            Choice(
+                make_strategy(ev.cluster, extent, int(e["dp"]), int(e["pp"]), int(e["tp"]), int(e["mb"])),
+                alloc,
+            )
+        )
     return Plan(tuple(choices))

@@ -55,8 +55,14 @@ class Problem:
 
     def evaluator(self, structure: Structure | None = None) -> Evaluator:
         """A fresh evaluator for ``structure`` (default: synchronous)."""
-        return Evaluator(self.workload, self.cluster, structure, k_eval=self.k_eval,
-                         objective=self.objective, delta=self.delta)
+        return Evaluator(
+            self.workload,
+            self.cluster,
+            structure,
+            k_eval=self.k_eval,
+            objective=self.objective,
+            delta=self.delta,
+        )
 
 
 MethodFn = Callable[..., Result]
@@ -156,13 +162,36 @@ def _baseline(name: str, planner: Callable[..., Plan], problem: Problem, options
     try:
         plan = planner(ev, dirs)
     except Infeasible as exc:
-        return Result(problem.workload, problem.cluster, structure, ev.graph, None, None, Status.INFEASIBLE,
-                      name, time.perf_counter() - t0, ev.evaluations, problem.k_eval, message=str(exc))
+        return Result(
+            problem.workload,
+            problem.cluster,
+            structure,
+            ev.graph,
+            None,
+            None,
+            Status.INFEASIBLE,
+            name,
+            time.perf_counter() - t0,
+            ev.evaluations,
+            problem.k_eval,
+            message=str(exc),
+        )
     evaluation = ev.evaluate(plan, keep=True)
     if not evaluation.feasible:  # the planners repair memory; this guards the invariant
         raise AssertionError(f"{name} produced a memory-infeasible plan")
-    return Result(problem.workload, problem.cluster, structure, ev.graph, plan, evaluation, Status.FEASIBLE,
-                  name, time.perf_counter() - t0, ev.evaluations, problem.k_eval)
+    return Result(
+        problem.workload,
+        problem.cluster,
+        structure,
+        ev.graph,
+        plan,
+        evaluation,
+        Status.FEASIBLE,
+        name,
+        time.perf_counter() - t0,
+        ev.evaluations,
+        problem.k_eval,
+    )
 
 
 @register("greedy")

@@ -1,0 +1,45 @@
+# The README's two set-up commands. Each creates .venv from nothing and installs what it needs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+RPEG   := $(VENV)/bin/rpeg
+
+.PHONY: demo test lint format bench clean
+
+$(VENV)/.base: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.base
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+## make demo: plan the bundled PPO example with both baselines and write a result file
+demo: $(VENV)/.base
+	$(RPEG) examples
+	@echo
+	$(RPEG) solve ppo-7b-16gpu --method greedy
+	@echo
+	@mkdir -p out
+	$(RPEG) solve ppo-7b-16gpu --method concurrent --json out/ppo-7b-16gpu.json
+
+## make test: lint, format check and the whole test suite
+test: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest
+
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+
+format: $(VENV)/.dev
+	$(VENV)/bin/ruff format .
+
+## make bench: the evaluator benchmark (writes benchmarks/RESULTS.md)
+bench: $(VENV)/.base
+	$(PY) benchmarks/evaluator.py
+
+clean:
+	rm -rf $(VENV) out build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,142 @@
+"""α–β costs of the collectives and point-to-point transfers used by the cost model (SPEC §6).
+
+A transfer of ``M`` bytes over a :class:`~rpeg.ir.hardware.Link` ``(α, β)`` costs ``α + M·β``.
+Collectives over ``p`` ranks use the ring estimates (reductions and gathers) and a pairwise
+exchange (all-to-all); every collective costs nothing when ``p = 1``. The message-size convention
+follows the paper's Table II: ``M`` is the per-rank buffer for AllReduce and ReduceScatter, the
+gathered buffer for AllGather, the bytes each rank exchanges in total for AlltoAll, and the
+transferred payload for P2P.
+
+The caller picks the link: the collective or P2P pair of the slowest tier the ranks span.
+"""
+
+from __future__ import annotations
+
+from ..ir.hardware import Link
+
+__all__ = [
+    "allgather_time",
+    "allreduce_time",
+    "alltoall_time",
+    "p2p_time",
+    "reduce_scatter_time",
+]
+
+
+def _check(p: int, nbytes: float) -> None:
+    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+        raise ValueError(f"collective rank count p must be a positive integer, got {p!r}")
+    if not nbytes >= 0.0:
+        raise ValueError(f"message size nbytes must be non-negative, got {nbytes!r}")
+
+
+def allreduce_time(p: int, nbytes: float, link: Link) -> float:
+    """Ring AllReduce: ``2(p−1)·α + 2·((p−1)/p)·M·β`` (SPEC §6); ``0`` for ``p = 1``.
+
+    Parameters
+    ----------
+    p
+        Number of participating ranks.
+    nbytes
+        ``M``, bytes of the buffer each rank contributes (and receives reduced).
+    link
+        ``(α, β)`` of the collective at the tier the ranks span.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    _check(p, nbytes)
+    if p == 1:
+        return 0.0
+    return 2.0 * (p - 1) * link.alpha + 2.0 * (p - 1) / p * nbytes * link.beta
+
+
+def allgather_time(p: int, nbytes: float, link: Link) -> float:
+    """Ring AllGather: ``(p−1)·α + ((p−1)/p)·M·β`` (SPEC §6); ``0`` for ``p = 1``.
+
+    Parameters
+    ----------
+    p
+        Number of participating ranks.
+    nbytes
+        ``M``, bytes of the gathered (full) buffer.
+    link
+        ``(α, β)`` of the collective at the tier the ranks span.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    _check(p, nbytes)
+    if p == 1:
+        return 0.0
+    return (p - 1) * link.alpha + (p - 1) / p * nbytes * link.beta
+
+
+def reduce_scatter_time(p: int, nbytes: float, link: Link) -> float:
+    """Ring ReduceScatter: ``(p−1)·α + ((p−1)/p)·M·β`` (SPEC §6); ``0`` for ``p = 1``.
+
+    Parameters
+    ----------
+    p
+        Number of participating ranks.
+    nbytes
+        ``M``, bytes of the input buffer each rank contributes.
+    link
+        ``(α, β)`` of the collective at the tier the ranks span.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    _check(p, nbytes)
+    if p == 1:
+        return 0.0
+    return (p - 1) * link.alpha + (p - 1) / p * nbytes * link.beta
+
+
+def alltoall_time(p: int, nbytes: float, link: Link) -> float:
+    """Pairwise-exchange AlltoAll: ``(p−1)·α + M·β`` (SPEC §6); ``0`` for ``p = 1``.
+
+    Parameters
+    ----------
+    p
+        Number of participating ranks.
+    nbytes
+        ``M``, bytes each rank exchanges in total (its locally kept share included, an upper
+        bound).
+    link
+        ``(α, β)`` of the collective at the tier the ranks span.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    _check(p, nbytes)
+    if p == 1:
+        return 0.0
+    return (p - 1) * link.alpha + nbytes * link.beta
+
+
+def p2p_time(nbytes: float, link: Link) -> float:
+    """Point-to-point send/receive: ``α + M·β`` (SPEC §6).
+
+    Parameters
+    ----------
+    nbytes
+        ``M``, bytes transferred.
+    link
+        ``(α, β)`` of point-to-point transfers at the tier the two ends span.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    _check(1, nbytes)
+    return link.alpha + nbytes * link.beta

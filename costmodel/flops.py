@@ -1,0 +1,256 @@
+"""Leading-order work (FLOPs) of the three invocation roles (SPEC §6; derivation in
+``docs/cost-model.md``).
+
+Per token and transformer block:
+
+* dense matmuls ``2·W_layer`` (a multiply and an add per weight; ``W_layer`` from
+  :attr:`ModelSpec.layer_params`, which already shrinks K/V under grouped-query attention);
+* attention ``4·d_q·c`` at context length ``c`` (``2·d_q·c`` for ``QKᵀ`` and as much for the
+  weighted sum of ``V``), ``d_q = heads·head_dim`` (``= d`` for every preset);
+
+plus, per token, the output head: ``2·d·V`` (LM head), ``2·d`` (scalar head) or both.
+
+A teacher-forced pass over ``ℓ`` tokens sees contexts ``1..ℓ`` under the causal mask, so its
+attention is ``Σ 4·d_q·c ≈ 2·d_q·ℓ²`` per block and sequence (the ``4·d_q·c`` term halved by
+causal averaging). Decode step ``t`` of the response (``t = 0, 1, …``) processes one token at
+context ``Lp + t``; a window of steps ``[t0, t1)`` costs ``(t1 − t0)`` tokens at the mean context
+``Lp + (t0 + t1)/2``. Prefill plus decode over the whole response therefore adds up to the
+attention of a teacher-forced pass over ``Lp + Lr`` tokens, ``2·d_q·(Lp + Lr)²``.
+"""
+
+from __future__ import annotations
+
+from ..ir.models import ModelSpec
+from ..ir.types import Head
+
+__all__ = [
+    "decode_flops",
+    "forward_flops",
+    "generation_flops",
+    "head_flops_per_token",
+    "inference_flops",
+    "prefill_flops",
+    "training_flops",
+]
+
+#: Forward-equivalent passes of one training step: forward, recompute (activation
+#: checkpointing) and a backward pass that costs two forwards (SPEC §6).
+TRAINING_PASSES = 4
+
+
+def head_flops_per_token(model: ModelSpec, head: Head = Head.LM) -> float:
+    """Output-head FLOPs for one token: ``2·d·V`` (LM), ``2·d`` (scalar) or ``2·d·V + 2·d`` (both).
+
+    Parameters
+    ----------
+    model
+        The model.
+    head
+        Which head(s) the invocation evaluates.
+
+    Returns
+    -------
+    float
+        FLOPs per token.
+    """
+    d = model.hidden
+    if head is Head.LM:
+        return 2.0 * d * model.vocab
+    if head is Head.SCALAR:
+        return 2.0 * d
+    if head is Head.BOTH:
+        return 2.0 * d * model.vocab + 2.0 * d
+    raise ValueError(f"head must be a Head, got {head!r}")
+
+
+def forward_flops(model: ModelSpec, tokens: float, head: Head = Head.LM) -> float:
+    """One teacher-forced forward pass of one sequence over ``ℓ = tokens`` tokens.
+
+    ``W_fwd(ℓ) = L·(2·W_layer·ℓ + 2·d_q·ℓ²) + h·ℓ`` with ``h`` the head FLOPs per token
+    (:func:`head_flops_per_token`): matmuls, causally averaged attention, head on every position.
+
+    Parameters
+    ----------
+    model
+        The model.
+    tokens
+        ``ℓ``, tokens of the sequence.
+    head
+        Output head(s).
+
+    Returns
+    -------
+    float
+        FLOPs for one sequence.
+    """
+    ell = float(tokens)
+    per_layer = 2.0 * model.layer_params * ell + 2.0 * model.q_width * ell * ell
+    return model.layers * per_layer + head_flops_per_token(model, head) * ell
+
+
+def inference_flops(
+    model: ModelSpec,
+    *,
+    sequences: float,
+    prompt_len: int,
+    response_len: int,
+    head: Head = Head.LM,
+) -> float:
+    """Teacher-forced inference: ``W_I = n·W_fwd(Lp + Lr)`` for ``n`` sequences (SPEC §6).
+
+    Parameters
+    ----------
+    model
+        The model.
+    sequences
+        ``n``, sequences processed (``B·R`` or a fraction of it).
+    prompt_len, response_len
+        ``Lp`` and ``Lr``.
+    head
+        Output head(s).
+
+    Returns
+    -------
+    float
+        FLOPs.
+    """
+    return sequences * forward_flops(model, prompt_len + response_len, head)
+
+
+def training_flops(
+    model: ModelSpec,
+    *,
+    sequences: float,
+    prompt_len: int,
+    response_len: int,
+    head: Head = Head.LM,
+) -> float:
+    """Training: ``W_T = 4·W_I`` (forward, recompute, backward = 2 forwards; SPEC §6).
+
+    Parameters
+    ----------
+    model
+        The model.
+    sequences
+        ``n``, sequences processed.
+    prompt_len, response_len
+        ``Lp`` and ``Lr``.
+    head
+        Output head(s).
+
+    Returns
+    -------
+    float
+        FLOPs.
+    """
+    return TRAINING_PASSES * inference_flops(
+        model, sequences=sequences, prompt_len=prompt_len, response_len=response_len, head=head
+    )
+
+
+def prefill_flops(model: ModelSpec, *, sequences: float, prompt_len: int, head: Head = Head.LM) -> float:
+    """Generation prefill over the prompt: ``n·(L·(2·W_layer·Lp + 2·d_q·Lp²) + h)``.
+
+    The blocks run over all ``Lp`` prompt tokens; the head runs on the last prompt position only
+    (the one whose logits give the first response token), as generation engines do.
+
+    Parameters
+    ----------
+    model
+        The model.
+    sequences
+        ``n``, sequences.
+    prompt_len
+        ``Lp``.
+    head
+        Output head(s).
+
+    Returns
+    -------
+    float
+        FLOPs.
+    """
+    ell = float(prompt_len)
+    layers = model.layers * (2.0 * model.layer_params * ell + 2.0 * model.q_width * ell * ell)
+    return sequences * (layers + head_flops_per_token(model, head))
+
+
+def decode_flops(
+    model: ModelSpec,
+    *,
+    sequences: float,
+    prompt_len: int,
+    window: tuple[int, int],
+    head: Head = Head.LM,
+) -> float:
+    """Decode steps ``t0 ≤ t < t1`` of one token each at context ``Lp + t``.
+
+    ``n·(t1 − t0)·(L·(2·W_layer + 4·d_q·c̄) + h)`` with the mean context
+    ``c̄ = Lp + (t0 + t1)/2``.
+
+    Parameters
+    ----------
+    model
+        The model.
+    sequences
+        ``n``, sequences still decoding in the window.
+    prompt_len
+        ``Lp``.
+    window
+        ``(t0, t1)``, the response positions decoded.
+    head
+        Output head(s).
+
+    Returns
+    -------
+    float
+        FLOPs.
+    """
+    t0, t1 = window
+    steps = t1 - t0
+    if steps <= 0:
+        return 0.0
+    context = prompt_len + 0.5 * (t0 + t1)
+    per_token = model.layers * (
+        2.0 * model.layer_params + 4.0 * model.q_width * context
+    ) + head_flops_per_token(model, head)
+    return sequences * steps * per_token
+
+
+def generation_flops(
+    model: ModelSpec,
+    *,
+    sequences: float,
+    prompt_len: int,
+    response_len: int,
+    head: Head = Head.LM,
+    decode: tuple[int, int] | None = None,
+    prefill: bool = True,
+) -> float:
+    """Generation: prefill over ``Lp`` (if ``prefill``) plus the decode window (SPEC §6).
+
+    Parameters
+    ----------
+    model
+        The model.
+    sequences
+        ``n``, sequences.
+    prompt_len, response_len
+        ``Lp`` and ``Lr``.
+    head
+        Output head(s).
+    decode
+        ``(t0, t1)``; default ``(0, Lr)``, i.e. ``Lr`` decode steps.
+    prefill
+        Whether the prefill is part of this invocation (the first response-length phase).
+
+    Returns
+    -------
+    float
+        FLOPs.
+    """
+    window = (0, response_len) if decode is None else decode
+    work = decode_flops(model, sequences=sequences, prompt_len=prompt_len, window=window, head=head)
+    if prefill:
+        work += prefill_flops(model, sequences=sequences, prompt_len=prompt_len, head=head)
+    return work

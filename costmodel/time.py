@@ -1,0 +1,456 @@
+"""Execution time of OP, COMM and RESHARD nodes (SPEC §6, paper Appendix D-A to D-G).
+
+An OP node's time is ``T = T_gemm + T_bubble + T_tp + T_pp + T_dp + T_nongemm + T_opt``
+(:class:`TimeBreakdown`), computed by :func:`op_time` from the model, the invocation's role, its
+parallel :class:`Layout` and the :class:`~rpeg.ir.hardware.Hardware` figures. COMM and RESHARD
+nodes use :func:`comm_time` and :func:`reshard_time`; :func:`publication_bytes` is the payload of
+a weight publication between two allocations. Every formula is derived in
+``docs/cost-model.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..ir.hardware import Hardware, Link
+from ..ir.models import ModelSpec
+from ..ir.types import Head, Role
+from .collectives import (
+    allgather_time,
+    allreduce_time,
+    alltoall_time,
+    p2p_time,
+    reduce_scatter_time,
+)
+from .flops import decode_flops, inference_flops, prefill_flops, training_flops
+from .memory import kv_width_per_device, model_params
+
+__all__ = [
+    "OPTIMIZER_TRAFFIC_BYTES",
+    "Layout",
+    "TimeBreakdown",
+    "comm_time",
+    "op_time",
+    "publication_bytes",
+    "reshard_time",
+]
+
+#: Effective HBM bytes moved per parameter by one Adam update (SPEC §6, paper Appendix C-B3).
+OPTIMIZER_TRAFFIC_BYTES = 18
+
+_N_TIERS = 3
+
+
+def _positive_int(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{owner}: {name} must be a positive integer, got {value!r}")
+
+
+def _check_tier(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _N_TIERS:
+        raise ValueError(f"{owner}: {name} must be a tier 0, 1 or 2, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Parallel layout of one invocation: ``Π = (Pd, Pp, Pt)``, microbatches and link tiers.
+
+    Parameters
+    ----------
+    dp, pp, tp
+        Data, pipeline and tensor parallel degrees ``Pd``, ``Pp``, ``Pt``.
+    mb
+        Microbatches per pipeline pass ``mb``.
+    pp_tier
+        Tier of the inter-node pipeline boundaries (``0`` when a replica fits in a node; an
+        inter-node boundary is costed at tier ``max(pp_tier, 1)`` whatever is given).
+    dp_tier
+        Tier spanned by the data-parallel group (the allocation's tier).
+    gpus_per_node
+        ``Ng``; tensor parallelism stays inside a node, so ``tp ≤ gpus_per_node``.
+
+    Raises
+    ------
+    ValueError
+        If a field is out of range; the message names the field and its value.
+    """
+
+    dp: int
+    pp: int
+    tp: int
+    mb: int
+    pp_tier: int = 0
+    dp_tier: int = 0
+    gpus_per_node: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "pp", "tp", "mb", "gpus_per_node"):
+            _positive_int("Layout", name, getattr(self, name))
+        for name in ("pp_tier", "dp_tier"):
+            _check_tier("Layout", name, getattr(self, name))
+        if self.tp > self.gpus_per_node:
+            raise ValueError(
+                f"Layout: tp={self.tp} exceeds gpus_per_node={self.gpus_per_node} "
+                "(tensor parallelism stays inside a node)"
+            )
+
+    @property
+    def n_devices(self) -> int:
+        """``P = Pd·Pp·Pt``."""
+        return self.dp * self.pp * self.tp
+
+    @property
+    def pp_boundaries(self) -> tuple[int, int]:
+        """``(n_intra, n_inter)`` pipeline stage boundaries inside / between nodes.
+
+        ``n_inter = max(0, ⌈Pp/⌊Ng/Pt⌋⌉ − 1)`` and ``n_intra = Pp − 1 − n_inter`` (SPEC §6).
+        """
+        stages_per_node = self.gpus_per_node // self.tp
+        n_inter = max(0, math.ceil(self.pp / stages_per_node) - 1)
+        return self.pp - 1 - n_inter, n_inter
+
+
+@dataclass(frozen=True, slots=True)
+class TimeBreakdown:
+    """The terms of an OP node's time, in seconds (SPEC §6).
+
+    Parameters
+    ----------
+    gemm
+        ``T_gemm = W/(P·F_eff)`` (prefill and decode summed for generation).
+    bubble
+        ``T_bubble = T_gemm·(mb + Pp − 1)/mb − T_gemm``, the 1F1B fill and drain.
+    tp_comm, pp_comm, dp_comm
+        Tensor-parallel AllReduces, pipeline P2P transfers, ZeRO-2 ReduceScatter + AllGather.
+    nongemm
+        ``T_nongemm``, residual non-GEMM work that tensor parallelism does not shrink.
+    opt
+        ``T_opt``, the bandwidth-bound Adam update.
+    """
+
+    gemm: float
+    bubble: float
+    tp_comm: float
+    pp_comm: float
+    dp_comm: float
+    nongemm: float
+    opt: float
+
+    @property
+    def comm(self) -> float:
+        """``T_comm = T_tp + T_pp + T_dp``."""
+        return self.tp_comm + self.pp_comm + self.dp_comm
+
+    @property
+    def total(self) -> float:
+        """``T = T_gemm + T_bubble + T_comm + T_nongemm + T_opt``."""
+        return self.gemm + self.bubble + self.comm + self.nongemm + self.opt
+
+
+class _Roofline:
+    """``F_eff = min(F_peak·η, I·BW_mem)`` for one invocation (SPEC §6, paper Appendix D-A).
+
+    ``η = (b·ℓ/(b·ℓ + γM))·(k/(k + γK))`` with ``k = min(d, dff)/Pt``; the intensity
+    ``I = W_dev/(Ω_W + Ω_A)`` with ``Ω_W = (L/Pp)·W_layer·sb/Pt`` and
+    ``Ω_A = 2·b·ℓ·d·sb·L/Pp`` (+ KV-cache reads for decode) per device and microbatch.
+    """
+
+    __slots__ = ("b", "eta_k", "hw", "layers", "model", "omega_w")
+
+    def __init__(self, model: ModelSpec, layout: Layout, hw: Hardware, b: float) -> None:
+        self.model = model
+        self.hw = hw
+        self.b = b
+        self.layers = model.layers / layout.pp
+        k = min(model.hidden, model.ffn_hidden) / layout.tp
+        self.eta_k = k / (k + hw.gamma_k)
+        self.omega_w = self.layers * model.layer_params * model.dtype_bytes / layout.tp
+
+    def flops(self, work_per_device: float, tokens: float, extra_bytes: float = 0.0) -> float:
+        """``F_eff`` for ``work_per_device`` FLOPs per microbatch over ``ℓ = tokens``."""
+        rows = self.b * tokens
+        eta = rows / (rows + self.hw.gamma_m) * self.eta_k
+        omega_a = 2.0 * rows * self.model.hidden * self.model.dtype_bytes * self.layers
+        intensity = work_per_device / (self.omega_w + omega_a + extra_bytes)
+        return min(self.hw.peak_flops * eta, intensity * self.hw.mem_bandwidth)
+
+
+def _pp_step_time(nbytes: float, layout: Layout, hw: Hardware) -> float:
+    """One pipeline transfer, boundaries apportioned by kind (paper Appendix D-D).
+
+    ``(n_intra/(Pp−1))·P2P(M, tier 0) + (n_inter/(Pp−1))·P2P(M, tier max(pp_tier, 1))``.
+    """
+    n_intra, n_inter = layout.pp_boundaries
+    n = layout.pp - 1
+    t = n_intra / n * p2p_time(nbytes, hw.p2p[0])
+    if n_inter:
+        t += n_inter / n * p2p_time(nbytes, hw.p2p[max(layout.pp_tier, 1)])
+    return t
+
+
+def op_time(
+    model: ModelSpec,
+    role: Role,
+    layout: Layout,
+    hw: Hardware,
+    *,
+    sequences: float,
+    prompt_len: int,
+    response_len: int,
+    head: Head = Head.LM,
+    decode: tuple[int, int] | None = None,
+    prefill: bool = True,
+) -> TimeBreakdown:
+    """Predicted time of one OP node (SPEC §6).
+
+    With ``n = sequences``, ``b = n/(Pd·mb)``, ``P = Pd·Pp·Pt``, ``ℓ = Lp + Lr``, ``sb`` the
+    model's bytes per scalar and ``N_m`` its parameters (:func:`~.memory.model_params`):
+
+    * ``T_gemm = W/(P·F_eff)`` with ``W`` from :mod:`.flops` and ``F_eff`` the roofline
+      ``min(F_peak·η, I·BW_mem)``; ``I`` uses one forward-equivalent per microbatch (training:
+      ``W/(4·P·mb)``). Generation sums prefill (``ℓ = Lp``) and decode (``ℓ = 1``, KV-cache
+      reads ``b·c̄·2·d_kv,local·sb·L/Pp`` per step at mean context ``c̄``), each with its own
+      ``F_eff``.
+    * ``T_bubble = T_gemm·(Pp − 1)/mb`` (the 1F1B multiplier ``(mb + Pp − 1)/mb`` minus one).
+    * ``T_tp``: ``2·(L/Pp)·mb`` AllReduces (training ``6·(L/Pp)·mb``) of ``n·ℓ·d·sb/(Pd·mb)``
+      over ``Pt`` at tier 0; generation: prefill as inference at ``ℓ = Lp`` plus
+      ``2·(L/Pp)·r`` decode AllReduces of ``n·d·sb/Pd``, ``r = t1 − max(t0, 1)`` (``Lr − 1`` for
+      the whole response: the first response token comes out of the prefill).
+    * ``T_pp`` (``Pp > 1``): ``mb + Pp − 2`` (inference, prefill) or ``mb + 2Pp − 3`` (training)
+      P2P steps of ``n·ℓ·d·sb/(Pd·Pt·mb)``, each apportioned between the ``n_intra`` intra-node
+      boundaries (tier 0) and the ``n_inter`` inter-node ones (tier ``max(pp_tier, 1)``);
+      decode adds ``r·(mb + Pp − 2)`` steps at ``ℓ = 1``.
+    * ``T_dp`` (training): ReduceScatter + AllGather of ``N_m·sb/(Pp·Pt)`` over ``Pd`` at
+      ``dp_tier``.
+    * ``T_nongemm = (L/Pp)·c_ng·(1 − 1/Pt)·(b/B_cal)``, ×4 for training, 0 for generation.
+    * ``T_opt = 18·N_m/(P·BW_mem)`` for training.
+
+    Parameters
+    ----------
+    model
+        The invoked model.
+    role
+        Generation, inference or training.
+    layout
+        Parallel layout and tiers.
+    hw
+        Hardware figures.
+    sequences
+        ``n``: sequences processed by this node (``B·R``, or the still-running fraction for a
+        response-length phase); may be fractional.
+    prompt_len, response_len
+        ``Lp`` and ``Lr``.
+    head
+        Output head(s) evaluated.
+    decode
+        Generation only: the window ``(t0, t1)`` of response positions decoded by this node;
+        default ``(0, Lr)``.
+    prefill
+        Generation only: whether this node also runs the prefill over ``Lp``.
+
+    Returns
+    -------
+    TimeBreakdown
+        The terms; ``.total`` is the node's duration in seconds.
+
+    Raises
+    ------
+    ValueError
+        For negative sizes, an empty teacher-forced sequence, a decode window outside
+        ``[0, Lr]`` or a decode window given to a non-generation role.
+    """
+    role = Role(role)
+    head = Head(head)
+    if not sequences >= 0:
+        raise ValueError(f"op_time: sequences must be non-negative, got {sequences!r}")
+    if prompt_len < 0 or response_len < 0:
+        raise ValueError(
+            f"op_time: prompt_len and response_len must be non-negative, got {prompt_len!r}, {response_len!r}"
+        )
+    if decode is not None and role is not Role.GENERATION:
+        raise ValueError(f"op_time: decode window {decode!r} given for role {role.value!r}")
+    ell = prompt_len + response_len
+    if role is not Role.GENERATION and ell < 1:
+        raise ValueError(f"op_time: {role.value} needs prompt_len + response_len ≥ 1, got {ell}")
+
+    P = layout.n_devices
+    mb, pp, tp, dp = layout.mb, layout.pp, layout.tp, layout.dp
+    sb = model.dtype_bytes
+    d = model.hidden
+    layers = model.layers / pp
+    b = sequences / (dp * mb)
+    roof = _Roofline(model, layout, hw, b)
+    tp_link = hw.collective[0]
+
+    def gemm(work: float, work_per_device: float, tokens: float, extra: float = 0.0) -> float:
+        if work <= 0.0:
+            return 0.0
+        return work / (P * roof.flops(work_per_device, tokens, extra))
+
+    def tp_rounds(count: float, nbytes: float) -> float:
+        return count * allreduce_time(tp, nbytes, tp_link)
+
+    def pp_rounds(count: float, tokens: float) -> float:
+        if pp == 1 or count <= 0:
+            return 0.0
+        return count * _pp_step_time(sequences * tokens * d * sb / (dp * tp * mb), layout, hw)
+
+    t_dp = t_opt = t_nongemm = 0.0
+    if role is Role.GENERATION:
+        t0, t1 = (0, response_len) if decode is None else decode
+        if not 0 <= t0 <= t1 <= response_len:
+            raise ValueError(
+                f"op_time: decode window must satisfy 0 ≤ t0 ≤ t1 ≤ response_len={response_len}, "
+                f"got {decode!r}"
+            )
+        steps = t1 - t0
+        rounds = max(0, t1 - max(t0, 1))  # decode steps whose input token is a decoded one
+        t_gemm = t_tp = t_pp = 0.0
+        if prefill and prompt_len > 0:
+            w = prefill_flops(model, sequences=sequences, prompt_len=prompt_len, head=head)
+            t_gemm += gemm(w, w / (P * mb), prompt_len)
+            t_tp += tp_rounds(2 * layers * mb, sequences * prompt_len * d * sb / (dp * mb))
+            t_pp += pp_rounds(mb + pp - 2, prompt_len)
+        if steps > 0:
+            w = decode_flops(model, sequences=sequences, prompt_len=prompt_len, window=(t0, t1), head=head)
+            context = prompt_len + 0.5 * (t0 + t1)
+            kv_reads = b * context * 2 * kv_width_per_device(model, tp) * sb * layers
+            t_gemm += gemm(w, w / (P * mb * steps), 1, kv_reads)
+            t_tp += tp_rounds(2 * layers * rounds, sequences * d * sb / dp)
+            t_pp += pp_rounds(rounds * (mb + pp - 2), 1)
+    else:
+        lengths = {"sequences": sequences, "prompt_len": prompt_len, "response_len": response_len}
+        if role is Role.TRAINING:
+            w = training_flops(model, head=head, **lengths)
+            t_gemm = gemm(w, w / (4 * P * mb), ell)
+            t_tp = tp_rounds(6 * layers * mb, sequences * ell * d * sb / (dp * mb))
+            t_pp = pp_rounds(mb + 2 * pp - 3, ell)
+            n_params = model_params(model, head)
+            shard = n_params * sb / (pp * tp)
+            dp_link = hw.collective[layout.dp_tier]
+            t_dp = reduce_scatter_time(dp, shard, dp_link) + allgather_time(dp, shard, dp_link)
+            t_opt = OPTIMIZER_TRAFFIC_BYTES * n_params / (P * hw.mem_bandwidth)
+        else:
+            w = inference_flops(model, head=head, **lengths)
+            t_gemm = gemm(w, w / (P * mb), ell)
+            t_tp = tp_rounds(2 * layers * mb, sequences * ell * d * sb / (dp * mb))
+            t_pp = pp_rounds(mb + pp - 2, ell)
+        t_nongemm = layers * hw.c_nongemm * (1.0 - 1.0 / tp) * (b / hw.b_cal)
+        if role is Role.TRAINING:
+            t_nongemm *= 4
+
+    return TimeBreakdown(
+        gemm=t_gemm,
+        bubble=t_gemm * (pp - 1) / mb,
+        tp_comm=t_tp,
+        pp_comm=t_pp,
+        dp_comm=t_dp,
+        nongemm=t_nongemm,
+        opt=t_opt,
+    )
+
+
+def _check_sizes(owner: str, **sizes: object) -> None:
+    for name, value in sizes.items():
+        _positive_int(owner, name, value)
+
+
+def comm_time(nbytes: float, src_size: int, dst_size: int, tier: int, hw: Hardware) -> float:
+    """COMM node between two allocations: ``α_p2p + M·β_p2p/min(|σu|, |σv|)`` (SPEC §6).
+
+    The payload is split over ``min(|σu|, |σv|)`` concurrent send/receive pairs.
+
+    Parameters
+    ----------
+    nbytes
+        ``M = #a·s(a)``, bytes of the container moved.
+    src_size, dst_size
+        ``|σ(u)|`` and ``|σ(v)|``, devices of the two allocations.
+    tier
+        The slowest tier spanned by both allocations together.
+    hw
+        Hardware figures (the P2P link of ``tier``).
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    _check_sizes("comm_time", src_size=src_size, dst_size=dst_size)
+    _check_tier("comm_time", "tier", tier)
+    if not nbytes >= 0:
+        raise ValueError(f"comm_time: nbytes must be non-negative, got {nbytes!r}")
+    link: Link = hw.p2p[tier]
+    return link.alpha + nbytes * link.beta / min(src_size, dst_size)
+
+
+def reshard_time(model: ModelSpec, n_devices: int, tier: int, hw: Hardware, head: Head = Head.LM) -> float:
+    """RESHARD node: AlltoAll of ``N_m·sb/|σ|`` bytes per rank over ``|σ|`` ranks (SPEC §6).
+
+    ``(|σ| − 1)·α + (N_m·sb/|σ|)·β`` with the collective link of ``tier``; ``0`` for one device.
+
+    Parameters
+    ----------
+    model
+        The model whose weights change layout.
+    n_devices
+        ``|σ|``, devices of the (shared) allocation.
+    tier
+        The tier the allocation spans.
+    hw
+        Hardware figures.
+    head
+        Output head(s) of the model (they change ``N_m``).
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    _check_sizes("reshard_time", n_devices=n_devices)
+    _check_tier("reshard_time", "tier", tier)
+    nbytes = model_params(model, head) * model.dtype_bytes / n_devices
+    return alltoall_time(n_devices, nbytes, hw.collective[tier])
+
+
+def publication_bytes(
+    model: ModelSpec, src_size: int, dst_size: int, overlap: int, head: Head = Head.LM
+) -> float:
+    """Payload of a weight publication between allocations (SPEC §5.4).
+
+    ``N_m·sb·(n_max − n_overlap)/n_max`` with ``n_max = max(|σu|, |σv|)``: devices in both
+    allocations already hold their share.
+
+    Parameters
+    ----------
+    model
+        The published model.
+    src_size, dst_size
+        ``|σ(u)|`` (training) and ``|σ(v)|`` (consumer).
+    overlap
+        ``n_overlap = |σ(u) ∩ σ(v)|``.
+    head
+        Output head(s) of the model.
+
+    Returns
+    -------
+    float
+        Bytes.
+
+    Raises
+    ------
+    ValueError
+        If ``overlap`` is negative or larger than either allocation.
+    """
+    _check_sizes("publication_bytes", src_size=src_size, dst_size=dst_size)
+    if (
+        isinstance(overlap, bool)
+        or not isinstance(overlap, int)
+        or not (0 <= overlap <= min(src_size, dst_size))
+    ):
+        raise ValueError(
+            f"publication_bytes: overlap must be an integer in [0, min(src_size, dst_size)], got {overlap!r}"
+        )
+    n_max = max(src_size, dst_size)
+    return model_params(model, head) * model.dtype_bytes * (n_max - overlap) / n_max

@@ -1,0 +1,112 @@
+"""Bundled hardware presets and the hardware JSON format."""
+
+import json
+
+import pytest
+
+from rpeg.costmodel import HARDWARE_PRESETS, Hardware, Link, hardware_preset, load_hardware
+
+
+def test_bundled_presets_are_listed():
+    assert set(HARDWARE_PRESETS) == {"a100-40gb", "cpu", "gh200", "h100", "h200"}
+
+
+@pytest.mark.parametrize("name", ["a100-40gb", "gh200", "h100", "h200", "cpu"])
+def test_presets_load_and_are_sane(name):
+    hw = hardware_preset(name)
+    assert hw.name == name
+    assert hw.memory_headroom == pytest.approx(0.10)
+    assert hw.m_eff == pytest.approx(0.9 * hw.gpu_memory_bytes)
+    assert "calibrat" in hw.notes  # says the figures are nominal until calibrated
+    for links in (hw.collective, hw.p2p):
+        # intra-node faster than inter-node, faster than inter-rack
+        assert links[0].beta < links[1].beta < links[2].beta
+        assert links[0].alpha <= links[1].alpha < links[2].alpha
+
+
+@pytest.mark.parametrize(
+    ("name", "per_node", "memory", "nominal_flops"),
+    [
+        ("a100-40gb", 8, 40e9, 312e12),
+        ("gh200", 4, 96e9, 990e12),
+        ("h100", 8, 80e9, 990e12),
+        ("h200", 8, 141e9, 990e12),
+    ],
+)
+def test_gpu_preset_figures(name, per_node, memory, nominal_flops):
+    hw = hardware_preset(name)
+    assert hw.gpus_per_node == per_node
+    assert hw.gpu_memory_bytes == memory
+    # derated, but not absurdly
+    assert 0.5 * nominal_flops <= hw.peak_flops < nominal_flops
+
+
+def test_h200_has_more_bandwidth_than_h100_and_a100():
+    a100, h100, h200 = (hardware_preset(n) for n in ("a100-40gb", "h100", "h200"))
+    assert a100.mem_bandwidth < h100.mem_bandwidth < h200.mem_bandwidth
+
+
+def test_lookup_is_case_insensitive():
+    assert hardware_preset(" H100 ") == hardware_preset("h100")
+
+
+def test_unknown_preset_lists_known_names():
+    with pytest.raises(ValueError, match="unknown hardware preset 'b200'") as err:
+        hardware_preset("b200")
+    for name in HARDWARE_PRESETS:
+        assert name in str(err.value)
+
+
+def test_json_round_trip(tmp_path):
+    hw = Hardware(
+        name="test",
+        gpu_memory_bytes=24e9,
+        peak_flops=1.5e14,
+        mem_bandwidth=9e11,
+        gamma_m=100.0,
+        gamma_k=50.0,
+        c_nongemm=2e-4,
+        b_cal=4.0,
+        collective=(Link(1e-5, 1e-11), Link(2e-5, 1e-10), Link(3e-5, 2e-10)),
+        p2p=(Link(2e-6, 2e-11), Link(4e-6, 2e-10), Link(6e-6, 4e-10)),
+        memory_headroom=0.05,
+        gpus_per_node=4,
+        notes="round trip",
+    )
+    path = tmp_path / "hw.json"
+    hw.save(path)
+    back = Hardware.load(path)
+    assert back == hw
+    assert back.notes == "round trip"
+    assert load_hardware(str(path)) == hw
+    assert load_hardware(path) == hw
+
+
+def test_preset_round_trip(tmp_path):
+    hw = hardware_preset("gh200")
+    hw.save(tmp_path / "gh200.json")
+    assert Hardware.load(tmp_path / "gh200.json") == hw
+
+
+def test_load_hardware_resolves_names_and_passes_objects_through():
+    hw = hardware_preset("cpu")
+    assert load_hardware(hw) is hw
+    assert load_hardware("cpu") == hw
+
+
+def test_missing_field_is_named(tmp_path):
+    data = hardware_preset("h100").to_dict()
+    del data["peak_flops"]
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"missing field.*peak_flops"):
+        Hardware.load(path)
+
+
+def test_invalid_field_is_named(tmp_path):
+    data = hardware_preset("h100").to_dict()
+    data["mem_bandwidth"] = -1.0
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="mem_bandwidth must be positive"):
+        Hardware.load(path)

@@ -1,0 +1,78 @@
+import pytest
+
+from rpeg.costmodel import hardware_preset
+from rpeg.ir import TIER_CLUSTER, TIER_NODE, TIER_RACK, Cluster
+
+HW = hardware_preset("gh200")
+
+
+def test_flat_ids_follow_spec_formula():
+    c = Cluster.from_shape("2x3x4", HW)
+    assert c.num_devices == 24
+    # ((r·Nn) + n)·Ng + g
+    assert c.flat_id(1, 2, 3) == ((1 * 3) + 2) * 4 + 3 == 23
+    assert c.coords(23) == (1, 2, 3)
+    assert all(c.flat_id(*c.coords(i)) == i for i in range(24))
+
+
+@pytest.mark.parametrize(
+    ("size", "extent"),
+    [
+        (1, (1, 1, 1)),
+        (2, (1, 1, 2)),
+        (3, None),
+        (4, (1, 1, 4)),
+        (8, (1, 2, 4)),
+        (12, None),
+        (16, (1, 4, 4)),
+        (32, (2, 4, 4)),
+        (48, None),
+        (64, (4, 4, 4)),
+        (128, None),
+    ],
+)
+def test_legal_shapes(size, extent):
+    c = Cluster.from_shape("4x4x4", HW)
+    assert c.shape_for_size(size) == extent
+
+
+def test_allocation_alignment_and_bounds_errors_name_the_problem():
+    c = Cluster.from_shape("1x4x4", HW)
+    a = c.allocation((0, 2, 0), (1, 2, 4))
+    assert a.devices() == list(range(8, 16))
+    assert a.tier == TIER_RACK
+    with pytest.raises(ValueError, match="not aligned"):
+        c.allocation((0, 1, 0), (1, 2, 4))
+    with pytest.raises(ValueError, match="leaves the cluster"):
+        c.allocation((0, 4, 0), (1, 1, 4))
+    with pytest.raises(ValueError, match="not a legal shape"):
+        c.allocation((0, 0, 0), (1, 3, 4))
+    with pytest.raises(ValueError, match="not aligned"):
+        c.allocation((0, 0, 1), (1, 1, 2))
+
+
+def test_tiers_of_device_sets():
+    c = Cluster.from_shape("2x2x4", HW)
+    assert c.tier_of_mask(0b1) == TIER_NODE
+    assert c.tier_of_mask(0b1111) == TIER_NODE
+    assert c.tier_of_mask((1 << 0) | (1 << 4)) == TIER_RACK
+    assert c.tier_of_mask((1 << 0) | (1 << 8)) == TIER_CLUSTER
+    assert c.allocation((0, 0, 0), (2, 2, 4)).tier == TIER_CLUSTER
+
+
+def test_allocations_of_size_tile_the_device_space():
+    c = Cluster.from_shape("2x4x4", HW)
+    for size in c.legal_sizes:
+        allocs = c.allocations_of_size(size)
+        assert len(allocs) * size == c.num_devices
+        union = 0
+        for a in allocs:
+            assert not union & a.mask
+            union |= a.mask
+        assert union == c.all_mask
+
+
+@pytest.mark.parametrize("bad", ["4x4", "ax2x2", "", "1x0x4"])
+def test_bad_shapes_are_rejected(bad):
+    with pytest.raises(ValueError):
+        Cluster.from_shape(bad, HW)

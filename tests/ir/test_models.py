@@ -1,0 +1,169 @@
+"""Model presets and Hugging Face config loading (SPEC §2)."""
+
+import json
+
+import pytest
+
+from rpeg.ir.models import MODEL_PRESETS, ModelSpec, model_preset
+
+# Published parameter totals.
+PUBLISHED = {
+    "llama2-7b": 6.74e9,
+    "llama2-13b": 13.0e9,
+    "llama2-34b": 33.7e9,  # Code Llama 34B shape
+    "llama2-70b": 68.98e9,
+    "llama3.1-8b": 8.03e9,
+    "llama3.3-70b": 70.6e9,
+    "gpt3-175b": 175e9,
+}
+
+# config.json of meta-llama/Llama-3.1-8B (field values as published).
+LLAMA31_8B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.0.dev0",
+    "use_cache": True,
+    "vocab_size": 128256,
+}
+
+
+def _shape(spec: ModelSpec) -> dict:
+    d = spec.to_dict()
+    del d["name"]
+    return d
+
+
+@pytest.mark.parametrize(("name", "total"), sorted(PUBLISHED.items()))
+def test_preset_parameter_counts_match_published_totals(name, total):
+    assert model_preset(name).params == pytest.approx(total, rel=0.02)
+
+
+def test_every_preset_is_checked():
+    assert set(MODEL_PRESETS) == set(PUBLISHED)
+
+
+def test_gqa_layer_params_by_hand():
+    m = model_preset("llama3.1-8b")
+    # 2·d·d_q + 2·d·d_kv + 3·d·dff with d_kv = 8·128 = 1024
+    assert m.kv_width == 1024
+    assert m.layer_params == 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+    assert m.layer_params == 218_103_808
+    # L·(W_layer + 2d) + V·d (embedding) + d (final norm) + V·d (untied head)
+    assert m.params == 32 * (218_103_808 + 8192) + 2 * 128256 * 4096 + 4096
+
+
+def test_plain_mha_layer_params_is_spec_form():
+    m = model_preset("llama2-7b")
+    d, dff = 4096, 11008
+    assert m.layer_params == 4 * d * d + 3 * d * dff
+
+
+def test_aliases_and_case():
+    assert model_preset("70B") is model_preset("llama2-70b")
+    assert model_preset("8b") is model_preset("llama3.1-8b")
+    assert ModelSpec.preset("7b") is model_preset("llama2-7b")
+
+
+def test_unknown_preset_lists_known_names():
+    with pytest.raises(ValueError, match="unknown model preset 'llama9'") as err:
+        model_preset("llama9")
+    for name in MODEL_PRESETS:
+        assert name in str(err.value)
+
+
+def test_from_hf_config_llama31_8b(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA31_8B_CONFIG))
+    spec = ModelSpec.from_hf_config(path, name="llama3.1-8b")
+    assert spec == model_preset("llama3.1-8b")
+    # a directory works too, and the name defaults to the model type
+    from_dir = ModelSpec.from_hf_config(tmp_path)
+    assert _shape(from_dir) == _shape(model_preset("llama3.1-8b"))
+    assert from_dir.name == "llama"
+
+
+def test_from_hf_config_gpt2_spelling(tmp_path):
+    cfg = {
+        "n_layer": 12,
+        "n_embd": 768,
+        "n_head": 12,
+        "vocab_size": 50257,
+        "activation_function": "gelu_new",
+        "tie_word_embeddings": True,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = ModelSpec.from_hf_config(tmp_path, name="gpt2")
+    assert (spec.layers, spec.hidden, spec.ffn_hidden, spec.ffn_projections) == (12, 768, 3072, 2)
+    assert spec.tied_embeddings and spec.kv_heads == 12 and spec.head_dim == 64
+    # the GPT-2 small total: 124.4M parameters
+    assert spec.params == pytest.approx(124.4e6, rel=0.01)
+
+
+@pytest.mark.parametrize("field", ["num_hidden_layers", "hidden_size", "vocab_size", "num_attention_heads"])
+def test_from_hf_config_missing_field_is_named(tmp_path, field):
+    cfg = dict(LLAMA31_8B_CONFIG)
+    del cfg[field]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=f"missing config field.*{field}"):
+        ModelSpec.from_hf_config(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("num_hidden_layers", 0, "layers must be a positive integer, got 0"),
+        ("vocab_size", -5, "vocab must be a positive integer, got -5"),
+        ("num_key_value_heads", 5, "heads=32 is not a multiple of kv_heads=5"),
+        ("hidden_size", 4100, "hidden=4100 is not divisible by heads=32"),
+    ],
+)
+def test_from_hf_config_invalid_field_is_named(tmp_path, key, value, message):
+    cfg = dict(LLAMA31_8B_CONFIG, **{key: value})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=message):
+        ModelSpec.from_hf_config(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("layers", 0), ("hidden", 1.5), ("ffn_projections", 4), ("dtype_bytes", 3), ("head_dim", -1)],
+)
+def test_invalid_spec_field_is_named(field, value):
+    kwargs = dict(name="bad", layers=2, hidden=64, ffn_hidden=128, vocab=100, heads=4, kv_heads=4)
+    kwargs[field] = value
+    with pytest.raises(ValueError, match=field):
+        ModelSpec(**kwargs)
+
+
+def test_to_dict_round_trip_and_scaled():
+    m = model_preset("llama2-13b")
+    assert ModelSpec(**m.to_dict()) == m
+    small = m.scaled(layers=2, hidden=256, heads=4)
+    assert (small.layers, small.hidden, small.heads, small.kv_heads) == (2, 256, 4, 4)
+    assert small.ffn_hidden == round(256 * 13824 / 5120)
+    assert small.vocab == m.vocab
