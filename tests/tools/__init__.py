@@ -1,0 +1,1 @@
+"""Stand-alone tools for checking rpeg outputs (standard library only)."""
