@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..ir.cluster import Allocation, Cluster
 from ..ir.plan import Choice, Plan
-from .candidates import Directory, _allocs
+from .candidates import Directory, _allocs, enumerate_strategies
 from .evaluator import Evaluator
 
 __all__ = ["Infeasible", "concurrent_plan", "greedy_plan", "levels", "repair_memory"]
@@ -78,10 +78,49 @@ def explain_memory(ev: Evaluator, plan: Plan) -> Infeasible:
     excess = mem.peak[worst] - mem.m_eff
     return Infeasible(
         f"no memory-feasible plan found: GPU {first} (and {atom.bit_count() - 1} like it) needs "
-        f"{mem.peak[worst] / GIB:.1f} GiB, {excess / GIB:.1f} GiB over M_eff={mem.m_eff / GIB:.1f} GiB; "
+        f"{mem.peak[worst] / GIB:.2f} GiB, {excess / GIB:.2f} GiB over M_eff={mem.m_eff / GIB:.2f} GiB; "
         f"co-resident invocations: {', '.join(names)}",
         names[0] if names else None,
         excess,
+    )
+
+
+def _side_by_side(ev: Evaluator, group: list[int], smallest: list[int]) -> Infeasible:
+    """Explain why a level's invocations cannot run side by side: the one needing the most GPUs
+    does not fit its isolated memory on what the others leave, by how many GiB."""
+    cluster = ev.cluster
+    worst = max(range(len(group)), key=smallest.__getitem__)
+    v = group[worst]
+    vert = ev.graph.vertices[v]
+    avail = cluster.num_devices - sum(m for i, m in enumerate(smallest) if i != worst)
+    if avail < 1:  # the others alone fill the cluster: judge it on an even share instead
+        avail = max(s for s in cluster.legal_sizes if s <= max(1, cluster.num_devices // len(group)))
+    spec = ev.graph.models[vert.model].spec
+    footprints = [
+        ev.costs.memory(v, s).isolated
+        for s in enumerate_strategies(cluster, spec.layers, vert.sequences)
+        if s.size <= avail
+    ]
+    m_eff = cluster.hardware.m_eff
+    others = ", ".join(
+        f"{ev.graph.vertices[u].name} ≥ {m} GPUs"
+        for i, (u, m) in enumerate(zip(group, smallest))
+        if i != worst
+    )
+    if footprints:
+        over = min(footprints) - m_eff
+        detail = (
+            f"on {avail} GPUs (beside {others}) its smallest isolated footprint is "
+            f"{min(footprints) / GIB:.2f} GiB per GPU, {over / GIB:.2f} GiB over M_eff={m_eff / GIB:.2f} GiB"
+        )
+    else:
+        over = 0.0
+        detail = f"no legal layout fits on {avail} GPUs (beside {others})"
+    return Infeasible(
+        f"invocation {vert.name!r} cannot run side by side with the rest of its level on cluster "
+        f"{cluster.shape_str}: {detail} (it needs ≥ {smallest[worst]} GPUs)",
+        vert.name,
+        over,
     )
 
 
@@ -203,8 +242,7 @@ def concurrent_plan(ev: Evaluator, dirs: list[Directory], *, alternatives: int =
                 choice.append((v, Choice(dirs[v].strategies[i], a)))
             options.append((t, choice))
         if not options:
-            names = ", ".join(ev.graph.vertices[v].name for v in group)
-            raise Infeasible(f"invocations {names} cannot share cluster {cluster.shape_str} side by side")
+            raise _side_by_side(ev, group, [min(sizes) for sizes in per_member])
         options.sort(key=lambda o: o[0])
         ranked.append(options[:alternatives])
 

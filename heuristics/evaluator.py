@@ -116,6 +116,9 @@ class Evaluation:
         ``Σ_d busy(d)/(|D|·MS)``.
     memory
         Per-device peaks and feasibility.
+    critical
+        Per vertex, the OP seconds it contributes to the schedule's critical path (the search
+        picks bottleneck vertices in proportion to it).
     graph, schedule
         The lowered graph and its schedule (kept only when asked for).
     """
@@ -125,6 +128,7 @@ class Evaluation:
     makespan: float
     utilization: float
     memory: MemoryReport
+    critical: list[float] = field(default_factory=list, repr=False)
     graph: ExecGraph | None = field(default=None, repr=False)
     schedule: Schedule | None = field(default=None, repr=False)
 
@@ -151,6 +155,8 @@ class Evaluator:
         ``δ`` of the utilisation objective.
     penalty
         ``True`` for the soft memory penalty; ``False`` scores infeasible plans 0 (hard rejection).
+    split_phases
+        Split generation and disjoint inference into response-length phases (SPEC §5 rule 1).
     """
 
     def __init__(
@@ -163,6 +169,7 @@ class Evaluator:
         objective: str = "throughput",
         delta: float = 0.10,
         penalty: bool = True,
+        split_phases: bool = True,
     ) -> None:
         if objective not in ("throughput", "throughput-util"):
             raise ValueError(f"objective must be 'throughput' or 'throughput-util', got {objective!r}")
@@ -178,6 +185,7 @@ class Evaluator:
         self.objective = objective
         self.delta = delta
         self.penalty = penalty
+        self.split_phases = split_phases
         self.best_raw = 0.0
         self.evaluations = 0
         g = self.graph
@@ -236,7 +244,7 @@ class Evaluator:
             Keep the lowered graph and schedule in the result.
         """
         self.evaluations += 1
-        g = lower(self.unrolled, plan, self.workload.quantiles, self.costs)  # type: ignore[arg-type]
+        g = lower(self.unrolled, plan, self.workload.quantiles, self.costs, split_phases=self.split_phases)  # type: ignore[arg-type]
         sched = list_schedule(g)
         ms = sched.makespan
         raw = self._work / ms if ms > 0 else math.inf
@@ -249,4 +257,9 @@ class Evaluator:
             if raw > self.best_raw:
                 self.best_raw = raw
             score = score * util if raw >= (1.0 - self.delta) * self.best_raw else score * 1e-12
-        return Evaluation(score, raw, ms, util, mem, g if keep else None, sched if keep else None)
+        critical = [0.0] * len(plan.choices)
+        kind, vertex, dur = g.kind, g.vertex, g.duration
+        for i in sched.critical_path():
+            if kind[i] == 0:
+                critical[vertex[i]] += dur[i]
+        return Evaluation(score, raw, ms, util, mem, critical, g if keep else None, sched if keep else None)

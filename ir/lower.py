@@ -162,7 +162,12 @@ def _static(unrolled: Unrolled) -> tuple:
 
 
 def lower(
-    unrolled: Unrolled, plan: Plan, quantiles: tuple[tuple[float, int], ...], costs: CostProvider
+    unrolled: Unrolled,
+    plan: Plan,
+    quantiles: tuple[tuple[float, int], ...],
+    costs: CostProvider,
+    *,
+    split_phases: bool = True,
 ) -> ExecGraph:
     """Lower ``unrolled`` under ``plan`` into an :class:`ExecGraph` with durations.
 
@@ -176,6 +181,8 @@ def lower(
         Response-length quantiles ``((f1, t1), …, (fQ, tQ))``; ``Q`` phases per split vertex.
     costs
         Duration provider.
+    split_phases
+        Apply rule 1's response-length splitting (``False`` is the ablation that never splits).
 
     Returns
     -------
@@ -203,7 +210,13 @@ def lower(
     # -- rule 1: which vertices split into phases
     split = [False] * n
     for u, v in data_ends:
-        if roles[u] is Role.GENERATION and roles[v] is Role.INFERENCE and masks[u] & masks[v] == 0 and Q > 1:
+        if (
+            roles[u] is Role.GENERATION
+            and roles[v] is Role.INFERENCE
+            and masks[u] & masks[v] == 0
+            and Q > 1
+            and split_phases
+        ):
             split[u] = split[v] = True
     op_durs = [costs.op_phases(v, choices[v], split[v]) for v in range(n)]
 

@@ -348,10 +348,16 @@ def plan_from_entries(ev: Evaluator, entries: list[dict[str, Any]]) -> Plan:
     """
     g = ev.graph
     by_name = {}
+    if not isinstance(entries, list):
+        raise ValueError(f"plan must be a list of entries, got {type(entries).__name__}")
     for i, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise ValueError(f"plan[{i}] must be an object with a 'vertex' field, got {e!r}")
         name = e.get("vertex")
         if name not in g.index:
             raise ValueError(f"plan[{i}]: unknown vertex {name!r}; the graph has {', '.join(g.index)}")
+        if name in by_name:
+            raise ValueError(f"plan[{i}]: a second entry for vertex {name!r}")
         by_name[name] = e
     missing = [v.name for v in g.vertices if v.name not in by_name]
     if missing:
@@ -362,28 +368,30 @@ def plan_from_entries(ev: Evaluator, entries: list[dict[str, Any]]) -> Plan:
         for key in ("origin", "extent", "dp", "pp", "tp", "mb"):
             if key not in e:
                 raise ValueError(f"plan entry for {v.name!r}: missing field {key!r}")
-        extent = tuple(int(x) for x in e["extent"])
+        origin = _int_triple(e["origin"], v.name, "origin")
+        extent = _int_triple(e["extent"], v.name, "extent")
+        dp, pp, tp, mb = (_int_field(e[k], v.name, k) for k in ("dp", "pp", "tp", "mb"))
         spec = g.models[v.model].spec
-        why = check_strategy(
-            ev.cluster,
-            spec.layers,
-            v.sequences,
-            extent,
-            int(e["dp"]),
-            int(e["pp"]),
-            int(e["tp"]),
-            int(e["mb"]),
-        )
+        why = check_strategy(ev.cluster, spec.layers, v.sequences, extent, dp, pp, tp, mb)
         if why:
             raise ValueError(f"plan entry for {v.name!r} is illegal: {why}")
         try:
-            alloc = ev.cluster.allocation(tuple(int(x) for x in e["origin"]), extent)  # type: ignore[arg-type]
+            alloc = ev.cluster.allocation(origin, extent)
         except ValueError as exc:
             raise ValueError(f"plan entry for {v.name!r}: {exc}") from None
-        choices.append(
-            Choice(
-                make_strategy(ev.cluster, extent, int(e["dp"]), int(e["pp"]), int(e["tp"]), int(e["mb"])),
-                alloc,
-            )
-        )
+        choices.append(Choice(make_strategy(ev.cluster, extent, dp, pp, tp, mb), alloc))
     return Plan(tuple(choices))
+
+
+def _int_field(value: Any, vertex: str, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"plan entry for {vertex!r}: field {key!r} must be an integer, got {value!r}")
+    return value
+
+
+def _int_triple(value: Any, vertex: str, key: str) -> tuple[int, int, int]:
+    if not isinstance(value, (list, tuple)) or len(value) != 3:
+        raise ValueError(
+            f"plan entry for {vertex!r}: field {key!r} must be 3 integers [r, n, g], got {value!r}"
+        )
+    return tuple(_int_field(x, vertex, key) for x in value)  # type: ignore[return-value]

@@ -1,0 +1,123 @@
+"""Shared fixtures: small GH200 clusters, a tiny PPO workload, the 70B workload that cannot fit
+on one A100 node, the bundled examples, and the independent result checker."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from rpeg import Cluster, Workload, example_path, hardware_preset, load_workload, model_preset
+
+TESTS = Path(__file__).parent
+
+
+def load_checker():
+    """``tests/tools/check_result.py`` imported from its path (works under plain ``pytest``)."""
+    name = "rpeg_check_result"
+    mod = sys.modules.get(name)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(name, TESTS / "tools" / "check_result.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+def tiny_ppo_workload(**overrides) -> Workload:
+    """PPO with Llama-2 7B actor/critic/reward/reference, B=64, R=1, Lp=128, Lr=256."""
+    seven = model_preset("7b")
+    kw = {
+        "algorithm": "ppo",
+        "models": {"actor": seven, "critic": seven, "reward": seven},
+        "batch": 64,
+        "rollouts": 1,
+        "prompt_len": 128,
+        "response_len": 256,
+        "name": "tiny-ppo",
+    }
+    kw.update(overrides)
+    return Workload(**kw)
+
+
+def ppo_70b_workload() -> Workload:
+    """PPO with a Llama-2 70B actor (and reference), 7B critic and reward: too big for 8×A100-40GB."""
+    return Workload(
+        algorithm="ppo",
+        models={
+            "actor": model_preset("llama2-70b"),
+            "critic": model_preset("7b"),
+            "reward": model_preset("7b"),
+        },
+        batch=64,
+        rollouts=1,
+        prompt_len=128,
+        response_len=256,
+        name="ppo-70b-8gpu",
+    )
+
+
+def example_problem(name: str) -> tuple[Workload, Cluster, int]:
+    """Workload, cluster and ``k_eval`` of the bundled example ``name``."""
+    wf = load_workload(example_path(name))
+    assert wf.cluster_shape is not None and wf.hardware is not None
+    return wf.workload, Cluster.from_shape(wf.cluster_shape, hardware_preset(wf.hardware)), wf.k_eval
+
+
+@pytest.fixture(scope="session")
+def gh200():
+    return hardware_preset("gh200")
+
+
+@pytest.fixture(scope="session")
+def cluster_1x2x4(gh200):
+    """Two GH200 nodes of four GPUs in one rack (8 devices)."""
+    return Cluster.from_shape("1x2x4", gh200)
+
+
+@pytest.fixture(scope="session")
+def cluster_1x1x4(gh200):
+    """One GH200 node of four GPUs."""
+    return Cluster.from_shape("1x1x4", gh200)
+
+
+@pytest.fixture(scope="session")
+def cluster_2x1x4(gh200):
+    """Two racks of one GH200 node each (8 devices, inter-rack links between the halves)."""
+    return Cluster.from_shape("2x1x4", gh200)
+
+
+@pytest.fixture(scope="session")
+def tiny_ppo():
+    return tiny_ppo_workload()
+
+
+@pytest.fixture(scope="session")
+def ppo_70b():
+    return ppo_70b_workload()
+
+
+@pytest.fixture(scope="session")
+def a100_1x1x8():
+    return Cluster.from_shape("1x1x8", hardware_preset("a100-40gb"))
+
+
+@pytest.fixture(scope="session")
+def checker():
+    """The independent ``rpeg.result/1`` checker module (``checker.check(doc) -> list[str]``)."""
+    return load_checker()
+
+
+@pytest.fixture(scope="session")
+def make_ppo():
+    """``make_ppo(**overrides)``: the tiny PPO workload with some fields replaced."""
+    return tiny_ppo_workload
+
+
+@pytest.fixture(scope="session")
+def problem_of():
+    """``problem_of(name)``: workload, cluster and ``k_eval`` of a bundled example."""
+    return example_problem

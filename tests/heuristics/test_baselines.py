@@ -1,0 +1,185 @@
+"""Tests for ``heuristics/baselines.py``: the greedy and concurrent baselines (SPEC §8), the
+memory repair they share and the :class:`Infeasible` explanation."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+
+import pytest
+
+from rpeg import Cluster, example_names
+from rpeg.heuristics.baselines import (
+    Infeasible,
+    concurrent_plan,
+    greedy_plan,
+    levels,
+    repair_memory,
+)
+from rpeg.heuristics.candidates import build_directories, enumerate_strategies
+from rpeg.heuristics.evaluator import Evaluator
+from rpeg.ir import Choice, Plan, check_strategy
+
+GIB = 2**30
+
+
+def _setup(workload, cluster):
+    ev = Evaluator(workload, cluster)
+    return ev, build_directories(ev.costs)
+
+
+def _fastest_on_all(ev, dirs):
+    alloc = ev.cluster.allocations_of_size(ev.cluster.num_devices)[0]
+    n = ev.cluster.num_devices
+    return Plan(tuple(Choice(d.strategies[d.of_size(n)[0]], alloc) for d in dirs))
+
+
+def _assert_legal(ev, plan):
+    for v, c in zip(ev.graph.vertices, plan.choices):
+        s = c.strategy
+        layers = ev.graph.models[v.model].spec.layers
+        assert check_strategy(ev.cluster, layers, v.sequences, s.extent, s.dp, s.pp, s.tp, s.mb) is None
+        assert ev.cluster.allocation(c.allocation.origin, s.extent) == c.allocation
+
+
+@pytest.fixture(scope="module")
+def examples(problem_of):
+    return {name: _setup(*problem_of(name)[:2]) for name in example_names()}
+
+
+# ---------------------------------------------------------------------------- levels
+def test_levels_of_ppo(tiny_ppo, cluster_1x2x4):
+    ev = Evaluator(tiny_ppo, cluster_1x2x4)
+    names = [[ev.graph.vertices[v].name for v in lv] for lv in levels(ev)]
+    assert names == [["actor_gen"], ["ref_inf", "reward_inf", "critic_inf"], ["actor_train", "critic_train"]]
+
+
+@pytest.mark.parametrize("name", example_names())
+def test_levels_hold_no_data_dependency(examples, name):
+    ev, _ = examples[name]
+    depth = {v: k for k, lv in enumerate(levels(ev)) for v in lv}
+    assert sorted(depth) == list(range(len(ev.graph.vertices)))
+    for e in ev.graph.data_edges:
+        assert depth[ev.graph.index[e.src]] < depth[ev.graph.index[e.dst]]
+
+
+# ---------------------------------------------------------------------------- greedy
+@pytest.mark.parametrize("name", example_names())
+def test_greedy_puts_every_vertex_on_all_devices(examples, name):
+    ev, dirs = examples[name]
+    plan = greedy_plan(ev, dirs)
+    assert len(plan) == len(ev.graph.vertices)
+    assert all(c.allocation.mask == ev.cluster.all_mask for c in plan.choices)
+    assert ev.memory(plan).feasible
+    _assert_legal(ev, plan)
+
+
+def test_greedy_takes_the_fastest_strategy_when_it_fits(tiny_ppo, cluster_1x2x4):
+    ev, dirs = _setup(tiny_ppo, cluster_1x2x4)
+    fast = _fastest_on_all(ev, dirs)
+    assert ev.memory(fast).feasible  # premise: 96 GB GPUs hold the fastest plan
+    assert greedy_plan(ev, dirs) == fast
+
+
+def test_greedy_repairs_memory_when_the_fastest_plan_does_not_fit(tiny_ppo, cluster_1x2x4):
+    hw = dataclasses.replace(cluster_1x2x4.hardware, gpu_memory_bytes=50e9)
+    ev, dirs = _setup(tiny_ppo, Cluster(*cluster_1x2x4.shape, hw))
+    fast = _fastest_on_all(ev, dirs)
+    assert not ev.memory(fast).feasible
+    plan = greedy_plan(ev, dirs)
+    assert plan != fast
+    assert ev.memory(plan).feasible
+    assert all(c.allocation.mask == ev.cluster.all_mask for c in plan.choices)
+
+
+# ---------------------------------------------------------------------------- concurrent
+@pytest.mark.parametrize("name", example_names())
+def test_concurrent_gives_each_level_disjoint_devices(examples, name):
+    ev, dirs = examples[name]
+    plan = concurrent_plan(ev, dirs)
+    assert ev.memory(plan).feasible
+    _assert_legal(ev, plan)
+    for level in levels(ev):
+        for a, b in itertools.combinations(level, 2):
+            assert plan.choices[a].mask & plan.choices[b].mask == 0, (a, b)
+
+
+def test_concurrent_picks_the_fastest_partition_of_each_level(tiny_ppo, cluster_1x2x4):
+    # On 1x2x4 every size is a power of two with aligned origins, so any size assignment with
+    # sum ≤ 8 packs: the best partition of a level is the least max over members of their
+    # fastest time at the assigned size.
+    ev, dirs = _setup(tiny_ppo, cluster_1x2x4)
+    plan = concurrent_plan(ev, dirs)
+    for v, c in enumerate(plan.choices):  # premise: no memory repair was needed
+        assert c.strategy == dirs[v].strategies[dirs[v].of_size(c.allocation.size)[0]]
+    for level in levels(ev):
+        sizes = [sorted({s.size for s in dirs[v].strategies}) for v in level]
+        best = min(
+            max(dirs[v].times[dirs[v].of_size(k)[0]] for v, k in zip(level, combo))
+            for combo in itertools.product(*sizes)
+            if sum(combo) <= 8
+        )
+        chosen = max(dirs[v].times[dirs[v].strategies.index(plan.choices[v].strategy)] for v in level)
+        assert chosen == best
+
+
+# ---------------------------------------------------------------------------- repair
+def test_repair_keeps_allocations_and_reaches_feasibility(tiny_ppo, cluster_1x2x4):
+    hw = dataclasses.replace(cluster_1x2x4.hardware, gpu_memory_bytes=50e9)
+    ev, dirs = _setup(tiny_ppo, Cluster(*cluster_1x2x4.shape, hw))
+    fast = _fastest_on_all(ev, dirs)
+    before = ev.memory(fast).ratio
+    assert before > 1.0
+    fixed = repair_memory(ev, dirs, fast)
+    assert ev.memory(fixed).ratio <= 1.0
+    for a, b in zip(fast.choices, fixed.choices):
+        assert a.allocation == b.allocation
+        assert a.strategy.size == b.strategy.size
+
+
+def test_repair_leaves_a_feasible_plan_alone(tiny_ppo, cluster_1x2x4):
+    ev, dirs = _setup(tiny_ppo, cluster_1x2x4)
+    fast = _fastest_on_all(ev, dirs)
+    assert repair_memory(ev, dirs, fast) is fast
+
+
+def test_failed_repair_explains_the_worst_device(tiny_ppo, cluster_1x2x4):
+    hw = dataclasses.replace(cluster_1x2x4.hardware, gpu_memory_bytes=50e9)
+    ev, dirs = _setup(tiny_ppo, Cluster(*cluster_1x2x4.shape, hw))
+    fast = _fastest_on_all(ev, dirs)
+    mem = ev.memory(fast)
+    with pytest.raises(Infeasible) as info:
+        repair_memory(ev, dirs, fast, max_moves=0)
+    exc = info.value
+    assert exc.excess_bytes == pytest.approx(mem.max_peak - mem.m_eff)
+    msg = str(exc)
+    assert f"needs {mem.max_peak / GIB:.2f} GiB" in msg
+    assert f"{(mem.max_peak - mem.m_eff) / GIB:.2f} GiB over M_eff={mem.m_eff / GIB:.2f} GiB" in msg
+    assert "GPU 0 (and 7 like it)" in msg
+    for v in ev.graph.vertices:  # greedy: everybody sits on the worst device
+        assert v.name in msg
+    assert exc.vertex in {v.name for v in ev.graph.vertices}
+
+
+# ---------------------------------------------------------------------------- infeasible
+@pytest.mark.parametrize("planner", [greedy_plan, concurrent_plan])
+def test_70b_actor_on_eight_a100s_is_infeasible(ppo_70b, a100_1x1x8, planner):
+    ev, dirs = _setup(ppo_70b, a100_1x1x8)
+    train = ev.graph.index["actor_train"]
+    legal = enumerate_strategies(a100_1x1x8, 80, 64)
+    smallest = min(ev.costs.memory(train, s).isolated for s in legal)
+    m_eff = a100_1x1x8.hardware.m_eff
+    assert smallest > m_eff
+    with pytest.raises(Infeasible) as info:
+        planner(ev, dirs)
+    exc = info.value
+    msg = str(exc)
+    assert exc.vertex == "actor_train"
+    assert "'actor_train'" in msg
+    assert exc.excess_bytes == pytest.approx(smallest - m_eff)
+    assert f"{smallest / GIB:.1f} GiB per GPU" in msg
+    over = re.search(r"([0-9.]+) GiB over M_eff=([0-9.]+) GiB", msg)
+    assert over is not None
+    assert float(over.group(1)) == pytest.approx((smallest - m_eff) / GIB, abs=0.05)
+    assert float(over.group(2)) == pytest.approx(m_eff / GIB, abs=0.05)

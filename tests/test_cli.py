@@ -1,0 +1,231 @@
+"""Tests for ``cli.py``: ``rpeg examples | solve | evaluate`` run in-process.
+
+Exit statuses: 0 success, 2 bad input (one line naming the problem), 3 no memory-feasible plan.
+Result files are judged by the independent checker ``tests/tools/check_result.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rpeg import example_names
+from rpeg.cli import EXIT_BAD_INPUT, EXIT_INFEASIBLE, main
+
+TOML_70B = """\
+name = "ppo-70b-8gpu"
+description = "PPO, Llama-2 70B actor, 7B critic/reward, 8 A100-40GB"
+algorithm = "ppo"
+
+[batch]
+prompts = 64
+rollouts = 1
+prompt_len = 128
+response_len = 256
+
+[models]
+actor = "llama2-70b"
+critic = "llama2-7b"
+reward = "llama2-7b"
+
+[cluster]
+shape = "1x1x8"
+hardware = "a100-40gb"
+"""
+
+
+def run(capsys, *argv):
+    """``main(argv)`` → (exit status, stdout, stderr)."""
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_examples_lists_every_bundled_example(capsys):
+    status, out, _ = run(capsys, "examples")
+    assert status == 0
+    lines = out.splitlines()
+    assert len(lines) == len(example_names())
+    assert sorted(line.split()[0] for line in lines) == sorted(example_names())
+    for line in lines:
+        name, _, description = line.partition("\t")
+        assert description.strip(), f"{name} has no description"
+
+
+@pytest.mark.parametrize("method", ["greedy", "concurrent"])
+@pytest.mark.parametrize("name", example_names())
+def test_solve_writes_a_checked_result_that_evaluate_reproduces(capsys, tmp_path, checker, name, method):
+    out_path = tmp_path / f"{name}-{method}.json"
+    status, out, _ = run(capsys, "solve", name, "--method", method, "--json", str(out_path))
+    assert status == 0
+    assert "tokens/s" in out and f"wrote {out_path}" in out
+    doc = json.loads(out_path.read_text())
+    assert checker.check(doc) == []
+    assert doc["method"] == method and doc["status"] == "feasible"
+    assert doc["memory_feasible"] is True
+
+    again = tmp_path / "evaluated.json"
+    status, out, _ = run(capsys, "evaluate", name, "--plan", str(out_path), "--json", str(again))
+    assert status == 0
+    redo = json.loads(again.read_text())
+    assert redo["throughput"] == pytest.approx(doc["throughput"], rel=1e-12)
+    assert redo["makespan"] == pytest.approx(doc["makespan"], rel=1e-12)
+    assert redo["plan"] == doc["plan"]
+    assert redo["structure"] == doc["structure"]
+    assert checker.check(redo) == []
+    assert f"{doc['throughput']:,.0f} tokens/s" in out
+
+
+def test_solve_options_reach_the_result(capsys, tmp_path):
+    path = tmp_path / "r.json"
+    status, _, _ = run(
+        capsys, "solve", "ppo-7b-16gpu", "--cluster", "1x2x4", "--hardware", "gh200",
+        "--k-eval", "3", "--json", str(path),
+    )  # fmt: skip
+    assert status == 0
+    doc = json.loads(path.read_text())
+    assert doc["k_eval"] == 3
+    assert (doc["cluster"]["racks"], doc["cluster"]["nodes_per_rack"]) == (1, 2)
+    assert doc["cluster"]["gpus_per_node"] == 4
+    assert doc["throughput"] == pytest.approx(3 * 512 * (128 + 384) / doc["makespan"], rel=1e-12)
+
+
+def test_evaluate_with_other_hardware_rescores_the_same_plan(capsys, tmp_path, checker):
+    # --cluster/--hardware replace the result file's cluster: same plan, other figures
+    path = tmp_path / "r.json"
+    assert run(capsys, "solve", "ppo-7b-16gpu", "--json", str(path))[0] == 0
+    again = tmp_path / "again.json"
+    status, _, _ = run(
+        capsys, "evaluate", "ppo-7b-16gpu", "--plan", str(path), "--cluster", "1x4x4",
+        "--hardware", "h200", "--json", str(again),
+    )  # fmt: skip
+    assert status == 0
+    doc, redo = json.loads(path.read_text()), json.loads(again.read_text())
+    assert redo["plan"] == doc["plan"]
+    assert redo["cluster"]["hardware"]["name"] == "h200"
+    assert redo["cluster"]["gpu_memory_bytes"] != doc["cluster"]["gpu_memory_bytes"]
+    assert redo["throughput"] != pytest.approx(doc["throughput"], rel=1e-6)
+    assert checker.check(redo) == []
+
+
+def test_infeasible_workload_exits_3_and_says_why(capsys, tmp_path):
+    toml = tmp_path / "ppo-70b.toml"
+    toml.write_text(TOML_70B)
+    for method in ("greedy", "concurrent"):
+        status, out, _ = run(capsys, "solve", str(toml), "--method", method)
+        assert status == EXIT_INFEASIBLE == 3
+        assert "NO FEASIBLE PLAN" in out
+        assert "'actor_train'" in out
+        assert "GiB over M_eff" in out
+
+
+def test_infeasible_result_file_is_still_written(capsys, tmp_path):
+    toml = tmp_path / "ppo-70b.toml"
+    toml.write_text(TOML_70B)
+    path = tmp_path / "r.json"
+    status, _, _ = run(capsys, "solve", str(toml), "--json", str(path))
+    assert status == 3
+    doc = json.loads(path.read_text())
+    assert doc["status"] == "infeasible"
+    assert "actor_train" in doc["message"]
+
+
+# ---------------------------------------------------------------------------- bad input
+def _bad(capsys, *argv):
+    status, _, err = run(capsys, *argv)
+    assert status == EXIT_BAD_INPUT == 2
+    assert err.startswith("rpeg: error: ")
+    assert len(err.strip().splitlines()) == 1
+    return err
+
+
+def test_unknown_example(capsys):
+    err = _bad(capsys, "solve", "no-such-example")
+    assert "unknown example 'no-such-example'" in err
+    assert "ppo-7b-16gpu" in err  # lists the known ones
+
+
+def test_bad_cluster_shape(capsys):
+    err = _bad(capsys, "solve", "ppo-7b-16gpu", "--cluster", "3x3")
+    assert "'3x3'" in err and "RACKSxNODESxGPUS" in err
+
+
+def test_unknown_hardware(capsys):
+    err = _bad(capsys, "solve", "ppo-7b-16gpu", "--hardware", "tpu")
+    assert "unknown hardware preset 'tpu'" in err
+    assert "gh200" in err
+
+
+def test_unknown_method(capsys):
+    err = _bad(capsys, "solve", "ppo-7b-16gpu", "--method", "annealing")
+    assert "unknown method 'annealing'" in err
+    assert "concurrent" in err and "greedy" in err
+
+
+def test_toml_missing_batch_prompts(capsys, tmp_path):
+    toml = tmp_path / "w.toml"
+    toml.write_text(TOML_70B.replace("prompts = 64\n", ""))
+    err = _bad(capsys, "solve", str(toml))
+    assert "batch.prompts" in err
+    assert str(toml) in err
+
+
+def test_toml_with_bad_value(capsys, tmp_path):
+    toml = tmp_path / "w.toml"
+    toml.write_text(TOML_70B.replace("prompt_len = 128", "prompt_len = -5"))
+    err = _bad(capsys, "solve", str(toml))
+    assert "prompt_len" in err and "-5" in err
+
+
+def test_missing_workload_file(capsys, tmp_path):
+    err = _bad(capsys, "solve", str(tmp_path / "absent.toml"))
+    assert "absent.toml" in err and "does not exist" in err
+
+
+def test_missing_plan_file(capsys, tmp_path):
+    err = _bad(capsys, "evaluate", "ppo-7b-16gpu", "--plan", str(tmp_path / "none.json"))
+    assert "none.json" in err
+
+
+def test_plan_file_that_is_not_json(capsys, tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text("{not json")
+    err = _bad(capsys, "evaluate", "ppo-7b-16gpu", "--plan", str(path))
+    assert "not valid JSON" in err
+
+
+def test_plan_file_without_plan(capsys, tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text("{}")
+    err = _bad(capsys, "evaluate", "ppo-7b-16gpu", "--plan", str(path))
+    assert "'plan'" in err
+
+
+def test_plan_with_an_illegal_entry(capsys, tmp_path):
+    path = tmp_path / "r.json"
+    assert run(capsys, "solve", "ppo-7b-16gpu", "--json", str(path))[0] == 0
+    doc = json.loads(path.read_text())
+    doc["plan"][0]["pp"] = 3
+    path.write_text(json.dumps(doc))
+    err = _bad(capsys, "evaluate", "ppo-7b-16gpu", "--plan", str(path))
+    assert f"'{doc['plan'][0]['vertex']}'" in err and "P2" in err
+
+
+def test_plan_with_a_null_origin_is_bad_input(capsys, tmp_path):
+    path = tmp_path / "r.json"
+    assert run(capsys, "solve", "ppo-7b-16gpu", "--json", str(path))[0] == 0
+    doc = json.loads(path.read_text())
+    doc["plan"][0]["origin"] = None
+    path.write_text(json.dumps(doc))
+    err = _bad(capsys, "evaluate", "ppo-7b-16gpu", "--plan", str(path))
+    assert "origin" in err
+
+
+def test_plan_entry_that_is_not_an_object_is_bad_input(capsys, tmp_path):
+    path = tmp_path / "r.json"
+    assert run(capsys, "solve", "ppo-7b-16gpu", "--json", str(path))[0] == 0
+    doc = json.loads(path.read_text())
+    doc["plan"][0] = "actor_gen"
+    path.write_text(json.dumps(doc))
+    _bad(capsys, "evaluate", "ppo-7b-16gpu", "--plan", str(path))
