@@ -254,7 +254,7 @@ class Evaluator:
         if not mem.feasible:
             score = raw * math.exp(-BETA_OOM * (mem.ratio - 1.0)) if self.penalty else 0.0
         if self.objective == "throughput-util":
-            if raw > self.best_raw:
+            if mem.feasible and raw > self.best_raw:
                 self.best_raw = raw
             score = score * util if raw >= (1.0 - self.delta) * self.best_raw else score * 1e-12
         critical = [0.0] * len(plan.choices)

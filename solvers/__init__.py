@@ -1,5 +1,10 @@
-"""The pluggable solver interface: ``solve()``, the method registry and :class:`Result`."""
+"""The pluggable solver interface: ``solve()``, the method registry and :class:`Result`.
 
+Importing this package registers the built-in methods: ``greedy`` and ``concurrent``
+(:mod:`.solve`) and ``sa`` (:mod:`.sa`).
+"""
+
+from . import sa as _sa  # noqa: F401  (registers "sa")
 from .result import FORMAT, Result, Status
 from .solve import METHODS, Problem, register, solve
 

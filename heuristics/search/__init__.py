@@ -1,0 +1,32 @@
+"""The RPEG plan search (SPEC §8) built from small pluggable pieces: acceptance rules,
+temperature schedules, move kernels, budgets, and the annealing driver."""
+
+from .acceptance import Acceptance, Greedy, Metropolis
+from .anneal import ABLATIONS, T_INIT, T_WARM, Anneal, Outcome, Raw, SearchSpace, evaluate_raw
+from .moves import Move, MoveContext, PairMove, SingleMove
+from .parallel import ProcessEvaluator
+from .stop import Budget
+from .temperature import Constant, Geometric, Temperature
+
+__all__ = [
+    "ABLATIONS",
+    "T_INIT",
+    "T_WARM",
+    "Acceptance",
+    "Anneal",
+    "Budget",
+    "Constant",
+    "Geometric",
+    "Greedy",
+    "Metropolis",
+    "Move",
+    "MoveContext",
+    "Outcome",
+    "PairMove",
+    "ProcessEvaluator",
+    "Raw",
+    "SearchSpace",
+    "SingleMove",
+    "Temperature",
+    "evaluate_raw",
+]

@@ -1,0 +1,147 @@
+"""Move kernels: each proposes up to ``k`` neighbouring plans of the current one (SPEC §8).
+
+* :class:`SingleMove` — pick one invocation (from the critical path in proportion to its time
+  there with probability ``p_cp``, else uniformly) and resample its choice ``k`` times: a strategy
+  drawn uniformly from ``Xcand(v)`` at a random aligned origin.
+* :class:`PairMove` — pick a donor in proportion to its GPU count and a receiver among the
+  invocations whose allocation overlaps it; the donor shrinks to a smaller legal allocation inside
+  its current one and the receiver is resampled, preferring origins that reach the freed GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from random import Random
+from typing import Protocol
+
+from ...ir.cluster import Allocation, Cluster
+from ...ir.plan import Choice, Plan
+from ..candidates import Directory, _allocs
+
+__all__ = ["Move", "MoveContext", "PairMove", "SingleMove"]
+
+
+@dataclass
+class MoveContext:
+    """What a move may look at: the directories, the cluster and the current plan's bottlenecks.
+
+    Attributes
+    ----------
+    dirs
+        ``Xcand(v)`` per vertex.
+    cluster
+        The device space.
+    critical
+        Per vertex, its OP seconds on the current plan's critical path.
+    """
+
+    dirs: list[Directory]
+    cluster: Cluster
+    critical: list[float]
+
+    def allocations(self, size: int) -> list[Allocation]:
+        """All aligned allocations of ``size`` devices."""
+        return _allocs(self.cluster, size)
+
+
+class Move(Protocol):
+    """``propose(rng, plan, ctx, k)`` returns up to ``k`` plans that differ from ``plan``."""
+
+    def propose(self, rng: Random, plan: Plan, ctx: MoveContext, k: int) -> list[Plan]: ...
+
+
+def _weighted(rng: Random, weights: list[float]) -> int:
+    total = sum(weights)
+    x = rng.random() * total
+    for i, w in enumerate(weights):
+        x -= w
+        if x < 0.0:
+            return i
+    return len(weights) - 1
+
+
+def _random_choice(rng: Random, d: Directory, ctx: MoveContext) -> Choice:
+    s = d.strategies[rng.randrange(len(d.strategies))]
+    allocs = ctx.allocations(s.size)
+    return Choice(s, allocs[rng.randrange(len(allocs))])
+
+
+class SingleMove:
+    """Resample one invocation's choice (critical-path biased).
+
+    Parameters
+    ----------
+    p_cp
+        Probability of choosing the invocation from the critical path in proportion to its time
+        there (SPEC: 0.6); ``0`` is the ablation "no critical-path selection".
+    """
+
+    def __init__(self, p_cp: float = 0.6) -> None:
+        if not 0.0 <= p_cp <= 1.0:
+            raise ValueError(f"SingleMove.p_cp must be in [0, 1], got {p_cp!r}")
+        self.p_cp = p_cp
+
+    def pick(self, rng: Random, ctx: MoveContext) -> int:
+        """The invocation to change."""
+        movable = [
+            i for i, d in enumerate(ctx.dirs) if len(d) > 1 or len(ctx.allocations(d.strategies[0].size)) > 1
+        ]
+        if not movable:
+            movable = list(range(len(ctx.dirs)))
+        if rng.random() < self.p_cp:
+            weights = [ctx.critical[i] for i in movable]
+            if sum(weights) > 0.0:
+                return movable[_weighted(rng, weights)]
+        return movable[rng.randrange(len(movable))]
+
+    def propose(self, rng: Random, plan: Plan, ctx: MoveContext, k: int) -> list[Plan]:
+        v = self.pick(rng, ctx)
+        d = ctx.dirs[v]
+        out = []
+        for _ in range(k):
+            c = _random_choice(rng, d, ctx)
+            if c != plan.choices[v]:
+                out.append(plan.replace(v, c))
+        return out
+
+
+class PairMove:
+    """Move GPUs from a donor to a receiver in one step (SPEC §8 donor–receiver kernel).
+
+    Falls back to ``fallback`` when no donor can shrink or no receiver overlaps it.
+    """
+
+    def __init__(self, fallback: SingleMove | None = None) -> None:
+        self.fallback = fallback or SingleMove()
+
+    def propose(self, rng: Random, plan: Plan, ctx: MoveContext, k: int) -> list[Plan]:
+        masks = [c.allocation.mask for c in plan.choices]
+        sizes = [c.allocation.size for c in plan.choices]
+        donors = [
+            v
+            for v, d in enumerate(ctx.dirs)
+            if any(s.size < sizes[v] for s in d.strategies)
+            and any(u != v and masks[u] & masks[v] for u in range(len(masks)))
+        ]
+        if not donors:
+            return self.fallback.propose(rng, plan, ctx, k)
+        donor = donors[_weighted(rng, [float(sizes[v]) for v in donors])]
+        receivers = [u for u in range(len(masks)) if u != donor and masks[u] & masks[donor]]
+        receiver = receivers[rng.randrange(len(receivers))]
+        smaller = [s for s in ctx.dirs[donor].strategies if s.size < sizes[donor]]
+        out = []
+        for _ in range(k):
+            s = smaller[rng.randrange(len(smaller))]
+            inside = [a for a in ctx.allocations(s.size) if a.mask & ~masks[donor] == 0]
+            new_donor = Choice(s, inside[rng.randrange(len(inside))])
+            freed = masks[donor] & ~new_donor.allocation.mask
+            rd = ctx.dirs[receiver]
+            rs = rd.strategies[rng.randrange(len(rd.strategies))]
+            allocs = ctx.allocations(rs.size)
+            reach = [a for a in allocs if a.mask & freed]
+            pool = reach if reach and rng.random() < 0.75 else allocs
+            new_receiver = Choice(rs, pool[rng.randrange(len(pool))])
+            p = plan.replace(donor, new_donor).replace(receiver, new_receiver)
+            if p != plan:
+                out.append(p)
+        return out

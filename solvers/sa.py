@@ -1,0 +1,195 @@
+"""``method="sa"``: the RPEG optimizer (SPEC §8) behind :func:`~rpeg.solvers.solve.solve`.
+
+Options (all keyword):
+
+``max_evaluations``
+    Budget in uncached plan evaluations (with ``time_limit``, whichever ends first; with neither,
+    10 seconds).
+``workers``
+    Local processes evaluating proposals in parallel (default 1).
+``ablate``
+    Names of mechanisms to switch off, from :data:`~rpeg.heuristics.search.ABLATIONS`.
+``t_init``, ``t_warm``, ``proposals``, ``max_rejections``, ``elite_size``, ``polish_share``
+    Search parameters (defaults in ``docs/search.md``).
+``acceptance``, ``temperature``, ``moves``
+    Pluggable pieces replacing the defaults (:class:`Metropolis`, :class:`Constant`,
+    ``[(0.72, SingleMove(0.6)), (0.28, PairMove())]``).
+``structures``
+    Structural candidates to search instead of all of ``Ycand``.
+``progress``
+    Callback receiving live figures about twice a second.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..heuristics.search import (
+    ABLATIONS,
+    T_INIT,
+    T_WARM,
+    Anneal,
+    Budget,
+    Constant,
+    Geometric,
+    Outcome,
+    PairMove,
+    ProcessEvaluator,
+    SingleMove,
+)
+from ..heuristics.search.acceptance import Acceptance
+from ..heuristics.search.moves import Move
+from ..heuristics.search.temperature import Temperature
+from ..ir.templates import Structure
+from ..ir.templates import structures as all_structures
+from .result import Result, Status
+from .solve import Problem, register
+
+__all__ = ["DEFAULT_TIME_LIMIT", "configure"]
+
+DEFAULT_TIME_LIMIT = 10.0
+
+
+def configure(
+    problem: Problem,
+    *,
+    max_evaluations: int | None = None,
+    ablate: Sequence[str] = (),
+    t_init: float = T_INIT,
+    t_warm: float = T_WARM,
+    acceptance: Acceptance | None = None,
+    temperature: Callable[[], Temperature] | None = None,
+    moves: Sequence[tuple[float, Move]] | None = None,
+    proposals: int = 6,
+    max_rejections: int = 10,
+    elite_size: int = 3,
+    polish_share: float = 0.1,
+    structures: Sequence[Structure] | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    evaluate_many: Callable | None = None,
+) -> Anneal:
+    """Build the :class:`Anneal` for ``problem`` from ``solve()``'s options.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ablation name (the message lists the known ones) or a bad parameter.
+    """
+    off = set(ablate)
+    unknown = off - set(ABLATIONS)
+    if unknown:
+        raise ValueError(f"unknown ablation(s) {', '.join(sorted(unknown))}; known: {', '.join(ABLATIONS)}")
+    ys = list(structures) if structures is not None else all_structures(problem.workload)
+    if "staleness" in off:
+        ys = [y for y in ys if all(t == 0 for _, t in y.staleness)]
+    if moves is None:
+        single = SingleMove(0.0 if "critical_path" in off else 0.6)
+        moves = [(1.0, single)] if "pair_moves" in off else [(0.72, single), (0.28, PairMove(single))]
+    if temperature is None:
+        temperature = Geometric if "constant_temperature" in off else Constant
+    seconds = problem.time_limit
+    if seconds is None and max_evaluations is None:
+        seconds = DEFAULT_TIME_LIMIT
+    return Anneal(
+        problem.workload,
+        problem.cluster,
+        k_eval=problem.k_eval,
+        seed=problem.seed,
+        budget=Budget(seconds, max_evaluations),
+        objective=problem.objective,
+        delta=problem.delta,
+        t_init=t_init,
+        t_warm=t_warm,
+        acceptance=acceptance,
+        temperature=temperature,
+        moves=moves,
+        proposals=proposals,
+        max_rejections=max_rejections,
+        elite_size=elite_size,
+        warm_restarts="warm_restarts" not in off,
+        polish="polish" not in off,
+        polish_share=polish_share,
+        soft_penalty="soft_penalty" not in off,
+        structures_=ys,
+        split_phases="phase_split" not in off,
+        tune_microbatches="microbatch_tuning" not in off,
+        evaluate_many=evaluate_many,
+        progress=progress,
+    )
+
+
+@register("sa")
+def _sa(problem: Problem, *, workers: int = 1, backend: str = "local", **options: Any) -> Result:
+    """Simulated annealing over structures and plans (SPEC §8); see the module docstring."""
+    if backend != "local":
+        raise ValueError(f"backend must be 'local', got {backend!r}")
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    t0 = time.perf_counter()
+    search = configure(problem, **options)
+    pool = None
+    if workers > 1:
+        pool = ProcessEvaluator(
+            problem.workload,
+            problem.cluster,
+            [sp.structure for sp in search.spaces],
+            k_eval=problem.k_eval,
+            split_phases=search.spaces[0].ev.split_phases,
+            workers=workers,
+        )
+        search._evaluate_many = pool
+    try:
+        outcome = search.run()
+    finally:
+        if pool is not None:
+            pool.close()
+    return outcome_result(problem, search, outcome, "sa", time.perf_counter() - t0)
+
+
+def outcome_result(problem: Problem, search: Anneal, outcome: Outcome, method: str, runtime: float) -> Result:
+    """Turn a search :class:`~rpeg.heuristics.search.Outcome` into a :class:`Result`."""
+    extra = {"history": [list(h) for h in outcome.history], "structures_searched": len(search.spaces)}
+    if outcome.plan is None:
+        space = search.spaces[0]
+        return Result(
+            problem.workload,
+            problem.cluster,
+            space.structure,
+            space.ev.graph,
+            None,
+            None,
+            Status.INFEASIBLE,
+            method,
+            runtime,
+            outcome.evaluations,
+            problem.k_eval,
+            message=outcome.reason,
+            extra=extra,
+        )
+    space = outcome.space
+    evaluation = space.ev.evaluate(outcome.plan, keep=True)
+    status = Status.TIME_LIMIT if outcome.interrupted else Status.FEASIBLE
+    budget = search.budget
+    note = (
+        f"interrupted after {outcome.evaluations} evaluations; best plan so far"
+        if outcome.interrupted
+        else f"search budget: {budget.seconds or '∞'} s / {budget.evaluations or '∞'} evaluations; "
+        f"used {budget.elapsed():.1f} s, {outcome.evaluations} evaluations"
+    )
+    return Result(
+        problem.workload,
+        problem.cluster,
+        space.structure,
+        space.ev.graph,
+        outcome.plan,
+        evaluation,
+        status,
+        method,
+        runtime,
+        outcome.evaluations,
+        problem.k_eval,
+        message=note,
+        extra=extra,
+    )
