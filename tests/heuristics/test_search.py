@@ -1,0 +1,297 @@
+"""The RPEG optimizer (method="sa"): optimality on enumerable spaces, incumbents, determinism,
+budgets, ablation switches and the pluggable pieces."""
+
+import dataclasses
+import itertools
+import math
+from random import Random
+
+import pytest
+
+import rpeg
+from rpeg import Cluster, Workload, hardware_preset, model_preset, solve
+from rpeg.heuristics import Evaluator, build_directories
+from rpeg.heuristics.search import (
+    ABLATIONS,
+    Anneal,
+    Budget,
+    Constant,
+    Geometric,
+    Greedy,
+    Metropolis,
+    PairMove,
+    Raw,
+    SingleMove,
+)
+from rpeg.ir import Plan, structures
+from rpeg.solvers import Status
+from rpeg.solvers.sa import configure
+from rpeg.solvers.solve import Problem
+
+TINY = model_preset("7b").scaled(layers=4, hidden=1024, heads=8, vocab=8000)
+
+
+def tiny_cluster(memory=1.05e9):
+    hw = dataclasses.replace(hardware_preset("gh200"), name="tiny", gpu_memory_bytes=memory)
+    return Cluster.from_shape("1x1x2", hw)
+
+
+def exhaustive_optimum(w, cluster):
+    """Best feasible throughput over every structure and every plan (brute force)."""
+    best = 0.0
+    count = 0
+    for y in structures(w):
+        ev = Evaluator(w, cluster, y)
+        dirs = build_directories(ev.costs)
+        options = [[c for i in range(len(d)) for c in d.choices(cluster, i)] for d in dirs]
+        for choices in itertools.product(*options):
+            e = ev.evaluate(Plan(choices))
+            count += 1
+            if e.feasible:
+                best = max(best, e.throughput)
+    return best, count
+
+
+@pytest.mark.parametrize(
+    "w",
+    [
+        Workload("grpo", {"actor": TINY, "reward": TINY}, 8, 2, 64, 64, name="grpo-tiny"),
+        Workload("dpo", {"actor": TINY}, 8, 2, 64, 64, name="dpo-tiny"),
+    ],
+    ids=lambda w: w.name,
+)
+def test_sa_finds_the_enumerated_optimum(w):
+    cluster = tiny_cluster()
+    best, count = exhaustive_optimum(w, cluster)
+    assert 50 < count < 5000  # the space is small enough to enumerate, but not trivial
+    assert best > 0
+    r = solve(w, cluster, method="sa", max_evaluations=count, seed=0)
+    assert r.feasible
+    assert r.throughput == pytest.approx(best, rel=1e-12)
+
+
+def test_memory_is_binding_in_the_enumerated_space():
+    # the enumeration test above is only meaningful if memory rules some plans out
+    w = Workload("grpo", {"actor": TINY, "reward": TINY}, 8, 2, 64, 64)
+    cluster = tiny_cluster()
+    ev = Evaluator(w, cluster)
+    dirs = build_directories(ev.costs)
+    options = [[c for i in range(len(d)) for c in d.choices(cluster, i)] for d in dirs]
+    feas = [ev.evaluate(Plan(c)).feasible for c in itertools.product(*options)]
+    assert any(feas) and not all(feas)
+
+
+@pytest.fixture(scope="module")
+def example():
+    wf = rpeg.load_workload(rpeg.example_path("ppo-7b-16gpu"))
+    return wf.workload, Cluster.from_shape(wf.cluster_shape, hardware_preset(wf.hardware))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sa_never_returns_less_than_the_concurrent_baseline(example, seed):
+    w, cluster = example
+    base = solve(w, cluster, method="concurrent")
+    r = solve(w, cluster, method="sa", max_evaluations=150, seed=seed)
+    assert r.feasible and r.status is Status.FEASIBLE
+    assert r.throughput >= base.throughput
+    assert r.evaluations <= 150
+
+
+def test_sa_improves_on_the_baseline_with_a_real_budget(example):
+    w, cluster = example
+    base = solve(w, cluster, method="concurrent")
+    r = solve(w, cluster, method="sa", max_evaluations=1500, seed=0)
+    assert r.throughput > 1.2 * base.throughput
+
+
+def test_same_seed_and_budget_give_the_same_plan(example):
+    w, cluster = example
+    a = solve(w, cluster, method="sa", max_evaluations=400, seed=7)
+    b = solve(w, cluster, method="sa", max_evaluations=400, seed=7)
+    c = solve(w, cluster, method="sa", max_evaluations=400, seed=8)
+    assert a.plan == b.plan and a.structure == b.structure
+    assert a.evaluations == b.evaluations == 400
+    assert c.evaluations == 400
+
+
+def test_workers_do_not_change_the_result(example):
+    w, cluster = example
+    one = solve(w, cluster, method="sa", max_evaluations=300, seed=5, workers=1)
+    two = solve(w, cluster, method="sa", max_evaluations=300, seed=5, workers=2)
+    assert one.plan == two.plan and one.structure == two.structure
+    assert one.throughput == two.throughput
+
+
+def test_time_limit_is_respected(example):
+    w, cluster = example
+    r = solve(w, cluster, method="sa", time_limit=1.5, seed=0)
+    assert r.feasible
+    assert r.runtime_s < 1.5 + 1.5  # one directory build and one final evaluation of slack
+
+
+def test_interrupt_returns_best_so_far(example, monkeypatch):
+    w, cluster = example
+    calls = {"n": 0}
+    original = Anneal.evaluate
+
+    def flaky(self, si, plans):
+        calls["n"] += 1
+        if calls["n"] == 40:
+            raise KeyboardInterrupt
+        return original(self, si, plans)
+
+    monkeypatch.setattr(Anneal, "evaluate", flaky)
+    r = solve(w, cluster, method="sa", max_evaluations=10_000, seed=0)
+    assert r.status is Status.TIME_LIMIT
+    assert r.feasible and "interrupted" in r.message
+
+
+# ------------------------------------------------------------------------------ ablations
+def _problem(example):
+    w, cluster = example
+    return Problem(w, cluster, seed=0)
+
+
+def test_unknown_ablation_is_named(example):
+    with pytest.raises(ValueError, match="nonsense.*known: phase_split"):
+        configure(_problem(example), max_evaluations=10, ablate=["nonsense"])
+
+
+def test_each_ablation_switches_its_mechanism(example):
+    p = _problem(example)
+    default = configure(p, max_evaluations=10)
+    assert default.spaces[0].ev.split_phases
+    assert isinstance(default.temperature(), Constant)
+    assert any(isinstance(m, PairMove) for _, m in default.moves)
+    assert default.warm_restarts and default.do_polish and default.soft_penalty
+    assert any(t > 0 for sp in default.spaces for _, t in sp.structure.staleness)
+
+    assert not configure(p, max_evaluations=10, ablate=["phase_split"]).spaces[0].ev.split_phases
+    stale = configure(p, max_evaluations=10, ablate=["staleness"])
+    assert all(t == 0 for sp in stale.spaces for _, t in sp.structure.staleness)
+    mb = configure(p, max_evaluations=10, ablate=["microbatch_tuning"])
+    for sp in mb.spaces:
+        for d in sp.dirs:
+            training = sp.ev.graph.vertices[d.vertex].role.value == "training"
+            for s in d.strategies:
+                assert s.mb == (1 if s.pp == 1 else (2 * s.pp if training else s.pp))
+    assert not any(
+        isinstance(m, PairMove) for _, m in configure(p, max_evaluations=10, ablate=["pair_moves"]).moves
+    )
+    assert not configure(p, max_evaluations=10, ablate=["warm_restarts"]).warm_restarts
+    cp = configure(p, max_evaluations=10, ablate=["critical_path"])
+    assert all(m.p_cp == 0.0 for _, m in cp.moves if isinstance(m, SingleMove))
+    assert not configure(p, max_evaluations=10, ablate=["polish"]).do_polish
+    assert not configure(p, max_evaluations=10, ablate=["soft_penalty"]).soft_penalty
+    assert isinstance(
+        configure(p, max_evaluations=10, ablate=["constant_temperature"]).temperature(), Geometric
+    )
+    assert set(ABLATIONS) == {
+        "phase_split",
+        "staleness",
+        "microbatch_tuning",
+        "pair_moves",
+        "warm_restarts",
+        "critical_path",
+        "polish",
+        "soft_penalty",
+        "constant_temperature",
+    }
+
+
+def test_ablated_results_show_the_switch(example):
+    w, cluster = example
+    r = solve(w, cluster, method="sa", max_evaluations=200, seed=0, ablate=["phase_split"])
+    assert not any(r.evaluation.graph.phase)
+    r = solve(w, cluster, method="sa", max_evaluations=200, seed=0, ablate=["staleness"])
+    assert all(t == 0 for _, t in r.structure.staleness)
+
+
+def test_hard_rejection_scores_infeasible_plans_zero(example):
+    search = configure(_problem(example), max_evaluations=10, ablate=["soft_penalty"])
+    assert search.score(Raw(1000.0, 1.0, 0.5, 1.2, ())) == 0.0
+    soft = configure(_problem(example), max_evaluations=10)
+    assert soft.score(Raw(1000.0, 1.0, 0.5, 1.2, ())) == pytest.approx(1000.0 * math.exp(-40 * 0.2))
+    assert soft.score(Raw(1000.0, 1.0, 0.5, 0.9, ())) == 1000.0
+
+
+def test_warm_restarts_use_elites_at_t_warm(example, monkeypatch):
+    temps = []
+    original = Anneal.chain
+
+    def spy(self, si, start, t0):
+        temps.append(t0)
+        return original(self, si, start, t0)
+
+    monkeypatch.setattr(Anneal, "chain", spy)
+    search = configure(_problem(example), max_evaluations=600, t_init=0.001, t_warm=0.05)
+    search.run()
+    assert temps[0] == 0.001 and 0.05 in temps
+    temps.clear()
+    search = configure(
+        _problem(example), max_evaluations=600, t_init=0.001, t_warm=0.05, ablate=["warm_restarts"]
+    )
+    search.run()
+    assert set(temps) == {0.001}
+
+
+# ------------------------------------------------------------------------------ pieces
+def test_metropolis_is_score_normalised():
+    acc = Metropolis()
+    assert acc(Random(0), 100.0, 101.0, 0.01)
+    # P = exp((s' − s)/(|s|·t)) = exp(−0.01/0.01) = e^−1 ≈ 0.368
+    rng = Random(1)
+    hits = sum(acc(rng, 100.0, 99.0, 0.01) for _ in range(20000))
+    assert hits / 20000 == pytest.approx(math.exp(-1), abs=0.015)
+    rng = Random(1)
+    hits_scaled = sum(acc(rng, 1e6, 0.99e6, 0.01) for _ in range(20000))
+    assert hits_scaled == hits  # same relative loss, same decisions
+    assert not Greedy()(Random(0), 100.0, 100.0, 1.0)
+
+
+def test_geometric_cooling():
+    g = Geometric(gamma=0.5, t_min=0.1)
+    assert g.start(1.0) == 1.0
+    assert [g.step() for _ in range(4)] == [0.5, 0.25, 0.125, 0.1]
+    with pytest.raises(ValueError, match="gamma"):
+        Geometric(gamma=1.5)
+
+
+def test_budget_validation_and_sub_budgets():
+    with pytest.raises(ValueError, match="time_limit or max_evaluations"):
+        Budget()
+    with pytest.raises(ValueError, match="max_evaluations"):
+        Budget(evaluations=0)
+    b = Budget(evaluations=100)
+    b.spend(40)
+    sub = b.sub(0.5, reserve=0.1)  # (60 − 10)·0.5
+    assert sub.evaluations == 25
+    b.spend(60)
+    assert b.exhausted() and b.sub(1.0) is None
+
+
+def test_custom_acceptance_plugs_in(example):
+    w, cluster = example
+    r = solve(w, cluster, method="sa", max_evaluations=200, seed=0, acceptance=Greedy())
+    assert r.feasible
+
+
+def test_moves_propose_legal_neighbours(example):
+    w, cluster = example
+    ev = Evaluator(w, cluster)
+    dirs = build_directories(ev.costs)
+    from rpeg.heuristics import concurrent_plan
+    from rpeg.heuristics.search import MoveContext
+
+    plan = concurrent_plan(ev, dirs)
+    ctx = MoveContext(dirs, cluster, list(ev.evaluate(plan).critical))
+    rng = Random(0)
+    for move in (SingleMove(0.6), PairMove()):
+        for _ in range(20):
+            for p in move.propose(rng, plan, ctx, 6):
+                assert p != plan
+                changed = [i for i in range(len(p)) if p[i] != plan[i]]
+                assert 1 <= len(changed) <= 2
+                for i in changed:
+                    assert p[i].strategy in dirs[i].strategies
+                    assert p[i].allocation.size == p[i].strategy.size
