@@ -57,8 +57,8 @@ ABLATIONS = (
     "constant_temperature",  # geometric cooling instead
 )
 
-T_INIT = 0.002
-T_WARM = 0.01
+T_INIT = 0.01
+T_WARM = 0.03
 STALE_ROUNDS = 50  # rounds without a new evaluation that end a chain
 STALE_CHAINS = 20  # chains without a new evaluation that end a structure
 

@@ -153,7 +153,7 @@ def _problem(example):
 
 
 def test_unknown_ablation_is_named(example):
-    with pytest.raises(ValueError, match="nonsense.*known: phase_split"):
+    with pytest.raises(ValueError, match=r"nonsense.*known: phase_split"):
         configure(_problem(example), max_evaluations=10, ablate=["nonsense"])
 
 
