@@ -31,9 +31,23 @@ from .plan import Choice, Plan
 from .types import NodeKind, Role
 from .unroll import EdgeKind, Unrolled
 
-__all__ = ["COMM", "OP", "RESHARD", "CostProvider", "ExecGraph", "lower"]
+__all__ = [
+    "COMM",
+    "OP",
+    "PREC",
+    "RESHARD",
+    "CostProvider",
+    "ExecGraph",
+    "data_rule",
+    "lower",
+    "pair_rule",
+    "phase_fractions",
+    "pub_rule",
+    "splits",
+]
 
 OP, COMM, RESHARD = 0, 1, 2
+PREC = -1  # a rule's outcome that is a plain precedence edge, no node
 _KINDS = (NodeKind.OP, NodeKind.COMM, NodeKind.RESHARD)
 
 
@@ -201,64 +215,41 @@ def lower(
     masks = [c.allocation.mask for c in choices]
     strategies = [c.strategy for c in choices]
     Q = len(quantiles)
-    fracs = []
-    prev = 0.0
-    for f, _t in quantiles:
-        fracs.append(f - prev)
-        prev = f
+    fracs = phase_fractions(quantiles)
 
     # -- rule 1: which vertices split into phases
     split = [False] * n
     for u, v in data_ends:
-        if (
-            roles[u] is Role.GENERATION
-            and roles[v] is Role.INFERENCE
-            and masks[u] & masks[v] == 0
-            and Q > 1
-            and split_phases
-        ):
+        if splits(roles[u], roles[v], choices[u], choices[v], Q, split_phases):
             split[u] = split[v] = True
     op_durs = [costs.op_phases(v, choices[v], split[v]) for v in range(n)]
 
-    # -- rule 2: data edges (per compact edge: None = precedence, else COMM durations per phase)
-    data_plan: list[tuple[bool, list[float] | None]] = []
-    for j, (u, v) in enumerate(data_ends):
-        phasewise = split[u] and split[v] and roles[u] is Role.GENERATION and masks[u] & masks[v] == 0
-        if masks[u] == masks[v]:
-            data_plan.append((False, None))
-        elif phasewise:
-            data_plan.append((True, [costs.comm(data_bytes[j] * fr, choices[u], choices[v]) for fr in fracs]))
-        else:
-            data_plan.append((False, [costs.comm(data_bytes[j], choices[u], choices[v])]))
+    # -- rule 2: data edges (per compact edge: kind, payload per node, duration per node)
+    data_plan = [
+        data_rule(
+            data_bytes[j],
+            choices[u],
+            choices[v],
+            splits(roles[u], roles[v], choices[u], choices[v], Q, split_phases),
+            fracs,
+            costs,
+        )
+        for j, (u, v) in enumerate(data_ends)
+    ]
 
     # -- rule 4: publication edges (per compact edge: kind, bytes, duration)
-    pub_plan: list[tuple[int, float, float]] = []
-    for e, m in zip(g.pub_edges, pub_model):
-        u, v = g.index[e.src], g.index[e.dst]
-        if masks[u] == masks[v]:
-            if strategies[u] == strategies[v]:
-                pub_plan.append((-1, 0.0, 0.0))
-            else:
-                pub_plan.append((RESHARD, weight_bytes[m], costs.reshard(m, choices[v])))
-        else:
-            su, sv = choices[u].allocation.size, choices[v].allocation.size
-            n_max = max(su, sv)
-            overlap = (masks[u] & masks[v]).bit_count()
-            nbytes = weight_bytes[m] * (n_max - overlap) / n_max
-            pub_plan.append((COMM, nbytes, costs.comm(nbytes, choices[u], choices[v])))
+    pub_plan = [
+        pub_rule(weight_bytes[m], m, choices[g.index[e.src]], choices[g.index[e.dst]], costs)
+        for e, m in zip(g.pub_edges, pub_model)
+    ]
 
     # -- rule 3: consecutive same-model pairs (per destination vertex)
     pair_plan: list[list[tuple[int, int, float, float]]] = [[] for _ in range(n)]
     for b in range(n):
         for a, m in pairs_into[b]:
-            if masks[a] & masks[b] == 0 and g.staleness[m] > 0:
-                continue  # shadow pair
-            if masks[a] == masks[b]:
-                if strategies[a] == strategies[b]:
-                    continue
-                pair_plan[b].append((a, RESHARD, weight_bytes[m], costs.reshard(m, choices[b])))
-            else:
-                pair_plan[b].append((a, -1, 0.0, 0.0))
+            rule = pair_rule(g.staleness[m], weight_bytes[m], m, choices[a], choices[b], costs)
+            if rule is not None:
+                pair_plan[b].append((a, *rule))
 
     out = ExecGraph()
     first = [0] * (n * unrolled.k_eval)
@@ -273,30 +264,20 @@ def lower(
             for e in inc[k][v]:
                 src_last = last[e.src_step * n + e.src]
                 if e.kind is EdgeKind.DATA:
-                    phasewise, durs = data_plan[e.ref]
-                    if durs is None:
+                    kind, payloads, durs = data_plan[e.ref]
+                    if kind == PREC:
                         _add(head_preds, src_last)
-                    elif phasewise:
+                    elif len(durs) > 1:  # phase-wise: generation phase q → COMM(q) → inference phase q
                         gfirst = first[e.src_step * n + e.src]
                         for q in range(Q):
-                            c = out.add(
-                                COMM,
-                                v,
-                                e.src,
-                                k,
-                                q + 1,
-                                mv,
-                                data_bytes[e.ref] * fracs[q],
-                                durs[q],
-                                [gfirst + q],
-                            )
+                            c = out.add(COMM, v, e.src, k, q + 1, mv, payloads[q], durs[q], [gfirst + q])
                             phase_preds[q].append(c)
                     else:
-                        c = out.add(COMM, v, e.src, k, 0, mv, data_bytes[e.ref], durs[0], [src_last])
+                        c = out.add(COMM, v, e.src, k, 0, mv, payloads[0], durs[0], [src_last])
                         head_preds.append(c)
                 elif e.kind is EdgeKind.PUB:
                     kind, nbytes, dur = pub_plan[e.ref]
-                    if kind < 0:
+                    if kind == PREC:
                         _add(head_preds, src_last)
                         continue
                     key = (pub_model[e.ref], e.src_step, mv, strategies[v])
@@ -309,7 +290,7 @@ def lower(
                     _add(head_preds, src_last)
             for a, kind, nbytes, dur in pair_plan[v]:
                 a_last = last[base + a]
-                if kind < 0:
+                if kind == PREC:
                     _add(head_preds, a_last)
                 else:
                     head_preds.append(out.add(kind, v, a, k, 0, mv, nbytes, dur, [a_last]))
@@ -331,3 +312,82 @@ def lower(
 def _add(preds: list[int], p: int) -> None:
     if p not in preds:
         preds.append(p)
+
+
+# ---------------------------------------------------------------------------- the rules
+# Each rule decides one compact edge's lowering from the two choices it joins. ``lower`` applies
+# them per plan; the exact models apply them to every pair of candidates, so both mean the same.
+
+
+def phase_fractions(quantiles: tuple[tuple[float, int], ...]) -> list[float]:
+    """``f_q − f_{q−1}`` per response-length phase."""
+    out = []
+    prev = 0.0
+    for f, _t in quantiles:
+        out.append(f - prev)
+        prev = f
+    return out
+
+
+def splits(role_u: Role, role_v: Role, cu: Choice, cv: Choice, n_phases: int, enabled: bool = True) -> bool:
+    """Rule 1: a generation feeding an inference on a disjoint allocation splits both into phases."""
+    return (
+        enabled
+        and n_phases > 1
+        and role_u is Role.GENERATION
+        and role_v is Role.INFERENCE
+        and cu.allocation.mask & cv.allocation.mask == 0
+    )
+
+
+def data_rule(
+    nbytes: float, cu: Choice, cv: Choice, phasewise: bool, fracs: list[float], costs: CostProvider
+) -> tuple[int, list[float], list[float]]:
+    """Rule 2 (and rule 1's phase-wise COMMs) for a data edge ``u → v``.
+
+    Returns ``(kind, payloads, durations)``: ``PREC`` with empty lists on the same allocation;
+    otherwise ``COMM`` with one node of ``#a·s(a)`` bytes, or, when ``phasewise``, ``Q`` nodes
+    carrying ``(f_q − f_{q−1})·#a·s(a)`` each.
+    """
+    if cu.allocation.mask == cv.allocation.mask:
+        return PREC, [], []
+    if phasewise:
+        payloads = [nbytes * fr for fr in fracs]
+        return COMM, payloads, [costs.comm(b, cu, cv) for b in payloads]
+    return COMM, [nbytes], [costs.comm(nbytes, cu, cv)]
+
+
+def pair_rule(
+    tau: int, weight_bytes: float, model: str, ca: Choice, cb: Choice, costs: CostProvider
+) -> tuple[int, float, float] | None:
+    """Rule 3 for consecutive vertices ``a, b`` of a trainable model inside a step.
+
+    ``None`` for a shadow pair (``τ > 0``, disjoint) or the same allocation and strategy;
+    ``(RESHARD, N_m·sb, T)`` for the same allocation with another strategy; else ``(PREC, 0, 0)``.
+    """
+    ma, mb = ca.allocation.mask, cb.allocation.mask
+    if ma & mb == 0 and tau > 0:
+        return None
+    if ma == mb:
+        if ca.strategy == cb.strategy:
+            return None
+        return RESHARD, weight_bytes, costs.reshard(model, cb)
+    return PREC, 0.0, 0.0
+
+
+def pub_rule(
+    weight_bytes: float, model: str, cu: Choice, cv: Choice, costs: CostProvider
+) -> tuple[int, float, float]:
+    """Rule 4 for a publication ``u → v``: ``(kind, bytes, duration)``.
+
+    Same allocation and strategy → ``PREC``; same allocation, other strategy → ``RESHARD`` of
+    ``N_m·sb``; otherwise ``COMM`` of ``N_m·sb·(n_max − n_overlap)/n_max``.
+    """
+    mu, mv = cu.allocation.mask, cv.allocation.mask
+    if mu == mv:
+        if cu.strategy == cv.strategy:
+            return PREC, 0.0, 0.0
+        return RESHARD, weight_bytes, costs.reshard(model, cv)
+    n_max = max(cu.allocation.size, cv.allocation.size)
+    nbytes = weight_bytes * (n_max - (mu & mv).bit_count()) / n_max
+    return COMM, nbytes, costs.comm(nbytes, cu, cv)
