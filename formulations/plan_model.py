@@ -1,0 +1,251 @@
+"""Plan selection + scheduling as data for an exact model (engine independent, SPEC §9).
+
+Given an :class:`~rpeg.heuristics.evaluator.Evaluator` (workload, cluster, one structural
+candidate) and a candidate set ``C(v)`` of choices per vertex, this module applies the *same*
+lowering rules as :func:`~rpeg.ir.lower.lower` (they are shared functions) to every pair of
+candidates an edge can join, and groups the outcomes into **classes**: a class is one lowered
+fragment (a precedence, a COMM of some duration on some devices, a RESHARD, ``Q`` phase-wise
+COMMs). An exact model then chooses one candidate per vertex (``x[v,c]``), activates exactly
+one class per edge (``z[e,o] ≥ x[u,cu] + x[v,cv] − 1`` for the pairs in ``o``, ``Σ_o z[e,o] = 1``)
+and schedules the unrolled instances of the nodes those classes imply.
+
+Everything is in seconds and bytes here; engines round durations up to their time unit.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ..heuristics.costs import VertexMemory
+from ..heuristics.evaluator import Evaluator
+from ..ir.lower import COMM, PREC, RESHARD, data_rule, pair_rule, phase_fractions, pub_rule, splits
+from ..ir.plan import Choice, Plan
+from ..ir.types import Role
+
+__all__ = ["EdgeClasses", "PlanInstance", "build_instance"]
+
+
+@dataclass
+class EdgeClasses:
+    """The lowering classes of one compact edge.
+
+    Attributes
+    ----------
+    kind
+        ``"data"``, ``"pub"`` or ``"pair"``.
+    src, dst
+        Compact vertex indices.
+    model
+        Model name (publication and pair edges).
+    classes
+        Class keys: ``(PREC,)``; ``(COMM, durations, dst_mask)`` for data edges (several
+        durations = phase-wise); ``(kind, duration, dst_mask, dst_strategy)`` for publications;
+        ``(RESHARD, duration, dst_mask)`` for pair edges; ``None`` = no dependency at all.
+    pairs
+        For each class, the candidate index pairs ``(cu, cv)`` that produce it.
+    """
+
+    kind: str
+    src: int
+    dst: int
+    model: str | None
+    classes: list = field(default_factory=list)
+    pairs: list[list[tuple[int, int]]] = field(default_factory=list)
+
+    def add(self, key: object, cu: int, cv: int) -> None:
+        """Record that candidates ``(cu, cv)`` produce class ``key``."""
+        try:
+            i = self.classes.index(key)
+        except ValueError:
+            i = len(self.classes)
+            self.classes.append(key)
+            self.pairs.append([])
+        self.pairs[i].append((cu, cv))
+
+
+@dataclass
+class PlanInstance:
+    """Everything an engine needs, precomputed.
+
+    Attributes
+    ----------
+    ev
+        The evaluator (structure, costs, unrolled graph).
+    cands
+        ``C(v)``: candidate choices per vertex.
+    n_phases
+        ``Q``.
+    can_split
+        Per vertex: whether some candidate pair splits it into phases.
+    op
+        ``op[v][c] = (unsplit durations, split durations or ())``.
+    memory
+        ``memory[v][c]``: the cost model's :class:`VertexMemory`.
+    edges
+        Per compact edge, its classes.
+    split_edges
+        Per vertex, the ``(edge index, class index)`` pairs whose activation splits it.
+    m_eff
+        ``M_eff`` in bytes.
+    """
+
+    ev: Evaluator
+    cands: list[list[Choice]]
+    n_phases: int
+    can_split: list[bool]
+    op: list[list[tuple[tuple[float, ...], tuple[float, ...]]]]
+    memory: list[list[VertexMemory]]
+    edges: list[EdgeClasses]
+    split_edges: list[list[tuple[int, int]]]
+    m_eff: float
+
+    @property
+    def k_eval(self) -> int:
+        """Unrolled steps."""
+        return self.ev.k_eval
+
+    def serial_seconds(self) -> float:
+        """Every node of every step run one after another at its slowest candidate: a horizon."""
+        total = 0.0
+        for row in self.op:
+            total += max(sum(w) + sum(p) for w, p in row)
+        for ec in self.edges:
+            for key in ec.classes:
+                if key is not None and key[0] != PREC:
+                    total += sum(key[1]) if isinstance(key[1], tuple) else key[1]
+        return total * self.k_eval
+
+    def max_path_nodes(self) -> int:
+        """An upper bound on the number of nodes any path of any lowered graph can hold: every
+        OP phase and every possible COMM/RESHARD of every step. Rounding each duration up by less
+        than one time unit therefore moves a makespan by less than this many units."""
+        per_step = sum(self.n_phases if self.can_split[v] else 1 for v in range(len(self.op)))
+        for ec in self.edges:
+            per_step += max(
+                (len(k[1]) if k is not None and k[0] == COMM and ec.kind == "data" else 1) for k in ec.classes
+            )
+        return per_step * self.k_eval
+
+    def plan_of(self, picks: list[int]) -> Plan:
+        """The plan choosing candidate ``picks[v]`` for every vertex."""
+        return Plan(tuple(self.cands[v][c] for v, c in enumerate(picks)))
+
+
+def build_instance(ev: Evaluator, cands: list[list[Choice]]) -> PlanInstance:
+    """Apply the lowering rules to every candidate pair of every edge (see module docstring).
+
+    Raises
+    ------
+    ValueError
+        If a vertex has no candidate.
+    """
+    g = ev.graph
+    n = len(g.vertices)
+    if len(cands) != n:
+        raise ValueError(f"candidates: {len(cands)} lists for {n} vertices")
+    for v, cs in enumerate(cands):
+        if not cs:
+            raise ValueError(f"candidates: vertex {g.vertices[v].name!r} has none")
+    costs = ev.costs
+    quantiles = ev.workload.quantiles
+    Q = len(quantiles)
+    fracs = phase_fractions(quantiles)
+    roles = [v.role for v in g.vertices]
+    idx = g.index
+    enabled = ev.split_phases
+
+    edges: list[EdgeClasses] = []
+    split_edges: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    can_split = [False] * n
+    for e in g.data_edges:
+        u, v = idx[e.src], idx[e.dst]
+        ec = EdgeClasses("data", u, v, None)
+        nbytes = float(g.edge_bytes(e))
+        for cu, a in enumerate(cands[u]):
+            for cv, b in enumerate(cands[v]):
+                phasewise = splits(roles[u], roles[v], a, b, Q, enabled)
+                kind, _payloads, durs = data_rule(nbytes, a, b, phasewise, fracs, costs)
+                key = (PREC,) if kind == PREC else (COMM, tuple(durs), b.allocation.mask)
+                ec.add(key, cu, cv)
+        for o, key in enumerate(ec.classes):
+            if key[0] == COMM and len(key[1]) > 1:
+                split_edges[u].append((len(edges), o))
+                split_edges[v].append((len(edges), o))
+                can_split[u] = can_split[v] = True
+        edges.append(ec)
+    for e in g.pub_edges:
+        u, v = idx[e.src], idx[e.dst]
+        ec = EdgeClasses("pub", u, v, e.model)
+        wb = float(g.models[e.model].spec.weight_bytes)
+        for cu, a in enumerate(cands[u]):
+            for cv, b in enumerate(cands[v]):
+                kind, _nb, dur = pub_rule(wb, e.model, a, b, costs)
+                key = (PREC,) if kind == PREC else (kind, dur, b.allocation.mask, b.strategy)
+                ec.add(key, cu, cv)
+        edges.append(ec)
+    for m, inst in g.models.items():
+        if not inst.trainable:
+            continue
+        vs = [i for i, v in enumerate(g.vertices) if v.model == m]
+        wb = float(inst.spec.weight_bytes)
+        for a_i, b_i in zip(vs, vs[1:]):
+            ec = EdgeClasses("pair", a_i, b_i, m)
+            for ca, a in enumerate(cands[a_i]):
+                for cb, b in enumerate(cands[b_i]):
+                    rule = pair_rule(g.staleness[m], wb, m, a, b, costs)
+                    key = (
+                        None
+                        if rule is None
+                        else ((PREC,) if rule[0] == PREC else (RESHARD, rule[2], b.allocation.mask))
+                    )
+                    ec.add(key, ca, cb)
+            edges.append(ec)
+
+    op = []
+    memory = []
+    for v in range(n):
+        row = []
+        for c in cands[v]:
+            whole = costs.op_phases(v, c, False)
+            phased = costs.op_phases(v, c, True) if can_split[v] else ()
+            row.append((whole, phased))
+        op.append(row)
+        memory.append([costs.memory(v, c.strategy) for c in cands[v]])
+    return PlanInstance(ev, cands, Q, can_split, op, memory, edges, split_edges, ev.cluster.hardware.m_eff)
+
+
+def candidate_sets(
+    ev: Evaluator, dirs: list, k: int | None, include: Plan | None = None
+) -> list[list[Choice]]:
+    """``C(v)``: the ``k`` fastest strategies of each directory (all when ``k`` is ``None``) at
+    every aligned origin, plus the choices of ``include`` (a warm start) when given."""
+    out = []
+    for v, d in enumerate(dirs):
+        chosen: list[Choice] = []
+        seen = set()
+        limit = len(d) if k is None else min(k, len(d))
+        for i in range(limit):
+            for c in d.choices(ev.cluster, i):
+                if c not in seen:
+                    seen.add(c)
+                    chosen.append(c)
+        if include is not None and include.choices[v] not in seen:
+            chosen.append(include.choices[v])
+        out.append(chosen)
+    return out
+
+
+def trainer_of(ev: Evaluator) -> dict[str, int]:
+    """Training vertex index per trainable model."""
+    g = ev.graph
+    return {m: g.index[t.name] for m in g.models if (t := g.training_vertex(m)) is not None}
+
+
+def serving_groups(ev: Evaluator) -> dict[str, list[int]]:
+    """Non-training vertices per model."""
+    out: dict[str, list[int]] = defaultdict(list)
+    for i, v in enumerate(ev.graph.vertices):
+        if v.role is not Role.TRAINING:
+            out[v.model].append(i)
+    return dict(out)
