@@ -24,9 +24,11 @@ from typing import Any
 from ..formulations.plan_cpsat import PlanSolution, solve_plan_cpsat
 from ..formulations.plan_model import build_instance, candidate_sets
 from ..heuristics.baselines import Infeasible, concurrent_plan
-from ..heuristics.candidates import build_directories
+from ..heuristics.candidates import Directory, build_directories
+from ..heuristics.evaluator import Evaluator
 from ..ir.plan import Choice, Plan
-from ..ir.templates import Structure, structures as all_structures
+from ..ir.templates import Structure
+from ..ir.templates import structures as all_structures
 from .result import Result, Status
 from .solve import Problem, register, solve
 
@@ -40,7 +42,7 @@ def solve_exact(
     engine: str,
     engine_fn: Callable[..., PlanSolution],
     *,
-    candidates: int | None | Sequence[Sequence[Choice]] = 3,
+    candidates: int | Sequence[Sequence[Choice]] | None = 3,
     structure: Structure | None = None,
     warm_start: str | Plan | None = "concurrent",
     threads: int | None = None,
@@ -190,8 +192,13 @@ def solve_exact(
 
 
 def _warm_start(
-    problem: Problem, ev, dirs, y: Structure, how: str | Plan | None, seconds: float
-) -> Plan | None:  # noqa: ANN001
+    problem: Problem,
+    ev: Evaluator,
+    dirs: list[Directory],
+    y: Structure,
+    how: str | Plan | None,
+    seconds: float,
+) -> Plan | None:
     if how is None:
         return None
     if isinstance(how, Plan):
