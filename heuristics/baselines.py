@@ -38,7 +38,9 @@ class Infeasible(Exception):
         return self.reason
 
 
-def _check_directories(ev: Evaluator, dirs: list[Directory], size: int | None = None) -> None:
+def check_directories(ev: Evaluator, dirs: list[Directory], size: int | None = None) -> None:
+    """Raise :class:`Infeasible` naming the first invocation with no strategy (of ``size`` GPUs,
+    when given) and by how much its smallest isolated footprint exceeds ``M_eff``."""
     m_eff = ev.cluster.hardware.m_eff
     for d in dirs:
         ok = d.of_size(size) if size is not None else d.strategies
@@ -173,8 +175,8 @@ def greedy_plan(ev: Evaluator, dirs: list[Directory]) -> Plan:
     """
     cluster = ev.cluster
     n = cluster.num_devices
-    _check_directories(ev, dirs)
-    _check_directories(ev, dirs, n)
+    check_directories(ev, dirs)
+    check_directories(ev, dirs, n)
     alloc = _allocs(cluster, n)[0]
     plan = Plan(tuple(Choice(d.strategies[d.of_size(n)[0]], alloc) for d in dirs))
     return repair_memory(ev, dirs, plan)
@@ -223,7 +225,7 @@ def concurrent_plan(ev: Evaluator, dirs: list[Directory], *, alternatives: int =
         When no tried partition can be made memory-feasible.
     """
     cluster = ev.cluster
-    _check_directories(ev, dirs)
+    check_directories(ev, dirs)
     ranked: list[list[tuple[float, list[tuple[int, Choice]]]]] = []
     for group in levels(ev):
         options: list[tuple[float, list[tuple[int, Choice]]]] = []

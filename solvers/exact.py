@@ -23,7 +23,7 @@ from typing import Any
 
 from ..formulations.plan_cpsat import PlanSolution, solve_plan_cpsat
 from ..formulations.plan_model import build_instance, candidate_sets
-from ..heuristics.baselines import Infeasible, concurrent_plan
+from ..heuristics.baselines import Infeasible, check_directories, concurrent_plan
 from ..heuristics.candidates import Directory, build_directories
 from ..heuristics.evaluator import Evaluator
 from ..ir.plan import Choice, Plan
@@ -94,6 +94,11 @@ def solve_exact(
         share = max(0.1, left / (len(ys) - i))
         ev = problem.evaluator(y)
         dirs = build_directories(ev.costs)
+        try:
+            check_directories(ev, dirs)
+        except Infeasible as exc:
+            outcomes.append({"structure": y.label, "status": "infeasible", "reason": str(exc)})
+            continue
         hint = _warm_start(problem, ev, dirs, y, warm_start, 0.2 * share)
         if candidates is None or isinstance(candidates, int):
             cands = candidate_sets(ev, dirs, candidates, include=hint)
@@ -136,11 +141,13 @@ def solve_exact(
         proven = all(o["status"] == "infeasible" for o in outcomes)
         y = ys[0]
         ev = problem.evaluator(y)
-        msg = (
-            ("no memory-feasible plan exists within " + cand_note)
-            if proven
-            else f"no plan found within the time limit ({limit:.0f} s) over {cand_note}"
-        )
+        reasons = [o["reason"] for o in outcomes if "reason" in o]
+        if proven and reasons and len(reasons) == len(outcomes):
+            msg = reasons[0]
+        elif proven:
+            msg = "no memory-feasible plan exists within " + cand_note
+        else:
+            msg = f"no plan found within the time limit ({limit:.0f} s) over {cand_note}"
         return Result(
             problem.workload,
             problem.cluster,
