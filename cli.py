@@ -4,8 +4,15 @@
 
     rpeg examples
     rpeg solve WORKLOAD.toml|EXAMPLE [--cluster RxNxG] [--hardware PRESET|FILE.json]
-               [--method greedy|concurrent] [--json OUT.json] [--seed N] [--time-limit S]
-    rpeg evaluate WORKLOAD.toml|EXAMPLE --plan PLAN.json [--cluster ...] [--hardware ...] [--json OUT.json]
+               [--method greedy|concurrent|sa] [--json OUT.json] [--gantt PLAN.png] [--seed N]
+               [--time-limit S] [--max-evaluations N] [--workers N] [--ablate a,b,...]
+               [--t-init T] [--t-warm T] [--no-progress] [--no-compare]
+    rpeg evaluate WORKLOAD.toml|EXAMPLE --plan PLAN.json [--cluster ...] [--hardware ...]
+               [--json OUT.json] [--gantt PLAN.png]
+
+``--method sa`` shows live progress on stderr (when it is a terminal), stops early on Ctrl-C with
+the best plan so far (status ``time_limit``), and ends with a table comparing its plan with the
+greedy and concurrent baselines on the same workload and cluster.
 
 Bad input ends with exit status 2 and one line naming the field and value; a problem with no
 memory-feasible plan ends with exit status 3 after saying which invocation does not fit.
@@ -16,11 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from .costmodel.hardware import load_hardware
 from .examples import example_names, example_path
 from .heuristics.evaluator import Evaluator
+from .heuristics.search import ABLATIONS
 from .ir.cluster import Cluster
 from .ir.workload import WorkloadFile, load_workload
 from .solvers.result import Result, Status, plan_from_entries, problem_from_dict
@@ -30,6 +41,19 @@ __all__ = ["main"]
 
 EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
+EXIT_INTERRUPTED = 130  # Ctrl-C before any plan existed (the shell's 128 + SIGINT)
+GIB = 2**30
+
+#: ``solve`` flags that only some methods take: option name → (flag, methods taking it).
+METHOD_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "max_evaluations": ("--max-evaluations", ("sa",)),
+    "workers": ("--workers", ("sa",)),
+    "ablate": ("--ablate", ("sa",)),
+    "t_init": ("--t-init", ("sa",)),
+    "t_warm": ("--t-warm", ("sa",)),
+}
+#: Methods the ``sa`` comparison table runs next to the search's plan.
+BASELINES = ("greedy", "concurrent")
 
 
 def _workload_file(arg: str) -> WorkloadFile:
@@ -58,30 +82,188 @@ def _cmd_examples(args: argparse.Namespace) -> int:
     return 0
 
 
-def _finish(result: Result, json_out: str | None) -> int:
+def _finish(result: Result, args: argparse.Namespace, after_summary: Callable[[], None] | None = None) -> int:
+    """Print the summary (then whatever ``after_summary`` prints) and write ``--json``/``--gantt``."""
     print(result.summary())
-    if json_out:
-        result.to_json(json_out)
-        print(f"\nwrote {json_out}")
+    if after_summary is not None:
+        after_summary()
+    if args.json:
+        result.to_json(args.json)
+        print(f"\nwrote {args.json}")
+    if args.gantt:
+        if result.plan is None or result.evaluation is None:
+            print(f"rpeg: no plan, so no Gantt chart written to {args.gantt}", file=sys.stderr)
+        else:
+            print(f"wrote {result.gantt(args.gantt)}")
     return EXIT_INFEASIBLE if result.status is Status.INFEASIBLE else 0
+
+
+# ---------------------------------------------------------------------------- solve
+def _ablations(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ABLATIONS]
+    if unknown:
+        raise ValueError(
+            f"--ablate: unknown ablation(s) {', '.join(repr(n) for n in unknown)}; "
+            f"known: {', '.join(ABLATIONS)}"
+        )
+    return names
+
+
+def _method_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The method-specific options given on the command line, checked against ``--method``
+    (``solve`` rejects options a method does not take, so they are never passed to it)."""
+    given = {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k) is not None}
+    wrong = [k for k in given if args.method not in METHOD_FLAGS[k][1]]
+    if wrong:
+        takers = sorted({m for k in wrong for m in METHOD_FLAGS[k][1]})
+        flags = ", ".join(METHOD_FLAGS[k][0] for k in wrong)
+        raise ValueError(
+            f"{flags} only appl{'ies' if len(wrong) == 1 else 'y'} to --method "
+            f"{' or '.join(takers)}, not {args.method!r}"
+        )
+    for key in ("max_evaluations", "workers"):
+        if key in given and given[key] < 1:
+            raise ValueError(f"{METHOD_FLAGS[key][0]} must be a positive integer, got {given[key]}")
+    for key in ("t_init", "t_warm"):
+        if key in given and not given[key] > 0:
+            raise ValueError(f"{METHOD_FLAGS[key][0]} must be positive, got {given[key]}")
+    if "ablate" in given:
+        given["ablate"] = _ablations(given["ablate"])
+    return given
+
+
+def _problem_kwargs(args: argparse.Namespace, wf: WorkloadFile) -> dict[str, Any]:
+    """The settings every method shares (so the comparison scores plans on equal terms)."""
+    return {
+        "time_limit": args.time_limit,
+        "seed": args.seed,
+        "k_eval": args.k_eval or wf.k_eval,
+        "objective": args.objective,
+        "delta": args.delta,
+    }
+
+
+@contextmanager
+def _live_progress(enabled: bool) -> Iterator[Callable[[dict[str, Any]], None] | None]:
+    """A ``progress`` callback drawing a rich progress display on stderr, or ``None`` when off.
+
+    Two lines: a bar over the larger used share of the time and evaluation budgets with the
+    budget spent and the elapsed time; then the structural candidate being searched,
+    evaluations/s and the best throughput so far.
+    """
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.text import Text
+
+    stats = Text("  building the search spaces…", style="dim")
+
+    class _SearchProgress(Progress):
+        def get_renderables(self):  # the bar, then one line of live figures under it
+            yield self.make_tasks_table(self.tasks)
+            yield stats
+
+    progress = _SearchProgress(
+        SpinnerColumn(),
+        TextColumn("[bold]sa[/]"),
+        BarColumn(bar_width=30),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TextColumn("{task.fields[budget]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        refresh_per_second=4,
+    )
+    task = progress.add_task("sa", total=1.0, budget="")
+
+    def update(p: dict[str, Any]) -> None:
+        seconds, evaluations = p.get("time_limit"), p.get("max_evaluations")
+        done, parts = 0.0, []
+        if seconds:
+            done = max(done, p["elapsed"] / seconds)
+            parts.append(f"{p['elapsed']:.1f}/{seconds:g} s")
+        if evaluations:
+            done = max(done, p["evaluations"] / evaluations)
+            parts.append(f"{p['evaluations']:,}/{evaluations:,} evals")
+        else:
+            parts.append(f"{p['evaluations']:,} evals")
+        progress.update(task, completed=min(1.0, done), budget=" · ".join(parts))
+        best = p.get("best_throughput") or 0.0
+        stats.plain = ""
+        stats.style = ""
+        stats.append(f"  {p.get('structure') or '…'}", style="cyan")
+        stats.append(f" · {p.get('evals_per_s', 0.0):,.0f} evals/s · best ")
+        stats.append(f"{best:,.0f} tokens/s" if best else "—", style="bold green")
+
+    with progress:
+        yield update
+
+
+def _comparison(result: Result, wf: WorkloadFile, cluster: Cluster, args: argparse.Namespace) -> None:
+    """Print the baselines and ``result`` side by side: a rich table on stdout (plain when piped)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    rows: list[tuple[str, Result]] = []
+    try:
+        for name in BASELINES:
+            rows.append((name, solve(wf.workload, cluster, method=name, **_problem_kwargs(args, wf))))
+    except KeyboardInterrupt:
+        print("\n(comparison interrupted)")
+    rows.append((result.method, result))
+    concurrent = next((r for n, r in rows if n == "concurrent" and r.feasible), None)
+
+    table = Table(
+        title=f"comparison on {cluster.shape_str} × {cluster.hardware.name}, k_eval={result.k_eval}",
+        caption=f"peak: fullest GPU; M_eff {cluster.hardware.m_eff / GIB:.1f} GiB; conc. = concurrent",
+        box=box.SIMPLE_HEAVY,
+        show_edge=False,
+        pad_edge=False,
+    )
+    # two-line headers keep the table inside 80 columns with every cell whole
+    table.add_column("method", no_wrap=True)
+    for head in ("tokens/s", "vs\nconc.", "makespan\ns", "util.", "peak\nGiB", "of\nM_eff"):
+        table.add_column(head, justify="right", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    for name, r in rows:
+        ev = r.evaluation
+        if r.plan is None or ev is None:
+            table.add_row(name, "—", "—", "—", "—", "—", "—", "no feasible plan")
+            continue
+        table.add_row(
+            name,
+            f"{ev.throughput:,.0f}",
+            f"{ev.throughput / concurrent.throughput - 1:+.1%}" if concurrent else "—",
+            f"{ev.makespan:.3f}",
+            f"{ev.utilization:.1%}",
+            f"{ev.memory.max_peak / GIB:.1f}",
+            f"{ev.memory.ratio:.0%}",
+            r.status.value,
+        )
+    console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 100)
+    console.print()
+    console.print(table)
 
 
 def _cmd_solve(args: argparse.Namespace) -> int:
     wf = _workload_file(args.workload)
     cluster = _cluster(wf, args.cluster, args.hardware)
-    result = solve(
-        wf.workload,
-        cluster,
-        method=args.method,
-        time_limit=args.time_limit,
-        seed=args.seed,
-        k_eval=args.k_eval or wf.k_eval,
-        objective=args.objective,
-        delta=args.delta,
-    )
-    return _finish(result, args.json)
+    options = _method_options(args)
+    searching = args.method == "sa"
+    with _live_progress(searching and not args.no_progress and sys.stderr.isatty()) as progress:
+        if progress is not None:
+            options["progress"] = progress
+        # Ctrl-C inside the search ends it with the best plan so far (status time_limit)
+        result = solve(wf.workload, cluster, method=args.method, **_problem_kwargs(args, wf), **options)
+    if not searching or args.no_compare:
+        return _finish(result, args)
+    return _finish(result, args, lambda: _comparison(result, wf, cluster, args))
 
 
+# ---------------------------------------------------------------------------- evaluate
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     wf = _workload_file(args.workload)
     plan_path = Path(args.plan)
@@ -118,7 +300,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         k_eval,
         message=message,
     )
-    return _finish(result, args.json)
+    return _finish(result, args)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -134,6 +316,7 @@ def _parser() -> argparse.ArgumentParser:
         )
         sp.add_argument("--hardware", help="hardware preset or JSON file (default: from the file)")
         sp.add_argument("--json", metavar="OUT.json", help="write the rpeg.result/1 file here")
+        sp.add_argument("--gantt", metavar="PLAN.png", help="draw the predicted schedule (.png, .pdf, .svg)")
         sp.add_argument("--k-eval", type=int, default=None, help="steps to unroll when scoring (default 8)")
 
     s = sub.add_parser("solve", help="plan a workload")
@@ -143,6 +326,17 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--objective", default="throughput", choices=["throughput", "throughput-util"])
     s.add_argument("--delta", type=float, default=0.10, help="δ of the throughput-util objective")
+    s.add_argument("--max-evaluations", type=int, metavar="N", help="sa: budget in uncached plan evaluations")
+    s.add_argument("--workers", type=int, metavar="N", help="sa: processes evaluating proposals (default 1)")
+    s.add_argument(
+        "--ablate", metavar="a,b,...", help=f"sa: mechanisms to switch off: {', '.join(ABLATIONS)}"
+    )
+    s.add_argument(
+        "--t-init", type=float, metavar="T", help="sa: temperature of each structure's first chain"
+    )
+    s.add_argument("--t-warm", type=float, metavar="T", help="sa: temperature of warm-restarted chains")
+    s.add_argument("--no-progress", action="store_true", help="sa: no live progress bar on stderr")
+    s.add_argument("--no-compare", action="store_true", help="sa: skip the greedy/concurrent comparison")
     s.set_defaults(fn=_cmd_solve)
 
     e = sub.add_parser("evaluate", help="score a given plan")
@@ -153,13 +347,28 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status."""
+    """Run the CLI.
+
+    Parameters
+    ----------
+    argv
+        Arguments without the program name (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        Exit status: 0 a plan was found, 2 bad input, 3 no memory-feasible plan, 130 interrupted
+        before any plan existed.
+    """
     args = _parser().parse_args(argv)
     try:
         return args.fn(args)
     except ValueError as exc:
         print(f"rpeg: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("rpeg: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -203,6 +203,26 @@ class Result:
             extra=dict(doc.get("extra", {})),
         )
 
+    # ------------------------------------------------------------------ chart
+    def gantt(self, path: str | Path, **kwargs: Any) -> Path:
+        """Draw the predicted schedule as a Gantt chart and save it to ``path``.
+
+        Delegates to :func:`rpeg.solvers.gantt.plot_gantt` (keywords ``title``, ``max_devices``).
+
+        Returns
+        -------
+        pathlib.Path
+            The file written.
+
+        Raises
+        ------
+        ValueError
+            If the result has no plan or schedule (infeasible).
+        """
+        from .gantt import plot_gantt  # matplotlib is imported only when a chart is drawn
+
+        return plot_gantt(self, path, **kwargs)
+
     # ------------------------------------------------------------------ text
     def summary(self) -> str:
         """A readable report: throughput, makespan, peak memory vs capacity, and per invocation
