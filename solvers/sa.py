@@ -6,7 +6,17 @@ Options (all keyword):
     Budget in uncached plan evaluations (with ``time_limit``, whichever ends first; with neither,
     10 seconds).
 ``workers``
-    Local processes evaluating proposals in parallel (default 1).
+    Local processes evaluating proposals in parallel (default 1; ``backend="local"`` only).
+``backend``
+    ``"local"`` (default): one search in this process. ``"ray"``: independent chains on a Ray
+    cluster, merged and polished here (:mod:`~rpeg.heuristics.search.distributed`; needs
+    ``pip install 'rpeg[ray]'``).
+``address``
+    Ray cluster to join (``backend="ray"``; default: the connection this process already holds,
+    else a new local Ray instance, shut down afterwards).
+``chains``
+    Independent searches with ``backend="ray"`` (default: the cluster's CPUs, at least 2); chain
+    ``i`` uses seed ``seed + i``. ``Result.extra["chains"]`` summarises each.
 ``ablate``
     Names of mechanisms to switch off, from :data:`~rpeg.heuristics.search.ABLATIONS`.
 ``t_init``, ``t_warm``, ``proposals``, ``max_rejections``, ``elite_size``, ``polish_share``
@@ -22,8 +32,10 @@ Options (all keyword):
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..heuristics.search import (
@@ -40,6 +52,7 @@ from ..heuristics.search import (
     SingleMove,
 )
 from ..heuristics.search.acceptance import Acceptance
+from ..heuristics.search.distributed import ray_search
 from ..heuristics.search.moves import Move
 from ..heuristics.search.temperature import Temperature
 from ..ir.templates import Structure
@@ -120,13 +133,30 @@ def configure(
     )
 
 
+BACKENDS = ("local", "ray")
+
+
 @register("sa")
-def _sa(problem: Problem, *, workers: int = 1, backend: str = "local", **options: Any) -> Result:
+def _sa(
+    problem: Problem,
+    *,
+    workers: int = 1,
+    backend: str = "local",
+    address: str | None = None,
+    chains: int | None = None,
+    **options: Any,
+) -> Result:
     """Simulated annealing over structures and plans (SPEC §8); see the module docstring."""
-    if backend != "local":
-        raise ValueError(f"backend must be 'local', got {backend!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; known backends: {', '.join(map(repr, BACKENDS))}")
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    if backend == "ray":
+        if workers != 1:
+            raise ValueError("workers applies to backend='local'; with backend='ray' set chains")
+        return _sa_ray(problem, address, chains, options)
+    if address is not None or chains is not None:
+        raise ValueError("address and chains apply to backend='ray' only")
     t0 = time.perf_counter()
     search = configure(problem, **options)
     pool = None
@@ -146,6 +176,50 @@ def _sa(problem: Problem, *, workers: int = 1, backend: str = "local", **options
         if pool is not None:
             pool.close()
     return outcome_result(problem, search, outcome, "sa", time.perf_counter() - t0)
+
+
+def _sa_ray(problem: Problem, address: str | None, chains: int | None, options: dict[str, Any]) -> Result:
+    """``backend="ray"``: independent chains on a Ray cluster, merged and polished here."""
+    t0 = time.perf_counter()
+    options = dict(options)
+    progress = options.pop("progress", None)
+    evaluations = options.pop("max_evaluations", None)
+    seconds = problem.time_limit
+    if seconds is None and evaluations is None:
+        seconds = DEFAULT_TIME_LIMIT
+    search, outcome, done = ray_search(
+        functools.partial(_build_chain, problem, options),
+        seed=problem.seed,
+        seconds=seconds,
+        evaluations=evaluations,
+        polish="polish" not in options.get("ablate", ()),
+        polish_share=options.get("polish_share", 0.1),
+        chains=chains,
+        address=address,
+        progress=progress,
+    )
+    result = outcome_result(problem, search, outcome, "sa", time.perf_counter() - t0)
+    result.extra["chains"] = [r.summary() for r in done]
+    return result
+
+
+def _build_chain(
+    problem: Problem,
+    options: dict[str, Any],
+    *,
+    seed: int,
+    seconds: float | None,
+    evaluations: int | None,
+    polish: bool,
+    progress: Callable[[dict[str, Any]], None] | None,
+) -> Anneal:
+    """One search of a ``backend="ray"`` run: ``configure`` with its own seed and budget
+    (module level, so Ray can send it to the workers)."""
+    ablate = [*options.get("ablate", ()), *(() if polish else ("polish",))]
+    return configure(
+        replace(problem, seed=seed, time_limit=seconds),
+        **{**options, "ablate": ablate, "max_evaluations": evaluations, "progress": progress},
+    )
 
 
 def outcome_result(problem: Problem, search: Anneal, outcome: Outcome, method: str, runtime: float) -> Result:
@@ -172,11 +246,16 @@ def outcome_result(problem: Problem, search: Anneal, outcome: Outcome, method: s
     evaluation = space.ev.evaluate(outcome.plan, keep=True)
     status = Status.TIME_LIMIT if outcome.interrupted else Status.FEASIBLE
     budget = search.budget
+    limits = [
+        f"{budget.seconds:g} s" if budget.seconds is not None else "",
+        f"{budget.evaluations} evaluations" if budget.evaluations is not None else "",
+    ]
+    limit = " or ".join(x for x in limits if x)
     note = (
         f"interrupted after {outcome.evaluations} evaluations; best plan so far"
         if outcome.interrupted
-        else f"search budget: {budget.seconds or '∞'} s / {budget.evaluations or '∞'} evaluations; "
-        f"used {budget.elapsed():.1f} s, {outcome.evaluations} evaluations"
+        else f"searched {len(search.spaces)} structures within a budget of {limit}: "
+        f"{budget.elapsed():.1f} s, {outcome.evaluations} evaluations"
     )
     return Result(
         problem.workload,
