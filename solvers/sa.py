@@ -26,6 +26,9 @@ Options (all keyword):
     ``[(0.72, SingleMove(0.6)), (0.28, PairMove())]``).
 ``structures``
     Structural candidates to search instead of all of ``Ycand``.
+``candidates``
+    Search only the ``k`` fastest strategies of each invocation (the exact models' candidate
+    sets), for like-for-like comparisons.
 ``progress``
     Callback receiving live figures about twice a second.
 """
@@ -80,6 +83,7 @@ def configure(
     elite_size: int = 3,
     polish_share: float = 0.1,
     structures: Sequence[Structure] | None = None,
+    candidates: int | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
     evaluate_many: Callable | None = None,
 ) -> Anneal:
@@ -128,6 +132,7 @@ def configure(
         structures_=ys,
         split_phases="phase_split" not in off,
         tune_microbatches="microbatch_tuning" not in off,
+        candidates=candidates,
         evaluate_many=evaluate_many,
         progress=progress,
     )

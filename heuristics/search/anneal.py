@@ -105,6 +105,7 @@ class SearchSpace:
         k_eval: int,
         split_phases: bool,
         tune_microbatches: bool,
+        candidates: int | None = None,
     ) -> None:
         self.structure = structure
         self.ev = Evaluator(workload, cluster, structure, k_eval=k_eval, split_phases=split_phases)
@@ -117,6 +118,9 @@ class SearchSpace:
                 keep = [i for i, s in enumerate(d.strategies) if fixed_microbatch_ok(training, s)]
                 d.strategies = [d.strategies[i] for i in keep]
                 d.times = [d.times[i] for i in keep]
+        if candidates is not None:  # the exact models' restriction: the k fastest strategies
+            for d in dirs:
+                d.strategies, d.times = d.strategies[:candidates], d.times[:candidates]
         self.dirs: list[Directory] = dirs
         self.cache: dict[tuple, Raw] = {}
         self.vertex_key = tuple(v.name for v in self.ev.graph.vertices)
@@ -199,6 +203,9 @@ class Anneal:
         Structural candidates to search (default: all of ``Ycand``).
     split_phases, tune_microbatches
         Ablation switches passed to the evaluator and the directories.
+    candidates
+        Keep only the ``k`` fastest strategies of each directory (the candidate sets of the exact
+        models, for like-for-like comparisons); ``None`` keeps all.
     evaluate_many
         Evaluates a list of ``(space index, plan)``; default evaluates in this process.
     progress
@@ -230,6 +237,7 @@ class Anneal:
         structures_: Sequence[Structure] | None = None,
         split_phases: bool = True,
         tune_microbatches: bool = True,
+        candidates: int | None = None,
         evaluate_many: Callable[[list[tuple[int, Plan]]], list[Raw]] | None = None,
         progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
@@ -269,6 +277,7 @@ class Anneal:
                 k_eval=k_eval,
                 split_phases=split_phases,
                 tune_microbatches=tune_microbatches,
+                candidates=candidates,
             )
             for y in ys
         ]
