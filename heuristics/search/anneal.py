@@ -34,7 +34,7 @@ from ...ir.cluster import Cluster
 from ...ir.plan import Choice, Plan, Strategy
 from ...ir.templates import Structure, structures
 from ...ir.workload import Workload
-from ..baselines import Infeasible, concurrent_plan
+from ..baselines import Infeasible, check_directories, concurrent_plan
 from ..candidates import Directory, _allocs, build_directories
 from ..evaluator import BETA_OOM, MEMORY_TOL, Evaluator
 from .acceptance import Acceptance, Metropolis
@@ -384,19 +384,16 @@ class Anneal:
         """The first chain's start: the concurrent baseline of this structure, else every
         invocation on all GPUs with its fastest strategy (memory left to the penalty)."""
         space = self.spaces[si]
+        check_directories(space.ev, space.dirs)  # an empty directory: nothing to search
         try:
             return concurrent_plan(space.ev, space.dirs)
         except Infeasible:
             n = self.cluster.num_devices
-            full = _allocs(self.cluster, n)[0]
             choices = []
             for d in space.dirs:
-                if not d.strategies:
-                    raise
                 idx = d.of_size(n)
                 s = d.strategies[idx[0]] if idx else d.strategies[0]
-                a = full if idx else _allocs(self.cluster, s.size)[0]
-                choices.append(Choice(s, a))
+                choices.append(Choice(s, _allocs(self.cluster, s.size)[0]))
             return Plan(tuple(choices))
 
     def _out_of_budget(self) -> bool:
