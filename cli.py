@@ -51,6 +51,10 @@ METHOD_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ablate": ("--ablate", ("sa",)),
     "t_init": ("--t-init", ("sa",)),
     "t_warm": ("--t-warm", ("sa",)),
+    "candidates": ("--candidates", ("cpsat", "milp")),
+    "threads": ("--threads", ("cpsat", "milp")),
+    "solver": ("--solver", ("milp",)),
+    "warm_start": ("--warm-start", ("cpsat", "milp")),
 }
 #: Methods the ``sa`` comparison table runs next to the search's plan.
 BASELINES = ("greedy", "concurrent")
@@ -122,7 +126,13 @@ def _method_options(args: argparse.Namespace) -> dict[str, Any]:
             f"{flags} only appl{'ies' if len(wrong) == 1 else 'y'} to --method "
             f"{' or '.join(takers)}, not {args.method!r}"
         )
-    for key in ("max_evaluations", "workers"):
+    if given.get("warm_start") == "none":
+        given["warm_start"] = None
+    if given.get("candidates") == 0:  # --candidates 0: the whole directories
+        given["candidates"] = None
+    elif "candidates" in given and given["candidates"] < 0:
+        raise ValueError(f"--candidates must be ≥ 0 (0 = all strategies), got {given['candidates']}")
+    for key in ("max_evaluations", "workers", "threads"):
         if key in given and given[key] < 1:
             raise ValueError(f"{METHOD_FLAGS[key][0]} must be a positive integer, got {given[key]}")
     for key in ("t_init", "t_warm"):
@@ -335,6 +345,19 @@ def _parser() -> argparse.ArgumentParser:
         "--t-init", type=float, metavar="T", help="sa: temperature of each structure's first chain"
     )
     s.add_argument("--t-warm", type=float, metavar="T", help="sa: temperature of warm-restarted chains")
+    s.add_argument(
+        "--candidates",
+        type=int,
+        metavar="K",
+        help="cpsat/milp: the K fastest strategies per invocation at every origin (0 = all; default 3)",
+    )
+    s.add_argument("--threads", type=int, metavar="N", help="cpsat/milp: solver threads")
+    s.add_argument("--solver", metavar="NAME", help="milp: highs (default), cbc, scip, gurobi, ...")
+    s.add_argument(
+        "--warm-start",
+        choices=["concurrent", "sa", "none"],
+        help="cpsat/milp: plan that hints the solver (default concurrent)",
+    )
     s.add_argument("--no-progress", action="store_true", help="sa: no live progress bar on stderr")
     s.add_argument("--no-compare", action="store_true", help="sa: skip the greedy/concurrent comparison")
     s.set_defaults(fn=_cmd_solve)

@@ -190,7 +190,7 @@ def solve_exact(
         status,
         engine,
         runtime,
-        len(ys),
+        ev.evaluations,  # the evaluator is only asked to score the final plan
         problem.k_eval,
         objective_bound=bound,
         message=msg,
