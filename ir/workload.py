@@ -172,8 +172,15 @@ class Workload:
 
     @property
     def can_share_actor_critic(self) -> bool:
-        """Actor–critic sharing is legal only when both exist and the user allows it (S1)."""
-        return self.ac_sharing and "actor" in self.models and "critic" in self.models
+        """Actor–critic sharing is tried only when both exist (S1), the user allows it, and both
+        have the same architecture: a shared backbone *is* the actor's network, so sharing a 70B
+        actor with a 7B critic would silently train a different critic (``docs/decisions.md``)."""
+        return (
+            self.ac_sharing
+            and "actor" in self.models
+            and "critic" in self.models
+            and self.models["actor"] == self.models["critic"]
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The ``workload`` block of a result file (SPEC §12)."""

@@ -157,3 +157,13 @@ def test_rule4_cycle_is_rejected():
     assert ref.name == "ref_inf"
     with pytest.raises(ValueError, match=r"ref_inf->actor_gen.*rule 4"):
         _broken(g, vertices=verts, data_edges=bad)
+
+
+def test_sharing_is_tried_only_for_identical_actor_and_critic():
+    other = model_preset("13b")
+    w = Workload("ppo", {"actor": M7, "critic": other, "reward": M7}, 32, 4, 64, 128)
+    assert not w.can_share_actor_critic
+    assert not any(y.ac_sharing for y in structures(w))
+    # an explicit shared structure is still buildable (the user asked for it)
+    g = build_graph(w, Structure("ppo", True, (("actor_critic", 0),)))
+    assert g.models["actor_critic"].spec == M7
