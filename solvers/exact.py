@@ -244,7 +244,19 @@ def _check(options: dict[str, Any], name: str) -> None:
     known = {"candidates", "structure", "warm_start", "threads"}
     unknown = set(options) - known
     if unknown:
+        extra = {"cpsat": {"unit"}, "milp": {"solver"}}[name]
         raise ValueError(
             f"method {name!r} takes no option(s) {', '.join(sorted(unknown))}; "
-            f"known: {', '.join(sorted(known | {'unit'}))}"
+            f"known: {', '.join(sorted(known | extra))}"
         )
+
+
+@register("milp")
+def _milp(problem: Problem, **options: Any) -> Result:
+    """Exact plan selection as a Pyomo MILP (options: see :func:`solve_exact`; ``solver``, default
+    ``"highs"``)."""
+    from ..formulations.plan_milp import solve_plan_milp
+
+    engine_options = {"solver": options.pop("solver", "highs")}
+    _check(options, "milp")
+    return solve_exact(problem, "milp", solve_plan_milp, engine_options=engine_options, **options)

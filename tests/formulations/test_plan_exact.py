@@ -110,3 +110,38 @@ def test_infeasible_candidate_sets_say_so():
     r = solve(w, cluster, method="cpsat", k_eval=1, time_limit=30)
     assert r.status is Status.INFEASIBLE and r.plan is None
     assert "does not fit" in r.message and "GiB" in r.message
+
+
+def test_cpsat_and_milp_reach_the_same_optimum():
+    from rpeg.formulations.plan_milp import solve_plan_milp
+
+    w, cluster = tiny()
+    ev = Evaluator(w, cluster, Structure("grpo", False, (("actor", 1),)), k_eval=1)
+    inst = build_instance(ev, candidate_sets(ev, build_directories(ev.costs), 2))
+    cp = solve_plan_cpsat(inst, time_limit=60)
+    mi = solve_plan_milp(inst, time_limit=120)
+    assert cp.status == mi.status == "optimal"
+    # MILP keeps durations exact; CP-SAT rounds them up: same optimum up to that rounding
+    assert mi.makespan == pytest.approx(cp.makespan, rel=REL)
+    assert cp.lower_bound <= mi.makespan * (1 + 1e-9)
+    # the MILP's schedule is a valid schedule of the evaluator's lowered graph too
+    e, g, sched, missing, extra = exact_schedule(ev, mi)
+    assert not missing and not extra
+    assert check_schedule(g, sched, tol=1e-6) == []
+    assert e.makespan >= mi.makespan * (1 - 1e-6)
+
+
+def test_milp_front_door_and_missing_solver():
+    from rpeg.formulations.milp import SolverUnavailableError
+
+    w, cluster = tiny()
+    r = solve(w, cluster, method="milp", candidates=1, k_eval=1, time_limit=60)
+    assert r.status is Status.OPTIMAL and r.feasible
+    with pytest.raises(ValueError, match="no-such-solver"):
+        solve(w, cluster, method="milp", solver="no-such-solver", candidates=1, k_eval=1, time_limit=5)
+    pytest.importorskip("pyomo")
+    import importlib.util
+
+    if importlib.util.find_spec("gurobipy") is None:  # a known solver that is not installed
+        with pytest.raises(SolverUnavailableError, match="gurobi"):
+            solve(w, cluster, method="milp", solver="gurobi", candidates=1, k_eval=1, time_limit=5)

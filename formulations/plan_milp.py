@@ -1,0 +1,333 @@
+"""Plan selection + scheduling as a Pyomo MILP (disjunctive), the twin of :mod:`.plan_cpsat`.
+
+Same instance data (:mod:`.plan_model`), same variables' meaning, linearised:
+
+* ``x[v,c]``, ``z[e,o]``, ``split[v]`` binaries with ``Σ_c x = 1``, ``Σ_o z = 1``,
+  ``z[e,o] ≥ x[u,cu] + x[v,cv] − 1``, ``split[v] ≥ z`` (each phase-wise class touching ``v``) and
+  ``split[v] ≤ Σ z``;
+* a node (OP phase, COMM, RESHARD) is a start ``s ≥ 0`` with a fixed duration ``d`` (seconds, not
+  rounded) and a presence ``p`` that is a binary or a product of binaries linearised
+  (``p ≥ a + b − 1, p ≤ a, p ≤ b``);
+* conditional precedences ``s_j ≥ s_i + d_i − H·(1 − lit)`` with ``H`` the serial horizon;
+* device exclusivity on every atom: for each pair of nodes that can share it, an order binary
+  ``y`` with ``s_i + d_i ≤ s_j + H·(1 − y) + H·(2 − p_i − p_j)`` and
+  ``s_j + d_j ≤ s_i + H·y + H·(2 − p_i − p_j)`` (quadratic in the nodes per atom — keep
+  instances small: few candidates, small ``Keval``);
+* memory per atom and candidate as in the CP-SAT model, enforced with ``H_mem·(1 − x[v,c])``;
+* ``min MS`` with ``MS ≥ E[v,k]``.
+
+Durations stay real numbers here, so this model has no time rounding; its bound and incumbent are
+the solver's (relative MIP gap 0 is requested, so ``optimal`` means proven).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections import defaultdict
+
+from ..heuristics.scheduler import atoms_of
+from ..ir.lower import COMM, PREC
+from ..ir.plan import Plan
+from ..ir.types import Role
+from .plan_cpsat import PlanSolution
+from .plan_model import PlanInstance, serving_groups, trainer_of
+
+__all__ = ["build_plan_milp", "solve_plan_milp"]
+
+
+class _Builder:
+    """Collects Pyomo components with generated names (keeps the model code short)."""
+
+    def __init__(self, pyo, horizon: float) -> None:
+        self.pyo = pyo
+        self.m = pyo.ConcreteModel()
+        self.m.cons = pyo.ConstraintList()
+        self.H = horizon
+        self.n = 0
+
+    def var(self, binary: bool = False, ub: float | None = None):
+        self.n += 1
+        if binary:
+            v = self.pyo.Var(domain=self.pyo.Binary)
+        else:
+            v = self.pyo.Var(domain=self.pyo.NonNegativeReals, bounds=(0, ub if ub is not None else self.H))
+        setattr(self.m, f"v{self.n}", v)
+        return v
+
+    def add(self, expr) -> None:
+        self.m.cons.add(expr)
+
+    def both(self, a, b):
+        """A binary equal to ``a ∧ b``."""
+        p = self.var(binary=True)
+        self.add(p >= a + b - 1)
+        self.add(p <= a)
+        self.add(p <= b)
+        return p
+
+    def either(self, lits):
+        """A binary equal to ``OR(lits)``."""
+        p = self.var(binary=True)
+        for lit in lits:
+            self.add(p >= lit)
+        self.add(p <= sum(lits))
+        return p
+
+
+def build_plan_milp(inst: PlanInstance):
+    """Build the Pyomo model of the module docstring; returns ``(model, handles)``."""
+    import pyomo.environ as pyo
+
+    ev = inst.ev
+    g = ev.graph
+    n = len(g.vertices)
+    K = inst.k_eval
+    Q = inst.n_phases
+    cands = inst.cands
+    H = inst.serial_seconds() * 1.01 + 1e-9
+    b = _Builder(pyo, H)
+
+    x = [[b.var(binary=True) for _ in cands[v]] for v in range(n)]
+    for v in range(n):
+        b.add(sum(x[v]) == 1)
+    z = []
+    for ec in inst.edges:
+        zs = [b.var(binary=True) for _ in ec.classes]
+        b.add(sum(zs) == 1)
+        for o, pairs in enumerate(ec.pairs):
+            for cu, cv in pairs:
+                b.add(zs[o] >= x[ec.src][cu] + x[ec.dst][cv] - 1)
+        z.append(zs)
+    split = [
+        b.either([z[ei][o] for ei, o in inst.split_edges[v]]) if inst.can_split[v] else None for v in range(n)
+    ]
+
+    nodes_by_mask: dict[int, list[tuple]] = defaultdict(list)  # mask -> [(start, duration, presence)]
+    S = [[b.var() for _ in range(K)] for _ in range(n)]
+    E = [[b.var() for _ in range(K)] for _ in range(n)]
+    PS = [[[b.var() for _ in range(Q)] if split[v] is not None else [] for _ in range(K)] for v in range(n)]
+    PE = [[[b.var() for _ in range(Q)] if split[v] is not None else [] for _ in range(K)] for v in range(n)]
+    op_vars: dict[tuple, tuple] = {}
+
+    def pinned(a, expr, lit) -> None:
+        """``a == expr`` when ``lit``."""
+        b.add(a - expr <= H * (1 - lit))
+        b.add(expr - a <= H * (1 - lit))
+
+    for v in range(n):
+        for c, (whole, phased) in enumerate(inst.op[v]):
+            mask = cands[v][c].allocation.mask
+            if split[v] is None:
+                p_whole, p_split = x[v][c], None
+            else:
+                p_whole = b.var(binary=True)
+                b.add(p_whole >= x[v][c] - split[v])
+                b.add(p_whole <= x[v][c])
+                b.add(p_whole <= 1 - split[v])
+                p_split = b.both(x[v][c], split[v])
+            for k in range(K):
+                st = b.var()
+                nodes_by_mask[mask].append((st, whole[0], p_whole))
+                pinned(S[v][k], st, p_whole)
+                pinned(E[v][k], st + whole[0], p_whole)
+                op_vars[(v, k, c, 0)] = (st, p_whole)
+                if p_split is None:
+                    continue
+                prev = None
+                for q in range(Q):
+                    sq = b.var()
+                    nodes_by_mask[mask].append((sq, phased[q], p_split))
+                    pinned(PS[v][k][q], sq, p_split)
+                    pinned(PE[v][k][q], sq + phased[q], p_split)
+                    if prev is not None:
+                        b.add(sq >= prev - H * (1 - p_split))
+                    prev = sq + phased[q]
+                    op_vars[(v, k, c, q + 1)] = (sq, p_split)
+                pinned(S[v][k], PS[v][k][0], p_split)
+                pinned(E[v][k], PE[v][k][Q - 1], p_split)
+
+    node_vars: dict[tuple, list] = defaultdict(list)
+    shared: dict[tuple, list] = {}
+    for ei, ec in enumerate(inst.edges):
+        u, v = ec.src, ec.dst
+        for o, key in enumerate(ec.classes):
+            if key is None:
+                continue
+            lit = z[ei][o]
+            for k in range(K):
+                src_k = k - g.staleness[ec.model] - 1 if ec.kind == "pub" else k
+                if src_k < 0:
+                    continue
+                if key[0] == PREC:
+                    b.add(S[v][k] >= E[u][src_k] - H * (1 - lit))
+                    continue
+                if ec.kind == "data" and len(key[1]) > 1:
+                    for q, d in enumerate(key[1]):
+                        st = b.var()
+                        nodes_by_mask[key[2]].append((st, d, lit))
+                        b.add(st >= PE[u][k][q] - H * (1 - lit))
+                        b.add(PS[v][k][q] >= st + d - H * (1 - lit))
+                        node_vars[(COMM, v, u, k, q + 1)].append((st, lit))
+                    continue
+                if ec.kind == "pub":
+                    skey = (ec.model, src_k, key)
+                    if skey not in shared:
+                        shared[skey] = [b.var(), key[1], []]
+                    st, d, lits = shared[skey]
+                    lits.append((lit, v))
+                    b.add(S[v][k] >= st + d - H * (1 - lit))
+                    continue
+                d = key[1][0] if ec.kind == "data" else key[1]
+                st = b.var()
+                nodes_by_mask[key[2]].append((st, d, lit))
+                b.add(st >= E[u][src_k] - H * (1 - lit))
+                b.add(S[v][k] >= st + d - H * (1 - lit))
+                node_vars[(key[0], v, u, k, 0)].append((st, lit))
+    for (model_name, src_k, key), (st, d, lits) in shared.items():
+        pres = b.either([lit for lit, _ in lits])
+        t = g.index[g.training_vertex(model_name).name]
+        b.add(st >= E[t][src_k] - H * (1 - pres))
+        nodes_by_mask[key[2]].append((st, d, pres))
+        node_vars[("pub", model_name, src_k, key)].append((st, pres, lits))
+    for t in (i for i, vv in enumerate(g.vertices) if vv.role is Role.TRAINING):
+        for k in range(1, K):
+            b.add(S[t][k] >= E[t][k - 1])
+
+    for a in atoms_of(set(nodes_by_mask)):
+        group = [node for mask, items in nodes_by_mask.items() if mask & a for node in items]
+        for (si, di, pi), (sj, dj, pj) in itertools.combinations(group, 2):
+            y = b.var(binary=True)
+            b.add(si + di <= sj + H * (1 - y) + H * (2 - pi - pj))
+            b.add(sj + dj <= si + H * y + H * (2 - pi - pj))
+
+    _memory(b, inst, x, atoms_of({c.allocation.mask for cs in cands for c in cs}))
+    ms = b.var()
+    for v in range(n):
+        for k in range(K):
+            b.add(ms >= E[v][k])
+    b.m.obj = pyo.Objective(expr=ms, sense=pyo.minimize)
+    return b.m, {"x": x, "op": op_vars, "nodes": node_vars, "ms": ms}
+
+
+def _memory(b: _Builder, inst: PlanInstance, x: list[list], atoms: list[int]) -> None:
+    """Memory per atom, as :func:`.plan_cpsat._memory` (big-M on ``x[v,c]``)."""
+    g = inst.ev.graph
+    cands = inst.cands
+    trainers = trainer_of(inst.ev)
+    serving = serving_groups(inst.ev)
+    cap = inst.m_eff
+    big = sum(max(m.train_state + m.weights + m.transient for m in row) for row in inst.memory) * 2 + cap
+
+    def on(v: int, a: int) -> list[int]:
+        return [c for c, ch in enumerate(cands[v]) if ch.allocation.mask & a]
+
+    for a in atoms:
+        terms = []
+        t_on = {}
+        for model_name, t in trainers.items():
+            cs = on(t, a)
+            t_on[model_name] = sum(x[t][c] for c in cs) if cs else 0
+            terms += [inst.memory[t][c].train_state * x[t][c] for c in cs]
+        for model_name, vs in serving.items():
+            trainer = trainers.get(model_name)
+            if trainer is not None and g.staleness[model_name] == 0:
+                continue
+            items = [(v, c) for v in vs for c in on(v, a)]
+            if not items:
+                continue
+            copy = b.var(ub=max(inst.memory[v][c].weights for v, c in items))
+            for v, c in items:
+                w = inst.memory[v][c].weights
+                b.add(copy >= w * x[v][c] - (w * t_on[model_name] if trainer is not None else 0))
+            terms.append(copy)
+        persistent = sum(terms) if terms else 0
+        for v, vert in enumerate(g.vertices):
+            for c in on(v, a):
+                mem = inst.memory[v][c]
+                need = mem.transient
+                extra = 0
+                if vert.role is not Role.TRAINING and vert.model in trainers:
+                    if g.staleness[vert.model] == 0:
+                        need += mem.weights
+                    else:
+                        extra = mem.weights * t_on[vert.model]
+                b.add(persistent + extra + need <= cap + big * (1 - x[v][c]))
+
+
+def solve_plan_milp(
+    inst: PlanInstance,
+    *,
+    solver: str = "highs",
+    time_limit: float | None = None,
+    seed: int = 0,
+    threads: int | None = None,
+    hint: Plan | None = None,
+) -> PlanSolution:
+    """Build and solve the MILP of the module docstring with a Pyomo solver.
+
+    Parameters
+    ----------
+    inst
+        Instance from :func:`~rpeg.formulations.plan_model.build_instance`.
+    solver
+        ``"highs"`` (default) or any name :func:`~rpeg.formulations.milp.solve_milp` accepts.
+    time_limit, seed, threads
+        Passed to the solver.
+    hint
+        A plan whose choices are in the candidate sets; its selection binaries start at 1
+        (a partial MIP start where the solver takes one).
+
+    Raises
+    ------
+    SolverUnavailableError
+        When ``solver`` is not installed (the message says what to install).
+    """
+    from .pyomo_backend import run_pyomo
+
+    t0 = time.perf_counter()
+    model, h = build_plan_milp(inst)
+    x = h["x"]
+    warm = False
+    if hint is not None:
+        for v, row in enumerate(x):
+            for c, var in enumerate(row):
+                var.set_value(1 if inst.cands[v][c] == hint.choices[v] else 0)
+        warm = True
+    remaining = None if time_limit is None else max(0.05, time_limit - (time.perf_counter() - t0))
+    status, bound, incumbent = run_pyomo(model, solver, remaining, seed, threads, warm)
+    runtime = time.perf_counter() - t0
+    bound_s = max(0.0, bound) if math.isfinite(bound) else 0.0
+    if not incumbent or status.value in ("infeasible", "error"):
+        st = status.value if status.value in ("infeasible", "error") else "time_limit"
+        return PlanSolution(st, None, math.inf, bound_s, runtime, engine=f"milp/{solver}")
+    picks = [max(range(len(row)), key=lambda c, row=row: row[c].value or 0.0) for row in x]
+    starts: dict[tuple, float] = {}
+    for (v, k, c, phase), (st, pres) in h["op"].items():
+        if c == picks[v] and (pres.value or 0) > 0.5:
+            starts[(0, v, -1, k, phase)] = float(st.value)
+    g = inst.ev.graph
+    for ident, items in h["nodes"].items():
+        if ident[0] == "pub":
+            st, pres, lits = items[0]
+            if (pres.value or 0) > 0.5:
+                _, model_name, src_k, key = ident
+                consumers = sorted(vv for lit, vv in lits if (lit.value or 0) > 0.5)
+                t = g.index[g.training_vertex(model_name).name]
+                starts[(key[0], consumers[0], t, src_k + g.staleness[model_name] + 1, 0)] = float(st.value)
+            continue
+        for st, lit in items:
+            if (lit.value or 0) > 0.5:
+                starts[ident] = float(st.value)
+    makespan = float(h["ms"].value)
+    return PlanSolution(
+        status.value,
+        inst.plan_of(picks),
+        makespan,
+        min(bound_s, makespan),
+        runtime,
+        starts,
+        f"milp/{solver}",
+        None,
+    )

@@ -1,0 +1,120 @@
+"""What every project-scheduling engine returns: a status and a :class:`ProjectSolution`.
+
+Each engine maps its native status explicitly onto :class:`SolveStatus` (the tables live next to
+the engines: ``cpsat._STATUS``, ``milp._APPSI_STATUS``, ``milp._LEGACY_STATUS``). A solution
+recomputes its makespan from the project data, so a reported objective can always be re-derived.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from .project import Project
+
+__all__ = ["ProjectSolution", "SolveStatus"]
+
+
+class SolveStatus(str, Enum):
+    """Outcome of a solve.
+
+    ``OPTIMAL``: the makespan is proven minimal. ``FEASIBLE``: a schedule, not proven optimal, and
+    the engine stopped for another reason than the time limit (a heuristic always says this).
+    ``TIME_LIMIT``: the limit was hit; a schedule is attached when one was found (else the
+    makespan is ``inf``). ``INFEASIBLE``: proven that no schedule exists. ``UNKNOWN``: no schedule
+    and no proof (e.g. the heuristic could not meet the non-renewable budgets). ``ERROR``: the
+    engine failed or rejected the model.
+    """
+
+    OPTIMAL = "optimal"
+    FEASIBLE = "feasible"
+    TIME_LIMIT = "time_limit"
+    INFEASIBLE = "infeasible"
+    UNKNOWN = "unknown"
+    ERROR = "error"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class ProjectSolution:
+    """A schedule of a :class:`~.project.Project` (or the lack of one) and what the engine proved.
+
+    Attributes
+    ----------
+    status
+        See :class:`SolveStatus`.
+    makespan
+        ``C_max = max_i S_i + d_{i m_i}`` of the attached schedule; ``inf`` when there is none.
+    lower_bound
+        A proven bound ``LB ≤ C_max*`` (``inf`` when infeasibility is proven).
+    runtime
+        Wall-clock seconds, model building included.
+    starts, modes
+        ``S_i`` and the chosen mode index ``m_i`` per activity; empty when there is no schedule.
+    solver
+        The engine's name (``"cpsat"``, ``"milp/highs"``, ``"list"``, …).
+    """
+
+    status: SolveStatus
+    makespan: float
+    lower_bound: float
+    runtime: float
+    starts: tuple[int, ...] = ()
+    modes: tuple[int, ...] = ()
+    solver: str = ""
+
+    @classmethod
+    def from_schedule(
+        cls,
+        project: Project,
+        starts: Sequence[int],
+        modes: Sequence[int],
+        *,
+        status: SolveStatus,
+        lower_bound: float,
+        runtime: float,
+        solver: str,
+    ) -> ProjectSolution:
+        """A solution whose makespan is recomputed from ``project`` (never taken from the engine).
+
+        For ``OPTIMAL`` the bound is set to the makespan.
+        """
+        starts = tuple(math.floor(s + 0.5) for s in starts)  # MILP values may carry float noise
+        modes = tuple(int(m) for m in modes)
+        ms = float(project.makespan(starts, modes))
+        lb = ms if status is SolveStatus.OPTIMAL else float(lower_bound)
+        return cls(status, ms, lb, runtime, starts, modes, solver)
+
+    @classmethod
+    def without_schedule(
+        cls, status: SolveStatus, *, lower_bound: float, runtime: float, solver: str
+    ) -> ProjectSolution:
+        """No schedule: makespan ``inf`` (and bound ``inf`` when infeasibility is proven)."""
+        lb = math.inf if status is SolveStatus.INFEASIBLE else float(lower_bound)
+        return cls(status, math.inf, lb, runtime, (), (), solver)
+
+    @property
+    def objective(self) -> float:
+        """The makespan (the objective of every model here)."""
+        return self.makespan
+
+    @property
+    def has_schedule(self) -> bool:
+        return math.isfinite(self.makespan)
+
+    @property
+    def is_optimal(self) -> bool:
+        return self.status is SolveStatus.OPTIMAL
+
+    @property
+    def gap(self) -> float:
+        """``(C_max - LB) / C_max`` (0 when optimal, ``inf`` without a schedule)."""
+        if not math.isfinite(self.makespan):
+            return math.inf
+        if self.makespan == 0:
+            return 0.0
+        return (self.makespan - self.lower_bound) / self.makespan
