@@ -7,6 +7,7 @@ Result files are judged by the independent checker ``tests/tools/check_result.py
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -229,3 +230,31 @@ def test_plan_entry_that_is_not_an_object_is_bad_input(capsys, tmp_path):
     doc["plan"][0] = "actor_gen"
     path.write_text(json.dumps(doc))
     _bad(capsys, "evaluate", "ppo-7b-16gpu", "--plan", str(path))
+
+
+PSPLIB = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "psplib"
+
+
+@pytest.mark.skipif(not PSPLIB.is_dir(), reason="../shared/data/psplib is not present")
+@pytest.mark.parametrize(
+    ("method", "instance", "optimum"),
+    [
+        ("cpsat", "j30.sm/j301_1.sm", 43),
+        ("milp", "j20.mm/j2010_1.mm", 18),
+        ("list", "j30.sm/j301_1.sm", None),
+    ],
+)
+def test_project_command(capsys, method, instance, optimum):
+    status, out, _ = run(capsys, "project", str(PSPLIB / instance), "--method", method, "--time-limit", "30")
+    assert status == 0
+    assert "schedule   valid" in out
+    if optimum is not None:
+        assert "status optimal" in out and f"makespan   {float(optimum)}" in out
+
+
+def test_project_command_bad_input(capsys, tmp_path):
+    err = _bad(capsys, "project", str(tmp_path / "missing.sm"))
+    assert "does not exist" in err
+    bad = tmp_path / "x.txt"
+    bad.write_text("hello")
+    assert "PSPLIB" in _bad(capsys, "project", str(bad))
