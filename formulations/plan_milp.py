@@ -212,13 +212,15 @@ def build_plan_milp(inst: PlanInstance):
 
 
 def _memory(b: _Builder, inst: PlanInstance, x: list[list], atoms: list[int]) -> None:
-    """Memory per atom, as :func:`.plan_cpsat._memory` (big-M on ``x[v,c]``)."""
+    """Memory per atom, as :func:`.plan_cpsat._memory` (big-M on ``x[v,c]``), in GiB so that the
+    coefficients stay within a few orders of magnitude of the binaries (bytes would reach 1e11)."""
     g = inst.ev.graph
     cands = inst.cands
     trainers = trainer_of(inst.ev)
     serving = serving_groups(inst.ev)
-    cap = inst.m_eff
-    big = sum(max(m.train_state + m.weights + m.transient for m in row) for row in inst.memory) * 2 + cap
+    gib = float(2**30)
+    cap = inst.m_eff / gib
+    big = sum(max(m.train_state + m.weights + m.transient for m in row) for row in inst.memory) * 2 / gib + cap
 
     def on(v: int, a: int) -> list[int]:
         return [c for c, ch in enumerate(cands[v]) if ch.allocation.mask & a]
@@ -229,7 +231,7 @@ def _memory(b: _Builder, inst: PlanInstance, x: list[list], atoms: list[int]) ->
         for model_name, t in trainers.items():
             cs = on(t, a)
             t_on[model_name] = sum(x[t][c] for c in cs) if cs else 0
-            terms += [inst.memory[t][c].train_state * x[t][c] for c in cs]
+            terms += [inst.memory[t][c].train_state / gib * x[t][c] for c in cs]
         for model_name, vs in serving.items():
             trainer = trainers.get(model_name)
             if trainer is not None and g.staleness[model_name] == 0:
@@ -237,22 +239,22 @@ def _memory(b: _Builder, inst: PlanInstance, x: list[list], atoms: list[int]) ->
             items = [(v, c) for v in vs for c in on(v, a)]
             if not items:
                 continue
-            copy = b.var(ub=max(inst.memory[v][c].weights for v, c in items))
+            copy = b.var(ub=max(inst.memory[v][c].weights for v, c in items) / gib)
             for v, c in items:
-                w = inst.memory[v][c].weights
+                w = inst.memory[v][c].weights / gib
                 b.add(copy >= w * x[v][c] - (w * t_on[model_name] if trainer is not None else 0))
             terms.append(copy)
         persistent = sum(terms) if terms else 0
         for v, vert in enumerate(g.vertices):
             for c in on(v, a):
                 mem = inst.memory[v][c]
-                need = mem.transient
+                need = mem.transient / gib
                 extra = 0
                 if vert.role is not Role.TRAINING and vert.model in trainers:
                     if g.staleness[vert.model] == 0:
-                        need += mem.weights
+                        need += mem.weights / gib
                     else:
-                        extra = mem.weights * t_on[vert.model]
+                        extra = mem.weights / gib * t_on[vert.model]
                 b.add(persistent + extra + need <= cap + big * (1 - x[v][c]))
 
 

@@ -145,3 +145,31 @@ def test_milp_front_door_and_missing_solver():
     if importlib.util.find_spec("gurobipy") is None:  # a known solver that is not installed
         with pytest.raises(SolverUnavailableError, match="gurobi"):
             solve(w, cluster, method="milp", solver="gurobi", candidates=1, k_eval=1, time_limit=5)
+
+
+def test_milp_handles_realistic_byte_sizes():
+    # realistic byte sizes (memory is scaled to GiB inside the MILP to keep HiGHS numerically sound)
+    m7 = model_preset("7b")
+    w = Workload("grpo", {"actor": m7, "reward": m7}, 64, 4, 128, 256)
+    cluster = Cluster.from_shape("1x1x4", hardware_preset("gh200"))
+    cp = solve(
+        w,
+        cluster,
+        method="cpsat",
+        candidates=1,
+        k_eval=1,
+        time_limit=30,
+        structure=Structure("grpo", False, (("actor", 0),)),
+    )
+    mi = solve(
+        w,
+        cluster,
+        method="milp",
+        candidates=1,
+        k_eval=1,
+        time_limit=60,
+        structure=Structure("grpo", False, (("actor", 0),)),
+    )
+    assert cp.status is Status.OPTIMAL
+    assert mi.plan is not None and mi.status in (Status.OPTIMAL, Status.TIME_LIMIT)
+    assert mi.extra["model_throughput"] <= cp.objective_bound * (1 + 1e-9)
