@@ -99,7 +99,7 @@ def _finish(result: Result, args: argparse.Namespace, after_summary: Callable[[]
             print(f"rpeg: no plan, so no Gantt chart written to {args.gantt}", file=sys.stderr)
         else:
             print(f"wrote {result.gantt(args.gantt)}")
-    return EXIT_INFEASIBLE if result.status is Status.INFEASIBLE else 0
+    return EXIT_INFEASIBLE if result.plan is None else 0
 
 
 # ---------------------------------------------------------------------------- solve

@@ -155,7 +155,7 @@ def solve_exact(
             ev.graph,
             None,
             None,
-            Status.INFEASIBLE,
+            Status.INFEASIBLE if proven else Status.TIME_LIMIT,
             engine,
             runtime,
             0,

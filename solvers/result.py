@@ -35,7 +35,7 @@ class Status(str, Enum):
 
     OPTIMAL = "optimal"  # proven optimal (exact methods)
     FEASIBLE = "feasible"  # a memory-feasible plan, optimality not proven
-    TIME_LIMIT = "time_limit"  # stopped by the time/evaluation budget; best plan so far returned
+    TIME_LIMIT = "time_limit"  # stopped by the budget: the best plan so far, or none if none was found
     INFEASIBLE = "infeasible"  # no memory-feasible plan exists or was found; see ``message``
 
 

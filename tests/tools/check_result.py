@@ -156,7 +156,8 @@ def _nodes(result: Result) -> list[dict[str, Any]]:
 def is_planless(result: Result) -> bool:
     """True for a "no feasible plan" result: ``plan`` and ``nodes`` are both empty lists.
 
-    Such a file reports that a method found nothing (``status = "infeasible"``); it has no
+    Such a file reports that a method found nothing (``status = "infeasible"``, or
+    ``"time_limit"`` when it ran out of time before finding a plan); it has no
     schedule to check, ``makespan`` may be null and ``peak_memory`` empty.
     """
     return isinstance(result, dict) and result.get("plan") == [] and result.get("nodes") == []
@@ -445,8 +446,8 @@ def check_format(result: Result) -> list[str]:
     quantities (times, bytes, memory) finite numbers; unknown extra keys are allowed. Vertex
     models must be keys of ``models``, node ids unique, and every node must reserve at least
     one device; COMM/RESHARD nodes carry ``bytes``. A planless result (:func:`is_planless`)
-    may have a null ``makespan`` but must say ``status = "infeasible"``,
-    ``memory_feasible = false`` and ``throughput = 0``.
+    may have a null ``makespan`` but must say ``status = "infeasible"`` (or ``"time_limit"``
+    when a method found nothing in time), ``memory_feasible = false`` and ``throughput = 0``.
 
     Parameters
     ----------
@@ -501,7 +502,12 @@ def check_format(result: Result) -> list[str]:
         if key in result and not test(result[key]):
             errors.append(f"[format] {key} = {result[key]!r} is not {what}")
     if is_planless(result):
-        for key, want in (("status", "infeasible"), ("memory_feasible", False), ("throughput", 0)):
+        if result.get("status") not in ("infeasible", "time_limit"):
+            errors.append(
+                f"[format] a result without plan and nodes must have status 'infeasible' (proven or "
+                f"explained) or 'time_limit' (nothing found in time), not {result.get('status')!r}"
+            )
+        for key, want in (("memory_feasible", False), ("throughput", 0)):
             if key in result and result[key] != want:
                 errors.append(
                     f"[format] a result without plan and nodes must have {key} = {want!r}, "
