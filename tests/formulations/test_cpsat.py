@@ -80,14 +80,14 @@ def test_a_list_schedule_hint_is_taken_whole(name):
 
 
 def test_time_limit_keeps_the_incumbent_and_the_bound():
-    p, optimum = load("j3013_2")  # one of the hardest j30 instances: not closed in 0.5 s
+    p, optimum = load("j3013_2")  # one of the hardest j30 instances: CP-SAT did not close it in 10 s
     hint = list_schedule_project(p)
-    sol = solve_cpsat(p, time_limit=0.5, threads=1, hint=hint)
+    sol = solve_cpsat(p, time_limit=3, threads=1, hint=hint)  # long enough to load the hint under load
     assert sol.status is SolveStatus.TIME_LIMIT
     assert optimum <= sol.makespan <= hint.makespan
     assert p.lower_bound() <= sol.lower_bound <= optimum and sol.lower_bound < sol.makespan
     assert check_project_schedule(p, sol) == []
-    assert sol.runtime < 3
+    assert sol.runtime < 10
 
 
 def test_wrong_length_hint_is_refused():
