@@ -420,16 +420,16 @@ HIGHS_OPTIONS: dict[str, Any] = {}
 
 
 def _solve_appsi_highs(
-    mm: MILPModel, deadline: float | None, seed: int, threads: int | None, warm: bool
+    model: Any, deadline: float | None, seed: int, threads: int | None, warm: bool
 ) -> tuple[SolveStatus, float, bool]:
-    """Run HiGHS through appsi; returns (status, bound, loaded an incumbent)."""
+    """Run HiGHS on a Pyomo ``model`` through appsi; returns (status, bound, loaded an incumbent)."""
     from pyomo.contrib.appsi.solvers.highs import Highs
 
     opt = Highs()
     opt.config.load_solution = False
     opt.config.stream_solver = False
     opt.config.warmstart = warm
-    opt.set_instance(mm.model)  # the Pyomo → HiGHS transfer, outside HiGHS's own clock
+    opt.set_instance(model)  # the Pyomo → HiGHS transfer, outside HiGHS's own clock
     if deadline is not None:
         opt.config.time_limit = max(0.01, deadline - time.perf_counter())
     options: dict[str, Any] = {"random_seed": int(seed)}
@@ -438,7 +438,7 @@ def _solve_appsi_highs(
         options["threads"] = int(threads)
     options.update(HIGHS_OPTIONS)
     opt.highs_options = options
-    res = opt.solve(mm.model)
+    res = opt.solve(model)
     name = res.termination_condition.name
     incumbent = res.best_feasible_objective is not None and math.isfinite(res.best_feasible_objective)
     if incumbent:
@@ -452,9 +452,16 @@ def _solve_appsi_highs(
 
 
 def _solve_legacy(
-    mm: MILPModel, b: _Backend, deadline: float | None, seed: int, threads: int | None, warm: bool
+    model: Any,
+    b: _Backend,
+    deadline: float | None,
+    seed: int,
+    threads: int | None,
+    warm: bool,
+    complete: Callable[[], bool] | None = None,
 ) -> tuple[SolveStatus, float, bool]:
-    """Run any solver through Pyomo's legacy ``SolverFactory`` interface."""
+    """Run any solver on a Pyomo ``model`` through the legacy ``SolverFactory`` interface;
+    ``complete`` double-checks that a loaded incumbent set every variable that matters."""
     pyo = _pyomo()
     opt = pyo.SolverFactory(b.pyomo_name)
     kwargs: dict[str, Any] = {"load_solutions": False}
@@ -470,12 +477,13 @@ def _solve_legacy(
         opt.options[b.threads_key] = int(threads)
     if warm and hasattr(opt, "warm_start_capable") and opt.warm_start_capable():
         kwargs["warmstart"] = True
-    res = opt.solve(mm.model, **kwargs)
+    res = opt.solve(model, **kwargs)
     tc = res.solver.termination_condition
     incumbent = len(res.solution) > 0
     if incumbent:
-        mm.model.solutions.load_from(res)
-        incumbent = all(mm.model.x[key].value is not None for key in mm.model.x)
+        model.solutions.load_from(res)
+        if complete is not None:
+            incumbent = complete()
     status = _LEGACY_STATUS.get(getattr(tc, "name", str(tc)))
     if status is None:
         status = SolveStatus.FEASIBLE if incumbent else SolveStatus.UNKNOWN
@@ -570,9 +578,17 @@ def solve_milp(
     # value, and the hint stays the fallback incumbent below.
     warm = start is not None and "highs" not in backend.pyomo_name
     if backend.pyomo_name == "appsi_highs":
-        status, bound, incumbent = _solve_appsi_highs(mm, deadline, seed, threads, warm)
+        status, bound, incumbent = _solve_appsi_highs(mm.model, deadline, seed, threads, warm)
     else:
-        status, bound, incumbent = _solve_legacy(mm, backend, deadline, seed, threads, warm)
+        status, bound, incumbent = _solve_legacy(
+            mm.model,
+            backend,
+            deadline,
+            seed,
+            threads,
+            warm,
+            complete=lambda: all(mm.model.x[key].value is not None for key in mm.model.x),
+        )
     runtime = time.perf_counter() - t0
     lb = max(float(project.lower_bound()), math.ceil(bound - 1e-6) if math.isfinite(bound) else -math.inf)
     if status is SolveStatus.INFEASIBLE and start is not None:
