@@ -17,12 +17,11 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import platform
 import random
 import sys
 import time
-from datetime import date
-from pathlib import Path
+
+from _bench import command, machine, write_section
 
 from rpeg import Cluster, Workload, hardware_preset, model_preset
 from rpeg.heuristics import Evaluator, build_directories
@@ -43,8 +42,6 @@ PAPER_PER_CORE = {
     1024: 75_000 / 600 / 6,
 }
 TARGET = {64: 600, 1024: 200}
-RESULTS = Path(__file__).with_name("RESULTS.md")
-BEGIN, END = "<!-- evaluator:begin -->", "<!-- evaluator:end -->"
 
 
 def run_config(cfg: tuple, n_plans: int, seed: int) -> dict:
@@ -131,40 +128,24 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
         lines.append(line)
     if not args.no_write:
-        cmd = "python benchmarks/evaluator.py" + ("" if argv is None else " " + " ".join(argv))
-        if argv is None and len(sys.argv) > 1:
-            cmd = "python benchmarks/evaluator.py " + " ".join(sys.argv[1:])
-        section = "\n".join(
+        write_section(
+            "evaluator",
             [
-                BEGIN,
                 "## Evaluator throughput (one core)",
                 "",
-                f"Command: `{cmd}` — {date.today().isoformat()}, Python {platform.python_version()}, "
-                f"{platform.processor() or platform.machine()}, single process (the evaluator is pure Python "
-                "and single-threaded).",
+                f"Command: `{command('evaluator.py', argv)}` — {machine()}; one process (the evaluator is pure "
+                "Python and single-threaded).",
                 "",
                 f"{args.plans} distinct random plans per configuration (seed {args.seed}); PPO, Keval = 8, "
                 "three response-length phases, τ = 1 for actor and critic; GH200 preset. An evaluation is "
                 "lower + cost + schedule + memory + score with no plan cache (the unrolled graph is cached per "
                 "structure, as the search does; the third column unrolls again for every plan); "
-                "per-(vertex, strategy) costs are cached and their first computation is inside the timing. Paper figure: evaluations in 600 s "
-                "on 6 cores divided by 3,600 core-seconds.",
+                "per-(vertex, strategy) costs are cached and their first computation is inside the timing. "
+                "Paper figure: evaluations in 600 s on 6 cores divided by 3,600 core-seconds.",
                 "",
                 *lines,
-                END,
-            ]
+            ],
         )
-        text = (
-            RESULTS.read_text()
-            if RESULTS.exists()
-            else "# Benchmark results\n\nMeasured figures, each with the command that produced it.\n"
-        )
-        if BEGIN in text:
-            text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]
-        else:
-            text = text.rstrip() + "\n\n" + section + "\n"
-        RESULTS.write_text(text)
-        print(f"\nwrote {RESULTS}")
     return 0
 
 

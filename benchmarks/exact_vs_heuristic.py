@@ -22,14 +22,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import date
-from pathlib import Path
+
+from _bench import command, machine, write_section
 
 import rpeg
 from rpeg import Cluster, Workload, hardware_preset, model_preset
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
-BEGIN, END = "<!-- exact:begin -->", "<!-- exact:end -->"
 SEVEN = model_preset("7b")
 
 
@@ -153,30 +151,22 @@ def main(argv: list[str] | None = None) -> int:
         )
     print("\n".join(summary))
     if not args.no_write:
-        cmd = "python benchmarks/exact_vs_heuristic.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
-        section = "\n".join(
+        write_section(
+            "exact",
             [
-                BEGIN,
                 "## Exact vs heuristic plans",
                 "",
-                f"Command: `{cmd}` — {date.today().isoformat()}; {args.limit:.0f} s per exact engine and for SA; "
-                f"candidate sets: the {args.candidates} fastest strategies per invocation at every aligned origin "
-                "(SA restricted the same way); 2 shared, loaded cores. Throughputs in tokens/s; '(eval)' is the "
+                f"Command: `{command('exact_vs_heuristic.py', argv)}` — {machine()}; {args.limit:.0f} s per "
+                f"exact engine and for SA; candidate sets: the {args.candidates} fastest strategies per invocation "
+                "at every aligned origin (SA restricted the same way). Throughputs in tokens/s; '(eval)' is the "
                 "exact plan re-scored by the evaluator's list scheduler, 'model' the engine's optimal-schedule "
-                "throughput; gap = (bound − model)/bound.",
+                "throughput; gap = (bound − model)/bound; a 'time_limit' row without figures found no plan in time.",
                 "",
                 *lines,
                 "",
                 *[f"- {s}" for s in summary],
-                END,
-            ]
+            ],
         )
-        text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-        if BEGIN in text:
-            text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]
-        else:
-            text = text.rstrip() + "\n\n" + section + "\n"
-        RESULTS.write_text(text)
     return 0
 
 

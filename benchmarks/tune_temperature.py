@@ -19,15 +19,14 @@ import dataclasses
 import itertools
 import sys
 import time
-from pathlib import Path
+
+from _bench import command, write_section
 
 import rpeg
 from rpeg import Cluster, Workload, hardware_preset, model_preset
 
 T_INITS = (0.0005, 0.002, 0.01, 0.03)
 T_WARMS = (0.002, 0.01, 0.03, 0.1)
-RESULTS = Path(__file__).with_name("RESULTS.md")
-BEGIN, END = "<!-- temperature:begin -->", "<!-- temperature:end -->"
 
 
 def workloads() -> list[tuple[str, Workload, Cluster]]:
@@ -79,26 +78,18 @@ def main(argv: list[str] | None = None) -> int:
         )
     print("\n".join(lines))
     if not args.no_write:
-        cmd = "python benchmarks/tune_temperature.py" + ("".join(f" {a}" for a in (argv or sys.argv[1:])))
-        section = "\n".join(
+        write_section(
+            "temperature",
             [
-                BEGIN,
                 "## Search temperatures (t_init, t_warm)",
                 "",
-                f"Command: `{cmd}` — {args.evaluations} evaluations per run, seeds 0..{args.seeds - 1}, "
-                f"{len(grid)} temperature pairs × {len(wls)} workloads; ratio = run throughput / best "
-                "throughput any run found on that workload (1.0 = best). Sorted by the mean.",
+                f"Command: `{command('tune_temperature.py', argv)}` — {args.evaluations} evaluations per run, "
+                f"seeds 0..{args.seeds - 1}, {len(grid)} temperature pairs × {len(wls)} workloads; ratio = run "
+                "throughput / best throughput any run found on that workload (1.0 = best). Sorted by the mean.",
                 "",
                 *lines,
-                END,
-            ]
+            ],
         )
-        text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-        if BEGIN in text:
-            text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]
-        else:
-            text = text.rstrip() + "\n\n" + section + "\n"
-        RESULTS.write_text(text)
     return 0
 
 
