@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..ir.cluster import Allocation, Cluster
 from ..ir.plan import Choice, Plan
-from .candidates import Directory, _allocs, enumerate_strategies
+from .candidates import Directory, aligned_allocations, enumerate_strategies
 from .evaluator import Evaluator
 
 __all__ = ["Infeasible", "concurrent_plan", "greedy_plan", "levels", "repair_memory"]
@@ -177,7 +177,7 @@ def greedy_plan(ev: Evaluator, dirs: list[Directory]) -> Plan:
     n = cluster.num_devices
     check_directories(ev, dirs)
     check_directories(ev, dirs, n)
-    alloc = _allocs(cluster, n)[0]
+    alloc = aligned_allocations(cluster, n)[0]
     plan = Plan(tuple(Choice(d.strategies[d.of_size(n)[0]], alloc) for d in dirs))
     return repair_memory(ev, dirs, plan)
 
@@ -201,7 +201,7 @@ def _pack(cluster: Cluster, sizes: list[int]) -> list[Allocation] | None:
     used = 0
     out: list[Allocation | None] = [None] * len(sizes)
     for i in order:
-        for a in _allocs(cluster, sizes[i]):
+        for a in aligned_allocations(cluster, sizes[i]):
             if not a.mask & used:
                 out[i] = a
                 used |= a.mask

@@ -14,7 +14,7 @@ from ..ir.cluster import Allocation, Cluster
 from ..ir.plan import Choice, Strategy, check_strategy
 from .costs import Costs
 
-__all__ = ["Directory", "build_directories", "enumerate_strategies"]
+__all__ = ["Directory", "aligned_allocations", "build_directories", "enumerate_strategies", "make_strategy"]
 
 
 def _divisors(n: int) -> list[int]:
@@ -59,7 +59,7 @@ def make_strategy(
     """A :class:`Strategy` with its link tiers: the pipeline's inter-node boundaries span the
     tier of one replica's ``Pp·Pt`` consecutive devices; the DP group spans the allocation's tier.
     (Tiers depend only on the shape, so the first aligned origin stands for all.)"""
-    first = _allocs(cluster, dp * pp * tp)[0]
+    first = aligned_allocations(cluster, dp * pp * tp)[0]
     rep_mask = 0
     for d in first.devices()[: pp * tp]:
         rep_mask |= 1 << d
@@ -103,13 +103,14 @@ class Directory:
     def choices(self, cluster: Cluster, index: int) -> list[Choice]:
         """The strategy ``index`` at every aligned origin."""
         s = self.strategies[index]
-        return [Choice(s, a) for a in _allocs(cluster, s.size)]
+        return [Choice(s, a) for a in aligned_allocations(cluster, s.size)]
 
 
 _ALLOC_CACHE: dict[tuple, list[Allocation]] = {}
 
 
-def _allocs(cluster: Cluster, size: int) -> list[Allocation]:
+def aligned_allocations(cluster: Cluster, size: int) -> list[Allocation]:
+    """Every aligned allocation of ``size`` devices on ``cluster`` (memoised per cluster shape)."""
     key = (cluster.shape, size)
     hit = _ALLOC_CACHE.get(key)
     if hit is None:

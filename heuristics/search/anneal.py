@@ -35,7 +35,7 @@ from ...ir.plan import Choice, Plan, Strategy
 from ...ir.templates import Structure, structures
 from ...ir.workload import Workload
 from ..baselines import Infeasible, check_directories, concurrent_plan
-from ..candidates import Directory, _allocs, build_directories
+from ..candidates import Directory, aligned_allocations, build_directories
 from ..evaluator import BETA_OOM, MEMORY_TOL, Evaluator
 from .acceptance import Acceptance, Metropolis
 from .moves import Move, MoveContext, PairMove, SingleMove
@@ -393,7 +393,7 @@ class Anneal:
             for d in space.dirs:
                 idx = d.of_size(n)
                 s = d.strategies[idx[0]] if idx else d.strategies[0]
-                choices.append(Choice(s, _allocs(self.cluster, s.size)[0]))
+                choices.append(Choice(s, aligned_allocations(self.cluster, s.size)[0]))
             return Plan(tuple(choices))
 
     def _out_of_budget(self) -> bool:
@@ -478,7 +478,7 @@ class Anneal:
                 candidates = [
                     plan.replace(v, c)
                     for s in self.spaces[si].dirs[v].strategies
-                    for a in _allocs(self.cluster, s.size)
+                    for a in aligned_allocations(self.cluster, s.size)
                     if (c := Choice(s, a)) != plan.choices[v]
                 ]
                 for i in range(0, len(candidates), 64):

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from ...ir.cluster import Allocation, Cluster
 from ...ir.plan import Choice, Plan
-from ..candidates import Directory, _allocs
+from ..candidates import Directory, aligned_allocations
 
 __all__ = ["Move", "MoveContext", "PairMove", "SingleMove"]
 
@@ -41,7 +41,7 @@ class MoveContext:
 
     def allocations(self, size: int) -> list[Allocation]:
         """All aligned allocations of ``size`` devices."""
-        return _allocs(self.cluster, size)
+        return aligned_allocations(self.cluster, size)
 
 
 class Move(Protocol):
