@@ -603,6 +603,10 @@ def solve_milp(
         starts, modes, incumbent = list(start.starts), list(start.modes), True
     if not incumbent:
         return ProjectSolution.without_schedule(status, lower_bound=lb, runtime=runtime, solver=label)
+    if project.makespan(starts, modes) <= lb:
+        # a schedule at a proven lower bound is optimal, whatever the solver said (e.g. HiGHS
+        # answers "unknown" on a degenerate model such as a single zero-duration activity)
+        status = SolveStatus.OPTIMAL
     if status is SolveStatus.OPTIMAL and project.makespan(starts, modes) > lb:
         # the solver's proof does not cover the schedule it returned: keep the schedule, not the claim
         status = SolveStatus.FEASIBLE

@@ -247,3 +247,14 @@ def test_milp_and_cpsat_agree_on_random_small_projects(p):
     assert check_project_schedule(p, mi) == [] and check_project_schedule(p, cp) == []
     if cp.status is SolveStatus.OPTIMAL:
         assert p.lower_bound() <= cp.makespan
+
+
+def test_zero_duration_project_is_optimal_at_zero():
+    # found by hypothesis: HiGHS answers "unknown" on this degenerate model
+    from rpeg.formulations import Activity, Mode, Project, Resource, SolveStatus, solve_milp
+
+    p = Project(
+        activities=(Activity(modes=(Mode(duration=0, demands=(0,)),)),), resources=(Resource(capacity=1),)
+    )
+    sol = solve_milp(p, time_limit=10)
+    assert sol.status is SolveStatus.OPTIMAL and sol.makespan == 0
