@@ -64,6 +64,17 @@ PAPER_VALUE = {
 PLOT = Path(__file__).with_name("ablations.png")
 
 
+def verdict(v: str, avg: float, se: float) -> str:
+    """Whether the measured average change ``avg`` (± 2 ``se``) is consistent with the paper."""
+    lo, hi = 100 * (avg - 2 * se), 100 * (avg + 2 * se)
+    if v in PAPER_VALUE:
+        p = PAPER_VALUE[v]
+        ok = lo <= p <= hi
+        return f"{100 * avg:+.1f}% vs {p:+.1f}%: {'consistent' if ok else 'differs'}"
+    ok = lo <= 1.0 and hi >= -1.0
+    return f"{100 * avg:+.1f}% vs < 1%: {'consistent' if ok else 'differs'}"
+
+
 def problem(name: str):
     _, shape, hbm, (a, c, r), B, Lp, Lr = next(s for s in SCENARIOS if s[0] == name)
     hw = dataclasses.replace(hardware_preset("gh200"), name=f"gh200-{hbm / 1e9:.0f}GB", gpu_memory_bytes=hbm)
@@ -152,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{v} {100 * avg[v]:+.1f}%" for v in ranked[:4])
         + ".",
         "Seed-to-seed coefficient of variation of the default: " + ", ".join(spread) + ".",
+        "Against the paper's Table IV (consistent = the paper's figure lies inside measured ± 2 SE; for "
+        '"< 1%" the interval overlaps −1%..+1%): '
+        + "; ".join(f"{v} {verdict(v, avg[v], se[v])}" for v in ABLATIONS)
+        + ".",
         "Switches with |average change| < 1% (paper: pair moves, warm restarts, critical path, soft penalty): "
         + (", ".join(v for v in ABLATIONS if abs(avg[v]) < 0.01) or "none")
         + ".",

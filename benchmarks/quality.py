@@ -141,6 +141,25 @@ def main(argv: list[str] | None = None) -> int:
             if g
         )
         + f". SA found no feasible plan in {len(sa_oom)} of {len(rows)} cases.",
+        "Shape against the paper: "
+        + (
+            f"{sum(g > 0.60 for g in weak_c)} of {len(weak_c)} weak-scaling gains over concurrent lie above the "
+            f"paper's 60% and {sum(g < 0.05 for g in weak_c)} below its 5%; "
+            if weak_c
+            else ""
+        )
+        + "mean gain over concurrent by Lr "
+        + " → ".join(f"{100 * sum(g) / len(g):+.1f}%" for g in by_lr.values() if g)
+        + (
+            " (grows with the response length, as in the paper)"
+            if all(
+                sum(a) / len(a) <= sum(b) / len(b)
+                for a, b in zip(list(by_lr.values()), list(by_lr.values())[1:])
+                if a and b
+            )
+            else " (does not grow monotonically with the response length, unlike the paper)"
+        )
+        + ".",
         "Strong scaling 13B: "
         + ", ".join(f"{r['gpus']} GPUs {_bench.fmt_tp(r['sa'])} tok/s" for r in strong)
         + " (paper: 8,966 on 8 GPUs with both baselines OOM, 104,930 on 128); SA over greedy "

@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                 "are shared with other work running at the same time (load average column, 1 min, taken "
                 "after each run; a load above 2 means the search got less than a full core), so these "
                 "rates are lower bounds of what an idle machine gives. The CPU-time columns divide by the CPU "
-                "seconds the search's processes actually got (driver plus joined workers), a figure that does "
-                "depend much less on the load: evaluations per CPU-second approximates what one fully available core "
+                "seconds the search's processes actually got (driver plus joined workers), a figure that "
+                "depends much less on the load: evaluations per CPU-second approximates what one fully available core "
                 "would do.",
                 "",
                 *lines,
