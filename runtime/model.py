@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +33,9 @@ from torch.nn import functional as F  # noqa: N812
 
 from ..ir.models import ModelSpec
 from ..ir.types import Head
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
 
 __all__ = [
     "SCALES",
@@ -355,7 +359,7 @@ class Transformer(nn.Module):
                 std = _VALUE_STD if name.startswith("value_head") else _INIT_STD
                 param.copy_(torch.randn(param.shape, generator=gen) * std)
 
-    def tp_plan(self) -> dict[str, object]:
+    def tp_plan(self) -> dict[str, ParallelStyle]:
         """Megatron-style tensor-parallel plan for ``parallelize_module(model, mesh, plan)``.
 
         Per block: ``q_proj, k_proj, v_proj, gate_proj, up_proj`` column-wise (each rank holds whole
@@ -365,7 +369,7 @@ class Transformer(nn.Module):
         """
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-        plan: dict[str, object] = {}
+        plan: dict[str, ParallelStyle] = {}
         for i, block in self.layers.items():
             for proj in ("q_proj", "k_proj", "v_proj"):
                 plan[f"layers.{i}.attn.{proj}"] = ColwiseParallel()

@@ -339,11 +339,11 @@ def train_reference(
             ref_logp = _response_logp(reference, tokens, sl, cfg.temperature)
 
         if algorithm == "ppo":
-            with torch.no_grad():
-                old_values = critic(tokens)[:, sl]
+            values = critic(tokens)[:, sl]
+            old_values = values.detach()  # V_old: the critic before this step's update
             rewards = token_rewards(scores, old_logp, ref_logp, mask, cfg.kl_coef)
             advantages, returns = gae(rewards, old_values, mask, cfg.gamma, cfg.lam)
-            v_sum, v_count = value_loss(critic(tokens)[:, sl], returns, mask, old_values, cfg.value_clip)
+            v_sum, v_count = value_loss(values, returns, mask, old_values, cfg.value_clip)
             critic_opt.zero_grad()
             (v_sum / v_count).backward()
             critic_opt.step()

@@ -94,8 +94,7 @@ def test_value_and_kl_losses():
     v, r = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 0.0]])
     loss, n = value_loss(v, r, torch.ones(1, 2))
     assert float(loss) == 0.5 and n == 2
-    # clipped: old value 0, clip 0.2 → clipped prediction 0.2 vs target −1 is worse than 1.0 vs −1? no:
-    # (1 − (−1))² = 4 > (0.2 − (−1))² = 1.44, so the max keeps the unclipped error 4 → ½·4 = 2
+    # clipped, old value 0, c = 0.2, target −1: unclipped (1 + 1)² = 4 > clipped (0.2 + 1)² = 1.44 → ½·4
     loss, _ = value_loss(
         torch.tensor([[1.0]]), torch.tensor([[-1.0]]), torch.ones(1, 1), torch.zeros(1, 1), 0.2
     )
