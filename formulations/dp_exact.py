@@ -1,7 +1,7 @@
 """The Nereus planner's choice as a CP-SAT model: the exact counterpart of
 :func:`rpeg.heuristics.nereus.solve_dp` (SPEC §10 "Planner (dp)").
 
-Same data (:class:`~rpeg.heuristics.nereus.DPInstance`: integer latencies in ns, bytes rounded
+Same data (:class:`~rpeg.heuristics.nereus.DPInstance`: integer latencies in µs, KiB rounded
 up), same constraints, same objective:
 
 * ``x[M,c] ∈ {0,1}``, ``Σ_c x[M,c] = 1`` — one frontier point per model-stage;
@@ -39,9 +39,9 @@ class DPExactSolution:
     selection
         The chosen points (``None`` without a solution).
     objective
-        ``L_step`` in nanoseconds (``None`` without a solution).
+        ``L_step`` in µs (``None`` without a solution).
     bound
-        CP-SAT's proven lower bound on ``L_step`` (ns).
+        CP-SAT's proven lower bound on ``L_step`` (µs).
     runtime
         Seconds, model building included.
     """

@@ -47,7 +47,7 @@ and across stages::
               P + P' + max(T, T') ≤ M_eff }
     L*  = min{ L : (L, P, T) ∈ G_S }.
 
-Every quantity is an integer (latency in nanoseconds, memory in bytes rounded up), so the DP, the
+Every quantity is an integer (latency in µs, memory in KiB rounded up, ``M_eff`` down), so the DP, the
 CP-SAT model of :mod:`rpeg.formulations.dp_exact` and brute-force enumeration agree exactly.
 A label at ``g`` that is weakly dominated by a label at ``g' ≤ g`` is dropped: it uses more GPUs
 for nothing. The DP is exact over the frontiers: dominance keeps, for every label it drops, one
@@ -56,7 +56,9 @@ that is no worse in every term the recurrences combine (``max`` and ``+`` are mo
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -70,6 +72,8 @@ from .candidates import aligned_allocations, enumerate_strategies
 from .costs import Costs
 
 __all__ = [
+    "LAT_UNIT",
+    "MEM_UNIT",
     "STAGES",
     "DPInstance",
     "Frontier",
@@ -84,8 +88,12 @@ __all__ = [
     "solve_dp",
 ]
 
-GIB = 2**30
-NS = 1e9  # latency unit: nanoseconds
+#: Seconds per latency unit (µs): integer data keep the DP, CP-SAT and enumeration in exact
+#: agreement; CP-SAT mis-proves optimality with nanosecond coefficients (~1e11).
+LAT_UNIT = 1e-6
+#: Bytes per memory unit (KiB); figures are rounded up and ``M_eff`` down, so the bound stays safe.
+MEM_UNIT = 1024
+GIB = 2**30 // MEM_UNIT  # memory units per GiB
 
 #: Stages in dependency order, with the names the paper uses.
 STAGES: tuple[Role, ...] = (Role.GENERATION, Role.INFERENCE, Role.TRAINING)
@@ -138,13 +146,13 @@ class FrontierPoint:
     strategy
         Shape, degrees, microbatches and tiers (placed later by :func:`place`).
     latency
-        ``ℓ`` in nanoseconds: the summed unsplit OP time of the model-stage's vertices.
+        ``ℓ`` in µs (:data:`LAT_UNIT`): the summed unsplit OP time of the model-stage's vertices.
     gpus
         ``n = Pd·Pp·Pt``.
     persistent
-        ``P`` in bytes per GPU (rounded up).
+        ``P`` in KiB per GPU (:data:`MEM_UNIT`, rounded up).
     transient
-        ``T`` in bytes per GPU (rounded up).
+        ``T`` in KiB per GPU (rounded up).
     """
 
     strategy: Strategy
@@ -187,7 +195,7 @@ class Frontier:
         Dropped because another point is no worse in ``(ℓ, n, P, T)`` (equal points: the later
         one in enumeration order).
     leanest
-        Smallest ``P + T`` over the legal strategies (bytes; ``inf`` without any).
+        Smallest ``P + T`` over the legal strategies (KiB; ``inf`` without any).
     """
 
     stage: ModelStage
@@ -213,7 +221,7 @@ class DPInstance:
     budget
         ``N``: GPUs available to every stage.
     m_eff
-        ``M_eff`` in bytes (rounded down).
+        ``M_eff`` in KiB (rounded down).
     build_s
         Seconds spent building the frontiers (cost-model calls included).
     """
@@ -287,7 +295,7 @@ class DPInstance:
     def stage_latencies(
         self, picks: Sequence[int], lanes: Sequence[Sequence[Sequence[int]]] | None = None
     ) -> list[int]:
-        """``max_lanes Σ ℓ`` per stage (nanoseconds)."""
+        """``max_lanes Σ ℓ`` per stage (µs)."""
         lanes = self.side_by_side() if lanes is None else lanes
         return [
             max(sum(self.frontiers[m].points[picks[m]].latency for m in lane) for lane in grouping)
@@ -304,7 +312,7 @@ class Selection:
     picks
         Frontier point index per model-stage.
     step_latency
-        ``L_step`` in nanoseconds.
+        ``L_step`` in µs.
     runtime
         Seconds the selection took (frontier building excluded).
     labels
@@ -420,7 +428,9 @@ def build_frontier(costs: Costs, ms: ModelStage, sizes: Sequence[int], m_eff: in
             pv, tv = _memory_terms(costs, v, s)
             p, t = max(p, pv), max(t, tv)
             lat += costs.op_time(v, s)
-        point = FrontierPoint(s, round(lat * NS), s.size, math.ceil(p), math.ceil(t))
+        point = FrontierPoint(
+            s, round(lat / LAT_UNIT), s.size, math.ceil(p / MEM_UNIT), math.ceil(t / MEM_UNIT)
+        )
         leanest = min(leanest, point.footprint)
         if point.footprint > m_eff:
             dropped_memory += 1
@@ -457,7 +467,7 @@ def build_instance(costs: Costs, budget: int | None = None) -> DPInstance:
         budget = n
     if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= n:
         raise ValueError(f"budget must be an integer GPU count in 1..{n}, got {budget!r}")
-    m_eff = math.floor(cluster.hardware.m_eff)
+    m_eff = math.floor(cluster.hardware.m_eff / MEM_UNIT)
     mss = model_stages(costs.graph)
     sizes = [s for s in size_chain(cluster) if s <= budget]
     frontiers = [build_frontier(costs, ms, sizes, m_eff) for ms in mss]
@@ -475,16 +485,16 @@ def partitions(items: Sequence[int]) -> list[tuple[tuple[int, ...], ...]]:
     """Every set partition of ``items`` (order of blocks and members as in ``items``).
 
     ``[0, 1]`` → ``[((0, 1),), ((0,), (1,))]``; there are Bell(k) of them (1, 2, 5, 15 for
-    k = 1..4).
+    k = 1..4). Blocks keep the members' relative order.
     """
     if not items:
         return [()]
     head, rest = items[0], items[1:]
     out: list[tuple[tuple[int, ...], ...]] = []
     for sub in partitions(rest):
-        out.append(((head, *sub[0]), *sub[1:]) if sub else ((head,),))
-        if sub:
-            out.append(((head,), *sub))
+        for i in range(len(sub)):  # join an existing block ...
+            out.append((*sub[:i], (head, *sub[i]), *sub[i + 1 :]))
+        out.append(((head,), *sub))  # ... or open a new one
     return out
 
 
@@ -579,13 +589,16 @@ def solve_dp(inst: DPInstance) -> Selection:
     t0 = time.perf_counter()
     _check_frontiers(inst)
     cap = inst.m_eff
-    combined: list[tuple[int, int, int, tuple[tuple[Lane, ...], ...]]] = [(0, 0, 0, ())]
+    fronts = []
     created = 0
     for members in inst.stages:
         front, c = _stage_front(inst, members)
         created += c
         if not front:
             raise _stage_infeasible(inst, members)
+        fronts.append(front)
+    combined: list[tuple[int, int, int, tuple[tuple[Lane, ...], ...]]] = [(0, 0, 0, ())]
+    for front in fronts:
         nxt = []
         for lat, per, tra, stages in combined:
             for l2, p2, t2, lanes in front:
@@ -625,7 +638,7 @@ def _check_frontiers(inst: DPInstance) -> None:
             f"model-stage {where} does not fit in memory: its leanest of {f.legal} legal layouts needs "
             f"{f.leanest / GIB:.2f} GiB per GPU, {over / GIB:.2f} GiB over M_eff={m_eff / GIB:.2f} GiB",
             ms.names[0],
-            over,
+            over * MEM_UNIT,
         )
 
 
@@ -647,24 +660,33 @@ def _stage_infeasible(inst: DPInstance, members: list[int]) -> Infeasible:
 
 
 def _memory_infeasible(inst: DPInstance) -> Infeasible:
-    """The plan-level bound fails for every combination: report the leanest per-stage terms and
-    the model-stage whose leanest footprint is largest."""
-    persistent = sum(
-        max(min(q.persistent for q in inst.frontiers[m].points) for m in members) for members in inst.stages
-    )
-    transient = max(min(q.transient for q in f.points) for f in inst.frontiers)
-    worst = max(inst.frontiers, key=lambda f: min(q.footprint for q in f.points))
-    need = persistent + transient
+    """The plan-level bound fails for every combination: report the least ``Σ_s P_s + max T``
+    any selection reaches (the same DP with memory as the objective and no cap) and the
+    model-stage of that selection with the largest footprint."""
+    lean = dataclasses.replace(inst, m_eff=sys.maxsize)
+    fronts = [_stage_front(lean, members)[0] for members in inst.stages]
+    combined: list[tuple[int, int, int, tuple]] = [(0, 0, 0, ())]
+    for front in fronts:
+        nxt = [
+            (0, per + p2, max(tra, t2), (*stages, lanes))
+            for _, per, tra, stages in combined
+            for _, p2, t2, lanes in front
+        ]
+        combined = _nondominated(nxt)  # type: ignore[arg-type]
+    _, per, tra, stages = min(combined, key=lambda x: (x[1] + x[2], x[3]))
+    need = per + tra
+    points = [(m, inst.frontiers[m].points[j]) for lanes in stages for lane in lanes for m, j in lane]
+    m, worst = max(points, key=lambda mq: (mq[1].footprint, -mq[0]))
+    ms = inst.frontiers[m].stage
     over = need - inst.m_eff
-    lean = min(worst.points, key=lambda q: q.footprint)
     return Infeasible(
-        f"no memory-feasible plan: model-stage {worst.stage.label} [{', '.join(worst.stage.names)}] needs "
-        f"at least {lean.footprint / GIB:.2f} GiB per GPU (P={lean.persistent / GIB:.2f}, "
-        f"T={lean.transient / GIB:.2f} GiB) and with the other stages' persistent state the plan-level "
-        f"bound Σ_s P_s + max T ≥ {need / GIB:.2f} GiB exceeds M_eff={inst.m_eff / GIB:.2f} GiB "
-        f"(by at least {max(over, 0) / GIB:.2f} GiB)",
-        worst.stage.names[0],
-        max(over, 0.0),
+        f"no memory-feasible plan: the leanest selection needs Σ_s P_s + max T = {need / GIB:.2f} GiB "
+        f"per GPU ({per / GIB:.2f} GiB persistent over the stages + {tra / GIB:.2f} GiB transient), "
+        f"{over / GIB:.2f} GiB over M_eff={inst.m_eff / GIB:.2f} GiB; its largest footprint is model-stage "
+        f"{ms.label} [{', '.join(ms.names)}] with P={worst.persistent / GIB:.2f} GiB, "
+        f"T={worst.transient / GIB:.2f} GiB on {worst.gpus} GPUs",
+        ms.names[0],
+        over * MEM_UNIT,
     )
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..formulations.dp_exact import solve_dp_cpsat
 from ..heuristics.baselines import Infeasible
-from ..heuristics.nereus import STAGE_NAME, DPInstance, Selection, build_instance, place, solve_dp
+from ..heuristics.nereus import LAT_UNIT, STAGE_NAME, DPInstance, Selection, build_instance, place, solve_dp
 from ..ir.templates import Structure
 from ..ir.templates import structures as all_structures
 from .result import Result, Status
@@ -138,9 +138,9 @@ def _dp(
     extra = {
         "dp": {
             "engine": engine,
-            "step_latency_s": sel.step_latency / 1e9,
+            "step_latency_s": sel.step_latency * LAT_UNIT,
             "stage_latency_s": {
-                STAGE_NAME[inst.frontiers[m[0]].stage.stage]: x / 1e9 for m, x in zip(inst.stages, lat)
+                STAGE_NAME[inst.frontiers[m[0]].stage.stage]: x * LAT_UNIT for m, x in zip(inst.stages, lat)
             },
             "model_stages": [
                 {
@@ -150,7 +150,7 @@ def _dp(
                     "legal": f.legal,
                     "pick": f.points[j].strategy.label(),
                     "gpus": f.points[j].gpus,
-                    "latency_s": f.points[j].latency / 1e9,
+                    "latency_s": f.points[j].latency * LAT_UNIT,
                 }
                 for f, j in zip(inst.frontiers, sel.picks)
             ],
@@ -164,8 +164,8 @@ def _dp(
     note = (
         f"{engine} over {len(inst.frontiers)} model-stages "
         f"({sum(len(f.points) for f in inst.frontiers)} frontier points): predicted step latency "
-        f"{sel.step_latency / 1e9:.3f} s = Σ_stages max_lanes Σ ℓ "
-        f"({' + '.join(f'{x / 1e9:.3f}' for x in lat)}); "
+        f"{sel.step_latency * LAT_UNIT:.3f} s = Σ_stages max_lanes Σ ℓ "
+        f"({' + '.join(f'{x * LAT_UNIT:.3f}' for x in lat)}); "
         + ("optimal within the planner's space" if status == "optimal" else f"CP-SAT status {status}")
     )
     return Result(
