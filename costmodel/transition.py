@@ -1,0 +1,189 @@
+"""Time of the transition primitives and the transition cost ``L_tran`` (SPEC §10, Nereus §4.2, §6).
+
+Every primitive costs its state movement over the α–β links of the cluster's
+:class:`~rpeg.ir.hardware.Hardware` (the same figures as the step cost model, SPEC §6) plus, for
+those that build new process groups, a communicator set-up constant ``c_setup``:
+
+* **Split** ``U → k × T_sub``: ``c_setup + AllGather(k, M = (|θ|+|ω|)/|T_sub|)`` at the collective
+  link of the tier spanned by the smallest enclosing group (the ``k`` source ranks that hold the
+  parts of one new shard), ``AllGather(p, M) = (p−1)·α + ((p−1)/p)·M·β``;
+* **Extend** ``U → U′``: ``c_setup + α + M·β`` with ``M = (|θ|+|ω|)/|T|`` at the point-to-point link
+  of the tier spanned by ``R ∪ R′`` (all rank pairs send at once);
+* **Merge** ``k × T_sub → T``: ``c_setup + (|θ|+|ω|)/|T| / BW_mem`` (a local copy of the slice each
+  GPU keeps; the new unit's TP/PP groups need communicators);
+* **Destroy**: ``c_teardown`` (local release, no collective).
+
+``c_setup`` defaults to :data:`DEFAULT_SETUP_S` = 0.1 s and ``c_teardown`` to
+:data:`DEFAULT_TEARDOWN_S` = 1 ms. Neither is a hardware-file figure: NCCL communicator creation
+is dominated by the bootstrap (a TCP exchange of unique ids and a ring/tree search), typically
+tens to hundreds of milliseconds, roughly independent of the GPU model; both are arguments.
+
+Memory (Nereus §6, "safe concurrent execution"): a unit is resident on its GPUs from the start of
+the primitive that creates it (time 0 for a current unit) to the end of the one that removes it
+(for ever for a target unit), so sources, intermediate units and buffers are all counted while a
+primitive runs. At every instant ``Σ_{u resident on g} (|θ_u|+|ω_u|)/|R_u| ≤ cap_g`` with
+``cap_g = max(M_eff, usage_g(current), usage_g(target))`` (:func:`gpu_capacities`): the plans at
+both ends were admitted by the planner's own memory model (SPEC §6, where optimizer state is
+ZeRO-2-sharded and serving copies may be materialised on demand), which the EMU's unsharded state
+can exceed; the transition may not need more than ``M_eff`` or than either end already holds.
+
+``L_tran`` of a schedule is its length ``max_i E_i``; the critical path
+``CP = max over DAG paths of Σ d_i`` (no resource limits) is a lower bound on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..ir.cluster import Cluster
+from ..ir.emu import Destroy, Extend, Merge, Primitive, Split, TransitionDAG
+from .collectives import allgather_time, p2p_time
+
+__all__ = [
+    "DEFAULT_SETUP_S",
+    "DEFAULT_TEARDOWN_S",
+    "critical_path",
+    "gpu_capacities",
+    "peak_possible",
+    "primitive_time",
+    "primitive_times",
+]
+
+#: Communicator set-up per primitive that builds process groups (seconds).
+DEFAULT_SETUP_S = 0.1
+#: Local teardown of a destroyed unit (seconds).
+DEFAULT_TEARDOWN_S = 1e-3
+
+
+def _mask(gpus: Sequence[int]) -> int:
+    m = 0
+    for g in gpus:
+        m |= 1 << g
+    return m
+
+
+def primitive_time(
+    prim: Primitive,
+    cluster: Cluster,
+    *,
+    setup: float = DEFAULT_SETUP_S,
+    teardown: float = DEFAULT_TEARDOWN_S,
+) -> float:
+    """Seconds one primitive takes (module docstring).
+
+    Parameters
+    ----------
+    prim
+        A :class:`~rpeg.ir.emu.Split`, :class:`~rpeg.ir.emu.Merge`,
+        :class:`~rpeg.ir.emu.Extend` or :class:`~rpeg.ir.emu.Destroy`.
+    cluster
+        Supplies the link tiers and the hardware's α–β figures and ``BW_mem``.
+    setup
+        ``c_setup`` in seconds (≥ 0).
+    teardown
+        ``c_teardown`` in seconds (≥ 0).
+
+    Returns
+    -------
+    float
+        Seconds.
+
+    Raises
+    ------
+    ValueError
+        For a negative ``setup``/``teardown`` or an unknown primitive.
+    """
+    if not setup >= 0:
+        raise ValueError(f"setup must be a non-negative number of seconds, got {setup!r}")
+    if not teardown >= 0:
+        raise ValueError(f"teardown must be a non-negative number of seconds, got {teardown!r}")
+    hw = cluster.hardware
+    if isinstance(prim, Split):
+        group = prim.group()
+        link = hw.collective[cluster.tier_of_mask(_mask(group))]
+        return setup + allgather_time(prim.group_size, prim.nbytes, link)
+    if isinstance(prim, Extend):
+        tier = cluster.tier_of_mask(prim.source.mask | prim.result.mask)
+        return setup + p2p_time(prim.nbytes, hw.p2p[tier])
+    if isinstance(prim, Merge):
+        return setup + prim.nbytes / hw.mem_bandwidth
+    if isinstance(prim, Destroy):
+        return teardown
+    raise ValueError(f"unknown primitive {prim!r}")
+
+
+def primitive_times(
+    dag: TransitionDAG,
+    cluster: Cluster,
+    *,
+    setup: float = DEFAULT_SETUP_S,
+    teardown: float = DEFAULT_TEARDOWN_S,
+) -> list[float]:
+    """:func:`primitive_time` of every primitive of ``dag``, in index order (cached per shape)."""
+    cache: dict[tuple, float] = {}
+    out = []
+    for p in dag.primitives:
+        if isinstance(p, Split):
+            key: tuple = (
+                "s",
+                p.source.layout,
+                p.parts[0].layout,
+                p.nbytes,
+                cluster.tier_of_mask(_mask(p.group())),
+            )
+        elif isinstance(p, Extend):
+            key = ("e", p.nbytes, cluster.tier_of_mask(p.source.mask | p.result.mask))
+        elif isinstance(p, Merge):
+            key = ("m", p.nbytes)
+        else:
+            key = ("d",)
+        t = cache.get(key)
+        if t is None:
+            t = cache[key] = primitive_time(p, cluster, setup=setup, teardown=teardown)
+        out.append(t)
+    return out
+
+
+def gpu_capacities(dag: TransitionDAG, cluster: Cluster, capacity: float | None = None) -> dict[int, float]:
+    """Per-GPU memory bound ``cap_g = max(C, usage_g(current), usage_g(target))`` (module
+    docstring) for every GPU any unit touches; ``C = capacity`` or ``M_eff`` of the cluster.
+
+    Raises
+    ------
+    ValueError
+        For a non-positive ``capacity``.
+    """
+    if capacity is not None and not capacity > 0:
+        raise ValueError(f"capacity must be a positive number of bytes, got {capacity!r}")
+    base = cluster.hardware.m_eff if capacity is None else float(capacity)
+    cur: dict[int, float] = {}
+    for u in dag.current:
+        for g in u.gpus:
+            cur[g] = cur.get(g, 0.0) + u.bytes_per_gpu
+    tgt: dict[int, float] = {}
+    for u in dag.target:
+        for g in u.gpus:
+            tgt[g] = tgt.get(g, 0.0) + u.bytes_per_gpu
+    gpus = {g for u in dag.units.values() for g in u.gpus}
+    return {g: max(base, cur.get(g, 0.0), tgt.get(g, 0.0)) for g in sorted(gpus)}
+
+
+def peak_possible(dag: TransitionDAG) -> dict[int, float]:
+    """Per GPU, the bytes of every unit that is ever resident on it: if this is within
+    ``cap_g`` the memory constraint of ``g`` cannot bind and every engine skips it."""
+    out: dict[int, float] = {}
+    for u in dag.units.values():
+        for g in u.gpus:
+            out[g] = out.get(g, 0.0) + u.bytes_per_gpu
+    return out
+
+
+def critical_path(dag: TransitionDAG, durations: Sequence[float]) -> float:
+    """Longest path of the DAG with ``durations``: ``CP = max_i (EF_i)``,
+    ``EF_i = d_i + max_{(j,i)} EF_j`` (0 for an empty DAG)."""
+    if len(durations) != len(dag.primitives):
+        raise ValueError(f"durations has {len(durations)} entries for {len(dag.primitives)} primitives")
+    ef = [0.0] * len(durations)
+    for i in dag.topological_order:
+        ef[i] = durations[i] + max((ef[j] for j in dag.predecessors[i]), default=0.0)
+    return max(ef, default=0.0)

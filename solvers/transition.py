@@ -1,0 +1,259 @@
+"""``plan_transition``: the front door of transition planning (SPEC §10, Nereus §5–§6).
+
+``plan_transition(current, target, cluster, workload=w, method="greedy")`` derives both EMU
+collections (:func:`~rpeg.ir.emu.emus_of`), compiles the global transition DAG
+(:func:`~rpeg.ir.emu.transition_dag`), prices every primitive
+(:mod:`rpeg.costmodel.transition`) and schedules the DAG with one of
+
+* ``"greedy"`` — the Nereus list order (:func:`~rpeg.heuristics.transition.greedy_schedule`) in
+  seconds; its bound is the critical path, so it reports ``optimal`` when it meets it;
+* ``"cpsat"`` — :func:`~rpeg.formulations.transition_cpsat.solve_transition_cpsat`;
+* ``"milp"`` — :func:`~rpeg.formulations.transition_milp.solve_transition_milp` (Pyomo, HiGHS).
+
+The exact engines work on integer ticks of ``resolution`` seconds, durations rounded up, so their
+``l_tran`` is the optimum of the rounded problem (at most one tick per primitive on the critical
+path above the exact seconds); the greedy schedule on the same ticks is their hint and, when
+they find nothing better in time, their answer (status ``time_limit``). Default resolution:
+1 ms for CP-SAT; for the MILP, whose variables grow with the horizon, the larger of 1 ms and
+1/100 of the greedy schedule's length.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..costmodel.transition import (
+    DEFAULT_SETUP_S,
+    DEFAULT_TEARDOWN_S,
+    critical_path,
+    gpu_capacities,
+    primitive_times,
+)
+from ..formulations.status import SolveStatus
+from ..heuristics.transition import TransitionSchedule, check_transition_schedule, greedy_schedule
+from ..ir.cluster import Cluster
+from ..ir.emu import EMU, TransitionDAG, TransitionInfeasible, emus_of, transition_dag
+from ..ir.graph import RPEG
+from ..ir.plan import Plan
+from ..ir.workload import Workload
+
+__all__ = ["TRANSITION_METHODS", "TransitionPlan", "plan_transition"]
+
+#: Scheduling methods ``plan_transition`` knows.
+TRANSITION_METHODS = ("greedy", "cpsat", "milp")
+
+DEFAULT_RESOLUTION_S = 1e-3
+MILP_TICKS = 100
+
+
+@dataclass(frozen=True)
+class TransitionPlan:
+    """A scheduled transition.
+
+    Attributes
+    ----------
+    dag
+        The global transition DAG.
+    durations
+        Seconds of every primitive (the cost model's, before any rounding).
+    starts, ends
+        Schedule in seconds (empty when there is none).
+    status
+        ``optimal`` / ``feasible`` / ``time_limit`` / ``infeasible`` (a :class:`SolveStatus`).
+    l_tran
+        Schedule length ``max_i E_i`` in seconds (``inf`` without a schedule).
+    bound
+        Proven lower bound on the length in seconds (the critical path at least).
+    critical_path
+        Longest DAG path with the cost model's durations (resources ignored).
+    method, runtime
+        The scheduling method and the wall-clock seconds of the whole call.
+    resolution
+        Seconds per tick of the exact engines (``None`` for the greedy).
+    capacity
+        ``cap_g`` per GPU in bytes.
+    """
+
+    dag: TransitionDAG
+    durations: tuple[float, ...]
+    starts: tuple[float, ...]
+    ends: tuple[float, ...]
+    status: SolveStatus
+    l_tran: float
+    bound: float
+    critical_path: float
+    method: str
+    runtime: float
+    resolution: float | None = None
+    capacity: dict[int, float] = field(default_factory=dict, repr=False)
+
+    @property
+    def has_schedule(self) -> bool:
+        return math.isfinite(self.l_tran)
+
+    @property
+    def gap(self) -> float:
+        """``(L_tran − bound)/L_tran`` (0 when optimal, ``inf`` without a schedule)."""
+        if not self.has_schedule:
+            return math.inf
+        return 0.0 if self.l_tran == 0 else (self.l_tran - self.bound) / self.l_tran
+
+    def check(self) -> list[str]:
+        """Violated invariants of the schedule (:func:`check_transition_schedule`); empty if valid."""
+        if not self.has_schedule:
+            return []
+        return check_transition_schedule(self.dag, self.starts, self.ends, self.capacity)
+
+    def table(self) -> str:
+        """The schedule, one primitive per line, by start."""
+        lines = [f"{'start':>9} {'end':>9}  primitive"]
+        for i in sorted(range(len(self.starts)), key=lambda i: (self.starts[i], i)):
+            p = self.dag.primitives[i]
+            units = " + ".join(str(u) for u in (p.outputs or p.inputs))
+            lines.append(f"{self.starts[i]:9.3f} {self.ends[i]:9.3f}  {p.kind:<7} {units}")
+        lines.append(f"L_tran = {self.l_tran:.3f} s ({self.status}, bound {self.bound:.3f} s)")
+        return "\n".join(lines)
+
+
+def _collection(
+    x: Plan | Sequence[EMU], cluster: Cluster, graph: RPEG | None, workload: Workload | None, name: str
+):
+    if isinstance(x, Plan):
+        if graph is None and workload is None:
+            raise ValueError(f"{name} is a Plan: plan_transition needs graph= or workload= to read it")
+        return emus_of(x, cluster, graph=graph, workload=None if graph is not None else workload)
+    return list(x)
+
+
+def plan_transition(
+    current: Plan | Sequence[EMU],
+    target: Plan | Sequence[EMU],
+    cluster: Cluster,
+    *,
+    graph: RPEG | None = None,
+    workload: Workload | None = None,
+    method: str = "greedy",
+    time_limit: float | None = 30.0,
+    seed: int = 0,
+    threads: int | None = 1,
+    resolution: float | None = None,
+    capacity: float | None = None,
+    setup: float = DEFAULT_SETUP_S,
+    teardown: float = DEFAULT_TEARDOWN_S,
+    solver: str = "highs",
+) -> TransitionPlan:
+    """Plan the move from ``current`` to ``target`` (module docstring).
+
+    Parameters
+    ----------
+    current, target
+        Plans of the same graph, or EMU collections.
+    cluster
+        Device space and hardware figures.
+    graph, workload
+        What the plans are for (one of them; the workload's synchronous graph otherwise).
+    method
+        ``"greedy"``, ``"cpsat"`` or ``"milp"``.
+    time_limit
+        Seconds for an exact engine (``None``: until proven).
+    seed, threads
+        Passed to the exact engines.
+    resolution
+        Seconds per tick for the exact engines (default: module docstring).
+    capacity
+        Per-GPU memory bound in bytes before the endpoint rule (default ``M_eff``; see
+        :func:`~rpeg.costmodel.transition.gpu_capacities`).
+    setup, teardown
+        Communicator set-up and Destroy teardown seconds of the cost model.
+    solver
+        Pyomo solver for ``"milp"``.
+
+    Returns
+    -------
+    TransitionPlan
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``method`` (listing the known ones), a bad ``resolution``, or plans that do
+        not pair up.
+    TransitionInfeasible
+        When no DAG reaches the target (GPUs two model-stages wait on), or, for ``"greedy"``, when
+        the list order runs out of memory.
+    """
+    t0 = time.perf_counter()
+    if method not in TRANSITION_METHODS:
+        raise ValueError(f"unknown transition method {method!r}; known: {', '.join(TRANSITION_METHODS)}")
+    if resolution is not None and not resolution > 0:
+        raise ValueError(f"resolution must be a positive number of seconds, got {resolution!r}")
+    cur = _collection(current, cluster, graph, workload, "current")
+    tgt = _collection(target, cluster, graph, workload, "target")
+    dag = transition_dag(cur, tgt)
+    durations = primitive_times(dag, cluster, setup=setup, teardown=teardown)
+    caps = gpu_capacities(dag, cluster, capacity)
+    cp = critical_path(dag, durations)
+    if method == "greedy":
+        sched = greedy_schedule(dag, durations, caps)
+        length = sched.length
+        status = SolveStatus.OPTIMAL if length <= cp * (1 + 1e-12) else SolveStatus.FEASIBLE
+        return TransitionPlan(
+            dag, tuple(durations), sched.starts, sched.ends, status, length, cp, cp, method,
+            time.perf_counter() - t0, None, caps,
+        )  # fmt: skip
+    # exact engines on integer ticks, the greedy schedule on the same ticks as hint and fallback
+    greedy_s: TransitionSchedule | None
+    try:
+        greedy_s = greedy_schedule(dag, durations, caps)
+    except TransitionInfeasible:
+        greedy_s = None
+    if resolution is None:
+        resolution = DEFAULT_RESOLUTION_S
+        if method == "milp" and greedy_s is not None:
+            resolution = max(resolution, greedy_s.length / MILP_TICKS)
+    ticks = [math.ceil(d / resolution - 1e-9) for d in durations]
+    hint = None
+    try:
+        hs = greedy_schedule(dag, ticks, caps)
+        hint = [int(s) for s in hs.starts]
+    except TransitionInfeasible:
+        pass
+    remaining = None if time_limit is None else max(0.01, time_limit - (time.perf_counter() - t0))
+    if method == "cpsat":
+        from ..formulations.transition_cpsat import solve_transition_cpsat
+
+        sol = solve_transition_cpsat(
+            dag, ticks, caps, time_limit=remaining, seed=seed, threads=threads, hint=hint
+        )
+    else:
+        from ..formulations.transition_milp import solve_transition_milp
+
+        sol = solve_transition_milp(
+            dag, ticks, caps, solver=solver, time_limit=remaining, seed=seed, threads=threads, hint=hint
+        )
+    status = sol.status
+    bound = max(cp, sol.lower_bound * resolution) if math.isfinite(sol.lower_bound) else math.inf
+    if sol.has_schedule:
+        starts = tuple(s * resolution for s in sol.starts)
+        ends = tuple((s + t) * resolution for s, t in zip(sol.starts, ticks))
+        length = sol.makespan * resolution
+    elif hint is not None and status is not SolveStatus.INFEASIBLE:
+        # out of time without an incumbent of its own: the greedy schedule on the same ticks
+        starts = tuple(s * resolution for s in hint)
+        ends = tuple((s + t) * resolution for s, t in zip(hint, ticks))
+        length = max(ends, default=0.0)
+        status = SolveStatus.TIME_LIMIT
+    else:
+        starts, ends, length = (), (), math.inf
+        if status is not SolveStatus.INFEASIBLE:
+            status = (
+                SolveStatus.TIME_LIMIT if status in (SolveStatus.UNKNOWN, SolveStatus.TIME_LIMIT) else status
+            )
+    if status is SolveStatus.INFEASIBLE:
+        bound = math.inf
+    return TransitionPlan(
+        dag, tuple(durations), starts, ends, status, length, min(bound, length) if math.isfinite(length) else bound,
+        cp, method, time.perf_counter() - t0, resolution, caps,
+    )  # fmt: skip
