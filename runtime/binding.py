@@ -1,0 +1,351 @@
+"""Binding a plan to workers: worker groups, rank layout and the scaled-down run shape (SPEC §11).
+
+A **worker group** is one set of persistent processes holding one model in one parallel layout on
+one allocation. Vertices of the same model with the same allocation *and* the same strategy share
+a group — that is exactly the case in which the lowering (SPEC §5 rules 3 and 4) emits no
+COMM/RESHARD node, because the weights are already where they are needed. Every other vertex gets
+a group of its own. Ranks inside a group follow the cost model's layout: data-parallel replicas
+of ``Pp·Pt`` consecutive devices, pipeline stages of ``Pt`` consecutive devices inside a replica,
+tensor parallelism fastest::
+
+    rank = d·(Pp·Pt) + p·Pt + t        (d: DP index, p: PP stage, t: TP index)
+
+The run shape scales the workload down to what CPU processes can execute (``scale="tiny"``):
+models keep their layer structure but shrink (``runtime.model.scale_spec``), and the batch,
+prompt and response lengths shrink while the response-length quantiles keep their fractions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir.graph import RPEG
+from ..ir.lower import ExecGraph
+from ..ir.models import ModelSpec
+from ..ir.plan import Plan, Strategy
+from ..ir.types import Head, Role
+from ..solvers.result import Result
+
+__all__ = ["Binding", "GroupSpec", "RunShape", "bind", "consumed_version", "rank_coords"]
+
+SUPPORTED_ALGORITHMS = ("ppo", "grpo")
+
+
+def rank_coords(rank: int, pp: int, tp: int) -> tuple[int, int, int]:
+    """``(d, p, t)`` of ``rank`` for ``rank = d·(Pp·Pt) + p·Pt + t``."""
+    return rank // (pp * tp), (rank // tp) % pp, rank % tp
+
+
+def consumed_version(role: Role, step: int, tau: int) -> int:
+    """Parameter version a vertex instance reads (SPEC §5 unrolling).
+
+    Version ``v`` is the model after ``v`` updates (initial weights: 0). Training at step ``k``
+    reads ``k`` and produces ``k + 1``; any other consumer at step ``k`` reads the version the
+    training vertex of step ``k − τ − 1`` produced, ``max(0, k − τ)``.
+    """
+    return step if role is Role.TRAINING else max(0, step - tau)
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """The scaled-down problem the runtime executes.
+
+    Attributes
+    ----------
+    batch, rollouts
+        Prompts per step and responses per prompt (``B'``, ``R'``).
+    prompt_len, response_len
+        ``Lp'`` and ``Lr'``.
+    phase_lengths
+        Response length at the end of each response-length phase (``t'_q``, increasing, last
+        ``= Lr'``).
+    phase_fractions
+        Cumulative fraction of responses finished by each phase (``f_q``, last 1).
+    vocab
+        Vocabulary of the synthetic task.
+    """
+
+    batch: int
+    rollouts: int
+    prompt_len: int
+    response_len: int
+    phase_lengths: tuple[int, ...]
+    phase_fractions: tuple[float, ...]
+    vocab: int
+
+    @property
+    def sequences(self) -> int:
+        """``B'·R'``."""
+        return self.batch * self.rollouts
+
+    def response_lengths(self) -> list[int]:
+        """Length of each sequence's response, by sample id (the first ``f_1`` fraction finish at
+        ``t'_1``, the next ``f_2 − f_1`` at ``t'_2``, …); the same every step."""
+        n = self.sequences
+        out = []
+        for i in range(n):
+            for f, t in zip(self.phase_fractions, self.phase_lengths):
+                if i < round(f * n):
+                    out.append(t)
+                    break
+            else:
+                out.append(self.phase_lengths[-1])
+        return out
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One worker group: a model in one layout on one allocation.
+
+    Attributes
+    ----------
+    gid
+        Group id (``g{gid}/r{rank}`` names its workers).
+    model
+        Model name in the graph.
+    head
+        Head(s) its weights carry.
+    trainable
+        Whether the model trains (and whether this group trains it: :attr:`trains`).
+    trains
+        Whether the model's training vertex runs on this group.
+    vertices
+        Names of the vertices it executes.
+    devices
+        Flat device ids in rank order.
+    dp, pp, tp, mb
+        The layout.
+    spec
+        The scaled model spec it builds.
+    seed
+        Weight seed of the model (the reference shares the actor's).
+    """
+
+    gid: int
+    model: str
+    head: Head
+    trainable: bool
+    trains: bool
+    vertices: tuple[str, ...]
+    devices: tuple[int, ...]
+    dp: int
+    pp: int
+    tp: int
+    mb: int
+    spec: ModelSpec
+    seed: int
+
+    @property
+    def size(self) -> int:
+        """Number of ranks ``Pd·Pp·Pt``."""
+        return self.dp * self.pp * self.tp
+
+    def worker(self, rank: int) -> str:
+        """Worker id of ``rank``."""
+        return f"g{self.gid}/r{rank}"
+
+    def workers(self) -> list[str]:
+        """All worker ids in rank order."""
+        return [self.worker(r) for r in range(self.size)]
+
+    def layout(self) -> dict[str, int]:
+        """``{"dp", "pp", "tp", "mb"}``."""
+        return {"dp": self.dp, "pp": self.pp, "tp": self.tp, "mb": self.mb}
+
+
+@dataclass
+class Binding:
+    """A result bound to worker groups for ``steps`` RL steps.
+
+    Attributes
+    ----------
+    result
+        The plan being executed.
+    graph
+        Its compact RPEG.
+    exec_graph
+        The lowered DAG over ``steps`` steps (node ids are the trace's ids).
+    groups
+        Worker groups.
+    group_of
+        Vertex index → group id.
+    shape
+        The scaled run shape.
+    specs
+        Scaled spec per model.
+    """
+
+    result: Result
+    graph: RPEG
+    exec_graph: ExecGraph
+    groups: list[GroupSpec]
+    group_of: list[int]
+    shape: RunShape
+    specs: dict[str, ModelSpec]
+    steps: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def vertex_name(self, v: int) -> str:
+        """Name of compact vertex ``v``."""
+        return self.graph.vertices[v].name
+
+    def version(self, v: int, step: int) -> int:
+        """Version of its model that vertex ``v`` reads at ``step``."""
+        vert = self.graph.vertices[v]
+        if vert.model not in self.graph.staleness:  # frozen model: always the initial weights
+            return 0
+        return consumed_version(vert.role, step, self.graph.staleness[vert.model])
+
+
+def _check_result(result: Result) -> Plan:
+    if result.plan is None:
+        raise ValueError(f"result has no plan to run (status {result.status.value}): {result.message}")
+    if result.workload.algorithm not in SUPPORTED_ALGORITHMS:
+        raise ValueError(
+            f"workload.algorithm {result.workload.algorithm!r} cannot be executed by the runtime yet; "
+            f"it runs {', '.join(SUPPORTED_ALGORITHMS)} (see docs/runtime.md)"
+        )
+    return result.plan
+
+
+def run_shape(
+    result: Result, *, batch: int | None, prompt_len: int, response_len: int, vocab: int, max_rollouts: int
+) -> RunShape:
+    """Scale the workload down (module docstring); ``batch=None`` picks the smallest batch of at
+    least 8 prompts that gives every DP rank and microbatch a sequence."""
+    wl = result.workload
+    plan = result.plan
+    assert plan is not None
+    rollouts = min(wl.rollouts, max_rollouts)
+    if wl.algorithm == "grpo" and rollouts < 2:
+        raise ValueError(f"GRPO needs at least 2 rollouts per prompt, got rollouts={wl.rollouts}")
+    need = max(c.strategy.dp * c.strategy.mb for c in plan.choices)
+    if batch is None:
+        batch = max(8, math.ceil(need / rollouts))
+    if batch * rollouts < need:
+        raise ValueError(
+            f"batch={batch} prompts × {rollouts} rollouts = {batch * rollouts} sequences is fewer than "
+            f"the plan's largest Pd·mb = {need}; every DP rank and microbatch needs a sequence"
+        )
+    for name, value in (("prompt_len", prompt_len), ("response_len", response_len)):
+        if value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    quantiles = wl.quantiles or ((1.0, wl.response_len),)
+    if response_len < len(quantiles):
+        raise ValueError(
+            f"response_len={response_len} is shorter than the workload's {len(quantiles)} response-length "
+            "phases; each phase needs at least one token"
+        )
+    lengths: list[int] = []
+    for q, (_, t) in enumerate(quantiles):
+        lo = (lengths[-1] + 1) if lengths else 1
+        hi = response_len - (len(quantiles) - 1 - q)
+        lengths.append(min(hi, max(lo, round(t / wl.response_len * response_len))))
+    lengths[-1] = response_len
+    return RunShape(
+        batch, rollouts, prompt_len, response_len, tuple(lengths), tuple(f for f, _ in quantiles), vocab
+    )
+
+
+def bind(
+    result: Result,
+    exec_graph: ExecGraph,
+    steps: int,
+    *,
+    scale: str | dict = "tiny",
+    batch: int | None = None,
+    prompt_len: int = 8,
+    response_len: int = 8,
+    vocab: int = 16,
+    max_rollouts: int = 4,
+    seed: int = 0,
+) -> Binding:
+    """Group the plan's vertices into worker groups and scale the problem down.
+
+    Parameters
+    ----------
+    result
+        A result with a plan (PPO or GRPO).
+    exec_graph
+        Its lowering over ``steps`` steps (``runtime.trace.expected_graph``).
+    steps
+        RL steps to run.
+    scale
+        ``"tiny"``, ``"small"`` or explicit spec fields (``runtime.model.scale_spec``).
+    batch, prompt_len, response_len, vocab, max_rollouts
+        Run shape (:func:`run_shape`).
+    seed
+        Root seed: model ``m``'s weights use ``seed + crc(m)``; the reference shares the actor's.
+
+    Raises
+    ------
+    ValueError
+        No plan, an algorithm the runtime does not run, or a run shape too small for the plan.
+    """
+    from .model import scale_spec  # torch-dependent; imported only when binding for a run
+
+    plan = _check_result(result)
+    g = result.graph
+    shape = run_shape(
+        result,
+        batch=batch,
+        prompt_len=prompt_len,
+        response_len=response_len,
+        vocab=vocab,
+        max_rollouts=max_rollouts,
+    )
+    # scaled specs: enough layers for the deepest pipeline, heads for the widest TP of the model
+    specs: dict[str, ModelSpec] = {}
+    for name, inst in g.models.items():
+        users = [c.strategy for v, c in zip(g.vertices, plan.choices) if v.model == name]
+        min_layers = max((s.pp for s in users), default=1)
+        tp = math.lcm(*[s.tp for s in users]) if users else 1
+        specs[name] = scale_spec(inst.spec, scale, vocab=vocab, min_layers=min_layers, tp=tp)
+    # the reference starts as the actor: same spec and seed, so KL(actor ‖ ref) = 0 at step 0
+    actor = "actor_critic" if "actor_critic" in g.models else "actor"
+    seeds = {name: _model_seed(seed, name) for name in g.models}
+    if "reference" in seeds and actor in seeds and specs.get("reference") == specs.get(actor):
+        seeds["reference"] = seeds[actor]
+
+    keys: dict[tuple[str, int, Strategy], int] = {}
+    members: list[list[int]] = []
+    group_of: list[int] = []
+    for v, (vert, choice) in enumerate(zip(g.vertices, plan.choices)):
+        key = (vert.model, choice.allocation.mask, choice.strategy)
+        if key not in keys:
+            keys[key] = len(members)
+            members.append([])
+        members[keys[key]].append(v)
+        group_of.append(keys[key])
+    groups = []
+    for gid, vs in enumerate(members):
+        c = plan.choices[vs[0]]
+        s = c.strategy
+        model = g.vertices[vs[0]].model
+        inst = g.models[model]
+        groups.append(
+            GroupSpec(
+                gid=gid,
+                model=model,
+                head=inst.head,
+                trainable=inst.trainable,
+                trains=any(g.vertices[v].role is Role.TRAINING for v in vs),
+                vertices=tuple(g.vertices[v].name for v in vs),
+                devices=tuple(c.allocation.devices()),
+                dp=s.dp,
+                pp=s.pp,
+                tp=s.tp,
+                mb=s.mb,
+                spec=specs[model],
+                seed=seeds[model],
+            )
+        )
+    return Binding(result, g, exec_graph, groups, group_of, shape, specs, steps)
+
+
+def _model_seed(seed: int, name: str) -> int:
+    import zlib
+
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**31 - 1)

@@ -1,0 +1,427 @@
+"""``rpeg.run``: execute a plan for a few RL steps on Ray workers and verify the trace (SPEC §11).
+
+::
+
+    result = rpeg.solve(workload, cluster, method="sa")
+    report = rpeg.run(result, steps=4)          # local Ray instance, tiny models on CPU
+    print(report.summary())
+    report.trace.to_json("trace.json")          # rpeg verify trace.json result.json
+
+The run executes the *plan* — placement, DP/PP/TP layout, microbatches, structure (sharing,
+staleness) and the lowered DAG — on scaled-down models (``scale="tiny"``) with a synthetic task,
+so CPU processes can run it; the predicted times it reports come from the same cost model
+evaluated on the scaled problem with the given hardware file (``rpeg calibrate`` writes one for
+the machine at hand).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from ..ir.cluster import Cluster
+from ..ir.hardware import Hardware
+from ..ir.workload import Workload
+from ..solvers.result import Result
+from .binding import Binding, bind
+from .rl import RLConfig
+from .trace import Trace, expected_graph, plan_hash
+
+__all__ = ["RunConfig", "RunReport", "predict", "run"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How to run a plan (see :func:`run` for the fields)."""
+
+    steps: int = 4
+    seed: int = 0
+    scale: str | dict = "tiny"
+    batch: int | None = None
+    prompt_len: int = 8
+    response_len: int = 8
+    vocab: int = 16
+    max_rollouts: int = 4
+    rl: RLConfig = field(default_factory=RLConfig)
+    address: str | None = None
+    devices_per_node: int | None = None
+    use_gpu: bool = False
+    checkpoint_dir: str | None = None
+    resume_from: str | None = None
+    fail_at: tuple[str, str, int] | None = None
+    step_offset: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"steps must be a positive integer, got {self.steps!r}")
+        if self.devices_per_node is not None and self.devices_per_node < 1:
+            raise ValueError(f"devices_per_node must be a positive integer, got {self.devices_per_node!r}")
+
+
+@dataclass
+class RunReport:
+    """What a run measured.
+
+    Attributes
+    ----------
+    trace
+        The verified trace (``rpeg.trace/1``).
+    rewards
+        Mean task reward of each step's rollouts.
+    step_times, predicted_step_times
+        Measured and predicted seconds per step (step ``k`` ends when its last node ends).
+    problems
+        Verifier findings (empty: the execution matches the plan).
+    setup_s, wall_s
+        Worker start-up and DAG execution seconds.
+    overhead_s
+        Controller seconds not spent waiting for workers (dispatch overhead).
+    """
+
+    trace: Trace
+    rewards: list[float]
+    step_times: list[float]
+    predicted_step_times: list[float]
+    problems: list[str]
+    setup_s: float
+    wall_s: float
+    overhead_s: float
+    node_overhead_s: list[float] = field(default_factory=list)
+
+    @property
+    def overhead_per_node_s(self) -> float:
+        """Mean controller time per node."""
+        return self.overhead_s / max(1, len(self.trace.records))
+
+    def summary(self) -> str:
+        """A few lines: per step reward, measured and predicted time; verification."""
+        lines = [f"{'step':>4} {'reward':>8} {'time s':>8} {'pred s':>8}"]
+        for k, (r, t, p) in enumerate(zip(self.rewards, self.step_times, self.predicted_step_times)):
+            lines.append(f"{k:>4} {r:>8.3f} {t:>8.3f} {p:>8.3f}")
+        lines.append(
+            f"setup {self.setup_s:.1f} s, run {self.wall_s:.2f} s, dispatch overhead "
+            f"{1e3 * self.overhead_per_node_s:.2f} ms/node over {len(self.trace.records)} nodes"
+        )
+        lines.append(
+            "trace valid" if not self.problems else f"trace INVALID ({len(self.problems)}): {self.problems[0]}"
+        )
+        return "\n".join(lines)
+
+
+def scaled_problem(binding: Binding, hardware: Hardware) -> tuple[Workload, Cluster]:
+    """The workload the runtime executes (scaled specs, batch and lengths) on a cluster of the
+    plan's shape with ``hardware`` — what :func:`predict` scores."""
+    r = binding.result
+    wl = r.workload
+    sh = binding.shape
+    g = binding.graph
+    specs = binding.specs
+    actor = "actor_critic" if "actor_critic" in specs else "actor"
+    models = {}
+    for role in wl.models:
+        name = actor if role == "critic" and "critic" not in specs else role
+        name = actor if role == "actor" else name
+        models[role] = replace(specs[name], dtype_bytes=4)  # the CPU runtime computes in float32
+    quantiles = tuple(zip(sh.phase_fractions, sh.phase_lengths))
+    scaled = Workload(
+        wl.algorithm,
+        models,
+        sh.batch,
+        sh.rollouts,
+        sh.prompt_len,
+        sh.response_len,
+        quantiles=quantiles,
+        ac_sharing=wl.ac_sharing,
+        name=f"{wl.name}-scaled",
+    )
+    return scaled, Cluster.from_shape(r.cluster.shape, hardware)
+
+
+def predict(binding: Binding, hardware: Hardware) -> tuple[list[float], list[float], list[float]]:
+    """Predicted node durations, node finish times and per-step times of the scaled run.
+
+    The plan is re-scored by the shared evaluator on :func:`scaled_problem` over ``steps``
+    steps; node ids agree with the runtime's DAG because lowering depends only on the plan's
+    allocations, strategies and phase count. Step ``k``'s time is the finish of its last node
+    minus that of step ``k − 1``.
+    """
+    from ..heuristics.evaluator import Evaluator
+
+    workload, cluster = scaled_problem(binding, hardware)
+    r = binding.result
+    ev = Evaluator(workload, cluster, r.structure, k_eval=binding.steps)
+    assert r.plan is not None
+    evaluation = ev.evaluate(r.plan, keep=True)
+    g, sched = evaluation.graph, evaluation.schedule
+    assert g is not None and sched is not None
+    if len(g) != len(binding.exec_graph):
+        raise RuntimeError("the scaled lowering differs from the executed DAG (a bug)")
+    return list(g.duration), list(sched.finish), _step_times(g.step, sched.finish, binding.steps, 0.0)
+
+
+def _step_times(steps: list[int], finish: list[float], n: int, origin: float) -> list[float]:
+    ends = [origin] * n
+    for k, f in zip(steps, finish):
+        ends[k] = max(ends[k], f)
+    for k in range(1, n):
+        ends[k] = max(ends[k], ends[k - 1])
+    return [ends[k] - (ends[k - 1] if k else origin) for k in range(n)]
+
+
+def run(
+    result: Result,
+    steps: int = 4,
+    *,
+    address: str | None = None,
+    seed: int = 0,
+    scale: str | dict = "tiny",
+    batch: int | None = None,
+    prompt_len: int = 8,
+    response_len: int = 8,
+    rl: RLConfig | None = None,
+    devices_per_node: int | None = None,
+    hardware: Hardware | str | None = None,
+    checkpoint_dir: str | Path | None = None,
+    resume_from: str | Path | None = None,
+    trace_path: str | Path | None = None,
+    progress: Callable[[str, dict], None] | None = None,
+    fail_at: tuple[str, str, int] | None = None,
+) -> RunReport:
+    """Execute ``result``'s plan for ``steps`` RL steps and verify the trace against it.
+
+    Parameters
+    ----------
+    result
+        A PPO or GRPO result with a plan.
+    steps
+        RL steps to run.
+    address
+        Ray address to join (``"auto"`` or ``host:port``); ``None`` starts a local instance with
+        one ``rpeg_device`` resource per device of the plan (and stops it afterwards). A Ray
+        instance already running in this process is reused.
+    seed
+        Root of every random choice: weights, prompts, sampling noise.
+    scale, batch, prompt_len, response_len
+        Run shape (``runtime.binding.run_shape``): model scale and the scaled batch/lengths.
+    rl
+        PPO/GRPO hyper-parameters (defaults: GAE γ = 1, λ = 0.95, clip 0.2, KL 0.01).
+    devices_per_node
+        Devices per placement group (default: the plan's GPUs per node).
+    hardware
+        Hardware for the predicted times (preset name or JSON path; default ``"cpu"``).
+    checkpoint_dir
+        Save every training group's weights and optimizer slices after each step there.
+    resume_from
+        A ``checkpoint_dir`` of an earlier run of the same plan: start from its last complete
+        step (weights, optimizer state, data position).
+    trace_path
+        Write the trace there.
+    progress
+        Callback ``(event, payload)``; events ``"setup"``, ``"node"``, ``"step"``.
+    fail_at
+        Testing hook ``(worker id, vertex, step)``: that worker raises in that node.
+
+    Returns
+    -------
+    RunReport
+
+    Raises
+    ------
+    ValueError
+        Bad input (no plan, unsupported algorithm, shape, Ray resources).
+    RunError
+        A node failed; the message names the node, its step and the worker.
+    """
+    import ray
+    import torch
+
+    from ..costmodel import hardware_preset, load_hardware
+    from .controller import Controller
+    from .verify import verify
+
+    rl = rl or RLConfig()
+    offset = 0
+    if resume_from is not None:
+        offset = _resume_step(Path(resume_from), result) + 1
+    cfg = RunConfig(
+        steps=steps,
+        seed=seed,
+        scale=scale,
+        batch=batch,
+        prompt_len=prompt_len,
+        response_len=response_len,
+        rl=rl,
+        address=address,
+        devices_per_node=devices_per_node,
+        use_gpu=False,
+        checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
+        resume_from=str(resume_from) if resume_from else None,
+        fail_at=fail_at,
+        step_offset=offset,
+    )
+    if isinstance(hardware, Hardware):
+        hw = hardware
+    elif hardware is None:
+        hw = hardware_preset("cpu")
+    elif os.path.exists(str(hardware)):
+        hw = load_hardware(str(hardware))
+    else:
+        hw = hardware_preset(str(hardware))
+    graph = expected_graph(result, steps)
+    binding = bind(
+        result,
+        graph,
+        steps,
+        scale=scale,
+        batch=batch,
+        prompt_len=prompt_len,
+        response_len=response_len,
+        seed=seed,
+    )
+    durations, _, predicted_steps = predict(binding, hw)
+    started = False
+    if not ray.is_initialized():
+        n = result.cluster.num_devices
+        if address is None:
+            ray.init(
+                num_cpus=max(2, os.cpu_count() or 2),
+                resources={"rpeg_device": n},
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        else:
+            ray.init(address=address, log_to_driver=False)
+        started = True
+    use_gpu = ray.cluster_resources().get("GPU", 0) >= result.cluster.num_devices and torch.cuda.is_available()
+    cfg = replace(cfg, use_gpu=use_gpu)
+    ctl = Controller(binding, cfg, progress)
+    try:
+        ctl.start()
+        if progress:
+            progress("setup", {"seconds": ctl.setup_s, "groups": len(binding.groups)})
+        if cfg.resume_from:
+            _restore(ctl, Path(cfg.resume_from), offset - 1)
+        ctl.execute()
+    finally:
+        ctl.stop()
+        if started:
+            ray.shutdown()
+    records = sorted(ctl.records, key=lambda r: r.node)
+    step_of = [r.step for r in records]
+    ends = [r.end for r in records]
+    step_times = _step_times(step_of, ends, steps, 0.0)
+    rewards = []
+    for k in range(steps):
+        parts = ctl.rewards.get(k, [])
+        total = sum(c for _, c in parts)
+        rewards.append(sum(s for s, _ in parts) / total if total else float("nan"))
+    step_metrics = [
+        {
+            "step": k + offset,
+            "reward": rewards[k],
+            "step_time_s": step_times[k],
+            "predicted_step_time_s": predicted_steps[k],
+            "losses": ctl.losses.get(k, {}),
+        }
+        for k in range(steps)
+    ]
+    trace = Trace(
+        plan_hash=plan_hash(result),
+        steps=steps,
+        staleness=dict(result.structure.tau),
+        records=records,
+        step_metrics=step_metrics,
+        groups=ctl.group_info,
+        meta={
+            "scaled": True,
+            "seed": seed,
+            "scale": scale,
+            "step_offset": offset,
+            "host": platform.node(),
+            "ray_address": address or "local",
+            "torch": torch.__version__,
+            "backend": "nccl" if use_gpu else "gloo",
+            "hardware": hw.name,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "predicted_durations": durations,
+            "setup_s": ctl.setup_s,
+            "wall_s": ctl.wall_s,
+            "dispatch_overhead_s": ctl.overhead_s,
+        },
+    )
+    problems = verify(trace, result)
+    if cfg.checkpoint_dir:
+        _write_manifest(Path(cfg.checkpoint_dir), result, binding, steps, offset)
+    if trace_path:
+        trace.to_json(trace_path)
+    return RunReport(
+        trace,
+        rewards,
+        step_times,
+        predicted_steps,
+        problems,
+        ctl.setup_s,
+        ctl.wall_s,
+        ctl.overhead_s,
+        [max(0.0, (r.end - r.start) - r.worker_time) for r in records],
+    )
+
+
+# ---------------------------------------------------------------------------- checkpoints
+def _write_manifest(root: Path, result: Result, binding: Binding, steps: int, offset: int) -> None:
+    trainers = [g for g in binding.groups if g.trains]
+    complete = []
+    for k in range(steps):
+        d = root / f"step{k:05d}"
+        if all((d / f"g{g.gid}-r{r}.pt").exists() for g in trainers for r in range(g.size)):
+            complete.append(k + offset)
+            (d / "meta.json").write_text(json.dumps({"global_step": k + offset}))
+    doc = {"plan_hash": plan_hash(result), "complete_steps": complete, "trainers": [g.gid for g in trainers]}
+    (root / "manifest.json").write_text(json.dumps(doc, indent=1))
+
+
+def _resume_step(root: Path, result: Result) -> int:
+    path = root / "manifest.json"
+    if not path.exists():
+        raise ValueError(f"resume_from={str(root)!r} holds no manifest.json (not a checkpoint directory)")
+    doc = json.loads(path.read_text())
+    if doc.get("plan_hash") != plan_hash(result):
+        raise ValueError(
+            f"resume_from={str(root)!r} was written for another plan (hash {doc.get('plan_hash', '?')[:12]}…); "
+            "resuming needs the same plan"
+        )
+    if not doc.get("complete_steps"):
+        raise ValueError(f"resume_from={str(root)!r} holds no complete step")
+    return int(max(doc["complete_steps"]))
+
+
+def _restore(ctl: Any, root: Path, global_step: int) -> None:
+    """Load the training groups' checkpoint of ``global_step`` and install those weights on every
+    other group of the same model (their version 0 of this run)."""
+    import ray
+
+    b = ctl.b
+    local_step = None
+    for d in sorted(root.glob("step*")):
+        meta = d / "meta.json"
+        if meta.exists() and json.loads(meta.read_text())["global_step"] == global_step:
+            local_step = d
+    if local_step is None:
+        raise ValueError(f"checkpoint of step {global_step} not found under {root}")
+    for g in b.groups:
+        if g.trains:
+            ray.get(
+                [a.call.remote("load", str(local_step / f"g{g.gid}-r{r}.pt")) for r, a in enumerate(ctl.actors[g.gid])]
+            )
+    for g in b.groups:
+        if g.trains:
+            pubs = [a.call.remote("publish") for a in ctl.actors[g.gid]]
+            for other in b.groups:
+                if other.model == g.model and not other.trains:
+                    ray.get([a.call.remote("install", pubs, 0) for a in ctl.actors[other.gid]])
