@@ -56,6 +56,7 @@ that is no worse in every term the recurrences combine (``max`` and ``+`` are mo
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import sys
@@ -498,19 +499,46 @@ def partitions(items: Sequence[int]) -> list[tuple[tuple[int, ...], ...]]:
     return out
 
 
+class _Staircase:
+    """The ``(P, T)`` Pareto staircase of the labels seen so far: ``P`` ascending, ``T``
+    strictly descending. With labels visited by ascending ``L``, a label is weakly dominated by
+    an earlier one iff some stair has ``P' ≤ P`` and ``T' ≤ T`` — one binary search."""
+
+    __slots__ = ("ps", "ts")
+
+    def __init__(self) -> None:
+        self.ps: list[int] = []
+        self.ts: list[int] = []
+
+    def covers(self, p: int, t: int) -> bool:
+        i = bisect.bisect_right(self.ps, p)
+        return i > 0 and self.ts[i - 1] <= t
+
+    def add(self, p: int, t: int) -> None:
+        i = bisect.bisect_left(self.ps, p)
+        j = i
+        while j < len(self.ps) and self.ts[j] >= t:  # stairs the new one dominates
+            j += 1
+        self.ps[i:j] = [p]
+        self.ts[i:j] = [t]
+
+
 def _nondominated(labels: list[Label], seen: list[Label] | None = None) -> list[Label]:
     """Labels not weakly dominated by an earlier one (nor by one in ``seen``), in a stable order.
 
-    Sorting by ``(L, P, T)`` first guarantees that a dominating label precedes those it dominates.
+    Visiting by ``(L, P, T)`` guarantees that a dominating label comes first, so each label needs
+    one :class:`_Staircase` query: ``O(n log n)`` instead of pairwise comparisons.
     """
+    stairs = _Staircase()
+    tagged = [(lab[0], lab[1], lab[2], 0, lab) for lab in seen or ()]
+    tagged += [(lab[0], lab[1], lab[2], 1, lab) for lab in labels]
     out: list[Label] = []
-    ref = list(seen or ())
-    for lab in sorted(labels, key=lambda x: (x[0], x[1], x[2], x[3])):
-        if any(o[0] <= lab[0] and o[1] <= lab[1] and o[2] <= lab[2] for o in ref):
+    for _, p, t, own, lab in sorted(tagged, key=lambda x: (x[0], x[1], x[2], x[3], x[4][3])):
+        if stairs.covers(p, t):
             continue
-        if any(o[0] <= lab[0] and o[1] <= lab[1] and o[2] <= lab[2] for o in out):
-            continue
-        out.append(lab)
+        stairs.add(p, t)
+        if own:
+            out.append(lab)
     return out
 
 
