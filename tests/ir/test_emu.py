@@ -1,0 +1,228 @@
+"""EMUs, the four primitives, plan diffs and the transition DAG (``ir/emu.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rpeg import Cluster, Workload, hardware_preset, model_preset
+from rpeg.heuristics.candidates import aligned_allocations, make_strategy
+from rpeg.ir import build_graph
+from rpeg.ir.emu import (
+    EMU,
+    Destroy,
+    Extend,
+    Merge,
+    ModelStage,
+    Split,
+    Stage,
+    TransitionInfeasible,
+    emus_of,
+    plan_diff,
+    transition_dag,
+)
+from rpeg.ir.plan import Choice, Plan
+from rpeg.ir.types import Role
+
+GEN = ModelStage("actor", Stage.GEN, "actor_gen", 0)
+INF = ModelStage("reward", Stage.INF, "reward_inf", 2)
+TRAIN = ModelStage("critic", Stage.TRAIN, "critic_train", 5)
+P = 16e9  # |θ| of an 8B model in BF16
+OPT = 96e9  # |ω| = 12·N
+
+
+def unit(ms, tp, pp, first, optim=0.0):
+    return EMU(ms, tp, pp, tuple(range(first, first + tp * pp)), P, optim)
+
+
+def kinds(dag):
+    return sorted(p.kind for p in dag.primitives)
+
+
+# ------------------------------------------------------------------ units and primitives
+def test_emu_validates_and_sizes():
+    u = unit(TRAIN, 2, 4, 8, OPT)
+    assert u.size == 8 and u.layout == (2, 4)
+    assert u.bytes_per_gpu == pytest.approx((P + OPT) / 8)
+    assert u.param_shard_bytes == pytest.approx(P / 8) and u.optim_shard_bytes == pytest.approx(OPT / 8)
+    with pytest.raises(ValueError, match="tp·pp = 4"):
+        EMU(GEN, 2, 2, (0, 1, 2), P)
+    with pytest.raises(ValueError, match="tp must be a positive integer"):
+        EMU(GEN, 0, 2, (), P)
+    with pytest.raises(ValueError, match="distinct"):
+        EMU(GEN, 2, 1, (3, 3), P)
+    with pytest.raises(ValueError, match="param_bytes"):
+        EMU(GEN, 1, 1, (0,), -1.0)
+
+
+def test_stage_from_role_and_order():
+    assert Stage.from_role(Role.GENERATION) is Stage.GEN
+    assert Stage.from_role(Role.TRAINING) is Stage.TRAIN
+    assert sorted([TRAIN, INF, GEN], key=lambda m: m.sort_key) == [GEN, INF, TRAIN]
+
+
+def test_split_bytes_group_and_memory():
+    src = unit(TRAIN, 2, 2, 0, OPT)  # GPUs 0-3: ranks (p, t) = (0,0) (0,1) (1,0) (1,1)
+    parts = tuple(EMU(TRAIN, 1, 2, (g, g + 1), P, OPT) for g in (0, 2))
+    s = Split(src, parts)
+    assert s.group_size == 2
+    assert s.nbytes == pytest.approx((P + OPT) / 2)  # the new shard each GPU gathers
+    assert s.group() == (0, 1)  # a TP group: the ranks holding parts of rank 0's new shard
+    assert s.gpus == frozenset(range(4)) and not s.acquired and not s.released
+    assert s.memory_need(0) == pytest.approx((P + OPT) / 4 + (P + OPT) / 2)
+    pp_split = Split(unit(GEN, 1, 4, 0), tuple(EMU(GEN, 1, 2, (g, g + 1), P) for g in (0, 2)))
+    assert pp_split.group() == (0, 1)  # stages 0 and 1 hold rank 0's new stage
+    with pytest.raises(ValueError, match="tile"):
+        Split(src, parts[:1])
+
+
+def test_merge_extend_destroy_bytes_and_gpu_sets():
+    a, b = unit(GEN, 1, 4, 0), unit(GEN, 1, 4, 4)
+    m = Merge((a, b), EMU(GEN, 2, 4, tuple(range(8)), P))
+    assert m.nbytes == pytest.approx(P / 8) and m.gpus == frozenset(range(8)) and not m.acquired
+    e = Extend(a, unit(GEN, 1, 4, 16))
+    assert e.nbytes == pytest.approx(P / 4)
+    assert e.acquired == frozenset(range(16, 20)) and e.gpus == frozenset(range(4)) | frozenset(range(16, 20))
+    assert e.memory_need(16) == pytest.approx(P / 4) and e.memory_need(0) == 0.0
+    d = Destroy(b)
+    assert (
+        d.released == frozenset(range(4, 8)) and d.nbytes == 0.0 and d.memory_need(4) == pytest.approx(P / 4)
+    )
+    with pytest.raises(ValueError, match="overlap"):
+        Extend(a, unit(GEN, 1, 4, 2))
+
+
+# ------------------------------------------------------------------ plans → EMUs
+def test_emus_of_plan_splits_allocations_in_rank_order():
+    cluster = Cluster.from_shape("1x2x8", hardware_preset("h200"))
+    seven = model_preset("7b")
+    w = Workload("ppo", {"actor": seven, "critic": seven, "reward": seven}, 64, 1, 128, 256)
+    g = build_graph(w)
+    s = make_strategy(cluster, (1, 1, 8), 2, 2, 2, 2)  # dp=2, pp=2, tp=2 on 8 GPUs
+    alloc = aligned_allocations(cluster, 8)[1]  # GPUs 8-15
+    plan = Plan(tuple(Choice(s, alloc) for _ in g.vertices))
+    units = emus_of(plan, cluster, graph=g)
+    assert len(units) == 2 * len(g.vertices)
+    assert units[0].gpus == (8, 9, 10, 11) and units[1].gpus == (12, 13, 14, 15)
+    assert units[0].stage == ModelStage("actor", Stage.GEN, "actor_gen")
+    n = seven.params
+    assert units[0].param_bytes == n * 2 and units[0].optim_bytes == 0
+    train = [u for u in units if u.stage.stage is Stage.TRAIN]
+    assert len(train) == 4 and all(u.optim_bytes == 12 * n for u in train)
+    assert [u.uid for u in units] == list(range(len(units)))
+    with pytest.raises(ValueError, match="exactly one of"):
+        emus_of(plan, cluster)
+
+
+def test_plan_diff_pairs_model_stages_and_rejects_mismatch():
+    cur = [unit(GEN, 1, 4, 0), unit(TRAIN, 1, 4, 4, OPT)]
+    tgt = [unit(GEN, 2, 4, 0), unit(TRAIN, 1, 4, 8, OPT), unit(TRAIN, 1, 4, 12, OPT)]
+    d = plan_diff(cur, tgt)
+    assert list(d) == [GEN, TRAIN]
+    assert d[GEN].t_sub == (1, 4) and d[TRAIN].dp == (1, 2)
+    assert d[TRAIN].acquired == frozenset(range(8, 16)) and d[TRAIN].released == frozenset(range(4, 8))
+    with pytest.raises(ValueError, match="same model-stages"):
+        plan_diff(cur, tgt[:1])
+    with pytest.raises(ValueError, match="mixes layouts"):
+        plan_diff([unit(GEN, 1, 4, 0), unit(GEN, 2, 2, 4)], tgt)
+
+
+# ------------------------------------------------------------------ known diffs → expected DAGs
+def test_tp_1_to_2_for_generation_is_extend_then_merge():
+    """Nereus §5.1: actor generation (TP=1, PP=4, DP=2) → (TP=2, PP=4, DP=2) on a grown pool."""
+    cur = [unit(GEN, 1, 4, 0), unit(GEN, 1, 4, 4)]
+    tgt = [unit(GEN, 2, 4, 0), unit(GEN, 2, 4, 8)]
+    dag = transition_dag(cur, tgt)
+    assert kinds(dag) == ["extend", "extend", "merge", "merge"]
+    merges = [i for i, p in enumerate(dag.primitives) if p.kind == "merge"]
+    extends = [i for i, p in enumerate(dag.primitives) if p.kind == "extend"]
+    far = next(i for i in merges if 8 in dag.primitives[i].gpus)
+    assert set(dag.predecessors[far]) == set(extends)  # both copies exist before they merge
+    near = next(i for i in merges if 0 in dag.primitives[i].gpus)
+    assert set(dag.predecessors[near]) == set(extends)  # sources stay intact until copied
+    assert {u.key() for u in dag.apply()} == {u.key() for u in tgt}
+
+
+def test_tp_change_in_place_is_one_merge():
+    dag = transition_dag([unit(GEN, 1, 4, 0), unit(GEN, 1, 4, 4)], [unit(GEN, 2, 4, 0)])
+    assert kinds(dag) == ["merge"] and not dag.edges
+
+
+def test_dp_2_to_4_for_critic_training_is_two_extends():
+    cur = [unit(TRAIN, 1, 4, 0, OPT), unit(TRAIN, 1, 4, 4, OPT)]
+    tgt = [*cur, unit(TRAIN, 1, 4, 8, OPT), unit(TRAIN, 1, 4, 12, OPT)]
+    dag = transition_dag(cur, tgt)
+    assert kinds(dag) == ["extend", "extend"] and not dag.edges
+    assert {p.inputs[0].gpus[0] for p in dag.primitives} == {0, 4}  # one source each, in parallel
+
+
+def test_moving_a_model_extends_before_destroying_the_last_copy():
+    dag = transition_dag([unit(INF, 2, 1, 0)], [unit(INF, 2, 1, 2)])
+    assert kinds(dag) == ["destroy", "extend"]
+    e = next(i for i, p in enumerate(dag.primitives) if p.kind == "extend")
+    d = next(i for i, p in enumerate(dag.primitives) if p.kind == "destroy")
+    assert (e, d) in dag.edges
+
+
+def test_shrinking_the_pool_destroys_replicas_and_splits():
+    cur = [unit(TRAIN, 1, 2, 2 * k, OPT) for k in range(4)]
+    dag = transition_dag(cur, cur[:2])
+    assert kinds(dag) == ["destroy", "destroy"] and not dag.edges
+    # TP 2 → 1 while keeping half the GPUs: split, then drop the sub-unit off the new pool
+    dag = transition_dag([unit(GEN, 2, 1, 0), unit(GEN, 2, 1, 2)], [unit(GEN, 1, 1, 0), unit(GEN, 1, 1, 2)])
+    assert kinds(dag) == ["destroy", "destroy", "split", "split"]
+    for i, p in enumerate(dag.primitives):
+        if p.kind == "destroy":
+            assert dag.primitives[dag.predecessors[i][0]].kind == "split"
+    assert {u.key() for u in dag.apply()} == {u.key() for u in [unit(GEN, 1, 1, 0), unit(GEN, 1, 1, 2)]}
+
+
+def test_extend_waits_for_the_destroy_that_releases_its_gpus():
+    cur = [unit(GEN, 1, 4, 0), unit(GEN, 1, 4, 4), unit(TRAIN, 1, 4, 8, OPT)]
+    tgt = [unit(GEN, 1, 4, 0), unit(TRAIN, 1, 4, 8, OPT), unit(TRAIN, 1, 4, 4, OPT)]
+    dag = transition_dag(cur, tgt)
+    assert len(dag.resource_edges) == 1
+    d, e = dag.resource_edges[0]
+    assert isinstance(dag.primitives[d], Destroy) and dag.primitives[d].stage == GEN
+    assert isinstance(dag.primitives[e], Extend) and dag.primitives[e].stage == TRAIN
+
+
+def test_colocated_owners_do_not_block():
+    """A GPU the target shares between two model-stages needs no resource edge."""
+    cur = [unit(GEN, 1, 4, 0), unit(TRAIN, 1, 4, 4, OPT)]
+    tgt = [unit(GEN, 1, 4, 0), unit(TRAIN, 1, 4, 4, OPT), unit(TRAIN, 1, 4, 0, OPT)]
+    dag = transition_dag(cur, tgt)
+    assert kinds(dag) == ["extend"] and not dag.resource_edges
+
+
+def test_swap_on_a_full_pool_is_infeasible_and_names_both_sides():
+    cur = [unit(GEN, 2, 1, 0), unit(INF, 2, 1, 2)]
+    tgt = [unit(GEN, 2, 1, 2), unit(INF, 2, 1, 0)]
+    with pytest.raises(TransitionInfeasible) as exc:
+        transition_dag(cur, tgt)
+    err = exc.value
+    assert isinstance(err, ValueError)
+    # the second Extend closes the wait-for cycle: reward/Inf needs GPUs 0-1, which actor/Gen
+    # releases only after its own Extend, which waits for reward/Inf to release GPUs 2-3
+    assert err.stage == str(INF) and err.blocking == str(GEN) and err.gpus == (0, 1)
+    assert "actor/Gen" in str(err) and "reward/Inf" in str(err) and "[0, 1]" in str(err)
+
+
+def test_t_sub_path_split_destroy_extend_merge():
+    """Nereus Fig. 6 (reward inference): (TP=4, PP=8) → (TP=8, PP=2) via four (4, 2) units."""
+    cur = [EMU(INF, 4, 8, tuple(range(32)), P)]
+    tgt = [EMU(INF, 8, 2, tuple(range(16)), P)]
+    dag = transition_dag(cur, tgt)
+    assert kinds(dag) == ["destroy", "destroy", "merge", "split"]
+    assert all(u.layout == (4, 2) for p in dag.primitives if p.kind == "split" for u in p.outputs)
+    assert {u.key() for u in dag.apply()} == {u.key() for u in tgt}
+
+
+def test_apply_refuses_to_destroy_the_last_copy():
+    dag = transition_dag([unit(INF, 2, 1, 0)], [unit(INF, 2, 1, 2)])
+    d = next(i for i, p in enumerate(dag.primitives) if p.kind == "destroy")
+    e = 1 - d
+    dag2 = type(dag)(dag.primitives, (), (), dag.current, dag.target, dag.diffs)  # edges removed
+    with pytest.raises(ValueError, match="last copy"):
+        dag2.apply([d, e])
+    with pytest.raises(ValueError, match="before its predecessor"):
+        dag.apply([d, e])
