@@ -158,14 +158,16 @@ def gpu_capacities(dag: TransitionDAG, cluster: Cluster, capacity: float | None 
     base = cluster.hardware.m_eff if capacity is None else float(capacity)
     cur: dict[int, float] = {}
     for u in dag.current:
+        b = u.bytes_per_gpu
         for g in u.gpus:
-            cur[g] = cur.get(g, 0.0) + u.bytes_per_gpu
+            cur[g] = cur.get(g, 0.0) + b
     tgt: dict[int, float] = {}
     for u in dag.target:
+        b = u.bytes_per_gpu
         for g in u.gpus:
-            tgt[g] = tgt.get(g, 0.0) + u.bytes_per_gpu
-    gpus = {g for u in dag.units.values() for g in u.gpus}
-    return {g: max(base, cur.get(g, 0.0), tgt.get(g, 0.0)) for g in sorted(gpus)}
+            tgt[g] = tgt.get(g, 0.0) + b
+    # every unit lives on GPUs of the current collection (Split/Merge outputs) or the target (Extend)
+    return {g: max(base, cur.get(g, 0.0), tgt.get(g, 0.0)) for g in sorted(cur.keys() | tgt.keys())}
 
 
 def peak_possible(dag: TransitionDAG) -> dict[int, float]:

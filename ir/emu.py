@@ -47,7 +47,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from typing import ClassVar
@@ -241,11 +241,15 @@ class EMU:
 
     def with_uid(self, uid: int) -> EMU:
         """A copy carrying ``uid``."""
-        return replace(self, uid=uid)
+        return _trusted(
+            self.stage, self.tp, self.pp, self.gpus, self.param_bytes, self.optim_bytes, uid, self.mask
+        )
 
-    def sub_unit(self, tp: int, pp: int, gpus: Sequence[int]) -> EMU:
+    def sub_unit(self, tp: int, pp: int, gpus: Sequence[int], uid: int = -1) -> EMU:
         """A unit of the same model-stage and state with layout ``tp×pp`` on ``gpus``."""
-        return EMU(self.stage, tp, pp, tuple(gpus), self.param_bytes, self.optim_bytes)
+        if tp * pp != len(gpus):
+            raise ValueError(f"EMU gpus must hold tp·pp = {tp * pp} GPUs, got {len(gpus)}: {list(gpus)}")
+        return _trusted(self.stage, tp, pp, tuple(gpus), self.param_bytes, self.optim_bytes, uid, _mask(gpus))
 
     def __str__(self) -> str:
         lo, hi = min(self.gpus), max(self.gpus)
@@ -257,6 +261,25 @@ class EMU:
             else f"GPUs {sorted(self.gpus)}"
         )
         return f"{self.stage} tp={self.tp} pp={self.pp} on {where}"
+
+
+def _trusted(
+    stage: ModelStage, tp: int, pp: int, gpus: tuple[int, ...], pb: float, ob: float, uid: int, mask: int
+) -> EMU:
+    """An EMU built from already-validated parts (the DAG builder creates thousands)."""
+    u = object.__new__(EMU)
+    for name, value in (
+        ("stage", stage),
+        ("tp", tp),
+        ("pp", pp),
+        ("gpus", gpus),
+        ("param_bytes", pb),
+        ("optim_bytes", ob),
+        ("uid", uid),
+        ("mask", mask),
+    ):
+        object.__setattr__(u, name, value)
+    return u
 
 
 # ---------------------------------------------------------------------------------- primitives
@@ -942,8 +965,7 @@ class _Builder:
                 subs[u.mask] = (u, None)
                 continue
             parts = tuple(
-                u.sub_unit(stp, spp, u.gpus[j * s : (j + 1) * s]).with_uid(self.uid())
-                for j in range(u.size // s)
+                u.sub_unit(stp, spp, u.gpus[j * s : (j + 1) * s], self.uid()) for j in range(u.size // s)
             )
             i = self.add(Split(u, parts))
             for p in parts:
@@ -976,7 +998,7 @@ class _Builder:
         heapq.heapify(sources)
         for bl in missing:
             level, first, _, (src, c) = heapq.heappop(sources)
-            new = src.sub_unit(stp, spp, bl).with_uid(self.uid())
+            new = src.sub_unit(stp, spp, bl, self.uid())
             i = self.add(Extend(src, new), [c])
             feeds.setdefault(src.uid, []).append(i)
             self.extends.append((i, d.stage))
