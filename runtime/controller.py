@@ -474,6 +474,19 @@ class Controller:
                 f"(device {group.devices[rank]}): {_cause(exc)}"
             ) from exc
 
+    def final_weights(self) -> dict[str, dict[str, Any]]:
+        """Full weights of every trained model, assembled from its training group's shards."""
+        import ray
+
+        from .parallel import assemble
+
+        out = {}
+        for g in self.b.groups:
+            if g.trains:
+                got = [x for x in ray.get([a.call.remote("publish") for a in self.actors[g.gid]]) if x]
+                out[g.model] = assemble([(coords[1], pub) for coords, pub in got])
+        return out
+
     def stop(self) -> None:
         """Kill the workers and release the placement groups."""
         import ray

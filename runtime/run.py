@@ -81,6 +81,10 @@ class RunReport:
         Worker start-up and DAG execution seconds.
     overhead_s
         Controller seconds not spent waiting for workers (dispatch overhead).
+    node_overhead_s
+        Per record, ``(end − start) − worker_time``: what dispatch, Ray and the object store add.
+    weights
+        Final full weights per trained model (``return_weights=True``).
     """
 
     trace: Trace
@@ -92,6 +96,7 @@ class RunReport:
     wall_s: float
     overhead_s: float
     node_overhead_s: list[float] = field(default_factory=list)
+    weights: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def overhead_per_node_s(self) -> float:
@@ -191,6 +196,7 @@ def run(
     trace_path: str | Path | None = None,
     progress: Callable[[str, dict], None] | None = None,
     fail_at: tuple[str, str, int] | None = None,
+    return_weights: bool = False,
 ) -> RunReport:
     """Execute ``result``'s plan for ``steps`` RL steps and verify the trace against it.
 
@@ -225,6 +231,8 @@ def run(
         Callback ``(event, payload)``; events ``"setup"``, ``"node"``, ``"step"``.
     fail_at
         Testing hook ``(worker id, vertex, step)``: that worker raises in that node.
+    return_weights
+        Gather every trained model's final full weights into :attr:`RunReport.weights`.
 
     Returns
     -------
@@ -308,6 +316,7 @@ def run(
         if cfg.resume_from:
             _restore(ctl, Path(cfg.resume_from), offset - 1)
         ctl.execute()
+        weights = ctl.final_weights() if return_weights else {}
     finally:
         ctl.stop()
         if started:
@@ -370,6 +379,7 @@ def run(
         ctl.wall_s,
         ctl.overhead_s,
         [max(0.0, (r.end - r.start) - r.worker_time) for r in records],
+        weights,
     )
 
 
