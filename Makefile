@@ -16,7 +16,7 @@ $(VENV)/.dev: $(VENV)/.base
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-## make demo: plan the bundled PPO example with both baselines and write a result file
+## make demo: plan the bundled PPO examples, then run the searched small plan on Ray workers and verify it
 demo: $(VENV)/.base
 	$(RPEG) examples
 	@echo
@@ -24,6 +24,11 @@ demo: $(VENV)/.base
 	@echo
 	@mkdir -p out
 	$(RPEG) solve ppo-7b-16gpu --method concurrent --json out/ppo-7b-16gpu.json
+	@echo
+	$(RPEG) solve ppo-1b-4gpu --method sa --time-limit 10 --no-progress --json out/ppo-1b-4gpu.json
+	@echo
+	$(RPEG) run out/ppo-1b-4gpu.json --steps 3 --trace out/ppo-1b-4gpu.trace.json
+	$(RPEG) verify out/ppo-1b-4gpu.trace.json out/ppo-1b-4gpu.json
 
 ## make test: lint, format check and the whole test suite
 test: $(VENV)/.dev

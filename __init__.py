@@ -7,6 +7,8 @@ Front door::
     cluster = rpeg.Cluster.from_shape("1x4x4", rpeg.hardware_preset("gh200"))
     result = rpeg.solve(wf.workload, cluster, method="concurrent")
     print(result.summary())
+    report = rpeg.run(result, steps=4)      # execute it on Ray workers (tiny models, CPU)
+    assert not report.problems              # the trace matches the plan
 
 Layers (data flows one way): :mod:`rpeg.ir` ← :mod:`rpeg.costmodel` ← :mod:`rpeg.heuristics` /
 :mod:`rpeg.formulations` ← :mod:`rpeg.solvers` ← :mod:`rpeg.runtime`.
@@ -18,6 +20,16 @@ from .ir import Cluster, Hardware, ModelSpec, Structure, Workload, load_workload
 from .solvers import METHODS, Result, Status, register, solve
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """``rpeg.run`` and ``rpeg.verify`` load the runtime (torch, Ray) only when first used."""
+    if name in ("run", "verify"):
+        from . import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'rpeg' has no attribute {name!r}")
+
 
 __all__ = [
     "HARDWARE_PRESETS",
@@ -36,5 +48,7 @@ __all__ = [
     "load_workload",
     "model_preset",
     "register",
+    "run",
     "solve",
+    "verify",
 ]

@@ -367,6 +367,14 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--plan", required=True, help="a result JSON file (its plan and structure are used)")
     e.set_defaults(fn=_cmd_evaluate)
 
+    from .costmodel.calibrate import register_cli as _calibrate_cli
+    from .runtime.cli import register_cli as _run_cli
+    from .runtime.verify import register_cli as _verify_cli
+
+    _run_cli(sub)
+    _verify_cli(sub)
+    _calibrate_cli(sub)
+
     j = sub.add_parser(
         "project", help="solve a project-scheduling instance (PSPLIB .sm/.mm) exactly or greedily"
     )

@@ -1,2 +1,29 @@
-"""Runtime (to come): persistent Ray workers that execute a plan with real PyTorch models,
-completion-driven dispatch and trace verification (SPEC §11)."""
+"""Runtime: execute a plan on persistent Ray workers with real PyTorch models (SPEC §11).
+
+* :func:`run` (``rpeg.run``) binds a :class:`~rpeg.solvers.result.Result` to worker groups
+  (``binding``), starts them on Ray with placement groups (``controller``), runs the lowered DAG
+  completion-driven and returns a :class:`~rpeg.runtime.run.RunReport` with the trace;
+* :func:`verify` (``rpeg.verify``) checks a trace against the plan (``verify``, ``trace``);
+* ``model``, ``task``, ``rl``: the tiny transformer, the synthetic task and PPO/GRPO math;
+* ``worker``, ``parallel``: one rank of a group — DTensor TP, pipelined stages, sharded Adam.
+
+Importing this package does not import torch or Ray; :func:`run` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["run", "verify"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "run":
+        from .run import run
+
+        return run
+    if name == "verify":
+        from .verify import verify
+
+        return verify
+    raise AttributeError(f"module 'rpeg.runtime' has no attribute {name!r}")

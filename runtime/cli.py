@@ -1,0 +1,70 @@
+"""``rpeg run``: execute a result file's plan on Ray workers and verify the trace."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["register_cli"]
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    """Add ``run RESULT.json [--steps K] [--trace OUT] …`` to the CLI."""
+    r = sub.add_parser("run", help="execute a result file's plan on Ray workers (tiny models on CPU)")
+    r.add_argument("result", help="rpeg.result/1 file written by `rpeg solve --json`")
+    r.add_argument("--steps", type=int, default=4, help="RL steps to run (default 4)")
+    r.add_argument("--trace", metavar="TRACE.json", help="write the execution trace here")
+    r.add_argument("--address", help="Ray address to join (default: start a local instance)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--scale", default="tiny", help="model scale: tiny, small, or a JSON object of spec fields")
+    r.add_argument("--batch", type=int, default=None, help="prompts per step (default: smallest that fits the plan)")
+    r.add_argument("--prompt-len", type=int, default=8)
+    r.add_argument("--response-len", type=int, default=8)
+    r.add_argument("--devices-per-node", type=int, default=None, help="devices per placement group")
+    r.add_argument("--hardware", default=None, help="hardware preset or JSON for the predicted times (default cpu)")
+    r.add_argument("--checkpoint-dir", help="save training state after every step here")
+    r.add_argument("--resume-from", help="resume from a --checkpoint-dir of the same plan")
+    r.set_defaults(fn=_cmd_run)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from ..solvers.result import Result
+    from .run import run
+
+    path = Path(args.result)
+    if not path.is_file():
+        raise ValueError(f"result file {args.result!r} does not exist")
+    result = Result.from_json(path)
+    scale = args.scale
+    if scale.strip().startswith("{"):
+        try:
+            scale = json.loads(scale)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--scale {args.scale!r} is not valid JSON ({exc})") from None
+
+    def progress(event: str, payload: dict) -> None:
+        if event == "setup":
+            print(f"workers up: {payload['groups']} groups in {payload['seconds']:.1f} s", file=sys.stderr)
+
+    report = run(
+        result,
+        args.steps,
+        address=args.address,
+        seed=args.seed,
+        scale=scale,
+        batch=args.batch,
+        prompt_len=args.prompt_len,
+        response_len=args.response_len,
+        devices_per_node=args.devices_per_node,
+        hardware=args.hardware,
+        checkpoint_dir=args.checkpoint_dir,
+        resume_from=args.resume_from,
+        trace_path=args.trace,
+        progress=progress,
+    )
+    print(report.summary())
+    if args.trace:
+        print(f"trace      {args.trace}")
+    return 0 if not report.problems else 1
