@@ -18,12 +18,18 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--trace", metavar="TRACE.json", help="write the execution trace here")
     r.add_argument("--address", help="Ray address to join (default: start a local instance)")
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--scale", default="tiny", help="model scale: tiny, small, or a JSON object of spec fields")
-    r.add_argument("--batch", type=int, default=None, help="prompts per step (default: smallest that fits the plan)")
+    r.add_argument(
+        "--scale", default="tiny", help="model scale: tiny, small, or a JSON object of spec fields"
+    )
+    r.add_argument(
+        "--batch", type=int, default=None, help="prompts per step (default: smallest that fits the plan)"
+    )
     r.add_argument("--prompt-len", type=int, default=8)
     r.add_argument("--response-len", type=int, default=8)
     r.add_argument("--devices-per-node", type=int, default=None, help="devices per placement group")
-    r.add_argument("--hardware", default=None, help="hardware preset or JSON for the predicted times (default cpu)")
+    r.add_argument(
+        "--hardware", default=None, help="hardware preset or JSON for the predicted times (default cpu)"
+    )
     r.add_argument("--checkpoint-dir", help="save training state after every step here")
     r.add_argument("--resume-from", help="resume from a --checkpoint-dir of the same plan")
     r.set_defaults(fn=_cmd_run)

@@ -16,12 +16,14 @@ reads them.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..ir.cluster import mask_devices
 from ..ir.lower import COMM, OP, RESHARD
@@ -135,8 +137,7 @@ class Controller:
                 f"--resources='{{\"{resource}\": {n}}}' or run without an address"
             )
         pgs = [
-            placement_group([{resource: 1}] * per_node, strategy="STRICT_PACK")
-            for _ in range(n // per_node)
+            placement_group([{resource: 1}] * per_node, strategy="STRICT_PACK") for _ in range(n // per_node)
         ]
         ray.get([pg.ready() for pg in pgs], timeout=120)
         self.placement = pgs
@@ -216,7 +217,9 @@ class Controller:
         eg = b.exec_graph
         g = b.graph
         verts = g.vertices
-        data_in = {v: [g.index[e.src] for e in g.data_edges if e.dst == verts[v].name] for v in range(len(verts))}
+        data_in = {
+            v: [g.index[e.src] for e in g.data_edges if e.dst == verts[v].name] for v in range(len(verts))
+        }
         nodes = []
         for i in range(len(eg)):
             v, k, ph = eg.vertex[i], eg.step[i], eg.phase[i]
@@ -347,7 +350,9 @@ class Controller:
         if nd.role == "data":
             src = verts[nd.source].name
             phases = artifacts.get((nd.step, nd.source), {})
-            refs = phases.get(nd.phase, []) if nd.phase > 0 else [r for p in sorted(phases) for r in phases[p]]
+            refs = (
+                phases.get(nd.phase, []) if nd.phase > 0 else [r for p in sorted(phases) for r in phases[p]]
+            )
             key = (vname, nd.step, src, nd.phase)
             out = [a.call.remote("fetch", key, refs) for a in actors]
             return out, []
@@ -369,7 +374,9 @@ class Controller:
             inputs[verts[u].name] = (
                 phases.get(own_phase, []) if own_phase else [r for p in sorted(phases) for r in phases[p]]
             )
-        outs = [c for c in vert.outputs if not c.startswith("W_") and b.graph.containers[c].weights_of is None]
+        outs = [
+            c for c in vert.outputs if not c.startswith("W_") and b.graph.containers[c].weights_of is None
+        ]
         desc = {
             "vertex": vname,
             "role": vert.role.value,
@@ -494,15 +501,11 @@ class Controller:
 
         for actors in self.actors.values():
             for a in actors:
-                try:
+                with contextlib.suppress(Exception):  # already dead
                     ray.kill(a)
-                except Exception:  # already dead
-                    pass
         for pg in self.placement:
-            try:
+            with contextlib.suppress(Exception):
                 remove_placement_group(pg)
-            except Exception:
-                pass
         self.actors.clear()
         self.placement = []
 

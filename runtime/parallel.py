@@ -185,7 +185,9 @@ class ShardedAdam:
         self.t = int(state["t"])  # type: ignore[arg-type]
 
 
-def publication(model: torch.nn.Module, *, include_replicated: bool) -> dict[str, tuple[torch.Tensor, int | None]]:
+def publication(
+    model: torch.nn.Module, *, include_replicated: bool
+) -> dict[str, tuple[torch.Tensor, int | None]]:
     """This rank's weights as ``name → (local tensor copy, TP shard dim or None)``.
 
     Replicated tensors are included only when ``include_replicated`` (TP rank 0), so a

@@ -20,9 +20,10 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..ir.cluster import Cluster
 from ..ir.hardware import Hardware
@@ -113,7 +114,9 @@ class RunReport:
             f"{1e3 * self.overhead_per_node_s:.2f} ms/node over {len(self.trace.records)} nodes"
         )
         lines.append(
-            "trace valid" if not self.problems else f"trace INVALID ({len(self.problems)}): {self.problems[0]}"
+            "trace valid"
+            if not self.problems
+            else f"trace INVALID ({len(self.problems)}): {self.problems[0]}"
         )
         return "\n".join(lines)
 
@@ -124,7 +127,6 @@ def scaled_problem(binding: Binding, hardware: Hardware) -> tuple[Workload, Clus
     r = binding.result
     wl = r.workload
     sh = binding.shape
-    g = binding.graph
     specs = binding.specs
     actor = "actor_critic" if "actor_critic" in specs else "actor"
     models = {}
@@ -306,7 +308,9 @@ def run(
         else:
             ray.init(address=address, log_to_driver=False)
         started = True
-    use_gpu = ray.cluster_resources().get("GPU", 0) >= result.cluster.num_devices and torch.cuda.is_available()
+    use_gpu = (
+        ray.cluster_resources().get("GPU", 0) >= result.cluster.num_devices and torch.cuda.is_available()
+    )
     cfg = replace(cfg, use_gpu=use_gpu)
     ctl = Controller(binding, cfg, progress)
     try:
@@ -427,7 +431,10 @@ def _restore(ctl: Any, root: Path, global_step: int) -> None:
     for g in b.groups:
         if g.trains:
             ray.get(
-                [a.call.remote("load", str(local_step / f"g{g.gid}-r{r}.pt")) for r, a in enumerate(ctl.actors[g.gid])]
+                [
+                    a.call.remote("load", str(local_step / f"g{g.gid}-r{r}.pt"))
+                    for r, a in enumerate(ctl.actors[g.gid])
+                ]
             )
     for g in b.groups:
         if g.trains:

@@ -113,14 +113,17 @@ class Worker:
         self.step_offset = step_offset
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
         host, port = master.rsplit(":", 1)
-        dist.init_process_group(
-            backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=group.size
-        )
+        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=group.size)
         self.mesh = make_mesh(rank, group.dp, group.pp, group.tp, "cuda" if backend == "nccl" else "cpu")
         lo, hi = stage_layer_ranges(group.spec.layers, group.pp)[self.mesh.p]
         self.layer_range = (lo, hi)
         model = Transformer(
-            group.spec, group.head, seed=group.seed, layer_range=(lo, hi), first=self.mesh.first, last=self.mesh.last
+            group.spec,
+            group.head,
+            seed=group.seed,
+            layer_range=(lo, hi),
+            first=self.mesh.first,
+            last=self.mesh.last,
         )
         if group.tp > 1:
             from torch.distributed.tensor.parallel import parallelize_module
@@ -161,7 +164,9 @@ class Worker:
 
     def _check_fault(self, vertex: str, step: int) -> None:
         if self.fail_at is not None and self.fail_at == (vertex, step):
-            raise RuntimeError(f"injected fault in worker {self.group.worker(self.rank)} at {vertex} step {step}")
+            raise RuntimeError(
+                f"injected fault in worker {self.group.worker(self.rank)} at {vertex} step {step}"
+            )
 
     # ------------------------------------------------------------------ weights
     def publish(self) -> tuple[tuple[int, int], dict[str, tuple[torch.Tensor, int | None]]] | None:
@@ -235,12 +240,16 @@ class Worker:
             order = torch.argsort(cat["ids"])
             cat = {k: v[order] for k, v in cat.items()}
             if "ids" in merged and not torch.equal(merged["ids"], cat["ids"]):
-                raise RuntimeError(f"inputs of {node['vertex']} step {node['step']} cover different sequences")
+                raise RuntimeError(
+                    f"inputs of {node['vertex']} step {node['step']} cover different sequences"
+                )
             merged.update(cat)
         return merged
 
     # ------------------------------------------------------------------ pipeline plumbing
-    def _stage(self, x: torch.Tensor | None, b: int, s: int, cache: KVCache | None = None) -> torch.Tensor | None:
+    def _stage(
+        self, x: torch.Tensor | None, b: int, s: int, cache: KVCache | None = None
+    ) -> torch.Tensor | None:
         """Run this stage on ``b × s`` positions; hidden states travel stage to stage by P2P.
         Returns the last stage's output (heads applied), ``None`` on other stages."""
         m = self.mesh
@@ -327,9 +336,7 @@ class Worker:
                 tok = torch.empty(b, dtype=torch.int64)
                 if self.mesh.last:
                     logits = out[0] if isinstance(out, tuple) else out
-                    tok, lp = sample_token(
-                        logits[:, -1], self.seed, st["ids"][c], t, self.cfg.temperature
-                    )
+                    tok, lp = sample_token(logits[:, -1], self.seed, st["ids"][c], t, self.cfg.temperature)
                     st["logp"][c, t] = lp
                     if self.group.pp > 1:
                         dist.send(tok, dst=self.mesh.first_rank())
@@ -349,7 +356,9 @@ class Worker:
         return out, {"sequences": int(done.sum())}
 
     @torch.no_grad()
-    def _infer(self, node: dict[str, Any], batch: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _infer(
+        self, node: dict[str, Any], batch: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         sh = self.shape
         Lp, Lr = sh.prompt_len, sh.response_len
         sl = response_slice(Lp, Lr)
@@ -455,7 +464,9 @@ class Worker:
                 stage = PipelineStage(
                     self.packed, self.mesh.p, self.group.pp, torch.device("cpu"), group=self.mesh.pp_group
                 )
-                self.schedule = Schedule1F1B(stage, n_microbatches=self.group.mb, loss_fn=loss_fn, scale_grads=False)
+                self.schedule = Schedule1F1B(
+                    stage, n_microbatches=self.group.mb, loss_fn=loss_fn, scale_grads=False
+                )
             self.schedule._loss_fn = loss_fn  # this step's normaliser and batch
             if self.mesh.first:
                 self.schedule.step(tokens)
@@ -494,7 +505,11 @@ class Worker:
     def load(self, path: str) -> int:
         """Restore :meth:`save` (same layout); the loaded weights become version 0 of this run."""
         state = torch.load(path, weights_only=False)
-        if state["layout"] != self.group.layout() or tuple(state["coords"]) != (self.mesh.d, self.mesh.p, self.mesh.t):
+        if state["layout"] != self.group.layout() or tuple(state["coords"]) != (
+            self.mesh.d,
+            self.mesh.p,
+            self.mesh.t,
+        ):
             raise ValueError(
                 f"checkpoint {path} was written by layout {state['layout']} rank {state['coords']}; this worker "
                 f"is {self.group.layout()} rank {(self.mesh.d, self.mesh.p, self.mesh.t)}"

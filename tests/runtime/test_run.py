@@ -21,6 +21,7 @@ from rpeg.heuristics.evaluator import Evaluator  # noqa: E402
 from rpeg.ir import Cluster, ModelSpec, Structure, Workload  # noqa: E402
 from rpeg.ir.plan import Choice, Plan  # noqa: E402
 from rpeg.runtime.controller import RunError  # noqa: E402
+from rpeg.runtime.rl import RLConfig  # noqa: E402
 from rpeg.runtime.run import run  # noqa: E402
 from rpeg.runtime.trace import Trace  # noqa: E402
 from rpeg.runtime.verify import verify  # noqa: E402
@@ -64,9 +65,21 @@ def hand(wl: Workload, shape: str, table: dict, staleness: tuple) -> Result:
     choices = []
     for v in ev.graph.vertices:
         origin, extent, dp, pp, tp, mb = table[v.name]
-        choices.append(Choice(make_strategy(cluster, extent, dp, pp, tp, mb), cluster.allocation(origin, extent)))
+        choices.append(
+            Choice(make_strategy(cluster, extent, dp, pp, tp, mb), cluster.allocation(origin, extent))
+        )
     plan = Plan(tuple(choices))
-    return Result(wl, cluster, structure, ev.graph, plan, ev.evaluate(plan, keep=True), Status.FEASIBLE, "hand", k_eval=3)
+    return Result(
+        wl,
+        cluster,
+        structure,
+        ev.graph,
+        plan,
+        ev.evaluate(plan, keep=True),
+        Status.FEASIBLE,
+        "hand",
+        k_eval=3,
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -84,7 +97,8 @@ def colocated_ppo():
 
 
 def rising(rewards: list[float]) -> bool:
-    return rewards[-1] > rewards[0] + 0.05
+    """Mean reward of the last two steps clearly above the first step's."""
+    return sum(rewards[-2:]) / 2 > rewards[0] + 0.05
 
 
 def test_ppo_colocated_runs_verifies_and_learns(colocated_ppo):
@@ -98,16 +112,30 @@ def test_ppo_colocated_runs_verifies_and_learns(colocated_ppo):
     assert report.overhead_per_node_s > 0
 
 
-def test_ppo_disaggregated_stale_runs_and_verifies():
+def test_ppo_disaggregated_stale_runs_verifies_and_learns_like_synchronous():
+    """τ(actor) = 1 on the disaggregated plan: every mechanism runs, the trace verifies, and the
+    reward rises to within reach of the synchronous run of the same placement (measured: τ = 1
+    0.26 → 0.49, τ = 0 0.26 → 0.59 over 5 steps; a one-step-stale policy learns a step later)."""
+    slow = RLConfig(
+        lr=5e-3, critic_lr=5e-3
+    )  # at lr 1e-2 a one-step-stale PPO oscillates (also single-process)
     result = hand(workload("ppo"), "1x1x4", DISAGG, (("actor", 1), ("critic", 0)))
-    report = run(result, steps=3)
+    report = run(result, steps=5, batch=16, rl=slow)
     assert report.problems == []
     kinds = {r.kind for r in report.trace.records}
     assert kinds == {"op", "comm", "reshard"}
     assert any(r.phase > 1 for r in report.trace.records)  # phase-split generation ran
     gen = [r for r in report.trace.records if r.vertex == "actor_gen" and r.kind == "op"]
-    assert sorted({r.step: r.versions_consumed["actor"] for r in gen}.items()) == [(0, 0), (1, 0), (2, 1)]
+    assert sorted({r.step: r.versions_consumed["actor"] for r in gen}.items()) == [
+        (k, max(0, k - 1)) for k in range(5)
+    ]
     assert all(r.bytes > 0 for r in report.trace.records if r.kind != "op")
+    sync = run(
+        hand(workload("ppo"), "1x1x4", DISAGG, (("actor", 0), ("critic", 0))), steps=5, batch=16, rl=slow
+    )
+    stale_end, sync_end = sum(report.rewards[-2:]) / 2, sum(sync.rewards[-2:]) / 2
+    assert rising(report.rewards) and rising(sync.rewards), (report.rewards, sync.rewards)
+    assert stale_end >= 0.6 * sync_end, (report.rewards, sync.rewards)
 
 
 def test_grpo_runs_and_learns():
@@ -120,8 +148,12 @@ def test_grpo_runs_and_learns():
 
 def test_same_seed_two_layouts_same_weights(colocated_ppo):
     """Synchronous plans with different placements and DP/PP/TP layouts train the same model."""
-    a = run(hand(workload("ppo"), "1x1x4", DISAGG, (("actor", 0), ("critic", 0))), steps=3, return_weights=True)
-    b = run(hand(workload("ppo"), "1x1x4", COLOCATED, (("actor", 0), ("critic", 0))), steps=3, return_weights=True)
+    a = run(
+        hand(workload("ppo"), "1x1x4", DISAGG, (("actor", 0), ("critic", 0))), steps=3, return_weights=True
+    )
+    b = run(
+        hand(workload("ppo"), "1x1x4", COLOCATED, (("actor", 0), ("critic", 0))), steps=3, return_weights=True
+    )
     _, c = colocated_ppo
     assert a.rewards == pytest.approx(b.rewards) and a.rewards == pytest.approx(c.rewards)
     for other in (b, c):
@@ -157,7 +189,7 @@ def test_checkpoint_resume_matches_uninterrupted_run(colocated_ppo, tmp_path):
 def test_bad_inputs_are_named():
     wl = Workload("dpo", {"actor": TOY}, 8, 2, 64, 64)
     result = solve(wl, Cluster.from_shape("1x1x2", hardware_preset("gh200")), "greedy")
-    with pytest.raises(ValueError, match="workload.algorithm 'dpo'"):
+    with pytest.raises(ValueError, match=r"workload\.algorithm 'dpo'"):
         run(result, steps=1)
     result = solve(workload("ppo"), Cluster.from_shape("1x1x2", hardware_preset("gh200")), "greedy")
     with pytest.raises(ValueError, match="steps must be a positive integer"):
