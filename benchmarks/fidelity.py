@@ -25,10 +25,7 @@ import numpy as np
 from _bench import command, machine, write_section
 
 from rpeg import Cluster, ModelSpec, Structure, Workload, hardware_preset, solve
-from rpeg.heuristics.candidates import make_strategy
-from rpeg.heuristics.evaluator import Evaluator
-from rpeg.ir.plan import Choice, Plan
-from rpeg.solvers.result import Result, Status
+from rpeg.solvers.result import Result, result_for_plan
 
 TOY = ModelSpec("toy-1b", 16, 2048, 5504, 32000, 16, 16)
 # two CPU "devices" for a 2-core machine: one device per core, so that what the cost model
@@ -43,19 +40,17 @@ DISAGG = {
 }
 
 
+NOTE = (
+    "Reading: the cost model (SPEC §6) has no fixed per-kernel term; on CPU a tiny model's operators are "
+    "dominated by per-layer Python and dispatch overhead (tens of µs per op, thousands of ops per decode loop), "
+    "so every prediction is too fast by a similar factor (ρ stays high while MAPE is large), and plans whose "
+    "predicted times differ by < 10% can swap places. The ≤ 15% target is **not met** here; a per-op overhead "
+    "term fitted by calibration is the next step. GPU fidelity was not measured (no GPU in this session)."
+)
+
+
 def hand(wl: Workload, cluster: Cluster, table: dict, staleness: tuple) -> Result:
-    structure = Structure(wl.algorithm, False, staleness)
-    ev = Evaluator(wl, cluster, structure, k_eval=3)
-    choices = []
-    for v in ev.graph.vertices:
-        origin, extent, dp, pp, tp, mb = table[v.name]
-        choices.append(
-            Choice(make_strategy(cluster, extent, dp, pp, tp, mb), cluster.allocation(origin, extent))
-        )
-    plan = Plan(tuple(choices))
-    return Result(
-        wl, cluster, structure, ev.graph, plan, ev.evaluate(plan, keep=True), Status.FEASIBLE, "hand"
-    )
+    return result_for_plan(wl, cluster, Structure(wl.algorithm, False, staleness), table)
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -182,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         f"store, result return) median {1e3 * statistics.median(node_over):.2f} ms, "
         f"p90 {1e3 * sorted(node_over)[int(0.9 * len(node_over))]:.2f} ms.",
     ]
+    lines.append(NOTE)
     print("\n".join(lines))
     if not args.no_write:
         write_section("fidelity", lines)

@@ -24,7 +24,7 @@ from ..ir.plan import Choice, Plan, check_strategy
 from ..ir.templates import Structure
 from ..ir.workload import Workload
 
-__all__ = ["FORMAT", "Result", "Status", "plan_from_entries"]
+__all__ = ["FORMAT", "Result", "Status", "plan_from_entries", "result_for_plan"]
 
 FORMAT = "rpeg.result/1"
 GIB = 2**30
@@ -415,3 +415,45 @@ def _int_triple(value: Any, vertex: str, key: str) -> tuple[int, int, int]:
             f"plan entry for {vertex!r}: field {key!r} must be 3 integers [r, n, g], got {value!r}"
         )
     return tuple(_int_field(x, vertex, key) for x in value)  # type: ignore[return-value]
+
+
+def result_for_plan(
+    workload: Workload,
+    cluster: Cluster,
+    structure: Structure,
+    table: dict[str, tuple],
+    *,
+    k_eval: int = 3,
+    method: str = "hand",
+) -> Result:
+    """A scored :class:`Result` for a plan written by hand.
+
+    Parameters
+    ----------
+    workload, cluster, structure
+        The problem.
+    table
+        Per vertex name ``(origin, extent, dp, pp, tp, mb)`` with ``origin``/``extent`` as
+        ``(r, n, g)`` triples.
+    k_eval
+        Steps to unroll when scoring.
+    method
+        Label for the result.
+
+    Raises
+    ------
+    ValueError
+        A vertex missing from ``table`` (named), or an illegal allocation or degree.
+    """
+    ev = Evaluator(workload, cluster, structure, k_eval=k_eval)
+    choices = []
+    for v in ev.graph.vertices:
+        if v.name not in table:
+            raise ValueError(f"table has no entry for vertex {v.name!r}")
+        origin, extent, dp, pp, tp, mb = table[v.name]
+        strategy = make_strategy(cluster, tuple(extent), dp, pp, tp, mb)
+        choices.append(Choice(strategy, cluster.allocation(tuple(origin), tuple(extent))))
+    plan = Plan(tuple(choices))
+    evaluation = ev.evaluate(plan, keep=True)
+    status = Status.FEASIBLE if evaluation.feasible else Status.INFEASIBLE
+    return Result(workload, cluster, structure, ev.graph, plan, evaluation, status, method, k_eval=k_eval)

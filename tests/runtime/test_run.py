@@ -16,16 +16,13 @@ ray = pytest.importorskip("ray")
 
 from rpeg import solve  # noqa: E402
 from rpeg.costmodel import hardware_preset  # noqa: E402
-from rpeg.heuristics.candidates import make_strategy  # noqa: E402
-from rpeg.heuristics.evaluator import Evaluator  # noqa: E402
 from rpeg.ir import Cluster, ModelSpec, Structure, Workload  # noqa: E402
-from rpeg.ir.plan import Choice, Plan  # noqa: E402
 from rpeg.runtime.controller import RunError  # noqa: E402
 from rpeg.runtime.rl import RLConfig  # noqa: E402
 from rpeg.runtime.run import run  # noqa: E402
 from rpeg.runtime.trace import Trace  # noqa: E402
 from rpeg.runtime.verify import verify  # noqa: E402
-from rpeg.solvers.result import Result, Status  # noqa: E402
+from rpeg.solvers.result import Result, result_for_plan  # noqa: E402
 
 TOY = ModelSpec("toy-1b", 16, 2048, 5504, 32000, 16, 16)
 WEIGHT_TOL = 1e-3  # max |Δw| after 3 Adam steps (lr 1e-2) between layouts: float reduction order only
@@ -60,26 +57,7 @@ def workload(algorithm: str = "ppo") -> Workload:
 def hand(wl: Workload, shape: str, table: dict, staleness: tuple) -> Result:
     """A result for a hand-written plan ``vertex → (origin, extent, dp, pp, tp, mb)``."""
     cluster = Cluster.from_shape(shape, hardware_preset("gh200"))
-    structure = Structure(wl.algorithm, False, staleness)
-    ev = Evaluator(wl, cluster, structure, k_eval=3)
-    choices = []
-    for v in ev.graph.vertices:
-        origin, extent, dp, pp, tp, mb = table[v.name]
-        choices.append(
-            Choice(make_strategy(cluster, extent, dp, pp, tp, mb), cluster.allocation(origin, extent))
-        )
-    plan = Plan(tuple(choices))
-    return Result(
-        wl,
-        cluster,
-        structure,
-        ev.graph,
-        plan,
-        ev.evaluate(plan, keep=True),
-        Status.FEASIBLE,
-        "hand",
-        k_eval=3,
-    )
+    return result_for_plan(wl, cluster, Structure(wl.algorithm, False, staleness), table)
 
 
 @pytest.fixture(scope="module", autouse=True)
