@@ -24,10 +24,14 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> object:
     """``rpeg.run`` and ``rpeg.verify`` load the runtime (torch, Ray) only when first used."""
-    if name in ("run", "verify"):
-        from . import runtime
+    if name == "run":
+        from .runtime.runner import run
 
-        return getattr(runtime, name)
+        return run
+    if name == "verify":
+        from .runtime.verify import verify
+
+        return verify
     raise AttributeError(f"module 'rpeg' has no attribute {name!r}")
 
 

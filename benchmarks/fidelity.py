@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     import ray
 
     from rpeg.costmodel import load_hardware
-    from rpeg.runtime.run import run
+    from rpeg.runtime.runner import run
 
     if args.hardware:
         hw = load_hardware(args.hardware)

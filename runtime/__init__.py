@@ -2,8 +2,8 @@
 
 * :func:`run` (``rpeg.run``) binds a :class:`~rpeg.solvers.result.Result` to worker groups
   (``binding``), starts them on Ray with placement groups (``controller``), runs the lowered DAG
-  completion-driven and returns a :class:`~rpeg.runtime.run.RunReport` with the trace;
-* :func:`verify` (``rpeg.verify``) checks a trace against the plan (``verify``, ``trace``);
+  completion-driven and returns a :class:`~rpeg.runtime.runner.RunReport` with the trace;
+* ``rpeg.verify`` (:func:`rpeg.runtime.verify.verify`) checks a trace against the plan;
 * ``model``, ``task``, ``rl``: the tiny transformer, the synthetic task and PPO/GRPO math;
 * ``worker``, ``parallel``: one rank of a group — DTensor TP, pipelined stages, sharded Adam.
 
@@ -14,16 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["run", "verify"]
+__all__ = ["run"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "run":
-        from .run import run
+        from .runner import run
 
+        globals()["run"] = run
         return run
-    if name == "verify":
-        from .verify import verify
-
-        return verify
     raise AttributeError(f"module 'rpeg.runtime' has no attribute {name!r}")

@@ -37,7 +37,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from ..solvers.result import Result
-    from .run import run
+    from .runner import run
 
     path = Path(args.result)
     if not path.is_file():

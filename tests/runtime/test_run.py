@@ -19,7 +19,7 @@ from rpeg.costmodel import hardware_preset  # noqa: E402
 from rpeg.ir import Cluster, ModelSpec, Structure, Workload  # noqa: E402
 from rpeg.runtime.controller import RunError  # noqa: E402
 from rpeg.runtime.rl import RLConfig  # noqa: E402
-from rpeg.runtime.run import run  # noqa: E402
+from rpeg.runtime.runner import run  # noqa: E402
 from rpeg.runtime.trace import Trace  # noqa: E402
 from rpeg.runtime.verify import verify  # noqa: E402
 from rpeg.solvers.result import Result, result_for_plan  # noqa: E402
