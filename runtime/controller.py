@@ -133,7 +133,7 @@ class Controller:
         if available < n:
             raise ValueError(
                 f"the Ray cluster offers {available:g} {resource!r} resources but the plan needs {n} devices "
-                f"(cluster {cluster.shape_label if hasattr(cluster, 'shape_label') else ''}); start Ray with "
+                f"(cluster {cluster.shape_str}); start Ray with "
                 f"--resources='{{\"{resource}\": {n}}}' or run without an address"
             )
         pgs = [
@@ -406,12 +406,10 @@ class Controller:
         verts = b.graph.vertices
         group: GroupSpec = b.groups[nd.group]
         vname = verts[nd.vertex].name
-        what = f"node {nd.id} ({_KIND[nd.kind]} {vname} step {nd.step}"
-        what += f" phase {nd.phase})" if nd.phase else ")"
         try:
             metas = ray.get(self._wait_refs.pop(nd.id))
-        except Exception as exc:
-            raise RunError(f"{what} failed on {self._culprit(exc, group)}: {_cause(exc)}") from exc
+        except Exception as exc:  # normally caught per rank by _check first
+            raise RunError(f"{self._describe(nd)} failed on group g{group.gid}: {_cause(exc)}") from exc
         consumed: dict[str, int] = {}
         produced: dict[str, int] = {}
         nbytes = 0
@@ -453,9 +451,6 @@ class Controller:
             )
         )
         self.progress("node", {"record": self.records[-1]})
-
-    def _culprit(self, exc: Exception, group: GroupSpec) -> str:
-        return f"a worker of group g{group.gid} ({', '.join(group.workers())})"
 
     def _describe(self, nd: _Node) -> str:
         verts = self.b.graph.vertices
