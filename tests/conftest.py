@@ -13,6 +13,22 @@ from rpeg import Cluster, Workload, example_path, hardware_preset, load_workload
 
 TESTS = Path(__file__).parent
 
+# Modules that load torch into the test process run last: with torch loaded, HiGHS (via Pyomo's
+# appsi interface) returned status "unknown" on degenerate MILPs in the same process (observed on
+# a fresh clone; root cause not yet isolated), so the MILP tests must not follow them.
+TORCH_MODULES = ("tests/costmodel/test_calibrate.py", "tests/runtime/")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Keep collection order, but move the torch-loading modules after everything else."""
+    root = Path(str(config.rootpath))
+
+    def loads_torch(item) -> bool:
+        rel = Path(str(item.fspath)).resolve().relative_to(root.resolve()).as_posix()
+        return rel.startswith(TORCH_MODULES)
+
+    items.sort(key=loads_torch)  # stable: the order inside each group is unchanged
+
 
 def load_checker():
     """``tests/tools/check_result.py`` imported from its path (works under plain ``pytest``)."""
