@@ -36,6 +36,11 @@ __all__ = ["Controller", "RunError"]
 _KIND = {OP: "op", COMM: "comm", RESHARD: "reshard"}
 
 
+#: Worker slots per device: each worker reserves ``1/WORKERS_PER_DEVICE`` of its device's bundle,
+#: so a plan (at most half the slots) and a transition target fit side by side.
+WORKERS_PER_DEVICE = 32
+
+
 class RunError(RuntimeError):
     """A node failed: names the node, its step and the worker that raised or died."""
 
@@ -107,6 +112,7 @@ class Controller:
         self.progress = progress or (lambda event, payload: None)
         self.actors: dict[int, list[Any]] = {}
         self.placement: list[Any] = []
+        self.owns_placement = True
         self.records: list[TraceRecord] = []
         self.group_info: dict[str, dict[str, Any]] = {}
         self.overhead_s = 0.0
@@ -116,8 +122,12 @@ class Controller:
         self.t0 = 0.0
 
     # ------------------------------------------------------------------ setup
-    def start(self) -> None:
-        """Reserve devices with placement groups and start every group's workers."""
+    def start(self, placement: list[Any] | None = None) -> None:
+        """Reserve devices with placement groups and start every group's workers.
+
+        ``placement``: placement groups of a running controller to start in instead (a transition
+        target starts beside the current plan's workers on the same devices).
+        """
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -136,15 +146,27 @@ class Controller:
                 f"(cluster {cluster.shape_str}); start Ray with "
                 f"--resources='{{\"{resource}\": {n}}}' or run without an address"
             )
-        pgs = [
-            placement_group([{resource: 1}] * per_node, strategy="STRICT_PACK") for _ in range(n // per_node)
-        ]
-        ray.get([pg.ready() for pg in pgs], timeout=120)
+        if placement is not None:
+            pgs = list(placement)
+            self.owns_placement = False
+        else:
+            pgs = [
+                placement_group([{resource: 1}] * per_node, strategy="STRICT_PACK")
+                for _ in range(n // per_node)
+            ]
+            ray.get([pg.ready() for pg in pgs], timeout=120)
+            self.owns_placement = True
         self.placement = pgs
         sharing = [0] * n
         for g in self.b.groups:
             for d in g.devices:
                 sharing[d] += 1
+        if max(sharing) > WORKERS_PER_DEVICE // 2:
+            raise ValueError(
+                f"the plan puts {max(sharing)} workers on device {sharing.index(max(sharing))}; at most "
+                f"{WORKERS_PER_DEVICE // 2} per device (half of a device's slots, the other half is for a "
+                "transition target)"
+            )
         remote = ray.remote(_Actor)
         for g in self.b.groups:
             actors = []
@@ -157,9 +179,9 @@ class Controller:
                     "max_restarts": 0,
                 }
                 if self.cfg.use_gpu:
-                    opts["num_gpus"] = 1.0 / sharing[dev]
+                    opts["num_gpus"] = 1.0 / WORKERS_PER_DEVICE
                 else:
-                    opts["resources"] = {"rpeg_device": 1.0 / sharing[dev] * 0.999}
+                    opts["resources"] = {"rpeg_device": 1.0 / WORKERS_PER_DEVICE}
                 actors.append(remote.options(**opts).remote())
             self.actors[g.gid] = actors
         setups = []
@@ -490,7 +512,7 @@ class Controller:
         return out
 
     def stop(self) -> None:
-        """Kill the workers and release the placement groups."""
+        """Kill the workers and release the placement groups (unless borrowed, see :meth:`start`)."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
@@ -498,7 +520,7 @@ class Controller:
             for a in actors:
                 with contextlib.suppress(Exception):  # already dead
                     ray.kill(a)
-        for pg in self.placement:
+        for pg in self.placement if self.owns_placement else []:
             with contextlib.suppress(Exception):
                 remove_placement_group(pg)
         self.actors.clear()

@@ -20,7 +20,7 @@ import json
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -86,6 +86,11 @@ class RunReport:
         Per record, ``(end − start) − worker_time``: what dispatch, Ray and the object store add.
     weights
         Final full weights per trained model (``return_weights=True``).
+    segments
+        One verified trace per plan the run executed (``trace`` is the first); a run without
+        transitions has one.
+    transitions
+        A :class:`~rpeg.runtime.transition.TransitionRecord` per executed transition.
     """
 
     trace: Trace
@@ -98,6 +103,8 @@ class RunReport:
     overhead_s: float
     node_overhead_s: list[float] = field(default_factory=list)
     weights: dict[str, dict[str, Any]] = field(default_factory=dict)
+    segments: list[Trace] = field(default_factory=list)
+    transitions: list[Any] = field(default_factory=list)
 
     @property
     def overhead_per_node_s(self) -> float:
@@ -199,6 +206,8 @@ def run(
     progress: Callable[[str, dict], None] | None = None,
     fail_at: tuple[str, str, int] | None = None,
     return_weights: bool = False,
+    transitions: Sequence[tuple[int, Result]] = (),
+    transition_method: str = "greedy",
 ) -> RunReport:
     """Execute ``result``'s plan for ``steps`` RL steps and verify the trace against it.
 
@@ -228,13 +237,21 @@ def run(
         A ``checkpoint_dir`` of an earlier run of the same plan: start from its last complete
         step (weights, optimizer state, data position).
     trace_path
-        Write the trace there.
+        Write the trace there (with transitions, segment ``i > 0`` goes to ``<stem>.seg<i><suffix>``).
     progress
-        Callback ``(event, payload)``; events ``"setup"``, ``"node"``, ``"step"``.
+        Callback ``(event, payload)``; events ``"setup"``, ``"node"``, ``"step"``, ``"transition"``.
     fail_at
-        Testing hook ``(worker id, vertex, step)``: that worker raises in that node.
+        Testing hook ``(worker id, vertex, step)``: that worker of the first plan raises in that
+        node.
     return_weights
         Gather every trained model's final full weights into :attr:`RunReport.weights`.
+    transitions
+        ``(k, target)`` pairs: after ``k`` steps in all, move the running job to ``target``'s plan
+        (same workload and devices) with its state — parameters, Adam moments and counters, data
+        position — through the transition DAG's Split/Merge/Extend/Destroy
+        (:mod:`rpeg.runtime.transition`), and continue there. ``0 < k < steps``, increasing.
+    transition_method
+        Scheduler of each transition DAG (``plan_transition``'s ``method``).
 
     Returns
     -------
@@ -243,7 +260,8 @@ def run(
     Raises
     ------
     ValueError
-        Bad input (no plan, unsupported algorithm, shape, Ray resources).
+        Bad input (no plan, unsupported algorithm, shape, Ray resources, transition step or
+        target of another job).
     RunError
         A node failed; the message names the node, its step and the worker.
     """
@@ -252,9 +270,17 @@ def run(
 
     from ..costmodel import hardware_preset, load_hardware
     from .controller import Controller
+    from .transition import check_compatible, execute_transition
     from .verify import verify
 
     rl = rl or RLConfig()
+    plans = _segments(result, steps, transitions)
+    if transitions and (checkpoint_dir is not None or resume_from is not None):
+        raise ValueError(
+            "transitions cannot be combined with checkpoint_dir/resume_from (checkpoints are per plan)"
+        )
+    for _, target in transitions:
+        check_compatible(result, target)
     offset = 0
     if resume_from is not None:
         offset = _resume_step(Path(resume_from), result) + 1
@@ -282,18 +308,24 @@ def run(
         hw = load_hardware(str(hardware))
     else:
         hw = hardware_preset(str(hardware))
-    graph = expected_graph(result, steps)
-    binding = bind(
-        result,
-        graph,
-        steps,
-        scale=scale,
-        batch=batch,
-        prompt_len=prompt_len,
-        response_len=response_len,
-        seed=seed,
-    )
-    durations, _, predicted_steps = predict(binding, hw)
+    bindings = []
+    for res, n in plans:
+        graph = expected_graph(res, n)
+        bindings.append(
+            bind(
+                res,
+                graph,
+                n,
+                scale=scale,
+                batch=batch,
+                prompt_len=prompt_len,
+                response_len=response_len,
+                seed=seed,
+            )
+        )
+    tplans = [
+        _plan_transition(bindings[i], bindings[i + 1], hw, transition_method) for i in range(len(plans) - 1)
+    ]
     started = False
     if not ray.is_initialized():
         n = result.cluster.num_devices
@@ -312,23 +344,114 @@ def run(
         ray.cluster_resources().get("GPU", 0) >= result.cluster.num_devices and torch.cuda.is_available()
     )
     cfg = replace(cfg, use_gpu=use_gpu)
-    ctl = Controller(binding, cfg, progress)
+    done: list[tuple[Controller, int]] = []  # finished segments and their global step offsets
+    records: list[Any] = []
+    ctl = None
     try:
-        ctl.start()
-        if progress:
-            progress("setup", {"seconds": ctl.setup_s, "groups": len(binding.groups)})
-        if cfg.resume_from:
-            _restore(ctl, Path(cfg.resume_from), offset - 1)
-        ctl.execute()
-        weights = ctl.final_weights() if return_weights else {}
+        seg_offset = offset
+        for i, binding in enumerate(bindings):
+            seg_cfg = replace(
+                cfg, steps=binding.steps, step_offset=seg_offset, fail_at=fail_at if i == 0 else None
+            )
+            nxt = Controller(binding, seg_cfg, progress)
+            nxt.start(placement=ctl.placement if ctl is not None else None)
+            if progress:
+                progress("setup", {"seconds": nxt.setup_s, "groups": len(binding.groups), "segment": i})
+            if ctl is not None:
+                rec = execute_transition(ctl, nxt, tplans[i - 1], seg_offset)
+                records.append(rec)
+                if progress:
+                    progress("transition", rec.to_dict())
+                nxt.owns_placement, ctl.owns_placement = True, False
+                ctl.stop()
+            ctl = nxt
+            if i == 0 and cfg.resume_from:
+                _restore(ctl, Path(cfg.resume_from), offset - 1)
+            ctl.execute()
+            done.append((ctl, seg_offset))
+            seg_offset += binding.steps
+        weights = ctl.final_weights() if return_weights and ctl is not None else {}
     finally:
-        ctl.stop()
+        if ctl is not None:
+            ctl.stop()
         if started:
             ray.shutdown()
+    traces, rewards, step_times, predicted_steps, problems, overheads = [], [], [], [], [], []
+    for i, (c, off) in enumerate(done):
+        trace, seg_rewards, seg_times, seg_pred = _segment_trace(c, plans[i][0], off, hw, use_gpu, address)
+        traces.append(trace)
+        rewards += seg_rewards
+        step_times += seg_times
+        predicted_steps += seg_pred
+        found = verify(trace, plans[i][0])
+        problems += [f"segment {i}: {p}" for p in found] if len(done) > 1 else found
+        overheads += [max(0.0, (r.end - r.start) - r.worker_time) for r in trace.records]
+        if trace_path:
+            path = Path(trace_path)
+            trace.to_json(path if i == 0 else path.with_name(f"{path.stem}.seg{i}{path.suffix}"))
+    if cfg.checkpoint_dir:
+        _write_manifest(Path(cfg.checkpoint_dir), result, bindings[0], steps, offset)
+    return RunReport(
+        traces[0],
+        rewards,
+        step_times,
+        predicted_steps,
+        problems,
+        sum(c.setup_s for c, _ in done),
+        sum(c.wall_s for c, _ in done),
+        sum(c.overhead_s for c, _ in done),
+        overheads,
+        weights,
+        traces,
+        records,
+    )
+
+
+def _segments(
+    result: Result, steps: int, transitions: Sequence[tuple[int, Result]]
+) -> list[tuple[Result, int]]:
+    """``(plan, steps)`` per segment of a run with transitions after the given step counts."""
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    out, last, current = [], 0, result
+    for n, pair in enumerate(transitions):
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise ValueError(f"transitions[{n}] must be a (step, result) pair, got {pair!r}")
+        k, target = pair
+        if not isinstance(k, int) or not last < k < steps:
+            raise ValueError(
+                f"transitions[{n}]: step {k!r} must be an integer in {last + 1}..{steps - 1} "
+                "(after the previous transition, before the last step)"
+            )
+        if not isinstance(target, Result) or target.plan is None:
+            raise ValueError(
+                f"transitions[{n}]: target must be a Result with a plan, got {type(target).__name__}"
+            )
+        out.append((current, k - last))
+        last, current = k, target
+    out.append((current, steps - last))
+    return out
+
+
+def _plan_transition(a: Binding, b: Binding, hw: Hardware, method: str) -> Any:
+    """The scheduled transition DAG between two bound plans (full-size EMU state, as planned)."""
+    from ..solvers.transition import plan_transition
+
+    ra, rb = a.result, b.result
+    return plan_transition(ra.plan, rb.plan, ra.cluster, graph=a.graph, method=method)
+
+
+def _segment_trace(
+    ctl: Any, result: Result, offset: int, hw: Hardware, use_gpu: bool, address: str | None
+) -> tuple[Trace, list[float], list[float], list[float]]:
+    """The trace and per-step figures of one executed plan."""
+    import torch
+
+    binding = ctl.b
+    steps = binding.steps
+    durations, _, predicted_steps = predict(binding, hw)
     records = sorted(ctl.records, key=lambda r: r.node)
-    step_of = [r.step for r in records]
-    ends = [r.end for r in records]
-    step_times = _step_times(step_of, ends, steps, 0.0)
+    step_times = _step_times([r.step for r in records], [r.end for r in records], steps, 0.0)
     rewards = []
     for k in range(steps):
         parts = ctl.rewards.get(k, [])
@@ -344,6 +467,7 @@ def run(
         }
         for k in range(steps)
     ]
+    cfg = ctl.cfg
     trace = Trace(
         plan_hash=plan_hash(result),
         steps=steps,
@@ -353,8 +477,8 @@ def run(
         groups=ctl.group_info,
         meta={
             "scaled": True,
-            "seed": seed,
-            "scale": scale,
+            "seed": cfg.seed,
+            "scale": cfg.scale,
             "step_offset": offset,
             "host": platform.node(),
             "ray_address": address or "local",
@@ -368,23 +492,7 @@ def run(
             "dispatch_overhead_s": ctl.overhead_s,
         },
     )
-    problems = verify(trace, result)
-    if cfg.checkpoint_dir:
-        _write_manifest(Path(cfg.checkpoint_dir), result, binding, steps, offset)
-    if trace_path:
-        trace.to_json(trace_path)
-    return RunReport(
-        trace,
-        rewards,
-        step_times,
-        predicted_steps,
-        problems,
-        ctl.setup_s,
-        ctl.wall_s,
-        ctl.overhead_s,
-        [max(0.0, (r.end - r.start) - r.worker_time) for r in records],
-        weights,
-    )
+    return trace, rewards, step_times, predicted_steps
 
 
 # ---------------------------------------------------------------------------- checkpoints

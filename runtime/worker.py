@@ -26,6 +26,7 @@ Execution per role (``B'·R'`` sequences of one step, global order = sample id):
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any
@@ -488,6 +489,179 @@ class Worker:
         meta = {"loss": float(sum(losses)) if losses else None, "version": self.version}
         return None, meta
 
+    # ------------------------------------------------------------------ transitions (SPEC §10)
+    def xfer_join(self, master: str, rank: int, world: int, timeout_s: float = 120.0) -> None:
+        """Join the transition's process group: every worker of the current and the target plan,
+        a standalone gloo group beside this worker's own (``rank`` 0 hosts the store)."""
+        import datetime
+
+        host, port = master.rsplit(":", 1)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(host, int(port), world, rank == 0, timeout)
+        self.xpg = dist.ProcessGroupGloo(dist.PrefixStore("xfer", store), rank, world, timeout)
+        self.xrank = rank
+        self.units: dict[tuple, Any] = {}
+
+    @torch.no_grad()
+    def xfer_export(self, cells: list[tuple[Any, str, int, bool]]) -> dict[str, Any]:
+        """Hand this rank's state to the transition as EMU cells ``(unit key, vertex, rank,
+        with optimizer)``.
+
+        Parameters come from the model; for a training vertex the ZeRO slices of the Adam moments
+        are first all-gathered over the DP group (every rank of a replica then holds its cell's
+        full moments, SPEC §10's unsharded EMU optimizer state). Must be called on every rank of
+        the group at once (the gather is a collective).
+        """
+        from .state import CellState
+
+        t0 = time.perf_counter()
+        moments = None
+        if self.optimizer is not None:
+            moments = self._full_moments()
+        params = self._snapshot()
+        for key, vertex, i, trains in cells:
+            mine = self.mesh.p * self.group.tp + self.mesh.t
+            if i != mine or vertex not in self.group.vertices:
+                raise RuntimeError(
+                    f"worker {self.group.worker(self.rank)} holds cell {mine} of {self.group.vertices}, "
+                    f"asked for cell {i} of {vertex!r}"
+                )
+            if trains and moments is None:
+                raise RuntimeError(
+                    f"worker {self.group.worker(self.rank)} trains nothing but {vertex!r} does"
+                )
+            cell = CellState(dict(params), step=self.optimizer.t if trains and self.optimizer else 0)
+            if trains:
+                assert moments is not None
+                cell.m, cell.v = moments
+            self.units[(key, i)] = cell
+        return {"worker_time": time.perf_counter() - t0, "bytes": sum(c.nbytes for c in self.units.values())}
+
+    def _full_moments(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Adam moments of this rank's whole local parameters, by name (AllGather of the ZeRO
+        slices over the DP group)."""
+        opt = self.optimizer
+        assert opt is not None
+        flats = []
+        for slice_ in (opt.m, opt.v):
+            if opt.world > 1:
+                padded = torch.zeros(opt.chunk)
+                padded[: slice_.numel()] = slice_
+                parts = [torch.zeros(opt.chunk) for _ in range(opt.world)]
+                dist.all_gather(parts, padded, group=opt.group)
+                flats.append(torch.cat(parts)[: opt.numel])
+            else:
+                flats.append(slice_.clone())
+        out: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] = ({}, {})
+        off = 0
+        for name, p in self.model.named_parameters():
+            lp = local(p)
+            k = lp.numel()
+            for d, flat in zip(out, flats):
+                d[name] = flat[off : off + k].view_as(lp).clone()
+            off += k
+        return out
+
+    @torch.no_grad()
+    def xfer_run(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        """Execute this worker's part of one primitive: assemble target cells from source cells.
+
+        Each entry names a target cell (``dst`` key, its holder, its parameter names) and per
+        source rank the holder, the source cell and the pieces (:class:`~rpeg.runtime.state.Piece`)
+        with their shapes. This worker sends the pieces it holds to other holders, receives the
+        pieces its own target cells need (gloo point-to-point, all posted before any wait) and
+        assembles its cells. Returns bytes sent/received and the time spent.
+        """
+        from .state import CellState, assemble_cell
+
+        t0 = time.perf_counter()
+        works, recvs, sent, got = [], [], 0, 0
+        staged: dict[int, dict[int, CellState]] = {}
+        for n, e in enumerate(entries):
+            mine_dst = e["holder"] == self.xrank
+            for r, src in e["sources"].items():
+                if src["holder"] == self.xrank:
+                    cell = self.units[tuple(src["key"])]
+                    parts = cell.tensors(src["pieces"])
+                    if mine_dst:
+                        staged.setdefault(n, {})[r] = _sliced(cell, src["pieces"], parts)
+                    else:
+                        flat = torch.cat([t.reshape(-1) for t in parts] + [torch.tensor([float(cell.step)])])
+                        works.append(self.xpg.send([flat], e["holder"], src["tag"]))
+                        sent += flat.numel() * flat.element_size()
+                elif mine_dst:
+                    numel = sum(math.prod(s) for s in src["shapes"]) * (3 if e["moments"] else 1) + 1
+                    buf = torch.empty(numel)
+                    works.append(self.xpg.recv([buf], src["holder"], src["tag"]))
+                    recvs.append((n, r, src, buf))
+                    got += buf.numel() * buf.element_size()
+        for w in works:
+            w.wait()
+        for n, r, src, buf in recvs:
+            staged.setdefault(n, {})[r] = _unpack(buf, src["pieces"], src["shapes"], entries[n]["moments"])
+        for n, e in enumerate(entries):
+            if e["holder"] == self.xrank:
+                cell = assemble_cell(
+                    e["names"], staged.get(n, {}), {r: s["pieces"] for r, s in e["sources"].items()}
+                )
+                if not e["moments"]:
+                    cell.m = cell.v = None
+                self.units[tuple(e["key"])] = cell
+        return {"sent": sent, "received": got, "worker_time": time.perf_counter() - t0}
+
+    def xfer_drop(self, keys: list[tuple]) -> int:
+        """Destroy: forget cells; returns the bytes freed."""
+        freed = 0
+        for k in keys:
+            cell = self.units.pop(tuple(k), None)
+            freed += cell.nbytes if cell is not None else 0
+        return freed
+
+    @torch.no_grad()
+    def xfer_adopt(self, keys: dict[str, Any]) -> dict[str, Any]:
+        """Load this worker's model (and optimizer slice) from the cells the transition built for
+        it: ``keys["cells"]`` maps each vertex it serves to a unit key, ``keys["train"]`` names the
+        training vertex (or is ``None``). Every vertex must bring identical parameters (copies of
+        one version). Leaves the transition group."""
+        i = self.mesh.p * self.group.tp + self.mesh.t
+        cells = {v: self.units.pop((tuple(k), i)) for v, k in keys["cells"].items()}
+        train = keys["train"]
+        main = cells[train] if train in cells else next(iter(cells.values()))
+        for v, c in cells.items():
+            for name, t in c.params.items():
+                if not torch.equal(t, main.params[name]):
+                    raise RuntimeError(
+                        f"worker {self.group.worker(self.rank)}: vertex {v!r} brings parameter {name!r} "
+                        f"different from {train or 'the group'}'s copy (versions out of sync)"
+                    )
+        state = self.model.state_dict()
+        if set(state) != set(main.params):
+            raise RuntimeError(
+                f"worker {self.group.worker(self.rank)}: transition cell holds {sorted(main.params)[:3]}…, "
+                f"the model needs {sorted(state)[:3]}…"
+            )
+        for name, p in state.items():
+            src = main.params[name]
+            if tuple(src.shape) != tuple(local(p).shape):
+                raise RuntimeError(
+                    f"worker {self.group.worker(self.rank)}: {name!r} arrives as {tuple(src.shape)}, "
+                    f"the layout needs {tuple(local(p).shape)}"
+                )
+            local(p).copy_(src)
+        if self.optimizer is not None:
+            if main.m is None or main.v is None:
+                raise RuntimeError(f"worker {self.group.worker(self.rank)}: no optimizer state arrived")
+            opt = self.optimizer
+            names = [n for n, _ in self.model.named_parameters()]
+            m = torch.cat([main.m[n].reshape(-1) for n in names])
+            v = torch.cat([main.v[n].reshape(-1) for n in names])
+            opt.m.copy_(m[opt.lo : opt.hi])
+            opt.v.copy_(v[opt.lo : opt.hi])
+            opt.t = main.step
+        self.units.clear()
+        self.xpg = None
+        return {"step": main.step}
+
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str) -> str:
         """Write this rank's parameters, optimizer slice and version to ``path`` (a file)."""
@@ -525,3 +699,33 @@ class Worker:
         """Leave the process group."""
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _sliced(cell: Any, pieces: list, parts: list[torch.Tensor]) -> Any:
+    """The pieces of a local cell as a cell of their own (views, no copy)."""
+    from .state import CellState
+
+    k = len(pieces)
+    out = CellState({pc.name: parts[j] for j, pc in enumerate(pieces)}, step=cell.step)
+    if cell.m is not None:
+        out.m = {pc.name: parts[k + j] for j, pc in enumerate(pieces)}
+        out.v = {pc.name: parts[2 * k + j] for j, pc in enumerate(pieces)}
+    return out
+
+
+def _unpack(buf: torch.Tensor, pieces: list, shapes: list, moments: bool) -> Any:
+    """Inverse of the sender's packing: parameters, then ``m``, then ``v``, then the counter."""
+    from .state import CellState
+
+    groups, off = [], 0
+    for _ in range(3 if moments else 1):
+        d = {}
+        for pc, shape in zip(pieces, shapes):
+            n = math.prod(shape)
+            d[pc.name] = buf[off : off + n].view(shape)
+            off += n
+        groups.append(d)
+    cell = CellState(groups[0], step=int(buf[off].item()))
+    if moments:
+        cell.m, cell.v = groups[1], groups[2]
+    return cell

@@ -1,0 +1,404 @@
+"""Executing a transition between two running plans with real state (SPEC §10, Nereus §5).
+
+At a safe boundary — every node of the current plan finished (the end of an RL step; an
+asynchronous plan drains its pipeline) — the job moves from the current plan's worker groups to
+the target plan's, which the caller has already started on the same devices:
+
+1. **weight synchronisation**: every serving group of a trained model installs its training
+   group's current weights, so every model-stage of one model holds the same version;
+2. **export**: every current worker hands its state to the transition as EMU cells (one per
+   unit and rank, :mod:`~rpeg.runtime.state`); training workers first all-gather their ZeRO
+   slices of the Adam moments over their DP group (an EMU carries a full optimizer copy);
+3. **primitives**: the transition DAG's Split / Merge / Extend / Destroy run in dependency
+   order, each on the workers that hold its units — a target cell receives exactly the slices of
+   the source cells it keeps (gloo point-to-point in a process group spanning both plans'
+   workers), a Destroy drops cells. A primitive starts once its DAG predecessors have ended;
+   independent primitives run concurrently;
+4. **hand-over**: each target worker assembles its cell of the final unit of each vertex it
+   serves (a local move when the final unit already lives in it, a copy from the current
+   plan's worker on the same device otherwise) and loads parameters, its ZeRO slice of the
+   moments and the update counter.
+
+*Where a unit lives.* A cell of unit ``U`` on device ``g`` is held by the current plan's worker
+of ``U``'s vertex on ``g`` if ``U`` is a current unit or the target plan has no worker of that
+vertex on ``g``, and by the target plan's worker otherwise — each intermediate unit lies on
+devices one of the two plans gives its vertex (the DAG only creates units on source or target
+devices).
+
+*What carries over.* Parameters, Adam moments and counter (inside the cells); the data position
+and every sampling draw (the global step offset: prompts and Gumbel noise are functions of the
+seed, the global step and the sample id, not of the layout); the global batch (both plans belong
+to one workload; :func:`check_compatible`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir.emu import EMU, Destroy, Extend, Merge, Split
+from ..ir.types import Role
+from .state import cell_names, cell_pieces, full_shapes, piece_shapes
+
+__all__ = ["TransitionRecord", "check_compatible", "execute_transition"]
+
+
+@dataclass
+class TransitionRecord:
+    """What an executed transition measured.
+
+    Attributes
+    ----------
+    step
+        Global step boundary (the target plan runs from this step on).
+    method, predicted_s, bound_s
+        The schedule's method, its length ``L_tran`` and lower bound under the cost model.
+    primitives
+        One entry per executed primitive: ``kind``, ``label``, ``start``/``end`` (seconds from
+        the transition's start), ``bytes`` sent over the transition group, ``predicted_s``.
+    sync_s, export_s, primitives_s, handover_s, total_s
+        Seconds of each phase and of the whole transition.
+    handover_bytes
+        Bytes copied between the two plans' workers in the hand-over.
+    """
+
+    step: int
+    method: str
+    predicted_s: float
+    bound_s: float
+    primitives: list[dict[str, Any]] = field(default_factory=list)
+    sync_s: float = 0.0
+    export_s: float = 0.0
+    primitives_s: float = 0.0
+    handover_s: float = 0.0
+    total_s: float = 0.0
+    handover_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return dict(self.__dict__)
+
+    def per_kind(self) -> dict[str, dict[str, float]]:
+        """Count, mean measured seconds and bytes per primitive kind."""
+        out: dict[str, dict[str, float]] = {}
+        for p in self.primitives:
+            d = out.setdefault(p["kind"], {"count": 0, "seconds": 0.0, "bytes": 0, "predicted_s": 0.0})
+            d["count"] += 1
+            d["seconds"] += p["end"] - p["start"]
+            d["bytes"] += p["bytes"]
+            d["predicted_s"] += p["predicted_s"]
+        for d in out.values():
+            d["mean_s"] = d["seconds"] / d["count"]
+        return out
+
+
+def check_compatible(current: Any, target: Any) -> None:
+    """Refuse a transition between results of different jobs (the state would not fit).
+
+    Raises
+    ------
+    ValueError
+        Naming the field that differs: algorithm, global batch, models, vertices or cluster.
+    """
+    a, b = current.workload, target.workload
+    for name in ("algorithm", "batch"):
+        if getattr(a, name) != getattr(b, name):
+            raise ValueError(
+                f"transition target: workload {name} {getattr(b, name)!r} differs from the running "
+                f"job's {getattr(a, name)!r} (a transition keeps the job, global batch included)"
+            )
+    if dict(a.models) != dict(b.models):
+        raise ValueError(
+            f"transition target: models {sorted(b.models)} differ from the running job's {sorted(a.models)}"
+        )
+    if current.cluster.num_devices != target.cluster.num_devices:
+        raise ValueError(
+            f"transition target: cluster {target.cluster.shape_str} differs from the running "
+            f"{current.cluster.shape_str} (both plans must address the same devices)"
+        )
+
+
+class _Holders:
+    """Which actor holds cell ``i`` of unit ``U`` (module docstring), as transition ranks."""
+
+    def __init__(self, old: Any, new: Any, current_uids: set[int]) -> None:
+        self.old, self.new, self.current = old, new, current_uids
+        self.actors: list[Any] = []
+        self.device: list[int] = []  # transition rank → device
+        self.xrank: dict[tuple[str, int, int], int] = {}  # (plan, gid, rank) → transition rank
+        for tag, ctl in (("old", old), ("new", new)):
+            for g in ctl.b.groups:
+                for r, a in enumerate(ctl.actors[g.gid]):
+                    self.xrank[(tag, g.gid, r)] = len(self.actors)
+                    self.actors.append(a)
+                    self.device.append(g.devices[r])
+        self.where: dict[tuple[str, str, int], tuple[int, int]] = {}  # (plan, vertex, device) → (gid, rank)
+        for tag, ctl in (("old", old), ("new", new)):
+            for g in ctl.b.groups:
+                for v in g.vertices:
+                    for r, dev in enumerate(g.devices):
+                        self.where[(tag, v, dev)] = (g.gid, r)
+
+    def of(self, u: EMU, i: int) -> int:
+        v, dev = u.stage.vertex, u.gpus[i]
+        tag = "old" if u.uid in self.current or ("new", v, dev) not in self.where else "new"
+        if (tag, v, dev) not in self.where:
+            raise RuntimeError(f"no worker of {v!r} on device {dev} in either plan holds {u}")
+        gid, rank = self.where[(tag, v, dev)]
+        return self.xrank[(tag, gid, rank)]
+
+
+def execute_transition(old: Any, new: Any, tplan: Any, step: int) -> TransitionRecord:
+    """Move the job's state from ``old``'s workers to ``new``'s along ``tplan`` (module docstring).
+
+    Parameters
+    ----------
+    old, new
+        Started :class:`~rpeg.runtime.controller.Controller` of the current and the target plan
+        (``old`` has finished executing).
+    tplan
+        The scheduled transition (:func:`~rpeg.solvers.transition.plan_transition`) between the
+        two plans' EMU collections; primitives run in its DAG order, earliest scheduled start
+        first among the ready ones.
+    step
+        Global step boundary (recorded).
+
+    Returns
+    -------
+    TransitionRecord
+
+    Raises
+    ------
+    RunError
+        A worker failed; the message names the phase and the worker.
+    """
+    import ray
+
+    from .controller import RunError
+
+    dag = tplan.dag
+    rec = TransitionRecord(step, tplan.method, tplan.l_tran, tplan.bound)
+    t_start = time.perf_counter()
+    names = [v.name for v in old.b.graph.vertices]
+    if names != [v.name for v in new.b.graph.vertices]:
+        raise ValueError(f"transition: the plans' graphs differ ({names} vs new)")
+    holders = _Holders(old, new, {u.uid for u in dag.current})
+
+    def get(refs: list, what: str) -> list:
+        try:
+            return ray.get(refs)
+        except Exception as exc:  # name the phase; the cause names the worker
+            raise RunError(f"transition at step {step}: {what} failed: {exc}") from exc
+
+    # 1. weight synchronisation inside the current plan
+    t0 = time.perf_counter()
+    refs = []
+    for g in old.b.groups:
+        if g.trains:
+            pubs = [a.call.remote("publish") for a in old.actors[g.gid]]
+            for other in old.b.groups:
+                if other.model == g.model and not other.trains:
+                    refs += [a.call.remote("install", pubs, old.b.steps) for a in old.actors[other.gid]]
+    get(refs, "weight synchronisation")
+    rec.sync_s = time.perf_counter() - t0
+
+    # the transition group: every worker of both plans
+    master = ray.get(holders.actors[0].address.remote())
+    get(
+        [a.call.remote("xfer_join", master, r, len(holders.actors)) for r, a in enumerate(holders.actors)],
+        "joining the transition group",
+    )
+
+    # 2. export the current units
+    t0 = time.perf_counter()
+    cells: dict[int, list] = defaultdict(list)
+    for u in dag.current:
+        for i in range(u.size):
+            cells[holders.of(u, i)].append((u.uid, u.stage.vertex, i, u.optim_bytes > 0))
+    exporters = {holders.xrank[("old", g.gid, r)] for g in old.b.groups for r in range(g.size)}
+    get([holders.actors[x].call.remote("xfer_export", cells.get(x, [])) for x in sorted(exporters)], "export")
+    rec.export_s = time.perf_counter() - t0
+
+    # 3. the primitives, in DAG order
+    shapes = _shapes(old)
+    tags = iter(range(1, 1 << 30))
+    t0 = time.perf_counter()
+    n = len(dag.primitives)
+    preds = [set(p) for p in dag.predecessors]
+    order = sorted(range(n), key=lambda i: (tplan.starts[i] if tplan.starts else 0.0, i))
+    started: dict[int, float] = {}
+    waiting: dict[int, set] = {}  # primitive → refs not yet finished
+    refs_of: dict[int, list] = {}
+    ref_of: dict[Any, int] = {}
+    done: set[int] = set()
+    while len(done) < n:
+        for i in order:
+            if i in started or not preds[i] <= done:
+                continue
+            calls = _calls(dag.primitives[i], holders, shapes, tags)
+            prefs = [holders.actors[x].call.remote(m, arg) for x, (m, arg) in sorted(calls.items())]
+            started[i] = time.perf_counter() - t0
+            refs_of[i], waiting[i] = prefs, set(prefs)
+            for r in prefs:
+                ref_of[r] = i
+        pending = [r for rs in waiting.values() for r in rs]
+        ready, _ = ray.wait(pending, num_returns=1)
+        i = ref_of[ready[0]]
+        waiting[i].discard(ready[0])
+        if waiting[i]:
+            continue
+        del waiting[i]
+        prim = dag.primitives[i]
+        outs = get(refs_of[i], prim.label())
+        rec.primitives.append(
+            {
+                "index": i,
+                "kind": prim.kind,
+                "label": prim.label(),
+                "start": started[i],
+                "end": time.perf_counter() - t0,
+                "bytes": sum(o.get("sent", 0) for o in outs if isinstance(o, dict)),
+                "predicted_s": tplan.durations[i],
+            }
+        )
+        done.add(i)
+    rec.primitives_s = time.perf_counter() - t0
+
+    # 4. hand-over to the target plan's workers
+    t0 = time.perf_counter()
+    final = {u.key(): u for u in _final_units(dag)}
+    trainers = {v.name for v in new.b.graph.vertices if v.role is Role.TRAINING}
+    entries: dict[int, list] = defaultdict(list)
+    adopt: dict[int, dict[str, Any]] = defaultdict(dict)
+    for g in new.b.groups:
+        rep = g.pp * g.tp
+        train = next((v for v in g.vertices if v in trainers), None)
+        for v in g.vertices:
+            for d in range(g.dp):
+                devs = g.devices[d * rep : (d + 1) * rep]
+                ms = next((u.stage for u in final.values() if u.stage.vertex == v), None)
+                key = (ms, g.tp, g.pp, frozenset(devs))
+                if ms is None or key not in final:
+                    raise RuntimeError(
+                        f"transition: no final unit of {v!r} on devices {list(devs)} (plan and DAG disagree)"
+                    )
+                u = final[key]
+                for i in range(rep):
+                    x = holders.xrank[("new", g.gid, d * rep + i)]
+                    dst = ("adopt", v)
+                    e = _entry(u, (g.tp, g.pp, i // g.tp, i % g.tp), x, dst, [u], holders, shapes, tags)
+                    for h in {x, *(s["holder"] for s in e["sources"].values())}:
+                        entries[h].append(e)
+                    adopt[x].setdefault("cells", {})[v] = dst
+                    adopt[x]["train"] = train
+    outs = get(
+        [holders.actors[x].call.remote("xfer_run", es) for x, es in sorted(entries.items())], "hand-over copy"
+    )
+    rec.handover_bytes = sum(o["sent"] for o in outs)
+    get([holders.actors[x].call.remote("xfer_adopt", keys) for x, keys in sorted(adopt.items())], "adoption")
+    rec.handover_s = time.perf_counter() - t0
+    rec.total_s = time.perf_counter() - t_start
+    return rec
+
+
+def _final_units(dag: Any) -> list[EMU]:
+    """The units alive after every primitive (the target collection with the DAG's uids)."""
+    alive = {u.uid: u for u in dag.current}
+    for prim in dag.primitives:
+        for u in prim.consumed:
+            alive.pop(u.uid, None)
+        for u in prim.outputs:
+            alive[u.uid] = u
+    return list(alive.values())
+
+
+def _shapes(ctl: Any) -> dict[str, tuple[dict[str, tuple[int, ...]], int]]:
+    """Full parameter shapes and layer count per vertex."""
+    out = {}
+    cache: dict[tuple, dict] = {}
+    for g in ctl.b.groups:
+        key = (g.spec, g.head)
+        if key not in cache:
+            cache[key] = full_shapes(g.spec, g.head)
+        for v in g.vertices:
+            out[v] = (cache[key], g.spec.layers)
+    return out
+
+
+def _entry(
+    result: EMU,
+    cell: tuple[int, int, int, int],
+    holder: int,
+    dst: Any,
+    sources: list[EMU],
+    holders: _Holders,
+    shapes: dict,
+    tags: Any,
+) -> dict[str, Any]:
+    """One target cell assembled from the source unit (of ``sources``) whose pieces are most local
+    to ``holder``."""
+    full, layers = shapes[result.stage.vertex]
+    device = holders.device[holder]
+    best = None
+    for src in sources:
+        pieces = cell_pieces(full, layers, src.layout, cell)
+        # elements from other devices first, then from other workers on the same device
+        cost = [0, 0]
+        for r, pcs in pieces.items():
+            x = holders.of(src, r)
+            n = sum(math.prod(s) for s in piece_shapes(full, pcs))
+            if holders.device[x] != device:
+                cost[0] += n
+            elif x != holder:
+                cost[1] += n
+        if best is None or cost < best[0]:
+            best = (cost, src, pieces)
+    assert best is not None
+    _, src, pieces = best
+    moments = result.optim_bytes > 0
+    return {
+        "key": (dst, cell[2] * cell[0] + cell[3]),
+        "holder": holder,
+        "names": cell_names(full, layers, cell[1], cell[2]),
+        "moments": moments,
+        "sources": {
+            r: {
+                "holder": holders.of(src, r),
+                "key": (src.uid, r),
+                "pieces": pcs,
+                "shapes": piece_shapes(full, pcs),
+                "tag": next(tags),
+            }
+            for r, pcs in pieces.items()
+        },
+    }
+
+
+def _calls(prim: Any, holders: _Holders, shapes: dict, tags: Any) -> dict[int, tuple[str, Any]]:
+    """Per transition rank, the worker call that executes its part of ``prim``."""
+    if isinstance(prim, Destroy):
+        keys: dict[int, list] = defaultdict(list)
+        for i in range(prim.unit.size):
+            keys[holders.of(prim.unit, i)].append((prim.unit.uid, i))
+        return {x: ("xfer_drop", ks) for x, ks in keys.items()}
+    if isinstance(prim, Split):
+        jobs = [(part, [prim.source]) for part in prim.parts]
+    elif isinstance(prim, Merge):
+        jobs = [(prim.result, list(prim.parts))]
+    elif isinstance(prim, Extend):
+        jobs = [(prim.result, [prim.source])]
+    else:  # pragma: no cover - the DAG has four kinds
+        raise TypeError(f"unknown primitive {prim!r}")
+    entries: dict[int, list] = defaultdict(list)
+    for out, sources in jobs:
+        for i in range(out.size):
+            x = holders.of(out, i)
+            e = _entry(
+                out, (out.tp, out.pp, i // out.tp, i % out.tp), x, out.uid, sources, holders, shapes, tags
+            )
+            for h in {x, *(s["holder"] for s in e["sources"].values())}:
+                entries[h].append(e)
+    return {x: ("xfer_run", es) for x, es in entries.items()}

@@ -1,0 +1,41 @@
+"""Hand-written plans shared by the runtime tests."""
+
+from __future__ import annotations
+
+from rpeg.costmodel import hardware_preset
+from rpeg.ir import Cluster, ModelSpec, Structure, Workload
+from rpeg.solvers.result import Result, result_for_plan
+
+TOY = ModelSpec("toy-1b", 16, 2048, 5504, 32000, 16, 16)
+
+# Disaggregated plan on 1x1x4: TP=2 generation, PP=2 training (1F1B, 2 microbatches) on the same
+# two devices (RESHARD), reference and reward/critic inference on the other two (phase-split
+# generation → COMM), critic training DP=2 publishing to a one-device critic inference (weight COMM).
+DISAGG = {
+    "actor_gen": ((0, 0, 0), (1, 1, 2), 1, 1, 2, 1),
+    "ref_inf": ((0, 0, 2), (1, 1, 1), 1, 1, 1, 1),
+    "reward_inf": ((0, 0, 3), (1, 1, 1), 1, 1, 1, 1),
+    "critic_inf": ((0, 0, 3), (1, 1, 1), 1, 1, 1, 1),
+    "actor_train": ((0, 0, 0), (1, 1, 2), 1, 2, 1, 2),
+    "critic_train": ((0, 0, 2), (1, 1, 2), 2, 1, 1, 1),
+}
+# Another layout of the same synchronous job: everything differs but the model and the data.
+COLOCATED = {
+    "actor_gen": ((0, 0, 0), (1, 1, 4), 4, 1, 1, 1),
+    "ref_inf": ((0, 0, 0), (1, 1, 4), 2, 1, 2, 2),
+    "reward_inf": ((0, 0, 0), (1, 1, 2), 1, 2, 1, 2),
+    "critic_inf": ((0, 0, 2), (1, 1, 2), 2, 1, 1, 1),
+    "actor_train": ((0, 0, 0), (1, 1, 4), 2, 1, 2, 2),
+    "critic_train": ((0, 0, 0), (1, 1, 4), 1, 2, 2, 2),
+}
+
+
+def workload(algorithm: str = "ppo") -> Workload:
+    models = {"actor": TOY, "reward": TOY} | ({"critic": TOY} if algorithm == "ppo" else {})
+    return Workload(algorithm, models, 64, 1 if algorithm == "ppo" else 4, 256, 256)
+
+
+def hand(wl: Workload, shape: str, table: dict, staleness: tuple) -> Result:
+    """A result for a hand-written plan ``vertex → (origin, extent, dp, pp, tp, mb)``."""
+    cluster = Cluster.from_shape(shape, hardware_preset("gh200"))
+    return result_for_plan(wl, cluster, Structure(wl.algorithm, False, staleness), table)
