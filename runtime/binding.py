@@ -28,7 +28,16 @@ from ..ir.plan import Plan, Strategy
 from ..ir.types import Head, Role
 from ..solvers.result import Result
 
-__all__ = ["Binding", "GroupSpec", "RunShape", "bind", "consumed_version", "rank_coords"]
+__all__ = [
+    "Binding",
+    "GroupSpec",
+    "RunShape",
+    "bind",
+    "check_specs",
+    "consumed_version",
+    "rank_coords",
+    "run_specs",
+]
 
 SUPPORTED_ALGORITHMS = ("ppo", "grpo")
 
@@ -261,6 +270,7 @@ def bind(
     vocab: int = 16,
     max_rollouts: int = 4,
     seed: int = 0,
+    specs: dict[str, ModelSpec] | None = None,
 ) -> Binding:
     """Group the plan's vertices into worker groups and scale the problem down.
 
@@ -278,14 +288,15 @@ def bind(
         Run shape (:func:`run_shape`).
     seed
         Root seed: model ``m``'s weights use ``seed + crc(m)``; the reference shares the actor's.
+    specs
+        Scaled spec per model to use instead of :func:`run_specs` of this result alone (a run
+        that changes plan keeps one model shape throughout).
 
     Raises
     ------
     ValueError
         No plan, an algorithm the runtime does not run, or a run shape too small for the plan.
     """
-    from .model import scale_spec  # torch-dependent; imported only when binding for a run
-
     plan = _check_result(result)
     g = result.graph
     shape = run_shape(
@@ -296,13 +307,10 @@ def bind(
         vocab=vocab,
         max_rollouts=max_rollouts,
     )
-    # scaled specs: enough layers for the deepest pipeline, heads for the widest TP of the model
-    specs: dict[str, ModelSpec] = {}
-    for name, inst in g.models.items():
-        users = [c.strategy for v, c in zip(g.vertices, plan.choices) if v.model == name]
-        min_layers = max((s.pp for s in users), default=1)
-        tp = math.lcm(*[s.tp for s in users]) if users else 1
-        specs[name] = scale_spec(inst.spec, scale, vocab=vocab, min_layers=min_layers, tp=tp)
+    if specs is None:
+        specs = run_specs([result], scale=scale, vocab=vocab)
+    else:
+        check_specs(result, specs)
     # the reference starts as the actor: same spec and seed, so KL(actor ‖ ref) = 0 at step 0
     actor = "actor_critic" if "actor_critic" in g.models else "actor"
     seeds = {name: _model_seed(seed, name) for name in g.models}
@@ -343,6 +351,53 @@ def bind(
             )
         )
     return Binding(result, g, exec_graph, groups, group_of, shape, specs, steps)
+
+
+def run_specs(results: list[Result], *, scale: str | dict = "tiny", vocab: int = 16) -> dict[str, ModelSpec]:
+    """Scaled spec per model that every plan of ``results`` can lay out: enough layers for the
+    deepest pipeline and heads divisible by the least common multiple of the TP degrees of all
+    the model's vertices in all the plans (``runtime.model.scale_spec``)."""
+    from .model import scale_spec
+
+    g = results[0].graph
+    specs: dict[str, ModelSpec] = {}
+    for name, inst in g.models.items():
+        users = [
+            c.strategy
+            for r in results
+            for v, c in zip(r.graph.vertices, _check_result(r).choices)
+            if v.model == name
+        ]
+        min_layers = max((s.pp for s in users), default=1)
+        tp = math.lcm(*[s.tp for s in users]) if users else 1
+        specs[name] = scale_spec(inst.spec, scale, vocab=vocab, min_layers=min_layers, tp=tp)
+    return specs
+
+
+def check_specs(result: Result, specs: dict[str, ModelSpec]) -> None:
+    """Check that ``result``'s layouts can shard the given scaled models.
+
+    Raises
+    ------
+    ValueError
+        Naming the vertex, its ``tp``/``pp`` and the model dimension it cannot split.
+    """
+    plan = _check_result(result)
+    for v, c in zip(result.graph.vertices, plan.choices):
+        spec = specs.get(v.model)
+        if spec is None:
+            raise ValueError(f"specs: no scaled spec for model {v.model!r} of vertex {v.name!r}")
+        tp, pp = c.strategy.tp, c.strategy.pp
+        for field_name in ("heads", "kv_heads", "ffn_hidden"):
+            if getattr(spec, field_name) % tp:
+                raise ValueError(
+                    f"vertex {v.name!r}: tp={tp} cannot split the run's scaled {v.model} "
+                    f"({field_name}={getattr(spec, field_name)})"
+                )
+        if pp > spec.layers:
+            raise ValueError(
+                f"vertex {v.name!r}: pp={pp} exceeds the run's scaled {v.model} layers={spec.layers}"
+            )
 
 
 def _model_seed(seed: int, name: str) -> int:

@@ -113,20 +113,34 @@ class Controller:
         self.actors: dict[int, list[Any]] = {}
         self.placement: list[Any] = []
         self.owns_placement = True
+        self.per_node = 0
+        self.device_base = 0
+        self.failure: dict[str, Any] | None = None  # the first failed node, see _check
+        self.in_flight: list[Any] = []  # refs still running when execution stopped
+        self.dead: set[tuple[int, int]] = set()  # (gid, rank) of workers known lost
         self.records: list[TraceRecord] = []
         self.group_info: dict[str, dict[str, Any]] = {}
         self.overhead_s = 0.0
         self.setup_s = 0.0
+        self.wall_s = 0.0
         self.rewards: dict[int, list[float]] = {}
         self.losses: dict[int, dict[str, float]] = {}
         self.t0 = 0.0
 
     # ------------------------------------------------------------------ setup
-    def start(self, placement: list[Any] | None = None) -> None:
+    def start(
+        self, placement: list[Any] | None = None, per_node: int | None = None, device_base: int = 0
+    ) -> None:
         """Reserve devices with placement groups and start every group's workers.
 
-        ``placement``: placement groups of a running controller to start in instead (a transition
-        target starts beside the current plan's workers on the same devices).
+        Parameters
+        ----------
+        placement, per_node
+            Placement groups (and devices per group) of a running controller to start in instead:
+            a transition target starts beside the current plan's workers on the same devices.
+        device_base
+            Physical device of the plan's device 0 (a plan for a smaller pool after a device
+            loss runs on devices ``device_base ..``; the trace keeps the plan's device ids).
         """
         import ray
         from ray.util.placement_group import placement_group
@@ -135,9 +149,11 @@ class Controller:
         t0 = time.perf_counter()
         cluster = self.b.result.cluster
         n = cluster.num_devices
-        per_node = self.cfg.devices_per_node or cluster.gpus_per_node
-        if n % per_node:
-            raise ValueError(f"devices_per_node={per_node} does not divide the plan's {n} devices")
+        if per_node is None:
+            per_node = self.cfg.devices_per_node or cluster.gpus_per_node
+            if n % per_node:
+                raise ValueError(f"devices_per_node={per_node} does not divide the plan's {n} devices")
+        self.per_node, self.device_base = per_node, device_base
         resource = "GPU" if self.cfg.use_gpu else "rpeg_device"
         available = ray.cluster_resources().get(resource, 0)
         if available < n:
@@ -171,9 +187,10 @@ class Controller:
         for g in self.b.groups:
             actors = []
             for dev in g.devices:
+                phys = dev + device_base
                 opts: dict[str, Any] = {
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                        pgs[dev // per_node], placement_group_bundle_index=dev % per_node
+                        pgs[phys // per_node], placement_group_bundle_index=phys % per_node
                     ),
                     "num_cpus": 0,
                     "max_restarts": 0,
@@ -190,7 +207,7 @@ class Controller:
             for rank, a in enumerate(self.actors[g.gid]):
                 fail = None
                 if self.cfg.fail_at and self.cfg.fail_at[0] == g.worker(rank):
-                    fail = (self.cfg.fail_at[1], self.cfg.fail_at[2])
+                    fail = tuple(self.cfg.fail_at[1:])
                 setups.append(
                     (
                         g,
@@ -205,6 +222,7 @@ class Controller:
                             "nccl" if self.cfg.use_gpu else "gloo",
                             fail,
                             self.cfg.step_offset,
+                            bool(getattr(self.cfg, "recover", False)),
                         ),
                     )
                 )
@@ -337,7 +355,12 @@ class Controller:
             waited += time.perf_counter() - w0
             for r in finished:
                 i = running.pop(r)
-                self._check(nodes[i], r)
+                try:
+                    self._check(nodes[i], r)
+                except RunError:
+                    self.wall_s = time.perf_counter() - t_run
+                    self.overhead_s = self.wall_s - waited
+                    raise
                 pending[i].remove(r)
                 if pending[i]:
                     continue
@@ -485,7 +508,8 @@ class Controller:
     def _check(self, nd: _Node, ref: Any) -> None:
         """Raise :class:`RunError` naming node, step and worker if ``ref`` holds an error (a worker
         that raised or died); the other ranks of the group may be stuck in a collective, so the
-        run stops here instead of waiting for them."""
+        run stops here instead of waiting for them. :attr:`failure` keeps what failed, with
+        ``lost = True`` when the worker's process is gone (a device loss) rather than raised."""
         import ray
 
         try:
@@ -493,10 +517,33 @@ class Controller:
         except Exception as exc:
             group = self.b.groups[nd.group]
             rank = self._wait_refs[nd.id].index(ref)
+            lost = isinstance(exc, ray.exceptions.RayActorError)
+            self.failure = {
+                "lost": lost,
+                "gid": group.gid,
+                "rank": rank,
+                "device": group.devices[rank],
+                "step": nd.step,
+                "vertex": self.b.graph.vertices[nd.vertex].name,
+                "worker": group.worker(rank),
+                "node": nd.id,
+            }
+            if lost:
+                self.dead.add((group.gid, rank))
+            self.in_flight = [r for refs in self._wait_refs.values() for r in refs if r is not ref]
             raise RunError(
                 f"{self._describe(nd)} failed on worker {group.worker(rank)} "
-                f"(device {group.devices[rank]}): {_cause(exc)}"
+                f"(device {group.devices[rank]}): {'worker process lost: ' if lost else ''}{_cause(exc)}"
             ) from exc
+
+    def live_actors(self) -> list[tuple[int, int, Any]]:
+        """``(gid, rank, actor)`` of every worker not known to be lost."""
+        return [
+            (g.gid, r, a)
+            for g in self.b.groups
+            for r, a in enumerate(self.actors[g.gid])
+            if (g.gid, r) not in self.dead
+        ]
 
     def final_weights(self) -> dict[str, dict[str, Any]]:
         """Full weights of every trained model, assembled from its training group's shards."""

@@ -29,7 +29,7 @@ from ..ir.cluster import Cluster
 from ..ir.hardware import Hardware
 from ..ir.workload import Workload
 from ..solvers.result import Result
-from .binding import Binding, bind
+from .binding import Binding, bind, check_specs, run_specs
 from .rl import RLConfig
 from .trace import Trace, expected_graph, plan_hash
 
@@ -54,8 +54,9 @@ class RunConfig:
     use_gpu: bool = False
     checkpoint_dir: str | None = None
     resume_from: str | None = None
-    fail_at: tuple[str, str, int] | None = None
+    fail_at: tuple | None = None
     step_offset: int = 0
+    recover: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or self.steps < 1:
@@ -90,7 +91,10 @@ class RunReport:
         One verified trace per plan the run executed (``trace`` is the first); a run without
         transitions has one.
     transitions
-        A :class:`~rpeg.runtime.transition.TransitionRecord` per executed transition.
+        A :class:`~rpeg.runtime.transition.TransitionRecord` per executed transition (planned
+        ones and those of the urgent path).
+    recoveries
+        One line per worker loss the run survived (lost devices, intact units, the replan).
     """
 
     trace: Trace
@@ -105,6 +109,7 @@ class RunReport:
     weights: dict[str, dict[str, Any]] = field(default_factory=dict)
     segments: list[Trace] = field(default_factory=list)
     transitions: list[Any] = field(default_factory=list)
+    recoveries: list[str] = field(default_factory=list)
 
     @property
     def overhead_per_node_s(self) -> float:
@@ -204,10 +209,12 @@ def run(
     resume_from: str | Path | None = None,
     trace_path: str | Path | None = None,
     progress: Callable[[str, dict], None] | None = None,
-    fail_at: tuple[str, str, int] | None = None,
+    fail_at: tuple | None = None,
     return_weights: bool = False,
     transitions: Sequence[tuple[int, Result]] = (),
     transition_method: str = "greedy",
+    on_worker_lost: str = "stop",
+    replan_method: str = "greedy",
 ) -> RunReport:
     """Execute ``result``'s plan for ``steps`` RL steps and verify the trace against it.
 
@@ -242,7 +249,7 @@ def run(
         Callback ``(event, payload)``; events ``"setup"``, ``"node"``, ``"step"``, ``"transition"``.
     fail_at
         Testing hook ``(worker id, vertex, step)``: that worker of the first plan raises in that
-        node.
+        node; ``(worker id, vertex, step, "exit")``: its process exits there (a lost device).
     return_weights
         Gather every trained model's final full weights into :attr:`RunReport.weights`.
     transitions
@@ -252,6 +259,16 @@ def run(
         (:mod:`rpeg.runtime.transition`), and continue there. ``0 < k < steps``, increasing.
     transition_method
         Scheduler of each transition DAG (``plan_transition``'s ``method``).
+    on_worker_lost
+        ``"stop"``: a lost worker stops the run with :class:`RunError`. ``"replan"``: the urgent
+        path (:mod:`rpeg.runtime.recovery`) — roll the survivors back to the failed step's
+        boundary, replan on the surviving devices with ``replan_method``, move the intact state
+        there and re-run the step; it still stops, naming the state, when the last copy of some
+        state is gone. Training workers then keep a copy of their state from before each update.
+        Transitions planned after the loss are dropped. A worker that *raises* always stops the
+        run.
+    replan_method
+        ``rpeg.solve`` method of the urgent replan.
 
     Returns
     -------
@@ -269,11 +286,15 @@ def run(
     import torch
 
     from ..costmodel import hardware_preset, load_hardware
-    from .controller import Controller
-    from .transition import check_compatible, execute_transition
+    from ..solvers.transition import plan_transition
+    from .controller import Controller, RunError
+    from .recovery import urgent_replan
+    from .transition import check_compatible, execute_transition, physical_units
     from .verify import verify
 
     rl = rl or RLConfig()
+    if on_worker_lost not in ("stop", "replan"):
+        raise ValueError(f"on_worker_lost must be 'stop' or 'replan', got {on_worker_lost!r}")
     plans = _segments(result, steps, transitions)
     if transitions and (checkpoint_dir is not None or resume_from is not None):
         raise ValueError(
@@ -308,6 +329,7 @@ def run(
         hw = load_hardware(str(hardware))
     else:
         hw = hardware_preset(str(hardware))
+    specs = run_specs([res for res, _ in plans], scale=scale)  # one model shape for the whole run
     bindings = []
     for res, n in plans:
         graph = expected_graph(res, n)
@@ -321,6 +343,7 @@ def run(
                 prompt_len=prompt_len,
                 response_len=response_len,
                 seed=seed,
+                specs=specs,
             )
         )
     tplans = [
@@ -343,33 +366,81 @@ def run(
     use_gpu = (
         ray.cluster_resources().get("GPU", 0) >= result.cluster.num_devices and torch.cuda.is_available()
     )
-    cfg = replace(cfg, use_gpu=use_gpu)
-    done: list[tuple[Controller, int]] = []  # finished segments and their global step offsets
+    cfg = replace(cfg, use_gpu=use_gpu, recover=on_worker_lost == "replan")
+    done: list[tuple[Any, int, Result, int]] = []  # (controller, global offset, plan, complete steps)
     records: list[Any] = []
+    recoveries: list[str] = []
     ctl = None
+    queue = [
+        (res, binding, tplans[i - 1] if i else None)
+        for i, ((res, _), binding) in enumerate(zip(plans, bindings))
+    ]
     try:
-        seg_offset = offset
-        for i, binding in enumerate(bindings):
+        seg_offset, base, alias, current_units = offset, 0, {}, None
+        seg = 0
+        while queue:
+            res, binding, tplan = queue.pop(0)
             seg_cfg = replace(
-                cfg, steps=binding.steps, step_offset=seg_offset, fail_at=fail_at if i == 0 else None
+                cfg, steps=binding.steps, step_offset=seg_offset, fail_at=fail_at if seg == 0 else None
             )
             nxt = Controller(binding, seg_cfg, progress)
-            nxt.start(placement=ctl.placement if ctl is not None else None)
+            if ctl is None:
+                nxt.start(device_base=base)
+            else:
+                nxt.start(placement=ctl.placement, per_node=ctl.per_node, device_base=base)
             if progress:
-                progress("setup", {"seconds": nxt.setup_s, "groups": len(binding.groups), "segment": i})
+                progress("setup", {"seconds": nxt.setup_s, "groups": len(binding.groups), "segment": seg})
             if ctl is not None:
-                rec = execute_transition(ctl, nxt, tplans[i - 1], seg_offset)
+                if tplan is None:  # after a device loss: from the intact units to the new plan
+                    tplan = plan_transition(
+                        current_units,
+                        physical_units(res, binding.graph, base),
+                        result.cluster,
+                        method=transition_method,
+                    )
+                rec = execute_transition(ctl, nxt, tplan, seg_offset, alias)
                 records.append(rec)
                 if progress:
                     progress("transition", rec.to_dict())
                 nxt.owns_placement, ctl.owns_placement = True, False
                 ctl.stop()
             ctl = nxt
-            if i == 0 and cfg.resume_from:
+            seg += 1
+            if seg == 1 and cfg.resume_from:
                 _restore(ctl, Path(cfg.resume_from), offset - 1)
-            ctl.execute()
-            done.append((ctl, seg_offset))
+            try:
+                ctl.execute()
+            except RunError:
+                if not (cfg.recover and ctl.failure and ctl.failure["lost"]):
+                    raise
+                rcv = urgent_replan(
+                    ctl, res, method=replan_method, seed=seed, accept=lambda r: check_specs(r, specs)
+                )
+                recoveries.append(rcv.message)
+                if progress:
+                    progress("recovery", {"message": rcv.message, "lost_devices": rcv.lost_devices})
+                if rcv.step > 0:
+                    done.append((ctl, seg_offset, res, rcv.step))
+                seg_offset += rcv.step
+                left = steps - (seg_offset - offset)
+                graph = expected_graph(rcv.target, left)
+                target_binding = bind(
+                    rcv.target,
+                    graph,
+                    left,
+                    scale=scale,
+                    batch=batch,
+                    prompt_len=prompt_len,
+                    response_len=response_len,
+                    seed=seed,
+                    specs=specs,
+                )
+                queue = [(rcv.target, target_binding, None)]  # planned transitions after a loss are dropped
+                base, alias, current_units = rcv.device_base, rcv.alias, rcv.current
+                continue
+            done.append((ctl, seg_offset, res, binding.steps))
             seg_offset += binding.steps
+            alias, current_units = {}, physical_units(res, binding.graph, base)
         weights = ctl.final_weights() if return_weights and ctl is not None else {}
     finally:
         if ctl is not None:
@@ -377,13 +448,13 @@ def run(
         if started:
             ray.shutdown()
     traces, rewards, step_times, predicted_steps, problems, overheads = [], [], [], [], [], []
-    for i, (c, off) in enumerate(done):
-        trace, seg_rewards, seg_times, seg_pred = _segment_trace(c, plans[i][0], off, hw, use_gpu, address)
+    for i, (c, off, res, n) in enumerate(done):
+        trace, seg_rewards, seg_times, seg_pred = _segment_trace(c, res, off, hw, use_gpu, address, n)
         traces.append(trace)
         rewards += seg_rewards
         step_times += seg_times
         predicted_steps += seg_pred
-        found = verify(trace, plans[i][0])
+        found = verify(trace, res)
         problems += [f"segment {i}: {p}" for p in found] if len(done) > 1 else found
         overheads += [max(0.0, (r.end - r.start) - r.worker_time) for r in trace.records]
         if trace_path:
@@ -397,13 +468,14 @@ def run(
         step_times,
         predicted_steps,
         problems,
-        sum(c.setup_s for c, _ in done),
-        sum(c.wall_s for c, _ in done),
-        sum(c.overhead_s for c, _ in done),
+        sum(d[0].setup_s for d in done),
+        sum(d[0].wall_s for d in done),
+        sum(d[0].overhead_s for d in done),
         overheads,
         weights,
         traces,
         records,
+        recoveries,
     )
 
 
@@ -442,15 +514,20 @@ def _plan_transition(a: Binding, b: Binding, hw: Hardware, method: str) -> Any:
 
 
 def _segment_trace(
-    ctl: Any, result: Result, offset: int, hw: Hardware, use_gpu: bool, address: str | None
+    ctl: Any, result: Result, offset: int, hw: Hardware, use_gpu: bool, address: str | None, steps: int
 ) -> tuple[Trace, list[float], list[float], list[float]]:
-    """The trace and per-step figures of one executed plan."""
+    """The trace and per-step figures of one executed plan's first ``steps`` complete steps (all of
+    them, or those before a lost worker's step: the rest are dropped and the node ids renumbered
+    to the ``steps``-step graph)."""
     import torch
 
     binding = ctl.b
-    steps = binding.steps
     durations, _, predicted_steps = predict(binding, hw)
     records = sorted(ctl.records, key=lambda r: r.node)
+    if steps < binding.steps:
+        records = _renumber([r for r in records if r.step < steps], result, steps)
+        durations = []  # per node of the full segment graph; not meaningful for a cut-short one
+        predicted_steps = predicted_steps[:steps]
     step_times = _step_times([r.step for r in records], [r.end for r in records], steps, 0.0)
     rewards = []
     for k in range(steps):
@@ -493,6 +570,26 @@ def _segment_trace(
         },
     )
     return trace, rewards, step_times, predicted_steps
+
+
+def _renumber(records: list[Any], result: Result, steps: int) -> list[Any]:
+    """Records of the first ``steps`` steps with the node ids of the ``steps``-step graph."""
+    from dataclasses import replace as copy_with
+
+    from ..ir.lower import OP
+
+    g = expected_graph(result, steps)
+    names = [v.name for v in result.graph.vertices]
+    kinds = ("op", "comm", "reshard")
+    ids = {}
+    for i in range(len(g)):
+        src = None if g.kind[i] == OP else names[g.source[i]]
+        ids[(kinds[g.kind[i]], names[g.vertex[i]], src, g.step[i], g.phase[i])] = i
+    out = []
+    for r in records:
+        key = (r.kind, r.vertex, r.source, r.step, r.phase)
+        out.append(copy_with(r, node=ids.get(key, -1)))
+    return sorted(out, key=lambda r: r.node)
 
 
 # ---------------------------------------------------------------------------- checkpoints

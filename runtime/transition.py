@@ -43,7 +43,7 @@ from ..ir.emu import EMU, Destroy, Extend, Merge, Split
 from ..ir.types import Role
 from .state import cell_names, cell_pieces, full_shapes, piece_shapes
 
-__all__ = ["TransitionRecord", "check_compatible", "execute_transition"]
+__all__ = ["TransitionRecord", "check_compatible", "execute_transition", "physical_units"]
 
 
 @dataclass
@@ -122,36 +122,46 @@ def check_compatible(current: Any, target: Any) -> None:
 
 
 class _Holders:
-    """Which actor holds cell ``i`` of unit ``U`` (module docstring), as transition ranks."""
+    """Which actor holds cell ``i`` of unit ``U`` (module docstring), as transition ranks.
 
-    def __init__(self, old: Any, new: Any, current_uids: set[int]) -> None:
-        self.old, self.new, self.current = old, new, current_uids
+    Device ids are physical (``plan device + controller.device_base``); lost workers
+    (``controller.dead``) take no part; ``alias`` maps a re-seeded vertex to the training vertex
+    whose current workers hold its cells (:mod:`~rpeg.runtime.recovery`).
+    """
+
+    def __init__(self, old: Any, new: Any, current_uids: set[int], alias: dict[str, str]) -> None:
+        self.old, self.new, self.current, self.alias = old, new, current_uids, alias
         self.actors: list[Any] = []
-        self.device: list[int] = []  # transition rank → device
+        self.device: list[int] = []  # transition rank → physical device
         self.xrank: dict[tuple[str, int, int], int] = {}  # (plan, gid, rank) → transition rank
-        for tag, ctl in (("old", old), ("new", new)):
-            for g in ctl.b.groups:
-                for r, a in enumerate(ctl.actors[g.gid]):
-                    self.xrank[(tag, g.gid, r)] = len(self.actors)
-                    self.actors.append(a)
-                    self.device.append(g.devices[r])
         self.where: dict[tuple[str, str, int], tuple[int, int]] = {}  # (plan, vertex, device) → (gid, rank)
         for tag, ctl in (("old", old), ("new", new)):
             for g in ctl.b.groups:
-                for v in g.vertices:
-                    for r, dev in enumerate(g.devices):
+                for r, a in enumerate(ctl.actors[g.gid]):
+                    if (g.gid, r) in ctl.dead:
+                        continue
+                    dev = g.devices[r] + ctl.device_base
+                    self.xrank[(tag, g.gid, r)] = len(self.actors)
+                    self.actors.append(a)
+                    self.device.append(dev)
+                    for v in g.vertices:
                         self.where[(tag, v, dev)] = (g.gid, r)
 
     def of(self, u: EMU, i: int) -> int:
         v, dev = u.stage.vertex, u.gpus[i]
-        tag = "old" if u.uid in self.current or ("new", v, dev) not in self.where else "new"
+        if u.uid in self.current:
+            tag, v = "old", self.alias.get(v, v)
+        else:
+            tag = "new" if ("new", v, dev) in self.where else "old"
         if (tag, v, dev) not in self.where:
-            raise RuntimeError(f"no worker of {v!r} on device {dev} in either plan holds {u}")
+            raise RuntimeError(f"no live worker of {v!r} on device {dev} in either plan holds {u}")
         gid, rank = self.where[(tag, v, dev)]
         return self.xrank[(tag, gid, rank)]
 
 
-def execute_transition(old: Any, new: Any, tplan: Any, step: int) -> TransitionRecord:
+def execute_transition(
+    old: Any, new: Any, tplan: Any, step: int, alias: dict[str, str] | None = None
+) -> TransitionRecord:
     """Move the job's state from ``old``'s workers to ``new``'s along ``tplan`` (module docstring).
 
     Parameters
@@ -165,6 +175,8 @@ def execute_transition(old: Any, new: Any, tplan: Any, step: int) -> TransitionR
         first among the ready ones.
     step
         Global step boundary (recorded).
+    alias
+        Re-seeded vertex → training vertex holding its cells (the urgent path).
 
     Returns
     -------
@@ -185,7 +197,8 @@ def execute_transition(old: Any, new: Any, tplan: Any, step: int) -> TransitionR
     names = [v.name for v in old.b.graph.vertices]
     if names != [v.name for v in new.b.graph.vertices]:
         raise ValueError(f"transition: the plans' graphs differ ({names} vs new)")
-    holders = _Holders(old, new, {u.uid for u in dag.current})
+    alias = dict(alias or {})
+    holders = _Holders(old, new, {u.uid for u in dag.current}, alias)
 
     def get(refs: list, what: str) -> list:
         try:
@@ -196,12 +209,17 @@ def execute_transition(old: Any, new: Any, tplan: Any, step: int) -> TransitionR
     # 1. weight synchronisation inside the current plan
     t0 = time.perf_counter()
     refs = []
+    live = {(gid, r) for gid, r, _ in old.live_actors()}
     for g in old.b.groups:
         if g.trains:
             pubs = [a.call.remote("publish") for a in old.actors[g.gid]]
             for other in old.b.groups:
                 if other.model == g.model and not other.trains:
-                    refs += [a.call.remote("install", pubs, old.b.steps) for a in old.actors[other.gid]]
+                    refs += [
+                        a.call.remote("install", pubs, old.b.steps)
+                        for r, a in enumerate(old.actors[other.gid])
+                        if (other.gid, r) in live
+                    ]
     get(refs, "weight synchronisation")
     rec.sync_s = time.perf_counter() - t0
 
@@ -217,8 +235,9 @@ def execute_transition(old: Any, new: Any, tplan: Any, step: int) -> TransitionR
     cells: dict[int, list] = defaultdict(list)
     for u in dag.current:
         for i in range(u.size):
-            cells[holders.of(u, i)].append((u.uid, u.stage.vertex, i, u.optim_bytes > 0))
-    exporters = {holders.xrank[("old", g.gid, r)] for g in old.b.groups for r in range(g.size)}
+            v = alias.get(u.stage.vertex, u.stage.vertex)
+            cells[holders.of(u, i)].append((u.uid, v, i, u.optim_bytes > 0))
+    exporters = {holders.xrank[("old", gid, r)] for gid, r in live}
     get([holders.actors[x].call.remote("xfer_export", cells.get(x, [])) for x in sorted(exporters)], "export")
     rec.export_s = time.perf_counter() - t0
 
@@ -278,7 +297,7 @@ def execute_transition(old: Any, new: Any, tplan: Any, step: int) -> TransitionR
         train = next((v for v in g.vertices if v in trainers), None)
         for v in g.vertices:
             for d in range(g.dp):
-                devs = g.devices[d * rep : (d + 1) * rep]
+                devs = [x + new.device_base for x in g.devices[d * rep : (d + 1) * rep]]
                 ms = next((u.stage for u in final.values() if u.stage.vertex == v), None)
                 key = (ms, g.tp, g.pp, frozenset(devs))
                 if ms is None or key not in final:
@@ -302,6 +321,14 @@ def execute_transition(old: Any, new: Any, tplan: Any, step: int) -> TransitionR
     rec.handover_s = time.perf_counter() - t0
     rec.total_s = time.perf_counter() - t_start
     return rec
+
+
+def physical_units(result: Any, graph: Any, base: int) -> list[EMU]:
+    """The EMU collection of ``result``'s plan on physical devices ``base + d``."""
+    from ..ir.emu import emus_of
+
+    units = emus_of(result.plan, result.cluster, graph=graph)
+    return units if base == 0 else [u.sub_unit(u.tp, u.pp, tuple(d + base for d in u.gpus)) for u in units]
 
 
 def _final_units(dag: Any) -> list[EMU]:

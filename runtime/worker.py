@@ -93,7 +93,11 @@ class Worker:
     backend
         ``"gloo"`` (CPU) or ``"nccl"`` (GPU; untested here, see docs/runtime.md).
     fail_at
-        Testing hook: ``(vertex, step)`` at which this worker raises, to exercise fault handling.
+        Testing hook: ``(vertex, step)`` at which this worker raises, or ``(vertex, step, "exit")``
+        at which its process exits abruptly (a lost device), to exercise fault handling.
+    keep_boundary
+        Training workers keep their parameters and optimizer slice from before each update, so a
+        run can roll back to the last step boundary after losing another worker mid-step.
     """
 
     def __init__(
@@ -105,12 +109,15 @@ class Worker:
         config: RLConfig,
         seed: int,
         backend: str = "gloo",
-        fail_at: tuple[str, int] | None = None,
+        fail_at: tuple | None = None,
         step_offset: int = 0,
+        keep_boundary: bool = False,
     ) -> None:
         torch.set_num_threads(1)
         self.group, self.rank, self.shape, self.cfg, self.seed = group, rank, shape, config, seed
         self.fail_at = fail_at
+        self.keep_boundary = keep_boundary
+        self.boundary: dict[str, Any] | None = None
         self.step_offset = step_offset
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
         host, port = master.rsplit(":", 1)
@@ -164,10 +171,11 @@ class Worker:
         return self.mesh.last and self.mesh.t == 0
 
     def _check_fault(self, vertex: str, step: int) -> None:
-        if self.fail_at is not None and self.fail_at == (vertex, step):
-            raise RuntimeError(
-                f"injected fault in worker {self.group.worker(self.rank)} at {vertex} step {step}"
-            )
+        if self.fail_at is None or tuple(self.fail_at[:2]) != (vertex, step):
+            return
+        if len(self.fail_at) > 2 and self.fail_at[2] == "exit":  # the process vanishes: a lost device
+            os._exit(1)
+        raise RuntimeError(f"injected fault in worker {self.group.worker(self.rank)} at {vertex} step {step}")
 
     # ------------------------------------------------------------------ weights
     def publish(self) -> tuple[tuple[int, int], dict[str, tuple[torch.Tensor, int | None]]] | None:
@@ -477,6 +485,12 @@ class Worker:
                 self.schedule.step()
         assert self.optimizer is not None
         old = self._snapshot() if node.get("keep_previous") else None
+        if self.keep_boundary:
+            self.boundary = {
+                "version": self.version,
+                "params": old if old is not None else self._snapshot(),
+                "optimizer": self.optimizer.state(),
+            }
         self.optimizer.step()
         if old is not None:
             self.snapshots[self.version] = old
@@ -488,6 +502,40 @@ class Worker:
             self.save(os.path.join(node["save"], f"g{self.group.gid}-r{self.rank}.pt"))
         meta = {"loss": float(sum(losses)) if losses else None, "version": self.version}
         return None, meta
+
+    @torch.no_grad()
+    def rollback(self, step: int) -> int:
+        """Return to the boundary before ``step`` (segment-local) after a failure mid-step: drop
+        in-flight data and gradients; a training worker that already applied the update of
+        ``step`` restores its parameters and optimizer slice from before it. Returns the version
+        held afterwards.
+
+        Raises
+        ------
+        RuntimeError
+            If the worker is past ``step + 1`` or has no boundary copy to return to.
+        """
+        self.inbox.clear()
+        self.gen_state.clear()
+        for p in self.model.parameters():
+            p.grad = None
+        if self.optimizer is not None and self.version == step + 1:
+            b = self.boundary
+            if b is None or b["version"] != step:
+                raise RuntimeError(
+                    f"worker {self.group.worker(self.rank)} applied step {step}'s update and keeps no copy "
+                    "from before it (run with worker-loss recovery to keep one)"
+                )
+            for k, v in self.model.state_dict().items():
+                local(v).copy_(b["params"][k])
+            self.optimizer.load_state(b["optimizer"])
+            self.version = step
+        elif self.optimizer is not None and self.version != step:
+            raise RuntimeError(
+                f"worker {self.group.worker(self.rank)} holds version {self.version}; the boundary before "
+                f"step {step} needs {step}"
+            )
+        return self.version
 
     # ------------------------------------------------------------------ transitions (SPEC §10)
     def xfer_join(self, master: str, rank: int, world: int, timeout_s: float = 120.0) -> None:

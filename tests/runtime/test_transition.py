@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
 
 from rpeg.ir import Workload  # noqa: E402
+from rpeg.runtime.controller import RunError  # noqa: E402
 from rpeg.runtime.runner import run  # noqa: E402
 from tests.runtime.plans import COLOCATED, DISAGG, hand, workload  # noqa: E402
 
@@ -80,3 +81,62 @@ def test_transition_inputs_are_checked():
         run(current, steps=3, transitions=[(1, hand(other, "1x1x4", DISAGG, SYNC))])
     with pytest.raises(ValueError, match="checkpoint"):
         run(current, steps=3, transitions=[(1, current)], checkpoint_dir="/tmp/x")
+
+
+# ---------------------------------------------------------------------------- the urgent path
+# Serving replicas spread so that device 3 holds one replica of the reference and the reward
+# model (the other is on device 2) and the only critic-inference worker (its weights are the
+# critic trainer's after the boundary synchronisation).
+SPREAD = {
+    "actor_gen": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
+    "ref_inf": ((0, 0, 2), (1, 1, 2), 2, 1, 1, 1),
+    "reward_inf": ((0, 0, 2), (1, 1, 2), 2, 1, 1, 1),
+    "critic_inf": ((0, 0, 3), (1, 1, 1), 1, 1, 1, 1),
+    "actor_train": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
+    "critic_train": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
+}
+
+
+def worker_of(result, vertex: str, rank: int = 0) -> str:
+    from rpeg.runtime.binding import bind
+    from rpeg.runtime.trace import expected_graph
+
+    b = bind(result, expected_graph(result, 1), 1)
+    return next(g.worker(rank) for g in b.groups if vertex in g.vertices)
+
+
+def test_lost_worker_replans_from_intact_replicas_and_continues():
+    result = hand(workload("ppo"), "1x1x4", SPREAD, SYNC)
+    lost = (worker_of(result, "critic_inf"), "critic_inf", 1, "exit")  # device 3 vanishes in step 1
+    report = run(result, steps=3, return_weights=True, fail_at=lost, on_worker_lost="replan")
+    clean = run(result, steps=3, return_weights=True)
+    assert report.problems == []
+    (line,) = report.recoveries
+    assert "lost device(s) [3] at step 1" in line and "re-seeded ['critic_inf']" in line
+    # step 0 on the first plan, steps 1-2 (the failed step re-run) on the replanned one
+    assert [(t.steps, t.meta["step_offset"]) for t in report.segments] == [(1, 0), (2, 1)]
+    assert all(3 not in r.devices for r in report.segments[1].records)
+    (rec,) = report.transitions
+    assert rec.step == 1 and {p["kind"] for p in rec.primitives} >= {"extend"}
+    assert report.rewards == clean.rewards
+    diff = max_diff(report.weights, clean.weights)
+    assert all(d < TOL for d in diff.values()), diff
+
+
+def test_lost_last_copy_stops_with_the_state_named():
+    frozen_alone = hand(
+        workload("ppo"), "1x1x4", SPREAD | {"reward_inf": ((0, 0, 3), (1, 1, 1), 1, 1, 1, 1)}, SYNC
+    )
+    lost = (worker_of(frozen_alone, "reward_inf"), "reward_inf", 1, "exit")
+    with pytest.raises(
+        RunError, match=r"last copy of reward's weights \(reward_inf\) was on lost device\(s\) \[3\]"
+    ):
+        run(frozen_alone, steps=2, fail_at=lost, on_worker_lost="replan")
+    sharded = hand(workload("ppo"), "1x1x4", DISAGG, SYNC)  # critic training DP=2 on devices 2-3
+    lost = (worker_of(sharded, "reward_inf"), "reward_inf", 1, "exit")
+    with pytest.raises(RunError, match=r"on device 3 held a ZeRO slice of critic's optimizer state"):
+        run(sharded, steps=2, fail_at=lost, on_worker_lost="replan")
+    with pytest.raises(RunError, match="worker process lost"):
+        run(sharded, steps=2, fail_at=lost)  # the default stops at once
+    with pytest.raises(ValueError, match="on_worker_lost must be"):
+        run(sharded, steps=2, on_worker_lost="retry")

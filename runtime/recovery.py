@@ -1,0 +1,235 @@
+"""The urgent path: a worker lost mid-run (SPEC §10, Nereus §4 "GPU failure").
+
+When a worker's process disappears (its device is gone) the controller stops dispatching and
+:func:`urgent_replan` decides, from what survives, whether the job can go on:
+
+1. **lost devices**: the failed worker's device and that of every worker that no longer
+   answers; every worker on a lost device is treated as lost (killed if still running);
+2. **drain and roll back**: in-flight nodes are awaited (they finish or fail), then every
+   survivor returns to the boundary before the failed step (segment-local ``s``): data and
+   gradients of the step are dropped and a training worker that already applied the step's
+   update restores its copy from before it (kept because the run enables recovery);
+3. **intact state**, per model-stage (EMU view, :func:`~rpeg.ir.emu.emus_of`): a unit survives
+   when none of its devices is lost. A training group that lost any rank stops the run — its
+   Adam moments are ZeRO-sharded over the DP group, so a slice of them had a single copy; a
+   serving model-stage (generation/inference) with no surviving unit is re-seeded from its
+   model's training units (after the boundary weight synchronisation they hold the same
+   version), and stops the run when the model is not trained (the last copy of a frozen model's
+   weights is gone; a deployment would reload it from its checkpoint, this runtime says so and
+   stops);
+4. **replan** on the largest aligned block of surviving devices (:func:`surviving_pools`) with
+   ``method`` (default ``"greedy"``) — a smaller block when no plan fits or the run's scaled
+   models cannot take the plan's layouts — and hand the survivors' units, the re-seeded units and the
+   new plan to :func:`~rpeg.runtime.transition.execute_transition`.
+
+Every stop is a :class:`~rpeg.runtime.controller.RunError` that names the lost device(s) and the
+state whose last copy was there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir.cluster import Cluster
+from ..ir.emu import EMU, Stage
+from ..ir.types import Role
+from ..solvers.result import Result
+
+__all__ = ["Recovery", "surviving_pools", "urgent_replan"]
+
+
+@dataclass
+class Recovery:
+    """What :func:`urgent_replan` decided.
+
+    Attributes
+    ----------
+    step
+        Segment-local step to re-run (the failed one).
+    lost_devices
+        Physical device ids lost.
+    target
+        The new plan (a result on the surviving pool's cluster).
+    device_base
+        Physical device of the new plan's device 0.
+    current
+        The surviving units plus re-seeded ones, physical device ids.
+    alias
+        Re-seeded vertex → the training vertex whose workers hold its cells.
+    message
+        One line for the report.
+    """
+
+    step: int
+    lost_devices: list[int]
+    target: Result
+    device_base: int
+    current: list[EMU]
+    alias: dict[str, str] = field(default_factory=dict)
+    message: str = ""
+
+
+def surviving_pools(cluster: Cluster, lost: set[int]) -> list[tuple[int, Cluster]]:
+    """Pools of consecutive flat device ids without a lost device that are clusters of their
+    own — part of one node, whole nodes of one rack, or whole racks (as
+    :func:`~rpeg.solvers.adapt.pool_cluster`), starting at a node boundary unless inside one
+    node — largest first, then lowest first device.
+
+    Returns
+    -------
+    list[tuple[int, Cluster]]
+        ``(first device, cluster of the pool)`` pairs; empty when every device is lost.
+    """
+    from ..solvers.adapt import pool_cluster
+
+    n_all, ng = cluster.num_devices, cluster.gpus_per_node
+    out = []
+    for n in range(n_all, 0, -1):
+        try:
+            pool = pool_cluster(cluster, n)
+        except ValueError:
+            continue
+        for base in range(0, n_all - n + 1):
+            same_node = base // ng == (base + n - 1) // ng
+            if not (same_node if n <= ng else base % ng == 0):
+                continue
+            if not lost.intersection(range(base, base + n)):
+                out.append((base, pool))
+    return out
+
+
+def urgent_replan(
+    ctl: Any,
+    result: Result,
+    *,
+    method: str = "greedy",
+    seed: int = 0,
+    time_limit: float | None = 30.0,
+    drain_s: float = 120.0,
+    accept: Callable[[Result], None] | None = None,
+) -> Recovery:
+    """Decide the urgent path after ``ctl`` stopped on a lost worker (module docstring).
+
+    Parameters
+    ----------
+    ctl
+        The stopped :class:`~rpeg.runtime.controller.Controller` (its ``failure`` says what was
+        lost).
+    result
+        The plan ``ctl`` ran.
+    method, seed, time_limit
+        The replanning call (``rpeg.solve``).
+    drain_s
+        Seconds to wait for in-flight nodes to settle.
+    accept
+        Raises ``ValueError`` for a plan the run cannot execute (the runtime's scaled models are
+        fixed for the whole run, so a layout they cannot shard is refused); the next pool is
+        tried then.
+
+    Returns
+    -------
+    Recovery
+
+    Raises
+    ------
+    RunError
+        When the last copy of some state is gone, no plan fits the surviving devices, or the
+        survivors cannot settle; the message names the devices and the state.
+    """
+    import ray
+
+    from ..solvers import solve
+    from .controller import RunError
+    from .transition import physical_units
+
+    f = ctl.failure
+    b = ctl.b
+    step = int(f["step"])
+    lost = {f["device"] + ctl.device_base}
+    # who else is gone: every worker that does not answer
+    probes = {(gid, r): a.call.remote("info") for gid, r, a in ctl.live_actors()}
+    for (gid, r), ref in probes.items():
+        try:
+            ray.get(ref, timeout=30)
+        except Exception:
+            ctl.dead.add((gid, r))
+            lost.add(b.groups[gid].devices[r] + ctl.device_base)
+    for g in b.groups:
+        for r, dev in enumerate(g.devices):
+            if dev + ctl.device_base in lost and (g.gid, r) not in ctl.dead:
+                ctl.dead.add((g.gid, r))
+                with contextlib.suppress(Exception):
+                    ray.kill(ctl.actors[g.gid][r])
+    where = f"device(s) {sorted(lost)}"
+    # a training group with a lost rank had part of its optimizer state in one copy
+    for g in b.groups:
+        gone = [r for r in range(g.size) if (g.gid, r) in ctl.dead]
+        if g.trains and gone:
+            raise RunError(
+                f"worker {g.worker(gone[0])} on device {g.devices[gone[0]] + ctl.device_base} held a ZeRO "
+                f"slice of {g.model}'s optimizer state, whose last copy is gone with {where}; the run "
+                "cannot continue (restart from a checkpoint: run(..., checkpoint_dir=...))"
+            )
+    # let in-flight work settle, then return to the boundary before the failed step
+    if ctl.in_flight:
+        ray.wait(ctl.in_flight, num_returns=len(ctl.in_flight), timeout=drain_s)
+    survivors = ctl.live_actors()
+    try:
+        ray.get([a.call.remote("rollback", step) for _, _, a in survivors], timeout=drain_s)
+    except Exception as exc:
+        raise RunError(
+            f"after losing {where}: survivors could not return to step {step}'s boundary: {exc}"
+        ) from exc
+    # intact units, and re-seeded serving units
+    units = physical_units(result, b.graph, ctl.device_base)
+    intact = [u for u in units if not lost.intersection(u.gpus)]
+    roles = {v.name: v.role for v in b.graph.vertices}
+    trains = {v.model: v.name for v in b.graph.vertices if v.role is Role.TRAINING}
+    alias: dict[str, str] = {}
+    current = list(intact)
+    for stage in dict.fromkeys(u.stage for u in units):
+        if any(u.stage == stage for u in intact):
+            continue
+        train = trains.get(stage.model)
+        if stage.stage is Stage.TRAIN or train is None:
+            kind = "optimizer state and weights" if roles[stage.vertex] is Role.TRAINING else "weights"
+            raise RunError(
+                f"the last copy of {stage.model}'s {kind} ({stage.vertex}) was on lost {where}; "
+                "the run cannot continue (restart from a checkpoint)"
+            )
+        alias[stage.vertex] = train
+        for u in intact:
+            if u.stage.vertex == train:
+                seeded = EMU(stage, u.tp, u.pp, u.gpus, u.param_bytes, 0.0)
+                current.append(seeded)
+    refused = []
+    chosen = None
+    for base, pool in surviving_pools(result.cluster, lost):
+        target = solve(result.workload, pool, method, seed=seed, time_limit=time_limit)
+        if target.plan is None:
+            refused.append(f"{pool.shape_str} from device {base}: {target.message}")
+            continue
+        try:
+            if accept is not None:
+                accept(target)
+        except ValueError as exc:
+            refused.append(f"{pool.shape_str} from device {base}: {exc}")
+            continue
+        chosen = (base, pool, target)
+        break
+    if chosen is None:
+        raise RunError(
+            f"after losing {where} no plan of {result.workload.algorithm} fits the surviving devices"
+            + (": " + "; ".join(refused) if refused else "")
+        )
+    base, pool, target = chosen
+    msg = (
+        f"lost {where} at step {step}; {len(intact)} of {len(units)} units intact"
+        + (f", re-seeded {sorted(alias)} from training" if alias else "")
+        + f"; replanned with {method!r} on {pool.shape_str} from device {base}"
+        + (f" (refused: {'; '.join(refused)})" if refused else "")
+    )
+    return Recovery(step, sorted(lost), target, base, current, alias, msg)
