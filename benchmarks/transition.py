@@ -11,13 +11,17 @@ Instances: PPO with Llama-3.1-8B actor, critic and reward (and reference) on H20
   reward inference halve their DP (Destroy), critic inference moves onto GPUs the reference
   releases (resource edges Destroy → Extend), actor training splits, critic training halves.
 
-Per instance: DAG size, the greedy planning time (EMU collections → DAG, costs, schedule;
-median of repeats), L_tran of the greedy schedule, and for CP-SAT and MILP (HiGHS) their length,
-bound, status and runtime under ``--limit`` seconds. Gaps compare the greedy schedule *on the
-same 1 ms ticks* with the exact optimum, or with the exact engine's bound when it is not proven
-(an upper estimate of the true gap). The MILP is time-indexed (its size grows with GPUs ×
-horizon), so it runs up to ``--milp-max`` GPUs, on its own coarser grid (1/100 of the greedy
-length); its gap is against its own rounded problem.
+Per instance: DAG size; the greedy planning time and its parts, each the median of ``--repeat``
+runs on a fresh DAG: **DAG build** (``transition_dag`` from the two EMU collections), **costs**
+(``primitive_times`` and ``gpu_capacities``), **schedule** (``greedy_schedule``) and their sum,
+the **total** the ≤ 2 ms target is read against; for reference, the front door
+``plan_transition(..., method="greedy")`` from the two Plans, which adds ``emus_of``, the
+critical path and the result object; L_tran of the greedy schedule; and for CP-SAT and MILP
+(HiGHS) their length, bound, status and runtime under ``--limit`` seconds. Gaps compare the
+greedy schedule *on the same 1 ms ticks* with the exact optimum, or with the exact engine's bound
+when it is not proven (an upper estimate of the true gap). The MILP is time-indexed (its size
+grows with GPUs × horizon), so it runs up to ``--milp-max`` GPUs, on its own coarser grid (1/100
+of the greedy length); its gap is against its own rounded problem.
 
 Run from the repository root::
 
@@ -97,22 +101,26 @@ def scenario(name: str, n: int) -> tuple[Cluster, Plan, Plan]:
     return cluster, plan(cur), plan(tgt)
 
 
-def greedy_time(cluster: Cluster, cur: Plan, tgt: Plan, repeat: int) -> tuple[float, float, float]:
-    """Median wall time of the whole greedy plan (from EMU collections) and of the schedule alone."""
+def greedy_time(cluster: Cluster, cur: Plan, tgt: Plan, repeat: int) -> tuple[dict[str, float], float]:
+    """Median seconds of the greedy plan's parts (module docstring) and the greedy L_tran."""
     a = emus_of(cur, cluster, graph=GRAPH)
     b = emus_of(tgt, cluster, graph=GRAPH)
-    whole, sched = [], []
+    parts: dict[str, list[float]] = {"dag": [], "costs": [], "schedule": [], "total": [], "front door": []}
     for _ in range(repeat):
         t0 = time.perf_counter()
         dag = transition_dag(a, b)
+        t1 = time.perf_counter()
         dur = primitive_times(dag, cluster)
         caps = gpu_capacities(dag, cluster)
-        t1 = time.perf_counter()
-        s = greedy_schedule(dag, dur, caps)
         t2 = time.perf_counter()
-        whole.append(t2 - t0)
-        sched.append(t2 - t1)
-    return statistics.median(whole), statistics.median(sched), s.length
+        s = greedy_schedule(dag, dur, caps)
+        t3 = time.perf_counter()
+        tp = plan_transition(cur, tgt, cluster, graph=GRAPH, method="greedy")
+        t4 = time.perf_counter()
+        assert tp.ends == s.ends
+        for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t3 - t0, t4 - t3)):
+            parts[k].append(v)
+    return {k: statistics.median(v) for k, v in parts.items()}, s.length
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -127,25 +135,30 @@ def main(argv: list[str] | None = None) -> None:
     limit = 5.0 if args.quick else args.limit
     rows = []
     header = (
-        "| GPUs | transition | primitives (S/M/E/D, res. edges) | greedy plan ms (sched. ms) | greedy L_tran s "
-        "| CP-SAT L_tran s (bound, status, s) | greedy gap vs CP-SAT | MILP L_tran s (bound, status, s) "
-        "| greedy gap vs MILP |"
+        "| GPUs | transition | primitives (S/M/E/D, res. edges) | greedy ms: total (DAG + costs + schedule) "
+        "| plan_transition ms | greedy L_tran s | CP-SAT L_tran s (bound, status, s) | greedy gap vs CP-SAT "
+        "| MILP L_tran s (bound, status, s) | greedy gap vs MILP |"
     )
     print(header)
     worst_gap = 0.0
-    worst_ms = 0.0
+    worst: dict[str, float] = {}
     for n in sizes:
         for name in ("grow", "shift"):
             cluster, cur, tgt = scenario(name, n)
-            whole, sched_t, g_len = greedy_time(cluster, cur, tgt, args.repeat)
-            if n == max(sizes):
-                worst_ms = max(worst_ms, whole * 1e3)
+            ms, g_len = greedy_time(cluster, cur, tgt, args.repeat)
+            ms = {k: v * 1e3 for k, v in ms.items()}
+            if n == max(sizes) and ms["total"] > worst.get("total", -1.0):
+                worst = ms
             a = emus_of(cur, cluster, graph=GRAPH)
             b = emus_of(tgt, cluster, graph=GRAPH)
             dag = transition_dag(a, b)
             counts = "/".join(str(dag.count(k)) for k in ("split", "merge", "extend", "destroy"))
             cells = [str(n), name, f"{len(dag)} ({counts}, {len(dag.resource_edges)})"]
-            cells += [f"{whole * 1e3:.1f} ({sched_t * 1e3:.1f})", f"{g_len:.3f}"]
+            cells += [
+                f"{ms['total']:.1f} ({ms['dag']:.1f} + {ms['costs']:.1f} + {ms['schedule']:.1f})",
+                f"{ms['front door']:.1f}",
+                f"{g_len:.3f}",
+            ]
             for method in ("cpsat", "milp"):
                 if method == "milp" and n > args.milp_max:
                     cells += ["not run", "—"]
@@ -169,19 +182,28 @@ def main(argv: list[str] | None = None) -> None:
         f"Command: `{command('transition.py', argv)}` — {machine()}. Exact engines: 1 thread, seed 0, "
         f"{limit:g}-s limit; CP-SAT on 1-ms ticks, MILP (HiGHS) on ticks of 1/100 of the greedy length. "
         "PPO with Llama-3.1-8B models on H200; `grow` doubles the pool, `shift` rebalances a full one "
-        "(see the script's docstring). Greedy planning time = EMU collections → DAG → costs → schedule, "
-        "median of repeats; the gap compares the greedy schedule on the engine's ticks with the engine's "
-        "optimum (or its bound when not proven).",
+        "(see the script's docstring). Greedy time, median of "
+        f"{args.repeat} repeats, each on a fresh DAG: total = DAG build (`transition_dag` from the two EMU "
+        "collections) + costs (`primitive_times`, `gpu_capacities`) + schedule (`greedy_schedule`), each a "
+        "median of its own, so the parts need not add up to the total exactly; "
+        '`plan_transition` = the front door `plan_transition(cur, tgt, cluster, method="greedy")` from the '
+        "two Plans (adds `emus_of`, the critical path and the result). The gap compares the greedy schedule "
+        "on the engine's ticks with the engine's optimum (or its bound when not proven).",
         "",
         header,
-        "|" + "---|" * 9,
+        "|" + "---|" * 10,
         *rows,
         "",
-        f"Targets: greedy ≤ 2 ms at 1,024 GPUs — measured {worst_ms:.1f} ms at {max(sizes):,} GPUs"
+        f"Targets: greedy ≤ 2 ms at 1,024 GPUs — measured total {worst['total']:.1f} ms at "
+        f"{max(sizes):,} GPUs (worst transition: DAG build {worst['dag']:.1f} + costs {worst['costs']:.1f} "
+        f"+ schedule {worst['schedule']:.1f} ms)"
         + (
-            " (met)."
-            if worst_ms <= 2.0
-            else " (**not met**: pure Python over ~10³ primitives; Nereus reports 1.22 ms)."
+            " (not run at 1,024 GPUs: no verdict)."
+            if max(sizes) < 1024
+            else " (met)."
+            if worst["total"] <= 2.0
+            else " (**not met** in pure Python; Nereus reports 1.22 ms"
+            + ("; the schedule alone meets it)." if worst["schedule"] <= 2.0 else ").")
         )
         + f" Gap to the exact optimum or bound ≤ 5% — worst measured {100 * worst_gap:.2f}%"
         + (" (met)." if worst_gap <= 0.05 else " (**not met**)."),

@@ -33,10 +33,10 @@ can exceed; the transition may not need more than ``M_eff`` or than either end a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ..ir.cluster import Cluster
-from ..ir.emu import Destroy, Extend, Merge, Primitive, Split, TransitionDAG
+from ..ir.emu import EMU, Destroy, Extend, Merge, Primitive, Split, TransitionDAG
 from .collectives import allgather_time, p2p_time
 
 __all__ = [
@@ -123,16 +123,16 @@ def primitive_times(
     cache: dict[tuple, float] = {}
     out = []
     for p in dag.primitives:
-        if isinstance(p, Split):
-            key: tuple = (
+        if isinstance(p, Extend):  # the most common primitive first
+            key: tuple = ("e", p.nbytes, cluster.tier_of_mask(p.source.mask | p.result.mask))
+        elif isinstance(p, Split):
+            key = (
                 "s",
                 p.source.layout,
                 p.parts[0].layout,
                 p.nbytes,
                 cluster.tier_of_mask(_mask(p.group())),
             )
-        elif isinstance(p, Extend):
-            key = ("e", p.nbytes, cluster.tier_of_mask(p.source.mask | p.result.mask))
         elif isinstance(p, Merge):
             key = ("m", p.nbytes)
         else:
@@ -156,16 +156,8 @@ def gpu_capacities(dag: TransitionDAG, cluster: Cluster, capacity: float | None 
     if capacity is not None and not capacity > 0:
         raise ValueError(f"capacity must be a positive number of bytes, got {capacity!r}")
     base = cluster.hardware.m_eff if capacity is None else float(capacity)
-    cur: dict[int, float] = {}
-    for u in dag.current:
-        b = u.bytes_per_gpu
-        for g in u.gpus:
-            cur[g] = cur.get(g, 0.0) + b
-    tgt: dict[int, float] = {}
-    for u in dag.target:
-        b = u.bytes_per_gpu
-        for g in u.gpus:
-            tgt[g] = tgt.get(g, 0.0) + b
+    cur = _per_gpu_bytes(dag.current)
+    tgt = _per_gpu_bytes(dag.target)
     # every unit lives on GPUs of the current collection (Split/Merge outputs) or the target (Extend)
     return {g: max(base, cur.get(g, 0.0), tgt.get(g, 0.0)) for g in sorted(cur.keys() | tgt.keys())}
 
@@ -173,10 +165,17 @@ def gpu_capacities(dag: TransitionDAG, cluster: Cluster, capacity: float | None 
 def peak_possible(dag: TransitionDAG) -> dict[int, float]:
     """Per GPU, the bytes of every unit that is ever resident on it: if this is within
     ``cap_g`` the memory constraint of ``g`` cannot bind and every engine skips it."""
+    return _per_gpu_bytes(dag.units.values())
+
+
+def _per_gpu_bytes(units: Iterable[EMU]) -> dict[int, float]:
+    """``Σ_{u ∋ g} |u|/|R_u|`` per GPU, GPUs in order of first appearance, each sum taken in the
+    order of ``units`` (so that every caller gets bit-identical figures)."""
     out: dict[int, float] = {}
-    for u in dag.units.values():
+    for u in units:
+        b = u.bytes_per_gpu
         for g in u.gpus:
-            out[g] = out.get(g, 0.0) + u.bytes_per_gpu
+            out[g] = out.get(g, 0.0) + b
     return out
 
 

@@ -17,6 +17,10 @@ infeasible under this order (:class:`~rpeg.ir.emu.TransitionInfeasible` names th
 GPU and who holds its memory). Memory is tracked only on GPUs where it can bind
 (:func:`~rpeg.costmodel.transition.peak_possible` above ``cap_g``).
 
+The list order is sorted once (:func:`priority_order`); a ready primitive that cannot start
+waits on one GPU that blocks it and is tried again only after that GPU is released, so an event
+costs what it changes rather than a rescan of every ready primitive (:func:`greedy_schedule`).
+
 :func:`check_transition_schedule` re-derives every invariant from the data alone.
 """
 
@@ -30,7 +34,13 @@ from dataclasses import dataclass
 from ..costmodel.transition import peak_possible
 from ..ir.emu import Destroy, Merge, Split, TransitionDAG, TransitionInfeasible
 
-__all__ = ["TransitionSchedule", "check_transition_schedule", "downstream_ranks", "greedy_schedule"]
+__all__ = [
+    "TransitionSchedule",
+    "check_transition_schedule",
+    "downstream_ranks",
+    "greedy_schedule",
+    "priority_order",
+]
 
 _GIB = 2.0**30
 
@@ -55,17 +65,46 @@ class TransitionSchedule:
 def downstream_ranks(dag: TransitionDAG, durations: Sequence[float]) -> list[float]:
     """``rank_i = d_i + max_{(i,j)} rank_j`` (the longest path from ``i`` to the end)."""
     rank = list(map(float, durations))
+    succ = dag.successors
     for i in reversed(dag.topological_order):
-        best = max((rank[j] for j in dag.successors[i]), default=0.0)
-        rank[i] = float(durations[i]) + best
+        s = succ[i]
+        rank[i] += max(map(rank.__getitem__, s)) if s else 0.0
     return rank
+
+
+def priority_order(dag: TransitionDAG, rank: Sequence[float]) -> list[int]:
+    """Primitive indices in the greedy list order (module docstring): Destroys first, then stage
+    order, larger ``rank`` first, then index.
+
+    Two stable sorts on C-level keys instead of one sort on per-primitive tuples: by ``−rank``
+    (ties keep index order), then by the class ``(not Destroy, stage)``.
+    """
+    prims = dag.primitives
+    # class of a primitive: (not Destroy, its stage's sort key), numbered in that order; stage
+    # keys are looked up once per model-stage object (the units of one model-stage share it)
+    stage_key: dict[int, tuple[int, int, str]] = {}
+    raw = []
+    for p in prims:
+        ms = p.stage
+        k = stage_key.get(id(ms))
+        if k is None:
+            k = stage_key[id(ms)] = ms.sort_key
+        raw.append((not isinstance(p, Destroy), k))
+    number = {c: r for r, c in enumerate(sorted(set(raw)))}
+    cls = [number[c] for c in raw]
+    neg = [-r for r in rank]
+    order = sorted(range(len(prims)), key=neg.__getitem__)
+    order.sort(key=cls.__getitem__)
+    return order
 
 
 def _memory_plan(dag: TransitionDAG, caps: Mapping[int, float]):
     """Per primitive, ``(gpu, bytes)`` added at its start and freed at its end on binding GPUs,
-    and the initial usage there."""
+    and the initial usage there; ``None`` when no GPU can bind (then memory is never checked)."""
     peak = peak_possible(dag)
     binding = {g for g, b in peak.items() if b > caps.get(g, math.inf) * (1 + 1e-12)}
+    if not binding:
+        return None
     add: list[list[tuple[int, float]]] = []
     free: list[list[tuple[int, float]]] = []
     for p in dag.primitives:
@@ -83,6 +122,14 @@ def greedy_schedule(
     dag: TransitionDAG, durations: Sequence[float], capacity: Mapping[int, float]
 ) -> TransitionSchedule:
     """Schedule ``dag`` by the greedy list order (module docstring).
+
+    Positions in :func:`priority_order` stand for the primitives. A ready primitive that cannot
+    start waits on one GPU that blocks it (one of its busy GPUs, or one short of memory) and is
+    tried again, in list order with the others, only once that GPU is released. Until then it
+    cannot start (a busy GPU stays busy and usage only grows until a primitive on it ends), so
+    skipping it changes nothing: the schedule is the one a rescan of every ready primitive at
+    every event gives, in ``O((n + w) log n + e)`` for ``n`` primitives, ``e`` edges and ``w``
+    wake-ups, plus one pass over every unit's GPUs to find those where memory can bind.
 
     Parameters
     ----------
@@ -110,51 +157,85 @@ def greedy_schedule(
         raise ValueError(f"durations has {len(durations)} entries for {n} primitives")
     if any(not d >= 0 for d in durations):
         raise ValueError(f"durations must be non-negative, got {min(durations)!r}")
-    prims = dag.primitives
-    rank = downstream_ranks(dag, durations)
-    key = [(0 if isinstance(p, Destroy) else 1, p.stage.sort_key, -rank[i], i) for i, p in enumerate(prims)]
-    masks = [p.used_mask for p in prims]
-    add, free, usage = _memory_plan(dag, capacity)
-    indeg = [len(ps) for ps in dag.predecessors]
+    order = priority_order(dag, downstream_ranks(dag, durations))
+    pos = [0] * n
+    for k, i in enumerate(order):
+        pos[i] = k
+    masks = [p.used_mask for p in dag.primitives]
+    memory = _memory_plan(dag, capacity)
+    add, free, usage = memory if memory is not None else ([], [], {})
+    limit = {g: capacity[g] * (1 + 1e-12) for g in usage}
+    indeg = [0] * n
+    for _, j in dag.all_edges:
+        indeg[j] += 1
     succ = dag.successors
-    ready = sorted(key[i] for i in range(n) if indeg[i] == 0)
-    running: list[tuple[float, int]] = []
+    todo = [pos[i] for i in range(n) if indeg[i] == 0]  # positions to try at the current time
+    on_busy: dict[int, list[int]] = {}  # GPU → positions waiting for it to be released
+    waited = 0  # mask of the GPUs in on_busy
+    on_memory: dict[int, list[int]] = {}  # binding GPU → positions waiting for memory there
+    ending: dict[float, list[int]] = {}  # end time → running primitives
+    times: list[float] = []  # heap of the keys of ending
     starts = [0.0] * n
     ends = [0.0] * n
     busy = 0
     t = 0.0
     done = 0
     while done < n:
-        if ready:
-            keep = []
-            for k in ready:
-                i = k[-1]
-                if masks[i] & busy or not all(usage[g] + b <= capacity[g] * (1 + 1e-12) for g, b in add[i]):
-                    keep.append(k)
+        if todo:
+            todo.sort()
+            for k in todo:
+                i = order[k]
+                m = masks[i]
+                hit = m & busy
+                if hit:
+                    g = hit.bit_length() - 1  # any busy GPU of it will do; the highest is cheapest
+                    if g in on_busy:
+                        on_busy[g].append(k)
+                    else:
+                        on_busy[g] = [k]
+                        waited |= 1 << g
                     continue
-                for g, b in add[i]:
-                    usage[g] += b
-                busy |= masks[i]
+                if usage and add[i]:
+                    short = next((g for g, b in add[i] if usage[g] + b > limit[g]), None)
+                    if short is not None:
+                        on_memory.setdefault(short, []).append(k)
+                        continue
+                    for g, b in add[i]:
+                        usage[g] += b
+                busy |= m
                 starts[i] = t
-                ends[i] = t + durations[i]
-                heapq.heappush(running, (ends[i], i))
-            ready = keep
-        if not running:
-            _deadlock(dag, ready[0][-1], add, usage, capacity)
-        t = running[0][0]
-        newly = []
-        while running and running[0][0] <= t:
-            _, i = heapq.heappop(running)
+                e = ends[i] = t + durations[i]
+                if e in ending:
+                    ending[e].append(i)
+                else:
+                    ending[e] = [i]
+                    heapq.heappush(times, e)
+            todo = []
+        if not times:
+            _deadlock(dag, order[min(k for ks in on_memory.values() for k in ks)], add, usage, capacity)
+        t = heapq.heappop(times)
+        batch = ending.pop(t)
+        batch.sort()  # the order a heap of (end, index) pops them: memory is freed in this order
+        for i in batch:
             done += 1
-            busy &= ~masks[i]
-            for g, b in free[i]:
-                usage[g] -= b
+            m = masks[i]
+            busy ^= m  # m ⊆ busy: running primitives hold disjoint GPUs
+            woken = m & waited
+            if woken:
+                waited ^= woken
+                while woken:
+                    g = woken.bit_length() - 1
+                    todo += on_busy.pop(g)
+                    woken ^= 1 << g
+            if usage:
+                for g, b in free[i]:
+                    usage[g] -= b
+                    if g in on_memory:
+                        todo += on_memory.pop(g)
             for j in succ[i]:
                 indeg[j] -= 1
                 if indeg[j] == 0:
-                    newly.append(key[j])
-        if newly:
-            ready = sorted(ready + newly)
+                    todo.append(pos[j])
     return TransitionSchedule(tuple(starts), tuple(ends))
 
 

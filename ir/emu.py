@@ -147,6 +147,13 @@ def _mask(gpus: Iterable[int]) -> int:
     return m
 
 
+def _sorted_mask(gpus: Sequence[int]) -> int:
+    """:func:`_mask` of ascending GPU ids, in one shift when they are consecutive."""
+    if gpus[-1] - gpus[0] == len(gpus) - 1:
+        return ((1 << len(gpus)) - 1) << gpus[0]
+    return _mask(gpus)
+
+
 def _is_pos_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 1
 
@@ -170,6 +177,16 @@ class EMU:
     uid
         Identity inside a :class:`TransitionDAG` (not part of equality).
 
+    Attributes
+    ----------
+    mask
+        Bit mask of ``R`` (bit ``g`` set for GPU ``g``).
+    bytes_per_gpu
+        Resident bytes on each of its GPUs, ``(|θ| + |ω|)/(tp·pp)``.
+
+    Both are derived once at construction (the DAG builder and the schedulers read them in their
+    inner loops).
+
     Raises
     ------
     ValueError
@@ -185,24 +202,29 @@ class EMU:
     optim_bytes: float = 0.0
     uid: int = field(default=-1, compare=False)
     mask: int = field(init=False, compare=False, repr=False)
+    bytes_per_gpu: float = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp"):
-            if not _is_pos_int(getattr(self, name)):
-                raise ValueError(f"EMU {name} must be a positive integer, got {getattr(self, name)!r}")
+        tp, pp, pb, ob = self.tp, self.pp, self.param_bytes, self.optim_bytes
+        for name, v in (("tp", tp), ("pp", pp)):
+            if not _is_pos_int(v):
+                raise ValueError(f"EMU {name} must be a positive integer, got {v!r}")
         gpus = tuple(self.gpus)
-        if len(gpus) != self.tp * self.pp:
-            raise ValueError(
-                f"EMU gpus must hold tp·pp = {self.tp * self.pp} GPUs, got {len(gpus)}: {list(gpus)}"
-            )
-        if any(not isinstance(g, int) or g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
+        if len(gpus) != tp * pp:
+            raise ValueError(f"EMU gpus must hold tp·pp = {tp * pp} GPUs, got {len(gpus)}: {list(gpus)}")
+        mask = 0
+        for g in gpus:
+            if not isinstance(g, int) or g < 0:
+                mask = -1
+                break
+            mask |= 1 << g
+        if mask < 0 or mask.bit_count() != len(gpus):  # not an id, or an id twice
             raise ValueError(f"EMU gpus must be distinct non-negative integers, got {list(gpus)}")
-        for name in ("param_bytes", "optim_bytes"):
-            v = getattr(self, name)
+        for name, v in (("param_bytes", pb), ("optim_bytes", ob)):
             if not (isinstance(v, (int, float)) and v >= 0):
                 raise ValueError(f"EMU {name} must be a non-negative number, got {v!r}")
-        object.__setattr__(self, "gpus", gpus)
-        object.__setattr__(self, "mask", _mask(gpus))
+        # derived fields, written past the frozen __setattr__ (EMUs are built by the thousand)
+        self.__dict__.update(gpus=gpus, mask=mask, bytes_per_gpu=(pb + ob) / (tp * pp))
 
     @property
     def size(self) -> int:
@@ -228,11 +250,6 @@ class EMU:
     def optim_shard_bytes(self) -> float:
         """Optimizer bytes per GPU, ``|ω|/(tp·pp)``."""
         return self.optim_bytes / self.size
-
-    @property
-    def bytes_per_gpu(self) -> float:
-        """Resident bytes on each of its GPUs, ``(|θ| + |ω|)/(tp·pp)``."""
-        return self.state_bytes / self.size
 
     def key(self) -> tuple[ModelStage, int, int, frozenset[int]]:
         """``(M, tp, pp, R as a set)``: what a collection comparison looks at (rank order within a
@@ -266,19 +283,19 @@ class EMU:
 def _trusted(
     stage: ModelStage, tp: int, pp: int, gpus: tuple[int, ...], pb: float, ob: float, uid: int, mask: int
 ) -> EMU:
-    """An EMU built from already-validated parts (the DAG builder creates thousands)."""
+    """An EMU built from already-validated parts (the DAG builder creates thousands): the fields
+    go straight into the instance dictionary, past the frozen ``__setattr__``."""
     u = object.__new__(EMU)
-    for name, value in (
-        ("stage", stage),
-        ("tp", tp),
-        ("pp", pp),
-        ("gpus", gpus),
-        ("param_bytes", pb),
-        ("optim_bytes", ob),
-        ("uid", uid),
-        ("mask", mask),
-    ):
-        object.__setattr__(u, name, value)
+    d = u.__dict__
+    d["stage"] = stage
+    d["tp"] = tp
+    d["pp"] = pp
+    d["gpus"] = gpus
+    d["param_bytes"] = pb
+    d["optim_bytes"] = ob
+    d["uid"] = uid
+    d["mask"] = mask
+    d["bytes_per_gpu"] = (pb + ob) / (tp * pp)
     return u
 
 
@@ -397,6 +414,14 @@ class Split(Primitive):
         return (self.source,)
 
     @property
+    def stage(self) -> ModelStage:
+        return self.source.stage
+
+    @property
+    def used_mask(self) -> int:
+        return self.source.mask  # the parts tile it
+
+    @property
     def group_size(self) -> int:
         """``k = |T|/|T_sub|``."""
         return self.source.size // self.parts[0].size
@@ -453,6 +478,14 @@ class Merge(Primitive):
         return self.parts
 
     @property
+    def stage(self) -> ModelStage:
+        return self.parts[0].stage
+
+    @property
+    def used_mask(self) -> int:
+        return self.result.mask  # the parts tile it
+
+    @property
     def nbytes(self) -> float:
         """``(|θ| + |ω|)/|T|``, copied locally on each GPU."""
         return self.result.bytes_per_gpu
@@ -491,6 +524,14 @@ class Extend(Primitive):
         return ()
 
     @property
+    def stage(self) -> ModelStage:
+        return self.source.stage
+
+    @property
+    def used_mask(self) -> int:
+        return self.source.mask | self.result.mask
+
+    @property
     def acquired(self) -> frozenset[int]:
         return frozenset(self.result.gpus)
 
@@ -521,6 +562,14 @@ class Destroy(Primitive):
     @property
     def consumed(self) -> tuple[EMU, ...]:
         return (self.unit,)
+
+    @property
+    def stage(self) -> ModelStage:
+        return self.unit.stage
+
+    @property
+    def used_mask(self) -> int:
+        return self.unit.mask
 
     @property
     def released(self) -> frozenset[int]:
@@ -646,8 +695,14 @@ class StageDiff:
 
     @property
     def unchanged(self) -> bool:
-        """Whether the model-stage keeps exactly its units."""
-        return {u.key() for u in self.current} == {u.key() for u in self.target}
+        """Whether the model-stage keeps exactly its units (same layout and GPU sets; the units of
+        one side share a layout and are disjoint, as :func:`plan_diff` checks)."""
+        a, b = self.current, self.target
+        if len(a) != len(b) or not a:
+            return len(a) == len(b)
+        if (a[0].tp, a[0].pp) != (b[0].tp, b[0].pp):
+            return False
+        return {u.mask for u in a} == {u.mask for u in b}
 
     @property
     def released(self) -> frozenset[int]:
@@ -666,10 +721,16 @@ class StageDiff:
 
 def _check_collection(units: Sequence[EMU], name: str) -> dict[ModelStage, list[EMU]]:
     by: dict[ModelStage, list[EMU]] = {}
+    # the units of a model-stage usually share one ModelStage object: hash each object once
+    # (a dataclass hash is a Python call), the list of its model-stage found by identity after
+    by_object: dict[int, list[EMU]] = {}
     for u in units:
-        by.setdefault(u.stage, []).append(u)
+        us = by_object.get(id(u.stage))
+        if us is None:
+            us = by_object[id(u.stage)] = by.setdefault(u.stage, [])
+        us.append(u)
     for ms, us in by.items():
-        if len({u.layout for u in us}) != 1:
+        if len({(u.tp, u.pp) for u in us}) != 1:
             raise ValueError(f"{name}: model-stage {ms} mixes layouts {sorted({u.layout for u in us})}")
         if len({(u.param_bytes, u.optim_bytes) for u in us}) != 1:
             raise ValueError(f"{name}: model-stage {ms} has units of different state sizes")
@@ -684,12 +745,12 @@ def _check_collection(units: Sequence[EMU], name: str) -> dict[ModelStage, list[
 
 
 def _bits(mask: int) -> set[int]:
-    out, i = set(), 0
+    """The positions of the set bits of ``mask`` (one step per set bit, not per bit position)."""
+    out = set()
     while mask:
-        if mask & 1:
-            out.add(i)
-        mask >>= 1
-        i += 1
+        low = mask & -mask
+        out.add(low.bit_length() - 1)
+        mask ^= low
     return out
 
 
@@ -758,21 +819,24 @@ class TransitionDAG:
 
     @cached_property
     def successors(self) -> tuple[tuple[int, ...], ...]:
+        """Per primitive, the heads of its state edges, then of its resource edges."""
         out: list[list[int]] = [[] for _ in self.primitives]
         for i, j in self.all_edges:
             out[i].append(j)
-        return tuple(tuple(s) for s in out)
+        return tuple(map(tuple, out))
 
     @cached_property
     def predecessors(self) -> tuple[tuple[int, ...], ...]:
+        """Per primitive, the tails of its state edges, then of its resource edges."""
         out: list[list[int]] = [[] for _ in self.primitives]
         for i, j in self.all_edges:
             out[j].append(i)
-        return tuple(tuple(p) for p in out)
+        return tuple(map(tuple, out))
 
     @cached_property
     def topological_order(self) -> tuple[int, ...]:
-        """Kahn's order, smallest index first.
+        """Kahn's order, smallest index first (``0, 1, …, n−1`` when every edge points to a
+        higher index, as every state edge does).
 
         Raises
         ------
@@ -780,6 +844,8 @@ class TransitionDAG:
             If the edges contain a cycle.
         """
         n = len(self.primitives)
+        if all(i < j for i, j in self.resource_edges) and all(i < j for i, j in self.edges):
+            return tuple(range(n))  # Kahn's smallest-index-first rule then takes 0, 1, 2, … in turn
         indeg = [len(p) for p in self.predecessors]
         heap = [i for i in range(n) if indeg[i] == 0]
         heapq.heapify(heap)
@@ -896,18 +962,24 @@ def transition_dag(current: Sequence[EMU], target: Sequence[EMU]) -> TransitionD
 
 
 class _Builder:
-    """Builds local DAGs, then the resource edges (kept out of the public API)."""
+    """Builds local DAGs, then the resource edges (kept out of the public API).
+
+    Edges are kept as successor lists: a primitive's predecessors all exist when it is added, so
+    every state edge points to a higher index, each list grows in index order and a repeated edge
+    is always the list's last entry.
+    """
 
     def __init__(self, diffs: dict[ModelStage, StageDiff]) -> None:
         self.diffs = diffs
         self.prims: list[Primitive] = []
-        self.edges: set[tuple[int, int]] = set()
+        self.succ: list[list[int]] = []
+        self.has_preds: list[bool] = []
         self.next_uid = 0
         self.current: list[EMU] = []
         self.final: list[EMU] = []
         # GPU owners now and in the target: mask per model-stage
-        self.cur_mask = {ms: _mask(g for u in d.current for g in u.gpus) for ms, d in diffs.items()}
-        self.tgt_mask = {ms: _mask(g for u in d.target for g in u.gpus) for ms, d in diffs.items()}
+        self.cur_mask = {ms: _union(d.current) for ms, d in diffs.items()}
+        self.tgt_mask = {ms: _union(d.target) for ms, d in diffs.items()}
         # GPUs someone acquires: a Destroy there may unblock an Extend, so anchors avoid them
         self.wanted = {ms: 0 for ms in diffs}
         for ms in diffs:
@@ -915,7 +987,7 @@ class _Builder:
             for other in diffs:
                 if other != ms:
                     self.wanted[other] |= acq
-        self.destroy_of: list[tuple[int, int, ModelStage]] = []  # (mask, prim index, stage)
+        self.destroy_of: list[tuple[EMU, int, ModelStage]] = []  # (unit, prim index, stage)
         self.extends: list[tuple[int, ModelStage]] = []
 
     def uid(self) -> int:
@@ -925,24 +997,31 @@ class _Builder:
     def add(self, p: Primitive, preds: Iterable[int | None] = ()) -> int:
         i = len(self.prims)
         self.prims.append(p)
+        self.succ.append([])
+        self.has_preds.append(False)
         for q in preds:
             if q is not None:
-                self.edges.add((q, i))
+                s = self.succ[q]
+                if not s or s[-1] != i:
+                    s.append(i)
+                    self.has_preds[i] = True
         return i
 
     def build(self) -> TransitionDAG:
         for d in self.diffs.values():
             for u in d.current:
-                self.current.append(u.with_uid(self.uid()))
+                uid = self.uid()
+                self.current.append(u if u.uid == uid else u.with_uid(uid))
         k = 0
         for d in self.diffs.values():
             n = len(d.current)
             self._local(d, self.current[k : k + n])
             k += n
+        edges = tuple((i, j) for i, js in enumerate(self.succ) for j in js)  # sorted, as promised
         resource = self._resource_edges()
         dag = TransitionDAG(
             tuple(self.prims),
-            tuple(sorted(self.edges)),
+            edges,
             tuple(sorted(resource)),
             tuple(self.current),
             tuple(self.final),
@@ -952,7 +1031,11 @@ class _Builder:
         return dag
 
     def _local(self, d: StageDiff, current: list[EMU]) -> None:
-        """Split → Destroy → Extend → Merge for one model-stage (module docstring, step 1)."""
+        """Split → Destroy → Extend → Merge for one model-stage (module docstring, step 1).
+
+        The primitives are consistent by construction (parts tile their source or result, an
+        Extend's blocks are disjoint from its source), so they are built past their validation.
+        """
         if d.unchanged:
             self.final.extend(current)
             return
@@ -961,63 +1044,76 @@ class _Builder:
         # 1. Split every current unit down to T_sub; sub-units keyed by their block's mask
         subs: dict[int, tuple[EMU, int | None]] = {}
         for u in current:
-            if u.layout == (stp, spp):
+            if u.tp == stp and u.pp == spp:
                 subs[u.mask] = (u, None)
                 continue
             parts = tuple(
                 u.sub_unit(stp, spp, u.gpus[j * s : (j + 1) * s], self.uid()) for j in range(u.size // s)
             )
-            i = self.add(Split(u, parts))
+            i = self.add(_trusted_primitive(Split, source=u, parts=parts))
             for p in parts:
                 subs[p.mask] = (p, i)
-        # target blocks, per target unit in rank order
-        blocks: list[list[tuple[int, ...]]] = []
+        # target blocks, per target unit in rank order: (mask, its |T_sub| GPUs in ascending order);
+        # a unit of one block is its own block, its GPUs sorted only if it is missing
+        blocks: list[list[tuple[int, tuple[int, ...] | EMU]]] = []
         for t in d.target:
-            gs = tuple(sorted(t.gpus))
-            blocks.append([gs[j * s : (j + 1) * s] for j in range(t.size // s)])
-        block_masks = {_mask(bl) for bls in blocks for bl in bls}
+            if t.size == s:
+                blocks.append([(t.mask, t)])
+                continue
+            gs = sorted(t.gpus)
+            bls = [tuple(gs[j * s : (j + 1) * s]) for j in range(t.size // s)]
+            blocks.append([(_sorted_mask(bl), bl) for bl in bls])
+        block_masks = {m for ms in blocks for m, _ in ms}
         kept = {m: v for m, v in subs.items() if m in block_masks}
         spare = [v for m, v in subs.items() if m not in block_masks]
-        missing = [bl for bls in blocks for bl in bls if _mask(bl) not in kept]
+        missing = [(m, bl) for ms in blocks for m, bl in ms if m not in kept]
         anchor: tuple[EMU, int | None] | None = None
         if not kept and missing:
             # the state survives on one spare sub-unit until an Extend copied it; prefer one on
             # GPUs nobody else acquires, so its late Destroy blocks no other model-stage
             wanted = self.wanted[d.stage]
-            anchor = min(spare, key=lambda v: (bin(v[0].mask & wanted).count("1"), min(v[0].gpus)))
+            anchor = min(spare, key=lambda v: ((v[0].mask & wanted).bit_count(), min(v[0].gpus)))
         # 2. Destroy the redundant sub-units (release before acquire)
         for u, c in spare:
             if anchor is not None and u is anchor[0]:
                 continue
-            i = self.add(Destroy(u), [c])
-            self.destroy_of.append((u.mask, i, d.stage))
-        # 3. Extend onto the missing blocks: a binomial broadcast from the kept sub-units
+            i = self.add(_trusted_primitive(Destroy, unit=u), (c,))
+            self.destroy_of.append((u, i, d.stage))
+        # 3. Extend onto the missing blocks: a binomial broadcast from the kept sub-units. Round
+        # r uses every copy that exists after round r − 1 once, by (first GPU, uid): each source
+        # serves again next round, next to the copy it made
         feeds: dict[int, list[int]] = {}  # uid → Extends reading it
         at: dict[int, tuple[EMU, int | None]] = dict(kept)
-        sources = [(0, min(v[0].gpus), v[0].uid, v) for v in (list(kept.values()) or [anchor])]  # type: ignore[list-item]
-        heapq.heapify(sources)
-        for bl in missing:
-            level, first, _, (src, c) = heapq.heappop(sources)
-            new = src.sub_unit(stp, spp, bl, self.uid())
-            i = self.add(Extend(src, new), [c])
+        now = sorted((min(v[0].gpus), v[0].uid, v) for v in (list(kept.values()) or [anchor]))  # type: ignore[list-item]
+        after: list[tuple[int, int, tuple[EMU, int | None]]] = []
+        k = 0
+        for m, bl in missing:
+            if k == len(now):
+                now, after, k = sorted(after), [], 0
+            first, _, (src, c) = now[k]
+            k += 1
+            if isinstance(bl, EMU):
+                bl = tuple(sorted(bl.gpus))
+            new = _trusted(src.stage, stp, spp, bl, src.param_bytes, src.optim_bytes, self.uid(), m)
+            i = self.add(_trusted_primitive(Extend, source=src, result=new), (c,))
             feeds.setdefault(src.uid, []).append(i)
             self.extends.append((i, d.stage))
-            at[new.mask] = (new, i)
-            heapq.heappush(sources, (level + 1, first, src.uid, (src, c)))
-            heapq.heappush(sources, (level + 1, min(bl), new.uid, (new, i)))
+            at[m] = (new, i)
+            after.append((first, src.uid, (src, c)))
+            after.append((bl[0], new.uid, (new, i)))
         if anchor is not None:
             u, c = anchor
-            i = self.add(Destroy(u), [c, *feeds.get(u.uid, [])])
-            self.destroy_of.append((u.mask, i, d.stage))
+            i = self.add(_trusted_primitive(Destroy, unit=u), [c, *feeds.get(u.uid, [])])
+            self.destroy_of.append((u, i, d.stage))
         # 4. Merge the sub-units of each target unit
-        for t, bls in zip(d.target, blocks):
-            parts = [at[_mask(bl)] for bl in bls]
-            if len(parts) == 1:
-                self.final.append(parts[0][0])
+        for t, ms in zip(d.target, blocks):
+            if len(ms) == 1:
+                self.final.append(at[ms[0][0]][0])
                 continue
+            parts = [at[m] for m, _ in ms]
             result = t.with_uid(self.uid())
             preds = [c for _, c in parts] + [e for u, _ in parts for e in feeds.get(u.uid, [])]
-            self.add(Merge(tuple(u for u, _ in parts), result), preds)
+            self.add(_trusted_primitive(Merge, parts=tuple(u for u, _ in parts), result=result), preds)
             self.final.append(result)
 
     def _resource_edges(self) -> set[tuple[int, int]]:
@@ -1025,23 +1121,26 @@ class _Builder:
         within one model-stage, GPUs a destroyed unit of its own still occupies)."""
         leaving = {ms: self.cur_mask[ms] & ~self.tgt_mask[ms] for ms in self.diffs}
         by_gpu: dict[int, list[int]] = {}
-        for k, (mask, _, _) in enumerate(self.destroy_of):
-            for g in _bits(mask):
+        destroyed = 0
+        for k, (u, _, _) in enumerate(self.destroy_of):
+            destroyed |= u.mask
+            for g in u.gpus:
                 by_gpu.setdefault(g, []).append(k)
         out: set[tuple[int, int]] = set()
-        succ: dict[int, list[int]] = {}
-        for i, j in self.edges:
-            succ.setdefault(i, []).append(j)
-        has_preds = {j for _, j in self.edges}
-        for e, ms in sorted(self.extends, key=lambda x: (x[1].sort_key, x[0])):
+        extra: dict[int, list[int]] = {}  # resource edges added so far, for the reachability test
+        has_preds = self.has_preds
+        # self.extends is in (stage order, index) order: the diffs come sorted, indices only grow
+        for e, ms in self.extends:
             result = self.prims[e].outputs[0]
             dest = result.mask
+            if not dest & destroyed:
+                continue
             for k in sorted({k for g in result.gpus for k in by_gpu.get(g, ())}):
-                mask, dsi, other = self.destroy_of[k]
-                blocks = mask & dest if other == ms else mask & dest & leaving[other]
+                u, dsi, other = self.destroy_of[k]
+                blocks = u.mask & dest if other == ms else u.mask & dest & leaving[other]
                 if not blocks or (dsi, e) in out:
                     continue
-                if dsi in has_preds and _reaches(succ, e, dsi):
+                if has_preds[dsi] and _reaches(self.succ, extra, e, dsi):
                     gpus = sorted(_bits(blocks))
                     raise TransitionInfeasible(
                         f"transition infeasible: Extend of {ms} onto GPUs {gpus} needs GPUs that {other} "
@@ -1052,19 +1151,35 @@ class _Builder:
                         gpus=gpus,
                     )
                 out.add((dsi, e))
-                succ.setdefault(dsi, []).append(e)
-                has_preds.add(e)
+                extra.setdefault(dsi, []).append(e)
+                has_preds[e] = True
         return out
 
 
-def _reaches(succ: dict[int, list[int]], src: int, dst: int) -> bool:
-    """Whether ``dst`` is reachable from ``src`` (iterative DFS)."""
+def _union(units: Iterable[EMU]) -> int:
+    """Bit mask of every GPU of ``units``."""
+    m = 0
+    for u in units:
+        m |= u.mask
+    return m
+
+
+def _trusted_primitive(cls: type[Primitive], **fields: object) -> Primitive:
+    """A primitive built by the DAG builder, whose parts are consistent by construction: the
+    fields go straight into the instance dictionary, past ``__post_init__``."""
+    p = object.__new__(cls)
+    p.__dict__.update(fields)
+    return p
+
+
+def _reaches(succ: Sequence[Sequence[int]], extra: dict[int, list[int]], src: int, dst: int) -> bool:
+    """Whether ``dst`` is reachable from ``src`` over ``succ`` plus ``extra`` (iterative DFS)."""
     stack, seen = [src], {src}
     while stack:
         i = stack.pop()
         if i == dst:
             return True
-        for j in succ.get(i, ()):
+        for j in (*succ[i], *extra.get(i, ())):
             if j not in seen:
                 seen.add(j)
                 stack.append(j)

@@ -32,6 +32,24 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument("--checkpoint-dir", help="save training state after every step here")
     r.add_argument("--resume-from", help="resume from a --checkpoint-dir of the same plan")
+    r.add_argument(
+        "--transition",
+        action="append",
+        default=[],
+        metavar="STEP:RESULT.json",
+        help="after STEP steps move the running job to that result's plan, state included (repeatable)",
+    )
+    r.add_argument(
+        "--transition-method",
+        default="greedy",
+        help="transition scheduler: greedy, cpsat or milp (default greedy)",
+    )
+    r.add_argument(
+        "--on-worker-lost",
+        choices=("stop", "replan"),
+        default="stop",
+        help="a lost worker stops the run (default) or triggers the urgent replan from the intact state",
+    )
     r.set_defaults(fn=_cmd_run)
 
 
@@ -50,9 +68,26 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except json.JSONDecodeError as exc:
             raise ValueError(f"--scale {args.scale!r} is not valid JSON ({exc})") from None
 
+    transitions = []
+    for spec in args.transition:
+        step, sep, file = spec.partition(":")
+        if not sep or not step.strip().isdigit():
+            raise ValueError(f"--transition {spec!r} must look like STEP:RESULT.json (e.g. 2:next.json)")
+        if not Path(file).is_file():
+            raise ValueError(f"--transition {spec!r}: result file {file!r} does not exist")
+        transitions.append((int(step), Result.from_json(file)))
+
     def progress(event: str, payload: dict) -> None:
         if event == "setup":
             print(f"workers up: {payload['groups']} groups in {payload['seconds']:.1f} s", file=sys.stderr)
+        elif event == "transition":
+            print(
+                f"transition at step {payload['step']}: {len(payload['primitives'])} primitives in "
+                f"{payload['total_s']:.2f} s (predicted {payload['predicted_s']:.3f} s at full size)",
+                file=sys.stderr,
+            )
+        elif event == "recovery":
+            print(f"recovered: {payload['message']}", file=sys.stderr)
 
     report = run(
         result,
@@ -69,6 +104,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         resume_from=args.resume_from,
         trace_path=args.trace,
         progress=progress,
+        transitions=transitions,
+        transition_method=args.transition_method,
+        on_worker_lost=args.on_worker_lost,
     )
     print(report.summary())
     if args.trace:

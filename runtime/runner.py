@@ -112,9 +112,14 @@ class RunReport:
     recoveries: list[str] = field(default_factory=list)
 
     @property
+    def nodes(self) -> int:
+        """Records in all segments."""
+        return sum(len(t.records) for t in self.segments) if self.segments else len(self.trace.records)
+
+    @property
     def overhead_per_node_s(self) -> float:
         """Mean controller time per node."""
-        return self.overhead_s / max(1, len(self.trace.records))
+        return self.overhead_s / max(1, self.nodes)
 
     def summary(self) -> str:
         """A few lines: per step reward, measured and predicted time; verification."""
@@ -123,8 +128,17 @@ class RunReport:
             lines.append(f"{k:>4} {r:>8.3f} {t:>8.3f} {p:>8.3f}")
         lines.append(
             f"setup {self.setup_s:.1f} s, run {self.wall_s:.2f} s, dispatch overhead "
-            f"{1e3 * self.overhead_per_node_s:.2f} ms/node over {len(self.trace.records)} nodes"
+            f"{1e3 * self.overhead_per_node_s:.2f} ms/node over {self.nodes} nodes"
         )
+        for line in self.recoveries:
+            lines.append(f"recovered: {line}")
+        for rec in self.transitions:
+            kinds = ", ".join(f"{int(d['count'])} {k}" for k, d in sorted(rec.per_kind().items()))
+            lines.append(
+                f"transition at step {rec.step}: {kinds or 'no primitive'} in {rec.total_s:.2f} s "
+                f"(primitives {rec.primitives_s:.2f} s, hand-over {rec.handover_bytes / 1e6:.1f} MB); "
+                f"cost model {rec.predicted_s:.3f} s at full size"
+            )
         lines.append(
             "trace valid"
             if not self.problems

@@ -59,8 +59,9 @@ class TransitionRecord:
     primitives
         One entry per executed primitive: ``kind``, ``label``, ``start``/``end`` (seconds from
         the transition's start), ``bytes`` sent over the transition group, ``predicted_s``.
-    sync_s, export_s, primitives_s, handover_s, total_s
-        Seconds of each phase and of the whole transition.
+    sync_s, join_s, export_s, primitives_s, handover_s, total_s
+        Seconds of each phase — weight synchronisation, forming the transition process group,
+        export, the primitives, hand-over — and of the whole transition.
     handover_bytes
         Bytes copied between the two plans' workers in the hand-over.
     """
@@ -71,6 +72,7 @@ class TransitionRecord:
     bound_s: float
     primitives: list[dict[str, Any]] = field(default_factory=list)
     sync_s: float = 0.0
+    join_s: float = 0.0
     export_s: float = 0.0
     primitives_s: float = 0.0
     handover_s: float = 0.0
@@ -224,11 +226,13 @@ def execute_transition(
     rec.sync_s = time.perf_counter() - t0
 
     # the transition group: every worker of both plans
+    t0 = time.perf_counter()
     master = ray.get(holders.actors[0].address.remote())
     get(
         [a.call.remote("xfer_join", master, r, len(holders.actors)) for r, a in enumerate(holders.actors)],
         "joining the transition group",
     )
+    rec.join_s = time.perf_counter() - t0
 
     # 2. export the current units
     t0 = time.perf_counter()

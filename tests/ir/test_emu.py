@@ -48,10 +48,15 @@ def test_emu_validates_and_sizes():
         EMU(GEN, 2, 2, (0, 1, 2), P)
     with pytest.raises(ValueError, match="tp must be a positive integer"):
         EMU(GEN, 0, 2, (), P)
-    with pytest.raises(ValueError, match="distinct"):
-        EMU(GEN, 2, 1, (3, 3), P)
+    for gpus in [(3, 3), (0, -1), (0, 1.0)]:
+        with pytest.raises(ValueError, match="distinct non-negative integers"):
+            EMU(GEN, 2, 1, gpus, P)
     with pytest.raises(ValueError, match="param_bytes"):
         EMU(GEN, 1, 1, (0,), -1.0)
+    # derived once: the GPU mask and the per-GPU bytes, also for units the DAG builder makes
+    assert u.mask == sum(1 << g for g in range(8, 16)) and u.bytes_per_gpu == (P + OPT) / 8
+    s = u.sub_unit(2, 2, (9, 8, 11, 10), uid=7)
+    assert s.mask == 0xF00 and s.bytes_per_gpu == (P + OPT) / 4 and s.uid == 7
 
 
 def test_stage_from_role_and_order():
@@ -124,6 +129,20 @@ def test_plan_diff_pairs_model_stages_and_rejects_mismatch():
         plan_diff(cur, tgt[:1])
     with pytest.raises(ValueError, match="mixes layouts"):
         plan_diff([unit(GEN, 1, 4, 0), unit(GEN, 2, 2, 4)], tgt)
+    with pytest.raises(ValueError, match=r"share GPUs \[2, 3\]"):
+        plan_diff([unit(GEN, 1, 4, 0), unit(GEN, 1, 4, 2)], tgt)
+
+
+def test_plan_diff_groups_equal_model_stages_and_sees_unchanged_ones():
+    twin = ModelStage("actor", Stage.GEN, "actor_gen", 0)  # equal to GEN, another object
+    assert twin == GEN and twin is not GEN
+    cur = [unit(GEN, 1, 4, 4), unit(twin, 1, 4, 0), unit(TRAIN, 1, 4, 8, OPT)]
+    d = plan_diff(cur, [unit(twin, 1, 4, 0), unit(GEN, 1, 4, 4), unit(TRAIN, 2, 2, 8, OPT)])
+    assert list(d) == [GEN, TRAIN] and [u.gpus[0] for u in d[GEN].current] == [0, 4]
+    assert d[GEN].unchanged and not d[TRAIN].unchanged  # same GPUs, other layout
+    assert not plan_diff(cur, [unit(GEN, 1, 4, 0), unit(GEN, 1, 4, 12), cur[2]])[GEN].unchanged
+    assert not plan_diff(cur, [unit(GEN, 1, 4, 0), cur[2]])[GEN].unchanged
+    assert transition_dag(cur, [*cur[:2], unit(TRAIN, 1, 4, 8, OPT)]).primitives == ()
 
 
 # ------------------------------------------------------------------ known diffs → expected DAGs

@@ -39,3 +39,14 @@ def hand(wl: Workload, shape: str, table: dict, staleness: tuple) -> Result:
     """A result for a hand-written plan ``vertex → (origin, extent, dp, pp, tp, mb)``."""
     cluster = Cluster.from_shape(shape, hardware_preset("gh200"))
     return result_for_plan(wl, cluster, Structure(wl.algorithm, False, staleness), table)
+
+
+# the issue's example: generation TP 1 → 2, critic training DP 2 → 4 (everything else stays)
+BEFORE = DISAGG | {
+    "actor_gen": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
+    "critic_train": ((0, 0, 2), (1, 1, 2), 2, 1, 1, 1),
+}
+AFTER = DISAGG | {
+    "actor_gen": ((0, 0, 0), (1, 1, 2), 1, 1, 2, 1),
+    "critic_train": ((0, 0, 0), (1, 1, 4), 4, 1, 1, 1),
+}

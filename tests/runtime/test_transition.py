@@ -17,20 +17,10 @@ ray = pytest.importorskip("ray")
 from rpeg.ir import Workload  # noqa: E402
 from rpeg.runtime.controller import RunError  # noqa: E402
 from rpeg.runtime.runner import run  # noqa: E402
-from tests.runtime.plans import COLOCATED, DISAGG, hand, workload  # noqa: E402
+from tests.runtime.plans import AFTER, BEFORE, COLOCATED, DISAGG, hand, workload  # noqa: E402
 
 TOL = 1e-4  # max |Δw|: float reduction order (TP splits, DP sums); a lost optimizer state gives ~3e-2
 SYNC = (("actor", 0), ("critic", 0))
-
-# the example: generation TP 1 → 2, critic training DP 2 → 4 (everything else stays)
-BEFORE = DISAGG | {
-    "actor_gen": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
-    "critic_train": ((0, 0, 2), (1, 1, 2), 2, 1, 1, 1),
-}
-AFTER = DISAGG | {
-    "actor_gen": ((0, 0, 0), (1, 1, 2), 1, 1, 2, 1),
-    "critic_train": ((0, 0, 0), (1, 1, 4), 4, 1, 1, 1),
-}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -127,16 +117,16 @@ def test_lost_last_copy_stops_with_the_state_named():
     frozen_alone = hand(
         workload("ppo"), "1x1x4", SPREAD | {"reward_inf": ((0, 0, 3), (1, 1, 1), 1, 1, 1, 1)}, SYNC
     )
-    lost = (worker_of(frozen_alone, "reward_inf"), "reward_inf", 1, "exit")
+    lost = (worker_of(frozen_alone, "reward_inf"), "reward_inf", 0, "exit")
     with pytest.raises(
         RunError, match=r"last copy of reward's weights \(reward_inf\) was on lost device\(s\) \[3\]"
     ):
-        run(frozen_alone, steps=2, fail_at=lost, on_worker_lost="replan")
+        run(frozen_alone, steps=1, fail_at=lost, on_worker_lost="replan")
     sharded = hand(workload("ppo"), "1x1x4", DISAGG, SYNC)  # critic training DP=2 on devices 2-3
-    lost = (worker_of(sharded, "reward_inf"), "reward_inf", 1, "exit")
+    lost = (worker_of(sharded, "reward_inf"), "reward_inf", 0, "exit")
     with pytest.raises(RunError, match=r"on device 3 held a ZeRO slice of critic's optimizer state"):
-        run(sharded, steps=2, fail_at=lost, on_worker_lost="replan")
+        run(sharded, steps=1, fail_at=lost, on_worker_lost="replan")
     with pytest.raises(RunError, match="worker process lost"):
-        run(sharded, steps=2, fail_at=lost)  # the default stops at once
+        run(sharded, steps=1, fail_at=lost)  # the default stops at once
     with pytest.raises(ValueError, match="on_worker_lost must be"):
-        run(sharded, steps=2, on_worker_lost="retry")
+        run(sharded, steps=1, on_worker_lost="retry")
