@@ -228,8 +228,9 @@ def execute_transition(
     # the transition group: every worker of both plans
     t0 = time.perf_counter()
     master = ray.get(holders.actors[0].address.remote())
+    world = len(holders.actors)
     get(
-        [a.call.remote("xfer_join", master, r, len(holders.actors)) for r, a in enumerate(holders.actors)],
+        [a.call.remote("xfer_join", master, r, world) for r, a in enumerate(holders.actors)],
         "joining the transition group",
     )
     rec.join_s = time.perf_counter() - t0
