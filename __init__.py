@@ -9,6 +9,8 @@ Front door::
     print(result.summary())
     report = rpeg.run(result, steps=4)      # execute it on Ray workers (tiny models, CPU)
     assert not report.problems              # the trace matches the plan
+    move = rpeg.plan_transition(result.plan, other.plan, cluster, workload=wf.workload)
+    rpeg.run(result, steps=4, transitions=[(2, other)])  # change plan mid-run, state included
 
 Layers (data flows one way): :mod:`rpeg.ir` ← :mod:`rpeg.costmodel` ← :mod:`rpeg.heuristics` /
 :mod:`rpeg.formulations` ← :mod:`rpeg.solvers` ← :mod:`rpeg.runtime`.
@@ -18,6 +20,7 @@ from .costmodel import HARDWARE_PRESETS, hardware_preset, load_hardware
 from .examples import example_names, example_path
 from .ir import Cluster, Hardware, ModelSpec, Structure, Workload, load_workload, model_preset
 from .solvers import METHODS, Result, Status, register, solve
+from .solvers.transition import plan_transition
 
 __version__ = "0.1.0"
 
@@ -51,6 +54,7 @@ __all__ = [
     "load_hardware",
     "load_workload",
     "model_preset",
+    "plan_transition",
     "register",
     "run",
     "solve",

@@ -110,5 +110,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     print(report.summary())
     if args.trace:
-        print(f"trace      {args.trace}")
+        path = Path(args.trace)
+        for i in range(len(report.segments)):
+            print(f"trace      {path if i == 0 else path.with_name(f'{path.stem}.seg{i}{path.suffix}')}")
     return 0 if not report.problems else 1

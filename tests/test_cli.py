@@ -258,3 +258,16 @@ def test_project_command_bad_input(capsys, tmp_path):
     bad = tmp_path / "x.txt"
     bad.write_text("hello")
     assert "PSPLIB" in _bad(capsys, "project", str(bad))
+
+
+def test_run_transition_argument_is_checked(capsys, tmp_path):
+    """``rpeg run --transition`` wants STEP:RESULT.json with an existing file (checked before Ray)."""
+    status, out, _ = run(
+        capsys, "solve", "ppo-1b-4gpu", "--method", "greedy", "--json", str(tmp_path / "a.json")
+    )
+    assert status == 0, out
+    a = str(tmp_path / "a.json")
+    status, _, err = run(capsys, "run", a, "--transition", "two:" + a)
+    assert status == EXIT_BAD_INPUT and "must look like STEP:RESULT.json" in err
+    status, _, err = run(capsys, "run", a, "--transition", "2:" + str(tmp_path / "missing.json"))
+    assert status == EXIT_BAD_INPUT and "missing.json" in err and "does not exist" in err
