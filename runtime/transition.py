@@ -103,7 +103,8 @@ def check_compatible(current: Any, target: Any) -> None:
     Raises
     ------
     ValueError
-        Naming the field that differs: algorithm, global batch, models, vertices or cluster.
+        Naming the field that differs: algorithm, global batch, models, invocations (graph
+        vertices and their models) or cluster.
     """
     a, b = current.workload, target.workload
     for name in ("algorithm", "batch"):
@@ -115,6 +116,13 @@ def check_compatible(current: Any, target: Any) -> None:
     if dict(a.models) != dict(b.models):
         raise ValueError(
             f"transition target: models {sorted(b.models)} differ from the running job's {sorted(a.models)}"
+        )
+    va = [(v.name, v.model) for v in current.graph.vertices]
+    vb = [(v.name, v.model) for v in target.graph.vertices]
+    if va != vb:
+        raise ValueError(
+            f"transition target: its graph's invocations {vb} differ from the running job's {va} "
+            "(e.g. actor-critic sharing changed); a transition keeps the models and invocations"
         )
     if current.cluster.num_devices != target.cluster.num_devices:
         raise ValueError(

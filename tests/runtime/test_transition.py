@@ -14,9 +14,10 @@ import pytest
 torch = pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
 
-from rpeg.ir import Workload  # noqa: E402
+from rpeg.ir import Structure, Workload  # noqa: E402
 from rpeg.runtime.controller import RunError  # noqa: E402
 from rpeg.runtime.runner import run  # noqa: E402
+from rpeg.solvers.result import result_for_plan  # noqa: E402
 from tests.runtime.plans import AFTER, BEFORE, COLOCATED, DISAGG, hand, workload  # noqa: E402
 
 TOL = 1e-4  # max |Δw|: float reduction order (TP splits, DP sums); a lost optimizer state gives ~3e-2
@@ -69,6 +70,15 @@ def test_transition_inputs_are_checked():
     other = Workload("ppo", dict(wl.models), 32, 1, 256, 256)
     with pytest.raises(ValueError, match="batch 32 differs"):
         run(current, steps=3, transitions=[(1, hand(other, "1x1x4", DISAGG, SYNC))])
+    shared = result_for_plan(
+        wl,
+        current.cluster,
+        Structure("ppo", True, (("actor_critic", 0),)),
+        {k: v for k, v in COLOCATED.items() if k not in ("actor_train", "critic_train")}
+        | {"actor_critic_train": COLOCATED["actor_train"]},
+    )
+    with pytest.raises(ValueError, match=r"invocations .* differ"):
+        run(current, steps=3, transitions=[(1, shared)])
     with pytest.raises(ValueError, match="checkpoint"):
         run(current, steps=3, transitions=[(1, current)], checkpoint_dir="/tmp/x")
 
