@@ -276,12 +276,18 @@ def execute_transition(
             refs_of[i], waiting[i] = prefs, set(prefs)
             for r in prefs:
                 ref_of[r] = i
-        pending = [r for rs in waiting.values() for r in rs]
-        ready, _ = ray.wait(pending, num_returns=1)
-        i = ref_of[ready[0]]
-        waiting[i].discard(ready[0])
-        if waiting[i]:
-            continue
+        finished = [i for i, rs in waiting.items() if not rs]  # a primitive with no worker call
+        if not finished:
+            pending = [r for rs in waiting.values() for r in rs]
+            if not pending:
+                raise RuntimeError(f"transition DAG stalled with {n - len(done)} primitives left (a cycle?)")
+            ready, _ = ray.wait(pending, num_returns=1)
+            i = ref_of[ready[0]]
+            waiting[i].discard(ready[0])
+            if waiting[i]:
+                continue
+        else:
+            i = finished[0]
         del waiting[i]
         prim = dag.primitives[i]
         outs = get(refs_of[i], prim.label())
