@@ -630,9 +630,13 @@ class Worker:
             for r, src in e["sources"].items():
                 if src["holder"] == self.xrank:
                     cell = self.units[tuple(src["key"])]
+                    if e["moments"] and cell.m is None:
+                        raise RuntimeError(f"cell {src['key']} holds no optimizer state for {e['key']}")
                     parts = cell.tensors(src["pieces"])
+                    if not e["moments"]:  # the target keeps parameters only
+                        parts = parts[: len(src["pieces"])]
                     if mine_dst:
-                        staged.setdefault(n, {})[r] = _sliced(cell, src["pieces"], parts)
+                        staged.setdefault(n, {})[r] = _sliced(cell, src["pieces"], parts, e["moments"])
                     else:
                         flat = torch.cat([t.reshape(-1) for t in parts] + [torch.tensor([float(cell.step)])])
                         works.append(self.xpg.send([flat], e["holder"], src["tag"]))
@@ -749,13 +753,13 @@ class Worker:
             dist.destroy_process_group()
 
 
-def _sliced(cell: Any, pieces: list, parts: list[torch.Tensor]) -> Any:
+def _sliced(cell: Any, pieces: list, parts: list[torch.Tensor], moments: bool) -> Any:
     """The pieces of a local cell as a cell of their own (views, no copy)."""
     from .state import CellState
 
     k = len(pieces)
     out = CellState({pc.name: parts[j] for j, pc in enumerate(pieces)}, step=cell.step)
-    if cell.m is not None:
+    if moments:
         out.m = {pc.name: parts[k + j] for j, pc in enumerate(pieces)}
         out.v = {pc.name: parts[2 * k + j] for j, pc in enumerate(pieces)}
     return out
