@@ -47,14 +47,16 @@ def rank_coords(rank: int, pp: int, tp: int) -> tuple[int, int, int]:
     return rank // (pp * tp), (rank // tp) % pp, rank % tp
 
 
-def consumed_version(role: Role, step: int, tau: int) -> int:
+def consumed_version(role: Role, step: int, tau: int, offset: int = 0) -> int:
     """Parameter version a vertex instance reads (SPEC §5 unrolling).
 
     Version ``v`` is the model after ``v`` updates (initial weights: 0). Training at step ``k``
     reads ``k`` and produces ``k + 1``; any other consumer at step ``k`` reads the version the
-    training vertex of step ``k − τ − 1`` produced, ``max(0, k − τ)``.
+    training vertex of step ``k − τ − 1`` produced, ``max(0, k − τ)``. A run that continues a
+    job after ``offset`` updates counts versions from there (``0`` = the weights it starts
+    with) and reads the older ones an uninterrupted run would: ``max(−offset, k − τ)``.
     """
-    return step if role is Role.TRAINING else max(0, step - tau)
+    return step if role is Role.TRAINING else max(-offset, step - tau)
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,7 @@ class Binding:
     specs: dict[str, ModelSpec]
     steps: int
     extra: dict[str, Any] = field(default_factory=dict)
+    version_offset: int = 0
 
     def vertex_name(self, v: int) -> str:
         """Name of compact vertex ``v``."""
@@ -205,7 +208,7 @@ class Binding:
         vert = self.graph.vertices[v]
         if vert.model not in self.graph.staleness:  # frozen model: always the initial weights
             return 0
-        return consumed_version(vert.role, step, self.graph.staleness[vert.model])
+        return consumed_version(vert.role, step, self.graph.staleness[vert.model], self.version_offset)
 
 
 def _check_result(result: Result) -> Plan:

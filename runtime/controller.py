@@ -118,6 +118,7 @@ class Controller:
         self.failure: dict[str, Any] | None = None  # the first failed node, see _check
         self.in_flight: list[Any] = []  # refs still running when execution stopped
         self.dead: set[tuple[int, int]] = set()  # (gid, rank) of workers known lost
+        self.initial_pubs: dict[tuple[str, int], list] = {}  # publications of versions < 0
         self.records: list[TraceRecord] = []
         self.group_info: dict[str, dict[str, Any]] = {}
         self.overhead_s = 0.0
@@ -312,7 +313,9 @@ class Controller:
         }
         artifacts: dict[tuple[int, int], dict[int, list]] = {}
         pubs: dict[tuple[str, int], list] = {}
-        # version 0 of every model some transfer reads comes from its training group's initial weights
+        # versions before this run (a transition target of an asynchronous plan), then version 0 of
+        # every model some transfer reads from its training group's initial weights
+        pubs.update(self.initial_pubs)
         for g in b.groups:
             if g.trains and (g.model, 0) in version_readers:
                 pubs[(g.model, 0)] = [a.call.remote("publish") for a in self.actors[g.gid]]
@@ -336,6 +339,12 @@ class Controller:
                 item = heapq.heappop(ready)
                 nd = nodes[item[2]]
                 if busy.intersection(nd.devices):
+                    kept.append(item)
+                    continue
+                if nd.role == "weights" and (nd.model, nd.version) not in pubs:
+                    # the lowered graph orders a weight transfer after its consumer's inputs, not
+                    # after the training that produces the version it carries (e.g. a RESHARD into
+                    # training at step k with τ > 0): wait for that publication
                     kept.append(item)
                     continue
                 busy.update(nd.devices)
@@ -422,6 +431,7 @@ class Controller:
         outs = [
             c for c in vert.outputs if not c.startswith("W_") and b.graph.containers[c].weights_of is None
         ]
+        keep = int(getattr(self.cfg, "keep_versions", 0))  # versions a later plan of the run may read
         desc = {
             "vertex": vname,
             "role": vert.role.value,
@@ -431,8 +441,10 @@ class Controller:
             "output": outs[0] if outs else "",
             "algorithm": b.graph.algorithm,
             "publish": vert.role is Role.TRAINING and vert.model in publishes,
-            "keep_previous": vert.role is Role.TRAINING and serves[group.gid] and tau.get(vert.model, 0) > 0,
+            "keep_previous": vert.role is Role.TRAINING
+            and ((serves[group.gid] and tau.get(vert.model, 0) > 0) or keep > 0),
             "tau": tau.get(vert.model, 0),
+            "keep": max(tau.get(vert.model, 0), keep),
         }
         if vert.role is Role.TRAINING and self.cfg.checkpoint_dir:
             desc["save"] = os.path.join(self.cfg.checkpoint_dir, f"step{nd.step:05d}")

@@ -57,6 +57,7 @@ class RunConfig:
     fail_at: tuple | None = None
     step_offset: int = 0
     recover: bool = False
+    keep_versions: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or self.steps < 1:
@@ -380,7 +381,9 @@ def run(
     use_gpu = (
         ray.cluster_resources().get("GPU", 0) >= result.cluster.num_devices and torch.cuda.is_available()
     )
-    cfg = replace(cfg, use_gpu=use_gpu, recover=on_worker_lost == "replan")
+    # trainers keep the past versions a later, asynchronous plan of the run still reads
+    keep = max((t for r, _ in plans[1:] for t in r.structure.tau.values()), default=0)
+    cfg = replace(cfg, use_gpu=use_gpu, recover=on_worker_lost == "replan", keep_versions=keep)
     done: list[tuple[Any, int, Result, int]] = []  # (controller, global offset, plan, complete steps)
     records: list[Any] = []
     recoveries: list[str] = []
@@ -390,13 +393,14 @@ def run(
         for i, ((res, _), binding) in enumerate(zip(plans, bindings))
     ]
     try:
-        seg_offset, base, alias, current_units = offset, 0, {}, None
+        seg_offset, base, alias, current_units, old_steps = offset, 0, {}, None, 0
         seg = 0
         while queue:
             res, binding, tplan = queue.pop(0)
             seg_cfg = replace(
                 cfg, steps=binding.steps, step_offset=seg_offset, fail_at=fail_at if seg == 0 else None
             )
+            binding.version_offset = seg_offset - offset  # updates before it in this run
             nxt = Controller(binding, seg_cfg, progress)
             if ctl is None:
                 nxt.start(device_base=base)
@@ -412,7 +416,7 @@ def run(
                         result.cluster,
                         method=transition_method,
                     )
-                rec = execute_transition(ctl, nxt, tplan, seg_offset, alias)
+                rec = execute_transition(ctl, nxt, tplan, seg_offset, alias, old_steps)
                 records.append(rec)
                 if progress:
                     progress("transition", rec.to_dict())
@@ -436,6 +440,7 @@ def run(
                 if rcv.step > 0:
                     done.append((ctl, seg_offset, res, rcv.step))
                 seg_offset += rcv.step
+                old_steps = rcv.step
                 left = steps - (seg_offset - offset)
                 graph = expected_graph(rcv.target, left)
                 target_binding = bind(
@@ -454,6 +459,7 @@ def run(
                 continue
             done.append((ctl, seg_offset, res, binding.steps))
             seg_offset += binding.steps
+            old_steps = binding.steps
             alias, current_units = {}, physical_units(res, binding.graph, base)
         weights = ctl.final_weights() if return_weights and ctl is not None else {}
     finally:
@@ -571,6 +577,7 @@ def _segment_trace(
             "seed": cfg.seed,
             "scale": cfg.scale,
             "step_offset": offset,
+            "version_offset": binding.version_offset,
             "host": platform.node(),
             "ray_address": address or "local",
             "torch": torch.__version__,

@@ -102,7 +102,9 @@ def plan_hash(result: Result) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def expected_versions(graph: RPEG, lowered: ExecGraph, node: int) -> tuple[dict[str, int], dict[str, int]]:
+def expected_versions(
+    graph: RPEG, lowered: ExecGraph, node: int, offset: int = 0
+) -> tuple[dict[str, int], dict[str, int]]:
     """``(versions_consumed, version_produced)`` a record of ``lowered`` node ``node`` must carry.
 
     With ``k`` the node's step, ``m`` the model of its vertex ``v`` (the consumer for
@@ -130,6 +132,9 @@ def expected_versions(graph: RPEG, lowered: ExecGraph, node: int) -> tuple[dict[
         Its lowering (:func:`expected_graph`).
     node
         A node id of ``lowered``.
+    offset
+        Updates before this run when it continues a job (a transition target): versions count
+        from the weights it starts with and older ones are negative, ``max(−offset, k − τ(m))``.
     """
     vertices = graph.vertices
     v, k = lowered.vertex[node], lowered.step[node]
@@ -140,7 +145,7 @@ def expected_versions(graph: RPEG, lowered: ExecGraph, node: int) -> tuple[dict[
     elif training:
         version = k
     else:
-        version = max(0, k - graph.staleness[m])
+        version = max(-offset, k - graph.staleness[m])
     if lowered.kind[node] == OP:
         return {m: version}, ({m: k + 1} if training else {})
     moves_weights = lowered.kind[node] == RESHARD or vertices[lowered.source[node]].role is Role.TRAINING

@@ -170,7 +170,12 @@ class _Holders:
 
 
 def execute_transition(
-    old: Any, new: Any, tplan: Any, step: int, alias: dict[str, str] | None = None
+    old: Any,
+    new: Any,
+    tplan: Any,
+    step: int,
+    alias: dict[str, str] | None = None,
+    old_steps: int | None = None,
 ) -> TransitionRecord:
     """Move the job's state from ``old``'s workers to ``new``'s along ``tplan`` (module docstring).
 
@@ -187,6 +192,9 @@ def execute_transition(
         Global step boundary (recorded).
     alias
         Re-seeded vertex → training vertex holding its cells (the urgent path).
+    old_steps
+        Steps ``old`` completed (default: all of its binding's). With ``new.b.version_offset``
+        they say which past versions an asynchronous target still reads.
 
     Returns
     -------
@@ -337,9 +345,51 @@ def execute_transition(
     )
     rec.handover_bytes = sum(o["sent"] for o in outs)
     get([holders.actors[x].call.remote("xfer_adopt", keys) for x, keys in sorted(adopt.items())], "adoption")
+    _past_versions(old, new, old.b.steps if old_steps is None else old_steps, get)
     rec.handover_s = time.perf_counter() - t0
     rec.total_s = time.perf_counter() - t_start
     return rec
+
+
+def _past_versions(old: Any, new: Any, done: int, get: Any) -> None:
+    """Hand the target the weight versions it reads before its own first update.
+
+    An asynchronous target (``τ(m) > 0``) reads, at its step ``s ≤ τ``, version
+    ``max(−offset, s − τ)`` counted from the weights it starts with — what an uninterrupted run
+    would read; the lowered graph has no weight transfer for those steps (a fresh run reads its
+    initial weights there), so every serving group of ``m`` receives them as snapshots in its
+    layout up front. They are the old plan's versions ``done + v`` (``v < 0``): kept snapshots of
+    its training workers (:meth:`Worker.publish_version`), or, further back, the ones the old plan
+    was itself given (``old.initial_pubs``, passed on for a later transition).
+    """
+    import ray
+
+    graph = new.b.graph
+    tau = graph.staleness
+    offset = new.b.version_offset
+    refs = []
+    for m, t in tau.items():
+        versions = range(max(-offset, -t), 0)
+        if not versions:
+            continue
+        trainer = next(g for g in old.b.groups if g.trains and g.model == m)
+        for v in versions:
+            v_old = done + v
+            if v_old < 0:
+                pub = old.initial_pubs.get((m, v_old))
+                if pub is None:
+                    raise RuntimeError(f"version {v_old} of {m} is not available to the transition target")
+            else:  # fetched now and re-put by the driver: the old workers stop after the transition
+                got = get(
+                    [a.call.remote("publish_version", v_old) for a in old.actors[trainer.gid]], "publish"
+                )
+                pub = [ray.put(x) for x in got]
+            new.initial_pubs[(m, v)] = pub
+            for g in new.b.groups:
+                serves = any(graph.vertices[graph.index[n]].role is not Role.TRAINING for n in g.vertices)
+                if g.model == m and serves:
+                    refs += [a.call.remote("install_snapshot", pub, v) for a in new.actors[g.gid]]
+    get(refs, "handing over past weight versions")
 
 
 def physical_units(result: Any, graph: Any, base: int) -> list[EMU]:

@@ -103,7 +103,11 @@ def verify(trace: Trace, result: Result) -> list[str]:
     matched = _check_bindings(trace.records, plan, problems)
     _check_layouts(matched, plan, problems)
     _check_dependencies(matched, plan, problems)
-    _check_versions(matched, plan, problems)
+    offset = trace.meta.get("version_offset", 0)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        problems.append(f"trace.meta version_offset must be a non-negative integer, got {offset!r}")
+        offset = 0
+    _check_versions(matched, plan, problems, offset)
     _check_exclusive(trace.records, problems)
     _check_sanity(trace, matched, plan, problems)
     return problems
@@ -238,15 +242,18 @@ def _check_dependencies(matched: dict[int, TraceRecord], plan: _Plan, problems: 
                 )
 
 
-def _check_versions(matched: dict[int, TraceRecord], plan: _Plan, problems: list[str]) -> None:
-    """Check 5: versions read and produced are exactly :func:`~rpeg.runtime.trace.expected_versions`.
+def _check_versions(
+    matched: dict[int, TraceRecord], plan: _Plan, problems: list[str], offset: int = 0
+) -> None:
+    """Check 5: versions read and produced are exactly :func:`~rpeg.runtime.trace.expected_versions`
+    (with ``offset`` updates before the run when it continues a job, ``trace.meta["version_offset"]``).
 
     Also, for a trainable model, ``k − version ≤ τ(m)`` (the staleness bound of SPEC §11) and
     ``version ≤ k``, each reported in its own words so a too-stale read is named as such.
     """
     for i in sorted(matched):
         r = matched[i]
-        want_in, want_out = expected_versions(plan.rpeg, plan.graph, i)
+        want_in, want_out = expected_versions(plan.rpeg, plan.graph, i, offset)
         k = r.step
         for m, want in want_in.items():
             got = r.versions_consumed.get(m)

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from ..ir.types import Head, Role
 from .binding import GroupSpec, RunShape
 from .model import KVCache, Transformer, sample_token, stage_layer_ranges, token_logprobs
-from .parallel import ShardedAdam, assemble, local, make_mesh, publication, shard_of
+from .parallel import ShardedAdam, assemble, local, make_mesh, publication, shard_dim, shard_of
 from .rl import (
     RLConfig,
     gae,
@@ -185,6 +185,43 @@ class Worker:
             return None
         return (self.mesh.p, self.mesh.t), publication(self.model, include_replicated=self.mesh.t == 0)
 
+    def publish_version(
+        self, version: int
+    ) -> tuple[tuple[int, int], dict[str, tuple[torch.Tensor, int | None]]] | None:
+        """Like :meth:`publish` for ``version``: the current weights or a kept snapshot (a
+        transition hands the versions an asynchronous target still reads to its workers)."""
+        if self.mesh.d != 0:
+            return None
+        if version == self.version:
+            return self.publish()
+        snap = self.snapshots.get(version)
+        if snap is None:
+            raise RuntimeError(
+                f"worker {self.group.worker(self.rank)} holds version {self.version} and snapshots "
+                f"{sorted(self.snapshots)} of {self.group.model}, not version {version}"
+            )
+        out = {}
+        for name, p in self.model.state_dict().items():
+            dim = shard_dim(p)
+            if dim is None and self.mesh.t != 0:
+                continue
+            out[name] = (snap[name].clone(), dim)
+        return (self.mesh.p, self.mesh.t), out
+
+    @torch.no_grad()
+    def install_snapshot(self, pubs: list, version: int) -> dict[str, Any]:
+        """Keep published weights of ``version`` as a snapshot in this rank's layout (a serving
+        vertex on this training group reads it, see :meth:`op`)."""
+        import ray
+
+        got = [x for x in ray.get(list(pubs)) if x is not None]
+        full = assemble([(coords[1], pub) for coords, pub in got])
+        self.snapshots[version] = {
+            name: shard_of(full[name], p, self.group.tp, self.mesh.t).clone()
+            for name, p in self.model.state_dict().items()
+        }
+        return {"version": version}
+
     @torch.no_grad()
     def install(self, pubs: list, version: int) -> dict[str, Any]:
         """Install published weights of ``version`` into this rank's layout (a COMM/RESHARD node).
@@ -209,7 +246,8 @@ class Worker:
         for name, p in state.items():
             local(p).copy_(shard_of(full[name], p, self.group.tp, self.mesh.t))
         self.version = version
-        self.snapshots.clear()
+        if self.optimizer is None:  # a training group prunes its own snapshots (see _train)
+            self.snapshots.clear()
         return {"bytes": nbytes, "worker_time": time.perf_counter() - t0, "version": version}
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
@@ -490,11 +528,14 @@ class Worker:
                 "version": self.version,
                 "params": old if old is not None else self._snapshot(),
                 "optimizer": self.optimizer.state(),
+                "snapshots": dict(self.snapshots),
             }
         self.optimizer.step()
         if old is not None:
             self.snapshots[self.version] = old
-            for v in [v for v in self.snapshots if v < self.version + 1 - node.get("tau", 0)]:
+            for v in [
+                v for v in self.snapshots if v < self.version + 1 - node.get("keep", node.get("tau", 0))
+            ]:
                 del self.snapshots[v]
         self.version += 1
         if node.get("save"):
@@ -529,6 +570,7 @@ class Worker:
             for k, v in self.model.state_dict().items():
                 local(v).copy_(b["params"][k])
             self.optimizer.load_state(b["optimizer"])
+            self.snapshots = dict(b["snapshots"])
             self.version = step
         elif self.optimizer is not None and self.version != step:
             raise RuntimeError(
