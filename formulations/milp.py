@@ -419,6 +419,10 @@ def _backend(name: str) -> _Backend:
 HIGHS_OPTIONS: dict[str, Any] = {}
 
 
+#: Size the process-wide HiGHS thread pool was given on the first run (0: HiGHS's default).
+_HIGHS_POOL: int | None = None
+
+
 def _solve_appsi_highs(
     model: Any, deadline: float | None, seed: int, threads: int | None, warm: bool
 ) -> tuple[SolveStatus, float, bool]:
@@ -432,10 +436,15 @@ def _solve_appsi_highs(
     opt.set_instance(model)  # the Pyomo → HiGHS transfer, outside HiGHS's own clock
     if deadline is not None:
         opt.config.time_limit = max(0.01, deadline - time.perf_counter())
+    global _HIGHS_POOL
     options: dict[str, Any] = {"random_seed": int(seed)}
-    if threads is not None:
-        # HiGHS sizes one process-wide thread pool on its first run; later values are ignored
-        options["threads"] = int(threads)
+    if _HIGHS_POOL is None:
+        # HiGHS sizes one process-wide thread pool on its first run, and a later run whose
+        # ``threads`` differs from that size fails (appsi reports "unknown"): the first call's
+        # value is the process's, later ones are not passed on
+        if threads is not None:
+            options["threads"] = int(threads)
+        _HIGHS_POOL = int(threads) if threads is not None else 0
     options.update(HIGHS_OPTIONS)
     opt.highs_options = options
     res = opt.solve(model)
@@ -542,7 +551,9 @@ def solve_milp(
     seed
         The solver's random seed (where it has one).
     threads
-        The solver's thread count (``None``: its default).
+        The solver's thread count (``None``: its default). HiGHS keeps one thread pool per
+        process, sized by its first run: later values are not passed on (a differing one makes
+        HiGHS fail the run).
     hint
         A feasible schedule: its makespan becomes the horizon ``H``, it is the incumbent if the
         solver finds nothing better, and a MIP start for solvers other than HiGHS (module

@@ -13,9 +13,10 @@ from rpeg import Cluster, Workload, example_path, hardware_preset, load_workload
 
 TESTS = Path(__file__).parent
 
-# Modules that load torch into the test process run last: with torch loaded, HiGHS (via Pyomo's
-# appsi interface) returned status "unknown" on degenerate MILPs in the same process (observed on
-# a fresh clone; root cause not yet isolated), so the MILP tests must not follow them.
+# Modules that load torch into the test process (and start Ray) run last, after the fast
+# planning tests. (They were moved there when HiGHS returned "unknown" on small MILPs on a fresh
+# clone; the cause turned out to be HiGHS's process-wide thread pool — a run whose ``threads``
+# differs from the pool's size fails — now handled in formulations/milp.py, with a test.)
 TORCH_MODULES = ("tests/costmodel/test_calibrate.py", "tests/runtime/")
 
 

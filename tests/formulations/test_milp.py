@@ -258,3 +258,26 @@ def test_zero_duration_project_is_optimal_at_zero():
     )
     sol = solve_milp(p, threads=1)
     assert sol.status is SolveStatus.OPTIMAL and sol.makespan == 0
+
+
+def test_highs_thread_counts_after_the_first_run_do_not_fail_later_runs():
+    """HiGHS keeps one thread pool per process; a run asking for another size used to come back
+    "unknown" (seen on a fresh clone, where a single zero-duration activity was the first MILP of
+    a different size). Every size must still solve."""
+    p = Project(
+        activities=(Activity(modes=(Mode(duration=0, demands=(0,)),)),),
+        resources=(Resource(capacity=1),),
+        precedences=(),
+    )
+    q = Project(
+        activities=(
+            Activity(modes=(Mode(duration=2, demands=(1,)),)),
+            Activity(modes=(Mode(duration=3, demands=(1,)),)),
+        ),
+        resources=(Resource(capacity=1),),
+        precedences=(),
+    )
+    for threads in (None, 1, 2, None, 1):
+        a, b = solve_milp(p, threads=threads), solve_milp(q, threads=threads)
+        assert (a.status, a.makespan) == (SolveStatus.OPTIMAL, 0), threads
+        assert (b.status, b.makespan) == (SolveStatus.OPTIMAL, 5), threads
