@@ -88,21 +88,17 @@ def main(argv: list[str] | None = None) -> int:
                     raise RuntimeError(f"{case}: trace invalid: {report.problems[:2]}")
                 (rec,) = report.transitions
                 pred = scaled_predictions(current, target, scale)
-                kinds: dict[str, dict[str, float]] = {}
+                kinds = rec.per_kind()
+                scaled: dict[str, float] = {}
                 for p in rec.primitives:
-                    d = kinds.setdefault(p["kind"], {"n": 0, "s": 0.0, "b": 0, "pred": 0.0, "full": 0.0})
-                    d["n"] += 1
-                    d["s"] += p["end"] - p["start"]
-                    d["b"] += p["bytes"]
-                    d["pred"] += pred[p["index"]]
-                    d["full"] += p["predicted_s"]
+                    scaled[p["kind"]] = scaled.get(p["kind"], 0.0) + pred[p["index"]]
                 for kind in ("split", "merge", "extend", "destroy"):
                     if kind in kinds:
-                        d = kinds[kind]
+                        d, n = kinds[kind], kinds[kind]["count"]
                         rows.append(
-                            f"| {scale} | {case} | {kind} | {int(d['n'])} | {1e3 * d['s'] / d['n']:.1f} | "
-                            f"{d['b'] / d['n'] / 1e6:.3f} | {1e3 * d['pred'] / d['n']:.1f} | "
-                            f"{1e3 * d['full'] / d['n']:.1f} |"
+                            f"| {scale} | {case} | {kind} | {int(n)} | {1e3 * d['mean_s']:.1f} | "
+                            f"{d['bytes'] / n / 1e6:.3f} | {1e3 * scaled[kind] / n:.1f} | "
+                            f"{1e3 * d['predicted_s'] / n:.1f} |"
                         )
                 phases.append(
                     f"| {scale} | {case} | {len(rec.primitives)} | {1e3 * rec.sync_s:.0f} | {1e3 * rec.join_s:.0f} | "

@@ -154,11 +154,7 @@ class ShardedAdam:
         vhat = self.v / (1 - b2**self.t)
         seg = flat[self.lo : self.hi] - self.lr * mhat / (vhat.sqrt() + self.eps)
         if self.world > 1:
-            padded = torch.zeros(self.chunk)
-            padded[: seg.numel()] = seg
-            parts = [torch.zeros(self.chunk) for _ in range(self.world)]
-            dist.all_gather(parts, padded, group=self.group)
-            flat = torch.cat(parts)[: self.numel]
+            flat = self._gather(seg)
         else:
             flat[self.lo : self.hi] = seg
         off = 0
@@ -168,6 +164,28 @@ class ShardedAdam:
             lp.copy_(flat[off : off + k].view_as(lp))
             off += k
             p.grad = None
+
+    def _gather(self, seg: torch.Tensor) -> torch.Tensor:
+        """The flat vector whose slice ``[lo, hi)`` each DP rank holds as ``seg`` (AllGather of
+        the slices padded to ``⌈N/Pd⌉``)."""
+        if self.world == 1:
+            return seg.clone()
+        padded = torch.zeros(self.chunk)
+        padded[: seg.numel()] = seg
+        parts = [torch.zeros(self.chunk) for _ in range(self.world)]
+        dist.all_gather(parts, padded, group=self.group)
+        return torch.cat(parts)[: self.numel]
+
+    def full_moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``m`` and ``v`` of all ``N`` local parameter elements (a collective over the DP group:
+        every rank calls it)."""
+        return self._gather(self.m), self._gather(self.v)
+
+    def load_full_moments(self, m: torch.Tensor, v: torch.Tensor, t: int) -> None:
+        """Keep this rank's slice ``[lo, hi)`` of full moments and set the step counter."""
+        self.m.copy_(m[self.lo : self.hi])
+        self.v.copy_(v[self.lo : self.hi])
+        self.t = int(t)
 
     def state(self) -> dict[str, object]:
         """Moments and step counter of this rank's slice (for checkpoints)."""
@@ -186,19 +204,20 @@ class ShardedAdam:
 
 
 def publication(
-    model: torch.nn.Module, *, include_replicated: bool
+    model: torch.nn.Module, *, include_replicated: bool, weights: dict[str, torch.Tensor] | None = None
 ) -> dict[str, tuple[torch.Tensor, int | None]]:
     """This rank's weights as ``name → (local tensor copy, TP shard dim or None)``.
 
     Replicated tensors are included only when ``include_replicated`` (TP rank 0), so a
     publication of a group carries every byte of the model exactly once per DP replica.
+    ``weights`` (local tensors by name, e.g. a kept snapshot) replace the model's current ones.
     """
     out = {}
     for name, p in model.state_dict().items():
         dim = shard_dim(p)
         if dim is None and not include_replicated:
             continue
-        out[name] = (local(p).detach().clone(), dim)
+        out[name] = ((local(p).detach() if weights is None else weights[name]).clone(), dim)
     return out
 
 

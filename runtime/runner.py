@@ -361,8 +361,12 @@ def run(
                 specs=specs,
             )
         )
+    # planned up front (full-size state, the plans' hardware): an infeasible move fails before any work
     tplans = [
-        _plan_transition(bindings[i], bindings[i + 1], hw, transition_method) for i in range(len(plans) - 1)
+        plan_transition(
+            a.result.plan, b.result.plan, a.result.cluster, graph=a.graph, method=transition_method
+        )
+        for a, b in zip(bindings, bindings[1:])
     ]
     started = False
     if not ray.is_initialized():
@@ -523,14 +527,6 @@ def _segments(
         last, current = k, target
     out.append((current, steps - last))
     return out
-
-
-def _plan_transition(a: Binding, b: Binding, hw: Hardware, method: str) -> Any:
-    """The scheduled transition DAG between two bound plans (full-size EMU state, as planned)."""
-    from ..solvers.transition import plan_transition
-
-    ra, rb = a.result, b.result
-    return plan_transition(ra.plan, rb.plan, ra.cluster, graph=a.graph, method=method)
 
 
 def _segment_trace(

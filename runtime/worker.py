@@ -37,7 +37,7 @@ import torch.distributed as dist
 from ..ir.types import Head, Role
 from .binding import GroupSpec, RunShape
 from .model import KVCache, Transformer, sample_token, stage_layer_ranges, token_logprobs
-from .parallel import ShardedAdam, assemble, local, make_mesh, publication, shard_dim, shard_of
+from .parallel import ShardedAdam, assemble, local, make_mesh, publication, shard_of
 from .rl import (
     RLConfig,
     gae,
@@ -200,39 +200,22 @@ class Worker:
                 f"worker {self.group.worker(self.rank)} holds version {self.version} and snapshots "
                 f"{sorted(self.snapshots)} of {self.group.model}, not version {version}"
             )
-        out = {}
-        for name, p in self.model.state_dict().items():
-            dim = shard_dim(p)
-            if dim is None and self.mesh.t != 0:
-                continue
-            out[name] = (snap[name].clone(), dim)
-        return (self.mesh.p, self.mesh.t), out
+        return (self.mesh.p, self.mesh.t), publication(
+            self.model, include_replicated=self.mesh.t == 0, weights=snap
+        )
 
     @torch.no_grad()
     def install_snapshot(self, pubs: list, version: int) -> dict[str, Any]:
         """Keep published weights of ``version`` as a snapshot in this rank's layout (a serving
         vertex on this training group reads it, see :meth:`op`)."""
-        import ray
-
-        got = [x for x in ray.get(list(pubs)) if x is not None]
-        full = assemble([(coords[1], pub) for coords, pub in got])
-        self.snapshots[version] = {
-            name: shard_of(full[name], p, self.group.tp, self.mesh.t).clone()
-            for name, p in self.model.state_dict().items()
-        }
+        self.snapshots[version] = {k: t.clone() for k, t in self._shards_of(pubs, version)[0].items()}
         return {"version": version}
 
-    @torch.no_grad()
-    def install(self, pubs: list, version: int) -> dict[str, Any]:
-        """Install published weights of ``version`` into this rank's layout (a COMM/RESHARD node).
-
-        ``pubs`` are object refs of :meth:`publish` results of the producing group; each rank
-        fetches them, assembles the full tensors of its stage and keeps its TP shard. Returns the
-        bytes received and the time spent.
-        """
+    def _shards_of(self, pubs: list, version: int) -> tuple[dict[str, torch.Tensor], int]:
+        """This rank's shard of every tensor in the publications ``pubs`` (object refs of
+        :meth:`publish` results) of ``version``, and the bytes received."""
         import ray
 
-        t0 = time.perf_counter()
         got = [x for x in ray.get(list(pubs)) if x is not None]
         nbytes = sum(t.numel() * t.element_size() for _, pub in got for t, _ in pub.values())
         full = assemble([(coords[1], pub) for coords, pub in got])
@@ -243,8 +226,22 @@ class Worker:
                 f"worker {self.group.worker(self.rank)}: published weights of version {version} lack "
                 f"{missing[:3]}"
             )
-        for name, p in state.items():
-            local(p).copy_(shard_of(full[name], p, self.group.tp, self.mesh.t))
+        return {
+            name: shard_of(full[name], p, self.group.tp, self.mesh.t) for name, p in state.items()
+        }, nbytes
+
+    @torch.no_grad()
+    def install(self, pubs: list, version: int) -> dict[str, Any]:
+        """Install published weights of ``version`` into this rank's layout (a COMM/RESHARD node).
+
+        ``pubs`` are object refs of :meth:`publish` results of the producing group; each rank
+        fetches them, assembles the full tensors of its stage and keeps its TP shard. Returns the
+        bytes received and the time spent.
+        """
+        t0 = time.perf_counter()
+        shards, nbytes = self._shards_of(pubs, version)
+        for name, p in self.model.state_dict().items():
+            local(p).copy_(shards[name])
         self.version = version
         if self.optimizer is None:  # a training group prunes its own snapshots (see _train)
             self.snapshots.clear()
@@ -630,18 +627,8 @@ class Worker:
     def _full_moments(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Adam moments of this rank's whole local parameters, by name (AllGather of the ZeRO
         slices over the DP group)."""
-        opt = self.optimizer
-        assert opt is not None
-        flats = []
-        for slice_ in (opt.m, opt.v):
-            if opt.world > 1:
-                padded = torch.zeros(opt.chunk)
-                padded[: slice_.numel()] = slice_
-                parts = [torch.zeros(opt.chunk) for _ in range(opt.world)]
-                dist.all_gather(parts, padded, group=opt.group)
-                flats.append(torch.cat(parts)[: opt.numel])
-            else:
-                flats.append(slice_.clone())
+        assert self.optimizer is not None
+        flats = self.optimizer.full_moments()
         out: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] = ({}, {})
         off = 0
         for name, p in self.model.named_parameters():
@@ -745,13 +732,12 @@ class Worker:
         if self.optimizer is not None:
             if main.m is None or main.v is None:
                 raise RuntimeError(f"worker {self.group.worker(self.rank)}: no optimizer state arrived")
-            opt = self.optimizer
             names = [n for n, _ in self.model.named_parameters()]
-            m = torch.cat([main.m[n].reshape(-1) for n in names])
-            v = torch.cat([main.v[n].reshape(-1) for n in names])
-            opt.m.copy_(m[opt.lo : opt.hi])
-            opt.v.copy_(v[opt.lo : opt.hi])
-            opt.t = main.step
+            self.optimizer.load_full_moments(
+                torch.cat([main.m[n].reshape(-1) for n in names]),
+                torch.cat([main.v[n].reshape(-1) for n in names]),
+                main.step,
+            )
         self.units.clear()
         self.xpg = None
         return {"step": main.step}
