@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 RPEG   := $(VENV)/bin/rpeg
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test wheel-check lint format bench clean
 
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,11 +30,16 @@ demo: $(VENV)/.base
 	$(RPEG) run out/ppo-1b-4gpu.json --steps 3 --trace out/ppo-1b-4gpu.trace.json
 	$(RPEG) verify out/ppo-1b-4gpu.trace.json out/ppo-1b-4gpu.json
 
-## make test: lint, format check and the whole test suite
+## make test: lint, format check, the wheel installed into a fresh venv, and the whole test suite
 test: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	PYTHON=$(PYTHON) .ci/check-wheel
 	$(PY) -m pytest
+
+## make wheel-check: build the wheel, install it non-editable into a fresh venv, run rpeg outside the checkout
+wheel-check:
+	PYTHON=$(PYTHON) .ci/check-wheel
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .

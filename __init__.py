@@ -19,6 +19,7 @@ Layers (data flows one way): :mod:`rpeg.ir` ← :mod:`rpeg.costmodel` ← :mod:`
 from .costmodel import HARDWARE_PRESETS, hardware_preset, load_hardware
 from .examples import example_names, example_path
 from .ir import Cluster, Hardware, ModelSpec, Structure, Workload, load_workload, model_preset
+from .ir.errors import InputError
 from .solvers import METHODS, Result, Status, register, solve
 from .solvers.transition import plan_transition
 
@@ -43,6 +44,7 @@ __all__ = [
     "METHODS",
     "Cluster",
     "Hardware",
+    "InputError",
     "ModelSpec",
     "Result",
     "Status",

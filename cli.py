@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,9 +33,10 @@ from .costmodel.hardware import load_hardware
 from .examples import example_names, example_path
 from .heuristics.evaluator import Evaluator
 from .heuristics.search import ABLATIONS
-from .ir.cluster import Cluster
+from .ir.cluster import Cluster, parse_shape
+from .ir.errors import InputError, check_output, read_json, require_file
 from .ir.workload import WorkloadFile, load_workload
-from .solvers.result import Result, Status, plan_from_entries, problem_from_dict
+from .solvers.result import FORMAT, Result, Status, plan_from_entries, problem_from_dict
 from .solvers.solve import METHODS, solve
 
 __all__ = ["main"]
@@ -60,23 +62,59 @@ METHOD_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
 BASELINES = ("greedy", "concurrent")
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer ≥ 1 (``--k-eval 0`` is an error, not "use the default")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """argparse type: a positive finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number of seconds, got {text!r}")
+    return value
+
+
+#: What ``--gantt`` can draw (matplotlib's vector and raster writers).
+GANTT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".ps")
+
+
 def _workload_file(arg: str) -> WorkloadFile:
     path = Path(arg)
-    if path.suffix == ".toml" or path.is_file():
-        if not path.is_file():
-            raise ValueError(f"workload file {arg!r} does not exist")
+    if path.suffix == ".toml" or path.is_file() or "/" in arg or path.is_dir():
         return load_workload(path)
-    return load_workload(example_path(arg))
+    try:
+        return load_workload(example_path(arg))
+    except ValueError as exc:
+        raise InputError(f"workload {arg!r} is neither a TOML file nor a bundled example ({exc})") from None
 
 
 def _cluster(wf: WorkloadFile, shape: str | None, hardware: str | None) -> Cluster:
-    shape = shape or wf.cluster_shape
-    hardware = hardware or wf.hardware
+    shape = shape if shape is not None else wf.cluster_shape
+    hardware = hardware if hardware is not None else wf.hardware
     if shape is None:
-        raise ValueError("no cluster shape: pass --cluster RxNxG (the workload file names none)")
+        raise InputError("no cluster shape: pass --cluster RxNxG (the workload file names none)")
     if hardware is None:
-        raise ValueError("no hardware: pass --hardware PRESET|FILE.json (the workload file names none)")
-    return Cluster.from_shape(shape, load_hardware(hardware))
+        raise InputError("no hardware: pass --hardware PRESET|FILE.json (the workload file names none)")
+    try:
+        dims = parse_shape(shape)
+    except ValueError as exc:
+        raise InputError(f"--cluster: {exc}", source="--cluster") from None
+    return Cluster.from_shape(dims, load_hardware(hardware))
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    check_output(getattr(args, "json", None), "--json", (".json",))
+    check_output(getattr(args, "gantt", None), "--gantt", GANTT_SUFFIXES)
 
 
 def _cmd_examples(args: argparse.Namespace) -> int:
@@ -148,7 +186,7 @@ def _problem_kwargs(args: argparse.Namespace, wf: WorkloadFile) -> dict[str, Any
     return {
         "time_limit": args.time_limit,
         "seed": args.seed,
-        "k_eval": args.k_eval or wf.k_eval,
+        "k_eval": args.k_eval if args.k_eval is not None else wf.k_eval,
         "objective": args.objective,
         "delta": args.delta,
     }
@@ -259,6 +297,9 @@ def _comparison(result: Result, wf: WorkloadFile, cluster: Cluster, args: argpar
 
 
 def _cmd_solve(args: argparse.Namespace) -> int:
+    _check_outputs(args)
+    if args.method not in METHODS:
+        raise InputError(f"--method: unknown method {args.method!r}; known: {', '.join(sorted(METHODS))}")
     wf = _workload_file(args.workload)
     cluster = _cluster(wf, args.cluster, args.hardware)
     options = _method_options(args)
@@ -274,28 +315,69 @@ def _cmd_solve(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- evaluate
+def _mismatch(plan_doc: dict[str, Any], wf: WorkloadFile, cluster: Cluster) -> str | None:
+    """The first field in which the plan file's workload or cluster differs from the one asked for."""
+    mine = wf.workload.to_dict()
+    theirs = plan_doc.get("workload", {})
+    for key, value in mine.items():
+        if key != "name" and key in theirs and theirs[key] != value:
+            return f"workload.{key} is {_brief(theirs[key])} in the plan file but {_brief(value)} in {wf.workload.name!r}"
+    c = plan_doc.get("cluster", {})
+    shape = (c.get("racks"), c.get("nodes_per_rack"), c.get("gpus_per_node"))
+    if None not in shape and shape != cluster.shape:
+        return f"the plan file's cluster is {'x'.join(map(str, shape))}, not {cluster.shape_str}"
+    return None
+
+
+def _brief(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
+    _check_outputs(args)
     wf = _workload_file(args.workload)
-    plan_path = Path(args.plan)
-    if not plan_path.is_file():
-        raise ValueError(f"--plan file {args.plan!r} does not exist")
-    try:
-        doc = json.loads(plan_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--plan {args.plan}: not valid JSON ({exc})") from None
-    if "plan" not in doc:
-        raise ValueError(f"--plan {args.plan}: missing field 'plan'")
-    if "structure" in doc and "cluster" in doc and not (args.cluster or args.hardware):
-        _, cluster, structure = problem_from_dict(doc)
+    doc = read_json(args.plan, "--plan file")
+    if not isinstance(doc, dict) or "plan" not in doc:
+        raise InputError(f"--plan {args.plan}: missing field 'plan'", source=args.plan, field="plan")
+    if "format" in doc and doc["format"] != FORMAT:
+        raise InputError(f"--plan {args.plan}: field 'format' must be {FORMAT!r}, got {doc['format']!r}")
+    cluster = _cluster(wf, args.cluster, args.hardware)
+    why = _mismatch(doc, wf, cluster)
+    if why:
+        raise InputError(
+            f"--plan {args.plan} was made for another problem: {why}; solve {args.workload} again, "
+            "or evaluate the plan against the workload and cluster it was made for",
+            source=args.plan,
+        )
+    hardware_note = ""
+    if {"structure", "cluster"} <= doc.keys():
+        _, plan_cluster, structure = problem_from_dict(doc, source=f"--plan {args.plan}")
+        if plan_cluster.hardware != cluster.hardware:
+            if args.hardware is None:
+                raise InputError(
+                    f"--plan {args.plan} was made for hardware {plan_cluster.hardware.name!r}, not "
+                    f"{cluster.hardware.name!r} (the workload's); pass --hardware to re-score it deliberately",
+                    source=args.plan,
+                )
+            hardware_note = (
+                f"re-scored on {cluster.hardware.name}; the plan was made for {plan_cluster.hardware.name}"
+            )
     else:
-        cluster = _cluster(wf, args.cluster, args.hardware)
-        structure = problem_from_dict(doc)[2] if "structure" in doc else None
-    k_eval = args.k_eval or int(doc.get("k_eval", wf.k_eval))
+        structure = problem_from_dict(doc, source=f"--plan {args.plan}")[2] if "structure" in doc else None
+    k_eval = args.k_eval if args.k_eval is not None else doc.get("k_eval", wf.k_eval)
+    if isinstance(k_eval, bool) or not isinstance(k_eval, int) or k_eval < 1:
+        raise InputError(f"--plan {args.plan}: field 'k_eval' must be a positive integer, got {k_eval!r}")
     ev = Evaluator(wf.workload, cluster, structure, k_eval=k_eval)
-    plan = plan_from_entries(ev, doc["plan"])
+    try:
+        plan = plan_from_entries(ev, doc["plan"])
+    except ValueError as exc:
+        raise InputError(f"--plan {args.plan}: {exc}", source=args.plan, field="plan") from None
     evaluation = ev.evaluate(plan, keep=True)
     status = Status.FEASIBLE if evaluation.feasible else Status.INFEASIBLE
-    message = "" if evaluation.feasible else "the plan exceeds M_eff on some GPU (see peak mem)"
+    notes = [hardware_note] if hardware_note else []
+    if not evaluation.feasible:
+        notes.append("the plan exceeds M_eff on some GPU (see peak mem)")
     result = Result(
         wf.workload,
         cluster,
@@ -308,7 +390,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         0.0,
         ev.evaluations,
         k_eval,
-        message=message,
+        message="; ".join(notes),
     )
     return _finish(result, args)
 
@@ -327,15 +409,20 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--hardware", help="hardware preset or JSON file (default: from the file)")
         sp.add_argument("--json", metavar="OUT.json", help="write the rpeg.result/1 file here")
         sp.add_argument("--gantt", metavar="PLAN.png", help="draw the predicted schedule (.png, .pdf, .svg)")
-        sp.add_argument("--k-eval", type=int, default=None, help="steps to unroll when scoring (default 8)")
+        sp.add_argument(
+            "--k-eval",
+            type=positive_int,
+            default=None,
+            help="steps to unroll when scoring (default: the workload file's k_eval, else 8)",
+        )
 
     s = sub.add_parser("solve", help="plan a workload")
     common(s)
     s.add_argument("--method", default="concurrent", help=f"one of {', '.join(sorted(METHODS))}")
-    s.add_argument("--time-limit", type=float, default=None, help="seconds, for searching methods")
+    s.add_argument("--time-limit", type=seconds, default=None, help="seconds, for searching methods")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--objective", default="throughput", choices=["throughput", "throughput-util"])
-    s.add_argument("--delta", type=float, default=0.10, help="δ of the throughput-util objective")
+    s.add_argument("--delta", type=float, default=0.10, help="δ ∈ (0, 1] of the throughput-util objective")
     s.add_argument("--max-evaluations", type=int, metavar="N", help="sa: budget in uncached plan evaluations")
     s.add_argument("--workers", type=int, metavar="N", help="sa: processes evaluating proposals (default 1)")
     s.add_argument(
@@ -381,8 +468,8 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("instance", help="PSPLIB file: .sm (single mode) or .mm (multi mode)")
     j.add_argument("--method", default="cpsat", choices=["cpsat", "milp", "list"])
     j.add_argument("--solver", default="highs", help="milp: highs (default), cbc, scip, gurobi, ...")
-    j.add_argument("--time-limit", type=float, default=None, help="seconds (default: until proven)")
-    j.add_argument("--threads", type=int, default=None)
+    j.add_argument("--time-limit", type=seconds, default=None, help="seconds (default: until proven)")
+    j.add_argument("--threads", type=positive_int, default=None)
     j.add_argument("--seed", type=int, default=0)
     j.set_defaults(fn=_cmd_project)
     return p
@@ -392,9 +479,7 @@ def _cmd_project(args: argparse.Namespace) -> int:
     from .formulations import read_mm, read_sm, solve_cpsat, solve_milp
     from .heuristics.project_schedule import check_project_schedule, list_schedule_project
 
-    path = Path(args.instance)
-    if not path.is_file():
-        raise ValueError(f"instance file {args.instance!r} does not exist")
+    path = require_file(args.instance, "instance file")
     if path.suffix not in (".sm", ".mm"):
         raise ValueError(f"instance {args.instance!r}: expected a PSPLIB .sm or .mm file")
     project = read_sm(path) if path.suffix == ".sm" else read_mm(path)
@@ -431,7 +516,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.fn(args)
-    except ValueError as exc:
+    except ValueError as exc:  # InputError and every other value a user gave wrongly
+        print(f"rpeg: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:  # a path the user named: unreadable, a folder, a full disk
         print(f"rpeg: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from ..ir.errors import InputError, check_output
 from ..ir.hardware import TIER_NAMES, Hardware, Link
 from .hardware import load_hardware
 
@@ -702,16 +703,13 @@ def measure_nongemm(
     return _time_call(layer, device, repeats)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _comm_worker(
-    rank: int, world: int, port: int, device: str, sizes: list[int], repeats: int, out: str
+    rank: int, world: int, rendezvous: str, device: str, sizes: list[int], repeats: int, out: str
 ) -> None:
-    """One rank of :func:`measure_comm` (top level so that ``spawn`` can pickle it)."""
+    """One rank of :func:`measure_comm` (top level so that ``spawn`` can pickle it).
+
+    The ranks meet through a file store in a private temporary folder, not a TCP port: a port
+    picked free and bound later can be taken in between on a loaded machine (EADDRINUSE)."""
     torch = _torch()
     import torch.distributed as dist
 
@@ -721,7 +719,7 @@ def _comm_worker(
     if device == "cuda":
         torch.cuda.set_device(rank)
         dev = f"cuda:{rank}"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     samples: list[dict[str, object]] = []
@@ -833,7 +831,8 @@ def measure_comm(
 
     with tempfile.TemporaryDirectory(prefix="rpeg-calibrate-") as tmp:
         out = os.path.join(tmp, "comm.json")
-        args = (max_ranks, _free_port(), device, [int(s) for s in sizes], repeats, out)
+        rendezvous = os.path.join(tmp, "rendezvous")
+        args = (max_ranks, rendezvous, device, [int(s) for s in sizes], repeats, out)
         try:
             mp.spawn(_comm_worker, args=args, nprocs=max_ranks, join=True)
         except Exception as exc:  # a rank failed: report its error, not a missing file
@@ -1121,6 +1120,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     def say(msg: str) -> None:
         print(f"calibrate: {msg}", file=sys.stderr, flush=True)
 
+    check_output(args.out, "--out", (".json",))  # before minutes of measuring, not after
+    check_output(args.raw, "--raw", (".json",))
+    load_hardware(args.base)  # a bad --base is named now, too
+    if args.max_ranks < 2:
+        raise InputError(f"--max-ranks must be at least 2, got {args.max_ranks}")
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads must be a positive integer, got {args.threads}")
     report = calibrate(
         device=args.device,
         base=args.base,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..ir.cluster import Allocation, Cluster
 from ..ir.plan import Choice, Plan
-from .candidates import Directory, aligned_allocations, enumerate_strategies
+from .candidates import Directory, aligned_allocations, enumerate_strategies, explain_illegal, head_exclusions
 from .evaluator import Evaluator
 
 __all__ = ["Infeasible", "concurrent_plan", "greedy_plan", "levels", "repair_memory"]
@@ -38,36 +38,59 @@ class Infeasible(Exception):
         return self.reason
 
 
+def _heads_note(ev: Evaluator, vertex: int) -> str:
+    """``"; tp=… excluded by …"`` when the heads rules H1–H2 ruled out in-node tensor-parallel
+    degrees of ``vertex`` (so a memory message does not hide a legality cause)."""
+    v = ev.graph.vertices[vertex]
+    spec = ev.graph.models[v.model].spec
+    excluded = head_exclusions(ev.cluster, spec, v.role)
+    if not excluded:
+        return ""
+    return f"; the attention heads exclude the other tensor-parallel degrees ({'; '.join(excluded)})"
+
+
 def check_directories(ev: Evaluator, dirs: list[Directory], size: int | None = None) -> None:
     """Raise :class:`Infeasible` naming the first invocation with no strategy (of ``size`` GPUs,
-    when given) and by how much its smallest isolated footprint exceeds ``M_eff``."""
+    when given).
+
+    The message says why: no legal layout at all (of that size), naming the rules that excluded
+    the candidates (P1–P8, H1–H2; :func:`~rpeg.heuristics.candidates.explain_illegal`); or legal
+    layouts exist but the leanest isolated footprint among them exceeds ``M_eff`` by how many GiB
+    (always a positive excess), with the tensor-parallel degrees the heads excluded.
+    """
     m_eff = ev.cluster.hardware.m_eff
     for d in dirs:
         ok = d.of_size(size) if size is not None else d.strategies
-        if not ok:
-            v = ev.graph.vertices[d.vertex]
-            where = f"on {size} GPUs" if size is not None else "in any legal layout"
-            if d.smallest_isolated == float("inf"):
-                raise Infeasible(
-                    f"invocation {v.name!r} has no legal parallel layout on cluster {ev.cluster.shape_str}",
-                    v.name,
-                )
-            excess = d.smallest_isolated - m_eff
-            if size is not None and d.strategies:
-                excess = max(excess, 0.0)
-                reason = (
-                    f"invocation {v.name!r} ({v.role.value} of {v.model}) does not fit {where}: "
-                    f"every layout of that size exceeds M_eff={m_eff / GIB:.1f} GiB"
-                )
-            else:
-                reason = (
-                    f"invocation {v.name!r} ({v.role.value} of {v.model}) does not fit {where}: "
-                    f"its smallest isolated footprint is {d.smallest_isolated / GIB:.1f} GiB per GPU, "
-                    f"{excess / GIB:.1f} GiB over M_eff={m_eff / GIB:.1f} GiB "
-                    f"({ev.cluster.hardware.gpu_memory_bytes / GIB:.1f} GiB GPUs, "
-                    f"{ev.cluster.hardware.memory_headroom:.0%} headroom)"
-                )
-            raise Infeasible(reason, v.name, excess)
+        if ok:
+            continue
+        v = ev.graph.vertices[d.vertex]
+        spec = ev.graph.models[v.model].spec
+        who = f"invocation {v.name!r} ({v.role.value} of {v.model})"
+        where = f"on {size} GPUs" if size is not None else "in any legal layout"
+        if size is None:
+            legal = enumerate_strategies(ev.cluster, spec, v.sequences, v.role)
+        else:
+            legal = [s for s in enumerate_strategies(ev.cluster, spec, v.sequences, v.role) if s.size == size]
+        if not legal:
+            sizes = None if size is None else [size]
+            span = f"of {size} GPUs" if size is not None else "of any size"
+            why = explain_illegal(ev.cluster, spec, v.role, v.sequences, sizes)
+            raise Infeasible(
+                f"{who} has no legal parallel layout {span} on cluster {ev.cluster.shape_str}: {why}",
+                v.name,
+            )
+        smallest = min(ev.costs.memory(d.vertex, s).isolated for s in legal)
+        excess = max(0.0, smallest - m_eff)
+        hw = ev.cluster.hardware
+        if excess > 0.0:
+            fit = (
+                f"its smallest isolated footprint among the {len(legal)} legal layouts is "
+                f"{smallest / GIB:.1f} GiB per GPU, {excess / GIB:.1f} GiB over M_eff={m_eff / GIB:.1f} GiB "
+                f"({hw.gpu_memory_bytes / GIB:.1f} GiB GPUs, {hw.memory_headroom:.0%} headroom)"
+            )
+        else:  # legal and fitting layouts were removed by a caller's restriction of the directory
+            fit = f"none of its {len(legal)} legal layouts is left in its candidate directory"
+        raise Infeasible(f"{who} does not fit {where}: {fit}{_heads_note(ev, d.vertex)}", v.name, excess)
 
 
 def explain_memory(ev: Evaluator, plan: Plan) -> Infeasible:
@@ -100,7 +123,7 @@ def _side_by_side(ev: Evaluator, group: list[int], smallest: list[int]) -> Infea
     spec = ev.graph.models[vert.model].spec
     footprints = [
         ev.costs.memory(v, s).isolated
-        for s in enumerate_strategies(cluster, spec.layers, vert.sequences)
+        for s in enumerate_strategies(cluster, spec, vert.sequences, vert.role)
         if s.size <= avail
     ]
     m_eff = cluster.hardware.m_eff
@@ -109,15 +132,24 @@ def _side_by_side(ev: Evaluator, group: list[int], smallest: list[int]) -> Infea
         for i, (u, m) in enumerate(zip(group, smallest))
         if i != worst
     )
-    if footprints:
+    over = 0.0
+    if footprints and min(footprints) > m_eff:
         over = min(footprints) - m_eff
         detail = (
             f"on {avail} GPUs (beside {others}) its smallest isolated footprint is "
             f"{min(footprints) / GIB:.2f} GiB per GPU, {over / GIB:.2f} GiB over M_eff={m_eff / GIB:.2f} GiB"
+            f"{_heads_note(ev, v)}"
+        )
+    elif footprints:  # layouts that fit exist, but no aligned blocks hold them beside the others
+        detail = (
+            f"its layouts that fit in memory on at most {avail} GPUs do not pack into aligned blocks "
+            f"beside {others}"
         )
     else:
-        over = 0.0
-        detail = f"no legal layout fits on {avail} GPUs (beside {others})"
+        why = explain_illegal(
+            cluster, spec, vert.role, vert.sequences, [s for s in cluster.legal_sizes if s <= avail]
+        )
+        detail = f"no legal layout fits on {avail} GPUs (beside {others}): {why}"
     return Infeasible(
         f"invocation {vert.name!r} cannot run side by side with the rest of its level on cluster "
         f"{cluster.shape_str}: {detail} (it needs ≥ {smallest[worst]} GPUs)",

@@ -1,39 +1,98 @@
 """Candidate directories ``Xcand(v)``: every legal ``(σ, Π, mb)`` of an invocation (SPEC §4).
 
 A directory lists the legal :class:`~rpeg.ir.plan.Strategy` objects of a vertex (shape, degrees,
-microbatches) that pass P1–P8 and whose isolated memory fits ``M_eff``, sorted by estimated
+microbatches) that pass P1–P8 and the head rules H1–H2 of the vertex's engine
+(:func:`~rpeg.ir.plan.check_heads`), and whose isolated memory fits ``M_eff``, sorted by estimated
 isolated time; each strategy can sit at any aligned origin of its shape (P7), which
-:meth:`Directory.choices` enumerates.
+:meth:`Directory.choices` enumerates. When a vertex has no legal layout (of some size),
+:func:`explain_illegal` says which rules excluded the candidates.
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..ir.cluster import Allocation, Cluster
-from ..ir.plan import Choice, Strategy, check_strategy
+from ..ir.models import ModelSpec
+from ..ir.plan import Choice, Strategy, check_heads, check_strategy, engine_of
+from ..ir.types import Role
 from .costs import Costs
 
-__all__ = ["Directory", "aligned_allocations", "build_directories", "enumerate_strategies", "make_strategy"]
+__all__ = [
+    "Directory",
+    "aligned_allocations",
+    "build_directories",
+    "enumerate_strategies",
+    "explain_illegal",
+    "head_exclusions",
+    "make_strategy",
+]
+
+#: Order of the legality rules as :func:`~rpeg.ir.plan.check_strategy` tests them.
+RULE_ORDER = ("P1", "H1", "H2", "P2", "P3", "P4", "P5", "P6", "P8")
+#: What each rule asks, for messages.
+RULE_TEXT = {
+    "P1": "tp | gpus_per_node",
+    "H1": "tp | heads",
+    "H2": "tp vs kv_heads",
+    "P2": "pp | layers, pp 1 or even",
+    "P3": "dp | B·R",
+    "P4": "pp = 1 ⇒ mb = 1",
+    "P5": "mb | B_local, mb ≥ pp, B_local/mb ≥ 8",
+    "P6": "legal shape and replica layout",
+    "P8": "s = min(pp, Ng/tp) | pp",
+}
 
 
 def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    """The divisors of ``n ≥ 1``, ascending, in ``O(√n)`` (pairs ``d, n/d`` with ``d ≤ √n``)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
 
 
-def enumerate_strategies(cluster: Cluster, layers: int, sequences: int) -> list[Strategy]:
-    """All strategies passing P1–P8 for a model of ``layers`` layers and ``sequences`` = B·R.
-
-    For each legal allocation size, every ``Pt | Ng``, ``Pp ∈ {1} ∪ even divisors of L`` and
-    ``Pd = |σ|/(Pp·Pt)``; ``mb = 1`` when ``Pp = 1``, else every divisor ``mb`` of
-    ``B_local = B·R/Pd`` with ``mb ≥ Pp`` and ``B_local/mb ≥ 8``. Tiers: the pipeline's
-    inter-node boundaries span the tier of one replica's devices; the DP group spans the
-    allocation's tier.
-    """
+def _as_model(cluster: Cluster, model: ModelSpec | int) -> ModelSpec:
+    """``model``, or for a bare layer count a stand-in with ``Ng`` heads and KV heads (every
+    ``tp | Ng`` passes H1–H2, so only P1–P8 decide)."""
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, bool) or not isinstance(model, int):
+        raise TypeError(f"model must be a ModelSpec (or a layer count), got {type(model).__name__}")
     Ng = cluster.gpus_per_node
-    tps = _divisors(Ng)
-    pps = [p for p in _divisors(layers) if p == 1 or p % 2 == 0]
+    return ModelSpec(f"{model}-layers", model, Ng, 1, 1, Ng, Ng)
+
+
+def enumerate_strategies(
+    cluster: Cluster, model: ModelSpec | int, sequences: int, role: Role | None = None
+) -> list[Strategy]:
+    """All strategies passing P1–P8 and H1–H2 for ``model`` and ``sequences`` = B·R.
+
+    For each legal allocation size, every ``Pt | Ng`` that shards the heads on the engine of
+    ``role`` (H1 ``Pt | heads``; H2 ``Pt | kv_heads`` on Megatron-core, ``Pt | kv_heads`` or
+    ``kv_heads | Pt`` on vLLM), ``Pp ∈ {1} ∪ even divisors of L`` and ``Pd = |σ|/(Pp·Pt)``;
+    ``mb = 1`` when ``Pp = 1``, else every divisor ``mb`` of ``B_local = B·R/Pd`` with
+    ``mb ≥ Pp`` and ``B_local/mb ≥ 8``. Tiers: the pipeline's inter-node boundaries span the tier
+    of one replica's devices; the DP group spans the allocation's tier.
+
+    Parameters
+    ----------
+    cluster
+        The device space.
+    model
+        The invocation's model; a bare layer count ``L`` checks P1–P8 only (no head rules — for
+        structural tests that have no model).
+    sequences
+        ``B·R``.
+    role
+        The invocation's role (its engine, :data:`~rpeg.ir.plan.ENGINES`); ``None`` applies the
+        stricter Megatron-core head rules.
+    """
+    spec = _as_model(cluster, model)
+    Ng = cluster.gpus_per_node
+    tps = [t for t in _divisors(Ng) if check_heads(spec, role, t) is None]
+    pps = [p for p in _divisors(spec.layers) if p == 1 or p % 2 == 0]
     out: list[Strategy] = []
     for size in cluster.legal_sizes:
         extent = cluster.shape_for_size(size)
@@ -48,9 +107,96 @@ def enumerate_strategies(cluster: Cluster, layers: int, sequences: int) -> list[
                 b_local = sequences // dp
                 mbs = [1] if pp == 1 else [m for m in _divisors(b_local) if m >= pp and b_local // m >= 8]
                 for mb in mbs:
-                    if check_strategy(cluster, layers, sequences, extent, dp, pp, tp, mb) is None:
+                    if check_strategy(cluster, spec, role, sequences, extent, dp, pp, tp, mb) is None:
                         out.append(make_strategy(cluster, extent, dp, pp, tp, mb))
     return out
+
+
+def head_exclusions(cluster: Cluster, model: ModelSpec, role: Role | None) -> list[str]:
+    """The H1–H2 messages of every ``tp | Ng`` that ``model``'s heads exclude on the engine of
+    ``role`` (empty when the heads allow every in-node degree)."""
+    out = []
+    for tp in _divisors(cluster.gpus_per_node):
+        why = check_heads(model, role, tp)
+        if why is not None:
+            out.append(why)
+    return out
+
+
+def _rule(why: str) -> str:
+    tag = why.split(":", 1)[0].split(" ", 1)[0]
+    return tag if tag in RULE_TEXT else "other"
+
+
+def explain_illegal(
+    cluster: Cluster,
+    model: ModelSpec,
+    role: Role | None,
+    sequences: int,
+    sizes: Iterable[int] | None = None,
+) -> str:
+    """Why no layout of ``sizes`` GPUs (default: every legal allocation size) passes the rules.
+
+    Every raw candidate ``(Pd, Pp, Pt, mb)`` with ``Pd·Pp·Pt = |σ|`` (``Pt``, ``Pp`` every divisor,
+    ``mb`` every divisor of ``B_local`` or ``Pp`` when none qualifies) is checked with
+    :func:`~rpeg.ir.plan.check_strategy`; the text counts the first rule each one breaks (in the
+    order P1, H1, H2, P2, P3, P4, P5, P6, P8) and quotes the candidate that got furthest. Only for
+    messages: it is not on the search path.
+
+    Parameters
+    ----------
+    cluster
+        The device space.
+    model, role
+        The invocation's model and role (its engine's head rules).
+    sequences
+        ``B·R``.
+    sizes
+        Allocation sizes to consider (a size with no legal shape counts as one P6 candidate).
+
+    Returns
+    -------
+    str
+        E.g. ``"all 4 candidates (dp,pp,tp,mb) break a rule: H1 (tp | heads) ×1, P2 (pp | layers,
+        pp 1 or even) ×2, P3 (dp | B·R) ×1; nearest: (3,1,1) mb=1 — P3: dp=3 does not divide
+        B·R=64"``; or ``""`` when some candidate is legal.
+    """
+    size_list = list(cluster.legal_sizes if sizes is None else sizes)
+    counts: Counter[str] = Counter()
+    nearest: tuple[int, str, str] | None = None
+    for size in size_list:
+        extent = cluster.shape_for_size(size)
+        if extent is None:
+            counts["P6"] += 1
+            continue
+        for tp in _divisors(size):
+            for pp in _divisors(size // tp):
+                dp = size // (tp * pp)
+                if pp == 1:
+                    mbs = [1]
+                elif sequences % dp:
+                    mbs = [pp]
+                else:
+                    b_local = sequences // dp
+                    mbs = [m for m in _divisors(b_local) if m >= pp and b_local // m >= 8] or [pp]
+                for mb in mbs:
+                    why = check_strategy(cluster, model, role, sequences, extent, dp, pp, tp, mb)
+                    if why is None:
+                        return ""
+                    rule = _rule(why)
+                    counts[rule] += 1
+                    rank = RULE_ORDER.index(rule) if rule in RULE_ORDER else -1
+                    if nearest is None or rank > nearest[0]:
+                        nearest = (rank, f"({dp},{pp},{tp}) mb={mb}", why)
+    order = {r: i for i, r in enumerate(RULE_ORDER)}
+    parts = [
+        f"{r} ({RULE_TEXT[r]}) ×{n}" if r in RULE_TEXT else f"{r} ×{n}"
+        for r, n in sorted(counts.items(), key=lambda rn: order.get(rn[0], len(order)))
+    ]
+    text = f"all {sum(counts.values())} candidates (dp,pp,tp,mb) break a rule: " + ", ".join(parts)
+    if nearest is not None:
+        text += f"; nearest: {nearest[1]} — {nearest[2]}"
+    return text
 
 
 def make_strategy(
@@ -121,18 +267,21 @@ def aligned_allocations(cluster: Cluster, size: int) -> list[Allocation]:
 def build_directories(costs: Costs) -> list[Directory]:
     """Build ``Xcand(v)`` for every vertex of ``costs.graph`` (SPEC §4).
 
-    Drops strategies whose isolated memory exceeds ``M_eff`` (joint infeasibility is left to the
-    penalty) and sorts the rest by the unsplit OP time of the cost model.
+    The legal strategies (P1–P8, and H1–H2 for the vertex's model on its engine) are enumerated
+    once per distinct ``(layers, heads, kv_heads, engine, B·R)``. Drops strategies whose isolated
+    memory exceeds ``M_eff`` (joint infeasibility is left to the penalty) and sorts the rest by the
+    unsplit OP time of the cost model.
     """
     cluster = costs.cluster
     m_eff = cluster.hardware.m_eff
     out = []
-    by_shape: dict[tuple[int, int], list[Strategy]] = {}
+    by_shape: dict[tuple[int, int, int, str, int], list[Strategy]] = {}
     for vi, v in enumerate(costs.graph.vertices):
         spec = costs.graph.models[v.model].spec
-        key = (spec.layers, v.sequences)
+        engine = engine_of(v.role)
+        key = (spec.layers, spec.heads, spec.kv_heads, engine, v.sequences)
         if key not in by_shape:
-            by_shape[key] = enumerate_strategies(cluster, spec.layers, v.sequences)
+            by_shape[key] = enumerate_strategies(cluster, spec, v.sequences, v.role)
         kept: list[tuple[float, int, Strategy]] = []
         smallest = float("inf")
         dropped = 0

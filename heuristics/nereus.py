@@ -69,7 +69,7 @@ from ..ir.graph import RPEG
 from ..ir.plan import Choice, Plan, Strategy
 from ..ir.types import Role
 from .baselines import Infeasible
-from .candidates import aligned_allocations, enumerate_strategies
+from .candidates import aligned_allocations, enumerate_strategies, explain_illegal, head_exclusions
 from .costs import Costs
 
 __all__ = [
@@ -189,7 +189,7 @@ class Frontier:
     points
         Pareto-optimal points in ``(ℓ, n, P, T)``, sorted by ``(n, ℓ, P, T)``.
     legal
-        Legal strategies considered (P1–P8 for every vertex of the model-stage).
+        Legal strategies considered (P1–P8 and H1–H2 for every vertex of the model-stage).
     dropped_memory
         Dropped because ``P + T > M_eff``.
     dropped_dominated
@@ -197,6 +197,12 @@ class Frontier:
         one in enumeration order).
     leanest
         Smallest ``P + T`` over the legal strategies (KiB; ``inf`` without any).
+    why_illegal
+        When no strategy is legal: which rules (P1–P8, H1–H2) excluded the candidates
+        (:func:`~rpeg.heuristics.candidates.explain_illegal`); empty otherwise.
+    heads_excluded
+        The H1–H2 messages of the in-node tensor-parallel degrees the model's heads exclude on
+        the stage's engine (:func:`~rpeg.heuristics.candidates.head_exclusions`).
     """
 
     stage: ModelStage
@@ -205,6 +211,8 @@ class Frontier:
     dropped_memory: int
     dropped_dominated: int
     leanest: float
+    why_illegal: str = ""
+    heads_excluded: tuple[str, ...] = ()
 
 
 @dataclass
@@ -399,9 +407,12 @@ def _memory_terms(costs: Costs, vertex: int, s: Strategy) -> tuple[float, float]
 def build_frontier(costs: Costs, ms: ModelStage, sizes: Sequence[int], m_eff: int) -> Frontier:
     """The frontier of model-stage ``ms``: legal, memory-feasible, Pareto-optimal points.
 
-    A strategy is legal when it passes P1–P8 for every vertex of the model-stage and its size is
-    in ``sizes``. Its latency is ``Σ_v op_time(v, s)`` (the vertices run one after another on the
-    same GPUs), ``P = max_v P_v`` and ``T = max_v T_v``.
+    A strategy is legal when it passes P1–P8 and the head rules H1–H2 of the stage's engine
+    (vLLM for Gen, Megatron-core for Inf and Train; :func:`~rpeg.ir.plan.check_heads`) for every
+    vertex of the model-stage and its size is in ``sizes``. Its latency is ``Σ_v op_time(v, s)``
+    (the vertices run one after another on the same GPUs), ``P = max_v P_v`` and
+    ``T = max_v T_v``. Without any legal strategy, :attr:`Frontier.why_illegal` says which rules
+    excluded the candidates.
     """
     g = costs.graph
     allowed = set(sizes)
@@ -410,7 +421,7 @@ def build_frontier(costs: Costs, ms: ModelStage, sizes: Sequence[int], m_eff: in
         vert = g.vertices[v]
         ss = [
             s
-            for s in enumerate_strategies(costs.cluster, g.models[vert.model].spec.layers, vert.sequences)
+            for s in enumerate_strategies(costs.cluster, g.models[vert.model].spec, vert.sequences, vert.role)
             if s.size in allowed
         ]
         if legal is None:
@@ -419,6 +430,18 @@ def build_frontier(costs: Costs, ms: ModelStage, sizes: Sequence[int], m_eff: in
             keep = set(ss)
             legal = [s for s in legal if s in keep]
     legal = legal or []
+    why_illegal = ""
+    if not legal:
+        for v in ms.vertices:
+            vert = g.vertices[v]
+            why_illegal = explain_illegal(
+                costs.cluster, g.models[vert.model].spec, vert.role, vert.sequences, sorted(allowed)
+            )
+            if why_illegal:
+                why_illegal = f"{vert.name}: {why_illegal}"
+                break
+        else:
+            why_illegal = "its vertices' legal layouts have none in common"
     raw: list[FrontierPoint] = []
     leanest = math.inf
     dropped_memory = 0
@@ -443,7 +466,11 @@ def build_frontier(costs: Costs, ms: ModelStage, sizes: Sequence[int], m_eff: in
     for q in raw:
         if not any(dominates(k.key, q.key) for k in kept):
             kept.append(q)
-    return Frontier(ms, kept, len(legal), dropped_memory, len(raw) - len(kept), leanest)
+    first = g.vertices[ms.vertices[0]]
+    excluded = tuple(head_exclusions(costs.cluster, g.models[first.model].spec, first.role))
+    return Frontier(
+        ms, kept, len(legal), dropped_memory, len(raw) - len(kept), leanest, why_illegal, excluded
+    )
 
 
 def build_instance(costs: Costs, budget: int | None = None) -> DPInstance:
@@ -658,16 +685,24 @@ def _check_frontiers(inst: DPInstance) -> None:
         if f.legal == 0:
             raise Infeasible(
                 f"model-stage {where} has no legal parallel layout within {inst.budget} GPUs on cluster "
-                f"{inst.cluster.shape_str}",
+                f"{inst.cluster.shape_str}" + (f": {f.why_illegal}" if f.why_illegal else ""),
                 ms.names[0],
             )
-        over = f.leanest - m_eff
+        over = max(0, f.leanest - m_eff)
         raise Infeasible(
             f"model-stage {where} does not fit in memory: its leanest of {f.legal} legal layouts needs "
-            f"{f.leanest / GIB:.2f} GiB per GPU, {over / GIB:.2f} GiB over M_eff={m_eff / GIB:.2f} GiB",
+            f"{f.leanest / GIB:.2f} GiB per GPU, {over / GIB:.2f} GiB over M_eff={m_eff / GIB:.2f} GiB"
+            + _heads_note(f),
             ms.names[0],
             over * MEM_UNIT,
         )
+
+
+def _heads_note(f: Frontier) -> str:
+    """``"; the attention heads exclude …"`` when H1–H2 ruled out tensor-parallel degrees."""
+    if not f.heads_excluded:
+        return ""
+    return f"; the attention heads exclude the other tensor-parallel degrees ({'; '.join(f.heads_excluded)})"
 
 
 def _stage_infeasible(inst: DPInstance, members: list[int]) -> Infeasible:

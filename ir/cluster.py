@@ -21,7 +21,7 @@ from functools import cached_property
 
 from .hardware import Hardware
 
-__all__ = ["TIER_CLUSTER", "TIER_NODE", "TIER_RACK", "Allocation", "Cluster"]
+__all__ = ["MAX_DEVICES", "TIER_CLUSTER", "TIER_NODE", "TIER_RACK", "Allocation", "Cluster", "parse_shape"]
 
 TIER_NODE = 0  # all devices inside one node
 TIER_RACK = 1  # several nodes inside one rack
@@ -71,7 +71,31 @@ def mask_devices(mask: int) -> list[int]:
     return out
 
 
+#: Largest cluster rpeg plans for (device sets are bit masks; 64 K GPUs is beyond any job's size).
+MAX_DEVICES = 65_536
+
 _SHAPE_RE = re.compile(r"^\s*(\d+)\s*[x×*,]\s*(\d+)\s*[x×*,]\s*(\d+)\s*$")
+
+
+def parse_shape(shape: str) -> tuple[int, int, int]:
+    """``"RxNxG"`` → ``(R, N, G)``, each a positive integer, at most :data:`MAX_DEVICES` GPUs.
+
+    Raises
+    ------
+    ValueError
+        If the text is not three positive integers joined by ``x`` or the cluster is too large.
+    """
+    m = _SHAPE_RE.match(shape) if isinstance(shape, str) else None
+    if not m:
+        raise ValueError(f"cluster shape must look like RACKSxNODESxGPUS (e.g. 1x2x4), got {shape!r}")
+    r, n, g = (int(x) for x in m.groups())
+    if min(r, n, g) < 1:
+        raise ValueError(f"cluster shape {shape!r}: racks, nodes and GPUs must each be at least 1")
+    if r * n * g > MAX_DEVICES:
+        raise ValueError(
+            f"cluster shape {shape!r} has {r * n * g:,} GPUs; at most {MAX_DEVICES:,} are supported"
+        )
+    return r, n, g
 
 
 @dataclass(frozen=True)
@@ -101,8 +125,13 @@ class Cluster:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Cluster: {name} must be a positive integer, got {value!r}")
+        if self.racks * self.nodes_per_rack * self.gpus_per_node > MAX_DEVICES:
+            raise ValueError(
+                f"Cluster: {self.racks}x{self.nodes_per_rack}x{self.gpus_per_node} has "
+                f"{self.racks * self.nodes_per_rack * self.gpus_per_node:,} GPUs; at most {MAX_DEVICES:,} are supported"
+            )
         if not isinstance(self.hardware, Hardware):
-            raise ValueError(f"Cluster: hardware must be a Hardware, got {type(self.hardware).__name__}")
+            raise TypeError(f"Cluster: hardware must be a Hardware, got {type(self.hardware).__name__}")
 
     @classmethod
     def from_shape(cls, shape: str | tuple[int, int, int], hardware: Hardware) -> Cluster:
@@ -113,13 +142,7 @@ class Cluster:
         ValueError
             If the shape string is malformed.
         """
-        if isinstance(shape, str):
-            m = _SHAPE_RE.match(shape)
-            if not m:
-                raise ValueError(f"cluster shape must look like RACKSxNODESxGPUS (e.g. 1x2x4), got {shape!r}")
-            r, n, g = (int(x) for x in m.groups())
-        else:
-            r, n, g = shape
+        r, n, g = parse_shape(shape) if isinstance(shape, str) else shape
         return cls(r, n, g, hardware)
 
     @property

@@ -15,12 +15,23 @@ derated); calibration writes the same format (see :meth:`Hardware.save`).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field
+
+from .errors import InputError, Strict, read_json, validate
 
 __all__ = ["TIER_NAMES", "Hardware", "Link"]
 
 TIER_NAMES = ("intra-node", "inter-node", "inter-rack")
+
+
+def _is_number(value: object) -> bool:
+    """A finite int or float (``bool`` is not a number here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -39,7 +50,11 @@ class Link:
     beta: float
 
     def __post_init__(self) -> None:
-        if not (self.alpha >= 0.0 and self.beta >= 0.0):
+        ok = all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0.0
+            for v in (self.alpha, self.beta)
+        )
+        if not ok:
             raise ValueError(
                 f"Link alpha and beta must be non-negative, got alpha={self.alpha!r}, beta={self.beta!r}"
             )
@@ -93,13 +108,13 @@ class Hardware:
     def __post_init__(self) -> None:
         for name in ("gpu_memory_bytes", "peak_flops", "mem_bandwidth", "b_cal"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and value > 0):
+            if not (_is_number(value) and value > 0):
                 raise ValueError(f"Hardware {self.name!r}: {name} must be positive, got {value!r}")
         for name in ("gamma_m", "gamma_k", "c_nongemm"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and value >= 0):
+            if not (_is_number(value) and value >= 0):
                 raise ValueError(f"Hardware {self.name!r}: {name} must be non-negative, got {value!r}")
-        if not 0.0 <= self.memory_headroom < 1.0:
+        if not (_is_number(self.memory_headroom) and 0.0 <= self.memory_headroom < 1.0):
             raise ValueError(
                 f"Hardware {self.name!r}: memory_headroom must be in [0, 1), got {self.memory_headroom!r}"
             )
@@ -124,57 +139,35 @@ class Hardware:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, object], source: str = "<dict>") -> Hardware:
-        """Build from the form :meth:`to_dict` writes.
+    def from_dict(cls, data: object, source: str = "<dict>") -> Hardware:
+        """Build from the form :meth:`to_dict` writes, strictly (:class:`_HardwareFile`).
 
         Raises
         ------
-        ValueError
-            If a field is missing or malformed; the message names the field and ``source``.
+        InputError
+            If a field is missing, unknown, of the wrong type (a string where a number belongs)
+            or out of range (a negative bandwidth); the message names ``source``, the tier and
+            the field.
         """
-        required = (
-            "name",
-            "gpu_memory_bytes",
-            "peak_flops",
-            "mem_bandwidth",
-            "gamma_m",
-            "gamma_k",
-            "c_nongemm",
-            "b_cal",
-            "collective",
-            "p2p",
-        )
-        missing = [k for k in required if k not in data]
-        if missing:
-            raise ValueError(f"{source}: hardware description is missing field(s) {', '.join(missing)}")
-
-        def links(key: str) -> tuple[Link, Link, Link]:
-            raw = data[key]
-            if not isinstance(raw, list) or len(raw) != 3:
-                raise ValueError(f"{source}: field {key!r} must be a list of 3 tiers, got {raw!r}")
-            out = []
-            for i, item in enumerate(raw):
-                try:
-                    out.append(Link(float(item["alpha"]), float(item["beta"])))
-                except (KeyError, TypeError) as exc:
-                    raise ValueError(f"{source}: {key}[{i}] needs 'alpha' and 'beta', got {item!r}") from exc
-            return tuple(out)  # type: ignore[return-value]
-
-        return cls(
-            name=str(data["name"]),
-            gpu_memory_bytes=float(data["gpu_memory_bytes"]),
-            peak_flops=float(data["peak_flops"]),
-            mem_bandwidth=float(data["mem_bandwidth"]),
-            gamma_m=float(data["gamma_m"]),
-            gamma_k=float(data["gamma_k"]),
-            c_nongemm=float(data["c_nongemm"]),
-            b_cal=float(data["b_cal"]),
-            collective=links("collective"),
-            p2p=links("p2p"),
-            memory_headroom=float(data.get("memory_headroom", 0.10)),
-            gpus_per_node=int(data.get("gpus_per_node", 8)),
-            notes=str(data.get("notes", "")),
-        )
+        doc = validate(_HardwareFile, data, source)
+        try:
+            return cls(
+                name=doc.name,
+                gpu_memory_bytes=doc.gpu_memory_bytes,
+                peak_flops=doc.peak_flops,
+                mem_bandwidth=doc.mem_bandwidth,
+                gamma_m=doc.gamma_m,
+                gamma_k=doc.gamma_k,
+                c_nongemm=doc.c_nongemm,
+                b_cal=doc.b_cal,
+                collective=tuple(Link(lk.alpha, lk.beta) for lk in doc.collective),  # type: ignore[arg-type]
+                p2p=tuple(Link(lk.alpha, lk.beta) for lk in doc.p2p),  # type: ignore[arg-type]
+                memory_headroom=doc.memory_headroom,
+                gpus_per_node=doc.gpus_per_node,
+                notes=doc.notes,
+            )
+        except ValueError as exc:
+            raise InputError(f"{source}: {exc}", source=source) from None
 
     def save(self, path: str | Path) -> None:
         """Write the JSON form to ``path``."""
@@ -182,10 +175,51 @@ class Hardware:
 
     @classmethod
     def load(cls, path: str | Path) -> Hardware:
-        """Read a hardware JSON file written by :meth:`save` or by calibration."""
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
-        return cls.from_dict(data, source=str(path))
+        """Read a hardware JSON file written by :meth:`save` or by calibration.
+
+        Raises
+        ------
+        InputError
+            If the file is missing, not JSON, or fails :meth:`from_dict`'s checks.
+        """
+        return cls.from_dict(read_json(path, "hardware file"), source=str(path))
+
+
+# ---------------------------------------------------------------------------- the JSON file
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+
+
+class _LinkEntry(Strict):
+    tier: Literal["intra-node", "inter-node", "inter-rack"] | None = None
+    alpha: NonNegative
+    beta: NonNegative
+
+
+def _in_tier_order(links: list[_LinkEntry]) -> list[_LinkEntry]:
+    for i, lk in enumerate(links):
+        if lk.tier is not None and lk.tier != TIER_NAMES[i]:
+            raise ValueError(f"entry {i} must be tier {TIER_NAMES[i]!r}, got {lk.tier!r}")
+    return links
+
+
+Tiers = Annotated[list[_LinkEntry], Field(min_length=3, max_length=3), AfterValidator(_in_tier_order)]
+
+
+class _HardwareFile(Strict):
+    """Schema of ``rpeg.hardware/1``: every figure a finite number of the right sign."""
+
+    format: Literal["rpeg.hardware/1"] = "rpeg.hardware/1"
+    name: Annotated[str, Field(min_length=1)]
+    gpu_memory_bytes: Positive
+    peak_flops: Positive
+    mem_bandwidth: Positive
+    gamma_m: NonNegative
+    gamma_k: NonNegative
+    c_nongemm: NonNegative
+    b_cal: Positive
+    collective: Tiers
+    p2p: Tiers
+    memory_headroom: Annotated[float, Field(ge=0, lt=1)] = 0.10
+    gpus_per_node: Annotated[int, Field(ge=1, le=1024)] = 8
+    notes: str = ""

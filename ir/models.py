@@ -8,11 +8,15 @@ gated/SwiGLU one), tied embeddings and the bytes per scalar (SPEC §2).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Annotated, Literal
 
-__all__ = ["MODEL_PRESETS", "ModelSpec", "model_preset"]
+from pydantic import Field
+
+from .errors import InputError, Strict, read_json
+
+__all__ = ["MODEL_PRESETS", "ModelSpec", "ModelSpecFile", "model_preset"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,8 @@ class ModelSpec:
     dtype_bytes: int = 2
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"ModelSpec: name must be a string, got {self.name!r}")
         for field in ("layers", "hidden", "ffn_hidden", "vocab", "heads", "kv_heads"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -76,17 +82,21 @@ class ModelSpec:
                     "give head_dim explicitly"
                 )
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
-        if self.head_dim < 1:
+        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 1:
             raise ValueError(f"ModelSpec {self.name!r}: head_dim must be positive, got {self.head_dim!r}")
         if self.heads % self.kv_heads:
             raise ValueError(
                 f"ModelSpec {self.name!r}: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
             )
-        if self.ffn_projections not in (2, 3):
+        if not isinstance(self.tied_embeddings, bool):
+            raise ValueError(
+                f"ModelSpec {self.name!r}: tied_embeddings must be True or False, got {self.tied_embeddings!r}"
+            )
+        if isinstance(self.ffn_projections, bool) or self.ffn_projections not in (2, 3):
             raise ValueError(
                 f"ModelSpec {self.name!r}: ffn_projections must be 2 or 3, got {self.ffn_projections!r}"
             )
-        if self.dtype_bytes not in (1, 2, 4):
+        if isinstance(self.dtype_bytes, bool) or self.dtype_bytes not in (1, 2, 4):
             raise ValueError(
                 f"ModelSpec {self.name!r}: dtype_bytes must be 1, 2 or 4, got {self.dtype_bytes!r}"
             )
@@ -179,41 +189,73 @@ class ModelSpec:
 
         Raises
         ------
-        ValueError
-            If a required field is missing; the message names the field and the file.
+        InputError
+            If the file is missing or not JSON, or a field is missing or of the wrong type; the
+            message names the file and the field.
         """
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        with path.open() as fh:
-            cfg = json.load(fh)
+        cfg = read_json(path, "model config")
+        if not isinstance(cfg, dict):
+            raise InputError(f"{path}: a model config must be a JSON object, got {type(cfg).__name__}")
 
-        def pick(*keys: str, default: object = None) -> object:
+        def pick(*keys: str, default: int | None = None) -> int:
             for key in keys:
                 if key in cfg and cfg[key] is not None:
-                    return cfg[key]
+                    value = cfg[key]
+                    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                        raise InputError(
+                            f"{path}: field {key!r} must be a positive integer, got {value!r}",
+                            source=str(path),
+                            field=key,
+                        )
+                    return value
             if default is None:
-                raise ValueError(f"{path}: missing config field {' / '.join(keys)!r}")
+                raise InputError(f"{path}: missing config field {' / '.join(keys)!r}", source=str(path))
             return default
 
-        hidden = int(pick("hidden_size", "n_embd", "d_model"))
-        heads = int(pick("num_attention_heads", "n_head", "num_heads"))
-        act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu"))).lower()
-        dtype = str(cfg.get("torch_dtype", "bfloat16"))
-        dtype_bytes = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1}.get(dtype, 2)
-        return cls(
-            name=name or str(cfg.get("_name_or_path") or cfg.get("model_type") or path.parent.name),
-            layers=int(pick("num_hidden_layers", "n_layer", "num_layers")),
-            hidden=hidden,
-            ffn_hidden=int(pick("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)),
-            vocab=int(pick("vocab_size")),
-            heads=heads,
-            kv_heads=int(pick("num_key_value_heads", default=heads)),
-            head_dim=int(cfg.get("head_dim") or 0),
-            ffn_projections=3 if act in ("silu", "swiglu", "swish") else 2,
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            dtype_bytes=dtype_bytes,
-        )
+        def text(key: str, default: str) -> str:
+            value = cfg.get(key, default)
+            if value is None:
+                return default
+            if not isinstance(value, str):
+                raise InputError(f"{path}: field {key!r} must be a string, got {value!r}", source=str(path))
+            return value
+
+        hidden = pick("hidden_size", "n_embd", "d_model")
+        heads = pick("num_attention_heads", "n_head", "num_heads")
+        act = text("hidden_act", text("activation_function", "silu")).lower()
+        dtype = text("torch_dtype", text("dtype", "bfloat16"))
+        dtypes = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "float8_e4m3fn": 1}
+        if dtype not in dtypes:
+            raise InputError(
+                f"{path}: field 'torch_dtype' must be one of {', '.join(dtypes)}, got {dtype!r}",
+                source=str(path),
+            )
+        tied = cfg.get("tie_word_embeddings", False)
+        if not isinstance(tied, bool):
+            raise InputError(f"{path}: field 'tie_word_embeddings' must be true or false, got {tied!r}")
+        head_dim = cfg.get("head_dim")
+        head_dim = 0 if head_dim is None else pick("head_dim")
+        label = name or text("_name_or_path", "") or text("model_type", "") or path.parent.name
+        fields = {
+            "name": label,
+            "layers": pick("num_hidden_layers", "n_layer", "num_layers"),
+            "hidden": hidden,
+            "ffn_hidden": pick("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden),
+            "vocab": pick("vocab_size"),
+            "heads": heads,
+            "kv_heads": pick("num_key_value_heads", default=heads),
+            "head_dim": head_dim,
+            "ffn_projections": 3 if act in ("silu", "swiglu", "swish") else 2,
+            "tied_embeddings": tied,
+            "dtype_bytes": dtypes[dtype],
+        }
+        try:
+            return cls(**fields)
+        except ValueError as exc:
+            raise InputError(f"{path}: {exc}", source=str(path)) from None
 
     def to_dict(self) -> dict[str, object]:
         """Plain-data form (inverse of ``ModelSpec(**d)``)."""
@@ -230,6 +272,23 @@ class ModelSpec:
             "tied_embeddings": self.tied_embeddings,
             "dtype_bytes": self.dtype_bytes,
         }
+
+
+class ModelSpecFile(Strict):
+    """Schema of a model written as data (a workload's inline table, a result file's ``spec``):
+    the fields of :class:`ModelSpec`, each of its exact type."""
+
+    name: str
+    layers: Annotated[int, Field(ge=1)]
+    hidden: Annotated[int, Field(ge=1)]
+    ffn_hidden: Annotated[int, Field(ge=1)]
+    vocab: Annotated[int, Field(ge=1)]
+    heads: Annotated[int, Field(ge=1)]
+    kv_heads: Annotated[int, Field(ge=1)]
+    head_dim: Annotated[int, Field(ge=0)] = 0
+    ffn_projections: Literal[2, 3] = 3
+    tied_embeddings: bool = False
+    dtype_bytes: Literal[1, 2, 4] = 2
 
 
 def _llama(name: str, L: int, d: int, dff: int, heads: int, kv: int, vocab: int) -> ModelSpec:
@@ -278,6 +337,8 @@ def model_preset(name: str) -> ModelSpec:
     ValueError
         For an unknown name, listing the known ones.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"model preset name must be a string, got {type(name).__name__} {name!r}")
     key = name.strip().lower()
     key = _ALIASES.get(key, key)
     if key not in MODEL_PRESETS:

@@ -3,15 +3,47 @@
 A :class:`Strategy` is everything of a choice except where it sits: shape, degrees, microbatches
 and the link tiers its groups span (these depend only on the shape). A :class:`Choice` adds the
 :class:`~rpeg.ir.cluster.Allocation`. A :class:`Plan` is one choice per vertex, in vertex order.
+
+Legality (:func:`check_strategy`) is SPEC §4's P1–P8 plus the attention-head rules of the engine
+that runs the invocation (:func:`check_heads`): a plan is refused when vLLM or Megatron-core would
+refuse to build it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .cluster import Allocation, Cluster
+from .models import ModelSpec
+from .types import Role
 
-__all__ = ["Choice", "Plan", "Strategy", "check_strategy"]
+if TYPE_CHECKING:
+    from .graph import RPEG
+
+__all__ = [
+    "ENGINES",
+    "HEAD_RULES",
+    "Choice",
+    "Plan",
+    "Strategy",
+    "check_heads",
+    "check_plan",
+    "check_strategy",
+    "engine_of",
+]
+
+#: The engine that runs each role's invocations: generation on vLLM, teacher-forced inference and
+#: training on Megatron-core (the torch runtime shards heads the same way).
+ENGINES: dict[Role, str] = {
+    Role.GENERATION: "vLLM",
+    Role.INFERENCE: "Megatron-core",
+    Role.TRAINING: "Megatron-core",
+}
+
+#: Rule tags of the attention-head checks (:func:`check_heads`), in the order they are tested.
+HEAD_RULES = ("H1", "H2")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +131,66 @@ class Plan:
         return tuple((c.strategy, c.allocation.origin) for c in self.choices)
 
 
+def engine_of(role: Role | None) -> str:
+    """The engine whose head rules apply to an invocation of ``role`` (:data:`ENGINES`).
+
+    ``None`` stands for "every engine" and yields ``"Megatron-core"``, whose rules are the
+    stricter ones (a layout Megatron-core accepts, vLLM accepts too).
+    """
+    return "Megatron-core" if role is None else ENGINES[role]
+
+
+def check_heads(model: ModelSpec, role: Role | None, tp: int) -> str | None:
+    """Check that tensor parallelism ``tp`` can shard ``model``'s attention heads on the engine
+    that runs ``role``; return why not (rule and engine named), or ``None``.
+
+    * **H1** (both engines) ``tp | heads``: each tensor-parallel rank holds
+      ``heads/tp`` whole query heads.
+    * **H2, Megatron-core** (training and inference) ``tp | kv_heads``: the query groups
+      (``num_query_groups`` = KV heads) are sharded like the heads.
+    * **H2, vLLM** (generation) ``tp | kv_heads`` or ``kv_heads | tp``: vLLM shards the KV heads
+      when there are at least ``tp`` of them and otherwise replicates each KV head on
+      ``tp/kv_heads`` ranks, which must be an integer.
+
+    Sources: Megatron-core ``TransformerConfig.__post_init__``
+    (``megatron/core/transformer/transformer_config.py``: "num_attention_heads ... must be a
+    multiple of tensor_model_parallel_size", "num_query_groups ... must be a multiple of
+    tensor_model_parallel_size"); vLLM ``ModelConfig.verify_with_parallel_config``
+    (``vllm/config/model.py``: "Total number of attention heads ... must be divisible by tensor
+    parallel size") and ``QKVParallelLinear.__init__``
+    (``vllm/model_executor/layers/linear.py``: ``num_kv_heads = divide(total_num_kv_heads,
+    tp_size)`` when ``tp_size < total_num_kv_heads``, else ``num_kv_head_replicas =
+    divide(tp_size, total_num_kv_heads)``, ``divide`` asserting exact division).
+
+    Parameters
+    ----------
+    model
+        The model: its ``heads`` and ``kv_heads``.
+    role
+        What the invocation does (its engine: :data:`ENGINES`); ``None`` applies the stricter
+        Megatron-core rules.
+    tp
+        Tensor-parallel degree ``Pt``.
+    """
+    engine = engine_of(role)
+    if model.heads % tp:
+        return f"H1 ({engine}): tp={tp} does not divide heads={model.heads}"
+    kv = model.kv_heads
+    if engine == "vLLM":
+        if kv % tp and tp % kv:
+            return (
+                f"H2 ({engine}): tp={tp} neither divides kv_heads={kv} nor is a multiple of it "
+                f"(vLLM shards or replicates whole KV heads)"
+            )
+    elif kv % tp:
+        return f"H2 ({engine}): tp={tp} does not divide kv_heads={kv} (query groups)"
+    return None
+
+
 def check_strategy(
     cluster: Cluster,
-    layers: int,
+    model: ModelSpec,
+    role: Role | None,
     sequences: int,
     extent: tuple[int, int, int],
     dp: int,
@@ -109,20 +198,49 @@ def check_strategy(
     tp: int,
     mb: int,
 ) -> str | None:
-    """Check P1–P8 (SPEC §4) for one choice's shape and degrees; return why not, or ``None``.
+    """Check P1–P8 (SPEC §4) and the head rules H1–H2 for one choice's shape and degrees; return
+    why not (the message starts with the rule's tag), or ``None``.
 
-    P1 ``Pt | Ng``; P2 ``Pp | L`` and ``Pp ∈ {1} ∪ even``; P3 ``Pd | B·R``; P4 ``Pp = 1 ⇒ mb = 1``;
-    P5 ``Pp > 1 ⇒ mb | B_local, mb ≥ Pp, B_local/mb ≥ 8`` with ``B_local = B·R/Pd``; P6 the extent
-    is a legal shape and a replica either fits in one node (``Pp·Pt | Ng``) or spans whole nodes;
-    P8 ``s = min(Pp, ⌊Ng/Pt⌋)`` divides ``Pp`` and ``|σ| = Pd·Pp·Pt``. (P7, the origin's alignment,
-    is checked by :meth:`Cluster.allocation`.)
+    P1 ``Pt | Ng``; H1–H2 the attention heads of ``model`` split over ``Pt`` ranks on the engine
+    of ``role`` (:func:`check_heads`); P2 ``Pp | L`` and ``Pp ∈ {1} ∪ even``; P3 ``Pd | B·R``;
+    P4 ``Pp = 1 ⇒ mb = 1``; P5 ``Pp > 1 ⇒ mb | B_local, mb ≥ Pp, B_local/mb ≥ 8`` with
+    ``B_local = B·R/Pd``; P6 the extent is a legal shape and a replica either fits in one node
+    (``Pp·Pt | Ng``) or spans whole nodes; P8 ``s = min(Pp, ⌊Ng/Pt⌋)`` divides ``Pp`` and
+    ``|σ| = Pd·Pp·Pt``. (P7, the origin's alignment, is checked by :meth:`Cluster.allocation`.)
+
+    Parameters
+    ----------
+    cluster
+        The device space (``Ng`` and the legal shapes).
+    model
+        The invocation's model (``layers`` for P2, ``heads``/``kv_heads`` for H1–H2).
+    role
+        The invocation's role: generation runs on vLLM, inference and training on Megatron-core
+        (``None``: the stricter Megatron-core rules).
+    sequences
+        ``B·R``, the sequences the invocation processes per step.
+    extent, dp, pp, tp, mb
+        The choice's shape, degrees and microbatches.
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not a :class:`~rpeg.ir.models.ModelSpec`.
     """
+    if not isinstance(model, ModelSpec):
+        raise TypeError(
+            f"check_strategy: model must be a ModelSpec (its layers and heads), got {type(model).__name__}"
+        )
     Ng = cluster.gpus_per_node
     for name, value in (("dp", dp), ("pp", pp), ("tp", tp), ("mb", mb)):
-        if not isinstance(value, int) or value < 1:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             return f"{name}={value!r} must be a positive integer"
     if Ng % tp:
         return f"P1: tp={tp} does not divide gpus_per_node={Ng}"
+    why = check_heads(model, role, tp)
+    if why is not None:
+        return why
+    layers = model.layers
     if layers % pp or (pp > 1 and pp % 2):
         return f"P2: pp={pp} must divide layers={layers} and be 1 or even"
     if sequences % dp:
@@ -143,3 +261,44 @@ def check_strategy(
     if pp % s:
         return f"P8: s=min(pp, Ng/tp)={s} does not divide pp={pp}"
     return None
+
+
+def check_plan(graph: RPEG, cluster: Cluster, plan: Plan) -> list[str]:
+    """Every rule P1–P8, H1–H2 that ``plan`` breaks on ``graph`` (see :func:`check_strategy`), one
+    message per offending vertex naming it; P7 is checked by re-deriving each allocation.
+
+    Parameters
+    ----------
+    graph
+        The RPEG the plan is for (vertex roles, models and sequences).
+    cluster
+        The device space.
+    plan
+        One choice per vertex, in vertex order.
+
+    Returns
+    -------
+    list of str
+        Empty when the plan is legal.
+    """
+    vertices: Sequence = graph.vertices
+    if len(plan) != len(vertices):
+        return [f"plan has {len(plan)} choices but the graph has {len(vertices)} vertices"]
+    out: list[str] = []
+    for v, c in zip(vertices, plan.choices):
+        s = c.strategy
+        spec = graph.models[v.model].spec
+        why = check_strategy(cluster, spec, v.role, v.sequences, s.extent, s.dp, s.pp, s.tp, s.mb)
+        if why is None and tuple(c.allocation.extent) != tuple(s.extent):
+            why = f"P6: allocation extent {list(c.allocation.extent)} differs from {list(s.extent)}"
+        if why is None:
+            try:
+                alloc = cluster.allocation(tuple(c.allocation.origin), tuple(c.allocation.extent))
+            except ValueError as exc:
+                why = f"P7: {exc}"
+            else:
+                if alloc.mask != c.allocation.mask:
+                    why = f"P7: the allocation at {list(alloc.origin)} does not hold its origin's devices"
+        if why is not None:
+            out.append(f"vertex {v.name!r} ({v.role.value} of {v.model}, {s.label()}): {why}")
+    return out

@@ -10,12 +10,19 @@ model and whether actor–critic sharing may be tried. Workloads load from TOML 
 
 from __future__ import annotations
 
+import math
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from .models import ModelSpec, model_preset
+from pydantic import Field
+from pydantic import Strict as StrictType
+
+from .cluster import parse_shape
+from .errors import InputError, Strict, require_file, tagged, validate
+from .models import ModelSpec, ModelSpecFile, model_preset
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -33,6 +40,14 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 }
 ROLES = ("actor", "critic", "reward", "reference")
 TRAINABLE_ROLES = ("actor", "critic")
+
+#: Bounds on the sizes rpeg plans for: far beyond any RL post-training job, small enough that
+#: enumerating divisors and candidate strategies stays instantaneous.
+MAX_PROMPTS = 1_000_000
+MAX_ROLLOUTS = 1_024
+MAX_TOKENS = 1_048_576
+MAX_STALENESS = 64
+MAX_K_EVAL = 64
 
 
 def default_quantiles(response_len: int) -> tuple[tuple[float, int], ...]:
@@ -89,66 +104,125 @@ class Workload:
     name: str = "workload"
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
+        if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
             raise ValueError(
                 f"workload.algorithm: unknown algorithm {self.algorithm!r}; known: {', '.join(ALGORITHMS)}"
             )
-        for fname in ("batch", "rollouts", "prompt_len", "response_len"):
+        bounds = {
+            "batch": MAX_PROMPTS,
+            "rollouts": MAX_ROLLOUTS,
+            "prompt_len": MAX_TOKENS,
+            "response_len": MAX_TOKENS,
+        }
+        for fname, top in bounds.items():
             value = getattr(self, fname)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"workload.{fname} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"workload.{fname} must be a positive integer, got {value!r}")
+            if not 1 <= value <= top:
+                raise ValueError(f"workload.{fname} must be an integer in [1, {top:,}], got {value!r}")
         if self.algorithm == "dpo" and self.rollouts != 2:
             raise ValueError(
                 f"workload.rollouts must be 2 for dpo (a chosen and a rejected response), got {self.rollouts}"
             )
+        if not isinstance(self.models, Mapping):
+            raise TypeError(
+                f"workload.models must be a mapping of role to ModelSpec, got {type(self.models).__name__}"
+            )
+        if not isinstance(self.ac_sharing, bool):
+            raise TypeError(f"workload.ac_sharing must be True or False, got {self.ac_sharing!r}")
+        if not isinstance(self.name, str):
+            raise TypeError(f"workload.name must be a string, got {self.name!r}")
         models = dict(self.models)
         if "actor" in models and "reference" not in models:
             models["reference"] = models["actor"]
+        for role, spec in models.items():
+            if role not in ROLES:
+                raise ValueError(f"workload.models: unknown role {role!r}; roles are {', '.join(ROLES)}")
+            if not isinstance(spec, ModelSpec):
+                raise TypeError(f"workload.models.{role} must be a ModelSpec, got {type(spec).__name__}")
         needed = ALGORITHMS[self.algorithm]
         for role in needed:
             if role not in models:
                 raise ValueError(
                     f"workload.models: algorithm {self.algorithm!r} needs a model for role {role!r}"
                 )
-        for role, spec in models.items():
-            if role not in ROLES:
-                raise ValueError(f"workload.models: unknown role {role!r}; roles are {', '.join(ROLES)}")
-            if not isinstance(spec, ModelSpec):
-                raise ValueError(f"workload.models.{role} must be a ModelSpec, got {type(spec).__name__}")
+        extra = [role for role in models if role not in needed and role != "reference"]
+        if extra:
+            raise ValueError(
+                f"workload.models: algorithm {self.algorithm!r} has no {', '.join(map(repr, extra))} model "
+                f"(roles: {', '.join(needed)})"
+            )
         models = {role: models[role] for role in needed}
         object.__setattr__(self, "models", models)
+        object.__setattr__(self, "quantiles", self._checked_quantiles())
+        object.__setattr__(self, "staleness", self._checked_staleness(models))
 
-        q = self.quantiles if self.quantiles is not None else default_quantiles(self.response_len)
-        q = tuple((float(f), int(t)) for f, t in q)
+    def _checked_quantiles(self) -> tuple[tuple[float, int], ...]:
+        if self.quantiles is None:
+            return default_quantiles(self.response_len)
+        try:
+            q = [tuple(item) for item in self.quantiles]
+        except TypeError:
+            raise TypeError(
+                f"workload.quantiles must be a sequence of (fraction, length) pairs, got {self.quantiles!r}"
+            ) from None
         if not q:
-            raise ValueError("workload.quantiles must not be empty")
+            raise ValueError("workload.quantiles must not be empty (omit it for the default)")
+        out = []
         prev_f, prev_t = 0.0, 0
-        for i, (f, t) in enumerate(q):
+        for i, item in enumerate(q):
+            if len(item) != 2:
+                raise ValueError(
+                    f"workload.quantiles[{i}] must be a (fraction, length) pair, got {list(item)!r}"
+                )
+            f, t = item
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f):
+                raise ValueError(f"workload.quantiles[{i}]: fraction must be a number in (0, 1], got {f!r}")
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise ValueError(
+                    f"workload.quantiles[{i}]: length must be a whole number of tokens, got {t!r}"
+                )
             if not (prev_f < f <= 1.0) or not (prev_t < t <= self.response_len):
                 raise ValueError(
                     f"workload.quantiles[{i}] = ({f}, {t}) must increase in fraction (0, 1] and length "
                     f"(0, Lr={self.response_len}]"
                 )
             prev_f, prev_t = f, t
-        if q[-1][0] != 1.0 or q[-1][1] != self.response_len:
-            raise ValueError(f"workload.quantiles must end with (1.0, Lr={self.response_len}), got {q[-1]}")
-        object.__setattr__(self, "quantiles", q)
+            out.append((float(f), t))
+        if out[-1][0] != 1.0 or out[-1][1] != self.response_len:
+            raise ValueError(f"workload.quantiles must end with (1.0, Lr={self.response_len}), got {out[-1]}")
+        return tuple(out)
 
+    def _checked_staleness(self, models: dict[str, ModelSpec]) -> dict[str, tuple[int, ...]]:
         trainable = [r for r in TRAINABLE_ROLES if r in models]
+        if not isinstance(self.staleness, Mapping):
+            raise TypeError(
+                f"workload.staleness must be a mapping of role to budgets, got {self.staleness!r}"
+            )
         stale = {}
-        for role, values in (self.staleness or {}).items():
+        for role, values in self.staleness.items():
             if role not in trainable:
                 raise ValueError(
                     f"workload.staleness: {role!r} is not a trainable model of {self.algorithm} "
                     f"(trainable: {', '.join(trainable)})"
                 )
-            vals = tuple(sorted({int(v) for v in values}))
-            if not vals or vals[0] < 0:
-                raise ValueError(f"workload.staleness.{role} must be non-negative integers, got {values!r}")
-            stale[role] = vals
+            if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+                raise ValueError(f"workload.staleness.{role} must be a list of budgets, got {values!r}")
+            values = list(values)
+            bad = [
+                v
+                for v in values
+                if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_STALENESS
+            ]
+            if not values or bad:
+                raise ValueError(
+                    f"workload.staleness.{role} must be a non-empty list of integers in [0, {MAX_STALENESS}], "
+                    f"got {values!r}"
+                )
+            stale[role] = tuple(sorted(set(values)))
         for role in trainable:
             stale.setdefault(role, (0, 1))
-        object.__setattr__(self, "staleness", stale)
+        return stale
 
     @property
     def sequences(self) -> int:
@@ -223,82 +297,146 @@ class WorkloadFile:
     description: str
 
 
-def _model(value: Any, where: str, base: Path | None) -> ModelSpec:
-    if isinstance(value, str):
-        if value.endswith(".json") or value.endswith("/"):
-            path = Path(value)
-            if base is not None and not path.is_absolute():
-                path = base / path
-            return ModelSpec.from_hf_config(path)
+# ---------------------------------------------------------------------------- the TOML file
+PositiveInt = Annotated[int, Field(ge=1)]
+Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
+#: ``[fraction, length]``: a TOML/JSON list read as a pair whose items keep their exact types.
+QuantilePair = Annotated[
+    tuple[Annotated[Fraction, StrictType()], Annotated[PositiveInt, StrictType()]], StrictType(False)
+]
+
+
+class _BatchTable(Strict):
+    prompts: Annotated[int, Field(ge=1, le=MAX_PROMPTS)]
+    rollouts: Annotated[int, Field(ge=1, le=MAX_ROLLOUTS)] | None = None
+    prompt_len: Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+    response_len: Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+    quantiles: Annotated[list[QuantilePair], Field(min_length=1)] | None = None
+
+
+ModelEntry = tagged(
+    {"name": Annotated[str, Field(min_length=1)], "table": ModelSpecFile},
+    lambda v: "name" if isinstance(v, str) else "table" if isinstance(v, dict) else None,
+    "a model is a preset name, a config.json path or an inline table",
+)
+
+
+class _ModelsTable(Strict):
+    actor: ModelEntry | None = None
+    critic: ModelEntry | None = None
+    reward: ModelEntry | None = None
+    reference: ModelEntry | None = None
+
+
+class _StructureTable(Strict):
+    staleness: dict[
+        str, Annotated[list[Annotated[int, Field(ge=0, le=MAX_STALENESS)]], Field(min_length=1)]
+    ] = Field(default_factory=dict)
+    ac_sharing: bool = True
+
+
+class _ClusterTable(Strict):
+    shape: str | None = None
+    hardware: Annotated[str, Field(min_length=1)] | None = None
+    k_eval: Annotated[int, Field(ge=1, le=MAX_K_EVAL)] = 8
+
+
+class _WorkloadFileSchema(Strict):
+    """Schema of a workload TOML file; every key is known, every type exact."""
+
+    name: str | None = None
+    description: str = ""
+    algorithm: Literal["ppo", "grpo", "remax", "dpo"]
+    batch: _BatchTable
+    models: _ModelsTable
+    structure: _StructureTable = Field(default_factory=_StructureTable)
+    cluster: _ClusterTable = Field(default_factory=_ClusterTable)
+
+
+def _looks_like_path(text: str) -> bool:
+    return text.endswith(".json") or "/" in text or "\\" in text or text.startswith(".")
+
+
+def _model(value: str | ModelSpecFile, where: str, base: Path | None) -> ModelSpec:
+    """One ``[models]`` entry: a preset name, a ``config.json`` path (or a checkpoint folder
+    holding one), or an inline table."""
+    if isinstance(value, ModelSpecFile):
         try:
-            return model_preset(value)
+            return ModelSpec(**value.model_dump())
         except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-    if isinstance(value, dict):
+            raise InputError(f"{where}: {exc}") from None
+    path = Path(value)
+    if base is not None and not path.is_absolute():
+        path = base / path
+    if _looks_like_path(value) or path.exists():
         try:
-            return ModelSpec(**value)
-        except TypeError as exc:
-            raise ValueError(f"{where}: bad model table ({exc})") from None
-    raise ValueError(f"{where}: a model is a preset name, a config.json path or a table, got {value!r}")
+            return ModelSpec.from_hf_config(path)
+        except InputError as exc:
+            raise InputError(f"{where}: {exc}") from None
+    try:
+        return model_preset(value)
+    except ValueError as exc:
+        raise InputError(f"{where}: {exc}") from None
 
 
 def load_workload(path: str | Path) -> WorkloadFile:
-    """Read a workload TOML file.
+    """Read a workload TOML file, strictly.
 
     The file has top-level ``name``, ``description``, ``algorithm``; a ``[batch]`` table with
     ``prompts``, ``rollouts``, ``prompt_len``, ``response_len`` and optional ``quantiles``
     (a list of ``[fraction, length]``); a ``[models]`` table mapping roles to preset names,
-    ``config.json`` paths or inline tables; an optional ``[structure]`` table with
-    ``staleness = {actor = [0, 1], ...}`` and ``ac_sharing``; and an optional ``[cluster]`` table
-    with ``shape = "RxNxG"``, ``hardware`` and ``k_eval``.
+    ``config.json`` paths (or folders holding one) or inline tables; an optional
+    ``[structure]`` table with ``staleness = {actor = [0, 1], ...}`` and ``ac_sharing``; and an
+    optional ``[cluster]`` table with ``shape = "RxNxG"``, ``hardware`` and ``k_eval``. Unknown
+    keys, wrong types (``ac_sharing = "no"``, ``k_eval = true``, a length of ``95.7``) and
+    out-of-range values are errors, never defaults.
 
     Raises
     ------
-    ValueError
-        If the file is missing a field or has a bad value; the message names the file and field.
+    InputError
+        If the file is missing or unreadable, or a field is missing, unknown or bad; the message
+        names the file, the field and the value (and a close known key for a misspelt one).
     """
-    path = Path(path)
+    path = require_file(path, "workload file")
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: not valid TOML ({exc})") from None
+        raise InputError(f"{path}: not valid TOML ({exc})", source=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"workload file {str(path)!r} cannot be read ({exc})", source=str(path)) from None
     where = str(path)
-
-    def need(table: dict[str, Any], key: str, prefix: str) -> Any:
-        if key not in table:
-            raise ValueError(f"{where}: missing field {prefix}{key}")
-        return table[key]
-
-    batch = need(data, "batch", "")
-    models_raw = need(data, "models", "")
-    if not isinstance(models_raw, dict):
-        raise ValueError(f"{where}: [models] must be a table, got {models_raw!r}")
-    models = {role: _model(v, f"{where}: models.{role}", path.parent) for role, v in models_raw.items()}
-    structure = data.get("structure", {})
-    cluster = data.get("cluster", {})
-    quantiles = batch.get("quantiles")
+    doc = validate(_WorkloadFileSchema, data, where)
+    models = {
+        role: _model(entry, f"{where}: models.{role}", path.parent)
+        for role in ROLES
+        if (entry := getattr(doc.models, role)) is not None
+    }
+    batch = doc.batch
+    rollouts = batch.rollouts if batch.rollouts is not None else (2 if doc.algorithm == "dpo" else 1)
     try:
         workload = Workload(
-            algorithm=str(need(data, "algorithm", "")),
+            algorithm=doc.algorithm,
             models=models,
-            batch=need(batch, "prompts", "batch."),
-            rollouts=batch.get("rollouts", 2 if data.get("algorithm") == "dpo" else 1),
-            prompt_len=need(batch, "prompt_len", "batch."),
-            response_len=need(batch, "response_len", "batch."),
-            quantiles=tuple((f, t) for f, t in quantiles) if quantiles else None,
-            staleness={k: tuple(v) for k, v in structure.get("staleness", {}).items()},
-            ac_sharing=bool(structure.get("ac_sharing", True)),
-            name=str(data.get("name", path.stem)),
+            batch=batch.prompts,
+            rollouts=rollouts,
+            prompt_len=batch.prompt_len,
+            response_len=batch.response_len,
+            quantiles=tuple((f, t) for f, t in batch.quantiles) if batch.quantiles is not None else None,
+            staleness={k: tuple(v) for k, v in doc.structure.staleness.items()},
+            ac_sharing=doc.structure.ac_sharing,
+            name=doc.name if doc.name is not None else path.stem,
         )
     except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
-    k_eval = cluster.get("k_eval", 8)
-    if not isinstance(k_eval, int) or k_eval < 1:
-        raise ValueError(f"{where}: cluster.k_eval must be a positive integer, got {k_eval!r}")
+        raise InputError(f"{where}: {exc}", source=where) from None
+    if doc.cluster.shape is not None:
+        try:
+            parse_shape(doc.cluster.shape)
+        except ValueError as exc:
+            raise InputError(f"{where}: cluster.shape: {exc}", source=where, field="cluster.shape") from None
     return WorkloadFile(
         workload=workload,
-        cluster_shape=cluster.get("shape"),
-        hardware=cluster.get("hardware"),
-        k_eval=k_eval,
-        description=str(data.get("description", "")),
+        cluster_shape=doc.cluster.shape,
+        hardware=doc.cluster.hardware,
+        k_eval=doc.cluster.k_eval,
+        description=doc.description,
     )

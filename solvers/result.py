@@ -12,17 +12,20 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field
 
 from ..heuristics.candidates import make_strategy
 from ..heuristics.evaluator import Evaluation, Evaluator
 from ..ir.cluster import Cluster
+from ..ir.errors import InputError, Strict, read_json, validate
 from ..ir.graph import RPEG
 from ..ir.hardware import Hardware
-from ..ir.models import ModelSpec
-from ..ir.plan import Choice, Plan, check_strategy
-from ..ir.templates import Structure
-from ..ir.workload import Workload
+from ..ir.models import ModelSpec, ModelSpecFile
+from ..ir.plan import Choice, Plan, check_heads, check_strategy
+from ..ir.templates import Structure, build_graph
+from ..ir.workload import QuantilePair, Workload
 
 __all__ = ["FORMAT", "Result", "Status", "plan_from_entries", "result_for_plan"]
 
@@ -167,24 +170,45 @@ class Result:
 
         Raises
         ------
-        ValueError
-            If the document is not ``rpeg.result/1`` or a field is missing or malformed.
+        InputError
+            If the file is missing or not JSON, the document is not ``rpeg.result/1``, or a
+            field is missing, malformed or illegal (the message names the file and the field).
+        TypeError
+            If ``source`` is neither a path nor a string.
         """
+        if not isinstance(source, (str, Path)):
+            raise TypeError(f"source must be a path or JSON text, got {type(source).__name__}")
         text = str(source)
-        if not text.lstrip().startswith("{"):
-            text = Path(source).read_text()
-        doc = json.loads(text)
-        return cls.from_dict(doc)
+        if isinstance(source, str) and text.lstrip().startswith("{"):
+            try:
+                doc = json.loads(text, parse_constant=_no_json_constant)
+            except ValueError as exc:
+                raise InputError(f"result JSON text: not valid JSON ({exc})") from None
+            return cls.from_dict(doc, source="result JSON text")
+        return cls.from_dict(read_json(source, "result file"), source=str(source))
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> Result:
-        """Inverse of :meth:`to_dict` (re-scores the plan)."""
-        if doc.get("format") != FORMAT:
-            raise ValueError(f"result: format must be {FORMAT!r}, got {doc.get('format')!r}")
-        workload, cluster, structure = problem_from_dict(doc)
-        k_eval = int(_need(doc, "k_eval"))
-        ev = Evaluator(workload, cluster, structure, k_eval=k_eval)
-        plan = plan_from_entries(ev, doc["plan"]) if doc.get("plan") else None
+    def from_dict(cls, doc: Any, source: str = "result") -> Result:
+        """Inverse of :meth:`to_dict` (re-scores the plan).
+
+        Raises
+        ------
+        InputError
+            If the document fails the ``rpeg.result/1`` schema or its plan is illegal; the
+            message starts with ``source``.
+        """
+        fmt = doc.get("format") if isinstance(doc, dict) else None
+        if fmt != FORMAT:
+            raise InputError(
+                f"{source}: field 'format' must be {FORMAT!r}, got {fmt!r}", source=source, field="format"
+            )
+        checked = validate(_ResultFile, doc, source)
+        workload, cluster, structure = _problem(checked, source)
+        ev = Evaluator(workload, cluster, structure, k_eval=checked.k_eval)
+        try:
+            plan = plan_from_entries(ev, doc["plan"]) if checked.plan else None
+        except ValueError as exc:
+            raise InputError(f"{source}: {exc}", source=source, field="plan") from None
         evaluation = ev.evaluate(plan, keep=True) if plan is not None else None
         return cls(
             workload=workload,
@@ -193,13 +217,13 @@ class Result:
             graph=ev.graph,
             plan=plan,
             evaluation=evaluation,
-            status=Status(_need(doc, "status")),
-            method=str(_need(doc, "method")),
-            runtime_s=float(doc.get("runtime_s", 0.0)),
-            evaluations=int(doc.get("evaluations", 0)),
-            k_eval=k_eval,
-            objective_bound=doc.get("objective_bound"),
-            message=str(doc.get("message", "")),
+            status=Status(checked.status),
+            method=checked.method,
+            runtime_s=checked.runtime_s,
+            evaluations=checked.evaluations,
+            k_eval=checked.k_eval,
+            objective_bound=checked.objective_bound,
+            message=checked.message,
             extra=dict(doc.get("extra", {})),
         )
 
@@ -310,50 +334,107 @@ def _nodes(ev: Evaluation, names: list[str], cluster: Cluster) -> list[dict[str,
     return out
 
 
-def _need(doc: dict[str, Any], key: str, where: str = "result") -> Any:
-    if key not in doc:
-        raise ValueError(f"{where}: missing field {key!r}")
-    return doc[key]
+# ---------------------------------------------------------------------------- the JSON file
+# The blocks a reader rebuilds the problem from are checked strictly (exact types, no NaN);
+# keys rpeg does not read are ignored, as docs/result-format.md promises later versions.
+class _Read(Strict):
+    model_config = ConfigDict(extra="ignore")
 
 
-def problem_from_dict(doc: dict[str, Any]) -> tuple[Workload, Cluster, Structure]:
-    """Rebuild workload, cluster and structure from a result document."""
-    w = _need(doc, "workload")
-    models = {role: ModelSpec(**spec) for role, spec in _need(w, "models", "result.workload").items()}
-    workload = Workload(
-        algorithm=_need(w, "algorithm", "result.workload"),
-        models=models,
-        batch=_need(w, "B", "result.workload"),
-        rollouts=_need(w, "R", "result.workload"),
-        prompt_len=_need(w, "Lp", "result.workload"),
-        response_len=_need(w, "Lr", "result.workload"),
-        quantiles=tuple((f, t) for f, t in _need(w, "quantiles", "result.workload")),
-        staleness={k: tuple(v) for k, v in w.get("staleness_choices", {}).items()},
-        ac_sharing=bool(w.get("ac_sharing_allowed", True)),
-        name=str(w.get("name", "workload")),
+class _WorkloadBlock(_Read):
+    name: str = "workload"
+    algorithm: Literal["ppo", "grpo", "remax", "dpo"]
+    B: Annotated[int, Field(ge=1)]
+    R: Annotated[int, Field(ge=1)]
+    Lp: Annotated[int, Field(ge=1)]
+    Lr: Annotated[int, Field(ge=1)]
+    quantiles: Annotated[list[QuantilePair], Field(min_length=1)]
+    models: dict[Literal["actor", "critic", "reward", "reference"], ModelSpecFile]
+    staleness_choices: dict[str, Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]] = Field(
+        default_factory=dict
     )
-    c = _need(doc, "cluster")
-    hw = Hardware.from_dict(_need(c, "hardware", "result.cluster"), source="result.cluster.hardware")
-    cluster = Cluster(
-        int(_need(c, "racks", "result.cluster")),
-        int(_need(c, "nodes_per_rack", "result.cluster")),
-        int(_need(c, "gpus_per_node", "result.cluster")),
-        hw,
-    )
-    st = _need(doc, "structure")
-    structure = Structure(
-        algorithm=str(_need(st, "algorithm", "result.structure")),
-        ac_sharing=bool(_need(st, "ac_sharing", "result.structure")),
-        staleness=tuple(
-            sorted((str(k), int(v)) for k, v in _need(st, "staleness", "result.structure").items())
-        ),
-    )
+    ac_sharing_allowed: bool = True
+
+
+class _ClusterBlock(_Read):
+    racks: Annotated[int, Field(ge=1)]
+    nodes_per_rack: Annotated[int, Field(ge=1)]
+    gpus_per_node: Annotated[int, Field(ge=1)]
+    hardware: dict[str, Any]
+
+
+class _StructureBlock(_Read):
+    algorithm: Literal["ppo", "grpo", "remax", "dpo"]
+    ac_sharing: bool
+    staleness: dict[Literal["actor", "critic", "actor_critic"], Annotated[int, Field(ge=0)]]
+
+
+class _ResultFile(_Read):
+    """What :meth:`Result.from_dict` reads of an ``rpeg.result/1`` document."""
+
+    format: Literal["rpeg.result/1"]
+    workload: _WorkloadBlock
+    cluster: _ClusterBlock
+    structure: _StructureBlock
+    k_eval: Annotated[int, Field(ge=1)]
+    plan: list[dict[str, Any]]
+    status: Literal["optimal", "feasible", "time_limit", "infeasible"]
+    method: str
+    runtime_s: Annotated[float, Field(ge=0)] = 0.0
+    evaluations: Annotated[int, Field(ge=0)] = 0
+    objective_bound: float | None = None
+    message: str = ""
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+def _no_json_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _problem(doc: _ResultFile, source: str) -> tuple[Workload, Cluster, Structure]:
+    w = doc.workload
+    try:
+        models = {role: ModelSpec(**spec.model_dump()) for role, spec in w.models.items()}
+        workload = Workload(
+            algorithm=w.algorithm,
+            models=models,
+            batch=w.B,
+            rollouts=w.R,
+            prompt_len=w.Lp,
+            response_len=w.Lr,
+            quantiles=tuple(w.quantiles),
+            staleness={k: tuple(v) for k, v in w.staleness_choices.items()},
+            ac_sharing=w.ac_sharing_allowed,
+            name=w.name,
+        )
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{source}: field 'workload': {exc}", source=source, field="workload") from None
+    c = doc.cluster
+    hw = Hardware.from_dict(c.hardware, source=f"{source}: cluster.hardware")
+    try:
+        cluster = Cluster(c.racks, c.nodes_per_rack, c.gpus_per_node, hw)
+    except ValueError as exc:
+        raise InputError(f"{source}: field 'cluster': {exc}", source=source, field="cluster") from None
+    st = doc.structure
     # keep the graph's own trainable-model order for a stable label
-    order = [m for m in ("actor", "actor_critic", "critic") if m in structure.tau]
-    structure = Structure(
-        structure.algorithm, structure.ac_sharing, tuple((m, structure.tau[m]) for m in order)
-    )
+    order = [m for m in ("actor", "actor_critic", "critic") if m in st.staleness]
+    structure = Structure(st.algorithm, st.ac_sharing, tuple((m, st.staleness[m]) for m in order))
+    try:
+        build_graph(workload, structure)
+    except ValueError as exc:
+        raise InputError(f"{source}: field 'structure': {exc}", source=source, field="structure") from None
     return workload, cluster, structure
+
+
+def problem_from_dict(doc: dict[str, Any], source: str = "result") -> tuple[Workload, Cluster, Structure]:
+    """Rebuild workload, cluster and structure from a result document.
+
+    Raises
+    ------
+    InputError
+        If a block fails the ``rpeg.result/1`` schema; the message names ``source`` and the field.
+    """
+    return _problem(validate(_ResultFile, doc, source), source)
 
 
 def plan_from_entries(ev: Evaluator, entries: list[dict[str, Any]]) -> Plan:
@@ -374,7 +455,7 @@ def plan_from_entries(ev: Evaluator, entries: list[dict[str, Any]]) -> Plan:
         if not isinstance(e, dict):
             raise ValueError(f"plan[{i}] must be an object with a 'vertex' field, got {e!r}")
         name = e.get("vertex")
-        if name not in g.index:
+        if not isinstance(name, str) or name not in g.index:
             raise ValueError(f"plan[{i}]: unknown vertex {name!r}; the graph has {', '.join(g.index)}")
         if name in by_name:
             raise ValueError(f"plan[{i}]: a second entry for vertex {name!r}")
@@ -392,7 +473,7 @@ def plan_from_entries(ev: Evaluator, entries: list[dict[str, Any]]) -> Plan:
         extent = _int_triple(e["extent"], v.name, "extent")
         dp, pp, tp, mb = (_int_field(e[k], v.name, k) for k in ("dp", "pp", "tp", "mb"))
         spec = g.models[v.model].spec
-        why = check_strategy(ev.cluster, spec.layers, v.sequences, extent, dp, pp, tp, mb)
+        why = check_strategy(ev.cluster, spec, v.role, v.sequences, extent, dp, pp, tp, mb)
         if why:
             raise ValueError(f"plan entry for {v.name!r} is illegal: {why}")
         try:
@@ -443,7 +524,9 @@ def result_for_plan(
     Raises
     ------
     ValueError
-        A vertex missing from ``table`` (named), or an illegal allocation or degree.
+        A vertex missing from ``table`` (named), an illegal allocation, or a ``tp`` the engine
+        would refuse (H1–H2 of :func:`~rpeg.ir.plan.check_heads`; SPEC §4's planner rules are
+        not imposed on a hand-made plan).
     """
     ev = Evaluator(workload, cluster, structure, k_eval=k_eval)
     choices = []
@@ -451,6 +534,11 @@ def result_for_plan(
         if v.name not in table:
             raise ValueError(f"table has no entry for vertex {v.name!r}")
         origin, extent, dp, pp, tp, mb = table[v.name]
+        # a hand-made plan may break the planner's rules (P4/P5 microbatching) but never the
+        # engines' (H1-H2): the same policy as transition targets
+        why = check_heads(ev.graph.models[v.model].spec, v.role, tp)
+        if why:
+            raise ValueError(f"table entry for {v.name!r} is illegal: {why}")
         strategy = make_strategy(cluster, tuple(extent), dp, pp, tp, mb)
         choices.append(Choice(strategy, cluster.allocation(tuple(origin), tuple(extent))))
     plan = Plan(tuple(choices))

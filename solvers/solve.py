@@ -8,6 +8,7 @@ do.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,9 +18,10 @@ from ..heuristics.baselines import Infeasible, concurrent_plan, greedy_plan
 from ..heuristics.candidates import build_directories
 from ..heuristics.evaluator import Evaluator
 from ..ir.cluster import Cluster
+from ..ir.errors import check_positive_int, check_seconds, check_type
 from ..ir.plan import Plan
 from ..ir.templates import Structure
-from ..ir.workload import Workload
+from ..ir.workload import MAX_K_EVAL, Workload
 from .result import Result, Status
 
 __all__ = ["METHODS", "Problem", "register", "solve"]
@@ -132,20 +134,76 @@ def solve(
     Raises
     ------
     ValueError
-        For an unknown method (the message lists the known ones) or a bad argument.
+        For an unknown method (the message lists the known ones) or an argument out of range
+        (``time_limit`` must be finite and positive, ``k_eval ≥ 1``, ...), naming it.
+    TypeError
+        For an argument of the wrong type (``time_limit="3"``, ``ablate="polish"``), naming it.
     """
+    check_type("method", method, str, "a method name (str)")
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; known methods: {', '.join(sorted(METHODS))}")
-    if not isinstance(workload, Workload):
-        raise ValueError(f"workload must be a Workload, got {type(workload).__name__}")
-    if not isinstance(cluster, Cluster):
-        raise ValueError(f"cluster must be a Cluster, got {type(cluster).__name__}")
-    if time_limit is not None and not time_limit > 0:
-        raise ValueError(f"time_limit must be positive seconds, got {time_limit!r}")
-    if not isinstance(k_eval, int) or k_eval < 1:
-        raise ValueError(f"k_eval must be a positive integer, got {k_eval!r}")
-    problem = Problem(workload, cluster, k_eval, objective, delta, int(seed), time_limit)
+    check_type("workload", workload, Workload, "a rpeg.Workload")
+    check_type("cluster", cluster, Cluster, "a rpeg.Cluster")
+    time_limit = check_seconds("time_limit", time_limit)
+    check_type("seed", seed, int, "an integer")
+    check_positive_int("k_eval", k_eval)
+    if k_eval > MAX_K_EVAL:
+        raise ValueError(f"k_eval must be at most {MAX_K_EVAL}, got {k_eval}")
+    check_type("objective", objective, str, "'throughput' or 'throughput-util'")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(map(repr, OBJECTIVES))}, got {objective!r}")
+    check_type("delta", delta, (int, float), "a number in (0, 1]")
+    if not 0 < delta <= 1:
+        raise ValueError(f"delta must be in (0, 1], got {delta!r}")
+    _check_options(options)
+    problem = Problem(workload, cluster, k_eval, objective, float(delta), seed, time_limit)
     return METHODS[method](problem, **options)
+
+
+#: Objectives of SPEC §7.
+OBJECTIVES = ("throughput", "throughput-util")
+#: Options several methods take, with their types; each method still rejects what it does not know.
+_COUNT_OPTIONS = ("threads", "workers", "max_evaluations", "chains", "budget")
+#: More worker processes or solver threads than any single machine has cores.
+MAX_PROCESSES = 256
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    """Type and range of the method options whose meaning every method shares.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the option and the value.
+    """
+    for name in _COUNT_OPTIONS:
+        if options.get(name) is not None:
+            check_positive_int(name, options[name])
+    for name in ("workers", "threads"):
+        if options.get(name) is not None and options[name] > MAX_PROCESSES:
+            raise ValueError(f"{name} must be at most {MAX_PROCESSES} (processes/threads), got {options[name]}")
+    candidates = options.get("candidates")
+    if isinstance(candidates, (bool, int, float, str)):  # a count (a list of choices is also allowed)
+        check_positive_int("candidates", candidates)
+    if "ablate" in options:
+        ablate = options["ablate"]
+        if isinstance(ablate, str) or not isinstance(ablate, (list, tuple, set, frozenset)):
+            raise TypeError(
+                f"ablate must be a list of mechanism names (e.g. ablate=['polish']), got {type(ablate).__name__} "
+                f"{ablate!r}"
+            )
+        bad = [a for a in ablate if not isinstance(a, str)]
+        if bad:
+            raise TypeError(f"ablate must hold mechanism names (str), got {bad[0]!r}")
+    for name in ("t_init", "t_warm"):
+        if options.get(name) is not None:
+            check_type(name, options[name], (int, float), "a positive number")
+            if not (math.isfinite(options[name]) and options[name] > 0):
+                raise ValueError(f"{name} must be a positive finite number, got {options[name]!r}")
+    if options.get("progress") is not None and not callable(options["progress"]):
+        raise TypeError(
+            f"progress must be a callable taking a dict, got {type(options['progress']).__name__}"
+        )
 
 
 def _reject_options(method: str, options: dict[str, Any]) -> None:

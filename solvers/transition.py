@@ -10,6 +10,9 @@ collections (:func:`~rpeg.ir.emu.emus_of`), compiles the global transition DAG
 * ``"cpsat"`` — :func:`~rpeg.formulations.transition_cpsat.solve_transition_cpsat`;
 * ``"milp"`` — :func:`~rpeg.formulations.transition_milp.solve_transition_milp` (Pyomo, HiGHS).
 
+A target an engine would refuse to build is refused first (:func:`check_target`: the
+attention-head rules H1–H2 of :func:`~rpeg.ir.plan.check_heads`), naming the vertex and the rule.
+
 The exact engines work on integer ticks of ``resolution`` seconds, durations rounded up, so their
 ``l_tran`` is the optimum of the rounded problem (at most one tick per primitive on the critical
 path above the exact seconds); the greedy schedule on the same ticks is their hint and, when
@@ -36,11 +39,14 @@ from ..formulations.status import SolveStatus
 from ..heuristics.transition import TransitionSchedule, check_transition_schedule, greedy_schedule
 from ..ir.cluster import Cluster
 from ..ir.emu import EMU, TransitionDAG, TransitionInfeasible, emus_of, transition_dag
+from ..ir.errors import InputError, check_positive_int, check_seconds, check_type
 from ..ir.graph import RPEG
-from ..ir.plan import Plan
+from ..ir.plan import Plan, check_heads
+from ..ir.templates import build_graph
+from ..ir.types import Role
 from ..ir.workload import Workload
 
-__all__ = ["TRANSITION_METHODS", "TransitionPlan", "plan_transition"]
+__all__ = ["TRANSITION_METHODS", "TransitionPlan", "check_target", "plan_transition"]
 
 #: Scheduling methods ``plan_transition`` knows.
 TRANSITION_METHODS = ("greedy", "cpsat", "milp")
@@ -128,6 +134,54 @@ def _collection(
     return list(x)
 
 
+_ROLE_OF_STAGE = {"Gen": Role.GENERATION, "Inf": Role.INFERENCE, "Train": Role.TRAINING}
+
+
+def check_target(
+    target: Plan | Sequence[EMU], cluster: Cluster, graph: RPEG | None, workload: Workload | None
+) -> None:
+    """Refuse a transition target that an engine would refuse to build: every vertex's (or
+    unit's) ``tp`` must shard its model's attention heads on the engine of its stage — H1–H2 of
+    :func:`~rpeg.ir.plan.check_heads`, vLLM for Gen, Megatron-core for Inf and Train.
+
+    A :class:`~rpeg.ir.plan.Plan` target is judged on ``graph`` (or the workload's synchronous
+    graph); an EMU collection when ``graph`` or ``workload`` names its models (otherwise there is
+    nothing to judge it on). SPEC §4's planner rules P1–P8 are not re-checked here: a hand-made
+    target may, say, use fewer microbatches than P5 asks, which every engine runs.
+
+    Raises
+    ------
+    InputError
+        Naming the vertex (or unit), its layout, the rule and the engine.
+    """
+    if graph is None and workload is not None:
+        graph = build_graph(workload)
+    if graph is None:
+        return
+    if isinstance(target, Plan):
+        if len(target) != len(graph.vertices):
+            return  # emus_of names the mismatch
+        for v, c in zip(graph.vertices, target.choices):
+            why = check_heads(graph.models[v.model].spec, v.role, c.strategy.tp)
+            if why is not None:
+                raise InputError(
+                    f"target plan is illegal: vertex {v.name!r} ({v.role.value} of {v.model}, "
+                    f"{c.strategy.label()}): {why}",
+                    source="target",
+                )
+        return
+    for u in target:
+        inst = graph.models.get(u.stage.model)
+        if inst is None:
+            continue
+        why = check_heads(inst.spec, _ROLE_OF_STAGE[str(u.stage.stage)], u.tp)
+        if why is not None:
+            raise InputError(
+                f"target unit {u.stage.model}/{u.stage.stage} (tp={u.tp}, pp={u.pp}) is illegal: {why}",
+                source="target",
+            )
+
+
 def plan_transition(
     current: Plan | Sequence[EMU],
     target: Plan | Sequence[EMU],
@@ -180,15 +234,35 @@ def plan_transition(
     ValueError
         For an unknown ``method`` (listing the known ones), a bad ``resolution``, or plans that do
         not pair up.
+    InputError
+        For a target an engine would refuse (:func:`check_target`: the rule is named).
     TransitionInfeasible
         When no DAG reaches the target (GPUs two model-stages wait on), or, for ``"greedy"``, when
         the list order runs out of memory.
     """
     t0 = time.perf_counter()
+    for name, value in (("current", current), ("target", target)):
+        if not isinstance(value, Plan) and (
+            isinstance(value, (str, bytes))
+            or not isinstance(value, Sequence)
+            or not all(isinstance(u, EMU) for u in value)
+        ):
+            raise TypeError(f"{name} must be a Plan or a sequence of EMUs, got {type(value).__name__}")
+    check_type("cluster", cluster, Cluster, "a rpeg.Cluster")
+    if graph is not None:
+        check_type("graph", graph, RPEG, "an RPEG")
+    if workload is not None:
+        check_type("workload", workload, Workload, "a rpeg.Workload")
+    check_type("method", method, str, "a transition method name (str)")
+    time_limit = check_seconds("time_limit", time_limit)
+    check_type("seed", seed, int, "an integer")
+    if threads is not None:
+        check_positive_int("threads", threads)
     if method not in TRANSITION_METHODS:
         raise ValueError(f"unknown transition method {method!r}; known: {', '.join(TRANSITION_METHODS)}")
     if resolution is not None and not resolution > 0:
         raise ValueError(f"resolution must be a positive number of seconds, got {resolution!r}")
+    check_target(target, cluster, graph, workload)
     cur = _collection(current, cluster, graph, workload, "current")
     tgt = _collection(target, cluster, graph, workload, "target")
     dag = transition_dag(cur, tgt)

@@ -232,10 +232,9 @@ def test_plan_entry_that_is_not_an_object_is_bad_input(capsys, tmp_path):
     _bad(capsys, "evaluate", "ppo-7b-16gpu", "--plan", str(path))
 
 
-PSPLIB = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "psplib"
+PSPLIB = Path(__file__).resolve().parent / "data" / "psplib"
 
 
-@pytest.mark.skipif(not PSPLIB.is_dir(), reason="../shared/data/psplib is not present")
 @pytest.mark.parametrize(
     ("method", "instance", "optimum"),
     [

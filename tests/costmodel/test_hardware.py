@@ -5,6 +5,7 @@ import json
 import pytest
 
 from rpeg.costmodel import HARDWARE_PRESETS, Hardware, Link, hardware_preset, load_hardware
+from rpeg.ir.errors import InputError
 
 
 def test_bundled_presets_are_listed():
@@ -108,5 +109,52 @@ def test_invalid_field_is_named(tmp_path):
     data["mem_bandwidth"] = -1.0
     path = tmp_path / "broken.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match="mem_bandwidth must be positive"):
+    with pytest.raises(
+        InputError, match=r"broken\.json: field 'mem_bandwidth': .*greater than 0 \(got -1\.0\)"
+    ):
         Hardware.load(path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(peak_flops="fast"), r"field 'peak_flops': .*valid number \(got 'fast'\)"),
+        (
+            lambda d: d["collective"][1].update(beta=-2e-11),
+            r"field 'collective\[1\]\.beta': .*greater than or equal to 0",
+        ),
+        (lambda d: d["p2p"][2].update(alpha="1us"), r"field 'p2p\[2\]\.alpha'"),
+        (lambda d: d["p2p"].pop(), r"field 'p2p': .*at least 3"),
+        (
+            lambda d: d["collective"][0].update(tier="inter-rack"),
+            r"'collective'.*entry 0 must be tier 'intra-node'",
+        ),
+        (lambda d: d.update(gpus_per_node=8.5), r"field 'gpus_per_node'"),
+        (lambda d: d.update(memory_headroom=1.5), r"field 'memory_headroom'"),
+        (lambda d: d.update(format="rpeg.hardware/9"), r"field 'format'"),
+        (lambda d: d.update(peak_flop=1.0), r"unknown key 'peak_flop', did you mean 'peak_flops'"),
+    ],
+)
+def test_malformed_hardware_file_names_the_file_tier_and_field(tmp_path, edit, message):
+    data = hardware_preset("h100").to_dict()
+    edit(data)
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match=message) as info:
+        Hardware.load(path)
+    assert str(info.value).startswith(str(path))
+
+
+def test_missing_or_unreadable_hardware_file_is_named(tmp_path):
+    with pytest.raises(InputError, match=r"hardware file 'missing\.json' does not exist"):
+        load_hardware("missing.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(InputError, match="not valid JSON"):
+        load_hardware(tmp_path / "bad.json")
+    (tmp_path / "nan.json").write_text('{"peak_flops": NaN}')
+    with pytest.raises(InputError, match="NaN is not a number JSON allows"):
+        load_hardware(tmp_path / "nan.json")
+    with pytest.raises(TypeError, match="hardware preset name must be a string"):
+        hardware_preset(None)
+    with pytest.raises(InputError, match="unknown hardware preset 'h1000'"):
+        load_hardware("h1000")

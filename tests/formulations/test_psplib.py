@@ -26,13 +26,11 @@ from rpeg.formulations import (
     read_sm,
 )
 
-PSPLIB = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "psplib"
+PSPLIB = Path(__file__).resolve().parents[1] / "data" / "psplib"
 
 
 @pytest.fixture(scope="module")
 def psplib() -> Path:
-    if not PSPLIB.is_dir():
-        pytest.skip(f"PSPLIB data not found at {PSPLIB} (expected ../shared/data/psplib from the repo root)")
     return PSPLIB
 
 

@@ -38,8 +38,8 @@ def _fastest_on_all(ev, dirs):
 def _assert_legal(ev, plan):
     for v, c in zip(ev.graph.vertices, plan.choices):
         s = c.strategy
-        layers = ev.graph.models[v.model].spec.layers
-        assert check_strategy(ev.cluster, layers, v.sequences, s.extent, s.dp, s.pp, s.tp, s.mb) is None
+        spec = ev.graph.models[v.model].spec
+        assert check_strategy(ev.cluster, spec, v.role, v.sequences, s.extent, s.dp, s.pp, s.tp, s.mb) is None
         assert ev.cluster.allocation(c.allocation.origin, s.extent) == c.allocation
 
 

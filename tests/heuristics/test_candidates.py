@@ -37,9 +37,9 @@ def test_every_strategy_in_every_directory_is_legal(directories):
         assert [d.vertex for d in dirs] == list(range(len(ev.graph.vertices)))
         for d in dirs:
             v = ev.graph.vertices[d.vertex]
-            layers = ev.graph.models[v.model].spec.layers
+            spec = ev.graph.models[v.model].spec
             for s in d.strategies:
-                why = check_strategy(ev.cluster, layers, v.sequences, s.extent, s.dp, s.pp, s.tp, s.mb)
+                why = check_strategy(ev.cluster, spec, v.role, v.sequences, s.extent, s.dp, s.pp, s.tp, s.mb)
                 assert why is None, (v.name, s, why)
                 assert s.size == s.extent[0] * s.extent[1] * s.extent[2]
                 seen += 1
@@ -60,7 +60,7 @@ def test_directories_keep_only_isolated_memory_feasible_strategies(directories):
         m_eff = ev.cluster.hardware.m_eff
         for d in dirs:
             v = ev.graph.vertices[d.vertex]
-            legal = enumerate_strategies(ev.cluster, ev.graph.models[v.model].spec.layers, v.sequences)
+            legal = enumerate_strategies(ev.cluster, ev.graph.models[v.model].spec, v.sequences, v.role)
             iso = {s: ev.costs.memory(d.vertex, s).isolated for s in legal}
             assert set(d.strategies) == {s for s in legal if iso[s] <= m_eff}
             assert d.dropped == len(legal) - len(d.strategies)

@@ -28,7 +28,7 @@ from rpeg.formulations import (
 )
 from rpeg.heuristics.project_schedule import check_project_schedule, choose_modes, list_schedule_project
 
-PSPLIB = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "psplib"
+PSPLIB = Path(__file__).resolve().parents[1] / "data" / "psplib"
 
 
 def single(durations, demands, caps, precs=(), unary=()) -> Project:
@@ -173,11 +173,9 @@ def test_list_schedules_always_pass_the_checker(p):
     ("folder", "pattern", "reader", "opt_file"),
     [("j30.sm", "*.sm", read_sm, "optimum.csv"), ("j20.mm", "j20*_*.mm", read_mm, "j20opt.mm")],
 )
-def test_every_psplib_instance_gets_a_valid_schedule_no_better_than_optimal(
+def test_every_shipped_psplib_instance_gets_a_valid_schedule_no_better_than_optimal(
     folder, pattern, reader, opt_file
 ):
-    if not PSPLIB.is_dir():
-        pytest.skip(f"PSPLIB data not found at {PSPLIB} (expected ../shared/data/psplib from the repo root)")
     optima = read_optima(PSPLIB / folder / opt_file)
     unknown = []
     for f in sorted((PSPLIB / folder).glob(pattern)):
@@ -189,5 +187,6 @@ def test_every_psplib_instance_gets_a_valid_schedule_no_better_than_optimal(
         else:
             unknown.append(p.name)
     # single-mode instances have no non-renewable budgets: the heuristic never gives up on them;
-    # on j20.mm the greedy repair fails on 3 instances of 554
-    assert len(unknown) == (0 if folder == "j30.sm" else 3)
+    # on j20.mm the greedy repair fails on 3 instances of 554, all three shipped in tests/data
+    # (benchmarks/psplib.py sweeps the whole library)
+    assert sorted(unknown) == ([] if folder == "j30.sm" else ["j203_2", "j203_5", "j206_3"])

@@ -115,7 +115,7 @@ WORKLOADS = {
 }
 GRAPHS = {k: build_graph(w) for k, w in WORKLOADS.items()}
 STRATEGIES = {
-    k: [enumerate_strategies(SMALL, g.models[v.model].spec.layers, v.sequences) for v in g.vertices]
+    k: [enumerate_strategies(SMALL, g.models[v.model].spec, v.sequences, v.role) for v in g.vertices]
     for k, g in GRAPHS.items()
 }
 

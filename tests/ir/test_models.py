@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from rpeg.ir.errors import InputError
 from rpeg.ir.models import MODEL_PRESETS, ModelSpec, model_preset
 
 # Published parameter totals.
@@ -136,8 +137,11 @@ def test_from_hf_config_missing_field_is_named(tmp_path, field):
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("num_hidden_layers", 0, "layers must be a positive integer, got 0"),
-        ("vocab_size", -5, "vocab must be a positive integer, got -5"),
+        ("num_hidden_layers", 0, "'num_hidden_layers' must be a positive integer, got 0"),
+        ("vocab_size", -5, "'vocab_size' must be a positive integer, got -5"),
+        ("hidden_size", "big", "'hidden_size' must be a positive integer, got 'big'"),
+        ("num_hidden_layers", 32.5, "'num_hidden_layers' must be a positive integer, got 32.5"),
+        ("tie_word_embeddings", "yes", "'tie_word_embeddings' must be true or false"),
         ("num_key_value_heads", 5, "heads=32 is not a multiple of kv_heads=5"),
         ("hidden_size", 4100, "hidden=4100 is not divisible by heads=32"),
     ],
@@ -145,7 +149,21 @@ def test_from_hf_config_missing_field_is_named(tmp_path, field):
 def test_from_hf_config_invalid_field_is_named(tmp_path, key, value, message):
     cfg = dict(LLAMA31_8B_CONFIG, **{key: value})
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(InputError, match=message) as info:
+        ModelSpec.from_hf_config(tmp_path)
+    assert str(tmp_path / "config.json") in str(info.value)  # the file is named
+
+
+def test_from_hf_config_missing_or_malformed_file_is_named(tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        ModelSpec.from_hf_config(tmp_path / "nowhere" / "config.json")
+    with pytest.raises(InputError, match="does not exist"):
+        ModelSpec.from_hf_config(tmp_path / "empty-dir")  # neither a dir nor a file
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(InputError, match="not valid JSON"):
+        ModelSpec.from_hf_config(tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(InputError, match="must be a JSON object"):
         ModelSpec.from_hf_config(tmp_path)
 
 

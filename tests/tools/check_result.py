@@ -3,7 +3,8 @@
 
 This module re-derives, from the result file alone, the properties that SPEC.md §12 says anyone
 can verify without rpeg's code: the format, precedence, device exclusivity, makespan, the
-throughput formula, plan legality P1–P8 (§4), the binding of nodes to allocations (§5, §7) and
+throughput formula, plan legality P1–P8 (§4) with the attention-head rules H1–H2 of vLLM
+and Megatron-core, the binding of nodes to allocations (§5, §7) and
 the memory flag (§6). It uses only the Python standard library and imports nothing from rpeg, so
 a bug in the package cannot hide itself by also being in the checker.
 
@@ -748,7 +749,7 @@ def check_throughput(result: Result) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# 6. Plan legality P1–P8
+# 6. Plan legality P1–P8, H1–H2
 # ---------------------------------------------------------------------------------------------
 
 
@@ -838,8 +839,48 @@ def _check_entry(
     return errors
 
 
+def _model_heads(model: Any) -> tuple[int, int] | None:
+    """``(heads, kv_heads)`` of a ``models`` entry: its own ``heads``/``kv_heads`` keys, else
+    those of its ``spec`` object (``kv_heads`` defaults to ``heads``); None when absent."""
+    if not isinstance(model, dict):
+        return None
+    for src in (model, model.get("spec")):
+        if isinstance(src, dict) and _pos_int(src.get("heads")):
+            kv = src.get("kv_heads", src["heads"])
+            if _pos_int(kv):
+                return src["heads"], kv
+    return None
+
+
+def _check_heads(entry: dict[str, Any], heads: int, kv_heads: int, role: Any) -> list[str]:
+    """H1–H2 for one plan entry: the engine running the vertex must be able to shard the heads.
+
+    Generation runs on vLLM, inference and training on Megatron-core:
+
+    - H1 (both) ``heads % tp == 0`` — Megatron-core ``TransformerConfig.__post_init__``
+      (megatron/core/transformer/transformer_config.py), vLLM
+      ``ModelConfig.verify_with_parallel_config`` (vllm/config/model.py);
+    - H2 Megatron-core ``kv_heads % tp == 0`` (``num_query_groups``, same ``__post_init__``);
+    - H2 vLLM ``kv_heads % tp == 0 or tp % kv_heads == 0`` (``QKVParallelLinear`` in
+      vllm/model_executor/layers/linear.py replicates KV heads when ``tp > kv_heads``).
+    """
+    tp = entry["tp"]
+    engine = "vLLM" if role == "generation" else "Megatron-core"
+    who = f"[plan] {entry['vertex']} (dp={entry['dp']} pp={entry['pp']} tp={tp} mb={entry['mb']})"
+    if heads % tp:
+        return [f"{who}: H1 ({engine}) tp={tp} does not divide heads={heads}"]
+    if engine == "vLLM":
+        if kv_heads % tp and tp % kv_heads:
+            return [
+                f"{who}: H2 ({engine}) tp={tp} neither divides kv_heads={kv_heads} nor is a multiple of it"
+            ]
+    elif kv_heads % tp:
+        return [f"{who}: H2 ({engine}) tp={tp} does not divide kv_heads={kv_heads} (query groups)"]
+    return []
+
+
 def check_plan_legality(result: Result) -> list[str]:
-    """Check rules P1–P8 of SPEC.md §4 for every plan entry.
+    """Check rules P1–P8 of SPEC.md §4 and the head rules H1–H2 for every plan entry.
 
     With ``L`` the layers of the entry's model, ``B·R`` the sequences the vertex processes
     and ``(Nr, Nn, Ng)`` the cluster:
@@ -851,7 +892,11 @@ def check_plan_legality(result: Result) -> list[str]:
       or ``(j,Nn,Ng)``, ``j | Nr``; a replica of ``pp·tp`` GPUs fits a node evenly
       (``pp·tp | Ng``) or spans whole nodes (``Ng | pp·tp``);
     - P7 ``origin[i] % extent[i] == 0`` and ``origin + extent`` inside the cluster;
-    - P8 ``s = min(pp, ⌊Ng/tp⌋)`` divides ``pp``.
+    - P8 ``s = min(pp, ⌊Ng/tp⌋)`` divides ``pp``;
+    - H1 ``tp | heads``; H2 ``tp | kv_heads`` for inference and training (Megatron-core),
+      ``tp | kv_heads`` or ``kv_heads | tp`` for generation (vLLM) — see :func:`_check_heads`.
+      ``heads``/``kv_heads`` come from the model entry (or its ``spec``); without them H1–H2
+      are skipped.
 
     ``B·R`` is the workload's ``B·R``, unless the vertex states its own ``sequences`` (an
     optional positive integer the package writes: a ReMax reward inference scores the ``B·R``
@@ -865,7 +910,7 @@ def check_plan_legality(result: Result) -> list[str]:
     Returns
     -------
     list of str
-        ``[plan]`` violations naming the rule (``P1`` ... ``P8``).
+        ``[plan]`` violations naming the rule (``P1`` ... ``P8``, ``H1``, ``H2``).
     """
     dims = _dims(result)
     if dims is None:
@@ -875,6 +920,7 @@ def check_plan_legality(result: Result) -> list[str]:
     models = _dict(result, "models")
     named = [v for v in _list(result, "vertices") if isinstance(v, dict) and isinstance(v.get("name"), str)]
     vertex_model = {v["name"]: v.get("model") for v in named}
+    vertex_role = {v["name"]: v.get("role") for v in named}
     vertex_sequences = {v["name"]: v["sequences"] for v in named if _pos_int(v.get("sequences"))}
     errors: list[str] = []
     for entry in _list(result, "plan"):
@@ -891,6 +937,9 @@ def check_plan_legality(result: Result) -> list[str]:
             errors.extend(_check_entry(entry, L, sequences, dims, "sequences"))
         else:
             errors.extend(_check_entry(entry, L, BR, dims))
+        heads = _model_heads(model)
+        if heads is not None:
+            errors.extend(_check_heads(entry, heads[0], heads[1], vertex_role.get(entry["vertex"])))
     return errors
 
 

@@ -599,6 +599,71 @@ def test_legal_layouts(
     assert cr._check_entry(e, 32, 512, dims) == []
 
 
+def _tensor_parallel(result: dict[str, Any], vertex: str) -> None:
+    """Give ``vertex`` its two GPUs as one tp=2 replica (P1–P8 stay legal)."""
+    entry(result, vertex).update(dp=1, pp=1, tp=2, mb=1)
+
+
+def test_heads_not_dividing_tp_on_vllm(result: dict[str, Any]) -> None:
+    result["models"]["actor"]["spec"] = {"heads": 3, "kv_heads": 3}
+    _tensor_parallel(result, GEN)
+    errors = assert_reports(result, "plan", "H1 (vLLM)", "tp=2 does not divide heads=3", GEN)
+    assert [e for e in errors if e.startswith("[plan]")] == [e for e in errors if "H1" in e]
+
+
+def test_heads_not_dividing_tp_on_megatron(result: dict[str, Any]) -> None:
+    result["models"]["reference"].update(heads=5, kv_heads=5)  # top-level keys are read too
+    _tensor_parallel(result, INF)
+    assert_reports(result, "plan", "H1 (Megatron-core)", "heads=5", INF)
+
+
+def test_query_groups_must_divide_on_megatron(result: dict[str, Any]) -> None:
+    # multi-query attention: Megatron-core shards num_query_groups = kv_heads = 1 over tp=2
+    result["models"]["reference"]["spec"] = {"heads": 4, "kv_heads": 1}
+    _tensor_parallel(result, INF)
+    assert_reports(result, "plan", "H2 (Megatron-core)", "kv_heads=1", "query groups")
+
+
+def test_vllm_replicates_kv_heads_when_tp_is_a_multiple(result: dict[str, Any]) -> None:
+    result["models"]["actor"]["spec"] = {"heads": 4, "kv_heads": 1}
+    _tensor_parallel(result, GEN)
+    assert cr.check(result) == []
+
+
+def test_vllm_refuses_tp_neither_dividing_nor_multiple_of_kv_heads(result: dict[str, Any]) -> None:
+    result["models"]["actor"]["spec"] = {"heads": 12, "kv_heads": 3}
+    _tensor_parallel(result, GEN)
+    assert_reports(result, "plan", "H2 (vLLM)", "tp=2 neither divides kv_heads=3")
+
+
+def test_head_rules_skipped_without_heads(result: dict[str, Any]) -> None:
+    # the package always writes models[*].spec; a file without heads cannot be judged on them
+    result["models"]["actor"]["spec"] = {"heads": "many"}
+    _tensor_parallel(result, GEN)
+    assert cr.check_plan_legality(result) == []
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "role", "tp", "rule"),
+    [
+        (16, 16, "generation", 3, "H1 (vLLM)"),
+        (12, 12, "training", 8, "H1 (Megatron-core)"),
+        (32, 8, "training", 16, "H2 (Megatron-core)"),
+        (32, 8, "generation", 16, None),  # vLLM: 2 replicas of each KV head
+        (12, 4, "generation", 6, "H2 (vLLM)"),
+        (12, 4, "inference", 6, "H2 (Megatron-core)"),
+        (64, 8, "inference", 8, None),
+    ],
+)
+def test_head_rules_table(heads: int, kv_heads: int, role: str, tp: int, rule: str | None) -> None:
+    e = {"vertex": "v", "dp": 1, "pp": 1, "tp": tp, "mb": 1}
+    errors = cr._check_heads(e, heads, kv_heads, role)
+    if rule is None:
+        assert errors == []
+    else:
+        assert len(errors) == 1 and rule in errors[0], errors
+
+
 # ---------------------------------------------------------------------------------------------
 # 7. Bindings
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,282 @@
+"""The one exception for a user's mistake, and the schema gate every file format passes through.
+
+:class:`InputError` is a :class:`ValueError` (so ``except ValueError`` keeps working) whose
+message names where the bad value came from (a file, a CLI flag or a Python argument), the field
+and the value. The CLI turns it into one line on stderr and exit status 2 — never a traceback.
+
+Every file format rpeg reads (workload TOML, hardware JSON, Hugging Face ``config.json``, result
+JSON, trace JSON, checkpoint manifests) is described by a pydantic model with
+``extra="forbid"`` and strict types, and read through :func:`validate`, which turns pydantic's
+field-path errors into one :class:`InputError` ("unknown key 'ac_shareing', did you mean
+'ac_sharing'?").
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any, TypeVar, Union
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+__all__ = [
+    "InputError",
+    "Strict",
+    "check_output",
+    "check_positive_int",
+    "check_seconds",
+    "check_type",
+    "describe",
+    "read_json",
+    "require_file",
+    "tagged",
+    "validate",
+]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class InputError(ValueError):
+    """A user's input is wrong: a file, a field, a flag or an argument.
+
+    Parameters
+    ----------
+    message
+        The whole message; it names the source, the field and the value.
+    source
+        The file (or ``"--flag"``, or ``"argument name"``) the value came from, if known.
+    field
+        The dotted field path inside ``source``, if any.
+    """
+
+    def __init__(self, message: str, *, source: str | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.source = source
+        self.field = field
+
+
+class Strict(BaseModel):
+    """Base of every file schema: unknown keys are errors, nothing is coerced silently
+    (``"no"`` is not a bool, ``95.7`` is not an int, ``"3"`` is not a number), instances are
+    frozen."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+#: Prefix of the tags of tagged unions (:func:`tagged`); they are not fields and leave the path.
+TAG = "§"
+
+
+def tagged(members: dict[str, Any], pick: Any, what: str) -> Any:
+    """A union whose member is chosen by ``pick(value) -> tag | None`` (errors then speak of the
+    chosen member's fields only, and a value no member takes is reported as ``what``)."""
+    from pydantic import Discriminator, Tag
+
+    union = Union[tuple(Annotated[t, Tag(TAG + name)] for name, t in members.items())]  # noqa: UP007
+
+    def choose(value: Any) -> str | None:
+        name = pick(value)
+        return None if name is None else TAG + name
+
+    return Annotated[union, Discriminator(choose, custom_error_type="kind", custom_error_message=what)]
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, str) and part.startswith(TAG):
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Field names (and aliases) of the sub-model that ``loc`` (ending in the bad key) points into."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int) or str(part).startswith(TAG):
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            continue
+        info = current.model_fields.get(part)
+        if info is None:
+            return []
+        ann = info.annotation
+        current = _first_model(ann)
+        if current is None:
+            return []
+    if not (isinstance(current, type) and issubclass(current, BaseModel)):
+        return []
+    names = []
+    for name, info in current.model_fields.items():
+        names.append(info.alias or name)
+    return names
+
+
+def _first_model(ann: Any) -> type[BaseModel] | None:
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in getattr(ann, "__args__", ()) or ():
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def describe(exc: ValidationError, model: type[BaseModel], source: str) -> InputError:
+    """One :class:`InputError` from pydantic's errors (an unknown key first, else the first one):
+    source, field path, problem, value."""
+    errors = exc.errors(include_url=False)
+    # a misspelt key also makes its field "missing": name the misspelling, which explains both
+    err = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
+    loc = tuple(err.get("loc", ()))
+    field = _loc(loc)
+    kind = err.get("type", "")
+    if kind == "extra_forbidden":
+        key = str(loc[-1]) if loc else "?"
+        known = _known_keys(model, loc)
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = (
+            f", did you mean {close[0]!r}?"
+            if close
+            else (f"; known keys: {', '.join(known)}" if known else "")
+        )
+        parent = _loc(loc[:-1])
+        where = f" in [{parent}]" if parent else ""
+        return InputError(f"{source}: unknown key {key!r}{where}{hint}", source=source, field=field)
+    if kind == "missing":
+        return InputError(f"{source}: missing field {field!r}", source=source, field=field)
+    msg = err.get("msg", "invalid value")
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    msg = re.sub(r" or instance of \w+", "", msg).replace("valid dictionary", "table (object)")
+    value = err.get("input")
+    return InputError(
+        f"{source}: field {field or '(top level)'!r}: {msg} (got {_short(value)})", source=source, field=field
+    )
+
+
+def validate(model: type[M], data: Any, source: str) -> M:
+    """Validate plain data (parsed TOML/JSON) against ``model``.
+
+    Raises
+    ------
+    InputError
+        Naming ``source``, the field path and the value of the first problem.
+    """
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise describe(exc, model, source) from None
+
+
+def require_file(path: str | Path, what: str) -> Path:
+    """``path`` as a :class:`Path` if it is an existing regular file.
+
+    Raises
+    ------
+    InputError
+        ``"<what> 'x' does not exist"`` or ``"... is a directory"``.
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{what} {str(path)!r} is a directory, not a file", source=str(path))
+    if not p.is_file():
+        raise InputError(f"{what} {str(path)!r} does not exist", source=str(path))
+    return p
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """Parse the JSON file at ``path``; NaN/Infinity literals are refused.
+
+    Raises
+    ------
+    InputError
+        If the file is missing, unreadable or not valid JSON (the message names the file).
+    """
+    p = require_file(path, what)
+
+    def _no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not a number JSON allows")
+
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{what} {str(path)!r} cannot be read ({exc})", source=str(path)) from None
+    try:
+        return json.loads(text, parse_constant=_no_constants)
+    except ValueError as exc:  # JSONDecodeError is a ValueError
+        raise InputError(f"{what} {str(path)!r}: not valid JSON ({exc})", source=str(path)) from None
+
+
+def check_output(path: str | None, flag: str, suffixes: tuple[str, ...] | None = None) -> None:
+    """Refuse an output path that cannot be written, before any work starts.
+
+    The file is opened for appending (created and removed again if it did not exist), which is
+    the only check that also holds for root and read-only file systems.
+
+    Raises
+    ------
+    InputError
+        ``flag`` and the path, with why (a directory, a missing folder, not writable, a suffix
+        that is not one of ``suffixes``).
+    """
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir() or path.endswith(("/", "\\")):
+        raise InputError(f"{flag} {path!r} is a directory; give a file name", source=flag)
+    if suffixes is not None and p.suffix.lower() not in suffixes:
+        raise InputError(f"{flag} {path!r}: the file name must end in {', '.join(suffixes)}", source=flag)
+    if not p.parent.is_dir():
+        raise InputError(f"{flag} {path!r}: folder {str(p.parent)!r} does not exist", source=flag)
+    existed = p.exists()
+    try:
+        with p.open("a"):
+            pass
+    except OSError as exc:
+        raise InputError(f"{flag} {path!r} cannot be written ({exc.strerror or exc})", source=flag) from None
+    if not existed:
+        p.unlink(missing_ok=True)
+
+
+def check_type(name: str, value: Any, types: type | tuple[type, ...], what: str = "") -> None:
+    """Raise ``TypeError`` naming the argument when ``value`` is not an instance of ``types``
+    (``bool`` never counts as a number)."""
+    ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in _as_tuple(types))
+    if not ok:
+        want = what or " or ".join(t.__name__ for t in _as_tuple(types))
+        raise TypeError(f"{name} must be {want}, got {type(value).__name__} {_short(value)}")
+
+
+def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    """``value`` if it is an ``int ≥ 1``; ``TypeError`` for another type, ``ValueError`` below 1."""
+    check_type(name, value, int, "a positive integer")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def check_seconds(name: str, value: Any, *, allow_none: bool = True) -> float | None:
+    """A finite positive number of seconds (or ``None``); ``TypeError``/``ValueError`` naming it."""
+    if value is None and allow_none:
+        return None
+    check_type(name, value, (int, float), "a positive finite number of seconds")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
+    return float(value)
