@@ -510,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     Returns
     -------
     int
-        Exit status: 0 a plan was found, 2 bad input, 3 no memory-feasible plan, 130 interrupted
+        Exit status: 0 a plan was found, 2 bad input, 3 no memory-feasible plan, 4 a run failed
+        (``rpeg run``: a lost worker; the trace is written up to the failure), 130 interrupted
         before any plan existed.
     """
     args = _parser().parse_args(argv)

@@ -73,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import ray
 
-    from rpeg.runtime.runner import run
+    from rpeg.runtime.runner import run, start_local_ray
 
-    ray.init(num_cpus=2, resources={"rpeg_device": 4}, include_dashboard=False, log_to_driver=False)
+    start_local_ray(4, num_cpus=2)  # workers at the driver's priority, not niced
     rows, phases = [], []
     t_all = time.perf_counter()
     try:

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     import ray
 
     from rpeg.costmodel import load_hardware
-    from rpeg.runtime.runner import run
+    from rpeg.runtime.runner import run, start_local_ray
 
     if args.hardware:
         hw = load_hardware(args.hardware)
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         "disaggregated τ=0": hand(wl, cluster, DISAGG, (("actor", 0), ("critic", 0))),
         "asynchronous τ(actor)=1": hand(wl, cluster, DISAGG, (("actor", 1), ("critic", 0))),
     }
-    ray.init(num_cpus=2, resources={"rpeg_device": 2}, include_dashboard=False, log_to_driver=False)
+    start_local_ray(2, num_cpus=2)  # workers at the driver's priority, not niced
     rows, all_pred, all_meas, summary = [], [], [], {}
     overheads, node_over = [], []
     try:

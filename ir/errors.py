@@ -16,7 +16,9 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, Union
 
@@ -26,6 +28,7 @@ __all__ = [
     "InputError",
     "Strict",
     "check_output",
+    "check_output_dir",
     "check_positive_int",
     "check_seconds",
     "check_type",
@@ -220,7 +223,9 @@ def read_json(path: str | Path, what: str) -> Any:
         raise InputError(f"{what} {str(path)!r}: not valid JSON ({exc})", source=str(path)) from None
 
 
-def check_output(path: str | None, flag: str, suffixes: tuple[str, ...] | None = None) -> None:
+def check_output(
+    path: str | os.PathLike | None, flag: str, suffixes: tuple[str, ...] | None = None
+) -> Path | None:
     """Refuse an output path that cannot be written, before any work starts.
 
     The file is opened for appending (created and removed again if it did not exist), which is
@@ -233,8 +238,9 @@ def check_output(path: str | None, flag: str, suffixes: tuple[str, ...] | None =
         that is not one of ``suffixes``).
     """
     if path is None:
-        return
+        return None
     p = Path(path)
+    path = str(path)
     if p.is_dir() or path.endswith(("/", "\\")):
         raise InputError(f"{flag} {path!r} is a directory; give a file name", source=flag)
     if suffixes is not None and p.suffix.lower() not in suffixes:
@@ -249,6 +255,36 @@ def check_output(path: str | None, flag: str, suffixes: tuple[str, ...] | None =
         raise InputError(f"{flag} {path!r} cannot be written ({exc.strerror or exc})", source=flag) from None
     if not existed:
         p.unlink(missing_ok=True)
+    return p
+
+
+def check_output_dir(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as a :class:`Path` if it is, or can be created as, a writable directory (nothing
+    is created: the nearest existing ancestor is probed with a temporary file).
+
+    Raises
+    ------
+    InputError
+        If ``path`` (or an ancestor) is a file, or the directory cannot be written.
+    """
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise InputError(f"{what} {str(path)!r} is a file, not a directory", source=what)
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise InputError(f"{what} {str(path)!r}: {str(probe)!r} is a file, not a directory", source=what)
+    try:
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise PermissionError(13, "permission denied")
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise InputError(
+            f"{what} {str(path)!r} cannot be written ({exc.strerror or exc} in {str(probe)!r})", source=what
+        ) from None
+    return p
 
 
 def check_type(name: str, value: Any, types: type | tuple[type, ...], what: str = "") -> None:

@@ -1,4 +1,10 @@
-"""``rpeg run``: execute a result file's plan on Ray workers and verify the trace."""
+"""``rpeg run``: execute a result file's plan on Ray workers and verify the trace.
+
+Exit status: 0 the run completed and its trace verifies, 1 it completed but the trace does not
+verify, 2 bad input (one line; checked before any work: files, flags, output paths, the
+checkpoint to resume from), 4 the run failed (a worker raised, died or stalled): one line
+naming the node, step, worker and device, and where the trace up to the failure was written.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,10 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["register_cli"]
+__all__ = ["EXIT_RUN_FAILED", "register_cli"]
+
+#: Exit status of ``rpeg run`` when the run itself failed (bad input is 2, as everywhere).
+EXIT_RUN_FAILED = 4
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +54,13 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         help="transition scheduler: greedy, cpsat or milp (default greedy)",
     )
     r.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="give up when no worker makes progress for this long (default 600); there is no other deadline",
+    )
+    r.add_argument(
         "--on-worker-lost",
         choices=("stop", "replan"),
         default="stop",
@@ -54,28 +70,47 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from ..solvers.result import Result
-    from .runner import run
+    from ..ir.errors import InputError, check_output, check_output_dir, require_file
+    from .liveness import DEFAULT_STALL_S, RunError
+    from .verify import read_result
 
-    path = Path(args.result)
-    if not path.is_file():
-        raise ValueError(f"result file {args.result!r} does not exist")
-    result = Result.from_json(path)
+    # everything the user named is checked before any work starts
+    require_file(args.result, "result file")
+    if args.trace:
+        check_output(args.trace, "--trace")
+    if args.checkpoint_dir:
+        check_output_dir(args.checkpoint_dir, "--checkpoint-dir")
+    if args.resume_from and not Path(args.resume_from).is_dir():
+        what = (
+            "is a file, not a checkpoint directory" if Path(args.resume_from).exists() else "does not exist"
+        )
+        raise InputError(f"--resume-from {args.resume_from!r} {what}", source="--resume-from")
+    if args.steps < 1:
+        raise InputError(f"--steps must be a positive integer, got {args.steps}", source="--steps")
+    stall = DEFAULT_STALL_S if args.stall_timeout is None else args.stall_timeout
+    if not (stall > 0 and stall < float("inf")):
+        raise InputError(
+            f"--stall-timeout must be a positive number of seconds, got {stall}", source="--stall-timeout"
+        )
+    transition_files = []
+    for spec in args.transition:
+        step, sep, file = spec.partition(":")
+        if not sep or not step.strip().isdigit():
+            raise InputError(
+                f"--transition {spec!r} must look like STEP:RESULT.json (e.g. 2:next.json)",
+                source="--transition",
+            )
+        require_file(file, f"--transition {spec!r}: result file")
+        transition_files.append((int(step), file))
     scale = args.scale
     if scale.strip().startswith("{"):
         try:
             scale = json.loads(scale)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"--scale {args.scale!r} is not valid JSON ({exc})") from None
-
-    transitions = []
-    for spec in args.transition:
-        step, sep, file = spec.partition(":")
-        if not sep or not step.strip().isdigit():
-            raise ValueError(f"--transition {spec!r} must look like STEP:RESULT.json (e.g. 2:next.json)")
-        if not Path(file).is_file():
-            raise ValueError(f"--transition {spec!r}: result file {file!r} does not exist")
-        transitions.append((int(step), Result.from_json(file)))
+            raise InputError(f"--scale {args.scale!r} is not valid JSON ({exc})", source="--scale") from None
+    result = read_result(args.result)
+    transitions = [(k, read_result(file, "--transition result file")) for k, file in transition_files]
+    from .runner import run
 
     def progress(event: str, payload: dict) -> None:
         if event == "setup":
@@ -89,25 +124,36 @@ def _cmd_run(args: argparse.Namespace) -> int:
         elif event == "recovery":
             print(f"recovered: {payload['message']}", file=sys.stderr)
 
-    report = run(
-        result,
-        args.steps,
-        address=args.address,
-        seed=args.seed,
-        scale=scale,
-        batch=args.batch,
-        prompt_len=args.prompt_len,
-        response_len=args.response_len,
-        devices_per_node=args.devices_per_node,
-        hardware=args.hardware,
-        checkpoint_dir=args.checkpoint_dir,
-        resume_from=args.resume_from,
-        trace_path=args.trace,
-        progress=progress,
-        transitions=transitions,
-        transition_method=args.transition_method,
-        on_worker_lost=args.on_worker_lost,
-    )
+    try:
+        report = run(
+            result,
+            args.steps,
+            address=args.address,
+            seed=args.seed,
+            scale=scale,
+            batch=args.batch,
+            prompt_len=args.prompt_len,
+            response_len=args.response_len,
+            devices_per_node=args.devices_per_node,
+            hardware=args.hardware,
+            checkpoint_dir=args.checkpoint_dir,
+            resume_from=args.resume_from,
+            trace_path=args.trace,
+            progress=progress,
+            transitions=transitions,
+            transition_method=args.transition_method,
+            on_worker_lost=args.on_worker_lost,
+            stall_timeout_s=stall,
+        )
+    except RunError as exc:
+        print(f"rpeg: error: run failed: {exc}", file=sys.stderr)
+        if exc.trace_path:
+            n = len(exc.trace.records) if exc.trace is not None else 0
+            print(
+                f"rpeg: trace up to the failure ({n} records, status failed): {exc.trace_path}",
+                file=sys.stderr,
+            )
+        return EXIT_RUN_FAILED
     print(report.summary())
     if args.trace:
         path = Path(args.trace)

@@ -12,6 +12,11 @@ free; ready nodes are ordered by RL step, then COMM/RESHARD before OP, then topo
 calls are submitted asynchronously and the controller sleeps in ``ray.wait`` until some node
 completes. Containers and published weight versions are released as soon as no remaining node
 reads them.
+
+Every wait is progress-checked (:mod:`~rpeg.runtime.liveness`): no fixed deadline; a worker
+whose process is gone stops the run at once with a :class:`RunError` naming the node, its step,
+the worker and its device; a run in which nothing arrives and no worker computes for the stall
+window stops too. Each group's rendezvous store is opened by its rank 0 on a port the OS picks.
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import heapq
 import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +33,8 @@ from ..ir.cluster import mask_devices
 from ..ir.lower import COMM, OP, RESHARD
 from ..ir.types import Role
 from .binding import Binding, GroupSpec
+from .checkpoint import step_dir_name
+from .liveness import DEFAULT_STALL_S, Owner, RunError, Watchdog, cause
 from .trace import TraceRecord
 
 __all__ = ["Controller", "RunError"]
@@ -41,32 +47,45 @@ _KIND = {OP: "op", COMM: "comm", RESHARD: "reshard"}
 WORKERS_PER_DEVICE = 32
 
 
-class RunError(RuntimeError):
-    """A node failed: names the node, its step and the worker that raised or died."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+def torch_timeout_s(stall_s: float) -> float:
+    """Seconds torch.distributed may wait (rendezvous, collectives): the stall window, at least
+    torch's own default of 30 minutes — the controller's progress checks come first."""
+    return max(1800.0, float(stall_s))
 
 
 class _Actor:
-    """Ray actor shell around :class:`~rpeg.runtime.worker.Worker`: created cheaply, then
-    :meth:`setup` joins the group's process group (all ranks at once)."""
+    """Ray actor shell around :class:`~rpeg.runtime.worker.Worker`: created cheaply, answers
+    :meth:`hello` (rank 0 also opens the group's rendezvous store), then :meth:`setup` joins the
+    group's process group (all ranks at once)."""
 
     def __init__(self) -> None:
         self.worker = None
+        self.store = None
 
-    def address(self) -> str:
+    def hello(self, world: int = 0, timeout_s: float = 1800.0) -> dict[str, Any]:
+        """``pid`` and ``host`` of this process; with ``world > 0`` also open a TCPStore for a
+        group of ``world`` ranks on a port the OS picks (port 0: no pick-then-bind race) and
+        return its ``master`` address."""
+        import datetime
+        import socket
+
         import ray
 
-        return f"{ray.util.get_node_ip_address()}:{_free_port()}"
+        out: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "master": None}
+        if world > 0:
+            import torch.distributed as dist
+
+            host = ray.util.get_node_ip_address()
+            timeout = datetime.timedelta(seconds=timeout_s)
+            self.store = dist.TCPStore(host, 0, world, True, timeout, wait_for_workers=False)
+            out["master"] = f"{host}:{self.store.port}"
+        return out
 
     def setup(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         from .worker import Worker
 
-        self.worker = Worker(*args, **kwargs)
+        self.worker = Worker(*args, store=self.store, **kwargs)
+        self.store = None  # the process group holds it now
         return self.worker.info()
 
     def call(self, method: str, *args: Any) -> Any:
@@ -101,7 +120,8 @@ class Controller:
         The plan bound to groups.
     config
         ``RunConfig``-like object with ``seed``, ``rl``, ``backend``, ``use_gpu``,
-        ``devices_per_node``, ``checkpoint_dir``, ``fail_at`` and ``step_offset``.
+        ``devices_per_node``, ``checkpoint_dir``, ``fail_at``, ``step_offset`` and ``stall_s``
+        (the stall window of every wait, :mod:`~rpeg.runtime.liveness`).
     progress
         Called with ``(event, payload)`` for ``"setup"``, ``"node"`` and ``"step"`` events.
     """
@@ -110,7 +130,10 @@ class Controller:
         self.b = binding
         self.cfg = config
         self.progress = progress or (lambda event, payload: None)
+        self.watch = Watchdog(float(getattr(config, "stall_s", DEFAULT_STALL_S)))
         self.actors: dict[int, list[Any]] = {}
+        self.owners: dict[tuple[int, int], Owner] = {}  # (gid, rank) → the worker
+        self.ref_owner: dict[Any, Owner] = {}  # submitted node call → its worker
         self.placement: list[Any] = []
         self.owns_placement = True
         self.per_node = 0
@@ -121,6 +144,8 @@ class Controller:
         self.initial_pubs: dict[tuple[str, int], list] = {}  # publications of versions < 0
         self.records: list[TraceRecord] = []
         self.group_info: dict[str, dict[str, Any]] = {}
+        self.saved: dict[int, dict[str, dict[str, Any]]] = {}  # global step → checkpoint files
+        self.on_saved: Callable[[Controller], None] | None = None  # called when a step's files are all there
         self.overhead_s = 0.0
         self.setup_s = 0.0
         self.wall_s = 0.0
@@ -171,7 +196,8 @@ class Controller:
                 placement_group([{resource: 1}] * per_node, strategy="STRICT_PACK")
                 for _ in range(n // per_node)
             ]
-            ray.get([pg.ready() for pg in pgs], timeout=120)
+            self.placement = pgs  # released by stop() even if the reservation never completes
+            self.watch.wait_ready([pg.ready() for pg in pgs], f"reserving {n} devices (placement groups)")
             self.owns_placement = True
         self.placement = pgs
         sharing = [0] * n
@@ -187,7 +213,7 @@ class Controller:
         remote = ray.remote(_Actor)
         for g in self.b.groups:
             actors = []
-            for dev in g.devices:
+            for rank, dev in enumerate(g.devices):
                 phys = dev + device_base
                 opts: dict[str, Any] = {
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(
@@ -200,35 +226,48 @@ class Controller:
                     opts["num_gpus"] = 1.0 / WORKERS_PER_DEVICE
                 else:
                     opts["resources"] = {"rpeg_device": 1.0 / WORKERS_PER_DEVICE}
-                actors.append(remote.options(**opts).remote())
+                actor = remote.options(**opts).remote()
+                actors.append(actor)
+                self.owners[(g.gid, rank)] = Owner(g.worker(rank), dev, actor, g.gid, rank)
             self.actors[g.gid] = actors
-        setups = []
+        # every process answers first (rank 0 opening its group's store on a port the OS picks),
+        # then all ranks rendezvous at once
+        torch_s = torch_timeout_s(self.watch.stall_s)
+        hellos = {
+            a.hello.remote(g.size if rank == 0 else 0, torch_s): self.owners[(g.gid, rank)]
+            for g in self.b.groups
+            for rank, a in enumerate(self.actors[g.gid])
+        }
+        answers = self.watch.get_all(list(hellos), hellos.__getitem__, "starting the worker processes")
+        masters: dict[int, str] = {}
+        for owner, ans in zip(hellos.values(), answers):
+            self.watch.register(owner, ans["pid"], ans["host"])
+            if ans["master"]:
+                masters[owner.gid] = ans["master"]
+        setups: dict[Any, Owner] = {}
+        order = []
         for g in self.b.groups:
-            master = ray.get(self.actors[g.gid][0].address.remote())
             for rank, a in enumerate(self.actors[g.gid]):
                 fail = None
                 if self.cfg.fail_at and self.cfg.fail_at[0] == g.worker(rank):
                     fail = tuple(self.cfg.fail_at[1:])
-                setups.append(
-                    (
-                        g,
-                        rank,
-                        a.setup.remote(
-                            g,
-                            rank,
-                            master,
-                            self.b.shape,
-                            self.cfg.rl,
-                            self.cfg.seed,
-                            "nccl" if self.cfg.use_gpu else "gloo",
-                            fail,
-                            self.cfg.step_offset,
-                            bool(getattr(self.cfg, "recover", False)),
-                        ),
-                    )
+                ref = a.setup.remote(
+                    g,
+                    rank,
+                    masters[g.gid],
+                    self.b.shape,
+                    self.cfg.rl,
+                    self.cfg.seed,
+                    "nccl" if self.cfg.use_gpu else "gloo",
+                    fail,
+                    self.cfg.step_offset,
+                    bool(getattr(self.cfg, "recover", False)),
+                    timeout_s=torch_s,
                 )
-        for g, rank, ref in setups:
-            info = self._get(ref, f"setup of worker {g.worker(rank)}")
+                setups[ref] = self.owners[(g.gid, rank)]
+                order.append((g, rank))
+        infos = self.watch.get_all(list(setups), setups.__getitem__, "setting up the worker groups")
+        for (g, rank), info in zip(order, infos):
             entry = self.group_info.setdefault(
                 f"g{g.gid}",
                 {
@@ -244,13 +283,16 @@ class Controller:
             entry["ranks"].append({"rank": rank, **{k: v for k, v in info.items() if k != "coords"}})
         self.setup_s = time.perf_counter() - t0
 
-    def _get(self, ref: Any, what: str) -> Any:
-        import ray
+    def workers(self) -> dict[str, dict[str, Any]]:
+        """Worker id → ``{"pid", "host", "device"}`` of every started worker."""
+        return {o.worker: {"pid": o.pid, "host": o.host, "device": o.device} for o in self.owners.values()}
 
-        try:
-            return ray.get(ref)
-        except Exception as exc:  # RayTaskError / RayActorError: name what failed
-            raise RunError(f"{what} failed: {_cause(exc)}") from exc
+    def get(self, calls: list[tuple[tuple[int, int], Any]], what: str) -> list[Any]:
+        """Results of ``(worker key (gid, rank), ref)`` calls, waited for by progress
+        (:meth:`~rpeg.runtime.liveness.Watchdog.get_all`); a failure is a :class:`RunError`
+        naming ``what``, the worker and its device."""
+        owner = {ref: self.owners[key] for key, ref in calls}
+        return self.watch.get_all([ref for _, ref in calls], owner.__getitem__, what)
 
     # ------------------------------------------------------------------ the DAG
     def _nodes(self) -> list[_Node]:
@@ -281,7 +323,6 @@ class Controller:
 
     def execute(self) -> None:
         """Run every node of the DAG (Algorithm 2) and fill :attr:`records`."""
-        import ray
 
         b = self.b
         eg = b.exec_graph
@@ -353,19 +394,35 @@ class Controller:
                 pending[nd.id] = list(refs)
                 self._wait_refs[nd.id] = list(refs)
                 extra[nd.id] = more
-                for r in refs:
+                for rank, r in enumerate(refs):
                     running[r] = nd.id
+                    self.ref_owner[r] = self.owners[(nd.group, rank)]
             for item in kept:
                 heapq.heappush(ready, item)
             if not running:
                 raise RunError("dispatch deadlock: no node running and none can start (a bug in the binding)")
             w0 = time.perf_counter()
-            finished, _ = ray.wait(list(running), num_returns=1)
+            try:
+                finished, dead = self.watch.wait_any(
+                    list(running), self.ref_owner.__getitem__, lambda: self._waiting_on(running, nodes)
+                )
+            except RunError as exc:  # stalled: nothing arrives, nobody computes
+                first = nodes[min(running.values())]
+                self._fail(first, None, lost=False)
+                waited += time.perf_counter() - w0
+                self.wall_s = time.perf_counter() - t_run
+                self.overhead_s = self.wall_s - waited
+                exc.node, exc.step, exc.vertex = (
+                    first.id,
+                    first.step,
+                    self.b.graph.vertices[first.vertex].name,
+                )
+                raise
             waited += time.perf_counter() - w0
-            for r in finished:
+            for r in [*dead, *finished]:
                 i = running.pop(r)
                 try:
-                    self._check(nodes[i], r)
+                    self._check(nodes[i], r, dead=r in dead)
                 except RunError:
                     self.wall_s = time.perf_counter() - t_run
                     self.overhead_s = self.wall_s - waited
@@ -447,7 +504,9 @@ class Controller:
             "keep": max(tau.get(vert.model, 0), keep),
         }
         if vert.role is Role.TRAINING and self.cfg.checkpoint_dir:
-            desc["save"] = os.path.join(self.cfg.checkpoint_dir, f"step{nd.step:05d}")
+            desc["save"] = os.path.join(
+                self.cfg.checkpoint_dir, step_dir_name(nd.step + self.cfg.step_offset)
+            )
         metas, datas, publs = [], [], []
         for a in actors:
             m, d, p = a.op.options(num_returns=3).remote(desc, inputs)
@@ -464,9 +523,14 @@ class Controller:
         group: GroupSpec = b.groups[nd.group]
         vname = verts[nd.vertex].name
         try:
-            metas = ray.get(self._wait_refs.pop(nd.id))
+            metas = ray.get(self._wait_refs.pop(nd.id))  # every rank's result is there (see _check)
         except Exception as exc:  # normally caught per rank by _check first
-            raise RunError(f"{self._describe(nd)} failed on group g{group.gid}: {_cause(exc)}") from exc
+            raise RunError(
+                f"{self._describe(nd)} failed on group g{group.gid}: {cause(exc)}",
+                node=nd.id,
+                step=nd.step,
+                vertex=vname,
+            ) from exc
         consumed: dict[str, int] = {}
         produced: dict[str, int] = {}
         nbytes = 0
@@ -481,6 +545,9 @@ class Controller:
                 losses = [m["loss"] for m in metas if m.get("loss") is not None]
                 if losses:
                     self.losses.setdefault(nd.step, {})[nd.model] = float(sum(losses))
+                files = [m["checkpoint"] for m in metas if m.get("checkpoint")]
+                if files:
+                    self._saved(nd.step + self.cfg.step_offset, files)
             for m in metas:
                 if "reward_sum" in m:
                     self.rewards.setdefault(nd.step, []).append((m["reward_sum"], m["reward_count"]))
@@ -509,6 +576,16 @@ class Controller:
         )
         self.progress("node", {"record": self.records[-1]})
 
+    def _saved(self, global_step: int, files: list[dict[str, Any]]) -> None:
+        """Note checkpoint files written for ``global_step``; once every training rank's file is
+        there, call :attr:`on_saved` (the runner writes the manifest)."""
+        entry = self.saved.setdefault(global_step, {})
+        for f in files:
+            entry[f["name"]] = {"sha256": f["sha256"], "bytes": int(f["bytes"])}
+        want = {f"g{g.gid}-r{r}.pt" for g in self.b.groups if g.trains for r in range(g.size)}
+        if want <= set(entry) and self.on_saved is not None:
+            self.on_saved(self)
+
     def _describe(self, nd: _Node) -> str:
         verts = self.b.graph.vertices
         what = f"node {nd.id} ({_KIND[nd.kind]} "
@@ -517,36 +594,71 @@ class Controller:
         what += f"{verts[nd.vertex].name} step {nd.step}"
         return what + (f" phase {nd.phase})" if nd.phase else ")")
 
-    def _check(self, nd: _Node, ref: Any) -> None:
-        """Raise :class:`RunError` naming node, step and worker if ``ref`` holds an error (a worker
-        that raised or died); the other ranks of the group may be stuck in a collective, so the
-        run stops here instead of waiting for them. :attr:`failure` keeps what failed, with
-        ``lost = True`` when the worker's process is gone (a device loss) rather than raised."""
+    def _waiting_on(self, running: dict[Any, int], nodes: list[_Node]) -> str:
+        ids = sorted(set(running.values()))
+        shown = ", ".join(self._describe(nodes[i]) for i in ids[:3])
+        return f"waiting for {shown}" + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+
+    def _check(self, nd: _Node, ref: Any, dead: bool = False) -> None:
+        """Raise :class:`RunError` naming node, step, worker and device if ``ref`` holds an error
+        (a worker that raised or died) or its worker is ``dead``; the other ranks of the group may
+        be stuck in a collective, so the run stops here instead of waiting for them. A worker
+        that raised because a peer's process is gone (a collective or send to it fails) is not
+        the cause: the dead peer is named. :attr:`failure` keeps what failed, with ``lost = True``
+        when the worker's process is gone (a device loss) rather than raised."""
         import ray
 
-        try:
-            ray.get(ref)
-        except Exception as exc:
-            group = self.b.groups[nd.group]
-            rank = self._wait_refs[nd.id].index(ref)
-            lost = isinstance(exc, ray.exceptions.RayActorError)
-            self.failure = {
-                "lost": lost,
-                "gid": group.gid,
-                "rank": rank,
-                "device": group.devices[rank],
-                "step": nd.step,
-                "vertex": self.b.graph.vertices[nd.vertex].name,
-                "worker": group.worker(rank),
-                "node": nd.id,
-            }
-            if lost:
-                self.dead.add((group.gid, rank))
-            self.in_flight = [r for refs in self._wait_refs.values() for r in refs if r is not ref]
-            raise RunError(
-                f"{self._describe(nd)} failed on worker {group.worker(rank)} "
-                f"(device {group.devices[rank]}): {'worker process lost: ' if lost else ''}{_cause(exc)}"
-            ) from exc
+        owner = self.ref_owner[ref]
+        err: BaseException | None = None
+        if not dead:
+            try:
+                ray.get(ref)
+                return
+            except Exception as exc:
+                err = exc
+        lost = dead or isinstance(err, ray.exceptions.RayActorError)
+        why = cause(err) if err is not None else "worker process lost"
+        if not lost:
+            peer = self._dead_peer(nd)
+            if peer is not None:
+                owner, lost, why = peer, True, "worker process lost"
+        if lost and err is None:
+            why = f"worker process lost ({self.watch.dead(owner) or 'Ray reports its actor dead'})"
+        self._fail(nd, owner, lost=lost, skip=ref)
+        raise RunError(
+            f"{self._describe(nd)} failed on worker {owner.worker} (device {owner.device}): {why}",
+            node=nd.id,
+            step=nd.step,
+            vertex=self.b.graph.vertices[nd.vertex].name,
+            worker=owner.worker,
+            device=owner.device,
+            lost=lost,
+        ) from err
+
+    def _dead_peer(self, nd: _Node) -> Owner | None:
+        """A worker of the run whose process is gone — of ``nd``'s group first."""
+        mine = [o for (gid, _), o in self.owners.items() if gid == nd.group]
+        others = [o for (gid, _), o in self.owners.items() if gid != nd.group]
+        for o in mine + others:
+            if (o.gid, o.rank) not in self.dead and self.watch.dead(o) is not None:
+                return o
+        return None
+
+    def _fail(self, nd: _Node, owner: Owner | None, *, lost: bool, skip: Any = None) -> None:
+        """Record the first failure (:attr:`failure`) and what is still in flight."""
+        self.failure = {
+            "lost": lost,
+            "gid": owner.gid if owner else None,
+            "rank": owner.rank if owner else None,
+            "device": owner.device if owner else None,
+            "step": nd.step,
+            "vertex": self.b.graph.vertices[nd.vertex].name,
+            "worker": owner.worker if owner else None,
+            "node": nd.id,
+        }
+        if lost and owner is not None:
+            self.dead.add((owner.gid, owner.rank))
+        self.in_flight = [r for refs in self._wait_refs.values() for r in refs if r is not skip]
 
     def live_actors(self) -> list[tuple[int, int, Any]]:
         """``(gid, rank, actor)`` of every worker not known to be lost."""
@@ -559,14 +671,14 @@ class Controller:
 
     def final_weights(self) -> dict[str, dict[str, Any]]:
         """Full weights of every trained model, assembled from its training group's shards."""
-        import ray
 
         from .parallel import assemble
 
         out = {}
         for g in self.b.groups:
             if g.trains:
-                got = [x for x in ray.get([a.call.remote("publish") for a in self.actors[g.gid]]) if x]
+                calls = [((g.gid, r), a.call.remote("publish")) for r, a in enumerate(self.actors[g.gid])]
+                got = [x for x in self.get(calls, f"gathering {g.model}'s final weights") if x]
                 out[g.model] = assemble([(coords[1], pub) for coords, pub in got])
         return out
 
@@ -584,12 +696,3 @@ class Controller:
                 remove_placement_group(pg)
         self.actors.clear()
         self.placement = []
-
-
-def _cause(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    tail = [line for line in text if line.strip()]
-    for line in reversed(tail):
-        if "Error" in line or "error" in line:
-            return line.strip()
-    return tail[-1].strip() if tail else type(exc).__name__

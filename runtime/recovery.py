@@ -3,9 +3,10 @@
 When a worker's process disappears (its device is gone) the controller stops dispatching and
 :func:`urgent_replan` decides, from what survives, whether the job can go on:
 
-1. **lost devices**: the failed worker's device and that of every worker that no longer
-   answers; every worker on a lost device is treated as lost (killed if still running);
-2. **drain and roll back**: in-flight nodes are awaited (they finish or fail), then every
+1. **lost devices**: the failed worker's device and that of every worker that is dead or no
+   longer answers (alive but silent for the stall window, :mod:`~rpeg.runtime.liveness`);
+   every worker on a lost device is treated as lost (killed if still running);
+2. **drain and roll back**: in-flight nodes are awaited by progress (they finish or fail), then every
    survivor returns to the boundary before the failed step (segment-local ``s``): data and
    gradients of the step are dropped and a training worker that already applied the step's
    update restores its copy from before it (kept because the run enables recovery);
@@ -108,7 +109,6 @@ def urgent_replan(
     method: str = "greedy",
     seed: int = 0,
     time_limit: float | None = 30.0,
-    drain_s: float = 120.0,
     accept: Callable[[Result], None] | None = None,
 ) -> Recovery:
     """Decide the urgent path after ``ctl`` stopped on a lost worker (module docstring).
@@ -122,8 +122,6 @@ def urgent_replan(
         The plan ``ctl`` ran.
     method, seed, time_limit
         The replanning call (``rpeg.solve``).
-    drain_s
-        Seconds to wait for in-flight nodes to settle.
     accept
         Raises ``ValueError`` for a plan the run cannot execute (the runtime's scaled models are
         fixed for the whole run, so a layout they cannot shard is refused); the next pool is
@@ -137,7 +135,10 @@ def urgent_replan(
     ------
     RunError
         When the last copy of some state is gone, no plan fits the surviving devices, or the
-        survivors cannot settle; the message names the devices and the state.
+        survivors cannot return to the boundary; the message names the devices and the state.
+        Survivors are waited for by progress (:class:`~rpeg.runtime.liveness.Watchdog`): one
+        that is alive and computing is waited for, one that is dead or silent for the stall
+        window counts as lost.
     """
     import ray
 
@@ -149,20 +150,32 @@ def urgent_replan(
     b = ctl.b
     step = int(f["step"])
     lost = {f["device"] + ctl.device_base}
-    # who else is gone: every worker that does not answer
-    probes = {(gid, r): a.call.remote("info") for gid, r, a in ctl.live_actors()}
-    for (gid, r), ref in probes.items():
-        try:
-            ray.get(ref, timeout=30)
-        except Exception:
-            ctl.dead.add((gid, r))
-            lost.add(b.groups[gid].devices[r] + ctl.device_base)
-    for g in b.groups:
-        for r, dev in enumerate(g.devices):
-            if dev + ctl.device_base in lost and (g.gid, r) not in ctl.dead:
-                ctl.dead.add((g.gid, r))
-                with contextlib.suppress(Exception):
-                    ray.kill(ctl.actors[g.gid][r])
+    watch = ctl.watch
+
+    def drop_lost() -> None:
+        """Every worker on a lost device counts as lost (killed if still running)."""
+        for g in b.groups:
+            for r, dev in enumerate(g.devices):
+                if dev + ctl.device_base in lost and (g.gid, r) not in ctl.dead:
+                    ctl.dead.add((g.gid, r))
+                    with contextlib.suppress(Exception):
+                        ray.kill(ctl.actors[g.gid][r])
+
+    def lose(owners: list) -> None:
+        for o in owners:
+            ctl.dead.add((o.gid, o.rank))
+            lost.add(o.device + ctl.device_base)
+        drop_lost()
+
+    drop_lost()
+    # let in-flight work settle (results, errors, or dead workers; waited for by progress), then
+    # ask every survivor: a worker that is dead, or alive but silent for the stall window, is lost
+    in_flight = [r for r in ctl.in_flight if r in ctl.ref_owner]
+    dead, stuck = watch.settle(in_flight, ctl.ref_owner.__getitem__)
+    lose(dead + stuck)
+    probes = {a.call.remote("info"): ctl.owners[(gid, r)] for gid, r, a in ctl.live_actors()}
+    dead, stuck = watch.settle(list(probes), probes.__getitem__)
+    lose(dead + stuck)
     where = f"device(s) {sorted(lost)}"
     # a training group with a lost rank had part of its optimizer state in one copy
     for g in b.groups:
@@ -171,15 +184,17 @@ def urgent_replan(
             raise RunError(
                 f"worker {g.worker(gone[0])} on device {g.devices[gone[0]] + ctl.device_base} held a ZeRO "
                 f"slice of {g.model}'s optimizer state, whose last copy is gone with {where}; the run "
-                "cannot continue (restart from a checkpoint: run(..., checkpoint_dir=...))"
+                "cannot continue (restart from a checkpoint: run(..., checkpoint_dir=...))",
+                step=step,
+                worker=g.worker(gone[0]),
+                device=g.devices[gone[0]],
+                lost=True,
             )
-    # let in-flight work settle, then return to the boundary before the failed step
-    if ctl.in_flight:
-        ray.wait(ctl.in_flight, num_returns=len(ctl.in_flight), timeout=drain_s)
-    survivors = ctl.live_actors()
+    # return to the boundary before the failed step
+    survivors = [((gid, r), a.call.remote("rollback", step)) for gid, r, a in ctl.live_actors()]
     try:
-        ray.get([a.call.remote("rollback", step) for _, _, a in survivors], timeout=drain_s)
-    except Exception as exc:
+        ctl.get(survivors, f"returning to step {step}'s boundary")
+    except RunError as exc:
         raise RunError(
             f"after losing {where}: survivors could not return to step {step}'s boundary: {exc}"
         ) from exc

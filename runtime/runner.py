@@ -16,7 +16,7 @@ the machine at hand).
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import platform
 import time
@@ -26,14 +26,23 @@ from pathlib import Path
 from typing import Any
 
 from ..ir.cluster import Cluster
+from ..ir.errors import (
+    InputError,
+    check_output,
+    check_output_dir,
+    check_positive_int,
+    check_seconds,
+    check_type,
+)
 from ..ir.hardware import Hardware
 from ..ir.workload import Workload
 from ..solvers.result import Result
 from .binding import Binding, bind, check_specs, run_specs
+from .liveness import DEFAULT_STALL_S, RunError
 from .rl import RLConfig
 from .trace import Trace, expected_graph, plan_hash
 
-__all__ = ["RunConfig", "RunReport", "predict", "run"]
+__all__ = ["RunConfig", "RunReport", "predict", "run", "start_local_ray"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,7 @@ class RunConfig:
     step_offset: int = 0
     recover: bool = False
     keep_versions: int = 0
+    stall_s: float = DEFAULT_STALL_S
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or self.steps < 1:
@@ -230,6 +240,7 @@ def run(
     transition_method: str = "greedy",
     on_worker_lost: str = "stop",
     replan_method: str = "greedy",
+    stall_timeout_s: float = DEFAULT_STALL_S,
 ) -> RunReport:
     """Execute ``result``'s plan for ``steps`` RL steps and verify the trace against it.
 
@@ -254,14 +265,20 @@ def run(
     hardware
         Hardware for the predicted times (preset name or JSON path; default ``"cpu"``).
     checkpoint_dir
-        Save every training group's weights and optimizer slices after each step there.
+        Save every training group's weights and optimizer slices after each step there; the
+        manifest (with every file's SHA-256 and size) is rewritten after each complete step.
     resume_from
         A ``checkpoint_dir`` of an earlier run of the same plan: start from its last complete
-        step (weights, optimizer state, data position).
+        step (weights, optimizer state, data position). The manifest and the step's files are
+        verified before any worker starts.
     trace_path
-        Write the trace there (with transitions, segment ``i > 0`` goes to ``<stem>.seg<i><suffix>``).
+        Write the trace there (with transitions, segment ``i > 0`` goes to ``<stem>.seg<i><suffix>``);
+        checked to be writable before any work. When the run fails, the trace up to the failure
+        is written there (status ``"failed"``).
     progress
-        Callback ``(event, payload)``; events ``"setup"``, ``"node"``, ``"step"``, ``"transition"``.
+        Callback ``(event, payload)``; events ``"setup"`` (payload ``seconds``, ``groups``,
+        ``segment``, ``workers``: worker id → ``pid``, ``host``, ``device``), ``"node"``,
+        ``"transition"``, ``"recovery"``.
     fail_at
         Testing hook ``(worker id, vertex, step)``: that worker of the first plan raises in that
         node; ``(worker id, vertex, step, "exit")``: its process exits there (a lost device).
@@ -284,6 +301,10 @@ def run(
         run.
     replan_method
         ``rpeg.solve`` method of the urgent replan.
+    stall_timeout_s
+        Seconds without any progress (no result arrives and no worker computes) after which a
+        wait gives up (:mod:`rpeg.runtime.liveness`); there are no other deadlines, so a slow or
+        loaded machine only makes the run slower.
 
     Returns
     -------
@@ -291,51 +312,65 @@ def run(
 
     Raises
     ------
+    TypeError
+        An argument of the wrong type (the message names it), e.g. ``run(None)``.
     ValueError
         Bad input (no plan, unsupported algorithm, shape, Ray resources, transition step or
-        target of another job).
+        target of another job, an argument out of range); :class:`~rpeg.ir.errors.InputError`
+        for a path that cannot be written or a missing or corrupt checkpoint.
     RunError
-        A node failed; the message names the node, its step and the worker.
+        A worker raised, died or stalled; the message names the node, its step, the worker and
+        its device. Its ``trace`` (and the file ``trace_path``) holds the trace up to the
+        failure.
     """
-    import ray
-    import torch
-
-    from ..costmodel import hardware_preset, load_hardware
-    from ..solvers.transition import plan_transition
-    from .controller import Controller, RunError
-    from .recovery import urgent_replan
-    from .transition import check_compatible, execute_transition, physical_units
-    from .verify import verify
-
-    rl = rl or RLConfig()
-    if on_worker_lost not in ("stop", "replan"):
-        raise ValueError(f"on_worker_lost must be 'stop' or 'replan', got {on_worker_lost!r}")
-    plans = _segments(result, steps, transitions)
-    if transitions and (checkpoint_dir is not None or resume_from is not None):
-        raise ValueError(
-            "transitions cannot be combined with checkpoint_dir/resume_from (checkpoints are per plan)"
-        )
-    for _, target in transitions:
-        check_compatible(result, target)
-    offset = 0
-    if resume_from is not None:
-        offset = _resume_step(Path(resume_from), result) + 1
-    cfg = RunConfig(
-        steps=steps,
+    _check_arguments(
+        result,
+        steps,
+        address=address,
         seed=seed,
         scale=scale,
         batch=batch,
         prompt_len=prompt_len,
         response_len=response_len,
         rl=rl,
-        address=address,
         devices_per_node=devices_per_node,
-        use_gpu=False,
-        checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
-        resume_from=str(resume_from) if resume_from else None,
+        hardware=hardware,
+        checkpoint_dir=checkpoint_dir,
+        resume_from=resume_from,
+        trace_path=trace_path,
+        progress=progress,
         fail_at=fail_at,
-        step_offset=offset,
+        return_weights=return_weights,
+        transitions=transitions,
+        transition_method=transition_method,
+        on_worker_lost=on_worker_lost,
+        replan_method=replan_method,
     )
+    stall_s = check_seconds("stall_timeout_s", stall_timeout_s, allow_none=False)
+    import ray
+    import torch
+
+    from ..costmodel import hardware_preset, load_hardware
+    from ..solvers.transition import plan_transition
+    from .checkpoint import check_checkpoint
+    from .controller import Controller
+    from .recovery import urgent_replan
+    from .transition import check_compatible, execute_transition, physical_units
+    from .verify import verify
+
+    rl = rl or RLConfig()
+    plans = _segments(result, steps, transitions)
+    if transitions and (checkpoint_dir is not None or resume_from is not None):
+        raise ValueError(
+            "transitions cannot be combined with checkpoint_dir/resume_from (checkpoints are per plan)"
+        )
+    trace_files = [_segment_path(Path(trace_path), i) for i in range(len(plans))] if trace_path else []
+    for i, f in enumerate(trace_files):
+        check_output(f, "trace_path" if i == 0 else f"trace_path (segment {i})")
+    if checkpoint_dir is not None:
+        check_output_dir(checkpoint_dir, "checkpoint_dir")
+    for _, target in transitions:
+        check_compatible(result, target)
     if isinstance(hardware, Hardware):
         hw = hardware
     elif hardware is None:
@@ -361,6 +396,31 @@ def run(
                 specs=specs,
             )
         )
+    # the checkpoint to resume from is verified (schema, plan, every file's size and SHA-256)
+    # before any worker starts
+    resume = None
+    offset = 0
+    if resume_from is not None:
+        trainers = {g.gid: g.size for g in bindings[0].groups if g.trains}
+        resume = check_checkpoint(resume_from, plan_hash(result), trainers)
+        offset = resume.global_step + 1
+    cfg = RunConfig(
+        steps=steps,
+        seed=seed,
+        scale=scale,
+        batch=batch,
+        prompt_len=prompt_len,
+        response_len=response_len,
+        rl=rl,
+        address=address,
+        devices_per_node=devices_per_node,
+        use_gpu=False,
+        checkpoint_dir=str(checkpoint_dir) if checkpoint_dir is not None else None,
+        resume_from=str(resume_from) if resume_from is not None else None,
+        fail_at=fail_at,
+        step_offset=offset,
+        stall_s=stall_s,
+    )
     # planned up front (full-size state, the plans' hardware): an infeasible move fails before any work
     tplans = [
         plan_transition(
@@ -372,13 +432,7 @@ def run(
     if not ray.is_initialized():
         n = result.cluster.num_devices
         if address is None:
-            ray.init(
-                num_cpus=max(2, os.cpu_count() or 2),
-                resources={"rpeg_device": n},
-                include_dashboard=False,
-                log_to_driver=False,
-                configure_logging=False,
-            )
+            start_local_ray(n)
         else:
             ray.init(address=address, log_to_driver=False)
         started = True
@@ -392,10 +446,14 @@ def run(
     records: list[Any] = []
     recoveries: list[str] = []
     ctl = None
+    running: tuple[Any, Result, int] | None = None  # the segment under way: controller, plan, offset
+    failed: RunError | None = None
+    weights: dict[str, dict[str, Any]] = {}
     queue = [
         (res, binding, tplans[i - 1] if i else None)
         for i, ((res, _), binding) in enumerate(zip(plans, bindings))
     ]
+    started_ctls: list[Any] = []
     try:
         seg_offset, base, alias, current_units, old_steps = offset, 0, {}, None, 0
         seg = 0
@@ -406,12 +464,24 @@ def run(
             )
             binding.version_offset = seg_offset - offset  # updates before it in this run
             nxt = Controller(binding, seg_cfg, progress)
+            if cfg.checkpoint_dir:
+                nxt.on_saved = _manifest_writer(Path(cfg.checkpoint_dir), result)
+            running = (nxt, res, seg_offset)
+            started_ctls.append(nxt)
             if ctl is None:
                 nxt.start(device_base=base)
             else:
                 nxt.start(placement=ctl.placement, per_node=ctl.per_node, device_base=base)
             if progress:
-                progress("setup", {"seconds": nxt.setup_s, "groups": len(binding.groups), "segment": seg})
+                progress(
+                    "setup",
+                    {
+                        "seconds": nxt.setup_s,
+                        "groups": len(binding.groups),
+                        "segment": seg,
+                        "workers": nxt.workers(),
+                    },
+                )
             if ctl is not None:
                 if tplan is None:  # after a device loss: from the intact units to the new plan
                     tplan = plan_transition(
@@ -428,8 +498,8 @@ def run(
                 ctl.stop()
             ctl = nxt
             seg += 1
-            if seg == 1 and cfg.resume_from:
-                _restore(ctl, Path(cfg.resume_from), offset - 1)
+            if seg == 1 and resume is not None:
+                _restore(ctl, resume)
             try:
                 ctl.execute()
             except RunError:
@@ -443,6 +513,7 @@ def run(
                     progress("recovery", {"message": rcv.message, "lost_devices": rcv.lost_devices})
                 if rcv.step > 0:
                     done.append((ctl, seg_offset, res, rcv.step))
+                running = None
                 seg_offset += rcv.step
                 old_steps = rcv.step
                 left = steps - (seg_offset - offset)
@@ -462,15 +533,20 @@ def run(
                 base, alias, current_units = rcv.device_base, rcv.alias, rcv.current
                 continue
             done.append((ctl, seg_offset, res, binding.steps))
+            running = None
             seg_offset += binding.steps
             old_steps = binding.steps
             alias, current_units = {}, physical_units(res, binding.graph, base)
         weights = ctl.final_weights() if return_weights and ctl is not None else {}
+    except RunError as exc:
+        failed = exc
     finally:
-        if ctl is not None:
-            ctl.stop()
+        for c in reversed(started_ctls):
+            c.stop()
         if started:
             ray.shutdown()
+    if failed is not None:
+        _fail_with_trace(failed, done, running, hw, use_gpu, address, trace_files)
     traces, rewards, step_times, predicted_steps, problems, overheads = [], [], [], [], [], []
     for i, (c, off, res, n) in enumerate(done):
         trace, seg_rewards, seg_times, seg_pred = _segment_trace(c, res, off, hw, use_gpu, address, n)
@@ -481,11 +557,8 @@ def run(
         found = verify(trace, res)
         problems += [f"segment {i}: {p}" for p in found] if len(done) > 1 else found
         overheads += [max(0.0, (r.end - r.start) - r.worker_time) for r in trace.records]
-        if trace_path:
-            path = Path(trace_path)
-            trace.to_json(path if i == 0 else path.with_name(f"{path.stem}.seg{i}{path.suffix}"))
-    if cfg.checkpoint_dir:
-        _write_manifest(Path(cfg.checkpoint_dir), result, bindings[0], steps, offset)
+        if trace_files:
+            trace.to_json(_segment_path(Path(trace_files[0]), i))
     return RunReport(
         traces[0],
         rewards,
@@ -501,6 +574,124 @@ def run(
         records,
         recoveries,
     )
+
+
+def start_local_ray(devices: int, num_cpus: int | None = None) -> None:
+    """Start a local Ray instance for a run on ``devices`` devices: one ``rpeg_device`` resource
+    per device, no dashboard, and worker processes at the driver's priority.
+
+    Ray starts its worker processes with niceness 15 by default; the runtime's workers *are*
+    the job, and niced they starve behind any other load on the machine (a loaded 2-core host
+    ran a 2-step run for minutes), so they run at niceness 0 here. A cluster joined with
+    ``address`` keeps its own setting (``RAY_worker_niceness`` when it was started).
+
+    Parameters
+    ----------
+    devices
+        Devices of the plan (``rpeg_device`` resources).
+    num_cpus
+        CPUs Ray may schedule (default: the machine's, at least 2).
+    """
+    import ray
+
+    ray.init(
+        num_cpus=num_cpus or max(2, os.cpu_count() or 2),
+        resources={"rpeg_device": devices},
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        _system_config={"worker_niceness": 0},
+    )
+
+
+def _segment_path(path: Path, i: int) -> Path:
+    """Segment ``i``'s trace file: ``path`` itself, then ``<stem>.seg<i><suffix>``."""
+    return path if i == 0 else path.with_name(f"{path.stem}.seg{i}{path.suffix}")
+
+
+def _check_arguments(result: Any, steps: Any, **kw: Any) -> None:
+    """``TypeError`` / ``ValueError`` naming the first bad argument of :func:`run` (before any
+    work: no torch.distributed, no Ray)."""
+    check_type("result", result, Result, "a Result (rpeg.solve(...) or rpeg.Result.from_json('result.json'))")
+    check_positive_int("steps", steps)
+    check_type("seed", kw["seed"], int)
+    check_type("scale", kw["scale"], (str, dict))
+    for name in ("prompt_len", "response_len"):
+        check_positive_int(name, kw[name])
+    for name in ("batch", "devices_per_node"):
+        if kw[name] is not None:
+            check_positive_int(name, kw[name])
+    if kw["address"] is not None:
+        check_type("address", kw["address"], str)
+    if kw["rl"] is not None:
+        check_type("rl", kw["rl"], RLConfig)
+    if kw["hardware"] is not None:
+        check_type(
+            "hardware", kw["hardware"], (Hardware, str, os.PathLike), "a Hardware, a preset name or a path"
+        )
+    for name in ("checkpoint_dir", "resume_from", "trace_path"):
+        if kw[name] is not None:
+            check_type(name, kw[name], (str, os.PathLike), "a path (str or os.PathLike)")
+    if kw["resume_from"] is not None and not Path(kw["resume_from"]).is_dir():
+        what = (
+            "is a file, not a checkpoint directory" if Path(kw["resume_from"]).exists() else "does not exist"
+        )
+        raise InputError(f"resume_from {str(kw['resume_from'])!r} {what}", source="resume_from")
+    if kw["progress"] is not None and not callable(kw["progress"]):
+        raise TypeError(
+            f"progress must be a callable (event, payload) or None, got {type(kw['progress']).__name__}"
+        )
+    if kw["fail_at"] is not None:
+        check_type("fail_at", kw["fail_at"], tuple)
+    check_type("return_weights", kw["return_weights"], bool)
+    if isinstance(kw["transitions"], (str, bytes)) or not isinstance(kw["transitions"], Sequence):
+        raise TypeError(
+            f"transitions must be a sequence of (step, Result) pairs, got {type(kw['transitions']).__name__}"
+        )
+    for name in ("transition_method", "replan_method", "on_worker_lost"):
+        check_type(name, kw[name], str)
+    if kw["on_worker_lost"] not in ("stop", "replan"):
+        raise ValueError(f"on_worker_lost must be 'stop' or 'replan', got {kw['on_worker_lost']!r}")
+
+
+def _fail_with_trace(
+    exc: RunError,
+    done: list[tuple[Any, int, Result, int]],
+    running: tuple[Any, Result, int] | None,
+    hw: Hardware,
+    use_gpu: bool,
+    address: str | None,
+    trace_files: list[Path],
+) -> None:
+    """Write the traces up to the failure (completed segments, then the failed one with status
+    ``"failed"``), attach the failed one to ``exc`` and raise it."""
+    traces = []
+    for c, off, res, n in done:
+        traces.append(_segment_trace(c, res, off, hw, use_gpu, address, n)[0])
+    if running is not None:
+        c, res, off = running
+        if exc.node is None and c.failure:  # e.g. the urgent path stopped: the loss that started it
+            f = c.failure
+            exc.node, exc.step, exc.vertex = f["node"], f["step"], f["vertex"]
+            if exc.worker is None:
+                exc.worker, exc.device, exc.lost = f["worker"], f["device"], f["lost"]
+        failure = {
+            "message": str(exc),
+            "node": exc.node,
+            "step": exc.step,
+            "vertex": exc.vertex,
+            "worker": exc.worker,
+            "device": exc.device,
+            "lost": bool(exc.lost),
+        }
+        traces.append(_segment_trace(c, res, off, hw, use_gpu, address, c.b.steps, failure=failure)[0])
+    if traces:
+        exc.trace = traces[-1]
+    if trace_files and traces:
+        for i, t in enumerate(traces):
+            t.to_json(_segment_path(trace_files[0], i))
+        exc.trace_path = str(_segment_path(trace_files[0], len(traces) - 1))
+    raise exc
 
 
 def _segments(
@@ -530,17 +721,26 @@ def _segments(
 
 
 def _segment_trace(
-    ctl: Any, result: Result, offset: int, hw: Hardware, use_gpu: bool, address: str | None, steps: int
+    ctl: Any,
+    result: Result,
+    offset: int,
+    hw: Hardware,
+    use_gpu: bool,
+    address: str | None,
+    steps: int,
+    failure: dict[str, Any] | None = None,
 ) -> tuple[Trace, list[float], list[float], list[float]]:
     """The trace and per-step figures of one executed plan's first ``steps`` complete steps (all of
     them, or those before a lost worker's step: the rest are dropped and the node ids renumbered
-    to the ``steps``-step graph)."""
+    to the ``steps``-step graph). With ``failure`` the segment stopped: the trace keeps every
+    record completed before it (node ids of the segment's graph), status ``"failed"``, and
+    step metrics for the steps before the failed one."""
     import torch
 
     binding = ctl.b
     durations, _, predicted_steps = predict(binding, hw)
     records = sorted(ctl.records, key=lambda r: r.node)
-    if steps < binding.steps:
+    if failure is None and steps < binding.steps:
         records = _renumber([r for r in records if r.step < steps], result, steps)
         durations = []  # per node of the full segment graph; not meaningful for a cut-short one
         predicted_steps = predicted_steps[:steps]
@@ -550,15 +750,18 @@ def _segment_trace(
         parts = ctl.rewards.get(k, [])
         total = sum(c for _, c in parts)
         rewards.append(sum(s for s, _ in parts) / total if total else float("nan"))
+    shown = steps
+    if failure is not None:
+        shown = failure["step"] if failure.get("step") is not None else 0
     step_metrics = [
         {
             "step": k + offset,
-            "reward": rewards[k],
+            "reward": rewards[k] if math.isfinite(rewards[k]) else None,
             "step_time_s": step_times[k],
             "predicted_step_time_s": predicted_steps[k],
             "losses": ctl.losses.get(k, {}),
         }
-        for k in range(steps)
+        for k in range(min(shown, steps))
     ]
     cfg = ctl.cfg
     trace = Trace(
@@ -584,7 +787,10 @@ def _segment_trace(
             "setup_s": ctl.setup_s,
             "wall_s": ctl.wall_s,
             "dispatch_overhead_s": ctl.overhead_s,
+            "stall_timeout_s": cfg.stall_s,
         },
+        status="complete" if failure is None else "failed",
+        failure=failure,
     )
     return trace, rewards, step_times, predicted_steps
 
@@ -610,57 +816,41 @@ def _renumber(records: list[Any], result: Result, steps: int) -> list[Any]:
 
 
 # ---------------------------------------------------------------------------- checkpoints
-def _write_manifest(root: Path, result: Result, binding: Binding, steps: int, offset: int) -> None:
-    trainers = [g for g in binding.groups if g.trains]
-    complete = []
-    for k in range(steps):
-        d = root / f"step{k:05d}"
-        if all((d / f"g{g.gid}-r{r}.pt").exists() for g in trainers for r in range(g.size)):
-            complete.append(k + offset)
-            (d / "meta.json").write_text(json.dumps({"global_step": k + offset}))
-    doc = {"plan_hash": plan_hash(result), "complete_steps": complete, "trainers": [g.gid for g in trainers]}
-    (root / "manifest.json").write_text(json.dumps(doc, indent=1))
+def _manifest_writer(root: Path, result: Result) -> Callable[[Any], None]:
+    """The controller's ``on_saved`` hook: rewrite ``root/manifest.json`` with every step whose
+    training ranks have all written their files (:mod:`rpeg.runtime.checkpoint`)."""
+    from .checkpoint import write_manifest
+
+    digest = plan_hash(result)
+
+    def write(ctl: Any) -> None:
+        trainers = [g for g in ctl.b.groups if g.trains]
+        want = {f"g{g.gid}-r{r}.pt" for g in trainers for r in range(g.size)}
+        complete = {k: files for k, files in ctl.saved.items() if want <= set(files)}
+        write_manifest(root, digest, [g.gid for g in trainers], complete)
+
+    return write
 
 
-def _resume_step(root: Path, result: Result) -> int:
-    path = root / "manifest.json"
-    if not path.exists():
-        raise ValueError(f"resume_from={str(root)!r} holds no manifest.json (not a checkpoint directory)")
-    doc = json.loads(path.read_text())
-    if doc.get("plan_hash") != plan_hash(result):
-        raise ValueError(
-            f"resume_from={str(root)!r} was written for another plan (hash {doc.get('plan_hash', '?')[:12]}…); "
-            "resuming needs the same plan"
-        )
-    if not doc.get("complete_steps"):
-        raise ValueError(f"resume_from={str(root)!r} holds no complete step")
-    return int(max(doc["complete_steps"]))
-
-
-def _restore(ctl: Any, root: Path, global_step: int) -> None:
-    """Load the training groups' checkpoint of ``global_step`` and install those weights on every
-    other group of the same model (their version 0 of this run)."""
-    import ray
-
+def _restore(ctl: Any, resume: Any) -> None:
+    """Load the training groups' files of the verified checkpoint step ``resume``
+    (:class:`~rpeg.runtime.checkpoint.Resume`) and install those weights on every other group of
+    the same model (their version 0 of this run)."""
     b = ctl.b
-    local_step = None
-    for d in sorted(root.glob("step*")):
-        meta = d / "meta.json"
-        if meta.exists() and json.loads(meta.read_text())["global_step"] == global_step:
-            local_step = d
-    if local_step is None:
-        raise ValueError(f"checkpoint of step {global_step} not found under {root}")
-    for g in b.groups:
-        if g.trains:
-            ray.get(
-                [
-                    a.call.remote("load", str(local_step / f"g{g.gid}-r{r}.pt"))
-                    for r, a in enumerate(ctl.actors[g.gid])
-                ]
-            )
+    loads = [
+        ((g.gid, r), a.call.remote("load", str(resume.step_dir / f"g{g.gid}-r{r}.pt")))
+        for g in b.groups
+        if g.trains
+        for r, a in enumerate(ctl.actors[g.gid])
+    ]
+    ctl.get(loads, f"loading checkpoint step {resume.global_step} from {str(resume.step_dir)!r}")
     for g in b.groups:
         if g.trains:
             pubs = [a.call.remote("publish") for a in ctl.actors[g.gid]]
             for other in b.groups:
                 if other.model == g.model and not other.trains:
-                    ray.get([a.call.remote("install", pubs, 0) for a in ctl.actors[other.gid]])
+                    calls = [
+                        ((other.gid, r), a.call.remote("install", pubs, 0))
+                        for r, a in enumerate(ctl.actors[other.gid])
+                    ]
+                    ctl.get(calls, f"installing the checkpoint's {g.model} weights")

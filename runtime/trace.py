@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ..heuristics.costs import Costs
+from ..ir.errors import InputError, read_json, validate
 from ..ir.graph import RPEG
 from ..ir.lower import OP, RESHARD, ExecGraph, lower
 from ..ir.types import Role
 from ..ir.unroll import unroll
 from ..solvers.result import Result
+from .schema import RecordDoc, TraceDoc
 
 __all__ = [
     "FORMAT",
@@ -225,37 +227,34 @@ class TraceRecord:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any], where: str = "record") -> TraceRecord:
-        """Inverse of :meth:`to_dict`.
+        """Inverse of :meth:`to_dict`, through the strict schema (:class:`~rpeg.runtime.schema.RecordDoc`).
 
         Raises
         ------
-        ValueError
-            Naming ``where`` and the missing or malformed field.
+        InputError
+            Naming ``where``, the field and the value: a missing or unknown field, a wrong type,
+            a negative or non-finite time, a negative id or byte count.
         """
-        if not isinstance(doc, dict):
-            raise ValueError(f"{where}: must be an object, got {type(doc).__name__}")
-        kind = _str(_need(doc, "kind", where), where, "kind")
-        if kind not in KINDS:
-            raise ValueError(f"{where}: field 'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
-        source = _need(doc, "source", where)
+        return cls._from_doc(validate(RecordDoc, doc, where))
+
+    @classmethod
+    def _from_doc(cls, d: RecordDoc) -> TraceRecord:
         return cls(
-            node=_int(_need(doc, "node", where), where, "node"),
-            kind=kind,
-            vertex=_str(_need(doc, "vertex", where), where, "vertex"),
-            source=None if source is None else _str(source, where, "source"),
-            step=_int(_need(doc, "step", where), where, "step"),
-            phase=_int(_need(doc, "phase", where), where, "phase"),
-            workers=_list(_need(doc, "workers", where), where, "workers", _str),
-            devices=_list(_need(doc, "devices", where), where, "devices", _int),
-            layout=_mapping(_need(doc, "layout", where), where, "layout", _int),
-            start=_float(_need(doc, "start", where), where, "start"),
-            end=_float(_need(doc, "end", where), where, "end"),
-            versions_consumed=_mapping(
-                _need(doc, "versions_consumed", where), where, "versions_consumed", _int
-            ),
-            version_produced=_mapping(_need(doc, "version_produced", where), where, "version_produced", _int),
-            bytes=_int(_need(doc, "bytes", where), where, "bytes"),
-            worker_time=_float(_need(doc, "worker_time", where), where, "worker_time"),
+            node=d.node,
+            kind=d.kind,
+            vertex=d.vertex,
+            source=d.source,
+            step=d.step,
+            phase=d.phase,
+            workers=list(d.workers),
+            devices=list(d.devices),
+            layout=dict(d.layout),
+            start=float(d.start),
+            end=float(d.end),
+            versions_consumed=dict(d.versions_consumed),
+            version_produced=dict(d.version_produced),
+            bytes=d.bytes,
+            worker_time=float(d.worker_time),
         )
 
 
@@ -280,6 +279,12 @@ class Trace:
     meta
         Seed, scale, host, Ray address, start time, torch version, backend, and ``scaled``
         (``True`` when the run used scaled-down models, so byte counts differ from the plan's).
+    status
+        ``"complete"``, or ``"failed"``: the run stopped and the trace holds the records of the
+        nodes that completed before (:attr:`failure` says what stopped it).
+    failure
+        ``{"message", "node", "step", "vertex", "worker", "device", "lost"}`` of a failed run,
+        else ``None``.
     """
 
     format: ClassVar[str] = FORMAT
@@ -291,117 +296,108 @@ class Trace:
     step_metrics: list[dict[str, Any]] = field(default_factory=list)
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    status: str = "complete"
+    failure: dict[str, Any] | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Whether the run finished (``status == "complete"``)."""
+        return self.status == "complete"
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``rpeg.trace/1`` document."""
-        return {
+        """The ``rpeg.trace/1`` document (``failure`` only when the run failed)."""
+        doc = {
             "format": FORMAT,
             "plan_hash": self.plan_hash,
             "steps": self.steps,
             "staleness": dict(self.staleness),
+            "status": self.status,
             "records": [r.to_dict() for r in self.records],
             "step_metrics": [dict(m) for m in self.step_metrics],
             "groups": {k: dict(v) for k, v in self.groups.items()},
             "meta": dict(self.meta),
         }
+        if self.failure is not None:
+            doc["failure"] = dict(self.failure)
+        return doc
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> Trace:
-        """Inverse of :meth:`to_dict`.
+    def from_dict(cls, doc: Any, source: str = "trace") -> Trace:
+        """Inverse of :meth:`to_dict`, through the strict schema (:class:`~rpeg.runtime.schema.TraceDoc`).
+
+        Parameters
+        ----------
+        doc
+            The parsed JSON document.
+        source
+            What to call it in messages (the file name).
 
         Raises
         ------
-        ValueError
-            If the document is not ``rpeg.trace/1`` or a field is missing or malformed (the
-            message names the field, and the record index for a record's field).
+        InputError
+            If the document is not ``rpeg.trace/1`` (the message names the format it has) or a
+            field is missing, unknown, of the wrong type, negative or non-finite (the message
+            names the field path, e.g. ``records[3].end``, and the value).
         """
         if not isinstance(doc, dict):
-            raise ValueError(f"trace: must be a JSON object, got {type(doc).__name__}")
-        if doc.get("format") != FORMAT:
-            raise ValueError(f"trace: field 'format' must be {FORMAT!r}, got {doc.get('format')!r}")
-        records = _need(doc, "records", "trace")
-        if not isinstance(records, list):
-            raise ValueError(f"trace: field 'records' must be a list, got {type(records).__name__}")
-        metrics = doc.get("step_metrics", [])
-        if not isinstance(metrics, list) or not all(isinstance(m, dict) for m in metrics):
-            raise ValueError("trace: field 'step_metrics' must be a list of objects")
-        groups = doc.get("groups", {})
-        if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
-            raise ValueError("trace: field 'groups' must be an object of objects")
-        meta = doc.get("meta", {})
-        if not isinstance(meta, dict):
-            raise ValueError(f"trace: field 'meta' must be an object, got {type(meta).__name__}")
+            raise InputError(f"{source}: a trace is a JSON object, got {type(doc).__name__}", source=source)
+        fmt = doc.get("format")
+        if fmt != FORMAT:
+            hint = (
+                " (a result file? `rpeg verify` takes TRACE.json RESULT.json)"
+                if fmt == "rpeg.result/1"
+                else ""
+            )
+            raise InputError(
+                f"{source}: format {fmt!r} is not {FORMAT!r}{hint}"
+                if "format" in doc
+                else f"{source}: missing field 'format'",
+                source=source,
+                field="format",
+            )
+        d = validate(TraceDoc, doc, source)
         return cls(
-            plan_hash=_str(_need(doc, "plan_hash", "trace"), "trace", "plan_hash"),
-            steps=_int(_need(doc, "steps", "trace"), "trace", "steps"),
-            staleness=_mapping(_need(doc, "staleness", "trace"), "trace", "staleness", _int),
-            records=[TraceRecord.from_dict(r, f"trace.records[{i}]") for i, r in enumerate(records)],
-            step_metrics=[dict(m) for m in metrics],
-            groups={str(k): dict(v) for k, v in groups.items()},
-            meta=dict(meta),
+            plan_hash=d.plan_hash,
+            steps=d.steps,
+            staleness=dict(d.staleness),
+            records=[TraceRecord._from_doc(r) for r in d.records],
+            step_metrics=[dict(m) for m in d.step_metrics],
+            groups={k: dict(v) for k, v in d.groups.items()},
+            meta=dict(d.meta),
+            status=d.status,
+            failure=d.failure.model_dump() if d.failure is not None else None,
         )
 
     def to_json(self, path: str | Path | None = None) -> str:
-        """Serialise to JSON; also write it to ``path`` when given."""
-        text = json.dumps(self.to_dict(), indent=1) + "\n"
+        """Serialise to JSON (numbers must be finite); also write it to ``path`` when given
+        (atomically: a temporary file in the same directory, then renamed)."""
+        text = json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n"
         if path is not None:
-            Path(path).write_text(text)
+            p = Path(path)
+            tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+            tmp.write_text(text)
+            os.replace(tmp, p)
         return text
 
     @classmethod
     def from_json(cls, source: str | Path) -> Trace:
-        """Read a trace from a path or from the JSON text itself.
+        """Read a trace from a path or from the JSON text itself (text starts with ``{``).
 
         Raises
         ------
-        ValueError
-            If the text is not JSON or not a valid ``rpeg.trace/1`` document.
+        InputError
+            If the file is missing or unreadable, the text is not JSON (NaN and Infinity
+            literals are refused) or not a valid ``rpeg.trace/1`` document (:meth:`from_dict`).
         """
         text = str(source)
-        if not text.lstrip().startswith("{"):
-            path = Path(source)
-            if not path.is_file():
-                raise ValueError(f"trace file {str(source)!r} does not exist")
-            text = path.read_text()
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"trace: not valid JSON ({exc})") from None
-        return cls.from_dict(doc)
+        if isinstance(source, str) and text.lstrip().startswith("{"):
+            try:
+                doc = json.loads(text, parse_constant=_no_constant)
+            except ValueError as exc:
+                raise InputError(f"trace: not valid JSON ({exc})", source="trace") from None
+            return cls.from_dict(doc, "trace")
+        return cls.from_dict(read_json(source, "trace file"), text)
 
 
-# ---------------------------------------------------------------------------- field readers
-def _need(doc: dict[str, Any], key: str, where: str) -> Any:
-    if key not in doc:
-        raise ValueError(f"{where}: missing field {key!r}")
-    return doc[key]
-
-
-def _int(value: Any, where: str, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{where}: field {key!r} must be an integer, got {value!r}")
-    return value
-
-
-def _float(value: Any, where: str, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{where}: field {key!r} must be a number, got {value!r}")
-    return float(value)
-
-
-def _str(value: Any, where: str, key: str) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{where}: field {key!r} must be a string, got {value!r}")
-    return value
-
-
-def _list(value: Any, where: str, key: str, item: Callable[[Any, str, str], Any]) -> list:
-    if not isinstance(value, list):
-        raise ValueError(f"{where}: field {key!r} must be a list, got {value!r}")
-    return [item(x, where, f"{key}[{i}]") for i, x in enumerate(value)]
-
-
-def _mapping(value: Any, where: str, key: str, item: Callable[[Any, str, str], Any]) -> dict:
-    if not isinstance(value, dict):
-        raise ValueError(f"{where}: field {key!r} must be an object, got {value!r}")
-    return {str(k): item(v, where, f"{key}.{k}") for k, v in value.items()}
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")

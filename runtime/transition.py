@@ -142,6 +142,7 @@ class _Holders:
     def __init__(self, old: Any, new: Any, current_uids: set[int], alias: dict[str, str]) -> None:
         self.old, self.new, self.current, self.alias = old, new, current_uids, alias
         self.actors: list[Any] = []
+        self.owners: list[Any] = []  # transition rank → liveness.Owner
         self.device: list[int] = []  # transition rank → physical device
         self.xrank: dict[tuple[str, int, int], int] = {}  # (plan, gid, rank) → transition rank
         self.where: dict[tuple[str, str, int], tuple[int, int]] = {}  # (plan, vertex, device) → (gid, rank)
@@ -153,6 +154,7 @@ class _Holders:
                     dev = g.devices[r] + ctl.device_base
                     self.xrank[(tag, g.gid, r)] = len(self.actors)
                     self.actors.append(a)
+                    self.owners.append(ctl.owners[(g.gid, r)])
                     self.device.append(dev)
                     for v in g.vertices:
                         self.where[(tag, v, dev)] = (g.gid, r)
@@ -205,9 +207,7 @@ def execute_transition(
     RunError
         A worker failed; the message names the phase and the worker.
     """
-    import ray
-
-    from .controller import RunError
+    from .controller import RunError, torch_timeout_s
 
     dag = tplan.dag
     rec = TransitionRecord(step, tplan.method, tplan.l_tran, tplan.bound)
@@ -218,11 +218,17 @@ def execute_transition(
     alias = dict(alias or {})
     holders = _Holders(old, new, {u.uid for u in dag.current}, alias)
 
+    watch = old.watch
+    ref_owner: dict[Any, Any] = {}
+
+    def call(owner: Any, method: str, *args: Any) -> Any:
+        ref = owner.actor.call.remote(method, *args)
+        ref_owner[ref] = owner
+        return ref
+
     def get(refs: list, what: str) -> list:
-        try:
-            return ray.get(refs)
-        except Exception as exc:  # name the phase; the cause names the worker
-            raise RunError(f"transition at step {step}: {what} failed: {exc}") from exc
+        """Results by progress; a failure names the phase, the worker and its device."""
+        return watch.get_all(refs, ref_owner.__getitem__, f"transition at step {step}: {what}")
 
     # 1. weight synchronisation inside the current plan
     t0 = time.perf_counter()
@@ -230,12 +236,12 @@ def execute_transition(
     live = {(gid, r) for gid, r, _ in old.live_actors()}
     for g in old.b.groups:
         if g.trains:
-            pubs = [a.call.remote("publish") for a in old.actors[g.gid]]
+            pubs = [call(old.owners[(g.gid, r)], "publish") for r in range(g.size)]
             for other in old.b.groups:
                 if other.model == g.model and not other.trains:
                     refs += [
-                        a.call.remote("install", pubs, old.b.steps)
-                        for r, a in enumerate(old.actors[other.gid])
+                        call(old.owners[(other.gid, r)], "install", pubs, old.b.steps)
+                        for r in range(other.size)
                         if (other.gid, r) in live
                     ]
     get(refs, "weight synchronisation")
@@ -243,10 +249,12 @@ def execute_transition(
 
     # the transition group: every worker of both plans
     t0 = time.perf_counter()
-    master = ray.get(holders.actors[0].address.remote())
     world = len(holders.actors)
+    torch_s = torch_timeout_s(watch.stall_s)
+    # rank 0 opens the group's store on a port the OS picks, then every rank joins
+    (master,) = get([call(holders.owners[0], "xfer_host", world, torch_s)], "opening the transition group")
     get(
-        [a.call.remote("xfer_join", master, r, world) for r, a in enumerate(holders.actors)],
+        [call(o, "xfer_join", master, r, world, torch_s) for r, o in enumerate(holders.owners)],
         "joining the transition group",
     )
     rec.join_s = time.perf_counter() - t0
@@ -259,7 +267,7 @@ def execute_transition(
             v = alias.get(u.stage.vertex, u.stage.vertex)
             cells[holders.of(u, i)].append((u.uid, v, i, u.optim_bytes > 0))
     exporters = {holders.xrank[("old", gid, r)] for gid, r in live}
-    get([holders.actors[x].call.remote("xfer_export", cells.get(x, [])) for x in sorted(exporters)], "export")
+    get([call(holders.owners[x], "xfer_export", cells.get(x, [])) for x in sorted(exporters)], "export")
     rec.export_s = time.perf_counter() - t0
 
     # 3. the primitives, in DAG order
@@ -279,7 +287,7 @@ def execute_transition(
             if i in started or not preds[i] <= done:
                 continue
             calls = _calls(dag.primitives[i], holders, shapes, tags)
-            prefs = [holders.actors[x].call.remote(m, arg) for x, (m, arg) in sorted(calls.items())]
+            prefs = [call(holders.owners[x], m, arg) for x, (m, arg) in sorted(calls.items())]
             started[i] = time.perf_counter() - t0
             refs_of[i], waiting[i] = prefs, set(prefs)
             for r in prefs:
@@ -289,7 +297,18 @@ def execute_transition(
             pending = [r for rs in waiting.values() for r in rs]
             if not pending:
                 raise RuntimeError(f"transition DAG stalled with {n - len(done)} primitives left (a cycle?)")
-            ready, _ = ray.wait(pending, num_returns=1)
+            ready, dead = watch.wait_any(
+                pending, ref_owner.__getitem__, lambda: f"transition at step {step}: primitives"
+            )
+            if dead:
+                gone = ref_owner[dead[0]]
+                raise RunError(
+                    f"transition at step {step}: {dag.primitives[ref_of[dead[0]]].label()} failed on "
+                    f"{gone.label()}: worker process lost ({watch.dead(gone)})",
+                    worker=gone.worker,
+                    device=gone.device,
+                    lost=True,
+                )
             i = ref_of[ready[0]]
             waiting[i].discard(ready[0])
             if waiting[i]:
@@ -341,17 +360,17 @@ def execute_transition(
                     adopt[x].setdefault("cells", {})[v] = dst
                     adopt[x]["train"] = train
     outs = get(
-        [holders.actors[x].call.remote("xfer_run", es) for x, es in sorted(entries.items())], "hand-over copy"
+        [call(holders.owners[x], "xfer_run", es) for x, es in sorted(entries.items())], "hand-over copy"
     )
     rec.handover_bytes = sum(o["sent"] for o in outs)
-    get([holders.actors[x].call.remote("xfer_adopt", keys) for x, keys in sorted(adopt.items())], "adoption")
-    _past_versions(old, new, old.b.steps if old_steps is None else old_steps, get)
+    get([call(holders.owners[x], "xfer_adopt", keys) for x, keys in sorted(adopt.items())], "adoption")
+    _past_versions(old, new, old.b.steps if old_steps is None else old_steps, get, call)
     rec.handover_s = time.perf_counter() - t0
     rec.total_s = time.perf_counter() - t_start
     return rec
 
 
-def _past_versions(old: Any, new: Any, done: int, get: Any) -> None:
+def _past_versions(old: Any, new: Any, done: int, get: Any, call: Any) -> None:
     """Hand the target the weight versions it reads before its own first update.
 
     An asynchronous target (``τ(m) > 0``) reads, at its step ``s ≤ τ``, version
@@ -381,14 +400,18 @@ def _past_versions(old: Any, new: Any, done: int, get: Any) -> None:
                     raise RuntimeError(f"version {v_old} of {m} is not available to the transition target")
             else:  # fetched now and re-put by the driver: the old workers stop after the transition
                 got = get(
-                    [a.call.remote("publish_version", v_old) for a in old.actors[trainer.gid]], "publish"
+                    [
+                        call(old.owners[(trainer.gid, r)], "publish_version", v_old)
+                        for r in range(trainer.size)
+                    ],
+                    "publish",
                 )
                 pub = [ray.put(x) for x in got]
             new.initial_pubs[(m, v)] = pub
             for g in new.b.groups:
                 serves = any(graph.vertices[graph.index[n]].role is not Role.TRAINING for n in g.vertices)
                 if g.model == m and serves:
-                    refs += [a.call.remote("install_snapshot", pub, v) for a in new.actors[g.gid]]
+                    refs += [call(new.owners[(g.gid, r)], "install_snapshot", pub, v) for r in range(g.size)]
     get(refs, "handing over past weight versions")
 
 

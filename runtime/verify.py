@@ -20,18 +20,22 @@ value. :func:`register_cli` adds ``rpeg verify TRACE.json RESULT.json``.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..ir.cluster import mask_devices
+from ..ir.errors import InputError, require_file
 from ..ir.graph import RPEG
 from ..ir.lower import OP, ExecGraph
 from ..ir.types import Role
 from ..solvers.result import Result
 from .trace import Trace, TraceRecord, expected_graph, expected_versions, plan_hash
 
-__all__ = ["TOLERANCE", "TraceError", "register_cli", "verify", "verify_or_raise"]
+__all__ = ["TOLERANCE", "TraceError", "read_result", "register_cli", "verify", "verify_or_raise"]
 
 #: Seconds by which a start may precede a predecessor's end (clock rounding).
 TOLERANCE = 1e-9
@@ -65,23 +69,44 @@ class _Plan:
     layouts: list[dict[str, int]]
 
 
-def verify(trace: Trace, result: Result) -> list[str]:
+def verify(trace: Trace | str | os.PathLike, result: Result | str | os.PathLike) -> list[str]:
     """All the ways ``trace`` departs from ``result``'s plan; an empty list means valid.
 
     Parameters
     ----------
     trace
-        The run's trace.
+        The run's trace, or the path of an ``rpeg.trace/1`` file (read through the strict
+        schema).
     result
-        The result whose plan the run executed.
+        The result whose plan the run executed, or the path of its ``rpeg.result/1`` file.
 
     Returns
     -------
     list[str]
         One message per problem, grouped by check (identity, bindings, layout, dependencies,
-        versions, exclusive resources, sanity) and ordered by node id inside a check.
+        versions, exclusive resources, sanity) and ordered by node id inside a check. The trace
+        of a failed run (``status: "failed"``) is never valid: its first problem says the run
+        failed and how; its records (those completed before the failure) are checked as usual,
+        and the nodes after the failure are not reported missing.
+
+    Raises
+    ------
+    TypeError
+        If ``trace`` or ``result`` is of another type (the message names the argument; the
+        order is ``verify(trace, result)``).
+    InputError
+        If a path names a missing or invalid file.
     """
-    problems = _check_identity(trace, result)
+    trace = _as_trace(trace)
+    result = _as_result(result)
+    problems = []
+    if not trace.complete:
+        f = trace.failure or {}
+        problems.append(
+            f"incomplete trace: the run failed ({f.get('message', 'no message')}); "
+            f"{len(trace.records)} record(s) before the failure"
+        )
+    problems += _check_identity(trace, result)
     if result.plan is None:
         return [*problems, f"result has no plan (status {result.status.value}); nothing to verify against"]
     if isinstance(trace.steps, bool) or not isinstance(trace.steps, int) or trace.steps < 1:
@@ -100,7 +125,7 @@ def verify(trace: Trace, result: Result) -> list[str]:
             for c in result.plan.choices
         ],
     )
-    matched = _check_bindings(trace.records, plan, problems)
+    matched = _check_bindings(trace.records, plan, problems, complete=trace.complete)
     _check_layouts(matched, plan, problems)
     _check_dependencies(matched, plan, problems)
     offset = trace.meta.get("version_offset", 0)
@@ -146,7 +171,9 @@ def _check_identity(trace: Trace, result: Result) -> list[str]:
     return out
 
 
-def _check_bindings(records: list[TraceRecord], plan: _Plan, problems: list[str]) -> dict[int, TraceRecord]:
+def _check_bindings(
+    records: list[TraceRecord], plan: _Plan, problems: list[str], complete: bool = True
+) -> dict[int, TraceRecord]:
     """Check 2: records ↔ nodes of ``Ĝ`` one to one, devices = node mask, persistent workers.
 
     A record matches node ``i`` when its ``node`` is ``i`` and its kind, vertex, source, step and
@@ -154,6 +181,9 @@ def _check_bindings(records: list[TraceRecord], plan: _Plan, problems: list[str]
     devices are the node's mask (for COMM/RESHARD the destination allocation). An OP record runs on
     exactly ``|σ(v)|`` distinct workers, and every OP record of vertex ``v`` (all steps and
     phases) on the same set of workers: one persistent worker group per invocation.
+
+    A failed run's trace (``complete=False``) is not expected to hold the nodes after the
+    failure: missing records are not reported then.
 
     Returns
     -------
@@ -183,7 +213,7 @@ def _check_bindings(records: list[TraceRecord], plan: _Plan, problems: list[str]
     for node in sorted(matched):
         if counts[node] > 1:
             found.append(f"duplicate records: {_at(matched[node])} recorded {counts[node]} times")
-    for i in range(n):
+    for i in range(n if complete else 0):  # a failed run's trace stops at the failure
         if i not in matched:
             found.append(f"missing record for node {i} ({_describe(_node_identity(g, i, plan.names))})")
     first_workers: dict[int, TraceRecord] = {}
@@ -326,7 +356,7 @@ def _check_exclusive(records: list[TraceRecord], problems: list[str]) -> None:
 
 
 def _check_sanity(trace: Trace, matched: dict[int, TraceRecord], plan: _Plan, problems: list[str]) -> None:
-    """Check 7: ``0 ≤ start ≤ end``, ``bytes ≥ 0``, ``worker_time ≥ 0``, bytes as lowered.
+    """Check 7: finite times, ``0 ≤ start ≤ end``, ``bytes ≥ 0``, ``worker_time ≥ 0``, bytes as lowered.
 
     An OP moves no bytes. A COMM/RESHARD moves ``round(nbytes)`` of its lowered node, unless
     ``trace.meta["scaled"]`` is true (scaled-down models): then any positive count is accepted.
@@ -334,6 +364,12 @@ def _check_sanity(trace: Trace, matched: dict[int, TraceRecord], plan: _Plan, pr
     scaled = bool(trace.meta.get("scaled", False))
     g = plan.graph
     for r in sorted(trace.records, key=lambda r: (r.node, r.start)):
+        bad = [k for k in ("start", "end", "worker_time") if not math.isfinite(getattr(r, k))]
+        if bad:
+            problems.append(
+                f"{_at(r)}: {', '.join(f'{k} {getattr(r, k)!r}' for k in bad)} not a finite number"
+            )
+            continue
         if r.start < 0:
             problems.append(f"{_at(r)}: start {r.start!r} is before the run started (negative)")
         if r.end < r.start:
@@ -381,8 +417,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     """Add ``verify TRACE.json RESULT.json`` to the ``rpeg`` subcommands.
 
     The handler prints ``trace valid: N records, S steps`` and returns 0, or prints the first
-    20 problems and returns 1. A missing or malformed file raises :class:`ValueError` (the CLI's
-    bad-input exit).
+    20 problems and returns 1 (``trace INCOMPLETE: …`` first for the trace of a failed run). A
+    missing or malformed file raises :class:`~rpeg.ir.errors.InputError` (the CLI's bad-input
+    exit, 2).
     """
     p = sub.add_parser("verify", help="check a runtime trace against the plan it executed")
     p.add_argument("trace", help="an rpeg.trace/1 file written by the runtime")
@@ -391,18 +428,65 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    for what, path in (("trace", args.trace), ("result", args.result)):
-        if not Path(path).is_file():
-            raise ValueError(f"{what} file {path!r} does not exist")
+    require_file(args.trace, "trace file")
+    require_file(args.result, "result file")
     trace = Trace.from_json(Path(args.trace))
-    result = Result.from_json(Path(args.result))
+    result = read_result(args.result)
     problems = verify(trace, result)
     if not problems:
         print(f"trace valid: {len(trace.records)} records, {trace.steps} steps")
         return 0
-    print(f"trace INVALID: {len(problems)} problem(s)")
+    if not trace.complete:
+        rest = problems[1:]
+        print(f"trace INCOMPLETE: {problems[0]}")
+        if not rest:
+            print(f"  the {len(trace.records)} record(s) before the failure follow the plan")
+        problems = rest
+    else:
+        print(f"trace INVALID: {len(problems)} problem(s)")
     for line in problems[:CLI_SHOWN]:
         print(f"  {line}")
     if len(problems) > CLI_SHOWN:
         print(f"  … and {len(problems) - CLI_SHOWN} more")
     return 1
+
+
+def read_result(path: str | os.PathLike, what: str = "result file") -> Result:
+    """:meth:`Result.from_json` of a file, every failure an :class:`~rpeg.ir.errors.InputError`
+    naming the file.
+
+    Raises
+    ------
+    InputError
+        If the file is missing, not JSON or not a valid ``rpeg.result/1`` document.
+    """
+    p = require_file(path, what)
+    try:
+        return Result.from_json(p)
+    except InputError:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{what} {str(path)!r}: {exc}", source=str(path)) from None
+
+
+def _as_trace(trace: Any) -> Trace:
+    if isinstance(trace, Trace):
+        return trace
+    if isinstance(trace, (str, os.PathLike)):
+        require_file(trace, "trace file")
+        return Trace.from_json(Path(trace))
+    hint = " (the order is verify(trace, result))" if isinstance(trace, Result) else ""
+    raise TypeError(
+        f"trace must be a Trace or the path of an rpeg.trace/1 file, got {type(trace).__name__}{hint}"
+    )
+
+
+def _as_result(result: Any) -> Result:
+    if isinstance(result, Result):
+        return result
+    if isinstance(result, (str, os.PathLike)):
+        return read_result(result)
+    hint = " (the order is verify(trace, result))" if isinstance(result, Trace) else ""
+    raise TypeError(
+        f"result must be a Result or the path of an rpeg.result/1 file, got {type(result).__name__}{hint}"
+    )

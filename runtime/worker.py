@@ -98,6 +98,11 @@ class Worker:
     keep_boundary
         Training workers keep their parameters and optimizer slice from before each update, so a
         run can roll back to the last step boundary after losing another worker mid-step.
+    store
+        Rank 0: the group's ``TCPStore``, already listening on a port the OS picked (``master``
+        names it); other ranks connect to ``master``.
+    timeout_s
+        torch.distributed's rendezvous and collective timeout.
     """
 
     def __init__(
@@ -112,7 +117,12 @@ class Worker:
         fail_at: tuple | None = None,
         step_offset: int = 0,
         keep_boundary: bool = False,
+        *,
+        store: Any = None,
+        timeout_s: float = 1800.0,
     ) -> None:
+        import datetime
+
         torch.set_num_threads(1)
         self.group, self.rank, self.shape, self.cfg, self.seed = group, rank, shape, config, seed
         self.fail_at = fail_at
@@ -120,8 +130,11 @@ class Worker:
         self.boundary: dict[str, Any] | None = None
         self.step_offset = step_offset
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
-        host, port = master.rsplit(":", 1)
-        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=group.size)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if store is None:  # rank 0 opened the store on a port the OS picked (controller._Actor.hello)
+            host, port = master.rsplit(":", 1)
+            store = dist.TCPStore(host, int(port), group.size, False, timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=group.size, timeout=timeout)
         self.mesh = make_mesh(rank, group.dp, group.pp, group.tp, "cuda" if backend == "nccl" else "cpu")
         lo, hi = stage_layer_ranges(group.spec.layers, group.pp)[self.mesh.p]
         self.layer_range = (lo, hi)
@@ -535,10 +548,14 @@ class Worker:
             ]:
                 del self.snapshots[v]
         self.version += 1
+        meta: dict[str, Any] = {"loss": float(sum(losses)) if losses else None, "version": self.version}
         if node.get("save"):
             os.makedirs(node["save"], exist_ok=True)
-            self.save(os.path.join(node["save"], f"g{self.group.gid}-r{self.rank}.pt"))
-        meta = {"loss": float(sum(losses)) if losses else None, "version": self.version}
+            name = f"g{self.group.gid}-r{self.rank}.pt"
+            path = self.save(os.path.join(node["save"], name))
+            from .checkpoint import file_digest
+
+            meta["checkpoint"] = {"name": name, **file_digest(path)}
         return None, meta
 
     @torch.no_grad()
@@ -577,14 +594,30 @@ class Worker:
         return self.version
 
     # ------------------------------------------------------------------ transitions (SPEC §10)
-    def xfer_join(self, master: str, rank: int, world: int, timeout_s: float = 120.0) -> None:
-        """Join the transition's process group: every worker of the current and the target plan,
-        a standalone gloo group beside this worker's own (``rank`` 0 hosts the store)."""
+    def xfer_host(self, world: int, timeout_s: float = 1800.0) -> str:
+        """Open the transition group's store for ``world`` ranks on a port the OS picks (port 0:
+        no pick-then-bind race); returns its ``host:port``. Called on the rank-0 worker first."""
         import datetime
 
-        host, port = master.rsplit(":", 1)
+        import ray
+
+        host = ray.util.get_node_ip_address()
         timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore(host, int(port), world, rank == 0, timeout)
+        self.xstore = dist.TCPStore(host, 0, world, True, timeout, wait_for_workers=False)
+        return f"{host}:{self.xstore.port}"
+
+    def xfer_join(self, master: str, rank: int, world: int, timeout_s: float = 1800.0) -> None:
+        """Join the transition's process group: every worker of the current and the target plan,
+        a standalone gloo group beside this worker's own (``rank`` 0 hosts the store, opened by
+        :meth:`xfer_host`)."""
+        import datetime
+
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if rank == 0:
+            store = self.xstore
+        else:
+            host, port = master.rsplit(":", 1)
+            store = dist.TCPStore(host, int(port), world, False, timeout)
         self.xpg = dist.ProcessGroupGloo(dist.PrefixStore("xfer", store), rank, world, timeout)
         self.xrank = rank
         self.units: dict[tuple, Any] = {}
@@ -739,12 +772,13 @@ class Worker:
                 main.step,
             )
         self.units.clear()
-        self.xpg = None
+        self.xpg = self.xstore = None
         return {"step": main.step}
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str) -> str:
-        """Write this rank's parameters, optimizer slice and version to ``path`` (a file)."""
+        """Write this rank's parameters, optimizer slice and version to ``path`` (a file; written
+        to a temporary name first and renamed, so a crash never leaves a truncated file)."""
         state = {
             "params": self._snapshot(),
             "optimizer": self.optimizer.state() if self.optimizer else None,
@@ -752,7 +786,9 @@ class Worker:
             "coords": (self.mesh.d, self.mesh.p, self.mesh.t),
             "layout": self.group.layout(),
         }
-        torch.save(state, path)
+        tmp = f"{path}.tmp{os.getpid()}"
+        torch.save(state, tmp)
+        os.replace(tmp, path)
         return path
 
     @torch.no_grad()

@@ -180,29 +180,21 @@ def test_result_json_reads_or_names_the_problem(tmp_path, small_result, data):
 
 
 # ---------------------------------------------------------------------------- trace JSON
-@pytest.fixture(scope="module")
-def small_trace() -> dict[str, Any]:
+#: A real one-step trace of ``ppo-1b-4gpu`` (greedy plan, k_eval=1), written by ``rpeg run``.
+TRACE = json.loads((Path(__file__).parent / "data" / "trace-small.json").read_text())
+
+
+def test_the_shipped_trace_reads():
     from rpeg.runtime.trace import Trace
 
-    return (
-        json.loads(Path(__file__).parent.joinpath("data", "trace-small.json").read_text())
-        if False
-        else _trace_doc(Trace)
-    )
-
-
-def _trace_doc(trace_cls) -> dict[str, Any]:
-    """A small valid trace document built through the runtime's own writer."""
-    path = Path(__file__).parent / "data" / "trace-small.json"
-    return json.loads(path.read_text())
+    assert len(Trace.from_json(Path(__file__).parent / "data" / "trace-small.json").records) == 6
 
 
 @SETTINGS
-@given(data=st.data())
-def test_trace_json_reads_or_names_the_problem(tmp_path, small_trace, data):
-    from rpeg.runtime.trace import load_trace
+@given(doc=mutated(TRACE))
+def test_trace_json_reads_or_names_the_problem(tmp_path, doc):
+    from rpeg.runtime.trace import Trace
 
-    doc = data.draw(mutated(small_trace))
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc))
-    _reads_or_input_error(load_trace, path)
+    _reads_or_input_error(Trace.from_json, path)

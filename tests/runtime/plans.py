@@ -50,3 +50,20 @@ AFTER = DISAGG | {
     "actor_gen": ((0, 0, 0), (1, 1, 2), 1, 1, 2, 1),
     "critic_train": ((0, 0, 0), (1, 1, 4), 4, 1, 1, 1),
 }
+
+
+# A small PPO plan on 1x1x2 with every mechanism and few workers (7): TP-2 generation and DP-2
+# training of the actor on the same devices (RESHARDs), reference inference on device 0 and
+# reward and critic (inference and training sharing one worker) on device 1 (COMMs).
+SMALL = {
+    "actor_gen": ((0, 0, 0), (1, 1, 2), 1, 1, 2, 1),
+    "actor_train": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
+    "ref_inf": ((0, 0, 0), (1, 1, 1), 1, 1, 1, 1),
+    "reward_inf": ((0, 0, 1), (1, 1, 1), 1, 1, 1, 1),
+    "critic_inf": ((0, 0, 1), (1, 1, 1), 1, 1, 1, 1),
+    "critic_train": ((0, 0, 1), (1, 1, 1), 1, 1, 1, 1),
+}
+# GRPO on one device: three workers (the actor's generation and training share one).
+ONE_DEVICE = {
+    v: ((0, 0, 0), (1, 1, 1), 1, 1, 1, 1) for v in ("actor_gen", "ref_inf", "reward_inf", "actor_train")
+}

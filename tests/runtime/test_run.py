@@ -19,7 +19,7 @@ from rpeg.costmodel import hardware_preset  # noqa: E402
 from rpeg.ir import Cluster, Workload  # noqa: E402
 from rpeg.runtime.controller import RunError  # noqa: E402
 from rpeg.runtime.rl import RLConfig  # noqa: E402
-from rpeg.runtime.runner import run  # noqa: E402
+from rpeg.runtime.runner import run, start_local_ray  # noqa: E402
 from rpeg.runtime.trace import Trace  # noqa: E402
 from rpeg.runtime.verify import verify  # noqa: E402
 from tests.runtime.plans import COLOCATED, DISAGG, TOY, hand, workload  # noqa: E402
@@ -29,7 +29,7 @@ WEIGHT_TOL = 1e-3  # max |Δw| after 3 Adam steps (lr 1e-2) between layouts: flo
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_instance():
-    ray.init(num_cpus=2, resources={"rpeg_device": 4}, include_dashboard=False, log_to_driver=False)
+    start_local_ray(4, num_cpus=2)
     yield
     ray.shutdown()
 

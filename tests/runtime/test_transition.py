@@ -16,7 +16,7 @@ ray = pytest.importorskip("ray")
 
 from rpeg.ir import Structure, Workload  # noqa: E402
 from rpeg.runtime.controller import RunError  # noqa: E402
-from rpeg.runtime.runner import run  # noqa: E402
+from rpeg.runtime.runner import run, start_local_ray  # noqa: E402
 from rpeg.solvers.result import result_for_plan  # noqa: E402
 from tests.runtime.plans import AFTER, BEFORE, COLOCATED, DISAGG, hand, workload  # noqa: E402
 
@@ -26,7 +26,7 @@ SYNC = (("actor", 0), ("critic", 0))
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_instance():
-    ray.init(num_cpus=2, resources={"rpeg_device": 4}, include_dashboard=False, log_to_driver=False)
+    start_local_ray(4, num_cpus=2)
     yield
     ray.shutdown()
 
