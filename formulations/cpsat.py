@@ -22,23 +22,34 @@ Objective
     ``min C``; ``LB = max(critical path, resource energy)`` is the domain's lower end.
 
 A heuristic solution enters as a hint (starts, ends, mode literals, ``C``); CP-SAT repairs or drops
-a bad hint on its own, so the hint never changes the answer, only how fast it comes.
+a bad hint on its own, so the hint never changes the answer, only how fast it comes. Without a
+usable hint, :func:`solve_cpsat` hints the list schedule.
+
+Time limits: :func:`solve_cpsat` turns ``time_limit`` into one :class:`~.deadline.Deadline` that
+covers the list schedule, building (checked between constraint blocks) and the solve (CP-SAT
+gets what is left). On the limit, or on Ctrl-C (:func:`run_cpsat` stops the search as if the
+limit had been reached), the result has status ``time_limit``, the best schedule
+found — never worse than the fallback, the better of a valid hint and the list schedule — and
+CP-SAT's best bound; a model too large to build in time returns the fallback with a message.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .deadline import BuildTimeout, Deadline
 from .project import Project
 from .status import ProjectSolution, SolveStatus
 
-__all__ = ["CPModel", "solve_cpsat"]
+__all__ = ["CPModel", "run_cpsat", "solve_cpsat"]
 
 #: CP-SAT's native statuses (``CpSolver.StatusName``) mapped onto ours. ``FEASIBLE`` and
-#: ``UNKNOWN`` become ``TIME_LIMIT`` when the wall time reached the limit.
+#: ``UNKNOWN`` become ``TIME_LIMIT`` when a time limit was set or the search was interrupted
+#: (no other limit is set, so those are the only ways CP-SAT stops without a proof).
 _STATUS = {
     "OPTIMAL": SolveStatus.OPTIMAL,
     "FEASIBLE": SolveStatus.FEASIBLE,
@@ -46,6 +57,54 @@ _STATUS = {
     "UNKNOWN": SolveStatus.UNKNOWN,
     "MODEL_INVALID": SolveStatus.ERROR,
 }
+
+
+def run_cpsat(solver: Any, model: Any, callback: Any = None) -> tuple[Any, bool]:
+    """``solver.solve(model, callback)`` with Ctrl-C handled here: the solve runs in a helper
+    thread while this one waits, and the first ``KeyboardInterrupt`` calls
+    ``solver.stop_search()``, after which CP-SAT ends as at its time limit, with its best
+    solution. (CP-SAT's own SIGINT handler is switched off: it stops the search too, but says
+    nothing, so an interruption could only be guessed from the time.)
+
+    Parameters
+    ----------
+    solver
+        A configured ``cp_model.CpSolver``.
+    model
+        The ``cp_model.CpModel``.
+    callback
+        A ``CpSolverSolutionCallback``, or ``None``.
+
+    Returns
+    -------
+    tuple
+        ``(CP-SAT status code, whether Ctrl-C stopped the search)``.
+    """
+    solver.parameters.catch_sigint_signal = False
+    out: dict[str, Any] = {}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            out["code"] = solver.solve(model, callback)
+        except BaseException as exc:  # re-raised in the caller's thread
+            out["error"] = exc
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=work, name="cpsat-solve", daemon=True)
+    worker.start()
+    interrupted = False
+    while not done.is_set():
+        try:
+            done.wait(0.05)  # an Event, not join(): an interrupted join() can break is_alive()
+        except KeyboardInterrupt:
+            interrupted = True
+            solver.stop_search()
+    worker.join()
+    if "error" in out:
+        raise out["error"]
+    return out["code"], interrupted
 
 
 def _cp_model() -> Any:
@@ -69,10 +128,14 @@ class Variables:
     makespan_interval: Any
 
     @classmethod
-    def create(cls, model: Any, project: Project, horizon: int) -> Variables:
+    def create(
+        cls, model: Any, project: Project, horizon: int, deadline: Deadline | None = None
+    ) -> Variables:
         es, q, dmin = project.earliest_starts, project.tails, project.min_durations
         start, end, modes = [], [], []
+        tick = (deadline or Deadline()).ticker("creating the variables", every=64)
         for i, act in enumerate(project.activities):
+            tick()
             s = model.new_int_var(es[i], max(es[i], horizon - dmin[i] - q[i]), f"S{i}")
             e = model.new_int_var(es[i] + dmin[i], max(es[i] + dmin[i], horizon - q[i]), f"E{i}")
             usable = [m for m in project.usable_modes[i] if project.latest_start(i, m, horizon) >= es[i]]
@@ -102,16 +165,23 @@ class Constraints:
     model: Any
     project: Project
     vars: Variables
+    deadline: Deadline | None = None
     _added: bool = field(default=False, repr=False)
 
     def add_all(self) -> None:
+        """Add every block, checking the deadline between blocks (raises :class:`BuildTimeout`)."""
         if self._added:
             return
-        self._one_mode()
-        self._precedence()
-        self._renewable()
-        self._nonrenewable()
-        self._makespan()
+        d = self.deadline or Deadline()
+        for name, block in (
+            ("one mode", self._one_mode),
+            ("precedence", self._precedence),
+            ("renewable capacity", self._renewable),
+            ("non-renewable budget", self._nonrenewable),
+            ("makespan", self._makespan),
+        ):
+            d.check(f"adding the {name} constraints")
+            block()
         self._added = True
 
     def _one_mode(self) -> None:
@@ -173,19 +243,31 @@ class Constraints:
 class CPModel:
     """The CP-SAT model of ``project`` over horizon ``H`` (default :meth:`Project.trivial_horizon`).
 
-    ``CPModel(project).solve(time_limit=10)`` is :func:`solve_cpsat` without the hint.
+    ``CPModel(project).solve(time_limit=10)`` is :func:`solve_cpsat` without the hint and the
+    fallback schedule.
+
+    Parameters
+    ----------
+    project
+        The instance.
+    horizon
+        ``H`` (default :meth:`Project.trivial_horizon`).
+    deadline
+        Building checks it between blocks and raises :class:`~.deadline.BuildTimeout` past it.
     """
 
-    def __init__(self, project: Project, horizon: int | None = None) -> None:
-        t0 = time.perf_counter()
+    def __init__(
+        self, project: Project, horizon: int | None = None, *, deadline: Deadline | None = None
+    ) -> None:
+        t0 = time.monotonic()
         cp_model = _cp_model()
         self.project = project
         self.horizon = project.trivial_horizon() if horizon is None else int(horizon)
         self.model = cp_model.CpModel()
-        self.vars = Variables.create(self.model, project, self.horizon)
-        Constraints(self.model, project, self.vars).add_all()
+        self.vars = Variables.create(self.model, project, self.horizon, deadline)
+        Constraints(self.model, project, self.vars, deadline).add_all()
         self.model.minimize(self.vars.makespan)
-        self.build_time = time.perf_counter() - t0
+        self.build_time = time.monotonic() - t0
 
     def add_hint(self, hint: ProjectSolution) -> bool:
         """Hint ``hint``'s schedule to CP-SAT; False (and nothing hinted) if it has none or the
@@ -211,37 +293,60 @@ class CPModel:
         seed: int = 0,
         threads: int | None = None,
         log: bool = False,
+        deadline: Deadline | None = None,
     ) -> ProjectSolution:
-        """Solve; see :func:`solve_cpsat` for the parameters."""
+        """Solve; see :func:`solve_cpsat` for the parameters.
+
+        With ``deadline``, CP-SAT gets the time left on it (``time_limit`` is then ignored);
+        otherwise ``time_limit`` less the build time. Ctrl-C stops the search
+        (:func:`run_cpsat`) with status ``time_limit`` and the best schedule so far; the message
+        says so.
+        """
         cp_model = _cp_model()
-        t0 = time.perf_counter()
+        t0 = time.monotonic()
         solver = cp_model.CpSolver()
         prm = solver.parameters
-        if time_limit is not None:
-            prm.max_time_in_seconds = max(0.0, float(time_limit) - self.build_time)
+        if deadline is not None and not deadline.unlimited:
+            limit: float | None = deadline.remaining()
+        elif time_limit is not None:
+            limit = max(0.0, float(time_limit) - self.build_time)
+        else:
+            limit = None
+        if limit is not None:
+            prm.max_time_in_seconds = limit
         prm.random_seed = int(seed)
         if threads is not None:
             prm.num_workers = int(threads)
         prm.log_search_progress = bool(log)
-        code = solver.solve(self.model)
-        runtime = self.build_time + (time.perf_counter() - t0)
+        code, interrupted = run_cpsat(solver, self.model)
+        runtime = self.build_time + (time.monotonic() - t0)
         status = _STATUS.get(solver.status_name(code), SolveStatus.ERROR)
-        hit_limit = time_limit is not None and solver.wall_time >= 0.98 * prm.max_time_in_seconds
-        if status in (SolveStatus.FEASIBLE, SolveStatus.UNKNOWN) and hit_limit:
+        message = "interrupted (Ctrl-C); best schedule so far" if interrupted else ""
+        if status in (SolveStatus.FEASIBLE, SolveStatus.UNKNOWN):
+            # no other limit is set: CP-SAT stopped at the time limit or on Ctrl-C
             status = SolveStatus.TIME_LIMIT
         name = "cpsat"
         lb0 = self.project.lower_bound()
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             bound = lb0 if status is not SolveStatus.ERROR else 0
-            if status is SolveStatus.UNKNOWN or status is SolveStatus.TIME_LIMIT:
+            if status is SolveStatus.TIME_LIMIT:
                 bound = max(lb0, _ceil(solver.best_objective_bound))
-            return ProjectSolution.without_schedule(status, lower_bound=bound, runtime=runtime, solver=name)
+            return ProjectSolution.without_schedule(
+                status, lower_bound=bound, runtime=runtime, solver=name, message=message
+            )
         v = self.vars
         starts = [solver.value(s) for s in v.start]
         modes = [next(m for m, (lit, _) in per.items() if solver.boolean_value(lit)) for per in v.modes]
         bound = max(lb0, _ceil(solver.best_objective_bound))
         return ProjectSolution.from_schedule(
-            self.project, starts, modes, status=status, lower_bound=bound, runtime=runtime, solver=name
+            self.project,
+            starts,
+            modes,
+            status=status,
+            lower_bound=bound,
+            runtime=runtime,
+            solver=name,
+            message=message,
         )
 
 
@@ -266,13 +371,15 @@ def solve_cpsat(
     project
         The instance.
     time_limit
-        Wall-clock seconds for building and solving (``None``: until proven).
+        Wall-clock seconds for everything: the list schedule, building and solving (``None``:
+        until proven).
     seed
         CP-SAT ``random_seed``.
     threads
         CP-SAT ``num_workers`` (``None``: CP-SAT's default, all cores).
     hint
-        A schedule to start from (e.g. the list scheduler's); only guides the search.
+        A schedule to start from (e.g. the list scheduler's); only guides the search. Without
+        one (or when it does not fit the project) the list schedule is hinted.
     log
         Print CP-SAT's search log.
 
@@ -280,11 +387,52 @@ def solve_cpsat(
     -------
     ProjectSolution
         ``solver="cpsat"``; ``lower_bound`` is CP-SAT's best bound, never below the critical-path
-        and energy bounds; ``makespan = inf`` when no schedule was found.
+        and energy bounds. At the time limit, after Ctrl-C, or when the model is too large to
+        build in time: status ``TIME_LIMIT`` with the best schedule found, never worse than the
+        fallback (the shorter of a valid ``hint`` and the list schedule), and a ``message`` when
+        the fallback was returned or the search was interrupted. ``makespan = inf`` only when no
+        schedule is known at all (e.g. non-renewable budgets the list scheduler cannot meet).
     """
-    t0 = time.perf_counter()
-    m = CPModel(project)
-    if hint is not None:
-        m.add_hint(hint)
-    m.build_time = time.perf_counter() - t0
-    return m.solve(time_limit=time_limit, seed=seed, threads=threads, log=log)
+    from ..heuristics.project_schedule import fallback_schedule
+
+    t0 = time.monotonic()
+    deadline = Deadline(time_limit, start=t0)
+    fallback = fallback_schedule(project, hint)
+    lb0 = project.lower_bound()
+
+    def fall_back(why: str, bound: float = lb0) -> ProjectSolution:
+        runtime = time.monotonic() - t0
+        if fallback is None:
+            return ProjectSolution.without_schedule(
+                SolveStatus.TIME_LIMIT, lower_bound=bound, runtime=runtime, solver="cpsat", message=why
+            )
+        return ProjectSolution.from_schedule(
+            project,
+            fallback.starts,
+            fallback.modes,
+            status=SolveStatus.TIME_LIMIT,
+            lower_bound=max(bound, lb0),
+            runtime=runtime,
+            solver="cpsat",
+            message=f"{why}; returned the {'list schedule' if fallback.solver == 'list' else 'hint'}",
+        )
+
+    try:
+        m = CPModel(project, deadline=deadline)
+        if not (hint is not None and m.add_hint(hint)) and fallback is not None:
+            m.add_hint(fallback)
+        m.build_time = time.monotonic() - t0
+        sol = m.solve(seed=seed, threads=threads, log=log, deadline=deadline)
+    except BuildTimeout as exc:
+        return fall_back(str(exc))
+    except KeyboardInterrupt:
+        return fall_back("interrupted (Ctrl-C) while building the model")
+    sol = sol.replace(runtime=time.monotonic() - t0)
+    if (
+        sol.status is SolveStatus.TIME_LIMIT
+        and fallback is not None
+        and (not sol.has_schedule or fallback.makespan < sol.makespan)
+    ):
+        why = sol.message.split(";")[0] if sol.message else f"no better schedule within {time_limit:g} s"
+        return fall_back(why, sol.lower_bound)
+    return sol

@@ -150,7 +150,8 @@ def solve_dp_cpsat(
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         bound = float("inf") if status == "infeasible" else 0.0
         return DPExactSolution(status, None, None, bound, runtime)
-    if code == cp_model.FEASIBLE and time_limit is not None and solver.WallTime() >= 0.98 * time_limit:
+    if code == cp_model.FEASIBLE and time_limit is not None:
+        # no other limit is set: the time limit (or Ctrl-C, which CP-SAT catches) stopped it
         status = "time_limit"
     picks = tuple(next(c for c, var in enumerate(xs) if solver.Value(var)) for xs in x)
     lanes = tuple(next(p for yk, p in zip(y, parts) if solver.Value(yk)) for y, parts in groupings)

@@ -37,6 +37,17 @@ start can claim an optimum it does not return (see ``solve_milp``). As a guard f
 an ``optimal`` claim whose returned schedule is longer than the solver's bound is downgraded to
 ``feasible``.
 
+Time limits: :func:`solve_milp` turns ``time_limit`` into one :class:`~.deadline.Deadline` that
+covers the list schedule, building the Pyomo model (checked inside the constraint loops), the
+hint check, the transfer to the solver and the solve; HiGHS gets only what is left. The transfer
+to HiGHS goes in chunks of rows, with the deadline checked between chunks; for the other solvers
+Pyomo writes a file first, whose time is estimated from the build time and taken off the
+solver's limit. A model too large to build (or transfer) in time returns the fallback — the
+shorter of a valid hint and the list schedule — with status ``time_limit`` and a message. Ctrl-C
+does the same: during building at once; during a HiGHS solve it cancels the solve (and lowers
+HiGHS's time limit to zero, since its presolve does not poll the cancel flag), keeps HiGHS's
+incumbent if it stops within a second, else abandons the run to finish in the background.
+
 Solvers: ``"highs"`` (default) runs HiGHS through Pyomo's persistent ``appsi_highs`` interface
 (time limit, seed, threads, MIP start, best bound); ``"cbc"``, ``"scip"``, ``"gurobi"``, ``"cplex"``,
 ``"glpk"`` and any other name ``pyomo.environ.SolverFactory`` knows go through Pyomo's legacy
@@ -47,6 +58,7 @@ install; an unknown name raises ``ValueError`` listing the known ones.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import shutil
 import time
@@ -54,6 +66,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .deadline import BuildTimeout, Deadline
 from .project import Project
 from .status import ProjectSolution, SolveStatus
 
@@ -154,6 +167,11 @@ class MILPModel:
         ``renewable``, ``nonrenewable``, ``makespan_def``; objective ``obj``.
     starts
         Per activity, its ``(m, t)`` pairs, the index of its ``x`` variables.
+    deadline
+        Checked between the blocks and inside their loops; past it, building raises
+        :class:`~.deadline.BuildTimeout` (the model is then incomplete and must not be used).
+    build_time
+        Seconds spent building.
     """
 
     project: Project
@@ -162,18 +180,28 @@ class MILPModel:
     starts: list[list[tuple[int, int]]] = field(default_factory=list)
     #: ``(cum key, has a predecessor, x terms)`` in recurrence order, to fill ``cum`` from ``x``
     _recurrence: list[tuple[tuple[str, int, int], bool, list[Any]]] = field(default_factory=list, repr=False)
+    deadline: Deadline | None = field(default=None, repr=False)
+    build_time: float = 0.0
 
     def __post_init__(self) -> None:
+        t0 = time.monotonic()
         pyo = _pyomo()
+        d = self.deadline or Deadline()
         self.model = pyo.ConcreteModel(name=self.project.name or "project")
-        self._add_variables(pyo)
         # order does not matter to the solver; this one follows the module docstring
-        self._add_one_mode(pyo)
-        self._add_precedence(pyo)
-        self._add_renewable(pyo)
-        self._add_nonrenewable(pyo)
-        self._add_makespan(pyo)
+        for name, block in (
+            ("variables", self._add_variables),
+            ("one-mode constraints", self._add_one_mode),
+            ("precedence constraints", self._add_precedence),
+            ("renewable capacity constraints", self._add_renewable),
+            ("non-renewable budget constraints", self._add_nonrenewable),
+            ("makespan constraints", self._add_makespan),
+        ):
+            d.check(f"building the {name}")
+            self._tick = d.ticker(f"building the {name}")
+            block(pyo)
         self.model.obj = pyo.Objective(expr=self.model.C, sense=pyo.minimize)
+        self.build_time = time.monotonic() - t0
 
     def _add_variables(self, pyo: Any) -> None:
         p, H = self.project, self.horizon
@@ -209,6 +237,7 @@ class MILPModel:
         started: dict[int, dict[int, list]] = {}
         finished: dict[int, dict[int, list]] = {}
         for i, st in enumerate(self.starts):
+            self._tick()
             s_at: dict[int, list] = {}
             f_at: dict[int, list] = {}
             for m, t in st:
@@ -236,6 +265,7 @@ class MILPModel:
             for i, at in table.items():
                 lo, hi = min(at), max(at)
                 for t in range(lo, hi + 1):
+                    self._tick()
                     prev = cum[kind, i, t - 1] if t > lo else 0
                     mdl.running_sum.add(cum[kind, i, t] == prev + sum(at.get(t, [])))
                     self._recurrence.append(((kind, i, t), t > lo, at.get(t, [])))
@@ -245,6 +275,7 @@ class MILPModel:
             s_lo, s_hi = min(started[j]), max(started[j])
             f_hi = max(finished[i])
             for t in range(s_lo, s_hi + 1):
+                self._tick()
                 if t - lag > f_hi:
                     break  # i surely finished by t - ℓ from here on
                 mdl.precedence.add(running("Z", j, t) <= running("F", i, t - lag))
@@ -265,10 +296,12 @@ class MILPModel:
             running: list[list[tuple[int, Any]]] = [[] for _ in range(H)]
             peak_by_t: list[dict[int, int]] = [{} for _ in range(H)]
             for i, m, t, r, d in users:
+                self._tick()
                 for tau in range(t, min(t + d, H)):
                     running[tau].append((r, x[i, m, t]))
                     peak_by_t[tau][i] = max(peak_by_t[tau].get(i, 0), r)
             for tau in range(H):
+                self._tick()
                 if sum(peak_by_t[tau].values()) <= cap:
                     continue  # cannot bind
                 self.model.renewable.add(sum(r * v for r, v in running[tau]) <= cap)
@@ -300,8 +333,15 @@ class MILPModel:
     # ------------------------------------------------------------------------------ hint
     def set_values(self, hint: ProjectSolution) -> bool:
         """Load ``hint`` into the variables and check it satisfies every constraint (tolerance
-        1e-6); False, with the values cleared, if it does not or has no schedule."""
+        1e-6); False, with the values cleared, if it does not or has no schedule.
+
+        Raises
+        ------
+        BuildTimeout
+            When the model's deadline passes during the check.
+        """
         pyo = _pyomo()
+        tick = (self.deadline or Deadline()).ticker("checking the hint against the model")
         p, mdl = self.project, self.model
         n = p.num_activities
         if not hint.has_schedule or len(hint.starts) != n or len(hint.modes) != n:
@@ -321,6 +361,7 @@ class MILPModel:
         for c in mdl.component_data_objects(pyo.Constraint, active=True):
             if not ok:
                 break
+            tick()
             body = pyo.value(c.body)
             ok = (c.lower is None or body >= pyo.value(c.lower) - 1e-6) and (
                 c.upper is None or body <= pyo.value(c.upper) + 1e-6
@@ -423,20 +464,137 @@ HIGHS_OPTIONS: dict[str, Any] = {}
 _HIGHS_POOL: int | None = None
 
 
+#: Rows handed to HiGHS per call while transferring a model (the deadline is checked between calls).
+TRANSFER_CHUNK = 2000
+#: Seconds a cancelled HiGHS run is given to stop after Ctrl-C before it is abandoned.
+INTERRUPT_GRACE = 1.0
+#: Pyomo's file writers (legacy solvers) take about this many seconds per second of model
+#: building (LP writer on a 80k-row project model: 1.3 s after a 2.3 s build); the estimate is
+#: taken off the solver's time limit and a model whose estimate does not fit is not written.
+WRITE_PER_BUILD = 1.0
+
+#: Abandoned HiGHS runs (their time limit set to zero); joined before the next run starts.
+_ABANDONED: list[Any] = []
+#: Whether Ctrl-C stopped the last HiGHS run (read with :func:`last_run_interrupted`).
+_LAST_INTERRUPTED = False
+
+
+def last_run_interrupted() -> bool:
+    """Whether Ctrl-C stopped the last HiGHS run of this process (its status is then
+    ``TIME_LIMIT`` and its incumbent, if any, is the best so far)."""
+    return _LAST_INTERRUPTED
+
+
+def _transfer(opt: Any, model: Any, deadline: Deadline) -> None:
+    """``opt.set_instance(model)`` in chunks of :data:`TRANSFER_CHUNK` rows, so that the
+    deadline holds while Pyomo hands the model to HiGHS (about as long as building it).
+
+    Raises
+    ------
+    BuildTimeout
+        Past the deadline (the solver object is then incomplete and must be dropped).
+    """
+    pyo = _pyomo()
+    blocks = list(model.component_objects(pyo.Constraint, active=True, descend_into=True))
+    rows = list(model.component_data_objects(pyo.Constraint, active=True, descend_into=True))
+    for b in blocks:
+        b.deactivate()
+    try:
+        opt.set_instance(model)  # the objective and its variables only
+    finally:
+        for b in blocks:
+            b.activate()
+    for i in range(0, len(rows), TRANSFER_CHUNK):
+        deadline.check("transferring the model to HiGHS")
+        opt.add_constraints(rows[i : i + TRANSFER_CHUNK])
+    # every row is in: solve() must not rescan the model for changes (as long as the transfer again)
+    uc = opt.update_config
+    for key in (
+        "check_for_new_or_removed_constraints",
+        "check_for_new_or_removed_vars",
+        "check_for_new_or_removed_params",
+        "check_for_new_objective",
+        "update_constraints",
+        "update_vars",
+        "update_params",
+        "update_named_expressions",
+        "update_objective",
+    ):
+        setattr(uc, key, False)
+
+
+class _DropInterruptWarning(logging.Filter):
+    """appsi warns of HiGHS's "interrupted" model status, which is ours (Ctrl-C): drop that."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "kInterrupt" not in record.getMessage()
+
+
+def _interruptible(opt: Any) -> list[bool]:
+    """Make Ctrl-C cancel ``opt``'s next HiGHS run: the run goes to highspy's solver thread and
+    this thread waits for it. The first ``KeyboardInterrupt`` cancels the run and sets HiGHS's
+    time limit to zero (its presolve does not poll the cancel flag, but does check the limit);
+    if HiGHS has not stopped :data:`INTERRUPT_GRACE` seconds later, the run is abandoned (it stops
+    on its own shortly; the next run waits for it) and ``KeyboardInterrupt`` propagates. The
+    returned list becomes ``[True]`` once interrupted."""
+    h = opt._solver_model
+    flag: list[bool] = []
+
+    def run() -> Any:
+        thread = h.startSolve()
+        give_up = math.inf
+        while True:
+            try:
+                done, status = h.wait(0.05)
+            except KeyboardInterrupt:
+                if not flag:
+                    flag.append(True)
+                    h.cancelSolve()
+                    # a benign race on one double, read by HiGHS at its next limit check
+                    h.setOptionValue("time_limit", 0.0)
+                    give_up = time.monotonic() + INTERRUPT_GRACE
+                continue
+            if done:
+                return status
+            if time.monotonic() > give_up:
+                h.setOptionValue("output_flag", False)  # keep the abandoned run quiet
+                _ABANDONED.append(thread)
+                raise KeyboardInterrupt
+
+    h.run = run  # appsi calls run(); highspy's solver thread calls the C++ run directly
+    return flag
+
+
 def _solve_appsi_highs(
-    model: Any, deadline: float | None, seed: int, threads: int | None, warm: bool
+    model: Any, deadline: Deadline | None, seed: int, threads: int | None, warm: bool
 ) -> tuple[SolveStatus, float, bool]:
-    """Run HiGHS on a Pyomo ``model`` through appsi; returns (status, bound, loaded an incumbent)."""
+    """Run HiGHS on a Pyomo ``model`` through appsi; returns (status, bound, loaded an incumbent).
+
+    The transfer counts against ``deadline`` (:func:`_transfer`); HiGHS gets what is left. A run
+    stopped by Ctrl-C ends with status ``TIME_LIMIT`` (:func:`_interruptible`).
+
+    Raises
+    ------
+    BuildTimeout
+        When the deadline passes during the transfer.
+    KeyboardInterrupt
+        When Ctrl-C came and HiGHS did not stop within :data:`INTERRUPT_GRACE` seconds.
+    """
     from pyomo.contrib.appsi.solvers.highs import Highs
 
+    global _HIGHS_POOL, _LAST_INTERRUPTED
+    _LAST_INTERRUPTED = False
+    deadline = Deadline.of(deadline)
+    while _ABANDONED:
+        _ABANDONED.pop().join()
     opt = Highs()
     opt.config.load_solution = False
     opt.config.stream_solver = False
     opt.config.warmstart = warm
-    opt.set_instance(model)  # the Pyomo → HiGHS transfer, outside HiGHS's own clock
-    if deadline is not None:
-        opt.config.time_limit = max(0.01, deadline - time.perf_counter())
-    global _HIGHS_POOL
+    _transfer(opt, model, deadline)
+    deadline.check("transferring the model to HiGHS")
+    if not deadline.unlimited:
+        opt.config.time_limit = max(0.01, deadline.remaining())
     options: dict[str, Any] = {"random_seed": int(seed)}
     if _HIGHS_POOL is None:
         # HiGHS sizes one process-wide thread pool on its first run, and a later run whose
@@ -447,12 +605,22 @@ def _solve_appsi_highs(
         _HIGHS_POOL = int(threads) if threads is not None else 0
     options.update(HIGHS_OPTIONS)
     opt.highs_options = options
-    res = opt.solve(model)
+    interrupted = _interruptible(opt)
+    quiet = _DropInterruptWarning()
+    appsi_log = logging.getLogger("pyomo.contrib.appsi.solvers.highs")
+    appsi_log.addFilter(quiet)
+    try:
+        res = opt.solve(model)
+    finally:
+        appsi_log.removeFilter(quiet)
+        _LAST_INTERRUPTED = bool(interrupted)
     name = res.termination_condition.name
     incumbent = res.best_feasible_objective is not None and math.isfinite(res.best_feasible_objective)
     if incumbent:
         res.solution_loader.load_vars()
     status = _APPSI_STATUS.get(name)
+    if interrupted and status not in (SolveStatus.OPTIMAL, SolveStatus.INFEASIBLE):
+        status = SolveStatus.TIME_LIMIT
     if status is None:
         status = SolveStatus.FEASIBLE if incumbent else SolveStatus.UNKNOWN
     bound = res.best_objective_bound
@@ -463,19 +631,34 @@ def _solve_appsi_highs(
 def _solve_legacy(
     model: Any,
     b: _Backend,
-    deadline: float | None,
+    deadline: Deadline | None,
     seed: int,
     threads: int | None,
     warm: bool,
     complete: Callable[[], bool] | None = None,
+    write_estimate: float = 0.0,
 ) -> tuple[SolveStatus, float, bool]:
     """Run any solver on a Pyomo ``model`` through the legacy ``SolverFactory`` interface;
-    ``complete`` double-checks that a loaded incumbent set every variable that matters."""
+    ``complete`` double-checks that a loaded incumbent set every variable that matters.
+
+    Pyomo writes the model to a file before the solver's clock starts: ``write_estimate``
+    seconds are taken off the solver's time limit for it.
+
+    Raises
+    ------
+    BuildTimeout
+        When the deadline leaves no time for writing the model (by the estimate).
+    """
+    global _LAST_INTERRUPTED
+    _LAST_INTERRUPTED = False
     pyo = _pyomo()
+    deadline = Deadline.of(deadline)
     opt = pyo.SolverFactory(b.pyomo_name)
     kwargs: dict[str, Any] = {"load_solutions": False}
-    if deadline is not None:
-        time_limit = deadline - time.perf_counter()
+    if not deadline.unlimited:
+        if deadline.remaining() <= write_estimate:
+            raise BuildTimeout(deadline.seconds or 0.0, f"writing the model for {b.pyomo_name}")
+        time_limit = deadline.remaining() - write_estimate
         if b.time_key is not None:
             opt.options[b.time_key] = max(0.01, time_limit)
         else:
@@ -505,11 +688,17 @@ def _solve_legacy(
 
 
 def _model_with_horizon(
-    project: Project, hint: ProjectSolution | None
+    project: Project, hint: ProjectSolution | None, deadline: Deadline | None = None
 ) -> tuple[MILPModel, ProjectSolution | None]:
     """The model over the tightest horizon a valid schedule gives, and that schedule (loaded into
     the variables): ``hint`` if it satisfies the model, else the list scheduler's schedule, else
-    the trivial horizon and ``None``."""
+    the trivial horizon and ``None``.
+
+    Raises
+    ------
+    BuildTimeout
+        When ``deadline`` passes while building or checking.
+    """
     trivial = project.trivial_horizon()
 
     def schedules() -> Iterator[ProjectSolution]:
@@ -522,10 +711,10 @@ def _model_with_horizon(
 
     for h in schedules():
         if h.has_schedule and h.makespan < trivial:
-            mm = MILPModel(project, int(h.makespan))
+            mm = MILPModel(project, int(h.makespan), deadline=deadline)
             if mm.set_values(h):
                 return mm, h
-    return MILPModel(project, trivial), None
+    return MILPModel(project, trivial, deadline=deadline), None
 
 
 def solve_milp(
@@ -547,7 +736,8 @@ def solve_milp(
         ``"highs"`` (default, via ``appsi_highs``), ``"cbc"``, ``"scip"``, ``"gurobi"``,
         ``"cplex"``, ``"glpk"``, or any other ``pyomo.environ.SolverFactory`` name.
     time_limit
-        Wall-clock seconds for building and solving (``None``: until proven).
+        Wall-clock seconds for everything: the list schedule, building the model, checking the
+        hint, handing the model to the solver and solving (``None``: until proven).
     seed
         The solver's random seed (where it has one).
     threads
@@ -564,44 +754,75 @@ def solve_milp(
     Returns
     -------
     ProjectSolution
-        ``solver="milp/<name>"``. At the time limit: status ``TIME_LIMIT`` with the best incumbent
-        (or ``makespan = inf``) and the solver's best bound, never below the critical-path and
-        energy bounds.
+        ``solver="milp/<name>"``. At the time limit, after Ctrl-C, or when the model is too large
+        to build in time: status ``TIME_LIMIT`` with the best incumbent, never worse than the
+        fallback (the shorter of a valid ``hint`` and the list schedule; ``makespan = inf`` only
+        when neither exists), the solver's best bound, never below the critical-path and energy
+        bounds, and a ``message`` when the fallback was returned for lack of time.
 
     Raises
     ------
     SolverUnavailableError
         ``solver`` is not installed (the message names it and what to install).
     """
-    t0 = time.perf_counter()
+    from ..heuristics.project_schedule import fallback_schedule
+
+    t0 = time.monotonic()
+    deadline = Deadline(time_limit, start=t0)
     backend = _backend(solver)
     label = f"milp/{solver.lower()}"
     if not all(project.usable_modes):
         # some activity has no mode within the capacities: no schedule exists
         return ProjectSolution.without_schedule(
-            SolveStatus.INFEASIBLE, lower_bound=math.inf, runtime=time.perf_counter() - t0, solver=label
+            SolveStatus.INFEASIBLE, lower_bound=math.inf, runtime=time.monotonic() - t0, solver=label
         )
-    mm, start = _model_with_horizon(project, hint)
-    deadline = None if time_limit is None else t0 + float(time_limit)
-    # No MIP start for HiGHS (under any Pyomo name): with one, HiGHS 1.16 can improve the start's
-    # objective in its presolved space, report that value as optimal, and return the start
-    # itself (j3010_5: "optimal" 41 with a schedule of makespan 42). The horizon keeps the hint's
-    # value, and the hint stays the fallback incumbent below.
-    warm = start is not None and "highs" not in backend.pyomo_name
-    if backend.pyomo_name == "appsi_highs":
-        status, bound, incumbent = _solve_appsi_highs(mm.model, deadline, seed, threads, warm)
-    else:
-        status, bound, incumbent = _solve_legacy(
-            mm.model,
-            backend,
-            deadline,
-            seed,
-            threads,
-            warm,
-            complete=lambda: all(mm.model.x[key].value is not None for key in mm.model.x),
+    lb0 = float(project.lower_bound())
+    fallback = fallback_schedule(project, hint)
+
+    def fall_back(why: str) -> ProjectSolution:
+        runtime = time.monotonic() - t0
+        if fallback is None:
+            return ProjectSolution.without_schedule(
+                SolveStatus.TIME_LIMIT, lower_bound=lb0, runtime=runtime, solver=label, message=why
+            )
+        what = "list schedule" if fallback.solver == "list" else "hint"
+        return ProjectSolution.from_schedule(
+            project,
+            fallback.starts,
+            fallback.modes,
+            status=SolveStatus.TIME_LIMIT,
+            lower_bound=lb0,
+            runtime=runtime,
+            solver=label,
+            message=f"{why}; returned the {what}",
         )
-    runtime = time.perf_counter() - t0
-    lb = max(float(project.lower_bound()), math.ceil(bound - 1e-6) if math.isfinite(bound) else -math.inf)
+
+    try:
+        mm, start = _model_with_horizon(project, fallback if fallback is not None else hint, deadline)
+        # No MIP start for HiGHS (under any Pyomo name): with one, HiGHS 1.16 can improve the
+        # start's objective in its presolved space, report that value as optimal, and return the
+        # start itself (j3010_5: "optimal" 41 with a schedule of makespan 42). The horizon keeps
+        # the hint's value, and the hint stays the fallback incumbent below.
+        warm = start is not None and "highs" not in backend.pyomo_name
+        if backend.pyomo_name == "appsi_highs":
+            status, bound, incumbent = _solve_appsi_highs(mm.model, deadline, seed, threads, warm)
+        else:
+            status, bound, incumbent = _solve_legacy(
+                mm.model,
+                backend,
+                deadline,
+                seed,
+                threads,
+                warm,
+                complete=lambda: all(mm.model.x[key].value is not None for key in mm.model.x),
+                write_estimate=WRITE_PER_BUILD * mm.build_time,
+            )
+    except BuildTimeout as exc:
+        return fall_back(str(exc))
+    except KeyboardInterrupt:
+        return fall_back("interrupted (Ctrl-C) before the solver had a schedule")
+    runtime = time.monotonic() - t0
+    lb = max(lb0, math.ceil(bound - 1e-6) if math.isfinite(bound) else -math.inf)
     if status is SolveStatus.INFEASIBLE and start is not None:
         # the horizon came from a schedule that satisfied every constraint: cannot happen
         status = SolveStatus.ERROR
@@ -622,5 +843,12 @@ def solve_milp(
         # the solver's proof does not cover the schedule it returned: keep the schedule, not the claim
         status = SolveStatus.FEASIBLE
     return ProjectSolution.from_schedule(
-        project, starts, modes, status=status, lower_bound=lb, runtime=runtime, solver=label
+        project,
+        starts,
+        modes,
+        status=status,
+        lower_bound=lb,
+        runtime=runtime,
+        solver=label,
+        message="interrupted (Ctrl-C); best schedule so far" if _LAST_INTERRUPTED else "",
     )

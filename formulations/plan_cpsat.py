@@ -28,6 +28,12 @@ rounded problem — at most one unit per node on the critical path above the tru
 0.05% on the test instances); byte figures are rounded up to whole bytes. The model finds the best schedule of the chosen plan, whereas the evaluator scores a
 plan with the greedy list scheduler; re-scoring the exact plan with the evaluator therefore gives
 a makespan no shorter than the exact one (up to the rounding).
+
+Time limits: ``time_limit`` (or a ``deadline`` handed down by the caller) covers building and
+solving; building checks it as it goes and, past it, the result is ``time_limit`` with no plan
+and a message saying the model was too large to build in time; CP-SAT gets what is left. Ctrl-C
+stops CP-SAT's search (:func:`~.cpsat.run_cpsat`) with the best solution so far, or building at
+once; either way ``interrupted`` is set, so that the caller stops too.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from ..heuristics.scheduler import atoms_of
 from ..ir.lower import COMM, PREC
 from ..ir.plan import Plan
 from ..ir.types import Role
+from .cpsat import run_cpsat
+from .deadline import BuildTimeout, Deadline
 from .plan_model import PlanInstance, serving_groups, trainer_of
 
 __all__ = ["DEFAULT_RESOLUTION", "PlanSolution", "solve_plan_cpsat"]
@@ -72,6 +80,11 @@ class PlanSolution:
         Engine name.
     time_to_first
         Seconds until the first solution (``None`` if none).
+    interrupted
+        Ctrl-C stopped the engine (the solution, if any, is the best so far).
+    message
+        Why the engine stopped early, when it did (e.g. ``"model too large to build in 0.5 s
+        (…)"``); empty otherwise.
     """
 
     status: str
@@ -82,6 +95,8 @@ class PlanSolution:
     starts: dict[tuple, float] = field(default_factory=dict)
     engine: str = "cpsat"
     time_to_first: float | None = None
+    interrupted: bool = False
+    message: str = ""
 
 
 def solve_plan_cpsat(
@@ -92,6 +107,7 @@ def solve_plan_cpsat(
     threads: int | None = None,
     hint: Plan | None = None,
     unit: float | None = None,
+    deadline: Deadline | None = None,
 ) -> PlanSolution:
     """Build and solve the CP-SAT model of the module docstring.
 
@@ -100,7 +116,8 @@ def solve_plan_cpsat(
     inst
         Instance from :func:`~rpeg.formulations.plan_model.build_instance`.
     time_limit
-        Seconds (``None``: until proven).
+        Seconds for building and solving (``None``: until proven); ignored when ``deadline`` is
+        given.
     seed
         CP-SAT random seed.
     threads
@@ -111,11 +128,44 @@ def solve_plan_cpsat(
         Seconds per integer time unit; ``None`` picks ``serial horizon / DEFAULT_RESOLUTION``.
         Durations are rounded up to it: a finer unit is more exact and slower
         to prove.
+    deadline
+        The caller's deadline (building checks it; CP-SAT gets the time left on it).
 
     Returns
     -------
     PlanSolution
+        Status ``"time_limit"`` with no plan and a message when the model could not be built in
+        time; ``interrupted`` after Ctrl-C.
     """
+    t0 = time.monotonic()
+    if deadline is None:
+        deadline = Deadline(time_limit, start=t0)
+    try:
+        return _solve(inst, deadline, seed, threads, hint, unit, t0)
+    except BuildTimeout as exc:
+        return PlanSolution("time_limit", None, math.inf, 0.0, time.monotonic() - t0, message=str(exc))
+    except KeyboardInterrupt:
+        return PlanSolution(
+            "time_limit",
+            None,
+            math.inf,
+            0.0,
+            time.monotonic() - t0,
+            interrupted=True,
+            message="interrupted (Ctrl-C) while building the model",
+        )
+
+
+def _solve(
+    inst: PlanInstance,
+    deadline: Deadline,
+    seed: int,
+    threads: int | None,
+    hint: Plan | None,
+    unit: float | None,
+    t0: float,
+) -> PlanSolution:
+    """:func:`solve_plan_cpsat` without the catching (raises ``BuildTimeout``)."""
     from ortools.sat.python import cp_model
 
     ev = inst.ev
@@ -178,8 +228,10 @@ def solve_plan_cpsat(
         for v in range(n)
     ]
     op_vars: dict[tuple, tuple] = {}  # (v, k, c, phase) -> (start var, presence)
+    tick = deadline.ticker("adding the operation intervals", every=32)
     for v in range(n):
         for c, (whole, phased) in enumerate(inst.op[v]):
+            tick()
             mask = cands[v][c].allocation.mask
             if split[v] is None:
                 pres_whole = x[v][c]
@@ -215,6 +267,7 @@ def solve_plan_cpsat(
 
     node_vars: dict[tuple, list] = defaultdict(list)  # lowered identity -> [(start, presence)]
     shared: dict[tuple, tuple] = {}  # publication nodes shared by consumers
+    tick = deadline.ticker("adding the transfer intervals", every=32)
     for ei, ec in enumerate(inst.edges):
         u, v = ec.src, ec.dst
         for o, key in enumerate(ec.classes):
@@ -222,6 +275,7 @@ def solve_plan_cpsat(
             if key is None:
                 continue
             for k in range(K):
+                tick()
                 if ec.kind == "pub":
                     src_k = k - g.staleness[ec.model] - 1
                     if src_k < 0:
@@ -268,13 +322,16 @@ def solve_plan_cpsat(
         for k in range(1, K):
             m.Add(S[t][k] >= E[t][k - 1])
 
+    deadline.check("adding the device exclusivity constraints")
     atoms = atoms_of(set(by_mask))
     for a in atoms:
         ivs = [iv for mask, group in by_mask.items() if mask & a for iv in group]
         if len(ivs) > 1:
             m.AddNoOverlap(ivs)
 
-    _memory(m, inst, x, atoms_of({c.allocation.mask for cs in cands for c in cs}))
+    deadline.check("adding the memory constraints")
+    _memory(m, inst, x, atoms_of({c.allocation.mask for cs in cands for c in cs}), deadline)
+    deadline.check("adding the objective")
 
     ms = m.NewIntVar(0, horizon, "makespan")
     m.AddMaxEquality(ms, [E[v][k] for v in range(n) for k in range(K)])
@@ -286,21 +343,22 @@ def solve_plan_cpsat(
                 m.AddHint(x[v][c], ch == hint.choices[v])
 
     solver = cp_model.CpSolver()
-    if time_limit is not None:
-        solver.parameters.max_time_in_seconds = float(time_limit)
+    limit = deadline.limit()
+    if limit is not None:
+        solver.parameters.max_time_in_seconds = limit
     solver.parameters.random_seed = int(seed)
     if threads is not None:
         solver.parameters.num_search_workers = int(threads)
     first: list[float] = []
-    t0 = time.perf_counter()
 
     class _First(cp_model.CpSolverSolutionCallback):
         def on_solution_callback(self) -> None:
             if not first:
-                first.append(time.perf_counter() - t0)
+                first.append(time.monotonic() - t0)
 
-    code = solver.Solve(m, _First())
-    runtime = time.perf_counter() - t0
+    code, interrupted = run_cpsat(solver, m, _First())
+    runtime = time.monotonic() - t0
+    note = "interrupted (Ctrl-C)" if interrupted else ""
     status = {
         cp_model.OPTIMAL: "optimal",
         cp_model.FEASIBLE: "feasible",
@@ -317,7 +375,9 @@ def solve_plan_cpsat(
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         if code == cp_model.UNKNOWN:
             status = "time_limit"
-        return PlanSolution(status, None, math.inf, bound, runtime, engine="cpsat")
+        return PlanSolution(
+            status, None, math.inf, bound, runtime, engine="cpsat", interrupted=interrupted, message=note
+        )
     picks = [next(c for c in range(len(cands[v])) if solver.Value(x[v][c])) for v in range(n)]
     starts: dict[tuple, float] = {}
     for (v, k, c, phase), (st, pres) in op_vars.items():
@@ -345,6 +405,8 @@ def solve_plan_cpsat(
         starts,
         "cpsat",
         first[0] if first else None,
+        interrupted,
+        note,
     )
 
 
@@ -368,8 +430,10 @@ def _critical_path_bound(inst: PlanInstance, ticks) -> int:
     return bound
 
 
-def _memory(m, inst: PlanInstance, x: list[list], atoms: list[int]) -> None:
-    """Per-atom memory constraints with the evaluator's persistent/transient rules."""
+def _memory(m, inst: PlanInstance, x: list[list], atoms: list[int], deadline: Deadline | None = None) -> None:
+    """Per-atom memory constraints with the evaluator's persistent/transient rules (``deadline``
+    checked every 64 rows)."""
+    tick = (deadline or Deadline()).ticker("adding the memory constraints", every=64)
     ev = inst.ev
     g = ev.graph
     cands = inst.cands
@@ -416,4 +480,5 @@ def _memory(m, inst: PlanInstance, x: list[list], atoms: list[int]) -> None:
                         need += w
                     else:  # materialised only where the trainer also sits
                         extra = w * sum(t_on[vert.model])
+                tick()
                 m.Add(persistent + extra + need <= cap).OnlyEnforceIf(x[v][c])

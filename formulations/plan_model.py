@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from ..heuristics.costs import VertexMemory
 from ..heuristics.evaluator import Evaluator
 from ..ir.lower import COMM, PREC, RESHARD, data_rule, pair_rule, phase_fractions, pub_rule, splits
-from ..ir.plan import Choice, Plan
+from ..ir.plan import Choice, Plan, check_strategy
 from ..ir.types import Role
+from .deadline import Deadline
 
 __all__ = ["EdgeClasses", "PlanInstance", "build_instance"]
 
@@ -132,13 +133,25 @@ class PlanInstance:
         return Plan(tuple(self.cands[v][c] for v, c in enumerate(picks)))
 
 
-def build_instance(ev: Evaluator, cands: list[list[Choice]]) -> PlanInstance:
+def build_instance(
+    ev: Evaluator, cands: list[list[Choice]], deadline: Deadline | None = None
+) -> PlanInstance:
     """Apply the lowering rules to every candidate pair of every edge (see module docstring).
+
+    ``deadline`` is checked as the candidate pairs are visited (their number grows with the
+    square of the candidate sets): past it, :class:`~.deadline.BuildTimeout` is raised.
+
+    Every candidate must be legal (P1–P8 and the head rules H1–H2 of its vertex's engine,
+    :func:`~rpeg.ir.plan.check_strategy`): candidates from the directories are by construction;
+    explicit candidate lists and warm-start plans are checked here, each distinct strategy once.
 
     Raises
     ------
     ValueError
-        If a vertex has no candidate.
+        If a vertex has no candidate, or a candidate is illegal (the vertex, the strategy and the
+        rule are named).
+    BuildTimeout
+        When ``deadline`` passes.
     """
     g = ev.graph
     n = len(g.vertices)
@@ -147,6 +160,21 @@ def build_instance(ev: Evaluator, cands: list[list[Choice]]) -> PlanInstance:
     for v, cs in enumerate(cands):
         if not cs:
             raise ValueError(f"candidates: vertex {g.vertices[v].name!r} has none")
+        vert = g.vertices[v]
+        spec = g.models[vert.model].spec
+        seen = set()
+        for c in cs:
+            s = c.strategy
+            if s in seen:
+                continue
+            seen.add(s)
+            why = check_strategy(
+                ev.cluster, spec, vert.role, vert.sequences, s.extent, s.dp, s.pp, s.tp, s.mb
+            )
+            if why is None and tuple(c.allocation.extent) != tuple(s.extent):
+                why = f"P6: allocation extent {list(c.allocation.extent)} differs from {list(s.extent)}"
+            if why is not None:
+                raise ValueError(f"candidates: vertex {vert.name!r} candidate {s.label()} is illegal: {why}")
     costs = ev.costs
     quantiles = ev.workload.quantiles
     Q = len(quantiles)
@@ -158,12 +186,16 @@ def build_instance(ev: Evaluator, cands: list[list[Choice]]) -> PlanInstance:
     edges: list[EdgeClasses] = []
     split_edges: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     can_split = [False] * n
+    deadline = deadline or Deadline()
+    deadline.check("lowering the data edges")
+    tick = deadline.ticker("lowering the candidate pairs", every=64)
     for e in g.data_edges:
         u, v = idx[e.src], idx[e.dst]
         ec = EdgeClasses("data", u, v, None)
         nbytes = float(g.edge_bytes(e))
         for cu, a in enumerate(cands[u]):
             for cv, b in enumerate(cands[v]):
+                tick()
                 phasewise = splits(roles[u], roles[v], a, b, Q, enabled)
                 kind, _payloads, durs = data_rule(nbytes, a, b, phasewise, fracs, costs)
                 key = (PREC,) if kind == PREC else (COMM, tuple(durs), b.allocation.mask)
@@ -174,12 +206,14 @@ def build_instance(ev: Evaluator, cands: list[list[Choice]]) -> PlanInstance:
                 split_edges[v].append((len(edges), o))
                 can_split[u] = can_split[v] = True
         edges.append(ec)
+    deadline.check("lowering the publication edges")
     for e in g.pub_edges:
         u, v = idx[e.src], idx[e.dst]
         ec = EdgeClasses("pub", u, v, e.model)
         wb = float(g.models[e.model].spec.weight_bytes)
         for cu, a in enumerate(cands[u]):
             for cv, b in enumerate(cands[v]):
+                tick()
                 kind, _nb, dur = pub_rule(wb, e.model, a, b, costs)
                 key = (PREC,) if kind == PREC else (kind, dur, b.allocation.mask, b.strategy)
                 ec.add(key, cu, cv)
@@ -193,6 +227,7 @@ def build_instance(ev: Evaluator, cands: list[list[Choice]]) -> PlanInstance:
             ec = EdgeClasses("pair", a_i, b_i, m)
             for ca, a in enumerate(cands[a_i]):
                 for cb, b in enumerate(cands[b_i]):
+                    tick()
                     rule = pair_rule(g.staleness[m], wb, m, a, b, costs)
                     key = (
                         None
@@ -202,6 +237,7 @@ def build_instance(ev: Evaluator, cands: list[list[Choice]]) -> PlanInstance:
                     ec.add(key, ca, cb)
             edges.append(ec)
 
+    deadline.check("costing the candidates")
     op = []
     memory = []
     for v in range(n):

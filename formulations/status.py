@@ -7,6 +7,7 @@ recomputes its makespan from the project data, so a reported objective can alway
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,6 +58,9 @@ class ProjectSolution:
         ``S_i`` and the chosen mode index ``m_i`` per activity; empty when there is no schedule.
     solver
         The engine's name (``"cpsat"``, ``"milp/highs"``, ``"list"``, …).
+    message
+        What the user should know about how the solve ended (empty when nothing): e.g. ``"model
+        too large to build in 1 s; returned the list schedule"`` or that Ctrl-C stopped it.
     """
 
     status: SolveStatus
@@ -66,6 +70,7 @@ class ProjectSolution:
     starts: tuple[int, ...] = ()
     modes: tuple[int, ...] = ()
     solver: str = ""
+    message: str = ""
 
     @classmethod
     def from_schedule(
@@ -78,6 +83,7 @@ class ProjectSolution:
         lower_bound: float,
         runtime: float,
         solver: str,
+        message: str = "",
     ) -> ProjectSolution:
         """A solution whose makespan is recomputed from ``project`` (never taken from the engine).
 
@@ -87,15 +93,20 @@ class ProjectSolution:
         modes = tuple(int(m) for m in modes)
         ms = float(project.makespan(starts, modes))
         lb = ms if status is SolveStatus.OPTIMAL else float(lower_bound)
-        return cls(status, ms, lb, runtime, starts, modes, solver)
+        return cls(status, ms, lb, runtime, starts, modes, solver, message)
 
     @classmethod
     def without_schedule(
-        cls, status: SolveStatus, *, lower_bound: float, runtime: float, solver: str
+        cls, status: SolveStatus, *, lower_bound: float, runtime: float, solver: str, message: str = ""
     ) -> ProjectSolution:
         """No schedule: makespan ``inf`` (and bound ``inf`` when infeasibility is proven)."""
         lb = math.inf if status is SolveStatus.INFEASIBLE else float(lower_bound)
-        return cls(status, math.inf, lb, runtime, (), (), solver)
+        return cls(status, math.inf, lb, runtime, (), (), solver, message)
+
+    def replace(self, **changes: object) -> ProjectSolution:
+        """A copy with ``changes`` (``status``, ``lower_bound``, ``runtime``, ``solver``,
+        ``message``); the schedule and its makespan are kept."""
+        return dataclasses.replace(self, **changes)
 
     @property
     def objective(self) -> float:

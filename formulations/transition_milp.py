@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..ir.emu import TransitionDAG
+from .deadline import BuildTimeout
 from .milp import MILPModel, _pyomo
 from .pyomo_backend import run_pyomo
 from .status import ProjectSolution, SolveStatus
@@ -95,7 +96,10 @@ def solve_transition_milp(
     if start is not None and not mm.set_values(start):
         start = None  # the hint breaks a constraint: it sets no incumbent
     deadline_left = None if time_limit is None else max(0.01, float(time_limit) - (time.perf_counter() - t0))
-    status, bound, incumbent = run_pyomo(mm.model, solver, deadline_left, seed, threads, False)
+    try:
+        status, bound, incumbent = run_pyomo(mm.model, solver, deadline_left, seed, threads, False)
+    except BuildTimeout:  # no time left to hand the model to the solver: the hint, if any, stands
+        status, bound, incumbent = SolveStatus.TIME_LIMIT, -math.inf, False
     runtime = time.perf_counter() - t0
     lb = max(float(project.lower_bound()), math.ceil(bound - 1e-6) if math.isfinite(bound) else -math.inf)
     if status in (SolveStatus.INFEASIBLE, SolveStatus.ERROR) and start is None:

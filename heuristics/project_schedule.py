@@ -33,7 +33,7 @@ import time
 from ..formulations.project import Project
 from ..formulations.status import ProjectSolution, SolveStatus
 
-__all__ = ["check_project_schedule", "choose_modes", "list_schedule_project"]
+__all__ = ["check_project_schedule", "choose_modes", "fallback_schedule", "list_schedule_project"]
 
 
 def _relative_excess(use: list[int], caps: list[int]) -> float:
@@ -169,6 +169,38 @@ def list_schedule_project(project: Project, modes: list[int] | None = None) -> P
         runtime=time.perf_counter() - t0,
         solver="list",
     )
+
+
+def fallback_schedule(project: Project, hint: ProjectSolution | None = None) -> ProjectSolution | None:
+    """The schedule an exact engine returns when it has nothing better (at a time limit, after
+    Ctrl-C, or when its model is too large to build in time).
+
+    Parameters
+    ----------
+    project
+        The instance.
+    hint
+        A schedule given to the engine; used only if :func:`check_project_schedule` finds it
+        valid.
+
+    Returns
+    -------
+    ProjectSolution or None
+        The shorter of the valid ``hint`` and the list schedule (:func:`list_schedule_project`,
+        milliseconds), ``None`` when neither exists (the list scheduler cannot meet the
+        non-renewable budgets and no valid hint was given).
+    """
+    best = list_schedule_project(project)
+    if not best.has_schedule:
+        best = None
+    if hint is not None and hint.has_schedule and (best is None or hint.makespan < best.makespan):
+        try:
+            valid = check_project_schedule(project, hint) == []
+        except (IndexError, TypeError):  # a hint of another project
+            valid = False
+        if valid:
+            best = hint
+    return best
 
 
 def check_project_schedule(project: Project, solution: ProjectSolution) -> list[str]:

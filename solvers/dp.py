@@ -20,6 +20,13 @@ Options (all keyword):
 ``threads``
     CP-SAT workers with ``engine="cpsat"`` (default 1).
 
+``time_limit`` covers the whole method (one deadline from its start): structures are planned
+one after another while time is left (the first always is: a structure's frontiers and DP are
+one pass of milliseconds to a few tenths of a second and cannot stop half-way), and with
+``engine="cpsat"`` each gets the time left divided by the structures still to plan. When time
+runs out, or on Ctrl-C, before every structure is planned, the best plan so far is returned with
+status ``time_limit`` and a message naming how many structures were planned.
+
 ``Result.extra["dp"]`` holds the predicted step latency, the per-stage latencies, each
 model-stage's pick and frontier size, and the frontier-building and selection times.
 """
@@ -29,6 +36,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..formulations.deadline import Deadline
 from ..formulations.dp_exact import solve_dp_cpsat
 from ..heuristics.baselines import Infeasible
 from ..heuristics.nereus import LAT_UNIT, STAGE_NAME, DPInstance, Selection, build_instance, place, solve_dp
@@ -95,25 +103,42 @@ def _dp(
         ys = [structure]
     else:
         raise ValueError(f"structure must be a Structure, None or 'all', got {structure!r}")
-    t0 = time.perf_counter()
+    t0 = time.monotonic()
+    deadline = Deadline(problem.time_limit, start=t0)
     best = None  # (latency, index, ev, inst, selection, status)
     first_error: Infeasible | None = None
     evs = []
-    for k, y in enumerate(ys):
-        ev = problem.evaluator(y)
-        evs.append(ev)
-        inst = build_instance(ev.costs, budget)
-        try:
-            sel, status = select(
-                inst, engine, time_limit=problem.time_limit, seed=problem.seed, threads=threads
-            )
-        except Infeasible as exc:
-            first_error = first_error or exc
-            continue
-        if best is None or sel.step_latency < best[0]:
-            best = (sel.step_latency, k, ev, inst, sel, status)
+    planned = 0
+    stopped = ""  # why not every structure was planned
+    try:
+        for k, y in enumerate(ys):
+            if k > 0 and deadline.expired():
+                stopped = "time limit"
+                break
+            ev = problem.evaluator(y)
+            evs.append(ev)
+            inst = build_instance(ev.costs, budget)
+            share = deadline.limit()
+            if share is not None:
+                share = max(0.01, share / (len(ys) - k))
+            try:
+                sel, status = select(inst, engine, time_limit=share, seed=problem.seed, threads=threads)
+            except Infeasible as exc:
+                first_error = first_error or exc
+                continue
+            finally:
+                planned += 1
+            if best is None or sel.step_latency < best[0]:
+                best = (sel.step_latency, k, ev, inst, sel, status)
+    except KeyboardInterrupt:
+        if best is None:
+            raise
+        stopped = "Ctrl-C"
     if best is None:
-        assert first_error is not None
+        assert first_error is not None  # the first structure is always planned
+        message = str(first_error)
+        if stopped:  # the others were not tried: no proof
+            message += f" ({stopped}: planned {planned} of {len(ys)} structures)"
         return Result(
             problem.workload,
             problem.cluster,
@@ -121,12 +146,12 @@ def _dp(
             evs[0].graph,
             None,
             None,
-            Status.INFEASIBLE,
+            Status.TIME_LIMIT if stopped else Status.INFEASIBLE,
             "dp",
-            time.perf_counter() - t0,
+            time.monotonic() - t0,
             0,
             problem.k_eval,
-            message=str(first_error),
+            message=message,
         )
     _, k, ev, inst, sel, status = best
     plan = place(inst, sel, len(ev.graph.vertices))
@@ -158,7 +183,8 @@ def _dp(
             "build_s": inst.build_s,
             "select_s": sel.runtime,
             "labels": sel.labels,
-            "structures_planned": len(ys),
+            "structures_planned": planned,
+            "structures": len(ys),
         }
     }
     note = (
@@ -168,6 +194,8 @@ def _dp(
         f"({' + '.join(f'{x * LAT_UNIT:.3f}' for x in lat)}); "
         + ("optimal within the planner's space" if status == "optimal" else f"CP-SAT status {status}")
     )
+    if stopped:
+        note = f"{stopped}: planned {planned} of {len(ys)} structures; best plan so far; " + note
     return Result(
         problem.workload,
         problem.cluster,
@@ -175,9 +203,9 @@ def _dp(
         ev.graph,
         plan,
         evaluation,
-        Status.TIME_LIMIT if status == "time_limit" else Status.FEASIBLE,
+        Status.TIME_LIMIT if status == "time_limit" or stopped else Status.FEASIBLE,
         "dp",
-        time.perf_counter() - t0,
+        time.monotonic() - t0,
         ev.evaluations,
         problem.k_eval,
         message=note,

@@ -4,14 +4,26 @@ For every structural candidate (or the one given as ``structure=``) the candidat
 is built from the directories — the ``candidates`` fastest strategies of each invocation at every
 aligned origin (``None``: the whole directory), plus the warm start's choices — and the exact
 model of :mod:`rpeg.formulations.plan_model` is solved with the time left, split evenly over the
-structures still to solve. The returned plan is the one with the smallest proven-model makespan;
-like every method's, it is scored by the evaluator (list scheduler), so its ``throughput`` is
-comparable with the heuristics'. The model's own makespan, its lower bound and the per-structure
+structures still to solve. When every structure is solved to optimality the returned plan is the
+one with the smallest model makespan; otherwise it is the best plan found by the evaluator's
+score — the engines' solutions and the warm starts alike. Like every method's, it is scored by
+the evaluator (list scheduler), so its ``throughput`` is comparable with the heuristics'. The model's own makespan, its lower bound and the per-structure
 outcomes are kept in ``Result.extra``; ``objective_bound`` is the throughput bound
 ``Keval·B·R·(Lp+Lr)/LB`` with ``LB`` the smallest lower bound over the structures.
 
 "Optimal" means optimal over the candidate sets (and the time rounding of the engine); the
 message says which candidate sets were used.
+
+**Time limits.** One :class:`~rpeg.formulations.deadline.Deadline` is computed when the method
+starts; each structure gets the time left divided by the structures still to do, and *everything*
+it does counts against that share: the warm start, the candidate pairs, building the model (the
+builders check the deadline as they go), handing it to the solver, and the solve (the engine is
+given only what is left). Every memory-feasible warm start is kept as a fallback, compared with
+the engines' solutions (its evaluator makespan bounds its model makespan from above), so the
+method always returns at least its best warm start: with status ``time_limit`` when a model was
+too large to build in its share ("model too large to build in N s; returned the warm-start
+plan"), when the engine found nothing better in time, or after Ctrl-C (which stops the method
+with the best plan so far, as ``sa`` does).
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..formulations.deadline import BuildTimeout, Deadline
 from ..formulations.plan_cpsat import PlanSolution, solve_plan_cpsat
 from ..formulations.plan_model import build_instance, candidate_sets
 from ..heuristics.baselines import Infeasible, check_directories, concurrent_plan
@@ -32,9 +45,13 @@ from ..ir.templates import structures as all_structures
 from .result import Result, Status
 from .solve import Problem, register, solve
 
-__all__ = ["solve_exact"]
+__all__ = ["DEFAULT_TIME_LIMIT", "solve_exact"]
 
 DEFAULT_TIME_LIMIT = 60.0
+
+
+class _Interrupted(Exception):
+    """Ctrl-C reached the method (inside an engine, or in the warm start's own search)."""
 
 
 def solve_exact(
@@ -53,11 +70,12 @@ def solve_exact(
     Parameters
     ----------
     problem
-        Workload, cluster, ``k_eval``, seed and time limit (default 60 s).
+        Workload, cluster, ``k_eval``, seed and time limit (default 60 s), which covers
+        everything from the warm start to the last solve.
     engine
         Method name for the result (``"cpsat"`` or ``"milp"``).
     engine_fn
-        ``engine_fn(instance, time_limit=, seed=, threads=, hint=, **engine_options)``.
+        ``engine_fn(instance, time_limit=, seed=, threads=, hint=, deadline=, **engine_options)``.
     candidates
         ``k`` fastest strategies per invocation (at every origin), ``None`` for all, or explicit
         candidate lists per vertex (only with one ``structure``).
@@ -66,9 +84,20 @@ def solve_exact(
     warm_start
         ``"concurrent"``, ``"sa"`` (a short SA run restricted to the structure, 20% of its
         time), a :class:`Plan`, or ``None``; its choices join the candidate sets and hint the
-        engine.
+        engine, and a memory-feasible warm start is the fallback returned when the engine has
+        nothing better in time.
     threads
         Engine threads.
+    engine_options
+        Further keyword arguments of ``engine_fn`` (``unit``, ``solver``).
+
+    Returns
+    -------
+    Result
+        Status ``optimal`` (proven over the candidate sets), ``time_limit`` (the best plan
+        found — at least the best memory-feasible warm start — when the limit or Ctrl-C stopped
+        an engine or a model could not be built in time; ``Result.message`` says which), or
+        ``infeasible`` / ``time_limit`` without a plan when there is none.
 
     Raises
     ------
@@ -83,48 +112,88 @@ def solve_exact(
         raise ValueError(
             f"candidates must be a positive integer, None or candidate lists, got {candidates!r}"
         )
-    t0 = time.perf_counter()
+    t0 = time.monotonic()
     limit = problem.time_limit if problem.time_limit is not None else DEFAULT_TIME_LIMIT
+    deadline = Deadline(limit, start=t0)
+    _preload(engine)  # a one-time import of a second or more must not eat the first share
     ys = [structure] if structure is not None else all_structures(problem.workload)
-    outcomes = []
-    best = None  # (model makespan, ev, solution)
-    bounds = []
-    for i, y in enumerate(ys):
-        left = limit - (time.perf_counter() - t0)
-        share = max(0.1, left / (len(ys) - i))
-        ev = problem.evaluator(y)
-        dirs = build_directories(ev.costs)
-        try:
-            check_directories(ev, dirs)
-        except Infeasible as exc:
-            outcomes.append({"structure": y.label, "status": "infeasible", "reason": str(exc)})
-            continue
-        hint = _warm_start(problem, ev, dirs, y, warm_start, 0.2 * share)
-        if candidates is None or isinstance(candidates, int):
-            cands = candidate_sets(ev, dirs, candidates, include=hint)
-        else:
-            cands = [list(c) for c in candidates]
-        inst = build_instance(ev, cands)
-        share = max(0.1, limit - (time.perf_counter() - t0)) / (len(ys) - i)
-        sol = engine_fn(
-            inst, time_limit=share, seed=problem.seed, threads=threads, hint=hint, **(engine_options or {})
-        )
-        outcomes.append(
-            {
-                "structure": y.label,
-                "status": sol.status,
-                "makespan": sol.makespan,
-                "lower_bound": sol.lower_bound,
-                "runtime_s": sol.runtime,
-                "time_to_first_s": sol.time_to_first,
-                "candidates": [len(c) for c in cands],
-            }
-        )
-        if sol.status != "infeasible":
-            bounds.append(sol.lower_bound)
-        if sol.plan is not None and (best is None or sol.makespan < best[0]):
-            best = (sol.makespan, ev, sol)
-    runtime = time.perf_counter() - t0
+    outcomes: list[dict[str, Any]] = []
+    # the pool: (evaluator makespan, 0 = engine solution | 1 = warm start, structure index, ev,
+    # plan, the engine's solution or None)
+    pool: list[tuple[float, int, int, Evaluator, Plan, PlanSolution | None]] = []
+    bounds: list[float] = []
+    too_large: list[str] = []  # build-timeout messages
+    interrupted = False
+    try:
+        for i, y in enumerate(ys):
+            if deadline.expired() and pool:
+                outcomes.append({"structure": y.label, "status": "skipped", "reason": "no time left"})
+                bounds.append(0.0)
+                continue
+            share = deadline.within(deadline.remaining() / (len(ys) - i))
+            ev = problem.evaluator(y)
+            dirs = build_directories(ev.costs)
+            try:
+                check_directories(ev, dirs)
+            except Infeasible as exc:
+                outcomes.append({"structure": y.label, "status": "infeasible", "reason": str(exc)})
+                continue
+            hint, stopped = _warm_start(problem, ev, dirs, y, warm_start, share)
+            if hint is not None:
+                hint_ms = ev.evaluate(hint)
+                if hint_ms.feasible:
+                    pool.append((hint_ms.makespan, 1, i, ev, hint, None))
+            if stopped:
+                raise _Interrupted
+            outcome: dict[str, Any] = {"structure": y.label}
+            outcomes.append(outcome)
+            if share.expired():
+                outcome.update(status="skipped", reason="no time left after the warm start")
+                bounds.append(0.0)
+                continue
+            try:
+                if candidates is None or isinstance(candidates, int):
+                    cands = candidate_sets(ev, dirs, candidates, include=hint)
+                else:
+                    cands = [list(c) for c in candidates]
+                inst = build_instance(ev, cands, share)
+            except BuildTimeout as exc:
+                outcome.update(status="time_limit", reason=str(exc))
+                too_large.append(str(exc))
+                bounds.append(0.0)
+                continue
+            sol = engine_fn(
+                inst,
+                time_limit=share.limit(),
+                seed=problem.seed,
+                threads=threads,
+                hint=hint,
+                deadline=share,
+                **(engine_options or {}),
+            )
+            outcome.update(
+                {
+                    "status": sol.status,
+                    "makespan": sol.makespan,
+                    "lower_bound": sol.lower_bound,
+                    "runtime_s": sol.runtime,
+                    "time_to_first_s": sol.time_to_first,
+                    "candidates": [len(c) for c in cands],
+                }
+            )
+            if sol.message:
+                outcome["reason"] = sol.message
+                if sol.message.startswith("model too large"):
+                    too_large.append(sol.message)
+            if sol.status != "infeasible":
+                bounds.append(sol.lower_bound)
+            if sol.plan is not None:
+                pool.append((ev.evaluate(sol.plan).makespan, 0, i, ev, sol.plan, sol))
+            if sol.interrupted:
+                raise _Interrupted
+    except (KeyboardInterrupt, _Interrupted):
+        interrupted = True
+    runtime = time.monotonic() - t0
     cand_note = (
         "whole directories"
         if candidates is None
@@ -134,20 +203,28 @@ def solve_exact(
             else "the given candidate lists"
         )
     )
-    extra: dict[str, Any] = {"structures": outcomes, "candidates": cand_note}
+    extra: dict[str, Any] = {
+        "structures": outcomes,
+        "candidates": cand_note,
+        "time_limit_s": limit,
+        "interrupted": interrupted,
+    }
     work = problem.k_eval * problem.workload.tokens_per_step
-    bound = work / min(bounds) if bounds and min(bounds) > 0 else None
-    if best is None:
-        proven = all(o["status"] == "infeasible" for o in outcomes)
+    done = len(outcomes) == len(ys) and not interrupted
+    bound = work / min(bounds) if done and bounds and min(bounds) > 0 else None
+    if not pool:
+        proven = done and all(o.get("status") == "infeasible" for o in outcomes)
         y = ys[0]
         ev = problem.evaluator(y)
-        reasons = [o["reason"] for o in outcomes if "reason" in o]
+        reasons = [o["reason"] for o in outcomes if o.get("status") == "infeasible" and "reason" in o]
         if proven and reasons and len(reasons) == len(outcomes):
             msg = reasons[0]
         elif proven:
             msg = "no memory-feasible plan exists within " + cand_note
+        elif interrupted:
+            msg = "interrupted (Ctrl-C) before any plan was found"
         else:
-            msg = f"no plan found within the time limit ({limit:.0f} s) over {cand_note}"
+            msg = f"no plan found within the time limit ({limit:g} s) over {cand_note}"
         return Result(
             problem.workload,
             problem.cluster,
@@ -164,38 +241,82 @@ def solve_exact(
             message=msg,
             extra=extra,
         )
-    model_ms, ev, sol = best
-    evaluation = ev.evaluate(sol.plan, keep=True)
-    all_optimal = all(o["status"] in ("optimal", "infeasible") for o in outcomes)
+    all_optimal = (
+        done
+        and all(o["status"] in ("optimal", "infeasible") for o in outcomes)
+        and any(e[1] == 0 for e in pool)
+    )
+    if all_optimal:  # the proven optimum of the model, whatever the evaluator makes of it
+        _, source, _, ev, plan, sol = min((e for e in pool if e[1] == 0), key=lambda e: (e[5].makespan, e[2]))
+    else:  # unproven: the best plan by the evaluator's score, never worse than a warm start
+        _, source, _, ev, plan, sol = min(pool, key=lambda e: e[:3])
+    evaluation = ev.evaluate(plan, keep=True)
     status = Status.OPTIMAL if all_optimal else Status.TIME_LIMIT
-    extra.update(
-        {
-            "model_makespan": model_ms,
-            "model_throughput": work / model_ms if model_ms > 0 else math.inf,
-            "exact_starts": {repr(k): v for k, v in sol.starts.items()},
-        }
-    )
-    msg = (
-        f"proven optimal over {cand_note}"
-        if all_optimal
-        else f"time limit ({limit:.0f} s) reached before proving optimality over {cand_note}; best plan so far"
-    )
+    if sol is not None:
+        extra.update(
+            {
+                "model_makespan": sol.makespan,
+                "model_throughput": work / sol.makespan if sol.makespan > 0 else math.inf,
+                "exact_starts": {repr(k): v for k, v in sol.starts.items()},
+            }
+        )
+    extra["returned"] = "engine" if source == 0 else "warm_start"
+    msg = _message(status, source, interrupted, too_large, limit, len(ys), engine, cand_note)
     return Result(
         problem.workload,
         problem.cluster,
         ev.structure,
         ev.graph,
-        sol.plan,
+        plan,
         evaluation,
         status,
         engine,
-        runtime,
-        ev.evaluations,  # the evaluator is only asked to score the final plan
+        time.monotonic() - t0,
+        ev.evaluations,  # the evaluator scored the warm starts and the final plan
         problem.k_eval,
         objective_bound=bound,
         message=msg,
         extra=extra,
     )
+
+
+def _preload(engine: str) -> None:
+    """Import the engine's libraries (OR-Tools CP-SAT pulls in pandas: about a second on a
+    loaded machine; Pyomo and highspy about half that), inside the limit but before the
+    structures' shares are computed."""
+    if engine == "cpsat":
+        import ortools.sat.python.cp_model  # noqa: F401
+    elif engine == "milp":
+        import pyomo.contrib.appsi.solvers.highs
+        import pyomo.environ  # noqa: F401
+
+
+def _message(
+    status: Status,
+    source: int,
+    interrupted: bool,
+    too_large: list[str],
+    limit: float,
+    n_structures: int,
+    engine: str,
+    cand_note: str,
+) -> str:
+    """The result's message: what was proven, or why the method stopped and what it returned."""
+    if status is Status.OPTIMAL:
+        return f"proven optimal over {cand_note}"
+    what = "the best plan so far" if source == 0 else "returned the warm-start plan"
+    if interrupted:
+        return f"interrupted (Ctrl-C); {what}"
+    if too_large:
+        # "model too large to build in N s (stopped while …)": keep the first, count the rest
+        first = too_large[0].split(" (")[0]
+        many = f" for {len(too_large)} of {n_structures} structures" if n_structures > 1 else ""
+        return f"{first}{many} (time limit {limit:g} s); {what}"
+    if source == 1:
+        return (
+            f"{engine} found no better plan within the time limit ({limit:g} s); returned the warm-start plan"
+        )
+    return f"time limit ({limit:g} s) reached before proving optimality over {cand_note}; best plan so far"
 
 
 def _warm_start(
@@ -204,32 +325,37 @@ def _warm_start(
     dirs: list[Directory],
     y: Structure,
     how: str | Plan | None,
-    seconds: float,
-) -> Plan | None:
+    share: Deadline,
+) -> tuple[Plan | None, bool]:
+    """The warm-start plan of structure ``y`` (``None``: none), within ``share``, and whether
+    Ctrl-C stopped it (the SA warm start then returns its best plan so far with status
+    ``time_limit``; the caller stops after pooling that plan)."""
     if how is None:
-        return None
+        return None, False
     if isinstance(how, Plan):
         if len(how) != len(ev.graph.vertices):
             raise ValueError(
                 f"warm_start plan has {len(how)} choices, structure {y.label} has "
                 f"{len(ev.graph.vertices)} vertices"
             )
-        return how
+        return how, False
     if how == "concurrent":
         try:
-            return concurrent_plan(ev, dirs)
+            return concurrent_plan(ev, dirs), False
         except Infeasible:
-            return None
+            return None, False
+    left = share.remaining()
+    seconds = 10.0 if math.isinf(left) else max(0.05, min(max(0.2, 0.2 * left), left))
     r = solve(
         problem.workload,
         problem.cluster,
         method="sa",
-        time_limit=max(0.2, seconds),
+        time_limit=seconds,
         seed=problem.seed,
         k_eval=problem.k_eval,
         structures=[y],
     )
-    return r.plan
+    return r.plan, r.status is Status.TIME_LIMIT  # SA says time_limit only when Ctrl-C stopped it
 
 
 @register("cpsat")

@@ -5,6 +5,11 @@ Options (all keyword):
 ``max_evaluations``
     Budget in uncached plan evaluations (with ``time_limit``, whichever ends first; with neither,
     10 seconds).
+
+``time_limit`` counts from the method's start, so building the search spaces (evaluators,
+directories) is included; the search checks it between proposal rounds and polish batches, so it
+ends within one round (a few evaluations) of the limit. Ctrl-C ends the search with the best plan
+so far (status ``time_limit``).
 ``workers``
     Local processes evaluating proposals in parallel (default 1; ``backend="local"`` only).
 ``backend``
@@ -86,8 +91,12 @@ def configure(
     candidates: int | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
     evaluate_many: Callable | None = None,
+    started: float | None = None,
 ) -> Anneal:
     """Build the :class:`Anneal` for ``problem`` from ``solve()``'s options.
+
+    The budget's clock starts at ``started`` (a ``time.monotonic()`` reading; default: now), before
+    the search spaces are built, so the set-up counts against ``time_limit``.
 
     Raises
     ------
@@ -114,7 +123,7 @@ def configure(
         problem.cluster,
         k_eval=problem.k_eval,
         seed=problem.seed,
-        budget=Budget(seconds, max_evaluations),
+        budget=Budget(seconds, max_evaluations, start=started),
         objective=problem.objective,
         delta=problem.delta,
         t_init=t_init,
@@ -162,8 +171,10 @@ def _sa(
         return _sa_ray(problem, address, chains, options)
     if address is not None or chains is not None:
         raise ValueError("address and chains apply to backend='ray' only")
-    t0 = time.perf_counter()
-    search = configure(problem, **options)
+    if "started" in options:
+        raise ValueError("method 'sa' takes no option 'started'")
+    t0 = time.monotonic()
+    search = configure(problem, **options, started=t0)
     pool = None
     if workers > 1:
         pool = ProcessEvaluator(
@@ -180,12 +191,12 @@ def _sa(
     finally:
         if pool is not None:
             pool.close()
-    return outcome_result(problem, search, outcome, "sa", time.perf_counter() - t0)
+    return outcome_result(problem, search, outcome, "sa", time.monotonic() - t0)
 
 
 def _sa_ray(problem: Problem, address: str | None, chains: int | None, options: dict[str, Any]) -> Result:
     """``backend="ray"``: independent chains on a Ray cluster, merged and polished here."""
-    t0 = time.perf_counter()
+    t0 = time.monotonic()
     options = dict(options)
     progress = options.pop("progress", None)
     evaluations = options.pop("max_evaluations", None)
@@ -203,7 +214,7 @@ def _sa_ray(problem: Problem, address: str | None, chains: int | None, options: 
         address=address,
         progress=progress,
     )
-    result = outcome_result(problem, search, outcome, "sa", time.perf_counter() - t0)
+    result = outcome_result(problem, search, outcome, "sa", time.monotonic() - t0)
     result.extra["chains"] = [r.summary() for r in done]
     return result
 

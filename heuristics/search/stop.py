@@ -16,6 +16,9 @@ class Budget:
         Wall-clock limit (``None``: unlimited).
     evaluations
         Limit on uncached plan evaluations (``None``: unlimited).
+    start
+        A ``time.monotonic()`` reading the seconds count from (default: now). The ``sa`` method
+        passes its own start, so that building the search spaces counts against the limit.
 
     Raises
     ------
@@ -23,7 +26,9 @@ class Budget:
         If both are ``None`` or either is not positive.
     """
 
-    def __init__(self, seconds: float | None = None, evaluations: int | None = None) -> None:
+    def __init__(
+        self, seconds: float | None = None, evaluations: int | None = None, *, start: float | None = None
+    ) -> None:
         if seconds is None and evaluations is None:
             raise ValueError("a search budget needs time_limit or max_evaluations")
         if seconds is not None and not seconds > 0:
@@ -32,12 +37,12 @@ class Budget:
             raise ValueError(f"max_evaluations must be a positive integer, got {evaluations!r}")
         self.seconds = seconds
         self.evaluations = evaluations
-        self.start = time.perf_counter()
+        self.start = time.monotonic() if start is None else float(start)
         self.used = 0
 
     def elapsed(self) -> float:
         """Seconds since the budget started."""
-        return time.perf_counter() - self.start
+        return time.monotonic() - self.start
 
     def spend(self, n: int) -> None:
         """Count ``n`` uncached evaluations."""

@@ -31,15 +31,13 @@ from rpeg.formulations import (
 from rpeg.formulations.cpsat import _STATUS
 from rpeg.heuristics.project_schedule import check_project_schedule, list_schedule_project
 
-PSPLIB = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "psplib"
+PSPLIB = Path(__file__).resolve().parents[1] / "data" / "psplib"
 J30 = ["j3011_7", "j3033_4", "j3018_7", "j307_8"]
 J20MM = ["j2014_3", "j209_1", "j2031_3"]
 
 
 def load(name: str) -> tuple[Project, int]:
-    """The instance and its published optimum (skips when the data are absent)."""
-    if not PSPLIB.is_dir():
-        pytest.skip(f"PSPLIB data not found at {PSPLIB} (expected ../shared/data/psplib from the repo root)")
+    """The instance and its published optimum (shipped under tests/data/psplib)."""
     if name.startswith("j30"):
         return read_sm(PSPLIB / "j30.sm" / f"{name}.sm"), read_optima(PSPLIB / "j30.sm" / "optimum.csv")[name]
     return read_mm(PSPLIB / "j20.mm" / f"{name}.mm"), read_optima(PSPLIB / "j20.mm" / "j20opt.mm")[name]

@@ -1,0 +1,138 @@
+"""Time limits that hold for every plan method, counting model building, and Ctrl-C.
+
+Before the deadline work: ``milp`` on ``ppo-13b-64gpu`` with ``time_limit=3`` built Pyomo models
+for minutes (about 27 s and 380,000 rows per structure, outside the limit) before returning;
+``cpsat`` with a small limit returned no plan although its warm start existed; Ctrl-C during
+``milp`` escaped as ``KeyboardInterrupt`` and during ``cpsat`` only ended one structure's search.
+Bounds are generous (``1.1·limit + 1 s`` measured with ``time.monotonic``) so that a loaded
+2-core machine does not make them flaky; a watchdog (SIGALRM) turns a run that overshoots by far
+into a quick failure instead of a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from rpeg import solve
+from rpeg.solvers.result import Status
+from tests.conftest import example_problem
+
+
+class Overran(Exception):
+    """The watchdog fired: the method ran far past its limit."""
+
+
+@contextlib.contextmanager
+def watchdog(seconds: float) -> Iterator[None]:
+    """Raise :class:`Overran` in the test if the block runs longer than ``seconds``."""
+
+    def fire(signum, frame):
+        raise Overran(f"still running after {seconds:g} s")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@contextlib.contextmanager
+def ctrl_c_after(seconds: float) -> Iterator[None]:
+    """Send this process SIGINT after ``seconds`` (as Ctrl-C does); a signal arriving after the
+    block is ignored, and a ``KeyboardInterrupt`` escaping the block fails the test.
+
+    The garbage collector's callbacks are set aside meanwhile: hypothesis (loaded by other test
+    modules) registers one, and an exception raised by a signal handler that happens to run
+    inside a gc callback is swallowed by Python ("Exception ignored in ... gc_callback")."""
+    armed = [True]
+    callbacks = gc.callbacks[:]
+    gc.callbacks.clear()
+
+    def interrupt(signum, frame):
+        if armed[0]:
+            raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, interrupt)
+    timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        yield
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped the method instead of ending it with the best plan so far")
+    finally:
+        armed[0] = False
+        timer.cancel()
+        signal.signal(signal.SIGINT, old)
+        gc.callbacks[:] = callbacks
+
+
+def bound(limit: float) -> float:
+    """The overshoot the tests allow: 10% of the limit plus one second."""
+    return 1.1 * limit + 1.0
+
+
+@pytest.fixture(scope="module")
+def ppo13b():
+    return example_problem("ppo-13b-64gpu")
+
+
+def run(problem, method: str, limit: float, **options):
+    workload, cluster, k_eval = problem
+    t0 = time.monotonic()
+    with watchdog(3 * limit + 10):
+        r = solve(workload, cluster, method=method, time_limit=limit, k_eval=k_eval, **options)
+    return r, time.monotonic() - t0
+
+
+def test_milp_returns_the_warm_start_in_time_when_its_models_are_too_large(ppo13b):
+    r, elapsed = run(ppo13b, "milp", 3)
+    assert elapsed <= bound(3), f"milp took {elapsed:.2f} s on a 3-s limit"
+    assert r.status is Status.TIME_LIMIT and r.plan is not None and r.evaluation.feasible
+    assert "model too large to build in" in r.message and "warm-start plan" in r.message
+    assert r.extra["returned"] == "warm_start"
+
+
+def test_cpsat_on_a_tiny_limit_returns_at_least_its_warm_start():
+    problem = example_problem("ppo-7b-16gpu")
+    r, elapsed = run(problem, "cpsat", 0.5)
+    assert elapsed <= bound(0.5)
+    assert r.status is Status.TIME_LIMIT and r.plan is not None and r.evaluation.feasible
+    workload, cluster, k_eval = problem
+    concurrent = solve(workload, cluster, method="concurrent", k_eval=k_eval)
+    # the synchronous concurrent plan is the first structure's warm start: never worse than it
+    assert r.evaluation.throughput >= concurrent.evaluation.throughput * (1 - 1e-9)
+
+
+@pytest.mark.parametrize(("method", "delay"), [("milp", 1.0), ("cpsat", 1.5)])
+def test_ctrl_c_ends_an_exact_method_with_the_best_plan_so_far(ppo13b, method, delay):
+    workload, cluster, k_eval = ppo13b
+    t0 = time.monotonic()
+    with watchdog(60), ctrl_c_after(delay):
+        r = solve(workload, cluster, method=method, time_limit=120, k_eval=k_eval)
+    elapsed = time.monotonic() - t0
+    assert elapsed <= delay + 3, f"{method} took {elapsed:.2f} s to stop after Ctrl-C"
+    assert r.status is Status.TIME_LIMIT and r.plan is not None and r.evaluation.feasible
+    assert r.message.startswith("interrupted (Ctrl-C)") and r.extra["interrupted"]
+
+
+def test_dp_plans_structures_only_while_time_is_left(ppo13b):
+    r, _ = run(ppo13b, "dp", 1e-3, structure="all")
+    assert r.status is Status.TIME_LIMIT and r.plan is not None
+    assert r.extra["dp"]["structures_planned"] == 1 < r.extra["dp"]["structures"]
+    assert "time limit: planned 1 of" in r.message
+
+
+@pytest.mark.parametrize("method", ["greedy", "concurrent", "sa", "dp"])
+def test_the_heuristics_end_within_the_limit(method):
+    r, elapsed = run(example_problem("grpo-8b-16gpu"), method, 1)
+    assert elapsed <= bound(1) and r.plan is not None
