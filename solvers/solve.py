@@ -181,7 +181,9 @@ def _check_options(options: dict[str, Any]) -> None:
             check_positive_int(name, options[name])
     for name in ("workers", "threads"):
         if options.get(name) is not None and options[name] > MAX_PROCESSES:
-            raise ValueError(f"{name} must be at most {MAX_PROCESSES} (processes/threads), got {options[name]}")
+            raise ValueError(
+                f"{name} must be at most {MAX_PROCESSES} (processes/threads), got {options[name]}"
+            )
     candidates = options.get("candidates")
     if isinstance(candidates, (bool, int, float, str)):  # a count (a list of choices is also allowed)
         check_positive_int("candidates", candidates)

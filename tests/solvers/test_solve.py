@@ -53,11 +53,11 @@ def test_bad_arguments_are_rejected_by_name(tiny_ppo, cluster_1x2x4, kw, field):
 
 
 def test_arguments_of_the_wrong_type_are_a_type_error_naming_them(tiny_ppo, cluster_1x2x4):
-    with pytest.raises(TypeError, match="k_eval must be a positive integer, got float 2.5"):
+    with pytest.raises(TypeError, match=r"k_eval must be a positive integer, got float 2\.5"):
         solve(tiny_ppo, cluster_1x2x4, k_eval=2.5)
-    with pytest.raises(TypeError, match="workload must be a rpeg.Workload"):
+    with pytest.raises(TypeError, match=r"workload must be a rpeg\.Workload"):
         solve("ppo", cluster_1x2x4)
-    with pytest.raises(TypeError, match="cluster must be a rpeg.Cluster"):
+    with pytest.raises(TypeError, match=r"cluster must be a rpeg\.Cluster"):
         solve(tiny_ppo, "1x2x4")
 
 
