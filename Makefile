@@ -30,11 +30,11 @@ demo: $(VENV)/.base
 	$(RPEG) run out/ppo-1b-4gpu.json --steps 3 --trace out/ppo-1b-4gpu.trace.json
 	$(RPEG) verify out/ppo-1b-4gpu.trace.json out/ppo-1b-4gpu.json
 
-## make test: lint, format check, the wheel installed into a fresh venv, and the whole test suite
+## make test: lint, format check and the whole test suite (which also installs the wheel into a
+## fresh venv and runs rpeg outside the checkout: tests/test_wheel.py, in the background)
 test: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	PYTHON=$(PYTHON) .ci/check-wheel
 	$(PY) -m pytest
 
 ## make wheel-check: build the wheel, install it non-editable into a fresh venv, run rpeg outside the checkout

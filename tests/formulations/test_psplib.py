@@ -76,21 +76,22 @@ def test_optima_files(psplib):
     sm = read_optima(psplib / "j30.sm" / "optimum.csv")
     assert len(sm) == 480 and sm["j301_1"] == 43 and sm["j3048_10"] > 0
     mm = read_optima(psplib / "j20.mm" / "j20opt.mm")
-    # 554 instance files ship; the other rows say 16384 (no feasible schedule) and are left out
+    # PSPLIB has 554 j20.mm instances with an optimum; the other rows say 16384 (no feasible
+    # schedule) and are left out. tests/data ships a subset of the files, each with its optimum.
     files = {f.stem for f in (psplib / "j20.mm").glob("j20*_*.mm")}
-    assert set(mm) == files and len(mm) == 554
+    assert files <= set(mm) and len(mm) == 554
     assert mm["j2010_1"] == 18 and mm["j2064_10"] == 22
     assert 16384 not in mm.values()
 
 
-def test_every_instance_reads_and_its_bounds_stay_below_the_optimum(psplib):
+def test_every_shipped_instance_reads_and_its_bounds_stay_below_the_optimum(psplib):
     for folder, pattern, reader, opt_file in (
         ("j30.sm", "*.sm", read_sm, "optimum.csv"),
         ("j20.mm", "j20*_*.mm", read_mm, "j20opt.mm"),
     ):
         optima = read_optima(psplib / folder / opt_file)
         files = sorted((psplib / folder).glob(pattern))
-        assert len(files) == len(optima)
+        assert len(files) >= 50 and {f.stem for f in files} <= set(optima)  # the shipped subset
         for f in files:
             p = reader(f)
             assert p.lower_bound() <= optima[p.name] <= p.trivial_horizon(), p.name
