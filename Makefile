@@ -9,11 +9,11 @@ RPEG   := $(VENV)/bin/rpeg
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q --no-compile -e .
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.base
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-compile -e '.[dev]'
 	touch $@
 
 ## make demo: plan the bundled PPO examples, then run the searched small plan on Ray workers and verify it
@@ -30,8 +30,8 @@ demo: $(VENV)/.base
 	$(RPEG) run out/ppo-1b-4gpu.json --steps 3 --trace out/ppo-1b-4gpu.trace.json
 	$(RPEG) verify out/ppo-1b-4gpu.trace.json out/ppo-1b-4gpu.json
 
-## make test: lint, format check and the whole test suite (which also installs the wheel into a
-## fresh venv and runs rpeg outside the checkout: tests/test_wheel.py, in the background)
+## make test: lint, format check and the whole test suite (its last test installs the wheel into a
+## fresh venv and runs rpeg outside the checkout: tests/test_wheel.py)
 test: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

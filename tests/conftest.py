@@ -4,10 +4,7 @@ on one A100 node, the bundled examples, and the independent result checker."""
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,57 +23,15 @@ TORCH_MODULES = ("tests/costmodel/test_calibrate.py", "tests/runtime/")
 WHEEL_TEST = "tests/test_wheel.py"
 
 
-class _WheelCheck:
-    """``.ci/check-wheel`` running in the background, its output in a temporary file."""
-
-    def __init__(self) -> None:
-        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - read after the process ends
-        # the interpreter the test venv was made from: the fresh venv starts from the same Python
-        env = dict(os.environ, PYTHON=getattr(sys, "_base_executable", sys.executable))
-        self.proc = subprocess.Popen(
-            ["bash", str(TESTS.parent / ".ci" / "check-wheel")],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=TESTS.parent,
-        )
-
-    def result(self) -> tuple[int, str]:
-        """Wait for the script (no deadline: it is making progress or it has exited)."""
-        status = self.proc.wait()
-        self.log.seek(0)
-        return status, self.log.read()
-
-
-_wheel: list[_WheelCheck] = []
-
-
-def pytest_unconfigure(config) -> None:
-    """A session that ends early (``-x``, Ctrl-C) stops the background wheel check with it."""
-    for check in _wheel:
-        if check.proc.poll() is None:
-            check.proc.terminate()
-            check.proc.wait()
-
-
-def wheel_check() -> _WheelCheck:
-    """The background wheel check, started now if collection did not start it."""
-    if not _wheel:
-        _wheel.append(_WheelCheck())
-    return _wheel[0]
-
-
 def pytest_collection_modifyitems(config, items) -> None:
     """Keep collection order, but move the torch-loading modules after everything else and the
-    wheel check (which runs in the background from here on) to the very end."""
+    wheel check to the very end."""
     root = Path(str(config.rootpath))
 
     def rel(item) -> str:
         return Path(str(item.fspath)).resolve().relative_to(root.resolve()).as_posix()
 
     items.sort(key=lambda item: (rel(item) == WHEEL_TEST, rel(item).startswith(TORCH_MODULES)))
-    if any(rel(item) == WHEEL_TEST for item in items):
-        wheel_check()
 
 
 def load_checker():
