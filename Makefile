@@ -9,11 +9,11 @@ RPEG   := $(VENV)/bin/rpeg
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile -e .
+	$(PY) -m pip install -q -e .
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.base
-	$(PY) -m pip install -q --no-compile -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
 ## make demo: plan the bundled PPO examples, then run the searched small plan on Ray workers and verify it
