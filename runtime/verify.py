@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ir.cluster import mask_devices
-from ..ir.errors import InputError, require_file
+from ..ir.errors import require_file
 from ..ir.graph import RPEG
 from ..ir.lower import OP, ExecGraph
 from ..ir.types import Role
@@ -460,13 +460,9 @@ def read_result(path: str | os.PathLike, what: str = "result file") -> Result:
     InputError
         If the file is missing, not JSON or not a valid ``rpeg.result/1`` document.
     """
-    p = require_file(path, what)
-    try:
-        return Result.from_json(p)
-    except InputError:
-        raise
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"{what} {str(path)!r}: {exc}", source=str(path)) from None
+    # Result.from_json names the file in every InputError it raises (the schema gate); this
+    # only puts the caller's name for the file (``--transition result file``) on a missing one
+    return Result.from_json(require_file(path, what))
 
 
 def _as_trace(trace: Any) -> Trace:
