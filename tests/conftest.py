@@ -4,7 +4,10 @@ on one A100 node, the bundled examples, and the independent result checker."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,15 +26,69 @@ TORCH_MODULES = ("tests/costmodel/test_calibrate.py", "tests/runtime/")
 WHEEL_TEST = "tests/test_wheel.py"
 
 
+class WheelCheck:
+    """``.ci/check-wheel`` running in the background, its output in a temporary file.
+
+    The planning tests that run first keep one of the two cores busy; the wheel check (about
+    45 s, mostly installing the dependencies) uses the other meanwhile. ``tests/test_wheel.py``
+    runs last and waits for it (no deadline: it is making progress or it has exited)."""
+
+    def __init__(self) -> None:
+        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - read after the process ends
+        # the interpreter the test venv was made from: the fresh venv starts from the same Python
+        env = dict(os.environ, PYTHON=getattr(sys, "_base_executable", sys.executable))
+        self.proc = subprocess.Popen(
+            ["bash", str(TESTS.parent / ".ci" / "check-wheel")],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=TESTS.parent,
+        )
+
+    def result(self) -> tuple[int, str]:
+        """Exit status and output of the script, once it has ended."""
+        status = self.proc.wait()
+        self.log.seek(0)
+        return status, self.log.read()
+
+
+_wheel: list[WheelCheck] = []
+
+
+def wheel_check() -> WheelCheck:
+    """The background wheel check, started now if collection did not start it."""
+    if not _wheel:
+        _wheel.append(WheelCheck())
+    return _wheel[0]
+
+
+@pytest.fixture(scope="session")
+def background_wheel_check() -> WheelCheck:
+    """The wheel check started at collection. (A fixture, not an import: this conftest is
+    imported under a name derived from the checkout's folder, and ``import tests.conftest``
+    would load a second copy with a check of its own.)"""
+    return wheel_check()
+
+
+def pytest_unconfigure(config) -> None:
+    """A session that ends early (``-x``, Ctrl-C) stops the background wheel check with it."""
+    for check in _wheel:
+        if check.proc.poll() is None:
+            check.proc.terminate()
+            check.proc.wait()
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """Keep collection order, but move the torch-loading modules after everything else and the
-    wheel check to the very end."""
+    wheel check to the very end; when the wheel check is selected, start it now."""
     root = Path(str(config.rootpath))
 
     def rel(item) -> str:
         return Path(str(item.fspath)).resolve().relative_to(root.resolve()).as_posix()
 
     items.sort(key=lambda item: (rel(item) == WHEEL_TEST, rel(item).startswith(TORCH_MODULES)))
+    if any(rel(item) == WHEEL_TEST for item in items) and not config.option.collectonly:
+        wheel_check()
 
 
 def load_checker():

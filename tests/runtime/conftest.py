@@ -1,12 +1,55 @@
-"""Runtime test fixtures: ``cpu_burner`` loads the machine while runtime scenarios run."""
+"""Runtime test fixtures: one local Ray instance for every runtime module, runs shared between
+tests that need the same uninterrupted run, and ``cpu_burner`` to load the machine.
+
+Worker start-up is what runtime tests spend their time on (one process per worker, each
+importing torch: about 1.5 CPU-seconds on the 2-core machine), so a run that several tests
+compare against is made once per session (:func:`clean_run`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from tests.runtime.burner import Burner, start_burner
+
+RAY_DEVICES = 4  # the largest plan the runtime tests run (1x1x4); smaller plans use a subset
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """A local Ray instance (4 ``rpeg_device`` resources, 2 CPUs) from the first runtime module
+    that asks for it to the end of the session."""
+    ray = pytest.importorskip("ray")
+    from rpeg.runtime.runner import start_local_ray
+
+    start_local_ray(RAY_DEVICES, num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+_RUNS: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="session")
+def clean_run(ray_session) -> Callable[..., Any]:
+    """``clean_run(result, **kwargs)``: ``rpeg.runtime.run(result, **kwargs)`` made once per
+    session for each distinct plan and arguments (plain values only: no progress callback,
+    no paths, no injected faults), so tests comparing against the same uninterrupted run share
+    it. Callers must not modify the report they get."""
+    from rpeg.runtime.runner import run
+
+    def get(result, **kwargs: Any) -> Any:
+        assert all(isinstance(v, (int, float, str, bool, type(None))) for v in kwargs.values()), kwargs
+        key = json.dumps([result.to_json(), sorted(kwargs.items())], sort_keys=True, default=str)
+        if key not in _RUNS:
+            _RUNS[key] = run(result, **kwargs)
+        return _RUNS[key]
+
+    return get
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ ray = pytest.importorskip("ray")
 
 from rpeg.ir.errors import InputError  # noqa: E402
 from rpeg.runtime.controller import RunError  # noqa: E402
-from rpeg.runtime.runner import run, start_local_ray  # noqa: E402
+from rpeg.runtime.runner import run  # noqa: E402
 from rpeg.runtime.trace import Trace  # noqa: E402
 from rpeg.runtime.verify import verify  # noqa: E402
 from tests.runtime.burner import BURNERS  # noqa: E402
@@ -33,10 +33,8 @@ SYNC = (("actor", 0), ("critic", 0))
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_instance():
-    start_local_ray(2, num_cpus=2)  # before the burner: starting Ray is not what is under test
-    yield
-    ray.shutdown()
+def ray_instance(ray_session):
+    """The session's local Ray instance (tests/runtime/conftest.py): started before the burner, starting Ray is not what is under test."""
 
 
 def test_ppo_dp_tp_run_under_load_completes_verifies_and_checkpoints(cpu_burner, tmp_path):

@@ -19,7 +19,7 @@ from rpeg.costmodel import hardware_preset  # noqa: E402
 from rpeg.ir import Cluster, Workload  # noqa: E402
 from rpeg.runtime.controller import RunError  # noqa: E402
 from rpeg.runtime.rl import RLConfig  # noqa: E402
-from rpeg.runtime.runner import run, start_local_ray  # noqa: E402
+from rpeg.runtime.runner import run  # noqa: E402
 from rpeg.runtime.trace import Trace  # noqa: E402
 from rpeg.runtime.verify import verify  # noqa: E402
 from tests.runtime.plans import COLOCATED, DISAGG, TOY, hand, workload  # noqa: E402
@@ -28,17 +28,15 @@ WEIGHT_TOL = 1e-3  # max |Δw| after 3 Adam steps (lr 1e-2) between layouts: flo
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_instance():
-    start_local_ray(4, num_cpus=2)
-    yield
-    ray.shutdown()
+def ray_instance(ray_session):
+    """The session's local Ray instance (tests/runtime/conftest.py)."""
 
 
 @pytest.fixture(scope="module")
-def colocated_ppo():
+def colocated_ppo(clean_run):
     """Greedy PPO on two devices (everything colocated, DP=2), 3 steps, final weights kept."""
     result = solve(workload("ppo"), Cluster.from_shape("1x1x2", hardware_preset("gh200")), "greedy")
-    return result, run(result, steps=3, return_weights=True)
+    return result, clean_run(result, steps=3, return_weights=True)
 
 
 def rising(rewards: list[float]) -> bool:
@@ -91,14 +89,12 @@ def test_grpo_runs_and_learns():
     assert rising(report.rewards), report.rewards
 
 
-def test_same_seed_two_layouts_same_weights(colocated_ppo):
-    """Synchronous plans with different placements and DP/PP/TP layouts train the same model."""
-    a = run(
-        hand(workload("ppo"), "1x1x4", DISAGG, (("actor", 0), ("critic", 0))), steps=3, return_weights=True
-    )
-    b = run(
-        hand(workload("ppo"), "1x1x4", COLOCATED, (("actor", 0), ("critic", 0))), steps=3, return_weights=True
-    )
+def test_same_seed_two_layouts_same_weights(colocated_ppo, clean_run):
+    """Synchronous plans with different placements and DP/PP/TP layouts train the same model.
+    (The disaggregated run is shared with test_transition.py's relayout test.)"""
+    sync = (("actor", 0), ("critic", 0))
+    a = clean_run(hand(workload("ppo"), "1x1x4", DISAGG, sync), steps=3, return_weights=True)
+    b = clean_run(hand(workload("ppo"), "1x1x4", COLOCATED, sync), steps=3, return_weights=True)
     _, c = colocated_ppo
     assert a.rewards == pytest.approx(b.rewards) and a.rewards == pytest.approx(c.rewards)
     for other in (b, c):
