@@ -34,11 +34,11 @@ from typing import Any
 
 from .costmodel.hardware import load_hardware
 from .examples import example_names, example_path
-from .heuristics.evaluator import Evaluator
 from .heuristics.search import ABLATIONS
 from .ir.cluster import Cluster, parse_shape
 from .ir.errors import InputError, check_output, read_json, require_file
 from .ir.workload import WorkloadFile, load_workload
+from .scoring.evaluator import Evaluator
 from .solvers.result import FORMAT, Result, Status, plan_from_entries, problem_from_dict
 from .solvers.solve import METHODS, solve
 
@@ -480,7 +480,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_project(args: argparse.Namespace) -> int:
     from .formulations import read_mm, read_sm, solve_cpsat, solve_milp
-    from .heuristics.project_schedule import check_project_schedule, list_schedule_project
+    from .formulations.project_schedule import check_project_schedule, list_schedule_project
 
     path = require_file(args.instance, "instance file")
     if path.suffix not in (".sm", ".mm"):

@@ -23,9 +23,9 @@ import _bench
 
 from rpeg import solve
 from rpeg.formulations.dp_exact import solve_dp_cpsat
-from rpeg.heuristics import Evaluator
-from rpeg.heuristics.nereus import LAT_UNIT, build_instance, solve_dp
+from rpeg.heuristics.dp_planner import LAT_UNIT, build_instance, solve_dp
 from rpeg.ir.templates import Structure
+from rpeg.scoring import Evaluator
 
 #: (GPUs, shape, actor, critic, reward, B): the search-speed benchmark's scaling ladder.
 CONFIGS = [

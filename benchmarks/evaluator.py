@@ -24,8 +24,8 @@ import time
 from _bench import command, machine, write_section
 
 from rpeg import Cluster, Workload, hardware_preset, model_preset
-from rpeg.heuristics import Evaluator, build_directories
 from rpeg.ir import Plan, structures, unroll
+from rpeg.scoring import Evaluator, build_directories
 
 CONFIGS = [  # (GPUs, topology, actor, critic, reward, B, Lp, Lr), RPEG paper Table X
     (64, "2x8x4", "13b", "13b", "7b", 1024, 128, 384),

@@ -5,7 +5,7 @@ Protocol: the same instances for every engine, in PSPLIB order (``j301_1``, ``j3
 ``j3048_10``); a fixed seed; each exact engine gets the list scheduler's schedule as its hint (as
 the package's front door does) and ``--limit`` seconds of wall clock, model building included;
 ``--threads`` solver threads each and ``--workers`` instances at a time. Every returned schedule is
-re-checked by :func:`rpeg.heuristics.project_schedule.check_project_schedule`, and a proven
+re-checked by :func:`rpeg.formulations.project_schedule.check_project_schedule`, and a proven
 optimum that differs from the published one is counted as an error.
 
 Per engine: share of instances proven optimal, share whose makespan equals the published optimum,
@@ -36,7 +36,7 @@ from datetime import date
 from pathlib import Path
 
 from rpeg.formulations import read_mm, read_optima, read_sm, solve_cpsat, solve_milp
-from rpeg.heuristics.project_schedule import check_project_schedule, list_schedule_project
+from rpeg.formulations.project_schedule import check_project_schedule, list_schedule_project
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "psplib"

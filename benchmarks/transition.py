@@ -40,11 +40,11 @@ from _bench import command, machine, write_section
 
 from rpeg import Cluster, Workload, hardware_preset, model_preset
 from rpeg.costmodel.transition import gpu_capacities, primitive_times
-from rpeg.heuristics.candidates import make_strategy
 from rpeg.heuristics.transition import greedy_schedule
 from rpeg.ir import build_graph
 from rpeg.ir.emu import emus_of, transition_dag
 from rpeg.ir.plan import Choice, Plan
+from rpeg.scoring.candidates import make_strategy
 from rpeg.solvers.transition import plan_transition
 
 SHAPES = {32: "1x4x8", 64: "1x8x8", 128: "1x16x8", 256: "2x16x8", 512: "4x16x8", 1024: "8x16x8"}

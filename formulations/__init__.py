@@ -3,7 +3,7 @@
 A :class:`Project` is a set of activities with one or more modes (duration, resource demands),
 lagged finish-to-start precedences, renewable resources (cumulative capacities, or unary devices)
 and non-renewable budgets; the objective is the makespan. Two engines solve it behind the same
-signature and return the same :class:`ProjectSolution` (a :class:`SolveStatus`, the makespan,
+signature and return the same :class:`ProjectSolution` (a :class:`Status`, the makespan,
 a proven lower bound, the runtime, starts and modes):
 
 - :func:`solve_cpsat` — OR-Tools CP-SAT: optional intervals per mode, ``NoOverlap`` for unary
@@ -15,14 +15,14 @@ a proven lower bound, the runtime, starts and modes):
 :func:`read_sm`, :func:`read_mm` and :func:`read_optima` read PSPLIB instances and their
 published optima, which check both engines (``tests/formulations``, ``benchmarks/psplib.py``).
 OR-Tools and Pyomo are imported only when a model is built. The greedy counterpart is
-:func:`rpeg.heuristics.project_schedule.list_schedule_project`.
+:func:`rpeg.formulations.project_schedule.list_schedule_project`.
 """
 
 from .cpsat import CPModel, solve_cpsat
 from .milp import MILP_SOLVERS, MILPModel, SolverUnavailableError, solve_milp
 from .project import Activity, Mode, Project, Resource
 from .psplib import read_mm, read_optima, read_sm
-from .status import ProjectSolution, SolveStatus
+from .status import ProjectSolution, Status
 
 __all__ = [
     "MILP_SOLVERS",
@@ -33,8 +33,8 @@ __all__ = [
     "Project",
     "ProjectSolution",
     "Resource",
-    "SolveStatus",
     "SolverUnavailableError",
+    "Status",
     "read_mm",
     "read_optima",
     "read_sm",

@@ -43,7 +43,7 @@ from typing import Any
 
 from .deadline import BuildTimeout, Deadline
 from .project import Project
-from .status import ProjectSolution, SolveStatus
+from .status import ProjectSolution, Status
 
 __all__ = ["CPModel", "run_cpsat", "solve_cpsat"]
 
@@ -51,11 +51,11 @@ __all__ = ["CPModel", "run_cpsat", "solve_cpsat"]
 #: ``UNKNOWN`` become ``TIME_LIMIT`` when a time limit was set or the search was interrupted
 #: (no other limit is set, so those are the only ways CP-SAT stops without a proof).
 _STATUS = {
-    "OPTIMAL": SolveStatus.OPTIMAL,
-    "FEASIBLE": SolveStatus.FEASIBLE,
-    "INFEASIBLE": SolveStatus.INFEASIBLE,
-    "UNKNOWN": SolveStatus.UNKNOWN,
-    "MODEL_INVALID": SolveStatus.ERROR,
+    "OPTIMAL": Status.OPTIMAL,
+    "FEASIBLE": Status.FEASIBLE,
+    "INFEASIBLE": Status.INFEASIBLE,
+    "UNKNOWN": Status.UNKNOWN,
+    "MODEL_INVALID": Status.ERROR,
 }
 
 
@@ -320,16 +320,16 @@ class CPModel:
         prm.log_search_progress = bool(log)
         code, interrupted = run_cpsat(solver, self.model)
         runtime = self.build_time + (time.monotonic() - t0)
-        status = _STATUS.get(solver.status_name(code), SolveStatus.ERROR)
+        status = _STATUS.get(solver.status_name(code), Status.ERROR)
         message = "interrupted (Ctrl-C); best schedule so far" if interrupted else ""
-        if status in (SolveStatus.FEASIBLE, SolveStatus.UNKNOWN):
+        if status in (Status.FEASIBLE, Status.UNKNOWN):
             # no other limit is set: CP-SAT stopped at the time limit or on Ctrl-C
-            status = SolveStatus.TIME_LIMIT
+            status = Status.TIME_LIMIT
         name = "cpsat"
         lb0 = self.project.lower_bound()
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            bound = lb0 if status is not SolveStatus.ERROR else 0
-            if status is SolveStatus.TIME_LIMIT:
+            bound = lb0 if status is not Status.ERROR else 0
+            if status is Status.TIME_LIMIT:
                 bound = max(lb0, _ceil(solver.best_objective_bound))
             return ProjectSolution.without_schedule(
                 status, lower_bound=bound, runtime=runtime, solver=name, message=message
@@ -393,7 +393,7 @@ def solve_cpsat(
         the fallback was returned or the search was interrupted. ``makespan = inf`` only when no
         schedule is known at all (e.g. non-renewable budgets the list scheduler cannot meet).
     """
-    from ..heuristics.project_schedule import fallback_schedule
+    from .project_schedule import fallback_schedule
 
     t0 = time.monotonic()
     deadline = Deadline(time_limit, start=t0)
@@ -404,13 +404,13 @@ def solve_cpsat(
         runtime = time.monotonic() - t0
         if fallback is None:
             return ProjectSolution.without_schedule(
-                SolveStatus.TIME_LIMIT, lower_bound=bound, runtime=runtime, solver="cpsat", message=why
+                Status.TIME_LIMIT, lower_bound=bound, runtime=runtime, solver="cpsat", message=why
             )
         return ProjectSolution.from_schedule(
             project,
             fallback.starts,
             fallback.modes,
-            status=SolveStatus.TIME_LIMIT,
+            status=Status.TIME_LIMIT,
             lower_bound=max(bound, lb0),
             runtime=runtime,
             solver="cpsat",
@@ -429,7 +429,7 @@ def solve_cpsat(
         return fall_back("interrupted (Ctrl-C) while building the model")
     sol = sol.replace(runtime=time.monotonic() - t0)
     if (
-        sol.status is SolveStatus.TIME_LIMIT
+        sol.status is Status.TIME_LIMIT
         and fallback is not None
         and (not sol.has_schedule or fallback.makespan < sol.makespan)
     ):

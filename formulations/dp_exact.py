@@ -1,7 +1,7 @@
 """The Nereus planner's choice as a CP-SAT model: the exact counterpart of
-:func:`rpeg.heuristics.nereus.solve_dp` (SPEC §10 "Planner (dp)").
+:func:`rpeg.heuristics.dp_planner.solve_dp` (SPEC §10 "Planner (dp)").
 
-Same data (:class:`~rpeg.heuristics.nereus.DPInstance`: integer latencies in µs, KiB rounded
+Same data (:class:`~rpeg.heuristics.dp_planner.DPInstance`: integer latencies in µs, KiB rounded
 up), same constraints, same objective:
 
 * ``x[M,c] ∈ {0,1}``, ``Σ_c x[M,c] = 1`` — one frontier point per model-stage;
@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..heuristics.nereus import DPInstance, Selection, partitions
+from ..heuristics.dp_planner import DPInstance, Selection, partitions
 
 __all__ = ["DPExactSolution", "solve_dp_cpsat"]
 

@@ -68,7 +68,7 @@ from typing import Any
 
 from .deadline import BuildTimeout, Deadline
 from .project import Project
-from .status import ProjectSolution, SolveStatus
+from .status import ProjectSolution, Status
 
 __all__ = ["MILP_SOLVERS", "MILPModel", "SolverUnavailableError", "solve_milp"]
 
@@ -385,15 +385,15 @@ class MILPModel:
 # ---------------------------------------------------------------------------------------- solve
 #: appsi termination conditions (by name) mapped onto ours; ``None``: decided by whether an
 #: incumbent exists (FEASIBLE with one, UNKNOWN without).
-_APPSI_STATUS: dict[str, SolveStatus | None] = {
-    "optimal": SolveStatus.OPTIMAL,
-    "maxTimeLimit": SolveStatus.TIME_LIMIT,
-    "infeasible": SolveStatus.INFEASIBLE,
+_APPSI_STATUS: dict[str, Status | None] = {
+    "optimal": Status.OPTIMAL,
+    "maxTimeLimit": Status.TIME_LIMIT,
+    "infeasible": Status.INFEASIBLE,
     # C and every x are bounded, so the model cannot be unbounded: "or unbounded" means infeasible
-    "infeasibleOrUnbounded": SolveStatus.INFEASIBLE,
-    "unbounded": SolveStatus.ERROR,
-    "error": SolveStatus.ERROR,
-    "licensingProblems": SolveStatus.ERROR,
+    "infeasibleOrUnbounded": Status.INFEASIBLE,
+    "unbounded": Status.ERROR,
+    "error": Status.ERROR,
+    "licensingProblems": Status.ERROR,
     "maxIterations": None,
     "minStepLength": None,
     "objectiveLimit": None,
@@ -402,19 +402,19 @@ _APPSI_STATUS: dict[str, SolveStatus | None] = {
 }
 
 #: Pyomo legacy ``TerminationCondition`` values (by name) mapped onto ours; ``None`` as above.
-_LEGACY_STATUS: dict[str, SolveStatus | None] = {
-    "optimal": SolveStatus.OPTIMAL,
-    "globallyOptimal": SolveStatus.OPTIMAL,
-    "maxTimeLimit": SolveStatus.TIME_LIMIT,
-    "infeasible": SolveStatus.INFEASIBLE,
-    "infeasibleOrUnbounded": SolveStatus.INFEASIBLE,
-    "feasible": SolveStatus.FEASIBLE,
-    "unbounded": SolveStatus.ERROR,
-    "error": SolveStatus.ERROR,
-    "solverFailure": SolveStatus.ERROR,
-    "internalSolverError": SolveStatus.ERROR,
-    "invalidProblem": SolveStatus.ERROR,
-    "licensingProblems": SolveStatus.ERROR,
+_LEGACY_STATUS: dict[str, Status | None] = {
+    "optimal": Status.OPTIMAL,
+    "globallyOptimal": Status.OPTIMAL,
+    "maxTimeLimit": Status.TIME_LIMIT,
+    "infeasible": Status.INFEASIBLE,
+    "infeasibleOrUnbounded": Status.INFEASIBLE,
+    "feasible": Status.FEASIBLE,
+    "unbounded": Status.ERROR,
+    "error": Status.ERROR,
+    "solverFailure": Status.ERROR,
+    "internalSolverError": Status.ERROR,
+    "invalidProblem": Status.ERROR,
+    "licensingProblems": Status.ERROR,
     "maxIterations": None,
     "maxEvaluations": None,
     "minStepLength": None,
@@ -567,7 +567,7 @@ def _interruptible(opt: Any) -> list[bool]:
 
 def _solve_appsi_highs(
     model: Any, deadline: Deadline | None, seed: int, threads: int | None, warm: bool
-) -> tuple[SolveStatus, float, bool]:
+) -> tuple[Status, float, bool]:
     """Run HiGHS on a Pyomo ``model`` through appsi; returns (status, bound, loaded an incumbent).
 
     The transfer counts against ``deadline`` (:func:`_transfer`); HiGHS gets what is left. A run
@@ -619,10 +619,10 @@ def _solve_appsi_highs(
     if incumbent:
         res.solution_loader.load_vars()
     status = _APPSI_STATUS.get(name)
-    if interrupted and status not in (SolveStatus.OPTIMAL, SolveStatus.INFEASIBLE):
-        status = SolveStatus.TIME_LIMIT
+    if interrupted and status not in (Status.OPTIMAL, Status.INFEASIBLE):
+        status = Status.TIME_LIMIT
     if status is None:
-        status = SolveStatus.FEASIBLE if incumbent else SolveStatus.UNKNOWN
+        status = Status.FEASIBLE if incumbent else Status.UNKNOWN
     bound = res.best_objective_bound
     bound = -math.inf if bound is None else float(bound)
     return status, bound, incumbent
@@ -637,7 +637,7 @@ def _solve_legacy(
     warm: bool,
     complete: Callable[[], bool] | None = None,
     write_estimate: float = 0.0,
-) -> tuple[SolveStatus, float, bool]:
+) -> tuple[Status, float, bool]:
     """Run any solver on a Pyomo ``model`` through the legacy ``SolverFactory`` interface;
     ``complete`` double-checks that a loaded incumbent set every variable that matters.
 
@@ -678,7 +678,7 @@ def _solve_legacy(
             incumbent = complete()
     status = _LEGACY_STATUS.get(getattr(tc, "name", str(tc)))
     if status is None:
-        status = SolveStatus.FEASIBLE if incumbent else SolveStatus.UNKNOWN
+        status = Status.FEASIBLE if incumbent else Status.UNKNOWN
     bound = res.problem.lower_bound
     try:
         bound = float(bound)
@@ -705,7 +705,7 @@ def _model_with_horizon(
         if hint is not None:
             yield hint
         # the variables grow with H: the list scheduler's makespan bounds it (a few ms)
-        from ..heuristics.project_schedule import list_schedule_project
+        from .project_schedule import list_schedule_project
 
         yield list_schedule_project(project)
 
@@ -748,7 +748,7 @@ def solve_milp(
         A feasible schedule: its makespan becomes the horizon ``H``, it is the incumbent if the
         solver finds nothing better, and a MIP start for solvers other than HiGHS (module
         docstring). Without one, or when it violates the model, the list
-        scheduler's schedule (:func:`rpeg.heuristics.project_schedule.list_schedule_project`, a
+        scheduler's schedule (:func:`rpeg.formulations.project_schedule.list_schedule_project`, a
         few milliseconds) takes its place.
 
     Returns
@@ -765,7 +765,7 @@ def solve_milp(
     SolverUnavailableError
         ``solver`` is not installed (the message names it and what to install).
     """
-    from ..heuristics.project_schedule import fallback_schedule
+    from .project_schedule import fallback_schedule
 
     t0 = time.monotonic()
     deadline = Deadline(time_limit, start=t0)
@@ -774,7 +774,7 @@ def solve_milp(
     if not all(project.usable_modes):
         # some activity has no mode within the capacities: no schedule exists
         return ProjectSolution.without_schedule(
-            SolveStatus.INFEASIBLE, lower_bound=math.inf, runtime=time.monotonic() - t0, solver=label
+            Status.INFEASIBLE, lower_bound=math.inf, runtime=time.monotonic() - t0, solver=label
         )
     lb0 = float(project.lower_bound())
     fallback = fallback_schedule(project, hint)
@@ -783,14 +783,14 @@ def solve_milp(
         runtime = time.monotonic() - t0
         if fallback is None:
             return ProjectSolution.without_schedule(
-                SolveStatus.TIME_LIMIT, lower_bound=lb0, runtime=runtime, solver=label, message=why
+                Status.TIME_LIMIT, lower_bound=lb0, runtime=runtime, solver=label, message=why
             )
         what = "list schedule" if fallback.solver == "list" else "hint"
         return ProjectSolution.from_schedule(
             project,
             fallback.starts,
             fallback.modes,
-            status=SolveStatus.TIME_LIMIT,
+            status=Status.TIME_LIMIT,
             lower_bound=lb0,
             runtime=runtime,
             solver=label,
@@ -823,10 +823,10 @@ def solve_milp(
         return fall_back("interrupted (Ctrl-C) before the solver had a schedule")
     runtime = time.monotonic() - t0
     lb = max(lb0, math.ceil(bound - 1e-6) if math.isfinite(bound) else -math.inf)
-    if status is SolveStatus.INFEASIBLE and start is not None:
+    if status is Status.INFEASIBLE and start is not None:
         # the horizon came from a schedule that satisfied every constraint: cannot happen
-        status = SolveStatus.ERROR
-    if status in (SolveStatus.INFEASIBLE, SolveStatus.ERROR):
+        status = Status.ERROR
+    if status in (Status.INFEASIBLE, Status.ERROR):
         return ProjectSolution.without_schedule(status, lower_bound=lb, runtime=runtime, solver=label)
     if incumbent:
         starts, modes = mm.schedule()
@@ -838,10 +838,10 @@ def solve_milp(
     if project.makespan(starts, modes) <= lb:
         # a schedule at a proven lower bound is optimal, whatever the solver said (e.g. HiGHS
         # answers "unknown" on a degenerate model such as a single zero-duration activity)
-        status = SolveStatus.OPTIMAL
-    if status is SolveStatus.OPTIMAL and project.makespan(starts, modes) > lb:
+        status = Status.OPTIMAL
+    if status is Status.OPTIMAL and project.makespan(starts, modes) > lb:
         # the solver's proof does not cover the schedule it returned: keep the schedule, not the claim
-        status = SolveStatus.FEASIBLE
+        status = Status.FEASIBLE
     return ProjectSolution.from_schedule(
         project,
         starts,

@@ -43,10 +43,10 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..heuristics.scheduler import atoms_of
 from ..ir.lower import COMM, PREC
 from ..ir.plan import Plan
 from ..ir.types import Role
+from ..scoring.scheduler import atoms_of
 from .cpsat import run_cpsat
 from .deadline import BuildTimeout, Deadline
 from .plan_model import PlanInstance, serving_groups, trainer_of

@@ -36,10 +36,10 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from ..heuristics.scheduler import atoms_of
 from ..ir.lower import COMM, PREC
 from ..ir.plan import Plan
 from ..ir.types import Role
+from ..scoring.scheduler import atoms_of
 from .deadline import BuildTimeout, Deadline
 from .plan_cpsat import PlanSolution
 from .plan_model import PlanInstance, serving_groups, trainer_of

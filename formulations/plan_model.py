@@ -1,6 +1,6 @@
 """Plan selection + scheduling as data for an exact model (engine independent, SPEC §9).
 
-Given an :class:`~rpeg.heuristics.evaluator.Evaluator` (workload, cluster, one structural
+Given an :class:`~rpeg.scoring.evaluator.Evaluator` (workload, cluster, one structural
 candidate) and a candidate set ``C(v)`` of choices per vertex, this module applies the *same*
 lowering rules as :func:`~rpeg.ir.lower.lower` (they are shared functions) to every pair of
 candidates an edge can join, and groups the outcomes into **classes**: a class is one lowered
@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..heuristics.costs import VertexMemory
-from ..heuristics.evaluator import Evaluator
 from ..ir.lower import COMM, PREC, RESHARD, data_rule, pair_rule, phase_fractions, pub_rule, splits
 from ..ir.plan import Choice, Plan, check_strategy
 from ..ir.types import Role
+from ..scoring.costs import VertexMemory
+from ..scoring.evaluator import Evaluator
 from .deadline import Deadline
 
 __all__ = ["EdgeClasses", "PlanInstance", "build_instance"]

@@ -11,7 +11,7 @@ from typing import Any
 
 from .deadline import Deadline
 from .milp import _backend, _solve_appsi_highs, _solve_legacy
-from .status import SolveStatus
+from .status import Status
 
 __all__ = ["run_pyomo"]
 
@@ -25,7 +25,7 @@ def run_pyomo(
     warm: bool,
     *,
     write_estimate: float = 0.0,
-) -> tuple[SolveStatus, float, bool]:
+) -> tuple[Status, float, bool]:
     """Solve ``model`` with ``solver`` (``"highs"`` via appsi, or any Pyomo solver name).
 
     Parameters

@@ -1,6 +1,6 @@
 """What every project-scheduling engine returns: a status and a :class:`ProjectSolution`.
 
-Each engine maps its native status explicitly onto :class:`SolveStatus` (the tables live next to
+Each engine maps its native status explicitly onto :class:`Status` (the tables live next to
 the engines: ``cpsat._STATUS``, ``milp._APPSI_STATUS``, ``milp._LEGACY_STATUS``). A solution
 recomputes its makespan from the project data, so a reported objective can always be re-derived.
 """
@@ -15,18 +15,21 @@ from enum import Enum
 
 from .project import Project
 
-__all__ = ["ProjectSolution", "SolveStatus"]
+__all__ = ["ProjectSolution", "SolveStatus", "Status"]
 
 
-class SolveStatus(str, Enum):
-    """Outcome of a solve.
+class Status(str, Enum):
+    """How a solve ended — the one status vocabulary of the project: every engine's own status is
+    mapped onto it once (the tables live next to the engines), and every method's
+    :class:`~rpeg.solvers.result.Result` carries it (``rpeg.Status``).
 
-    ``OPTIMAL``: the makespan is proven minimal. ``FEASIBLE``: a schedule, not proven optimal, and
-    the engine stopped for another reason than the time limit (a heuristic always says this).
-    ``TIME_LIMIT``: the limit was hit; a schedule is attached when one was found (else the
-    makespan is ``inf``). ``INFEASIBLE``: proven that no schedule exists. ``UNKNOWN``: no schedule
-    and no proof (e.g. the heuristic could not meet the non-renewable budgets). ``ERROR``: the
-    engine failed or rejected the model.
+    ``OPTIMAL``: the schedule or plan is proven optimal. ``FEASIBLE``: one was found, not proven
+    optimal, and the engine stopped for another reason than the time limit (a heuristic always
+    says this). ``TIME_LIMIT``: the limit was hit; the best schedule or plan so far is attached
+    when one was found. ``INFEASIBLE``: proven that none exists (or, for a heuristic, none was
+    found; the message says which). ``UNKNOWN``: none found and nothing proven, and the engine
+    stopped before its limit (e.g. the heuristic could not meet the non-renewable budgets).
+    ``ERROR``: the engine failed or rejected the model.
     """
 
     OPTIMAL = "optimal"
@@ -40,6 +43,9 @@ class SolveStatus(str, Enum):
         return self.value
 
 
+SolveStatus = Status  # the name before the vocabularies were merged; kept for one release
+
+
 @dataclass(frozen=True)
 class ProjectSolution:
     """A schedule of a :class:`~.project.Project` (or the lack of one) and what the engine proved.
@@ -47,7 +53,7 @@ class ProjectSolution:
     Attributes
     ----------
     status
-        See :class:`SolveStatus`.
+        See :class:`Status`.
     makespan
         ``C_max = max_i S_i + d_{i m_i}`` of the attached schedule; ``inf`` when there is none.
     lower_bound
@@ -63,7 +69,7 @@ class ProjectSolution:
         too large to build in 1 s; returned the list schedule"`` or that Ctrl-C stopped it.
     """
 
-    status: SolveStatus
+    status: Status
     makespan: float
     lower_bound: float
     runtime: float
@@ -79,7 +85,7 @@ class ProjectSolution:
         starts: Sequence[int],
         modes: Sequence[int],
         *,
-        status: SolveStatus,
+        status: Status,
         lower_bound: float,
         runtime: float,
         solver: str,
@@ -92,15 +98,15 @@ class ProjectSolution:
         starts = tuple(math.floor(s + 0.5) for s in starts)  # MILP values may carry float noise
         modes = tuple(int(m) for m in modes)
         ms = float(project.makespan(starts, modes))
-        lb = ms if status is SolveStatus.OPTIMAL else float(lower_bound)
+        lb = ms if status is Status.OPTIMAL else float(lower_bound)
         return cls(status, ms, lb, runtime, starts, modes, solver, message)
 
     @classmethod
     def without_schedule(
-        cls, status: SolveStatus, *, lower_bound: float, runtime: float, solver: str, message: str = ""
+        cls, status: Status, *, lower_bound: float, runtime: float, solver: str, message: str = ""
     ) -> ProjectSolution:
         """No schedule: makespan ``inf`` (and bound ``inf`` when infeasibility is proven)."""
-        lb = math.inf if status is SolveStatus.INFEASIBLE else float(lower_bound)
+        lb = math.inf if status is Status.INFEASIBLE else float(lower_bound)
         return cls(status, math.inf, lb, runtime, (), (), solver, message)
 
     def replace(self, **changes: object) -> ProjectSolution:
@@ -119,7 +125,7 @@ class ProjectSolution:
 
     @property
     def is_optimal(self) -> bool:
-        return self.status is SolveStatus.OPTIMAL
+        return self.status is Status.OPTIMAL
 
     @property
     def gap(self) -> float:

@@ -28,7 +28,7 @@ from ..costmodel.transition import peak_possible
 from ..ir.emu import TransitionDAG
 from .cpsat import CPModel
 from .project import Activity, Mode, Project, Resource
-from .status import ProjectSolution, SolveStatus
+from .status import ProjectSolution, Status
 
 __all__ = ["MemoryGroup", "memory_groups", "solve_transition_cpsat", "transition_project"]
 
@@ -143,7 +143,7 @@ def solve_transition_cpsat(
                 project,
                 list(hint),
                 [0] * len(hint),
-                status=SolveStatus.FEASIBLE,
+                status=Status.FEASIBLE,
                 lower_bound=0,
                 runtime=0.0,
                 solver="greedy",

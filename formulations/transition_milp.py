@@ -28,7 +28,7 @@ from ..ir.emu import TransitionDAG
 from .deadline import BuildTimeout
 from .milp import MILPModel, _pyomo
 from .pyomo_backend import run_pyomo
-from .status import ProjectSolution, SolveStatus
+from .status import ProjectSolution, Status
 from .transition_cpsat import memory_groups, transition_project
 
 __all__ = ["solve_transition_milp"]
@@ -85,7 +85,7 @@ def solve_transition_milp(
             project,
             list(hint),
             [0] * len(hint),
-            status=SolveStatus.FEASIBLE,
+            status=Status.FEASIBLE,
             lower_bound=0,
             runtime=0.0,
             solver="greedy",
@@ -99,25 +99,25 @@ def solve_transition_milp(
     try:
         status, bound, incumbent = run_pyomo(mm.model, solver, deadline_left, seed, threads, False)
     except BuildTimeout:  # no time left to hand the model to the solver: the hint, if any, stands
-        status, bound, incumbent = SolveStatus.TIME_LIMIT, -math.inf, False
+        status, bound, incumbent = Status.TIME_LIMIT, -math.inf, False
     runtime = time.perf_counter() - t0
     lb = max(float(project.lower_bound()), math.ceil(bound - 1e-6) if math.isfinite(bound) else -math.inf)
-    if status in (SolveStatus.INFEASIBLE, SolveStatus.ERROR) and start is None:
+    if status in (Status.INFEASIBLE, Status.ERROR) and start is None:
         return ProjectSolution.without_schedule(status, lower_bound=lb, runtime=runtime, solver=label)
     starts: list[int] | None = None
-    if incumbent and status not in (SolveStatus.INFEASIBLE, SolveStatus.ERROR):
+    if incumbent and status not in (Status.INFEASIBLE, Status.ERROR):
         starts, _ = mm.schedule()
     if start is not None and (starts is None or start.makespan < project.makespan(starts, [0] * len(starts))):
         starts = list(start.starts)
-        if status in (SolveStatus.INFEASIBLE, SolveStatus.ERROR):
-            status = SolveStatus.FEASIBLE  # the hint satisfied every constraint of this model
+        if status in (Status.INFEASIBLE, Status.ERROR):
+            status = Status.FEASIBLE  # the hint satisfied every constraint of this model
     if starts is None:
         return ProjectSolution.without_schedule(status, lower_bound=lb, runtime=runtime, solver=label)
     ms = project.makespan(starts, [0] * len(starts))
     if ms <= lb:
-        status = SolveStatus.OPTIMAL  # a schedule at a proven bound is optimal whatever the solver said
-    elif status is SolveStatus.OPTIMAL:
-        status = SolveStatus.FEASIBLE  # the proof does not cover the returned schedule
+        status = Status.OPTIMAL  # a schedule at a proven bound is optimal whatever the solver said
+    elif status is Status.OPTIMAL:
+        status = Status.FEASIBLE  # the proof does not cover the returned schedule
     return ProjectSolution.from_schedule(
         project, starts, [0] * len(starts), status=status, lower_bound=lb, runtime=runtime, solver=label
     )

@@ -18,8 +18,14 @@ from dataclasses import dataclass
 
 from ..ir.cluster import Allocation, Cluster
 from ..ir.plan import Choice, Plan
-from .candidates import Directory, aligned_allocations, enumerate_strategies, explain_illegal, head_exclusions
-from .evaluator import Evaluator
+from ..scoring.candidates import (
+    Directory,
+    aligned_allocations,
+    enumerate_strategies,
+    explain_illegal,
+    head_exclusions,
+)
+from ..scoring.evaluator import Evaluator
 
 __all__ = ["Infeasible", "concurrent_plan", "greedy_plan", "levels", "repair_memory"]
 
@@ -54,7 +60,7 @@ def check_directories(ev: Evaluator, dirs: list[Directory], size: int | None = N
     when given).
 
     The message says why: no legal layout at all (of that size), naming the rules that excluded
-    the candidates (P1–P8, H1–H2; :func:`~rpeg.heuristics.candidates.explain_illegal`); or legal
+    the candidates (P1–P8, H1–H2; :func:`~rpeg.scoring.candidates.explain_illegal`); or legal
     layouts exist but the leanest isolated footprint among them exceeds ``M_eff`` by how many GiB
     (always a positive excess), with the tensor-parallel degrees the heads excluded.
     """

@@ -52,7 +52,7 @@ _KINDS = (NodeKind.OP, NodeKind.COMM, NodeKind.RESHARD)
 
 
 class CostProvider(Protocol):
-    """Durations of lowered nodes (implemented by :class:`rpeg.heuristics.costs.Costs`)."""
+    """Durations of lowered nodes (implemented by :class:`rpeg.scoring.costs.Costs`)."""
 
     def op_phases(self, vertex: int, choice: Choice, split: bool) -> tuple[float, ...]:
         """Durations of the vertex's OP node (one) or of its ``Q`` phase nodes when ``split``."""

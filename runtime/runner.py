@@ -194,7 +194,7 @@ def predict(binding: Binding, hardware: Hardware) -> tuple[list[float], list[flo
     allocations, strategies and phase count. Step ``k``'s time is the finish of its last node
     minus that of step ``k − 1``.
     """
-    from ..heuristics.evaluator import Evaluator
+    from ..scoring.evaluator import Evaluator
 
     workload, cluster = scaled_problem(binding, hardware)
     r = binding.result

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..heuristics.costs import Costs
 from ..ir.errors import InputError, read_json, validate
 from ..ir.graph import RPEG
 from ..ir.lower import OP, RESHARD, ExecGraph, lower
 from ..ir.types import Role
 from ..ir.unroll import unroll
+from ..scoring.costs import Costs
 from ..solvers.result import Result
 from .schema import RecordDoc, TraceDoc
 
@@ -49,7 +49,7 @@ def expected_graph(result: Result, steps: int) -> ExecGraph:
 
     Unrolls ``result.graph`` over ``steps`` steps (SPEC §5, :func:`~rpeg.ir.unroll.unroll`) and
     lowers it under ``result.plan`` with the evaluator's cost provider
-    (:class:`~rpeg.heuristics.costs.Costs`), the workload's response-length quantiles and the same
+    (:class:`~rpeg.scoring.costs.Costs`), the workload's response-length quantiles and the same
     phase-splitting setting, through the same :func:`~rpeg.ir.lower.lower` the evaluator calls.
     Node ids are a topological order and are the ids a runtime and its trace use; the graph for
     ``steps`` is a prefix of the graph for any larger number of steps.

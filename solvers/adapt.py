@@ -68,14 +68,14 @@ from typing import Any, Protocol
 
 from ..costmodel.time import op_time
 from ..heuristics.baselines import Infeasible
-from ..heuristics.evaluator import Evaluator
-from ..heuristics.nereus import DPInstance, build_instance, place, solve_dp
+from ..heuristics.dp_planner import DPInstance, build_instance, place, solve_dp
 from ..ir.cluster import Cluster
 from ..ir.emu import TransitionInfeasible
 from ..ir.hardware import TIER_NAMES
 from ..ir.plan import Plan
 from ..ir.templates import Structure
 from ..ir.workload import Workload, default_quantiles
+from ..scoring.evaluator import Evaluator
 from .solve import solve
 from .transition import plan_transition
 

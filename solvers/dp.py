@@ -1,4 +1,4 @@
-"""``method="dp"``: the Nereus planner (SPEC §10; :mod:`rpeg.heuristics.nereus`).
+"""``method="dp"``: the Nereus planner (SPEC §10; :mod:`rpeg.heuristics.dp_planner`).
 
 Per model-stage a latency/GPU/memory frontier from the shared cost model, a dynamic programme
 (or, with ``engine="cpsat"``, the exact model of :mod:`rpeg.formulations.dp_exact`) picking one
@@ -39,7 +39,15 @@ from typing import Any
 from ..formulations.deadline import Deadline
 from ..formulations.dp_exact import solve_dp_cpsat
 from ..heuristics.baselines import Infeasible
-from ..heuristics.nereus import LAT_UNIT, STAGE_NAME, DPInstance, Selection, build_instance, place, solve_dp
+from ..heuristics.dp_planner import (
+    LAT_UNIT,
+    STAGE_NAME,
+    DPInstance,
+    Selection,
+    build_instance,
+    place,
+    solve_dp,
+)
 from ..ir.templates import Structure
 from ..ir.templates import structures as all_structures
 from .result import Result, Status

@@ -37,11 +37,11 @@ from ..formulations.deadline import BuildTimeout, Deadline
 from ..formulations.plan_cpsat import PlanSolution, solve_plan_cpsat
 from ..formulations.plan_model import build_instance, candidate_sets
 from ..heuristics.baselines import Infeasible, check_directories, concurrent_plan
-from ..heuristics.candidates import Directory, build_directories
-from ..heuristics.evaluator import Evaluator
 from ..ir.plan import Choice, Plan
 from ..ir.templates import Structure
 from ..ir.templates import structures as all_structures
+from ..scoring.candidates import Directory, build_directories
+from ..scoring.evaluator import Evaluator
 from .result import Result, Status
 from .solve import Problem, register, solve
 

@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from ..heuristics.candidates import make_strategy
-from ..heuristics.evaluator import Evaluation, Evaluator
+from ..formulations.status import Status  # the one status vocabulary (re-exported as rpeg.Status)
 from ..ir.cluster import Cluster
 from ..ir.errors import InputError, Strict, read_json, validate
 from ..ir.graph import RPEG
@@ -26,20 +24,13 @@ from ..ir.models import ModelSpec, ModelSpecFile
 from ..ir.plan import Choice, Plan, check_heads, check_strategy
 from ..ir.templates import Structure, build_graph
 from ..ir.workload import QuantilePair, Workload
+from ..scoring.candidates import make_strategy
+from ..scoring.evaluator import Evaluation, Evaluator
 
 __all__ = ["FORMAT", "Result", "Status", "plan_from_entries", "result_for_plan"]
 
 FORMAT = "rpeg.result/1"
 GIB = 2**30
-
-
-class Status(str, Enum):
-    """How a method ended (mapped explicitly from each engine's own status)."""
-
-    OPTIMAL = "optimal"  # proven optimal (exact methods)
-    FEASIBLE = "feasible"  # a memory-feasible plan, optimality not proven
-    TIME_LIMIT = "time_limit"  # stopped by the budget: the best plan so far, or none if none was found
-    INFEASIBLE = "infeasible"  # no memory-feasible plan exists or was found; see ``message``
 
 
 @dataclass
@@ -86,6 +77,127 @@ class Result:
     objective_bound: float | None = None
     message: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def scored(
+        cls,
+        ev: Evaluator,
+        plan: Plan,
+        status: Status,
+        method: str,
+        *,
+        runtime_s: float,
+        evaluation: Evaluation | None = None,
+        evaluations: int | None = None,
+        objective_bound: float | None = None,
+        message: str = "",
+        extra: dict[str, Any] | None = None,
+    ) -> Result:
+        """The result of a method that found ``plan``, scored by ``ev`` (whose workload,
+        cluster, structure, graph and ``k_eval`` it carries).
+
+        Parameters
+        ----------
+        ev
+            The evaluator of the plan's structure.
+        plan
+            The plan found.
+        status
+            ``OPTIMAL``, ``FEASIBLE`` or ``TIME_LIMIT`` (a plan is attached).
+        method
+            The method's name.
+        runtime_s
+            Wall-clock seconds the method took.
+        evaluation
+            ``ev.evaluate(plan, keep=True)`` when the caller has it already (else computed here).
+        evaluations
+            Plan evaluations the method performed (default ``ev.evaluations``).
+        objective_bound, message, extra
+            See the class attributes.
+
+        Raises
+        ------
+        ValueError
+            If ``status`` says no plan was found.
+        """
+        if status not in (Status.OPTIMAL, Status.FEASIBLE, Status.TIME_LIMIT):
+            raise ValueError(f"a result with a plan cannot have status {status.value!r}")
+        if evaluation is None:
+            evaluation = ev.evaluate(plan, keep=True)
+        return cls(
+            ev.workload,
+            ev.cluster,
+            ev.structure,
+            ev.graph,
+            plan,
+            evaluation,
+            status,
+            method,
+            runtime_s,
+            ev.evaluations if evaluations is None else evaluations,
+            ev.k_eval,
+            objective_bound,
+            message,
+            dict(extra or {}),
+        )
+
+    @classmethod
+    def infeasible(
+        cls,
+        ev: Evaluator,
+        method: str,
+        message: str,
+        *,
+        runtime_s: float,
+        status: Status = Status.INFEASIBLE,
+        evaluations: int | None = None,
+        objective_bound: float | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Result:
+        """The result of a method that ended without a plan, ``message`` saying why.
+
+        Parameters
+        ----------
+        ev
+            The evaluator of the structure the method reports (its problem and graph).
+        method
+            The method's name.
+        message
+            Why there is no plan (the user reads it).
+        runtime_s
+            Wall-clock seconds the method took.
+        status
+            ``INFEASIBLE`` (proven, or none found — the message says which), ``TIME_LIMIT``
+            (nothing found in time), ``UNKNOWN`` or ``ERROR``.
+        evaluations
+            Plan evaluations the method performed (default ``ev.evaluations``).
+        objective_bound, extra
+            See the class attributes.
+
+        Raises
+        ------
+        ValueError
+            If ``status`` is one that needs a plan.
+        """
+        if status in (Status.OPTIMAL, Status.FEASIBLE):
+            raise ValueError(f"a result without a plan cannot have status {status.value!r}")
+        return cls(
+            ev.workload,
+            ev.cluster,
+            ev.structure,
+            ev.graph,
+            None,
+            None,
+            status,
+            method,
+            runtime_s,
+            ev.evaluations if evaluations is None else evaluations,
+            ev.k_eval,
+            objective_bound,
+            message,
+            dict(extra or {}),
+        )
 
     # ------------------------------------------------------------------ figures
     @property
@@ -378,7 +490,7 @@ class _ResultFile(_Read):
     structure: _StructureBlock
     k_eval: Annotated[int, Field(ge=1)]
     plan: list[dict[str, Any]]
-    status: Literal["optimal", "feasible", "time_limit", "infeasible"]
+    status: Literal["optimal", "feasible", "time_limit", "infeasible", "unknown", "error"]
     method: str
     runtime_s: Annotated[float, Field(ge=0)] = 0.0
     evaluations: Annotated[int, Field(ge=0)] = 0

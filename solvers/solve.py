@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..heuristics.baselines import Infeasible, concurrent_plan, greedy_plan
-from ..heuristics.candidates import build_directories
-from ..heuristics.evaluator import Evaluator
 from ..ir.cluster import Cluster
 from ..ir.errors import check_positive_int, check_seconds, check_type
 from ..ir.plan import Plan
 from ..ir.templates import Structure
 from ..ir.workload import MAX_K_EVAL, Workload
+from ..scoring.candidates import build_directories
+from ..scoring.evaluator import Evaluator
 from .result import Result, Status
 
 __all__ = ["METHODS", "Problem", "register", "solve"]

@@ -35,7 +35,7 @@ from ..costmodel.transition import (
     gpu_capacities,
     primitive_times,
 )
-from ..formulations.status import SolveStatus
+from ..formulations.status import Status
 from ..heuristics.transition import TransitionSchedule, check_transition_schedule, greedy_schedule
 from ..ir.cluster import Cluster
 from ..ir.emu import EMU, TransitionDAG, TransitionInfeasible, emus_of, transition_dag
@@ -68,7 +68,7 @@ class TransitionPlan:
     starts, ends
         Schedule in seconds (empty when there is none).
     status
-        ``optimal`` / ``feasible`` / ``time_limit`` / ``infeasible`` (a :class:`SolveStatus`).
+        ``optimal`` / ``feasible`` / ``time_limit`` / ``infeasible`` (a :class:`Status`).
     l_tran
         Schedule length ``max_i E_i`` in seconds (``inf`` without a schedule).
     bound
@@ -87,7 +87,7 @@ class TransitionPlan:
     durations: tuple[float, ...]
     starts: tuple[float, ...]
     ends: tuple[float, ...]
-    status: SolveStatus
+    status: Status
     l_tran: float
     bound: float
     critical_path: float
@@ -272,7 +272,7 @@ def plan_transition(
     if method == "greedy":
         sched = greedy_schedule(dag, durations, caps)
         length = sched.length
-        status = SolveStatus.OPTIMAL if length <= cp * (1 + 1e-12) else SolveStatus.FEASIBLE
+        status = Status.OPTIMAL if length <= cp * (1 + 1e-12) else Status.FEASIBLE
         return TransitionPlan(
             dag, tuple(durations), sched.starts, sched.ends, status, length, cp, cp, method,
             time.perf_counter() - t0, None, caps,
@@ -313,19 +313,17 @@ def plan_transition(
         starts = tuple(s * resolution for s in sol.starts)
         ends = tuple((s + t) * resolution for s, t in zip(sol.starts, ticks))
         length = sol.makespan * resolution
-    elif hint is not None and status is not SolveStatus.INFEASIBLE:
+    elif hint is not None and status is not Status.INFEASIBLE:
         # out of time without an incumbent of its own: the greedy schedule on the same ticks
         starts = tuple(s * resolution for s in hint)
         ends = tuple((s + t) * resolution for s, t in zip(hint, ticks))
         length = max(ends, default=0.0)
-        status = SolveStatus.TIME_LIMIT
+        status = Status.TIME_LIMIT
     else:
         starts, ends, length = (), (), math.inf
-        if status is not SolveStatus.INFEASIBLE:
-            status = (
-                SolveStatus.TIME_LIMIT if status in (SolveStatus.UNKNOWN, SolveStatus.TIME_LIMIT) else status
-            )
-    if status is SolveStatus.INFEASIBLE:
+        if status is not Status.INFEASIBLE:
+            status = Status.TIME_LIMIT if status in (Status.UNKNOWN, Status.TIME_LIMIT) else status
+    if status is Status.INFEASIBLE:
         bound = math.inf
     return TransitionPlan(
         dag, tuple(durations), starts, ends, status, length, min(bound, length) if math.isfinite(length) else bound,

@@ -34,9 +34,9 @@ from ...ir.cluster import Cluster
 from ...ir.plan import Choice, Plan, Strategy
 from ...ir.templates import Structure, structures
 from ...ir.workload import Workload
+from ...scoring.candidates import Directory, aligned_allocations, build_directories
+from ...scoring.evaluator import BETA_OOM, MEMORY_TOL, Evaluator
 from ..baselines import Infeasible, check_directories, concurrent_plan
-from ..candidates import Directory, aligned_allocations, build_directories
-from ..evaluator import BETA_OOM, MEMORY_TOL, Evaluator
 from .acceptance import Acceptance, Metropolis
 from .moves import Move, MoveContext, PairMove, SingleMove
 from .stop import Budget

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from ...ir.cluster import Allocation, Cluster
 from ...ir.plan import Choice, Plan
-from ..candidates import Directory, aligned_allocations
+from ...scoring.candidates import Directory, aligned_allocations
 
 __all__ = ["Move", "MoveContext", "PairMove", "SingleMove"]
 

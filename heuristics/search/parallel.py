@@ -15,7 +15,7 @@ from ...ir.cluster import Cluster
 from ...ir.plan import Plan
 from ...ir.templates import Structure
 from ...ir.workload import Workload
-from ..evaluator import Evaluator
+from ...scoring.evaluator import Evaluator
 from .anneal import Raw, evaluate_raw
 
 __all__ = ["ProcessEvaluator"]

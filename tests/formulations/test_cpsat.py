@@ -22,14 +22,14 @@ from rpeg.formulations import (
     Mode,
     Project,
     Resource,
-    SolveStatus,
+    Status,
     read_mm,
     read_optima,
     read_sm,
     solve_cpsat,
 )
 from rpeg.formulations.cpsat import _STATUS
-from rpeg.heuristics.project_schedule import check_project_schedule, list_schedule_project
+from rpeg.formulations.project_schedule import check_project_schedule, list_schedule_project
 
 PSPLIB = Path(__file__).resolve().parents[1] / "data" / "psplib"
 J30 = ["j3011_7", "j3033_4", "j3018_7", "j307_8"]
@@ -48,7 +48,7 @@ def load(name: str) -> tuple[Project, int]:
 def test_proves_the_published_optimum(name):
     p, optimum = load(name)
     sol = solve_cpsat(p, time_limit=30, seed=0, threads=1)
-    assert sol.status is SolveStatus.OPTIMAL
+    assert sol.status is Status.OPTIMAL
     assert sol.makespan == optimum and sol.lower_bound == optimum
     assert check_project_schedule(p, sol) == []
     assert p.lower_bound() < optimum  # the proof is not the root bound
@@ -74,14 +74,14 @@ def test_a_list_schedule_hint_is_taken_whole(name):
     assert solver.ObjectiveValue() == hint.makespan
     # and a normal solve from the hint reaches the optimum
     sol = solve_cpsat(p, time_limit=30, threads=1, hint=hint)
-    assert sol.status is SolveStatus.OPTIMAL and sol.makespan == optimum
+    assert sol.status is Status.OPTIMAL and sol.makespan == optimum
 
 
 def test_time_limit_keeps_the_incumbent_and_the_bound():
     p, optimum = load("j3013_2")  # one of the hardest j30 instances: CP-SAT did not close it in 10 s
     hint = list_schedule_project(p)
     sol = solve_cpsat(p, time_limit=3, threads=1, hint=hint)  # long enough to load the hint under load
-    assert sol.status is SolveStatus.TIME_LIMIT
+    assert sol.status is Status.TIME_LIMIT
     assert optimum <= sol.makespan <= hint.makespan
     assert p.lower_bound() <= sol.lower_bound <= optimum and sol.lower_bound < sol.makespan
     assert check_project_schedule(p, sol) == []
@@ -100,7 +100,7 @@ def test_unary_device_serialises_and_cumulative_packs():
     # three 2-unit-long jobs on one device: 6; the same jobs on a capacity-2 resource: 4
     dev = Project.single_mode([2, 2, 2], [[1], [1], [1]], [1], unary=[0])
     sol = solve_cpsat(dev)
-    assert sol.status is SolveStatus.OPTIMAL and sol.makespan == 6
+    assert sol.status is Status.OPTIMAL and sol.makespan == 6
     assert check_project_schedule(dev, sol) == []
     cum = Project.single_mode([2, 2, 2], [[1], [1], [1]], [2])
     assert solve_cpsat(cum).makespan == 4
@@ -119,7 +119,7 @@ def test_lags_and_modes():
         ((0, 1, 3),),
     )
     sol = solve_cpsat(p)
-    assert sol.status is SolveStatus.OPTIMAL and sol.makespan == 10
+    assert sol.status is Status.OPTIMAL and sol.makespan == 10
     assert sol.modes[1] == 0 or sol.starts[1] >= 10
     assert check_project_schedule(p, sol) == []
     # a negative lag lets the successor start before its predecessor ends
@@ -148,7 +148,7 @@ def test_nonrenewable_budget_forces_one_slow_mode():
 )
 def test_infeasible(project):
     sol = solve_cpsat(project)
-    assert sol.status is SolveStatus.INFEASIBLE
+    assert sol.status is Status.INFEASIBLE
     assert sol.makespan == math.inf and sol.lower_bound == math.inf and sol.objective == math.inf
     assert check_project_schedule(project, sol) == []
 

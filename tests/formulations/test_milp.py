@@ -27,7 +27,7 @@ from rpeg.formulations import (
     Project,
     Resource,
     SolverUnavailableError,
-    SolveStatus,
+    Status,
     milp,
     read_mm,
     read_optima,
@@ -36,7 +36,7 @@ from rpeg.formulations import (
     solve_milp,
 )
 from rpeg.formulations.milp import _APPSI_STATUS
-from rpeg.heuristics.project_schedule import check_project_schedule, list_schedule_project
+from rpeg.formulations.project_schedule import check_project_schedule, list_schedule_project
 
 PSPLIB = Path(__file__).resolve().parents[1] / "data" / "psplib"
 J30 = ["j3011_7", "j3033_4", "j3018_7", "j307_8"]
@@ -57,12 +57,12 @@ def test_proves_the_published_optimum_and_agrees_with_cpsat(name):
     hint = list_schedule_project(p)
     assert p.lower_bound() < optimum < hint.makespan
     sol = solve_milp(p, time_limit=30, seed=0, threads=1, hint=hint)
-    assert sol.status is SolveStatus.OPTIMAL, sol
+    assert sol.status is Status.OPTIMAL, sol
     assert sol.makespan == optimum and sol.lower_bound == optimum
     assert check_project_schedule(p, sol) == []
     assert sol.solver == "milp/highs"
     cp = solve_cpsat(p, time_limit=30, threads=1, hint=hint)
-    assert cp.status is SolveStatus.OPTIMAL and cp.makespan == sol.makespan
+    assert cp.status is Status.OPTIMAL and cp.makespan == sol.makespan
 
 
 def test_the_list_hint_is_accepted_and_a_broken_one_is_not():
@@ -80,7 +80,7 @@ def test_the_list_hint_is_accepted_and_a_broken_one_is_not():
     assert check_project_schedule(p, es) != []
     # the broken hint is dropped (its makespan would make the model infeasible): still optimal
     sol = solve_milp(p, time_limit=30, threads=1, hint=es)
-    assert sol.status is SolveStatus.OPTIMAL and sol.makespan == optimum
+    assert sol.status is Status.OPTIMAL and sol.makespan == optimum
 
 
 @pytest.mark.parametrize(("name", "optimum"), [("j3010_5", 41), ("j3011_8", 62)])
@@ -93,7 +93,7 @@ def test_highs_mip_start_regression(name, optimum):
     assert hint.makespan == optimum + 1
     for solver in ("highs", "appsi_highs"):
         sol = solve_milp(p, solver=solver, time_limit=30, threads=1, hint=hint)
-        assert sol.status is SolveStatus.OPTIMAL and sol.makespan == optimum, solver
+        assert sol.status is Status.OPTIMAL and sol.makespan == optimum, solver
 
 
 def test_an_unbacked_optimal_claim_is_downgraded_and_the_hint_kept(monkeypatch):
@@ -105,13 +105,13 @@ def test_an_unbacked_optimal_claim_is_downgraded_and_the_hint_kept(monkeypatch):
         # a solver that returns no schedule of its own but claims `status` with `bound`
         return lambda mm, deadline, seed, threads, warm: (status, float(bound), False)
 
-    monkeypatch.setattr(milp, "_solve_appsi_highs", claims(SolveStatus.OPTIMAL, optimum))
+    monkeypatch.setattr(milp, "_solve_appsi_highs", claims(Status.OPTIMAL, optimum))
     sol = solve_milp(p, hint=hint)
-    assert sol.status is SolveStatus.FEASIBLE
+    assert sol.status is Status.FEASIBLE
     assert sol.starts == hint.starts and sol.makespan == hint.makespan and sol.lower_bound == optimum
-    monkeypatch.setattr(milp, "_solve_appsi_highs", claims(SolveStatus.TIME_LIMIT, optimum - 3))
+    monkeypatch.setattr(milp, "_solve_appsi_highs", claims(Status.TIME_LIMIT, optimum - 3))
     sol = solve_milp(p, hint=hint)
-    assert sol.status is SolveStatus.TIME_LIMIT and sol.makespan == hint.makespan
+    assert sol.status is Status.TIME_LIMIT and sol.makespan == hint.makespan
     assert sol.lower_bound == max(p.lower_bound(), optimum - 3)
     assert check_project_schedule(p, sol) == []
 
@@ -119,7 +119,7 @@ def test_an_unbacked_optimal_claim_is_downgraded_and_the_hint_kept(monkeypatch):
 def test_without_a_hint_the_list_schedule_bounds_the_horizon():
     p, optimum = load("j2031_3")
     sol = solve_milp(p, time_limit=30, threads=1)
-    assert sol.status is SolveStatus.OPTIMAL and sol.makespan == optimum
+    assert sol.status is Status.OPTIMAL and sol.makespan == optimum
     assert check_project_schedule(p, sol) == []
 
 
@@ -127,7 +127,7 @@ def test_time_limit_keeps_the_incumbent_and_the_bound():
     p, optimum = load("j3013_2")  # one of the hardest j30 instances
     hint = list_schedule_project(p)
     sol = solve_milp(p, time_limit=2, threads=1, hint=hint)
-    assert sol.status is SolveStatus.TIME_LIMIT
+    assert sol.status is Status.TIME_LIMIT
     assert optimum <= sol.makespan <= hint.makespan
     assert p.lower_bound() <= sol.lower_bound <= optimum
     assert check_project_schedule(p, sol) == []
@@ -138,7 +138,7 @@ def test_any_pyomo_solver_name_goes_through_the_legacy_interface():
     # "appsi_highs" is not one of the named solvers: it runs through pyomo.environ.SolverFactory
     p, optimum = load("j2031_3")
     sol = solve_milp(p, solver="appsi_highs", time_limit=30, threads=1)
-    assert sol.status is SolveStatus.OPTIMAL and sol.makespan == optimum
+    assert sol.status is Status.OPTIMAL and sol.makespan == optimum
     assert sol.solver == "milp/appsi_highs"
 
 
@@ -190,7 +190,7 @@ def test_unary_lags_modes_and_budgets():
         ((0, 1, 3),),
     )
     sol = solve_milp(p)
-    assert sol.status is SolveStatus.OPTIMAL and sol.makespan == 10
+    assert sol.status is Status.OPTIMAL and sol.makespan == 10
     assert check_project_schedule(p, sol) == []
     fast_or_cheap = Activity((Mode(1, (1, 5)), Mode(3, (1, 1))))
     q = Project((fast_or_cheap, fast_or_cheap), (Resource(1, unary=True), Resource(6, renewable=False)))
@@ -209,7 +209,7 @@ def test_unary_lags_modes_and_budgets():
 )
 def test_infeasible(project):
     sol = solve_milp(project)
-    assert sol.status is SolveStatus.INFEASIBLE
+    assert sol.status is Status.INFEASIBLE
     assert sol.makespan == math.inf and sol.lower_bound == math.inf
     assert check_project_schedule(project, sol) == []
 
@@ -239,23 +239,23 @@ def projects(draw) -> Project:
 def test_milp_and_cpsat_agree_on_random_small_projects(p):
     cp = solve_cpsat(p, threads=1)
     mi = solve_milp(p, threads=1)
-    assert cp.status in (SolveStatus.OPTIMAL, SolveStatus.INFEASIBLE)
+    assert cp.status in (Status.OPTIMAL, Status.INFEASIBLE)
     assert mi.status is cp.status
     assert mi.makespan == cp.makespan
     assert check_project_schedule(p, mi) == [] and check_project_schedule(p, cp) == []
-    if cp.status is SolveStatus.OPTIMAL:
+    if cp.status is Status.OPTIMAL:
         assert p.lower_bound() <= cp.makespan
 
 
 def test_zero_duration_project_is_optimal_at_zero():
     # found by hypothesis: HiGHS answers "unknown" on this degenerate model
-    from rpeg.formulations import Activity, Mode, Project, Resource, SolveStatus, solve_milp
+    from rpeg.formulations import Activity, Mode, Project, Resource, Status, solve_milp
 
     p = Project(
         activities=(Activity(modes=(Mode(duration=0, demands=(0,)),)),), resources=(Resource(capacity=1),)
     )
     sol = solve_milp(p, threads=1)
-    assert sol.status is SolveStatus.OPTIMAL and sol.makespan == 0
+    assert sol.status is Status.OPTIMAL and sol.makespan == 0
 
 
 def test_highs_thread_counts_after_the_first_run_do_not_fail_later_runs():
@@ -277,5 +277,5 @@ def test_highs_thread_counts_after_the_first_run_do_not_fail_later_runs():
     )
     for threads in (None, 1, 2, None, 1):
         a, b = solve_milp(p, threads=threads), solve_milp(q, threads=threads)
-        assert (a.status, a.makespan) == (SolveStatus.OPTIMAL, 0), threads
-        assert (b.status, b.makespan) == (SolveStatus.OPTIMAL, 5), threads
+        assert (a.status, a.makespan) == (Status.OPTIMAL, 0), threads
+        assert (b.status, b.makespan) == (Status.OPTIMAL, 5), threads

@@ -9,10 +9,10 @@ import pytest
 from rpeg import Cluster, Workload, hardware_preset, model_preset, solve
 from rpeg.formulations.plan_cpsat import solve_plan_cpsat
 from rpeg.formulations.plan_model import build_instance, candidate_sets
-from rpeg.heuristics import Evaluator, build_directories
-from rpeg.heuristics.check import check_schedule
-from rpeg.heuristics.scheduler import Schedule
 from rpeg.ir import Plan, Structure
+from rpeg.scoring import Evaluator, build_directories
+from rpeg.scoring.check import check_schedule
+from rpeg.scoring.scheduler import Schedule
 from rpeg.solvers import Status
 
 TINY = model_preset("7b").scaled(layers=4, hidden=1024, heads=8, vocab=8000)

@@ -20,7 +20,7 @@ from rpeg.formulations import (
     Project,
     ProjectSolution,
     Resource,
-    SolveStatus,
+    Status,
     read_mm,
     read_optima,
     read_sm,
@@ -236,14 +236,14 @@ def test_bounds_and_windows_by_hand():
 def test_solution_recomputes_its_makespan():
     p = Project.single_mode([2, 3], [[1], [1]], [1], [(0, 1)])
     s = ProjectSolution.from_schedule(
-        p, [0.0, 2.0000001], [0, 0], status=SolveStatus.FEASIBLE, lower_bound=5, runtime=0.1, solver="x"
+        p, [0.0, 2.0000001], [0, 0], status=Status.FEASIBLE, lower_bound=5, runtime=0.1, solver="x"
     )
     assert s.starts == (0, 2) and s.makespan == 5.0 and s.objective == 5.0 and s.gap == 0.0
     opt = ProjectSolution.from_schedule(
-        p, [0, 2], [0, 0], status=SolveStatus.OPTIMAL, lower_bound=1, runtime=0.1, solver="x"
+        p, [0, 2], [0, 0], status=Status.OPTIMAL, lower_bound=1, runtime=0.1, solver="x"
     )
     assert opt.lower_bound == 5.0 and opt.is_optimal
-    none = ProjectSolution.without_schedule(SolveStatus.INFEASIBLE, lower_bound=3, runtime=0.0, solver="x")
+    none = ProjectSolution.without_schedule(Status.INFEASIBLE, lower_bound=3, runtime=0.0, solver="x")
     assert none.makespan == math.inf and none.lower_bound == math.inf and not none.has_schedule
-    assert str(SolveStatus.TIME_LIMIT) == "time_limit" and SolveStatus("optimal") is SolveStatus.OPTIMAL
-    assert re.fullmatch(r"[a-z_]+", SolveStatus.ERROR.value)
+    assert str(Status.TIME_LIMIT) == "time_limit" and Status("optimal") is Status.OPTIMAL
+    assert re.fullmatch(r"[a-z_]+", Status.ERROR.value)

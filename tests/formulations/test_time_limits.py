@@ -15,10 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from rpeg.formulations import SolveStatus, read_sm, solve_cpsat, solve_milp
+from rpeg.formulations import Status, read_sm, solve_cpsat, solve_milp
 from rpeg.formulations.deadline import BuildTimeout, Deadline
 from rpeg.formulations.milp import MILPModel
-from rpeg.heuristics.project_schedule import check_project_schedule, fallback_schedule, list_schedule_project
+from rpeg.formulations.project_schedule import (
+    check_project_schedule,
+    fallback_schedule,
+    list_schedule_project,
+)
 
 J120 = Path(__file__).resolve().parents[1] / "data" / "psplib" / "synthetic" / "j120like_1.sm"
 
@@ -40,7 +44,7 @@ def test_a_j120_instance_on_a_one_second_limit_gets_a_valid_schedule_in_time(j12
     sol = engine(j120, time_limit=1, threads=1)
     elapsed = time.monotonic() - t0
     assert elapsed <= bound(1), f"{engine.__name__} took {elapsed:.2f} s on a 1-s limit"
-    assert sol.status is SolveStatus.TIME_LIMIT
+    assert sol.status is Status.TIME_LIMIT
     assert sol.has_schedule and check_project_schedule(j120, sol) == []
     assert sol.makespan <= listed.makespan  # at least the list schedule
     assert j120.lower_bound() <= sol.lower_bound < sol.makespan  # the gap is shown
@@ -52,7 +56,7 @@ def test_a_model_too_large_to_build_in_time_returns_the_list_schedule_and_says_s
     t0 = time.monotonic()
     sol = engine(j120, time_limit=1e-3, threads=1)
     assert time.monotonic() - t0 <= bound(1e-3)
-    assert sol.status is SolveStatus.TIME_LIMIT
+    assert sol.status is Status.TIME_LIMIT
     assert sol.starts == list_schedule_project(j120).starts
     assert "model too large to build in 0.001 s" in sol.message and "list schedule" in sol.message
     assert check_project_schedule(j120, sol) == []
@@ -111,7 +115,7 @@ def test_plan_models_past_their_deadline_return_no_plan_and_say_why(tiny_ppo, cl
     from rpeg.formulations.plan_cpsat import solve_plan_cpsat
     from rpeg.formulations.plan_milp import solve_plan_milp
     from rpeg.formulations.plan_model import build_instance, candidate_sets
-    from rpeg.heuristics import Evaluator, build_directories
+    from rpeg.scoring import Evaluator, build_directories
 
     ev = Evaluator(tiny_ppo, cluster_1x2x4, k_eval=1)
     inst = build_instance(ev, candidate_sets(ev, build_directories(ev.costs), 1))

@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 from rpeg import Cluster, Workload, hardware_preset, model_preset
 from rpeg.costmodel.transition import gpu_capacities, primitive_times
-from rpeg.formulations.status import SolveStatus
-from rpeg.heuristics.candidates import aligned_allocations, enumerate_strategies
+from rpeg.formulations.status import Status
 from rpeg.heuristics.transition import greedy_schedule
 from rpeg.ir import build_graph
 from rpeg.ir.emu import EMU, ModelStage, Stage, TransitionInfeasible, emus_of, transition_dag
 from rpeg.ir.plan import Choice, Plan
+from rpeg.scoring.candidates import aligned_allocations, enumerate_strategies
 from rpeg.solvers.transition import TRANSITION_METHODS, plan_transition
 
 GIB = 2.0**30
@@ -59,7 +59,7 @@ def test_plan_transition_from_plans_reports_a_checked_schedule():
     cur, tgt = random_plan(rng), random_plan(rng)
     for method in ("greedy", "cpsat"):
         tp = plan_transition(cur, tgt, CLUSTER, workload=GRPO, method=method, time_limit=20)
-        assert tp.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE)
+        assert tp.status in (Status.OPTIMAL, Status.FEASIBLE)
         assert tp.check() == []
         assert tp.bound <= tp.l_tran + 1e-9 and tp.critical_path <= tp.l_tran + 1e-9
         assert tp.l_tran == pytest.approx(max(tp.ends, default=0.0))
@@ -80,7 +80,7 @@ def test_exact_beats_greedy_when_memory_forces_a_choice():
         if method == "greedy":
             greedy = tp.l_tran
         else:
-            assert tp.status is SolveStatus.OPTIMAL
+            assert tp.status is Status.OPTIMAL
             assert tp.l_tran <= greedy + 0.05 * 6  # rounding: at most one tick per primitive
 
 
@@ -90,7 +90,7 @@ def test_time_limit_returns_the_best_schedule_and_says_so():
     tgt = emus_of(random_plan(rng), CLUSTER, graph=GRAPH)
     tp = plan_transition(cur, tgt, CLUSTER, method="milp", time_limit=1e-3)
     assert tp.has_schedule and tp.check() == []
-    assert tp.status in (SolveStatus.TIME_LIMIT, SolveStatus.OPTIMAL)
+    assert tp.status in (Status.TIME_LIMIT, Status.OPTIMAL)
 
 
 def perturbed(rng: random.Random, plan: Plan) -> Plan:
@@ -124,10 +124,10 @@ def test_cpsat_and_milp_agree_and_bound_the_greedy(seed):
         for m in ("cpsat", "milp")
     }
     statuses = {m: tp.status for m, tp in out.items()}
-    if SolveStatus.INFEASIBLE in statuses.values():
-        assert set(statuses.values()) == {SolveStatus.INFEASIBLE}  # both prove it
+    if Status.INFEASIBLE in statuses.values():
+        assert set(statuses.values()) == {Status.INFEASIBLE}  # both prove it
         return
-    assert set(statuses.values()) == {SolveStatus.OPTIMAL}
+    assert set(statuses.values()) == {Status.OPTIMAL}
     assert out["cpsat"].l_tran == pytest.approx(out["milp"].l_tran)
     for tp in out.values():
         assert tp.check() == []

@@ -17,9 +17,9 @@ from rpeg.heuristics.baselines import (
     levels,
     repair_memory,
 )
-from rpeg.heuristics.candidates import build_directories, enumerate_strategies
-from rpeg.heuristics.evaluator import Evaluator
 from rpeg.ir import Choice, Plan, check_strategy
+from rpeg.scoring.candidates import build_directories, enumerate_strategies
+from rpeg.scoring.evaluator import Evaluator
 
 GIB = 2**30
 

@@ -4,8 +4,8 @@
 import pytest
 
 from rpeg.costmodel import hardware_preset
-from rpeg.heuristics import Evaluator
 from rpeg.ir import Choice, Cluster, Plan, Strategy, Structure, Workload, model_preset
+from rpeg.scoring import Evaluator
 
 SMALL = model_preset("7b").scaled(layers=4, hidden=512, heads=8, vocab=1000)
 G0, G1, BOTH = ((0, 0, 0), (1, 1, 1)), ((0, 0, 1), (1, 1, 1)), ((0, 0, 0), (1, 1, 2))

@@ -10,7 +10,6 @@ import pytest
 
 import rpeg
 from rpeg import Cluster, Workload, hardware_preset, model_preset, solve
-from rpeg.heuristics import Evaluator, build_directories
 from rpeg.heuristics.search import (
     ABLATIONS,
     Anneal,
@@ -24,6 +23,7 @@ from rpeg.heuristics.search import (
     SingleMove,
 )
 from rpeg.ir import Plan, structures
+from rpeg.scoring import Evaluator, build_directories
 from rpeg.solvers import Status
 from rpeg.solvers.sa import configure
 from rpeg.solvers.solve import Problem

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from rpeg import Cluster, Workload, hardware_preset, model_preset
 from rpeg.costmodel.transition import critical_path, gpu_capacities, peak_possible, primitive_times
-from rpeg.heuristics.candidates import aligned_allocations, enumerate_strategies
 from rpeg.heuristics.transition import check_transition_schedule, greedy_schedule
 from rpeg.ir import build_graph
 from rpeg.ir.emu import EMU, Destroy, ModelStage, Stage, TransitionInfeasible, emus_of, transition_dag
 from rpeg.ir.plan import Choice, Plan
+from rpeg.scoring.candidates import aligned_allocations, enumerate_strategies
 
 GEN = ModelStage("actor", Stage.GEN, "actor_gen", 0)
 TRAIN = ModelStage("critic", Stage.TRAIN, "critic_train", 5)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from rpeg import Cluster, Workload, hardware_preset, model_preset
-from rpeg.heuristics.candidates import aligned_allocations, make_strategy
 from rpeg.ir import build_graph
 from rpeg.ir.emu import (
     EMU,
@@ -22,6 +21,7 @@ from rpeg.ir.emu import (
 )
 from rpeg.ir.plan import Choice, Plan
 from rpeg.ir.types import Role
+from rpeg.scoring.candidates import aligned_allocations, make_strategy
 
 GEN = ModelStage("actor", Stage.GEN, "actor_gen", 0)
 INF = ModelStage("reward", Stage.INF, "reward_inf", 2)

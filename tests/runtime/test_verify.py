@@ -16,8 +16,6 @@ import json
 import pytest
 
 from rpeg import solve
-from rpeg.heuristics.candidates import make_strategy
-from rpeg.heuristics.evaluator import Evaluator
 from rpeg.ir import Choice, Plan, Structure
 from rpeg.ir.cluster import mask_devices
 from rpeg.ir.lower import COMM, OP, RESHARD
@@ -30,6 +28,8 @@ from rpeg.runtime.trace import (
     plan_hash,
 )
 from rpeg.runtime.verify import TraceError, register_cli, verify, verify_or_raise
+from rpeg.scoring.candidates import make_strategy
+from rpeg.scoring.evaluator import Evaluator
 from rpeg.solvers.result import Result, Status
 
 STEPS = 4  # more than the results' k_eval = 3: the expected graph is re-lowered, not read back

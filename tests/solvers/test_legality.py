@@ -19,12 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rpeg import Cluster, ModelSpec, Workload, hardware_preset, plan_transition, solve
-from rpeg.heuristics.candidates import build_directories, enumerate_strategies, explain_illegal, make_strategy
-from rpeg.heuristics.evaluator import Evaluator
 from rpeg.ir import Choice, Plan, Role, Structure, build_graph
 from rpeg.ir.emu import emus_of
 from rpeg.ir.errors import InputError
 from rpeg.ir.plan import check_heads, check_plan, check_strategy
+from rpeg.scoring.candidates import build_directories, enumerate_strategies, explain_illegal, make_strategy
+from rpeg.scoring.evaluator import Evaluator
 from rpeg.solvers import Result
 from rpeg.solvers.result import plan_from_entries
 from tests.conftest import example_problem, load_checker

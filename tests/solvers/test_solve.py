@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rpeg import Cluster, Workload, example_names, hardware_preset, model_preset
-from rpeg.heuristics.candidates import build_directories
-from rpeg.heuristics.evaluator import Evaluator
 from rpeg.ir import Plan, structures
+from rpeg.scoring.candidates import build_directories
+from rpeg.scoring.evaluator import Evaluator
 from rpeg.solvers import METHODS, Problem, Result, Status, register, solve
 from rpeg.solvers.result import plan_from_entries
 

@@ -1,4 +1,4 @@
-"""Tests for ``heuristics/evaluator.py``: the score, utilisation, memory model and penalty of
+"""Tests for ``scoring/evaluator.py``: the score, utilisation, memory model and penalty of
 SPEC §6–§7, recomputed by hand from the kept graph and schedule and from ``Costs.memory``."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from rpeg import Cluster, Workload, hardware_preset, model_preset
 from rpeg.heuristics.baselines import concurrent_plan, greedy_plan
-from rpeg.heuristics.candidates import build_directories
-from rpeg.heuristics.check import check_schedule
-from rpeg.heuristics.evaluator import BETA_OOM, Evaluator
-from rpeg.heuristics.scheduler import list_schedule
 from rpeg.ir import Choice, Plan, Structure, structures
+from rpeg.scoring.candidates import build_directories
+from rpeg.scoring.check import check_schedule
+from rpeg.scoring.evaluator import BETA_OOM, Evaluator
+from rpeg.scoring.scheduler import list_schedule
 
 K, B, R, LP, LR = 8, 64, 1, 128, 256
 WORK = K * B * R * (LP + LR)  # tokens over the unrolled horizon

@@ -1,4 +1,4 @@
-"""Tests for ``heuristics/project_schedule.py``: the project list scheduler and its checker.
+"""Tests for ``formulations/project_schedule.py``: the project list scheduler and its checker.
 
 Hand-worked tiny projects pin down the EST rule, each tie-break, lags, mode choice and the
 non-renewable repair; hand-broken schedules show the checker catches each kind of violation; a
@@ -21,12 +21,12 @@ from rpeg.formulations import (
     Project,
     ProjectSolution,
     Resource,
-    SolveStatus,
+    Status,
     read_mm,
     read_optima,
     read_sm,
 )
-from rpeg.heuristics.project_schedule import check_project_schedule, choose_modes, list_schedule_project
+from rpeg.formulations.project_schedule import check_project_schedule, choose_modes, list_schedule_project
 
 PSPLIB = Path(__file__).resolve().parents[1] / "data" / "psplib"
 
@@ -43,7 +43,7 @@ def test_earliest_start_then_rank_with_a_cumulative_resource():
     p = single([2, 3, 1, 2], [[1], [1], [2], [1]], [2], [(0, 3)])
     s = list_schedule_project(p)
     assert s.starts == (0, 0, 4, 2)
-    assert s.makespan == 5 and s.status is SolveStatus.FEASIBLE and s.solver == "list"
+    assert s.makespan == 5 and s.status is Status.FEASIBLE and s.solver == "list"
     assert check_project_schedule(p, s) == []
 
 
@@ -96,18 +96,18 @@ def test_nonrenewable_repair_and_giving_up():
     assert check_project_schedule(p, s) == [] and s.makespan == 3
     tight = Project((fast_or_cheap, fast_or_cheap), (Resource(1), Resource(1, renewable=False)))
     s = list_schedule_project(tight)
-    assert s.status is SolveStatus.UNKNOWN and s.makespan == math.inf and not s.has_schedule
+    assert s.status is Status.UNKNOWN and s.makespan == math.inf and not s.has_schedule
     assert check_project_schedule(tight, s) == []
 
 
 def test_no_fitting_mode_gives_unknown():
     p = Project((Activity((Mode(1, (3,)),)),), (Resource(2),))
     assert choose_modes(p) is None
-    assert list_schedule_project(p).status is SolveStatus.UNKNOWN
+    assert list_schedule_project(p).status is Status.UNKNOWN
 
 
 # ---------------------------------------------------------------------------------- checker
-def _sol(starts, modes, makespan, lb=0.0, status=SolveStatus.FEASIBLE) -> ProjectSolution:
+def _sol(starts, modes, makespan, lb=0.0, status=Status.FEASIBLE) -> ProjectSolution:
     return ProjectSolution(status, float(makespan), float(lb), 0.0, tuple(starts), tuple(modes), "hand")
 
 
@@ -132,7 +132,7 @@ def test_checker_catches_each_violation():
     assert "mode 1 is not one of its 1 modes" in check_project_schedule(q, _sol([0, 2], [0, 1], 4))[0]
     assert "start -1 is not a non-negative integer" in check_project_schedule(q, _sol([-1, 2], [0, 0], 4))[0]
     assert check_project_schedule(q, _sol([0], [0], 2)) == ["1 starts and 1 modes for 2 activities"]
-    bad = ProjectSolution(SolveStatus.OPTIMAL, math.inf, 0.0, 0.0, (), (), "hand")
+    bad = ProjectSolution(Status.OPTIMAL, math.inf, 0.0, 0.0, (), (), "hand")
     assert check_project_schedule(q, bad) == ["status optimal without a schedule"]
 
 
@@ -165,7 +165,7 @@ def test_list_schedules_always_pass_the_checker(p):
     if s.has_schedule:
         assert p.lower_bound() <= s.makespan <= p.trivial_horizon()
     else:
-        assert s.status is SolveStatus.UNKNOWN
+        assert s.status is Status.UNKNOWN
 
 
 # ---------------------------------------------------------------------------------- PSPLIB

@@ -1,4 +1,4 @@
-"""Tests for ``heuristics/candidates.py``: candidate directories ``Xcand(v)`` (SPEC §4)."""
+"""Tests for ``scoring/candidates.py``: candidate directories ``Xcand(v)`` (SPEC §4)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rpeg import Cluster, example_names, hardware_preset
-from rpeg.heuristics.candidates import build_directories, enumerate_strategies, make_strategy
-from rpeg.heuristics.evaluator import Evaluator
 from rpeg.ir import check_strategy
 from rpeg.ir.cluster import TIER_CLUSTER, TIER_NODE, TIER_RACK
+from rpeg.scoring.candidates import build_directories, enumerate_strategies, make_strategy
+from rpeg.scoring.evaluator import Evaluator
 
 
 def _dirs_cases(problem_of, make_ppo, gh200):

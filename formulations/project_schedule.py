@@ -30,8 +30,8 @@ import heapq
 import math
 import time
 
-from ..formulations.project import Project
-from ..formulations.status import ProjectSolution, SolveStatus
+from .project import Project
+from .status import ProjectSolution, Status
 
 __all__ = ["check_project_schedule", "choose_modes", "fallback_schedule", "list_schedule_project"]
 
@@ -107,7 +107,7 @@ def list_schedule_project(project: Project, modes: list[int] | None = None) -> P
         modes = choose_modes(p)
     if modes is None:
         return ProjectSolution.without_schedule(
-            SolveStatus.UNKNOWN, lower_bound=lb, runtime=time.perf_counter() - t0, solver="list"
+            Status.UNKNOWN, lower_bound=lb, runtime=time.perf_counter() - t0, solver="list"
         )
     acts = p.activities
     dur = [acts[i].modes[modes[i]].duration for i in range(n)]
@@ -164,7 +164,7 @@ def list_schedule_project(project: Project, modes: list[int] | None = None) -> P
         p,
         start,
         modes,
-        status=SolveStatus.FEASIBLE,
+        status=Status.FEASIBLE,
         lower_bound=lb,
         runtime=time.perf_counter() - t0,
         solver="list",
@@ -218,7 +218,7 @@ def check_project_schedule(project: Project, solution: ProjectSolution) -> list[
     if not math.isfinite(solution.makespan):
         if solution.starts or solution.modes:
             errors.append("makespan is inf but starts/modes are given")
-        if solution.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
+        if solution.status in (Status.OPTIMAL, Status.FEASIBLE):
             errors.append(f"status {solution.status} without a schedule")
         return errors
     if len(solution.starts) != n or len(solution.modes) != n:

@@ -1,4 +1,4 @@
-"""Tests for ``heuristics/scheduler.py`` (list scheduling, SPEC §7) and ``heuristics/check.py``.
+"""Tests for ``scoring/scheduler.py`` (list scheduling, SPEC §7) and ``scoring/check.py``.
 
 Tiny hand-built executable graphs with schedules worked out by hand pin down the EST rule and
 every tie-break; a property test compares the scheduler with a naive device-by-device
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpeg.heuristics.check import check_schedule
-from rpeg.heuristics.scheduler import Schedule, atoms_of, list_schedule
 from rpeg.ir.lower import COMM, OP, RESHARD, ExecGraph
+from rpeg.scoring.check import check_schedule
+from rpeg.scoring.scheduler import Schedule, atoms_of, list_schedule
 
 D0, D1, D2, D3 = 1, 2, 4, 8  # one-device masks
 

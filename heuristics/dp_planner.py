@@ -3,7 +3,7 @@
 A plan is one *frontier point* per **model-stage** ``M = (model, stage)``: the graph's vertices
 grouped by model and role (Gen, Inf, Train). A point is a legal strategy (SPEC §4: GPU count,
 ``Pd × Pp × Pt``, microbatches) with its latency from the shared cost model
-(:meth:`~rpeg.heuristics.costs.Costs.op_time`, summed over the model-stage's vertices) and its
+(:meth:`~rpeg.scoring.costs.Costs.op_time`, summed over the model-stage's vertices) and its
 per-GPU memory from the shared memory model, split into
 
 * ``P`` — persistent bytes (optimizer state ``12·W_shard/Pd`` of a training stage; the BF16
@@ -68,9 +68,9 @@ from ..ir.cluster import Allocation, Cluster
 from ..ir.graph import RPEG
 from ..ir.plan import Choice, Plan, Strategy
 from ..ir.types import Role
+from ..scoring.candidates import aligned_allocations, enumerate_strategies, explain_illegal, head_exclusions
+from ..scoring.costs import Costs
 from .baselines import Infeasible
-from .candidates import aligned_allocations, enumerate_strategies, explain_illegal, head_exclusions
-from .costs import Costs
 
 __all__ = [
     "LAT_UNIT",
@@ -199,10 +199,10 @@ class Frontier:
         Smallest ``P + T`` over the legal strategies (KiB; ``inf`` without any).
     why_illegal
         When no strategy is legal: which rules (P1–P8, H1–H2) excluded the candidates
-        (:func:`~rpeg.heuristics.candidates.explain_illegal`); empty otherwise.
+        (:func:`~rpeg.scoring.candidates.explain_illegal`); empty otherwise.
     heads_excluded
         The H1–H2 messages of the in-node tensor-parallel degrees the model's heads exclude on
-        the stage's engine (:func:`~rpeg.heuristics.candidates.head_exclusions`).
+        the stage's engine (:func:`~rpeg.scoring.candidates.head_exclusions`).
     """
 
     stage: ModelStage

@@ -14,10 +14,8 @@ import pytest
 from rpeg import Cluster, Workload, hardware_preset, model_preset, solve
 from rpeg.cli import main
 from rpeg.formulations.dp_exact import solve_dp_cpsat
-from rpeg.heuristics import Evaluator
 from rpeg.heuristics.baselines import Infeasible
-from rpeg.heuristics.candidates import enumerate_strategies
-from rpeg.heuristics.nereus import (
+from rpeg.heuristics.dp_planner import (
     LAT_UNIT,
     MEM_UNIT,
     DPInstance,
@@ -32,6 +30,8 @@ from rpeg.heuristics.nereus import (
 )
 from rpeg.ir import Structure
 from rpeg.ir.plan import check_strategy
+from rpeg.scoring import Evaluator
+from rpeg.scoring.candidates import enumerate_strategies
 from rpeg.solvers import Status
 from tests.conftest import example_problem, ppo_70b_workload, tiny_ppo_workload
 
