@@ -30,11 +30,13 @@ demo: $(VENV)/.base
 	$(RPEG) run out/ppo-1b-4gpu.json --steps 3 --trace out/ppo-1b-4gpu.trace.json
 	$(RPEG) verify out/ppo-1b-4gpu.trace.json out/ppo-1b-4gpu.json
 
-## make test: lint, format check and the whole test suite (its last test installs the wheel into a
-## fresh venv and runs rpeg outside the checkout: tests/test_wheel.py)
+## make test: lint, format check, the layer contracts (pyproject.toml [tool.importlinter]) and the
+## whole test suite (its last test installs the wheel into a fresh venv and runs rpeg outside the
+## checkout: tests/test_wheel.py)
 test: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest
 
 ## make wheel-check: build the wheel, install it non-editable into a fresh venv, run rpeg outside the checkout
@@ -43,6 +45,7 @@ wheel-check:
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 format: $(VENV)/.dev
 	$(VENV)/bin/ruff format .

@@ -12,8 +12,9 @@ Front door::
     move = rpeg.plan_transition(result.plan, other.plan, cluster, workload=wf.workload)
     rpeg.run(result, steps=4, transitions=[(2, other)])  # change plan mid-run, state included
 
-Layers (data flows one way): :mod:`rpeg.ir` ← :mod:`rpeg.costmodel` ← :mod:`rpeg.heuristics` /
-:mod:`rpeg.formulations` ← :mod:`rpeg.solvers` ← :mod:`rpeg.runtime`.
+Floors (each imports only those below it; docs/architecture.md, checked by import-linter):
+:mod:`rpeg.ir` ← :mod:`rpeg.costmodel` ← :mod:`rpeg.scoring` ← :mod:`rpeg.heuristics` ←
+:mod:`rpeg.formulations` ← :mod:`rpeg.solvers` ← :mod:`rpeg.adapt` | :mod:`rpeg.runtime` ← ``cli``.
 """
 
 from .costmodel import HARDWARE_PRESETS, hardware_preset, load_hardware

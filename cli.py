@@ -4,11 +4,15 @@
 
     rpeg examples
     rpeg solve WORKLOAD.toml|EXAMPLE [--cluster RxNxG] [--hardware PRESET|FILE.json]
-               [--method greedy|concurrent|sa] [--json OUT.json] [--gantt PLAN.png] [--seed N]
-               [--time-limit S] [--max-evaluations N] [--workers N] [--ablate a,b,...]
-               [--t-init T] [--t-warm T] [--no-progress] [--no-compare]
+               [--method greedy|concurrent|sa|dp|cpsat|milp] [--json OUT.json] [--gantt PLAN.png]
+               [--seed N] [--time-limit S] [--k-eval N] [--objective O] [--delta D]
+               [--max-evaluations N] [--workers N] [--ablate a,b,...] [--t-init T] [--t-warm T]
+               [--no-progress] [--no-compare]                              (sa)
+               [--candidates K] [--threads N] [--warm-start P] [--solver NAME] (cpsat, milp)
     rpeg evaluate WORKLOAD.toml|EXAMPLE --plan PLAN.json [--cluster ...] [--hardware ...]
                [--json OUT.json] [--gantt PLAN.png]
+    rpeg project INSTANCE.sm|.mm [--method cpsat|milp|list] ...
+    rpeg run | verify | calibrate ...     (the runtime's and the calibration's sub-commands)
 
 ``--method sa`` shows live progress on stderr (when it is a terminal) and ends with a table
 comparing its plan with the greedy and concurrent baselines on the same workload and cluster.
@@ -17,8 +21,9 @@ Ctrl-C during ``sa``, ``cpsat`` or ``milp`` stops the search with the best plan 
 within ``--time-limit`` plus a small overshoot (``benchmarks/RESULTS.md``), model building
 included.
 
-Bad input ends with exit status 2 and one line naming the field and value; a problem with no
-memory-feasible plan ends with exit status 3 after saying which invocation does not fit.
+Bad input ends with exit status 2 and one line naming the field and value; a result without a
+plan (status ``infeasible``, ``time_limit``, ``unknown`` or ``error``) ends with exit status 3
+after the summary says why (for ``infeasible``: which invocation does not fit).
 """
 
 from __future__ import annotations
@@ -381,21 +386,69 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     notes = [hardware_note] if hardware_note else []
     if not evaluation.feasible:
         notes.append("the plan exceeds M_eff on some GPU (see peak mem)")
-    result = Result(
-        wf.workload,
-        cluster,
-        ev.structure,
-        ev.graph,
-        plan,
-        evaluation,
-        status,
-        "evaluate",
-        0.0,
-        ev.evaluations,
-        k_eval,
-        message="; ".join(notes),
+    result = Result.scored(
+        ev, plan, status, "evaluate", runtime_s=0.0, evaluation=evaluation, message="; ".join(notes)
     )
     return _finish(result, args)
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from .runtime.measure import calibrate
+
+    def say(msg: str) -> None:
+        print(f"calibrate: {msg}", file=sys.stderr, flush=True)
+
+    check_output(args.out, "--out", (".json",))  # before minutes of measuring, not after
+    check_output(args.raw, "--raw", (".json",))
+    load_hardware(args.base)  # a bad --base is named now, too
+    if args.max_ranks < 2:
+        raise InputError(f"--max-ranks must be at least 2, got {args.max_ranks}")
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads must be a positive integer, got {args.threads}")
+    report = calibrate(
+        device=args.device,
+        base=args.base,
+        quick=args.quick,
+        max_ranks=args.max_ranks,
+        seed=args.seed,
+        threads=args.threads,
+        progress=None if args.no_progress else say,
+    )
+    print(report.table())
+    report.hardware.save(args.out)
+    print(f"\nwrote {args.out}")
+    if args.raw:
+        Path(args.raw).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        print(f"wrote {args.raw}")
+    return 0
+
+
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:
+    """Add ``rpeg calibrate --out HW.json [--quick] [--device cpu|cuda] [--base PRESET]
+    [--max-ranks N] [--seed N] [--threads N] [--raw RAW.json] [--no-progress]`` to ``sub``
+    (the measuring: :mod:`rpeg.runtime.measure`; the fits: :mod:`rpeg.costmodel.fit`)."""
+    from .runtime.measure import DEVICES
+
+    c = sub.add_parser("calibrate", help="measure this machine and write a hardware JSON file")
+    c.add_argument("--out", required=True, metavar="HW.json", help="hardware file to write (rpeg.hardware/1)")
+    c.add_argument("--quick", action="store_true", help="reduced sweep that runs in seconds")
+    c.add_argument(
+        "--device", default="cpu", choices=list(DEVICES), help="cpu (gloo) or cuda (NCCL, untested)"
+    )
+    c.add_argument(
+        "--base",
+        default="cpu",
+        metavar="PRESET|FILE.json",
+        help="figures not measurable here (tiers 1-2, CPU memory); with --device cuda pass the GPU's preset",
+    )
+    c.add_argument(
+        "--max-ranks", type=int, default=4, metavar="N", help="collectives for p = 2..N (default 4)"
+    )
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--threads", type=int, metavar="N", help="torch threads while measuring (CPU default 1)")
+    c.add_argument("--raw", metavar="RAW.json", help="also write every sample and fit (rpeg.calibration/1)")
+    c.add_argument("--no-progress", action="store_true", help="no stage messages on stderr")
+    c.set_defaults(fn=_cmd_calibrate)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -457,13 +510,12 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--plan", required=True, help="a result JSON file (its plan and structure are used)")
     e.set_defaults(fn=_cmd_evaluate)
 
-    from .costmodel.calibrate import register_cli as _calibrate_cli
     from .runtime.cli import register_cli as _run_cli
     from .runtime.verify import register_cli as _verify_cli
 
     _run_cli(sub)
     _verify_cli(sub)
-    _calibrate_cli(sub)
+    _add_calibrate(sub)
 
     j = sub.add_parser(
         "project", help="solve a project-scheduling instance (PSPLIB .sm/.mm) exactly or greedily"

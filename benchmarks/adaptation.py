@@ -36,8 +36,7 @@ import time
 from _bench import command, machine, write_section
 
 from rpeg import Cluster, Workload, hardware_preset, model_preset
-from rpeg.solvers.adapt import Payback, PlanCache
-from rpeg.solvers.simulate import Trace, default_policies, gpu_trace, length_trace, simulate
+from rpeg.adapt import DriftTrace, Payback, PlanCache, default_policies, gpu_trace, length_trace, simulate
 
 SEVEN = model_preset("llama2-7b")
 WORKLOAD = Workload(
@@ -50,13 +49,13 @@ EFFICIENCY = {"gemm": 1.10, "collective/inter-node": 1.30}
 NOISE = 0.02
 
 
-def traces(seed: int) -> list[Trace]:
+def traces(seed: int) -> list[DriftTrace]:
     lengths = length_trace(STEPS, 1147.5, 3722.0, noise=0.03, seed=seed)
     pools = gpu_trace(STEPS, (8, 16, 32), start=32, changes=6, seed=seed + 100)
     return [
-        Trace(lengths, [32] * STEPS, "length"),
-        Trace([1147.5] * STEPS, pools, "gpus"),
-        Trace(lengths, pools, "combined"),
+        DriftTrace(lengths, [32] * STEPS, "length"),
+        DriftTrace([1147.5] * STEPS, pools, "gpus"),
+        DriftTrace(lengths, pools, "combined"),
     ]
 
 

@@ -23,7 +23,7 @@ import _bench
 
 from rpeg import solve
 from rpeg.formulations.dp_exact import solve_dp_cpsat
-from rpeg.heuristics.dp_planner import LAT_UNIT, build_instance, solve_dp
+from rpeg.heuristics.dp_planner import LAT_UNIT, build_dp_instance, solve_dp
 from rpeg.ir.templates import Structure
 from rpeg.scoring import Evaluator
 
@@ -55,7 +55,7 @@ def decision_times(repeats: int, time_limit: float) -> list[str]:
         inst = sel = sol = None
         for _ in range(repeats):
             t0 = time.perf_counter()
-            inst = build_instance(Evaluator(w, cl, Structure.synchronous(w), k_eval=1).costs)
+            inst = build_dp_instance(Evaluator(w, cl, Structure.synchronous(w), k_eval=1).costs)
             builds.append(time.perf_counter() - t0)
             sel = solve_dp(inst)
             dps.append(sel.runtime)

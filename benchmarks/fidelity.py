@@ -1,6 +1,6 @@
 """Cost-model fidelity on this machine: predicted vs measured operator and step times.
 
-Calibrates the machine (``rpeg.costmodel.calibrate``, or takes ``--hardware hw.json``), then runs
+Calibrates the machine (``rpeg.runtime.measure.calibrate``, or takes ``--hardware hw.json``), then runs
 several plans of one small PPO workload on 1x1x4 CPU "devices" with the runtime — colocated
 (greedy), disaggregated (hand plan, τ = 0) and asynchronous (the same placement, τ(actor) = 1) —
 and compares, for every OP node after the warm-up step, the worker-measured time with the cost
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         hw = load_hardware(args.hardware)
         calib = f"`{args.hardware}`"
     else:
-        from rpeg.costmodel.calibrate import calibrate
+        from rpeg.runtime.measure import calibrate
 
         t0 = time.perf_counter()
         hw = calibrate(quick=True, max_ranks=2, seed=args.seed).hardware

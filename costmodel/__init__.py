@@ -3,9 +3,15 @@
 * :mod:`.hardware` — bundled hardware presets (JSON in ``presets/``) and how to load them;
 * :mod:`.collectives` — α–β times of AllReduce, AllGather, ReduceScatter, AlltoAll and P2P;
 * :mod:`.flops` — leading-order work of generation, inference and training;
+* :mod:`.layout` — :class:`Layout`, a plan's strategy on nodes of ``Ng`` GPUs (what is priced);
 * :mod:`.time` — :func:`op_time` for OP nodes, :func:`comm_time` / :func:`reshard_time` for COMM
   and RESHARD nodes;
-* :mod:`.memory` — parameter shards, persistent optimizer state and transient peaks.
+* :mod:`.memory` — parameter shards, persistent optimizer state and transient peaks;
+* :mod:`.transition` — times of the transition primitives (SPEC §10);
+* :mod:`.fit` — calibration fits from measured samples to a hardware file (the measuring is
+  :mod:`rpeg.runtime.measure`).
+
+Nothing here imports torch.
 
 Derivations and assumptions: ``docs/cost-model.md``.
 """
@@ -27,6 +33,7 @@ from .flops import (
     training_flops,
 )
 from .hardware import HARDWARE_PRESETS, Hardware, Link, hardware_preset, load_hardware
+from .layout import Layout
 from .memory import (
     inference_activation_bytes,
     kv_cache_bytes,
@@ -38,7 +45,7 @@ from .memory import (
     weight_bytes,
     weight_shard_params,
 )
-from .time import Layout, TimeBreakdown, comm_time, op_time, publication_bytes, reshard_time
+from .time import TimeBreakdown, comm_time, op_time, publication_bytes, reshard_time
 
 __all__ = [
     "HARDWARE_PRESETS",

@@ -15,13 +15,10 @@ The caller combines them into ``peak(d) = Σ_m S(m, d) + max_v A(v)`` (SPEC §6)
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
-from ..ir.models import ModelSpec
+from ..ir.models import OPTIMIZER_BYTES_PER_PARAM, ModelSpec
 from ..ir.types import Head, Role
-
-if TYPE_CHECKING:  # Layout lives in .time, which imports this module
-    from .time import Layout
+from .layout import Layout
 
 __all__ = [
     "OPTIMIZER_BYTES_PER_PARAM",
@@ -35,9 +32,6 @@ __all__ = [
     "weight_bytes",
     "weight_shard_params",
 ]
-
-#: FP32 master weights + two FP32 Adam moments: 3 × 4 bytes per parameter (SPEC §6).
-OPTIMIZER_BYTES_PER_PARAM = 12
 
 
 def model_params(model: ModelSpec, head: Head = Head.LM) -> int:
@@ -144,8 +138,9 @@ def training_state_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM)
     float
         Bytes per device.
     """
-    shard = weight_shard_params(model, layout.pp, layout.tp, head)
-    return OPTIMIZER_BYTES_PER_PARAM * shard / layout.dp
+    s = layout.strategy
+    shard = weight_shard_params(model, s.pp, s.tp, head)
+    return OPTIMIZER_BYTES_PER_PARAM * shard / s.dp
 
 
 def weight_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM) -> float:
@@ -167,7 +162,7 @@ def weight_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM) -> floa
     float
         Bytes per device.
     """
-    return weight_shard_params(model, layout.pp, layout.tp, head) * model.dtype_bytes
+    return weight_shard_params(model, layout.strategy.pp, layout.strategy.tp, head) * model.dtype_bytes
 
 
 def kv_width_per_device(model: ModelSpec, tp: int) -> int:
@@ -222,11 +217,12 @@ def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: fl
     float
         Bytes per device.
     """
-    layers = model.layers / layout.pp
+    s = layout.strategy
+    layers = model.layers / s.pp
     c = max(1, math.isqrt(int(layers)))
-    b = sequences / (layout.dp * layout.mb)
-    per_token = layers / c * model.hidden + c * _layer_buffer_width(model, layout.tp)
-    return model.dtype_bytes * min(layout.mb, layout.pp) * b * tokens * per_token
+    b = sequences / (s.dp * s.mb)
+    per_token = layers / c * model.hidden + c * _layer_buffer_width(model, s.tp)
+    return model.dtype_bytes * min(s.mb, s.pp) * b * tokens * per_token
 
 
 def inference_activation_bytes(
@@ -256,8 +252,9 @@ def inference_activation_bytes(
     """
     d = model.hidden
     head_width = d + (1 if head is Head.SCALAR else model.vocab)
-    width = max(_layer_buffer_width(model, layout.tp), float(head_width))
-    b = sequences / (layout.dp * layout.mb)
+    s = layout.strategy
+    width = max(_layer_buffer_width(model, s.tp), float(head_width))
+    b = sequences / (s.dp * s.mb)
     return model.dtype_bytes * b * tokens * width
 
 
@@ -285,9 +282,10 @@ def kv_cache_bytes(
     float
         Bytes per device.
     """
-    width = kv_width_per_device(model, layout.tp)
-    per_seq = (prompt_len + response_len) * model.layers / layout.pp * width
-    return 2.0 * model.dtype_bytes * sequences / layout.dp * per_seq
+    s = layout.strategy
+    width = kv_width_per_device(model, s.tp)
+    per_seq = (prompt_len + response_len) * model.layers / s.pp * width
+    return 2.0 * model.dtype_bytes * sequences / s.dp * per_seq
 
 
 def transient_bytes(
@@ -350,7 +348,7 @@ def transient_bytes(
     if role is Role.TRAINING:
         weights = weight_bytes(model, layout, head)
         activations = training_activation_bytes(model, layout, sequences=sequences, tokens=ell)
-        return activations + weights + weights / layout.dp
+        return activations + weights + weights / layout.strategy.dp
     if role is Role.INFERENCE:
         total = inference_activation_bytes(model, layout, sequences=sequences, tokens=ell, head=head)
     else:

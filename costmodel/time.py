@@ -10,7 +10,6 @@ a weight publication between two allocations. Every formula is derived in
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ..ir.hardware import Hardware, Link
@@ -24,11 +23,11 @@ from .collectives import (
     reduce_scatter_time,
 )
 from .flops import decode_flops, inference_flops, prefill_flops, training_flops
+from .layout import Layout, check_tier, positive_int
 from .memory import kv_width_per_device, model_params
 
 __all__ = [
     "OPTIMIZER_TRAFFIC_BYTES",
-    "Layout",
     "TimeBreakdown",
     "comm_time",
     "op_time",
@@ -38,77 +37,6 @@ __all__ = [
 
 #: Effective HBM bytes moved per parameter by one Adam update (SPEC §6, paper Appendix C-B3).
 OPTIMIZER_TRAFFIC_BYTES = 18
-
-_N_TIERS = 3
-
-
-def _positive_int(owner: str, name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{owner}: {name} must be a positive integer, got {value!r}")
-
-
-def _check_tier(owner: str, name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _N_TIERS:
-        raise ValueError(f"{owner}: {name} must be a tier 0, 1 or 2, got {value!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Parallel layout of one invocation: ``Π = (Pd, Pp, Pt)``, microbatches and link tiers.
-
-    Parameters
-    ----------
-    dp, pp, tp
-        Data, pipeline and tensor parallel degrees ``Pd``, ``Pp``, ``Pt``.
-    mb
-        Microbatches per pipeline pass ``mb``.
-    pp_tier
-        Tier of the inter-node pipeline boundaries (``0`` when a replica fits in a node; an
-        inter-node boundary is costed at tier ``max(pp_tier, 1)`` whatever is given).
-    dp_tier
-        Tier spanned by the data-parallel group (the allocation's tier).
-    gpus_per_node
-        ``Ng``; tensor parallelism stays inside a node, so ``tp ≤ gpus_per_node``.
-
-    Raises
-    ------
-    ValueError
-        If a field is out of range; the message names the field and its value.
-    """
-
-    dp: int
-    pp: int
-    tp: int
-    mb: int
-    pp_tier: int = 0
-    dp_tier: int = 0
-    gpus_per_node: int = 8
-
-    def __post_init__(self) -> None:
-        for name in ("dp", "pp", "tp", "mb", "gpus_per_node"):
-            _positive_int("Layout", name, getattr(self, name))
-        for name in ("pp_tier", "dp_tier"):
-            _check_tier("Layout", name, getattr(self, name))
-        if self.tp > self.gpus_per_node:
-            raise ValueError(
-                f"Layout: tp={self.tp} exceeds gpus_per_node={self.gpus_per_node} "
-                "(tensor parallelism stays inside a node)"
-            )
-
-    @property
-    def n_devices(self) -> int:
-        """``P = Pd·Pp·Pt``."""
-        return self.dp * self.pp * self.tp
-
-    @property
-    def pp_boundaries(self) -> tuple[int, int]:
-        """``(n_intra, n_inter)`` pipeline stage boundaries inside / between nodes.
-
-        ``n_inter = max(0, ⌈Pp/⌊Ng/Pt⌋⌉ − 1)`` and ``n_intra = Pp − 1 − n_inter`` (SPEC §6).
-        """
-        stages_per_node = self.gpus_per_node // self.tp
-        n_inter = max(0, math.ceil(self.pp / stages_per_node) - 1)
-        return self.pp - 1 - n_inter, n_inter
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +90,11 @@ class _Roofline:
         self.model = model
         self.hw = hw
         self.b = b
-        self.layers = model.layers / layout.pp
-        k = min(model.hidden, model.ffn_hidden) / layout.tp
+        s = layout.strategy
+        self.layers = model.layers / s.pp
+        k = min(model.hidden, model.ffn_hidden) / s.tp
         self.eta_k = k / (k + hw.gamma_k)
-        self.omega_w = self.layers * model.layer_params * model.dtype_bytes / layout.tp
+        self.omega_w = self.layers * model.layer_params * model.dtype_bytes / s.tp
 
     def flops(self, work_per_device: float, tokens: float, extra_bytes: float = 0.0) -> float:
         """``F_eff`` for ``work_per_device`` FLOPs per microbatch over ``ℓ = tokens``."""
@@ -182,10 +111,10 @@ def _pp_step_time(nbytes: float, layout: Layout, hw: Hardware) -> float:
     ``(n_intra/(Pp−1))·P2P(M, tier 0) + (n_inter/(Pp−1))·P2P(M, tier max(pp_tier, 1))``.
     """
     n_intra, n_inter = layout.pp_boundaries
-    n = layout.pp - 1
+    n = layout.strategy.pp - 1
     t = n_intra / n * p2p_time(nbytes, hw.p2p[0])
     if n_inter:
-        t += n_inter / n * p2p_time(nbytes, hw.p2p[max(layout.pp_tier, 1)])
+        t += n_inter / n * p2p_time(nbytes, hw.p2p[max(layout.strategy.pp_tier, 1)])
     return t
 
 
@@ -262,6 +191,43 @@ def op_time(
     """
     role = Role(role)
     head = Head(head)
+    _check_op_args(role, sequences, prompt_len, response_len, decode)
+    node = _Node(model, layout, hw, sequences)
+    t_dp = t_opt = t_nongemm = 0.0
+    if role is Role.GENERATION:
+        t0, t1 = (0, response_len) if decode is None else decode
+        if not 0 <= t0 <= t1 <= response_len:
+            raise ValueError(
+                f"op_time: decode window must satisfy 0 ≤ t0 ≤ t1 ≤ response_len={response_len}, "
+                f"got {decode!r}"
+            )
+        t_gemm, t_tp, t_pp = _generation_terms(node, prompt_len, (t0, t1), prefill, head)
+    else:
+        lengths = {"sequences": sequences, "prompt_len": prompt_len, "response_len": response_len}
+        if role is Role.TRAINING:
+            t_gemm, t_tp, t_pp, t_dp, t_opt = _training_terms(node, lengths, head)
+        else:
+            t_gemm, t_tp, t_pp = _inference_terms(node, lengths, head)
+        s = layout.strategy
+        t_nongemm = node.layers * hw.c_nongemm * (1.0 - 1.0 / s.tp) * (node.b / hw.b_cal)
+        if role is Role.TRAINING:
+            t_nongemm *= 4
+
+    return TimeBreakdown(
+        gemm=t_gemm,
+        bubble=t_gemm * (layout.strategy.pp - 1) / layout.strategy.mb,
+        tp_comm=t_tp,
+        pp_comm=t_pp,
+        dp_comm=t_dp,
+        nongemm=t_nongemm,
+        opt=t_opt,
+    )
+
+
+def _check_op_args(
+    role: Role, sequences: float, prompt_len: int, response_len: int, decode: tuple[int, int] | None
+) -> None:
+    """The size and decode-window checks of :func:`op_time` (its Raises section)."""
     if not sequences >= 0:
         raise ValueError(f"op_time: sequences must be non-negative, got {sequences!r}")
     if prompt_len < 0 or response_len < 0:
@@ -274,86 +240,111 @@ def op_time(
     if role is not Role.GENERATION and ell < 1:
         raise ValueError(f"op_time: {role.value} needs prompt_len + response_len ≥ 1, got {ell}")
 
-    P = layout.n_devices
-    mb, pp, tp, dp = layout.mb, layout.pp, layout.tp, layout.dp
-    sb = model.dtype_bytes
-    d = model.hidden
-    layers = model.layers / pp
-    b = sequences / (dp * mb)
-    roof = _Roofline(model, layout, hw, b)
-    tp_link = hw.collective[0]
 
-    def gemm(work: float, work_per_device: float, tokens: float, extra: float = 0.0) -> float:
+class _Node:
+    """One OP node's sizes and the three per-round costs :func:`op_time` sums (SPEC §6).
+
+    With ``n = sequences``, ``b = n/(Pd·mb)``, ``P = Pd·Pp·Pt`` and ``L/Pp`` layers per stage:
+    :meth:`gemm` is ``W/(P·F_eff)``, :meth:`tp_rounds` ``count`` AllReduces over ``Pt`` at tier 0,
+    :meth:`pp_rounds` ``count`` pipeline P2P steps of ``n·ℓ·d·sb/(Pd·Pt·mb)``.
+    """
+
+    __slots__ = ("b", "hw", "layers", "layout", "model", "n_devices", "roof", "s", "sequences")
+
+    def __init__(self, model: ModelSpec, layout: Layout, hw: Hardware, sequences: float) -> None:
+        s = layout.strategy
+        self.model = model
+        self.layout = layout
+        self.s = s
+        self.hw = hw
+        self.sequences = sequences
+        self.n_devices = s.size
+        self.layers = model.layers / s.pp
+        self.b = sequences / (s.dp * s.mb)
+        self.roof = _Roofline(model, layout, hw, self.b)
+
+    def gemm(self, work: float, work_per_device: float, tokens: float, extra: float = 0.0) -> float:
+        """``T_gemm = W/(P·F_eff)`` of ``work`` FLOPs (0 for no work)."""
         if work <= 0.0:
             return 0.0
-        return work / (P * roof.flops(work_per_device, tokens, extra))
+        return work / (self.n_devices * self.roof.flops(work_per_device, tokens, extra))
 
-    def tp_rounds(count: float, nbytes: float) -> float:
-        return count * allreduce_time(tp, nbytes, tp_link)
+    def tp_rounds(self, count: float, nbytes: float) -> float:
+        """``count`` tensor-parallel AllReduces of ``nbytes`` over ``Pt`` at tier 0."""
+        return count * allreduce_time(self.s.tp, nbytes, self.hw.collective[0])
 
-    def pp_rounds(count: float, tokens: float) -> float:
-        if pp == 1 or count <= 0:
+    def pp_rounds(self, count: float, tokens: float) -> float:
+        """``count`` pipeline steps of ``n·tokens·d·sb/(Pd·Pt·mb)`` bytes (0 without pipelining)."""
+        s = self.s
+        if s.pp == 1 or count <= 0:
             return 0.0
-        return count * _pp_step_time(sequences * tokens * d * sb / (dp * tp * mb), layout, hw)
+        nbytes = self.sequences * tokens * self.model.hidden * self.model.dtype_bytes / (s.dp * s.tp * s.mb)
+        return count * _pp_step_time(nbytes, self.layout, self.hw)
 
-    t_dp = t_opt = t_nongemm = 0.0
-    if role is Role.GENERATION:
-        t0, t1 = (0, response_len) if decode is None else decode
-        if not 0 <= t0 <= t1 <= response_len:
-            raise ValueError(
-                f"op_time: decode window must satisfy 0 ≤ t0 ≤ t1 ≤ response_len={response_len}, "
-                f"got {decode!r}"
-            )
-        steps = t1 - t0
-        rounds = max(0, t1 - max(t0, 1))  # decode steps whose input token is a decoded one
-        t_gemm = t_tp = t_pp = 0.0
-        if prefill and prompt_len > 0:
-            w = prefill_flops(model, sequences=sequences, prompt_len=prompt_len, head=head)
-            t_gemm += gemm(w, w / (P * mb), prompt_len)
-            t_tp += tp_rounds(2 * layers * mb, sequences * prompt_len * d * sb / (dp * mb))
-            t_pp += pp_rounds(mb + pp - 2, prompt_len)
-        if steps > 0:
-            w = decode_flops(model, sequences=sequences, prompt_len=prompt_len, window=(t0, t1), head=head)
-            context = prompt_len + 0.5 * (t0 + t1)
-            kv_reads = b * context * 2 * kv_width_per_device(model, tp) * sb * layers
-            t_gemm += gemm(w, w / (P * mb * steps), 1, kv_reads)
-            t_tp += tp_rounds(2 * layers * rounds, sequences * d * sb / dp)
-            t_pp += pp_rounds(rounds * (mb + pp - 2), 1)
-    else:
-        lengths = {"sequences": sequences, "prompt_len": prompt_len, "response_len": response_len}
-        if role is Role.TRAINING:
-            w = training_flops(model, head=head, **lengths)
-            t_gemm = gemm(w, w / (4 * P * mb), ell)
-            t_tp = tp_rounds(6 * layers * mb, sequences * ell * d * sb / (dp * mb))
-            t_pp = pp_rounds(mb + 2 * pp - 3, ell)
-            n_params = model_params(model, head)
-            shard = n_params * sb / (pp * tp)
-            dp_link = hw.collective[layout.dp_tier]
-            t_dp = reduce_scatter_time(dp, shard, dp_link) + allgather_time(dp, shard, dp_link)
-            t_opt = OPTIMIZER_TRAFFIC_BYTES * n_params / (P * hw.mem_bandwidth)
-        else:
-            w = inference_flops(model, head=head, **lengths)
-            t_gemm = gemm(w, w / (P * mb), ell)
-            t_tp = tp_rounds(2 * layers * mb, sequences * ell * d * sb / (dp * mb))
-            t_pp = pp_rounds(mb + pp - 2, ell)
-        t_nongemm = layers * hw.c_nongemm * (1.0 - 1.0 / tp) * (b / hw.b_cal)
-        if role is Role.TRAINING:
-            t_nongemm *= 4
 
-    return TimeBreakdown(
-        gemm=t_gemm,
-        bubble=t_gemm * (pp - 1) / mb,
-        tp_comm=t_tp,
-        pp_comm=t_pp,
-        dp_comm=t_dp,
-        nongemm=t_nongemm,
-        opt=t_opt,
+def _generation_terms(
+    node: _Node, prompt_len: int, window: tuple[int, int], prefill: bool, head: Head
+) -> tuple[float, float, float]:
+    """``(T_gemm, T_tp, T_pp)`` of a generation node: the prefill over ``Lp`` (when ``prefill``)
+    plus the decode steps ``t0..t1`` (:func:`op_time`'s docstring has the formulas)."""
+    model, s, sequences = node.model, node.s, node.sequences
+    P, mb, pp, dp, tp = node.n_devices, s.mb, s.pp, s.dp, s.tp
+    sb, d, layers = model.dtype_bytes, model.hidden, node.layers
+    t0, t1 = window
+    steps = t1 - t0
+    rounds = max(0, t1 - max(t0, 1))  # decode steps whose input token is a decoded one
+    t_gemm = t_tp = t_pp = 0.0
+    if prefill and prompt_len > 0:
+        w = prefill_flops(model, sequences=sequences, prompt_len=prompt_len, head=head)
+        t_gemm += node.gemm(w, w / (P * mb), prompt_len)
+        t_tp += node.tp_rounds(2 * layers * mb, sequences * prompt_len * d * sb / (dp * mb))
+        t_pp += node.pp_rounds(mb + pp - 2, prompt_len)
+    if steps > 0:
+        w = decode_flops(model, sequences=sequences, prompt_len=prompt_len, window=(t0, t1), head=head)
+        context = prompt_len + 0.5 * (t0 + t1)
+        kv_reads = node.b * context * 2 * kv_width_per_device(model, tp) * sb * layers
+        t_gemm += node.gemm(w, w / (P * mb * steps), 1, kv_reads)
+        t_tp += node.tp_rounds(2 * layers * rounds, sequences * d * sb / dp)
+        t_pp += node.pp_rounds(rounds * (mb + pp - 2), 1)
+    return t_gemm, t_tp, t_pp
+
+
+def _inference_terms(node: _Node, lengths: dict[str, float], head: Head) -> tuple[float, float, float]:
+    """``(T_gemm, T_tp, T_pp)`` of a teacher-forced inference node over ``ℓ = Lp + Lr``."""
+    model, s, sequences = node.model, node.s, node.sequences
+    ell = lengths["prompt_len"] + lengths["response_len"]
+    w = inference_flops(model, head=head, **lengths)  # type: ignore[arg-type]
+    t_gemm = node.gemm(w, w / (node.n_devices * s.mb), ell)
+    t_tp = node.tp_rounds(
+        2 * node.layers * s.mb, sequences * ell * model.hidden * model.dtype_bytes / (s.dp * s.mb)
     )
+    t_pp = node.pp_rounds(s.mb + s.pp - 2, ell)
+    return t_gemm, t_tp, t_pp
+
+
+def _training_terms(
+    node: _Node, lengths: dict[str, float], head: Head
+) -> tuple[float, float, float, float, float]:
+    """``(T_gemm, T_tp, T_pp, T_dp, T_opt)`` of a training node over ``ℓ = Lp + Lr``."""
+    model, s, sequences, hw = node.model, node.s, node.sequences, node.hw
+    P, mb, pp, tp, dp = node.n_devices, s.mb, s.pp, s.tp, s.dp
+    sb = model.dtype_bytes
+    ell = lengths["prompt_len"] + lengths["response_len"]
+    w = training_flops(model, head=head, **lengths)  # type: ignore[arg-type]
+    t_gemm = node.gemm(w, w / (4 * P * mb), ell)
+    t_tp = node.tp_rounds(6 * node.layers * mb, sequences * ell * model.hidden * sb / (dp * mb))
+    t_pp = node.pp_rounds(mb + 2 * pp - 3, ell)
+    n_params = model_params(model, head)
+    shard = n_params * sb / (pp * tp)
+    dp_link = hw.collective[s.dp_tier]
+    t_dp = reduce_scatter_time(dp, shard, dp_link) + allgather_time(dp, shard, dp_link)
+    t_opt = OPTIMIZER_TRAFFIC_BYTES * n_params / (P * hw.mem_bandwidth)
+    return t_gemm, t_tp, t_pp, t_dp, t_opt
 
 
 def _check_sizes(owner: str, **sizes: object) -> None:
     for name, value in sizes.items():
-        _positive_int(owner, name, value)
+        positive_int(owner, name, value)
 
 
 def comm_time(nbytes: float, src_size: int, dst_size: int, tier: int, hw: Hardware) -> float:
@@ -378,7 +369,7 @@ def comm_time(nbytes: float, src_size: int, dst_size: int, tier: int, hw: Hardwa
         Seconds.
     """
     _check_sizes("comm_time", src_size=src_size, dst_size=dst_size)
-    _check_tier("comm_time", "tier", tier)
+    check_tier("comm_time", "tier", tier)
     if not nbytes >= 0:
         raise ValueError(f"comm_time: nbytes must be non-negative, got {nbytes!r}")
     link: Link = hw.p2p[tier]
@@ -409,7 +400,7 @@ def reshard_time(model: ModelSpec, n_devices: int, tier: int, hw: Hardware, head
         Seconds.
     """
     _check_sizes("reshard_time", n_devices=n_devices)
-    _check_tier("reshard_time", "tier", tier)
+    check_tier("reshard_time", "tier", tier)
     nbytes = model_params(model, head) * model.dtype_bytes / n_devices
     return alltoall_time(n_devices, nbytes, hw.collective[tier])
 

@@ -19,9 +19,10 @@ OR-Tools and Pyomo are imported only when a model is built. The greedy counterpa
 """
 
 from .cpsat import CPModel, solve_cpsat
-from .milp import MILP_SOLVERS, MILPModel, SolverUnavailableError, solve_milp
+from .milp import MILPModel, solve_milp
 from .project import Activity, Mode, Project, Resource
 from .psplib import read_mm, read_optima, read_sm
+from .pyomo_backend import MILP_SOLVERS, SolverUnavailableError
 from .status import ProjectSolution, Status
 
 __all__ = [

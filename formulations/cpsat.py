@@ -27,7 +27,7 @@ usable hint, :func:`solve_cpsat` hints the list schedule.
 
 Time limits: :func:`solve_cpsat` turns ``time_limit`` into one :class:`~.deadline.Deadline` that
 covers the list schedule, building (checked between constraint blocks) and the solve (CP-SAT
-gets what is left). On the limit, or on Ctrl-C (:func:`run_cpsat` stops the search as if the
+gets what is left). On the limit, or on Ctrl-C (:func:`~.cpsat_backend.run_cpsat` stops the search as if the
 limit had been reached), the result has status ``time_limit``, the best schedule
 found — never worse than the fallback, the better of a valid hint and the list schedule — and
 CP-SAT's best bound; a model too large to build in time returns the fallback with a message.
@@ -36,83 +36,16 @@ CP-SAT's best bound; a model too large to build in time returns the fallback wit
 from __future__ import annotations
 
 import math
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import cpsat_backend
 from .deadline import BuildTimeout, Deadline
 from .project import Project
 from .status import ProjectSolution, Status
 
-__all__ = ["CPModel", "run_cpsat", "solve_cpsat"]
-
-#: CP-SAT's native statuses (``CpSolver.StatusName``) mapped onto ours. ``FEASIBLE`` and
-#: ``UNKNOWN`` become ``TIME_LIMIT`` when a time limit was set or the search was interrupted
-#: (no other limit is set, so those are the only ways CP-SAT stops without a proof).
-_STATUS = {
-    "OPTIMAL": Status.OPTIMAL,
-    "FEASIBLE": Status.FEASIBLE,
-    "INFEASIBLE": Status.INFEASIBLE,
-    "UNKNOWN": Status.UNKNOWN,
-    "MODEL_INVALID": Status.ERROR,
-}
-
-
-def run_cpsat(solver: Any, model: Any, callback: Any = None) -> tuple[Any, bool]:
-    """``solver.solve(model, callback)`` with Ctrl-C handled here: the solve runs in a helper
-    thread while this one waits, and the first ``KeyboardInterrupt`` calls
-    ``solver.stop_search()``, after which CP-SAT ends as at its time limit, with its best
-    solution. (CP-SAT's own SIGINT handler is switched off: it stops the search too, but says
-    nothing, so an interruption could only be guessed from the time.)
-
-    Parameters
-    ----------
-    solver
-        A configured ``cp_model.CpSolver``.
-    model
-        The ``cp_model.CpModel``.
-    callback
-        A ``CpSolverSolutionCallback``, or ``None``.
-
-    Returns
-    -------
-    tuple
-        ``(CP-SAT status code, whether Ctrl-C stopped the search)``.
-    """
-    solver.parameters.catch_sigint_signal = False
-    out: dict[str, Any] = {}
-    done = threading.Event()
-
-    def work() -> None:
-        try:
-            out["code"] = solver.solve(model, callback)
-        except BaseException as exc:  # re-raised in the caller's thread
-            out["error"] = exc
-        finally:
-            done.set()
-
-    worker = threading.Thread(target=work, name="cpsat-solve", daemon=True)
-    worker.start()
-    interrupted = False
-    while not done.is_set():
-        try:
-            done.wait(0.05)  # an Event, not join(): an interrupted join() can break is_alive()
-        except KeyboardInterrupt:
-            interrupted = True
-            solver.stop_search()
-    worker.join()
-    if "error" in out:
-        raise out["error"]
-    return out["code"], interrupted
-
-
-def _cp_model() -> Any:
-    try:
-        from ortools.sat.python import cp_model
-    except ImportError as e:  # pragma: no cover - ortools is a base dependency
-        raise ImportError("solve_cpsat needs OR-Tools CP-SAT: pip install ortools") from e
-    return cp_model
+__all__ = ["CPModel", "solve_cpsat"]
 
 
 @dataclass
@@ -260,7 +193,7 @@ class CPModel:
         self, project: Project, horizon: int | None = None, *, deadline: Deadline | None = None
     ) -> None:
         t0 = time.monotonic()
-        cp_model = _cp_model()
+        cp_model = cpsat_backend.cp_model()
         self.project = project
         self.horizon = project.trivial_horizon() if horizon is None else int(horizon)
         self.model = cp_model.CpModel()
@@ -299,35 +232,23 @@ class CPModel:
 
         With ``deadline``, CP-SAT gets the time left on it (``time_limit`` is then ignored);
         otherwise ``time_limit`` less the build time. Ctrl-C stops the search
-        (:func:`run_cpsat`) with status ``time_limit`` and the best schedule so far; the message
+        (:func:`~.cpsat_backend.run_cpsat`) with status ``time_limit`` and the best schedule so far; the message
         says so.
         """
-        cp_model = _cp_model()
         t0 = time.monotonic()
-        solver = cp_model.CpSolver()
-        prm = solver.parameters
         if deadline is not None and not deadline.unlimited:
             limit: float | None = deadline.remaining()
         elif time_limit is not None:
             limit = max(0.0, float(time_limit) - self.build_time)
         else:
             limit = None
-        if limit is not None:
-            prm.max_time_in_seconds = limit
-        prm.random_seed = int(seed)
-        if threads is not None:
-            prm.num_workers = int(threads)
-        prm.log_search_progress = bool(log)
-        code, interrupted = run_cpsat(solver, self.model)
+        run = cpsat_backend.solve(self.model, time_limit=limit, seed=seed, threads=threads, log=log)
+        solver, status = run.solver, run.status
         runtime = self.build_time + (time.monotonic() - t0)
-        status = _STATUS.get(solver.status_name(code), Status.ERROR)
-        message = "interrupted (Ctrl-C); best schedule so far" if interrupted else ""
-        if status in (Status.FEASIBLE, Status.UNKNOWN):
-            # no other limit is set: CP-SAT stopped at the time limit or on Ctrl-C
-            status = Status.TIME_LIMIT
+        message = "interrupted (Ctrl-C); best schedule so far" if run.interrupted else ""
         name = "cpsat"
         lb0 = self.project.lower_bound()
-        if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if not run.has_solution:
             bound = lb0 if status is not Status.ERROR else 0
             if status is Status.TIME_LIMIT:
                 bound = max(lb0, _ceil(solver.best_objective_bound))

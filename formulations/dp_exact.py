@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 
 from ..heuristics.dp_planner import DPInstance, Selection, partitions
+from . import cpsat_backend
+from .status import Status
 
 __all__ = ["DPExactSolution", "solve_dp_cpsat"]
 
@@ -34,8 +36,10 @@ class DPExactSolution:
     Attributes
     ----------
     status
-        ``"optimal"``, ``"feasible"`` (stopped early with a solution), ``"time_limit"`` (no
-        solution in time), ``"infeasible"`` (proven) or ``"error"``; mapped from CP-SAT's status.
+        ``OPTIMAL``; ``TIME_LIMIT`` (the time limit or Ctrl-C stopped the search; a selection is
+        attached when one was found); ``INFEASIBLE`` (proven); ``UNKNOWN`` (stopped without a
+        selection or a proof, and without a limit); ``ERROR`` (CP-SAT rejected the model).
+        Mapped from CP-SAT's status by :func:`~.cpsat_backend.map_status`.
     selection
         The chosen points (``None`` without a solution).
     objective
@@ -46,7 +50,7 @@ class DPExactSolution:
         Seconds, model building included.
     """
 
-    status: str
+    status: Status
     selection: Selection | None
     objective: int | None
     bound: float
@@ -85,9 +89,8 @@ def solve_dp_cpsat(
         raise ValueError(f"time_limit must be positive seconds, got {time_limit!r}")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive integer, got {threads!r}")
-    from ortools.sat.python import cp_model
-
     t0 = time.perf_counter()
+    cp_model = cpsat_backend.cp_model()
     m = cp_model.CpModel()
     fronts = inst.frontiers
     x = [[m.NewBoolVar(f"x[{i},{c}]") for c in range(len(f.points))] for i, f in enumerate(fronts)]
@@ -125,34 +128,18 @@ def solve_dp_cpsat(
     m.Add(sum(stage_p) + t_var <= inst.m_eff)
     m.Minimize(sum(stage_l))
     if hint is not None:
-        for i, xs in enumerate(x):
-            for c, var in enumerate(xs):
-                m.AddHint(var, int(hint.picks[i] == c))
+        cpsat_backend.add_hints(
+            m, ((var, int(hint.picks[i] == c)) for i, xs in enumerate(x) for c, var in enumerate(xs))
+        )
         for (y, parts), lanes in zip(groupings, hint.lanes or inst.side_by_side()):
-            for yk, blocks in zip(y, parts):
-                m.AddHint(yk, int(blocks == tuple(lanes)))
+            cpsat_backend.add_hints(m, ((yk, int(blocks == tuple(lanes))) for yk, blocks in zip(y, parts)))
 
-    solver = cp_model.CpSolver()
-    if time_limit is not None:
-        solver.parameters.max_time_in_seconds = float(time_limit)
-    solver.parameters.random_seed = int(seed)
-    if threads is not None:
-        solver.parameters.num_search_workers = int(threads)
-    code = solver.Solve(m)
+    run = cpsat_backend.solve(m, time_limit=time_limit, seed=seed, threads=threads)
+    solver, status = run.solver, run.status
     runtime = time.perf_counter() - t0
-    status = {
-        cp_model.OPTIMAL: "optimal",
-        cp_model.FEASIBLE: "feasible",
-        cp_model.INFEASIBLE: "infeasible",
-        cp_model.MODEL_INVALID: "error",
-        cp_model.UNKNOWN: "time_limit",
-    }.get(code, "error")
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        bound = float("inf") if status == "infeasible" else 0.0
+    if not run.has_solution:
+        bound = float("inf") if status is Status.INFEASIBLE else 0.0
         return DPExactSolution(status, None, None, bound, runtime)
-    if code == cp_model.FEASIBLE and time_limit is not None:
-        # no other limit is set: the time limit (or Ctrl-C, which CP-SAT catches) stopped it
-        status = "time_limit"
     picks = tuple(next(c for c, var in enumerate(xs) if solver.Value(var)) for xs in x)
     lanes = tuple(next(p for yk, p in zip(y, parts) if solver.Value(yk)) for y, parts in groupings)
     objective, feasible = inst.objective(picks, lanes)  # recomputed from the data, never the engine's

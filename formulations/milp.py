@@ -57,101 +57,19 @@ install; an unknown name raises ``ValueError`` listing the known ones.
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 import math
-import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import pyomo_backend
 from .deadline import BuildTimeout, Deadline
 from .project import Project
+from .pyomo_backend import MILP_SOLVERS, SolverUnavailableError, pyomo_environ
 from .status import ProjectSolution, Status
 
 __all__ = ["MILP_SOLVERS", "MILPModel", "SolverUnavailableError", "solve_milp"]
-
-
-class SolverUnavailableError(RuntimeError):
-    """A MILP solver that is known but not installed (the message says what to install)."""
-
-
-def _pyomo() -> Any:
-    try:
-        import pyomo.environ as pyo
-    except ImportError as e:  # pragma: no cover - pyomo is a base dependency
-        raise ImportError("solve_milp needs Pyomo: pip install pyomo") from e
-    return pyo
-
-
-@dataclass(frozen=True)
-class _Backend:
-    """How one named solver is reached through Pyomo."""
-
-    pyomo_name: str
-    install: str
-    available: Callable[[], bool]
-    #: solver option names for the time limit, the seed and the thread count (None: not set)
-    time_key: str | None = None
-    seed_key: str | None = None
-    threads_key: str | None = None
-
-
-def _has_module(name: str) -> Callable[[], bool]:
-    return lambda: importlib.util.find_spec(name) is not None
-
-
-def _has_exe(name: str) -> Callable[[], bool]:
-    return lambda: shutil.which(name) is not None
-
-
-def _scip_backend() -> _Backend:
-    if importlib.util.find_spec("pyscipopt") is not None:
-        return _Backend(
-            "scip_direct",
-            "pip install pyscipopt",
-            _has_module("pyscipopt"),
-            "limits/time",
-            "randomization/randomseedshift",
-        )
-    return _Backend(
-        "scip", "pip install pyscipopt (or put the scip executable on PATH)", _has_exe("scip"), "limits/time"
-    )
-
-
-#: Named MILP solvers and how to get them. Other names are passed to ``pyomo.environ.SolverFactory``.
-MILP_SOLVERS: dict[str, Callable[[], _Backend]] = {
-    "highs": lambda: _Backend("appsi_highs", "pip install highspy", _has_module("highspy")),
-    "cbc": lambda: _Backend(
-        "cbc",
-        "put the cbc executable on PATH (apt-get install coinor-cbc, or conda install -c conda-forge coin-or-cbc)",
-        _has_exe("cbc"),
-        "sec",
-        "randomCbcSeed",
-        "threads",
-    ),
-    "scip": _scip_backend,
-    "gurobi": lambda: _Backend(
-        "gurobi_direct",
-        "pip install gurobipy (and hold a Gurobi licence)",
-        _has_module("gurobipy"),
-        "TimeLimit",
-        "Seed",
-        "Threads",
-    ),
-    "cplex": lambda: _Backend(
-        "cplex_direct",
-        "pip install cplex (and hold a CPLEX licence)",
-        _has_module("cplex"),
-        "timelimit",
-        "randomseed",
-        "threads",
-    ),
-    "glpk": lambda: _Backend(
-        "glpk", "put the glpsol executable on PATH (apt-get install glpk-utils)", _has_exe("glpsol"), "tmlim"
-    ),
-}
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -185,7 +103,7 @@ class MILPModel:
 
     def __post_init__(self) -> None:
         t0 = time.monotonic()
-        pyo = _pyomo()
+        pyo = pyomo_environ()
         d = self.deadline or Deadline()
         self.model = pyo.ConcreteModel(name=self.project.name or "project")
         # order does not matter to the solver; this one follows the module docstring
@@ -340,7 +258,7 @@ class MILPModel:
         BuildTimeout
             When the model's deadline passes during the check.
         """
-        pyo = _pyomo()
+        pyo = pyomo_environ()
         tick = (self.deadline or Deadline()).ticker("checking the hint against the model")
         p, mdl = self.project, self.model
         n = p.num_activities
@@ -383,310 +301,6 @@ class MILPModel:
 
 
 # ---------------------------------------------------------------------------------------- solve
-#: appsi termination conditions (by name) mapped onto ours; ``None``: decided by whether an
-#: incumbent exists (FEASIBLE with one, UNKNOWN without).
-_APPSI_STATUS: dict[str, Status | None] = {
-    "optimal": Status.OPTIMAL,
-    "maxTimeLimit": Status.TIME_LIMIT,
-    "infeasible": Status.INFEASIBLE,
-    # C and every x are bounded, so the model cannot be unbounded: "or unbounded" means infeasible
-    "infeasibleOrUnbounded": Status.INFEASIBLE,
-    "unbounded": Status.ERROR,
-    "error": Status.ERROR,
-    "licensingProblems": Status.ERROR,
-    "maxIterations": None,
-    "minStepLength": None,
-    "objectiveLimit": None,
-    "interrupted": None,
-    "unknown": None,
-}
-
-#: Pyomo legacy ``TerminationCondition`` values (by name) mapped onto ours; ``None`` as above.
-_LEGACY_STATUS: dict[str, Status | None] = {
-    "optimal": Status.OPTIMAL,
-    "globallyOptimal": Status.OPTIMAL,
-    "maxTimeLimit": Status.TIME_LIMIT,
-    "infeasible": Status.INFEASIBLE,
-    "infeasibleOrUnbounded": Status.INFEASIBLE,
-    "feasible": Status.FEASIBLE,
-    "unbounded": Status.ERROR,
-    "error": Status.ERROR,
-    "solverFailure": Status.ERROR,
-    "internalSolverError": Status.ERROR,
-    "invalidProblem": Status.ERROR,
-    "licensingProblems": Status.ERROR,
-    "maxIterations": None,
-    "maxEvaluations": None,
-    "minStepLength": None,
-    "userInterrupt": None,
-    "resourceInterrupt": None,
-    "intermediateNonInteger": None,
-    "other": None,
-    "unknown": None,
-}
-
-
-def _backend(name: str) -> _Backend:
-    """The backend for ``name``.
-
-    Raises
-    ------
-    SolverUnavailableError
-        ``name`` is known here or to Pyomo but not installed.
-    ValueError
-        ``name`` is neither known here nor registered with ``pyomo.environ.SolverFactory``.
-    """
-    pyo = _pyomo()
-    key = name.lower()
-    if key in MILP_SOLVERS:
-        b = MILP_SOLVERS[key]()
-        if not b.available():
-            raise SolverUnavailableError(f"MILP solver {name!r} is not available; to use it, {b.install}.")
-        return b
-    if key not in pyo.SolverFactory:
-        raise ValueError(
-            f"unknown MILP solver {name!r}: known names are {', '.join(sorted(MILP_SOLVERS))}, or any name "
-            "registered with pyomo.environ.SolverFactory"
-        )
-    if not pyo.SolverFactory(key).available(exception_flag=False):
-        raise SolverUnavailableError(
-            f"MILP solver {name!r} is registered with Pyomo but not available; install it, or use "
-            "'highs' (pip install highspy)."
-        )
-    return _Backend(key, "", lambda: True)
-
-
-#: Extra HiGHS options applied on every ``"highs"`` solve (tuning hook; empty by default).
-HIGHS_OPTIONS: dict[str, Any] = {}
-
-
-#: Size the process-wide HiGHS thread pool was given on the first run (0: HiGHS's default).
-_HIGHS_POOL: int | None = None
-
-
-#: Rows handed to HiGHS per call while transferring a model (the deadline is checked between calls).
-TRANSFER_CHUNK = 2000
-#: Seconds a cancelled HiGHS run is given to stop after Ctrl-C before it is abandoned.
-INTERRUPT_GRACE = 1.0
-#: Pyomo's file writers (legacy solvers) take about this many seconds per second of model
-#: building (LP writer on a 80k-row project model: 1.3 s after a 2.3 s build); the estimate is
-#: taken off the solver's time limit and a model whose estimate does not fit is not written.
-WRITE_PER_BUILD = 1.0
-
-#: Abandoned HiGHS runs (their time limit set to zero); joined before the next run starts.
-_ABANDONED: list[Any] = []
-#: Whether Ctrl-C stopped the last HiGHS run (read with :func:`last_run_interrupted`).
-_LAST_INTERRUPTED = False
-
-
-def last_run_interrupted() -> bool:
-    """Whether Ctrl-C stopped the last HiGHS run of this process (its status is then
-    ``TIME_LIMIT`` and its incumbent, if any, is the best so far)."""
-    return _LAST_INTERRUPTED
-
-
-def _transfer(opt: Any, model: Any, deadline: Deadline) -> None:
-    """``opt.set_instance(model)`` in chunks of :data:`TRANSFER_CHUNK` rows, so that the
-    deadline holds while Pyomo hands the model to HiGHS (about as long as building it).
-
-    Raises
-    ------
-    BuildTimeout
-        Past the deadline (the solver object is then incomplete and must be dropped).
-    """
-    pyo = _pyomo()
-    blocks = list(model.component_objects(pyo.Constraint, active=True, descend_into=True))
-    rows = list(model.component_data_objects(pyo.Constraint, active=True, descend_into=True))
-    for b in blocks:
-        b.deactivate()
-    try:
-        opt.set_instance(model)  # the objective and its variables only
-    finally:
-        for b in blocks:
-            b.activate()
-    for i in range(0, len(rows), TRANSFER_CHUNK):
-        deadline.check("transferring the model to HiGHS")
-        opt.add_constraints(rows[i : i + TRANSFER_CHUNK])
-    # every row is in: solve() must not rescan the model for changes (as long as the transfer again)
-    uc = opt.update_config
-    for key in (
-        "check_for_new_or_removed_constraints",
-        "check_for_new_or_removed_vars",
-        "check_for_new_or_removed_params",
-        "check_for_new_objective",
-        "update_constraints",
-        "update_vars",
-        "update_params",
-        "update_named_expressions",
-        "update_objective",
-    ):
-        setattr(uc, key, False)
-
-
-class _DropInterruptWarning(logging.Filter):
-    """appsi warns of HiGHS's "interrupted" model status, which is ours (Ctrl-C): drop that."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "kInterrupt" not in record.getMessage()
-
-
-def _interruptible(opt: Any) -> list[bool]:
-    """Make Ctrl-C cancel ``opt``'s next HiGHS run: the run goes to highspy's solver thread and
-    this thread waits for it. The first ``KeyboardInterrupt`` cancels the run and sets HiGHS's
-    time limit to zero (its presolve does not poll the cancel flag, but does check the limit);
-    if HiGHS has not stopped :data:`INTERRUPT_GRACE` seconds later, the run is abandoned (it stops
-    on its own shortly; the next run waits for it) and ``KeyboardInterrupt`` propagates. The
-    returned list becomes ``[True]`` once interrupted."""
-    h = opt._solver_model
-    flag: list[bool] = []
-
-    def run() -> Any:
-        thread = h.startSolve()
-        give_up = math.inf
-        while True:
-            try:
-                done, status = h.wait(0.05)
-            except KeyboardInterrupt:
-                if not flag:
-                    flag.append(True)
-                    h.cancelSolve()
-                    # a benign race on one double, read by HiGHS at its next limit check
-                    h.setOptionValue("time_limit", 0.0)
-                    give_up = time.monotonic() + INTERRUPT_GRACE
-                continue
-            if done:
-                return status
-            if time.monotonic() > give_up:
-                h.setOptionValue("output_flag", False)  # keep the abandoned run quiet
-                _ABANDONED.append(thread)
-                raise KeyboardInterrupt
-
-    h.run = run  # appsi calls run(); highspy's solver thread calls the C++ run directly
-    return flag
-
-
-def _solve_appsi_highs(
-    model: Any, deadline: Deadline | None, seed: int, threads: int | None, warm: bool
-) -> tuple[Status, float, bool]:
-    """Run HiGHS on a Pyomo ``model`` through appsi; returns (status, bound, loaded an incumbent).
-
-    The transfer counts against ``deadline`` (:func:`_transfer`); HiGHS gets what is left. A run
-    stopped by Ctrl-C ends with status ``TIME_LIMIT`` (:func:`_interruptible`).
-
-    Raises
-    ------
-    BuildTimeout
-        When the deadline passes during the transfer.
-    KeyboardInterrupt
-        When Ctrl-C came and HiGHS did not stop within :data:`INTERRUPT_GRACE` seconds.
-    """
-    from pyomo.contrib.appsi.solvers.highs import Highs
-
-    global _HIGHS_POOL, _LAST_INTERRUPTED
-    _LAST_INTERRUPTED = False
-    deadline = Deadline.of(deadline)
-    while _ABANDONED:
-        _ABANDONED.pop().join()
-    opt = Highs()
-    opt.config.load_solution = False
-    opt.config.stream_solver = False
-    opt.config.warmstart = warm
-    _transfer(opt, model, deadline)
-    deadline.check("transferring the model to HiGHS")
-    if not deadline.unlimited:
-        opt.config.time_limit = max(0.01, deadline.remaining())
-    options: dict[str, Any] = {"random_seed": int(seed)}
-    if _HIGHS_POOL is None:
-        # HiGHS sizes one process-wide thread pool on its first run, and a later run whose
-        # ``threads`` differs from that size fails (appsi reports "unknown"): the first call's
-        # value is the process's, later ones are not passed on
-        if threads is not None:
-            options["threads"] = int(threads)
-        _HIGHS_POOL = int(threads) if threads is not None else 0
-    options.update(HIGHS_OPTIONS)
-    opt.highs_options = options
-    interrupted = _interruptible(opt)
-    quiet = _DropInterruptWarning()
-    appsi_log = logging.getLogger("pyomo.contrib.appsi.solvers.highs")
-    appsi_log.addFilter(quiet)
-    try:
-        res = opt.solve(model)
-    finally:
-        appsi_log.removeFilter(quiet)
-        _LAST_INTERRUPTED = bool(interrupted)
-    name = res.termination_condition.name
-    incumbent = res.best_feasible_objective is not None and math.isfinite(res.best_feasible_objective)
-    if incumbent:
-        res.solution_loader.load_vars()
-    status = _APPSI_STATUS.get(name)
-    if interrupted and status not in (Status.OPTIMAL, Status.INFEASIBLE):
-        status = Status.TIME_LIMIT
-    if status is None:
-        status = Status.FEASIBLE if incumbent else Status.UNKNOWN
-    bound = res.best_objective_bound
-    bound = -math.inf if bound is None else float(bound)
-    return status, bound, incumbent
-
-
-def _solve_legacy(
-    model: Any,
-    b: _Backend,
-    deadline: Deadline | None,
-    seed: int,
-    threads: int | None,
-    warm: bool,
-    complete: Callable[[], bool] | None = None,
-    write_estimate: float = 0.0,
-) -> tuple[Status, float, bool]:
-    """Run any solver on a Pyomo ``model`` through the legacy ``SolverFactory`` interface;
-    ``complete`` double-checks that a loaded incumbent set every variable that matters.
-
-    Pyomo writes the model to a file before the solver's clock starts: ``write_estimate``
-    seconds are taken off the solver's time limit for it.
-
-    Raises
-    ------
-    BuildTimeout
-        When the deadline leaves no time for writing the model (by the estimate).
-    """
-    global _LAST_INTERRUPTED
-    _LAST_INTERRUPTED = False
-    pyo = _pyomo()
-    deadline = Deadline.of(deadline)
-    opt = pyo.SolverFactory(b.pyomo_name)
-    kwargs: dict[str, Any] = {"load_solutions": False}
-    if not deadline.unlimited:
-        if deadline.remaining() <= write_estimate:
-            raise BuildTimeout(deadline.seconds or 0.0, f"writing the model for {b.pyomo_name}")
-        time_limit = deadline.remaining() - write_estimate
-        if b.time_key is not None:
-            opt.options[b.time_key] = max(0.01, time_limit)
-        else:
-            kwargs["timelimit"] = max(0.01, time_limit)
-    if b.seed_key is not None:
-        opt.options[b.seed_key] = int(seed)
-    if threads is not None and b.threads_key is not None:
-        opt.options[b.threads_key] = int(threads)
-    if warm and hasattr(opt, "warm_start_capable") and opt.warm_start_capable():
-        kwargs["warmstart"] = True
-    res = opt.solve(model, **kwargs)
-    tc = res.solver.termination_condition
-    incumbent = len(res.solution) > 0
-    if incumbent:
-        model.solutions.load_from(res)
-        if complete is not None:
-            incumbent = complete()
-    status = _LEGACY_STATUS.get(getattr(tc, "name", str(tc)))
-    if status is None:
-        status = Status.FEASIBLE if incumbent else Status.UNKNOWN
-    bound = res.problem.lower_bound
-    try:
-        bound = float(bound)
-    except (TypeError, ValueError):
-        bound = -math.inf
-    return status, bound, incumbent
-
-
 def _model_with_horizon(
     project: Project, hint: ProjectSolution | None, deadline: Deadline | None = None
 ) -> tuple[MILPModel, ProjectSolution | None]:
@@ -769,7 +383,7 @@ def solve_milp(
 
     t0 = time.monotonic()
     deadline = Deadline(time_limit, start=t0)
-    backend = _backend(solver)
+    pyomo_backend.backend(solver)  # an unknown or missing solver fails before any work
     label = f"milp/{solver.lower()}"
     if not all(project.usable_modes):
         # some activity has no mode within the capacities: no schedule exists
@@ -778,51 +392,74 @@ def solve_milp(
         )
     lb0 = float(project.lower_bound())
     fallback = fallback_schedule(project, hint)
-
-    def fall_back(why: str) -> ProjectSolution:
-        runtime = time.monotonic() - t0
-        if fallback is None:
-            return ProjectSolution.without_schedule(
-                Status.TIME_LIMIT, lower_bound=lb0, runtime=runtime, solver=label, message=why
-            )
-        what = "list schedule" if fallback.solver == "list" else "hint"
-        return ProjectSolution.from_schedule(
-            project,
-            fallback.starts,
-            fallback.modes,
-            status=Status.TIME_LIMIT,
-            lower_bound=lb0,
-            runtime=runtime,
-            solver=label,
-            message=f"{why}; returned the {what}",
-        )
-
     try:
         mm, start = _model_with_horizon(project, fallback if fallback is not None else hint, deadline)
-        # No MIP start for HiGHS (under any Pyomo name): with one, HiGHS 1.16 can improve the
-        # start's objective in its presolved space, report that value as optimal, and return the
-        # start itself (j3010_5: "optimal" 41 with a schedule of makespan 42). The horizon keeps
-        # the hint's value, and the hint stays the fallback incumbent below.
-        warm = start is not None and "highs" not in backend.pyomo_name
-        if backend.pyomo_name == "appsi_highs":
-            status, bound, incumbent = _solve_appsi_highs(mm.model, deadline, seed, threads, warm)
-        else:
-            status, bound, incumbent = _solve_legacy(
-                mm.model,
-                backend,
-                deadline,
-                seed,
-                threads,
-                warm,
-                complete=lambda: all(mm.model.x[key].value is not None for key in mm.model.x),
-                write_estimate=WRITE_PER_BUILD * mm.build_time,
-            )
+        status, bound, incumbent = _run(mm, solver, start is not None, deadline, seed, threads)
     except BuildTimeout as exc:
-        return fall_back(str(exc))
+        return _fall_back(project, fallback, str(exc), lb0, time.monotonic() - t0, label)
     except KeyboardInterrupt:
-        return fall_back("interrupted (Ctrl-C) before the solver had a schedule")
-    runtime = time.monotonic() - t0
+        why = "interrupted (Ctrl-C) before the solver had a schedule"
+        return _fall_back(project, fallback, why, lb0, time.monotonic() - t0, label)
     lb = max(lb0, math.ceil(bound - 1e-6) if math.isfinite(bound) else -math.inf)
+    return _outcome(project, mm, start, status, lb, incumbent, time.monotonic() - t0, label)
+
+
+def _run(
+    mm: MILPModel, solver: str, started: bool, deadline: Deadline, seed: int, threads: int | None
+) -> tuple[Status, float, bool]:
+    """Solve ``mm`` with ``solver`` (:func:`~.pyomo_backend.run_pyomo`); ``started``: the model's
+    values hold the schedule that set the horizon (a MIP start, except for HiGHS)."""
+    # No MIP start for HiGHS (under any Pyomo name): with one, HiGHS 1.16 can improve the
+    # start's objective in its presolved space, report that value as optimal, and return the
+    # start itself (j3010_5: "optimal" 41 with a schedule of makespan 42). The horizon keeps
+    # the hint's value, and the hint stays the fallback incumbent (:func:`_outcome`).
+    warm = started and "highs" not in pyomo_backend.backend(solver).pyomo_name
+    x = mm.model.x
+    return pyomo_backend.run_pyomo(
+        mm.model,
+        solver,
+        deadline,
+        seed,
+        threads,
+        warm,
+        write_estimate=pyomo_backend.WRITE_PER_BUILD * mm.build_time,
+        complete=lambda: all(x[key].value is not None for key in x),
+    )
+
+
+def _fall_back(
+    project: Project, fallback: ProjectSolution | None, why: str, lb0: float, runtime: float, label: str
+) -> ProjectSolution:
+    """Status ``TIME_LIMIT`` with ``fallback``'s schedule (if any) and the message ``why``."""
+    if fallback is None:
+        return ProjectSolution.without_schedule(
+            Status.TIME_LIMIT, lower_bound=lb0, runtime=runtime, solver=label, message=why
+        )
+    what = "list schedule" if fallback.solver == "list" else "hint"
+    return ProjectSolution.from_schedule(
+        project,
+        fallback.starts,
+        fallback.modes,
+        status=Status.TIME_LIMIT,
+        lower_bound=lb0,
+        runtime=runtime,
+        solver=label,
+        message=f"{why}; returned the {what}",
+    )
+
+
+def _outcome(
+    project: Project,
+    mm: MILPModel,
+    start: ProjectSolution | None,
+    status: Status,
+    lb: float,
+    incumbent: bool,
+    runtime: float,
+    label: str,
+) -> ProjectSolution:
+    """The solution from the solver's ``status``, the bound ``lb`` and its incumbent (if
+    ``incumbent``), or ``start`` (the schedule that set the horizon) when that is shorter."""
     if status is Status.INFEASIBLE and start is not None:
         # the horizon came from a schedule that satisfied every constraint: cannot happen
         status = Status.ERROR
@@ -832,8 +469,13 @@ def solve_milp(
         starts, modes = mm.schedule()
     if start is not None and (not incumbent or start.makespan < project.makespan(starts, modes)):
         # the schedule that set the horizon is an incumbent too (e.g. at the time limit)
-        starts, modes, incumbent = list(start.starts), list(start.modes), True
+        starts, modes = list(start.starts), list(start.modes)
+        if not incumbent and status is Status.UNKNOWN:
+            status = Status.FEASIBLE  # a schedule without a proof, the solver stopped early
+        incumbent = True
     if not incumbent:
+        if status in (Status.OPTIMAL, Status.FEASIBLE):
+            status = Status.ERROR  # the solver claims a schedule it did not return
         return ProjectSolution.without_schedule(status, lower_bound=lb, runtime=runtime, solver=label)
     if project.makespan(starts, modes) <= lb:
         # a schedule at a proven lower bound is optimal, whatever the solver said (e.g. HiGHS
@@ -850,5 +492,5 @@ def solve_milp(
         lower_bound=lb,
         runtime=runtime,
         solver=label,
-        message="interrupted (Ctrl-C); best schedule so far" if _LAST_INTERRUPTED else "",
+        message="interrupted (Ctrl-C); best schedule so far" if pyomo_backend.last_run_interrupted() else "",
     )

@@ -22,6 +22,9 @@ Model (one structural candidate, candidate sets ``C(v)``, ``Keval`` steps, ``Q``
   T[m,a])`` for shadow copies, ``T[m,a]`` = the trainer of ``m`` sits on ``a``);
 * objective: minimise ``MS = max_{v,k} E[v,k]``.
 
+:class:`PlanCPModel` adds these as the named blocks of :data:`~.plan_model.PLAN_BLOCKS`, in the
+same order as :class:`~.plan_milp.PlanMILPModel`, so the two engines can be compared block by block.
+
 Unavoidable simplifications (also in ``docs/formulations.md``): durations are rounded *up* to
 the time unit (``serial horizon / 10⁵`` by default), so the proven makespan is that of the
 rounded problem — at most one unit per node on the critical path above the true optimum (about
@@ -32,7 +35,7 @@ a makespan no shorter than the exact one (up to the rounding).
 Time limits: ``time_limit`` (or a ``deadline`` handed down by the caller) covers building and
 solving; building checks it as it goes and, past it, the result is ``time_limit`` with no plan
 and a message saying the model was too large to build in time; CP-SAT gets what is left. Ctrl-C
-stops CP-SAT's search (:func:`~.cpsat.run_cpsat`) with the best solution so far, or building at
+stops CP-SAT's search (:func:`~.cpsat_backend.run_cpsat`) with the best solution so far, or building at
 once; either way ``interrupted`` is set, so that the caller stops too.
 """
 
@@ -41,62 +44,352 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from typing import Any
 
 from ..ir.lower import COMM, PREC
 from ..ir.plan import Plan
 from ..ir.types import Role
 from ..scoring.scheduler import atoms_of
-from .cpsat import run_cpsat
+from . import cpsat_backend
 from .deadline import BuildTimeout, Deadline
-from .plan_model import PlanInstance, serving_groups, trainer_of
+from .plan_model import PlanInstance, PlanModel, PlanSolution, serving_groups, trainer_of
+from .status import Status
 
-__all__ = ["DEFAULT_RESOLUTION", "PlanSolution", "solve_plan_cpsat"]
+__all__ = ["DEFAULT_RESOLUTION", "PlanCPModel", "solve_plan_cpsat"]
 
 DEFAULT_RESOLUTION = 1e5  # time units in the serial horizon
 
+#: What each block is called in a "model too large to build" message.
+_STAGES = {
+    "choice": "adding the candidate choice",
+    "edges": "adding the edge classes",
+    "split": "adding the phase splits",
+    "operations": "adding the operation intervals",
+    "transfers": "adding the transfer intervals",
+    "chains": "adding the training chains",
+    "exclusivity": "adding the device exclusivity constraints",
+    "memory": "adding the memory constraints",
+}
 
-@dataclass
-class PlanSolution:
-    """Outcome of an exact plan-selection model.
+
+class PlanCPModel(PlanModel):
+    """The CP-SAT model of ``inst`` (module docstring): variables, the constraint blocks of
+    :data:`~.plan_model.PLAN_BLOCKS` in that order, and the objective.
+
+    ``PlanCPModel(inst).solve()`` is :func:`solve_plan_cpsat` without the catching.
+
+    Parameters
+    ----------
+    inst
+        Instance from :func:`~rpeg.formulations.plan_model.build_plan_instance`.
+    unit
+        Seconds per integer time unit (``None``: ``serial horizon / DEFAULT_RESOLUTION``).
+    deadline
+        Checked between the blocks and inside the large ones; past it, building raises
+        :class:`~.deadline.BuildTimeout`.
 
     Attributes
     ----------
-    status
-        ``"optimal"``, ``"feasible"``, ``"infeasible"`` or ``"time_limit"`` (no solution found in
-        time) — mapped from the engine's own status.
-    plan
-        The chosen plan (``None`` without a solution).
-    makespan
-        The model's makespan in seconds (``inf`` without a solution).
-    lower_bound
-        Best proven lower bound on the makespan, in seconds, valid for the unrounded durations
-        (the engine's bound minus one time unit per node a path can hold).
-    runtime
-        Seconds spent in the engine.
-    starts
-        Start time (s) per lowered-node identity ``(kind, vertex, source, step, phase)``.
-    engine
-        Engine name.
-    time_to_first
-        Seconds until the first solution (``None`` if none).
-    interrupted
-        Ctrl-C stopped the engine (the solution, if any, is the best so far).
-    message
-        Why the engine stopped early, when it did (e.g. ``"model too large to build in 0.5 s
-        (…)"``); empty otherwise.
+    model
+        The ``cp_model.CpModel``.
+    blocks
+        The names of the blocks added, in order (:data:`~.plan_model.PLAN_BLOCKS` once built).
+    x, z, split
+        Candidate, edge-class and split literals (``split[v]`` is ``None`` where ``v`` never splits).
+    S, E, PS, PE
+        Instance and phase starts/ends per vertex and step (integer time units).
+    intervals
+        Interval variables per device mask (for exclusivity).
     """
 
-    status: str
-    plan: Plan | None
-    makespan: float
-    lower_bound: float
-    runtime: float
-    starts: dict[tuple, float] = field(default_factory=dict)
-    engine: str = "cpsat"
-    time_to_first: float | None = None
-    interrupted: bool = False
-    message: str = ""
+    def __init__(
+        self, inst: PlanInstance, *, unit: float | None = None, deadline: Deadline | None = None
+    ) -> None:
+        cp_model = cpsat_backend.cp_model()
+        super().__init__(inst, deadline)
+        self.unit = inst.serial_seconds() / DEFAULT_RESOLUTION if unit is None else unit
+        self.model = cp_model.CpModel()
+        self.horizon = self._horizon()
+        self.intervals: dict[int, list[Any]] = defaultdict(list)
+        self._add_blocks(_STAGES.__getitem__)
+        self.deadline.check("adding the objective")
+        self._objective()
+
+    def ticks(self, seconds: float) -> int:
+        """``⌈seconds / unit⌉``: a duration rounded up to the time unit."""
+        return math.ceil(seconds / self.unit - 1e-9)
+
+    def _horizon(self) -> int:
+        """Everything serialised, in time units: every OP at its slowest candidate (both ways
+        split and unsplit) and every transfer, ``Keval`` times."""
+        inst, K, ticks = self.inst, self.inst.k_eval, self.ticks
+        total = 0
+        for row in inst.op:
+            total += max(ticks(sum(w)) + (ticks(sum(p)) if p else 0) for w, p in row) * K
+        for ec in inst.edges:
+            for key in ec.classes:
+                if key is None or key[0] == PREC:
+                    continue
+                durs = key[1] if isinstance(key[1], tuple) else (key[1],)
+                total += sum(ticks(d) + 1 for d in durs) * K
+        return max(1, total)
+
+    # ------------------------------------------------------------------------------ blocks
+    def _choice(self) -> None:
+        m, cands = self.model, self.inst.cands
+        self.x = [[m.NewBoolVar(f"x[{v},{c}]") for c in range(len(cands[v]))] for v in range(self.n)]
+        for v in range(self.n):
+            m.AddExactlyOne(self.x[v])
+
+    def _edges(self) -> None:
+        m, x = self.model, self.x
+        for ei, ec in enumerate(self.inst.edges):
+            zs = [m.NewBoolVar(f"z[{ei},{o}]") for o in range(len(ec.classes))]
+            m.AddExactlyOne(zs)
+            for o, pairs in enumerate(ec.pairs):
+                for cu, cv in pairs:
+                    m.AddBoolOr([x[ec.src][cu].Not(), x[ec.dst][cv].Not(), zs[o]])
+            self.z.append(zs)
+
+    def _split(self) -> None:
+        m, inst = self.model, self.inst
+        for v in range(self.n):
+            if not inst.can_split[v]:
+                self.split.append(None)
+                continue
+            s = m.NewBoolVar(f"split[{v}]")
+            m.AddMaxEquality(s, [self.z[ei][o] for ei, o in inst.split_edges[v]])
+            self.split.append(s)
+
+    def _operations(self) -> None:
+        m, inst, H, n, split = self.model, self.inst, self.horizon, self.n, self.split
+        K, Q = inst.k_eval, inst.n_phases
+        self.S = [[m.NewIntVar(0, H, f"S[{v},{k}]") for k in range(K)] for v in range(n)]
+        self.E = [[m.NewIntVar(0, H, f"E[{v},{k}]") for k in range(K)] for v in range(n)]
+        self.PS = [
+            [[m.NewIntVar(0, H, "") for _ in range(Q)] if split[v] is not None else [] for _ in range(K)]
+            for v in range(n)
+        ]
+        self.PE = [
+            [[m.NewIntVar(0, H, "") for _ in range(Q)] if split[v] is not None else [] for _ in range(K)]
+            for v in range(n)
+        ]
+        tick = self.deadline.ticker(_STAGES["operations"], every=32)
+        for v in range(n):
+            for c, (whole, phased) in enumerate(inst.op[v]):
+                tick()
+                self._operation(v, c, whole, phased)
+
+    def _presences(self, v: int, c: int) -> tuple[Any, Any]:
+        """The presence literals of candidate ``c``'s unsplit OP (``x ∧ ¬split``) and of its
+        phases (``x ∧ split``; ``None`` where ``v`` never splits)."""
+        m, x, split = self.model, self.x[v][c], self.split[v]
+        if split is None:
+            return x, None
+        pres_whole = m.NewBoolVar("")
+        m.AddBoolAnd([x, split.Not()]).OnlyEnforceIf(pres_whole)
+        m.AddBoolOr([x.Not(), split, pres_whole])
+        pres_split = m.NewBoolVar("")
+        m.AddBoolAnd([x, split]).OnlyEnforceIf(pres_split)
+        m.AddBoolOr([x.Not(), split.Not(), pres_split])
+        return pres_whole, pres_split
+
+    def _operation(self, v: int, c: int, whole: tuple[float, ...], phased: tuple[float, ...]) -> None:
+        """Candidate ``c`` of vertex ``v`` at every step: one unsplit OP interval and, where
+        ``v`` can split, ``Q`` chained phase intervals."""
+        m, H, ticks, Q = self.model, self.horizon, self.ticks, self.inst.n_phases
+        S, E, PS, PE = self.S[v], self.E[v], self.PS[v], self.PE[v]
+        mask = self.inst.cands[v][c].allocation.mask
+        pres_whole, pres_split = self._presences(v, c)
+        for k in range(self.inst.k_eval):
+            st = m.NewIntVar(0, H, "")
+            iv = m.NewOptionalFixedSizeIntervalVar(st, ticks(whole[0]), pres_whole, "")
+            self.intervals[mask].append(iv)
+            m.Add(S[k] == st).OnlyEnforceIf(pres_whole)
+            m.Add(E[k] == st + ticks(whole[0])).OnlyEnforceIf(pres_whole)
+            self.op_vars[(v, k, c, 0)] = (st, pres_whole)
+            if pres_split is None:
+                continue
+            prev_end = None
+            for q in range(Q):
+                sq = m.NewIntVar(0, H, "")
+                d = ticks(phased[q])
+                self.intervals[mask].append(m.NewOptionalFixedSizeIntervalVar(sq, d, pres_split, ""))
+                m.Add(PS[k][q] == sq).OnlyEnforceIf(pres_split)
+                m.Add(PE[k][q] == sq + d).OnlyEnforceIf(pres_split)
+                if prev_end is not None:
+                    m.Add(sq >= prev_end).OnlyEnforceIf(pres_split)
+                prev_end = sq + d
+                self.op_vars[(v, k, c, q + 1)] = (sq, pres_split)
+            m.Add(S[k] == PS[k][0]).OnlyEnforceIf(pres_split)
+            m.Add(E[k] == PE[k][Q - 1]).OnlyEnforceIf(pres_split)
+
+    def _transfers(self) -> None:
+        g = self.inst.ev.graph
+        shared: dict[tuple, tuple] = {}  # publication nodes shared by consumers
+        tick = self.deadline.ticker(_STAGES["transfers"], every=32)
+        for ei, ec in enumerate(self.inst.edges):
+            for o, key in enumerate(ec.classes):
+                if key is None:
+                    continue
+                for k in range(self.inst.k_eval):
+                    tick()
+                    src_k = k - g.staleness[ec.model] - 1 if ec.kind == "pub" else k
+                    if src_k >= 0:
+                        self._fragment(ec, key, self.z[ei][o], k, src_k, shared)
+        m = self.model
+        for (model_name, src_k, key), (st, _d, pres, lits) in shared.items():
+            m.AddMaxEquality(pres, [lit for lit, _ in lits])
+            self.node_vars[("pub", model_name, src_k, key)].append((st, pres, lits))
+
+    def _fragment(self, ec: Any, key: tuple, lit: Any, k: int, src_k: int, shared: dict) -> None:
+        """The lowered fragment of class ``key`` of edge ``ec`` at step ``k`` (source step
+        ``src_k``), present iff ``lit``: a precedence, ``Q`` phase-wise COMMs, a publication node
+        shared by every consumer of that version and layout (as :func:`~rpeg.ir.lower.lower`
+        reuses an installed version), or a COMM / RESHARD node."""
+        m, H, ticks = self.model, self.horizon, self.ticks
+        u, v = ec.src, ec.dst
+        S, E, PS, PE = self.S, self.E, self.PS, self.PE
+        if key[0] == PREC:
+            m.Add(S[v][k] >= E[u][src_k]).OnlyEnforceIf(lit)
+            return
+        if ec.kind == "data" and len(key[1]) > 1:  # phase-wise COMMs
+            for q, dur in enumerate(key[1]):
+                st = m.NewIntVar(0, H, "")
+                d = ticks(dur)
+                self.intervals[key[2]].append(m.NewOptionalFixedSizeIntervalVar(st, d, lit, ""))
+                m.Add(st >= PE[u][k][q]).OnlyEnforceIf(lit)
+                m.Add(PS[v][k][q] >= st + d).OnlyEnforceIf(lit)
+                self.node_vars[(COMM, v, u, k, q + 1)].append((st, lit))
+            return
+        if ec.kind == "pub":
+            skey = (ec.model, src_k, key)
+            if skey not in shared:
+                st = m.NewIntVar(0, H, "")
+                pres = m.NewBoolVar("")
+                d = ticks(key[1])
+                self.intervals[key[2]].append(m.NewOptionalFixedSizeIntervalVar(st, d, pres, ""))
+                m.Add(st >= E[u][src_k]).OnlyEnforceIf(pres)
+                shared[skey] = (st, d, pres, [])
+            st, d, pres, lits = shared[skey]
+            lits.append((lit, v))
+            m.Add(S[v][k] >= st + d).OnlyEnforceIf(lit)
+            return
+        dur = key[1][0] if ec.kind == "data" else key[1]
+        st = m.NewIntVar(0, H, "")
+        d = ticks(dur)
+        self.intervals[key[2]].append(m.NewOptionalFixedSizeIntervalVar(st, d, lit, ""))
+        m.Add(st >= E[u][src_k]).OnlyEnforceIf(lit)
+        m.Add(S[v][k] >= st + d).OnlyEnforceIf(lit)
+        self.node_vars[(key[0], v, u, k, 0)].append((st, lit))
+
+    def _chains(self) -> None:
+        g = self.inst.ev.graph
+        for t in (i for i, vv in enumerate(g.vertices) if vv.role is Role.TRAINING):
+            for k in range(1, self.inst.k_eval):
+                self.model.Add(self.S[t][k] >= self.E[t][k - 1])
+
+    def _exclusivity(self) -> None:
+        # one NoOverlap per atom of the masks: devices no mask tells apart share one constraint
+        for a in atoms_of(set(self.intervals)):
+            ivs = [iv for mask, group in self.intervals.items() if mask & a for iv in group]
+            if len(ivs) > 1:
+                self.model.AddNoOverlap(ivs)
+
+    def _memory(self) -> None:
+        cands = self.inst.cands
+        _memory(
+            self.model,
+            self.inst,
+            self.x,
+            atoms_of({c.allocation.mask for cs in cands for c in cs}),
+            self.deadline,
+        )
+
+    def _objective(self) -> None:
+        """``min MS``, ``MS = max_{v,k} E[v,k]``, with the critical path as ``MS``'s lower end."""
+        m, n, K = self.model, self.n, self.inst.k_eval
+        self.makespan = m.NewIntVar(0, self.horizon, "makespan")
+        m.AddMaxEquality(self.makespan, [self.E[v][k] for v in range(n) for k in range(K)])
+        m.Add(self.makespan >= _critical_path_bound(self.inst, self.ticks))
+        m.Minimize(self.makespan)
+
+    # ------------------------------------------------------------------------------- solve
+    def add_hint(self, plan: Plan) -> None:
+        """Hint ``plan``'s choices (all in the candidate sets) to CP-SAT."""
+        cands = self.inst.cands
+        cpsat_backend.add_hints(
+            self.model,
+            ((self.x[v][c], ch == plan.choices[v]) for v in range(self.n) for c, ch in enumerate(cands[v])),
+        )
+
+    def solve(
+        self,
+        *,
+        deadline: Deadline | None = None,
+        seed: int = 0,
+        threads: int | None = None,
+        t0: float | None = None,
+    ) -> PlanSolution:
+        """Solve with the time left on ``deadline`` (CP-SAT's status mapped once, by
+        :func:`~.cpsat_backend.map_status`); ``t0`` is when the caller started (runtimes count
+        from it)."""
+        cp_model = cpsat_backend.cp_model()
+        t0 = time.monotonic() if t0 is None else t0
+        first: list[float] = []
+
+        class _First(cp_model.CpSolverSolutionCallback):
+            def on_solution_callback(self) -> None:
+                if not first:
+                    first.append(time.monotonic() - t0)
+
+        limit = (deadline or Deadline()).limit()
+        run = cpsat_backend.solve(self.model, time_limit=limit, seed=seed, threads=threads, callback=_First())
+        runtime = time.monotonic() - t0
+        note = "interrupted (Ctrl-C)" if run.interrupted else ""
+        if not run.has_solution:
+            return PlanSolution.without_plan(
+                run.status, runtime, "cpsat", interrupted=run.interrupted, message=note
+            )
+        solver, unit = run.solver, self.unit
+        # a bound valid for the unrounded durations: each node on a path was rounded up by < 1 unit
+        bound = max(0.0, solver.BestObjectiveBound() * unit - self.inst.max_path_nodes() * unit)
+        picks, starts = self._read(solver)
+        return PlanSolution(
+            run.status,
+            self.inst.plan_of(picks),
+            solver.ObjectiveValue() * unit,
+            bound,
+            runtime,
+            starts,
+            "cpsat",
+            first[0] if first else None,
+            run.interrupted,
+            note,
+        )
+
+    def _read(self, solver: Any) -> tuple[list[int], dict[tuple, float]]:
+        """The chosen candidates and the start (s) of every present lowered node."""
+        g, cands, unit = self.inst.ev.graph, self.inst.cands, self.unit
+        picks = [next(c for c in range(len(cands[v])) if solver.Value(self.x[v][c])) for v in range(self.n)]
+        starts: dict[tuple, float] = {}
+        for (v, k, c, phase), (st, pres) in self.op_vars.items():
+            if c == picks[v] and solver.Value(pres):
+                starts[(0, v, -1, k, phase)] = solver.Value(st) * unit
+        for ident, items in self.node_vars.items():
+            if ident[0] == "pub":
+                st, pres, lits = items[0]
+                if solver.Value(pres):
+                    _, model_name, src_k, key = ident
+                    consumers = sorted(vv for lit, vv in lits if solver.Value(lit))
+                    t_vertex = g.index[g.training_vertex(model_name).name]
+                    k = src_k + g.staleness[model_name] + 1
+                    starts[(key[0], consumers[0], t_vertex, k, 0)] = solver.Value(st) * unit
+                continue
+            for st, lit in items:
+                if solver.Value(lit):
+                    starts[ident] = solver.Value(st) * unit
+        return picks, starts
 
 
 def solve_plan_cpsat(
@@ -109,12 +402,12 @@ def solve_plan_cpsat(
     unit: float | None = None,
     deadline: Deadline | None = None,
 ) -> PlanSolution:
-    """Build and solve the CP-SAT model of the module docstring.
+    """Build and solve the CP-SAT model of the module docstring (:class:`PlanCPModel`).
 
     Parameters
     ----------
     inst
-        Instance from :func:`~rpeg.formulations.plan_model.build_instance`.
+        Instance from :func:`~rpeg.formulations.plan_model.build_plan_instance`.
     time_limit
         Seconds for building and solving (``None``: until proven); ignored when ``deadline`` is
         given.
@@ -134,280 +427,27 @@ def solve_plan_cpsat(
     Returns
     -------
     PlanSolution
-        Status ``"time_limit"`` with no plan and a message when the model could not be built in
+        Status ``TIME_LIMIT`` with no plan and a message when the model could not be built in
         time; ``interrupted`` after Ctrl-C.
     """
     t0 = time.monotonic()
     if deadline is None:
         deadline = Deadline(time_limit, start=t0)
     try:
-        return _solve(inst, deadline, seed, threads, hint, unit, t0)
+        model = PlanCPModel(inst, unit=unit, deadline=deadline)
+        if hint is not None:
+            model.add_hint(hint)
+        return model.solve(deadline=deadline, seed=seed, threads=threads, t0=t0)
     except BuildTimeout as exc:
-        return PlanSolution("time_limit", None, math.inf, 0.0, time.monotonic() - t0, message=str(exc))
+        return PlanSolution.without_plan(Status.TIME_LIMIT, time.monotonic() - t0, "cpsat", message=str(exc))
     except KeyboardInterrupt:
-        return PlanSolution(
-            "time_limit",
-            None,
-            math.inf,
-            0.0,
+        return PlanSolution.without_plan(
+            Status.TIME_LIMIT,
             time.monotonic() - t0,
+            "cpsat",
             interrupted=True,
             message="interrupted (Ctrl-C) while building the model",
         )
-
-
-def _solve(
-    inst: PlanInstance,
-    deadline: Deadline,
-    seed: int,
-    threads: int | None,
-    hint: Plan | None,
-    unit: float | None,
-    t0: float,
-) -> PlanSolution:
-    """:func:`solve_plan_cpsat` without the catching (raises ``BuildTimeout``)."""
-    from ortools.sat.python import cp_model
-
-    ev = inst.ev
-    g = ev.graph
-    n = len(g.vertices)
-    K = inst.k_eval
-    Q = inst.n_phases
-    cands = inst.cands
-    m = cp_model.CpModel()
-
-    if unit is None:
-        unit = inst.serial_seconds() / DEFAULT_RESOLUTION
-
-    def ticks(seconds: float) -> int:
-        return math.ceil(seconds / unit - 1e-9)
-
-    # horizon: everything serialised
-    total = 0
-    for v in range(n):
-        total += max(ticks(sum(w)) + (ticks(sum(p)) if p else 0) for w, p in inst.op[v]) * K
-    for ec in inst.edges:
-        for key in ec.classes:
-            if key is None or key[0] == PREC:
-                continue
-            durs = key[1] if isinstance(key[1], tuple) else (key[1],)
-            total += sum(ticks(d) + 1 for d in durs) * K
-    horizon = max(1, total)
-
-    x = [[m.NewBoolVar(f"x[{v},{c}]") for c in range(len(cands[v]))] for v in range(n)]
-    for v in range(n):
-        m.AddExactlyOne(x[v])
-    z: list[list] = []
-    for ei, ec in enumerate(inst.edges):
-        zs = [m.NewBoolVar(f"z[{ei},{o}]") for o in range(len(ec.classes))]
-        m.AddExactlyOne(zs)
-        for o, pairs in enumerate(ec.pairs):
-            for cu, cv in pairs:
-                m.AddBoolOr([x[ec.src][cu].Not(), x[ec.dst][cv].Not(), zs[o]])
-        z.append(zs)
-    split = []
-    for v in range(n):
-        if not inst.can_split[v]:
-            split.append(None)
-            continue
-        s = m.NewBoolVar(f"split[{v}]")
-        lits = [z[ei][o] for ei, o in inst.split_edges[v]]
-        m.AddMaxEquality(s, lits)
-        split.append(s)
-
-    # intervals by device set, for exclusivity
-    by_mask: dict[int, list] = defaultdict(list)
-    S = [[m.NewIntVar(0, horizon, f"S[{v},{k}]") for k in range(K)] for v in range(n)]
-    E = [[m.NewIntVar(0, horizon, f"E[{v},{k}]") for k in range(K)] for v in range(n)]
-    PS = [
-        [[m.NewIntVar(0, horizon, "") for _ in range(Q)] if split[v] is not None else [] for _ in range(K)]
-        for v in range(n)
-    ]
-    PE = [
-        [[m.NewIntVar(0, horizon, "") for _ in range(Q)] if split[v] is not None else [] for _ in range(K)]
-        for v in range(n)
-    ]
-    op_vars: dict[tuple, tuple] = {}  # (v, k, c, phase) -> (start var, presence)
-    tick = deadline.ticker("adding the operation intervals", every=32)
-    for v in range(n):
-        for c, (whole, phased) in enumerate(inst.op[v]):
-            tick()
-            mask = cands[v][c].allocation.mask
-            if split[v] is None:
-                pres_whole = x[v][c]
-            else:
-                pres_whole = m.NewBoolVar("")
-                m.AddBoolAnd([x[v][c], split[v].Not()]).OnlyEnforceIf(pres_whole)
-                m.AddBoolOr([x[v][c].Not(), split[v], pres_whole])
-                pres_split = m.NewBoolVar("")
-                m.AddBoolAnd([x[v][c], split[v]]).OnlyEnforceIf(pres_split)
-                m.AddBoolOr([x[v][c].Not(), split[v].Not(), pres_split])
-            for k in range(K):
-                st = m.NewIntVar(0, horizon, "")
-                iv = m.NewOptionalFixedSizeIntervalVar(st, ticks(whole[0]), pres_whole, "")
-                by_mask[mask].append(iv)
-                m.Add(S[v][k] == st).OnlyEnforceIf(pres_whole)
-                m.Add(E[v][k] == st + ticks(whole[0])).OnlyEnforceIf(pres_whole)
-                op_vars[(v, k, c, 0)] = (st, pres_whole)
-                if split[v] is None:
-                    continue
-                prev_end = None
-                for q in range(Q):
-                    sq = m.NewIntVar(0, horizon, "")
-                    d = ticks(phased[q])
-                    by_mask[mask].append(m.NewOptionalFixedSizeIntervalVar(sq, d, pres_split, ""))
-                    m.Add(PS[v][k][q] == sq).OnlyEnforceIf(pres_split)
-                    m.Add(PE[v][k][q] == sq + d).OnlyEnforceIf(pres_split)
-                    if prev_end is not None:
-                        m.Add(sq >= prev_end).OnlyEnforceIf(pres_split)
-                    prev_end = sq + d
-                    op_vars[(v, k, c, q + 1)] = (sq, pres_split)
-                m.Add(S[v][k] == PS[v][k][0]).OnlyEnforceIf(pres_split)
-                m.Add(E[v][k] == PE[v][k][Q - 1]).OnlyEnforceIf(pres_split)
-
-    node_vars: dict[tuple, list] = defaultdict(list)  # lowered identity -> [(start, presence)]
-    shared: dict[tuple, tuple] = {}  # publication nodes shared by consumers
-    tick = deadline.ticker("adding the transfer intervals", every=32)
-    for ei, ec in enumerate(inst.edges):
-        u, v = ec.src, ec.dst
-        for o, key in enumerate(ec.classes):
-            lit = z[ei][o]
-            if key is None:
-                continue
-            for k in range(K):
-                tick()
-                if ec.kind == "pub":
-                    src_k = k - g.staleness[ec.model] - 1
-                    if src_k < 0:
-                        continue
-                elif ec.kind == "data" or ec.kind == "pair":
-                    src_k = k
-                if key[0] == PREC:
-                    m.Add(S[v][k] >= E[u][src_k]).OnlyEnforceIf(lit)
-                    continue
-                if ec.kind == "data" and len(key[1]) > 1:  # phase-wise COMMs
-                    for q, dur in enumerate(key[1]):
-                        st = m.NewIntVar(0, horizon, "")
-                        d = ticks(dur)
-                        by_mask[key[2]].append(m.NewOptionalFixedSizeIntervalVar(st, d, lit, ""))
-                        m.Add(st >= PE[u][k][q]).OnlyEnforceIf(lit)
-                        m.Add(PS[v][k][q] >= st + d).OnlyEnforceIf(lit)
-                        node_vars[(COMM, v, u, k, q + 1)].append((st, lit))
-                    continue
-                if ec.kind == "pub":
-                    skey = (ec.model, src_k, key)
-                    if skey not in shared:
-                        st = m.NewIntVar(0, horizon, "")
-                        pres = m.NewBoolVar("")
-                        d = ticks(key[1])
-                        by_mask[key[2]].append(m.NewOptionalFixedSizeIntervalVar(st, d, pres, ""))
-                        m.Add(st >= E[u][src_k]).OnlyEnforceIf(pres)
-                        shared[skey] = (st, d, pres, [])
-                    st, d, pres, lits = shared[skey]
-                    lits.append((lit, v))
-                    m.Add(S[v][k] >= st + d).OnlyEnforceIf(lit)
-                    continue
-                kind = key[0]
-                dur = key[1][0] if ec.kind == "data" else key[1]
-                st = m.NewIntVar(0, horizon, "")
-                d = ticks(dur)
-                by_mask[key[2]].append(m.NewOptionalFixedSizeIntervalVar(st, d, lit, ""))
-                m.Add(st >= E[u][src_k]).OnlyEnforceIf(lit)
-                m.Add(S[v][k] >= st + d).OnlyEnforceIf(lit)
-                node_vars[(kind, v, u, k, 0)].append((st, lit))
-    for (model_name, src_k, key), (st, _d, pres, lits) in shared.items():
-        m.AddMaxEquality(pres, [lit for lit, _ in lits])
-        node_vars[("pub", model_name, src_k, key)].append((st, pres, lits))
-    for t in (i for i, vv in enumerate(g.vertices) if vv.role is Role.TRAINING):
-        for k in range(1, K):
-            m.Add(S[t][k] >= E[t][k - 1])
-
-    deadline.check("adding the device exclusivity constraints")
-    atoms = atoms_of(set(by_mask))
-    for a in atoms:
-        ivs = [iv for mask, group in by_mask.items() if mask & a for iv in group]
-        if len(ivs) > 1:
-            m.AddNoOverlap(ivs)
-
-    deadline.check("adding the memory constraints")
-    _memory(m, inst, x, atoms_of({c.allocation.mask for cs in cands for c in cs}), deadline)
-    deadline.check("adding the objective")
-
-    ms = m.NewIntVar(0, horizon, "makespan")
-    m.AddMaxEquality(ms, [E[v][k] for v in range(n) for k in range(K)])
-    m.Add(ms >= _critical_path_bound(inst, ticks))
-    m.Minimize(ms)
-    if hint is not None:
-        for v in range(n):
-            for c, ch in enumerate(cands[v]):
-                m.AddHint(x[v][c], ch == hint.choices[v])
-
-    solver = cp_model.CpSolver()
-    limit = deadline.limit()
-    if limit is not None:
-        solver.parameters.max_time_in_seconds = limit
-    solver.parameters.random_seed = int(seed)
-    if threads is not None:
-        solver.parameters.num_search_workers = int(threads)
-    first: list[float] = []
-
-    class _First(cp_model.CpSolverSolutionCallback):
-        def on_solution_callback(self) -> None:
-            if not first:
-                first.append(time.monotonic() - t0)
-
-    code, interrupted = run_cpsat(solver, m, _First())
-    runtime = time.monotonic() - t0
-    note = "interrupted (Ctrl-C)" if interrupted else ""
-    status = {
-        cp_model.OPTIMAL: "optimal",
-        cp_model.FEASIBLE: "feasible",
-        cp_model.INFEASIBLE: "infeasible",
-        cp_model.MODEL_INVALID: "error",
-    }.get(code, "time_limit")
-    # a bound valid for the unrounded durations: each node on a path was rounded up by < 1 unit
-    slack = inst.max_path_nodes() * unit
-    bound = (
-        max(0.0, solver.BestObjectiveBound() * unit - slack)
-        if code in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-        else 0.0
-    )
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        if code == cp_model.UNKNOWN:
-            status = "time_limit"
-        return PlanSolution(
-            status, None, math.inf, bound, runtime, engine="cpsat", interrupted=interrupted, message=note
-        )
-    picks = [next(c for c in range(len(cands[v])) if solver.Value(x[v][c])) for v in range(n)]
-    starts: dict[tuple, float] = {}
-    for (v, k, c, phase), (st, pres) in op_vars.items():
-        if c == picks[v] and solver.Value(pres):
-            starts[(0, v, -1, k, phase)] = solver.Value(st) * unit
-    for ident, items in node_vars.items():
-        if ident[0] == "pub":
-            st, pres, lits = items[0]
-            if solver.Value(pres):
-                _, model_name, src_k, key = ident
-                consumers = sorted(vv for lit, vv in lits if solver.Value(lit))
-                t_vertex = g.index[g.training_vertex(model_name).name]
-                k = src_k + g.staleness[model_name] + 1
-                starts[(key[0], consumers[0], t_vertex, k, 0)] = solver.Value(st) * unit
-            continue
-        for st, lit in items:
-            if solver.Value(lit):
-                starts[ident] = solver.Value(st) * unit
-    return PlanSolution(
-        status,
-        inst.plan_of(picks),
-        solver.ObjectiveValue() * unit,
-        bound,
-        runtime,
-        starts,
-        "cpsat",
-        first[0] if first else None,
-        interrupted,
-        note,
-    )
 
 
 def _critical_path_bound(inst: PlanInstance, ticks) -> int:

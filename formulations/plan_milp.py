@@ -16,6 +16,9 @@ Same instance data (:mod:`.plan_model`), same variables' meaning, linearised:
 * memory per atom and candidate as in the CP-SAT model, enforced with ``H_mem·(1 − x[v,c])``;
 * ``min MS`` with ``MS ≥ E[v,k]``.
 
+:class:`PlanMILPModel` adds these as the named blocks of :data:`~.plan_model.PLAN_BLOCKS`, in the
+same order as :class:`~.plan_cpsat.PlanCPModel`.
+
 Durations stay real numbers here, so this model has no time rounding; its bound and incumbent are
 the solver's (``optimal`` is the solver's verdict at its default relative gap, 10⁻⁴ for HiGHS).
 
@@ -40,11 +43,12 @@ from ..ir.lower import COMM, PREC
 from ..ir.plan import Plan
 from ..ir.types import Role
 from ..scoring.scheduler import atoms_of
+from . import pyomo_backend
 from .deadline import BuildTimeout, Deadline
-from .plan_cpsat import PlanSolution
-from .plan_model import PlanInstance, serving_groups, trainer_of
+from .plan_model import PlanInstance, PlanModel, PlanSolution, serving_groups, trainer_of
+from .status import Status
 
-__all__ = ["build_plan_milp", "solve_plan_milp"]
+__all__ = ["PlanMILPModel", "solve_plan_milp"]
 
 
 class _Builder:
@@ -88,157 +92,238 @@ class _Builder:
         return p
 
 
-def build_plan_milp(inst: PlanInstance, deadline: Deadline | None = None) -> tuple[Any, dict[str, Any]]:
-    """Build the Pyomo model of the module docstring.
+class PlanMILPModel(PlanModel):
+    """The Pyomo model of ``inst`` (module docstring): variables, the constraint blocks of
+    :data:`~.plan_model.PLAN_BLOCKS` in that order (the same as
+    :class:`~.plan_cpsat.PlanCPModel`'s), and the objective.
 
     Parameters
     ----------
     inst
-        Instance from :func:`~rpeg.formulations.plan_model.build_instance`.
+        Instance from :func:`~rpeg.formulations.plan_model.build_plan_instance`.
     deadline
-        Checked every 256 rows.
+        Checked between the blocks and every 256 rows; past it, building raises
+        :class:`~.deadline.BuildTimeout` (the partial model must then be dropped).
 
-    Returns
-    -------
-    tuple
-        ``(model, handles)``: the ``ConcreteModel`` and the variables the solution is read from.
-
-    Raises
-    ------
-    BuildTimeout
-        When ``deadline`` passes (the partial model is dropped).
+    Attributes
+    ----------
+    model
+        The ``ConcreteModel`` (its objective is ``obj``).
+    blocks
+        The names of the blocks added, in order (:data:`~.plan_model.PLAN_BLOCKS` once built).
+    x, z, split
+        Candidate, edge-class and split binaries (``split[v]`` is ``None`` where ``v`` never splits).
+    S, E, PS, PE
+        Instance and phase starts/ends per vertex and step (seconds).
+    nodes
+        ``(start, duration, presence)`` of every node per device mask (for exclusivity).
+    makespan
+        ``MS``.
     """
-    import pyomo.environ as pyo
 
-    ev = inst.ev
-    g = ev.graph
-    n = len(g.vertices)
-    K = inst.k_eval
-    Q = inst.n_phases
-    cands = inst.cands
-    H = inst.serial_seconds() * 1.01 + 1e-9
-    b = _Builder(pyo, H, deadline)
+    def __init__(self, inst: PlanInstance, *, deadline: Deadline | None = None) -> None:
+        import pyomo.environ as pyo
 
-    x = [[b.var(binary=True) for _ in cands[v]] for v in range(n)]
-    for v in range(n):
-        b.add(sum(x[v]) == 1)
-    z = []
-    for ec in inst.edges:
-        zs = [b.var(binary=True) for _ in ec.classes]
-        b.add(sum(zs) == 1)
-        for o, pairs in enumerate(ec.pairs):
-            for cu, cv in pairs:
-                b.add(zs[o] >= x[ec.src][cu] + x[ec.dst][cv] - 1)
-        z.append(zs)
-    split = [
-        b.either([z[ei][o] for ei, o in inst.split_edges[v]]) if inst.can_split[v] else None for v in range(n)
-    ]
+        super().__init__(inst, deadline)
+        self.horizon = inst.serial_seconds() * 1.01 + 1e-9
+        self.b = _Builder(pyo, self.horizon, self.deadline)
+        self.model = self.b.m
+        self.nodes: dict[int, list[tuple]] = defaultdict(list)
+        self._add_blocks(lambda name: f"building the MILP {name} rows")
+        self.makespan = self.b.var()
+        for v in range(self.n):
+            for k in range(inst.k_eval):
+                self.b.add(self.makespan >= self.E[v][k])
+        self.model.obj = pyo.Objective(expr=self.makespan, sense=pyo.minimize)
 
-    nodes_by_mask: dict[int, list[tuple]] = defaultdict(list)  # mask -> [(start, duration, presence)]
-    S = [[b.var() for _ in range(K)] for _ in range(n)]
-    E = [[b.var() for _ in range(K)] for _ in range(n)]
-    PS = [[[b.var() for _ in range(Q)] if split[v] is not None else [] for _ in range(K)] for v in range(n)]
-    PE = [[[b.var() for _ in range(Q)] if split[v] is not None else [] for _ in range(K)] for v in range(n)]
-    op_vars: dict[tuple, tuple] = {}
-
-    def pinned(a, expr, lit) -> None:
+    def _pinned(self, a: Any, expr: Any, lit: Any) -> None:
         """``a == expr`` when ``lit``."""
-        b.add(a - expr <= H * (1 - lit))
-        b.add(expr - a <= H * (1 - lit))
+        H = self.horizon
+        self.b.add(a - expr <= H * (1 - lit))
+        self.b.add(expr - a <= H * (1 - lit))
 
-    for v in range(n):
-        for c, (whole, phased) in enumerate(inst.op[v]):
-            mask = cands[v][c].allocation.mask
-            if split[v] is None:
-                p_whole, p_split = x[v][c], None
-            else:
-                p_whole = b.var(binary=True)
-                b.add(p_whole >= x[v][c] - split[v])
-                b.add(p_whole <= x[v][c])
-                b.add(p_whole <= 1 - split[v])
-                p_split = b.both(x[v][c], split[v])
-            for k in range(K):
-                st = b.var()
-                nodes_by_mask[mask].append((st, whole[0], p_whole))
-                pinned(S[v][k], st, p_whole)
-                pinned(E[v][k], st + whole[0], p_whole)
-                op_vars[(v, k, c, 0)] = (st, p_whole)
-                if p_split is None:
-                    continue
-                prev = None
-                for q in range(Q):
-                    sq = b.var()
-                    nodes_by_mask[mask].append((sq, phased[q], p_split))
-                    pinned(PS[v][k][q], sq, p_split)
-                    pinned(PE[v][k][q], sq + phased[q], p_split)
-                    if prev is not None:
-                        b.add(sq >= prev - H * (1 - p_split))
-                    prev = sq + phased[q]
-                    op_vars[(v, k, c, q + 1)] = (sq, p_split)
-                pinned(S[v][k], PS[v][k][0], p_split)
-                pinned(E[v][k], PE[v][k][Q - 1], p_split)
+    # ------------------------------------------------------------------------------ blocks
+    def _choice(self) -> None:
+        b = self.b
+        self.x = [[b.var(binary=True) for _ in self.inst.cands[v]] for v in range(self.n)]
+        for v in range(self.n):
+            b.add(sum(self.x[v]) == 1)
 
-    node_vars: dict[tuple, list] = defaultdict(list)
-    shared: dict[tuple, list] = {}
-    for ei, ec in enumerate(inst.edges):
-        u, v = ec.src, ec.dst
-        for o, key in enumerate(ec.classes):
-            if key is None:
+    def _edges(self) -> None:
+        b, x = self.b, self.x
+        for ec in self.inst.edges:
+            zs = [b.var(binary=True) for _ in ec.classes]
+            b.add(sum(zs) == 1)
+            for o, pairs in enumerate(ec.pairs):
+                for cu, cv in pairs:
+                    b.add(zs[o] >= x[ec.src][cu] + x[ec.dst][cv] - 1)
+            self.z.append(zs)
+
+    def _split(self) -> None:
+        inst = self.inst
+        self.split = [
+            self.b.either([self.z[ei][o] for ei, o in inst.split_edges[v]]) if inst.can_split[v] else None
+            for v in range(self.n)
+        ]
+
+    def _operations(self) -> None:
+        b, n, split = self.b, self.n, self.split
+        K, Q = self.inst.k_eval, self.inst.n_phases
+        self.S = [[b.var() for _ in range(K)] for _ in range(n)]
+        self.E = [[b.var() for _ in range(K)] for _ in range(n)]
+        self.PS = [
+            [[b.var() for _ in range(Q)] if split[v] is not None else [] for _ in range(K)] for v in range(n)
+        ]
+        self.PE = [
+            [[b.var() for _ in range(Q)] if split[v] is not None else [] for _ in range(K)] for v in range(n)
+        ]
+        for v in range(n):
+            for c, (whole, phased) in enumerate(self.inst.op[v]):
+                self._operation(v, c, whole, phased)
+
+    def _presences(self, v: int, c: int) -> tuple[Any, Any]:
+        """The presence of candidate ``c``'s unsplit OP (``x ∧ ¬split``, linearised) and of its
+        phases (``x ∧ split``; ``None`` where ``v`` never splits)."""
+        b, x, split = self.b, self.x[v][c], self.split[v]
+        if split is None:
+            return x, None
+        p_whole = b.var(binary=True)
+        b.add(p_whole >= x - split)
+        b.add(p_whole <= x)
+        b.add(p_whole <= 1 - split)
+        return p_whole, b.both(x, split)
+
+    def _operation(self, v: int, c: int, whole: tuple[float, ...], phased: tuple[float, ...]) -> None:
+        """Candidate ``c`` of vertex ``v`` at every step: one unsplit OP node and, where ``v``
+        can split, ``Q`` chained phase nodes."""
+        b, H, Q = self.b, self.horizon, self.inst.n_phases
+        S, E, PS, PE = self.S[v], self.E[v], self.PS[v], self.PE[v]
+        mask = self.inst.cands[v][c].allocation.mask
+        p_whole, p_split = self._presences(v, c)
+        for k in range(self.inst.k_eval):
+            st = b.var()
+            self.nodes[mask].append((st, whole[0], p_whole))
+            self._pinned(S[k], st, p_whole)
+            self._pinned(E[k], st + whole[0], p_whole)
+            self.op_vars[(v, k, c, 0)] = (st, p_whole)
+            if p_split is None:
                 continue
-            lit = z[ei][o]
-            for k in range(K):
-                src_k = k - g.staleness[ec.model] - 1 if ec.kind == "pub" else k
-                if src_k < 0:
+            prev = None
+            for q in range(Q):
+                sq = b.var()
+                self.nodes[mask].append((sq, phased[q], p_split))
+                self._pinned(PS[k][q], sq, p_split)
+                self._pinned(PE[k][q], sq + phased[q], p_split)
+                if prev is not None:
+                    b.add(sq >= prev - H * (1 - p_split))
+                prev = sq + phased[q]
+                self.op_vars[(v, k, c, q + 1)] = (sq, p_split)
+            self._pinned(S[k], PS[k][0], p_split)
+            self._pinned(E[k], PE[k][Q - 1], p_split)
+
+    def _transfers(self) -> None:
+        b, g = self.b, self.inst.ev.graph
+        shared: dict[tuple, list] = {}
+        for ei, ec in enumerate(self.inst.edges):
+            for o, key in enumerate(ec.classes):
+                if key is None:
                     continue
-                if key[0] == PREC:
-                    b.add(S[v][k] >= E[u][src_k] - H * (1 - lit))
-                    continue
-                if ec.kind == "data" and len(key[1]) > 1:
-                    for q, d in enumerate(key[1]):
-                        st = b.var()
-                        nodes_by_mask[key[2]].append((st, d, lit))
-                        b.add(st >= PE[u][k][q] - H * (1 - lit))
-                        b.add(PS[v][k][q] >= st + d - H * (1 - lit))
-                        node_vars[(COMM, v, u, k, q + 1)].append((st, lit))
-                    continue
-                if ec.kind == "pub":
-                    skey = (ec.model, src_k, key)
-                    if skey not in shared:
-                        shared[skey] = [b.var(), key[1], []]
-                    st, d, lits = shared[skey]
-                    lits.append((lit, v))
-                    b.add(S[v][k] >= st + d - H * (1 - lit))
-                    continue
-                d = key[1][0] if ec.kind == "data" else key[1]
+                for k in range(self.inst.k_eval):
+                    src_k = k - g.staleness[ec.model] - 1 if ec.kind == "pub" else k
+                    if src_k >= 0:
+                        self._fragment(ec, key, self.z[ei][o], k, src_k, shared)
+        H = self.horizon
+        for (model_name, src_k, key), (st, d, lits) in shared.items():
+            pres = b.either([lit for lit, _ in lits])
+            t = g.index[g.training_vertex(model_name).name]
+            b.add(st >= self.E[t][src_k] - H * (1 - pres))
+            self.nodes[key[2]].append((st, d, pres))
+            self.node_vars[("pub", model_name, src_k, key)].append((st, pres, lits))
+
+    def _fragment(self, ec: Any, key: tuple, lit: Any, k: int, src_k: int, shared: dict) -> None:
+        """The lowered fragment of class ``key`` of edge ``ec`` at step ``k`` (source step
+        ``src_k``), present iff ``lit``, as in :meth:`.plan_cpsat.PlanCPModel._fragment` (a
+        shared publication node is completed after the loop, in :meth:`_transfers`)."""
+        b, H = self.b, self.horizon
+        u, v = ec.src, ec.dst
+        S, E, PS, PE = self.S, self.E, self.PS, self.PE
+        if key[0] == PREC:
+            b.add(S[v][k] >= E[u][src_k] - H * (1 - lit))
+            return
+        if ec.kind == "data" and len(key[1]) > 1:
+            for q, d in enumerate(key[1]):
                 st = b.var()
-                nodes_by_mask[key[2]].append((st, d, lit))
-                b.add(st >= E[u][src_k] - H * (1 - lit))
-                b.add(S[v][k] >= st + d - H * (1 - lit))
-                node_vars[(key[0], v, u, k, 0)].append((st, lit))
-    for (model_name, src_k, key), (st, d, lits) in shared.items():
-        pres = b.either([lit for lit, _ in lits])
-        t = g.index[g.training_vertex(model_name).name]
-        b.add(st >= E[t][src_k] - H * (1 - pres))
-        nodes_by_mask[key[2]].append((st, d, pres))
-        node_vars[("pub", model_name, src_k, key)].append((st, pres, lits))
-    for t in (i for i, vv in enumerate(g.vertices) if vv.role is Role.TRAINING):
-        for k in range(1, K):
-            b.add(S[t][k] >= E[t][k - 1])
+                self.nodes[key[2]].append((st, d, lit))
+                b.add(st >= PE[u][k][q] - H * (1 - lit))
+                b.add(PS[v][k][q] >= st + d - H * (1 - lit))
+                self.node_vars[(COMM, v, u, k, q + 1)].append((st, lit))
+            return
+        if ec.kind == "pub":
+            skey = (ec.model, src_k, key)
+            if skey not in shared:
+                shared[skey] = [b.var(), key[1], []]
+            st, d, lits = shared[skey]
+            lits.append((lit, v))
+            b.add(S[v][k] >= st + d - H * (1 - lit))
+            return
+        d = key[1][0] if ec.kind == "data" else key[1]
+        st = b.var()
+        self.nodes[key[2]].append((st, d, lit))
+        b.add(st >= E[u][src_k] - H * (1 - lit))
+        b.add(S[v][k] >= st + d - H * (1 - lit))
+        self.node_vars[(key[0], v, u, k, 0)].append((st, lit))
 
-    for a in atoms_of(set(nodes_by_mask)):
-        group = [node for mask, items in nodes_by_mask.items() if mask & a for node in items]
-        for (si, di, pi), (sj, dj, pj) in itertools.combinations(group, 2):
-            y = b.var(binary=True)
-            b.add(si + di <= sj + H * (1 - y) + H * (2 - pi - pj))
-            b.add(sj + dj <= si + H * y + H * (2 - pi - pj))
+    def _chains(self) -> None:
+        g = self.inst.ev.graph
+        for t in (i for i, vv in enumerate(g.vertices) if vv.role is Role.TRAINING):
+            for k in range(1, self.inst.k_eval):
+                self.b.add(self.S[t][k] >= self.E[t][k - 1])
 
-    _memory(b, inst, x, atoms_of({c.allocation.mask for cs in cands for c in cs}))
-    ms = b.var()
-    for v in range(n):
-        for k in range(K):
-            b.add(ms >= E[v][k])
-    b.m.obj = pyo.Objective(expr=ms, sense=pyo.minimize)
-    return b.m, {"x": x, "op": op_vars, "nodes": node_vars, "ms": ms}
+    def _exclusivity(self) -> None:
+        # an order binary y per pair of nodes that can share an atom (quadratic in the nodes)
+        b, H = self.b, self.horizon
+        for a in atoms_of(set(self.nodes)):
+            group = [node for mask, items in self.nodes.items() if mask & a for node in items]
+            for (si, di, pi), (sj, dj, pj) in itertools.combinations(group, 2):
+                y = b.var(binary=True)
+                b.add(si + di <= sj + H * (1 - y) + H * (2 - pi - pj))
+                b.add(sj + dj <= si + H * y + H * (2 - pi - pj))
+
+    def _memory(self) -> None:
+        cands = self.inst.cands
+        _memory(self.b, self.inst, self.x, atoms_of({c.allocation.mask for cs in cands for c in cs}))
+
+    # ------------------------------------------------------------------------------- solve
+    def set_hint(self, plan: Plan) -> None:
+        """Set the selection binaries to ``plan``'s choices (a partial MIP start)."""
+        for v, row in enumerate(self.x):
+            for c, var in enumerate(row):
+                var.set_value(1 if self.inst.cands[v][c] == plan.choices[v] else 0)
+
+    def read(self) -> tuple[list[int], dict[tuple, float]]:
+        """The chosen candidates and the start (s) of every present lowered node, from the
+        loaded values."""
+        g = self.inst.ev.graph
+        picks = [max(range(len(row)), key=lambda c, row=row: row[c].value or 0.0) for row in self.x]
+        starts: dict[tuple, float] = {}
+        for (v, k, c, phase), (st, pres) in self.op_vars.items():
+            if c == picks[v] and (pres.value or 0) > 0.5:
+                starts[(0, v, -1, k, phase)] = float(st.value)
+        for ident, items in self.node_vars.items():
+            if ident[0] == "pub":
+                st, pres, lits = items[0]
+                if (pres.value or 0) > 0.5:
+                    _, model_name, src_k, key = ident
+                    consumers = sorted(vv for lit, vv in lits if (lit.value or 0) > 0.5)
+                    t = g.index[g.training_vertex(model_name).name]
+                    starts[(key[0], consumers[0], t, src_k + g.staleness[model_name] + 1, 0)] = float(
+                        st.value
+                    )
+                continue
+            for st, lit in items:
+                if (lit.value or 0) > 0.5:
+                    starts[ident] = float(st.value)
+        return picks, starts
 
 
 def _memory(b: _Builder, inst: PlanInstance, x: list[list], atoms: list[int]) -> None:
@@ -300,12 +385,13 @@ def solve_plan_milp(
     hint: Plan | None = None,
     deadline: Deadline | None = None,
 ) -> PlanSolution:
-    """Build and solve the MILP of the module docstring with a Pyomo solver.
+    """Build and solve the MILP of the module docstring (:class:`PlanMILPModel`) with a Pyomo
+    solver.
 
     Parameters
     ----------
     inst
-        Instance from :func:`~rpeg.formulations.plan_model.build_instance`.
+        Instance from :func:`~rpeg.formulations.plan_model.build_plan_instance`.
     solver
         ``"highs"`` (default) or any name :func:`~rpeg.formulations.milp.solve_milp` accepts.
     time_limit
@@ -322,80 +408,60 @@ def solve_plan_milp(
     Returns
     -------
     PlanSolution
-        Status ``"time_limit"`` with no plan and a message when the model could not be built (or
-        handed to the solver) in time; ``interrupted`` after Ctrl-C.
+        Status ``TIME_LIMIT`` with no plan and a message when the model could not be built (or
+        handed to the solver) in time; ``interrupted`` after Ctrl-C; otherwise the solver's
+        status, mapped once by :mod:`.pyomo_backend` (``ERROR`` when it claims a solution it did
+        not return).
 
     Raises
     ------
     SolverUnavailableError
         When ``solver`` is not installed (the message says what to install).
     """
-    from .milp import WRITE_PER_BUILD, _backend, last_run_interrupted
-    from .pyomo_backend import run_pyomo
-
     t0 = time.monotonic()
     if deadline is None:
         deadline = Deadline(time_limit, start=t0)
     engine = f"milp/{solver}"
-    _backend(solver)  # an unknown or missing solver fails before the build
+    pyomo_backend.backend(solver)  # an unknown or missing solver fails before the build
     try:
-        model, h = build_plan_milp(inst, deadline)
+        mm = PlanMILPModel(inst, deadline=deadline)
         build_s = time.monotonic() - t0
-        x = h["x"]
-        warm = False
         if hint is not None:
-            for v, row in enumerate(x):
-                for c, var in enumerate(row):
-                    var.set_value(1 if inst.cands[v][c] == hint.choices[v] else 0)
-            warm = True
-        status, bound, incumbent = run_pyomo(
-            model, solver, deadline, seed, threads, warm, write_estimate=WRITE_PER_BUILD * build_s
+            mm.set_hint(hint)
+        status, bound, incumbent = pyomo_backend.run_pyomo(
+            mm.model,
+            solver,
+            deadline,
+            seed,
+            threads,
+            hint is not None,
+            write_estimate=pyomo_backend.WRITE_PER_BUILD * build_s,
         )
     except BuildTimeout as exc:
-        return PlanSolution(
-            "time_limit", None, math.inf, 0.0, time.monotonic() - t0, engine=engine, message=str(exc)
-        )
+        return PlanSolution.without_plan(Status.TIME_LIMIT, time.monotonic() - t0, engine, message=str(exc))
     except KeyboardInterrupt:
-        return PlanSolution(
-            "time_limit",
-            None,
-            math.inf,
-            0.0,
+        return PlanSolution.without_plan(
+            Status.TIME_LIMIT,
             time.monotonic() - t0,
-            engine=engine,
+            engine,
             interrupted=True,
             message="interrupted (Ctrl-C) before the solver had a plan",
         )
     runtime = time.monotonic() - t0
-    interrupted = last_run_interrupted()
+    interrupted = pyomo_backend.last_run_interrupted()
     note = "interrupted (Ctrl-C)" if interrupted else ""
     bound_s = max(0.0, bound) if math.isfinite(bound) else 0.0
-    if not incumbent or status.value in ("infeasible", "error"):
-        st = status.value if status.value in ("infeasible", "error") else "time_limit"
-        return PlanSolution(
-            st, None, math.inf, bound_s, runtime, engine=engine, interrupted=interrupted, message=note
+    if not incumbent or status in (Status.INFEASIBLE, Status.ERROR):
+        if status in (Status.OPTIMAL, Status.FEASIBLE):
+            status = Status.ERROR  # a claimed solution that was not returned
+            note = note or "the solver reported a solution but returned none"
+        return PlanSolution.without_plan(
+            status, runtime, engine, lower_bound=bound_s, interrupted=interrupted, message=note
         )
-    picks = [max(range(len(row)), key=lambda c, row=row: row[c].value or 0.0) for row in x]
-    starts: dict[tuple, float] = {}
-    for (v, k, c, phase), (st, pres) in h["op"].items():
-        if c == picks[v] and (pres.value or 0) > 0.5:
-            starts[(0, v, -1, k, phase)] = float(st.value)
-    g = inst.ev.graph
-    for ident, items in h["nodes"].items():
-        if ident[0] == "pub":
-            st, pres, lits = items[0]
-            if (pres.value or 0) > 0.5:
-                _, model_name, src_k, key = ident
-                consumers = sorted(vv for lit, vv in lits if (lit.value or 0) > 0.5)
-                t = g.index[g.training_vertex(model_name).name]
-                starts[(key[0], consumers[0], t, src_k + g.staleness[model_name] + 1, 0)] = float(st.value)
-            continue
-        for st, lit in items:
-            if (lit.value or 0) > 0.5:
-                starts[ident] = float(st.value)
-    makespan = float(h["ms"].value)
+    picks, starts = mm.read()
+    makespan = float(mm.makespan.value)
     return PlanSolution(
-        status.value,
+        status,
         inst.plan_of(picks),
         makespan,
         min(bound_s, makespan),

@@ -9,13 +9,18 @@ COMMs). An exact model then chooses one candidate per vertex (``x[v,c]``), activ
 one class per edge (``z[e,o] ≥ x[u,cu] + x[v,cv] − 1`` for the pairs in ``o``, ``Σ_o z[e,o] = 1``)
 and schedules the unrolled instances of the nodes those classes imply.
 
+Both engines (:class:`~.plan_cpsat.PlanCPModel`, :class:`~.plan_milp.PlanMILPModel`) add the
+same constraint blocks in the same order, :data:`PLAN_BLOCKS`, and return a :class:`PlanSolution`.
 Everything is in seconds and bytes here; engines round durations up to their time unit.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..ir.lower import COMM, PREC, RESHARD, data_rule, pair_rule, phase_fractions, pub_rule, splits
 from ..ir.plan import Choice, Plan, check_strategy
@@ -23,8 +28,161 @@ from ..ir.types import Role
 from ..scoring.costs import VertexMemory
 from ..scoring.evaluator import Evaluator
 from .deadline import Deadline
+from .status import Status
 
-__all__ = ["EdgeClasses", "PlanInstance", "build_instance"]
+__all__ = ["PLAN_BLOCKS", "EdgeClasses", "PlanInstance", "PlanModel", "PlanSolution", "build_plan_instance"]
+
+#: The constraint blocks of the plan-selection models, in the order both engines add them (the
+#: later blocks use what the earlier ones created: ``operations`` needs ``split``, exclusivity
+#: needs every interval of ``operations`` and ``transfers``):
+#:
+#: ``choice``
+#:     ``x[v,c]``, ``Σ_c x[v,c] = 1``: one candidate per vertex;
+#: ``edges``
+#:     ``z[e,o]``, ``Σ_o z[e,o] = 1``, ``z[e,o] ≥ x[u,cu] + x[v,cv] − 1``: one lowering class per edge;
+#: ``split``
+#:     ``split[v] = OR`` of the phase-wise classes touching ``v``;
+#: ``operations``
+#:     ``S[v,k]``, ``E[v,k]`` and the OP node of every step and candidate (unsplit, or ``Q``
+#:     chained phases ``PS[v,k,q]``/``PE[v,k,q]``), present iff its candidate is chosen;
+#: ``transfers``
+#:     each active class's fragment per step: a precedence, a COMM or RESHARD node, ``Q``
+#:     phase-wise COMMs, or a publication node shared by the consumers of one version;
+#: ``chains``
+#:     ``S[t,k] ≥ E[t,k−1]`` for every training vertex ``t``;
+#: ``exclusivity``
+#:     no two present nodes overlap on a device atom;
+#: ``memory``
+#:     per atom, persistent state plus the running vertex's need within ``M_eff``.
+#:
+#: The objective comes after them: ``min MS`` with ``MS ≥ E[v,k]``.
+PLAN_BLOCKS: tuple[str, ...] = (
+    "choice",
+    "edges",
+    "split",
+    "operations",
+    "transfers",
+    "chains",
+    "exclusivity",
+    "memory",
+)
+
+
+class PlanModel:
+    """What the CP-SAT and the MILP plan models share: the variables' containers, the ordered
+    blocks of :data:`PLAN_BLOCKS` and the loop that adds them (checking the deadline before
+    each), so the two engines' models can be compared block by block.
+
+    A subclass sets up its engine's model, then calls :meth:`_add_blocks`; it defines one method
+    ``_<block>`` per name of :data:`PLAN_BLOCKS`.
+
+    Attributes
+    ----------
+    blocks
+        The names of the blocks added, in order (:data:`PLAN_BLOCKS` once built).
+    x, z, split
+        Candidate, edge-class and split variables (``split[v]`` is ``None`` where ``v`` never splits).
+    S, E, PS, PE
+        Instance and phase starts/ends per vertex and step.
+    op_vars
+        ``(v, k, c, phase) → (start, presence)`` of every OP node.
+    node_vars
+        Lowered identity → ``[(start, presence)]`` of every transfer node.
+    """
+
+    BLOCKS = PLAN_BLOCKS
+
+    def __init__(self, inst: PlanInstance, deadline: Deadline | None) -> None:
+        self.inst = inst
+        self.deadline = deadline or Deadline()
+        self.n = len(inst.ev.graph.vertices)
+        self.x: list[list[Any]] = []
+        self.z: list[list[Any]] = []
+        self.split: list[Any] = []
+        self.S: list[list[Any]] = []
+        self.E: list[list[Any]] = []
+        self.PS: list[list[list[Any]]] = []
+        self.PE: list[list[list[Any]]] = []
+        self.op_vars: dict[tuple, tuple] = {}
+        self.node_vars: dict[tuple, list] = defaultdict(list)
+        self.blocks: list[str] = []
+
+    def _add_blocks(self, stage: Callable[[str], str]) -> None:
+        """Add the blocks of :attr:`BLOCKS` in order, checking the deadline (``stage(name)``
+        names what is being built) before each."""
+        for name in self.BLOCKS:
+            self.deadline.check(stage(name))
+            getattr(self, f"_{name}")()
+            self.blocks.append(name)
+
+
+@dataclass
+class PlanSolution:
+    """Outcome of an exact plan-selection model.
+
+    Attributes
+    ----------
+    status
+        ``OPTIMAL``; ``FEASIBLE`` (a plan, no proof, and no limit hit); ``TIME_LIMIT`` (the time
+        limit or Ctrl-C stopped the engine, or the model could not be built in time; a plan is
+        attached when one was found); ``INFEASIBLE`` (proven); ``UNKNOWN`` (no plan, no proof, no
+        limit hit); ``ERROR`` (the engine failed) — mapped once from the engine's own status
+        (:mod:`.cpsat_backend`, :mod:`.pyomo_backend`).
+    plan
+        The chosen plan (``None`` without a solution).
+    makespan
+        The model's makespan in seconds (``inf`` without a solution).
+    lower_bound
+        Best proven lower bound on the makespan, in seconds, valid for the unrounded durations
+        (the engine's bound minus one time unit per node a path can hold).
+    runtime
+        Seconds spent in the engine.
+    starts
+        Start time (s) per lowered-node identity ``(kind, vertex, source, step, phase)``.
+    engine
+        Engine name.
+    time_to_first
+        Seconds until the first solution (``None`` if none).
+    interrupted
+        Ctrl-C stopped the engine (the solution, if any, is the best so far).
+    message
+        Why the engine stopped early, when it did (e.g. ``"model too large to build in 0.5 s
+        (…)"``); empty otherwise.
+    """
+
+    status: Status
+    plan: Plan | None
+    makespan: float
+    lower_bound: float
+    runtime: float
+    starts: dict[tuple, float] = field(default_factory=dict)
+    engine: str = "cpsat"
+    time_to_first: float | None = None
+    interrupted: bool = False
+    message: str = ""
+
+    @classmethod
+    def without_plan(
+        cls,
+        status: Status,
+        runtime: float,
+        engine: str,
+        *,
+        lower_bound: float = 0.0,
+        interrupted: bool = False,
+        message: str = "",
+    ) -> PlanSolution:
+        """An outcome with no plan: makespan ``inf``."""
+        return cls(
+            status,
+            None,
+            math.inf,
+            lower_bound,
+            runtime,
+            engine=engine,
+            interrupted=interrupted,
+            message=message,
+        )
 
 
 @dataclass
@@ -133,7 +291,7 @@ class PlanInstance:
         return Plan(tuple(self.cands[v][c] for v, c in enumerate(picks)))
 
 
-def build_instance(
+def build_plan_instance(
     ev: Evaluator, cands: list[list[Choice]], deadline: Deadline | None = None
 ) -> PlanInstance:
     """Apply the lowering rules to every candidate pair of every edge (see module docstring).

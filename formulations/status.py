@@ -1,7 +1,7 @@
 """What every project-scheduling engine returns: a status and a :class:`ProjectSolution`.
 
-Each engine maps its native status explicitly onto :class:`Status` (the tables live next to
-the engines: ``cpsat._STATUS``, ``milp._APPSI_STATUS``, ``milp._LEGACY_STATUS``). A solution
+Each engine maps its native status explicitly onto :class:`Status`, once, in its engine module
+(``cpsat_backend.STATUS``, ``pyomo_backend.APPSI_STATUS``, ``pyomo_backend.LEGACY_STATUS``). A solution
 recomputes its makespan from the project data, so a reported objective can always be re-derived.
 """
 
@@ -20,7 +20,8 @@ __all__ = ["ProjectSolution", "SolveStatus", "Status"]
 
 class Status(str, Enum):
     """How a solve ended — the one status vocabulary of the project: every engine's own status is
-    mapped onto it once (the tables live next to the engines), and every method's
+    mapped onto it once (the tables live in the engine modules, :mod:`.cpsat_backend` and
+    :mod:`.pyomo_backend`), and every method's
     :class:`~rpeg.solvers.result.Result` carries it (``rpeg.Status``).
 
     ``OPTIMAL``: the schedule or plan is proven optimal. ``FEASIBLE``: one was found, not proven

@@ -26,8 +26,8 @@ from typing import Any
 
 from ..ir.emu import TransitionDAG
 from .deadline import BuildTimeout
-from .milp import MILPModel, _pyomo
-from .pyomo_backend import run_pyomo
+from .milp import MILPModel
+from .pyomo_backend import pyomo_environ, run_pyomo
 from .status import ProjectSolution, Status
 from .transition_cpsat import memory_groups, transition_project
 
@@ -56,7 +56,7 @@ def solve_transition_milp(
     capacity
         ``cap_g`` per GPU in bytes.
     solver
-        A Pyomo MILP solver name (``"highs"`` by default; see :data:`~.milp.MILP_SOLVERS`).
+        A Pyomo MILP solver name (``"highs"`` by default; see :data:`~.pyomo_backend.MILP_SOLVERS`).
     time_limit
         Wall-clock seconds for building and solving (``None``: until proven).
     seed, threads
@@ -76,7 +76,7 @@ def solve_transition_milp(
         If ``solver`` is not installed.
     """
     t0 = time.perf_counter()
-    pyo = _pyomo()
+    pyo = pyomo_environ()
     project = transition_project(dag, ticks)
     label = f"milp/{solver.lower()}"
     start = None

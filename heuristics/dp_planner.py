@@ -79,9 +79,9 @@ __all__ = [
     "DPInstance",
     "Frontier",
     "FrontierPoint",
-    "ModelStage",
     "Selection",
-    "build_instance",
+    "StageUnit",
+    "build_dp_instance",
     "dominates",
     "model_stages",
     "place",
@@ -103,8 +103,10 @@ STAGE_NAME = {Role.GENERATION: "Gen", Role.INFERENCE: "Inf", Role.TRAINING: "Tra
 
 # ---------------------------------------------------------------------------- data
 @dataclass(frozen=True)
-class ModelStage:
-    """One model in one stage: the unit the planner gives one candidate.
+class StageUnit:
+    """One model in one stage (a *model-stage*): the unit the planner gives one candidate.
+
+    Not :class:`rpeg.ir.emu.ModelStage`: the transition model's model-stage, one per vertex.
 
     Parameters
     ----------
@@ -130,10 +132,10 @@ class ModelStage:
 
     def __post_init__(self) -> None:
         if not self.vertices:
-            raise ValueError(f"ModelStage.vertices must not be empty for model {self.model!r}")
+            raise ValueError(f"StageUnit.vertices must not be empty for model {self.model!r}")
         if len(self.vertices) != len(self.names):
             raise ValueError(
-                f"ModelStage.names must name each vertex: {len(self.names)} names for "
+                f"StageUnit.names must name each vertex: {len(self.names)} names for "
                 f"{len(self.vertices)} vertices"
             )
 
@@ -205,7 +207,7 @@ class Frontier:
         the stage's engine (:func:`~rpeg.scoring.candidates.head_exclusions`).
     """
 
-    stage: ModelStage
+    stage: StageUnit
     points: list[FrontierPoint]
     legal: int
     dropped_memory: int
@@ -339,7 +341,7 @@ class Selection:
 
 
 # ---------------------------------------------------------------------------- model-stages
-def model_stages(graph: RPEG) -> list[ModelStage]:
+def model_stages(graph: RPEG) -> list[StageUnit]:
     """Group the vertices of ``graph`` into model-stages, in stage order then vertex order.
 
     Raises
@@ -361,7 +363,7 @@ def model_stages(graph: RPEG) -> list[ModelStage]:
             )
     out = []
     for (si, model), vs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[1][0])):
-        out.append(ModelStage(model, STAGES[si], tuple(vs), tuple(graph.vertices[v].name for v in vs)))
+        out.append(StageUnit(model, STAGES[si], tuple(vs), tuple(graph.vertices[v].name for v in vs)))
     return out
 
 
@@ -404,7 +406,7 @@ def _memory_terms(costs: Costs, vertex: int, s: Strategy) -> tuple[float, float]
     return 0.0, mem.transient + mem.weights
 
 
-def build_frontier(costs: Costs, ms: ModelStage, sizes: Sequence[int], m_eff: int) -> Frontier:
+def build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int) -> Frontier:
     """The frontier of model-stage ``ms``: legal, memory-feasible, Pareto-optimal points.
 
     A strategy is legal when it passes P1–P8 and the head rules H1–H2 of the stage's engine
@@ -473,7 +475,7 @@ def build_frontier(costs: Costs, ms: ModelStage, sizes: Sequence[int], m_eff: in
     )
 
 
-def build_instance(costs: Costs, budget: int | None = None) -> DPInstance:
+def build_dp_instance(costs: Costs, budget: int | None = None) -> DPInstance:
     """Model-stages, their frontiers, the GPU budget and ``M_eff`` for ``costs``' graph.
 
     Parameters

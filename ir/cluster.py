@@ -21,7 +21,16 @@ from functools import cached_property
 
 from .hardware import Hardware
 
-__all__ = ["MAX_DEVICES", "TIER_CLUSTER", "TIER_NODE", "TIER_RACK", "Allocation", "Cluster", "parse_shape"]
+__all__ = [
+    "MAX_DEVICES",
+    "TIER_CLUSTER",
+    "TIER_NODE",
+    "TIER_RACK",
+    "Allocation",
+    "Cluster",
+    "parse_shape",
+    "pool_cluster",
+]
 
 TIER_NODE = 0  # all devices inside one node
 TIER_RACK = 1  # several nodes inside one rack
@@ -283,3 +292,31 @@ class Cluster:
             "memory_headroom": self.hardware.memory_headroom,
             "hardware": hw,
         }
+
+
+def pool_cluster(full: Cluster, devices: int) -> Cluster:
+    """The cluster of a pool of the first ``devices`` flat ids of ``full``.
+
+    Flat ids keep their meaning (``((r·Nn) + n)·Ng + g``): a pool is one partial node
+    ``(1, 1, n)``, whole nodes of one rack ``(1, n/Ng, Ng)`` or whole racks ``(n/(Nn·Ng), Nn, Ng)``.
+
+    Raises
+    ------
+    ValueError
+        If ``devices`` is not in ``1..|D|`` or is not one of those shapes.
+    """
+    Ng, Nn = full.gpus_per_node, full.nodes_per_rack
+    if isinstance(devices, bool) or not isinstance(devices, int) or not 1 <= devices <= full.num_devices:
+        raise ValueError(f"pool: devices must be an integer in 1..{full.num_devices}, got {devices!r}")
+    if devices <= Ng:
+        shape = (1, 1, devices)
+    elif devices % Ng == 0 and devices // Ng <= Nn:
+        shape = (1, devices // Ng, Ng)
+    elif devices % (Nn * Ng) == 0:
+        shape = (devices // (Nn * Ng), Nn, Ng)
+    else:
+        raise ValueError(
+            f"pool: {devices} devices are neither part of a node, whole nodes of one rack nor whole "
+            f"racks of cluster {full.shape_str}"
+        )
+    return Cluster.from_shape(shape, full.hardware)

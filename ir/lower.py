@@ -18,8 +18,9 @@ Rules, in the order SPEC §5 gives them:
    A dependency that already installs the same version on the same allocation and layout is
    reused instead of creating another node.
 
-Durations come from a cost provider passed in by the caller (``heuristics`` owns the cost
-model; ``ir`` stays free of it). Nodes are emitted in a topological order.
+Durations come from a cost provider passed in by the caller (:class:`rpeg.scoring.costs.Costs`
+prices them with the cost model; ``ir`` stays free of it). :func:`lower` applies the rules per
+compact vertex and edge, then emits the nodes step by step in a topological order.
 """
 
 from __future__ import annotations
@@ -204,16 +205,41 @@ def lower(
         Nodes in topological order (steps ascending, then vertex order; a vertex instance's
         incoming COMM/RESHARD nodes just before its OP nodes).
     """
-    g = unrolled.graph
-    V = g.vertices
-    n = len(V)
+    n = len(unrolled.graph.vertices)
     if len(plan) != n:
         raise ValueError(f"plan has {len(plan)} choices but the graph has {n} vertices")
+    rules = _apply_rules(unrolled, plan, quantiles, costs, split_phases)
+    return _emit(unrolled, plan, rules, len(quantiles))
+
+
+@dataclass(frozen=True, slots=True)
+class _Rules:
+    """What rules 1–4 decide for one plan, per compact vertex or edge (before unrolling).
+
+    ``split[v]``: rule 1 splits ``v`` into phases; ``op_durs[v]``: its OP node(s)' seconds;
+    ``data_plan[j]``, ``pub_plan[j]``: (kind, payload(s), duration(s)) of data / publication edge
+    ``j``; ``pair_plan[b]``: ``(a, kind, bytes, seconds)`` of each rule-3 pair ending at ``b``.
+    """
+
+    split: list[bool]
+    op_durs: list[tuple[float, ...]]
+    data_plan: list[tuple]
+    pub_plan: list[tuple]
+    pair_plan: list[list[tuple[int, int, float, float]]]
+
+
+def _apply_rules(
+    unrolled: Unrolled,
+    plan: Plan,
+    quantiles: tuple[tuple[float, int], ...],
+    costs: CostProvider,
+    split_phases: bool,
+) -> _Rules:
+    """Rules 1–4 (module docstring) applied to every compact vertex and edge under ``plan``."""
+    g = unrolled.graph
+    n = len(g.vertices)
     data_bytes, data_ends, pub_model, weight_bytes, roles, pairs_into = _static(unrolled)
-    inc = _incoming(unrolled)
     choices = plan.choices
-    masks = [c.allocation.mask for c in choices]
-    strategies = [c.strategy for c in choices]
     Q = len(quantiles)
     fracs = phase_fractions(quantiles)
 
@@ -250,6 +276,19 @@ def lower(
             rule = pair_rule(g.staleness[m], weight_bytes[m], m, choices[a], choices[b], costs)
             if rule is not None:
                 pair_plan[b].append((a, *rule))
+    return _Rules(split, op_durs, data_plan, pub_plan, pair_plan)
+
+
+def _emit(unrolled: Unrolled, plan: Plan, rules: _Rules, Q: int) -> ExecGraph:
+    """The nodes of every vertex instance, step by step in vertex order (a topological order):
+    first the COMM/RESHARD nodes its incoming edges need, then its OP node or ``Q`` phase nodes."""
+    n = len(unrolled.graph.vertices)
+    pub_model = _static(unrolled)[2]
+    inc = _incoming(unrolled)
+    masks = [c.allocation.mask for c in plan.choices]
+    strategies = [c.strategy for c in plan.choices]
+    split, op_durs, data_plan, pub_plan = rules.split, rules.op_durs, rules.data_plan, rules.pub_plan
+    pair_plan = rules.pair_plan
 
     out = ExecGraph()
     first = [0] * (n * unrolled.k_eval)

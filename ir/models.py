@@ -16,7 +16,11 @@ from pydantic import Field
 
 from .errors import InputError, Strict, read_json
 
-__all__ = ["MODEL_PRESETS", "ModelSpec", "ModelSpecFile", "model_preset"]
+__all__ = ["MODEL_PRESETS", "OPTIMIZER_BYTES_PER_PARAM", "ModelSpec", "ModelSpecFile", "model_preset"]
+
+#: FP32 master weights + two FP32 Adam moments: 3 × 4 bytes per trained parameter (SPEC §6); the
+#: cost model's optimizer state (:mod:`rpeg.costmodel.memory`) and a training EMU's ``ω``.
+OPTIMIZER_BYTES_PER_PARAM = 12
 
 
 @dataclass(frozen=True)

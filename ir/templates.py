@@ -103,103 +103,16 @@ def build_graph(workload: Workload, structure: Structure | None = None) -> RPEG:
         )
     if structure.ac_sharing and not ("actor" in workload.models and "critic" in workload.models):
         raise ValueError("structure.ac_sharing needs both an actor and a critic (S1)")
-    B, R, Lp, Lr = workload.batch, workload.rollouts, workload.prompt_len, workload.response_len
-    BR = B * R
     g = _Builder()
-
-    def weights(model: str) -> str:
-        spec = g.models[model].spec
-        return g.container(RPEG.weights_container(model), spec.params, spec.dtype_bytes, weights_of=model)
-
-    actor_name = "actor_critic" if structure.ac_sharing else "actor"
-    g.model(actor_name, workload.models["actor"], True, Head.BOTH if structure.ac_sharing else Head.LM)
-    g.model("reference", workload.models["reference"], False, Head.LM)
-    if "reward" in workload.models:
-        g.model("reward", workload.models["reward"], False, Head.SCALAR)
-    critic_name = None
-    if "critic" in workload.models:
-        critic_name = actor_name if structure.ac_sharing else "critic"
-        if not structure.ac_sharing:
-            g.model("critic", workload.models["critic"], True, Head.SCALAR)
-
-    wa = weights(actor_name)
-    wref = weights("reference")
+    actor_name, critic_name = _add_models(g, workload, structure)
+    wa = g.weights(actor_name)
+    wref = g.weights("reference")
     g.inputs |= {wref, wa}
     algo = workload.algorithm
-
     if algo == "dpo":
-        pairs = g.container("pairs", BR * (Lp + Lr), TOKEN_BYTES)
-        g.inputs.add(pairs)
-        ref_lp = g.container("ref_logp", BR * Lr, SCALAR_BYTES)
-        lp = g.container("logp", BR * Lr, SCALAR_BYTES)
-        g.vertex("ref_inf", Role.INFERENCE, "reference", Head.LM, BR, {pairs, wref}, {ref_lp})
-        g.vertex("actor_inf", Role.INFERENCE, actor_name, Head.LM, BR, {pairs, wa}, {lp})
-        g.vertex("actor_train", Role.TRAINING, actor_name, Head.LM, BR, {pairs, ref_lp, lp, wa}, {wa})
-        g.edge("ref_inf", "actor_train", ref_lp)
-        g.edge("actor_inf", "actor_train", lp)
-        g.pub("actor_train", "actor_inf", actor_name)
+        _add_dpo(g, workload, actor_name, wa, wref)
     else:
-        prompts = g.container("prompts", B * Lp, TOKEN_BYTES)
-        g.inputs.add(prompts)
-        Y = g.container("completions", BR * (Lp + Lr), TOKEN_BYTES)
-        lp = g.container("logp", BR * Lr, SCALAR_BYTES)
-        ref_lp = g.container("ref_logp", BR * Lr, SCALAR_BYTES)
-        rw = g.container("rewards", BR, SCALAR_BYTES)
-        wrw = weights("reward")
-        g.inputs.add(wrw)
-        g.vertex("actor_gen", Role.GENERATION, actor_name, Head.LM, BR, {prompts, wa}, {Y, lp})
-        greedy = None
-        if algo == "remax":
-            greedy = g.container("greedy_completions", B * (Lp + Lr), TOKEN_BYTES)
-            g.vertex("actor_greedy_gen", Role.GENERATION, actor_name, Head.LM, B, {prompts, wa}, {greedy})
-        g.vertex("ref_inf", Role.INFERENCE, "reference", Head.LM, BR, {Y, wref}, {ref_lp})
-        reward_in = {Y, wrw} | ({greedy} if greedy else set())
-        g.vertex(
-            "reward_inf",
-            Role.INFERENCE,
-            "reward",
-            Head.SCALAR,
-            BR + (B if greedy else 0),
-            reward_in,
-            {rw},
-        )
-        train_in = {Y, lp, ref_lp, rw, wa}
-        values = None
-        if critic_name is not None:
-            values = g.container("values", BR * Lr, SCALAR_BYTES)
-            wc = weights(critic_name) if critic_name != actor_name else wa
-            g.inputs.add(wc)
-            g.vertex("critic_inf", Role.INFERENCE, critic_name, Head.SCALAR, BR, {Y, wc}, {values})
-            train_in.add(values)
-        g.edge("actor_gen", "ref_inf", Y)
-        g.edge("actor_gen", "reward_inf", Y)
-        if greedy:
-            g.edge("actor_greedy_gen", "reward_inf", greedy)
-        if values is not None:
-            g.edge("actor_gen", "critic_inf", Y)
-        if structure.ac_sharing:
-            g.vertex("actor_critic_train", Role.TRAINING, actor_name, Head.BOTH, BR, train_in, {wa})
-            train = "actor_critic_train"
-        else:
-            g.vertex("actor_train", Role.TRAINING, actor_name, Head.LM, BR, train_in, {wa})
-            train = "actor_train"
-        g.edge("actor_gen", train, Y, lp)
-        g.edge("ref_inf", train, ref_lp)
-        g.edge("reward_inf", train, rw)
-        if values is not None:
-            g.edge("critic_inf", train, values)
-        if critic_name is not None and not structure.ac_sharing:
-            wc = RPEG.weights_container("critic")
-            g.vertex("critic_train", Role.TRAINING, "critic", Head.SCALAR, BR, {Y, rw, values, wc}, {wc})
-            g.edge("actor_gen", "critic_train", Y)
-            g.edge("reward_inf", "critic_train", rw)
-            g.edge("critic_inf", "critic_train", values)
-            g.pub("critic_train", "critic_inf", "critic")
-        g.pub(train, "actor_gen", actor_name)
-        if greedy:
-            g.pub(train, "actor_greedy_gen", actor_name)
-        if structure.ac_sharing:
-            g.pub(train, "critic_inf", actor_name)
+        _add_online(g, workload, structure, actor_name, critic_name, wa, wref)
 
     trained = {m for m, inst in g.models.items() if inst.trainable}
     tau = structure.tau
@@ -219,6 +132,116 @@ def build_graph(workload: Workload, structure: Structure | None = None) -> RPEG:
     )
 
 
+def _add_models(g: _Builder, workload: Workload, structure: Structure) -> tuple[str, str | None]:
+    """The model instances: the actor (``actor_critic`` with both heads when shared), the
+    reference, the reward model and the critic where the workload has them; returns the names
+    of the actor and of the critic (``None`` without one)."""
+    actor_name = "actor_critic" if structure.ac_sharing else "actor"
+    g.model(actor_name, workload.models["actor"], True, Head.BOTH if structure.ac_sharing else Head.LM)
+    g.model("reference", workload.models["reference"], False, Head.LM)
+    if "reward" in workload.models:
+        g.model("reward", workload.models["reward"], False, Head.SCALAR)
+    critic_name = None
+    if "critic" in workload.models:
+        critic_name = actor_name if structure.ac_sharing else "critic"
+        if not structure.ac_sharing:
+            g.model("critic", workload.models["critic"], True, Head.SCALAR)
+    return actor_name, critic_name
+
+
+def _add_dpo(g: _Builder, workload: Workload, actor_name: str, wa: str, wref: str) -> None:
+    """DPO, offline: ``ref_inf`` and ``actor_inf`` over the ``B·R`` preference pairs feed
+    ``actor_train``, which publishes to ``actor_inf``."""
+    BR = workload.batch * workload.rollouts
+    Lp, Lr = workload.prompt_len, workload.response_len
+    pairs = g.container("pairs", BR * (Lp + Lr), TOKEN_BYTES)
+    g.inputs.add(pairs)
+    ref_lp = g.container("ref_logp", BR * Lr, SCALAR_BYTES)
+    lp = g.container("logp", BR * Lr, SCALAR_BYTES)
+    g.vertex("ref_inf", Role.INFERENCE, "reference", Head.LM, BR, {pairs, wref}, {ref_lp})
+    g.vertex("actor_inf", Role.INFERENCE, actor_name, Head.LM, BR, {pairs, wa}, {lp})
+    g.vertex("actor_train", Role.TRAINING, actor_name, Head.LM, BR, {pairs, ref_lp, lp, wa}, {wa})
+    g.edge("ref_inf", "actor_train", ref_lp)
+    g.edge("actor_inf", "actor_train", lp)
+    g.pub("actor_train", "actor_inf", actor_name)
+
+
+def _add_online(
+    g: _Builder,
+    workload: Workload,
+    structure: Structure,
+    actor_name: str,
+    critic_name: str | None,
+    wa: str,
+    wref: str,
+) -> None:
+    """PPO, GRPO and ReMax: generation, the scoring inferences, training and the publications
+    back to the generation (and to the critic's inference)."""
+    B, R, Lp, Lr = workload.batch, workload.rollouts, workload.prompt_len, workload.response_len
+    BR = B * R
+    prompts = g.container("prompts", B * Lp, TOKEN_BYTES)
+    g.inputs.add(prompts)
+    Y = g.container("completions", BR * (Lp + Lr), TOKEN_BYTES)
+    lp = g.container("logp", BR * Lr, SCALAR_BYTES)
+    ref_lp = g.container("ref_logp", BR * Lr, SCALAR_BYTES)
+    rw = g.container("rewards", BR, SCALAR_BYTES)
+    wrw = g.weights("reward")
+    g.inputs.add(wrw)
+    g.vertex("actor_gen", Role.GENERATION, actor_name, Head.LM, BR, {prompts, wa}, {Y, lp})
+    greedy = None
+    if workload.algorithm == "remax":
+        greedy = g.container("greedy_completions", B * (Lp + Lr), TOKEN_BYTES)
+        g.vertex("actor_greedy_gen", Role.GENERATION, actor_name, Head.LM, B, {prompts, wa}, {greedy})
+    g.vertex("ref_inf", Role.INFERENCE, "reference", Head.LM, BR, {Y, wref}, {ref_lp})
+    reward_in = {Y, wrw} | ({greedy} if greedy else set())
+    g.vertex(
+        "reward_inf",
+        Role.INFERENCE,
+        "reward",
+        Head.SCALAR,
+        BR + (B if greedy else 0),
+        reward_in,
+        {rw},
+    )
+    train_in = {Y, lp, ref_lp, rw, wa}
+    values = None
+    if critic_name is not None:
+        values = g.container("values", BR * Lr, SCALAR_BYTES)
+        wc = g.weights(critic_name) if critic_name != actor_name else wa
+        g.inputs.add(wc)
+        g.vertex("critic_inf", Role.INFERENCE, critic_name, Head.SCALAR, BR, {Y, wc}, {values})
+        train_in.add(values)
+    g.edge("actor_gen", "ref_inf", Y)
+    g.edge("actor_gen", "reward_inf", Y)
+    if greedy:
+        g.edge("actor_greedy_gen", "reward_inf", greedy)
+    if values is not None:
+        g.edge("actor_gen", "critic_inf", Y)
+    if structure.ac_sharing:
+        g.vertex("actor_critic_train", Role.TRAINING, actor_name, Head.BOTH, BR, train_in, {wa})
+        train = "actor_critic_train"
+    else:
+        g.vertex("actor_train", Role.TRAINING, actor_name, Head.LM, BR, train_in, {wa})
+        train = "actor_train"
+    g.edge("actor_gen", train, Y, lp)
+    g.edge("ref_inf", train, ref_lp)
+    g.edge("reward_inf", train, rw)
+    if values is not None:
+        g.edge("critic_inf", train, values)
+    if critic_name is not None and not structure.ac_sharing:
+        wc = RPEG.weights_container("critic")
+        g.vertex("critic_train", Role.TRAINING, "critic", Head.SCALAR, BR, {Y, rw, values, wc}, {wc})
+        g.edge("actor_gen", "critic_train", Y)
+        g.edge("reward_inf", "critic_train", rw)
+        g.edge("critic_inf", "critic_train", values)
+        g.pub("critic_train", "critic_inf", "critic")
+    g.pub(train, "actor_gen", actor_name)
+    if greedy:
+        g.pub(train, "actor_greedy_gen", actor_name)
+    if structure.ac_sharing:
+        g.pub(train, "critic_inf", actor_name)
+
+
 class _Builder:
     """Collects the pieces of a graph; :class:`RPEG` validates them once at the end."""
 
@@ -229,6 +252,11 @@ class _Builder:
         self.edges: list[DataEdge] = []
         self.pubs: list[PubEdge] = []
         self.inputs: set[str] = set()
+
+    def weights(self, model: str) -> str:
+        """The weight container ``W_m`` of ``model`` (``N_m`` parameters of ``sb`` bytes)."""
+        spec = self.models[model].spec
+        return self.container(RPEG.weights_container(model), spec.params, spec.dtype_bytes, weights_of=model)
 
     def model(self, name: str, spec, trainable: bool, head: Head) -> None:
         self.models[name] = ModelInstance(name, spec, trainable, head)

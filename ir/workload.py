@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -29,7 +29,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-__all__ = ["ALGORITHMS", "ROLES", "Workload", "WorkloadFile", "load_workload"]
+__all__ = ["ALGORITHMS", "ROLES", "Workload", "WorkloadFile", "load_workload", "with_response_len"]
 
 #: Algorithms and the model roles each one needs.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
@@ -270,6 +270,28 @@ class Workload:
             "staleness_choices": {role: list(v) for role, v in self.staleness.items()},
             "ac_sharing_allowed": self.ac_sharing,
         }
+
+
+def with_response_len(workload: Workload, response_len: int) -> Workload:
+    """``workload`` with ``Lr = response_len`` and its quantile lengths scaled by ``Lr'/Lr``
+    (fractions kept; the SPEC §2 default quantiles when scaling breaks monotonicity).
+
+    Raises
+    ------
+    ValueError
+        If ``response_len`` is not a positive integer.
+    """
+    if isinstance(response_len, bool) or not isinstance(response_len, int) or response_len < 1:
+        raise ValueError(f"response_len must be a positive integer, got {response_len!r}")
+    if response_len == workload.response_len:
+        return workload
+    scale = response_len / workload.response_len
+    q = [(f, max(1, round(t * scale))) for f, t in workload.quantiles]  # type: ignore[union-attr]
+    q[-1] = (1.0, response_len)
+    ok = all(a[1] < b[1] for a, b in zip(q, q[1:]))
+    return replace(
+        workload, response_len=response_len, quantiles=tuple(q) if ok else default_quantiles(response_len)
+    )
 
 
 @dataclass(frozen=True)

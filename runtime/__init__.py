@@ -5,7 +5,12 @@
   completion-driven and returns a :class:`~rpeg.runtime.runner.RunReport` with the trace;
 * ``rpeg.verify`` (:func:`rpeg.runtime.verify.verify`) checks a trace against the plan;
 * ``model``, ``task``, ``rl``: the tiny transformer, the synthetic task and PPO/GRPO math;
-* ``worker``, ``parallel``: one rank of a group — DTensor TP, pipelined stages, sharded Adam.
+* ``worker`` (with ``worker_ops``, ``worker_transfers``, ``worker_checkpoints``), ``parallel``:
+  one rank of a group — DTensor TP, pipelined stages, sharded Adam;
+* ``transition``, ``state``, ``recovery``: changing plans mid-run with real state, and the
+  urgent path after a lost worker;
+* ``measure``: the calibration microbenchmarks behind ``rpeg calibrate`` (fitted by
+  :mod:`rpeg.costmodel.fit`).
 
 Importing this package does not import torch or Ray; :func:`run` does.
 """

@@ -111,6 +111,37 @@ class _Node:
     model: str = ""
 
 
+@dataclass
+class _Dispatch:
+    """The state of one execution of the DAG (:meth:`Controller.execute`).
+
+    ``ready`` is a heap of ``(step, 0 for COMM/RESHARD else 1, node)``; ``running`` maps each
+    submitted call to its node and ``pending`` a node to the calls not yet returned; ``extra``
+    holds an OP node's data and publication refs; ``artifacts`` maps ``(step, vertex)`` to
+    its containers per phase and ``pubs`` ``(model, version)`` to a published version's refs,
+    both released when their last reader completes (``readers``, ``version_readers``);
+    ``starts`` are node start times and ``waited`` the seconds spent waiting, from ``t_run``.
+    """
+
+    nodes: list[_Node]
+    succ: list[list[int]]
+    indeg: list[int]
+    readers: dict[tuple[int, int], int] = field(default_factory=dict)
+    version_readers: dict[tuple[str, int], int] = field(default_factory=dict)
+    serves: dict[int, bool] = field(default_factory=dict)
+    artifacts: dict[tuple[int, int], dict[int, list]] = field(default_factory=dict)
+    pubs: dict[tuple[str, int], list] = field(default_factory=dict)
+    ready: list[tuple[int, int, int]] = field(default_factory=list)
+    busy: set[int] = field(default_factory=set)
+    running: dict[Any, int] = field(default_factory=dict)
+    pending: dict[int, list] = field(default_factory=dict)
+    extra: dict[int, list] = field(default_factory=dict)
+    starts: dict[int, float] = field(default_factory=dict)
+    done: int = 0
+    waited: float = 0.0
+    t_run: float = 0.0
+
+
 class Controller:
     """Start worker groups for a :class:`Binding` and execute its DAG.
 
@@ -168,11 +199,24 @@ class Controller:
             Physical device of the plan's device 0 (a plan for a smaller pool after a device
             loss runs on devices ``device_base ..``; the trace keeps the plan's device ids).
         """
+        t0 = time.perf_counter()
+        self._reserve(placement, per_node, device_base)
+        self._check_sharing()
+        self._spawn_actors()
+        # every process answers first (rank 0 opening its group's store on a port the OS picks),
+        # then all ranks rendezvous at once
+        torch_s = torch_timeout_s(self.watch.stall_s)
+        masters = self._hello(torch_s)
+        self._setup_groups(masters, torch_s)
+        self.setup_s = time.perf_counter() - t0
+
+    def _reserve(self, placement: list[Any] | None, per_node: int | None, device_base: int) -> None:
+        """Check the Ray cluster offers the plan's devices and set :attr:`placement`: the given
+        placement groups, or one new ``STRICT_PACK`` group of ``per_node`` bundles per node,
+        waited for by progress."""
         import ray
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        t0 = time.perf_counter()
         cluster = self.b.result.cluster
         n = cluster.num_devices
         if per_node is None:
@@ -200,7 +244,11 @@ class Controller:
             self.watch.wait_ready([pg.ready() for pg in pgs], f"reserving {n} devices (placement groups)")
             self.owns_placement = True
         self.placement = pgs
-        sharing = [0] * n
+
+    def _check_sharing(self) -> None:
+        """Refuse a plan with more workers on one device than half its slots (the other half is
+        for a transition target)."""
+        sharing = [0] * self.b.result.cluster.num_devices
         for g in self.b.groups:
             for d in g.devices:
                 sharing[d] += 1
@@ -210,14 +258,22 @@ class Controller:
                 f"{WORKERS_PER_DEVICE // 2} per device (half of a device's slots, the other half is for a "
                 "transition target)"
             )
+
+    def _spawn_actors(self) -> None:
+        """One actor per rank in the bundle of its physical device (``device + device_base``),
+        reserving ``1/WORKERS_PER_DEVICE`` of it; fills :attr:`actors` and :attr:`owners`."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         remote = ray.remote(_Actor)
+        per_node = self.per_node
         for g in self.b.groups:
             actors = []
             for rank, dev in enumerate(g.devices):
-                phys = dev + device_base
+                phys = dev + self.device_base
                 opts: dict[str, Any] = {
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                        pgs[phys // per_node], placement_group_bundle_index=phys % per_node
+                        self.placement[phys // per_node], placement_group_bundle_index=phys % per_node
                     ),
                     "num_cpus": 0,
                     "max_restarts": 0,
@@ -230,9 +286,10 @@ class Controller:
                 actors.append(actor)
                 self.owners[(g.gid, rank)] = Owner(g.worker(rank), dev, actor, g.gid, rank)
             self.actors[g.gid] = actors
-        # every process answers first (rank 0 opening its group's store on a port the OS picks),
-        # then all ranks rendezvous at once
-        torch_s = torch_timeout_s(self.watch.stall_s)
+
+    def _hello(self, torch_s: float) -> dict[int, str]:
+        """Every process answers (registered with the watchdog by ``pid`` and ``host``); rank 0
+        of each group opens the group's store. Returns ``gid → master address``."""
         hellos = {
             a.hello.remote(g.size if rank == 0 else 0, torch_s): self.owners[(g.gid, rank)]
             for g in self.b.groups
@@ -244,6 +301,11 @@ class Controller:
             self.watch.register(owner, ans["pid"], ans["host"])
             if ans["master"]:
                 masters[owner.gid] = ans["master"]
+        return masters
+
+    def _setup_groups(self, masters: dict[int, str], torch_s: float) -> None:
+        """Every rank builds its :class:`~rpeg.runtime.worker.Worker` (joining its group's process
+        group, all ranks at once); fills :attr:`group_info` for the trace."""
         setups: dict[Any, Owner] = {}
         order = []
         for g in self.b.groups:
@@ -281,7 +343,6 @@ class Controller:
                 },
             )
             entry["ranks"].append({"rank": rank, **{k: v for k, v in info.items() if k != "coords"}})
-        self.setup_s = time.perf_counter() - t0
 
     def workers(self) -> dict[str, dict[str, Any]]:
         """Worker id → ``{"pid", "host", "device"}`` of every started worker."""
@@ -322,135 +383,150 @@ class Controller:
         return nodes
 
     def execute(self) -> None:
-        """Run every node of the DAG (Algorithm 2) and fill :attr:`records`."""
+        """Run every node of the DAG (Algorithm 2) and fill :attr:`records`.
 
+        A node is ready when all its predecessors completed and starts when its devices are
+        free (:meth:`_start_ready`); the controller then sleeps until some call returns
+        (:meth:`_wait`) and completes the nodes whose every rank answered (:meth:`_arrived`).
+        :attr:`wall_s` is the whole execution, :attr:`overhead_s` the part not spent waiting.
+        """
+        d = self._dispatch()
+        while d.done < len(d.nodes):
+            self._start_ready(d)
+            if not d.running:
+                raise RunError("dispatch deadlock: no node running and none can start (a bug in the binding)")
+            finished, dead = self._wait(d)
+            for r in [*dead, *finished]:
+                self._arrived(d, r, dead=r in dead)
+        self._timed(d)
+
+    def _dispatch(self) -> _Dispatch:
+        """The dispatch state of a fresh execution: successors and in-degrees, readers per
+        artifact and per weight version (for release), the initial publications and the ready
+        heap."""
         b = self.b
         eg = b.exec_graph
         verts = b.graph.vertices
         nodes = self._nodes()
         n = len(nodes)
-        succ: list[list[int]] = [[] for _ in range(n)]
-        indeg = [len(p) for p in eg.preds]
+        d = _Dispatch(nodes=nodes, succ=[[] for _ in range(n)], indeg=[len(p) for p in eg.preds])
         for i, ps in enumerate(eg.preds):
             for p in ps:
-                succ[p].append(i)
-        # readers per artifact and per weight version, for release
-        readers: dict[tuple[int, int], int] = {}
+                d.succ[p].append(i)
         for nd in nodes:
             for key in nd.reads:
-                readers[key] = readers.get(key, 0) + 1
-        version_readers: dict[tuple[str, int], int] = {}
+                d.readers[key] = d.readers.get(key, 0) + 1
         for nd in nodes:
             if nd.role == "weights":
                 key = (nd.model, nd.version)
-                version_readers[key] = version_readers.get(key, 0) + 1
-        publishes = {m for m, _ in version_readers}
-        self._publishes = publishes
+                d.version_readers[key] = d.version_readers.get(key, 0) + 1
+        self._publishes = {m for m, _ in d.version_readers}
         self._wait_refs: dict[int, list] = {}
-        tau = b.graph.staleness
-        serves = {
+        d.serves = {
             g.gid: any(verts[b.graph.index[name]].role is not Role.TRAINING for name in g.vertices)
             for g in b.groups
         }
-        artifacts: dict[tuple[int, int], dict[int, list]] = {}
-        pubs: dict[tuple[str, int], list] = {}
         # versions before this run (a transition target of an asynchronous plan), then version 0 of
         # every model some transfer reads from its training group's initial weights
-        pubs.update(self.initial_pubs)
+        d.pubs.update(self.initial_pubs)
         for g in b.groups:
-            if g.trains and (g.model, 0) in version_readers:
-                pubs[(g.model, 0)] = [a.call.remote("publish") for a in self.actors[g.gid]]
-
-        ready: list[tuple[int, int, int]] = []
+            if g.trains and (g.model, 0) in d.version_readers:
+                d.pubs[(g.model, 0)] = [a.call.remote("publish") for a in self.actors[g.gid]]
         for i in range(n):
-            if indeg[i] == 0:
-                heapq.heappush(ready, (nodes[i].step, 0 if nodes[i].kind != OP else 1, i))
-        busy: set[int] = set()
-        running: dict[Any, int] = {}
-        pending: dict[int, list] = {}
-        extra: dict[int, list] = {}
-        starts: dict[int, float] = {}
-        done = 0
-        self.t0 = t_run = time.perf_counter()
-        waited = 0.0
-        while done < n:
-            # start every ready node whose devices are free, in priority order
-            kept = []
-            while ready:
-                item = heapq.heappop(ready)
-                nd = nodes[item[2]]
-                if busy.intersection(nd.devices):
-                    kept.append(item)
-                    continue
-                if nd.role == "weights" and (nd.model, nd.version) not in pubs:
-                    # the lowered graph orders a weight transfer after its consumer's inputs, not
-                    # after the training that produces the version it carries (e.g. a RESHARD into
-                    # training at step k with τ > 0): wait for that publication
-                    kept.append(item)
-                    continue
-                busy.update(nd.devices)
-                starts[nd.id] = time.perf_counter() - t_run
-                refs, more = self._submit(nd, artifacts, pubs, publishes, serves, tau)
-                pending[nd.id] = list(refs)
-                self._wait_refs[nd.id] = list(refs)
-                extra[nd.id] = more
-                for rank, r in enumerate(refs):
-                    running[r] = nd.id
-                    self.ref_owner[r] = self.owners[(nd.group, rank)]
-            for item in kept:
-                heapq.heappush(ready, item)
-            if not running:
-                raise RunError("dispatch deadlock: no node running and none can start (a bug in the binding)")
-            w0 = time.perf_counter()
-            try:
-                finished, dead = self.watch.wait_any(
-                    list(running), self.ref_owner.__getitem__, lambda: self._waiting_on(running, nodes)
-                )
-            except RunError as exc:  # stalled: nothing arrives, nobody computes
-                first = nodes[min(running.values())]
-                self._fail(first, None, lost=False)
-                waited += time.perf_counter() - w0
-                self.wall_s = time.perf_counter() - t_run
-                self.overhead_s = self.wall_s - waited
-                exc.node, exc.step, exc.vertex = (
-                    first.id,
-                    first.step,
-                    self.b.graph.vertices[first.vertex].name,
-                )
-                raise
-            waited += time.perf_counter() - w0
-            for r in [*dead, *finished]:
-                i = running.pop(r)
-                try:
-                    self._check(nodes[i], r, dead=r in dead)
-                except RunError:
-                    self.wall_s = time.perf_counter() - t_run
-                    self.overhead_s = self.wall_s - waited
-                    raise
-                pending[i].remove(r)
-                if pending[i]:
-                    continue
-                nd = nodes[i]
-                end = time.perf_counter() - t_run
-                self._complete(nd, starts[i], end, extra[i], artifacts, pubs)
-                busy.difference_update(nd.devices)
-                done += 1
-                for key in nd.reads:
-                    readers[key] -= 1
-                    if readers[key] == 0:
-                        artifacts.pop(key, None)
-                if nd.role == "weights":
-                    key = (nd.model, nd.version)
-                    version_readers[key] -= 1
-                    if version_readers[key] == 0:
-                        pubs.pop(key, None)
-                for s in succ[i]:
-                    indeg[s] -= 1
-                    if indeg[s] == 0:
-                        heapq.heappush(ready, (nodes[s].step, 0 if nodes[s].kind != OP else 1, s))
-        total = time.perf_counter() - t_run
-        self.wall_s = total
-        self.overhead_s = total - waited
+            if d.indeg[i] == 0:
+                heapq.heappush(d.ready, (nodes[i].step, 0 if nodes[i].kind != OP else 1, i))
+        self.t0 = d.t_run = time.perf_counter()
+        return d
+
+    def _start_ready(self, d: _Dispatch) -> None:
+        """Start every ready node whose devices are free, in priority order (step, then
+        COMM/RESHARD before OP, then topological order)."""
+        kept = []
+        while d.ready:
+            item = heapq.heappop(d.ready)
+            nd = d.nodes[item[2]]
+            if d.busy.intersection(nd.devices):
+                kept.append(item)
+                continue
+            if nd.role == "weights" and (nd.model, nd.version) not in d.pubs:
+                # the lowered graph orders a weight transfer after its consumer's inputs, not
+                # after the training that produces the version it carries (e.g. a RESHARD into
+                # training at step k with τ > 0): wait for that publication
+                kept.append(item)
+                continue
+            d.busy.update(nd.devices)
+            d.starts[nd.id] = time.perf_counter() - d.t_run
+            refs, more = self._submit(
+                nd, d.artifacts, d.pubs, self._publishes, d.serves, self.b.graph.staleness
+            )
+            d.pending[nd.id] = list(refs)
+            self._wait_refs[nd.id] = list(refs)
+            d.extra[nd.id] = more
+            for rank, r in enumerate(refs):
+                d.running[r] = nd.id
+                self.ref_owner[r] = self.owners[(nd.group, rank)]
+        for item in kept:
+            heapq.heappush(d.ready, item)
+
+    def _wait(self, d: _Dispatch) -> tuple[list[Any], list[Any]]:
+        """Sleep until some running call returns: ``(finished refs, refs of dead workers)``. A
+        stall (nothing arrives, nobody computes) is a :class:`RunError` naming the first
+        running node."""
+        w0 = time.perf_counter()
+        try:
+            finished, dead = self.watch.wait_any(
+                list(d.running), self.ref_owner.__getitem__, lambda: self._waiting_on(d.running, d.nodes)
+            )
+        except RunError as exc:  # stalled: nothing arrives, nobody computes
+            first = d.nodes[min(d.running.values())]
+            self._fail(first, None, lost=False)
+            d.waited += time.perf_counter() - w0
+            self._timed(d)
+            exc.node, exc.step, exc.vertex = (
+                first.id,
+                first.step,
+                self.b.graph.vertices[first.vertex].name,
+            )
+            raise
+        d.waited += time.perf_counter() - w0
+        return finished, dead
+
+    def _arrived(self, d: _Dispatch, ref: Any, *, dead: bool) -> None:
+        """One rank's call returned (or its worker died): check it (:meth:`_check`); when it was
+        the node's last rank, complete the node, free its devices, release what no remaining
+        node reads and make its successors ready."""
+        i = d.running.pop(ref)
+        try:
+            self._check(d.nodes[i], ref, dead=dead)
+        except RunError:
+            self._timed(d)
+            raise
+        d.pending[i].remove(ref)
+        if d.pending[i]:
+            return
+        nd = d.nodes[i]
+        end = time.perf_counter() - d.t_run
+        self._complete(nd, d.starts[i], end, d.extra[i], d.artifacts, d.pubs)
+        d.busy.difference_update(nd.devices)
+        d.done += 1
+        for key in nd.reads:
+            d.readers[key] -= 1
+            if d.readers[key] == 0:
+                d.artifacts.pop(key, None)
+        if nd.role == "weights":
+            key = (nd.model, nd.version)
+            d.version_readers[key] -= 1
+            if d.version_readers[key] == 0:
+                d.pubs.pop(key, None)
+        for s in d.succ[i]:
+            d.indeg[s] -= 1
+            if d.indeg[s] == 0:
+                heapq.heappush(d.ready, (d.nodes[s].step, 0 if d.nodes[s].kind != OP else 1, s))
+
+    def _timed(self, d: _Dispatch) -> None:
+        """Set :attr:`wall_s` (since the execution started) and :attr:`overhead_s` (not waiting)."""
+        self.wall_s = time.perf_counter() - d.t_run
+        self.overhead_s = self.wall_s - d.waited
 
     def _submit(self, nd: _Node, artifacts, pubs, publishes, serves, tau) -> tuple[list, list]:
         """Submit node ``nd`` to its group's workers; returns (refs to wait on, other refs)."""

@@ -76,7 +76,7 @@ class Recovery:
 def surviving_pools(cluster: Cluster, lost: set[int]) -> list[tuple[int, Cluster]]:
     """Pools of consecutive flat device ids without a lost device that are clusters of their
     own — part of one node, whole nodes of one rack, or whole racks (as
-    :func:`~rpeg.solvers.adapt.pool_cluster`), starting at a node boundary unless inside one
+    :func:`~rpeg.ir.cluster.pool_cluster`), starting at a node boundary unless inside one
     node — largest first, then lowest first device.
 
     Returns
@@ -84,7 +84,7 @@ def surviving_pools(cluster: Cluster, lost: set[int]) -> list[tuple[int, Cluster
     list[tuple[int, Cluster]]
         ``(first device, cluster of the pool)`` pairs; empty when every device is lost.
     """
-    from ..solvers.adapt import pool_cluster
+    from ..ir.cluster import pool_cluster
 
     n_all, ng = cluster.num_devices, cluster.gpus_per_node
     out = []
@@ -140,23 +140,46 @@ def urgent_replan(
         that is alive and computing is waited for, one that is dead or silent for the stall
         window counts as lost.
     """
-    import ray
-
-    from ..solvers import solve
     from .controller import RunError
-    from .transition import physical_units
 
     f = ctl.failure
-    b = ctl.b
     step = int(f["step"])
-    lost = {f["device"] + ctl.device_base}
-    watch = ctl.watch
+    lost = _lost_devices(ctl)
+    where = f"device(s) {sorted(lost)}"
+    _check_trainers(ctl, step, where)
+    # return to the boundary before the failed step
+    survivors = [((gid, r), a.call.remote("rollback", step)) for gid, r, a in ctl.live_actors()]
+    try:
+        ctl.get(survivors, f"returning to step {step}'s boundary")
+    except RunError as exc:
+        raise RunError(
+            f"after losing {where}: survivors could not return to step {step}'s boundary: {exc}"
+        ) from exc
+    units, intact, current, alias = _surviving_units(ctl, result, lost, where)
+    base, pool, target, refused = _replan(result, lost, method, seed, time_limit, accept, where)
+    msg = (
+        f"lost {where} at step {step}; {len(intact)} of {len(units)} units intact"
+        + (f", re-seeded {sorted(alias)} from training" if alias else "")
+        + f"; replanned with {method!r} on {pool.shape_str} from device {base}"
+        + (f" (refused: {'; '.join(refused)})" if refused else "")
+    )
+    return Recovery(step, sorted(lost), target, base, current, alias, msg)
+
+
+def _lost_devices(ctl: Any) -> set[int]:
+    """Step 1 of the urgent path: the failed worker's physical device and that of every worker
+    that is dead or silent for the stall window — in-flight work is let settle first (results,
+    errors or dead workers, waited for by progress), then every survivor is asked. Every worker
+    on a lost device counts as lost (killed if still running, added to ``ctl.dead``)."""
+    import ray
+
+    b, base = ctl.b, ctl.device_base
+    lost = {ctl.failure["device"] + base}
 
     def drop_lost() -> None:
-        """Every worker on a lost device counts as lost (killed if still running)."""
         for g in b.groups:
             for r, dev in enumerate(g.devices):
-                if dev + ctl.device_base in lost and (g.gid, r) not in ctl.dead:
+                if dev + base in lost and (g.gid, r) not in ctl.dead:
                     ctl.dead.add((g.gid, r))
                     with contextlib.suppress(Exception):
                         ray.kill(ctl.actors[g.gid][r])
@@ -164,21 +187,25 @@ def urgent_replan(
     def lose(owners: list) -> None:
         for o in owners:
             ctl.dead.add((o.gid, o.rank))
-            lost.add(o.device + ctl.device_base)
+            lost.add(o.device + base)
         drop_lost()
 
     drop_lost()
-    # let in-flight work settle (results, errors, or dead workers; waited for by progress), then
-    # ask every survivor: a worker that is dead, or alive but silent for the stall window, is lost
     in_flight = [r for r in ctl.in_flight if r in ctl.ref_owner]
-    dead, stuck = watch.settle(in_flight, ctl.ref_owner.__getitem__)
+    dead, stuck = ctl.watch.settle(in_flight, ctl.ref_owner.__getitem__)
     lose(dead + stuck)
     probes = {a.call.remote("info"): ctl.owners[(gid, r)] for gid, r, a in ctl.live_actors()}
-    dead, stuck = watch.settle(list(probes), probes.__getitem__)
+    dead, stuck = ctl.watch.settle(list(probes), probes.__getitem__)
     lose(dead + stuck)
-    where = f"device(s) {sorted(lost)}"
-    # a training group with a lost rank had part of its optimizer state in one copy
-    for g in b.groups:
+    return lost
+
+
+def _check_trainers(ctl: Any, step: int, where: str) -> None:
+    """Stop when a training group lost a rank: its ZeRO slice of the optimizer state had a
+    single copy."""
+    from .controller import RunError
+
+    for g in ctl.b.groups:
         gone = [r for r in range(g.size) if (g.gid, r) in ctl.dead]
         if g.trains and gone:
             raise RunError(
@@ -190,19 +217,29 @@ def urgent_replan(
                 device=g.devices[gone[0]],
                 lost=True,
             )
-    # return to the boundary before the failed step
-    survivors = [((gid, r), a.call.remote("rollback", step)) for gid, r, a in ctl.live_actors()]
-    try:
-        ctl.get(survivors, f"returning to step {step}'s boundary")
-    except RunError as exc:
-        raise RunError(
-            f"after losing {where}: survivors could not return to step {step}'s boundary: {exc}"
-        ) from exc
-    # intact units, and re-seeded serving units
-    units = physical_units(result, b.graph, ctl.device_base)
+
+
+def _surviving_units(
+    ctl: Any, result: Result, lost: set[int], where: str
+) -> tuple[list[EMU], list[EMU], list[EMU], dict[str, str]]:
+    """Step 3: ``(units, intact, current, alias)`` — the plan's units on physical devices, those
+    without a lost device, the intact ones plus serving model-stages with no intact unit
+    re-seeded from their model's training units, and re-seeded vertex → training vertex.
+
+    Raises
+    ------
+    RunError
+        When the last copy of a model-stage's state is gone (a training stage, or a model that
+        is not trained).
+    """
+    from .controller import RunError
+    from .transition import physical_units
+
+    graph = ctl.b.graph
+    units = physical_units(result, graph, ctl.device_base)
     intact = [u for u in units if not lost.intersection(u.gpus)]
-    roles = {v.name: v.role for v in b.graph.vertices}
-    trains = {v.model: v.name for v in b.graph.vertices if v.role is Role.TRAINING}
+    roles = {v.name: v.role for v in graph.vertices}
+    trains = {v.model: v.name for v in graph.vertices if v.role is Role.TRAINING}
     alias: dict[str, str] = {}
     current = list(intact)
     for stage in dict.fromkeys(u.stage for u in units):
@@ -220,8 +257,30 @@ def urgent_replan(
             if u.stage.vertex == train:
                 seeded = EMU(stage, u.tp, u.pp, u.gpus, u.param_bytes, 0.0)
                 current.append(seeded)
+    return units, intact, current, alias
+
+
+def _replan(
+    result: Result,
+    lost: set[int],
+    method: str,
+    seed: int,
+    time_limit: float | None,
+    accept: Callable[[Result], None] | None,
+    where: str,
+) -> tuple[int, Cluster, Result, list[str]]:
+    """Step 4: ``(first device, pool, plan, refused pools)`` — the first pool of
+    :func:`surviving_pools` (largest first) with a plan ``accept`` takes.
+
+    Raises
+    ------
+    RunError
+        When no pool has such a plan (the message lists why each was refused).
+    """
+    from ..solvers import solve
+    from .controller import RunError
+
     refused = []
-    chosen = None
     for base, pool in surviving_pools(result.cluster, lost):
         target = solve(result.workload, pool, method, seed=seed, time_limit=time_limit)
         if target.plan is None:
@@ -233,18 +292,8 @@ def urgent_replan(
         except ValueError as exc:
             refused.append(f"{pool.shape_str} from device {base}: {exc}")
             continue
-        chosen = (base, pool, target)
-        break
-    if chosen is None:
-        raise RunError(
-            f"after losing {where} no plan of {result.workload.algorithm} fits the surviving devices"
-            + (": " + "; ".join(refused) if refused else "")
-        )
-    base, pool, target = chosen
-    msg = (
-        f"lost {where} at step {step}; {len(intact)} of {len(units)} units intact"
-        + (f", re-seeded {sorted(alias)} from training" if alias else "")
-        + f"; replanned with {method!r} on {pool.shape_str} from device {base}"
-        + (f" (refused: {'; '.join(refused)})" if refused else "")
+        return base, pool, target, refused
+    raise RunError(
+        f"after losing {where} no plan of {result.workload.algorithm} fits the surviving devices"
+        + (": " + "; ".join(refused) if refused else "")
     )
-    return Recovery(step, sorted(lost), target, base, current, alias, msg)

@@ -16,16 +16,12 @@ the machine at hand).
 
 from __future__ import annotations
 
-import math
 import os
-import platform
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..ir.cluster import Cluster
 from ..ir.errors import (
     InputError,
     check_output,
@@ -35,14 +31,14 @@ from ..ir.errors import (
     check_type,
 )
 from ..ir.hardware import Hardware
-from ..ir.workload import Workload
 from ..solvers.result import Result
 from .binding import Binding, bind, check_specs, run_specs
 from .liveness import DEFAULT_STALL_S, RunError
+from .report import RunReport, predict, scaled_problem, segment_trace
 from .rl import RLConfig
-from .trace import Trace, expected_graph, plan_hash
+from .trace import expected_graph, plan_hash
 
-__all__ = ["RunConfig", "RunReport", "predict", "run", "start_local_ray"]
+__all__ = ["RunConfig", "RunReport", "predict", "run", "scaled_problem", "start_local_ray"]
 
 
 @dataclass(frozen=True)
@@ -76,147 +72,8 @@ class RunConfig:
             raise ValueError(f"devices_per_node must be a positive integer, got {self.devices_per_node!r}")
 
 
-@dataclass
-class RunReport:
-    """What a run measured.
-
-    Attributes
-    ----------
-    trace
-        The verified trace (``rpeg.trace/1``).
-    rewards
-        Mean task reward of each step's rollouts.
-    step_times, predicted_step_times
-        Measured and predicted seconds per step (step ``k`` ends when its last node ends).
-    problems
-        Verifier findings (empty: the execution matches the plan).
-    setup_s, wall_s
-        Worker start-up and DAG execution seconds.
-    overhead_s
-        Controller seconds not spent waiting for workers (dispatch overhead).
-    node_overhead_s
-        Per record, ``(end − start) − worker_time``: what dispatch, Ray and the object store add.
-    weights
-        Final full weights per trained model (``return_weights=True``).
-    segments
-        One verified trace per plan the run executed (``trace`` is the first); a run without
-        transitions has one.
-    transitions
-        A :class:`~rpeg.runtime.transition.TransitionRecord` per executed transition (planned
-        ones and those of the urgent path).
-    recoveries
-        One line per worker loss the run survived (lost devices, intact units, the replan).
-    """
-
-    trace: Trace
-    rewards: list[float]
-    step_times: list[float]
-    predicted_step_times: list[float]
-    problems: list[str]
-    setup_s: float
-    wall_s: float
-    overhead_s: float
-    node_overhead_s: list[float] = field(default_factory=list)
-    weights: dict[str, dict[str, Any]] = field(default_factory=dict)
-    segments: list[Trace] = field(default_factory=list)
-    transitions: list[Any] = field(default_factory=list)
-    recoveries: list[str] = field(default_factory=list)
-
-    @property
-    def nodes(self) -> int:
-        """Records in all segments."""
-        return sum(len(t.records) for t in self.segments) if self.segments else len(self.trace.records)
-
-    @property
-    def overhead_per_node_s(self) -> float:
-        """Mean controller time per node."""
-        return self.overhead_s / max(1, self.nodes)
-
-    def summary(self) -> str:
-        """A few lines: per step reward, measured and predicted time; verification."""
-        lines = [f"{'step':>4} {'reward':>8} {'time s':>8} {'pred s':>8}"]
-        for k, (r, t, p) in enumerate(zip(self.rewards, self.step_times, self.predicted_step_times)):
-            lines.append(f"{k:>4} {r:>8.3f} {t:>8.3f} {p:>8.3f}")
-        lines.append(
-            f"setup {self.setup_s:.1f} s, run {self.wall_s:.2f} s, dispatch overhead "
-            f"{1e3 * self.overhead_per_node_s:.2f} ms/node over {self.nodes} nodes"
-        )
-        for line in self.recoveries:
-            lines.append(f"recovered: {line}")
-        for rec in self.transitions:
-            kinds = ", ".join(f"{int(d['count'])} {k}" for k, d in sorted(rec.per_kind().items()))
-            lines.append(
-                f"transition at step {rec.step}: {kinds or 'no primitive'} in {rec.total_s:.2f} s "
-                f"(primitives {rec.primitives_s:.2f} s, hand-over {rec.handover_bytes / 1e6:.1f} MB); "
-                f"cost model {rec.predicted_s:.3f} s at full size"
-            )
-        lines.append(
-            "trace valid"
-            if not self.problems
-            else f"trace INVALID ({len(self.problems)}): {self.problems[0]}"
-        )
-        return "\n".join(lines)
-
-
-def scaled_problem(binding: Binding, hardware: Hardware) -> tuple[Workload, Cluster]:
-    """The workload the runtime executes (scaled specs, batch and lengths) on a cluster of the
-    plan's shape with ``hardware`` — what :func:`predict` scores."""
-    r = binding.result
-    wl = r.workload
-    sh = binding.shape
-    specs = binding.specs
-    actor = "actor_critic" if "actor_critic" in specs else "actor"
-    models = {}
-    for role in wl.models:
-        name = actor if role == "critic" and "critic" not in specs else role
-        name = actor if role == "actor" else name
-        models[role] = replace(specs[name], dtype_bytes=4)  # the CPU runtime computes in float32
-    quantiles = tuple(zip(sh.phase_fractions, sh.phase_lengths))
-    scaled = Workload(
-        wl.algorithm,
-        models,
-        sh.batch,
-        sh.rollouts,
-        sh.prompt_len,
-        sh.response_len,
-        quantiles=quantiles,
-        ac_sharing=wl.ac_sharing,
-        name=f"{wl.name}-scaled",
-    )
-    return scaled, Cluster.from_shape(r.cluster.shape, hardware)
-
-
-def predict(binding: Binding, hardware: Hardware) -> tuple[list[float], list[float], list[float]]:
-    """Predicted node durations, node finish times and per-step times of the scaled run.
-
-    The plan is re-scored by the shared evaluator on :func:`scaled_problem` over ``steps``
-    steps; node ids agree with the runtime's DAG because lowering depends only on the plan's
-    allocations, strategies and phase count. Step ``k``'s time is the finish of its last node
-    minus that of step ``k − 1``.
-    """
-    from ..scoring.evaluator import Evaluator
-
-    workload, cluster = scaled_problem(binding, hardware)
-    r = binding.result
-    ev = Evaluator(workload, cluster, r.structure, k_eval=binding.steps)
-    assert r.plan is not None
-    evaluation = ev.evaluate(r.plan, keep=True)
-    g, sched = evaluation.graph, evaluation.schedule
-    assert g is not None and sched is not None
-    if len(g) != len(binding.exec_graph):
-        raise RuntimeError("the scaled lowering differs from the executed DAG (a bug)")
-    return list(g.duration), list(sched.finish), _step_times(g.step, sched.finish, binding.steps, 0.0)
-
-
-def _step_times(steps: list[int], finish: list[float], n: int, origin: float) -> list[float]:
-    ends = [origin] * n
-    for k, f in zip(steps, finish):
-        ends[k] = max(ends[k], f)
-    for k in range(1, n):
-        ends[k] = max(ends[k], ends[k - 1])
-    return [ends[k] - (ends[k - 1] if k else origin) for k in range(n)]
-
-
+# run() is longer than 120 lines for its docstring alone (the public API: 21 arguments, errors);
+# its body is the phases below — _check_arguments, _prepare, _start_ray, _run_segments, _report.
 def run(
     result: Result,
     steps: int = 4,
@@ -348,62 +205,7 @@ def run(
     )
     stall_s = check_seconds("stall_timeout_s", stall_timeout_s, allow_none=False)
     import ray
-    import torch
 
-    from ..costmodel import hardware_preset, load_hardware
-    from ..solvers.transition import plan_transition
-    from .checkpoint import check_checkpoint
-    from .controller import Controller
-    from .recovery import urgent_replan
-    from .transition import check_compatible, execute_transition, physical_units
-    from .verify import verify
-
-    rl = rl or RLConfig()
-    plans = _segments(result, steps, transitions)
-    if transitions and (checkpoint_dir is not None or resume_from is not None):
-        raise ValueError(
-            "transitions cannot be combined with checkpoint_dir/resume_from (checkpoints are per plan)"
-        )
-    trace_files = [_segment_path(Path(trace_path), i) for i in range(len(plans))] if trace_path else []
-    for i, f in enumerate(trace_files):
-        check_output(f, "trace_path" if i == 0 else f"trace_path (segment {i})")
-    if checkpoint_dir is not None:
-        check_output_dir(checkpoint_dir, "checkpoint_dir")
-    for _, target in transitions:
-        check_compatible(result, target)
-    if isinstance(hardware, Hardware):
-        hw = hardware
-    elif hardware is None:
-        hw = hardware_preset("cpu")
-    elif os.path.exists(str(hardware)):
-        hw = load_hardware(str(hardware))
-    else:
-        hw = hardware_preset(str(hardware))
-    specs = run_specs([res for res, _ in plans], scale=scale)  # one model shape for the whole run
-    bindings = []
-    for res, n in plans:
-        graph = expected_graph(res, n)
-        bindings.append(
-            bind(
-                res,
-                graph,
-                n,
-                scale=scale,
-                batch=batch,
-                prompt_len=prompt_len,
-                response_len=response_len,
-                seed=seed,
-                specs=specs,
-            )
-        )
-    # the checkpoint to resume from is verified (schema, plan, every file's size and SHA-256)
-    # before any worker starts
-    resume = None
-    offset = 0
-    if resume_from is not None:
-        trainers = {g.gid: g.size for g in bindings[0].groups if g.trains}
-        resume = check_checkpoint(resume_from, plan_hash(result), trainers)
-        offset = resume.global_step + 1
     cfg = RunConfig(
         steps=steps,
         seed=seed,
@@ -411,145 +213,374 @@ def run(
         batch=batch,
         prompt_len=prompt_len,
         response_len=response_len,
-        rl=rl,
+        rl=rl or RLConfig(),
         address=address,
         devices_per_node=devices_per_node,
-        use_gpu=False,
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir is not None else None,
         resume_from=str(resume_from) if resume_from is not None else None,
         fail_at=fail_at,
-        step_offset=offset,
+        recover=on_worker_lost == "replan",
         stall_s=stall_s,
     )
-    # planned up front (full-size state, the plans' hardware): an infeasible move fails before any work
+    plan = _prepare(
+        result,
+        cfg,
+        hardware=hardware,
+        trace_path=trace_path,
+        transitions=transitions,
+        transition_method=transition_method,
+    )
+    started = _start_ray(result, address)
+    plan.cfg = replace(plan.cfg, use_gpu=_use_gpu(result), keep_versions=_kept_versions(plan.segments))
+    state = _RunState(offset=plan.cfg.step_offset)
+    failed: RunError | None = None
+    try:
+        _run_segments(
+            plan,
+            state,
+            progress=progress,
+            transition_method=transition_method,
+            replan_method=replan_method,
+            return_weights=return_weights,
+        )
+    except RunError as exc:
+        failed = exc
+    finally:
+        for c in reversed(state.controllers):
+            c.stop()
+        if started:
+            ray.shutdown()
+    if failed is not None:
+        _fail_with_trace(
+            failed, state.done, state.running, plan.hardware, plan.cfg.use_gpu, address, plan.trace_files
+        )
+    return _report(plan, state)
+
+
+@dataclass
+class _RunPlan:
+    """What :func:`run` settles before any worker starts (:func:`_prepare`).
+
+    Attributes
+    ----------
+    result
+        The plan the run starts with.
+    segments
+        ``(plan, steps)`` per segment (:func:`_segments`).
+    bindings
+        One :class:`~rpeg.runtime.binding.Binding` per segment, all with the same scaled ``specs``.
+    transition_plans
+        The scheduled transition from segment ``i`` to ``i + 1``.
+    specs
+        Scaled model spec per model, fixed for the whole run (an urgent replan must fit them).
+    hardware
+        Hardware of the predicted times.
+    trace_files
+        Trace file per segment (empty without ``trace_path``).
+    resume
+        The verified checkpoint step to start from (:class:`~rpeg.runtime.checkpoint.Resume`), or
+        ``None``.
+    cfg
+        The run's configuration; ``step_offset`` is the global step the run starts at.
+    """
+
+    result: Result
+    segments: list[tuple[Result, int]]
+    bindings: list[Binding]
+    transition_plans: list[Any]
+    specs: dict[str, Any]
+    hardware: Hardware
+    trace_files: list[Path]
+    resume: Any
+    cfg: RunConfig
+
+
+@dataclass
+class _RunState:
+    """Where the segment loop of :func:`run` stands (what the report, or the failure's trace, is
+    built from).
+
+    Attributes
+    ----------
+    offset
+        Global step the next segment starts at.
+    done
+        ``(controller, global offset, plan, complete steps)`` per finished segment.
+    running
+        The segment under way: ``(controller, plan, global offset)``, or ``None``.
+    controllers
+        Every started controller (all stopped when the run ends).
+    current
+        The latest segment's controller (the source of the next transition).
+    segment
+        Segments started.
+    device_base
+        Physical device of the current plan's device 0 (moves after a device loss).
+    alias
+        Re-seeded vertex → training vertex holding its cells (after a device loss).
+    units
+        The current plan's units on physical devices: the source of an unplanned transition.
+    old_steps
+        Steps the previous segment completed.
+    transitions, recoveries, weights
+        What :class:`~rpeg.runtime.report.RunReport` reports.
+    """
+
+    offset: int
+    done: list[tuple[Any, int, Result, int]] = field(default_factory=list)
+    running: tuple[Any, Result, int] | None = None
+    controllers: list[Any] = field(default_factory=list)
+    current: Any = None
+    segment: int = 0
+    device_base: int = 0
+    alias: dict[str, str] = field(default_factory=dict)
+    units: list[Any] | None = None
+    old_steps: int = 0
+    transitions: list[Any] = field(default_factory=list)
+    recoveries: list[str] = field(default_factory=list)
+    weights: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _prepare(
+    result: Result,
+    cfg: RunConfig,
+    *,
+    hardware: Hardware | str | None,
+    trace_path: str | Path | None,
+    transitions: Sequence[tuple[int, Result]],
+    transition_method: str,
+) -> _RunPlan:
+    """Everything that can be refused before any worker starts, in this order: the segments, a
+    checkpoint with transitions, the output paths, the transition targets, the hardware, the
+    bindings, the checkpoint to resume from (schema, plan, every file's size and SHA-256) and
+    the transition schedules (full-size state on the plans' hardware: an infeasible move fails
+    before any work)."""
+    from ..solvers.transition import plan_transition
+    from .checkpoint import check_checkpoint
+    from .transition import check_compatible
+
+    segments = _segments(result, cfg.steps, transitions)
+    if transitions and (cfg.checkpoint_dir is not None or cfg.resume_from is not None):
+        raise ValueError(
+            "transitions cannot be combined with checkpoint_dir/resume_from (checkpoints are per plan)"
+        )
+    trace_files = [_segment_path(Path(trace_path), i) for i in range(len(segments))] if trace_path else []
+    for i, f in enumerate(trace_files):
+        check_output(f, "trace_path" if i == 0 else f"trace_path (segment {i})")
+    if cfg.checkpoint_dir is not None:
+        check_output_dir(cfg.checkpoint_dir, "checkpoint_dir")
+    for _, target in transitions:
+        check_compatible(result, target)
+    hw = _hardware(hardware)
+    specs = run_specs([res for res, _ in segments], scale=cfg.scale)  # one model shape for the whole run
+    bindings = [_bind(res, n, cfg, specs) for res, n in segments]
+    resume = None
+    if cfg.resume_from is not None:
+        trainers = {g.gid: g.size for g in bindings[0].groups if g.trains}
+        resume = check_checkpoint(cfg.resume_from, plan_hash(result), trainers)
+        cfg = replace(cfg, step_offset=resume.global_step + 1)
     tplans = [
         plan_transition(
             a.result.plan, b.result.plan, a.result.cluster, graph=a.graph, method=transition_method
         )
         for a, b in zip(bindings, bindings[1:])
     ]
-    started = False
-    if not ray.is_initialized():
-        n = result.cluster.num_devices
-        if address is None:
-            start_local_ray(n)
-        else:
-            ray.init(address=address, log_to_driver=False)
-        started = True
-    use_gpu = (
-        ray.cluster_resources().get("GPU", 0) >= result.cluster.num_devices and torch.cuda.is_available()
+    return _RunPlan(result, segments, bindings, tplans, specs, hw, trace_files, resume, cfg)
+
+
+def _hardware(hardware: Hardware | str | None) -> Hardware:
+    """The hardware of the predicted times: given, a JSON file, or a preset (default ``"cpu"``)."""
+    from ..costmodel import hardware_preset, load_hardware
+
+    if isinstance(hardware, Hardware):
+        return hardware
+    if hardware is None:
+        return hardware_preset("cpu")
+    if os.path.exists(str(hardware)):
+        return load_hardware(str(hardware))
+    return hardware_preset(str(hardware))
+
+
+def _bind(result: Result, steps: int, cfg: RunConfig, specs: dict[str, Any]) -> Binding:
+    """``result``'s ``steps``-step DAG bound to worker groups in the run's shape."""
+    return bind(
+        result,
+        expected_graph(result, steps),
+        steps,
+        scale=cfg.scale,
+        batch=cfg.batch,
+        prompt_len=cfg.prompt_len,
+        response_len=cfg.response_len,
+        seed=cfg.seed,
+        specs=specs,
     )
-    # trainers keep the past versions a later, asynchronous plan of the run still reads
-    keep = max((t for r, _ in plans[1:] for t in r.structure.tau.values()), default=0)
-    cfg = replace(cfg, use_gpu=use_gpu, recover=on_worker_lost == "replan", keep_versions=keep)
-    done: list[tuple[Any, int, Result, int]] = []  # (controller, global offset, plan, complete steps)
-    records: list[Any] = []
-    recoveries: list[str] = []
-    ctl = None
-    running: tuple[Any, Result, int] | None = None  # the segment under way: controller, plan, offset
-    failed: RunError | None = None
-    weights: dict[str, dict[str, Any]] = {}
+
+
+def _start_ray(result: Result, address: str | None) -> bool:
+    """Join ``address`` or start a local instance unless Ray already runs in this process;
+    ``True`` when this call started it (the run then shuts it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address is None:
+        start_local_ray(result.cluster.num_devices)
+    else:
+        ray.init(address=address, log_to_driver=False)
+    return True
+
+
+def _use_gpu(result: Result) -> bool:
+    """Whether the Ray cluster offers a GPU per device of the plan (and torch sees CUDA)."""
+    import ray
+    import torch
+
+    return ray.cluster_resources().get("GPU", 0) >= result.cluster.num_devices and torch.cuda.is_available()
+
+
+def _kept_versions(segments: list[tuple[Result, int]]) -> int:
+    """Past versions trainers keep: the largest staleness of a later, asynchronous plan of the
+    run (it still reads them after a transition)."""
+    return max((t for r, _ in segments[1:] for t in r.structure.tau.values()), default=0)
+
+
+def _run_segments(
+    plan: _RunPlan,
+    state: _RunState,
+    *,
+    progress: Callable[[str, dict], None] | None,
+    transition_method: str,
+    replan_method: str,
+    return_weights: bool,
+) -> None:
+    """Run the segments in order: start each plan's workers and move the job into them
+    (:func:`_start_segment`), execute its DAG; a lost worker under ``recover`` replaces the
+    remaining segments by the urgent replan's (:func:`_recover`; planned transitions after a
+    loss are dropped). Fills ``state``."""
+    from .transition import physical_units
+
     queue = [
-        (res, binding, tplans[i - 1] if i else None)
-        for i, ((res, _), binding) in enumerate(zip(plans, bindings))
+        (res, binding, plan.transition_plans[i - 1] if i else None)
+        for i, ((res, _), binding) in enumerate(zip(plan.segments, plan.bindings))
     ]
-    started_ctls: list[Any] = []
-    try:
-        seg_offset, base, alias, current_units, old_steps = offset, 0, {}, None, 0
-        seg = 0
-        while queue:
-            res, binding, tplan = queue.pop(0)
-            seg_cfg = replace(
-                cfg, steps=binding.steps, step_offset=seg_offset, fail_at=fail_at if seg == 0 else None
+    while queue:
+        res, binding, tplan = queue.pop(0)
+        ctl = _start_segment(plan, state, res, binding, tplan, progress, transition_method)
+        try:
+            ctl.execute()
+        except RunError:
+            if not (plan.cfg.recover and ctl.failure and ctl.failure["lost"]):
+                raise
+            queue = [_recover(plan, state, ctl, res, progress, replan_method)]
+            continue
+        state.done.append((ctl, state.offset, res, binding.steps))
+        state.running = None
+        state.offset += binding.steps
+        state.old_steps = binding.steps
+        state.alias, state.units = {}, physical_units(res, binding.graph, state.device_base)
+    if return_weights and state.current is not None:
+        state.weights = state.current.final_weights()
+
+
+def _start_segment(
+    plan: _RunPlan,
+    state: _RunState,
+    res: Result,
+    binding: Binding,
+    tplan: Any,
+    progress: Callable[[str, dict], None] | None,
+    transition_method: str,
+) -> Any:
+    """Start the workers of the next segment (after the first, on the previous segment's
+    placement groups, beside its workers), report ``"setup"``, move the job's state into them
+    with ``tplan`` — or, after a device loss (``tplan is None``), a transition planned from the
+    intact units — and stop the previous workers; the first segment of a resumed run loads the
+    checkpoint. Returns the segment's controller."""
+    from ..solvers.transition import plan_transition
+    from .controller import Controller
+    from .transition import execute_transition, physical_units
+
+    cfg, prev, seg = plan.cfg, state.current, state.segment
+    seg_cfg = replace(
+        cfg, steps=binding.steps, step_offset=state.offset, fail_at=cfg.fail_at if seg == 0 else None
+    )
+    binding.version_offset = state.offset - cfg.step_offset  # updates before it in this run
+    ctl = Controller(binding, seg_cfg, progress)
+    if cfg.checkpoint_dir:
+        ctl.on_saved = _manifest_writer(Path(cfg.checkpoint_dir), plan.result)
+    state.running = (ctl, res, state.offset)
+    state.controllers.append(ctl)
+    if prev is None:
+        ctl.start(device_base=state.device_base)
+    else:
+        ctl.start(placement=prev.placement, per_node=prev.per_node, device_base=state.device_base)
+    if progress:
+        progress(
+            "setup",
+            {"seconds": ctl.setup_s, "groups": len(binding.groups), "segment": seg, "workers": ctl.workers()},
+        )
+    if prev is not None:
+        if tplan is None:  # after a device loss: from the intact units to the new plan
+            tplan = plan_transition(
+                state.units,
+                physical_units(res, binding.graph, state.device_base),
+                plan.result.cluster,
+                method=transition_method,
             )
-            binding.version_offset = seg_offset - offset  # updates before it in this run
-            nxt = Controller(binding, seg_cfg, progress)
-            if cfg.checkpoint_dir:
-                nxt.on_saved = _manifest_writer(Path(cfg.checkpoint_dir), result)
-            running = (nxt, res, seg_offset)
-            started_ctls.append(nxt)
-            if ctl is None:
-                nxt.start(device_base=base)
-            else:
-                nxt.start(placement=ctl.placement, per_node=ctl.per_node, device_base=base)
-            if progress:
-                progress(
-                    "setup",
-                    {
-                        "seconds": nxt.setup_s,
-                        "groups": len(binding.groups),
-                        "segment": seg,
-                        "workers": nxt.workers(),
-                    },
-                )
-            if ctl is not None:
-                if tplan is None:  # after a device loss: from the intact units to the new plan
-                    tplan = plan_transition(
-                        current_units,
-                        physical_units(res, binding.graph, base),
-                        result.cluster,
-                        method=transition_method,
-                    )
-                rec = execute_transition(ctl, nxt, tplan, seg_offset, alias, old_steps)
-                records.append(rec)
-                if progress:
-                    progress("transition", rec.to_dict())
-                nxt.owns_placement, ctl.owns_placement = True, False
-                ctl.stop()
-            ctl = nxt
-            seg += 1
-            if seg == 1 and resume is not None:
-                _restore(ctl, resume)
-            try:
-                ctl.execute()
-            except RunError:
-                if not (cfg.recover and ctl.failure and ctl.failure["lost"]):
-                    raise
-                rcv = urgent_replan(
-                    ctl, res, method=replan_method, seed=seed, accept=lambda r: check_specs(r, specs)
-                )
-                recoveries.append(rcv.message)
-                if progress:
-                    progress("recovery", {"message": rcv.message, "lost_devices": rcv.lost_devices})
-                if rcv.step > 0:
-                    done.append((ctl, seg_offset, res, rcv.step))
-                running = None
-                seg_offset += rcv.step
-                old_steps = rcv.step
-                left = steps - (seg_offset - offset)
-                graph = expected_graph(rcv.target, left)
-                target_binding = bind(
-                    rcv.target,
-                    graph,
-                    left,
-                    scale=scale,
-                    batch=batch,
-                    prompt_len=prompt_len,
-                    response_len=response_len,
-                    seed=seed,
-                    specs=specs,
-                )
-                queue = [(rcv.target, target_binding, None)]  # planned transitions after a loss are dropped
-                base, alias, current_units = rcv.device_base, rcv.alias, rcv.current
-                continue
-            done.append((ctl, seg_offset, res, binding.steps))
-            running = None
-            seg_offset += binding.steps
-            old_steps = binding.steps
-            alias, current_units = {}, physical_units(res, binding.graph, base)
-        weights = ctl.final_weights() if return_weights and ctl is not None else {}
-    except RunError as exc:
-        failed = exc
-    finally:
-        for c in reversed(started_ctls):
-            c.stop()
-        if started:
-            ray.shutdown()
-    if failed is not None:
-        _fail_with_trace(failed, done, running, hw, use_gpu, address, trace_files)
+        rec = execute_transition(prev, ctl, tplan, state.offset, state.alias, state.old_steps)
+        state.transitions.append(rec)
+        if progress:
+            progress("transition", rec.to_dict())
+        ctl.owns_placement, prev.owns_placement = True, False
+        prev.stop()
+    state.current = ctl
+    state.segment += 1
+    if seg == 0 and plan.resume is not None:
+        _restore(ctl, plan.resume)
+    return ctl
+
+
+def _recover(
+    plan: _RunPlan,
+    state: _RunState,
+    ctl: Any,
+    res: Result,
+    progress: Callable[[str, dict], None] | None,
+    replan_method: str,
+) -> tuple[Result, Binding, None]:
+    """The urgent path after ``ctl`` lost a worker (:func:`~rpeg.runtime.recovery.urgent_replan`):
+    keep the steps completed before the failed one, report ``"recovery"`` and return the
+    segment that re-runs the failed step and the rest on the surviving devices."""
+    from .recovery import urgent_replan
+
+    cfg = plan.cfg
+    rcv = urgent_replan(
+        ctl, res, method=replan_method, seed=cfg.seed, accept=lambda r: check_specs(r, plan.specs)
+    )
+    state.recoveries.append(rcv.message)
+    if progress:
+        progress("recovery", {"message": rcv.message, "lost_devices": rcv.lost_devices})
+    if rcv.step > 0:
+        state.done.append((ctl, state.offset, res, rcv.step))
+    state.running = None
+    state.offset += rcv.step
+    state.old_steps = rcv.step
+    left = cfg.steps - (state.offset - cfg.step_offset)
+    state.device_base, state.alias, state.units = rcv.device_base, rcv.alias, rcv.current
+    return rcv.target, _bind(rcv.target, left, cfg, plan.specs), None
+
+
+def _report(plan: _RunPlan, state: _RunState) -> RunReport:
+    """Verify each finished segment's trace against its plan, write the trace files and gather
+    the figures of every segment into one :class:`RunReport`."""
+    from .verify import verify
+
+    cfg, done = plan.cfg, state.done
     traces, rewards, step_times, predicted_steps, problems, overheads = [], [], [], [], [], []
     for i, (c, off, res, n) in enumerate(done):
-        trace, seg_rewards, seg_times, seg_pred = _segment_trace(c, res, off, hw, use_gpu, address, n)
+        trace, seg_rewards, seg_times, seg_pred = segment_trace(
+            c, res, off, plan.hardware, cfg.use_gpu, cfg.address, n
+        )
         traces.append(trace)
         rewards += seg_rewards
         step_times += seg_times
@@ -557,8 +588,8 @@ def run(
         found = verify(trace, res)
         problems += [f"segment {i}: {p}" for p in found] if len(done) > 1 else found
         overheads += [max(0.0, (r.end - r.start) - r.worker_time) for r in trace.records]
-        if trace_files:
-            trace.to_json(_segment_path(Path(trace_files[0]), i))
+        if plan.trace_files:
+            trace.to_json(_segment_path(Path(plan.trace_files[0]), i))
     return RunReport(
         traces[0],
         rewards,
@@ -569,10 +600,10 @@ def run(
         sum(d[0].wall_s for d in done),
         sum(d[0].overhead_s for d in done),
         overheads,
-        weights,
+        state.weights,
         traces,
-        records,
-        recoveries,
+        state.transitions,
+        state.recoveries,
     )
 
 
@@ -667,7 +698,7 @@ def _fail_with_trace(
     ``"failed"``), attach the failed one to ``exc`` and raise it."""
     traces = []
     for c, off, res, n in done:
-        traces.append(_segment_trace(c, res, off, hw, use_gpu, address, n)[0])
+        traces.append(segment_trace(c, res, off, hw, use_gpu, address, n)[0])
     if running is not None:
         c, res, off = running
         if exc.node is None and c.failure:  # e.g. the urgent path stopped: the loss that started it
@@ -684,7 +715,7 @@ def _fail_with_trace(
             "device": exc.device,
             "lost": bool(exc.lost),
         }
-        traces.append(_segment_trace(c, res, off, hw, use_gpu, address, c.b.steps, failure=failure)[0])
+        traces.append(segment_trace(c, res, off, hw, use_gpu, address, c.b.steps, failure=failure)[0])
     if traces:
         exc.trace = traces[-1]
     if trace_files and traces:
@@ -718,101 +749,6 @@ def _segments(
         last, current = k, target
     out.append((current, steps - last))
     return out
-
-
-def _segment_trace(
-    ctl: Any,
-    result: Result,
-    offset: int,
-    hw: Hardware,
-    use_gpu: bool,
-    address: str | None,
-    steps: int,
-    failure: dict[str, Any] | None = None,
-) -> tuple[Trace, list[float], list[float], list[float]]:
-    """The trace and per-step figures of one executed plan's first ``steps`` complete steps (all of
-    them, or those before a lost worker's step: the rest are dropped and the node ids renumbered
-    to the ``steps``-step graph). With ``failure`` the segment stopped: the trace keeps every
-    record completed before it (node ids of the segment's graph), status ``"failed"``, and
-    step metrics for the steps before the failed one."""
-    import torch
-
-    binding = ctl.b
-    durations, _, predicted_steps = predict(binding, hw)
-    records = sorted(ctl.records, key=lambda r: r.node)
-    if failure is None and steps < binding.steps:
-        records = _renumber([r for r in records if r.step < steps], result, steps)
-        durations = []  # per node of the full segment graph; not meaningful for a cut-short one
-        predicted_steps = predicted_steps[:steps]
-    step_times = _step_times([r.step for r in records], [r.end for r in records], steps, 0.0)
-    rewards = []
-    for k in range(steps):
-        parts = ctl.rewards.get(k, [])
-        total = sum(c for _, c in parts)
-        rewards.append(sum(s for s, _ in parts) / total if total else float("nan"))
-    shown = steps
-    if failure is not None:
-        shown = failure["step"] if failure.get("step") is not None else 0
-    step_metrics = [
-        {
-            "step": k + offset,
-            "reward": rewards[k] if math.isfinite(rewards[k]) else None,
-            "step_time_s": step_times[k],
-            "predicted_step_time_s": predicted_steps[k],
-            "losses": ctl.losses.get(k, {}),
-        }
-        for k in range(min(shown, steps))
-    ]
-    cfg = ctl.cfg
-    trace = Trace(
-        plan_hash=plan_hash(result),
-        steps=steps,
-        staleness=dict(result.structure.tau),
-        records=records,
-        step_metrics=step_metrics,
-        groups=ctl.group_info,
-        meta={
-            "scaled": True,
-            "seed": cfg.seed,
-            "scale": cfg.scale,
-            "step_offset": offset,
-            "version_offset": binding.version_offset,
-            "host": platform.node(),
-            "ray_address": address or "local",
-            "torch": torch.__version__,
-            "backend": "nccl" if use_gpu else "gloo",
-            "hardware": hw.name,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "predicted_durations": durations,
-            "setup_s": ctl.setup_s,
-            "wall_s": ctl.wall_s,
-            "dispatch_overhead_s": ctl.overhead_s,
-            "stall_timeout_s": cfg.stall_s,
-        },
-        status="complete" if failure is None else "failed",
-        failure=failure,
-    )
-    return trace, rewards, step_times, predicted_steps
-
-
-def _renumber(records: list[Any], result: Result, steps: int) -> list[Any]:
-    """Records of the first ``steps`` steps with the node ids of the ``steps``-step graph."""
-    from dataclasses import replace as copy_with
-
-    from ..ir.lower import OP
-
-    g = expected_graph(result, steps)
-    names = [v.name for v in result.graph.vertices]
-    kinds = ("op", "comm", "reshard")
-    ids = {}
-    for i in range(len(g)):
-        src = None if g.kind[i] == OP else names[g.source[i]]
-        ids[(kinds[g.kind[i]], names[g.vertex[i]], src, g.step[i], g.phase[i])] = i
-    out = []
-    for r in records:
-        key = (r.kind, r.vertex, r.source, r.step, r.phase)
-        out.append(copy_with(r, node=ids.get(key, -1)))
-    return sorted(out, key=lambda r: r.node)
 
 
 # ---------------------------------------------------------------------------- checkpoints

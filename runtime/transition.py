@@ -207,7 +207,7 @@ def execute_transition(
     RunError
         A worker failed; the message names the phase and the worker.
     """
-    from .controller import RunError, torch_timeout_s
+    from .controller import torch_timeout_s
 
     dag = tplan.dag
     rec = TransitionRecord(step, tplan.method, tplan.l_tran, tplan.bound)
@@ -217,63 +217,114 @@ def execute_transition(
         raise ValueError(f"transition: the plans' graphs differ ({names} vs new)")
     alias = dict(alias or {})
     holders = _Holders(old, new, {u.uid for u in dag.current}, alias)
-
-    watch = old.watch
-    ref_owner: dict[Any, Any] = {}
-
-    def call(owner: Any, method: str, *args: Any) -> Any:
-        ref = owner.actor.call.remote(method, *args)
-        ref_owner[ref] = owner
-        return ref
-
-    def get(refs: list, what: str) -> list:
-        """Results by progress; a failure names the phase, the worker and its device."""
-        return watch.get_all(refs, ref_owner.__getitem__, f"transition at step {step}: {what}")
-
-    # 1. weight synchronisation inside the current plan
-    t0 = time.perf_counter()
-    refs = []
+    calls = _Calls(old.watch, step)
     live = {(gid, r) for gid, r, _ in old.live_actors()}
-    for g in old.b.groups:
-        if g.trains:
-            pubs = [call(old.owners[(g.gid, r)], "publish") for r in range(g.size)]
-            for other in old.b.groups:
-                if other.model == g.model and not other.trains:
-                    refs += [
-                        call(old.owners[(other.gid, r)], "install", pubs, old.b.steps)
-                        for r in range(other.size)
-                        if (other.gid, r) in live
-                    ]
-    get(refs, "weight synchronisation")
+
+    t0 = time.perf_counter()
+    _synchronise_weights(old, live, calls)
     rec.sync_s = time.perf_counter() - t0
 
-    # the transition group: every worker of both plans
+    # the transition group: every worker of both plans; rank 0 opens the group's store on a
+    # port the OS picks, then every rank joins
     t0 = time.perf_counter()
     world = len(holders.actors)
-    torch_s = torch_timeout_s(watch.stall_s)
-    # rank 0 opens the group's store on a port the OS picks, then every rank joins
-    (master,) = get([call(holders.owners[0], "xfer_host", world, torch_s)], "opening the transition group")
-    get(
-        [call(o, "xfer_join", master, r, world, torch_s) for r, o in enumerate(holders.owners)],
+    torch_s = torch_timeout_s(old.watch.stall_s)
+    (master,) = calls.get(
+        [calls.call(holders.owners[0], "xfer_host", world, torch_s)], "opening the transition group"
+    )
+    calls.get(
+        [calls.call(o, "xfer_join", master, r, world, torch_s) for r, o in enumerate(holders.owners)],
         "joining the transition group",
     )
     rec.join_s = time.perf_counter() - t0
 
-    # 2. export the current units
     t0 = time.perf_counter()
+    _export(dag, holders, live, alias, calls)
+    rec.export_s = time.perf_counter() - t0
+
+    shapes = _shapes(old)
+    tags = iter(range(1, 1 << 30))
+    t0 = time.perf_counter()
+    rec.primitives = _run_primitives(tplan, holders, shapes, tags, calls, t0)
+    rec.primitives_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    rec.handover_bytes = _hand_over(dag, new, holders, shapes, tags, calls)
+    _past_versions(old, new, old.b.steps if old_steps is None else old_steps, calls.get, calls.call)
+    rec.handover_s = time.perf_counter() - t0
+    rec.total_s = time.perf_counter() - t_start
+    return rec
+
+
+class _Calls:
+    """Worker calls of one transition, each remembered with its worker so that every wait is
+    progress-checked (:class:`~rpeg.runtime.liveness.Watchdog`) and a failure names the phase,
+    the worker and its device."""
+
+    def __init__(self, watch: Any, step: int) -> None:
+        self.watch, self.step = watch, step
+        self.ref_owner: dict[Any, Any] = {}
+
+    def call(self, owner: Any, method: str, *args: Any) -> Any:
+        """Submit ``owner``'s ``worker.<method>(*args)``; returns the ref."""
+        ref = owner.actor.call.remote(method, *args)
+        self.ref_owner[ref] = owner
+        return ref
+
+    def get(self, refs: list, what: str) -> list:
+        """Results by progress; a failure names the phase, the worker and its device."""
+        return self.watch.get_all(refs, self.ref_owner.__getitem__, f"transition at step {self.step}: {what}")
+
+
+def _synchronise_weights(old: Any, live: set[tuple[int, int]], calls: _Calls) -> None:
+    """Step 1: every live serving worker of a trained model installs its training group's
+    current weights (version ``old.b.steps``), so every model-stage holds the same version."""
+    refs = []
+    for g in old.b.groups:
+        if g.trains:
+            pubs = [calls.call(old.owners[(g.gid, r)], "publish") for r in range(g.size)]
+            for other in old.b.groups:
+                if other.model == g.model and not other.trains:
+                    refs += [
+                        calls.call(old.owners[(other.gid, r)], "install", pubs, old.b.steps)
+                        for r in range(other.size)
+                        if (other.gid, r) in live
+                    ]
+    calls.get(refs, "weight synchronisation")
+
+
+def _export(
+    dag: Any, holders: _Holders, live: set[tuple[int, int]], alias: dict[str, str], calls: _Calls
+) -> None:
+    """Step 2: every live current worker hands its cells of the current units to the transition
+    (a re-seeded vertex's cells come from its training vertex's workers)."""
     cells: dict[int, list] = defaultdict(list)
     for u in dag.current:
         for i in range(u.size):
             v = alias.get(u.stage.vertex, u.stage.vertex)
             cells[holders.of(u, i)].append((u.uid, v, i, u.optim_bytes > 0))
     exporters = {holders.xrank[("old", gid, r)] for gid, r in live}
-    get([call(holders.owners[x], "xfer_export", cells.get(x, [])) for x in sorted(exporters)], "export")
-    rec.export_s = time.perf_counter() - t0
+    calls.get(
+        [calls.call(holders.owners[x], "xfer_export", cells.get(x, [])) for x in sorted(exporters)], "export"
+    )
 
-    # 3. the primitives, in DAG order
-    shapes = _shapes(old)
-    tags = iter(range(1, 1 << 30))
-    t0 = time.perf_counter()
+
+def _run_primitives(
+    tplan: Any, holders: _Holders, shapes: dict, tags: Any, calls: _Calls, t0: float
+) -> list[dict[str, Any]]:
+    """Step 3: the DAG's primitives, each started once its predecessors ended (earliest
+    scheduled start first), independent ones concurrently. Returns one record per primitive
+    (``index``, ``kind``, ``label``, ``start``/``end`` from ``t0``, ``bytes`` sent,
+    ``predicted_s``) in the order they ended.
+
+    Raises
+    ------
+    RunError
+        A worker's process is gone (named with the primitive).
+    """
+    from .controller import RunError
+
+    dag, watch, step = tplan.dag, calls.watch, calls.step
     n = len(dag.primitives)
     preds = [set(p) for p in dag.predecessors]
     order = sorted(range(n), key=lambda i: (tplan.starts[i] if tplan.starts else 0.0, i))
@@ -282,12 +333,13 @@ def execute_transition(
     refs_of: dict[int, list] = {}
     ref_of: dict[Any, int] = {}
     done: set[int] = set()
+    out: list[dict[str, Any]] = []
     while len(done) < n:
         for i in order:
             if i in started or not preds[i] <= done:
                 continue
-            calls = _calls(dag.primitives[i], holders, shapes, tags)
-            prefs = [call(holders.owners[x], m, arg) for x, (m, arg) in sorted(calls.items())]
+            jobs = _primitive_calls(dag.primitives[i], holders, shapes, tags)
+            prefs = [calls.call(holders.owners[x], m, arg) for x, (m, arg) in sorted(jobs.items())]
             started[i] = time.perf_counter() - t0
             refs_of[i], waiting[i] = prefs, set(prefs)
             for r in prefs:
@@ -298,10 +350,10 @@ def execute_transition(
             if not pending:
                 raise RuntimeError(f"transition DAG stalled with {n - len(done)} primitives left (a cycle?)")
             ready, dead = watch.wait_any(
-                pending, ref_owner.__getitem__, lambda: f"transition at step {step}: primitives"
+                pending, calls.ref_owner.__getitem__, lambda: f"transition at step {step}: primitives"
             )
             if dead:
-                gone = ref_owner[dead[0]]
+                gone = calls.ref_owner[dead[0]]
                 raise RunError(
                     f"transition at step {step}: {dag.primitives[ref_of[dead[0]]].label()} failed on "
                     f"{gone.label()}: worker process lost ({watch.dead(gone)})",
@@ -317,8 +369,8 @@ def execute_transition(
             i = finished[0]
         del waiting[i]
         prim = dag.primitives[i]
-        outs = get(refs_of[i], prim.label())
-        rec.primitives.append(
+        outs = calls.get(refs_of[i], prim.label())
+        out.append(
             {
                 "index": i,
                 "kind": prim.kind,
@@ -330,10 +382,13 @@ def execute_transition(
             }
         )
         done.add(i)
-    rec.primitives_s = time.perf_counter() - t0
+    return out
 
-    # 4. hand-over to the target plan's workers
-    t0 = time.perf_counter()
+
+def _hand_over(dag: Any, new: Any, holders: _Holders, shapes: dict, tags: Any, calls: _Calls) -> int:
+    """Step 4: each target worker assembles its cell of the final unit of every vertex it serves
+    and loads it (parameters, its ZeRO slice of the moments, the counter). Returns the bytes
+    copied between the two plans' workers."""
     final = {u.key(): u for u in _final_units(dag)}
     trainers = {v.name for v in new.b.graph.vertices if v.role is Role.TRAINING}
     entries: dict[int, list] = defaultdict(list)
@@ -359,15 +414,13 @@ def execute_transition(
                         entries[h].append(e)
                     adopt[x].setdefault("cells", {})[v] = dst
                     adopt[x]["train"] = train
-    outs = get(
-        [call(holders.owners[x], "xfer_run", es) for x, es in sorted(entries.items())], "hand-over copy"
+    outs = calls.get(
+        [calls.call(holders.owners[x], "xfer_run", es) for x, es in sorted(entries.items())], "hand-over copy"
     )
-    rec.handover_bytes = sum(o["sent"] for o in outs)
-    get([call(holders.owners[x], "xfer_adopt", keys) for x, keys in sorted(adopt.items())], "adoption")
-    _past_versions(old, new, old.b.steps if old_steps is None else old_steps, get, call)
-    rec.handover_s = time.perf_counter() - t0
-    rec.total_s = time.perf_counter() - t_start
-    return rec
+    calls.get(
+        [calls.call(holders.owners[x], "xfer_adopt", keys) for x, keys in sorted(adopt.items())], "adoption"
+    )
+    return sum(o["sent"] for o in outs)
 
 
 def _past_versions(old: Any, new: Any, done: int, get: Any, call: Any) -> None:
@@ -496,7 +549,7 @@ def _entry(
     }
 
 
-def _calls(prim: Any, holders: _Holders, shapes: dict, tags: Any) -> dict[int, tuple[str, Any]]:
+def _primitive_calls(prim: Any, holders: _Holders, shapes: dict, tags: Any) -> dict[int, tuple[str, Any]]:
     """Per transition rank, the worker call that executes its part of ``prim``."""
     if isinstance(prim, Destroy):
         keys: dict[int, list] = defaultdict(list)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..costmodel.layout import Layout
 from ..costmodel.memory import training_state_bytes, transient_bytes, weight_bytes
-from ..costmodel.time import Layout, comm_time, op_time, reshard_time
+from ..costmodel.time import comm_time, op_time, reshard_time
 from ..ir.cluster import Cluster
 from ..ir.graph import RPEG
 from ..ir.plan import Choice, Strategy
@@ -80,7 +81,7 @@ class Costs:
         """The cost model's :class:`Layout` of a strategy."""
         lay = self._layout.get(s)
         if lay is None:
-            lay = Layout(s.dp, s.pp, s.tp, s.mb, s.pp_tier, s.dp_tier, self.cluster.gpus_per_node)
+            lay = Layout(s, self.cluster.gpus_per_node)
             self._layout[s] = lay
         return lay
 

@@ -173,8 +173,8 @@ class Evaluator:
     ) -> None:
         if objective not in ("throughput", "throughput-util"):
             raise ValueError(f"objective must be 'throughput' or 'throughput-util', got {objective!r}")
-        if not 0.0 <= delta < 1.0:
-            raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+        if not 0.0 < delta <= 1.0:  # the front door's range (solvers.solve.Problem): δ = 1 weights every plan
+            raise ValueError(f"delta must be in (0, 1], got {delta!r}")
         self.workload = workload
         self.cluster = cluster
         self.structure = structure or Structure.synchronous(workload)

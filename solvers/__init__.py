@@ -1,7 +1,10 @@
 """The pluggable solver interface: ``solve()``, the method registry and :class:`Result`.
 
 Importing this package registers the built-in methods: ``greedy`` and ``concurrent``
-(:mod:`.solve`) and ``sa`` (:mod:`.sa`).
+(:mod:`.solve`), ``sa`` (:mod:`.sa`), ``dp`` (:mod:`.dp`), ``cpsat`` and ``milp``
+(:mod:`.exact`). Every method gets a :class:`Problem` (checked once, when built) and returns a
+:class:`Result` built with :meth:`Result.scored` or :meth:`Result.infeasible`; the contract every
+result keeps is tested once for all methods (``tests/solvers/test_contract.py``).
 """
 
 from . import dp as _dp  # noqa: F401  (registers "dp")

@@ -34,6 +34,8 @@ model-stage's pick and frontier size, and the frontier-building and selection ti
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..formulations.deadline import Deadline
@@ -44,12 +46,13 @@ from ..heuristics.dp_planner import (
     STAGE_NAME,
     DPInstance,
     Selection,
-    build_instance,
+    build_dp_instance,
     place,
     solve_dp,
 )
 from ..ir.templates import Structure
 from ..ir.templates import structures as all_structures
+from ..scoring.evaluator import Evaluator
 from .result import Result, Status
 from .solve import Problem, register
 
@@ -103,119 +106,182 @@ def _dp(
         raise ValueError(f"method 'dp' takes no option(s) {', '.join(sorted(options))}")
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; known engines: {', '.join(map(repr, ENGINES))}")
-    if structure == "all":
-        ys = all_structures(problem.workload)
-    elif structure is None:
-        ys = [Structure.synchronous(problem.workload)]
-    elif isinstance(structure, Structure):
-        ys = [structure]
-    else:
-        raise ValueError(f"structure must be a Structure, None or 'all', got {structure!r}")
+    ys = _structures(problem, structure)
     t0 = time.monotonic()
-    deadline = Deadline(problem.time_limit, start=t0)
-    best = None  # (latency, index, ev, inst, selection, status)
+    run = _plan_structures(problem, ys, Deadline(problem.time_limit, start=t0), budget, engine, threads)
+    if run.best is None:
+        assert run.first_error is not None  # the first structure is always planned
+        message = str(run.first_error)
+        if run.stopped:  # the others were not tried: no proof
+            message += f" ({run.stopped}: planned {run.planned} of {len(ys)} structures)"
+        return Result.infeasible(
+            run.evaluators[0],
+            "dp",
+            message,
+            runtime_s=time.monotonic() - t0,
+            status=Status.TIME_LIMIT if run.stopped else Status.INFEASIBLE,
+            evaluations=0,
+        )
+    best = run.best
+    plan = place(best.inst, best.sel, len(best.ev.graph.vertices))
+    evaluation = best.ev.evaluate(plan, keep=True)
+    if not evaluation.feasible:  # the plan-level bound covers every placement
+        raise AssertionError("dp produced a memory-infeasible plan")
+    lanes = best.sel.lanes or best.inst.side_by_side()
+    lat = best.inst.stage_latencies(best.sel.picks, lanes)
+    extra = {"dp": _extra(best, engine, lanes, lat, run.planned, len(ys))}
+    note = (
+        f"{engine} over {len(best.inst.frontiers)} model-stages "
+        f"({sum(len(f.points) for f in best.inst.frontiers)} frontier points): predicted step latency "
+        f"{best.sel.step_latency * LAT_UNIT:.3f} s = Σ_stages max_lanes Σ ℓ "
+        f"({' + '.join(f'{x * LAT_UNIT:.3f}' for x in lat)}); "
+        + (
+            "optimal within the planner's space"
+            if best.status == "optimal"
+            else f"CP-SAT status {best.status}"
+        )
+    )
+    if run.stopped:
+        note = f"{run.stopped}: planned {run.planned} of {len(ys)} structures; best plan so far; " + note
+    return Result.scored(
+        best.ev,
+        plan,
+        Status.TIME_LIMIT if best.status == "time_limit" or run.stopped else Status.FEASIBLE,
+        "dp",
+        runtime_s=time.monotonic() - t0,
+        evaluation=evaluation,
+        message=note,
+        extra=extra,
+    )
+
+
+def _structures(problem: Problem, structure: Structure | str | None) -> list[Structure]:
+    """The structures the ``structure`` option names (module docstring).
+
+    Raises
+    ------
+    ValueError
+        If ``structure`` is not a :class:`Structure`, ``None`` or ``"all"``.
+    """
+    if structure == "all":
+        return all_structures(problem.workload)
+    if structure is None:
+        return [Structure.synchronous(problem.workload)]
+    if isinstance(structure, Structure):
+        return [structure]
+    raise ValueError(f"structure must be a Structure, None or 'all', got {structure!r}")
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """One structure's plan: its index in the structures, evaluator, DP instance, selection
+    and status word."""
+
+    index: int
+    ev: Evaluator
+    inst: DPInstance
+    sel: Selection
+    status: str
+
+
+@dataclass
+class _Run:
+    """What planning the structures one after another produced.
+
+    Attributes
+    ----------
+    best
+        The structure with the least predicted step latency (ties: the first), or ``None``.
+    first_error
+        Why the first infeasible structure had no selection.
+    evaluators
+        One per structure tried, in order.
+    planned
+        Structures planned (infeasible ones included).
+    stopped
+        Why not every structure was planned (``"time limit"``, ``"Ctrl-C"``; empty: all were).
+    """
+
+    best: _Planned | None = None
     first_error: Infeasible | None = None
-    evs = []
-    planned = 0
-    stopped = ""  # why not every structure was planned
+    evaluators: list[Evaluator] = field(default_factory=list)
+    planned: int = 0
+    stopped: str = ""
+
+
+def _plan_structures(
+    problem: Problem,
+    ys: list[Structure],
+    deadline: Deadline,
+    budget: int | None,
+    engine: str,
+    threads: int | None,
+) -> _Run:
+    """Build and select each structure's instance while time is left (the first always is),
+    keeping the least predicted step latency; CP-SAT gets the time left divided by the
+    structures still to plan. Ctrl-C after a plan was found stops early.
+    """
+    run = _Run()
     try:
         for k, y in enumerate(ys):
             if k > 0 and deadline.expired():
-                stopped = "time limit"
+                run.stopped = "time limit"
                 break
             ev = problem.evaluator(y)
-            evs.append(ev)
-            inst = build_instance(ev.costs, budget)
+            run.evaluators.append(ev)
+            inst = build_dp_instance(ev.costs, budget)
             share = deadline.limit()
             if share is not None:
                 share = max(0.01, share / (len(ys) - k))
             try:
                 sel, status = select(inst, engine, time_limit=share, seed=problem.seed, threads=threads)
             except Infeasible as exc:
-                first_error = first_error or exc
+                run.first_error = run.first_error or exc
                 continue
             finally:
-                planned += 1
-            if best is None or sel.step_latency < best[0]:
-                best = (sel.step_latency, k, ev, inst, sel, status)
+                run.planned += 1
+            if run.best is None or sel.step_latency < run.best.sel.step_latency:
+                run.best = _Planned(k, ev, inst, sel, status)
     except KeyboardInterrupt:
-        if best is None:
+        if run.best is None:
             raise
-        stopped = "Ctrl-C"
-    if best is None:
-        assert first_error is not None  # the first structure is always planned
-        message = str(first_error)
-        if stopped:  # the others were not tried: no proof
-            message += f" ({stopped}: planned {planned} of {len(ys)} structures)"
-        return Result(
-            problem.workload,
-            problem.cluster,
-            ys[0],
-            evs[0].graph,
-            None,
-            None,
-            Status.TIME_LIMIT if stopped else Status.INFEASIBLE,
-            "dp",
-            time.monotonic() - t0,
-            0,
-            problem.k_eval,
-            message=message,
-        )
-    _, k, ev, inst, sel, status = best
-    plan = place(inst, sel, len(ev.graph.vertices))
-    evaluation = ev.evaluate(plan, keep=True)
-    if not evaluation.feasible:  # the plan-level bound covers every placement
-        raise AssertionError("dp produced a memory-infeasible plan")
-    lanes = sel.lanes or inst.side_by_side()
-    lat = inst.stage_latencies(sel.picks, lanes)
-    extra = {
-        "dp": {
-            "engine": engine,
-            "step_latency_s": sel.step_latency * LAT_UNIT,
-            "stage_latency_s": {
-                STAGE_NAME[inst.frontiers[m[0]].stage.stage]: x * LAT_UNIT for m, x in zip(inst.stages, lat)
-            },
-            "model_stages": [
-                {
-                    "model_stage": f.stage.label,
-                    "vertices": list(f.stage.names),
-                    "frontier": len(f.points),
-                    "legal": f.legal,
-                    "pick": f.points[j].strategy.label(),
-                    "gpus": f.points[j].gpus,
-                    "latency_s": f.points[j].latency * LAT_UNIT,
-                }
-                for f, j in zip(inst.frontiers, sel.picks)
-            ],
-            "lanes": [[[inst.frontiers[m].stage.label for m in lane] for lane in g] for g in lanes],
-            "build_s": inst.build_s,
-            "select_s": sel.runtime,
-            "labels": sel.labels,
-            "structures_planned": planned,
-            "structures": len(ys),
-        }
+        run.stopped = "Ctrl-C"
+    return run
+
+
+def _extra(
+    best: _Planned,
+    engine: str,
+    lanes: Sequence[Sequence[Sequence[int]]],
+    lat: Sequence[int],
+    planned: int,
+    structures: int,
+) -> dict[str, Any]:
+    """``Result.extra["dp"]``: predicted latencies (seconds), each model-stage's pick and
+    frontier, the lanes and the frontier-building and selection times."""
+    inst, sel = best.inst, best.sel
+    return {
+        "engine": engine,
+        "step_latency_s": sel.step_latency * LAT_UNIT,
+        "stage_latency_s": {
+            STAGE_NAME[inst.frontiers[m[0]].stage.stage]: x * LAT_UNIT for m, x in zip(inst.stages, lat)
+        },
+        "model_stages": [
+            {
+                "model_stage": f.stage.label,
+                "vertices": list(f.stage.names),
+                "frontier": len(f.points),
+                "legal": f.legal,
+                "pick": f.points[j].strategy.label(),
+                "gpus": f.points[j].gpus,
+                "latency_s": f.points[j].latency * LAT_UNIT,
+            }
+            for f, j in zip(inst.frontiers, sel.picks)
+        ],
+        "lanes": [[[inst.frontiers[m].stage.label for m in lane] for lane in g] for g in lanes],
+        "build_s": inst.build_s,
+        "select_s": sel.runtime,
+        "labels": sel.labels,
+        "structures_planned": planned,
+        "structures": structures,
     }
-    note = (
-        f"{engine} over {len(inst.frontiers)} model-stages "
-        f"({sum(len(f.points) for f in inst.frontiers)} frontier points): predicted step latency "
-        f"{sel.step_latency * LAT_UNIT:.3f} s = Σ_stages max_lanes Σ ℓ "
-        f"({' + '.join(f'{x * LAT_UNIT:.3f}' for x in lat)}); "
-        + ("optimal within the planner's space" if status == "optimal" else f"CP-SAT status {status}")
-    )
-    if stopped:
-        note = f"{stopped}: planned {planned} of {len(ys)} structures; best plan so far; " + note
-    return Result(
-        problem.workload,
-        problem.cluster,
-        ys[k],
-        ev.graph,
-        plan,
-        evaluation,
-        Status.TIME_LIMIT if status == "time_limit" or stopped else Status.FEASIBLE,
-        "dp",
-        time.monotonic() - t0,
-        ev.evaluations,
-        problem.k_eval,
-        message=note,
-        extra=extra,
-    )

@@ -31,11 +31,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..formulations.deadline import BuildTimeout, Deadline
-from ..formulations.plan_cpsat import PlanSolution, solve_plan_cpsat
-from ..formulations.plan_model import build_instance, candidate_sets
+from ..formulations.plan_cpsat import solve_plan_cpsat
+from ..formulations.plan_model import PlanSolution, build_plan_instance, candidate_sets
 from ..heuristics.baselines import Infeasible, check_directories, concurrent_plan
 from ..ir.plan import Choice, Plan
 from ..ir.templates import Structure
@@ -96,14 +97,49 @@ def solve_exact(
     Result
         Status ``optimal`` (proven over the candidate sets), ``time_limit`` (the best plan
         found — at least the best memory-feasible warm start — when the limit or Ctrl-C stopped
-        an engine or a model could not be built in time; ``Result.message`` says which), or
-        ``infeasible`` / ``time_limit`` without a plan when there is none.
+        an engine or a model could not be built in time; ``Result.message`` says which),
+        ``feasible`` (a plan, but an engine stopped without a proof before the limit), or,
+        without a plan: ``infeasible`` (proven), ``time_limit``, ``error`` (an engine failed) or
+        ``unknown`` (an engine stopped with neither a plan nor a proof).
 
     Raises
     ------
     ValueError
         For a bad option (the message names it).
     """
+    _check_options(candidates, structure, warm_start)
+    t0 = time.monotonic()
+    limit = problem.time_limit if problem.time_limit is not None else DEFAULT_TIME_LIMIT
+    deadline = Deadline(limit, start=t0)
+    _preload(engine)  # a one-time import of a second or more must not eat the first share
+    ys = [structure] if structure is not None else all_structures(problem.workload)
+    search = _Search(problem, engine_fn, candidates, warm_start, threads, engine_options or {})
+    try:
+        for i, y in enumerate(ys):
+            if deadline.expired() and search.pool:
+                search.outcomes.append({"structure": y.label, "status": "skipped", "reason": "no time left"})
+                search.bounds.append(0.0)
+                continue
+            search.structure(i, y, deadline.within(deadline.remaining() / (len(ys) - i)))
+    except (KeyboardInterrupt, _Interrupted):
+        search.interrupted = True
+    cand_note = _candidates_note(candidates)
+    extra: dict[str, Any] = {
+        "structures": search.outcomes,
+        "candidates": cand_note,
+        "time_limit_s": limit,
+        "interrupted": search.interrupted,
+    }
+    done = len(search.outcomes) == len(ys) and not search.interrupted
+    if not search.pool:
+        return _without_plan(problem, ys[0], search, done, engine, cand_note, limit, extra, t0)
+    return _best_plan(problem, search, done, len(ys), engine, cand_note, limit, extra, t0)
+
+
+def _check_options(
+    candidates: int | Sequence[Sequence[Choice]] | None, structure: Structure | None, warm_start: object
+) -> None:
+    """Raise ``ValueError`` naming a bad option of :func:`solve_exact`."""
     if isinstance(warm_start, str) and warm_start not in ("concurrent", "sa"):
         raise ValueError(f"warm_start must be 'concurrent', 'sa', a Plan or None, got {warm_start!r}")
     if candidates is not None and not isinstance(candidates, int) and structure is None:
@@ -112,135 +148,194 @@ def solve_exact(
         raise ValueError(
             f"candidates must be a positive integer, None or candidate lists, got {candidates!r}"
         )
-    t0 = time.monotonic()
-    limit = problem.time_limit if problem.time_limit is not None else DEFAULT_TIME_LIMIT
-    deadline = Deadline(limit, start=t0)
-    _preload(engine)  # a one-time import of a second or more must not eat the first share
-    ys = [structure] if structure is not None else all_structures(problem.workload)
-    outcomes: list[dict[str, Any]] = []
-    # the pool: (evaluator makespan, 0 = engine solution | 1 = warm start, structure index, ev,
-    # plan, the engine's solution or None)
-    pool: list[tuple[float, int, int, Evaluator, Plan, PlanSolution | None]] = []
-    bounds: list[float] = []
-    too_large: list[str] = []  # build-timeout messages
-    interrupted = False
-    try:
-        for i, y in enumerate(ys):
-            if deadline.expired() and pool:
-                outcomes.append({"structure": y.label, "status": "skipped", "reason": "no time left"})
-                bounds.append(0.0)
-                continue
-            share = deadline.within(deadline.remaining() / (len(ys) - i))
-            ev = problem.evaluator(y)
-            dirs = build_directories(ev.costs)
-            try:
-                check_directories(ev, dirs)
-            except Infeasible as exc:
-                outcomes.append({"structure": y.label, "status": "infeasible", "reason": str(exc)})
-                continue
-            hint, stopped = _warm_start(problem, ev, dirs, y, warm_start, share)
-            if hint is not None:
-                hint_ms = ev.evaluate(hint)
-                if hint_ms.feasible:
-                    pool.append((hint_ms.makespan, 1, i, ev, hint, None))
-            if stopped:
-                raise _Interrupted
-            outcome: dict[str, Any] = {"structure": y.label}
-            outcomes.append(outcome)
-            if share.expired():
-                outcome.update(status="skipped", reason="no time left after the warm start")
-                bounds.append(0.0)
-                continue
-            try:
-                if candidates is None or isinstance(candidates, int):
-                    cands = candidate_sets(ev, dirs, candidates, include=hint)
-                else:
-                    cands = [list(c) for c in candidates]
-                inst = build_instance(ev, cands, share)
-            except BuildTimeout as exc:
-                outcome.update(status="time_limit", reason=str(exc))
-                too_large.append(str(exc))
-                bounds.append(0.0)
-                continue
-            sol = engine_fn(
-                inst,
-                time_limit=share.limit(),
-                seed=problem.seed,
-                threads=threads,
-                hint=hint,
-                deadline=share,
-                **(engine_options or {}),
-            )
-            outcome.update(
-                {
-                    "status": sol.status,
-                    "makespan": sol.makespan,
-                    "lower_bound": sol.lower_bound,
-                    "runtime_s": sol.runtime,
-                    "time_to_first_s": sol.time_to_first,
-                    "candidates": [len(c) for c in cands],
-                }
-            )
-            if sol.message:
-                outcome["reason"] = sol.message
-                if sol.message.startswith("model too large"):
-                    too_large.append(sol.message)
-            if sol.status != "infeasible":
-                bounds.append(sol.lower_bound)
-            if sol.plan is not None:
-                pool.append((ev.evaluate(sol.plan).makespan, 0, i, ev, sol.plan, sol))
-            if sol.interrupted:
-                raise _Interrupted
-    except (KeyboardInterrupt, _Interrupted):
-        interrupted = True
-    runtime = time.monotonic() - t0
-    cand_note = (
-        "whole directories"
-        if candidates is None
-        else (
-            f"the {candidates} fastest strategies per invocation at every origin"
-            if isinstance(candidates, int)
-            else "the given candidate lists"
-        )
-    )
-    extra: dict[str, Any] = {
-        "structures": outcomes,
-        "candidates": cand_note,
-        "time_limit_s": limit,
-        "interrupted": interrupted,
-    }
-    work = problem.k_eval * problem.workload.tokens_per_step
-    done = len(outcomes) == len(ys) and not interrupted
-    bound = work / min(bounds) if done and bounds and min(bounds) > 0 else None
-    if not pool:
-        proven = done and all(o.get("status") == "infeasible" for o in outcomes)
-        y = ys[0]
+
+
+def _candidates_note(candidates: int | Sequence[Sequence[Choice]] | None) -> str:
+    """Which candidate sets were used, for the messages."""
+    if candidates is None:
+        return "whole directories"
+    if isinstance(candidates, int):
+        return f"the {candidates} fastest strategies per invocation at every origin"
+    return "the given candidate lists"
+
+
+#: ``(evaluator makespan, 0 = engine solution | 1 = warm start, structure index, evaluator, plan,
+#: the engine's solution or None)``
+_Entry = tuple[float, int, int, Evaluator, Plan, PlanSolution | None]
+
+
+@dataclass
+class _Search:
+    """What :func:`solve_exact` gathers structure by structure."""
+
+    problem: Problem
+    engine_fn: Callable[..., PlanSolution]
+    candidates: int | Sequence[Sequence[Choice]] | None
+    warm_start: str | Plan | None
+    threads: int | None
+    engine_options: dict[str, Any]
+    #: per structure: its label, status word, and what the engine reported
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
+    #: the engines' solutions and the memory-feasible warm starts
+    pool: list[_Entry] = field(default_factory=list)
+    #: the engines' lower bounds on the makespan (0 where nothing was proven)
+    bounds: list[float] = field(default_factory=list)
+    #: "model too large to build" messages
+    too_large: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+    def structure(self, i: int, y: Structure, share: Deadline) -> None:
+        """Warm start, candidate sets, instance and engine run of structure ``i`` (``y``), all
+        within ``share``.
+
+        Raises
+        ------
+        _Interrupted
+            When Ctrl-C stopped the warm start or the engine (what they found is pooled first).
+        """
+        problem = self.problem
         ev = problem.evaluator(y)
-        reasons = [o["reason"] for o in outcomes if o.get("status") == "infeasible" and "reason" in o]
-        if proven and reasons and len(reasons) == len(outcomes):
-            msg = reasons[0]
-        elif proven:
-            msg = "no memory-feasible plan exists within " + cand_note
-        elif interrupted:
-            msg = "interrupted (Ctrl-C) before any plan was found"
-        else:
-            msg = f"no plan found within the time limit ({limit:g} s) over {cand_note}"
-        return Result(
-            problem.workload,
-            problem.cluster,
-            y,
-            ev.graph,
-            None,
-            None,
-            Status.INFEASIBLE if proven else Status.TIME_LIMIT,
-            engine,
-            runtime,
-            0,
-            problem.k_eval,
-            objective_bound=None,
-            message=msg,
-            extra=extra,
+        dirs = build_directories(ev.costs)
+        try:
+            check_directories(ev, dirs)
+        except Infeasible as exc:
+            self.outcomes.append({"structure": y.label, "status": "infeasible", "reason": str(exc)})
+            return
+        hint, stopped = _warm_start(problem, ev, dirs, y, self.warm_start, share)
+        if hint is not None:
+            hint_ms = ev.evaluate(hint)
+            if hint_ms.feasible:
+                self.pool.append((hint_ms.makespan, 1, i, ev, hint, None))
+        if stopped:
+            raise _Interrupted
+        outcome: dict[str, Any] = {"structure": y.label}
+        self.outcomes.append(outcome)
+        if share.expired():
+            outcome.update(status="skipped", reason="no time left after the warm start")
+            self.bounds.append(0.0)
+            return
+        try:
+            if self.candidates is None or isinstance(self.candidates, int):
+                cands = candidate_sets(ev, dirs, self.candidates, include=hint)
+            else:
+                cands = [list(c) for c in self.candidates]
+            inst = build_plan_instance(ev, cands, share)
+        except BuildTimeout as exc:
+            outcome.update(status="time_limit", reason=str(exc))
+            self.too_large.append(str(exc))
+            self.bounds.append(0.0)
+            return
+        sol = self.engine_fn(
+            inst,
+            time_limit=share.limit(),
+            seed=problem.seed,
+            threads=self.threads,
+            hint=hint,
+            deadline=share,
+            **self.engine_options,
         )
+        self._record(outcome, sol, cands, i, ev)
+        if sol.interrupted:
+            raise _Interrupted
+
+    def _record(self, outcome: dict[str, Any], sol: PlanSolution, cands: list, i: int, ev: Evaluator) -> None:
+        """Keep the engine's outcome, its bound and its plan."""
+        outcome.update(
+            {
+                "status": Status(sol.status).value,
+                "makespan": sol.makespan,
+                "lower_bound": sol.lower_bound,
+                "runtime_s": sol.runtime,
+                "time_to_first_s": sol.time_to_first,
+                "candidates": [len(c) for c in cands],
+            }
+        )
+        if sol.message:
+            outcome["reason"] = sol.message
+            if sol.message.startswith("model too large"):
+                self.too_large.append(sol.message)
+        if sol.status != Status.INFEASIBLE:
+            self.bounds.append(sol.lower_bound)
+        if sol.plan is not None:
+            self.pool.append((ev.evaluate(sol.plan).makespan, 0, i, ev, sol.plan, sol))
+
+    def limited(self) -> bool:
+        """Whether the time limit or Ctrl-C stopped some part of the search."""
+        return (
+            self.interrupted
+            or bool(self.too_large)
+            or any(o.get("status") in (Status.TIME_LIMIT.value, "skipped") for o in self.outcomes)
+        )
+
+    def engine_statuses(self) -> list[str]:
+        """The engines' status words other than ``optimal`` and ``infeasible``, in order, once each."""
+        out: list[str] = []
+        for o in self.outcomes:
+            st = o.get("status")
+            if st is not None and st not in ("optimal", "infeasible") and st not in out:
+                out.append(st)
+        return out
+
+
+def _without_plan(
+    problem: Problem,
+    y: Structure,
+    search: _Search,
+    done: bool,
+    engine: str,
+    cand_note: str,
+    limit: float,
+    extra: dict[str, Any],
+    t0: float,
+) -> Result:
+    """The result when neither an engine nor a warm start gave a plan: ``INFEASIBLE`` when every
+    structure was proven infeasible, ``TIME_LIMIT`` when the limit or Ctrl-C stopped the search,
+    else ``ERROR`` (an engine failed) or ``UNKNOWN``."""
+    outcomes = search.outcomes
+    runtime = time.monotonic() - t0
+    proven = done and all(o.get("status") == "infeasible" for o in outcomes)
+    reasons = [o["reason"] for o in outcomes if o.get("status") == "infeasible" and "reason" in o]
+    statuses = search.engine_statuses()
+    if proven:
+        status = Status.INFEASIBLE
+        msg = (
+            reasons[0]
+            if reasons and len(reasons) == len(outcomes)
+            else "no memory-feasible plan exists within " + cand_note
+        )
+    elif search.interrupted:
+        status, msg = Status.TIME_LIMIT, "interrupted (Ctrl-C) before any plan was found"
+    elif search.limited():
+        status, msg = Status.TIME_LIMIT, f"no plan found within the time limit ({limit:g} s) over {cand_note}"
+    else:
+        status = Status.ERROR if Status.ERROR.value in statuses else Status.UNKNOWN
+        why = next((o["reason"] for o in outcomes if o.get("status") == status.value and "reason" in o), "")
+        msg = f"{engine} ended with status {status.value} and no plan over {cand_note}" + (
+            f": {why}" if why else ""
+        )
+    return Result.infeasible(
+        problem.evaluator(y), engine, msg, runtime_s=runtime, status=status, evaluations=0, extra=extra
+    )
+
+
+def _best_plan(
+    problem: Problem,
+    search: _Search,
+    done: bool,
+    n_structures: int,
+    engine: str,
+    cand_note: str,
+    limit: float,
+    extra: dict[str, Any],
+    t0: float,
+) -> Result:
+    """The result with a plan: the model's proven optimum when every structure was solved to
+    optimality, else the best plan in the pool by the evaluator's score (``TIME_LIMIT`` when the
+    limit or Ctrl-C stopped the search, ``FEASIBLE`` when an engine stopped without a proof)."""
+    pool, outcomes = search.pool, search.outcomes
+    work = problem.k_eval * problem.workload.tokens_per_step
+    bounds = search.bounds
+    bound = work / min(bounds) if done and bounds and min(bounds) > 0 else None
     all_optimal = (
         done
         and all(o["status"] in ("optimal", "infeasible") for o in outcomes)
@@ -248,10 +343,11 @@ def solve_exact(
     )
     if all_optimal:  # the proven optimum of the model, whatever the evaluator makes of it
         _, source, _, ev, plan, sol = min((e for e in pool if e[1] == 0), key=lambda e: (e[5].makespan, e[2]))
+        status = Status.OPTIMAL
     else:  # unproven: the best plan by the evaluator's score, never worse than a warm start
         _, source, _, ev, plan, sol = min(pool, key=lambda e: e[:3])
+        status = Status.TIME_LIMIT if search.limited() else Status.FEASIBLE
     evaluation = ev.evaluate(plan, keep=True)
-    status = Status.OPTIMAL if all_optimal else Status.TIME_LIMIT
     if sol is not None:
         extra.update(
             {
@@ -261,19 +357,15 @@ def solve_exact(
             }
         )
     extra["returned"] = "engine" if source == 0 else "warm_start"
-    msg = _message(status, source, interrupted, too_large, limit, len(ys), engine, cand_note)
-    return Result(
-        problem.workload,
-        problem.cluster,
-        ev.structure,
-        ev.graph,
+    msg = _message(status, source, search, limit, n_structures, engine, cand_note)
+    return Result.scored(
+        ev,
         plan,
-        evaluation,
         status,
         engine,
-        time.monotonic() - t0,
-        ev.evaluations,  # the evaluator scored the warm starts and the final plan
-        problem.k_eval,
+        runtime_s=time.monotonic() - t0,
+        evaluation=evaluation,
+        evaluations=ev.evaluations,  # the evaluator scored the warm starts and the final plan
         objective_bound=bound,
         message=msg,
         extra=extra,
@@ -294,8 +386,7 @@ def _preload(engine: str) -> None:
 def _message(
     status: Status,
     source: int,
-    interrupted: bool,
-    too_large: list[str],
+    search: _Search,
     limit: float,
     n_structures: int,
     engine: str,
@@ -305,13 +396,16 @@ def _message(
     if status is Status.OPTIMAL:
         return f"proven optimal over {cand_note}"
     what = "the best plan so far" if source == 0 else "returned the warm-start plan"
-    if interrupted:
+    if search.interrupted:
         return f"interrupted (Ctrl-C); {what}"
-    if too_large:
+    if search.too_large:
         # "model too large to build in N s (stopped while …)": keep the first, count the rest
-        first = too_large[0].split(" (")[0]
-        many = f" for {len(too_large)} of {n_structures} structures" if n_structures > 1 else ""
+        first = search.too_large[0].split(" (")[0]
+        many = f" for {len(search.too_large)} of {n_structures} structures" if n_structures > 1 else ""
         return f"{first}{many} (time limit {limit:g} s); {what}"
+    if status is Status.FEASIBLE:
+        statuses = ", ".join(search.engine_statuses()) or "no plan"
+        return f"{engine} stopped without proving optimality over {cand_note} (status {statuses}); {what}"
     if source == 1:
         return (
             f"{engine} found no better plan within the time limit ({limit:g} s); returned the warm-start plan"

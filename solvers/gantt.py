@@ -22,22 +22,54 @@ and no global backend is changed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..ir.lower import COMM, OP, RESHARD
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from .result import Result
+    from ..formulations.status import Status
+    from ..ir.cluster import Cluster
+    from ..ir.graph import RPEG
+    from ..ir.lower import ExecGraph
+    from ..ir.plan import Plan
+    from ..ir.templates import Structure
+    from ..ir.workload import Workload
+    from ..scoring.evaluator import Evaluation
+    from ..scoring.scheduler import Schedule
 
-__all__ = ["device_rows", "gantt_figure", "plot_gantt"]
+__all__ = ["ChartedResult", "device_rows", "gantt_figure", "plot_gantt"]
 
 MIN_WIDTH = 0.003  # COMM/RESHARD bars are drawn at least this share of the makespan wide
 BAR_HEIGHT = 0.8
 COMM_STYLE = {"hatch": "////", "edgecolor": "black", "linewidth": 0.6}
 RESHARD_STYLE = {"hatch": "xxxx", "edgecolor": "0.3", "linewidth": 0.8}
+GIDS = {OP: "gantt-op", COMM: "gantt-comm", RESHARD: "gantt-reshard"}
+
+#: Per node kind, the bars drawn: (rectangles, face colours).
+Bars = dict[int, tuple[list[list[tuple[float, float]]], list[tuple[float, float, float]]]]
+#: Rows (indices into :func:`device_rows`) of a device mask.
+RowsOf = Callable[[int], list[int]]
+
+
+class ChartedResult(Protocol):
+    """What a chart reads of a result: :class:`~rpeg.solvers.result.Result` is one. (A protocol,
+    so that this module depends on nothing above the scorer and ``result.py`` may import it.)"""
+
+    workload: Workload
+    cluster: Cluster
+    structure: Structure
+    graph: RPEG
+    plan: Plan | None
+    evaluation: Evaluation | None
+    status: Status
+    method: str
+    k_eval: int
+    message: str
 
 
 def device_rows(masks: list[int], num_devices: int, max_devices: int = 64) -> list[tuple[int, str]]:
@@ -102,7 +134,7 @@ def _lighten(rgb: tuple[float, ...], amount: float) -> tuple[float, float, float
     return tuple(c + (1.0 - c) * amount for c in rgb[:3])  # type: ignore[return-value]
 
 
-def gantt_figure(result: Result, *, title: str | None = None, max_devices: int = 64) -> Figure:
+def gantt_figure(result: ChartedResult, *, title: str | None = None, max_devices: int = 64) -> Figure:
     """Draw ``result``'s predicted schedule on a new matplotlib :class:`~matplotlib.figure.Figure`.
 
     Parameters
@@ -127,12 +159,39 @@ def gantt_figure(result: Result, *, title: str | None = None, max_devices: int =
     ValueError
         If the result has no plan or no kept schedule (an infeasible result).
     """
-    from matplotlib.collections import PolyCollection
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch, PathPatch
-    from matplotlib.transforms import blended_transform_factory
 
+    ev = _evaluation_to_draw(result)
+    g, s = ev.graph, ev.schedule
+    assert g is not None and s is not None
+    names = [v.name for v in result.graph.vertices]
+    rows = device_rows(g.mask, result.cluster.num_devices, max_devices)
+    rows_of = _row_lookup(rows)
+    makespan = s.makespan if s.makespan > 0 else 1.0
+    palette = _palette(len(names))
+    bars, max_phase = _bars(g, s, rows_of, palette, MIN_WIDTH * makespan)
+
+    n_rows = len(rows)
+    height = min(24.0, max(3.5, 1.4 + 0.26 * n_rows))
+    fig = Figure(figsize=(14, height), dpi=120, layout="constrained")
+    ax = fig.add_subplot()
+    _draw_bars(ax, bars)
+    _draw_axes(ax, rows, result.cluster.num_devices <= max_devices, result.cluster.gpus_per_node, makespan)
+    _draw_step_ends(ax, g, s, makespan)
+    ax.set_title(title if title is not None else _default_title(result, ev), fontsize=10, pad=18)
+    _draw_legend(ax, names, palette, bars, max_phase)
+    _label_phases(fig, ax, g, s, rows_of, palette, makespan, n_rows)
+    return fig
+
+
+def _evaluation_to_draw(result: ChartedResult) -> Evaluation:
+    """``result.evaluation``, which must hold a plan's kept graph and schedule.
+
+    Raises
+    ------
+    ValueError
+        Naming the method, the status and the result's message when there is nothing to draw.
+    """
     ev = result.evaluation
     if result.plan is None or ev is None or ev.graph is None or ev.schedule is None:
         why = f": {result.message}" if result.message else ""
@@ -140,50 +199,63 @@ def gantt_figure(result: Result, *, title: str | None = None, max_devices: int =
             f"no schedule to draw: the result (method {result.method!r}, status "
             f"{result.status.value!r}) has no plan{why}"
         )
-    g, s = ev.graph, ev.schedule
-    names = [v.name for v in result.graph.vertices]
-    rows = device_rows(g.mask, result.cluster.num_devices, max_devices)
-    makespan = s.makespan if s.makespan > 0 else 1.0
-    min_width = MIN_WIDTH * makespan
+    return ev
 
-    palette = _palette(len(names))
-    row_cache: dict[int, list[int]] = {}
+
+def _row_lookup(rows: list[tuple[int, str]]) -> RowsOf:
+    """``rows_of(mask)``: the indices of the rows whose devices ``mask`` touches (cached)."""
+    cache: dict[int, list[int]] = {}
 
     def rows_of(mask: int) -> list[int]:
-        got = row_cache.get(mask)
+        got = cache.get(mask)
         if got is None:
-            got = row_cache[mask] = [r for r, (rm, _) in enumerate(rows) if rm & mask]
+            got = cache[mask] = [r for r, (rm, _) in enumerate(rows) if rm & mask]
         return got
 
-    bars: dict[int, tuple[list, list]] = {OP: ([], []), COMM: ([], []), RESHARD: ([], [])}
+    return rows_of
+
+
+def _phase_colour(palette: list[tuple[float, ...]], vertex: int, phase: int) -> tuple[float, float, float]:
+    """An OP bar's colour: its invocation's, lightened by 22 % per phase after the first."""
+    return _lighten(palette[vertex], 0.22 * max(0, phase - 1))
+
+
+def _bars(
+    g: ExecGraph, s: Schedule, rows_of: RowsOf, palette: list[tuple[float, ...]], min_width: float
+) -> tuple[Bars, int]:
+    """One rectangle per (node, row) pair, grouped by node kind, and the largest OP phase.
+
+    OP bars take :func:`_phase_colour`; COMM bars the consumer's colour lightened 55 %, RESHARD
+    bars 80 %, both at least ``min_width`` seconds wide.
+    """
+    bars: Bars = {OP: ([], []), COMM: ([], []), RESHARD: ([], [])}
     max_phase = 0
     for i in range(len(g.kind)):
         kind, v, phase = g.kind[i], g.vertex[i], g.phase[i]
         x0, x1 = s.start[i], s.finish[i]
         if kind == OP:
-            face = _lighten(palette[v], 0.22 * max(0, phase - 1))
+            face = _phase_colour(palette, v, phase)
+            max_phase = max(max_phase, phase)
         else:
             face = _lighten(palette[v], 0.55 if kind == COMM else 0.8)
             x1 = max(x1, x0 + min_width)
         verts, faces = bars[kind]
-        node_rows = rows_of(g.mask[i])
-        for r in node_rows:
+        for r in rows_of(g.mask[i]):
             y0, y1 = r - BAR_HEIGHT / 2, r + BAR_HEIGHT / 2
             verts.append([(x0, y0), (x0, y1), (x1, y1), (x1, y0)])
             faces.append(face)
-        if kind == OP:
-            max_phase = max(max_phase, phase)
+    return bars, max_phase
 
-    n_rows = len(rows)
-    height = min(24.0, max(3.5, 1.4 + 0.26 * n_rows))
-    fig = Figure(figsize=(14, height), dpi=120, layout="constrained")
-    ax = fig.add_subplot()
 
-    gids = {OP: "gantt-op", COMM: "gantt-comm", RESHARD: "gantt-reshard"}
+def _draw_bars(ax: Axes, bars: Bars) -> None:
+    """One ``PolyCollection`` per node kind (gid :data:`GIDS`), COMM/RESHARD hatched on top."""
+    from matplotlib.collections import PolyCollection
+    from matplotlib.patches import PathPatch
+
     for kind, (verts, faces) in bars.items():
         edges = {"edgecolor": "white", "linewidth": 0.4} if kind == OP else {"linewidth": 0.0}
         coll = PolyCollection(verts, facecolors=faces, zorder=2 if kind == OP else 3, **edges)
-        coll.set_gid(gids[kind])
+        coll.set_gid(GIDS[kind])
         ax.add_collection(coll)
         if kind != OP and verts:
             # Agg hatches each path of a collection separately (seconds for a few thousand
@@ -191,12 +263,16 @@ def gantt_figure(result: Result, *, title: str | None = None, max_devices: int =
             style = COMM_STYLE if kind == COMM else RESHARD_STYLE
             ax.add_artist(PathPatch(_compound(verts), facecolor="none", zorder=3.5, **style))
 
-    # rack/node separators help read device ids when every device has its own row
-    if result.cluster.num_devices <= max_devices:
-        ng = result.cluster.gpus_per_node
-        for b in range(ng, n_rows, ng):
-            ax.axhline(b - 0.5, color="0.75", linewidth=0.6, zorder=1)
 
+def _draw_axes(
+    ax: Axes, rows: list[tuple[int, str]], per_device: bool, gpus_per_node: int, makespan: float
+) -> None:
+    """Limits, row labels, the time grid and, with one row per device, node separators."""
+    n_rows = len(rows)
+    # rack/node separators help read device ids when every device has its own row
+    if per_device:
+        for b in range(gpus_per_node, n_rows, gpus_per_node):
+            ax.axhline(b - 0.5, color="0.75", linewidth=0.6, zorder=1)
     ax.set_xlim(0, makespan * 1.005)
     ax.set_ylim(n_rows - 0.5, -0.5)
     ax.set_yticks(range(n_rows), [label for _, label in rows], fontsize=8 if n_rows <= 32 else 6)
@@ -204,7 +280,12 @@ def gantt_figure(result: Result, *, title: str | None = None, max_devices: int =
     ax.grid(axis="x", color="0.9", linewidth=0.6, zorder=0)
     ax.set_axisbelow(True)
 
-    # end of every RL step: the finish of its last node
+
+def _draw_step_ends(ax: Axes, g: ExecGraph, s: Schedule, makespan: float) -> None:
+    """A dashed line at the end of every RL step ``k`` (the finish of its last node), labelled
+    ``step k`` above the axes (rotated when two ends are closer than 4.5 % of the makespan)."""
+    from matplotlib.transforms import blended_transform_factory
+
     ends: dict[int, float] = {}
     for i in range(len(g.kind)):
         k = g.step[i]
@@ -229,13 +310,22 @@ def gantt_figure(result: Result, *, title: str | None = None, max_devices: int =
             clip_on=False,
         )
 
-    if title is None:
-        mem = "" if ev.feasible else " — DOES NOT FIT in memory"
-        title = (
-            f"{result.workload.name} · {result.method} · {result.structure.label} · "
-            f"{ev.throughput:,.0f} tokens/s · makespan {ev.makespan:.2f} s over {result.k_eval} steps{mem}"
-        )
-    ax.set_title(title, fontsize=10, pad=18)
+
+def _default_title(result: ChartedResult, ev: Evaluation) -> str:
+    """Workload, method, structure, throughput and makespan (and a warning if it does not fit)."""
+    mem = "" if ev.feasible else " — DOES NOT FIT in memory"
+    return (
+        f"{result.workload.name} · {result.method} · {result.structure.label} · "
+        f"{ev.throughput:,.0f} tokens/s · makespan {ev.makespan:.2f} s over {result.k_eval} steps{mem}"
+    )
+
+
+def _draw_legend(
+    ax: Axes, names: list[str], palette: list[tuple[float, ...]], bars: Bars, max_phase: int
+) -> None:
+    """Invocation colours, then COMM/RESHARD (when drawn), the phases and the step line."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     handles: list[Any] = [
         Patch(facecolor=palette[v], edgecolor="white", label=name) for v, name in enumerate(names)
@@ -250,7 +340,22 @@ def gantt_figure(result: Result, *, title: str | None = None, max_devices: int =
     handles.append(Line2D([], [], color="0.25", linestyle="--", linewidth=0.9, label="end of RL step"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
 
-    # phase numbers where the bar is wide and tall enough (needs the final axes size)
+
+def _label_phases(
+    fig: Figure,
+    ax: Axes,
+    g: ExecGraph,
+    s: Schedule,
+    rows_of: RowsOf,
+    palette: list[tuple[float, ...]],
+    makespan: float,
+    n_rows: int,
+) -> None:
+    """Write ``q<phase>`` inside OP bars at least 18 px wide on rows at least 7 px tall, white on
+    dark faces (luminance ``0.299·r + 0.587·g + 0.114·b < 0.5``), black otherwise.
+
+    Needs the final axes size, so the figure is laid out first (``draw_without_rendering``).
+    """
     fig.draw_without_rendering()
     bbox = ax.get_window_extent()
     px_per_s = bbox.width / (makespan * 1.005)
@@ -260,7 +365,7 @@ def gantt_figure(result: Result, *, title: str | None = None, max_devices: int =
             continue
         if (s.finish[i] - s.start[i]) * px_per_s < 18 or px_per_row * BAR_HEIGHT < 7:
             continue
-        face = _lighten(palette[g.vertex[i]], 0.22 * (g.phase[i] - 1))
+        face = _phase_colour(palette, g.vertex[i], g.phase[i])
         luminance = 0.299 * face[0] + 0.587 * face[1] + 0.114 * face[2]
         x = (s.start[i] + s.finish[i]) / 2
         for r in rows_of(g.mask[i]):
@@ -275,7 +380,6 @@ def gantt_figure(result: Result, *, title: str | None = None, max_devices: int =
                 zorder=5,
                 clip_on=True,
             )
-    return fig
 
 
 def _compound(rects: list[list[tuple[float, float]]]) -> Any:
@@ -294,7 +398,9 @@ def _palette(n: int) -> list[tuple[float, ...]]:
     return [tuple(cmap(i % cmap.N)) for i in range(n)]
 
 
-def plot_gantt(result: Result, path: str | Path, *, title: str | None = None, max_devices: int = 64) -> Path:
+def plot_gantt(
+    result: ChartedResult, path: str | Path, *, title: str | None = None, max_devices: int = 64
+) -> Path:
     """Draw ``result``'s predicted schedule as a Gantt chart and save it to ``path``.
 
     Parameters

@@ -26,11 +26,15 @@ from ..ir.templates import Structure, build_graph
 from ..ir.workload import QuantilePair, Workload
 from ..scoring.candidates import make_strategy
 from ..scoring.evaluator import Evaluation, Evaluator
+from .gantt import plot_gantt  # matplotlib itself is imported only when a chart is drawn
 
-__all__ = ["FORMAT", "Result", "Status", "plan_from_entries", "result_for_plan"]
+__all__ = ["FORMAT", "PLAN_STATUSES", "Result", "Status", "plan_from_entries", "result_for_plan"]
 
 FORMAT = "rpeg.result/1"
 GIB = 2**30
+#: The statuses of a method that found a plan; a planless result is ``INFEASIBLE``,
+#: ``TIME_LIMIT`` (nothing found in time), ``UNKNOWN`` or ``ERROR``.
+PLAN_STATUSES = (Status.OPTIMAL, Status.FEASIBLE, Status.TIME_LIMIT)
 
 
 @dataclass
@@ -48,7 +52,10 @@ class Result:
     evaluation
         The evaluator's verdict on ``plan`` (schedule kept), or ``None``.
     status
-        :class:`Status`.
+        :class:`Status`: ``optimal``, ``feasible`` or ``time_limit`` with a plan; without one
+        ``infeasible`` (proven, or none found), ``time_limit`` (none found in time),
+        ``unknown`` (the engine could not tell) or ``error`` (the engine failed). A plan given
+        by hand that does not fit in memory is ``infeasible`` too (:meth:`scored`).
     method
         Name of the method that produced it.
     runtime_s
@@ -104,7 +111,8 @@ class Result:
         plan
             The plan found.
         status
-            ``OPTIMAL``, ``FEASIBLE`` or ``TIME_LIMIT`` (a plan is attached).
+            ``OPTIMAL``, ``FEASIBLE`` or ``TIME_LIMIT`` (a plan is attached); ``INFEASIBLE`` only
+            for a plan that does not fit in memory (one given by hand, ``rpeg evaluate``).
         method
             The method's name.
         runtime_s
@@ -119,27 +127,15 @@ class Result:
         Raises
         ------
         ValueError
-            If ``status`` says no plan was found.
+            If ``status`` says no plan was found (``UNKNOWN``, ``ERROR``), or ``INFEASIBLE`` for a
+            plan that fits.
         """
-        if status not in (Status.OPTIMAL, Status.FEASIBLE, Status.TIME_LIMIT):
-            raise ValueError(f"a result with a plan cannot have status {status.value!r}")
         if evaluation is None:
             evaluation = ev.evaluate(plan, keep=True)
-        return cls(
-            ev.workload,
-            ev.cluster,
-            ev.structure,
-            ev.graph,
-            plan,
-            evaluation,
-            status,
-            method,
-            runtime_s,
-            ev.evaluations if evaluations is None else evaluations,
-            ev.k_eval,
-            objective_bound,
-            message,
-            dict(extra or {}),
+        if status not in PLAN_STATUSES and not (status is Status.INFEASIBLE and not evaluation.feasible):
+            raise ValueError(f"a result with a plan cannot have status {status.value!r}")
+        return cls._of(
+            ev, plan, evaluation, status, method, runtime_s, evaluations, objective_bound, message, extra
         )
 
     @classmethod
@@ -182,13 +178,32 @@ class Result:
         """
         if status in (Status.OPTIMAL, Status.FEASIBLE):
             raise ValueError(f"a result without a plan cannot have status {status.value!r}")
+        return cls._of(
+            ev, None, None, status, method, runtime_s, evaluations, objective_bound, message, extra
+        )
+
+    @classmethod
+    def _of(
+        cls,
+        ev: Evaluator,
+        plan: Plan | None,
+        evaluation: Evaluation | None,
+        status: Status,
+        method: str,
+        runtime_s: float,
+        evaluations: int | None,
+        objective_bound: float | None,
+        message: str,
+        extra: dict[str, Any] | None,
+    ) -> Result:
+        """The one place a Result takes its problem, graph and ``k_eval`` from an evaluator."""
         return cls(
             ev.workload,
             ev.cluster,
             ev.structure,
             ev.graph,
-            None,
-            None,
+            plan,
+            evaluation,
             status,
             method,
             runtime_s,
@@ -355,14 +370,14 @@ class Result:
         ValueError
             If the result has no plan or schedule (infeasible).
         """
-        from .gantt import plot_gantt  # matplotlib is imported only when a chart is drawn
-
         return plot_gantt(self, path, **kwargs)
 
     # ------------------------------------------------------------------ text
     def summary(self) -> str:
         """A readable report: throughput, makespan, peak memory vs capacity, and per invocation
-        its allocation, ``(dp, pp, tp)``, ``mb`` and time."""
+        its allocation, ``(dp, pp, tp)``, ``mb`` and time; without a plan, a headline saying
+        why (``NO FEASIBLE PLAN``, or ``NO PLAN`` with the engine's ``unknown``/``error``) and
+        the message."""
         lines = [
             f"workload   {self.workload.name} ({self.workload.algorithm}, B={self.workload.batch}, "
             f"R={self.workload.rollouts}, Lp={self.workload.prompt_len}, Lr={self.workload.response_len})",
@@ -373,7 +388,7 @@ class Result:
             f"structure  {self.structure.label}",
         ]
         if self.plan is None or self.evaluation is None:
-            lines.append(f"NO FEASIBLE PLAN: {self.message}")
+            lines.append(f"{_NO_PLAN.get(self.status, 'NO FEASIBLE PLAN')}: {self.message}")
             return "\n".join(lines)
         ev = self.evaluation
         mem = ev.memory
@@ -404,6 +419,13 @@ class Result:
                 f"({s.dp},{s.pp},{s.tp}){'':<4} {s.mb:>4} {times[i]:>11.3f}"
             )
         return "\n".join(lines)
+
+
+#: The headline of a planless summary, by status (``infeasible``, ``time_limit``: no feasible plan).
+_NO_PLAN = {
+    Status.UNKNOWN: "NO PLAN (the engine ended with status unknown)",
+    Status.ERROR: "NO PLAN (the engine failed)",
+}
 
 
 def _per_vertex_time(ev: Evaluation, n: int, k_eval: int) -> list[float]:
@@ -656,4 +678,4 @@ def result_for_plan(
     plan = Plan(tuple(choices))
     evaluation = ev.evaluate(plan, keep=True)
     status = Status.FEASIBLE if evaluation.feasible else Status.INFEASIBLE
-    return Result(workload, cluster, structure, ev.graph, plan, evaluation, status, method, k_eval=k_eval)
+    return Result.scored(ev, plan, status, method, runtime_s=0.0, evaluation=evaluation, evaluations=0)

@@ -191,7 +191,7 @@ def _sa(
     finally:
         if pool is not None:
             pool.close()
-    return outcome_result(problem, search, outcome, "sa", time.monotonic() - t0)
+    return outcome_result(search, outcome, "sa", time.monotonic() - t0)
 
 
 def _sa_ray(problem: Problem, address: str | None, chains: int | None, options: dict[str, Any]) -> Result:
@@ -214,7 +214,7 @@ def _sa_ray(problem: Problem, address: str | None, chains: int | None, options: 
         address=address,
         progress=progress,
     )
-    result = outcome_result(problem, search, outcome, "sa", time.monotonic() - t0)
+    result = outcome_result(search, outcome, "sa", time.monotonic() - t0)
     result.extra["chains"] = [r.summary() for r in done]
     return result
 
@@ -238,53 +238,48 @@ def _build_chain(
     )
 
 
-def outcome_result(problem: Problem, search: Anneal, outcome: Outcome, method: str, runtime: float) -> Result:
-    """Turn a search :class:`~rpeg.heuristics.search.Outcome` into a :class:`Result`."""
+def outcome_result(search: Anneal, outcome: Outcome, method: str, runtime_s: float) -> Result:
+    """Turn a search :class:`~rpeg.heuristics.search.Outcome` into a :class:`Result`.
+
+    The plan is scored by its structure's evaluator (the search built it from the problem, with
+    the problem's workload, cluster and ``k_eval``); without a plan the result reports the first
+    structure searched, status ``infeasible`` and the search's reason. ``Result.extra`` keeps the
+    search history and the number of structures searched.
+    """
     extra = {"history": [list(h) for h in outcome.history], "structures_searched": len(search.spaces)}
     if outcome.plan is None:
-        space = search.spaces[0]
-        return Result(
-            problem.workload,
-            problem.cluster,
-            space.structure,
-            space.ev.graph,
-            None,
-            None,
-            Status.INFEASIBLE,
+        return Result.infeasible(
+            search.spaces[0].ev,
             method,
-            runtime,
-            outcome.evaluations,
-            problem.k_eval,
-            message=outcome.reason,
+            outcome.reason,
+            runtime_s=runtime_s,
+            evaluations=outcome.evaluations,
             extra=extra,
         )
-    space = outcome.space
-    evaluation = space.ev.evaluate(outcome.plan, keep=True)
     status = Status.TIME_LIMIT if outcome.interrupted else Status.FEASIBLE
+    return Result.scored(
+        outcome.space.ev,
+        outcome.plan,
+        status,
+        method,
+        runtime_s=runtime_s,
+        evaluations=outcome.evaluations,
+        message=_budget_note(search, outcome),
+        extra=extra,
+    )
+
+
+def _budget_note(search: Anneal, outcome: Outcome) -> str:
+    """What the search spent against its budget, or that Ctrl-C stopped it."""
+    if outcome.interrupted:
+        return f"interrupted after {outcome.evaluations} evaluations; best plan so far"
     budget = search.budget
     limits = [
         f"{budget.seconds:g} s" if budget.seconds is not None else "",
         f"{budget.evaluations} evaluations" if budget.evaluations is not None else "",
     ]
     limit = " or ".join(x for x in limits if x)
-    note = (
-        f"interrupted after {outcome.evaluations} evaluations; best plan so far"
-        if outcome.interrupted
-        else f"searched {len(search.spaces)} structures within a budget of {limit}: "
+    return (
+        f"searched {len(search.spaces)} structures within a budget of {limit}: "
         f"{budget.elapsed():.1f} s, {outcome.evaluations} evaluations"
-    )
-    return Result(
-        problem.workload,
-        problem.cluster,
-        space.structure,
-        space.ev.graph,
-        outcome.plan,
-        evaluation,
-        status,
-        method,
-        runtime,
-        outcome.evaluations,
-        problem.k_eval,
-        message=note,
-        extra=extra,
     )

@@ -27,24 +27,38 @@ from .result import Result, Status
 __all__ = ["METHODS", "Problem", "register", "solve"]
 
 
+#: Objectives of SPEC §7.
+OBJECTIVES = ("throughput", "throughput-util")
+
+
 @dataclass(frozen=True)
 class Problem:
     """Everything a method needs: the workload, the cluster and the scoring settings.
+
+    A problem checks itself once, when it is built, so no method re-checks these fields.
 
     Parameters
     ----------
     workload, cluster
         The job and the machine.
     k_eval
-        Steps unrolled when scoring (SPEC default 8).
+        Steps unrolled when scoring (SPEC default 8), ``1 ≤ k_eval ≤ MAX_K_EVAL``.
     objective
         ``"throughput"`` or ``"throughput-util"``.
     delta
-        ``δ`` of the utilisation objective.
+        ``δ ∈ (0, 1]`` of the utilisation objective (stored as a float).
     seed
         Seed of every random choice a method makes.
     time_limit
-        Wall-clock budget in seconds (``None``: the method's own default).
+        Wall-clock budget in seconds, finite and positive (stored as a float), or ``None``:
+        the method's own default.
+
+    Raises
+    ------
+    TypeError
+        For a field of the wrong type (``time_limit="3"``, ``seed=0.5``), naming it.
+    ValueError
+        For a field out of range (``k_eval=0``, ``delta=0``, ``objective="speed"``), naming it.
     """
 
     workload: Workload
@@ -54,6 +68,25 @@ class Problem:
     delta: float = 0.10
     seed: int = 0
     time_limit: float | None = None
+
+    def __post_init__(self) -> None:
+        check_type("workload", self.workload, Workload, "a rpeg.Workload")
+        check_type("cluster", self.cluster, Cluster, "a rpeg.Cluster")
+        # frozen: the normalised values are stored through object.__setattr__
+        object.__setattr__(self, "time_limit", check_seconds("time_limit", self.time_limit))
+        check_type("seed", self.seed, int, "an integer")
+        check_positive_int("k_eval", self.k_eval)
+        if self.k_eval > MAX_K_EVAL:
+            raise ValueError(f"k_eval must be at most {MAX_K_EVAL}, got {self.k_eval}")
+        check_type("objective", self.objective, str, "'throughput' or 'throughput-util'")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(
+                f"objective must be one of {', '.join(map(repr, OBJECTIVES))}, got {self.objective!r}"
+            )
+        check_type("delta", self.delta, (int, float), "a number in (0, 1]")
+        if not 0 < self.delta <= 1:
+            raise ValueError(f"delta must be in (0, 1], got {self.delta!r}")
+        object.__setattr__(self, "delta", float(self.delta))
 
     def evaluator(self, structure: Structure | None = None) -> Evaluator:
         """A fresh evaluator for ``structure`` (default: synchronous)."""
@@ -110,7 +143,8 @@ def solve(
     cluster
         The machine (:class:`~rpeg.ir.cluster.Cluster`).
     method
-        A registered method name: ``"greedy"``, ``"concurrent"`` (and those later issues add).
+        A registered method name (:data:`METHODS`: ``"greedy"``, ``"concurrent"``, ``"sa"``,
+        ``"dp"``, ``"cpsat"``, ``"milp"``).
     time_limit
         Wall-clock budget in seconds for methods that search.
     seed
@@ -127,41 +161,28 @@ def solve(
     Returns
     -------
     Result
-        Status ``feasible``/``optimal``/``time_limit`` with a memory-feasible plan, or
-        ``infeasible`` with no plan and a :attr:`~Result.message` naming the invocation that does
-        not fit and by how much.
+        Status ``feasible``/``optimal``/``time_limit`` with a memory-feasible plan, or no plan
+        and a :attr:`~Result.message` saying why: ``infeasible`` (naming the invocation that
+        does not fit and by how much), ``time_limit`` (none found in time), ``unknown`` or
+        ``error`` (an engine that could not tell, or failed).
 
     Raises
     ------
     ValueError
         For an unknown method (the message lists the known ones) or an argument out of range
-        (``time_limit`` must be finite and positive, ``k_eval ≥ 1``, ...), naming it.
+        (``time_limit`` must be finite and positive, ``k_eval ≥ 1``, ...; checked by
+        :class:`Problem`), naming it.
     TypeError
         For an argument of the wrong type (``time_limit="3"``, ``ablate="polish"``), naming it.
     """
     check_type("method", method, str, "a method name (str)")
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; known methods: {', '.join(sorted(METHODS))}")
-    check_type("workload", workload, Workload, "a rpeg.Workload")
-    check_type("cluster", cluster, Cluster, "a rpeg.Cluster")
-    time_limit = check_seconds("time_limit", time_limit)
-    check_type("seed", seed, int, "an integer")
-    check_positive_int("k_eval", k_eval)
-    if k_eval > MAX_K_EVAL:
-        raise ValueError(f"k_eval must be at most {MAX_K_EVAL}, got {k_eval}")
-    check_type("objective", objective, str, "'throughput' or 'throughput-util'")
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {', '.join(map(repr, OBJECTIVES))}, got {objective!r}")
-    check_type("delta", delta, (int, float), "a number in (0, 1]")
-    if not 0 < delta <= 1:
-        raise ValueError(f"delta must be in (0, 1], got {delta!r}")
+    problem = Problem(workload, cluster, k_eval, objective, delta, seed, time_limit)
     _check_options(options)
-    problem = Problem(workload, cluster, k_eval, objective, float(delta), seed, time_limit)
     return METHODS[method](problem, **options)
 
 
-#: Objectives of SPEC §7.
-OBJECTIVES = ("throughput", "throughput-util")
 #: Options several methods take, with their types; each method still rejects what it does not know.
 _COUNT_OPTIONS = ("threads", "workers", "max_evaluations", "chains", "budget")
 #: More worker processes or solver threads than any single machine has cores.
@@ -222,35 +243,12 @@ def _baseline(name: str, planner: Callable[..., Plan], problem: Problem, options
     try:
         plan = planner(ev, dirs)
     except Infeasible as exc:
-        return Result(
-            problem.workload,
-            problem.cluster,
-            structure,
-            ev.graph,
-            None,
-            None,
-            Status.INFEASIBLE,
-            name,
-            time.perf_counter() - t0,
-            ev.evaluations,
-            problem.k_eval,
-            message=str(exc),
-        )
+        return Result.infeasible(ev, name, str(exc), runtime_s=time.perf_counter() - t0)
     evaluation = ev.evaluate(plan, keep=True)
     if not evaluation.feasible:  # the planners repair memory; this guards the invariant
         raise AssertionError(f"{name} produced a memory-infeasible plan")
-    return Result(
-        problem.workload,
-        problem.cluster,
-        structure,
-        ev.graph,
-        plan,
-        evaluation,
-        Status.FEASIBLE,
-        name,
-        time.perf_counter() - t0,
-        ev.evaluations,
-        problem.k_eval,
+    return Result.scored(
+        ev, plan, Status.FEASIBLE, name, runtime_s=time.perf_counter() - t0, evaluation=evaluation
     )
 
 

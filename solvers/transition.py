@@ -241,25 +241,9 @@ def plan_transition(
         the list order runs out of memory.
     """
     t0 = time.perf_counter()
-    for name, value in (("current", current), ("target", target)):
-        if not isinstance(value, Plan) and (
-            isinstance(value, (str, bytes))
-            or not isinstance(value, Sequence)
-            or not all(isinstance(u, EMU) for u in value)
-        ):
-            raise TypeError(f"{name} must be a Plan or a sequence of EMUs, got {type(value).__name__}")
-    check_type("cluster", cluster, Cluster, "a rpeg.Cluster")
-    if graph is not None:
-        check_type("graph", graph, RPEG, "an RPEG")
-    if workload is not None:
-        check_type("workload", workload, Workload, "a rpeg.Workload")
-    check_type("method", method, str, "a transition method name (str)")
-    time_limit = check_seconds("time_limit", time_limit)
-    check_type("seed", seed, int, "an integer")
-    if threads is not None:
-        check_positive_int("threads", threads)
-    if method not in TRANSITION_METHODS:
-        raise ValueError(f"unknown transition method {method!r}; known: {', '.join(TRANSITION_METHODS)}")
+    time_limit = _check_arguments(
+        current, target, cluster, graph, workload, method, time_limit, seed, threads
+    )
     if resolution is not None and not resolution > 0:
         raise ValueError(f"resolution must be a positive number of seconds, got {resolution!r}")
     check_target(target, cluster, graph, workload)
@@ -277,6 +261,73 @@ def plan_transition(
             dag, tuple(durations), sched.starts, sched.ends, status, length, cp, cp, method,
             time.perf_counter() - t0, None, caps,
         )  # fmt: skip
+    return _exact_plan(
+        dag, durations, caps, cp, method, t0,
+        time_limit=time_limit, seed=seed, threads=threads, resolution=resolution, solver=solver,
+    )  # fmt: skip
+
+
+def _check_arguments(
+    current: object,
+    target: object,
+    cluster: object,
+    graph: object,
+    workload: object,
+    method: object,
+    time_limit: object,
+    seed: object,
+    threads: object,
+) -> float | None:
+    """Types and ranges of :func:`plan_transition`'s arguments; returns ``time_limit`` as a float.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the argument (an unknown ``method`` lists the known ones).
+    """
+    for name, value in (("current", current), ("target", target)):
+        if not isinstance(value, Plan) and (
+            isinstance(value, (str, bytes))
+            or not isinstance(value, Sequence)
+            or not all(isinstance(u, EMU) for u in value)
+        ):
+            raise TypeError(f"{name} must be a Plan or a sequence of EMUs, got {type(value).__name__}")
+    check_type("cluster", cluster, Cluster, "a rpeg.Cluster")
+    if graph is not None:
+        check_type("graph", graph, RPEG, "an RPEG")
+    if workload is not None:
+        check_type("workload", workload, Workload, "a rpeg.Workload")
+    check_type("method", method, str, "a transition method name (str)")
+    seconds = check_seconds("time_limit", time_limit)
+    check_type("seed", seed, int, "an integer")
+    if threads is not None:
+        check_positive_int("threads", threads)
+    if method not in TRANSITION_METHODS:
+        raise ValueError(f"unknown transition method {method!r}; known: {', '.join(TRANSITION_METHODS)}")
+    return seconds
+
+
+def _exact_plan(
+    dag: TransitionDAG,
+    durations: list[float],
+    caps: dict[int, float],
+    cp: float,
+    method: str,
+    t0: float,
+    *,
+    time_limit: float | None,
+    seed: int,
+    threads: int | None,
+    resolution: float | None,
+    solver: str,
+) -> TransitionPlan:
+    """Schedule ``dag`` with ``"cpsat"`` or ``"milp"`` on integer ticks of ``resolution`` seconds.
+
+    Durations are rounded up to ``⌈d/resolution⌉`` ticks. The greedy schedule on the same ticks
+    is the engine's hint and, when the engine ends without an incumbent of its own (and has not
+    proven infeasibility), the answer with status ``time_limit``. The reported bound is
+    ``max(critical path, engine bound · resolution)``, capped by the length found.
+    """
     # exact engines on integer ticks, the greedy schedule on the same ticks as hint and fallback
     greedy_s: TransitionSchedule | None
     try:

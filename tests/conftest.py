@@ -19,8 +19,8 @@ TESTS = Path(__file__).parent
 # Modules that load torch into the test process (and start Ray) run last, after the fast
 # planning tests. (They were moved there when HiGHS returned "unknown" on small MILPs on a fresh
 # clone; the cause turned out to be HiGHS's process-wide thread pool — a run whose ``threads``
-# differs from the pool's size fails — now handled in formulations/milp.py, with a test.)
-TORCH_MODULES = ("tests/costmodel/test_calibrate.py", "tests/runtime/")
+# differs from the pool's size fails — now handled in formulations/pyomo_backend.py, with a test.)
+TORCH_MODULES = ("tests/runtime/",)
 
 
 WHEEL_TEST = "tests/test_wheel.py"

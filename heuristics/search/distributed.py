@@ -38,7 +38,7 @@ from ...ir.templates import Structure
 from .anneal import Anneal, Outcome, Raw
 from .stop import Budget
 
-__all__ = ["ChainResult", "Split", "merge", "ray_search", "run_chain", "split_budget"]
+__all__ = ["BudgetShare", "ChainResult", "merge", "ray_search", "run_chain", "split_budget"]
 
 #: ``build(seed=, seconds=, evaluations=, polish=, progress=) -> Anneal``; it travels to the Ray
 #: workers, so it must pickle (a ``functools.partial`` of a module-level function does).
@@ -97,7 +97,7 @@ class ChainResult:
 
 
 @dataclass(frozen=True)
-class Split:
+class BudgetShare:
     """How a budget is divided between the chains and the driver's polish (module docstring).
 
     ``None`` means unlimited in that dimension.
@@ -109,7 +109,9 @@ class Split:
     polish_evaluations: int | None
 
 
-def split_budget(seconds: float | None, evaluations: int | None, chains: int, polish_share: float) -> Split:
+def split_budget(
+    seconds: float | None, evaluations: int | None, chains: int, polish_share: float
+) -> BudgetShare:
     """Divide ``seconds`` and ``evaluations`` between ``chains`` chains and a polish.
 
     Each chain gets ``(1 − p)·T`` seconds and ``max(1, ⌊(E − ⌊p·E⌋) / C⌋)`` evaluations; the
@@ -135,7 +137,7 @@ def split_budget(seconds: float | None, evaluations: int | None, chains: int, po
     if evaluations is not None:
         polish_e = int(polish_share * evaluations)
         chain_e = max(1, (evaluations - polish_e) // chains)
-    return Split(chain_s, chain_e, polish_s, polish_e)
+    return BudgetShare(chain_s, chain_e, polish_s, polish_e)
 
 
 def run_chain(
@@ -320,24 +322,7 @@ def ray_search(
     polish = polish and polish_share > 0.0
     if chains is not None:
         split_budget(seconds, evaluations, chains, polish_share)  # fail before starting Ray
-    offset = [0.0, 0]  # seconds and evaluations before the merge, for the driver's progress
-
-    def driver_progress(figures: dict[str, Any]) -> None:
-        if progress is None:
-            return
-        elapsed, used = figures["elapsed"] + offset[0], figures["evaluations"] + offset[1]
-        progress(
-            {
-                **figures,
-                "elapsed": elapsed,
-                "evaluations": used,
-                "evals_per_s": used / elapsed if elapsed > 0 else 0.0,
-                "structure": "merge and polish",
-                "time_limit": seconds,
-                "max_evaluations": evaluations,
-            }
-        )
-
+    driver_progress = _DriverProgress(progress, seconds, evaluations)
     # built first so that bad options fail before Ray starts; its budget is set after the chains
     search = build(
         seed=seed,
@@ -346,43 +331,22 @@ def ray_search(
         polish=polish,
         progress=None if progress is None else driver_progress,
     )
-    interrupted = False
     with connect(address) as ray:
         if chains is None:
             chains = max(2, int(ray.cluster_resources().get("CPU", 0)))
-        split = split_budget(seconds, evaluations, chains, polish_share if polish else 0.0)
-        task = ray.remote(run_chain).options(num_cpus=1)
-        shared = ray.put(build)  # the problem travels to the object store once, not per chain
-        pending = {
-            task.remote(shared, i, seed + i, split.chain_seconds, split.chain_evaluations): i
-            for i in range(chains)
-        }
-        done: dict[int, ChainResult] = {}
-        try:
-            while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
-                for ref in ready:
-                    done[pending.pop(ref)] = ray.get(ref)
-                _report(progress, start, done, chains, seconds, evaluations)
-        except KeyboardInterrupt:
-            interrupted = True
-            for ref in pending:
-                ray.cancel(ref, force=True)
-    results = [done[i] for i in sorted(done)]
+        count = chains  # an int from here on, for the report below
+        share = split_budget(seconds, evaluations, count, polish_share if polish else 0.0)
+        results, interrupted = _run_chains(
+            ray,
+            build,
+            seed,
+            count,
+            share,
+            lambda done: _report(progress, start, done, count, seconds, evaluations),
+        )
     offset_s, offset_e = time.perf_counter() - start, sum(r.evaluations for r in results)
-    offset[:] = [offset_s, offset_e]
-    distinct = len({(si, plan.key()) for si, plan in _positions(search, results)})
-    if polish and not interrupted:
-        extra = split.polish_evaluations
-        search.budget = Budget(split.polish_seconds, None if extra is None else max(1, extra + distinct))
-    else:
-        search.budget = Budget(None, max(1, distinct))
-    try:
-        merge(search, results)
-        if polish and not interrupted:
-            search.polish()
-    except KeyboardInterrupt:
-        interrupted = True
+    driver_progress.offset_s, driver_progress.offset_e = offset_s, offset_e
+    interrupted = _merge_and_polish(search, results, share, polish and not interrupted) or interrupted
     driver_progress(
         {
             "elapsed": search.budget.elapsed(),
@@ -399,3 +363,97 @@ def ray_search(
     _, si, plan, raw = search.best
     outcome = Outcome(search.spaces[si], plan, raw, overall.used, interrupted, "", history)
     return search, outcome, results
+
+
+class _DriverProgress:
+    """The driver's progress callback: its search's figures shifted by the seconds and
+    evaluations the chains spent before the merge (``offset_s``, ``offset_e``)."""
+
+    def __init__(
+        self,
+        progress: Callable[[dict[str, Any]], None] | None,
+        seconds: float | None,
+        evaluations: int | None,
+    ) -> None:
+        self.progress, self.seconds, self.evaluations = progress, seconds, evaluations
+        self.offset_s, self.offset_e = 0.0, 0
+
+    def __call__(self, figures: dict[str, Any]) -> None:
+        if self.progress is None:
+            return
+        elapsed, used = figures["elapsed"] + self.offset_s, figures["evaluations"] + self.offset_e
+        self.progress(
+            {
+                **figures,
+                "elapsed": elapsed,
+                "evaluations": used,
+                "evals_per_s": used / elapsed if elapsed > 0 else 0.0,
+                "structure": "merge and polish",
+                "time_limit": self.seconds,
+                "max_evaluations": self.evaluations,
+            }
+        )
+
+
+def _run_chains(
+    ray: Any,
+    build: Build,
+    seed: int,
+    chains: int,
+    share: BudgetShare,
+    report: Callable[[dict[int, ChainResult]], None],
+) -> tuple[list[ChainResult], bool]:
+    """Run chain ``i`` (seed ``seed + i``) as a Ray task for ``i < chains``, calling ``report``
+    with the finished ones about twice a second.
+
+    Returns
+    -------
+    tuple
+        The finished chains' results by index, and whether ``KeyboardInterrupt`` stopped the wait
+        (the pending chains are then cancelled).
+    """
+    task = ray.remote(run_chain).options(num_cpus=1)
+    shared = ray.put(build)  # the problem travels to the object store once, not per chain
+    pending = {
+        task.remote(shared, i, seed + i, share.chain_seconds, share.chain_evaluations): i
+        for i in range(chains)
+    }
+    done: dict[int, ChainResult] = {}
+    interrupted = False
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            for ref in ready:
+                done[pending.pop(ref)] = ray.get(ref)
+            report(done)
+    except KeyboardInterrupt:
+        interrupted = True
+        for ref in pending:
+            ray.cancel(ref, force=True)
+    return [done[i] for i in sorted(done)], interrupted
+
+
+def _merge_and_polish(
+    search: Anneal, results: Sequence[ChainResult], share: BudgetShare, polish: bool
+) -> bool:
+    """Give ``search`` the budget of the merge (one evaluation per distinct plan the chains sent
+    back) and, with ``polish``, of the polish; merge the chains into it and polish its best.
+
+    Returns
+    -------
+    bool
+        Whether ``KeyboardInterrupt`` stopped the merge or the polish.
+    """
+    distinct = len({(si, plan.key()) for si, plan in _positions(search, results)})
+    if polish:
+        extra = share.polish_evaluations
+        search.budget = Budget(share.polish_seconds, None if extra is None else max(1, extra + distinct))
+    else:
+        search.budget = Budget(None, max(1, distinct))
+    try:
+        merge(search, results)
+        if polish:
+            search.polish()
+    except KeyboardInterrupt:
+        return True
+    return False

@@ -19,7 +19,16 @@ from rpeg.costmodel import (
     weight_shard_params,
 )
 from rpeg.ir.models import ModelSpec, model_preset
+from rpeg.ir.plan import Strategy
 from rpeg.ir.types import Head, Role
+
+
+def make_layout(
+    dp: int, pp: int, tp: int, mb: int, pp_tier: int = 0, dp_tier: int = 0, gpus_per_node: int = 8
+) -> Layout:
+    """The cost model's :class:`Layout` of bare degrees (the strategy's extent is not priced)."""
+    return Layout(Strategy((1, 1, dp * pp * tp), dp, pp, tp, mb, pp_tier, dp_tier), gpus_per_node)
+
 
 TINY = ModelSpec(
     name="tiny",
@@ -59,13 +68,13 @@ def test_weight_shard_by_hand():
 
 
 def test_persistent_state_by_hand():
-    layout = Layout(dp=4, pp=2, tp=2, mb=2)
+    layout = make_layout(dp=4, pp=2, tp=2, mb=2)
     assert training_state_bytes(TINY, layout) == 12 * 96_768 / 4
     assert weight_bytes(TINY, layout) == 96_768 * 2
 
 
 def test_training_transient_by_hand():
-    layout = Layout(dp=2, pp=2, tp=2, mb=4)
+    layout = make_layout(dp=2, pp=2, tp=2, mb=4)
     # L/Pp = 2, c = ⌊√2⌋ = 1, b = 16/(2·4) = 2,
     # buffer = max(2·64 + 6·64/2, 2·64 + 2·128/2) = 320 per token,
     # activations = 2·min(4, 2)·2·32·(2/1·64 + 1·320) = 114688
@@ -80,7 +89,7 @@ def test_training_transient_by_hand():
 
 def test_checkpoint_interval_is_floor_sqrt_layers_per_stage():
     deep = dataclasses.replace(TINY, name="deep", layers=16)
-    layout = Layout(dp=1, pp=1, tp=1, mb=1)
+    layout = make_layout(dp=1, pp=1, tp=1, mb=1)
     # c = 4: 16/4 checkpoints of d plus a 4-layer buffer of max(512, 384) per token
     activations = 2 * 1 * 1 * 32 * (4 * 64 + 4 * 512)
     weights = (16 * 32768 + 128_000) * 2
@@ -95,7 +104,7 @@ def test_checkpoint_interval_is_floor_sqrt_layers_per_stage():
 
 
 def test_inference_transient_by_hand():
-    layout = Layout(dp=2, pp=1, tp=2, mb=2)
+    layout = make_layout(dp=2, pp=1, tp=2, mb=2)
     # b = 4, ℓ = 32, widest intermediate: max(320, 256, d + V = 1064)
     assert transient_bytes(TINY, Role.INFERENCE, layout, **SEQ) == 2 * 4 * 32 * 1064
     # a scalar head needs only d + 1: the attention buffer (320) is widest
@@ -105,7 +114,7 @@ def test_inference_transient_by_hand():
 
 
 def test_generation_transient_by_hand():
-    layout = Layout(dp=2, pp=2, tp=2, mb=2)
+    layout = make_layout(dp=2, pp=2, tp=2, mb=2)
     # prefill activations at ℓ = Lp = 24 with b = 4: 2·4·24·1064
     # KV cache: 2·sb·(16/2)·(24 + 8)·(4/2)·(64/2) = 65536
     assert kv_cache_bytes(TINY, layout, sequences=16, prompt_len=24, response_len=8) == 65_536
@@ -129,7 +138,7 @@ def test_gqa_kv_heads_are_replicated_not_split_below_one_head():
 
 def test_longer_responses_need_more_kv_cache():
     model = model_preset("llama3.1-8b")
-    layout = Layout(dp=1, pp=1, tp=2, mb=1)
+    layout = make_layout(dp=1, pp=1, tp=2, mb=1)
     sizes = [
         transient_bytes(model, Role.GENERATION, layout, sequences=64, prompt_len=512, response_len=lr)
         for lr in (128, 1024, 4096)
@@ -139,7 +148,7 @@ def test_longer_responses_need_more_kv_cache():
 
 def test_more_dp_less_training_state():
     model = model_preset("llama2-13b")
-    states = [training_state_bytes(model, Layout(dp=dp, pp=2, tp=4, mb=2)) for dp in (1, 2, 4)]
+    states = [training_state_bytes(model, make_layout(dp=dp, pp=2, tp=4, mb=2)) for dp in (1, 2, 4)]
     assert states[0] > states[1] > states[2]
     assert states[0] == pytest.approx(2 * states[1])
 
@@ -153,7 +162,7 @@ def test_more_tp_and_pp_smaller_shards():
 def test_llama2_70b_training_does_not_fit_one_a100_40gb():
     a100 = hardware_preset("a100-40gb")
     model = model_preset("llama2-70b")
-    layout = Layout(dp=1, pp=1, tp=1, mb=1)
+    layout = make_layout(dp=1, pp=1, tp=1, mb=1)
     state = training_state_bytes(model, layout)
     transient = transient_bytes(model, Role.TRAINING, layout, sequences=1, prompt_len=128, response_len=128)
     assert state + transient > a100.m_eff
@@ -164,7 +173,7 @@ def test_llama2_70b_training_does_not_fit_one_a100_40gb():
 def test_llama2_7b_inference_fits_one_h100():
     h100 = hardware_preset("h100")
     model = model_preset("llama2-7b")
-    layout = Layout(dp=1, pp=1, tp=1, mb=1)
+    layout = make_layout(dp=1, pp=1, tp=1, mb=1)
     need = transient_bytes(
         model,
         Role.INFERENCE,
@@ -181,4 +190,6 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="tp must be a positive integer"):
         weight_shard_params(TINY, 1, 0)
     with pytest.raises(ValueError, match="sequences"):
-        transient_bytes(TINY, Role.INFERENCE, Layout(1, 1, 1, 1), sequences=-2, prompt_len=1, response_len=1)
+        transient_bytes(
+            TINY, Role.INFERENCE, make_layout(1, 1, 1, 1), sequences=-2, prompt_len=1, response_len=1
+        )

@@ -77,27 +77,6 @@ def test_model_building_checks_the_deadline():
         MILPModel(read_sm(J120), 300, deadline=Deadline(0))
 
 
-def test_deadline_arithmetic():
-    d = Deadline(None)
-    assert d.unlimited and d.remaining() == float("inf") and d.limit() is None and not d.expired()
-    d.check()  # never raises
-    d = Deadline(10)
-    assert 9 < d.remaining() <= 10 and 9 < d.limit() <= 10
-    sub = d.within(1)
-    assert 0.9 < sub.remaining() <= 1 and sub.at <= d.at
-    assert d.within(100).at == d.at  # never after the parent
-    assert Deadline.of(d) is d and Deadline.of(None).unlimited
-    expired = Deadline(0)
-    assert expired.expired() and expired.limit(0.5) == 0.5
-    tick = expired.ticker("testing", every=3)
-    tick()
-    tick()
-    with pytest.raises(BuildTimeout, match="stopped while testing"):
-        tick()
-    with pytest.raises(ValueError, match="non-negative"):
-        Deadline(-1)
-
-
 def test_rpeg_project_on_a_time_limit_prints_a_valid_schedule_and_the_bound(capsys):
     from rpeg.cli import main
 
@@ -114,13 +93,13 @@ def test_rpeg_project_on_a_time_limit_prints_a_valid_schedule_and_the_bound(caps
 def test_plan_models_past_their_deadline_return_no_plan_and_say_why(tiny_ppo, cluster_1x2x4, engine):
     from rpeg.formulations.plan_cpsat import solve_plan_cpsat
     from rpeg.formulations.plan_milp import solve_plan_milp
-    from rpeg.formulations.plan_model import build_instance, candidate_sets
+    from rpeg.formulations.plan_model import build_plan_instance, candidate_sets
     from rpeg.scoring import Evaluator, build_directories
 
     ev = Evaluator(tiny_ppo, cluster_1x2x4, k_eval=1)
-    inst = build_instance(ev, candidate_sets(ev, build_directories(ev.costs), 1))
+    inst = build_plan_instance(ev, candidate_sets(ev, build_directories(ev.costs), 1))
     with pytest.raises(BuildTimeout):
-        build_instance(ev, inst.cands, Deadline(0))
+        build_plan_instance(ev, inst.cands, Deadline(0))
     fn = solve_plan_cpsat if engine == "cpsat" else solve_plan_milp
     sol = fn(inst, deadline=Deadline(0))
     assert sol.status == "time_limit" and sol.plan is None and not sol.interrupted

@@ -20,7 +20,7 @@ from rpeg.heuristics.dp_planner import (
     MEM_UNIT,
     DPInstance,
     _memory_terms,
-    build_instance,
+    build_dp_instance,
     dominates,
     model_stages,
     partitions,
@@ -48,7 +48,7 @@ def tiny(algorithm: str, memory: float, shape: str) -> tuple[Workload, Cluster]:
 
 
 def instance(workload: Workload, cluster: Cluster, structure: Structure | None = None) -> DPInstance:
-    return build_instance(Evaluator(workload, cluster, structure, k_eval=1).costs)
+    return build_dp_instance(Evaluator(workload, cluster, structure, k_eval=1).costs)
 
 
 def shrink(inst: DPInstance, k: int) -> DPInstance:
@@ -147,7 +147,7 @@ def test_lanes_serialise_model_stages_on_one_allocation():
 def test_frontier_is_legal_feasible_and_pareto(name):
     w, c = PROBLEMS[name]
     ev = Evaluator(w, c, k_eval=1)
-    inst = build_instance(ev.costs)
+    inst = build_dp_instance(ev.costs)
     g = ev.graph
     for f in inst.frontiers:
         assert f.points, f.stage.label

@@ -154,7 +154,7 @@ def test_throughput_util_applies_on_top_of_the_memory_penalty(tiny_ppo, cluster_
 
 
 @pytest.mark.parametrize(
-    ("kw", "field"), [({"objective": "makespan"}, "objective"), ({"delta": 1.0}, "delta")]
+    ("kw", "field"), [({"objective": "makespan"}, "objective"), ({"delta": 0.0}, "delta")]
 )
 def test_bad_settings_are_rejected(tiny_ppo, cluster_1x2x4, kw, field):
     with pytest.raises(ValueError, match=field):
@@ -313,3 +313,12 @@ def test_random_plans_lower_to_valid_schedules(case):
             assert g.mask[i] == plan.choices[g.vertex[i]].allocation.mask
     steps = {(g.vertex[i], g.step[i]) for i in range(len(g)) if g.kind[i] == 0}
     assert steps == {(v, k) for v in range(len(plan)) for k in range(ev.k_eval)}
+
+
+def test_delta_range_is_the_front_doors(tiny_ppo, cluster_1x2x4):
+    """δ ∈ (0, 1], as ``solve`` and ``--delta`` say: δ = 1 is accepted (it weights every plan by
+    its utilisation), δ = 0 and δ > 1 are refused naming the range."""
+    Evaluator(tiny_ppo, cluster_1x2x4, objective="throughput-util", delta=1.0)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match=r"delta must be in \(0, 1\]"):
+            Evaluator(tiny_ppo, cluster_1x2x4, objective="throughput-util", delta=bad)

@@ -1,28 +1,17 @@
-"""Tests for ``solvers/solve.py`` (the front door and method registry) and ``solvers/result.py``
-(the :class:`Result`, the ``rpeg.result/1`` round trip and plan validation)."""
+"""Tests for ``solvers/solve.py``: the front door, the method registry, the :class:`Problem` that
+checks itself once, and the two baselines. (The :class:`Result` and its file: ``test_result.py``;
+what every method's result satisfies: ``test_contract.py``.)"""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import json
-from functools import cache
+import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from rpeg import Cluster, Workload, example_names, hardware_preset, model_preset
-from rpeg.ir import Plan, structures
-from rpeg.scoring.candidates import build_directories
-from rpeg.scoring.evaluator import Evaluator
-from rpeg.solvers import METHODS, Problem, Result, Status, register, solve
-from rpeg.solvers.result import plan_from_entries
-
-
-@pytest.fixture(scope="module")
-def concurrent(tiny_ppo, cluster_1x2x4):
-    return solve(tiny_ppo, cluster_1x2x4, method="concurrent")
+from rpeg import Cluster
+from rpeg.ir.workload import MAX_K_EVAL
+from rpeg.solvers import METHODS, Problem, Status, register, solve
 
 
 # ---------------------------------------------------------------------------- front door
@@ -59,6 +48,56 @@ def test_arguments_of_the_wrong_type_are_a_type_error_naming_them(tiny_ppo, clus
         solve("ppo", cluster_1x2x4)
     with pytest.raises(TypeError, match=r"cluster must be a rpeg\.Cluster"):
         solve(tiny_ppo, "1x2x4")
+
+
+# ---------------------------------------------------------------------------- Problem
+# (field, value, exception, message): the messages ``solve()`` gives, now from Problem itself
+BAD_FIELDS = [
+    ("workload", "ppo", TypeError, r"workload must be a rpeg\.Workload, got str 'ppo'"),
+    ("cluster", "1x2x4", TypeError, r"cluster must be a rpeg\.Cluster, got str '1x2x4'"),
+    ("time_limit", "3", TypeError, r"time_limit .*got str '3'"),
+    ("time_limit", math.inf, ValueError, r"time_limit must be a positive finite number of seconds"),
+    ("time_limit", 0, ValueError, r"time_limit must be a positive finite"),
+    ("seed", 0.5, TypeError, r"seed must be an integer, got float 0\.5"),
+    ("seed", True, TypeError, r"seed must be an integer"),
+    ("k_eval", 0, ValueError, r"k_eval must be a positive integer, got 0"),
+    ("k_eval", 2.5, TypeError, r"k_eval must be a positive integer, got float 2\.5"),
+    ("k_eval", MAX_K_EVAL + 1, ValueError, rf"k_eval must be at most {MAX_K_EVAL}, got {MAX_K_EVAL + 1}"),
+    (
+        "objective",
+        "speed",
+        ValueError,
+        r"objective must be one of 'throughput', 'throughput-util', got 'speed'",
+    ),
+    ("objective", 3, TypeError, r"objective must be 'throughput' or 'throughput-util'"),
+    ("delta", 0, ValueError, r"delta must be in \(0, 1\], got 0"),
+    ("delta", 1.5, ValueError, r"delta must be in \(0, 1\], got 1\.5"),
+    ("delta", "0.1", TypeError, r"delta must be a number in \(0, 1\]"),
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "exc", "pattern"), BAD_FIELDS, ids=[f"{c[0]}={c[1]!r}" for c in BAD_FIELDS]
+)
+def test_problem_checks_itself_with_the_front_doors_messages(
+    tiny_ppo, cluster_1x2x4, field, value, exc, pattern
+):
+    kw = {"workload": tiny_ppo, "cluster": cluster_1x2x4, field: value}
+    with pytest.raises(exc, match=pattern):
+        Problem(**kw)
+    with pytest.raises(exc, match=pattern):  # the front door says the same (it builds one)
+        solve(**kw)
+
+
+def test_problem_normalises_numbers_and_rechecks_on_replace(tiny_ppo, cluster_1x2x4):
+    p = Problem(tiny_ppo, cluster_1x2x4, k_eval=2, delta=1, time_limit=3)
+    assert isinstance(p.delta, float) and p.delta == 1.0
+    assert isinstance(p.time_limit, float) and p.time_limit == 3.0
+    assert Problem(tiny_ppo, cluster_1x2x4).time_limit is None
+    with pytest.raises(ValueError, match="k_eval must be a positive integer"):
+        dataclasses.replace(p, k_eval=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.seed = 3  # type: ignore[misc]
 
 
 def test_registered_method_is_called_through_solve(tiny_ppo, cluster_1x2x4):
@@ -103,61 +142,6 @@ def test_baselines_return_feasible_results(tiny_ppo, cluster_1x2x4, method):
     assert r.objective_bound is None
 
 
-# ---------------------------------------------------------------------------- JSON
-@pytest.mark.parametrize("method", ["greedy", "concurrent"])
-@pytest.mark.parametrize("name", example_names())
-def test_result_json_round_trip_is_identical(problem_of, name, method):
-    workload, cluster, k_eval = problem_of(name)
-    r = solve(workload, cluster, method=method, k_eval=k_eval)
-    text = r.to_json()
-    back = Result.from_json(text)
-    assert back.to_json() == text
-    assert back.throughput == r.throughput
-    assert back.plan == r.plan
-    assert back.status is r.status
-
-
-def test_result_json_through_a_file(concurrent, tmp_path):
-    path = tmp_path / "r.json"
-    text = concurrent.to_json(path)
-    assert path.read_text() == text
-    doc = json.loads(text)
-    assert doc["format"] == "rpeg.result/1"
-    assert doc["throughput"] == concurrent.throughput
-    assert len(doc["nodes"]) > 0
-    assert Result.from_json(path).to_json() == text
-
-
-def test_from_json_rejects_another_format(concurrent):
-    doc = concurrent.to_dict()
-    doc["format"] = "rpeg.result/0"
-    with pytest.raises(ValueError, match="format"):
-        Result.from_dict(doc)
-    doc = concurrent.to_dict()
-    del doc["k_eval"]
-    with pytest.raises(ValueError, match="k_eval"):
-        Result.from_dict(doc)
-
-
-def test_infeasible_result(ppo_70b, a100_1x1x8):
-    r = solve(ppo_70b, a100_1x1x8, method="concurrent")
-    assert r.status is Status.INFEASIBLE
-    assert r.status.value == "infeasible"
-    assert r.plan is None and r.evaluation is None
-    assert not r.feasible
-    assert r.throughput == 0.0
-    assert "'actor_train'" in r.message and "GiB over" in r.message
-    assert "NO FEASIBLE PLAN" in r.summary()
-    text = r.to_json()
-    doc = json.loads(text)
-    assert doc["status"] == "infeasible"
-    assert doc["plan"] == [] and doc["nodes"] == []
-    assert "actor_train" in doc["message"]
-    back = Result.from_json(text)
-    assert back.plan is None
-    assert back.to_json() == text
-
-
 def test_infeasible_concurrent_result_says_by_how_much(tiny_ppo, cluster_1x2x4):
     # 30 GB GPUs: both trainers fit only on all 8 GPUs, and not together (greedy: 4.2 GiB over)
     hw = dataclasses.replace(cluster_1x2x4.hardware, gpu_memory_bytes=30e9)
@@ -166,159 +150,3 @@ def test_infeasible_concurrent_result_says_by_how_much(tiny_ppo, cluster_1x2x4):
     r = solve(tiny_ppo, cluster, method="concurrent")
     assert r.status is Status.INFEASIBLE
     assert "GiB" in r.message and "actor_train" in r.message
-
-
-# ---------------------------------------------------------------------------- random plans
-SEVEN = model_preset("7b")
-TINY = {
-    "ppo": Workload("ppo", {"actor": SEVEN, "critic": SEVEN, "reward": SEVEN}, 64, 1, 128, 256),
-    "grpo": Workload("grpo", {"actor": SEVEN, "reward": SEVEN}, 16, 4, 128, 256),
-    "remax": Workload("remax", {"actor": SEVEN, "reward": SEVEN}, 64, 1, 128, 256),
-    "dpo": Workload("dpo", {"actor": SEVEN}, 32, 2, 128, 256),
-}
-CASES = [(algo, s) for algo, w in TINY.items() for s in structures(w)]
-
-
-@cache
-def _setup(algo, structure):
-    cluster = Cluster.from_shape("1x2x4", hardware_preset("gh200"))
-    ev = Evaluator(TINY[algo], cluster, structure, k_eval=4)
-    return ev, build_directories(ev.costs)
-
-
-@st.composite
-def random_results(draw):
-    algo, structure = draw(st.sampled_from(CASES))
-    ev, dirs = _setup(algo, structure)
-    choices = [draw(st.sampled_from(d.choices(ev.cluster, draw(st.integers(0, len(d) - 1))))) for d in dirs]
-    plan = Plan(tuple(choices))
-    e = ev.evaluate(plan, keep=True)
-    status = Status.FEASIBLE if e.feasible else Status.INFEASIBLE
-    return Result(TINY[algo], ev.cluster, structure, ev.graph, plan, e, status, "random", 0.5, 1, 4)
-
-
-def test_random_result_cases_cover_every_structure():
-    assert len(CASES) == 6 + 2 + 2 + 2
-    assert any(s.ac_sharing for _, s in CASES)
-
-
-@settings(max_examples=40, deadline=None)
-@given(random_results())
-def test_any_plan_gives_a_checked_result_that_round_trips(checker, r):
-    # the independent checker accepts every lowered, scheduled plan of every structure
-    # (memory-infeasible ones with the penalised throughput), and the file round-trips
-    text = r.to_json()
-    doc = json.loads(text)
-    assert checker.check(doc) == []
-    assert doc["memory_feasible"] is r.evaluation.feasible
-    back = Result.from_json(text)
-    assert back.to_json() == text
-    assert back.structure == r.structure
-
-
-# ---------------------------------------------------------------------------- plan entries
-@pytest.fixture
-def entries(concurrent):
-    return copy.deepcopy(concurrent.to_dict()["plan"])
-
-
-@pytest.fixture(scope="module")
-def ev(tiny_ppo, cluster_1x2x4):
-    return Evaluator(tiny_ppo, cluster_1x2x4)
-
-
-def _entry(entries, name):
-    return next(e for e in entries if e["vertex"] == name)
-
-
-def test_plan_entries_round_trip(ev, entries, concurrent):
-    assert plan_from_entries(ev, entries) == concurrent.plan
-    # order of the entries does not matter
-    assert plan_from_entries(ev, entries[::-1]) == concurrent.plan
-
-
-def test_odd_pp_is_rejected(ev, entries):
-    _entry(entries, "ref_inf").update(pp=3)
-    with pytest.raises(ValueError, match=r"'ref_inf' is illegal: P2: pp=3"):
-        plan_from_entries(ev, entries)
-
-
-def test_tp_must_divide_gpus_per_node(ev, entries):
-    _entry(entries, "reward_inf").update(tp=3)
-    with pytest.raises(ValueError, match=r"'reward_inf' is illegal: P1: tp=3"):
-        plan_from_entries(ev, entries)
-
-
-def test_degrees_must_fill_the_extent(ev, entries):
-    _entry(entries, "ref_inf").update(dp=2)  # extent [1, 1, 4] holds 4 GPUs
-    with pytest.raises(ValueError, match=r"'ref_inf' is illegal: P6"):
-        plan_from_entries(ev, entries)
-
-
-def test_pp_without_microbatches_is_rejected(ev, entries):
-    e = _entry(entries, "actor_train")
-    e.update(extent=[1, 1, 4], origin=[0, 0, 0], dp=1, pp=4, tp=1, mb=2)
-    with pytest.raises(ValueError, match=r"'actor_train' is illegal: P5"):
-        plan_from_entries(ev, entries)
-
-
-def test_misaligned_origin_is_rejected(ev, entries):
-    e = _entry(entries, "critic_inf")
-    e.update(extent=[1, 1, 2], dp=2, pp=1, tp=1, mb=1, origin=[0, 1, 1])
-    with pytest.raises(ValueError, match=r"'critic_inf'.*not aligned.*P7"):
-        plan_from_entries(ev, entries)
-
-
-def test_origin_outside_the_cluster_is_rejected(ev, entries):
-    _entry(entries, "critic_train").update(origin=[0, 2, 0])
-    with pytest.raises(ValueError, match=r"'critic_train'.*leaves the cluster"):
-        plan_from_entries(ev, entries)
-
-
-def test_unknown_vertex_is_rejected(ev, entries):
-    entries.append({**entries[0], "vertex": "value_head"})
-    with pytest.raises(ValueError, match=r"unknown vertex 'value_head'"):
-        plan_from_entries(ev, entries)
-
-
-@pytest.mark.parametrize("field", ["origin", "extent", "dp", "pp", "tp", "mb"])
-def test_missing_field_is_named(ev, entries, field):
-    del _entry(entries, "reward_inf")[field]
-    with pytest.raises(ValueError, match=rf"'reward_inf': missing field '{field}'"):
-        plan_from_entries(ev, entries)
-
-
-def test_missing_vertex_is_named(ev, entries):
-    entries = [e for e in entries if e["vertex"] != "critic_train"]
-    with pytest.raises(ValueError, match=r"no entry for vertex.*critic_train"):
-        plan_from_entries(ev, entries)
-
-
-@pytest.mark.parametrize("bad", ["actor_gen", 3, None])
-def test_entry_that_is_not_an_object_is_a_value_error(ev, entries, bad):
-    entries[0] = bad
-    with pytest.raises(ValueError):
-        plan_from_entries(ev, entries)
-
-
-def test_duplicate_entries_for_a_vertex_are_rejected(ev, entries):
-    entries.append({**_entry(entries, "reward_inf"), "origin": [0, 0, 0]})
-    with pytest.raises(ValueError, match="reward_inf"):
-        plan_from_entries(ev, entries)
-
-
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [
-        ("dp", 4.7),  # not truncated to 4
-        ("dp", "four"),
-        ("mb", True),
-        ("origin", None),
-        ("origin", [0, 0]),
-        ("extent", [1, 1, 4.0]),
-    ],
-)
-def test_malformed_field_is_a_value_error_naming_vertex_and_field(ev, entries, field, value):
-    _entry(entries, "ref_inf")[field] = value
-    with pytest.raises(ValueError, match=rf"'ref_inf'.*'{field}'"):
-        plan_from_entries(ev, entries)

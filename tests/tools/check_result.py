@@ -157,8 +157,9 @@ def _nodes(result: Result) -> list[dict[str, Any]]:
 def is_planless(result: Result) -> bool:
     """True for a "no feasible plan" result: ``plan`` and ``nodes`` are both empty lists.
 
-    Such a file reports that a method found nothing (``status = "infeasible"``, or
-    ``"time_limit"`` when it ran out of time before finding a plan); it has no
+    Such a file reports that a method found nothing (one of :data:`PLANLESS_STATUSES`:
+    ``"infeasible"``, ``"time_limit"`` when it ran out of time before finding a plan,
+    ``"unknown"`` or ``"error"`` when its engine could not tell or failed); it has no
     schedule to check, ``makespan`` may be null and ``peak_memory`` empty.
     """
     return isinstance(result, dict) and result.get("plan") == [] and result.get("nodes") == []
@@ -344,6 +345,16 @@ RESULT_FIELDS: dict[str, Kind] = {
     "evaluations": NONNEG_INT,
 }
 
+STATUSES = ("optimal", "feasible", "time_limit", "infeasible", "unknown", "error")
+"""How a method may end (the ``status`` vocabulary)."""
+
+PLAN_STATUSES = ("optimal", "feasible", "time_limit")
+"""The statuses of a result whose method found a plan (``"infeasible"`` is allowed as well for a
+plan that does not fit in memory, e.g. one given by hand and re-scored)."""
+
+PLANLESS_STATUSES = ("infeasible", "time_limit", "unknown", "error")
+"""The statuses a result without a plan may have (see :func:`is_planless`)."""
+
 PLANLESS_FIELDS: dict[str, Kind] = {
     "makespan": (lambda x: x is None or (_is_num(x) and x > 0), "null or a positive number"),
 }
@@ -447,8 +458,9 @@ def check_format(result: Result) -> list[str]:
     quantities (times, bytes, memory) finite numbers; unknown extra keys are allowed. Vertex
     models must be keys of ``models``, node ids unique, and every node must reserve at least
     one device; COMM/RESHARD nodes carry ``bytes``. A planless result (:func:`is_planless`)
-    may have a null ``makespan`` but must say ``status = "infeasible"`` (or ``"time_limit"``
-    when a method found nothing in time), ``memory_feasible = false`` and ``throughput = 0``.
+    may have a null ``makespan`` but must say a status of :data:`PLANLESS_STATUSES`
+    (``"infeasible"``, ``"time_limit"``, ``"unknown"`` or ``"error"``),
+    ``memory_feasible = false`` and ``throughput = 0``.
 
     Parameters
     ----------
@@ -502,11 +514,13 @@ def check_format(result: Result) -> list[str]:
     for key, (test, what) in fields.items():
         if key in result and not test(result[key]):
             errors.append(f"[format] {key} = {result[key]!r} is not {what}")
+    _check_status(errors, result)
     if is_planless(result):
-        if result.get("status") not in ("infeasible", "time_limit"):
+        if result.get("status") not in PLANLESS_STATUSES:
             errors.append(
                 f"[format] a result without plan and nodes must have status 'infeasible' (proven or "
-                f"explained) or 'time_limit' (nothing found in time), not {result.get('status')!r}"
+                f"explained), 'time_limit' (nothing found in time), 'unknown' or 'error' (the engine "
+                f"could not tell, or failed), not {result.get('status')!r}"
             )
         for key, want in (("memory_feasible", False), ("throughput", 0)):
             if key in result and result[key] != want:
@@ -515,6 +529,25 @@ def check_format(result: Result) -> list[str]:
                     f"not {result[key]!r}"
                 )
     return errors
+
+
+def _check_status(errors: list[str], result: Result) -> None:
+    """``status`` is one of :data:`STATUSES`; with a plan, one of :data:`PLAN_STATUSES`, or
+    ``"infeasible"`` when ``memory_feasible`` is false (the planless rule is in the caller)."""
+    status = result.get("status")
+    if not isinstance(status, str) or not status:
+        return  # reported by the field check
+    if status not in STATUSES:
+        errors.append(f"[format] status = {status!r} is not one of {STATUSES}")
+        return
+    plan = result.get("plan")
+    if not isinstance(plan, list) or not plan or status in PLAN_STATUSES:
+        return
+    if status != "infeasible" or result.get("memory_feasible") is not False:
+        errors.append(
+            f"[format] a result with a plan must have status {' / '.join(PLAN_STATUSES)} (or "
+            f"'infeasible' for a plan that does not fit in memory), not {status!r}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -324,6 +324,34 @@ def test_planless_result_may_say_time_limit(result: dict[str, Any]) -> None:
     assert not [e for e in cr.check(result) if "[format]" in e]
 
 
+@pytest.mark.parametrize("status", ["unknown", "error"])
+def test_planless_result_may_say_unknown_or_error(result: dict[str, Any], status: str) -> None:
+    # an exact engine that could not tell, or failed, leaves no plan and says so
+    planless(result).update(status=status)
+    assert cr.check(result) == []
+
+
+def test_status_outside_the_vocabulary(result: dict[str, Any]) -> None:
+    result["status"] = "great"
+    assert_reports(result, "format", "status = 'great' is not one of")
+    planless(result).update(status="great")
+    assert_reports(result, "format", "must have status 'infeasible'", "'great'")
+
+
+@pytest.mark.parametrize("status", ["unknown", "error", "infeasible"])
+def test_a_fitting_plan_must_not_say_it_has_none(result: dict[str, Any], status: str) -> None:
+    result["status"] = status
+    assert_reports(result, "format", "a result with a plan must have status", repr(status))
+
+
+def test_a_plan_that_does_not_fit_may_say_infeasible(result: dict[str, Any]) -> None:
+    result["peak_memory"][3] = 72.1e9  # M_eff = 0.9 · 80e9 = 72e9
+    result.update(memory_feasible=False, status="infeasible")
+    assert cr.check_format(result) == []
+    result["status"] = "error"
+    assert_reports(result, "format", "a result with a plan must have status", "'error'")
+
+
 def test_null_makespan_needs_an_empty_plan(result: dict[str, Any]) -> None:
     result["makespan"] = None
     assert_reports(result, "format", "makespan = None")

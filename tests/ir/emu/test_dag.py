@@ -1,27 +1,19 @@
-"""EMUs, the four primitives, plan diffs and the transition DAG (``ir/emu.py``)."""
+"""Plan diffs and the transition DAG: known diffs give the expected DAGs (``ir/emu/dag.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rpeg import Cluster, Workload, hardware_preset, model_preset
-from rpeg.ir import build_graph
 from rpeg.ir.emu import (
     EMU,
     Destroy,
     Extend,
-    Merge,
     ModelStage,
-    Split,
     Stage,
     TransitionInfeasible,
-    emus_of,
     plan_diff,
     transition_dag,
 )
-from rpeg.ir.plan import Choice, Plan
-from rpeg.ir.types import Role
-from rpeg.scoring.candidates import aligned_allocations, make_strategy
 
 GEN = ModelStage("actor", Stage.GEN, "actor_gen", 0)
 INF = ModelStage("reward", Stage.INF, "reward_inf", 2)
@@ -38,86 +30,7 @@ def kinds(dag):
     return sorted(p.kind for p in dag.primitives)
 
 
-# ------------------------------------------------------------------ units and primitives
-def test_emu_validates_and_sizes():
-    u = unit(TRAIN, 2, 4, 8, OPT)
-    assert u.size == 8 and u.layout == (2, 4)
-    assert u.bytes_per_gpu == pytest.approx((P + OPT) / 8)
-    assert u.param_shard_bytes == pytest.approx(P / 8) and u.optim_shard_bytes == pytest.approx(OPT / 8)
-    with pytest.raises(ValueError, match="tp·pp = 4"):
-        EMU(GEN, 2, 2, (0, 1, 2), P)
-    with pytest.raises(ValueError, match="tp must be a positive integer"):
-        EMU(GEN, 0, 2, (), P)
-    for gpus in [(3, 3), (0, -1), (0, 1.0)]:
-        with pytest.raises(ValueError, match="distinct non-negative integers"):
-            EMU(GEN, 2, 1, gpus, P)
-    with pytest.raises(ValueError, match="param_bytes"):
-        EMU(GEN, 1, 1, (0,), -1.0)
-    # derived once: the GPU mask and the per-GPU bytes, also for units the DAG builder makes
-    assert u.mask == sum(1 << g for g in range(8, 16)) and u.bytes_per_gpu == (P + OPT) / 8
-    s = u.sub_unit(2, 2, (9, 8, 11, 10), uid=7)
-    assert s.mask == 0xF00 and s.bytes_per_gpu == (P + OPT) / 4 and s.uid == 7
-
-
-def test_stage_from_role_and_order():
-    assert Stage.from_role(Role.GENERATION) is Stage.GEN
-    assert Stage.from_role(Role.TRAINING) is Stage.TRAIN
-    assert sorted([TRAIN, INF, GEN], key=lambda m: m.sort_key) == [GEN, INF, TRAIN]
-
-
-def test_split_bytes_group_and_memory():
-    src = unit(TRAIN, 2, 2, 0, OPT)  # GPUs 0-3: ranks (p, t) = (0,0) (0,1) (1,0) (1,1)
-    parts = tuple(EMU(TRAIN, 1, 2, (g, g + 1), P, OPT) for g in (0, 2))
-    s = Split(src, parts)
-    assert s.group_size == 2
-    assert s.nbytes == pytest.approx((P + OPT) / 2)  # the new shard each GPU gathers
-    assert s.group() == (0, 1)  # a TP group: the ranks holding parts of rank 0's new shard
-    assert s.gpus == frozenset(range(4)) and not s.acquired and not s.released
-    assert s.memory_need(0) == pytest.approx((P + OPT) / 4 + (P + OPT) / 2)
-    pp_split = Split(unit(GEN, 1, 4, 0), tuple(EMU(GEN, 1, 2, (g, g + 1), P) for g in (0, 2)))
-    assert pp_split.group() == (0, 1)  # stages 0 and 1 hold rank 0's new stage
-    with pytest.raises(ValueError, match="tile"):
-        Split(src, parts[:1])
-
-
-def test_merge_extend_destroy_bytes_and_gpu_sets():
-    a, b = unit(GEN, 1, 4, 0), unit(GEN, 1, 4, 4)
-    m = Merge((a, b), EMU(GEN, 2, 4, tuple(range(8)), P))
-    assert m.nbytes == pytest.approx(P / 8) and m.gpus == frozenset(range(8)) and not m.acquired
-    e = Extend(a, unit(GEN, 1, 4, 16))
-    assert e.nbytes == pytest.approx(P / 4)
-    assert e.acquired == frozenset(range(16, 20)) and e.gpus == frozenset(range(4)) | frozenset(range(16, 20))
-    assert e.memory_need(16) == pytest.approx(P / 4) and e.memory_need(0) == 0.0
-    d = Destroy(b)
-    assert (
-        d.released == frozenset(range(4, 8)) and d.nbytes == 0.0 and d.memory_need(4) == pytest.approx(P / 4)
-    )
-    with pytest.raises(ValueError, match="overlap"):
-        Extend(a, unit(GEN, 1, 4, 2))
-
-
-# ------------------------------------------------------------------ plans → EMUs
-def test_emus_of_plan_splits_allocations_in_rank_order():
-    cluster = Cluster.from_shape("1x2x8", hardware_preset("h200"))
-    seven = model_preset("7b")
-    w = Workload("ppo", {"actor": seven, "critic": seven, "reward": seven}, 64, 1, 128, 256)
-    g = build_graph(w)
-    s = make_strategy(cluster, (1, 1, 8), 2, 2, 2, 2)  # dp=2, pp=2, tp=2 on 8 GPUs
-    alloc = aligned_allocations(cluster, 8)[1]  # GPUs 8-15
-    plan = Plan(tuple(Choice(s, alloc) for _ in g.vertices))
-    units = emus_of(plan, cluster, graph=g)
-    assert len(units) == 2 * len(g.vertices)
-    assert units[0].gpus == (8, 9, 10, 11) and units[1].gpus == (12, 13, 14, 15)
-    assert units[0].stage == ModelStage("actor", Stage.GEN, "actor_gen")
-    n = seven.params
-    assert units[0].param_bytes == n * 2 and units[0].optim_bytes == 0
-    train = [u for u in units if u.stage.stage is Stage.TRAIN]
-    assert len(train) == 4 and all(u.optim_bytes == 12 * n for u in train)
-    assert [u.uid for u in units] == list(range(len(units)))
-    with pytest.raises(ValueError, match="exactly one of"):
-        emus_of(plan, cluster)
-
-
+# ------------------------------------------------------------------ plan diffs
 def test_plan_diff_pairs_model_stages_and_rejects_mismatch():
     cur = [unit(GEN, 1, 4, 0), unit(TRAIN, 1, 4, 4, OPT)]
     tgt = [unit(GEN, 2, 4, 0), unit(TRAIN, 1, 4, 8, OPT), unit(TRAIN, 1, 4, 12, OPT)]

@@ -1,10 +1,11 @@
 """Trace-driven replay of adaptation policies (SPEC §10; Nereus §7.3.3).
 
-:func:`simulate` replays a :class:`Trace` — the mean response length and the available devices
-of every RL step — under each policy with its own :class:`~rpeg.solvers.adapt.Controller`, all
-sharing one :class:`~rpeg.solvers.adapt.PlanCache` (planner results per (length bucket, pool),
-evaluations per (plan, bucket), transition lengths per plan pair), so a replay costs a few
-planner calls per bucket, not per step.
+:func:`simulate` replays a :class:`DriftTrace` — the mean response length and the available
+devices of every RL step — under each policy (:mod:`rpeg.adapt.policies`) with its own
+:class:`~rpeg.adapt.controller.AdaptController`, all sharing one
+:class:`~rpeg.adapt.plan_cache.PlanCache` (planner results per (length bucket, pool), evaluations
+per (plan, bucket), transition lengths per plan pair), so a replay costs a few planner calls per
+bucket, not per step.
 
 Step ``i``: at the boundary before it the controller sees ``(x_i, n_i)`` (the monitor is assumed
 to know the coming step's mean length — a perfect one-step predictor), decides, and an admitted
@@ -18,25 +19,10 @@ with ``L₀`` the uncalibrated evaluator makespan/``k_eval``, ``w_c`` the plan's
 policy. ``T_i`` feeds the controller's calibration. Reported per policy: mean step latency
 including transition time ``(Σ T_i + Σ L_tran)/steps``, number of transitions and seconds spent
 transitioning.
-
-Policies (SPEC §10; urgent replans — the current plan uses a lost GPU or its predicted peak
-exceeds ``M_eff`` — are forced by the controller for every policy, and admitted if feasible, else
-by checkpoint/restart):
-
-* :class:`Static` — never replans unless forced; after a forced move it keeps the new plan (it
-  does not grow back when GPUs return; the paper's static baseline scales DP with the pool,
-  ours keeps the whole plan);
-* :class:`AlwaysAdapt` — replans whenever a trigger fires and switches to any different target
-  whose transition is feasible (no payback check);
-* :class:`EveryK` (``k = 3``) — replans every ``k`` steps and switches to the planner's target;
-* :class:`AnyPositiveGain` (DynaRL-style) — replans at every step and switches whenever
-  ``ΔL > 0``;
-* :class:`~rpeg.solvers.adapt.Payback` (ours) — replans on triggers, admits by the payback rule.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -44,27 +30,18 @@ import numpy as np
 
 from ..ir.cluster import Cluster
 from ..ir.workload import Workload
-from .adapt import AdaptConfig, Admission, Controller, Decision, Payback, PlanCache, Policy, Trigger
+from .controller import AdaptConfig, AdaptController, Decision
+from .plan_cache import PlanCache
+from .policies import Policy, default_policies
 
-__all__ = [
-    "AlwaysAdapt",
-    "AnyPositiveGain",
-    "EveryK",
-    "PolicyReport",
-    "Static",
-    "StepRecord",
-    "Trace",
-    "default_policies",
-    "gpu_trace",
-    "length_trace",
-    "simulate",
-]
+__all__ = ["DriftTrace", "PolicyReport", "StepRecord", "gpu_trace", "length_trace", "simulate"]
 
 
 # ---------------------------------------------------------------------------- traces
 @dataclass(frozen=True)
-class Trace:
-    """Per RL step: the mean response length (tokens) and the devices available.
+class DriftTrace:
+    """Per RL step: the mean response length (tokens) and the devices available (the drift a
+    replay adapts to; the runtime's record of an executed run is :class:`rpeg.runtime.trace.Trace`).
 
     Raises
     ------
@@ -80,14 +57,14 @@ class Trace:
         object.__setattr__(self, "lengths", tuple(float(x) for x in self.lengths))
         object.__setattr__(self, "pools", tuple(int(x) for x in self.pools))
         if not self.lengths:
-            raise ValueError("Trace.lengths must not be empty")
+            raise ValueError("DriftTrace.lengths must not be empty")
         if len(self.lengths) != len(self.pools):
-            raise ValueError(f"Trace: {len(self.lengths)} lengths but {len(self.pools)} pools")
+            raise ValueError(f"DriftTrace: {len(self.lengths)} lengths but {len(self.pools)} pools")
         for i, (x, n) in enumerate(zip(self.lengths, self.pools)):
             if not x > 0:
-                raise ValueError(f"Trace.lengths[{i}] must be positive, got {x!r}")
+                raise ValueError(f"DriftTrace.lengths[{i}] must be positive, got {x!r}")
             if n < 1:
-                raise ValueError(f"Trace.pools[{i}] must be a positive device count, got {n!r}")
+                raise ValueError(f"DriftTrace.pools[{i}] must be a positive device count, got {n!r}")
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -120,74 +97,6 @@ def gpu_trace(steps: int, levels: Sequence[int], *, start: int, changes: int, se
             level = int(rng.choice([x for x in levels if x != level]))
         out.append(level)
     return out
-
-
-# ---------------------------------------------------------------------------- policies
-@dataclass(frozen=True)
-class Static:
-    """Keep the plan; only forced (urgent) replans move it."""
-
-    name: str = "static"
-
-    def replan(self, step: int, triggers: Sequence[Trigger]) -> bool:
-        return False
-
-    def admit(self, delta_l: float, l_tran: float, horizon: float, urgent: bool) -> Admission:
-        if urgent and math.isfinite(l_tran):
-            return Admission(True, "urgent: current plan infeasible")
-        return Admission(False, "static")
-
-
-@dataclass(frozen=True)
-class AlwaysAdapt:
-    """Replan on every trigger; switch to any different target (no payback)."""
-
-    name: str = "always-adapt"
-
-    def replan(self, step: int, triggers: Sequence[Trigger]) -> bool:
-        return bool(triggers)
-
-    def admit(self, delta_l: float, l_tran: float, horizon: float, urgent: bool) -> Admission:
-        ok = math.isfinite(l_tran)
-        return Admission(ok, "always" if ok else "transition infeasible")
-
-
-@dataclass(frozen=True)
-class EveryK:
-    """Replan every ``k`` steps (and when forced); switch to the planner's target."""
-
-    k: int = 3
-    name: str = "every-3-steps"
-
-    def replan(self, step: int, triggers: Sequence[Trigger]) -> bool:
-        return step > 0 and step % self.k == 0
-
-    def admit(self, delta_l: float, l_tran: float, horizon: float, urgent: bool) -> Admission:
-        ok = math.isfinite(l_tran)
-        return Admission(ok, f"every {self.k} steps" if ok else "transition infeasible")
-
-
-@dataclass(frozen=True)
-class AnyPositiveGain:
-    """DynaRL-style: replan at every step, switch whenever ``ΔL > 0``."""
-
-    name: str = "any-positive-gain"
-
-    def replan(self, step: int, triggers: Sequence[Trigger]) -> bool:
-        return True
-
-    def admit(self, delta_l: float, l_tran: float, horizon: float, urgent: bool) -> Admission:
-        if not math.isfinite(l_tran):
-            return Admission(False, "transition infeasible")
-        if urgent or delta_l > 0:
-            return Admission(True, f"ΔL = {delta_l:.3f} s > 0" if not urgent else "urgent")
-        return Admission(False, f"ΔL = {delta_l:.3f} s ≤ 0")
-
-
-def default_policies(gamma: float = 0.5) -> list[Policy]:
-    """The five policies of the comparison: static, always-adapt, every-3-steps,
-    any-positive-gain and payback (``γ``)."""
-    return [Static(), AlwaysAdapt(), EveryK(3), AnyPositiveGain(), Payback(gamma)]
 
 
 # ---------------------------------------------------------------------------- replay
@@ -254,7 +163,7 @@ class PolicyReport:
 def simulate(
     workload: Workload,
     cluster: Cluster,
-    trace: Trace,
+    trace: DriftTrace,
     policies: Sequence[Policy] | None = None,
     *,
     seed: int = 0,
@@ -324,7 +233,7 @@ def simulate(
     true_k = dict(efficiency or {})
     out: dict[str, PolicyReport] = {}
     for policy in policies:
-        ctl = Controller(cache, trace.pools[0], trace.lengths[0], policy=policy, config=config)
+        ctl = AdaptController(cache, trace.pools[0], trace.lengths[0], policy=policy, config=config)
         records = []
         for i, (x, n) in enumerate(zip(trace.lengths, trace.pools)):
             d = ctl.boundary(i, x, n) if i > 0 else _first(ctl)
@@ -339,7 +248,7 @@ def simulate(
     return out
 
 
-def _first(ctl: Controller) -> Decision:
+def _first(ctl: AdaptController) -> Decision:
     """Step 0 runs the initial plan (no boundary before it)."""
     d = Decision(0, reason="initial plan")
     ctl.decisions.append(d)

@@ -1,0 +1,260 @@
+"""What a run measured: :class:`RunReport`, the predicted times of the scaled run and the
+``rpeg.trace/1`` trace of each executed plan (SPEC §11).
+
+:func:`predict` re-scores the plan with the shared evaluator on the problem the runtime actually
+executes (:func:`scaled_problem`); :func:`segment_trace` turns one controller's records into a
+:class:`~rpeg.runtime.trace.Trace` with per-step rewards, measured and predicted step times.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..ir.cluster import Cluster
+from ..ir.hardware import Hardware
+from ..ir.workload import Workload
+from ..solvers.result import Result
+from .binding import Binding
+from .trace import Trace, expected_graph, plan_hash
+
+__all__ = ["RunReport", "predict", "scaled_problem", "segment_trace"]
+
+
+@dataclass
+class RunReport:
+    """What a run measured.
+
+    Attributes
+    ----------
+    trace
+        The verified trace (``rpeg.trace/1``).
+    rewards
+        Mean task reward of each step's rollouts.
+    step_times, predicted_step_times
+        Measured and predicted seconds per step (step ``k`` ends when its last node ends).
+    problems
+        Verifier findings (empty: the execution matches the plan).
+    setup_s, wall_s
+        Worker start-up and DAG execution seconds.
+    overhead_s
+        Controller seconds not spent waiting for workers (dispatch overhead).
+    node_overhead_s
+        Per record, ``(end − start) − worker_time``: what dispatch, Ray and the object store add.
+    weights
+        Final full weights per trained model (``return_weights=True``).
+    segments
+        One verified trace per plan the run executed (``trace`` is the first); a run without
+        transitions has one.
+    transitions
+        A :class:`~rpeg.runtime.transition.TransitionRecord` per executed transition (planned
+        ones and those of the urgent path).
+    recoveries
+        One line per worker loss the run survived (lost devices, intact units, the replan).
+    """
+
+    trace: Trace
+    rewards: list[float]
+    step_times: list[float]
+    predicted_step_times: list[float]
+    problems: list[str]
+    setup_s: float
+    wall_s: float
+    overhead_s: float
+    node_overhead_s: list[float] = field(default_factory=list)
+    weights: dict[str, dict[str, Any]] = field(default_factory=dict)
+    segments: list[Trace] = field(default_factory=list)
+    transitions: list[Any] = field(default_factory=list)
+    recoveries: list[str] = field(default_factory=list)
+
+    @property
+    def nodes(self) -> int:
+        """Records in all segments."""
+        return sum(len(t.records) for t in self.segments) if self.segments else len(self.trace.records)
+
+    @property
+    def overhead_per_node_s(self) -> float:
+        """Mean controller time per node."""
+        return self.overhead_s / max(1, self.nodes)
+
+    def summary(self) -> str:
+        """A few lines: per step reward, measured and predicted time; verification."""
+        lines = [f"{'step':>4} {'reward':>8} {'time s':>8} {'pred s':>8}"]
+        for k, (r, t, p) in enumerate(zip(self.rewards, self.step_times, self.predicted_step_times)):
+            lines.append(f"{k:>4} {r:>8.3f} {t:>8.3f} {p:>8.3f}")
+        lines.append(
+            f"setup {self.setup_s:.1f} s, run {self.wall_s:.2f} s, dispatch overhead "
+            f"{1e3 * self.overhead_per_node_s:.2f} ms/node over {self.nodes} nodes"
+        )
+        for line in self.recoveries:
+            lines.append(f"recovered: {line}")
+        for rec in self.transitions:
+            kinds = ", ".join(f"{int(d['count'])} {k}" for k, d in sorted(rec.per_kind().items()))
+            lines.append(
+                f"transition at step {rec.step}: {kinds or 'no primitive'} in {rec.total_s:.2f} s "
+                f"(primitives {rec.primitives_s:.2f} s, hand-over {rec.handover_bytes / 1e6:.1f} MB); "
+                f"cost model {rec.predicted_s:.3f} s at full size"
+            )
+        lines.append(
+            "trace valid"
+            if not self.problems
+            else f"trace INVALID ({len(self.problems)}): {self.problems[0]}"
+        )
+        return "\n".join(lines)
+
+
+def scaled_problem(binding: Binding, hardware: Hardware) -> tuple[Workload, Cluster]:
+    """The workload the runtime executes (scaled specs, batch and lengths) on a cluster of the
+    plan's shape with ``hardware`` — what :func:`predict` scores."""
+    r = binding.result
+    wl = r.workload
+    sh = binding.shape
+    specs = binding.specs
+    actor = "actor_critic" if "actor_critic" in specs else "actor"
+    models = {}
+    for role in wl.models:
+        name = actor if role == "critic" and "critic" not in specs else role
+        name = actor if role == "actor" else name
+        models[role] = replace(specs[name], dtype_bytes=4)  # the CPU runtime computes in float32
+    quantiles = tuple(zip(sh.phase_fractions, sh.phase_lengths))
+    scaled = Workload(
+        wl.algorithm,
+        models,
+        sh.batch,
+        sh.rollouts,
+        sh.prompt_len,
+        sh.response_len,
+        quantiles=quantiles,
+        ac_sharing=wl.ac_sharing,
+        name=f"{wl.name}-scaled",
+    )
+    return scaled, Cluster.from_shape(r.cluster.shape, hardware)
+
+
+def predict(binding: Binding, hardware: Hardware) -> tuple[list[float], list[float], list[float]]:
+    """Predicted node durations, node finish times and per-step times of the scaled run.
+
+    The plan is re-scored by the shared evaluator on :func:`scaled_problem` over ``steps``
+    steps; node ids agree with the runtime's DAG because lowering depends only on the plan's
+    allocations, strategies and phase count. Step ``k``'s time is the finish of its last node
+    minus that of step ``k − 1``.
+    """
+    from ..scoring.evaluator import Evaluator
+
+    workload, cluster = scaled_problem(binding, hardware)
+    r = binding.result
+    ev = Evaluator(workload, cluster, r.structure, k_eval=binding.steps)
+    assert r.plan is not None
+    evaluation = ev.evaluate(r.plan, keep=True)
+    g, sched = evaluation.graph, evaluation.schedule
+    assert g is not None and sched is not None
+    if len(g) != len(binding.exec_graph):
+        raise RuntimeError("the scaled lowering differs from the executed DAG (a bug)")
+    return list(g.duration), list(sched.finish), _step_times(g.step, sched.finish, binding.steps, 0.0)
+
+
+def _step_times(steps: list[int], finish: list[float], n: int, origin: float) -> list[float]:
+    ends = [origin] * n
+    for k, f in zip(steps, finish):
+        ends[k] = max(ends[k], f)
+    for k in range(1, n):
+        ends[k] = max(ends[k], ends[k - 1])
+    return [ends[k] - (ends[k - 1] if k else origin) for k in range(n)]
+
+
+def segment_trace(
+    ctl: Any,
+    result: Result,
+    offset: int,
+    hw: Hardware,
+    use_gpu: bool,
+    address: str | None,
+    steps: int,
+    failure: dict[str, Any] | None = None,
+) -> tuple[Trace, list[float], list[float], list[float]]:
+    """The trace and per-step figures of one executed plan's first ``steps`` complete steps (all of
+    them, or those before a lost worker's step: the rest are dropped and the node ids renumbered
+    to the ``steps``-step graph). With ``failure`` the segment stopped: the trace keeps every
+    record completed before it (node ids of the segment's graph), status ``"failed"``, and
+    step metrics for the steps before the failed one."""
+    import torch
+
+    binding = ctl.b
+    durations, _, predicted_steps = predict(binding, hw)
+    records = sorted(ctl.records, key=lambda r: r.node)
+    if failure is None and steps < binding.steps:
+        records = _renumber([r for r in records if r.step < steps], result, steps)
+        durations = []  # per node of the full segment graph; not meaningful for a cut-short one
+        predicted_steps = predicted_steps[:steps]
+    step_times = _step_times([r.step for r in records], [r.end for r in records], steps, 0.0)
+    rewards = []
+    for k in range(steps):
+        parts = ctl.rewards.get(k, [])
+        total = sum(c for _, c in parts)
+        rewards.append(sum(s for s, _ in parts) / total if total else float("nan"))
+    shown = steps
+    if failure is not None:
+        shown = failure["step"] if failure.get("step") is not None else 0
+    step_metrics = [
+        {
+            "step": k + offset,
+            "reward": rewards[k] if math.isfinite(rewards[k]) else None,
+            "step_time_s": step_times[k],
+            "predicted_step_time_s": predicted_steps[k],
+            "losses": ctl.losses.get(k, {}),
+        }
+        for k in range(min(shown, steps))
+    ]
+    cfg = ctl.cfg
+    trace = Trace(
+        plan_hash=plan_hash(result),
+        steps=steps,
+        staleness=dict(result.structure.tau),
+        records=records,
+        step_metrics=step_metrics,
+        groups=ctl.group_info,
+        meta={
+            "scaled": True,
+            "seed": cfg.seed,
+            "scale": cfg.scale,
+            "step_offset": offset,
+            "version_offset": binding.version_offset,
+            "host": platform.node(),
+            "ray_address": address or "local",
+            "torch": torch.__version__,
+            "backend": "nccl" if use_gpu else "gloo",
+            "hardware": hw.name,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "predicted_durations": durations,
+            "setup_s": ctl.setup_s,
+            "wall_s": ctl.wall_s,
+            "dispatch_overhead_s": ctl.overhead_s,
+            "stall_timeout_s": cfg.stall_s,
+        },
+        status="complete" if failure is None else "failed",
+        failure=failure,
+    )
+    return trace, rewards, step_times, predicted_steps
+
+
+def _renumber(records: list[Any], result: Result, steps: int) -> list[Any]:
+    """Records of the first ``steps`` steps with the node ids of the ``steps``-step graph."""
+    from dataclasses import replace as copy_with
+
+    from ..ir.lower import OP
+
+    g = expected_graph(result, steps)
+    names = [v.name for v in result.graph.vertices]
+    kinds = ("op", "comm", "reshard")
+    ids = {}
+    for i in range(len(g)):
+        src = None if g.kind[i] == OP else names[g.source[i]]
+        ids[(kinds[g.kind[i]], names[g.vertex[i]], src, g.step[i], g.phase[i])] = i
+    out = []
+    for r in records:
+        key = (r.kind, r.vertex, r.source, r.step, r.phase)
+        out.append(copy_with(r, node=ids.get(key, -1)))
+    return sorted(out, key=lambda r: r.node)

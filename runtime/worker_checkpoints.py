@@ -1,0 +1,130 @@
+"""A worker's checkpoints: copies of its state to roll back to, and files to resume from
+(SPEC §11; the directory layout is :mod:`~rpeg.runtime.checkpoint`'s).
+
+* :meth:`~WorkerCheckpoints.save` / :meth:`~WorkerCheckpoints.load`: this rank's parameters,
+  optimizer slice and version in a file (same layout on load);
+* :meth:`~WorkerCheckpoints.rollback`: back to the boundary before a step after a failure
+  elsewhere (the urgent path, :mod:`~rpeg.runtime.recovery`), from the copy a training worker
+  keeps before each update when the run recovers from worker loss.
+
+:class:`WorkerCheckpoints` is a part of :class:`~rpeg.runtime.worker.Worker`, which owns the
+state it uses.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from .binding import GroupSpec
+from .model import Transformer
+from .parallel import ShardedAdam, local
+
+__all__ = ["WorkerCheckpoints"]
+
+
+class WorkerCheckpoints:
+    """In-memory boundary copies and checkpoint files of one rank (uses the
+    :class:`~rpeg.runtime.worker.Worker`'s state below)."""
+
+    group: GroupSpec
+    rank: int
+    mesh: Any
+    model: Transformer
+    optimizer: ShardedAdam | None
+    version: int
+    snapshots: dict[int, dict[str, torch.Tensor]]
+    keep_boundary: bool
+    boundary: dict[str, Any] | None
+    inbox: dict[tuple, list[dict[str, torch.Tensor]]]
+    gen_state: dict[tuple[str, int], dict[str, Any]]
+
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        """A copy of this rank's weights (local shards), by parameter name."""
+        return {k: local(v).detach().clone() for k, v in self.model.state_dict().items()}
+
+    def _keep_boundary(self, params: dict[str, torch.Tensor] | None) -> None:
+        """Before an update (``keep_boundary``): keep the version, ``params`` (a fresh copy when
+        ``None``), the optimizer slice and the snapshots to :meth:`rollback` to."""
+        if not self.keep_boundary:
+            return
+        assert self.optimizer is not None
+        self.boundary = {
+            "version": self.version,
+            "params": params if params is not None else self._snapshot(),
+            "optimizer": self.optimizer.state(),
+            "snapshots": dict(self.snapshots),
+        }
+
+    @torch.no_grad()
+    def rollback(self, step: int) -> int:
+        """Return to the boundary before ``step`` (segment-local) after a failure mid-step: drop
+        in-flight data and gradients; a training worker that already applied the update of
+        ``step`` restores its parameters and optimizer slice from before it. Returns the version
+        held afterwards.
+
+        Raises
+        ------
+        RuntimeError
+            If the worker is past ``step + 1`` or has no boundary copy to return to.
+        """
+        self.inbox.clear()
+        self.gen_state.clear()
+        for p in self.model.parameters():
+            p.grad = None
+        if self.optimizer is not None and self.version == step + 1:
+            b = self.boundary
+            if b is None or b["version"] != step:
+                raise RuntimeError(
+                    f"worker {self.group.worker(self.rank)} applied step {step}'s update and keeps no copy "
+                    "from before it (run with worker-loss recovery to keep one)"
+                )
+            for k, v in self.model.state_dict().items():
+                local(v).copy_(b["params"][k])
+            self.optimizer.load_state(b["optimizer"])
+            self.snapshots = dict(b["snapshots"])
+            self.version = step
+        elif self.optimizer is not None and self.version != step:
+            raise RuntimeError(
+                f"worker {self.group.worker(self.rank)} holds version {self.version}; the boundary before "
+                f"step {step} needs {step}"
+            )
+        return self.version
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str) -> str:
+        """Write this rank's parameters, optimizer slice and version to ``path`` (a file; written
+        to a temporary name first and renamed, so a crash never leaves a truncated file)."""
+        state = {
+            "params": self._snapshot(),
+            "optimizer": self.optimizer.state() if self.optimizer else None,
+            "version": self.version,
+            "coords": (self.mesh.d, self.mesh.p, self.mesh.t),
+            "layout": self.group.layout(),
+        }
+        tmp = f"{path}.tmp{os.getpid()}"
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+        return path
+
+    @torch.no_grad()
+    def load(self, path: str) -> int:
+        """Restore :meth:`save` (same layout); the loaded weights become version 0 of this run."""
+        state = torch.load(path, weights_only=False)
+        if state["layout"] != self.group.layout() or tuple(state["coords"]) != (
+            self.mesh.d,
+            self.mesh.p,
+            self.mesh.t,
+        ):
+            raise ValueError(
+                f"checkpoint {path} was written by layout {state['layout']} rank {state['coords']}; this worker "
+                f"is {self.group.layout()} rank {(self.mesh.d, self.mesh.p, self.mesh.t)}"
+            )
+        for k, v in self.model.state_dict().items():
+            local(v).copy_(state["params"][k])
+        if self.optimizer and state["optimizer"] is not None:
+            self.optimizer.load_state(state["optimizer"])
+        self.version = 0
+        return int(state["version"])

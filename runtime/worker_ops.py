@@ -1,0 +1,389 @@
+"""A worker's model invocations: the OP nodes of generation, inference and training (SPEC §11).
+
+Execution per role (``B'·R'`` sequences of one step, global order = sample id):
+
+* generation: prefill the prompt, then one token per decode position, microbatch by microbatch,
+  stage by stage (``send``/``recv`` of hidden states between stages; the last stage samples with
+  layout-independent Gumbel noise and sends the token back to the first). A response-length
+  phase ``q`` decodes positions ``t_{q−1}..t_q − 1`` and emits the sequences that end there.
+* inference: teacher-forced forward, microbatched; reference → log-probs, critic → values,
+  reward → reward-model score plus the task's verifiable reward (the score the RL update uses:
+  a randomly initialised reward model carries no signal).
+* training: advantages over the whole step's batch (PPO: KL-shaped rewards and GAE γ = 1,
+  λ = 0.95; GRPO: group-relative), then this rank's DP slice in ``mb`` microbatches — with
+  ``torch.distributed.pipelining``'s 1F1B schedule when ``Pp > 1`` — losses divided by the
+  global token count, then one :class:`~rpeg.runtime.parallel.ShardedAdam` step.
+
+:class:`WorkerOps` is a part of :class:`~rpeg.runtime.worker.Worker`, which owns the state it
+uses (model, mesh, optimizer, task, version and snapshots).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..ir.types import Head, Role
+from .binding import GroupSpec, RunShape
+from .model import KVCache, Transformer, sample_token, token_logprobs
+from .parallel import ShardedAdam, local
+from .rl import (
+    RLConfig,
+    gae,
+    grpo_advantages,
+    kl_loss,
+    policy_loss,
+    response_slice,
+    token_rewards,
+    value_loss,
+)
+from .task import SyntheticTask
+
+__all__ = ["PackedOutput", "WorkerOps"]
+
+# columns of the packed per-token training target (pipelining passes one tensor to the loss)
+_TOK, _OLD, _ADV, _MASK, _REF, _RET, _VAL = range(7)
+
+
+class PackedOutput(torch.nn.Module):
+    """Last-stage wrapper whose output is one tensor: logits ``[b,s,V]``, values ``[b,s,1]``, or
+    both concatenated (``BOTH``) — the form ``torch.distributed.pipelining`` passes to the loss."""
+
+    def __init__(self, inner: Transformer) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.inner(x)
+        if not self.inner.last:
+            return out
+        if isinstance(out, tuple):
+            return torch.cat([out[0], out[1].unsqueeze(-1)], dim=-1)
+        return out if self.inner.head is Head.LM else out.unsqueeze(-1)
+
+
+class WorkerOps:
+    """OP nodes of one rank (:meth:`op`) and the pipeline plumbing they share.
+
+    Uses the :class:`~rpeg.runtime.worker.Worker`'s state below, its ``_check_fault`` and
+    ``_emits``, the transfers' ``_inputs`` and ``publish`` and the checkpoints' ``_snapshot``,
+    ``_keep_boundary`` and ``save``.
+    """
+
+    group: GroupSpec
+    rank: int
+    shape: RunShape
+    cfg: RLConfig
+    seed: int
+    step_offset: int
+    mesh: Any
+    model: Transformer
+    packed: PackedOutput
+    optimizer: ShardedAdam | None
+    task: SyntheticTask
+    target: torch.Tensor
+    gen_state: dict[tuple[str, int], dict[str, Any]]
+    schedule: Any
+    lengths: torch.Tensor
+    snapshots: dict[int, dict[str, torch.Tensor]]
+    version: int
+
+    # ------------------------------------------------------------------ pipeline plumbing
+    def _stage(
+        self, x: torch.Tensor | None, b: int, s: int, cache: KVCache | None = None
+    ) -> torch.Tensor | None:
+        """Run this stage on ``b × s`` positions; hidden states travel stage to stage by P2P.
+        Returns the last stage's output (heads applied), ``None`` on other stages."""
+        m = self.mesh
+        if not m.first:
+            x = torch.empty(b, s, self.group.spec.hidden)
+            dist.recv(x, src=m.prev_rank())
+        out = self.model(x, cache=cache)
+        if not m.last:
+            dist.send(out.contiguous(), dst=m.next_rank())
+            return None
+        return out
+
+    def _my_slice(self, n: int) -> torch.Tensor:
+        """Indices of this DP rank's sequences among ``n``: ``tensor_split`` into ``Pd`` parts."""
+        return torch.tensor_split(torch.arange(n), self.group.dp)[self.mesh.d]
+
+    # ------------------------------------------------------------------ OP nodes
+    def op(self, node: dict[str, Any], inputs: dict[str, list]) -> tuple[dict[str, Any], Any, Any]:
+        """Execute one OP node; returns ``(meta, containers or None, publication or None)``."""
+        t0 = time.perf_counter()
+        self._check_fault(node["vertex"], node["step"])
+        role = Role(node["role"])
+        version = node["version"]
+        swapped = None
+        if role is not Role.TRAINING and version != self.version:
+            if version not in self.snapshots:
+                raise RuntimeError(
+                    f"worker {self.group.worker(self.rank)} holds version {self.version} of "
+                    f"{self.group.model} but {node['vertex']} step {node['step']} needs {version}"
+                )
+            swapped = self._swap(self.snapshots[version])
+        try:
+            if role is Role.GENERATION:
+                out, meta = self._generate(node)
+            elif role is Role.INFERENCE:
+                out, meta = self._infer(node, self._inputs(node, inputs))
+            else:
+                if version != self.version:
+                    raise RuntimeError(
+                        f"{node['vertex']} step {node['step']} must train version {version}, "
+                        f"worker {self.group.worker(self.rank)} holds {self.version}"
+                    )
+                out, meta = self._train(node, self._inputs(node, inputs))
+        finally:
+            if swapped is not None:
+                self._swap(swapped)
+        pub = self.publish() if node.get("publish") and role is Role.TRAINING else None
+        meta["worker_time"] = time.perf_counter() - t0
+        meta["version_used"] = version if role is not Role.TRAINING else meta["version"] - 1
+        return meta, (out if self._emits() else None), pub
+
+    @torch.no_grad()
+    def _swap(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        current = self._snapshot()
+        for k, v in self.model.state_dict().items():
+            local(v).copy_(weights[k])
+        return current
+
+    @torch.no_grad()
+    def _generate(self, node: dict[str, Any]) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
+        sh, step = self.shape, node["step"]
+        gstep = step + self.step_offset
+        key = (node["vertex"], step)
+        phase = node["phase"]
+        if phase <= 1:
+            n = sh.sequences
+            mine = self._my_slice(n)
+            prompts = self.task.prompts(gstep, sh.batch).repeat_interleave(sh.rollouts, dim=0)[mine]
+            ids = gstep * n + mine
+            tokens = torch.zeros(len(mine), sh.prompt_len + sh.response_len, dtype=torch.int64)
+            tokens[:, : sh.prompt_len] = prompts
+            chunks = [c for c in torch.tensor_split(torch.arange(len(mine)), self.group.mb) if len(c)]
+            self.gen_state[key] = {
+                "ids": ids,
+                "mine": mine,
+                "tokens": tokens,
+                "logp": torch.zeros(len(mine), sh.response_len),
+                "chunks": chunks,
+                "caches": [KVCache() for _ in chunks],
+                "pos": 0,
+            }
+        st = self.gen_state[key]
+        hi = sh.phase_lengths[phase - 1] if phase > 0 else sh.response_len
+        lo = st["pos"]
+        Lp = sh.prompt_len
+        for t in range(lo, hi):
+            for c, cache in zip(st["chunks"], st["caches"]):
+                b = len(c)
+                x = st["tokens"][c, :Lp] if t == 0 else st["tokens"][c, Lp + t - 1 : Lp + t]
+                out = self._stage(x if self.mesh.first else None, b, Lp if t == 0 else 1, cache)
+                tok = torch.empty(b, dtype=torch.int64)
+                if self.mesh.last:
+                    logits = out[0] if isinstance(out, tuple) else out
+                    tok, lp = sample_token(logits[:, -1], self.seed, st["ids"][c], t, self.cfg.temperature)
+                    st["logp"][c, t] = lp
+                    if self.group.pp > 1:
+                        dist.send(tok, dst=self.mesh.first_rank())
+                elif self.mesh.first:
+                    dist.recv(tok, src=self.mesh.last_rank())
+                if self.mesh.first or self.mesh.last:
+                    st["tokens"][c, Lp + t] = tok
+        st["pos"] = hi
+        lengths = self.lengths[st["mine"]]
+        done = (lengths == hi) if phase > 0 else torch.ones(len(st["mine"]), dtype=torch.bool)
+        if phase == 0 or hi == sh.response_len:
+            del self.gen_state[key]
+        mask = (torch.arange(sh.response_len)[None, :] < lengths[done][:, None]).float()
+        tokens = st["tokens"][done].clone()
+        tokens[:, Lp:] *= mask.long()
+        out = {"ids": st["ids"][done], "tokens": tokens, "logp": st["logp"][done] * mask, "mask": mask}
+        return out, {"sequences": int(done.sum())}
+
+    @torch.no_grad()
+    def _infer(
+        self, node: dict[str, Any], batch: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        sh = self.shape
+        Lp, Lr = sh.prompt_len, sh.response_len
+        sl = response_slice(Lp, Lr)
+        n = len(batch["ids"])
+        mine = self._my_slice(n)
+        tokens, mask = batch["tokens"][mine], batch["mask"][mine]
+        results: list[torch.Tensor] = []
+        meta: dict[str, Any] = {"sequences": len(mine)}
+        for c in torch.tensor_split(torch.arange(len(mine)), self.group.mb):
+            if not len(c):
+                continue
+            out = self._stage(tokens[c] if self.mesh.first else None, len(c), Lp + Lr)
+            if out is None:
+                continue
+            logits = out[0] if isinstance(out, tuple) else (out if self.group.head is Head.LM else None)
+            values = out[1] if isinstance(out, tuple) else (out if self.group.head is Head.SCALAR else None)
+            kind = node["output"]
+            if kind == "ref_logp" or kind == "logp":
+                assert logits is not None
+                lp = token_logprobs(logits[:, sl] / self.cfg.temperature, tokens[c][:, Lp : Lp + Lr])
+                results.append(lp * mask[c])
+            elif kind == "values":
+                assert values is not None
+                results.append(values[:, sl] * mask[c])
+            else:  # rewards: reward-model score at the last valid token, and the task's reward
+                assert values is not None
+                last = Lp - 1 + mask[c].sum(dim=1).long()
+                results.append(values[torch.arange(len(c)), last])
+        if not self._emits():
+            return {}, meta
+        ids = batch["ids"][mine]
+        if node["output"] == "rewards":
+            resp = tokens[:, Lp:]
+            hits = self.target[resp].float() * mask
+            score = hits.sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+            rm = torch.cat(results) if results else torch.zeros(0)
+            meta.update(reward_sum=float(score.sum()), reward_count=len(score))
+            return {"ids": ids, "rewards": score, "rm_score": rm}, meta
+        return {"ids": ids, node["output"]: torch.cat(results) if results else torch.zeros(0, Lr)}, meta
+
+    def _train(self, node: dict[str, Any], batch: dict[str, torch.Tensor]) -> tuple[None, dict[str, Any]]:
+        """One training node: targets of the whole step's batch (:meth:`_targets`), this rank's
+        DP slice forward and backward (:meth:`_backward`), then the update (:meth:`_update`)."""
+        algorithm = node["algorithm"]
+        target = self._targets(algorithm, batch)
+        loss_fn = self._loss_fn(algorithm, float(batch["mask"].sum()))
+        mine = self._my_slice(len(batch["ids"]))
+        losses = self._backward(batch["tokens"][mine], target[mine], loss_fn)
+        return None, self._update(node, losses)
+
+    def _targets(self, algorithm: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The packed per-token target ``[n, Lr, 7]`` of the step's batch (columns ``_TOK`` …).
+
+        GRPO: group-relative advantages ``A_i = (r_i − mean_g) / (std_g + 1e-6)`` broadcast over
+        the tokens, old and reference log-probs. PPO: KL-shaped rewards
+        ``r_t = −β·(log π − log π_ref)_t + [t = last]·score`` and GAE ``(γ, λ)`` advantages and
+        returns over the critic's values (:mod:`~rpeg.runtime.rl`); the critic's own training
+        node gets no log-probs and regresses on the task reward alone (``β = 0``).
+        """
+        sh, cfg = self.shape, self.cfg
+        Lp, Lr = sh.prompt_len, sh.response_len
+        n = len(batch["ids"])
+        mask = batch["mask"]
+        pack = torch.zeros(n, Lr, 7)
+        pack[..., _TOK] = batch["tokens"][:, Lp:].float()
+        pack[..., _MASK] = mask
+        if algorithm == "grpo":
+            adv = grpo_advantages(batch["rewards"], sh.rollouts)[:, None].expand(n, Lr)
+            pack[..., _ADV] = adv
+            pack[..., _OLD] = batch["logp"]
+            pack[..., _REF] = batch["ref_logp"]
+            return pack
+        if "logp" in batch and "ref_logp" in batch:
+            rewards = token_rewards(batch["rewards"], batch["logp"], batch["ref_logp"], mask, cfg.kl_coef)
+        else:  # critic_train: the PPO graph routes it no log-probs, so it regresses on the task reward
+            zero = torch.zeros_like(mask)
+            rewards = token_rewards(batch["rewards"], zero, zero, mask, 0.0)
+        adv, ret = gae(rewards, batch["values"], mask, cfg.gamma, cfg.lam)
+        pack[..., _ADV] = adv
+        pack[..., _RET] = ret
+        pack[..., _VAL] = batch["values"]
+        if "logp" in batch:
+            pack[..., _OLD] = batch["logp"]
+        return pack
+
+    def _loss_fn(self, algorithm: str, total: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The loss of a microbatch's packed output and target, divided by the step's global
+        token count ``total``: PPO's clipped surrogate for a policy head (plus GRPO's ``k3`` KL
+        term), the clipped value regression for a value head, both for a shared one."""
+        cfg = self.cfg
+        head = self.group.head
+        want_policy = head in (Head.LM, Head.BOTH)
+        want_value = head in (Head.SCALAR, Head.BOTH)
+        V = self.group.spec.vocab
+        sl = response_slice(self.shape.prompt_len, self.shape.response_len)
+
+        def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            m = target[..., _MASK]
+            loss = output.new_zeros(())
+            if want_policy:
+                logits = output[:, sl, :V]
+                lp = token_logprobs(logits / cfg.temperature, target[..., _TOK].long())
+                p_sum, _ = policy_loss(lp, target[..., _OLD], target[..., _ADV], m, cfg.clip)
+                loss = loss + p_sum
+                if algorithm == "grpo":
+                    loss = loss + kl_loss(lp, target[..., _REF], m, cfg.kl_coef)[0]
+            if want_value:
+                values = output[:, sl, -1]
+                v_sum, _ = value_loss(values, target[..., _RET], m, target[..., _VAL], cfg.value_clip)
+                loss = loss + v_sum
+            return loss / total
+
+        return loss_fn
+
+    def _backward(
+        self,
+        tokens: torch.Tensor,
+        target: torch.Tensor,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> list[torch.Tensor]:
+        """Forward and backward of this rank's sequences in ``mb`` microbatches — 1F1B over the
+        pipeline stages when ``Pp > 1`` — accumulating gradients; returns the microbatch losses
+        (on the last stage)."""
+        losses: list[torch.Tensor] = []
+        if self.group.pp == 1:
+            for c in torch.tensor_split(torch.arange(len(tokens)), self.group.mb):
+                if len(c):
+                    loss = loss_fn(self.packed(tokens[c]), target[c])
+                    loss.backward()
+                    losses.append(loss.detach())
+            return losses
+        if self.schedule is None:
+            from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+            stage = PipelineStage(
+                self.packed, self.mesh.p, self.group.pp, torch.device("cpu"), group=self.mesh.pp_group
+            )
+            self.schedule = Schedule1F1B(
+                stage, n_microbatches=self.group.mb, loss_fn=loss_fn, scale_grads=False
+            )
+        self.schedule._loss_fn = loss_fn  # this step's normaliser and batch
+        if self.mesh.first:
+            self.schedule.step(tokens)
+        elif self.mesh.last:
+            self.schedule.step(target=target, losses=losses)
+        else:
+            self.schedule.step()
+        return losses
+
+    def _update(self, node: dict[str, Any], losses: list[torch.Tensor]) -> dict[str, Any]:
+        """One :class:`~rpeg.runtime.parallel.ShardedAdam` step: keep the version before it as a
+        snapshot when a serving vertex of this group (or a later plan) still reads it, keep the
+        boundary copy when the run recovers from worker loss, bump the version and, at a
+        checkpointed step, write this rank's file. Returns the node's meta."""
+        assert self.optimizer is not None
+        old = self._snapshot() if node.get("keep_previous") else None
+        self._keep_boundary(old)
+        self.optimizer.step()
+        if old is not None:
+            self.snapshots[self.version] = old
+            for v in [
+                v for v in self.snapshots if v < self.version + 1 - node.get("keep", node.get("tau", 0))
+            ]:
+                del self.snapshots[v]
+        self.version += 1
+        meta: dict[str, Any] = {"loss": float(sum(losses)) if losses else None, "version": self.version}
+        if node.get("save"):
+            os.makedirs(node["save"], exist_ok=True)
+            name = f"g{self.group.gid}-r{self.rank}.pt"
+            path = self.save(os.path.join(node["save"], name))
+            from .checkpoint import file_digest
+
+            meta["checkpoint"] = {"name": name, **file_digest(path)}
+        return meta

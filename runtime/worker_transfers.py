@@ -1,0 +1,364 @@
+"""A worker's transfers: publishing and installing weight versions, fetching data containers,
+and its part of a transition's state moves (SPEC §10–§11).
+
+* weights: :meth:`~WorkerTransfers.publish` hands this rank's share of the current (or a kept,
+  :meth:`~WorkerTransfers.publish_version`) version to the object store;
+  :meth:`~WorkerTransfers.install` (a weight COMM/RESHARD node) assembles the full tensors of
+  this rank's stage from the producer's shares and keeps its TP shard;
+  :meth:`~WorkerTransfers.install_snapshot` keeps them as a snapshot of an older version;
+* data: :meth:`~WorkerTransfers.fetch` (a data COMM node) copies containers into this rank's
+  inbox, which the next OP node reads in sample-id order;
+* transitions: ``xfer_*`` join the transition's process group, export this rank's state as EMU
+  cells, run Split/Merge/Extend pieces point-to-point, drop cells and adopt the final ones
+  (:mod:`~rpeg.runtime.transition`).
+
+:class:`WorkerTransfers` is a part of :class:`~rpeg.runtime.worker.Worker`, which owns the state
+it uses.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .binding import GroupSpec
+from .model import Transformer
+from .parallel import ShardedAdam, assemble, local, publication, shard_of
+
+__all__ = ["WorkerTransfers"]
+
+
+class WorkerTransfers:
+    """Weight versions, data containers and transition cells of one rank.
+
+    Uses the :class:`~rpeg.runtime.worker.Worker`'s state below and the checkpoints'
+    ``_snapshot``; :meth:`xfer_join` adds the transition's process group and cells.
+    """
+
+    group: GroupSpec
+    rank: int
+    mesh: Any
+    model: Transformer
+    optimizer: ShardedAdam | None
+    version: int
+    snapshots: dict[int, dict[str, torch.Tensor]]
+    inbox: dict[tuple, list[dict[str, torch.Tensor]]]
+
+    # ------------------------------------------------------------------ weights
+    def publish(self) -> tuple[tuple[int, int], dict[str, tuple[torch.Tensor, int | None]]] | None:
+        """This rank's share of the current weights (DP replica 0 only; replicated tensors from
+        TP rank 0 only) as ``((p, t), publication)``, or ``None``."""
+        if self.mesh.d != 0:
+            return None
+        return (self.mesh.p, self.mesh.t), publication(self.model, include_replicated=self.mesh.t == 0)
+
+    def publish_version(
+        self, version: int
+    ) -> tuple[tuple[int, int], dict[str, tuple[torch.Tensor, int | None]]] | None:
+        """Like :meth:`publish` for ``version``: the current weights or a kept snapshot (a
+        transition hands the versions an asynchronous target still reads to its workers)."""
+        if self.mesh.d != 0:
+            return None
+        if version == self.version:
+            return self.publish()
+        snap = self.snapshots.get(version)
+        if snap is None:
+            raise RuntimeError(
+                f"worker {self.group.worker(self.rank)} holds version {self.version} and snapshots "
+                f"{sorted(self.snapshots)} of {self.group.model}, not version {version}"
+            )
+        return (self.mesh.p, self.mesh.t), publication(
+            self.model, include_replicated=self.mesh.t == 0, weights=snap
+        )
+
+    @torch.no_grad()
+    def install_snapshot(self, pubs: list, version: int) -> dict[str, Any]:
+        """Keep published weights of ``version`` as a snapshot in this rank's layout (a serving
+        vertex on this training group reads it, see :meth:`op`)."""
+        self.snapshots[version] = {k: t.clone() for k, t in self._shards_of(pubs, version)[0].items()}
+        return {"version": version}
+
+    def _shards_of(self, pubs: list, version: int) -> tuple[dict[str, torch.Tensor], int]:
+        """This rank's shard of every tensor in the publications ``pubs`` (object refs of
+        :meth:`publish` results) of ``version``, and the bytes received."""
+        import ray
+
+        got = [x for x in ray.get(list(pubs)) if x is not None]
+        nbytes = sum(t.numel() * t.element_size() for _, pub in got for t, _ in pub.values())
+        full = assemble([(coords[1], pub) for coords, pub in got])
+        state = self.model.state_dict()
+        missing = [name for name in state if name not in full]
+        if missing:
+            raise RuntimeError(
+                f"worker {self.group.worker(self.rank)}: published weights of version {version} lack "
+                f"{missing[:3]}"
+            )
+        return {
+            name: shard_of(full[name], p, self.group.tp, self.mesh.t) for name, p in state.items()
+        }, nbytes
+
+    @torch.no_grad()
+    def install(self, pubs: list, version: int) -> dict[str, Any]:
+        """Install published weights of ``version`` into this rank's layout (a COMM/RESHARD node).
+
+        ``pubs`` are object refs of :meth:`publish` results of the producing group; each rank
+        fetches them, assembles the full tensors of its stage and keeps its TP shard. Returns the
+        bytes received and the time spent.
+        """
+        t0 = time.perf_counter()
+        shards, nbytes = self._shards_of(pubs, version)
+        for name, p in self.model.state_dict().items():
+            local(p).copy_(shards[name])
+        self.version = version
+        if self.optimizer is None:  # a training group prunes its own snapshots (see _train)
+            self.snapshots.clear()
+        return {"bytes": nbytes, "worker_time": time.perf_counter() - t0, "version": version}
+
+    # ------------------------------------------------------------------ data movement
+    def fetch(self, key: tuple, refs: list) -> dict[str, Any]:
+        """A data COMM node: copy containers from the object store into this rank's memory."""
+        import ray
+
+        t0 = time.perf_counter()
+        parts = [x for x in ray.get(list(refs)) if x is not None]
+        self.inbox[key] = parts
+        nbytes = sum(t.numel() * t.element_size() for part in parts for t in part.values())
+        return {"bytes": nbytes, "worker_time": time.perf_counter() - t0}
+
+    def _inputs(self, node: dict[str, Any], inputs: dict[str, list]) -> dict[str, torch.Tensor]:
+        """Merge the containers of all data inputs into one batch ordered by sample id."""
+        import ray
+
+        merged: dict[str, torch.Tensor] = {}
+        for src, refs in inputs.items():
+            key = (node["vertex"], node["step"], src, node["phase"])
+            parts = self.inbox.pop(key, None)
+            if parts is None:
+                parts = [x for x in ray.get(list(refs)) if x is not None]
+            if not parts:
+                continue
+            cat = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+            order = torch.argsort(cat["ids"])
+            cat = {k: v[order] for k, v in cat.items()}
+            if "ids" in merged and not torch.equal(merged["ids"], cat["ids"]):
+                raise RuntimeError(
+                    f"inputs of {node['vertex']} step {node['step']} cover different sequences"
+                )
+            merged.update(cat)
+        return merged
+
+    # ------------------------------------------------------------------ transitions (SPEC §10)
+    def xfer_host(self, world: int, timeout_s: float = 1800.0) -> str:
+        """Open the transition group's store for ``world`` ranks on a port the OS picks (port 0:
+        no pick-then-bind race); returns its ``host:port``. Called on the rank-0 worker first."""
+        import datetime
+
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self.xstore = dist.TCPStore(host, 0, world, True, timeout, wait_for_workers=False)
+        return f"{host}:{self.xstore.port}"
+
+    def xfer_join(self, master: str, rank: int, world: int, timeout_s: float = 1800.0) -> None:
+        """Join the transition's process group: every worker of the current and the target plan,
+        a standalone gloo group beside this worker's own (``rank`` 0 hosts the store, opened by
+        :meth:`xfer_host`)."""
+        import datetime
+
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if rank == 0:
+            store = self.xstore
+        else:
+            host, port = master.rsplit(":", 1)
+            store = dist.TCPStore(host, int(port), world, False, timeout)
+        self.xpg = dist.ProcessGroupGloo(dist.PrefixStore("xfer", store), rank, world, timeout)
+        self.xrank = rank
+        self.units: dict[tuple, Any] = {}
+
+    @torch.no_grad()
+    def xfer_export(self, cells: list[tuple[Any, str, int, bool]]) -> dict[str, Any]:
+        """Hand this rank's state to the transition as EMU cells ``(unit key, vertex, rank,
+        with optimizer)``.
+
+        Parameters come from the model; for a training vertex the ZeRO slices of the Adam moments
+        are first all-gathered over the DP group (every rank of a replica then holds its cell's
+        full moments, SPEC §10's unsharded EMU optimizer state). Must be called on every rank of
+        the group at once (the gather is a collective).
+        """
+        from .state import CellState
+
+        t0 = time.perf_counter()
+        moments = None
+        if self.optimizer is not None:
+            moments = self._full_moments()
+        params = self._snapshot()
+        for key, vertex, i, trains in cells:
+            mine = self.mesh.p * self.group.tp + self.mesh.t
+            if i != mine or vertex not in self.group.vertices:
+                raise RuntimeError(
+                    f"worker {self.group.worker(self.rank)} holds cell {mine} of {self.group.vertices}, "
+                    f"asked for cell {i} of {vertex!r}"
+                )
+            if trains and moments is None:
+                raise RuntimeError(
+                    f"worker {self.group.worker(self.rank)} trains nothing but {vertex!r} does"
+                )
+            cell = CellState(dict(params), step=self.optimizer.t if trains and self.optimizer else 0)
+            if trains:
+                assert moments is not None
+                cell.m, cell.v = moments
+            self.units[(key, i)] = cell
+        return {"worker_time": time.perf_counter() - t0, "bytes": sum(c.nbytes for c in self.units.values())}
+
+    def _full_moments(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Adam moments of this rank's whole local parameters, by name (AllGather of the ZeRO
+        slices over the DP group)."""
+        assert self.optimizer is not None
+        flats = self.optimizer.full_moments()
+        out: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] = ({}, {})
+        off = 0
+        for name, p in self.model.named_parameters():
+            lp = local(p)
+            k = lp.numel()
+            for d, flat in zip(out, flats):
+                d[name] = flat[off : off + k].view_as(lp).clone()
+            off += k
+        return out
+
+    @torch.no_grad()
+    def xfer_run(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        """Execute this worker's part of one primitive: assemble target cells from source cells.
+
+        Each entry names a target cell (``dst`` key, its holder, its parameter names) and per
+        source rank the holder, the source cell and the pieces (:class:`~rpeg.runtime.state.Piece`)
+        with their shapes. This worker sends the pieces it holds to other holders, receives the
+        pieces its own target cells need (gloo point-to-point, all posted before any wait) and
+        assembles its cells. Returns bytes sent/received and the time spent.
+        """
+        from .state import CellState, assemble_cell
+
+        t0 = time.perf_counter()
+        works, recvs, sent, got = [], [], 0, 0
+        staged: dict[int, dict[int, CellState]] = {}
+        for n, e in enumerate(entries):
+            mine_dst = e["holder"] == self.xrank
+            for r, src in e["sources"].items():
+                if src["holder"] == self.xrank:
+                    cell = self.units[tuple(src["key"])]
+                    if e["moments"] and cell.m is None:
+                        raise RuntimeError(f"cell {src['key']} holds no optimizer state for {e['key']}")
+                    parts = cell.tensors(src["pieces"])
+                    if not e["moments"]:  # the target keeps parameters only
+                        parts = parts[: len(src["pieces"])]
+                    if mine_dst:
+                        staged.setdefault(n, {})[r] = _sliced(cell, src["pieces"], parts, e["moments"])
+                    else:
+                        flat = torch.cat([t.reshape(-1) for t in parts] + [torch.tensor([float(cell.step)])])
+                        works.append(self.xpg.send([flat], e["holder"], src["tag"]))
+                        sent += flat.numel() * flat.element_size()
+                elif mine_dst:
+                    numel = sum(math.prod(s) for s in src["shapes"]) * (3 if e["moments"] else 1) + 1
+                    buf = torch.empty(numel)
+                    works.append(self.xpg.recv([buf], src["holder"], src["tag"]))
+                    recvs.append((n, r, src, buf))
+                    got += buf.numel() * buf.element_size()
+        for w in works:
+            w.wait()
+        for n, r, src, buf in recvs:
+            staged.setdefault(n, {})[r] = _unpack(buf, src["pieces"], src["shapes"], entries[n]["moments"])
+        for n, e in enumerate(entries):
+            if e["holder"] == self.xrank:
+                cell = assemble_cell(
+                    e["names"], staged.get(n, {}), {r: s["pieces"] for r, s in e["sources"].items()}
+                )
+                if not e["moments"]:
+                    cell.m = cell.v = None
+                self.units[tuple(e["key"])] = cell
+        return {"sent": sent, "received": got, "worker_time": time.perf_counter() - t0}
+
+    def xfer_drop(self, keys: list[tuple]) -> int:
+        """Destroy: forget cells; returns the bytes freed."""
+        freed = 0
+        for k in keys:
+            cell = self.units.pop(tuple(k), None)
+            freed += cell.nbytes if cell is not None else 0
+        return freed
+
+    @torch.no_grad()
+    def xfer_adopt(self, keys: dict[str, Any]) -> dict[str, Any]:
+        """Load this worker's model (and optimizer slice) from the cells the transition built for
+        it: ``keys["cells"]`` maps each vertex it serves to a unit key, ``keys["train"]`` names the
+        training vertex (or is ``None``). Every vertex must bring identical parameters (copies of
+        one version). Leaves the transition group."""
+        i = self.mesh.p * self.group.tp + self.mesh.t
+        cells = {v: self.units.pop((tuple(k), i)) for v, k in keys["cells"].items()}
+        train = keys["train"]
+        main = cells[train] if train in cells else next(iter(cells.values()))
+        for v, c in cells.items():
+            for name, t in c.params.items():
+                if not torch.equal(t, main.params[name]):
+                    raise RuntimeError(
+                        f"worker {self.group.worker(self.rank)}: vertex {v!r} brings parameter {name!r} "
+                        f"different from {train or 'the group'}'s copy (versions out of sync)"
+                    )
+        state = self.model.state_dict()
+        if set(state) != set(main.params):
+            raise RuntimeError(
+                f"worker {self.group.worker(self.rank)}: transition cell holds {sorted(main.params)[:3]}…, "
+                f"the model needs {sorted(state)[:3]}…"
+            )
+        for name, p in state.items():
+            src = main.params[name]
+            if tuple(src.shape) != tuple(local(p).shape):
+                raise RuntimeError(
+                    f"worker {self.group.worker(self.rank)}: {name!r} arrives as {tuple(src.shape)}, "
+                    f"the layout needs {tuple(local(p).shape)}"
+                )
+            local(p).copy_(src)
+        if self.optimizer is not None:
+            if main.m is None or main.v is None:
+                raise RuntimeError(f"worker {self.group.worker(self.rank)}: no optimizer state arrived")
+            names = [n for n, _ in self.model.named_parameters()]
+            self.optimizer.load_full_moments(
+                torch.cat([main.m[n].reshape(-1) for n in names]),
+                torch.cat([main.v[n].reshape(-1) for n in names]),
+                main.step,
+            )
+        self.units.clear()
+        self.xpg = self.xstore = None
+        return {"step": main.step}
+
+
+def _sliced(cell: Any, pieces: list, parts: list[torch.Tensor], moments: bool) -> Any:
+    """The pieces of a local cell as a cell of their own (views, no copy)."""
+    from .state import CellState
+
+    k = len(pieces)
+    out = CellState({pc.name: parts[j] for j, pc in enumerate(pieces)}, step=cell.step)
+    if moments:
+        out.m = {pc.name: parts[k + j] for j, pc in enumerate(pieces)}
+        out.v = {pc.name: parts[2 * k + j] for j, pc in enumerate(pieces)}
+    return out
+
+
+def _unpack(buf: torch.Tensor, pieces: list, shapes: list, moments: bool) -> Any:
+    """Inverse of the sender's packing: parameters, then ``m``, then ``v``, then the counter."""
+    from .state import CellState
+
+    groups, off = [], 0
+    for _ in range(3 if moments else 1):
+        d = {}
+        for pc, shape in zip(pieces, shapes):
+            n = math.prod(shape)
+            d[pc.name] = buf[off : off + n].view(shape)
+            off += n
+        groups.append(d)
+    cell = CellState(groups[0], step=int(buf[off].item()))
+    if moments:
+        cell.m, cell.v = groups[1], groups[2]
+    return cell

@@ -1,0 +1,69 @@
+"""Tests for ``solvers/transition.py``, the front door of transition planning: argument checks,
+the greedy schedule's status against its critical-path bound, and the exact engines' ticks.
+(The engines themselves: ``tests/formulations/test_transition_exact.py``; illegal targets:
+``test_legality.py``.)"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import pytest
+
+from rpeg import Cluster, Workload, hardware_preset, model_preset, plan_transition, solve
+from rpeg.formulations.status import Status
+
+
+@cache
+def _two_plans():
+    """A GRPO job on one 8-GPU node and two different plans of its synchronous graph."""
+    seven = model_preset("7b")
+    w = Workload("grpo", {"actor": seven, "reward": seven}, 16, 4, 128, 256, name="grpo-7b-8gpu")
+    c = Cluster.from_shape("1x1x8", hardware_preset("h100"))
+    a, b = (solve(w, c, m, k_eval=1) for m in ("greedy", "concurrent"))
+    assert a.plan is not None and b.plan is not None and a.plan != b.plan
+    return w, c, a.plan, b.plan
+
+
+def test_staying_put_costs_nothing_and_is_optimal():
+    w, c, plan, _ = _two_plans()
+    tp = plan_transition(plan, plan, c, workload=w)
+    assert (tp.l_tran, tp.bound, tp.status, tp.gap) == (0.0, 0.0, Status.OPTIMAL, 0.0)
+    assert tp.check() == []
+
+
+def test_greedy_is_optimal_exactly_when_it_meets_the_critical_path():
+    w, c, cur, tgt = _two_plans()
+    tp = plan_transition(cur, tgt, c, workload=w)
+    assert tp.check() == [] and tp.resolution is None
+    assert tp.bound == tp.critical_path <= tp.l_tran * (1 + 1e-12)
+    meets = tp.l_tran <= tp.critical_path * (1 + 1e-12)
+    assert tp.status is (Status.OPTIMAL if meets else Status.FEASIBLE)
+
+
+def test_cpsat_schedules_on_ticks_no_longer_than_the_rounded_greedy():
+    w, c, cur, tgt = _two_plans()
+    greedy = plan_transition(cur, tgt, c, workload=w)
+    tp = plan_transition(cur, tgt, c, workload=w, method="cpsat", time_limit=10, resolution=1e-3)
+    assert tp.resolution == 1e-3 and tp.check() == []
+    assert tp.status in (Status.OPTIMAL, Status.TIME_LIMIT, Status.FEASIBLE)
+    assert tp.critical_path <= tp.bound <= tp.l_tran
+    # durations round up by at most one tick per primitive
+    assert tp.l_tran <= greedy.l_tran + len(tp.durations) * 1e-3 + 1e-9
+    assert all(math.isclose(e / 1e-3, round(e / 1e-3), abs_tol=1e-6) for e in tp.ends)
+
+
+@pytest.mark.parametrize(
+    ("kw", "exc", "pattern"),
+    [
+        ({"resolution": 0}, ValueError, r"resolution must be a positive number of seconds, got 0"),
+        ({"seed": 1.5}, TypeError, r"seed must be an integer"),
+        ({"threads": 0}, ValueError, r"threads must be a positive integer"),
+        ({"method": 3}, TypeError, r"method must be a transition method name"),
+        ({"graph": "g"}, TypeError, r"graph must be an RPEG"),
+    ],
+)
+def test_bad_arguments_are_named(kw, exc, pattern):
+    w, c, cur, tgt = _two_plans()
+    with pytest.raises(exc, match=pattern):
+        plan_transition(cur, tgt, c, **{"workload": w, **kw})
