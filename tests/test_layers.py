@@ -40,7 +40,16 @@ def lint(tree: Path) -> subprocess.CompletedProcess[str]:
 def copy_package(dest: Path) -> Path:
     """The package's source files under ``dest/rpeg`` (no venv, no data, no caches)."""
     skip = shutil.ignore_patterns(
-        ".venv", ".git", "build", "*.egg-info", "__pycache__", "data", "out", "*.png"
+        ".venv",
+        ".git",
+        "build",
+        "*.egg-info",
+        "__pycache__",
+        "data",
+        "out",
+        "*.png",
+        ".*_cache",
+        ".hypothesis",
     )
     shutil.copytree(ROOT, dest / "rpeg", ignore=skip)
     return dest / "rpeg"

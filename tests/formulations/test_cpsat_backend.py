@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import _thread
+import signal
 import threading
 import time
 import types
@@ -98,7 +99,13 @@ class _SlowSolver:
 
 
 def test_ctrl_c_stops_the_search_and_is_reported():
-    solver = _SlowSolver()
-    code, interrupted = cpsat_backend.run_cpsat(solver, model=None)
+    # Python's own Ctrl-C handler, whatever this process inherited: a process started in the
+    # background by a non-interactive shell ignores SIGINT, and interrupt_main() then does nothing
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        solver = _SlowSolver()
+        code, interrupted = cpsat_backend.run_cpsat(solver, model=None)
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert (code, interrupted) == ("FEASIBLE", True)
     assert solver.stopped.is_set() and solver.parameters.catch_sigint_signal is False

@@ -1,6 +1,6 @@
 """Tests for ``solvers/sa.py``, the ``sa`` method behind ``solve()``: how a search outcome becomes
-a :class:`Result`. (The search itself: ``tests/heuristics/test_search.py``; the Ray backend:
-``tests/heuristics/test_distributed.py``.)"""
+a :class:`Result`. (The search itself: ``tests/heuristics/search/test_anneal.py``; the Ray backend:
+``tests/heuristics/search/test_distributed.py``.)"""
 
 from __future__ import annotations
 
