@@ -32,8 +32,9 @@ so far (status ``time_limit``).
 ``structures``
     Structural candidates to search instead of all of ``Ycand``.
 ``candidates``
-    Search only the ``k`` fastest strategies of each invocation (the exact models' candidate
-    sets), for like-for-like comparisons.
+    Search only the ``k`` fastest strategies of each invocation plus the strategies of the
+    concurrent and greedy baselines (as the exact models' candidate sets keep their warm
+    start's), for like-for-like comparisons.
 ``progress``
     Callback receiving live figures about twice a second.
 """

@@ -36,7 +36,7 @@ from ...ir.templates import Structure, structures
 from ...ir.workload import Workload
 from ...scoring.candidates import Directory, aligned_allocations, build_directories
 from ...scoring.evaluator import BETA_OOM, MEMORY_TOL, Evaluator
-from ..baselines import Infeasible, check_directories, concurrent_plan
+from ..baselines import Infeasible, check_directories, concurrent_plan, greedy_plan
 from .acceptance import Acceptance, Metropolis
 from .moves import Move, MoveContext, PairMove, SingleMove
 from .stop import Budget
@@ -93,6 +93,27 @@ def fixed_microbatch_ok(role_is_training: bool, s: Strategy) -> bool:
     return s.mb == (2 * s.pp if role_is_training else s.pp)
 
 
+def restrict(ev: Evaluator, dirs: list[Directory], k: int) -> None:
+    """The exact models' candidate restriction, in place: each directory keeps its ``k`` fastest
+    strategies plus the strategies of the unrestricted baselines (concurrent and greedy), as
+    the exact models keep their warm start's choices (``formulations.plan_model.candidate_sets``).
+
+    Without the baselines' strategies a restriction to the fastest — usually the widest —
+    strategies can leave no plan at all (none of them packs side by side, and all of them on
+    every GPU do not fit in memory), while the exact models over "the same" candidates still
+    find one through their warm start.
+    """
+    keep: list[set] = [set() for _ in dirs]
+    for baseline in (concurrent_plan, greedy_plan):
+        with contextlib.suppress(Infeasible):
+            for v, c in enumerate(baseline(ev, dirs).choices):
+                keep[v].add(c.strategy)
+    for d, extra in zip(dirs, keep):
+        idx = [i for i, s in enumerate(d.strategies) if i < k or s in extra]
+        d.strategies = [d.strategies[i] for i in idx]
+        d.times = [d.times[i] for i in idx]
+
+
 class SearchSpace:
     """One structural candidate: its evaluator, directories, seed plan and evaluation cache."""
 
@@ -118,9 +139,8 @@ class SearchSpace:
                 keep = [i for i, s in enumerate(d.strategies) if fixed_microbatch_ok(training, s)]
                 d.strategies = [d.strategies[i] for i in keep]
                 d.times = [d.times[i] for i in keep]
-        if candidates is not None:  # the exact models' restriction: the k fastest strategies
-            for d in dirs:
-                d.strategies, d.times = d.strategies[:candidates], d.times[:candidates]
+        if candidates is not None:
+            restrict(self.ev, dirs, candidates)
         self.dirs: list[Directory] = dirs
         self.cache: dict[tuple, Raw] = {}
         self.vertex_key = tuple(v.name for v in self.ev.graph.vertices)
@@ -381,20 +401,23 @@ class Anneal:
 
     # ------------------------------------------------------------------ search
     def seed_plan(self, si: int) -> Plan:
-        """The first chain's start: the concurrent baseline of this structure, else every
-        invocation on all GPUs with its fastest strategy (memory left to the penalty)."""
+        """The first chain's start: the concurrent baseline of this structure, else its greedy
+        baseline (every invocation on all GPUs, repaired for memory: it needs no side-by-side
+        packing, which a candidate restriction to the fastest, widest strategies can make
+        impossible), else every invocation on all GPUs with its fastest strategy (memory left
+        to the penalty)."""
         space = self.spaces[si]
         check_directories(space.ev, space.dirs)  # an empty directory: nothing to search
-        try:
-            return concurrent_plan(space.ev, space.dirs)
-        except Infeasible:
-            n = self.cluster.num_devices
-            choices = []
-            for d in space.dirs:
-                idx = d.of_size(n)
-                s = d.strategies[idx[0]] if idx else d.strategies[0]
-                choices.append(Choice(s, aligned_allocations(self.cluster, s.size)[0]))
-            return Plan(tuple(choices))
+        for baseline in (concurrent_plan, greedy_plan):
+            with contextlib.suppress(Infeasible):
+                return baseline(space.ev, space.dirs)
+        n = self.cluster.num_devices
+        choices = []
+        for d in space.dirs:
+            idx = d.of_size(n)
+            s = d.strategies[idx[0]] if idx else d.strategies[0]
+            choices.append(Choice(s, aligned_allocations(self.cluster, s.size)[0]))
+        return Plan(tuple(choices))
 
     def _out_of_budget(self) -> bool:
         return self.budget.exhausted() or (self._active is not None and self._active.exhausted())
@@ -493,11 +516,13 @@ class Anneal:
         interrupted = False
         reserve = self.polish_share
         try:
-            # the synchronous concurrent baseline is the incumbent to beat: SA never returns less
+            # the synchronous baselines are the incumbents to beat: SA never returns less than
+            # the concurrent or the greedy plan over the same candidate directories
             for si, sp in enumerate(self.spaces):
                 if not sp.structure.ac_sharing and all(t == 0 for _, t in sp.structure.staleness):
-                    with contextlib.suppress(Infeasible):
-                        self.evaluate(si, [concurrent_plan(sp.ev, sp.dirs)])
+                    for baseline in (concurrent_plan, greedy_plan):
+                        with contextlib.suppress(Infeasible):
+                            self.evaluate(si, [baseline(sp.ev, sp.dirs)])
                     break
             n = len(self.spaces)
             for i in range(n):
