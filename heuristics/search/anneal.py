@@ -93,22 +93,27 @@ def fixed_microbatch_ok(role_is_training: bool, s: Strategy) -> bool:
     return s.mb == (2 * s.pp if role_is_training else s.pp)
 
 
-def restrict(ev: Evaluator, dirs: list[Directory], k: int) -> None:
+def baseline_plans(ev: Evaluator, dirs: list[Directory]) -> list[Plan]:
+    """The concurrent and the greedy baseline over ``dirs``, those that exist, in that order."""
+    plans = []
+    for baseline in (concurrent_plan, greedy_plan):
+        with contextlib.suppress(Infeasible):
+            plans.append(baseline(ev, dirs))
+    return plans
+
+
+def restrict(dirs: list[Directory], k: int, keep: list[Plan]) -> None:
     """The exact models' candidate restriction, in place: each directory keeps its ``k`` fastest
-    strategies plus the strategies of the unrestricted baselines (concurrent and greedy), as
-    the exact models keep their warm start's choices (``formulations.plan_model.candidate_sets``).
+    strategies plus the strategies the plans ``keep`` (the unrestricted baselines) use, as the
+    exact models keep their warm start's choices (``formulations.plan_model.candidate_sets``).
 
     Without the baselines' strategies a restriction to the fastest — usually the widest —
     strategies can leave no plan at all (none of them packs side by side, and all of them on
     every GPU do not fit in memory), while the exact models over "the same" candidates still
     find one through their warm start.
     """
-    keep: list[set] = [set() for _ in dirs]
-    for baseline in (concurrent_plan, greedy_plan):
-        with contextlib.suppress(Infeasible):
-            for v, c in enumerate(baseline(ev, dirs).choices):
-                keep[v].add(c.strategy)
-    for d, extra in zip(dirs, keep):
+    for v, d in enumerate(dirs):
+        extra = {plan.choices[v].strategy for plan in keep}
         idx = [i for i, s in enumerate(d.strategies) if i < k or s in extra]
         d.strategies = [d.strategies[i] for i in idx]
         d.times = [d.times[i] for i in idx]
@@ -139,11 +144,20 @@ class SearchSpace:
                 keep = [i for i, s in enumerate(d.strategies) if fixed_microbatch_ok(training, s)]
                 d.strategies = [d.strategies[i] for i in keep]
                 d.times = [d.times[i] for i in keep]
-        if candidates is not None:
-            restrict(self.ev, dirs, candidates)
+        self._baselines: list[Plan] | None = None
+        if candidates is not None:  # the baselines are computed over the unrestricted directories
+            self._baselines = baseline_plans(self.ev, dirs)
+            restrict(dirs, candidates, self._baselines)
         self.dirs: list[Directory] = dirs
         self.cache: dict[tuple, Raw] = {}
         self.vertex_key = tuple(v.name for v in self.ev.graph.vertices)
+
+    def baselines(self) -> list[Plan]:
+        """The structure's concurrent and greedy baselines (those that exist), computed once;
+        with a candidate restriction, over the directories before it (their strategies are kept)."""
+        if self._baselines is None:
+            self._baselines = baseline_plans(self.ev, self.dirs)
+        return self._baselines
 
     def key(self, plan: Plan) -> tuple:
         """Canonical cache key of ``plan`` under this structure."""
@@ -408,9 +422,9 @@ class Anneal:
         to the penalty)."""
         space = self.spaces[si]
         check_directories(space.ev, space.dirs)  # an empty directory: nothing to search
-        for baseline in (concurrent_plan, greedy_plan):
-            with contextlib.suppress(Infeasible):
-                return baseline(space.ev, space.dirs)
+        baselines = space.baselines()
+        if baselines:
+            return baselines[0]
         n = self.cluster.num_devices
         choices = []
         for d in space.dirs:
@@ -520,9 +534,8 @@ class Anneal:
             # the concurrent or the greedy plan over the same candidate directories
             for si, sp in enumerate(self.spaces):
                 if not sp.structure.ac_sharing and all(t == 0 for _, t in sp.structure.staleness):
-                    for baseline in (concurrent_plan, greedy_plan):
-                        with contextlib.suppress(Infeasible):
-                            self.evaluate(si, [baseline(sp.ev, sp.dirs)])
+                    if baselines := sp.baselines():
+                        self.evaluate(si, baselines)
                     break
             n = len(self.spaces)
             for i in range(n):

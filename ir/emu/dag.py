@@ -2,6 +2,7 @@
 
 :func:`plan_diff` pairs the current and target EMU collections per model-stage and
 :func:`transition_dag` compiles the difference into the global transition DAG:
+
 1. **Local DAG** per model-stage, in the order Split → Destroy → Extend → Merge through the
    largest common layout ``T_sub = (gcd(tp, tp*), gcd(pp, pp*))``. Units are aligned contiguous
    device ranges, so the ``|T_sub|``-blocks of the current and target units either coincide or are
