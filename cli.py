@@ -106,7 +106,9 @@ def _workload_file(arg: str) -> WorkloadFile:
         raise InputError(f"workload {arg!r} is neither a TOML file nor a bundled example ({exc})") from None
 
 
-def _cluster(wf: WorkloadFile, shape: str | None, hardware: str | None) -> Cluster:
+def _cluster(
+    wf: WorkloadFile, shape: str | None, hardware: str | None, generation_max_pp: int | None = None
+) -> Cluster:
     shape = shape if shape is not None else wf.cluster_shape
     hardware = hardware if hardware is not None else wf.hardware
     if shape is None:
@@ -117,7 +119,7 @@ def _cluster(wf: WorkloadFile, shape: str | None, hardware: str | None) -> Clust
         dims = parse_shape(shape)
     except ValueError as exc:
         raise InputError(f"--cluster: {exc}", source="--cluster") from None
-    return Cluster.from_shape(dims, load_hardware(hardware))
+    return Cluster.from_shape(dims, load_hardware(hardware), generation_max_pp=generation_max_pp)
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -309,7 +311,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     if args.method not in METHODS:
         raise InputError(f"--method: unknown method {args.method!r}; known: {', '.join(sorted(METHODS))}")
     wf = _workload_file(args.workload)
-    cluster = _cluster(wf, args.cluster, args.hardware)
+    cluster = _cluster(wf, args.cluster, args.hardware, args.generation_max_pp)
     options = _method_options(args)
     searching = args.method == "sa"
     with _live_progress(searching and not args.no_progress and sys.stderr.isatty()) as progress:
@@ -350,7 +352,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         raise InputError(f"--plan {args.plan}: missing field 'plan'", source=args.plan, field="plan")
     if "format" in doc and doc["format"] != FORMAT:
         raise InputError(f"--plan {args.plan}: field 'format' must be {FORMAT!r}, got {doc['format']!r}")
-    cluster = _cluster(wf, args.cluster, args.hardware)
+    cluster = _cluster(wf, args.cluster, args.hardware, args.generation_max_pp)
     why = _mismatch(doc, wf, cluster)
     if why:
         raise InputError(
@@ -470,6 +472,13 @@ def _parser() -> argparse.ArgumentParser:
             type=positive_int,
             default=None,
             help="steps to unroll when scoring (default: the workload file's k_eval, else 8)",
+        )
+        sp.add_argument(
+            "--generation-max-pp",
+            type=positive_int,
+            default=None,
+            metavar="N",
+            help="largest pipeline degree of generation (1 for vLLM's CPU build: rpeg run --rollout-engine vllm)",
         )
 
     s = sub.add_parser("solve", help="plan a workload")

@@ -16,7 +16,7 @@ overlap and union tests single integer operations in the evaluator.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from .hardware import Hardware
@@ -117,17 +117,22 @@ class Cluster:
         ``Nr, Nn, Ng``.
     hardware
         Per-GPU and link figures (:class:`~rpeg.ir.hardware.Hardware`).
+    generation_max_pp
+        The largest pipeline degree the rollout engine can run for generation (rule P9 of
+        :func:`~rpeg.ir.plan.check_strategy`); ``None``: no limit (vLLM on GPUs). ``1`` plans for
+        vLLM's CPU build, which has no pipeline parallelism (``rpeg solve --generation-max-pp 1``).
 
     Raises
     ------
     ValueError
-        If a dimension is not a positive integer (the message names it).
+        If a dimension or ``generation_max_pp`` is not a positive integer (the message names it).
     """
 
     racks: int
     nodes_per_rack: int
     gpus_per_node: int
     hardware: Hardware
+    generation_max_pp: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("racks", "nodes_per_rack", "gpus_per_node"):
@@ -139,11 +144,16 @@ class Cluster:
                 f"Cluster: {self.racks}x{self.nodes_per_rack}x{self.gpus_per_node} has "
                 f"{self.racks * self.nodes_per_rack * self.gpus_per_node:,} GPUs; at most {MAX_DEVICES:,} are supported"
             )
+        g = self.generation_max_pp
+        if g is not None and (not isinstance(g, int) or isinstance(g, bool) or g < 1):
+            raise ValueError(f"Cluster: generation_max_pp must be a positive integer or None, got {g!r}")
         if not isinstance(self.hardware, Hardware):
             raise TypeError(f"Cluster: hardware must be a Hardware, got {type(self.hardware).__name__}")
 
     @classmethod
-    def from_shape(cls, shape: str | tuple[int, int, int], hardware: Hardware) -> Cluster:
+    def from_shape(
+        cls, shape: str | tuple[int, int, int], hardware: Hardware, *, generation_max_pp: int | None = None
+    ) -> Cluster:
         """Build from ``"RxNxG"`` (e.g. ``"2x8x4"``) or a ``(R, N, G)`` tuple.
 
         Raises
@@ -152,7 +162,7 @@ class Cluster:
             If the shape string is malformed.
         """
         r, n, g = parse_shape(shape) if isinstance(shape, str) else shape
-        return cls(r, n, g, hardware)
+        return cls(r, n, g, hardware, generation_max_pp)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -291,6 +301,7 @@ class Cluster:
             "gpu_memory_bytes": self.hardware.gpu_memory_bytes,
             "memory_headroom": self.hardware.memory_headroom,
             "hardware": hw,
+            **({"generation_max_pp": self.generation_max_pp} if self.generation_max_pp is not None else {}),
         }
 
 
@@ -319,4 +330,4 @@ def pool_cluster(full: Cluster, devices: int) -> Cluster:
             f"pool: {devices} devices are neither part of a node, whole nodes of one rack nor whole "
             f"racks of cluster {full.shape_str}"
         )
-    return Cluster.from_shape(shape, full.hardware)
+    return replace(Cluster.from_shape(shape, full.hardware), generation_max_pp=full.generation_max_pp)

@@ -16,7 +16,17 @@ from pydantic import Field
 
 from .errors import InputError, Strict, read_json
 
-__all__ = ["MODEL_PRESETS", "OPTIMIZER_BYTES_PER_PARAM", "ModelSpec", "ModelSpecFile", "model_preset"]
+__all__ = [
+    "FAMILIES",
+    "MODEL_PRESETS",
+    "OPTIMIZER_BYTES_PER_PARAM",
+    "ModelSpec",
+    "ModelSpecFile",
+    "model_preset",
+]
+
+#: Hugging Face architectures (``config.json``'s ``model_type``) the runtime builds and loads.
+FAMILIES = ("llama", "qwen2", "mistral")
 
 #: FP32 master weights + two FP32 Adam moments: 3 × 4 bytes per trained parameter (SPEC §6); the
 #: cost model's optimizer state (:mod:`rpeg.costmodel.memory`) and a training EMU's ``ω``.
@@ -51,6 +61,11 @@ class ModelSpec:
         Whether the LM head shares the input embedding matrix.
     dtype_bytes
         Bytes per scalar ``sb`` of weights and activations (2 for BF16).
+    family
+        Hugging Face architecture the runtime builds for this shape, one of :data:`FAMILIES`
+        (``model_type`` of a ``config.json``). The cost model does not read it. A shape of another
+        architecture (GPT-3's two-projection FFN) plans as itself and runs as a ``llama`` model of
+        the runtime's scale (:func:`rpeg.runtime.model.scale_spec`).
 
     Raises
     ------
@@ -69,6 +84,7 @@ class ModelSpec:
     ffn_projections: int = 3
     tied_embeddings: bool = False
     dtype_bytes: int = 2
+    family: str = "llama"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -99,6 +115,10 @@ class ModelSpec:
         if isinstance(self.ffn_projections, bool) or self.ffn_projections not in (2, 3):
             raise ValueError(
                 f"ModelSpec {self.name!r}: ffn_projections must be 2 or 3, got {self.ffn_projections!r}"
+            )
+        if self.family not in FAMILIES:
+            raise ValueError(
+                f"ModelSpec {self.name!r}: family must be one of {', '.join(FAMILIES)}, got {self.family!r}"
             )
         if isinstance(self.dtype_bytes, bool) or self.dtype_bytes not in (1, 2, 4):
             raise ValueError(
@@ -242,6 +262,8 @@ class ModelSpec:
             raise InputError(f"{path}: field 'tie_word_embeddings' must be true or false, got {tied!r}")
         head_dim = cfg.get("head_dim")
         head_dim = 0 if head_dim is None else pick("head_dim")
+        model_type = text("model_type", "llama")
+        family = model_type if model_type in FAMILIES else "llama"  # planning reads only the shape
         label = name or text("_name_or_path", "") or text("model_type", "") or path.parent.name
         fields = {
             "name": label,
@@ -255,6 +277,7 @@ class ModelSpec:
             "ffn_projections": 3 if act in ("silu", "swiglu", "swish") else 2,
             "tied_embeddings": tied,
             "dtype_bytes": dtypes[dtype],
+            "family": family,
         }
         try:
             return cls(**fields)
@@ -275,6 +298,7 @@ class ModelSpec:
             "ffn_projections": self.ffn_projections,
             "tied_embeddings": self.tied_embeddings,
             "dtype_bytes": self.dtype_bytes,
+            "family": self.family,
         }
 
 
@@ -293,6 +317,7 @@ class ModelSpecFile(Strict):
     ffn_projections: Literal[2, 3] = 3
     tied_embeddings: bool = False
     dtype_bytes: Literal[1, 2, 4] = 2
+    family: Literal["llama", "qwen2", "mistral"] = "llama"
 
 
 def _llama(name: str, L: int, d: int, dff: int, heads: int, kv: int, vocab: int) -> ModelSpec:

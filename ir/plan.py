@@ -32,6 +32,7 @@ __all__ = [
     "check_plan",
     "check_strategy",
     "engine_of",
+    "stage_layer_ranges",
 ]
 
 #: The engine that runs each role's invocations: generation on vLLM, teacher-forced inference and
@@ -206,7 +207,9 @@ def check_strategy(
     P4 ``Pp = 1 ⇒ mb = 1``; P5 ``Pp > 1 ⇒ mb | B_local, mb ≥ Pp, B_local/mb ≥ 8`` with
     ``B_local = B·R/Pd``; P6 the extent is a legal shape and a replica either fits in one node
     (``Pp·Pt | Ng``) or spans whole nodes; P8 ``s = min(Pp, ⌊Ng/Pt⌋)`` divides ``Pp`` and
-    ``|σ| = Pd·Pp·Pt``. (P7, the origin's alignment, is checked by :meth:`Cluster.allocation`.)
+    ``|σ| = Pd·Pp·Pt``; P9 a generation invocation's ``Pp ≤`` the cluster's ``generation_max_pp``
+    (the rollout engine's limit, when set). (P7, the origin's alignment, is checked by
+    :meth:`Cluster.allocation`.)
 
     Parameters
     ----------
@@ -243,6 +246,9 @@ def check_strategy(
     layers = model.layers
     if layers % pp or (pp > 1 and pp % 2):
         return f"P2: pp={pp} must divide layers={layers} and be 1 or even"
+    limit = cluster.generation_max_pp
+    if role is Role.GENERATION and limit is not None and pp > limit:
+        return f"P9: pp={pp} exceeds the rollout engine's generation_max_pp={limit} (vLLM-CPU: no pipelining)"
     if sequences % dp:
         return f"P3: dp={dp} does not divide B·R={sequences}"
     if pp == 1 and mb != 1:
@@ -301,4 +307,28 @@ def check_plan(graph: RPEG, cluster: Cluster, plan: Plan) -> list[str]:
                     why = f"P7: the allocation at {list(alloc.origin)} does not hold its origin's devices"
         if why is not None:
             out.append(f"vertex {v.name!r} ({v.role.value} of {v.model}, {s.label()}): {why}")
+    return out
+
+
+def stage_layer_ranges(layers: int, stages: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, stop)`` layer ranges of ``stages`` pipeline stages, as even as possible:
+    the layers each stage of a ``Pp = stages`` replica holds (the runtime's models and the
+    Megatron-core mapping split the same way).
+
+    The first ``layers mod stages`` stages hold one extra layer: stage ``p`` starts at
+    ``p·⌊L/Pp⌋ + min(p, L mod Pp)``.
+
+    Raises
+    ------
+    ValueError
+        If ``stages`` is not in ``1..layers``.
+    """
+    if not 1 <= stages <= layers:
+        raise ValueError(f"stage_layer_ranges: stages={stages} must be between 1 and layers={layers}")
+    size, extra = divmod(layers, stages)
+    out, start = [], 0
+    for p in range(stages):
+        stop = start + size + (p < extra)
+        out.append((start, stop))
+        start = stop
     return out

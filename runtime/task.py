@@ -1,7 +1,8 @@
 """A seeded synthetic task with a verifiable reward for the runtime's RL runs (SPEC §11).
 
-Nothing is downloaded: prompts are random tokens drawn from a seed, and the reward is a rule that
-anyone can recompute from the prompt and the completion.
+Nothing is downloaded: prompts are random tokens drawn from a seed, the reward is a rule that
+anyone can recompute from the prompt and the completion, and DPO's offline preference pairs are
+drawn from the seed and ranked by that rule (:meth:`SyntheticTask.preference_pairs`).
 """
 
 from __future__ import annotations
@@ -90,3 +91,48 @@ class SyntheticTask:
                 f"SyntheticTask.reward: {prompts.shape[0]} prompts but {completions.shape[0]} completions"
             )
         return self.target.to(completions.device)[completions].float().mean(dim=1)
+
+    def preference_pairs(self, step: int, n: int) -> tuple[Tensor, Tensor, Tensor]:
+        """``n`` offline preference pairs of step ``step``: ``(prompts, chosen, rejected)``, int64
+        ``[n, Lp]``, ``[n, Lr]`` and ``[n, Lr]``.
+
+        The prompts are :meth:`prompts` of the step. Pair ``p`` draws two uniform completions from a
+        generator seeded by ``(seed, "pair", step, p)``; the one with more tokens in ``S`` (the
+        higher :meth:`reward`) is chosen. On a tie, one position of the first completion that holds
+        no token of ``S``, drawn from the same generator, gets a token of ``S``; if it has none
+        (both completions are all targets), one position of the second gets a token outside ``S``
+        (``S`` is never the whole vocabulary). So the chosen completion always has strictly more
+        target tokens, and the same ``(seed, step, n)`` always gives the same pairs.
+
+        Raises
+        ------
+        ValueError
+            If ``n`` is negative.
+        """
+        if n < 0:
+            raise ValueError(f"SyntheticTask.preference_pairs: n must be >= 0, got {n!r}")
+        target = self.target
+        inside, outside = target.nonzero().squeeze(1), (~target).nonzero().squeeze(1)
+        chosen, rejected = [], []
+        for p in range(n):
+            gen = torch.Generator().manual_seed(stable_seed(self.seed, "pair", step, p))
+            a, b = torch.randint(0, self.vocab, (2, self.response_len), generator=gen)
+            hits_a, hits_b = int(target[a].sum()), int(target[b].sum())
+            if hits_a == hits_b:  # a gains a target token, or (a has only targets, so b too) b loses one
+                misses = (~target[a]).nonzero().squeeze(1)
+                if len(misses):
+                    t = misses[int(torch.randint(0, len(misses), (1,), generator=gen))]
+                    a[t] = inside[int(torch.randint(0, len(inside), (1,), generator=gen))]
+                else:
+                    t = int(torch.randint(0, self.response_len, (1,), generator=gen))
+                    b[t] = outside[int(torch.randint(0, len(outside), (1,), generator=gen))]
+                hits_a, hits_b = int(target[a].sum()), int(target[b].sum())
+            win, lose = (a, b) if hits_a > hits_b else (b, a)
+            chosen.append(win)
+            rejected.append(lose)
+        empty = torch.zeros(0, self.response_len, dtype=torch.int64)
+        return (
+            self.prompts(step, n),
+            torch.stack(chosen) if chosen else empty,
+            torch.stack(rejected) if rejected else empty,
+        )

@@ -187,6 +187,12 @@ class TraceRecord:
         Bytes moved (COMM/RESHARD); 0 for OP.
     worker_time
         Seconds the workers spent on it (maximum over ranks).
+    engine
+        What a rollout engine reported for this node (``rollout_engine="vllm"``): on a weight
+        COMM/RESHARD into a generating group, or a generation node that synced first, the weight
+        push (``weight_sync_s``, ``bytes``, ``checksum`` sent, ``rank_checksums`` loaded by every
+        vLLM rank, ``checksums_match``); on a generation node ``generate_s`` and ``tokens``. With
+        several DP replicas: ``{"replicas": [...]}``. Empty otherwise.
     """
 
     node: int
@@ -204,6 +210,7 @@ class TraceRecord:
     version_produced: dict[str, int] = field(default_factory=dict)
     bytes: int = 0
     worker_time: float = 0.0
+    engine: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a JSON object (fields in declaration order)."""
@@ -223,6 +230,7 @@ class TraceRecord:
             "version_produced": dict(self.version_produced),
             "bytes": self.bytes,
             "worker_time": self.worker_time,
+            "engine": dict(self.engine),
         }
 
     @classmethod
@@ -255,6 +263,7 @@ class TraceRecord:
             version_produced=dict(d.version_produced),
             bytes=d.bytes,
             worker_time=float(d.worker_time),
+            engine=dict(d.engine),
         )
 
 

@@ -10,10 +10,12 @@ destination ranks' memory (:meth:`Worker.fetch`); weight COMM/RESHARD nodes inst
 published parameter version in the destination layout (:meth:`Worker.install`).
 
 :class:`Worker` owns the rank's state (this module: the process group, mesh, model, optimizer,
-task); what it does with it lives in three parts, each a mixin of its own module:
+task); what it does with it lives in four parts, each a mixin of its own module:
 
 * :mod:`~rpeg.runtime.worker_ops` — the model invocations: OP nodes of generation, inference and
   training (the execution per role is described there);
+* :mod:`~rpeg.runtime.worker_rollouts` — the vLLM engine of a generating replica and its weight
+  sync (``rollout_engine="vllm"``);
 * :mod:`~rpeg.runtime.worker_transfers` — weight publication and installation, data fetches,
   snapshots of past versions and the transition's cell moves;
 * :mod:`~rpeg.runtime.worker_checkpoints` — boundary copies, rollback, checkpoint files.
@@ -29,20 +31,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..ir.plan import stage_layer_ranges
 from ..ir.types import Head
 from .binding import GroupSpec, RunShape
-from .model import Transformer, stage_layer_ranges
+from .model import StageModel
 from .parallel import ShardedAdam, local, make_mesh
 from .rl import RLConfig
 from .task import SyntheticTask
 from .worker_checkpoints import WorkerCheckpoints
 from .worker_ops import PackedOutput, WorkerOps
+from .worker_rollouts import WorkerRollouts
 from .worker_transfers import WorkerTransfers
 
 __all__ = ["Worker"]
 
 
-class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
+class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
     """Rank ``rank`` of worker group ``group`` (inside a Ray actor of :mod:`~rpeg.runtime.controller`).
 
     Parameters
@@ -72,6 +76,9 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
         names it); other ranks connect to ``master``.
     timeout_s
         torch.distributed's rendezvous and collective timeout.
+    rollout_engine
+        ``"torch"``: generation runs on this group's torch model; ``"vllm"``: each DP replica of a
+        generating group starts a vLLM engine (:mod:`~rpeg.runtime.worker_rollouts`).
     """
 
     def __init__(
@@ -89,6 +96,7 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
         *,
         store: Any = None,
         timeout_s: float = 1800.0,
+        rollout_engine: str = "torch",
     ) -> None:
         import datetime
 
@@ -107,7 +115,7 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
         self.mesh = make_mesh(rank, group.dp, group.pp, group.tp, "cuda" if backend == "nccl" else "cpu")
         lo, hi = stage_layer_ranges(group.spec.layers, group.pp)[self.mesh.p]
         self.layer_range = (lo, hi)
-        model = Transformer(
+        model = StageModel(
             group.spec,
             group.head,
             seed=group.seed,
@@ -135,6 +143,8 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
         self.gen_state: dict[tuple[str, int], dict[str, Any]] = {}
         self.schedule = None
         self.lengths = torch.tensor(shape.response_lengths())
+        self.rollout_engine = rollout_engine
+        self.engine_info = self._start_rollouts()
 
     # ------------------------------------------------------------------ small queries
     def info(self) -> dict[str, Any]:
@@ -147,6 +157,7 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
             "coords": (self.mesh.d, self.mesh.p, self.mesh.t),
             "layers": self.layer_range,
             "params": sum(local(p).numel() for p in self.model.parameters()),
+            **({"rollout_engine": self.engine_info} if self.engine_info else {}),
         }
 
     def _emits(self) -> bool:
@@ -160,6 +171,7 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
         raise RuntimeError(f"injected fault in worker {self.group.worker(self.rank)} at {vertex} step {step}")
 
     def shutdown(self) -> None:
-        """Leave the process group."""
+        """Stop the rollout engine and leave the process group."""
+        self._stop_rollouts()
         if dist.is_initialized():
             dist.destroy_process_group()

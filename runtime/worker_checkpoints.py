@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .binding import GroupSpec
-from .model import Transformer
+from .model import StageModel
 from .parallel import ShardedAdam, local
 
 __all__ = ["WorkerCheckpoints"]
@@ -32,7 +32,7 @@ class WorkerCheckpoints:
     group: GroupSpec
     rank: int
     mesh: Any
-    model: Transformer
+    model: StageModel
     optimizer: ShardedAdam | None
     version: int
     snapshots: dict[int, dict[str, torch.Tensor]]

@@ -8,11 +8,16 @@ Execution per role (``B'·R'`` sequences of one step, global order = sample id):
   phase ``q`` decodes positions ``t_{q−1}..t_q − 1`` and emits the sequences that end there.
 * inference: teacher-forced forward, microbatched; reference → log-probs, critic → values,
   reward → reward-model score plus the task's verifiable reward (the score the RL update uses:
-  a randomly initialised reward model carries no signal).
+  a randomly initialised reward model carries no signal). ReMax's reward inference also scores
+  each sequence's greedy rollout (same sample id, inputs prefixed ``greedy_``) and emits its
+  reward as the ``baseline``. DPO's inferences (reference and actor log-probs) build the step's
+  preference pairs from the task themselves: the pairs are a graph input, like the prompts.
 * training: advantages over the whole step's batch (PPO: KL-shaped rewards and GAE γ = 1,
-  λ = 0.95; GRPO: group-relative), then this rank's DP slice in ``mb`` microbatches — with
+  λ = 0.95; GRPO: group-relative; ReMax: reward minus the greedy baseline, REINFORCE loss; DPO:
+  the per-sequence split of ``−log σ(β·margin)`` with the partner's log-ratio from the actor's
+  inference), then this rank's DP slice in ``mb`` microbatches — with
   ``torch.distributed.pipelining``'s 1F1B schedule when ``Pp > 1`` — losses divided by the
-  global token count, then one :class:`~rpeg.runtime.parallel.ShardedAdam` step.
+  global token count (DPO: pair count), then one :class:`~rpeg.runtime.parallel.ShardedAdam` step.
 
 :class:`WorkerOps` is a part of :class:`~rpeg.runtime.worker.Worker`, which owns the state it
 uses (model, mesh, optimizer, task, version and snapshots).
@@ -30,15 +35,21 @@ import torch.distributed as dist
 
 from ..ir.types import Head, Role
 from .binding import GroupSpec, RunShape
-from .model import KVCache, Transformer, sample_token, token_logprobs
+from .model import KVCache, StageModel, sample_token, token_logprobs
 from .parallel import ShardedAdam, local
 from .rl import (
     RLConfig,
+    dpo_batch,
+    dpo_margins,
+    dpo_sequence_loss,
     gae,
     grpo_advantages,
     kl_loss,
     policy_loss,
+    reinforce_loss,
+    remax_advantages,
     response_slice,
+    sequence_logratio,
     token_rewards,
     value_loss,
 )
@@ -54,7 +65,7 @@ class PackedOutput(torch.nn.Module):
     """Last-stage wrapper whose output is one tensor: logits ``[b,s,V]``, values ``[b,s,1]``, or
     both concatenated (``BOTH``) — the form ``torch.distributed.pipelining`` passes to the loss."""
 
-    def __init__(self, inner: Transformer) -> None:
+    def __init__(self, inner: StageModel) -> None:
         super().__init__()
         self.inner = inner
 
@@ -82,7 +93,7 @@ class WorkerOps:
     seed: int
     step_offset: int
     mesh: Any
-    model: Transformer
+    model: StageModel
     packed: PackedOutput
     optimizer: ShardedAdam | None
     task: SyntheticTask
@@ -92,6 +103,8 @@ class WorkerOps:
     lengths: torch.Tensor
     snapshots: dict[int, dict[str, torch.Tensor]]
     version: int
+    rollout_engine: str
+    _generate_vllm: Callable[..., tuple[dict[str, torch.Tensor] | None, dict[str, Any]]]
 
     # ------------------------------------------------------------------ pipeline plumbing
     def _stage(
@@ -155,8 +168,15 @@ class WorkerOps:
             local(v).copy_(weights[k])
         return current
 
+    def _temperature(self, node: dict[str, Any]) -> float:
+        """Sampling temperature of a generation node: 0 (greedy) for a node marked ``greedy``
+        (ReMax's baseline rollout), the run's ``temperature`` otherwise."""
+        return 0.0 if node.get("greedy") else self.cfg.temperature
+
     @torch.no_grad()
     def _generate(self, node: dict[str, Any]) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
+        if self.rollout_engine == "vllm":
+            return self._generate_vllm(node, self._temperature(node))
         sh, step = self.shape, node["step"]
         gstep = step + self.step_offset
         key = (node["vertex"], step)
@@ -190,7 +210,7 @@ class WorkerOps:
                 tok = torch.empty(b, dtype=torch.int64)
                 if self.mesh.last:
                     logits = out[0] if isinstance(out, tuple) else out
-                    tok, lp = sample_token(logits[:, -1], self.seed, st["ids"][c], t, self.cfg.temperature)
+                    tok, lp = sample_token(logits[:, -1], self.seed, st["ids"][c], t, self._temperature(node))
                     st["logp"][c, t] = lp
                     if self.group.pp > 1:
                         dist.send(tok, dst=self.mesh.first_rank())
@@ -213,61 +233,121 @@ class WorkerOps:
     def _infer(
         self, node: dict[str, Any], batch: dict[str, torch.Tensor]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """One inference node over this rank's DP slice of the batch, in ``mb`` microbatches:
+        log-probs, values, or rewards (task reward and reward-model score; ReMax adds the greedy
+        rollout's as ``baseline`` and ``rm_baseline``). DPO builds its batch, the step's
+        preference pairs (:func:`~rpeg.runtime.rl.dpo_batch`), itself."""
         sh = self.shape
         Lp, Lr = sh.prompt_len, sh.response_len
         sl = response_slice(Lp, Lr)
+        kind = node["output"]
+        if node["algorithm"] == "dpo":  # offline: the preference pairs are a graph input, built here
+            batch = dpo_batch(self.task, node["step"] + self.step_offset, sh.batch)
+        if "greedy_ids" in batch:  # ReMax: score the sampled sequences whose greedy rollout is here
+            # (a phase node may get one generation's phase and the other's whole step)
+            keep = torch.isin(batch["ids"], batch["greedy_ids"])
+            batch = {k: v if k.startswith("greedy_") else v[keep] for k, v in batch.items()}
         n = len(batch["ids"])
         mine = self._my_slice(n)
         tokens, mask = batch["tokens"][mine], batch["mask"][mine]
-        results: list[torch.Tensor] = []
         meta: dict[str, Any] = {"sequences": len(mine)}
-        for c in torch.tensor_split(torch.arange(len(mine)), self.group.mb):
-            if not len(c):
-                continue
-            out = self._stage(tokens[c] if self.mesh.first else None, len(c), Lp + Lr)
-            if out is None:
-                continue
-            logits = out[0] if isinstance(out, tuple) else (out if self.group.head is Head.LM else None)
-            values = out[1] if isinstance(out, tuple) else (out if self.group.head is Head.SCALAR else None)
-            kind = node["output"]
-            if kind == "ref_logp" or kind == "logp":
-                assert logits is not None
-                lp = token_logprobs(logits[:, sl] / self.cfg.temperature, tokens[c][:, Lp : Lp + Lr])
-                results.append(lp * mask[c])
-            elif kind == "values":
-                assert values is not None
-                results.append(values[:, sl] * mask[c])
-            else:  # rewards: reward-model score at the last valid token, and the task's reward
-                assert values is not None
-                last = Lp - 1 + mask[c].sum(dim=1).long()
-                results.append(values[torch.arange(len(c)), last])
+
+        def forward(tokens: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+            results: list[torch.Tensor] = []
+            for c in torch.tensor_split(torch.arange(len(tokens)), self.group.mb):
+                if not len(c):
+                    continue
+                out = self._stage(tokens[c] if self.mesh.first else None, len(c), Lp + Lr)
+                if out is None:
+                    continue
+                head = self.group.head
+                logits = out[0] if isinstance(out, tuple) else (out if head is Head.LM else None)
+                values = out[1] if isinstance(out, tuple) else (out if head is Head.SCALAR else None)
+                if kind == "ref_logp" or kind == "logp":
+                    assert logits is not None
+                    lp = token_logprobs(logits[:, sl] / self.cfg.temperature, tokens[c][:, Lp : Lp + Lr])
+                    results.append(lp * mask[c])
+                elif kind == "values":
+                    assert values is not None
+                    results.append(values[:, sl] * mask[c])
+                else:  # rewards: reward-model score at the last valid token, and the task's reward
+                    assert values is not None
+                    last = Lp - 1 + mask[c].sum(dim=1).long()
+                    results.append(values[torch.arange(len(c)), last])
+            return results
+
+        def task_reward(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            hits = self.target[tokens[:, Lp:]].float() * mask
+            return hits.sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+
+        results = forward(tokens, mask)
+        greedy = None
+        if kind == "rewards" and "greedy_ids" in batch:
+            # ReMax: the reward model also scores the greedy rollout of each of this rank's
+            # sequences: the one with the same sample id (greedy decoding draws no noise, so it is
+            # the greedy response of the sequence's prompt, cut at the sequence's response length)
+            pos = torch.searchsorted(batch["greedy_ids"], batch["ids"][mine])
+            g_tokens, g_mask = batch["greedy_tokens"][pos], batch["greedy_mask"][pos]
+            greedy = (forward(g_tokens, g_mask), task_reward(g_tokens, g_mask))
+            meta["sequences"] += len(pos)
         if not self._emits():
             return {}, meta
         ids = batch["ids"][mine]
-        if node["output"] == "rewards":
-            resp = tokens[:, Lp:]
-            hits = self.target[resp].float() * mask
-            score = hits.sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-            rm = torch.cat(results) if results else torch.zeros(0)
+        if kind == "rewards":
+            score = task_reward(tokens, mask)
             meta.update(reward_sum=float(score.sum()), reward_count=len(score))
-            return {"ids": ids, "rewards": score, "rm_score": rm}, meta
-        return {"ids": ids, node["output"]: torch.cat(results) if results else torch.zeros(0, Lr)}, meta
+            rm = torch.cat(results) if results else torch.zeros(0)
+            out = {"ids": ids, "rewards": score, "rm_score": rm}
+            if greedy is not None:
+                out["baseline"] = greedy[1]
+                out["rm_baseline"] = torch.cat(greedy[0]) if greedy[0] else torch.zeros(0)
+            return out, meta
+        return {"ids": ids, kind: torch.cat(results) if results else torch.zeros(0, Lr)}, meta
 
     def _train(self, node: dict[str, Any], batch: dict[str, torch.Tensor]) -> tuple[None, dict[str, Any]]:
         """One training node: targets of the whole step's batch (:meth:`_targets`), this rank's
-        DP slice forward and backward (:meth:`_backward`), then the update (:meth:`_update`)."""
+        DP slice forward and backward (:meth:`_backward`), then the update (:meth:`_update`).
+
+        The loss is normalised by the step's global token count (PPO, GRPO, ReMax) or pair count
+        (DPO). DPO's pairs are a graph input, rebuilt here from the task (the inputs bring the
+        reference's and the actor's log-probs); its rank 0 reports the step's metric, the mean
+        implicit reward margin ``β·(h_w − h_l)`` of the pairs under the version ``actor_inf`` read.
+        """
         algorithm = node["algorithm"]
+        if algorithm == "dpo":
+            pairs = dpo_batch(self.task, node["step"] + self.step_offset, self.shape.batch)
+            if not torch.equal(pairs["ids"], batch["ids"]):
+                raise RuntimeError(
+                    f"{node['vertex']} step {node['step']}: the log-probs of the inputs are not those of "
+                    "the step's preference pairs"
+                )
+            batch = {**batch, **pairs}
         target = self._targets(algorithm, batch)
-        loss_fn = self._loss_fn(algorithm, float(batch["mask"].sum()))
+        total = len(batch["ids"]) / 2 if algorithm == "dpo" else float(batch["mask"].sum())
+        # the rollouts were sampled with the weights trained here when τ = 0 (and at version 0)
+        same_weights = node.get("tau", 0) == 0 or node["version"] == 0
+        gaps: list[float] | None = [] if algorithm != "dpo" and same_weights else None
+        loss_fn = self._loss_fn(algorithm, total, gaps)
         mine = self._my_slice(len(batch["ids"]))
         losses = self._backward(batch["tokens"][mine], target[mine], loss_fn)
-        return None, self._update(node, losses)
+        meta = self._update(node, losses)
+        if gaps:
+            meta["logprob_gap"] = max(gaps)
+        if algorithm == "dpo" and self.rank == 0:
+            h = sequence_logratio(batch["logp"], batch["ref_logp"], batch["mask"])
+            margins = dpo_margins(h, self.cfg.dpo_beta)
+            meta.update(reward_sum=float(margins.sum()), reward_count=len(margins))
+        return None, meta
 
     def _targets(self, algorithm: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The packed per-token target ``[n, Lr, 7]`` of the step's batch (columns ``_TOK`` …).
 
         GRPO: group-relative advantages ``A_i = (r_i − mean_g) / (std_g + 1e-6)`` broadcast over
-        the tokens, old and reference log-probs. PPO: KL-shaped rewards
+        the tokens, old and reference log-probs. ReMax: ``A_i = r_i − r(greedy rollout of i's
+        prompt)`` broadcast over the tokens. DPO: ``_ADV`` holds the sign ``s_i`` (+1 chosen, −1
+        rejected), ``_RET`` the partner's sequence log-ratio ``h̄_j`` from the actor's inference
+        (both constant over the tokens), ``_REF`` the reference's log-probs
+        (:func:`~rpeg.runtime.rl.dpo_sequence_loss`). PPO: KL-shaped rewards
         ``r_t = −β·(log π − log π_ref)_t + [t = last]·score`` and GAE ``(γ, λ)`` advantages and
         returns over the critic's values (:mod:`~rpeg.runtime.rl`); the critic's own training
         node gets no log-probs and regresses on the task reward alone (``β = 0``).
@@ -279,10 +359,19 @@ class WorkerOps:
         pack = torch.zeros(n, Lr, 7)
         pack[..., _TOK] = batch["tokens"][:, Lp:].float()
         pack[..., _MASK] = mask
-        if algorithm == "grpo":
-            adv = grpo_advantages(batch["rewards"], sh.rollouts)[:, None].expand(n, Lr)
-            pack[..., _ADV] = adv
+        if algorithm in ("grpo", "remax"):
+            if algorithm == "grpo":
+                adv = grpo_advantages(batch["rewards"], sh.rollouts)
+            else:
+                adv = remax_advantages(batch["rewards"], batch["baseline"])
+            pack[..., _ADV] = adv[:, None].expand(n, Lr)
             pack[..., _OLD] = batch["logp"]
+            pack[..., _REF] = batch["ref_logp"]
+            return pack
+        if algorithm == "dpo":
+            h = sequence_logratio(batch["logp"], batch["ref_logp"], mask)  # [2P], pairs interleaved
+            pack[..., _ADV] = batch["sign"][:, None]
+            pack[..., _RET] = h.reshape(-1, 2).flip(1).reshape(-1)[:, None]  # the partner's h̄_j
             pack[..., _REF] = batch["ref_logp"]
             return pack
         if "logp" in batch and "ref_logp" in batch:
@@ -298,10 +387,20 @@ class WorkerOps:
             pack[..., _OLD] = batch["logp"]
         return pack
 
-    def _loss_fn(self, algorithm: str, total: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        """The loss of a microbatch's packed output and target, divided by the step's global
-        token count ``total``: PPO's clipped surrogate for a policy head (plus GRPO's ``k3`` KL
-        term), the clipped value regression for a value head, both for a shared one."""
+    def _loss_fn(
+        self, algorithm: str, total: float, gaps: list[float] | None = None
+    ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The loss of a microbatch's packed output and target, divided by ``total`` (the step's
+        global token count; DPO: its pair count): PPO's clipped surrogate for a policy head (plus
+        GRPO's ``k3`` KL term; ReMax: REINFORCE ``−A·log π``; DPO: the per-sequence split of
+        ``−log σ(β·margin)``), the clipped value regression for a value head, both for a shared
+        one.
+
+        With ``gaps`` (a list), every microbatch appends the health metric of the rollouts it
+        trains on: ``max_t |log π_trainer(y_t) − log π_rollout(y_t)|`` over its valid tokens, the
+        trainer's log-probs of its first forward (before this step's update) against those the
+        generation recorded — the log-prob gap between the rollout engine and the trainer.
+        """
         cfg = self.cfg
         head = self.group.head
         want_policy = head in (Head.LM, Head.BOTH)
@@ -315,8 +414,16 @@ class WorkerOps:
             if want_policy:
                 logits = output[:, sl, :V]
                 lp = token_logprobs(logits / cfg.temperature, target[..., _TOK].long())
-                p_sum, _ = policy_loss(lp, target[..., _OLD], target[..., _ADV], m, cfg.clip)
-                loss = loss + p_sum
+                if gaps is not None and m.any():
+                    gaps.append(float(((lp.detach() - target[..., _OLD]).abs() * m).max()))
+                if algorithm == "dpo":
+                    h = sequence_logratio(lp, target[..., _REF], m)
+                    partner, sign = target[:, 0, _RET], target[:, 0, _ADV]
+                    loss = loss + dpo_sequence_loss(h, partner, sign, cfg.dpo_beta)[0]
+                elif algorithm == "remax":
+                    loss = loss + reinforce_loss(lp, target[..., _ADV], m)[0]
+                else:
+                    loss = loss + policy_loss(lp, target[..., _OLD], target[..., _ADV], m, cfg.clip)[0]
                 if algorithm == "grpo":
                     loss = loss + kl_loss(lp, target[..., _REF], m, cfg.kl_coef)[0]
             if want_value:
@@ -378,7 +485,9 @@ class WorkerOps:
             ]:
                 del self.snapshots[v]
         self.version += 1
-        meta: dict[str, Any] = {"loss": float(sum(losses)) if losses else None, "version": self.version}
+        # every TP rank of the last stage computes the same loss: rank t = 0 reports it
+        loss = float(sum(losses)) if losses and self.mesh.t == 0 else None
+        meta: dict[str, Any] = {"loss": loss, "version": self.version}
         if node.get("save"):
             os.makedirs(node["save"], exist_ok=True)
             name = f"g{self.group.gid}-r{self.rank}.pt"

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from .binding import GroupSpec
-from .model import Transformer
+from .model import StageModel
 from .parallel import ShardedAdam, assemble, local, publication, shard_of
 
 __all__ = ["WorkerTransfers"]
@@ -42,11 +43,12 @@ class WorkerTransfers:
     group: GroupSpec
     rank: int
     mesh: Any
-    model: Transformer
+    model: StageModel
     optimizer: ShardedAdam | None
     version: int
     snapshots: dict[int, dict[str, torch.Tensor]]
     inbox: dict[tuple, list[dict[str, torch.Tensor]]]
+    _sync_rollouts: Callable[[int], dict[str, Any] | None]
 
     # ------------------------------------------------------------------ weights
     def publish(self) -> tuple[tuple[int, int], dict[str, tuple[torch.Tensor, int | None]]] | None:
@@ -116,7 +118,12 @@ class WorkerTransfers:
         self.version = version
         if self.optimizer is None:  # a training group prunes its own snapshots (see _train)
             self.snapshots.clear()
-        return {"bytes": nbytes, "worker_time": time.perf_counter() - t0, "version": version}
+        out: dict[str, Any] = {"bytes": nbytes, "version": version}
+        sync = self._sync_rollouts(version)  # a generating group's vLLM engine takes the new weights
+        if sync is not None:
+            out["engine"] = sync
+        out["worker_time"] = time.perf_counter() - t0
+        return out
 
     # ------------------------------------------------------------------ data movement
     def fetch(self, key: tuple, refs: list) -> dict[str, Any]:
@@ -130,7 +137,8 @@ class WorkerTransfers:
         return {"bytes": nbytes, "worker_time": time.perf_counter() - t0}
 
     def _inputs(self, node: dict[str, Any], inputs: dict[str, list]) -> dict[str, torch.Tensor]:
-        """Merge the containers of all data inputs into one batch ordered by sample id."""
+        """Merge the containers of all data inputs into one batch ordered by sample id; a source
+        named in ``node["prefix"]`` keeps its own order and its keys get that prefix."""
         import ray
 
         merged: dict[str, torch.Tensor] = {}
@@ -144,6 +152,10 @@ class WorkerTransfers:
             cat = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
             order = torch.argsort(cat["ids"])
             cat = {k: v[order] for k, v in cat.items()}
+            prefix = node.get("prefix", {}).get(src)
+            if prefix:  # a second set of sequences (ReMax's greedy rollouts), kept apart by name
+                merged.update({prefix + k: v for k, v in cat.items()})
+                continue
             if "ids" in merged and not torch.equal(merged["ids"], cat["ids"]):
                 raise RuntimeError(
                     f"inputs of {node['vertex']} step {node['step']} cover different sequences"

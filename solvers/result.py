@@ -495,6 +495,7 @@ class _ClusterBlock(_Read):
     nodes_per_rack: Annotated[int, Field(ge=1)]
     gpus_per_node: Annotated[int, Field(ge=1)]
     hardware: dict[str, Any]
+    generation_max_pp: Annotated[int, Field(ge=1)] | None = None
 
 
 class _StructureBlock(_Read):
@@ -546,7 +547,7 @@ def _problem(doc: _ResultFile, source: str) -> tuple[Workload, Cluster, Structur
     c = doc.cluster
     hw = Hardware.from_dict(c.hardware, source=f"{source}: cluster.hardware")
     try:
-        cluster = Cluster(c.racks, c.nodes_per_rack, c.gpus_per_node, hw)
+        cluster = Cluster(c.racks, c.nodes_per_rack, c.gpus_per_node, hw, c.generation_max_pp)
     except ValueError as exc:
         raise InputError(f"{source}: field 'cluster': {exc}", source=source, field="cluster") from None
     st = doc.structure

@@ -30,6 +30,11 @@ COLOCATED = {
 }
 
 
+#: Prompts per step of the runs that check learning or compare two runs' weights: with 8
+#: sequences a step's mean reward is too noisy to show learning within two updates.
+BATCH = 32
+
+
 def workload(algorithm: str = "ppo") -> Workload:
     models = {"actor": TOY, "reward": TOY} | ({"critic": TOY} if algorithm == "ppo" else {})
     return Workload(algorithm, models, 64, 1 if algorithm == "ppo" else 4, 256, 256)

@@ -12,11 +12,10 @@ from rpeg.ir.models import model_preset
 from rpeg.ir.types import Head
 from rpeg.runtime.model import (
     KVCache,
-    Transformer,
+    StageModel,
     generate,
     sample_token,
     scale_spec,
-    stage_layer_ranges,
     token_logprobs,
 )
 
@@ -43,7 +42,7 @@ def test_scale_spec_tiny_and_small_shapes():
     wide = scale_spec(base, vocab=V, tp=8)
     assert (wide.heads, wide.hidden, wide.head_dim) == (8, 128, 16)
     gpt = scale_spec(model_preset("175b"), vocab=V)
-    assert gpt.ffn_projections == 2 and gpt.tied_embeddings
+    assert gpt.ffn_projections == 3 and gpt.tied_embeddings  # runs gated (the family's FFN)
 
 
 def test_scale_spec_dict_and_errors():
@@ -57,41 +56,44 @@ def test_scale_spec_dict_and_errors():
         scale_spec(model_preset("7b"), {"depth": 3}, vocab=V)
 
 
-def test_stage_layer_ranges():
-    assert stage_layer_ranges(5, 2) == [(0, 3), (3, 5)]
-    assert stage_layer_ranges(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
-    with pytest.raises(ValueError, match="stages=3"):
-        stage_layer_ranges(2, 3)
-
-
 # ---------------------------------------------------------------------------------------------- forward
 def test_shapes_per_head(spec):
     x = tokens(2, 5)
-    assert Transformer(spec, Head.LM, seed=0)(x).shape == (2, 5, V)
-    assert Transformer(spec, Head.SCALAR, seed=0)(x).shape == (2, 5)
-    logits, values = Transformer(spec, Head.BOTH, seed=0)(x)
+    assert StageModel(spec, Head.LM, seed=0)(x).shape == (2, 5, V)
+    assert StageModel(spec, Head.SCALAR, seed=0)(x).shape == (2, 5)
+    logits, values = StageModel(spec, Head.BOTH, seed=0)(x)
     assert logits.shape == (2, 5, V) and values.shape == (2, 5)
-    mid = Transformer(spec, Head.LM, seed=0, layer_range=(1, 3), first=False, last=False)
+    mid = StageModel(spec, Head.LM, seed=0, layer_range=(1, 3), first=False, last=False)
     assert mid(torch.zeros(2, 5, spec.hidden)).shape == (2, 5, spec.hidden)
-    assert sorted(mid.layers) == ["1", "2"] and not hasattr(mid, "embed") and not hasattr(mid, "lm_head")
+    assert (
+        sorted(mid.model.layers) == ["1", "2"]
+        and not hasattr(mid.model, "embed_tokens")
+        and not hasattr(mid, "lm_head")
+    )
 
 
 def test_weights_depend_on_seed_and_name_only(spec):
-    a = Transformer(spec, Head.LM, seed=3).state_dict()
-    b = Transformer(spec, Head.BOTH, seed=3).state_dict()
+    a = StageModel(spec, Head.LM, seed=3).state_dict()
+    b = StageModel(spec, Head.BOTH, seed=3).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    c = Transformer(spec, Head.LM, seed=4).state_dict()
-    assert not torch.equal(a["layers.0.attn.q_proj.weight"], c["layers.0.attn.q_proj.weight"])
-    assert not torch.equal(a["layers.0.attn.q_proj.weight"], a["layers.1.attn.q_proj.weight"])
-    tied = Transformer(scale_spec(model_preset("175b"), vocab=V), Head.LM, seed=3)
-    assert torch.equal(tied.lm_head.weight, tied.embed.weight)  # equal at init, separate parameters
-    assert tied.lm_head.weight is not tied.embed.weight
+    c = StageModel(spec, Head.LM, seed=4).state_dict()
+    assert not torch.equal(
+        a["model.layers.0.self_attn.q_proj.weight"], c["model.layers.0.self_attn.q_proj.weight"]
+    )
+    assert not torch.equal(
+        a["model.layers.0.self_attn.q_proj.weight"], a["model.layers.1.self_attn.q_proj.weight"]
+    )
+    tied = StageModel(scale_spec(model_preset("175b"), vocab=V), Head.LM, seed=3)
+    assert torch.equal(
+        tied.lm_head.weight, tied.model.embed_tokens.weight
+    )  # equal at init, separate parameters
+    assert tied.lm_head.weight is not tied.model.embed_tokens.weight
 
 
 def test_kv_cache_decoding_matches_full_forward(spec):
     """Prefill 5 tokens, then a 2-token chunk, then 1-token steps: logits equal the full forward
     within 1e-5 (float32, only the summation order differs)."""
-    model = Transformer(spec, Head.LM, seed=1)
+    model = StageModel(spec, Head.LM, seed=1)
     x = tokens(3, 10, seed=1)
     with torch.no_grad():
         full = model(x)
@@ -105,9 +107,9 @@ def test_kv_cache_decoding_matches_full_forward(spec):
 def test_pipeline_stages_rebuild_the_same_model(spec):
     """Two stages (layers 0–1 | 2–3) hold exactly the single model's weights (key by key) and their
     chained outputs equal the single model's within 1e-6."""
-    single = Transformer(spec, Head.BOTH, seed=2)
-    s0 = Transformer(spec, Head.BOTH, seed=2, layer_range=(0, 2), first=True, last=False)
-    s1 = Transformer(spec, Head.BOTH, seed=2, layer_range=(2, 4), first=False, last=True)
+    single = StageModel(spec, Head.BOTH, seed=2)
+    s0 = StageModel(spec, Head.BOTH, seed=2, layer_range=(0, 2), first=True, last=False)
+    s1 = StageModel(spec, Head.BOTH, seed=2, layer_range=(2, 4), first=False, last=True)
     merged = {**s0.state_dict(), **s1.state_dict()}
     full = single.state_dict()
     assert merged.keys() == full.keys()
@@ -121,7 +123,7 @@ def test_pipeline_stages_rebuild_the_same_model(spec):
 
 # ---------------------------------------------------------------------------------------------- sampling
 def test_generation_is_independent_of_batch_split(spec):
-    model = Transformer(spec, Head.LM, seed=5)
+    model = StageModel(spec, Head.LM, seed=5)
     prompts, ids = tokens(6, 4, seed=5), torch.arange(100, 106)
     toks, logp = generate(model, prompts, 6, seed=9, sample_ids=ids)
     assert toks.shape == (6, 10) and logp.shape == (6, 6)
@@ -158,9 +160,9 @@ def _tp_worker(rank: int, init_file: str, spec, expected: torch.Tensor, x: torch
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         mesh = init_device_mesh("cpu", (2,))
-        model = Transformer(spec, Head.LM, seed=7)
+        model = StageModel(spec, Head.LM, seed=7)
         parallelize_module(model, mesh, model.tp_plan())
-        local = model.layers["0"].attn.q_proj.weight.to_local()
+        local = model.model.layers["0"].self_attn.q_proj.weight.to_local()
         assert local.shape == (spec.q_width // 2, spec.hidden)
         with torch.no_grad():
             logits = model(x)
@@ -179,7 +181,7 @@ def test_tensor_parallel_matches_single_process(tmp_path):
     spec = scale_spec(
         model_preset("llama2-70b"), {"layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2}, vocab=V
     )
-    model = Transformer(spec, Head.LM, seed=7)
+    model = StageModel(spec, Head.LM, seed=7)
     x = tokens(2, 5, seed=7)
     with torch.no_grad():
         expected = model(x)

@@ -16,13 +16,13 @@ ray = pytest.importorskip("ray")
 
 from rpeg import solve  # noqa: E402
 from rpeg.costmodel import hardware_preset  # noqa: E402
-from rpeg.ir import Cluster, Workload  # noqa: E402
+from rpeg.ir import Cluster  # noqa: E402
 from rpeg.runtime.controller import RunError  # noqa: E402
 from rpeg.runtime.rl import RLConfig  # noqa: E402
 from rpeg.runtime.runner import run  # noqa: E402
 from rpeg.runtime.trace import Trace  # noqa: E402
 from rpeg.runtime.verify import verify  # noqa: E402
-from tests.runtime.plans import COLOCATED, DISAGG, TOY, hand, workload  # noqa: E402
+from tests.runtime.plans import BATCH, COLOCATED, DISAGG, hand, workload  # noqa: E402
 
 WEIGHT_TOL = 1e-3  # max |Δw| after 3 Adam steps (lr 1e-2) between layouts: float reduction order only
 
@@ -34,9 +34,12 @@ def ray_instance(ray_session):
 
 @pytest.fixture(scope="module")
 def colocated_ppo(clean_run):
-    """Greedy PPO on two devices (everything colocated, DP=2), 3 steps, final weights kept."""
+    """Greedy PPO on two devices (everything colocated, DP=2), 3 steps of 32 sequences, final
+    weights kept. (With 8 sequences a step's mean reward is too noisy to show learning in two
+    updates: the single-process reference rises by 0.05 on 2 of 8 seeds at batch 8, on 8 of 8 at
+    batch 32.)"""
     result = solve(workload("ppo"), Cluster.from_shape("1x1x2", hardware_preset("gh200")), "greedy")
-    return result, clean_run(result, steps=3, return_weights=True)
+    return result, clean_run(result, steps=3, batch=BATCH, return_weights=True)
 
 
 def rising(rewards: list[float]) -> bool:
@@ -93,8 +96,8 @@ def test_same_seed_two_layouts_same_weights(colocated_ppo, clean_run):
     """Synchronous plans with different placements and DP/PP/TP layouts train the same model.
     (The disaggregated run is shared with test_transition.py's relayout test.)"""
     sync = (("actor", 0), ("critic", 0))
-    a = clean_run(hand(workload("ppo"), "1x1x4", DISAGG, sync), steps=3, return_weights=True)
-    b = clean_run(hand(workload("ppo"), "1x1x4", COLOCATED, sync), steps=3, return_weights=True)
+    a = clean_run(hand(workload("ppo"), "1x1x4", DISAGG, sync), steps=3, batch=BATCH, return_weights=True)
+    b = clean_run(hand(workload("ppo"), "1x1x4", COLOCATED, sync), steps=3, batch=BATCH, return_weights=True)
     _, c = colocated_ppo
     assert a.rewards == pytest.approx(b.rewards) and a.rewards == pytest.approx(c.rewards)
     for other in (b, c):
@@ -118,8 +121,8 @@ def test_worker_fault_names_node_step_and_worker():
 
 def test_checkpoint_resume_matches_uninterrupted_run(colocated_ppo, tmp_path):
     result, straight = colocated_ppo
-    run(result, steps=2, checkpoint_dir=tmp_path)
-    resumed = run(result, steps=1, resume_from=tmp_path, return_weights=True)
+    run(result, steps=2, batch=BATCH, checkpoint_dir=tmp_path)
+    resumed = run(result, steps=1, batch=BATCH, resume_from=tmp_path, return_weights=True)
     assert resumed.trace.meta["step_offset"] == 2
     assert resumed.rewards[0] == pytest.approx(straight.rewards[2])
     for model, weights in straight.weights.items():
@@ -128,10 +131,6 @@ def test_checkpoint_resume_matches_uninterrupted_run(colocated_ppo, tmp_path):
 
 
 def test_bad_inputs_are_named():
-    wl = Workload("dpo", {"actor": TOY}, 8, 2, 64, 64)
-    result = solve(wl, Cluster.from_shape("1x1x2", hardware_preset("gh200")), "greedy")
-    with pytest.raises(ValueError, match=r"workload\.algorithm 'dpo'"):
-        run(result, steps=1)
     result = solve(workload("ppo"), Cluster.from_shape("1x1x2", hardware_preset("gh200")), "greedy")
     with pytest.raises(ValueError, match="steps must be a positive integer"):
         run(result, steps=0)

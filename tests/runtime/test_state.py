@@ -52,15 +52,15 @@ def test_chunk_bounds_match_torch_chunk():
 
 
 def test_owner_stage_and_tp_dim():
-    assert owner_stage("embed.weight", SPEC.layers, 2) == 0
+    assert owner_stage("model.embed_tokens.weight", SPEC.layers, 2) == 0
     assert owner_stage("lm_head.weight", SPEC.layers, 2) == 1
-    assert owner_stage("layers.1.attn.q_proj.weight", 2, 2) == 1
-    assert [owner_stage(f"layers.{i}.mlp.up_proj.weight", 3, 2) for i in range(3)] == [0, 0, 1]
-    assert tp_dim("layers.0.attn.q_proj.weight") == 0
-    assert tp_dim("layers.0.mlp.down_proj.weight") == 1
-    assert tp_dim("layers.0.attn_norm.weight") is None
+    assert owner_stage("model.layers.1.self_attn.q_proj.weight", 2, 2) == 1
+    assert [owner_stage(f"model.layers.{i}.mlp.up_proj.weight", 3, 2) for i in range(3)] == [0, 0, 1]
+    assert tp_dim("model.layers.0.self_attn.q_proj.weight") == 0
+    assert tp_dim("model.layers.0.mlp.down_proj.weight") == 1
+    assert tp_dim("model.layers.0.input_layernorm.weight") is None
     with pytest.raises(ValueError, match="layer 9"):
-        owner_stage("layers.9.attn.q_proj.weight", 2, 2)
+        owner_stage("model.layers.9.self_attn.q_proj.weight", 2, 2)
 
 
 @pytest.mark.parametrize("moments", [False, True])

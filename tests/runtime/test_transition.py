@@ -18,7 +18,7 @@ from rpeg.ir import Structure, Workload  # noqa: E402
 from rpeg.runtime.controller import RunError  # noqa: E402
 from rpeg.runtime.runner import run  # noqa: E402
 from rpeg.solvers.result import result_for_plan  # noqa: E402
-from tests.runtime.plans import AFTER, BEFORE, COLOCATED, DISAGG, hand, workload  # noqa: E402
+from tests.runtime.plans import AFTER, BATCH, BEFORE, COLOCATED, DISAGG, hand, workload  # noqa: E402
 
 TOL = 1e-4  # max |Δw|: float reduction order (TP splits, DP sums); a lost optimizer state gives ~3e-2
 SYNC = (("actor", 0), ("critic", 0))
@@ -48,8 +48,8 @@ def test_transition_mid_run_keeps_the_weights(before, after, at, kinds, tau, cle
     handed over as a snapshot (measured max |Δw| 1.2e-7 / 1.5e-7 over 4 steps)."""
     wl = workload("ppo")
     current, target = hand(wl, "1x1x4", before, tau), hand(wl, "1x1x4", after, tau)
-    moved = run(current, steps=3, return_weights=True, transitions=[(at, target)])
-    stayed = clean_run(current, steps=3, return_weights=True)  # DISAGG's is test_run.py's too
+    moved = run(current, steps=3, batch=BATCH, return_weights=True, transitions=[(at, target)])
+    stayed = clean_run(current, steps=3, batch=BATCH, return_weights=True)  # DISAGG's is test_run.py's too
     assert moved.problems == [] and stayed.problems == []
     assert len(moved.segments) == 2 and moved.segments[1].meta["step_offset"] == at
     assert moved.rewards == stayed.rewards  # same prompts, same sampling draws, same policy

