@@ -37,11 +37,13 @@ def max_diff(a: dict, b: dict) -> dict[str, float]:
 @pytest.mark.parametrize(
     "before, after, at, kinds, tau",
     [
-        (BEFORE, AFTER, 2, {"merge", "extend"}, SYNC),
+        # one run per case: every worker imports transformers (about 3 CPU-seconds each), so the
+        # synchronous gen-TP 1 → 2 move is left to benchmarks/executed_transitions.py and this
+        # suite moves it asynchronously (the harder case: a snapshot crosses the boundary)
         (DISAGG, COLOCATED, 1, {"split", "merge", "extend", "destroy"}, SYNC),
         (BEFORE, AFTER, 2, {"merge", "extend"}, (("actor", 1), ("critic", 0))),
     ],
-    ids=["gen-tp1to2-critic-dp2to4", "every-vertex-relayout", "asynchronous-tau1"],
+    ids=["every-vertex-relayout", "gen-tp1to2-critic-dp2to4-tau1"],
 )
 def test_transition_mid_run_keeps_the_weights(before, after, at, kinds, tau, clean_run):
     """With τ(actor) = 1 the target's first generation reads the version before the boundary,
