@@ -93,11 +93,20 @@ def generation(scales: list[str], batch: int, tokens: int) -> list[str]:
 
 def acceptance(steps: int, methods: list[str], algorithms: list[str]) -> list[str]:
     """Plans from ``solve()`` run on vLLM + torch."""
-    from rpeg import solve
+    from rpeg import Workload, solve
     from rpeg.costmodel import hardware_preset
     from rpeg.ir.cluster import Cluster
     from rpeg.runtime.runner import run
-    from tests.runtime.plans import workload
+    from tests.runtime.plans import TOY, workload
+
+    def job(algo: str) -> Workload:
+        if algo == "dpo":  # a chosen and a rejected response per preference pair
+            return Workload("dpo", {"actor": TOY}, 64, 2, 256, 256)
+        return (
+            workload(algo)
+            if algo != "remax"
+            else Workload("remax", {"actor": TOY, "reward": TOY}, 64, 4, 256, 256)
+        )
 
     rows = [
         "| algorithm | method | plan status | verified | rewards per step | max log-prob gap | syncs (all checksums match) | wall s |",
@@ -110,12 +119,18 @@ def acceptance(steps: int, methods: list[str], algorithms: list[str]) -> list[st
             kw = {"time_limit": 20, "seed": 0} if method != "greedy" else {}
             if method == "cpsat":
                 kw |= {"candidates": 2, "k_eval": 2}
-            result = solve(workload(algo), cluster, method, **kw)
+            result = solve(job(algo), cluster, method, **kw)
             if result.plan is None:
                 rows.append(f"| {algo} | {method} | {result.status.value} | — | — | — | — | — |")
                 continue
             t0 = time.perf_counter()
-            rep = run(result, steps, scale="base", batch=32, rollout_engine="vllm")
+            try:
+                rep = run(result, steps, scale="base", batch=32, rollout_engine="vllm")
+            except Exception as exc:  # a failed run is a row of the table, not the end of it
+                line = f"| {algo} | {method} | {result.status.value} | FAILED: {str(exc)[:120]} | — | — | — | — |"
+                print(line)
+                rows.append(line)
+                continue
             wall = time.perf_counter() - t0
             syncs = [
                 f
