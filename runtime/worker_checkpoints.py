@@ -14,6 +14,7 @@ state it uses.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,6 +41,7 @@ class WorkerCheckpoints:
     boundary: dict[str, Any] | None
     inbox: dict[tuple, list[dict[str, torch.Tensor]]]
     gen_state: dict[tuple[str, int], dict[str, Any]]
+    _weights_replaced: Callable[[], None]
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         """A copy of this rank's weights (local shards), by parameter name."""
@@ -83,6 +85,7 @@ class WorkerCheckpoints:
                 )
             for k, v in self.model.state_dict().items():
                 local(v).copy_(b["params"][k])
+            self._weights_replaced()
             self.optimizer.load_state(b["optimizer"])
             self.snapshots = dict(b["snapshots"])
             self.version = step
@@ -124,6 +127,7 @@ class WorkerCheckpoints:
             )
         for k, v in self.model.state_dict().items():
             local(v).copy_(state["params"][k])
+        self._weights_replaced()
         if self.optimizer and state["optimizer"] is not None:
             self.optimizer.load_state(state["optimizer"])
         self.version = 0

@@ -44,6 +44,10 @@ __all__ = ["ROLLOUT_ENGINES", "WorkerRollouts", "check_rollout_layout"]
 ROLLOUT_ENGINES = ("torch", "vllm")
 
 _SEED_MOD = 2**31 - 1  # vLLM request seeds are 32-bit
+#: ``engine_version`` after the torch weights were replaced by anything but an install (a
+#: transition's hand-over, a checkpoint, a rollback): versions are renumbered per plan segment, so
+#: no node's version may be taken to name what the engine holds; the next generation syncs.
+_UNSYNCED = -(2**62)
 
 
 def check_rollout_layout(groups: list[GroupSpec], engine: str) -> None:
@@ -131,6 +135,12 @@ class WorkerRollouts:
         )
         self.engine_version = 0
         return {"engine": "vllm", "start_s": self.engine.start_seconds, "tp": self.group.tp}
+
+    def _weights_replaced(self) -> None:
+        """The torch weights changed outside an install: the engine's copy is stale whatever the
+        version numbers say (they restart in a new plan segment); the next generation syncs."""
+        if getattr(self, "engine_version", None) is not None:
+            self.engine_version = _UNSYNCED
 
     def _max_len(self) -> int:
         return self.shape.prompt_len + self.shape.response_len

@@ -49,6 +49,7 @@ class WorkerTransfers:
     snapshots: dict[int, dict[str, torch.Tensor]]
     inbox: dict[tuple, list[dict[str, torch.Tensor]]]
     _sync_rollouts: Callable[[int], dict[str, Any] | None]
+    _weights_replaced: Callable[[], None]
 
     # ------------------------------------------------------------------ weights
     def publish(self) -> tuple[tuple[int, int], dict[str, tuple[torch.Tensor, int | None]]] | None:
@@ -332,6 +333,7 @@ class WorkerTransfers:
                     f"the layout needs {tuple(local(p).shape)}"
                 )
             local(p).copy_(src)
+        self._weights_replaced()
         if self.optimizer is not None:
             if main.m is None or main.v is None:
                 raise RuntimeError(f"worker {self.group.worker(self.rank)}: no optimizer state arrived")

@@ -79,3 +79,29 @@ def test_vllm_refuses_a_head_size_its_kernels_lack(ray_session):
         run(result, 1, scale="tiny", rollout_engine="vllm")
     with pytest.raises(ValueError, match=r"rollout_engine must be one of torch, vllm, got 'sglang'"):
         run(result, 1, rollout_engine="sglang")
+
+
+def test_replaced_weights_make_the_engine_sync_at_its_next_generation():
+    """A transition's hand-over, a checkpoint or a rollback replaces the torch weights and the
+    next plan segment renumbers versions from 0: the engine's copy must not be taken for them.
+    (Measured before the fix: after a gen-TP 1 → 2 transition the new engine generated from its
+    seeded start-up weights, and the reward fell back to the initial policy's.)"""
+    from rpeg.runtime.worker_rollouts import WorkerRollouts
+
+    class Replica(WorkerRollouts):
+        def __init__(self):
+            self.engine_version, self.engine = 0, None
+            self.synced: list[int] = []
+
+        def _sync_rollouts(self, version):
+            self.synced.append(version)
+            self.engine_version = version
+
+    r = Replica()
+    r._weights_replaced()
+    assert r.engine_version != 0
+    assert r.engine_version is not None  # an engine is still there to sync
+    none = Replica()
+    none.engine_version = None  # a group without an engine stays without one
+    none._weights_replaced()
+    assert none.engine_version is None
