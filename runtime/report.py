@@ -33,7 +33,8 @@ class RunReport:
     trace
         The verified trace (``rpeg.trace/1``).
     rewards
-        Mean task reward of each step's rollouts.
+        Mean task reward of each step's rollouts (DPO, which has none: the mean implicit reward
+        margin ``β·(h_w − h_l)`` of the step's preference pairs).
     step_times, predicted_step_times
         Measured and predicted seconds per step (step ``k`` ends when its last node ends).
     problems
