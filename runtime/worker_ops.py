@@ -173,19 +173,36 @@ class WorkerOps:
         (ReMax's baseline rollout), the run's ``temperature`` otherwise."""
         return 0.0 if node.get("greedy") else self.cfg.temperature
 
+    def _rollout_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This DP rank's rollouts of ``step``: global sample ids ``k·n + i`` (``n = B'·R'``, ``k``
+        the global step), their indices ``i`` among the step's ``n`` and their prompts (prompt
+        ``i // R'`` of the task's step batch)."""
+        sh = self.shape
+        gstep = step + self.step_offset
+        mine = self._my_slice(sh.sequences)
+        prompts = self.task.prompts(gstep, sh.batch).repeat_interleave(sh.rollouts, dim=0)[mine]
+        return gstep * sh.sequences + mine, mine, prompts
+
+    def _phase_end(self, phase: int) -> int:
+        """Response position ``t_q`` where phase ``q`` ends (``Lr`` for an unsplit node)."""
+        return self.shape.phase_lengths[phase - 1] if phase > 0 else self.shape.response_len
+
+    def _ends_in_phase(self, phase: int, lengths: torch.Tensor) -> torch.Tensor:
+        """Which sequences of response ``lengths`` a node of ``phase`` emits: those ending at
+        ``t_q`` (every one for an unsplit node)."""
+        if phase == 0:
+            return torch.ones(len(lengths), dtype=torch.bool)
+        return lengths == self._phase_end(phase)
+
     @torch.no_grad()
     def _generate(self, node: dict[str, Any]) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
         if self.rollout_engine == "vllm":
             return self._generate_vllm(node, self._temperature(node))
         sh, step = self.shape, node["step"]
-        gstep = step + self.step_offset
         key = (node["vertex"], step)
         phase = node["phase"]
         if phase <= 1:
-            n = sh.sequences
-            mine = self._my_slice(n)
-            prompts = self.task.prompts(gstep, sh.batch).repeat_interleave(sh.rollouts, dim=0)[mine]
-            ids = gstep * n + mine
+            ids, mine, prompts = self._rollout_batch(step)
             tokens = torch.zeros(len(mine), sh.prompt_len + sh.response_len, dtype=torch.int64)
             tokens[:, : sh.prompt_len] = prompts
             chunks = [c for c in torch.tensor_split(torch.arange(len(mine)), self.group.mb) if len(c)]
@@ -199,7 +216,7 @@ class WorkerOps:
                 "pos": 0,
             }
         st = self.gen_state[key]
-        hi = sh.phase_lengths[phase - 1] if phase > 0 else sh.response_len
+        hi = self._phase_end(phase)
         lo = st["pos"]
         Lp = sh.prompt_len
         for t in range(lo, hi):
@@ -220,7 +237,7 @@ class WorkerOps:
                     st["tokens"][c, Lp + t] = tok
         st["pos"] = hi
         lengths = self.lengths[st["mine"]]
-        done = (lengths == hi) if phase > 0 else torch.ones(len(st["mine"]), dtype=torch.bool)
+        done = self._ends_in_phase(phase, lengths)
         if phase == 0 or hi == sh.response_len:
             del self.gen_state[key]
         mask = (torch.arange(sh.response_len)[None, :] < lengths[done][:, None]).float()

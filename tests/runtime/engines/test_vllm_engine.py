@@ -77,6 +77,7 @@ def test_engine_limits_say_what_this_build_runs():
     assert limits["platform"] == "cpu" and limits["verified"]
     assert limits["tp"] is True and limits["pp"] is False
     assert limits["max_world_size"] == len(os.sched_getaffinity(0))
+    assert 16 not in limits["head_sizes"] and 32 in limits["head_sizes"]
 
 
 def test_state_checksum_is_bitwise_and_survives_the_weights_file(tiny_llama):

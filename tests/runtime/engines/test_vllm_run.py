@@ -91,11 +91,6 @@ def test_replaced_weights_make_the_engine_sync_at_its_next_generation():
     class Replica(WorkerRollouts):
         def __init__(self):
             self.engine_version, self.engine = 0, None
-            self.synced: list[int] = []
-
-        def _sync_rollouts(self, version):
-            self.synced.append(version)
-            self.engine_version = version
 
     r = Replica()
     r._weights_replaced()
