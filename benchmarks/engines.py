@@ -208,6 +208,11 @@ def transition(steps: int) -> list[str]:
         "- final weights max |Δw| per model: " + ", ".join(f"{m} {d:.1e}" for m, d in sorted(diff.items())),
         f"- transition: {len(rec.primitives)} primitives in {rec.total_s:.2f} s; new vLLM engine start "
         f"{', '.join(f'{s:.0f} s' for s in starts) or 'n/a'}; whole run {moved_s:.0f} s",
+        f"- transition cost: the plan charged each new generation replica the start-up measured on the "
+        f"current plan's engines, c_engine = {rec.engine_start_predicted_s:.1f} s; the target's engines "
+        f"took {rec.engine_start_s:.1f} s (measured, paid in its set-up before the primitives); "
+        f"L_tran predicted {rec.predicted_s:.1f} s, measured primitives + engine start "
+        f"{rec.total_s + rec.engine_start_s:.1f} s",
     ]
     print("\n".join(lines))
     return lines

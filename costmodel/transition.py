@@ -13,6 +13,13 @@ those that build new process groups, a communicator set-up constant ``c_setup``:
   GPU keeps; the new unit's TP/PP groups need communicators);
 * **Destroy**: ``c_teardown`` (local release, no collective).
 
+A Split, Extend or Merge that creates a replica of a *generation* model-stage also starts that
+replica's rollout engine when generation runs on one (vLLM: processes, model load, KV cache,
+warm-up, then the weights pushed in): ``+ c_engine`` per primitive (the parts of a Split start
+their engines at once, on their own devices). ``c_engine`` defaults to 0 (the torch engine
+generates on the worker's own model); the runtime passes the engine start-up it measured
+(:func:`rpeg.runtime.runner.run`, ``rollout_engine="vllm"``).
+
 ``c_setup`` defaults to :data:`DEFAULT_SETUP_S` = 0.1 s and ``c_teardown`` to
 :data:`DEFAULT_TEARDOWN_S` = 1 ms. Neither is a hardware-file figure: NCCL communicator creation
 is dominated by the bootstrap (a TCP exchange of unique ids and a ring/tree search), typically
@@ -36,12 +43,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ..ir.cluster import Cluster
-from ..ir.emu import EMU, Destroy, Extend, Merge, Primitive, Split, TransitionDAG
+from ..ir.emu import EMU, Destroy, Extend, Merge, Primitive, Split, Stage, TransitionDAG
 from .collectives import allgather_time, p2p_time
 
 __all__ = [
     "DEFAULT_SETUP_S",
     "DEFAULT_TEARDOWN_S",
+    "creates_generation",
     "critical_path",
     "gpu_capacities",
     "peak_possible",
@@ -68,6 +76,7 @@ def primitive_time(
     *,
     setup: float = DEFAULT_SETUP_S,
     teardown: float = DEFAULT_TEARDOWN_S,
+    engine_start: float = 0.0,
 ) -> float:
     """Seconds one primitive takes (module docstring).
 
@@ -82,6 +91,8 @@ def primitive_time(
         ``c_setup`` in seconds (≥ 0).
     teardown
         ``c_teardown`` in seconds (≥ 0).
+    engine_start
+        ``c_engine`` in seconds (≥ 0), added when the primitive creates a generation unit.
 
     Returns
     -------
@@ -91,8 +102,22 @@ def primitive_time(
     Raises
     ------
     ValueError
-        For a negative ``setup``/``teardown`` or an unknown primitive.
+        For a negative ``setup``/``teardown``/``engine_start`` or an unknown primitive.
     """
+    if not engine_start >= 0:
+        raise ValueError(f"engine_start must be a non-negative number of seconds, got {engine_start!r}")
+    base = _primitive_time(prim, cluster, setup, teardown)
+    return base + engine_start if creates_generation(prim) else base
+
+
+def creates_generation(prim: Primitive) -> bool:
+    """Whether ``prim`` (not a Destroy) creates a replica of a generation model-stage, which
+    starts a rollout engine."""
+    return not isinstance(prim, Destroy) and any(u.stage.stage is Stage.GEN for u in prim.outputs)
+
+
+def _primitive_time(prim: Primitive, cluster: Cluster, setup: float, teardown: float) -> float:
+    """:func:`primitive_time` without the engine start."""
     if not setup >= 0:
         raise ValueError(f"setup must be a non-negative number of seconds, got {setup!r}")
     if not teardown >= 0:
@@ -118,11 +143,13 @@ def primitive_times(
     *,
     setup: float = DEFAULT_SETUP_S,
     teardown: float = DEFAULT_TEARDOWN_S,
+    engine_start: float = 0.0,
 ) -> list[float]:
     """:func:`primitive_time` of every primitive of ``dag``, in index order (cached per shape)."""
     cache: dict[tuple, float] = {}
     out = []
     for p in dag.primitives:
+        gen = creates_generation(p)
         if isinstance(p, Extend):  # the most common primitive first
             key: tuple = ("e", p.nbytes, cluster.tier_of_mask(p.source.mask | p.result.mask))
         elif isinstance(p, Split):
@@ -137,9 +164,12 @@ def primitive_times(
             key = ("m", p.nbytes)
         else:
             key = ("d",)
+        key = (*key, gen)
         t = cache.get(key)
         if t is None:
-            t = cache[key] = primitive_time(p, cluster, setup=setup, teardown=teardown)
+            t = cache[key] = primitive_time(
+                p, cluster, setup=setup, teardown=teardown, engine_start=engine_start
+            )
         out.append(t)
     return out
 

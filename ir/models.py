@@ -66,6 +66,11 @@ class ModelSpec:
         (``model_type`` of a ``config.json``). The cost model does not read it. A shape of another
         architecture (GPT-3's two-projection FFN) plans as itself and runs as a ``llama`` model of
         the runtime's scale (:func:`rpeg.runtime.model.scale_spec`).
+    checkpoint
+        Local Hugging Face checkpoint directory (``config.json`` and ``*.safetensors``) whose
+        weights the runtime runs this model with, at full size; ``""``: none (the runtime builds a
+        scaled model with seeded weights). Set by :meth:`from_hf_config` when the directory holds
+        safetensors files; the cost model does not read it.
 
     Raises
     ------
@@ -85,10 +90,15 @@ class ModelSpec:
     tied_embeddings: bool = False
     dtype_bytes: int = 2
     family: str = "llama"
+    checkpoint: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
             raise TypeError(f"ModelSpec: name must be a string, got {self.name!r}")
+        if not isinstance(self.checkpoint, str):
+            raise TypeError(
+                f"ModelSpec {self.name!r}: checkpoint must be a path string, got {self.checkpoint!r}"
+            )
         for field in ("layers", "hidden", "ffn_hidden", "vocab", "heads", "kv_heads"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -193,6 +203,7 @@ class ModelSpec:
             head_dim=0,
             ffn_hidden=ffn_hidden if ffn_hidden is not None else max(1, round(hidden * ratio)),
             vocab=vocab if vocab is not None else self.vocab,
+            checkpoint="",
         )
 
     # ------------------------------------------------------------------ constructors
@@ -209,7 +220,9 @@ class ModelSpec:
         ``intermediate_size``, ``vocab_size``, ``num_attention_heads``, ``num_key_value_heads``,
         ``head_dim``, ``tie_word_embeddings``, ``torch_dtype``) and the GPT-2/OPT spellings
         (``n_layer``, ``n_embd``, ``n_head``, ``n_inner``, ``ffn_dim``). Gated FFN (3 projections)
-        is assumed for ``hidden_act`` in ``silu``/``swiglu``; 2 otherwise.
+        is assumed for ``hidden_act`` in ``silu``/``swiglu``; 2 otherwise. When the directory
+        also holds ``*.safetensors`` weights, :attr:`checkpoint` is its absolute path (the runtime
+        then runs the model with them).
 
         Raises
         ------
@@ -278,6 +291,7 @@ class ModelSpec:
             "tied_embeddings": tied,
             "dtype_bytes": dtypes[dtype],
             "family": family,
+            "checkpoint": str(path.parent.resolve()) if any(path.parent.glob("*.safetensors")) else "",
         }
         try:
             return cls(**fields)
@@ -299,7 +313,7 @@ class ModelSpec:
             "tied_embeddings": self.tied_embeddings,
             "dtype_bytes": self.dtype_bytes,
             "family": self.family,
-        }
+        } | ({"checkpoint": self.checkpoint} if self.checkpoint else {})
 
 
 class ModelSpecFile(Strict):
@@ -318,6 +332,7 @@ class ModelSpecFile(Strict):
     tied_embeddings: bool = False
     dtype_bytes: Literal[1, 2, 4] = 2
     family: Literal["llama", "qwen2", "mistral"] = "llama"
+    checkpoint: str = ""
 
 
 def _llama(name: str, L: int, d: int, dff: int, heads: int, kv: int, vocab: int) -> ModelSpec:

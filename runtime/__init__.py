@@ -4,9 +4,13 @@
   (``binding``), starts them on Ray with placement groups (``controller``), runs the lowered DAG
   completion-driven and returns a :class:`~rpeg.runtime.runner.RunReport` with the trace;
 * ``rpeg.verify`` (:func:`rpeg.runtime.verify.verify`) checks a trace against the plan;
-* ``model``, ``task``, ``rl``: the tiny transformer, the synthetic task and PPO/GRPO math;
-* ``worker`` (with ``worker_ops``, ``worker_transfers``, ``worker_checkpoints``), ``parallel``:
-  one rank of a group — DTensor TP, pipelined stages, sharded Adam;
+* ``model``, ``task``, ``rl``: the Hugging Face decoder stages, the synthetic task and the
+  PPO/GRPO/ReMax/DPO math;
+* ``worker`` (with ``worker_ops``, ``worker_rollouts``, ``worker_transfers``,
+  ``worker_checkpoints``), ``parallel``: one rank of a group — DTensor TP, pipelined stages,
+  sharded Adam, vLLM rollouts; ``engines``: the Hugging Face, vLLM and Megatron-core adapters;
+* ``pool``: the worker processes' Ray actor and :class:`WorkerPool`, which keeps them between
+  runs;
 * ``transition``, ``state``, ``recovery``: changing plans mid-run with real state, and the
   urgent path after a lost worker;
 * ``measure``: the calibration microbenchmarks behind ``rpeg calibrate`` (fitted by
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["run"]
+__all__ = ["WorkerPool", "run"]
 
 
 def __getattr__(name: str) -> Any:
@@ -28,4 +32,9 @@ def __getattr__(name: str) -> Any:
 
         globals()["run"] = run
         return run
+    if name == "WorkerPool":
+        from .pool import WorkerPool
+
+        globals()["WorkerPool"] = WorkerPool
+        return WorkerPool
     raise AttributeError(f"module 'rpeg.runtime' has no attribute {name!r}")

@@ -330,6 +330,7 @@ def bind(
     """
     plan = _check_result(result)
     g = result.graph
+    vocab = run_vocab(result, vocab)  # a checkpoint's, when a model has one
     shape = run_shape(
         result,
         batch=batch,
@@ -386,14 +387,35 @@ def bind(
 
 
 def run_specs(results: list[Result], *, scale: str | dict = "tiny", vocab: int = 16) -> dict[str, ModelSpec]:
-    """Scaled spec per model that every plan of ``results`` can lay out: enough layers for the
-    deepest pipeline and heads divisible by the least common multiple of the TP degrees of all
-    the model's vertices in all the plans (``runtime.model.scale_spec``)."""
+    """The spec per model that every plan of ``results`` runs.
+
+    A model with a :attr:`~rpeg.ir.models.ModelSpec.checkpoint` runs at full size with its
+    weights: its spec is checked against the directory
+    (:func:`~rpeg.runtime.engines.hf_models.check_checkpoint_dir`) and kept. Every other model
+    is scaled (``runtime.model.scale_spec``) to ``scale`` with the run's vocabulary
+    (:func:`run_vocab`; ``vocab`` when no model has a checkpoint), enough layers for the deepest
+    pipeline and heads divisible by the least common multiple of the TP degrees of all the
+    model's vertices in all the plans.
+
+    Raises
+    ------
+    ValueError
+        Checkpoints with different vocabularies; an
+        :class:`~rpeg.ir.errors.InputError` (a ``ValueError``) for a checkpoint directory that
+        is missing, incomplete or no longer matches the plan's model.
+    """
     from .model import scale_spec
 
     g = results[0].graph
+    vocab = run_vocab(results[0], vocab)
     specs: dict[str, ModelSpec] = {}
     for name, inst in g.models.items():
+        if inst.spec.checkpoint:
+            from .engines.hf_models import check_checkpoint_dir
+
+            check_checkpoint_dir(inst.spec, name)
+            specs[name] = inst.spec
+            continue
         users = [
             c.strategy
             for r in results
@@ -404,6 +426,28 @@ def run_specs(results: list[Result], *, scale: str | dict = "tiny", vocab: int =
         tp = math.lcm(*[s.tp for s in users]) if users else 1
         specs[name] = scale_spec(inst.spec, scale, vocab=vocab, min_layers=min_layers, tp=tp)
     return specs
+
+
+def run_vocab(result: Result, default: int = 16) -> int:
+    """The synthetic task's vocabulary: that of the models run from a checkpoint (they must
+    agree), else ``default``.
+
+    Raises
+    ------
+    ValueError
+        Two checkpoints with different vocabularies (naming both models).
+    """
+    seen: dict[int, str] = {}
+    for name, inst in result.graph.models.items():
+        if inst.spec.checkpoint:
+            seen.setdefault(inst.spec.vocab, name)
+    if len(seen) > 1:
+        (va, a), (vb, b) = list(seen.items())[:2]
+        raise ValueError(
+            f"the checkpoints of {a} (vocab {va}) and {b} (vocab {vb}) have different vocabularies; "
+            "the models of one run share the task's tokens"
+        )
+    return next(iter(seen), default)
 
 
 def check_specs(result: Result, specs: dict[str, ModelSpec]) -> None:

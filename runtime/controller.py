@@ -35,6 +35,7 @@ from ..ir.types import Role
 from .binding import Binding, GroupSpec
 from .checkpoint import step_dir_name
 from .liveness import DEFAULT_STALL_S, Owner, RunError, Watchdog, cause
+from .pool import WorkerProcess, active_pool
 from .trace import TraceRecord
 
 __all__ = ["Controller", "RunError"]
@@ -63,48 +64,6 @@ def torch_timeout_s(stall_s: float) -> float:
     """Seconds torch.distributed may wait (rendezvous, collectives): the stall window, at least
     torch's own default of 30 minutes — the controller's progress checks come first."""
     return max(1800.0, float(stall_s))
-
-
-class _Actor:
-    """Ray actor shell around :class:`~rpeg.runtime.worker.Worker`: created cheaply, answers
-    :meth:`hello` (rank 0 also opens the group's rendezvous store), then :meth:`setup` joins the
-    group's process group (all ranks at once)."""
-
-    def __init__(self) -> None:
-        self.worker = None
-        self.store = None
-
-    def hello(self, world: int = 0, timeout_s: float = 1800.0) -> dict[str, Any]:
-        """``pid`` and ``host`` of this process; with ``world > 0`` also open a TCPStore for a
-        group of ``world`` ranks on a port the OS picks (port 0: no pick-then-bind race) and
-        return its ``master`` address."""
-        import datetime
-        import socket
-
-        import ray
-
-        out: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "master": None}
-        if world > 0:
-            import torch.distributed as dist
-
-            host = ray.util.get_node_ip_address()
-            timeout = datetime.timedelta(seconds=timeout_s)
-            self.store = dist.TCPStore(host, 0, world, True, timeout, wait_for_workers=False)
-            out["master"] = f"{host}:{self.store.port}"
-        return out
-
-    def setup(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        from .worker import Worker
-
-        self.worker = Worker(*args, store=self.store, **kwargs)
-        self.store = None  # the process group holds it now
-        return self.worker.info()
-
-    def call(self, method: str, *args: Any) -> Any:
-        return getattr(self.worker, method)(*args)
-
-    def op(self, node: dict[str, Any], inputs: dict[str, list]) -> tuple[Any, Any, Any]:
-        return self.worker.op(node, inputs)
 
 
 @dataclass
@@ -196,6 +155,10 @@ class Controller:
         self.losses: dict[int, dict[str, float]] = {}
         self.gaps: dict[int, float] = {}
         self.t0 = 0.0
+        self.pool = active_pool()  # idle worker processes to start in, and to return them to
+        self.bundles: dict[tuple[int, int], tuple[Any, int]] = {}  # (gid, rank) → (placement group, bundle)
+        self.shape: tuple[str, int, int] = ("", 0, 0)  # (resource, bundles per group, groups)
+        self.finished = False  # the DAG ran to its end (stop() may then pool the workers)
 
     # ------------------------------------------------------------------ setup
     def start(
@@ -245,9 +208,13 @@ class Controller:
                 f"(cluster {cluster.shape_str}); start Ray with "
                 f"--resources='{{\"{resource}\": {n}}}' or run without an address"
             )
+        self.shape = (resource, per_node, n // per_node)
         if placement is not None:
             pgs = list(placement)
             self.owns_placement = False
+        elif self.pool is not None and (kept := self.pool.take_placement(*self.shape)) is not None:
+            pgs = kept
+            self.owns_placement = True
         else:
             pgs = [
                 placement_group([{resource: 1}] * per_node, strategy="STRICT_PACK")
@@ -274,28 +241,34 @@ class Controller:
 
     def _spawn_actors(self) -> None:
         """One actor per rank in the bundle of its physical device (``device + device_base``),
-        reserving ``1/WORKERS_PER_DEVICE`` of it; fills :attr:`actors` and :attr:`owners`."""
+        reserving ``1/WORKERS_PER_DEVICE`` of it — an idle process of that bundle from the
+        active :class:`~rpeg.runtime.pool.WorkerPool` when there is one; fills :attr:`actors`,
+        :attr:`owners` and :attr:`bundles`."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        remote = ray.remote(_Actor)
+        remote = ray.remote(WorkerProcess)
         per_node = self.per_node
         for g in self.b.groups:
             actors = []
             for rank, dev in enumerate(g.devices):
                 phys = dev + self.device_base
-                opts: dict[str, Any] = {
-                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                        self.placement[phys // per_node], placement_group_bundle_index=phys % per_node
-                    ),
-                    "num_cpus": 0,
-                    "max_restarts": 0,
-                }
-                if self.cfg.use_gpu:
-                    opts["num_gpus"] = 1.0 / WORKERS_PER_DEVICE
-                else:
-                    opts["resources"] = {"rpeg_device": 1.0 / WORKERS_PER_DEVICE}
-                actor = remote.options(**opts).remote()
+                pg, bundle = self.placement[phys // per_node], phys % per_node
+                actor = self.pool.take_worker(pg, bundle) if self.pool is not None else None
+                if actor is None:
+                    opts: dict[str, Any] = {
+                        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                            pg, placement_group_bundle_index=bundle
+                        ),
+                        "num_cpus": 0,
+                        "max_restarts": 0,
+                    }
+                    if self.cfg.use_gpu:
+                        opts["num_gpus"] = 1.0 / WORKERS_PER_DEVICE
+                    else:
+                        opts["resources"] = {"rpeg_device": 1.0 / WORKERS_PER_DEVICE}
+                    actor = remote.options(**opts).remote()
+                self.bundles[(g.gid, rank)] = (pg, bundle)
                 actors.append(actor)
                 self.owners[(g.gid, rank)] = Owner(g.worker(rank), dev, actor, g.gid, rank)
             self.actors[g.gid] = actors
@@ -413,6 +386,7 @@ class Controller:
             for r in [*dead, *finished]:
                 self._arrived(d, r, dead=r in dead)
         self._timed(d)
+        self.finished = True
 
     def _dispatch(self) -> _Dispatch:
         """The dispatch state of a fresh execution: successors and in-degrees, readers per
@@ -781,16 +755,35 @@ class Controller:
         return out
 
     def stop(self) -> None:
-        """Kill the workers and release the placement groups (unless borrowed, see :meth:`start`)."""
+        """Kill the workers and release the placement groups (unless borrowed, see :meth:`start`).
+
+        Inside a :class:`~rpeg.runtime.pool.WorkerPool`, the workers of a controller whose DAG
+        completed (:attr:`finished`) and that lost none go back to the pool instead, with the
+        placement groups it owns; a failed run's workers are killed (a rank may still sit in a
+        collective). Stopping again does nothing."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        for actors in self.actors.values():
-            for a in actors:
-                with contextlib.suppress(Exception):  # already dead
-                    ray.kill(a)
-        for pg in self.placement if self.owns_placement else []:
-            with contextlib.suppress(Exception):
-                remove_placement_group(pg)
+        if not self.actors and not self.placement:
+            return
+        pooled = self.pool is not None and self.finished and not self.dead and self.pool.connected()
+        if pooled:
+            self.pool.give_back(
+                [
+                    (*self.bundles[(gid, r)], a)
+                    for gid, actors in self.actors.items()
+                    for r, a in enumerate(actors)
+                ],
+                self.placement if self.owns_placement else None,
+                self.shape,
+            )
+        else:
+            for actors in self.actors.values():
+                for a in actors:
+                    with contextlib.suppress(Exception):  # already dead
+                        ray.kill(a)
+            for pg in self.placement if self.owns_placement else []:
+                with contextlib.suppress(Exception):
+                    remove_placement_group(pg)
         self.actors.clear()
         self.placement = []

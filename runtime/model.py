@@ -123,6 +123,7 @@ def scale_spec(
         "ffn_hidden": 2 * hidden,
         "ffn_projections": 3,
         "vocab": vocab,
+        "checkpoint": "",  # a scaled model has seeded weights, whatever the plan's model was
     }
     if isinstance(scale, dict):
         known = set(ModelSpec.__dataclass_fields__)

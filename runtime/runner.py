@@ -34,6 +34,7 @@ from ..ir.hardware import Hardware
 from ..solvers.result import Result
 from .binding import Binding, bind, check_specs, run_specs
 from .liveness import DEFAULT_STALL_S, RunError
+from .pool import start_local_ray
 from .report import RunReport, predict, scaled_problem, segment_trace
 from .rl import RLConfig
 from .trace import expected_graph, plan_hash
@@ -243,6 +244,7 @@ def run(
     plan.cfg = replace(plan.cfg, use_gpu=_use_gpu(result), keep_versions=_kept_versions(plan.segments))
     state = _RunState(offset=plan.cfg.step_offset)
     failed: RunError | None = None
+    ran = False
     try:
         _run_segments(
             plan,
@@ -252,10 +254,12 @@ def run(
             replan_method=replan_method,
             return_weights=return_weights,
         )
+        ran = True
     except RunError as exc:
         failed = exc
     finally:
         for c in reversed(state.controllers):
+            c.finished = c.finished and ran  # a failed run's workers are never pooled
             c.stop()
         if started:
             ray.shutdown()
@@ -534,14 +538,29 @@ def _start_segment(
             {"seconds": ctl.setup_s, "groups": len(binding.groups), "segment": seg, "workers": ctl.workers()},
         )
     if prev is not None:
+        # a new generation replica starts a rollout engine: the transition cost counts the start-up
+        # the current plan's engines took (measured), c_engine of costmodel.transition
+        engine_s = engine_start_s(prev)
         if tplan is None:  # after a device loss: from the intact units to the new plan
             tplan = plan_transition(
                 state.units,
                 physical_units(res, binding.graph, state.device_base),
                 plan.result.cluster,
                 method=transition_method,
+                engine_start=engine_s or 0.0,
+            )
+        elif engine_s:
+            tplan = plan_transition(
+                prev.b.result.plan,
+                res.plan,
+                plan.result.cluster,
+                graph=prev.b.graph,
+                method=transition_method,
+                engine_start=engine_s,
             )
         rec = execute_transition(prev, ctl, tplan, state.offset, state.alias, state.old_steps)
+        rec.engine_start_predicted_s = engine_s or 0.0
+        rec.engine_start_s = engine_start_s(ctl) or 0.0
         state.transitions.append(rec)
         if progress:
             progress("transition", rec.to_dict())
@@ -552,6 +571,19 @@ def _start_segment(
     if seg == 0 and plan.resume is not None:
         _restore(ctl, plan.resume)
     return ctl
+
+
+def engine_start_s(ctl: Any) -> float | None:
+    """Longest start-up (seconds) of the rollout engines a controller's workers started — vLLM's
+    processes, model load, KV cache and warm-up, measured on the worker — or ``None`` when none
+    runs (``rollout_engine="torch"``)."""
+    starts = [
+        float(r["rollout_engine"]["start_s"])
+        for g in ctl.group_info.values()
+        for r in g["ranks"]
+        if r.get("rollout_engine")
+    ]
+    return max(starts) if starts else None
 
 
 def _recover(
@@ -618,34 +650,6 @@ def _report(plan: _RunPlan, state: _RunState) -> RunReport:
         traces,
         state.transitions,
         state.recoveries,
-    )
-
-
-def start_local_ray(devices: int, num_cpus: int | None = None) -> None:
-    """Start a local Ray instance for a run on ``devices`` devices: one ``rpeg_device`` resource
-    per device, no dashboard, and worker processes at the driver's priority.
-
-    Ray starts its worker processes with niceness 15 by default; the runtime's workers *are*
-    the job, and niced they starve behind any other load on the machine (a loaded 2-core host
-    ran a 2-step run for minutes), so they run at niceness 0 here. A cluster joined with
-    ``address`` keeps its own setting (``RAY_worker_niceness`` when it was started).
-
-    Parameters
-    ----------
-    devices
-        Devices of the plan (``rpeg_device`` resources).
-    num_cpus
-        CPUs Ray may schedule (default: the machine's, at least 2).
-    """
-    import ray
-
-    ray.init(
-        num_cpus=num_cpus or max(2, os.cpu_count() or 2),
-        resources={"rpeg_device": devices},
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-        _system_config={"worker_niceness": 0},
     )
 
 

@@ -64,6 +64,11 @@ class TransitionRecord:
         export, the primitives, hand-over — and of the whole transition.
     handover_bytes
         Bytes copied between the two plans' workers in the hand-over.
+    engine_start_predicted_s, engine_start_s
+        With vLLM rollouts: the engine start-up the transition plan charged each new generation
+        replica (``c_engine``, measured on the current plan's engines), and the longest start-up
+        of the target's engines, measured. The target's engines start with its workers, before
+        the primitives run, so :attr:`total_s` does not include it. 0 without engines.
     """
 
     step: int
@@ -78,6 +83,8 @@ class TransitionRecord:
     handover_s: float = 0.0
     total_s: float = 0.0
     handover_bytes: int = 0
+    engine_start_predicted_s: float = 0.0
+    engine_start_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

@@ -123,6 +123,10 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
             first=self.mesh.first,
             last=self.mesh.last,
         )
+        if group.spec.checkpoint:  # the plan's model, with the user's weights (full size)
+            from .engines.hf_models import load_stage_weights
+
+            load_stage_weights(model, group.spec.checkpoint)
         if group.tp > 1:
             from torch.distributed.tensor.parallel import parallelize_module
 

@@ -198,6 +198,7 @@ def plan_transition(
     setup: float = DEFAULT_SETUP_S,
     teardown: float = DEFAULT_TEARDOWN_S,
     solver: str = "highs",
+    engine_start: float = 0.0,
 ) -> TransitionPlan:
     """Plan the move from ``current`` to ``target`` (module docstring).
 
@@ -224,6 +225,9 @@ def plan_transition(
         Communicator set-up and Destroy teardown seconds of the cost model.
     solver
         Pyomo solver for ``"milp"``.
+    engine_start
+        Seconds to start the rollout engine of each generation replica a primitive creates
+        (``c_engine`` of :mod:`~rpeg.costmodel.transition`; 0: generation needs no engine).
 
     Returns
     -------
@@ -244,13 +248,17 @@ def plan_transition(
     time_limit = _check_arguments(
         current, target, cluster, graph, workload, method, time_limit, seed, threads
     )
+    if not (
+        isinstance(engine_start, (int, float)) and not isinstance(engine_start, bool) and engine_start >= 0
+    ):
+        raise ValueError(f"engine_start must be a non-negative number of seconds, got {engine_start!r}")
     if resolution is not None and not resolution > 0:
         raise ValueError(f"resolution must be a positive number of seconds, got {resolution!r}")
     check_target(target, cluster, graph, workload)
     cur = _collection(current, cluster, graph, workload, "current")
     tgt = _collection(target, cluster, graph, workload, "target")
     dag = transition_dag(cur, tgt)
-    durations = primitive_times(dag, cluster, setup=setup, teardown=teardown)
+    durations = primitive_times(dag, cluster, setup=setup, teardown=teardown, engine_start=engine_start)
     caps = gpu_capacities(dag, cluster, capacity)
     cp = critical_path(dag, durations)
     if method == "greedy":

@@ -28,11 +28,28 @@ __all__ = [
     "CHECKPOINT_FILE",
     "FamilyModules",
     "causal_lm",
+    "check_checkpoint_dir",
     "family_modules",
     "hf_config",
     "load_checkpoint",
+    "load_stage_weights",
     "save_checkpoint",
 ]
+
+
+def _no_grad(fn: Any) -> Any:
+    """``torch.no_grad()`` around ``fn``, importing torch only when it is called."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
 
 #: The weights file of a checkpoint written by :func:`save_checkpoint`.
 CHECKPOINT_FILE = "model.safetensors"
@@ -83,8 +100,21 @@ def hf_config(spec: ModelSpec, *, max_positions: int = 4096) -> Any:
     θ = 10⁴, SiLU-gated FFN, float32, untied embeddings (a tie across pipeline stages would couple
     two stages' updates: see :class:`~rpeg.runtime.model.StageModel`), no sliding window, SDPA
     attention (causal without a mask). Qwen2 keeps its q/k/v biases.
+
+    A spec with a :attr:`~rpeg.ir.models.ModelSpec.checkpoint` gets that directory's own
+    ``config.json`` instead (its RoPE θ and scaling, norm ε, positions), with the same
+    overrides: float32, untied embeddings, no sliding window, SDPA.
     """
     transformers = require("transformers", purpose="the runtime's models")
+    if spec.checkpoint:
+        config = transformers.AutoConfig.from_pretrained(spec.checkpoint, local_files_only=True)
+        config.tie_word_embeddings = False
+        config.dtype = "float32"
+        if spec.family in ("qwen2", "mistral"):
+            config.use_sliding_window = False
+            config.sliding_window = None
+        config._attn_implementation = "sdpa"
+        return config
     extra: dict[str, Any] = {}
     if spec.family == "qwen2":
         extra["use_sliding_window"] = False
@@ -174,14 +204,7 @@ def load_checkpoint(directory: str | Path) -> tuple[ModelSpec, dict[str, torch.T
     if not path.is_dir():
         raise InputError(f"{path}: a model checkpoint must be a directory with config.json and *.safetensors")
     spec = ModelSpec.from_hf_config(path)
-    model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    if model_type not in FAMILIES:
-        raise InputError(
-            f"{path / 'config.json'}: field 'model_type' must be one of {', '.join(FAMILIES)} for the "
-            f"runtime, got {model_type!r}",
-            source=str(path / "config.json"),
-            field="model_type",
-        )
+    _check_model_type(path, str(path / "config.json"))
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise InputError(f"{path}: no *.safetensors weights in the checkpoint directory", source=str(path))
@@ -198,6 +221,122 @@ def load_checkpoint(directory: str | Path) -> tuple[ModelSpec, dict[str, torch.T
             source=str(path),
         )
     return spec, {k: state[k] for k in _expected_names(spec)}
+
+
+#: Shape fields a checkpoint directory must still have to run the plan made from it.
+_SHAPE = ("layers", "hidden", "ffn_hidden", "vocab", "heads", "kv_heads", "head_dim", "tied_embeddings")
+
+
+def _checkpoint_keys(path: Path) -> dict[str, Path]:
+    """Tensor name → the safetensors file of ``path`` holding it (headers only)."""
+    safetensors = require("safetensors", purpose="Hugging Face checkpoints")
+    keys: dict[str, Path] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        with safetensors.safe_open(str(f), framework="pt") as handle:
+            keys.update(dict.fromkeys(handle.keys(), f))
+    return keys
+
+
+def _check_model_type(path: Path, where: str) -> None:
+    """``InputError`` unless ``path/config.json``'s ``model_type`` is an architecture the runtime
+    builds (:data:`~rpeg.ir.models.FAMILIES`); the message starts with ``where``."""
+    model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    if model_type not in FAMILIES:
+        raise InputError(
+            f"{where}: field 'model_type' must be one of {', '.join(FAMILIES)} for the runtime, got {model_type!r}",
+            source=str(path / "config.json"),
+            field="model_type",
+        )
+
+
+def check_checkpoint_dir(spec: ModelSpec, model: str) -> None:
+    """Check, before any worker starts, that ``spec.checkpoint`` can run model ``model``: the
+    directory exists, its ``config.json`` is one of :data:`~rpeg.ir.models.FAMILIES` with the
+    plan's shape (it may have changed since planning), and its safetensors files hold every
+    tensor of that shape (headers only are read). ``lm_head.weight`` may be absent with tied
+    embeddings; a ``score.weight`` (a sequence-classification head with one label) becomes a
+    critic's or reward model's ``value_head``.
+
+    Raises
+    ------
+    InputError
+        Naming the model, the directory and what is missing or different.
+    """
+    path = Path(spec.checkpoint)
+    where = f"model {model!r}: checkpoint {str(path)!r}"
+    if not path.is_dir():
+        raise InputError(f"{where} is not a directory (config.json and *.safetensors)", source=str(path))
+    try:
+        found = ModelSpec.from_hf_config(path)
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}", source=str(path)) from None
+    _check_model_type(path, f"{where}: config.json")
+    for field in (*_SHAPE, "family"):
+        if getattr(found, field) != getattr(spec, field):
+            raise InputError(
+                f"{where} no longer matches the plan: {field} is {getattr(found, field)!r} in the "
+                f"directory, {getattr(spec, field)!r} in the plan (plan again from the directory)",
+                source=str(path / "config.json"),
+                field=field,
+            )
+    keys = _checkpoint_keys(path)
+    if not keys:
+        raise InputError(f"{where} holds no *.safetensors weights", source=str(path))
+    want = [n for n in _expected_names(spec) if not (n == "lm_head.weight" and spec.tied_embeddings)]
+    missing = [n for n in want if n not in keys]
+    if missing:
+        raise InputError(
+            f"{where}: the safetensors files lack {len(missing)} of the model's tensors, e.g. {missing[:3]}",
+            source=str(path),
+        )
+
+
+@_no_grad
+def load_stage_weights(model: Any, directory: str | Path) -> list[str]:
+    """Copy a checkpoint's tensors into a :class:`~rpeg.runtime.model.StageModel` (or any module
+    with the ``…ForCausalLM`` parameter names) before it is sharded: only the tensors of the
+    parameters it holds are read (``safe_open``), in float32. ``lm_head.weight`` comes from
+    ``model.embed_tokens.weight`` when the checkpoint ties them; a one-label ``score.weight``
+    fills ``value_head.weight``. Returns the parameters left as they were (the value head of a
+    critic started from a causal LM: it keeps its seeded start).
+
+    Raises
+    ------
+    InputError
+        A parameter other than the value head has no tensor in the directory, or a tensor's shape
+        differs from the parameter's.
+    """
+    safetensors = require("safetensors", purpose="Hugging Face checkpoints")
+    path = Path(directory)
+    keys = _checkpoint_keys(path)
+    alias = {"value_head.weight": "score.weight"}
+    if "lm_head.weight" not in keys:
+        alias["lm_head.weight"] = "model.embed_tokens.weight"
+    kept: list[str] = []
+    handles: dict[Path, Any] = {}
+    try:
+        for name, param in model.named_parameters():
+            key = name if name in keys else alias.get(name, name)
+            if key not in keys:
+                if name.startswith("value_head."):
+                    kept.append(name)
+                    continue
+                raise InputError(f"checkpoint {str(path)!r} has no tensor {name!r}", source=str(path))
+            f = keys[key]
+            if f not in handles:
+                handles[f] = safetensors.safe_open(str(f), framework="pt").__enter__()
+            tensor = handles[f].get_tensor(key)
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise InputError(
+                    f"checkpoint {str(path)!r}: tensor {key!r} has shape {tuple(tensor.shape)}, the model's "
+                    f"{name!r} {tuple(param.shape)}",
+                    source=str(path),
+                )
+            param.copy_(tensor.float())
+    finally:
+        for h in handles.values():
+            h.__exit__(None, None, None)
+    return kept
 
 
 def causal_lm(spec: ModelSpec, state: dict[str, torch.Tensor]) -> Any:

@@ -2,8 +2,10 @@
 tests that need the same uninterrupted run, and ``cpu_burner`` to load the machine.
 
 Worker start-up is what runtime tests spend their time on (one process per worker, each
-importing torch: about 1.5 CPU-seconds on the 2-core machine), so a run that several tests
-compare against is made once per session (:func:`clean_run`).
+importing torch and transformers' model code: about 4 CPU-seconds on the 2-core machine), so the
+session keeps finished runs' worker processes for the next run (:class:`rpeg.runtime.pool.
+WorkerPool`; a pooled process computes what a fresh one does, tests/runtime/test_pool.py), and a
+run that several tests compare against is made once per session (:func:`clean_run`).
 """
 
 from __future__ import annotations
@@ -16,19 +18,22 @@ import pytest
 
 from tests.runtime.burner import Burner, start_burner
 
-RAY_DEVICES = 4  # the largest plan the runtime tests run (1x1x4); smaller plans use a subset
+#: ``rpeg_device`` resources of the session's instance: the largest plan the runtime tests run
+#: has 4 devices, and the pool keeps the placement groups of a 1-, a 2- and a 4-device plan side
+#: by side (CPU slots, not real devices).
+RAY_DEVICES = 8
 
 
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
-    """A local Ray instance (4 ``rpeg_device`` resources, 2 CPUs) from the first runtime module
-    that asks for it to the end of the session."""
-    ray = pytest.importorskip("ray")
-    from rpeg.runtime.runner import start_local_ray
+    """A local Ray instance (:data:`RAY_DEVICES` ``rpeg_device`` resources, 2 CPUs) with a
+    :class:`~rpeg.runtime.pool.WorkerPool` from the first runtime module that asks for it to the
+    end of the session."""
+    pytest.importorskip("ray")
+    from rpeg.runtime.pool import WorkerPool
 
-    start_local_ray(RAY_DEVICES, num_cpus=2)
-    yield
-    ray.shutdown()
+    with WorkerPool(RAY_DEVICES, num_cpus=2, max_idle=16):
+        yield
 
 
 _RUNS: dict[str, Any] = {}

@@ -61,9 +61,41 @@ def test_cpsat_schedules_on_ticks_no_longer_than_the_rounded_greedy():
         ({"threads": 0}, ValueError, r"threads must be a positive integer"),
         ({"method": 3}, TypeError, r"method must be a transition method name"),
         ({"graph": "g"}, TypeError, r"graph must be an RPEG"),
+        (
+            {"engine_start": -1.0},
+            ValueError,
+            r"engine_start must be a non-negative number of seconds, got -1.0",
+        ),
+        (
+            {"engine_start": math.nan},
+            ValueError,
+            r"engine_start must be a non-negative number of seconds, got nan",
+        ),
     ],
 )
 def test_bad_arguments_are_named(kw, exc, pattern):
     w, c, cur, tgt = _two_plans()
     with pytest.raises(exc, match=pattern):
         plan_transition(cur, tgt, c, **{"workload": w, **kw})
+
+
+def test_engine_start_is_charged_to_each_primitive_that_creates_a_generation_replica():
+    from rpeg.costmodel.transition import creates_generation
+    from tests.runtime.plans import AFTER, BEFORE, hand, workload
+
+    # generation TP 1 → 2 and critic training DP 2 → 4 (the runtime's transition example)
+    w = workload("ppo")
+    a, b = (
+        hand(w, "1x1x4", BEFORE, (("actor", 0), ("critic", 0))),
+        hand(w, "1x1x4", AFTER, (("actor", 0), ("critic", 0))),
+    )
+    c, cur, tgt = a.cluster, a.plan, b.plan
+    plain = plan_transition(cur, tgt, c, workload=w)
+    started = plan_transition(cur, tgt, c, workload=w, engine_start=30.0)
+    gen = [creates_generation(p) for p in plain.dag.primitives]
+    assert any(gen) and not all(gen)  # the plans differ in generation and in something else
+    for is_gen, a, b in zip(gen, plain.durations, started.durations):
+        assert b == pytest.approx(a + 30.0 if is_gen else a)
+    assert started.l_tran >= plain.l_tran + 30.0 - 1e-9 and started.check() == []
+    # staying put starts nothing
+    assert plan_transition(cur, cur, c, workload=w, engine_start=30.0).l_tran == 0.0

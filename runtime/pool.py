@@ -1,0 +1,325 @@
+"""Worker processes: the Ray actor every worker runs in, and a pool that keeps idle ones for
+the next run (:class:`WorkerPool`).
+
+Starting a worker is mostly starting its process: a Python interpreter that imports torch and
+transformers' model code, about 4 CPU-seconds on the 2-core machine (docs/runtime.md), so a
+9-worker plan spends some 30 s before its first rank builds a model. A job that runs several
+plans in one Ray session — a sweep, a benchmark, a test suite — can keep the processes: inside
+``with WorkerPool(): ...`` a finished run hands its workers back instead of killing them, and the
+next run takes them on the same devices.
+
+What a pooled process keeps and what it does not:
+
+* A run that finishes cleanly returns its workers. Each leaves its process group and drops its
+  model, optimizer and task (:meth:`WorkerProcess.reset`); nothing of the run stays but imported
+  modules. Every random choice of a worker comes from generators seeded from the run's ``seed``,
+  never from process state, so a pooled process computes bit for bit what a fresh one does
+  (tests/runtime/test_pool.py compares the final weights).
+* A run that failed (a raised node, a lost worker, a stall) kills all of its workers, as without
+  a pool: a rank of a failed group may still sit in a collective.
+* A process that started a vLLM engine is killed rather than kept: vLLM keeps per-process state
+  that is not meant to be set up twice.
+* Processes are keyed by the placement-group bundle (the device) they reserve. The pool keeps the
+  placement groups of finished runs too, by shape (resource, devices per group, groups); a run of
+  another shape that needs their devices evicts them (their workers are killed first).
+
+The pool keeps at most ``max_idle`` idle processes (the oldest beyond that are killed); each
+holds the memory of an interpreter with torch imported. Leaving the ``with`` block kills them
+and removes the placement groups; a pool that started Ray (no instance was running) shuts it
+down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import sys
+from collections import OrderedDict
+from typing import Any
+
+__all__ = ["WorkerPool", "WorkerProcess", "active_pool", "start_local_ray"]
+
+#: Seconds a returned worker may take to leave its run before it is killed instead of kept.
+RESET_S = 120.0
+
+
+class WorkerProcess:
+    """Ray actor shell around :class:`~rpeg.runtime.worker.Worker`: created cheaply, answers
+    :meth:`hello` (rank 0 also opens the group's rendezvous store), then :meth:`setup` joins the
+    group's process group (all ranks at once); :meth:`reset` leaves it again so that the process
+    can serve another run (:class:`WorkerPool`)."""
+
+    def __init__(self) -> None:
+        self.worker = None
+        self.store = None
+        self.runs = 0
+
+    def hello(self, world: int = 0, timeout_s: float = 1800.0) -> dict[str, Any]:
+        """``pid`` and ``host`` of this process; with ``world > 0`` also open a TCPStore for a
+        group of ``world`` ranks on a port the OS picks (port 0: no pick-then-bind race) and
+        return its ``master`` address."""
+        import datetime
+        import socket
+
+        import ray
+
+        out: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "master": None}
+        if world > 0:
+            import torch.distributed as dist
+
+            host = ray.util.get_node_ip_address()
+            timeout = datetime.timedelta(seconds=timeout_s)
+            self.store = dist.TCPStore(host, 0, world, True, timeout, wait_for_workers=False)
+            out["master"] = f"{host}:{self.store.port}"
+        return out
+
+    def setup(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        from .worker import Worker
+
+        self.worker = Worker(*args, store=self.store, **kwargs)
+        self.store = None  # the process group holds it now
+        self.runs += 1
+        return self.worker.info()
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.worker, method)(*args)
+
+    def op(self, node: dict[str, Any], inputs: dict[str, list]) -> tuple[Any, Any, Any]:
+        return self.worker.op(node, inputs)
+
+    def reset(self) -> bool:
+        """Leave the run: stop the rollout engine, leave the process group, drop the worker and
+        everything it held. Returns whether the process may serve another run (``False`` once
+        it has started a vLLM engine)."""
+        worker, self.worker, self.store = self.worker, None, None
+        if worker is not None:
+            worker.shutdown()
+        del worker
+        gc.collect()
+        return "vllm" not in sys.modules
+
+
+_ACTIVE: WorkerPool | None = None
+
+
+def active_pool() -> WorkerPool | None:
+    """The innermost :class:`WorkerPool` entered in this process and still connected to the
+    running Ray instance, else ``None``."""
+    if _ACTIVE is None or not _ACTIVE.connected():
+        return None
+    return _ACTIVE
+
+
+def _ray_instance() -> str | None:
+    """The running Ray instance (its GCS address), ``None`` when Ray is not initialised."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    return str(ray.get_runtime_context().gcs_address)
+
+
+class WorkerPool:
+    """Keep the worker processes of finished runs for the next run (see the module docstring).
+
+    Use as a context manager around the runs::
+
+        with WorkerPool():
+            report_a = rpeg.run(plan_a, steps=3)
+            report_b = rpeg.run(plan_b, steps=3)  # on plan_a's processes where devices match
+
+    Parameters
+    ----------
+    devices
+        ``rpeg_device`` resources of the local Ray instance the pool starts when Ray is not
+        running (the most devices any run inside needs); ignored when Ray runs. Required then.
+    max_idle
+        Most idle processes kept; the oldest beyond it are killed.
+    num_cpus
+        CPUs of the local instance the pool starts (:func:`start_local_ray`).
+
+    Raises
+    ------
+    ValueError
+        ``max_idle < 0``, or Ray is not running and ``devices`` was not given (on entering).
+    """
+
+    def __init__(
+        self, devices: int | None = None, *, max_idle: int = 16, num_cpus: int | None = None
+    ) -> None:
+        if not isinstance(max_idle, int) or max_idle < 0:
+            raise ValueError(f"max_idle must be an integer >= 0, got {max_idle!r}")
+        if devices is not None and (not isinstance(devices, int) or devices < 1):
+            raise ValueError(f"devices must be a positive integer, got {devices!r}")
+        self.devices, self.max_idle, self.num_cpus = devices, max_idle, num_cpus
+        self._instance: str | None = None
+        self._started_ray = False
+        self._previous: WorkerPool | None = None
+        #: idle placement-group sets, oldest first: ``(resource, per_node, groups) → [pg, ...]``
+        self._placements: list[tuple[tuple[str, int, int], list[Any]]] = []
+        #: idle processes, oldest first: actor → (placement group id, bundle index)
+        self._idle: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+        #: processes handed out again (a measure of what the pool saved)
+        self.reused = 0
+
+    # ------------------------------------------------------------------ lifetime
+    def __enter__(self) -> WorkerPool:
+        global _ACTIVE
+        if _ray_instance() is None:
+            if self.devices is None:
+                raise ValueError(
+                    "WorkerPool: Ray is not running; give devices= (the most devices a run needs) "
+                    "to start a local instance, or call ray.init() first"
+                )
+            start_local_ray(self.devices, self.num_cpus)
+            self._started_ray = True
+        self._instance = _ray_instance()
+        self._previous, _ACTIVE = _ACTIVE, self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _ACTIVE
+        _ACTIVE = self._previous
+        self.close()
+        if self._started_ray:
+            import ray
+
+            ray.shutdown()
+            self._started_ray = False
+
+    def connected(self) -> bool:
+        """Whether the Ray instance the pool was entered in still runs (its handles are valid)."""
+        return self._instance is not None and _ray_instance() == self._instance
+
+    def close(self) -> None:
+        """Kill every idle process and remove every idle placement group."""
+        if not self.connected():  # Ray is gone, and with it every process and group
+            self._idle.clear()
+            self._placements.clear()
+            return
+        for actor in list(self._idle):
+            _kill(actor)
+        self._idle.clear()
+        while self._placements:
+            _remove(self._placements.pop(0)[1])
+
+    @property
+    def idle(self) -> int:
+        """Idle processes kept."""
+        return len(self._idle)
+
+    # ------------------------------------------------------------------ taking
+    def take_placement(self, resource: str, per_node: int, groups: int) -> list[Any] | None:
+        """Idle placement groups of this shape (``groups`` groups of ``per_node`` bundles of
+        ``resource``), taken out of the pool; ``None`` when there are none — then idle sets of
+        other shapes (of this pool, then of the pools it is nested in) are evicted, oldest
+        first, until the Ray cluster has the devices free for new ones."""
+        import ray
+
+        key = (resource, per_node, groups)
+        for i, (k, pgs) in enumerate(self._placements):
+            if k == key:
+                del self._placements[i]
+                return pgs
+        need = per_node * groups
+        pool: WorkerPool | None = self
+        while pool is not None:  # this pool first, then the pools it is nested in
+            while pool._placements and ray.available_resources().get(resource, 0) < need:
+                pool._evict(pool._placements.pop(0)[1])
+            pool = pool._previous
+        return None
+
+    def take_worker(self, pg: Any, bundle: int) -> Any | None:
+        """An idle process reserving bundle ``bundle`` of placement group ``pg``, or ``None``."""
+        for actor, where in self._idle.items():
+            if where == (pg.id, bundle):
+                del self._idle[actor]
+                self.reused += 1
+                return actor
+        return None
+
+    # ------------------------------------------------------------------ giving back
+    def give_back(
+        self,
+        workers: list[tuple[Any, int, Any]],
+        placement: list[Any] | None = None,
+        shape: tuple[str, int, int] | None = None,
+    ) -> None:
+        """Take back the processes of a cleanly finished run: ``(placement group, bundle,
+        actor)`` each; every one leaves its run (:meth:`WorkerProcess.reset`) and is kept if it
+        answers within :data:`RESET_S` and may be reused, else killed. ``placement`` (with its
+        ``shape``) is kept for the next run of that shape."""
+        import ray
+
+        refs = {a.reset.remote(): (pg, bundle, a) for pg, bundle, a in workers}
+        done, late = ray.wait(list(refs), num_returns=len(refs), timeout=RESET_S) if refs else ([], [])
+        for ref in late:
+            _kill(refs[ref][2])
+        for ref in done:
+            pg, bundle, actor = refs[ref]
+            try:
+                reusable = bool(ray.get(ref))
+            except Exception:  # the process is gone or its worker could not stop
+                reusable = False
+            if reusable:
+                self._idle[actor] = (pg.id, bundle)
+            else:
+                _kill(actor)
+        while len(self._idle) > self.max_idle:
+            actor, _ = self._idle.popitem(last=False)
+            _kill(actor)
+        if placement:
+            self._placements.append((shape, list(placement)))
+
+    def _evict(self, pgs: list[Any]) -> None:
+        """Kill the idle processes in ``pgs`` and remove the groups."""
+        ids = {pg.id for pg in pgs}
+        for actor, (pid, _) in list(self._idle.items()):
+            if pid in ids:
+                del self._idle[actor]
+                _kill(actor)
+        _remove(pgs)
+
+
+def _kill(actor: Any) -> None:
+    import ray
+
+    with contextlib.suppress(Exception):  # already dead
+        ray.kill(actor)
+
+
+def _remove(pgs: list[Any]) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    for pg in pgs:
+        with contextlib.suppress(Exception):
+            remove_placement_group(pg)
+
+
+def start_local_ray(devices: int, num_cpus: int | None = None) -> None:
+    """Start a local Ray instance for a run on ``devices`` devices: one ``rpeg_device`` resource
+    per device, no dashboard, and worker processes at the driver's priority.
+
+    Ray starts its worker processes with niceness 15 by default; the runtime's workers *are*
+    the job, and niced they starve behind any other load on the machine (a loaded 2-core host
+    ran a 2-step run for minutes), so they run at niceness 0 here. A cluster joined with
+    ``address`` keeps its own setting (``RAY_worker_niceness`` when it was started).
+
+    Parameters
+    ----------
+    devices
+        Devices of the plan (``rpeg_device`` resources).
+    num_cpus
+        CPUs Ray may schedule (default: the machine's, at least 2).
+    """
+    import ray
+
+    ray.init(
+        num_cpus=num_cpus or max(2, os.cpu_count() or 2),
+        resources={"rpeg_device": devices},
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        _system_config={"worker_niceness": 0},
+    )
