@@ -234,14 +234,17 @@ def main(argv: list[str] | None = None) -> None:
         lines = generation(args.scales.split(","), args.batch, args.tokens)
         if not args.no_write:
             write_section("engines-generation", lines)
-    if "acceptance" in parts:
-        lines = acceptance(args.steps, args.methods.split(","), args.algorithms.split(","))
-        if not args.no_write:
-            write_section("engines-acceptance", lines)
-    if "transition" in parts:
-        lines = transition(max(3, args.steps))
-        if not args.no_write:
-            write_section("engines-transition", lines)
+    from rpeg.runtime.pool import WorkerPool
+
+    with WorkerPool(devices=4):  # the runs share worker processes (not the vLLM ones)
+        if "acceptance" in parts:
+            lines = acceptance(args.steps, args.methods.split(","), args.algorithms.split(","))
+            if not args.no_write:
+                write_section("engines-acceptance", lines)
+        if "transition" in parts:
+            lines = transition(max(3, args.steps))
+            if not args.no_write:
+                write_section("engines-transition", lines)
 
 
 if __name__ == "__main__":

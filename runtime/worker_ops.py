@@ -411,7 +411,7 @@ class WorkerOps:
         global token count; DPO: its pair count): PPO's clipped surrogate for a policy head (plus
         GRPO's ``k3`` KL term; ReMax: REINFORCE ``−A·log π``; DPO: the per-sequence split of
         ``−log σ(β·margin)``), the clipped value regression for a value head, both for a shared
-        one.
+        one (the value part weighted by ``value_coef``).
 
         With ``gaps`` (a list), every microbatch appends the health metric of the rollouts it
         trains on: ``max_t |log π_trainer(y_t) − log π_rollout(y_t)|`` over its valid tokens, the
@@ -446,7 +446,7 @@ class WorkerOps:
             if want_value:
                 values = output[:, sl, -1]
                 v_sum, _ = value_loss(values, target[..., _RET], m, target[..., _VAL], cfg.value_clip)
-                loss = loss + v_sum
+                loss = loss + (cfg.value_coef * v_sum if want_policy else v_sum)  # c_v: shared backbone
             return loss / total
 
         return loss_fn

@@ -30,7 +30,15 @@ from ..ir.workload import Workload
 from .costs import Costs
 from .scheduler import Schedule, atoms_of, list_schedule
 
-__all__ = ["BETA_OOM", "AtomMemory", "Evaluation", "Evaluator", "MemoryReport"]
+__all__ = [
+    "BETA_OOM",
+    "AtomMemory",
+    "Evaluation",
+    "Evaluator",
+    "MemoryReport",
+    "node_identity",
+    "start_order",
+]
 
 BETA_OOM = 40.0
 MEMORY_TOL = 1e-9  # relative slack on peak ≤ M_eff for float round-off
@@ -97,6 +105,33 @@ class MemoryReport:
             for d in mask_devices(a):
                 out[d] = p
         return out
+
+
+def node_identity(g: ExecGraph, i: int) -> tuple[int, int, int, int, int]:
+    """``(kind, vertex, source, step, phase)`` of node ``i``: what identifies it across lowerings
+    of one plan (the exact models key their start times by it)."""
+    return (g.kind[i], g.vertex[i], g.source[i], g.step[i], g.phase[i])
+
+
+def start_order(g: ExecGraph, starts: dict[tuple, float]) -> list[int]:
+    """The node ids of ``g`` sorted by ``(starts[identity], duration, id)``: an activity list
+    consistent with the precedences and device order of any schedule whose durations are at
+    least ``g``'s. Among nodes starting at one instant the zero-length ones (done at that
+    instant) come first, then the rest; ids are a topological order, so a zero-length
+    predecessor at the same instant precedes its successor.
+
+    Raises
+    ------
+    ValueError
+        A node of ``g`` has no start in ``starts`` (naming it).
+    """
+    keys = []
+    for i in range(len(g)):
+        ident = node_identity(g, i)
+        if ident not in starts:
+            raise ValueError(f"the schedule to follow has no start for node {i} {ident} of the lowered plan")
+        keys.append((starts[ident], g.duration[i], i))
+    return [i for *_, i in sorted(keys)]
 
 
 @dataclass
@@ -233,7 +268,9 @@ class Evaluator:
         return MemoryReport(atoms, peaks, self.cluster.hardware.m_eff, details)
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, plan: Plan, *, keep: bool = False) -> Evaluation:
+    def evaluate(
+        self, plan: Plan, *, keep: bool = False, starts: dict[tuple, float] | None = None
+    ) -> Evaluation:
         """Unroll (cached), lower, cost, schedule and score ``plan``.
 
         Parameters
@@ -242,10 +279,21 @@ class Evaluator:
             One choice per vertex of :attr:`graph`.
         keep
             Keep the lowered graph and schedule in the result.
+        starts
+            A schedule to follow: start (s) per lowered-node identity
+            ``(kind, vertex, source, step, phase)`` (an exact model's, ``PlanSolution.starts``).
+            The nodes are then list-scheduled in the order of those starts
+            (:func:`~rpeg.scoring.scheduler.list_schedule` with ``order``, :func:`start_order`)
+            instead of by the EST-first rule.
+
+        Raises
+        ------
+        ValueError
+            ``starts`` misses a node of the lowered graph.
         """
         self.evaluations += 1
         g = lower(self.unrolled, plan, self.workload.quantiles, self.costs, split_phases=self.split_phases)  # type: ignore[arg-type]
-        sched = list_schedule(g)
+        sched = list_schedule(g, start_order(g, starts) if starts is not None else None)
         ms = sched.makespan
         raw = self._work / ms if ms > 0 else math.inf
         util = sched.busy_device_seconds() / (self.cluster.num_devices * ms) if ms > 0 else 0.0

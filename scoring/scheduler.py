@@ -96,13 +96,30 @@ def atoms_of(masks: set[int] | list[int]) -> list[int]:
     return sorted(atoms)
 
 
-def list_schedule(g: ExecGraph) -> Schedule:
+def list_schedule(g: ExecGraph, order: list[int] | None = None) -> Schedule:
     """Schedule ``g`` greedily (SPEC §7); node ids must be a topological order.
+
+    Parameters
+    ----------
+    g
+        The lowered graph with durations.
+    order
+        An activity list (every node id once): nodes are then scheduled in this order among
+        those whose predecessors are scheduled — the serial schedule-generation scheme — each
+        at its earliest start ``EST(i)`` (module docstring), no node jumping ahead of an earlier
+        one. Listing the nodes by the start times of a schedule whose durations are at least
+        ``g``'s (an exact model's, rounded up to its ticks) reproduces it or finishes earlier:
+        by induction every node starts no later than there. ``None``: the EST-first rule.
 
     Returns
     -------
     Schedule
         Start/finish per node, makespan, per-atom busy time and the blocker of every node.
+
+    Raises
+    ------
+    ValueError
+        If ``order`` is not a permutation of the node ids, or the graph has a cycle.
     """
     n = len(g.kind)
     dur = g.duration
@@ -148,21 +165,35 @@ def list_schedule(g: ExecGraph) -> Schedule:
 
     heap: list[tuple] = []
     push, pop = heapq.heappush, heapq.heappop
+    position: list[int] | None = None
+    if order is not None:
+        position = [-1] * n
+        for pos, i in enumerate(order):
+            if not 0 <= i < n or position[i] >= 0:
+                raise ValueError(f"order must list every node id 0..{n - 1} once; bad or repeated id {i!r}")
+            position[i] = pos
+        if len(order) != n:
+            raise ValueError(f"order lists {len(order)} of the graph's {n} nodes")
     for i in range(n):
         if indeg[i] == 0:
             est = max([free[a] for a in node_atoms[i]], default=0.0)
-            push(heap, (est, kind[i] == OP, -rank[i], vertex[i], step[i], i))
+            push(
+                heap,
+                (est, kind[i] == OP, -rank[i], vertex[i], step[i], i)
+                if position is None
+                else (position[i], i),
+            )
     done = 0
     while heap:
         item = pop(heap)
-        i = item[5]
+        i = item[-1]
         t = ready_at[i]
         src = why[i]
         for a in node_atoms[i]:
             if free[a] > t:
                 t = free[a]
                 src = last_user[a]
-        if t > item[0]:
+        if position is None and t > item[0]:
             push(heap, (t, *item[1:]))
             continue
         f = t + dur[i]
@@ -187,7 +218,12 @@ def list_schedule(g: ExecGraph) -> Schedule:
                 for a in node_atoms[j]:
                     if free[a] > t2:
                         t2 = free[a]
-                push(heap, (t2, kind[j] == OP, -rank[j], vertex[j], step[j], j))
+                push(
+                    heap,
+                    (t2, kind[j] == OP, -rank[j], vertex[j], step[j], j)
+                    if position is None
+                    else (position[j], j),
+                )
     if done != n:
         raise ValueError(f"executable graph has a cycle: scheduled {done} of {n} nodes")
     makespan = max(finish, default=0.0)

@@ -336,7 +336,17 @@ class Result:
             plan = plan_from_entries(ev, doc["plan"]) if checked.plan else None
         except ValueError as exc:
             raise InputError(f"{source}: {exc}", source=source, field="plan") from None
-        evaluation = ev.evaluate(plan, keep=True) if plan is not None else None
+        extra = dict(doc.get("extra", {}))
+        try:
+            evaluation = (
+                ev.evaluate(plan, keep=True, starts=_followed_starts(extra, source))
+                if plan is not None
+                else None
+            )
+        except ValueError as exc:  # the starts do not cover this plan's lowering
+            raise InputError(
+                f"{source}: field 'extra.model_starts': {exc}", source=source, field="extra"
+            ) from None
         return cls(
             workload=workload,
             cluster=cluster,
@@ -351,7 +361,7 @@ class Result:
             k_eval=checked.k_eval,
             objective_bound=checked.objective_bound,
             message=checked.message,
-            extra=dict(doc.get("extra", {})),
+            extra=extra,
         )
 
     # ------------------------------------------------------------------ chart
@@ -524,6 +534,36 @@ class _ResultFile(_Read):
 
 def _no_json_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _followed_starts(extra: dict[str, Any], source: str) -> dict[tuple, float] | None:
+    """The exact model's starts a result's schedule follows (``extra.schedule == "model"``,
+    ``extra.model_starts``; :func:`rpeg.solvers.exact._follow_model`), else ``None``.
+
+    Raises
+    ------
+    InputError
+        ``model_starts`` is not a list of ``[kind, vertex, source, step, phase, start]``.
+    """
+    if extra.get("schedule") != "model":
+        return None
+    rows = extra.get("model_starts")
+    ok = isinstance(rows, list) and all(
+        isinstance(r, list)
+        and len(r) == 6
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in r[:5])
+        and isinstance(r[5], (int, float))
+        and not isinstance(r[5], bool)
+        for r in rows
+    )
+    if not ok:
+        raise InputError(
+            f"{source}: field 'extra.model_starts' must be a list of [kind, vertex, source, step, phase, start] "
+            f"when extra.schedule is 'model'",
+            source=source,
+            field="extra.model_starts",
+        )
+    return {tuple(r[:5]): float(r[5]) for r in rows}
 
 
 def _problem(doc: _ResultFile, source: str) -> tuple[Workload, Cluster, Structure]:

@@ -69,3 +69,43 @@ def test_a_node_of_a_version_the_worker_lacks_is_refused(binding):
         pytest.raises(RuntimeError, match="holds version 0 of actor but actor_gen step 0 needs 3"),
     ):
         w.op(node(binding, "actor_gen", version=3), {})
+
+
+def test_a_shared_backbone_weights_its_value_loss_by_value_coef():
+    """Actor–critic sharing: the shared model's loss is ``L_policy + c_v·L_value``, affine in
+    ``c_v`` with the (positive) value loss as its slope."""
+    from dataclasses import replace
+
+    from rpeg.costmodel import hardware_preset
+    from rpeg.ir import Cluster, Structure
+    from rpeg.ir.types import Head
+    from rpeg.runtime.rl import RLConfig
+    from rpeg.solvers.result import result_for_plan
+
+    one = ((0, 0, 0), (1, 1, 1), 1, 1, 1, 1)
+    vertices = ("actor_gen", "ref_inf", "reward_inf", "critic_inf", "actor_critic_train")
+    result = result_for_plan(
+        workload("ppo"),
+        Cluster.from_shape("1x1x1", hardware_preset("gh200")),
+        Structure("ppo", True, (("actor_critic", 0),)),
+        dict.fromkeys(vertices, one),
+    )
+    b = bind(result, expected_graph(result, 1), 1, batch=2, prompt_len=4, response_len=4)
+    sh = b.shape
+    n, T, V = sh.sequences, sh.prompt_len + sh.response_len, sh.vocab
+    gen = torch.Generator().manual_seed(0)
+    output = torch.randn(n, T, V + 1, generator=gen)
+    target = torch.zeros(n, sh.response_len, 7)  # _TOK, _OLD, _ADV, _MASK, _REF, _RET, _VAL
+    target[..., 0] = torch.randint(0, V, (n, sh.response_len), generator=gen).float()
+    target[..., 1] = -torch.rand(n, sh.response_len, generator=gen)
+    target[..., 2] = torch.randn(n, sh.response_len, generator=gen)
+    target[..., 3] = 1.0
+    target[..., 5] = torch.randn(n, sh.response_len, generator=gen)
+    with local_worker(b, "actor_critic_train") as w:
+        assert w.group.head is Head.BOTH
+        losses = []
+        for c_v in (0.2, 0.6, 1.0):
+            w.cfg = replace(RLConfig(), value_coef=c_v)
+            losses.append(float(w._loss_fn("ppo", 1.0)(output, target)))
+    assert losses[2] - losses[1] == pytest.approx(losses[1] - losses[0], rel=1e-5)
+    assert losses[1] - losses[0] > 0

@@ -367,3 +367,35 @@ def test_random_dags_schedule_validly_and_as_specified(g):
             assert b in g.preds[i] or g.mask[b] & g.mask[i]
     busy = sum(g.duration[i] * g.mask[i].bit_count() for i in range(len(g)))
     assert s.busy_device_seconds() == pytest.approx(busy)
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_graphs(), st.randoms(use_true_random=False))
+def test_following_a_schedules_order_starts_no_node_later(g, rnd):
+    """The serial scheme over an activity list sorted by a valid schedule's starts (here: the
+    EST-first schedule with every duration stretched, as an exact model's ticks round up; ties:
+    zero-length nodes first, as ``start_order``) starts every node no later than that schedule;
+    any permutation still gives a valid schedule."""
+    stretched = copy.deepcopy(g)
+    stretched.duration = [d + rnd.choice([0.0, 0.5, 1.0]) for d in g.duration]
+    model = list_schedule(stretched)
+    order = sorted(range(len(g)), key=lambda i: (model.start[i], g.duration[i], i))  # as start_order
+    s = list_schedule(g, order)
+    assert check_schedule(g, s) == []
+    assert all(a <= b + 1e-12 for a, b in zip(s.start, model.start))
+    assert s.makespan <= model.makespan + 1e-12
+    shuffled = list(range(len(g)))
+    rnd.shuffle(shuffled)
+    assert check_schedule(g, list_schedule(g, shuffled)) == []
+
+
+def test_an_order_must_list_every_node_once():
+    g = ExecGraph()
+    g.add(OP, 0, -1, 0, 0, 1, 0.0, 1.0, [])
+    g.add(OP, 1, -1, 0, 0, 1, 0.0, 1.0, [0])
+    with pytest.raises(ValueError, match="bad or repeated id 0"):
+        list_schedule(g, [0, 0])
+    with pytest.raises(ValueError, match="lists 1 of the graph's 2 nodes"):
+        list_schedule(g, [1])
+    with pytest.raises(ValueError, match="bad or repeated id 5"):
+        list_schedule(g, [0, 5])

@@ -1,0 +1,75 @@
+"""PPO with actor–critic sharing: how the value-loss weight ``c_v`` of the shared backbone
+(``RLConfig.value_coef``) decides whether the reward keeps rising.
+
+The plan is CP-SAT's for the toy PPO workload of ``tests/runtime/plans.py`` on 1x1x2 GH200
+(``candidates=2, k_eval=2``; it shares one backbone between actor and critic). Each ``c_v`` runs
+``--seeds`` seeds of ``--steps`` steps on the torch engine at scale ``base``, batch 32, every
+other hyper-parameter at its default; the section ``value-coef`` of ``benchmarks/RESULTS.md``
+gets, per ``c_v``, the mean and the smallest final reward and how many runs had a step whose
+mean reward fell by more than 0.1. All runs share one :class:`~rpeg.runtime.pool.WorkerPool`.
+
+    python benchmarks/value_coef.py [--coefs 1,0.5,0.25,0.1] [--seeds 8] [--steps 5] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+from _bench import command, machine, write_section
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the hand-written test plans
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--coefs", default="1,0.5,0.25,0.1")
+    ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--no-write", action="store_true", help="print only; do not update RESULTS.md")
+    args = ap.parse_args(argv)
+
+    from rpeg import solve
+    from rpeg.costmodel import hardware_preset
+    from rpeg.ir.cluster import Cluster
+    from rpeg.runtime.pool import WorkerPool
+    from rpeg.runtime.rl import RLConfig
+    from rpeg.runtime.runner import run
+    from tests.runtime.plans import workload
+
+    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), generation_max_pp=1)
+    result = solve(workload("ppo"), cluster, "cpsat", time_limit=20, seed=0, candidates=2, k_eval=2)
+    rows = [
+        "| c_v | final reward, mean | final reward, smallest | runs with a step falling > 0.1 |",
+        "|---|---|---|---|",
+    ]
+    with WorkerPool(devices=cluster.num_devices):
+        for coef in (float(c) for c in args.coefs.split(",")):
+            finals, falls = [], 0
+            for seed in range(args.seeds):
+                rep = run(result, args.steps, scale="base", batch=32, rl=RLConfig(value_coef=coef), seed=seed)
+                finals.append(rep.rewards[-1])
+                falls += any(b < a - 0.1 for a, b in zip(rep.rewards, rep.rewards[1:]))
+            row = f"| {coef:g} | {statistics.mean(finals):.3f} | {min(finals):.3f} | {falls}/{args.seeds} |"
+            print(row, flush=True)
+            rows.append(row)
+    lines = [
+        "## PPO with a shared actor–critic backbone: the value-loss weight",
+        "",
+        f"`{command('value_coef.py', argv)}` — {machine()}.",
+        "",
+        f"CP-SAT's plan for the toy PPO workload on 1x1x2 ({'shared' if result.structure.ac_sharing else 'separate'} "
+        f"actor–critic), {args.steps} steps × {args.seeds} seeds per weight, torch engine, scale `base`, "
+        "batch 32, lr 1e-2; the shared model minimises `L_policy + c_v·L_value`.",
+        "",
+        *rows,
+    ]
+    print("\n".join(lines))
+    if not args.no_write:
+        write_section("value-coef", lines)
+
+
+if __name__ == "__main__":
+    main()
