@@ -1,8 +1,9 @@
 """PPO with actor–critic sharing: how the value-loss weight ``c_v`` of the shared backbone
 (``RLConfig.value_coef``) decides whether the reward keeps rising.
 
-The plan is CP-SAT's for the toy PPO workload of ``tests/runtime/plans.py`` on 1x1x2 GH200
-(``candidates=2, k_eval=2``; it shares one backbone between actor and critic). Each ``c_v`` runs
+The plans are CP-SAT's (``candidates=2, k_eval=2``) and SA's (20 s, seed 0) for the toy PPO
+workload of ``tests/runtime/plans.py`` on 1x1x2 GH200; both share one backbone between actor and
+critic, SA's with staleness 1. Each ``c_v`` runs
 ``--seeds`` seeds of ``--steps`` steps on the torch engine at scale ``base``, batch 32, every
 other hyper-parameter at its default; the section ``value-coef`` of ``benchmarks/RESULTS.md``
 gets, per ``c_v``, the mean and the smallest final reward and how many runs had a step whose
@@ -40,28 +41,40 @@ def main(argv: list[str] | None = None) -> None:
     from tests.runtime.plans import workload
 
     cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), generation_max_pp=1)
-    result = solve(workload("ppo"), cluster, "cpsat", time_limit=20, seed=0, candidates=2, k_eval=2)
+    plans = {
+        "cpsat": solve(workload("ppo"), cluster, "cpsat", time_limit=20, seed=0, candidates=2, k_eval=2),
+        "sa": solve(workload("ppo"), cluster, "sa", time_limit=20, seed=0),
+    }
     rows = [
-        "| c_v | final reward, mean | final reward, smallest | runs with a step falling > 0.1 |",
-        "|---|---|---|---|",
+        "| plan | structure | c_v | final reward, mean | final reward, smallest | mean reward gain, last − first | runs with a step falling > 0.1 |",
+        "|---|---|---|---|---|---|---|",
     ]
     with WorkerPool(devices=cluster.num_devices):
-        for coef in (float(c) for c in args.coefs.split(",")):
-            finals, falls = [], 0
-            for seed in range(args.seeds):
-                rep = run(result, args.steps, scale="base", batch=32, rl=RLConfig(value_coef=coef), seed=seed)
-                finals.append(rep.rewards[-1])
-                falls += any(b < a - 0.1 for a, b in zip(rep.rewards, rep.rewards[1:]))
-            row = f"| {coef:g} | {statistics.mean(finals):.3f} | {min(finals):.3f} | {falls}/{args.seeds} |"
-            print(row, flush=True)
-            rows.append(row)
+        for method, result in plans.items():
+            st = result.structure
+            where = f"ac={int(st.ac_sharing)} " + " ".join(f"τ({m})={t}" for m, t in st.staleness)
+            for coef in (float(c) for c in args.coefs.split(",")):
+                finals, gains, falls = [], [], 0
+                for seed in range(args.seeds):
+                    rep = run(
+                        result, args.steps, scale="base", batch=32, rl=RLConfig(value_coef=coef), seed=seed
+                    )
+                    finals.append(rep.rewards[-1])
+                    gains.append(rep.rewards[-1] - rep.rewards[0])
+                    falls += any(b < a - 0.1 for a, b in zip(rep.rewards, rep.rewards[1:]))
+                row = (
+                    f"| {method} | {where} | {coef:g} | {statistics.mean(finals):.3f} | {min(finals):.3f} | "
+                    f"{statistics.mean(gains):+.3f} | {falls}/{args.seeds} |"
+                )
+                print(row, flush=True)
+                rows.append(row)
     lines = [
         "## PPO with a shared actor–critic backbone: the value-loss weight",
         "",
         f"`{command('value_coef.py', argv)}` — {machine()}.",
         "",
-        f"CP-SAT's plan for the toy PPO workload on 1x1x2 ({'shared' if result.structure.ac_sharing else 'separate'} "
-        f"actor–critic), {args.steps} steps × {args.seeds} seeds per weight, torch engine, scale `base`, "
+        f"The CP-SAT and SA plans for the toy PPO workload on 1x1x2 (both share one backbone between "
+        f"actor and critic), {args.steps} steps × {args.seeds} seeds per weight, torch engine, scale `base`, "
         "batch 32, lr 1e-2; the shared model minimises `L_policy + c_v·L_value`.",
         "",
         *rows,

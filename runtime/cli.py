@@ -32,7 +32,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     r.add_argument(
         "--scale",
         default="tiny",
-        help="model scale: tiny, small, base, medium, or a JSON object of spec fields",
+        help="model scale: tiny, small, base, medium, or a JSON object of spec fields (a model the workload named "
+        "by a local checkpoint folder runs at full size with its weights)",
     )
     r.add_argument(
         "--rollout-engine",
