@@ -224,6 +224,9 @@ class Controller:
             self.watch.wait_ready([pg.ready() for pg in pgs], f"reserving {n} devices (placement groups)")
             self.owns_placement = True
         self.placement = pgs
+        # a borrowed set may have more groups than this plan needs (a plan for the surviving
+        # devices after a loss runs in its predecessor's): the pool files it under what it is
+        self.shape = (resource, per_node, len(pgs))
 
     def _check_sharing(self) -> None:
         """Refuse a plan with more workers on one device than half its slots (the other half is
