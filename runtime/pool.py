@@ -53,7 +53,6 @@ class WorkerProcess:
     def __init__(self) -> None:
         self.worker = None
         self.store = None
-        self.runs = 0
 
     def hello(self, world: int = 0, timeout_s: float = 1800.0) -> dict[str, Any]:
         """``pid`` and ``host`` of this process; with ``world > 0`` also open a TCPStore for a
@@ -79,7 +78,6 @@ class WorkerProcess:
 
         self.worker = Worker(*args, store=self.store, **kwargs)
         self.store = None  # the process group holds it now
-        self.runs += 1
         return self.worker.info()
 
     def call(self, method: str, *args: Any) -> Any:
