@@ -409,6 +409,12 @@ class Result:
             f"peak mem   {mem.max_peak / GIB:.1f} GiB of M_eff {mem.m_eff / GIB:.1f} GiB per GPU "
             f"({mem.ratio:.0%}) — {'fits' if mem.feasible else 'DOES NOT FIT'}",
         ]
+        x = self.extra
+        if "list_makespan" in x and "model_makespan" in x:  # an exact method: which schedule is this
+            which = "the model's order" if x.get("schedule") == "model" else "EST-first list"
+            lines.append(
+                f"schedule   {which} (model {x['model_makespan']:.3f} s, EST-first list {x['list_makespan']:.3f} s)"
+            )
         if self.objective_bound is not None:
             lines.append(f"bound      {self.objective_bound:,.0f} tokens/s")
         if self.message:

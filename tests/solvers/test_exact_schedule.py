@@ -54,3 +54,12 @@ def test_the_followed_schedule_survives_the_result_file(proven):
     doc["extra"]["model_starts"] = "soon"
     with pytest.raises(InputError, match=r"extra.model_starts' must be a list"):
         Result.from_json(json.dumps(doc))
+
+
+def test_the_summary_names_the_schedule_and_both_makespans(proven):
+    line = next(s for s in proven.summary().splitlines() if s.startswith("schedule"))
+    x = proven.extra
+    assert "the model's order" in line
+    assert (
+        f"model {x['model_makespan']:.3f} s" in line and f"EST-first list {x['list_makespan']:.3f} s" in line
+    )
