@@ -108,7 +108,7 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         self.step_offset = step_offset
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
         timeout = datetime.timedelta(seconds=timeout_s)
-        if store is None:  # rank 0 opened the store on a port the OS picked (controller._Actor.hello)
+        if store is None:  # rank 0 opened the store on a port the OS picked (pool.WorkerProcess.hello)
             host, port = master.rsplit(":", 1)
             store = dist.TCPStore(host, int(port), group.size, False, timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=group.size, timeout=timeout)
