@@ -13,12 +13,13 @@ those that build new process groups, a communicator set-up constant ``c_setup``:
   GPU keeps; the new unit's TP/PP groups need communicators);
 * **Destroy**: ``c_teardown`` (local release, no collective).
 
-A Split, Extend or Merge that creates a replica of a *generation* model-stage also starts that
+A primitive that creates a *target* replica of a generation model-stage also starts that
 replica's rollout engine when generation runs on one (vLLM: processes, model load, KV cache,
-warm-up, then the weights pushed in): ``+ c_engine`` per primitive (the parts of a Split start
-their engines at once, on their own devices). ``c_engine`` defaults to 0 (the torch engine
+warm-up, then the weights pushed in): ``+ c_engine`` per such primitive (the parts of a Split
+start their engines at once, on their own devices). Intermediate units (an Extend's copy that a
+Merge then joins) serve no rollouts and start none. ``c_engine`` defaults to 0 (the torch engine
 generates on the worker's own model); the runtime passes the engine start-up it measured
-(:func:`rpeg.runtime.runner.run`, ``rollout_engine="vllm"``).
+(:func:`rpeg.runtime.runner.run`, ``rollout_engine="vllm"``); :func:`primitive_times` adds it.
 
 ``c_setup`` defaults to :data:`DEFAULT_SETUP_S` = 0.1 s and ``c_teardown`` to
 :data:`DEFAULT_TEARDOWN_S` = 1 ms. Neither is a hardware-file figure: NCCL communicator creation
@@ -76,9 +77,8 @@ def primitive_time(
     *,
     setup: float = DEFAULT_SETUP_S,
     teardown: float = DEFAULT_TEARDOWN_S,
-    engine_start: float = 0.0,
 ) -> float:
-    """Seconds one primitive takes (module docstring).
+    """Seconds one primitive takes, its engine start aside (module docstring).
 
     Parameters
     ----------
@@ -91,8 +91,6 @@ def primitive_time(
         ``c_setup`` in seconds (≥ 0).
     teardown
         ``c_teardown`` in seconds (≥ 0).
-    engine_start
-        ``c_engine`` in seconds (≥ 0), added when the primitive creates a generation unit.
 
     Returns
     -------
@@ -102,22 +100,8 @@ def primitive_time(
     Raises
     ------
     ValueError
-        For a negative ``setup``/``teardown``/``engine_start`` or an unknown primitive.
+        For a negative ``setup``/``teardown`` or an unknown primitive.
     """
-    if not engine_start >= 0:
-        raise ValueError(f"engine_start must be a non-negative number of seconds, got {engine_start!r}")
-    base = _primitive_time(prim, cluster, setup, teardown)
-    return base + engine_start if creates_generation(prim) else base
-
-
-def creates_generation(prim: Primitive) -> bool:
-    """Whether ``prim`` (not a Destroy) creates a replica of a generation model-stage, which
-    starts a rollout engine."""
-    return not isinstance(prim, Destroy) and any(u.stage.stage is Stage.GEN for u in prim.outputs)
-
-
-def _primitive_time(prim: Primitive, cluster: Cluster, setup: float, teardown: float) -> float:
-    """:func:`primitive_time` without the engine start."""
     if not setup >= 0:
         raise ValueError(f"setup must be a non-negative number of seconds, got {setup!r}")
     if not teardown >= 0:
@@ -145,11 +129,21 @@ def primitive_times(
     teardown: float = DEFAULT_TEARDOWN_S,
     engine_start: float = 0.0,
 ) -> list[float]:
-    """:func:`primitive_time` of every primitive of ``dag``, in index order (cached per shape)."""
+    """:func:`primitive_time` of every primitive of ``dag``, in index order (cached per shape),
+    plus ``engine_start`` (``c_engine``, ≥ 0) for each primitive that creates a target
+    generation replica (:func:`creates_generation`).
+
+    Raises
+    ------
+    ValueError
+        For a negative ``setup``/``teardown``/``engine_start``.
+    """
+    if not engine_start >= 0:
+        raise ValueError(f"engine_start must be a non-negative number of seconds, got {engine_start!r}")
+    targets = set(dag.target) if engine_start > 0 else set()
     cache: dict[tuple, float] = {}
     out = []
     for p in dag.primitives:
-        gen = creates_generation(p)
         if isinstance(p, Extend):  # the most common primitive first
             key: tuple = ("e", p.nbytes, cluster.tier_of_mask(p.source.mask | p.result.mask))
         elif isinstance(p, Split):
@@ -164,14 +158,19 @@ def primitive_times(
             key = ("m", p.nbytes)
         else:
             key = ("d",)
-        key = (*key, gen)
         t = cache.get(key)
         if t is None:
-            t = cache[key] = primitive_time(
-                p, cluster, setup=setup, teardown=teardown, engine_start=engine_start
-            )
-        out.append(t)
+            t = cache[key] = primitive_time(p, cluster, setup=setup, teardown=teardown)
+        out.append(t + engine_start if targets and creates_generation(p, targets) else t)
     return out
+
+
+def creates_generation(prim: Primitive, targets: set[EMU] | frozenset[EMU]) -> bool:
+    """Whether ``prim`` creates a unit of ``targets`` (the transition's target collection) of a
+    generation model-stage: a replica that will serve rollouts, so it starts a rollout engine."""
+    return not isinstance(prim, Destroy) and any(
+        u.stage.stage is Stage.GEN and u in targets for u in prim.outputs
+    )
 
 
 def gpu_capacities(dag: TransitionDAG, cluster: Cluster, capacity: float | None = None) -> dict[int, float]:

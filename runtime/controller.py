@@ -208,11 +208,10 @@ class Controller:
                 f"(cluster {cluster.shape_str}); start Ray with "
                 f"--resources='{{\"{resource}\": {n}}}' or run without an address"
             )
-        self.shape = (resource, per_node, n // per_node)
         if placement is not None:
             pgs = list(placement)
             self.owns_placement = False
-        elif self.pool is not None and (kept := self.pool.take_placement(*self.shape)) is not None:
+        elif self.pool is not None and (kept := self.pool.take_placement(resource, per_node, n // per_node)):
             pgs = kept
             self.owns_placement = True
         else:

@@ -540,7 +540,7 @@ def _start_segment(
     if prev is not None:
         # a new generation replica starts a rollout engine: the transition cost counts the start-up
         # the current plan's engines took (measured), c_engine of costmodel.transition
-        engine_s = engine_start_s(prev)
+        engine_s = _engine_start_s(prev)
         if tplan is None:  # after a device loss: from the intact units to the new plan
             tplan = plan_transition(
                 state.units,
@@ -560,7 +560,7 @@ def _start_segment(
             )
         rec = execute_transition(prev, ctl, tplan, state.offset, state.alias, state.old_steps)
         rec.engine_start_predicted_s = engine_s or 0.0
-        rec.engine_start_s = engine_start_s(ctl) or 0.0
+        rec.engine_start_s = _engine_start_s(ctl) or 0.0
         state.transitions.append(rec)
         if progress:
             progress("transition", rec.to_dict())
@@ -573,7 +573,7 @@ def _start_segment(
     return ctl
 
 
-def engine_start_s(ctl: Any) -> float | None:
+def _engine_start_s(ctl: Any) -> float | None:
     """Longest start-up (seconds) of the rollout engines a controller's workers started — vLLM's
     processes, model load, KV cache and warm-up, measured on the worker — or ``None`` when none
     runs (``rollout_engine="torch"``)."""

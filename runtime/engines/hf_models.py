@@ -12,6 +12,7 @@ checkpoint is a local directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,20 +36,6 @@ __all__ = [
     "load_stage_weights",
     "save_checkpoint",
 ]
-
-
-def _no_grad(fn: Any) -> Any:
-    """``torch.no_grad()`` around ``fn``, importing torch only when it is called."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        import torch
-
-        with torch.no_grad():
-            return fn(*args, **kwargs)
-
-    return wrapper
 
 
 #: The weights file of a checkpoint written by :func:`save_checkpoint`.
@@ -291,7 +278,6 @@ def check_checkpoint_dir(spec: ModelSpec, model: str) -> None:
         )
 
 
-@_no_grad
 def load_stage_weights(model: Any, directory: str | Path) -> list[str]:
     """Copy a checkpoint's tensors into a :class:`~rpeg.runtime.model.StageModel` (or any module
     with the ``…ForCausalLM`` parameter names) before it is sharded: only the tensors of the
@@ -306,6 +292,8 @@ def load_stage_weights(model: Any, directory: str | Path) -> list[str]:
         A parameter other than the value head has no tensor in the directory, or a tensor's shape
         differs from the parameter's.
     """
+    import torch
+
     safetensors = require("safetensors", purpose="Hugging Face checkpoints")
     path = Path(directory)
     keys = _checkpoint_keys(path)
@@ -314,7 +302,7 @@ def load_stage_weights(model: Any, directory: str | Path) -> list[str]:
         alias["lm_head.weight"] = "model.embed_tokens.weight"
     kept: list[str] = []
     handles: dict[Path, Any] = {}
-    try:
+    with contextlib.ExitStack() as stack, torch.no_grad():
         for name, param in model.named_parameters():
             key = name if name in keys else alias.get(name, name)
             if key not in keys:
@@ -324,7 +312,7 @@ def load_stage_weights(model: Any, directory: str | Path) -> list[str]:
                 raise InputError(f"checkpoint {str(path)!r} has no tensor {name!r}", source=str(path))
             f = keys[key]
             if f not in handles:
-                handles[f] = safetensors.safe_open(str(f), framework="pt").__enter__()
+                handles[f] = stack.enter_context(safetensors.safe_open(str(f), framework="pt"))
             tensor = handles[f].get_tensor(key)
             if tuple(tensor.shape) != tuple(param.shape):
                 raise InputError(
@@ -333,9 +321,6 @@ def load_stage_weights(model: Any, directory: str | Path) -> list[str]:
                     source=str(path),
                 )
             param.copy_(tensor.float())
-    finally:
-        for h in handles.values():
-            h.__exit__(None, None, None)
     return kept
 
 

@@ -92,7 +92,7 @@ def test_engine_start_is_charged_to_each_primitive_that_creates_a_generation_rep
     c, cur, tgt = a.cluster, a.plan, b.plan
     plain = plan_transition(cur, tgt, c, workload=w)
     started = plan_transition(cur, tgt, c, workload=w, engine_start=30.0)
-    gen = [creates_generation(p) for p in plain.dag.primitives]
+    gen = [creates_generation(p, set(plain.dag.target)) for p in plain.dag.primitives]
     assert any(gen) and not all(gen)  # the plans differ in generation and in something else
     for is_gen, a, b in zip(gen, plain.durations, started.durations):
         assert b == pytest.approx(a + 30.0 if is_gen else a)
