@@ -103,3 +103,12 @@ def fmt_tp(tp: float | None) -> str:
 def pct(x: float | None) -> str:
     """A signed percentage, or an em dash."""
     return "—" if x is None else f"{100 * x:+.1f}%"
+
+
+def learning_cells(curves: list[list[float]]) -> str:
+    """Markdown cells of a set of runs' per-step mean rewards: the mean and the smallest final
+    reward, the mean gain ``last − first`` and how many runs had a step falling by more than 0.1."""
+    finals = [c[-1] for c in curves]
+    gain = sum(c[-1] - c[0] for c in curves) / len(curves)
+    falls = sum(any(b < a - 0.1 for a, b in zip(c, c[1:])) for c in curves)
+    return f"{sum(finals) / len(finals):.3f} | {min(finals):.3f} | {gain:+.3f} | {falls}/{len(curves)}"

@@ -15,11 +15,10 @@ mean reward fell by more than 0.1. All runs share one :class:`~rpeg.runtime.pool
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
-from _bench import command, machine, write_section
+from _bench import command, learning_cells, machine, write_section
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the hand-written test plans
 
@@ -54,18 +53,13 @@ def main(argv: list[str] | None = None) -> None:
             st = result.structure
             where = f"ac={int(st.ac_sharing)} " + " ".join(f"τ({m})={t}" for m, t in st.staleness)
             for coef in (float(c) for c in args.coefs.split(",")):
-                finals, gains, falls = [], [], 0
-                for seed in range(args.seeds):
-                    rep = run(
+                curves = [
+                    run(
                         result, args.steps, scale="base", batch=32, rl=RLConfig(value_coef=coef), seed=seed
-                    )
-                    finals.append(rep.rewards[-1])
-                    gains.append(rep.rewards[-1] - rep.rewards[0])
-                    falls += any(b < a - 0.1 for a, b in zip(rep.rewards, rep.rewards[1:]))
-                row = (
-                    f"| {method} | {where} | {coef:g} | {statistics.mean(finals):.3f} | {min(finals):.3f} | "
-                    f"{statistics.mean(gains):+.3f} | {falls}/{args.seeds} |"
-                )
+                    ).rewards
+                    for seed in range(args.seeds)
+                ]
+                row = f"| {method} | {where} | {coef:g} | {learning_cells(curves)} |"
                 print(row, flush=True)
                 rows.append(row)
     lines = [

@@ -31,6 +31,7 @@ from .task import SyntheticTask
 
 __all__ = [
     "RLConfig",
+    "behavior_weight",
     "dpo_batch",
     "dpo_loss",
     "dpo_margins",
@@ -78,8 +79,21 @@ class RLConfig:
         (positive; a separate critic minimises ``L_value`` alone, which Adam's step does not scale
         with). Measured on the synthetic task (``benchmarks/value_coef.py``, 8 seeds × 5 steps):
         on a synchronous shared plan the reward fell by more than 0.1 in some step in 5 of 8 runs
-        with ``c_v = 1`` and in none with 0.1 (final reward 0.82 → 0.94); with staleness 1 it
-        still fell in 4 of 8 at 0.1 (final reward 0.33 at 1, 0.51 at 0.1).
+        with ``c_v = 1`` and in none with 0.1 (final reward 0.82 → 0.94); with staleness 1 and
+        the coupled objective it still fell in 4 of 8 at 0.1 (final reward 0.33 at 1, 0.51 at 0.1).
+    stale_objective
+        How PPO, GRPO and ReMax train on rollouts sampled by weights older than the trained ones
+        (staleness ``τ > 0``): ``"decoupled"`` (default) takes PPO's ratio against the trained
+        weights before the update ``π_prox`` and weights each token by ``w_t = π_prox/μ`` back to
+        the sampling policy ``μ`` (:func:`policy_loss`, :func:`reinforce_loss`); ``"coupled"``
+        takes the ratio against ``μ`` as if the rollouts were fresh. Synchronous steps (and a
+        stale plan's first) are the same under both. Measured on SA's ``τ = 1`` plans of the
+        synthetic task (8 seeds × 5 steps, ``benchmarks/stale_objective.py``), mean final reward
+        coupled → decoupled: PPO with a shared backbone 0.51 → 0.83 (runs with a step falling by
+        more than 0.1: 4/8 → 1/8), GRPO 0.73 → 0.96 (3/8 → 0/8), ReMax 0.88 → 0.95.
+    behavior_weight_cap
+        Truncation ``w̄ ≥ 1`` of the decoupled weights ``w_t``, or ``None`` (default: none; on the
+        runs above ``w̄ = 5`` and ``2`` learnt no better, PPO 0.81 and 0.75).
 
     Raises
     ------
@@ -97,6 +111,8 @@ class RLConfig:
     temperature: float = 1.0
     dpo_beta: float = 0.1
     value_coef: float = 0.1
+    stale_objective: str = "decoupled"
+    behavior_weight_cap: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("gamma", "lam"):
@@ -111,6 +127,13 @@ class RLConfig:
             raise ValueError(f"RLConfig: kl_coef must be non-negative, got {self.kl_coef!r}")
         if self.value_clip is not None and not self.value_clip > 0:
             raise ValueError(f"RLConfig: value_clip must be positive or None, got {self.value_clip!r}")
+        if self.stale_objective not in ("decoupled", "coupled"):
+            raise ValueError(
+                f"RLConfig: stale_objective must be 'decoupled' or 'coupled', got {self.stale_objective!r}"
+            )
+        cap = self.behavior_weight_cap
+        if cap is not None and not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap >= 1):
+            raise ValueError(f"RLConfig: behavior_weight_cap must be a number ≥ 1 or None, got {cap!r}")
 
 
 # ---------------------------------------------------------------------------------------------- rewards
@@ -211,12 +234,35 @@ def remax_advantages(rewards: Tensor, baseline: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- losses
+def behavior_weight(prox_logp: Tensor, old_logp: Tensor, cap: float | None = None) -> Tensor:
+    """Per-token importance weights ``w_t = min(π_prox(y_t)/μ(y_t), w̄)`` of stale samples (no gradient).
+
+    ``μ`` is the policy that sampled (its log-probs recorded at generation), ``π_prox`` the weights
+    being trained, before this update; ``w̄ = cap`` (``None``: no truncation).
+    """
+    weight = torch.exp(prox_logp.detach() - old_logp.detach())
+    return weight if cap is None else weight.clamp(max=cap)
+
+
 def policy_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip: float = 0.2
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip: float = 0.2,
+    prox_logp: Tensor | None = None,
+    weight: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """PPO's clipped surrogate (Schulman et al., 2017), summed over valid tokens.
 
     ``ρ_t = exp(log π − log π_old)``, ``ℓ_t = −min(ρ_t·A_t, clip(ρ_t, 1 − ε, 1 + ε)·A_t)``.
+
+    Decoupled form (Hilton et al., 2022), for samples older than the weights being trained: the
+    ratio is taken against the proximal policy ``π_prox`` (those weights before this update) and
+    the term is importance-weighted back to the sampling policy ``μ``,
+    ``ρ_t = exp(log π − log π_prox)``, ``ℓ_t = −w_t·min(ρ_t·A_t, clip(ρ_t, 1 − ε, 1 + ε)·A_t)``,
+    ``w_t = π_prox/μ`` (:func:`behavior_weight`). The trust region is then centred on the
+    current weights, not on the ``τ``-updates-old ones, so a stale batch is not clipped away.
 
     Parameters
     ----------
@@ -228,6 +274,12 @@ def policy_loss(
         ``[n, T]``, or ``[n]`` (one per sequence, as in GRPO) broadcast over tokens.
     mask
         ``[n, T]`` valid tokens.
+    clip
+        ``ε``.
+    prox_logp
+        ``[n, T]`` log-probs under ``π_prox`` (decoupled form), or ``None`` (``π_prox = μ``).
+    weight
+        ``[n, T]`` importance weights ``w_t`` of the decoupled form (``None``: 1).
 
     Returns
     -------
@@ -236,9 +288,11 @@ def policy_loss(
     """
     if advantages.dim() == 1:
         advantages = advantages[:, None]
-    ratio = torch.exp(logp - old_logp.detach())
     adv = advantages.detach()
+    ratio = torch.exp(logp - (old_logp if prox_logp is None else prox_logp).detach())
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv)
+    if weight is not None:
+        surrogate = weight.detach() * surrogate
     mask = mask.to(logp.dtype)
     return -(surrogate * mask).sum(), mask.sum()
 
@@ -286,8 +340,14 @@ def kl_loss(logp: Tensor, ref_logp: Tensor, mask: Tensor, kl_coef: float = 0.01)
     return kl_coef * ((torch.exp(delta) - delta - 1.0) * mask).sum(), mask.sum()
 
 
-def reinforce_loss(logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """REINFORCE (ReMax's policy gradient), summed over valid tokens: ``ℓ_t = −A·log π(y_t)``.
+def reinforce_loss(
+    logp: Tensor, advantages: Tensor, mask: Tensor, weight: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE (ReMax's policy gradient), summed over valid tokens: ``ℓ_t = −w_t·A·log π(y_t)``.
+
+    ``w_t = 1`` for on-policy samples; for samples of an older policy ``μ`` the caller passes the
+    importance weight ``w_t = π_prox(y_t)/μ(y_t)`` of the weights being trained (no gradient), so
+    ``∇ℓ`` is the off-policy gradient ``E_μ[(π/μ)·A·∇log π]`` at ``θ = θ_prox``.
 
     Parameters
     ----------
@@ -297,6 +357,8 @@ def reinforce_loss(logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tens
         ``[n, T]``, or ``[n]`` broadcast over tokens (:func:`remax_advantages`); no gradient.
     mask
         ``[n, T]`` valid tokens.
+    weight
+        ``[n, T]`` importance weights ``w_t`` (``None``: 1).
 
     Returns
     -------
@@ -307,7 +369,8 @@ def reinforce_loss(logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tens
     if advantages.dim() == 1:
         advantages = advantages[:, None]
     mask = mask.to(logp.dtype)
-    return -(advantages.detach() * logp * mask).sum(), mask.sum()
+    w = mask if weight is None else mask * weight.detach()
+    return -(advantages.detach() * logp * w).sum(), mask.sum()
 
 
 def sequence_logratio(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:

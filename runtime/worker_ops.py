@@ -39,6 +39,7 @@ from .model import KVCache, StageModel, sample_token, token_logprobs
 from .parallel import ShardedAdam, local
 from .rl import (
     RLConfig,
+    behavior_weight,
     dpo_batch,
     dpo_margins,
     dpo_sequence_loss,
@@ -344,7 +345,9 @@ class WorkerOps:
         # the rollouts were sampled with the weights trained here when τ = 0 (and at version 0)
         same_weights = node.get("tau", 0) == 0 or node["version"] == 0
         gaps: list[float] | None = [] if algorithm != "dpo" and same_weights else None
-        loss_fn = self._loss_fn(algorithm, total, gaps)
+        # stale rollouts: PPO/GRPO/ReMax train with the decoupled objective (RLConfig.stale_objective)
+        decoupled = not same_weights and algorithm != "dpo" and self.cfg.stale_objective == "decoupled"
+        loss_fn = self._loss_fn(algorithm, total, gaps, decoupled=decoupled)
         mine = self._my_slice(len(batch["ids"]))
         losses = self._backward(batch["tokens"][mine], target[mine], loss_fn)
         meta = self._update(node, losses)
@@ -405,13 +408,17 @@ class WorkerOps:
         return pack
 
     def _loss_fn(
-        self, algorithm: str, total: float, gaps: list[float] | None = None
+        self, algorithm: str, total: float, gaps: list[float] | None = None, *, decoupled: bool = False
     ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """The loss of a microbatch's packed output and target, divided by ``total`` (the step's
         global token count; DPO: its pair count): PPO's clipped surrogate for a policy head (plus
         GRPO's ``k3`` KL term; ReMax: REINFORCE ``−A·log π``; DPO: the per-sequence split of
         ``−log σ(β·margin)``), the clipped value regression for a value head, both for a shared
-        one (the value part weighted by ``value_coef``).
+        one (the value part weighted by ``value_coef``). With ``decoupled`` (rollouts sampled by
+        older weights than those trained), the policy terms take the decoupled form: PPO's ratio
+        against this step's own first-forward log-probs ``π_prox``, each token weighted by
+        ``w_t = π_prox/μ`` (:func:`~rpeg.runtime.rl.behavior_weight`), ReMax's REINFORCE by
+        ``w_t``.
 
         With ``gaps`` (a list), every microbatch appends the health metric of the rollouts it
         trains on: ``max_t |log π_trainer(y_t) − log π_rollout(y_t)|`` over its valid tokens, the
@@ -431,6 +438,9 @@ class WorkerOps:
             if want_policy:
                 logits = output[:, sl, :V]
                 lp = token_logprobs(logits / cfg.temperature, target[..., _TOK].long())
+                weight = (
+                    behavior_weight(lp, target[..., _OLD], cfg.behavior_weight_cap) if decoupled else None
+                )
                 if gaps is not None and m.any():
                     gaps.append(float(((lp.detach() - target[..., _OLD]).abs() * m).max()))
                 if algorithm == "dpo":
@@ -438,9 +448,13 @@ class WorkerOps:
                     partner, sign = target[:, 0, _RET], target[:, 0, _ADV]
                     loss = loss + dpo_sequence_loss(h, partner, sign, cfg.dpo_beta)[0]
                 elif algorithm == "remax":
-                    loss = loss + reinforce_loss(lp, target[..., _ADV], m)[0]
+                    loss = loss + reinforce_loss(lp, target[..., _ADV], m, weight)[0]
                 else:
-                    loss = loss + policy_loss(lp, target[..., _OLD], target[..., _ADV], m, cfg.clip)[0]
+                    prox = lp if decoupled else None
+                    loss = (
+                        loss
+                        + policy_loss(lp, target[..., _OLD], target[..., _ADV], m, cfg.clip, prox, weight)[0]
+                    )
                 if algorithm == "grpo":
                     loss = loss + kl_loss(lp, target[..., _REF], m, cfg.kl_coef)[0]
             if want_value:

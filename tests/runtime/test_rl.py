@@ -11,6 +11,7 @@ import torch
 
 from rpeg.runtime.rl import (
     RLConfig,
+    behavior_weight,
     dpo_batch,
     dpo_loss,
     dpo_margins,
@@ -171,6 +172,43 @@ def test_policy_loss_clipping():
     torch.testing.assert_close(loss, torch.tensor(-(0.5 - 1.5)))
 
 
+def test_decoupled_policy_loss_centres_the_clip_on_the_trained_weights():
+    """Stale samples (μ ≠ π_prox): the decoupled gradient at θ = θ_prox is −w·A per token with
+    w = π_prox/μ, where the coupled one clips ρ = π/μ = 1.5 (A > 0) to no gradient; with
+    π_prox = μ and no weight both forms are the same loss."""
+    mu = torch.log(torch.tensor([[0.2, 0.4, 0.5]]))  # sampling policy μ
+    prox = torch.log(torch.tensor([[0.3, 0.2, 0.5]]))  # trained weights before the update
+    adv, mask = torch.tensor([[1.0, 1.0, -2.0]]), torch.tensor([[1.0, 1.0, 0.0]])
+    w = behavior_weight(prox, mu)
+    torch.testing.assert_close(w, torch.tensor([[1.5, 0.5, 1.0]]))
+    torch.testing.assert_close(behavior_weight(prox, mu, cap=1.2), torch.tensor([[1.2, 0.5, 1.0]]))
+    coupled = prox.clone().requires_grad_()
+    policy_loss(coupled, mu, adv, mask)[0].backward()
+    torch.testing.assert_close(coupled.grad, torch.tensor([[0.0, -0.5, 0.0]]))  # ρ = 1.5 clipped
+    lp = prox.clone().requires_grad_()
+    loss, n = policy_loss(lp, mu, adv, mask, prox_logp=lp, weight=behavior_weight(lp, mu))
+    loss.backward()
+    torch.testing.assert_close(lp.grad, torch.tensor([[-1.5, -0.5, 0.0]]))
+    torch.testing.assert_close(loss.detach(), torch.tensor(-(1.5 + 0.5)))
+    assert n == 2
+    # the clip still bounds the step from π_prox: ρ = π/π_prox = 1.5 with A > 0 has no gradient
+    moved = (prox + math.log(1.5)).requires_grad_()
+    policy_loss(moved, mu, adv, mask, prox_logp=prox, weight=w)[0].backward()
+    assert moved.grad[0, 0] == 0.0
+    same = prox.clone()
+    torch.testing.assert_close(
+        policy_loss(same, mu, adv, mask)[0], policy_loss(same, mu, adv, mask, prox_logp=mu)[0]
+    )
+
+
+def test_weighted_reinforce_counts_tokens_unweighted():
+    logp = torch.log(torch.tensor([[0.5, 0.25]])).requires_grad_()
+    loss, n = reinforce_loss(logp, torch.tensor([2.0]), torch.ones(1, 2), torch.tensor([[3.0, 0.5]]))
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-6.0, -1.0]]))
+    assert n == 2
+
+
 def test_losses_are_sums_so_splits_add_up():
     g = torch.Generator().manual_seed(0)
     logp, old = torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g)
@@ -212,6 +250,8 @@ def test_rl_config_validation():
         ({"lr": float("nan")}, "lr must be a positive number"),
         ({"value_clip": -1.0}, "value_clip must be positive or None, got -1.0"),
         ({"dpo_beta": 0.0}, "dpo_beta must be a positive number, got 0.0"),
+        ({"stale_objective": "fresh"}, "stale_objective must be 'decoupled' or 'coupled', got 'fresh'"),
+        ({"behavior_weight_cap": 0.5}, "behavior_weight_cap must be a number ≥ 1 or None, got 0.5"),
     ]:
         with pytest.raises(ValueError, match=text):
             RLConfig(**kwargs)
