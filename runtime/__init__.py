@@ -8,7 +8,7 @@
   PPO/GRPO/ReMax/DPO math;
 * ``worker`` (with ``worker_ops``, ``worker_rollouts``, ``worker_transfers``,
   ``worker_checkpoints``), ``parallel``: one rank of a group — DTensor TP, pipelined stages,
-  sharded Adam, vLLM rollouts; ``engines``: the Hugging Face, vLLM and Megatron-core adapters;
+  FSDP2 data parallelism, vLLM rollouts; ``engines``: the Hugging Face, vLLM and Megatron-core adapters;
 * ``pool``: the worker processes' Ray actor and :class:`WorkerPool`, which keeps them between
   runs;
 * ``transition``, ``state``, ``recovery``: changing plans mid-run with real state, and the

@@ -32,7 +32,7 @@ from typing import Any
 from ..ir.cluster import mask_devices
 from ..ir.lower import COMM, OP, RESHARD
 from ..ir.types import Role
-from .binding import Binding, GroupSpec
+from .binding import Binding, GroupSpec, consumed_version
 from .checkpoint import step_dir_name
 from .liveness import DEFAULT_STALL_S, Owner, RunError, Watchdog, cause
 from .pool import WorkerProcess, active_pool
@@ -567,6 +567,10 @@ class Controller:
             "keep_previous": vert.role is Role.TRAINING
             and ((serves[group.gid] and tau.get(vert.model, 0) > 0) or keep > 0),
             "tau": tau.get(vert.model, 0),
+            # the version this step's rollouts were sampled with (a training node trains on them)
+            "rollout_version": consumed_version(
+                Role.GENERATION, nd.step, tau.get(vert.model, 0), b.version_offset
+            ),
             "keep": max(tau.get(vert.model, 0), keep),
             # ReMax: its baseline rollout decodes greedily, and a consumer of both rollouts keeps
             # the greedy sequences apart from the sampled ones (keys prefixed "greedy_")

@@ -1,8 +1,9 @@
-"""Parallel building blocks of a worker group: process groups, ZeRO-style Adam, weight shards.
+"""Parallel building blocks of a worker group: process groups, data-parallel optimizers, weight shards.
 
 Everything here runs inside one worker process (one rank of one group) and uses PyTorch itself:
-``torch.distributed`` process groups (gloo on CPU, NCCL on GPU), DTensor tensor parallelism and
-point-to-point sends between pipeline stages.
+``torch.distributed`` process groups (gloo on CPU, NCCL on GPU), DTensor tensor parallelism,
+FSDP2 (``fully_shard``) for the data-parallel optimizer state and point-to-point sends between
+pipeline stages.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["Mesh", "ShardedAdam", "assemble", "local", "publication", "shard_of"]
+__all__ = ["FSDPAdam", "Mesh", "assemble", "local", "publication", "shard_of"]
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -48,6 +49,7 @@ class Mesh:
     tp_mesh: object
     dp_group: object
     pp_group: object
+    dp_mesh: object = None
 
     def global_rank(self, d: int, p: int, t: int) -> int:
         """Rank of coordinates ``(d, p, t)``."""
@@ -86,121 +88,185 @@ def make_mesh(rank: int, dp: int, pp: int, tp: int, device_type: str) -> Mesh:
 
     mesh = init_device_mesh(device_type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
     d, p, t = rank // (pp * tp), (rank // tp) % pp, rank % tp
-    return Mesh(rank, dp, pp, tp, d, p, t, mesh["tp"], mesh.get_group("dp"), mesh.get_group("pp"))
+    return Mesh(rank, dp, pp, tp, d, p, t, mesh["tp"], mesh.get_group("dp"), mesh.get_group("pp"), mesh["dp"])
 
 
-class ShardedAdam:
-    """Adam with optimizer state sharded over the data-parallel group (ZeRO-2 style).
+def _dim0_chunk(full: torch.Tensor, parts: int, index: int) -> torch.Tensor:
+    """Part ``index`` of ``torch.chunk(full, parts, dim=0)``, empty where ``chunk`` returns fewer
+    parts (FSDP2's split of a parameter over the DP ranks)."""
+    chunks = torch.chunk(full, parts, dim=0)
+    return chunks[index] if index < len(chunks) else full.new_empty((0, *full.shape[1:]))
 
-    Gradients are summed over the ``Pd`` ranks (losses are already divided by the global token
-    count, so the sum is the global-batch gradient); rank ``d`` keeps Adam moments only for its
-    ``⌈N/Pd⌉`` slice of the flattened local parameters, updates that slice and all-gathers the
-    updated slices back (gloo has no ReduceScatter, so the gradient reduction is an AllReduce;
-    the optimizer-state memory is still ``1/Pd``). The update is standard Adam::
 
-        m ← β1·m + (1−β1)·g,  v ← β2·v + (1−β2)·g²,
-        θ ← θ − lr·(m/(1−β1^t)) / (√(v/(1−β2^t)) + ε)
+class FSDPAdam:
+    """Data-parallel training with FSDP2 (``torch.distributed.fsdp.fully_shard``) and
+    ``torch.optim.Adam`` on its dim-0 shards: ZeRO-2 as SPEC §6 charges it.
+
+    ``fully_shard`` over the DP mesh makes each parameter's FP32 master and Adam moments a
+    ``1/Pd`` dim-0 shard (a 2-D DTensor under TP); the backward of a rank's last microbatch
+    reduce-scatters the gradient sum (gloo has no pre-scaled sum, so the reduction is a plain
+    ``SUM``: losses are already divided by the global token count), Adam updates the shards and
+    one AllGather refreshes the full parameters. Between updates the model keeps its full
+    (TP-local) parameters registered — ``reshard_after_forward`` and ``reshard_after_backward``
+    off — so inference, generation, publications, snapshots and checkpoints read them without a
+    collective, and DP ranks may run different numbers of forwards. A write of new weights must go
+    through :meth:`set_masters` too, or the next update starts from the old shards.
+
+    With ``Pd = 1`` nothing is sharded: the model is not wrapped and Adam updates its parameters.
+    Adam is ``torch.optim.Adam``: ``m ← β1·m + (1−β1)·g``, ``v ← β2·v + (1−β2)·g²``,
+    ``θ ← θ − lr·(m/(1−β1^t)) / (√(v/(1−β2^t)) + ε)``.
 
     Parameters
     ----------
-    params
-        Parameters of this rank (DTensor or plain).
+    model
+        This rank's stage (TP already applied); wrapped in place when ``Pd > 1``.
+    mesh
+        The DP device mesh (a sub-mesh of the same root as the TP mesh).
     group
-        The DP process group.
+        The DP process group (gathers of the moments).
     lr, betas, eps
         Adam hyper-parameters.
     """
 
     def __init__(
         self,
-        params: list[torch.Tensor],
+        model: torch.nn.Module,
+        mesh: object,
         group: object,
         *,
         lr: float,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
     ) -> None:
-        self.params = params
+        self.model = model
         self.group = group
-        self.lr, self.betas, self.eps = lr, betas, eps
         self.world = dist.get_world_size(group)
         self.index = dist.get_rank(group)
-        self.numel = sum(local(p).numel() for p in params)
-        self.chunk = math.ceil(self.numel / self.world)
-        self.lo = min(self.numel, self.index * self.chunk)
-        self.hi = min(self.numel, self.lo + self.chunk)
-        n = self.hi - self.lo
-        self.m = torch.zeros(n)
-        self.v = torch.zeros(n)
+        self.sharded = self.world > 1
+        if self.sharded:
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(model, mesh=mesh, reshard_after_forward=False)
+            model.set_reshard_after_backward(False)
+            model.set_gradient_divide_factor(1.0)
+            model.set_force_sum_reduction_for_comms(True)
+        self.masters = dict(model.named_parameters())  # the dim-0 shards (DTensors) under FSDP2
+        self.adam = torch.optim.Adam(list(self.masters.values()), lr=lr, betas=betas, eps=eps)
+        self.lr = lr
         self.t = 0
+        if self.sharded:
+            model.unshard()
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        """The model's full (TP-local) parameters, as registered between updates."""
+        return list(self.model.parameters())
+
+    def sync_gradients(self, last: bool) -> None:
+        """Reduce-scatter the accumulated gradients in the coming backward only when ``last``
+        (each rank calls it before each microbatch's backward; one reduction per update)."""
+        if self.sharded:
+            self.model.set_requires_gradient_sync(last)
 
     @torch.no_grad()
     def step(self) -> None:
-        """One update from the accumulated ``.grad`` fields; gradients are zeroed after."""
-        grads = []
-        for p in self.params:
-            g = p.grad
-            grads.append(torch.zeros(local(p).numel()) if g is None else local(g).reshape(-1).float())
-        flat_g = torch.cat(grads)
-        if self.world > 1:
-            dist.all_reduce(flat_g, group=self.group)
-        flat = torch.cat([local(p).detach().reshape(-1) for p in self.params])
+        """One Adam update of the shards, then one AllGather of the updated full parameters."""
+        self.adam.step()
+        self.adam.zero_grad(set_to_none=True)
         self.t += 1
-        b1, b2 = self.betas
-        g = flat_g[self.lo : self.hi]
-        self.m.mul_(b1).add_(g, alpha=1 - b1)
-        self.v.mul_(b2).addcmul_(g, g, value=1 - b2)
-        mhat = self.m / (1 - b1**self.t)
-        vhat = self.v / (1 - b2**self.t)
-        seg = flat[self.lo : self.hi] - self.lr * mhat / (vhat.sqrt() + self.eps)
-        if self.world > 1:
-            flat = self._gather(seg)
-        else:
-            flat[self.lo : self.hi] = seg
-        off = 0
-        for p in self.params:
-            lp = local(p)
-            k = lp.numel()
-            lp.copy_(flat[off : off + k].view_as(lp))
-            off += k
-            p.grad = None
+        if self.sharded:
+            self.model.reshard()
+            self.model.unshard()
+            self.model.set_requires_gradient_sync(True)
 
-    def _gather(self, seg: torch.Tensor) -> torch.Tensor:
-        """The flat vector whose slice ``[lo, hi)`` each DP rank holds as ``seg`` (AllGather of
-        the slices padded to ``⌈N/Pd⌉``)."""
+    @torch.no_grad()
+    def set_masters(self, weights: dict[str, torch.Tensor]) -> None:
+        """Make ``weights`` (full TP-local tensors by parameter name) the shards Adam updates
+        (``Pd = 1``: the parameters are the masters, already written)."""
+        if not self.sharded:
+            return
+        for name, master in self.masters.items():
+            local(master).copy_(_dim0_chunk(weights[name], self.world, self.index))
+
+    def _moment(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        master = self.masters[name]
+        st = self.adam.state.get(master)
+        if not st:
+            zero = torch.zeros_like(local(master))
+            return zero, zero
+        return local(st["exp_avg"]), local(st["exp_avg_sq"])
+
+    def _gather0(self, shard: torch.Tensor, rows: int) -> torch.Tensor:
+        """The full dim-0 tensor of ``rows`` rows whose chunks the DP ranks hold as ``shard``."""
         if self.world == 1:
-            return seg.clone()
-        padded = torch.zeros(self.chunk)
-        padded[: seg.numel()] = seg
-        parts = [torch.zeros(self.chunk) for _ in range(self.world)]
-        dist.all_gather(parts, padded, group=self.group)
-        return torch.cat(parts)[: self.numel]
+            return shard.clone()
+        size = math.ceil(rows / self.world) if rows else 0
+        padded = shard.new_zeros((size, *shard.shape[1:]))
+        padded[: len(shard)] = shard
+        parts = [torch.zeros_like(padded) for _ in range(self.world)]
+        dist.all_gather(parts, padded.contiguous(), group=self.group)
+        return torch.cat(parts)[:rows]
 
+    @torch.no_grad()
     def full_moments(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``m`` and ``v`` of all ``N`` local parameter elements (a collective over the DP group:
-        every rank calls it)."""
-        return self._gather(self.m), self._gather(self.v)
+        """``m`` and ``v`` of all the rank's full (TP-local) parameter elements, flat in parameter
+        order (AllGathers over the DP group: every rank calls it)."""
+        full = dict(self.model.named_parameters())
+        ms, vs = [], []
+        for name in self.masters:
+            rows = local(full[name]).shape[0]
+            m, v = self._moment(name)
+            ms.append(self._gather0(m, rows).reshape(-1))
+            vs.append(self._gather0(v, rows).reshape(-1))
+        return torch.cat(ms), torch.cat(vs)
 
+    @torch.no_grad()
     def load_full_moments(self, m: torch.Tensor, v: torch.Tensor, t: int) -> None:
-        """Keep this rank's slice ``[lo, hi)`` of full moments and set the step counter."""
-        self.m.copy_(m[self.lo : self.hi])
-        self.v.copy_(v[self.lo : self.hi])
+        """Keep this rank's dim-0 chunks of full flat moments and set the step counter."""
+        full = dict(self.model.named_parameters())
+        off = 0
+        for name, master in self.masters.items():
+            shape = local(full[name]).shape
+            k = math.prod(shape)
+            state = {"step": torch.tensor(float(t))}
+            for key, flat in (("exp_avg", m), ("exp_avg_sq", v)):
+                moment = torch.zeros_like(master)
+                local(moment).copy_(_dim0_chunk(flat[off : off + k].view(shape), self.world, self.index))
+                state[key] = moment
+            self.adam.state[master] = state
+            off += k
         self.t = int(t)
 
     def state(self) -> dict[str, object]:
-        """Moments and step counter of this rank's slice (for checkpoints)."""
-        return {"m": self.m.clone(), "v": self.v.clone(), "t": self.t, "lo": self.lo, "hi": self.hi}
+        """Moments and step counter of this rank's shards (for checkpoints)."""
+        moments = [self._moment(name) for name in self.masters]
+        return {
+            "m": [m.clone() for m, _ in moments],
+            "v": [v.clone() for _, v in moments],
+            "t": self.t,
+            "shards": [tuple(local(p).shape) for p in self.masters.values()],
+        }
 
+    @torch.no_grad()
     def load_state(self, state: dict[str, object]) -> None:
         """Restore :meth:`state` (same layout only)."""
-        if (state["lo"], state["hi"]) != (self.lo, self.hi):
+        shards = [tuple(local(p).shape) for p in self.masters.values()]
+        if state.get("shards") != shards:
             raise ValueError(
-                f"optimizer shard [{state['lo']}, {state['hi']}) does not match this rank's "
-                f"[{self.lo}, {self.hi}); resuming needs the same training layout"
+                "optimizer shards of the checkpoint do not match this rank's; resuming needs the "
+                "same training layout"
             )
-        self.m.copy_(state["m"])  # type: ignore[arg-type]
-        self.v.copy_(state["v"])  # type: ignore[arg-type]
         self.t = int(state["t"])  # type: ignore[arg-type]
+        for master, m, v in zip(self.masters.values(), state["m"], state["v"]):  # type: ignore[call-overload]
+            if self.t == 0:
+                self.adam.state.pop(master, None)
+                continue
+            st = {"step": torch.tensor(float(self.t))}
+            for key, value in (("exp_avg", m), ("exp_avg_sq", v)):
+                moment = torch.zeros_like(master)
+                local(moment).copy_(value)
+                st[key] = moment
+            self.adam.state[master] = st
 
 
 def publication(
@@ -213,7 +279,7 @@ def publication(
     ``weights`` (local tensors by name, e.g. a kept snapshot) replace the model's current ones.
     """
     out = {}
-    for name, p in model.state_dict().items():
+    for name, p in model.named_parameters():  # not state_dict: FSDP2 would give the DP shards
         dim = shard_dim(p)
         if dim is None and not include_replicated:
             continue

@@ -1,7 +1,8 @@
 """One persistent worker: a rank of a worker group (SPEC §11).
 
 A worker holds its pipeline stage of one model, tensor-parallel over its TP group (DTensor),
-and — in a training group — its slice of the optimizer state (:class:`ShardedAdam`). The
+and — in a training group — its optimizer (:class:`~rpeg.runtime.parallel.FSDPAdam`, FSDP2 shards
+of the masters and moments, when ``Pd > 1``; a plain Adam otherwise). The
 controller calls the same method on every rank of a group for each node of the executable
 DAG; ranks talk to each other with ``torch.distributed`` (gloo on CPU, NCCL on GPU) and never
 with the controller mid-node. Containers produced by a node are returned to Ray's object store
@@ -35,7 +36,7 @@ from ..ir.plan import stage_layer_ranges
 from ..ir.types import Head
 from .binding import GroupSpec, RunShape
 from .model import StageModel
-from .parallel import ShardedAdam, local, make_mesh
+from .parallel import FSDPAdam, local, make_mesh
 from .rl import RLConfig
 from .task import SyntheticTask
 from .worker_checkpoints import WorkerCheckpoints
@@ -138,7 +139,8 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         self.optimizer = None
         if group.trains:
             lr = config.critic_lr if group.head is Head.SCALAR else config.lr
-            self.optimizer = ShardedAdam(list(model.parameters()), self.mesh.dp_group, lr=lr)
+            # FSDP2 shards the masters and moments over the DP ranks (Pd > 1)
+            self.optimizer = FSDPAdam(model, self.mesh.dp_mesh, self.mesh.dp_group, lr=lr)
         else:
             model.requires_grad_(False)
         self.task = SyntheticTask(shape.vocab, shape.prompt_len, shape.response_len, seed=seed)
@@ -161,6 +163,7 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
             "coords": (self.mesh.d, self.mesh.p, self.mesh.t),
             "layers": self.layer_range,
             "params": sum(local(p).numel() for p in self.model.parameters()),
+            "optimizer": None if self.optimizer is None else ("fsdp2" if self.optimizer.sharded else "adam"),
             **({"rollout_engine": self.engine_info} if self.engine_info else {}),
         }
 

@@ -21,7 +21,7 @@ import torch
 
 from .binding import GroupSpec
 from .model import StageModel
-from .parallel import ShardedAdam, local
+from .parallel import FSDPAdam, local
 
 __all__ = ["WorkerCheckpoints"]
 
@@ -34,7 +34,7 @@ class WorkerCheckpoints:
     rank: int
     mesh: Any
     model: StageModel
-    optimizer: ShardedAdam | None
+    optimizer: FSDPAdam | None
     version: int
     snapshots: dict[int, dict[str, torch.Tensor]]
     keep_boundary: bool
@@ -43,9 +43,23 @@ class WorkerCheckpoints:
     gen_state: dict[tuple[str, int], dict[str, Any]]
     _weights_replaced: Callable[[], None]
 
+    def _weights(self) -> dict[str, torch.Tensor]:
+        """This rank's parameters by name, as the model holds them between updates (TP DTensors
+        or plain tensors; under FSDP2 the full ones, not the DP shards ``state_dict`` would give)."""
+        return dict(self.model.named_parameters())
+
+    @torch.no_grad()
+    def _write_weights(self, weights: dict[str, torch.Tensor], *, master: bool = True) -> None:
+        """Copy ``weights`` (this rank's local tensors by name) into the model; with ``master``
+        also into the optimizer's shards (FSDP2), so the next update starts from them."""
+        for name, p in self._weights().items():
+            local(p).copy_(weights[name])
+        if master and self.optimizer is not None:
+            self.optimizer.set_masters(weights)
+
     def _snapshot(self) -> dict[str, torch.Tensor]:
         """A copy of this rank's weights (local shards), by parameter name."""
-        return {k: local(v).detach().clone() for k, v in self.model.state_dict().items()}
+        return {k: local(v).detach().clone() for k, v in self._weights().items()}
 
     def _keep_boundary(self, params: dict[str, torch.Tensor] | None) -> None:
         """Before an update (``keep_boundary``): keep the version, ``params`` (a fresh copy when
@@ -83,8 +97,7 @@ class WorkerCheckpoints:
                     f"worker {self.group.worker(self.rank)} applied step {step}'s update and keeps no copy "
                     "from before it (run with worker-loss recovery to keep one)"
                 )
-            for k, v in self.model.state_dict().items():
-                local(v).copy_(b["params"][k])
+            self._write_weights(b["params"])
             self._weights_replaced()
             self.optimizer.load_state(b["optimizer"])
             self.snapshots = dict(b["snapshots"])
@@ -125,8 +138,7 @@ class WorkerCheckpoints:
                 f"checkpoint {path} was written by layout {state['layout']} rank {state['coords']}; this worker "
                 f"is {self.group.layout()} rank {(self.mesh.d, self.mesh.p, self.mesh.t)}"
             )
-        for k, v in self.model.state_dict().items():
-            local(v).copy_(state["params"][k])
+        self._write_weights(state["params"])
         self._weights_replaced()
         if self.optimizer and state["optimizer"] is not None:
             self.optimizer.load_state(state["optimizer"])

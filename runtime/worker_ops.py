@@ -17,7 +17,7 @@ Execution per role (``B'·R'`` sequences of one step, global order = sample id):
   the per-sequence split of ``−log σ(β·margin)`` with the partner's log-ratio from the actor's
   inference), then this rank's DP slice in ``mb`` microbatches — with
   ``torch.distributed.pipelining``'s 1F1B schedule when ``Pp > 1`` — losses divided by the
-  global token count (DPO: pair count), then one :class:`~rpeg.runtime.parallel.ShardedAdam` step.
+  global token count (DPO: pair count), then one Adam step (FSDP2 when ``Pd > 1``).
 
 :class:`WorkerOps` is a part of :class:`~rpeg.runtime.worker.Worker`, which owns the state it
 uses (model, mesh, optimizer, task, version and snapshots).
@@ -36,7 +36,7 @@ import torch.distributed as dist
 from ..ir.types import Head, Role
 from .binding import GroupSpec, RunShape
 from .model import KVCache, StageModel, sample_token, token_logprobs
-from .parallel import ShardedAdam, local
+from .parallel import FSDPAdam
 from .rl import (
     RLConfig,
     behavior_weight,
@@ -96,7 +96,7 @@ class WorkerOps:
     mesh: Any
     model: StageModel
     packed: PackedOutput
-    optimizer: ShardedAdam | None
+    optimizer: FSDPAdam | None
     task: SyntheticTask
     target: torch.Tensor
     gen_state: dict[tuple[str, int], dict[str, Any]]
@@ -106,6 +106,7 @@ class WorkerOps:
     version: int
     rollout_engine: str
     _generate_vllm: Callable[..., tuple[dict[str, torch.Tensor] | None, dict[str, Any]]]
+    _write_weights: Callable[..., None]
 
     # ------------------------------------------------------------------ pipeline plumbing
     def _stage(
@@ -165,8 +166,7 @@ class WorkerOps:
     @torch.no_grad()
     def _swap(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         current = self._snapshot()
-        for k, v in self.model.state_dict().items():
-            local(v).copy_(weights[k])
+        self._write_weights(weights, master=False)  # serving only: the trained version stays put
         return current
 
     def _temperature(self, node: dict[str, Any]) -> float:
@@ -342,8 +342,9 @@ class WorkerOps:
             batch = {**batch, **pairs}
         target = self._targets(algorithm, batch)
         total = len(batch["ids"]) / 2 if algorithm == "dpo" else float(batch["mask"].sum())
-        # the rollouts were sampled with the weights trained here when τ = 0 (and at version 0)
-        same_weights = node.get("tau", 0) == 0 or node["version"] == 0
+        # were the rollouts sampled with the weights trained here? (τ = 0, or the run's first
+        # version; not the first step after a transition, whose rollouts read the version before it)
+        same_weights = node.get("rollout_version", node["version"]) == node["version"]
         gaps: list[float] | None = [] if algorithm != "dpo" and same_weights else None
         # stale rollouts: PPO/GRPO/ReMax train with the decoupled objective (RLConfig.stale_objective)
         decoupled = not same_weights and algorithm != "dpo" and self.cfg.stale_objective == "decoupled"
@@ -476,11 +477,16 @@ class WorkerOps:
         (on the last stage)."""
         losses: list[torch.Tensor] = []
         if self.group.pp == 1:
-            for c in torch.tensor_split(torch.arange(len(tokens)), self.group.mb):
-                if len(c):
-                    loss = loss_fn(self.packed(tokens[c]), target[c])
-                    loss.backward()
-                    losses.append(loss.detach())
+            assert self.optimizer is not None
+            chunks = [c for c in torch.tensor_split(torch.arange(len(tokens)), self.group.mb) if len(c)]
+            for i, c in enumerate(chunks):
+                self.optimizer.sync_gradients(i == len(chunks) - 1)  # FSDP2: one reduction per update
+                loss = loss_fn(self.packed(tokens[c]), target[c])
+                loss.backward()
+                losses.append(loss.detach())
+            if not chunks and self.optimizer.sharded:
+                # no sequence on this DP rank: a zero backward takes part in the gradient reduction
+                (self.packed(torch.zeros(1, tokens.shape[1], dtype=torch.long)).sum() * 0).backward()
             return losses
         if self.schedule is None:
             from torch.distributed.pipelining import PipelineStage, Schedule1F1B
@@ -501,7 +507,7 @@ class WorkerOps:
         return losses
 
     def _update(self, node: dict[str, Any], losses: list[torch.Tensor]) -> dict[str, Any]:
-        """One :class:`~rpeg.runtime.parallel.ShardedAdam` step: keep the version before it as a
+        """One optimizer step (FSDP2 or plain Adam): keep the version before it as a
         snapshot when a serving vertex of this group (or a later plan) still reads it, keep the
         boundary copy when the run recovers from worker loss, bump the version and, at a
         checkpointed step, write this rank's file. Returns the node's meta."""

@@ -104,6 +104,7 @@ class WorkerRollouts:
     gen_state: dict[tuple[str, int], dict[str, Any]]
     _rollout_batch: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     _phase_end: Callable[[int], int]
+    _weights: Callable[[], dict[str, torch.Tensor]]
     _ends_in_phase: Callable[[int, torch.Tensor], torch.Tensor]
     rollout_engine: str
     engine: Any
@@ -155,7 +156,7 @@ class WorkerRollouts:
     def _full_state(self) -> dict[str, torch.Tensor]:
         """The replica's full tensors (collective over the TP group for sharded parameters)."""
         out = {}
-        for name, p in self.model.state_dict().items():
+        for name, p in self._weights().items():
             out[name] = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
         return out
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from .binding import GroupSpec
 from .model import StageModel
-from .parallel import ShardedAdam, assemble, local, publication, shard_of
+from .parallel import FSDPAdam, assemble, local, publication, shard_of
 
 __all__ = ["WorkerTransfers"]
 
@@ -44,12 +44,14 @@ class WorkerTransfers:
     rank: int
     mesh: Any
     model: StageModel
-    optimizer: ShardedAdam | None
+    optimizer: FSDPAdam | None
     version: int
     snapshots: dict[int, dict[str, torch.Tensor]]
     inbox: dict[tuple, list[dict[str, torch.Tensor]]]
     _sync_rollouts: Callable[[int], dict[str, Any] | None]
     _weights_replaced: Callable[[], None]
+    _weights: Callable[[], dict[str, torch.Tensor]]
+    _write_weights: Callable[..., None]
 
     # ------------------------------------------------------------------ weights
     def publish(self) -> tuple[tuple[int, int], dict[str, tuple[torch.Tensor, int | None]]] | None:
@@ -93,7 +95,7 @@ class WorkerTransfers:
         got = [x for x in ray.get(list(pubs)) if x is not None]
         nbytes = sum(t.numel() * t.element_size() for _, pub in got for t, _ in pub.values())
         full = assemble([(coords[1], pub) for coords, pub in got])
-        state = self.model.state_dict()
+        state = self._weights()
         missing = [name for name in state if name not in full]
         if missing:
             raise RuntimeError(
@@ -114,8 +116,7 @@ class WorkerTransfers:
         """
         t0 = time.perf_counter()
         shards, nbytes = self._shards_of(pubs, version)
-        for name, p in self.model.state_dict().items():
-            local(p).copy_(shards[name])
+        self._write_weights(shards)
         self.version = version
         if self.optimizer is None:  # a training group prunes its own snapshots (see _train)
             self.snapshots.clear()
@@ -319,7 +320,7 @@ class WorkerTransfers:
                         f"worker {self.group.worker(self.rank)}: vertex {v!r} brings parameter {name!r} "
                         f"different from {train or 'the group'}'s copy (versions out of sync)"
                     )
-        state = self.model.state_dict()
+        state = self._weights()
         if set(state) != set(main.params):
             raise RuntimeError(
                 f"worker {self.group.worker(self.rank)}: transition cell holds {sorted(main.params)[:3]}…, "
@@ -332,7 +333,7 @@ class WorkerTransfers:
                     f"worker {self.group.worker(self.rank)}: {name!r} arrives as {tuple(src.shape)}, "
                     f"the layout needs {tuple(local(p).shape)}"
                 )
-            local(p).copy_(src)
+        self._write_weights(main.params)
         self._weights_replaced()
         if self.optimizer is not None:
             if main.m is None or main.v is None:

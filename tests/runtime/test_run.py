@@ -56,6 +56,14 @@ def test_ppo_colocated_runs_verifies_and_learns(colocated_ppo):
     again = Trace.from_json(report.trace.to_json())
     assert verify(again, result) == []
     assert report.overhead_per_node_s > 0
+    # data-parallel training groups run FSDP2 (the trace names each rank's optimizer)
+    trained = {
+        (g["layout"]["dp"], r["optimizer"])
+        for g in report.trace.groups.values()
+        for r in g["ranks"]
+        if r["optimizer"] is not None
+    }
+    assert (2, "fsdp2") in trained and all(opt == ("fsdp2" if dp > 1 else "adam") for dp, opt in trained)
 
 
 def test_ppo_disaggregated_stale_runs_verifies_and_learns_like_synchronous():
