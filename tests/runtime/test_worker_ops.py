@@ -63,6 +63,44 @@ def test_generation_inference_and_training_of_one_step(binding):
         assert all(torch.equal(before[k], w.snapshots[0][k]) for k in before)
 
 
+def test_stale_rollouts_train_with_the_decoupled_objective(binding):
+    """A training node whose rollouts were sampled by an older version (``rollout_version`` below
+    ``version``) trains with the decoupled objective; with ``stale_objective="coupled"``, or when
+    the rollouts are the trained version's, it trains exactly as before (and only then reports
+    the log-prob gap). The rollouts' log-probs are shifted to stand for an older policy."""
+    from dataclasses import replace
+
+    from rpeg.runtime.rl import RLConfig
+
+    with local_worker(binding, "actor_gen") as w:
+        out = w.op(node(binding, "actor_gen"), {})[1]
+    with local_worker(binding, "reward_inf") as w:
+        w.inbox[("reward_inf", 0, "actor_gen", 0)] = [out]
+        rewards = w.op(node(binding, "reward_inf"), {"actor_gen": []})[1]
+    with local_worker(binding, "ref_inf") as w:
+        w.inbox[("ref_inf", 0, "actor_gen", 0)] = [out]
+        ref = w.op(node(binding, "ref_inf"), {"actor_gen": []})[1]
+    older = {**out, "logp": out["logp"] - 0.4 * out["mask"]}  # μ ≠ the trained weights
+    inputs = {"actor_gen": older, "reward_inf": rewards, "ref_inf": ref}
+
+    def train(objective: str, rollout_version: int) -> tuple[dict, dict]:
+        with local_worker(binding, "actor_train") as w:
+            w.cfg = replace(RLConfig(), stale_objective=objective)
+            for src, part in inputs.items():
+                w.inbox[("actor_train", 0, src, 0)] = [part]
+            n = node(binding, "actor_train", tau=1, rollout_version=rollout_version)
+            meta = w.op(n, {src: [] for src in inputs})[0]
+            return {k: v.detach().clone() for k, v in w.model.named_parameters()}, meta
+
+    fresh, fresh_meta = train("decoupled", 0)
+    coupled, coupled_meta = train("coupled", -1)
+    decoupled, decoupled_meta = train("decoupled", -1)
+    assert all(torch.equal(fresh[k], coupled[k]) for k in fresh)
+    assert any(not torch.equal(decoupled[k], coupled[k]) for k in fresh)
+    assert fresh_meta["logprob_gap"] == pytest.approx(0.4, abs=1e-4)
+    assert "logprob_gap" not in coupled_meta and "logprob_gap" not in decoupled_meta
+
+
 def test_a_node_of_a_version_the_worker_lacks_is_refused(binding):
     with (
         local_worker(binding, "actor_gen") as w,
