@@ -30,6 +30,19 @@ COLOCATED = {
 }
 
 
+# Every vertex of DISAGG re-laid out on ten workers (COLOCATED needs twenty): generation TP 2 →
+# DP 2 (Split), reference and critic inference moved (Extend, Destroy), reward inference onto two
+# devices, actor training PP 2 → TP 2 and critic training DP 2 → TP 2 (Merge) — all four kinds.
+RELAID = {
+    "actor_gen": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
+    "ref_inf": ((0, 0, 0), (1, 1, 1), 1, 1, 1, 1),
+    "reward_inf": ((0, 0, 2), (1, 1, 2), 2, 1, 1, 1),
+    "critic_inf": ((0, 0, 2), (1, 1, 1), 1, 1, 1, 1),
+    "actor_train": ((0, 0, 0), (1, 1, 2), 1, 1, 2, 2),
+    "critic_train": ((0, 0, 2), (1, 1, 2), 1, 1, 2, 1),
+}
+
+
 #: Prompts per step of the runs that check learning or compare two runs' weights: with 8
 #: sequences a step's mean reward is too noisy to show learning within two updates.
 BATCH = 32

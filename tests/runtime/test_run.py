@@ -100,8 +100,8 @@ def test_same_seed_two_layouts_same_weights(colocated_ppo, clean_run):
     """Synchronous plans with different placements and DP/PP/TP layouts train the same model:
     the disaggregated plan (TP-2 generation, PP-2 actor training, DP-2 critic training, four
     devices) and the greedy colocated one (DP 2 on two devices). Both runs are shared: the first
-    with test_transition.py's relayout test (which also ends on the COLOCATED layout), the second
-    with this module's fixture."""
+    with test_transition.py's relayout test (its run without the transition), the second with
+    this module's fixture."""
     sync = (("actor", 0), ("critic", 0))
     a = clean_run(hand(workload("ppo"), "1x1x4", DISAGG, sync), steps=3, batch=BATCH, return_weights=True)
     _, c = colocated_ppo
