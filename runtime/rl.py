@@ -79,8 +79,8 @@ class RLConfig:
         (positive; a separate critic minimises ``L_value`` alone, which Adam's step does not scale
         with). Measured on the synthetic task (``benchmarks/value_coef.py``, 8 seeds × 5 steps):
         on a synchronous shared plan the reward fell by more than 0.1 in some step in 5 of 8 runs
-        with ``c_v = 1`` and in none with 0.1 (final reward 0.82 → 0.94); with staleness 1 and
-        the coupled objective it still fell in 4 of 8 at 0.1 (final reward 0.33 at 1, 0.51 at 0.1).
+        with ``c_v = 1`` and in none with 0.1 (final reward 0.82 → 0.94); with staleness 1 (the
+        decoupled objective below) in 6 of 8 at 1 and 1 of 8 at 0.1 (final reward 0.41 → 0.83).
     stale_objective
         How PPO, GRPO and ReMax train on rollouts sampled by weights older than the trained ones
         (staleness ``τ > 0``): ``"decoupled"`` (default) takes PPO's ratio against the trained
