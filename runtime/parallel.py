@@ -157,11 +157,6 @@ class FSDPAdam:
         if self.sharded:
             model.unshard()
 
-    @property
-    def params(self) -> list[torch.Tensor]:
-        """The model's full (TP-local) parameters, as registered between updates."""
-        return list(self.model.parameters())
-
     def sync_gradients(self, last: bool) -> None:
         """Reduce-scatter the accumulated gradients in the coming backward only when ``last``
         (each rank calls it before each microbatch's backward; one reduction per update)."""
@@ -177,6 +172,15 @@ class FSDPAdam:
         if self.sharded:
             self.model.reshard()
             self.model.unshard()
+            self.model.set_requires_gradient_sync(True)
+
+    def zero_grad(self) -> None:
+        """Drop accumulated gradients, full and sharded (after a failed step), and re-arm the
+        reduction for the next backward."""
+        for p in self.model.parameters():
+            p.grad = None
+        self.adam.zero_grad(set_to_none=True)
+        if self.sharded:
             self.model.set_requires_gradient_sync(True)
 
     @torch.no_grad()

@@ -90,6 +90,8 @@ class WorkerCheckpoints:
         self.gen_state.clear()
         for p in self.model.parameters():
             p.grad = None
+        if self.optimizer is not None:
+            self.optimizer.zero_grad()
         if self.optimizer is not None and self.version == step + 1:
             b = self.boundary
             if b is None or b["version"] != step:

@@ -4,8 +4,9 @@ against one process with ``torch.optim.Adam`` on the whole batch.
 Checked on every rank: the reduced gradient shard is the chunk of the whole batch's gradient (a
 sum, not a mean), the updated parameters and the gathered Adam moments equal the single-process
 ones, DP ranks may run different numbers of forwards and microbatches between updates, a
-checkpointed optimizer state and a transition's full moments load back exactly, and weights
-written through ``set_masters`` are what the next gather brings back.
+checkpointed optimizer state and a transition's full moments load back exactly, ``zero_grad``
+drops a failed step's gradients, and weights written through ``set_masters`` are what the next
+gather brings back.
 """
 
 from __future__ import annotations
@@ -83,6 +84,13 @@ def _rank(rank: int, init_file: str, spec, batches: list[torch.Tensor], ref: dic
         torch.testing.assert_close(m, ref["m"], atol=1e-6, rtol=1e-4)
         torch.testing.assert_close(v, ref["v"], atol=1e-9, rtol=1e-4)
         assert opt.t == len(batches)
+
+        opt.sync_gradients(False)  # a failed step leaves gradients behind: zero_grad drops them
+        loss_of(model, batches[0][:1], 1).backward()
+        opt.zero_grad()
+        assert all(p.grad is None for p in model.parameters())
+        assert all(m.grad is None for m in opt.masters.values())
+        assert model._get_fsdp_state()._fsdp_param_group.reduce_grads  # the next backward reduces
 
         saved = opt.state()
         opt.load_full_moments(torch.zeros_like(m), torch.zeros_like(v), 0)
