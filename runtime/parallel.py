@@ -152,7 +152,6 @@ class FSDPAdam:
             model.set_force_sum_reduction_for_comms(True)
         self.masters = dict(model.named_parameters())  # the dim-0 shards (DTensors) under FSDP2
         self.adam = torch.optim.Adam(list(self.masters.values()), lr=lr, betas=betas, eps=eps)
-        self.lr = lr
         self.t = 0
         if self.sharded:
             model.unshard()
@@ -228,18 +227,14 @@ class FSDPAdam:
     def load_full_moments(self, m: torch.Tensor, v: torch.Tensor, t: int) -> None:
         """Keep this rank's dim-0 chunks of full flat moments and set the step counter."""
         full = dict(self.model.named_parameters())
+        self.t = int(t)
         off = 0
         for name, master in self.masters.items():
             shape = local(full[name]).shape
             k = math.prod(shape)
-            state = {"step": torch.tensor(float(t))}
-            for key, flat in (("exp_avg", m), ("exp_avg_sq", v)):
-                moment = torch.zeros_like(master)
-                local(moment).copy_(_dim0_chunk(flat[off : off + k].view(shape), self.world, self.index))
-                state[key] = moment
-            self.adam.state[master] = state
+            mine = [_dim0_chunk(flat[off : off + k].view(shape), self.world, self.index) for flat in (m, v)]
+            self._set_moments(master, *mine)
             off += k
-        self.t = int(t)
 
     def state(self) -> dict[str, object]:
         """Moments and step counter of this rank's shards (for checkpoints)."""
@@ -262,15 +257,19 @@ class FSDPAdam:
             )
         self.t = int(state["t"])  # type: ignore[arg-type]
         for master, m, v in zip(self.masters.values(), state["m"], state["v"]):  # type: ignore[call-overload]
-            if self.t == 0:
-                self.adam.state.pop(master, None)
-                continue
-            st = {"step": torch.tensor(float(self.t))}
-            for key, value in (("exp_avg", m), ("exp_avg_sq", v)):
-                moment = torch.zeros_like(master)
-                local(moment).copy_(value)
-                st[key] = moment
-            self.adam.state[master] = st
+            self._set_moments(master, m, v)
+
+    def _set_moments(self, master: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
+        """Adam's state of one shard: local moments ``m``, ``v`` at step :attr:`t` (none at 0)."""
+        if self.t == 0:
+            self.adam.state.pop(master, None)
+            return
+        state: dict[str, torch.Tensor] = {"step": torch.tensor(float(self.t))}
+        for key, value in (("exp_avg", m), ("exp_avg_sq", v)):
+            moment = torch.zeros_like(master)
+            local(moment).copy_(value)
+            state[key] = moment
+        self.adam.state[master] = state
 
 
 def publication(

@@ -88,10 +88,11 @@ class WorkerCheckpoints:
         """
         self.inbox.clear()
         self.gen_state.clear()
-        for p in self.model.parameters():
-            p.grad = None
         if self.optimizer is not None:
-            self.optimizer.zero_grad()
+            self.optimizer.zero_grad()  # full and sharded gradients
+        else:
+            for p in self.model.parameters():
+                p.grad = None
         if self.optimizer is not None and self.version == step + 1:
             b = self.boundary
             if b is None or b["version"] != step:
