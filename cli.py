@@ -432,7 +432,7 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     from .runtime.measure import DEVICES
 
     c = sub.add_parser("calibrate", help="measure this machine and write a hardware JSON file")
-    c.add_argument("--out", required=True, metavar="HW.json", help="hardware file to write (rpeg.hardware/1)")
+    c.add_argument("--out", required=True, metavar="HW.json", help="hardware file to write (rpeg.hardware/2)")
     c.add_argument("--quick", action="store_true", help="reduced sweep that runs in seconds")
     c.add_argument(
         "--device", default="cpu", choices=list(DEVICES), help="cpu (gloo) or cuda (NCCL, untested)"

@@ -1,7 +1,7 @@
 """Calibration fits: turn microbenchmark samples into the cost model's hardware figures (SPEC §6).
 
 Each measurement is fitted to the formula the cost model uses, and the fits together make a
-:class:`~rpeg.ir.hardware.Hardware` in the ``rpeg.hardware/1`` format (:func:`fit_hardware`):
+:class:`~rpeg.ir.hardware.Hardware` in the ``rpeg.hardware/2`` format (:func:`fit_hardware`):
 
 * **GEMM-shape sweep** → ``F_peak, γM, γK``: throughputs of ``(M × K) @ (K × n)`` matmuls over a
   grid of ``M = b·ℓ`` and ``K``, fitted to ``F = F_peak·(M/(M + γM))·(K/(K + γK))``
@@ -640,7 +640,7 @@ def fit_hardware(m: Measurements, base: Hardware) -> CalibrationReport:
     """
     gfit = fit_gemm([s.m for s in m.gemm], [s.k for s in m.gemm], [s.flops_per_s for s in m.gemm])
     coll_fit, p2p_fit, primitive_fits = _link_fits(m.comm)
-    measured = ["peak_flops", "gamma_m", "gamma_k", "mem_bandwidth", "c_nongemm", "b_cal"]
+    measured = ["peak_flops", "gamma_m", "gamma_k", "mem_bandwidth", "c_nongemm", "b_cal", "l_cal", "d_cal"]
     inherited = ["memory_headroom"]
     if m.gpu_memory_bytes is not None and m.gpus_per_node is not None:
         gpu_memory, per_node = m.gpu_memory_bytes, m.gpus_per_node
@@ -667,6 +667,8 @@ def fit_hardware(m: Measurements, base: Hardware) -> CalibrationReport:
         gamma_k=gfit.gamma_k,
         c_nongemm=statistics.median(m.nongemm_seconds),
         b_cal=float(shape.batch),
+        l_cal=float(shape.seq_len),
+        d_cal=float(shape.hidden),
         collective=tuple(collective),  # type: ignore[arg-type]
         p2p=tuple(p2p_links),  # type: ignore[arg-type]
         memory_headroom=base.memory_headroom,

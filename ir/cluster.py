@@ -292,8 +292,7 @@ class Cluster:
 
     def to_dict(self) -> dict[str, object]:
         """The ``cluster`` block of a result file (SPEC §12)."""
-        hw = self.hardware.to_dict()
-        hw.pop("format", None)
+        hw = self.hardware.to_dict()  # with its format: rpeg.hardware/1 blocks are refused on reading
         return {
             "racks": self.racks,
             "nodes_per_rack": self.nodes_per_rack,

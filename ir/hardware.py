@@ -1,15 +1,26 @@
 """Hardware description: the figures the cost model reads, as data (an input, SPEC §2).
 
 A :class:`Hardware` holds GPU memory ``M_GPU``, effective compute ``F_peak``, HBM bandwidth
-``BW_mem``, the GEMM-shape constants ``γM, γK``, the non-GEMM constant ``c_ng`` at batch ``B_cal``
-and ``(α, β)`` pairs for collectives and point-to-point transfers at three tiers (SPEC §2):
+``BW_mem``, the GEMM-shape constants ``γM, γK``, the non-GEMM constant ``c_ng`` measured at
+``B_cal`` sequences of ``ℓ_cal`` tokens of width ``d_cal``, and ``(α, β)`` pairs for collectives
+and point-to-point transfers at three tiers (SPEC §2):
 
 * tier 0 — inside a node (NVLink/NVSwitch),
 * tier 1 — between nodes of one rack,
 * tier 2 — between racks.
 
+Beyond SPEC, a hardware file can carry what a calibration through the execution engines
+measured (``rpeg calibrate``; docs/cost-model.md §2 "Engine terms"): per engine (``vllm``,
+``torch``, …) and operation class (:data:`OP_CLASSES`) an :class:`OpTerms` — a GEMM efficiency
+and fixed overheads per call, per layer pass and per decode step — and the engine's weight-sync
+link; :attr:`Hardware.engine_for` says which engine runs which role, and ``dispatch_s`` is the
+controller's fixed cost of dispatching one node. Presets carry none of these (every term is
+neutral), so their predictions are SPEC's.
+
 Bundled presets live as JSON files in ``costmodel/presets/`` (nominal vendor figures,
-derated); calibration writes the same format (see :meth:`Hardware.save`).
+derated, each link figure's source in ``sources``); calibration writes the same format
+(see :meth:`Hardware.save`). The format is ``rpeg.hardware/2``; ``/1`` files predate the
+per-token non-GEMM reference (``l_cal``, ``d_cal``) and are refused with a message saying so.
 """
 
 from __future__ import annotations
@@ -24,9 +35,19 @@ from pydantic import AfterValidator, Field
 
 from .errors import InputError, Strict, read_json, validate
 
-__all__ = ["TIER_NAMES", "Hardware", "Link"]
+__all__ = ["ENGINE_ROLES", "FORMAT", "OP_CLASSES", "TIER_NAMES", "EngineTerms", "Hardware", "Link", "OpTerms"]
 
 TIER_NAMES = ("intra-node", "inter-node", "inter-rack")
+
+#: The hardware file format this version writes and reads.
+FORMAT = "rpeg.hardware/2"
+
+#: Operation classes with their own engine terms: generation's prefill and decode, teacher-forced
+#: inference, training.
+OP_CLASSES = ("prefill", "decode", "inference", "training")
+
+#: The roles an engine is chosen for (:attr:`Hardware.engine_for`).
+ENGINE_ROLES = ("generation", "inference", "training")
 
 
 def _is_number(value: object) -> bool:
@@ -61,6 +82,62 @@ class Link:
 
 
 @dataclass(frozen=True)
+class OpTerms:
+    """What one engine adds to the cost model for one operation class (docs/cost-model.md §2).
+
+    An OP node of the class takes ``T_gemm/η + c_call + n_pass·c_layer + n_step·c_step`` on top of
+    SPEC's other terms (:func:`~rpeg.costmodel.time.op_time` counts ``n_pass`` and ``n_step``).
+
+    Parameters
+    ----------
+    efficiency
+        ``η_e > 0``: the share of the roofline ``F_eff`` the engine's kernels reach.
+    per_call_s
+        ``c_call``: fixed seconds per OP node (the engine's entry, batching, output gathering).
+    per_layer_s
+        ``c_layer``: fixed seconds per layer per forward-equivalent pass per microbatch (kernel
+        launches, Python per module).
+    per_step_s
+        ``c_step``: fixed seconds per decode step per microbatch (scheduler, sampling); the
+        prefill counts as one step.
+    """
+
+    efficiency: float = 1.0
+    per_call_s: float = 0.0
+    per_layer_s: float = 0.0
+    per_step_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (_is_number(self.efficiency) and self.efficiency > 0):
+            raise ValueError(f"OpTerms efficiency must be positive, got {self.efficiency!r}")
+        for name in ("per_call_s", "per_layer_s", "per_step_s"):
+            value = getattr(self, name)
+            if not (_is_number(value) and value >= 0):
+                raise ValueError(f"OpTerms {name} must be non-negative, got {value!r}")
+
+
+#: The neutral terms: SPEC's cost model unchanged.
+NEUTRAL = OpTerms()
+
+
+@dataclass(frozen=True)
+class EngineTerms:
+    """One engine's measured terms: an :class:`OpTerms` per operation class it was measured for,
+    and the link weights take into it (``α + bytes·β`` per weight sync; generation engines)."""
+
+    name: str
+    prefill: OpTerms | None = None
+    decode: OpTerms | None = None
+    inference: OpTerms | None = None
+    training: OpTerms | None = None
+    weight_sync: Link | None = None
+
+    def classes(self) -> tuple[str, ...]:
+        """The operation classes this engine has terms for."""
+        return tuple(c for c in OP_CLASSES if getattr(self, c) is not None)
+
+
+@dataclass(frozen=True)
 class Hardware:
     """Per-GPU and interconnect figures of one cluster type.
 
@@ -89,6 +166,17 @@ class Hardware:
         ``ε``; usable memory is ``M_eff = (1 − ε)·M_GPU``.
     gpus_per_node
         The node size this hardware ships in (a default for cluster shapes).
+    l_cal, d_cal
+        ``ℓ_cal`` and ``d_cal``: tokens per sequence and hidden width at which ``c_nongemm`` was
+        measured (non-GEMM work scales with the tokens·width a device processes).
+    dispatch_s
+        Fixed seconds the controller spends dispatching one OP or COMM node (0 in presets).
+    engines
+        Measured :class:`EngineTerms` (none in presets).
+    engine_for
+        ``(generation, inference, training)`` engine names; ``""`` for SPEC's terms.
+    sources
+        Where each figure comes from (``"collective.inter-node": "NVIDIA DGX A100 user guide …"``).
     """
 
     name: str
@@ -104,13 +192,19 @@ class Hardware:
     memory_headroom: float = 0.10
     gpus_per_node: int = 8
     notes: str = field(default="", compare=False)
+    l_cal: float = 640.0
+    d_cal: float = 4096.0
+    dispatch_s: float = 0.0
+    engines: tuple[EngineTerms, ...] = ()
+    engine_for: tuple[str, str, str] = ("", "", "")
+    sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("gpu_memory_bytes", "peak_flops", "mem_bandwidth", "b_cal"):
+        for name in ("gpu_memory_bytes", "peak_flops", "mem_bandwidth", "b_cal", "l_cal", "d_cal"):
             value = getattr(self, name)
             if not (_is_number(value) and value > 0):
                 raise ValueError(f"Hardware {self.name!r}: {name} must be positive, got {value!r}")
-        for name in ("gamma_m", "gamma_k", "c_nongemm"):
+        for name in ("gamma_m", "gamma_k", "c_nongemm", "dispatch_s"):
             value = getattr(self, name)
             if not (_is_number(value) and value >= 0):
                 raise ValueError(f"Hardware {self.name!r}: {name} must be non-negative, got {value!r}")
@@ -123,6 +217,63 @@ class Hardware:
             if len(links) != 3:
                 raise ValueError(f"Hardware {self.name!r}: {name} needs 3 tiers, got {len(links)}")
             object.__setattr__(self, name, tuple(lk if isinstance(lk, Link) else Link(*lk) for lk in links))
+        object.__setattr__(self, "engines", tuple(self.engines))
+        object.__setattr__(self, "engine_for", tuple(self.engine_for))
+        object.__setattr__(self, "sources", tuple(tuple(kv) for kv in self.sources))
+        names = [e.name for e in self.engines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Hardware {self.name!r}: engine names repeat: {names}")
+        if len(self.engine_for) != 3:
+            raise ValueError(
+                f"Hardware {self.name!r}: engine_for needs 3 names {ENGINE_ROLES}, got {self.engine_for!r}"
+            )
+        for role, engine in zip(ENGINE_ROLES, self.engine_for):
+            if engine and engine not in names:
+                raise ValueError(
+                    f"Hardware {self.name!r}: engine_for.{role} = {engine!r} has no measured terms "
+                    f"(engines: {', '.join(names) or 'none'})"
+                )
+
+    # ------------------------------------------------------------------ engine terms
+    def engine(self, role: str) -> EngineTerms | None:
+        """The :class:`EngineTerms` of the engine that runs ``role`` (``None``: SPEC's terms)."""
+        name = self.engine_for[ENGINE_ROLES.index(role)]
+        return next((e for e in self.engines if e.name == name), None) if name else None
+
+    def terms(self, op_class: str) -> OpTerms:
+        """The :class:`OpTerms` of ``op_class`` for the engine that runs it; neutral when that
+        engine has none (a preset, or a class the calibration did not measure)."""
+        role = "generation" if op_class in ("prefill", "decode") else op_class
+        eng = self.engine(role)
+        found = getattr(eng, op_class) if eng is not None else None
+        return found if found is not None else NEUTRAL
+
+    def weight_sync(self) -> Link | None:
+        """The generation engine's weight-sync link, if it has one."""
+        eng = self.engine("generation")
+        return eng.weight_sync if eng is not None else None
+
+    def using(self, **roles: str) -> Hardware:
+        """A copy whose ``engine_for`` names ``roles`` (``generation="vllm"``); an engine without
+        measured terms gives SPEC's terms for its role (``""``).
+
+        Raises
+        ------
+        ValueError
+            For a role outside :data:`ENGINE_ROLES`.
+        """
+        bad = set(roles) - set(ENGINE_ROLES)
+        if bad:
+            raise ValueError(
+                f"Hardware.using: unknown role(s) {sorted(bad)}; roles: {', '.join(ENGINE_ROLES)}"
+            )
+        names = {e.name for e in self.engines}
+        chosen = list(self.engine_for)
+        for role, engine in roles.items():
+            chosen[ENGINE_ROLES.index(role)] = engine if engine in names else ""
+        from dataclasses import replace
+
+        return replace(self, engine_for=tuple(chosen))  # type: ignore[arg-type]
 
     @property
     def m_eff(self) -> float:
@@ -133,9 +284,18 @@ class Hardware:
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form; the inverse of :meth:`from_dict`."""
         d = asdict(self)
-        d["format"] = "rpeg.hardware/1"
+        d["format"] = FORMAT
         d["collective"] = [{"tier": TIER_NAMES[i], **asdict(lk)} for i, lk in enumerate(self.collective)]
         d["p2p"] = [{"tier": TIER_NAMES[i], **asdict(lk)} for i, lk in enumerate(self.p2p)]
+        engines: dict[str, dict[str, object]] = {}
+        for e in self.engines:
+            entry: dict[str, object] = {c: asdict(getattr(e, c)) for c in e.classes()}
+            if e.weight_sync is not None:
+                entry["weight_sync"] = asdict(e.weight_sync)
+            engines[e.name] = entry
+        d["engines"] = engines
+        d["engine_for"] = dict(zip(ENGINE_ROLES, self.engine_for))
+        d["sources"] = dict(self.sources)
         return d
 
     @classmethod
@@ -149,6 +309,14 @@ class Hardware:
             or out of range (a negative bandwidth); the message names ``source``, the tier and
             the field.
         """
+        if isinstance(data, dict) and data.get("format", "rpeg.hardware/1") == "rpeg.hardware/1":
+            raise InputError(
+                f"{source}: format 'rpeg.hardware/1' is no longer read: since {FORMAT} the non-GEMM constant "
+                "c_nongemm is charged per token and needs the reference it was measured at (fields l_cal, "
+                "tokens per sequence, and d_cal, hidden width). Re-run `rpeg calibrate --out FILE`, or add "
+                f'"l_cal" and "d_cal" and set "format": "{FORMAT}" (docs/cost-model.md §5).',
+                source=source,
+            )
         doc = validate(_HardwareFile, data, source)
         try:
             return cls(
@@ -165,6 +333,25 @@ class Hardware:
                 memory_headroom=doc.memory_headroom,
                 gpus_per_node=doc.gpus_per_node,
                 notes=doc.notes,
+                l_cal=doc.l_cal,
+                d_cal=doc.d_cal,
+                dispatch_s=doc.dispatch_s,
+                engines=tuple(
+                    EngineTerms(
+                        name,
+                        **{
+                            c: OpTerms(**getattr(e, c).model_dump())
+                            for c in OP_CLASSES
+                            if getattr(e, c) is not None
+                        },
+                        weight_sync=None
+                        if e.weight_sync is None
+                        else Link(e.weight_sync.alpha, e.weight_sync.beta),
+                    )
+                    for name, e in doc.engines.items()
+                ),
+                engine_for=(doc.engine_for.generation, doc.engine_for.inference, doc.engine_for.training),
+                sources=tuple(doc.sources.items()),
             )
         except ValueError as exc:
             raise InputError(f"{source}: {exc}", source=source) from None
@@ -206,10 +393,36 @@ def _in_tier_order(links: list[_LinkEntry]) -> list[_LinkEntry]:
 Tiers = Annotated[list[_LinkEntry], Field(min_length=3, max_length=3), AfterValidator(_in_tier_order)]
 
 
-class _HardwareFile(Strict):
-    """Schema of ``rpeg.hardware/1``: every figure a finite number of the right sign."""
+class _OpTermsEntry(Strict):
+    efficiency: Positive = 1.0
+    per_call_s: NonNegative = 0.0
+    per_layer_s: NonNegative = 0.0
+    per_step_s: NonNegative = 0.0
 
-    format: Literal["rpeg.hardware/1"] = "rpeg.hardware/1"
+
+class _SyncEntry(Strict):
+    alpha: NonNegative
+    beta: NonNegative
+
+
+class _EngineEntry(Strict):
+    prefill: _OpTermsEntry | None = None
+    decode: _OpTermsEntry | None = None
+    inference: _OpTermsEntry | None = None
+    training: _OpTermsEntry | None = None
+    weight_sync: _SyncEntry | None = None
+
+
+class _EngineFor(Strict):
+    generation: str = ""
+    inference: str = ""
+    training: str = ""
+
+
+class _HardwareFile(Strict):
+    """Schema of ``rpeg.hardware/2``: every figure a finite number of the right sign."""
+
+    format: Literal["rpeg.hardware/2"]
     name: Annotated[str, Field(min_length=1)]
     gpu_memory_bytes: Positive
     peak_flops: Positive
@@ -223,3 +436,9 @@ class _HardwareFile(Strict):
     memory_headroom: Annotated[float, Field(ge=0, lt=1)] = 0.10
     gpus_per_node: Annotated[int, Field(ge=1, le=1024)] = 8
     notes: str = ""
+    l_cal: Positive
+    d_cal: Positive
+    dispatch_s: NonNegative = 0.0
+    engines: dict[str, _EngineEntry] = Field(default_factory=dict)
+    engine_for: _EngineFor = _EngineFor()
+    sources: dict[str, str] = Field(default_factory=dict)

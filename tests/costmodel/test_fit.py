@@ -199,7 +199,8 @@ def test_fit_hardware_recovers_the_machine_and_inherits_the_rest():
     assert hw.gpu_memory_bytes == base.gpu_memory_bytes and hw.gpus_per_node == base.gpus_per_node
     assert hw.memory_headroom == base.memory_headroom
     assert r.measured == (
-        "peak_flops", "gamma_m", "gamma_k", "mem_bandwidth", "c_nongemm", "b_cal", "collective[0]", "p2p[0]"
+        "peak_flops", "gamma_m", "gamma_k", "mem_bandwidth", "c_nongemm", "b_cal", "l_cal", "d_cal",
+        "collective[0]", "p2p[0]",
     )  # fmt: skip
     assert "collective[1]" in r.inherited and "gpu_memory_bytes" in r.inherited
     assert "Inherited from 'cpu'" in hw.notes and "Measured:" in hw.notes and "tier-0 P2P" in hw.notes

@@ -158,3 +158,90 @@ def test_missing_or_unreadable_hardware_file_is_named(tmp_path):
         hardware_preset(None)
     with pytest.raises(InputError, match="unknown hardware preset 'h1000'"):
         load_hardware("h1000")
+
+
+# ---------------------------------------------------------------------------- rpeg.hardware/2
+def _engines_hw() -> Hardware:
+    from rpeg.ir.hardware import EngineTerms, OpTerms
+
+    vllm = EngineTerms(
+        "vllm",
+        prefill=OpTerms(0.5, 2e-3, 1e-4, 0.0),
+        decode=OpTerms(0.25, 0.0, 5e-5, 1e-3),
+        weight_sync=Link(1e-2, 1e-9),
+    )
+    torch_ = EngineTerms("torch", inference=OpTerms(0.8, 1e-3, 2e-4, 0.0), training=OpTerms(0.7, 3e-3, 3e-4, 0.0))
+    base = hardware_preset("cpu")
+    from dataclasses import replace
+
+    return replace(
+        base,
+        name="engines",
+        l_cal=64.0,
+        d_cal=512.0,
+        dispatch_s=2.5e-3,
+        engines=(vllm, torch_),
+        engine_for=("vllm", "torch", "torch"),
+        sources=(("peak_flops", "measured"),),
+    )
+
+
+def test_engine_terms_round_trip_and_lookup(tmp_path):
+    hw = _engines_hw()
+    path = tmp_path / "hw.json"
+    hw.save(path)
+    doc = json.loads(path.read_text())
+    assert doc["format"] == "rpeg.hardware/2"
+    assert doc["engine_for"] == {"generation": "vllm", "inference": "torch", "training": "torch"}
+    assert set(doc["engines"]["vllm"]) == {"prefill", "decode", "weight_sync"}
+    back = Hardware.load(path)
+    assert back == hw and back.sources == hw.sources
+    assert back.terms("decode").per_step_s == 1e-3 and back.terms("training").efficiency == 0.7
+    assert back.weight_sync() == Link(1e-2, 1e-9)
+    # the torch engine has no generation terms: SPEC's (neutral) terms when it generates
+    torch_gen = back.using(generation="torch")
+    assert torch_gen.terms("decode").efficiency == 1.0 and torch_gen.weight_sync() is None
+    # an engine the file never measured: neutral too, not an error
+    assert back.using(generation="megatron").engine_for[0] == ""
+    with pytest.raises(ValueError, match="unknown role"):
+        back.using(decoding="vllm")
+
+
+def test_presets_have_neutral_engine_terms():
+    for name in HARDWARE_PRESETS:
+        hw = hardware_preset(name)
+        assert hw.dispatch_s == 0.0 and hw.engines == () and hw.weight_sync() is None
+        for cls in ("prefill", "decode", "inference", "training"):
+            t = hw.terms(cls)
+            assert (t.efficiency, t.per_call_s, t.per_layer_s, t.per_step_s) == (1.0, 0.0, 0.0, 0.0)
+
+
+def test_version_1_files_are_refused_with_what_to_do(tmp_path):
+    doc = hardware_preset("cpu").to_dict()
+    doc["format"] = "rpeg.hardware/1"
+    del doc["l_cal"], doc["d_cal"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match=r"old\.json: format 'rpeg.hardware/1' is no longer read.*l_cal.*d_cal"):
+        load_hardware(str(path))
+
+
+@pytest.mark.parametrize(
+    ("edit", "pattern"),
+    [
+        (lambda d: d["engine_for"].update(generation="sglang"), r"engine_for\.generation = 'sglang' has no measured terms"),
+        (lambda d: d["engines"]["vllm"]["decode"].update(efficiency=0.0), r"engines\.vllm\.decode\.efficiency"),
+        (lambda d: d["engines"]["vllm"]["decode"].update(per_step_ms=1.0), r"per_step_ms"),
+        (lambda d: d.update(l_cal="64"), r"l_cal"),
+        (lambda d: d.pop("d_cal"), r"d_cal"),
+        (lambda d: d.update(dispatch_s=-1.0), r"dispatch_s"),
+    ],
+)  # fmt: skip
+def test_bad_engine_fields_name_the_field(tmp_path, edit, pattern):
+    doc = _engines_hw().to_dict()
+    edit(doc)
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match=pattern) as info:
+        load_hardware(str(path))
+    assert "hw.json" in str(info.value)

@@ -64,7 +64,7 @@ def test_calibrated_hardware_round_trips_and_prices_an_op(quick_report, tmp_path
     quick_report.hardware.save(path)
     hw = Hardware.load(path)
     assert hw == quick_report.hardware
-    assert json.loads(path.read_text())["format"] == "rpeg.hardware/1"
+    assert json.loads(path.read_text())["format"] == "rpeg.hardware/2"
     json.dumps(quick_report.to_dict())  # raw report is JSON-ready
     cluster = Cluster.from_shape("1x1x4", hw)
     model = model_preset("7b").scaled(layers=2, hidden=256, heads=4, vocab=1000)
