@@ -24,6 +24,7 @@ from .collectives import (
     reduce_scatter_time,
 )
 from .flops import (
+    attention_core_flops,
     decode_flops,
     forward_flops,
     generation_flops,
@@ -31,6 +32,7 @@ from .flops import (
     inference_flops,
     prefill_flops,
     training_flops,
+    training_passes,
 )
 from .hardware import HARDWARE_PRESETS, Hardware, Link, hardware_preset, load_hardware
 from .layout import Layout
@@ -39,6 +41,7 @@ from .memory import (
     kv_cache_bytes,
     kv_width_per_device,
     model_params,
+    stored_activation_width,
     training_activation_bytes,
     training_state_bytes,
     transient_bytes,
@@ -56,6 +59,7 @@ __all__ = [
     "allgather_time",
     "allreduce_time",
     "alltoall_time",
+    "attention_core_flops",
     "comm_time",
     "decode_flops",
     "forward_flops",
@@ -74,8 +78,10 @@ __all__ = [
     "publication_bytes",
     "reduce_scatter_time",
     "reshard_time",
+    "stored_activation_width",
     "training_activation_bytes",
     "training_flops",
+    "training_passes",
     "training_state_bytes",
     "transient_bytes",
     "weight_bytes",

@@ -16,14 +16,19 @@ causal averaging). Decode step ``t`` of the response (``t = 0, 1, …``) process
 context ``Lp + t``; a window of steps ``[t0, t1)`` costs ``(t1 − t0)`` tokens at the mean context
 ``Lp + (t0 + t1)/2``. Prefill plus decode over the whole response therefore adds up to the
 attention of a teacher-forced pass over ``Lp + Lr`` tokens, ``2·d_q·(Lp + Lr)²``.
+
+Training is ``f`` forward-equivalents (:func:`training_passes`), ``f`` set by the invocation's
+activation recomputation: ``4`` (``full``), ``3`` (``none``) or ``3`` plus the attention core's
+share of a forward (``selective``).
 """
 
 from __future__ import annotations
 
 from ..ir.models import ModelSpec
-from ..ir.types import Head
+from ..ir.types import Head, Recompute
 
 __all__ = [
+    "attention_core_flops",
     "decode_flops",
     "forward_flops",
     "generation_flops",
@@ -31,10 +36,11 @@ __all__ = [
     "inference_flops",
     "prefill_flops",
     "training_flops",
+    "training_passes",
 ]
 
-#: Forward-equivalent passes of one training step: forward, recompute (activation
-#: checkpointing) and a backward pass that costs two forwards (SPEC §6).
+#: Forward-equivalent passes of one training step under full recomputation: forward, recompute
+#: of the checkpointed forward and a backward pass that costs two forwards (SPEC §6).
 TRAINING_PASSES = 4
 
 
@@ -117,6 +123,65 @@ def inference_flops(
     return sequences * forward_flops(model, prompt_len + response_len, head)
 
 
+def attention_core_flops(model: ModelSpec, tokens: float) -> float:
+    """The attention core of one teacher-forced forward of one sequence: ``L·2·d_q·ℓ²``.
+
+    The score product ``QKᵀ`` and the weighted sum over ``V`` (``4·d_q·c`` per token at context
+    ``c``, causally averaged to ``2·d_q·ℓ`` per token): the ``ℓ²`` term of
+    :func:`forward_flops`, the work selective recomputation repeats (no weight GEMM).
+
+    Parameters
+    ----------
+    model
+        The model.
+    tokens
+        ``ℓ``, tokens of the sequence.
+
+    Returns
+    -------
+    float
+        FLOPs for one sequence.
+    """
+    ell = float(tokens)
+    return model.layers * 2.0 * model.q_width * ell * ell
+
+
+def training_passes(
+    model: ModelSpec, recompute: Recompute | str, tokens: float, head: Head = Head.LM
+) -> float:
+    """Forward-equivalents ``f`` of one training step over ``ℓ = tokens`` (``W_T = f·W_I``).
+
+    * ``full``: ``f = 4`` — forward, recompute of the checkpointed forward, backward (two
+      forwards: gradients with respect to activations and to weights; SPEC §6);
+    * ``none``: ``f = 3`` — forward and backward, nothing recomputed;
+    * ``selective``: ``f = 3 + L·2·d_q·ℓ²/W_fwd(ℓ)`` — the backward recomputes the attention core
+      (:func:`attention_core_flops`) of every layer, a fraction of one forward
+      (:func:`forward_flops`).
+
+    Parameters
+    ----------
+    model
+        The model.
+    recompute
+        The invocation's :class:`~rpeg.ir.types.Recompute` mode.
+    tokens
+        ``ℓ = Lp + Lr``.
+    head
+        Output head(s) (part of ``W_fwd``).
+
+    Returns
+    -------
+    float
+        ``f``.
+    """
+    mode = Recompute(recompute)
+    if mode is Recompute.FULL:
+        return float(TRAINING_PASSES)
+    if mode is Recompute.NONE:
+        return 3.0
+    return 3.0 + attention_core_flops(model, tokens) / forward_flops(model, tokens, head)
+
+
 def training_flops(
     model: ModelSpec,
     *,
@@ -124,8 +189,11 @@ def training_flops(
     prompt_len: int,
     response_len: int,
     head: Head = Head.LM,
+    recompute: Recompute | str = Recompute.FULL,
 ) -> float:
-    """Training: ``W_T = 4·W_I`` (forward, recompute, backward = 2 forwards; SPEC §6).
+    """Training: ``W_T = f·W_I`` with ``f`` the forward-equivalents of the recomputation mode
+    (:func:`training_passes`): ``4·W_I`` for ``full`` (SPEC §6), ``3·W_I`` for ``none``,
+    ``3·W_I + n·L·2·d_q·ℓ²`` for ``selective``.
 
     Parameters
     ----------
@@ -137,13 +205,16 @@ def training_flops(
         ``Lp`` and ``Lr``.
     head
         Output head(s).
+    recompute
+        Activation recomputation (default ``full``, SPEC's 4 forward-equivalents).
 
     Returns
     -------
     float
         FLOPs.
     """
-    return TRAINING_PASSES * inference_flops(
+    passes = training_passes(model, recompute, prompt_len + response_len, head)
+    return passes * inference_flops(
         model, sequences=sequences, prompt_len=prompt_len, response_len=response_len, head=head
     )
 

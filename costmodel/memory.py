@@ -7,7 +7,8 @@ Parameter counts are in scalars, everything else in bytes. ``sb`` is
 * :func:`training_state_bytes` — persistent FP32 master + Adam moments, ZeRO-2 sharded;
 * :func:`weight_bytes` — one BF16 copy of the shard (serving copy, frozen model, shadow copy);
 * :func:`transient_bytes` — the peak an invocation allocates while it runs (activations,
-  KV cache, materialised weights and gradients).
+  KV cache, materialised weights and gradients); training activations follow the strategy's
+  recomputation mode (:func:`training_activation_bytes`).
 
 The caller combines them into ``peak(d) = Σ_m S(m, d) + max_v A(v)`` (SPEC §6).
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import math
 
 from ..ir.models import OPTIMIZER_BYTES_PER_PARAM, ModelSpec
-from ..ir.types import Head, Role
+from ..ir.types import Head, Recompute, Role
 from .layout import Layout
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "kv_cache_bytes",
     "kv_width_per_device",
     "model_params",
+    "stored_activation_width",
     "training_activation_bytes",
     "training_state_bytes",
     "transient_bytes",
@@ -193,20 +195,65 @@ def _layer_buffer_width(model: ModelSpec, tp: int) -> float:
     return max(2.0 * d + 6.0 * d / tp, 2.0 * d + 2.0 * model.ffn_hidden / tp)
 
 
-def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: float, tokens: float) -> float:
-    """Checkpointed training activations (SPEC §6, paper Appendix D-I).
+def stored_activation_width(model: ModelSpec, tp: int) -> float:
+    """Scalars one layer keeps per token for its backward, attention scores aside:
+    ``a = 4d + (2·d_q + 2·d_kv)/Pt + 2·(n_ffn − 1)·dff/Pt`` (``docs/cost-model.md`` §4).
 
-    ``sb·min(mb, Pp)·b·ℓ·((L/Pp)/c·d + c·max(2d + 6d/Pt, 2d + 2dff/Pt))`` with checkpoint
-    interval ``c = max(1, ⌊√(L/Pp)⌋)``, ``b = n/(Pd·mb)``, ``ℓ = tokens``: one checkpoint of
-    width ``d`` every ``c`` layers plus a recomputation buffer of ``c`` layers, for each of the
-    ``min(mb, Pp)`` microbatches alive during 1F1B warm-up.
+    Replicated over the TP ranks (no sequence parallelism): the inputs of the two norms and their
+    outputs, which feed the QKV and the up/gate GEMMs (``4d``). Sharded: ``Q``, ``K``, ``V`` and
+    the attention output that feeds the O projection (``(2·d_q + 2·d_kv)/Pt``), and the FFN
+    intermediates (``4·dff/Pt`` gated — gate, up, ``SiLU(gate)`` and the product fed to the down
+    projection; ``2·dff/Pt`` ungated — the activation's input and output). For a GPT block
+    (``d_q = d_kv = d``, ``dff = 4d``, 2 bytes) this is Korthikanti et al. (2022)'s
+    ``sbh(10 + 24/t)`` without its two 1-byte dropout masks (RL post-training runs without dropout).
+
+    Parameters
+    ----------
+    model
+        The model.
+    tp
+        Tensor-parallel degree ``Pt``.
+
+    Returns
+    -------
+    float
+        Scalars per token and layer.
+    """
+    _check_degree("tp", tp)
+    d = model.hidden
+    sharded = (
+        2.0 * model.q_width + 2.0 * model.kv_width + 2.0 * (model.ffn_projections - 1) * model.ffn_hidden
+    )
+    return 4.0 * d + sharded / tp
+
+
+def _score_scalars(model: ModelSpec, tp: int, tokens: float) -> float:
+    """Attention-probability scalars one layer keeps per sequence: ``2·(heads/Pt)·ℓ²``."""
+    return 2.0 * model.heads / tp * tokens * tokens
+
+
+def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: float, tokens: float) -> float:
+    """Training activations under the strategy's recomputation mode (SPEC §6, paper Appendix
+    D-I; Korthikanti et al. 2022), with ``b = n/(Pd·mb)``, ``ℓ = tokens`` and ``min(mb, Pp)``
+    microbatches alive during 1F1B warm-up:
+
+    * ``full`` (SPEC's formula): ``sb·min(mb, Pp)·b·ℓ·((L/Pp)/c·d + c·max(2d + 6d/Pt,
+      2d + 2dff/Pt))`` with checkpoint interval ``c = max(1, ⌊√(L/Pp)⌋)`` — one checkpoint of
+      width ``d`` every ``c`` layers plus a recomputation buffer of ``c`` layers;
+    * ``none``: ``sb·min(mb, Pp)·b·(L/Pp)·(ℓ·a + 2·(heads/Pt)·ℓ²)`` — every layer keeps its
+      activations, ``a`` = :func:`stored_activation_width`, and the unfused attention its
+      probabilities (the softmax output and the tensor the ``·V`` GEMM reads, one scalar each per
+      score);
+    * ``selective``: ``sb·b·(min(mb, Pp)·(L/Pp)·ℓ·a + 2·(heads/Pt)·ℓ²)`` — the attention core is
+      recomputed in the backward, so no layer keeps its probabilities; one layer's recomputed
+      probabilities of one microbatch are the buffer.
 
     Parameters
     ----------
     model
         The model.
     layout
-        Its layout.
+        Its layout (the strategy carries the recomputation mode).
     sequences
         ``n``, sequences trained on.
     tokens
@@ -219,10 +266,18 @@ def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: fl
     """
     s = layout.strategy
     layers = model.layers / s.pp
-    c = max(1, math.isqrt(int(layers)))
     b = sequences / (s.dp * s.mb)
-    per_token = layers / c * model.hidden + c * _layer_buffer_width(model, s.tp)
-    return model.dtype_bytes * min(s.mb, s.pp) * b * tokens * per_token
+    alive = min(s.mb, s.pp)
+    mode = s.recompute
+    if mode is Recompute.FULL:
+        c = max(1, math.isqrt(int(layers)))
+        per_token = layers / c * model.hidden + c * _layer_buffer_width(model, s.tp)
+        return model.dtype_bytes * alive * b * tokens * per_token
+    stored = layers * tokens * stored_activation_width(model, s.tp)
+    scores = _score_scalars(model, s.tp, tokens)
+    if mode is Recompute.NONE:
+        return model.dtype_bytes * alive * b * (stored + layers * scores)
+    return model.dtype_bytes * b * (alive * stored + scores)
 
 
 def inference_activation_bytes(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..ir.hardware import Hardware, Link
 from ..ir.models import ModelSpec
-from ..ir.types import Head, Role
+from ..ir.types import Head, Recompute, Role
 from .collectives import (
     allgather_time,
     allreduce_time,
@@ -22,7 +22,7 @@ from .collectives import (
     p2p_time,
     reduce_scatter_time,
 )
-from .flops import decode_flops, inference_flops, prefill_flops, training_flops
+from .flops import decode_flops, inference_flops, prefill_flops, training_flops, training_passes
 from .layout import Layout, check_tier, positive_int
 from .memory import kv_width_per_device, model_params
 
@@ -138,11 +138,14 @@ def op_time(
 
     * ``T_gemm = W/(P·F_eff)`` with ``W`` from :mod:`.flops` and ``F_eff`` the roofline
       ``min(F_peak·η, I·BW_mem)``; ``I`` uses one forward-equivalent per microbatch (training:
-      ``W/(4·P·mb)``). Generation sums prefill (``ℓ = Lp``) and decode (``ℓ = 1``, KV-cache
+      ``W_T/(f·P·mb)``, ``f`` the forward-equivalents of the strategy's recomputation mode,
+      :func:`~.flops.training_passes`: 4 ``full``, 3 ``none``, 3 + the attention core's share
+      ``selective``). Generation sums prefill (``ℓ = Lp``) and decode (``ℓ = 1``, KV-cache
       reads ``b·c̄·2·d_kv,local·sb·L/Pp`` per step at mean context ``c̄``), each with its own
       ``F_eff``.
     * ``T_bubble = T_gemm·(Pp − 1)/mb`` (the 1F1B multiplier ``(mb + Pp − 1)/mb`` minus one).
-    * ``T_tp``: ``2·(L/Pp)·mb`` AllReduces (training ``6·(L/Pp)·mb``) of ``n·ℓ·d·sb/(Pd·mb)``
+    * ``T_tp``: ``2·(L/Pp)·mb`` AllReduces (training ``6·(L/Pp)·mb`` under
+      ``full`` recomputation, ``4·(L/Pp)·mb`` under ``none``/``selective``) of ``n·ℓ·d·sb/(Pd·mb)``
       over ``Pt`` at tier 0; generation: prefill as inference at ``ℓ = Lp`` plus
       ``2·(L/Pp)·r`` decode AllReduces of ``n·d·sb/Pd``, ``r = t1 − max(t0, 1)`` (``Lr − 1`` for
       the whole response: the first response token comes out of the prefill).
@@ -152,7 +155,7 @@ def op_time(
       decode adds ``r·(mb + Pp − 2)`` steps at ``ℓ = 1``.
     * ``T_dp`` (training): ReduceScatter + AllGather of ``N_m·sb/(Pp·Pt)`` over ``Pd`` at
       ``dp_tier``.
-    * ``T_nongemm = (L/Pp)·c_ng·(1 − 1/Pt)·(b/B_cal)``, ×4 for training, 0 for generation.
+    * ``T_nongemm = (L/Pp)·c_ng·(1 − 1/Pt)·(b/B_cal)``, ×f for training, 0 for generation.
     * ``T_opt = 18·N_m/(P·BW_mem)`` for training.
 
     Parameters
@@ -211,7 +214,7 @@ def op_time(
         s = layout.strategy
         t_nongemm = node.layers * hw.c_nongemm * (1.0 - 1.0 / s.tp) * (node.b / hw.b_cal)
         if role is Role.TRAINING:
-            t_nongemm *= 4
+            t_nongemm *= training_passes(model, s.recompute, prompt_len + response_len, head)
 
     return TimeBreakdown(
         gemm=t_gemm,
@@ -325,14 +328,23 @@ def _inference_terms(node: _Node, lengths: dict[str, float], head: Head) -> tupl
 def _training_terms(
     node: _Node, lengths: dict[str, float], head: Head
 ) -> tuple[float, float, float, float, float]:
-    """``(T_gemm, T_tp, T_pp, T_dp, T_opt)`` of a training node over ``ℓ = Lp + Lr``."""
+    """``(T_gemm, T_tp, T_pp, T_dp, T_opt)`` of a training node over ``ℓ = Lp + Lr``.
+
+    The strategy's recomputation mode sets the work ``W_T = f·W_I`` (:func:`~.flops.training_passes`;
+    the intensity stays one forward-equivalent, ``W_T/(f·P·mb)``) and the TP AllReduces:
+    ``6·(L/Pp)·mb`` for ``full`` (forward, recompute, backward), ``4·(L/Pp)·mb`` for ``none``
+    and ``selective`` (the attention core sits between the column- and the row-parallel GEMM and
+    needs no collective).
+    """
     model, s, sequences, hw = node.model, node.s, node.sequences, node.hw
     P, mb, pp, tp, dp = node.n_devices, s.mb, s.pp, s.tp, s.dp
     sb = model.dtype_bytes
     ell = lengths["prompt_len"] + lengths["response_len"]
-    w = training_flops(model, head=head, **lengths)  # type: ignore[arg-type]
-    t_gemm = node.gemm(w, w / (4 * P * mb), ell)
-    t_tp = node.tp_rounds(6 * node.layers * mb, sequences * ell * model.hidden * sb / (dp * mb))
+    passes = training_passes(model, s.recompute, ell, head)
+    w = training_flops(model, head=head, recompute=s.recompute, **lengths)  # type: ignore[arg-type]
+    t_gemm = node.gemm(w, w / (passes * P * mb), ell)
+    rounds = 6 if s.recompute is Recompute.FULL else 4
+    t_tp = node.tp_rounds(rounds * node.layers * mb, sequences * ell * model.hidden * sb / (dp * mb))
     t_pp = node.pp_rounds(mb + 2 * pp - 3, ell)
     n_params = model_params(model, head)
     shard = n_params * sb / (pp * tp)

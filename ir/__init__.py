@@ -8,7 +8,7 @@ from .lower import ExecGraph, lower
 from .models import MODEL_PRESETS, ModelSpec, model_preset
 from .plan import Choice, Plan, Strategy, check_strategy
 from .templates import Structure, build_graph, structures
-from .types import Head, NodeKind, Role
+from .types import Head, NodeKind, Recompute, Role
 from .unroll import EdgeKind, UEdge, Unrolled, unroll
 from .workload import ALGORITHMS, Workload, WorkloadFile, load_workload
 
@@ -34,6 +34,7 @@ __all__ = [
     "NodeKind",
     "Plan",
     "PubEdge",
+    "Recompute",
     "Role",
     "Strategy",
     "Structure",

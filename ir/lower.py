@@ -11,10 +11,12 @@ Rules, in the order SPEC §5 gives them:
 2. Data edges: same allocation → precedence edge; different allocation → COMM node (payload
    ``#a·s(a)``) reserving the destination allocation.
 3. Consecutive vertices of one trainable model inside a step (vertex order): a shadow pair
-   (``τ(m) > 0`` and disjoint allocations) needs nothing; same allocation and strategy, nothing;
-   same allocation, other strategy, a RESHARD (``N_m·sb``); otherwise a precedence edge.
-4. Publication edges: same allocation and strategy → precedence; same allocation, other
-   strategy → RESHARD; different allocation → COMM of ``N_m·sb·(n_max − n_overlap)/n_max``.
+   (``τ(m) > 0`` and disjoint allocations) needs nothing; same allocation and layout, nothing;
+   same allocation, other layout, a RESHARD (``N_m·sb``); otherwise a precedence edge.
+4. Publication edges: same allocation and layout → precedence; same allocation, other
+   layout → RESHARD; different allocation → COMM of ``N_m·sb·(n_max − n_overlap)/n_max``.
+   (A layout is a strategy's shape, degrees and microbatches; its recomputation mode moves no
+   weights and does not count.)
    A dependency that already installs the same version on the same allocation and layout is
    reused instead of creating another node.
 
@@ -401,14 +403,15 @@ def pair_rule(
 ) -> tuple[int, float, float] | None:
     """Rule 3 for consecutive vertices ``a, b`` of a trainable model inside a step.
 
-    ``None`` for a shadow pair (``τ > 0``, disjoint) or the same allocation and strategy;
+    ``None`` for a shadow pair (``τ > 0``, disjoint) or the same allocation and layout
+    (:meth:`~rpeg.ir.plan.Strategy.same_layout`: the recomputation mode does not count);
     ``(RESHARD, N_m·sb, T)`` for the same allocation with another strategy; else ``(PREC, 0, 0)``.
     """
     ma, mb = ca.allocation.mask, cb.allocation.mask
     if ma & mb == 0 and tau > 0:
         return None
     if ma == mb:
-        if ca.strategy == cb.strategy:
+        if ca.strategy.same_layout(cb.strategy):  # recomputation moves no weights
             return None
         return RESHARD, weight_bytes, costs.reshard(model, cb)
     return PREC, 0.0, 0.0
@@ -419,12 +422,13 @@ def pub_rule(
 ) -> tuple[int, float, float]:
     """Rule 4 for a publication ``u → v``: ``(kind, bytes, duration)``.
 
-    Same allocation and strategy → ``PREC``; same allocation, other strategy → ``RESHARD`` of
+    Same allocation and layout (:meth:`~rpeg.ir.plan.Strategy.same_layout`) → ``PREC``; same
+    allocation, other layout → ``RESHARD`` of
     ``N_m·sb``; otherwise ``COMM`` of ``N_m·sb·(n_max − n_overlap)/n_max``.
     """
     mu, mv = cu.allocation.mask, cv.allocation.mask
     if mu == mv:
-        if cu.strategy == cv.strategy:
+        if cu.strategy.same_layout(cv.strategy):
             return PREC, 0.0, 0.0
         return RESHARD, weight_bytes, costs.reshard(model, cv)
     n_max = max(cu.allocation.size, cv.allocation.size)

@@ -1,7 +1,8 @@
 """Execution plans: per vertex an allocation ``σ(v)``, degrees ``Π(v) = (Pd, Pp, Pt)`` and ``mb(v)``.
 
-A :class:`Strategy` is everything of a choice except where it sits: shape, degrees, microbatches
-and the link tiers its groups span (these depend only on the shape). A :class:`Choice` adds the
+A :class:`Strategy` is everything of a choice except where it sits: shape, degrees, microbatches,
+the link tiers its groups span (these depend only on the shape) and, for a training invocation,
+its activation recomputation (:class:`~rpeg.ir.types.Recompute`). A :class:`Choice` adds the
 :class:`~rpeg.ir.cluster.Allocation`. A :class:`Plan` is one choice per vertex, in vertex order.
 
 Legality (:func:`check_strategy`) is SPEC §4's P1–P8 plus the attention-head rules of the engine
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from .cluster import Allocation, Cluster
 from .models import ModelSpec
-from .types import Role
+from .types import Recompute, Role
 
 if TYPE_CHECKING:
     from .graph import RPEG
@@ -63,6 +64,16 @@ class Strategy:
         Link tier of the inter-node pipeline boundaries (0 when a replica fits in one node).
     dp_tier
         Link tier spanned by a data-parallel group (the allocation's tier when ``Pd > 1``).
+    recompute
+        Activation recomputation (:class:`~rpeg.ir.types.Recompute`; a string is converted):
+        a training invocation's choice of ``none``, ``selective`` or ``full``; every other role
+        keeps the neutral ``full``, which the cost model ignores. It changes time and memory,
+        not the layout: :meth:`same_layout` ignores it.
+
+    Raises
+    ------
+    ValueError
+        If ``recompute`` is not one of ``none``, ``selective``, ``full``.
     """
 
     extent: tuple[int, int, int]
@@ -72,6 +83,18 @@ class Strategy:
     mb: int
     pp_tier: int = 0
     dp_tier: int = 0
+    recompute: Recompute = Recompute.FULL
+
+    def __post_init__(self) -> None:
+        if type(self.recompute) is not Recompute:
+            try:
+                mode = Recompute(self.recompute)
+            except ValueError:
+                known = ", ".join(m.value for m in Recompute)
+                raise ValueError(
+                    f"Strategy.recompute must be one of {known}, got {self.recompute!r}"
+                ) from None
+            object.__setattr__(self, "recompute", mode)
 
     @property
     def size(self) -> int:
@@ -79,8 +102,28 @@ class Strategy:
         return self.dp * self.pp * self.tp
 
     def label(self) -> str:
-        """``dp×pp×tp/mb`` for tables."""
-        return f"({self.dp},{self.pp},{self.tp}) mb={self.mb}"
+        """``(dp,pp,tp) mb=…`` for tables, with ``rc=…`` when the recomputation is not ``full``."""
+        text = f"({self.dp},{self.pp},{self.tp}) mb={self.mb}"
+        if self.recompute is not Recompute.FULL:
+            text += f" rc={self.recompute.value}"
+        return text
+
+    def same_layout(self, other: Strategy) -> bool:
+        """Whether ``other`` shards the model the same way: equal shape, degrees and microbatches,
+        whatever either's :attr:`recompute` (recomputation moves no weights)."""
+        return self is other or (
+            self.dp == other.dp
+            and self.pp == other.pp
+            and self.tp == other.tp
+            and self.mb == other.mb
+            and self.extent == other.extent
+        )
+
+    def with_recompute(self, mode: Recompute | str) -> Strategy:
+        """A copy with :attr:`recompute` set to ``mode``."""
+        return Strategy(
+            self.extent, self.dp, self.pp, self.tp, self.mb, self.pp_tier, self.dp_tier, Recompute(mode)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +314,8 @@ def check_strategy(
 
 def check_plan(graph: RPEG, cluster: Cluster, plan: Plan) -> list[str]:
     """Every rule P1–P8, H1–H2 that ``plan`` breaks on ``graph`` (see :func:`check_strategy`), one
-    message per offending vertex naming it; P7 is checked by re-deriving each allocation.
+    message per offending vertex naming it; P7 is checked by re-deriving each allocation, and a
+    non-training vertex must keep the neutral ``recompute="full"``.
 
     Parameters
     ----------
@@ -295,6 +339,8 @@ def check_plan(graph: RPEG, cluster: Cluster, plan: Plan) -> list[str]:
         s = c.strategy
         spec = graph.models[v.model].spec
         why = check_strategy(cluster, spec, v.role, v.sequences, s.extent, s.dp, s.pp, s.tp, s.mb)
+        if why is None and v.role is not Role.TRAINING and s.recompute is not Recompute.FULL:
+            why = f"recompute={s.recompute.value!r} on a {v.role.value} invocation (only training recomputes)"
         if why is None and tuple(c.allocation.extent) != tuple(s.extent):
             why = f"P6: allocation extent {list(c.allocation.extent)} differs from {list(s.extent)}"
         if why is None:

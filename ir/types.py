@@ -1,10 +1,11 @@
-"""Small enumerations shared by every layer: invocation roles, output heads, node kinds."""
+"""Small enumerations shared by every layer: invocation roles, output heads, node kinds,
+activation-recomputation modes."""
 
 from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["Head", "NodeKind", "Role"]
+__all__ = ["Head", "NodeKind", "Recompute", "Role"]
 
 
 class Role(str, Enum):
@@ -12,7 +13,7 @@ class Role(str, Enum):
 
     GENERATION = "generation"  # autoregressive rollout: prefill over Lp, then Lr decode steps
     INFERENCE = "inference"  # one teacher-forced forward over Lp + Lr
-    TRAINING = "training"  # forward, recompute, backward (4 forward-equivalents) + optimizer
+    TRAINING = "training"  # forward, recompute (per Recompute mode), backward + optimizer
 
 
 class Head(str, Enum):
@@ -29,3 +30,16 @@ class NodeKind(str, Enum):
     OP = "op"
     COMM = "comm"
     RESHARD = "reshard"
+
+
+class Recompute(str, Enum):
+    """Activation recomputation of a training invocation: what the backward pass recomputes
+    instead of keeping it resident (``docs/cost-model.md`` §1, §4).
+
+    Only training invocations have a choice; every other role carries :attr:`FULL`, a neutral
+    value the cost model ignores (no backward pass, nothing to recompute).
+    """
+
+    NONE = "none"  # keep every layer's activations: 3 forward-equivalents, the most memory
+    SELECTIVE = "selective"  # recompute the attention core (scores, softmax): no ℓ² activations
+    FULL = "full"  # checkpoint layer inputs, recompute the whole forward: 4 forward-equivalents
