@@ -412,14 +412,15 @@ def build_plan_instance(
 def candidate_sets(
     ev: Evaluator, dirs: list, k: int | None, include: Plan | None = None
 ) -> list[list[Choice]]:
-    """``C(v)``: the ``k`` fastest strategies of each directory (all when ``k`` is ``None``) at
-    every aligned origin, plus the choices of ``include`` (a warm start) when given."""
+    """``C(v)``: the strategies of the ``k`` fastest layouts of each directory (all when ``k`` is
+    ``None``; a training invocation's layouts in each recomputation mode its directory kept,
+    :meth:`~rpeg.scoring.candidates.Directory.fastest_layouts`) at every aligned origin, plus the
+    choices of ``include`` (a warm start) when given."""
     out = []
     for v, d in enumerate(dirs):
         chosen: list[Choice] = []
         seen = set()
-        limit = len(d) if k is None else min(k, len(d))
-        for i in range(limit):
+        for i in d.fastest_layouts(k):
             for c in d.choices(ev.cluster, i):
                 if c not in seen:
                     seen.add(c)

@@ -1,7 +1,8 @@
 """Candidate directories ``Xcand(v)``: every legal ``(σ, Π, mb)`` of an invocation (SPEC §4).
 
 A directory lists the legal :class:`~rpeg.ir.plan.Strategy` objects of a vertex (shape, degrees,
-microbatches) that pass P1–P8 and the head rules H1–H2 of the vertex's engine
+microbatches and, for a training vertex, each activation-recomputation mode
+:class:`~rpeg.ir.types.Recompute`) that pass P1–P8 and the head rules H1–H2 of the vertex's engine
 (:func:`~rpeg.ir.plan.check_heads`), and whose isolated memory fits ``M_eff``, sorted by estimated
 isolated time; each strategy can sit at any aligned origin of its shape (P7), which
 :meth:`Directory.choices` enumerates. When a vertex has no legal layout (of some size),
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from ..ir.cluster import Allocation, Cluster
 from ..ir.models import ModelSpec
 from ..ir.plan import Choice, Strategy, check_heads, check_strategy, engine_of
-from ..ir.types import Role
+from ..ir.types import Recompute, Role
 from .costs import Costs
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "explain_illegal",
     "head_exclusions",
     "make_strategy",
+    "recompute_modes",
 ]
 
 #: Order of the legality rules as :func:`~rpeg.ir.plan.check_strategy` tests them.
@@ -64,10 +66,20 @@ def _as_model(cluster: Cluster, model: ModelSpec | int) -> ModelSpec:
     return ModelSpec(f"{model}-layers", model, Ng, 1, 1, Ng, Ng)
 
 
+def recompute_modes(role: Role | None) -> tuple[Recompute, ...]:
+    """The recomputation modes a vertex of ``role`` chooses among: all three (``none``,
+    ``selective``, ``full``) for training, the neutral ``full`` alone for every other role (no
+    backward pass)."""
+    if role is Role.TRAINING:
+        return (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+    return (Recompute.FULL,)
+
+
 def enumerate_strategies(
     cluster: Cluster, model: ModelSpec | int, sequences: int, role: Role | None = None
 ) -> list[Strategy]:
-    """All strategies passing P1–P8 and H1–H2 for ``model`` and ``sequences`` = B·R.
+    """All strategies passing P1–P8 and H1–H2 for ``model`` and ``sequences`` = B·R; a training
+    role lists every layout once per recomputation mode (:func:`recompute_modes`).
 
     For each legal allocation size, every ``Pt | Ng`` that shards the heads on the engine of
     ``role`` (H1 ``Pt | heads``; H2 ``Pt | kv_heads`` on Megatron-core, ``Pt | kv_heads`` or
@@ -90,6 +102,7 @@ def enumerate_strategies(
         stricter Megatron-core head rules.
     """
     spec = _as_model(cluster, model)
+    modes = recompute_modes(role)
     Ng = cluster.gpus_per_node
     tps = [t for t in _divisors(Ng) if check_heads(spec, role, t) is None]
     pps = [p for p in _divisors(spec.layers) if p == 1 or p % 2 == 0]
@@ -108,7 +121,8 @@ def enumerate_strategies(
                 mbs = [1] if pp == 1 else [m for m in _divisors(b_local) if m >= pp and b_local // m >= 8]
                 for mb in mbs:
                     if check_strategy(cluster, spec, role, sequences, extent, dp, pp, tp, mb) is None:
-                        out.append(make_strategy(cluster, extent, dp, pp, tp, mb))
+                        base = make_strategy(cluster, extent, dp, pp, tp, mb)
+                        out.extend(base.with_recompute(m) for m in modes)
     return out
 
 
@@ -200,18 +214,25 @@ def explain_illegal(
 
 
 def make_strategy(
-    cluster: Cluster, extent: tuple[int, int, int], dp: int, pp: int, tp: int, mb: int
+    cluster: Cluster,
+    extent: tuple[int, int, int],
+    dp: int,
+    pp: int,
+    tp: int,
+    mb: int,
+    recompute: Recompute | str = Recompute.FULL,
 ) -> Strategy:
     """A :class:`Strategy` with its link tiers: the pipeline's inter-node boundaries span the
     tier of one replica's ``Pp·Pt`` consecutive devices; the DP group spans the allocation's tier.
-    (Tiers depend only on the shape, so the first aligned origin stands for all.)"""
+    (Tiers depend only on the shape, so the first aligned origin stands for all.) ``recompute``
+    is the activation recomputation (default the neutral ``full``)."""
     first = aligned_allocations(cluster, dp * pp * tp)[0]
     rep_mask = 0
     for d in first.devices()[: pp * tp]:
         rep_mask |= 1 << d
     pp_tier = cluster.tier_of_mask(rep_mask)
     dp_tier = first.tier if dp > 1 else 0
-    return Strategy(tuple(extent), dp, pp, tp, mb, pp_tier, dp_tier)  # type: ignore[arg-type]
+    return Strategy(tuple(extent), dp, pp, tp, mb, pp_tier, dp_tier, Recompute(recompute))  # type: ignore[arg-type]
 
 
 @dataclass
@@ -231,6 +252,9 @@ class Directory:
     smallest_isolated
         The least isolated memory among all legal strategies (bytes): how close the vertex
         comes to fitting when the directory is empty.
+    dominated
+        How many memory-feasible strategies were left out because another recomputation mode of
+        the same layout is at least as fast with no more isolated memory (one of them strictly).
     """
 
     vertex: int
@@ -238,6 +262,7 @@ class Directory:
     times: list[float]
     dropped: int
     smallest_isolated: float
+    dominated: int = 0
 
     def __len__(self) -> int:
         return len(self.strategies)
@@ -245,6 +270,20 @@ class Directory:
     def of_size(self, size: int) -> list[int]:
         """Indices of the strategies with ``|σ| = size`` (still sorted by time)."""
         return [i for i, s in enumerate(self.strategies) if s.size == size]
+
+    def fastest_layouts(self, k: int | None) -> list[int]:
+        """Indices (still sorted by time) of the strategies whose layout is among the ``k``
+        fastest distinct layouts (all when ``k`` is ``None``): a training vertex's layouts come
+        with every recomputation mode the directory kept, so restricting to ``k`` candidates
+        never trades a layout for a mode of a faster one."""
+        if k is None:
+            return list(range(len(self.strategies)))
+        ranked: dict[tuple, int] = {}
+        for s in self.strategies:
+            key = (s.extent, s.dp, s.pp, s.tp, s.mb)
+            if key not in ranked and len(ranked) < k:
+                ranked[key] = len(ranked)
+        return [i for i, s in enumerate(self.strategies) if (s.extent, s.dp, s.pp, s.tp, s.mb) in ranked]
 
     def choices(self, cluster: Cluster, index: int) -> list[Choice]:
         """The strategy ``index`` at every aligned origin."""
@@ -267,19 +306,24 @@ def aligned_allocations(cluster: Cluster, size: int) -> list[Allocation]:
 def build_directories(costs: Costs) -> list[Directory]:
     """Build ``Xcand(v)`` for every vertex of ``costs.graph`` (SPEC §4).
 
-    The legal strategies (P1–P8, and H1–H2 for the vertex's model on its engine) are enumerated
-    once per distinct ``(layers, heads, kv_heads, engine, B·R)``. Drops strategies whose isolated
-    memory exceeds ``M_eff`` (joint infeasibility is left to the penalty) and sorts the rest by the
-    unsplit OP time of the cost model.
+    The legal strategies (P1–P8, and H1–H2 for the vertex's model on its engine; a training
+    vertex's layouts once per recomputation mode) are enumerated once per distinct
+    ``(layers, heads, kv_heads, engine, B·R, training or not)``. Drops strategies whose isolated memory exceeds
+    ``M_eff`` (joint infeasibility is left to the penalty), then every recomputation mode that
+    another mode of the same layout dominates (time ``≤`` and isolated memory ``≤``, one strictly:
+    it can never be the better pick), and sorts the rest by the unsplit OP time of the cost model.
+    A slower mode that needs less memory is kept: whether it is needed depends on what else
+    shares the devices.
     """
     cluster = costs.cluster
     m_eff = cluster.hardware.m_eff
     out = []
-    by_shape: dict[tuple[int, int, int, str, int], list[Strategy]] = {}
+    by_shape: dict[tuple[int, int, int, str, int, bool], list[Strategy]] = {}
     for vi, v in enumerate(costs.graph.vertices):
         spec = costs.graph.models[v.model].spec
         engine = engine_of(v.role)
-        key = (spec.layers, spec.heads, spec.kv_heads, engine, v.sequences)
+        # inference and training share an engine but not the recomputation modes
+        key = (spec.layers, spec.heads, spec.kv_heads, engine, v.sequences, v.role is Role.TRAINING)
         if key not in by_shape:
             by_shape[key] = enumerate_strategies(cluster, spec, v.sequences, v.role)
         kept: list[tuple[float, int, Strategy]] = []
@@ -292,6 +336,29 @@ def build_directories(costs: Costs) -> list[Directory]:
                 dropped += 1
                 continue
             kept.append((costs.op_time(vi, s), j, s))
+        kept, dominated = _undominated_modes(costs, vi, kept)
         kept.sort(key=lambda x: (x[0], x[1]))
-        out.append(Directory(vi, [s for _, _, s in kept], [t for t, _, _ in kept], dropped, smallest))
+        out.append(
+            Directory(vi, [s for _, _, s in kept], [t for t, _, _ in kept], dropped, smallest, dominated)
+        )
     return out
+
+
+def _undominated_modes(
+    costs: Costs, vertex: int, kept: list[tuple[float, int, Strategy]]
+) -> tuple[list[tuple[float, int, Strategy]], int]:
+    """``kept`` without the recomputation modes another mode of the same layout dominates in
+    ``(time, isolated memory)``, and how many were removed."""
+    by_layout: dict[tuple, list[tuple[float, float]]] = {}
+    for t, _, s in kept:
+        key = (s.extent, s.dp, s.pp, s.tp, s.mb)
+        by_layout.setdefault(key, []).append((t, costs.memory(vertex, s).isolated))
+    out = []
+    for item in kept:
+        t, _, s = item
+        m = costs.memory(vertex, s).isolated
+        rivals = by_layout[(s.extent, s.dp, s.pp, s.tp, s.mb)]
+        if any(t2 <= t and m2 <= m and (t2 < t or m2 < m) for t2, m2 in rivals):
+            continue
+        out.append(item)
+    return out, len(kept) - len(out)

@@ -1,8 +1,8 @@
 """``method="cpsat"`` and ``method="milp"``: exact plan selection + scheduling (SPEC §9).
 
 For every structural candidate (or the one given as ``structure=``) the candidate set ``C(v)``
-is built from the directories — the ``candidates`` fastest strategies of each invocation at every
-aligned origin (``None``: the whole directory), plus the warm start's choices — and the exact
+is built from the directories — the strategies of the ``candidates`` fastest layouts of each
+invocation (a training invocation's in each of its recomputation modes) at every aligned origin (``None``: the whole directory), plus the warm start's choices — and the exact
 model of :mod:`rpeg.formulations.plan_model` is solved with the time left, split evenly over the
 structures still to solve. When every structure is solved to optimality the returned plan is the
 one with the smallest model makespan; otherwise it is the best plan found by the evaluator's
@@ -78,7 +78,8 @@ def solve_exact(
     engine_fn
         ``engine_fn(instance, time_limit=, seed=, threads=, hint=, deadline=, **engine_options)``.
     candidates
-        ``k`` fastest strategies per invocation (at every origin), ``None`` for all, or explicit
+        The strategies of the ``k`` fastest layouts per invocation (each in every recomputation
+        mode the directory kept; at every origin), ``None`` for all, or explicit
         candidate lists per vertex (only with one ``structure``).
     structure
         Solve only this structural candidate.
@@ -155,7 +156,7 @@ def _candidates_note(candidates: int | Sequence[Sequence[Choice]] | None) -> str
     if candidates is None:
         return "whole directories"
     if isinstance(candidates, int):
-        return f"the {candidates} fastest strategies per invocation at every origin"
+        return f"the {candidates} fastest strategies per invocation at every origin (layouts, in each recomputation mode)"
     return "the given candidate lists"
 
 

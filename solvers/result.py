@@ -18,11 +18,12 @@ from pydantic import ConfigDict, Field
 from ..formulations.status import Status  # the one status vocabulary (re-exported as rpeg.Status)
 from ..ir.cluster import Cluster
 from ..ir.errors import InputError, Strict, read_json, validate
-from ..ir.graph import RPEG
+from ..ir.graph import RPEG, Vertex
 from ..ir.hardware import Hardware
 from ..ir.models import ModelSpec, ModelSpecFile
 from ..ir.plan import Choice, Plan, check_heads, check_strategy
 from ..ir.templates import Structure, build_graph
+from ..ir.types import Recompute, Role
 from ..ir.workload import QuantilePair, Workload
 from ..scoring.candidates import make_strategy
 from ..scoring.evaluator import Evaluation, Evaluator
@@ -257,7 +258,7 @@ class Result:
                 for v in g.vertices
             ],
             "k_eval": self.k_eval,
-            "plan": [c.to_dict(names[i]) for i, c in enumerate(self.plan.choices)] if self.plan else [],
+            "plan": [_plan_entry(v, c) for v, c in zip(g.vertices, self.plan.choices)] if self.plan else [],
             "nodes": [],
             "makespan": None,
             "throughput": 0.0,
@@ -385,7 +386,8 @@ class Result:
     # ------------------------------------------------------------------ text
     def summary(self) -> str:
         """A readable report: throughput, makespan, peak memory vs capacity, and per invocation
-        its allocation, ``(dp, pp, tp)``, ``mb`` and time; without a plan, a headline saying
+        its allocation, ``(dp, pp, tp)``, ``mb``, activation recomputation (``recompute``: the
+        training invocations' mode, ``-`` for the others) and time; without a plan, a headline saying
         why (``NO FEASIBLE PLAN``, or ``NO PLAN`` with the engine's ``unknown``/``error``) and
         the message."""
         lines = [
@@ -422,7 +424,7 @@ class Result:
         lines.append("")
         header = (
             f"{'invocation':<20} {'role':<10} {'GPUs':>5} {'allocation (origin+extent)':<28} "
-            f"{'(dp,pp,tp)':<12} {'mb':>4} {'time/step s':>11}"
+            f"{'(dp,pp,tp)':<12} {'mb':>4} {'recompute':<9} {'time/step s':>11}"
         )
         lines.append(header)
         lines.append("-" * len(header))
@@ -430,9 +432,10 @@ class Result:
         for i, (v, c) in enumerate(zip(self.graph.vertices, self.plan.choices)):
             a, s = c.allocation, c.strategy
             alloc = f"{list(a.origin)}+{list(a.extent)}"
+            rc = s.recompute.value if v.role is Role.TRAINING else "-"
             lines.append(
                 f"{v.name:<20} {v.role.value:<10} {a.size:>5} {alloc:<28} "
-                f"({s.dp},{s.pp},{s.tp}){'':<4} {s.mb:>4} {times[i]:>11.3f}"
+                f"({s.dp},{s.pp},{s.tp}){'':<4} {s.mb:>4} {rc:<9} {times[i]:>11.3f}"
             )
         return "\n".join(lines)
 
@@ -653,6 +656,7 @@ def plan_from_entries(ev: Evaluator, entries: list[dict[str, Any]]) -> Plan:
         origin = _int_triple(e["origin"], v.name, "origin")
         extent = _int_triple(e["extent"], v.name, "extent")
         dp, pp, tp, mb = (_int_field(e[k], v.name, k) for k in ("dp", "pp", "tp", "mb"))
+        recompute = _recompute_field(e.get("recompute"), v)
         spec = g.models[v.model].spec
         why = check_strategy(ev.cluster, spec, v.role, v.sequences, extent, dp, pp, tp, mb)
         if why:
@@ -661,8 +665,37 @@ def plan_from_entries(ev: Evaluator, entries: list[dict[str, Any]]) -> Plan:
             alloc = ev.cluster.allocation(origin, extent)
         except ValueError as exc:
             raise ValueError(f"plan entry for {v.name!r}: {exc}") from None
-        choices.append(Choice(make_strategy(ev.cluster, extent, dp, pp, tp, mb), alloc))
+        choices.append(Choice(make_strategy(ev.cluster, extent, dp, pp, tp, mb, recompute), alloc))
     return Plan(tuple(choices))
+
+
+def _plan_entry(vertex: Vertex, choice: Choice) -> dict[str, Any]:
+    """A ``plan`` entry: :meth:`Choice.to_dict` plus ``recompute`` — the training invocation's
+    mode, ``null`` for the others (they have no backward pass)."""
+    entry = choice.to_dict(vertex.name)
+    entry["recompute"] = choice.strategy.recompute.value if vertex.role is Role.TRAINING else None
+    return entry
+
+
+def _recompute_field(value: Any, vertex: Vertex) -> Recompute:
+    """The ``recompute`` of a plan entry: for a training vertex ``"none"``, ``"selective"`` or
+    ``"full"``, and absent or ``null`` reads as ``"full"`` (files written before the field,
+    whose cost model always recomputed in full); for any other vertex absent or ``null``."""
+    if vertex.role is not Role.TRAINING:
+        if value is not None:
+            raise ValueError(
+                f"plan entry for {vertex.name!r}: field 'recompute' must be null for a "
+                f"{vertex.role.value} invocation (only training recomputes), got {value!r}"
+            )
+        return Recompute.FULL
+    if value is None:
+        return Recompute.FULL
+    if not isinstance(value, str) or value not in {m.value for m in Recompute}:
+        known = ", ".join(repr(m.value) for m in Recompute)
+        raise ValueError(
+            f"plan entry for {vertex.name!r}: field 'recompute' must be one of {known}, got {value!r}"
+        )
+    return Recompute(value)
 
 
 def _int_field(value: Any, vertex: str, key: str) -> int:
@@ -696,7 +729,8 @@ def result_for_plan(
         The problem.
     table
         Per vertex name ``(origin, extent, dp, pp, tp, mb)`` with ``origin``/``extent`` as
-        ``(r, n, g)`` triples.
+        ``(r, n, g)`` triples, optionally followed by a training vertex's recomputation mode
+        (``"none"``, ``"selective"``, ``"full"``; default ``"full"``).
     k_eval
         Steps to unroll when scoring.
     method
@@ -714,13 +748,14 @@ def result_for_plan(
     for v in ev.graph.vertices:
         if v.name not in table:
             raise ValueError(f"table has no entry for vertex {v.name!r}")
-        origin, extent, dp, pp, tp, mb = table[v.name]
+        origin, extent, dp, pp, tp, mb, *rest = table[v.name]
+        recompute = _recompute_field(rest[0] if rest else None, v)
         # a hand-made plan may break the planner's rules (P4/P5 microbatching) but never the
         # engines' (H1-H2): the same policy as transition targets
         why = check_heads(ev.graph.models[v.model].spec, v.role, tp)
         if why:
             raise ValueError(f"table entry for {v.name!r} is illegal: {why}")
-        strategy = make_strategy(cluster, tuple(extent), dp, pp, tp, mb)
+        strategy = make_strategy(cluster, tuple(extent), dp, pp, tp, mb, recompute)
         choices.append(Choice(strategy, cluster.allocation(tuple(origin), tuple(extent))))
     plan = Plan(tuple(choices))
     evaluation = ev.evaluate(plan, keep=True)

@@ -28,11 +28,13 @@ so far (status ``time_limit``).
     Search parameters (defaults in ``docs/search.md``).
 ``acceptance``, ``temperature``, ``moves``
     Pluggable pieces replacing the defaults (:class:`Metropolis`, :class:`Constant`,
-    ``[(0.72, SingleMove(0.6)), (0.28, PairMove())]``).
+    :func:`~rpeg.heuristics.search.anneal.default_moves`: ``SingleMove(0.6)`` 0.62,
+    ``PairMove`` 0.28, ``RecomputeMove`` 0.10).
 ``structures``
     Structural candidates to search instead of all of ``Ycand``.
 ``candidates``
-    Search only the ``k`` fastest strategies of each invocation plus the strategies of the
+    Search only the ``k`` fastest strategies (layouts, each in every recomputation mode) of each
+    invocation plus the strategies of the
     concurrent and greedy baselines (as the exact models' candidate sets keep their warm
     start's), for like-for-like comparisons.
 ``progress``
@@ -56,9 +58,8 @@ from ..heuristics.search import (
     Constant,
     Geometric,
     Outcome,
-    PairMove,
     ProcessEvaluator,
-    SingleMove,
+    default_moves,
 )
 from ..heuristics.search.acceptance import Acceptance
 from ..heuristics.search.distributed import ray_search
@@ -112,8 +113,7 @@ def configure(
     if "staleness" in off:
         ys = [y for y in ys if all(t == 0 for _, t in y.staleness)]
     if moves is None:
-        single = SingleMove(0.0 if "critical_path" in off else 0.6)
-        moves = [(1.0, single)] if "pair_moves" in off else [(0.72, single), (0.28, PairMove(single))]
+        moves = default_moves(0.0 if "critical_path" in off else 0.6, pair="pair_moves" not in off)
     if temperature is None:
         temperature = Geometric if "constant_temperature" in off else Constant
     seconds = problem.time_limit

@@ -2,8 +2,8 @@
 temperature schedules, move kernels, budgets, and the annealing driver."""
 
 from .acceptance import Acceptance, Greedy, Metropolis
-from .anneal import ABLATIONS, T_INIT, T_WARM, Anneal, Outcome, Raw, SearchSpace, evaluate_raw
-from .moves import Move, MoveContext, PairMove, SingleMove
+from .anneal import ABLATIONS, T_INIT, T_WARM, Anneal, Outcome, Raw, SearchSpace, default_moves, evaluate_raw
+from .moves import Move, MoveContext, PairMove, RecomputeMove, SingleMove
 from .parallel import ProcessEvaluator
 from .stop import Budget
 from .temperature import Constant, Geometric, Temperature
@@ -25,8 +25,10 @@ __all__ = [
     "PairMove",
     "ProcessEvaluator",
     "Raw",
+    "RecomputeMove",
     "SearchSpace",
     "SingleMove",
     "Temperature",
+    "default_moves",
     "evaluate_raw",
 ]

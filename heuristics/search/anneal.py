@@ -4,8 +4,9 @@ For every structural candidate ``y = (ac, τ)`` (its share of the budget: wall-c
 over the variants still to run, or an equal number of uncached evaluations each) chains of
 proposal rounds run:
 
-1. a move kernel proposes up to ``Kx = 6`` neighbours (pair move with probability 0.28, else a
-   single move whose vertex comes from the critical path with probability 0.6);
+1. a move kernel proposes up to ``Kx = 6`` neighbours (pair move with probability 0.28, a
+   recomputation flip of one training invocation with probability 0.10, else a single move whose
+   vertex comes from the critical path with probability 0.6);
 2. the proposals are evaluated (uncached ones in parallel when ``workers > 1``) and the best is
    accepted by the acceptance rule at the chain's temperature;
 3. a chain ends after 10 consecutive rejections; the first chain of a structure starts from the
@@ -38,11 +39,11 @@ from ...scoring.candidates import Directory, aligned_allocations, build_director
 from ...scoring.evaluator import BETA_OOM, MEMORY_TOL, Evaluator
 from ..baselines import Infeasible, check_directories, concurrent_plan, greedy_plan
 from .acceptance import Acceptance, Metropolis
-from .moves import Move, MoveContext, PairMove, SingleMove
+from .moves import Move, MoveContext, PairMove, RecomputeMove, SingleMove
 from .stop import Budget
 from .temperature import Constant, Temperature
 
-__all__ = ["ABLATIONS", "Anneal", "Outcome", "Raw", "SearchSpace"]
+__all__ = ["ABLATIONS", "Anneal", "Outcome", "Raw", "SearchSpace", "default_moves"]
 
 #: Switches of SPEC §8's ablation list, as accepted by ``ablate=``.
 ABLATIONS = (
@@ -58,9 +59,27 @@ ABLATIONS = (
 )
 
 T_INIT = 0.01
+#: Move weights: SPEC §8's pair move 0.28; the recomputation flip takes 0.10 of the single move's
+#: 0.72 (SPEC is silent on it; ``docs/decisions.md``).
+W_SINGLE, W_PAIR, W_RECOMPUTE = 0.62, 0.28, 0.10
 T_WARM = 0.03
 STALE_ROUNDS = 50  # rounds without a new evaluation that end a chain
 STALE_CHAINS = 20  # chains without a new evaluation that end a structure
+
+
+def default_moves(
+    p_cp: float = 0.6, *, pair: bool = True, recompute: bool = True
+) -> list[tuple[float, Move]]:
+    """The move kernels and their weights: ``SingleMove(p_cp)`` 0.62, ``PairMove`` 0.28 and
+    ``RecomputeMove`` 0.10 (the pair and recomputation kernels fall back to the single move;
+    ``pair=False`` or ``recompute=False`` drops one, the rest keep their weights)."""
+    single = SingleMove(p_cp)
+    moves: list[tuple[float, Move]] = [(W_SINGLE, single)]
+    if pair:
+        moves.append((W_PAIR, PairMove(single)))
+    if recompute:
+        moves.append((W_RECOMPUTE, RecomputeMove(single, p_cp)))
+    return moves
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +122,10 @@ def baseline_plans(ev: Evaluator, dirs: list[Directory]) -> list[Plan]:
 
 
 def restrict(dirs: list[Directory], k: int, keep: list[Plan]) -> None:
-    """The exact models' candidate restriction, in place: each directory keeps its ``k`` fastest
-    strategies plus the strategies the plans ``keep`` (the unrestricted baselines) use, as the
-    exact models keep their warm start's choices (``formulations.plan_model.candidate_sets``).
+    """The exact models' candidate restriction, in place: each directory keeps the strategies of
+    its ``k`` fastest layouts (each in every recomputation mode it holds) plus the strategies the
+    plans ``keep`` (the unrestricted baselines) use, as the exact models keep their warm start's
+    choices (``formulations.plan_model.candidate_sets``).
 
     Without the baselines' strategies a restriction to the fastest — usually the widest —
     strategies can leave no plan at all (none of them packs side by side, and all of them on
@@ -114,7 +134,8 @@ def restrict(dirs: list[Directory], k: int, keep: list[Plan]) -> None:
     """
     for v, d in enumerate(dirs):
         extra = {plan.choices[v].strategy for plan in keep}
-        idx = [i for i, s in enumerate(d.strategies) if i < k or s in extra]
+        fast = set(d.fastest_layouts(k))
+        idx = [i for i, s in enumerate(d.strategies) if i in fast or s in extra]
         d.strategies = [d.strategies[i] for i in idx]
         d.times = [d.times[i] for i in idx]
 
@@ -238,7 +259,8 @@ class Anneal:
     split_phases, tune_microbatches
         Ablation switches passed to the evaluator and the directories.
     candidates
-        Keep only the ``k`` fastest strategies of each directory (the candidate sets of the exact
+        Keep only the ``k`` fastest layouts of each directory, in every recomputation mode (the
+        candidate sets of the exact
         models, for like-for-like comparisons); ``None`` keeps all.
     evaluate_many
         Evaluates a list of ``(space index, plan)``; default evaluates in this process.
@@ -292,7 +314,7 @@ class Anneal:
         self.t_init, self.t_warm = t_init, t_warm
         self.acceptance = acceptance or Metropolis()
         self.temperature = temperature
-        self.moves = list(moves) if moves is not None else [(0.72, SingleMove(0.6)), (0.28, PairMove())]
+        self.moves = list(moves) if moves is not None else default_moves()
         self.proposals = proposals
         self.max_rejections = max_rejections
         self.elite_size = elite_size

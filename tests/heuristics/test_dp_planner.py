@@ -52,11 +52,15 @@ def instance(workload: Workload, cluster: Cluster, structure: Structure | None =
 
 
 def shrink(inst: DPInstance, k: int) -> DPInstance:
-    """The same instance with at most ``k`` points per frontier, spread over the GPU counts."""
+    """The same instance with at most ``k`` points per frontier, spread over the GPU counts, the
+    leanest point (least footprint: a trainer's frontier holds every recomputation mode, and on
+    the tight instances only the leanest ones fit together) always among them."""
     fronts = []
     for f in inst.frontiers:
         step = max(1, math.ceil(len(f.points) / k))
-        fronts.append(dataclasses.replace(f, points=f.points[::step][:k]))
+        lean = min(f.points, key=lambda q: q.footprint)
+        spread = [q for q in f.points[::step] if q is not lean][: k - 1]
+        fronts.append(dataclasses.replace(f, points=sorted([lean, *spread], key=f.points.index)))
     return dataclasses.replace(inst, frontiers=fronts)
 
 

@@ -177,3 +177,62 @@ def test_enumeration_is_exactly_the_legal_set(checker, racks, nodes, gpus, layer
     keys = [(s.extent, s.dp, s.pp, s.tp, s.mb) for s in got]
     assert len(keys) == len(set(keys))
     assert set(keys) == legal
+
+
+# ---------------------------------------------------------------------------- recomputation modes
+def test_training_layouts_come_in_every_recompute_mode(directories):
+    from rpeg.ir import Recompute, Role
+
+    for ev, dirs in directories:
+        for d in dirs:
+            v = ev.graph.vertices[d.vertex]
+            modes = {s.recompute for s in d.strategies}
+            if v.role is not Role.TRAINING:
+                assert modes == {Recompute.FULL}, v.name  # the neutral value, nothing to search
+                continue
+            legal = enumerate_strategies(ev.cluster, ev.graph.models[v.model].spec, v.sequences, v.role)
+            layouts = {(s.extent, s.dp, s.pp, s.tp, s.mb) for s in legal}
+            assert len(legal) == 3 * len(layouts)
+            # what the directory left out was either over M_eff or dominated by a mode of its layout
+            assert len(d) + d.dropped + d.dominated == len(legal)
+
+
+def test_a_mode_no_faster_and_no_leaner_than_another_is_dominated(gh200):
+    # One layer, no pipelining: `none` keeps one layer of one microbatch, exactly what
+    # `selective` holds as its recompute buffer, so `selective` needs the same memory and is slower.
+    from rpeg import Workload
+    from rpeg.ir import Recompute, Role
+    from rpeg.ir.models import model_preset
+
+    one = model_preset("7b").scaled(layers=1, hidden=256, heads=4, vocab=512)
+    w = Workload("dpo", {"actor": one}, 16, 2, 32, 32)
+    ev = Evaluator(w, Cluster.from_shape("1x1x4", gh200))
+    (train,) = [d for d in build_directories(ev.costs) if ev.graph.vertices[d.vertex].role is Role.TRAINING]
+    assert {s.recompute for s in train.strategies} == {Recompute.NONE, Recompute.FULL}
+    assert train.dominated == sum(s.recompute is Recompute.NONE for s in train.strategies) > 0
+    for s in train.strategies:
+        if s.recompute is Recompute.NONE:
+            sel = s.with_recompute("selective")
+            assert ev.costs.memory(train.vertex, sel).isolated == ev.costs.memory(train.vertex, s).isolated
+            assert ev.costs.op_time(train.vertex, sel) > ev.costs.op_time(train.vertex, s)
+
+
+def test_fastest_layouts_keep_every_mode_of_a_layout(directories):
+    for _, dirs in directories:
+        for d in dirs:
+            idx = d.fastest_layouts(2)
+            keys = {
+                (
+                    d.strategies[i].extent,
+                    d.strategies[i].dp,
+                    d.strategies[i].pp,
+                    d.strategies[i].tp,
+                    d.strategies[i].mb,
+                )
+                for i in idx
+            }
+            assert len(keys) == min(2, len({(s.extent, s.dp, s.pp, s.tp, s.mb) for s in d.strategies}))
+            assert idx == sorted(idx) and 0 in idx
+            for i, s in enumerate(d.strategies):
+                assert (i in idx) == ((s.extent, s.dp, s.pp, s.tp, s.mb) in keys)
+            assert d.fastest_layouts(None) == list(range(len(d)))

@@ -276,15 +276,22 @@ def test_custom_acceptance_plugs_in(example):
     assert r.feasible
 
 
-def test_moves_propose_legal_neighbours(example):
-    w, cluster = example
-    ev = Evaluator(w, cluster)
-    dirs = build_directories(ev.costs)
+def _concurrent_context(example, restrict=None):
+    """The evaluator, directories (``restrict(dirs)`` applied), concurrent plan and move context."""
     from rpeg.heuristics import concurrent_plan
     from rpeg.heuristics.search import MoveContext
 
+    w, cluster = example
+    ev = Evaluator(w, cluster)
+    dirs = build_directories(ev.costs)
+    if restrict is not None:
+        restrict(dirs)
     plan = concurrent_plan(ev, dirs)
-    ctx = MoveContext(dirs, cluster, list(ev.evaluate(plan).critical))
+    return ev, dirs, plan, MoveContext(dirs, cluster, list(ev.evaluate(plan).critical))
+
+
+def test_moves_propose_legal_neighbours(example):
+    _, dirs, plan, ctx = _concurrent_context(example)
     rng = Random(0)
     for move in (SingleMove(0.6), PairMove()):
         for _ in range(20):
@@ -323,3 +330,57 @@ def test_sa_never_ends_below_the_baselines_with_or_without_a_candidate_restricti
     r = solve(wl, cl, "sa", k_eval=2, seed=0, candidates=candidates, max_evaluations=1500)
     assert r.status is Status.FEASIBLE, r.message
     assert r.throughput >= floor * (1 - 1e-9), (r.throughput, floor)
+
+
+# ---------------------------------------------------------------------------- recomputation move
+def test_recompute_move_flips_only_a_training_mode(example):
+    from rpeg.heuristics.search import RecomputeMove
+    from rpeg.ir import Role
+
+    ev, dirs, plan, ctx = _concurrent_context(example)
+    move = RecomputeMove()
+    rng = Random(0)
+    flipped = set()
+    for _ in range(30):
+        proposals = move.propose(rng, plan, ctx, 6)
+        assert 1 <= len(proposals) <= 2  # the other modes of one layout
+        for p in proposals:
+            (i,) = [i for i in range(len(p)) if p[i] != plan[i]]
+            assert ev.graph.vertices[i].role is Role.TRAINING
+            assert p[i].allocation == plan[i].allocation
+            assert p[i].strategy.same_layout(plan[i].strategy)
+            assert p[i].strategy.recompute != plan[i].strategy.recompute
+            assert p[i].strategy in dirs[i].strategies
+            flipped.add((i, p[i].strategy.recompute))
+    assert len(flipped) > 2
+
+
+def test_recompute_move_falls_back_without_a_choice(example):
+    from rpeg.heuristics.search import RecomputeMove
+    from rpeg.ir import Recompute
+
+    def full_only(dirs):  # every directory down to full recomputation: nothing to flip
+        for d in dirs:
+            keep = [i for i, s in enumerate(d.strategies) if s.recompute is Recompute.FULL]
+            d.strategies, d.times = [d.strategies[i] for i in keep], [d.times[i] for i in keep]
+
+    _, _, plan, ctx = _concurrent_context(example, full_only)
+    calls = []
+
+    class Spy(SingleMove):
+        def propose(self, rng, plan, ctx, k):
+            calls.append(k)
+            return super().propose(rng, plan, ctx, k)
+
+    RecomputeMove(Spy()).propose(Random(0), plan, ctx, 6)
+    assert calls == [6]
+
+
+def test_default_moves_weigh_pair_as_spec_and_include_the_flip():
+    from rpeg.heuristics.search import RecomputeMove, default_moves
+
+    moves = default_moves()
+    weights = {type(m).__name__: w for w, m in moves}
+    assert weights == {"SingleMove": 0.62, "PairMove": 0.28, "RecomputeMove": 0.10}
+    assert not any(isinstance(m, PairMove) for _, m in default_moves(pair=False))
+    assert any(isinstance(m, RecomputeMove) for _, m in default_moves(pair=False))
