@@ -1,0 +1,100 @@
+"""The GPU presets' figures are the vendors' published node designs, derated by one rule, and
+every figure says where it comes from (``sources``; docs/cost-model.md §5, issue 14)."""
+
+import pytest
+
+from rpeg.costmodel import HARDWARE_PRESETS, hardware_preset
+from rpeg.ir.hardware import TIER_NAMES
+
+FIGURES = ("peak_flops", "mem_bandwidth", "gpu_memory_bytes")
+LINKS = tuple(f"{kind}.{tier}" for kind in ("collective", "p2p") for tier in TIER_NAMES)
+
+# The published node designs (see each preset's ``sources``): dense BF16 peak, HBM bandwidth and
+# size, GPUs per node, the NVLink rate one GPU reaches one peer with per direction, and the node's
+# compute NICs (count × line rate in bits/s).
+PUBLISHED = {
+    # DGX A100: NVLink 3 600 GB/s bidirectional through NVSwitch; 8 × 200 Gb/s HDR ConnectX-6
+    "a100-40gb": {
+        "dense": 312e12,
+        "hbm": 1555e9,
+        "memory": 40e9,
+        "gpus": 8,
+        "nvlink": 300e9,
+        "nics": (8, 200e9),
+    },
+    # DGX H100 / H200: NVLink 4 900 GB/s bidirectional through NVSwitch; 8 × 400 Gb/s NDR ConnectX-7
+    "h100": {
+        "dense": 989.4e12,
+        "hbm": 3.35e12,
+        "memory": 80e9,
+        "gpus": 8,
+        "nvlink": 450e9,
+        "nics": (8, 400e9),
+    },
+    "h200": {
+        "dense": 989.4e12,
+        "hbm": 4.8e12,
+        "memory": 141e9,
+        "gpus": 8,
+        "nvlink": 450e9,
+        "nics": (8, 400e9),
+    },
+    # JUPITER Booster quad-GH200 node: 150 GB/s per direction per GPU pair (no NVSwitch); 4 × NDR200
+    "gh200": {
+        "dense": 989.4e12,
+        "hbm": 4.0e12,
+        "memory": 96e9,
+        "gpus": 4,
+        "nvlink": 150e9,
+        "nics": (4, 200e9),
+    },
+}
+
+
+@pytest.mark.parametrize("name", HARDWARE_PRESETS)
+def test_every_preset_says_where_each_figure_comes_from(name):
+    sources = dict(hardware_preset(name).sources)
+    for key in FIGURES + LINKS:
+        assert isinstance(sources.get(key), str) and len(sources[key]) > 20, f"{name}: no source for {key}"
+    for kind in ("collective", "p2p"):
+        # no vendor publishes an inter-rack figure: the source must say it is an assumption
+        assert "assumption" in sources[f"{kind}.inter-rack"]
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_gpu_sources_cite_a_document(name):
+    sources = dict(hardware_preset(name).sources)
+    for key in FIGURES + tuple(k for k in LINKS if not k.endswith("inter-rack")):
+        assert "https://" in sources[key], f"{name}: {key} cites no document"
+        assert "derated" in sources[key] or key == "gpu_memory_bytes"
+
+
+def test_cpu_sources_say_the_figures_are_nominal():
+    for key, text in hardware_preset("cpu").sources:
+        assert "nominal assumption" in text, key
+
+
+def test_a100_inter_node_is_eight_hdr_nics_per_eight_gpus():
+    """DGX A100 has 8 × 200 Gb/s HDR compute NICs for its 8 GPUs: 25 GB/s line rate per GPU,
+    20 GB/s after the 0.8 derating (the preset once counted 4 NICs: 10 GB/s)."""
+    hw = hardware_preset("a100-40gb")
+    per_gpu = 8 * 200e9 / 8 / 8  # bytes/s of line rate per GPU
+    for links in (hw.collective, hw.p2p):
+        assert 1.0 / links[1].beta == pytest.approx(0.8 * per_gpu) == pytest.approx(20e9)
+        assert 1.0 / links[2].beta == pytest.approx(0.6 * 0.8 * per_gpu)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_gpu_presets_are_the_published_figures_derated(name):
+    pub = PUBLISHED[name]
+    hw = hardware_preset(name)
+    assert hw.gpus_per_node == pub["gpus"]
+    assert hw.gpu_memory_bytes == pub["memory"]
+    assert hw.peak_flops == pytest.approx(0.70 * pub["dense"])
+    assert hw.mem_bandwidth == pytest.approx(0.85 * pub["hbm"])
+    count, bits = pub["nics"]
+    nic_share = count * bits / 8 / pub["gpus"]  # bytes/s of the node's compute NICs per GPU
+    for links in (hw.collective, hw.p2p):  # one derating for collectives and P2P alike
+        assert 1.0 / links[0].beta == pytest.approx(0.8 * pub["nvlink"])
+        assert 1.0 / links[1].beta == pytest.approx(0.8 * nic_share)
+        assert 1.0 / links[2].beta == pytest.approx(0.6 * 0.8 * nic_share)
