@@ -16,10 +16,24 @@ INF = float("inf")
 
 
 def test_reference_resets_at_a_rejected_replan(cache):
+    # The drift is a shrink: the plan for 1000 tokens keeps its trainers' activations resident
+    # (recompute "selective" or "none") close to M_eff, so a 30 % growth would make it infeasible and force the
+    # move (test_a_length_growth_past_resident_activations_is_urgent).
     ctl = AdaptController(cache, 32, 1000.0, policy=Payback(gamma=0.0))  # γ = 0: rejects all
+    d = ctl.boundary(1, 650.0, 32)
+    assert d.replanned and not d.urgent and not d.admitted and ctl.monitor.reference == 650.0
+    assert not ctl.boundary(2, 650.0, 32).triggers  # no retrigger on the persisting deviation
+
+
+def test_a_length_growth_past_resident_activations_is_urgent(cache):
+    from rpeg.ir import Recompute
+
+    ctl = AdaptController(cache, 32, 1000.0, policy=Payback(gamma=0.0))
+    modes = {c.strategy.recompute for c in ctl.current.plan.choices}
+    assert modes - {Recompute.FULL}  # the fastest plan keeps (some) activations resident
     d = ctl.boundary(1, 1400.0, 32)
-    assert d.replanned and not d.admitted and ctl.monitor.reference == 1400.0
-    assert not ctl.boundary(2, 1400.0, 32).triggers  # no retrigger on the persisting deviation
+    assert d.urgent and d.admitted and d.reason == "urgent: current plan infeasible"
+    assert cache.score(ctl.current, ctl.lr).feasible
 
 
 def test_urgent_pool_loss_always_moves_and_no_plan_raises(cache):
