@@ -407,6 +407,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         raise InputError(f"--max-ranks must be at least 2, got {args.max_ranks}")
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads must be a positive integer, got {args.threads}")
+    engines = _calibration_engines(args.engines, args.device)
     report = calibrate(
         device=args.device,
         base=args.base,
@@ -417,18 +418,64 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         progress=None if args.no_progress else say,
     )
     print(report.table())
-    report.hardware.save(args.out)
+    hardware, raw = report.hardware, report.to_dict()
+    if engines:
+        from .runtime.engine_calibration import calibrate_engines
+
+        engine_report = calibrate_engines(
+            hardware,
+            engines=engines,
+            quick=args.quick,
+            seed=args.seed,
+            progress=None if args.no_progress else say,
+        )
+        print()
+        print(engine_report.table())
+        hardware, raw["engines"] = engine_report.hardware, engine_report.to_dict()
+    hardware.save(args.out)
     print(f"\nwrote {args.out}")
     if args.raw:
-        Path(args.raw).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        Path(args.raw).write_text(json.dumps(raw, indent=2, default=float) + "\n")
         print(f"wrote {args.raw}")
     return 0
 
 
+def _calibration_engines(value: str, device: str) -> tuple[str, ...]:
+    """``--engines``: a comma list of ``torch`` and ``vllm``, or ``none``.
+
+    Raises
+    ------
+    InputError
+        For another name, an engine with ``--device cuda`` (the engine runs are CPU-only here), or
+        ``vllm`` when vLLM is not installed (naming the extra to install).
+    """
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    if names == ("none",):
+        return ()
+    bad = [n for n in names if n not in ("torch", "vllm")]
+    if bad or not names:
+        raise InputError(f"--engines: expected 'none' or a comma list of torch, vllm; got {value!r}")
+    if device != "cpu":
+        raise InputError(
+            f"--engines {value}: the engine calibration runs the CPU runtime's workers; with --device "
+            f"{device} pass --engines none (GPU engine calibration is not implemented)"
+        )
+    if "vllm" in names:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise InputError(
+                "--engines includes vllm, but vLLM is not installed (pip install 'rpeg[engines]'); "
+                "pass --engines torch to calibrate without it"
+            )
+    return names
+
+
 def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     """Add ``rpeg calibrate --out HW.json [--quick] [--device cpu|cuda] [--base PRESET]
-    [--max-ranks N] [--seed N] [--threads N] [--raw RAW.json] [--no-progress]`` to ``sub``
-    (the measuring: :mod:`rpeg.runtime.measure`; the fits: :mod:`rpeg.costmodel.fit`)."""
+    [--max-ranks N] [--seed N] [--threads N] [--engines torch,vllm|none] [--raw RAW.json]
+    [--no-progress]`` to ``sub`` (the measuring: :mod:`rpeg.runtime.measure` and
+    :mod:`rpeg.runtime.engine_calibration`; the fits: :mod:`rpeg.costmodel.fit`)."""
     from .runtime.measure import DEVICES
 
     c = sub.add_parser("calibrate", help="measure this machine and write a hardware JSON file")
@@ -448,6 +495,13 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--threads", type=int, metavar="N", help="torch threads while measuring (CPU default 1)")
+    c.add_argument(
+        "--engines",
+        default="torch,vllm",
+        metavar="LIST",
+        help="time the runtime's engines too and fit their terms: a comma list of torch, vllm, or none "
+        "(default torch,vllm; minutes)",
+    )
     c.add_argument("--raw", metavar="RAW.json", help="also write every sample and fit (rpeg.calibration/1)")
     c.add_argument("--no-progress", action="store_true", help="no stage messages on stderr")
     c.set_defaults(fn=_cmd_calibrate)

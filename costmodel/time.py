@@ -1,6 +1,6 @@
 """Execution time of OP, COMM and RESHARD nodes (SPEC §6, paper Appendix D-A to D-G).
 
-An OP node's time is ``T = T_gemm + T_bubble + T_tp + T_pp + T_dp + T_nongemm + T_opt``
+An OP node's time is ``T = T_gemm + T_bubble + T_tp + T_pp + T_dp + T_nongemm + T_opt + T_over``
 (:class:`TimeBreakdown`), computed by :func:`op_time` from the model, the invocation's role, its
 parallel :class:`Layout` and the :class:`~rpeg.ir.hardware.Hardware` figures. COMM and RESHARD
 nodes use :func:`comm_time` and :func:`reshard_time`; :func:`publication_bytes` is the payload of
@@ -55,6 +55,10 @@ class TimeBreakdown:
         ``T_nongemm``, residual non-GEMM work that tensor parallelism does not shrink.
     opt
         ``T_opt``, the bandwidth-bound Adam update.
+    overhead
+        ``T_over``, the engine's fixed costs (docs/cost-model.md §2 "Engine terms"): per call,
+        per layer pass, per decode step, the weight sync into a generation engine, and the
+        controller's dispatch; 0 with a preset's neutral terms.
     """
 
     gemm: float
@@ -64,6 +68,7 @@ class TimeBreakdown:
     dp_comm: float
     nongemm: float
     opt: float
+    overhead: float = 0.0
 
     @property
     def comm(self) -> float:
@@ -72,8 +77,8 @@ class TimeBreakdown:
 
     @property
     def total(self) -> float:
-        """``T = T_gemm + T_bubble + T_comm + T_nongemm + T_opt``."""
-        return self.gemm + self.bubble + self.comm + self.nongemm + self.opt
+        """``T = T_gemm + T_bubble + T_comm + T_nongemm + T_opt + T_over``."""
+        return self.gemm + self.bubble + self.comm + self.nongemm + self.opt + self.overhead
 
 
 class _Roofline:
@@ -155,8 +160,18 @@ def op_time(
       decode adds ``r·(mb + Pp − 2)`` steps at ``ℓ = 1``.
     * ``T_dp`` (training): ReduceScatter + AllGather of ``N_m·sb/(Pp·Pt)`` over ``Pd`` at
       ``dp_tier``.
-    * ``T_nongemm = (L/Pp)·c_ng·(1 − 1/Pt)·(b/B_cal)``, ×f for training, 0 for generation.
+    * ``T_nongemm = f·(L/Pp)·c_ng·(1 − 1/Pt)·(mb·b·ℓ·d)/(B_cal·ℓ_cal·d_cal)``: the tokens·width
+      one device processes over all its microbatches, relative to the calibration's; ``f`` is
+      1 for inference and the forward-equivalents of the recomputation mode for training
+      (:func:`~.flops.training_passes`), 0 for generation.
     * ``T_opt = 18·N_m/(P·BW_mem)`` for training.
+    * ``T_over`` — the engine terms ``e`` of the node's class (:meth:`Hardware.terms
+      <rpeg.ir.hardware.Hardware.terms>`; neutral in presets, so ``T_over = 0`` there):
+      ``T_gemm`` is divided by ``η_e``, and inference and training add
+      ``c_call + f·(mb + Pp − 1)·(L/Pp)·c_layer``; generation adds a call, ``(mb + Pp − 1)·
+      (c_step + (L/Pp)·c_layer)`` per prefill and per decode step, and a weight sync
+      ``α_sync + N_m·sb·β_sync`` with the prefill. Every node adds the controller's
+      ``dispatch_s``.
 
     Parameters
     ----------
@@ -204,7 +219,7 @@ def op_time(
                 f"op_time: decode window must satisfy 0 ≤ t0 ≤ t1 ≤ response_len={response_len}, "
                 f"got {decode!r}"
             )
-        t_gemm, t_tp, t_pp = _generation_terms(node, prompt_len, (t0, t1), prefill, head)
+        t_gemm, t_tp, t_pp, t_over = _generation_terms(node, prompt_len, (t0, t1), prefill, head)
     else:
         lengths = {"sequences": sequences, "prompt_len": prompt_len, "response_len": response_len}
         if role is Role.TRAINING:
@@ -212,9 +227,12 @@ def op_time(
         else:
             t_gemm, t_tp, t_pp = _inference_terms(node, lengths, head)
         s = layout.strategy
-        t_nongemm = node.layers * hw.c_nongemm * (1.0 - 1.0 / s.tp) * (node.b / hw.b_cal)
-        if role is Role.TRAINING:
-            t_nongemm *= training_passes(model, s.recompute, prompt_len + response_len, head)
+        ell = prompt_len + response_len
+        passes = training_passes(model, s.recompute, ell, head) if role is Role.TRAINING else 1.0
+        terms = hw.terms(role.value)
+        t_gemm /= terms.efficiency
+        t_nongemm = passes * node.layers * hw.c_nongemm * (1.0 - 1.0 / s.tp) * node.nongemm_scale(ell)
+        t_over = terms.per_call_s + passes * node.slots * node.layers * terms.per_layer_s
 
     return TimeBreakdown(
         gemm=t_gemm,
@@ -224,6 +242,7 @@ def op_time(
         dp_comm=t_dp,
         nongemm=t_nongemm,
         opt=t_opt,
+        overhead=t_over + hw.dispatch_s,
     )
 
 
@@ -252,7 +271,7 @@ class _Node:
     :meth:`pp_rounds` ``count`` pipeline P2P steps of ``n·ℓ·d·sb/(Pd·Pt·mb)``.
     """
 
-    __slots__ = ("b", "hw", "layers", "layout", "model", "n_devices", "roof", "s", "sequences")
+    __slots__ = ("b", "hw", "layers", "layout", "model", "n_devices", "roof", "s", "sequences", "slots")
 
     def __init__(self, model: ModelSpec, layout: Layout, hw: Hardware, sequences: float) -> None:
         s = layout.strategy
@@ -265,6 +284,13 @@ class _Node:
         self.layers = model.layers / s.pp
         self.b = sequences / (s.dp * s.mb)
         self.roof = _Roofline(model, layout, hw, self.b)
+        self.slots = s.mb + s.pp - 1  # stage-microbatch slots on the 1F1B critical path
+
+    def nongemm_scale(self, tokens: float) -> float:
+        """``mb·b·ℓ·d/(B_cal·ℓ_cal·d_cal)``: the tokens·width one device's non-GEMM work covers,
+        relative to the calibration's."""
+        hw = self.hw
+        return self.s.mb * self.b * tokens * self.model.hidden / (hw.b_cal * hw.l_cal * hw.d_cal)
 
     def gemm(self, work: float, work_per_device: float, tokens: float, extra: float = 0.0) -> float:
         """``T_gemm = W/(P·F_eff)`` of ``work`` FLOPs (0 for no work)."""
@@ -287,29 +313,44 @@ class _Node:
 
 def _generation_terms(
     node: _Node, prompt_len: int, window: tuple[int, int], prefill: bool, head: Head
-) -> tuple[float, float, float]:
-    """``(T_gemm, T_tp, T_pp)`` of a generation node: the prefill over ``Lp`` (when ``prefill``)
-    plus the decode steps ``t0..t1`` (:func:`op_time`'s docstring has the formulas)."""
+) -> tuple[float, float, float, float]:
+    """``(T_gemm, T_tp, T_pp, T_over)`` of a generation node: the prefill over ``Lp`` (when
+    ``prefill``) plus the decode steps ``t0..t1`` (:func:`op_time`'s docstring has the formulas).
+
+    With the engine's prefill and decode terms ``e_p, e_d`` (neutral in presets), prefill GEMMs
+    run at ``η_p·F_eff`` and decode GEMMs at ``η_d·F_eff``; ``T_over`` is one call
+    (``c_call,p`` with a prefill, else ``c_call,d``), plus ``(mb + Pp − 1)·(c_step + (L/Pp)·c_layer)``
+    for the prefill and for each of the ``t1 − t0`` decode steps, plus, with a prefill, one weight
+    sync ``α_sync + N_m·sb·β_sync`` when the engine has a sync link.
+    """
     model, s, sequences = node.model, node.s, node.sequences
     P, mb, pp, dp, tp = node.n_devices, s.mb, s.pp, s.dp, s.tp
     sb, d, layers = model.dtype_bytes, model.hidden, node.layers
     t0, t1 = window
     steps = t1 - t0
     rounds = max(0, t1 - max(t0, 1))  # decode steps whose input token is a decoded one
+    hw = node.hw
+    pre, dec = hw.terms("prefill"), hw.terms("decode")
     t_gemm = t_tp = t_pp = 0.0
+    t_over = pre.per_call_s if prefill else dec.per_call_s
     if prefill and prompt_len > 0:
         w = prefill_flops(model, sequences=sequences, prompt_len=prompt_len, head=head)
-        t_gemm += node.gemm(w, w / (P * mb), prompt_len)
+        t_gemm += node.gemm(w, w / (P * mb), prompt_len) / pre.efficiency
+        t_over += node.slots * (pre.per_step_s + layers * pre.per_layer_s)
+        sync = hw.weight_sync()
+        if sync is not None:
+            t_over += sync.alpha + model_params(model, head) * sb * sync.beta
         t_tp += node.tp_rounds(2 * layers * mb, sequences * prompt_len * d * sb / (dp * mb))
         t_pp += node.pp_rounds(mb + pp - 2, prompt_len)
     if steps > 0:
         w = decode_flops(model, sequences=sequences, prompt_len=prompt_len, window=(t0, t1), head=head)
         context = prompt_len + 0.5 * (t0 + t1)
         kv_reads = node.b * context * 2 * kv_width_per_device(model, tp) * sb * layers
-        t_gemm += node.gemm(w, w / (P * mb * steps), 1, kv_reads)
+        t_gemm += node.gemm(w, w / (P * mb * steps), 1, kv_reads) / dec.efficiency
+        t_over += steps * node.slots * (dec.per_step_s + layers * dec.per_layer_s)
         t_tp += node.tp_rounds(2 * layers * rounds, sequences * d * sb / dp)
         t_pp += node.pp_rounds(rounds * (mb + pp - 2), 1)
-    return t_gemm, t_tp, t_pp
+    return t_gemm, t_tp, t_pp, t_over
 
 
 def _inference_terms(node: _Node, lengths: dict[str, float], head: Head) -> tuple[float, float, float]:
@@ -360,7 +401,8 @@ def _check_sizes(owner: str, **sizes: object) -> None:
 
 
 def comm_time(nbytes: float, src_size: int, dst_size: int, tier: int, hw: Hardware) -> float:
-    """COMM node between two allocations: ``α_p2p + M·β_p2p/min(|σu|, |σv|)`` (SPEC §6).
+    """COMM node between two allocations: ``dispatch + α_p2p + M·β_p2p/min(|σu|, |σv|)`` (SPEC §6;
+    ``dispatch_s`` is 0 in presets).
 
     The payload is split over ``min(|σu|, |σv|)`` concurrent send/receive pairs.
 
@@ -385,13 +427,14 @@ def comm_time(nbytes: float, src_size: int, dst_size: int, tier: int, hw: Hardwa
     if not nbytes >= 0:
         raise ValueError(f"comm_time: nbytes must be non-negative, got {nbytes!r}")
     link: Link = hw.p2p[tier]
-    return link.alpha + nbytes * link.beta / min(src_size, dst_size)
+    return hw.dispatch_s + link.alpha + nbytes * link.beta / min(src_size, dst_size)
 
 
 def reshard_time(model: ModelSpec, n_devices: int, tier: int, hw: Hardware, head: Head = Head.LM) -> float:
     """RESHARD node: AlltoAll of ``N_m·sb/|σ|`` bytes per rank over ``|σ|`` ranks (SPEC §6).
 
-    ``(|σ| − 1)·α + (N_m·sb/|σ|)·β`` with the collective link of ``tier``; ``0`` for one device.
+    ``dispatch + (|σ| − 1)·α + (N_m·sb/|σ|)·β`` with the collective link of ``tier`` (``dispatch_s``
+    is 0 in presets); ``dispatch`` alone for one device.
 
     Parameters
     ----------
@@ -414,7 +457,7 @@ def reshard_time(model: ModelSpec, n_devices: int, tier: int, hw: Hardware, head
     _check_sizes("reshard_time", n_devices=n_devices)
     check_tier("reshard_time", "tier", tier)
     nbytes = model_params(model, head) * model.dtype_bytes / n_devices
-    return alltoall_time(n_devices, nbytes, hw.collective[tier])
+    return hw.dispatch_s + alltoall_time(n_devices, nbytes, hw.collective[tier])
 
 
 def publication_bytes(

@@ -24,7 +24,7 @@ from typing import Any
 from ..ir.graph import RPEG
 from ..ir.lower import ExecGraph
 from ..ir.models import ModelSpec
-from ..ir.plan import Plan, Strategy
+from ..ir.plan import Plan
 from ..ir.types import Head, Role
 from ..solvers.result import Result
 
@@ -349,11 +349,16 @@ def bind(
     if "reference" in seeds and actor in seeds and specs.get("reference") == specs.get(actor):
         seeds["reference"] = seeds[actor]
 
-    keys: dict[tuple[str, int, Strategy], int] = {}
+    keys: dict[tuple[str, int, tuple], int] = {}
     members: list[list[int]] = []
     group_of: list[int] = []
     for v, (vert, choice) in enumerate(zip(g.vertices, plan.choices)):
-        key = (vert.model, choice.allocation.mask, choice.strategy)
+        st = choice.strategy  # one group per layout: the recomputation mode moves no weights
+        key = (
+            vert.model,
+            choice.allocation.mask,
+            (st.extent, st.dp, st.pp, st.tp, st.mb, st.pp_tier, st.dp_tier),
+        )
         if key not in keys:
             keys[key] = len(members)
             members.append([])

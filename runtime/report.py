@@ -19,6 +19,7 @@ from ..ir.hardware import Hardware
 from ..ir.workload import Workload
 from ..solvers.result import Result
 from .binding import Binding
+from .fidelity import Fidelity, fidelity, trace_fidelity
 from .trace import Trace, expected_graph, plan_hash
 
 __all__ = ["RunReport", "predict", "scaled_problem", "segment_trace"]
@@ -93,6 +94,23 @@ class RunReport:
         return sum(len(t.records) for t in self.segments) if self.segments else len(self.trace.records)
 
     @property
+    def fidelity(self) -> Fidelity | None:
+        """Predicted against measured times over all segments (:mod:`~rpeg.runtime.fidelity`):
+        each segment's first step is left out of the operator and makespan figures."""
+        parts = [f for f in (trace_fidelity(t) for t in (self.segments or [self.trace])) if f is not None]
+        if len(parts) <= 1:
+            return parts[0] if parts else None
+        out = Fidelity([], [], [], first_step=0)  # the step lists hold the compared steps only
+        for f in parts:
+            out.per_step += f.per_step
+            out.step_predicted += f.step_predicted[f.first_step :]
+            out.step_measured += f.step_measured[f.first_step :]
+            out.op_predicted += f.op_predicted
+            out.op_measured += f.op_measured
+            out.op_class += f.op_class
+        return out
+
+    @property
     def overhead_per_node_s(self) -> float:
         """Mean controller time per node."""
         return self.overhead_s / max(1, self.nodes)
@@ -116,6 +134,11 @@ class RunReport:
             f"setup {self.setup_s:.1f} s, run {self.wall_s:.2f} s, dispatch overhead "
             f"{1e3 * self.overhead_per_node_s:.2f} ms/node over {self.nodes} nodes"
         )
+        fid = self.fidelity
+        if fid is not None:
+            lines.append("predicted / measured seconds per step and operation class (worker time):")
+            lines += ["  " + row for row in fid.table().splitlines()]
+            lines.append(fid.summary())
         for line in self.recoveries:
             lines.append(f"recovered: {line}")
         for rec in self.transitions:
@@ -239,6 +262,8 @@ def segment_trace(
     shown = steps
     if failure is not None:
         shown = failure["step"] if failure.get("step") is not None else 0
+    roles = {v.name: v.role.value for v in binding.graph.vertices}
+    fid = fidelity(records, durations, roles, steps, predicted_steps, step_times, hw.dispatch_s)
     step_metrics = [
         {
             "step": k + offset,
@@ -248,6 +273,7 @@ def segment_trace(
             "losses": ctl.losses.get(k, {}),
             "logprob_gap": getattr(ctl, "gaps", {}).get(k),
             "weight_sync_s": _sync_seconds(records, k),
+            "op_classes": fid.per_step[k],
         }
         for k in range(min(shown, steps))
     ]
@@ -272,6 +298,10 @@ def segment_trace(
             "hardware": hw.name,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "predicted_durations": durations,
+            "vertex_roles": roles,
+            "dispatch_s": hw.dispatch_s,
+            "engine_terms": dict(zip(("generation", "inference", "training"), hw.engine_for)),
+            "fidelity": fid.to_dict(),
             "setup_s": ctl.setup_s,
             "wall_s": ctl.wall_s,
             "dispatch_overhead_s": ctl.overhead_s,

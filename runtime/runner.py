@@ -387,7 +387,8 @@ def _prepare(
         check_output_dir(cfg.checkpoint_dir, "checkpoint_dir")
     for _, target in transitions:
         check_compatible(result, target)
-    hw = _hardware(hardware)
+    # the engines this run uses: their calibrated terms, where the hardware file has them
+    hw = _hardware(hardware).using(generation=cfg.rollout_engine, inference="torch", training="torch")
     specs = run_specs([res for res, _ in segments], scale=cfg.scale)  # one model shape for the whole run
     bindings = [_bind(res, n, cfg, specs) for res, n in segments]
     for b in bindings:

@@ -417,7 +417,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     """Add ``verify TRACE.json RESULT.json`` to the ``rpeg`` subcommands.
 
     The handler prints ``trace valid: N records, S steps`` and returns 0, or prints the first
-    20 problems and returns 1 (``trace INCOMPLETE: …`` first for the trace of a failed run). A
+    20 problems and returns 1 (``trace INCOMPLETE: …`` first for the trace of a failed run);
+    either way it ends with the trace's fidelity line (predicted against measured times,
+    :func:`~rpeg.runtime.fidelity.trace_fidelity`). A
     missing or malformed file raises :class:`~rpeg.ir.errors.InputError` (the CLI's bad-input
     exit, 2).
     """
@@ -435,6 +437,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     problems = verify(trace, result)
     if not problems:
         print(f"trace valid: {len(trace.records)} records, {trace.steps} steps")
+        _print_fidelity(trace)
         return 0
     if not trace.complete:
         rest = problems[1:]
@@ -448,7 +451,25 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"  {line}")
     if len(problems) > CLI_SHOWN:
         print(f"  … and {len(problems) - CLI_SHOWN} more")
+    _print_fidelity(trace)
     return 1
+
+
+def _print_fidelity(trace: Trace) -> None:
+    """The trace's predicted-against-measured figures (:mod:`~rpeg.runtime.fidelity`), recomputed
+    from its records; one line saying why when it has no predictions."""
+    from .fidelity import trace_fidelity
+
+    fid = trace_fidelity(trace)
+    if fid is None:
+        print(
+            "fidelity: not available (the trace stores no per-node predictions: a cut-short segment or an older trace)"
+        )
+        return
+    hw = trace.meta.get("hardware", "?")
+    engines = trace.meta.get("engine_terms") or {}
+    terms = "/".join(engines.get(r) or "-" for r in ("generation", "inference", "training"))
+    print(f"{fid.summary()}; hardware {hw}, engine terms (generation/inference/training) {terms}")
 
 
 def read_result(path: str | os.PathLike, what: str = "result file") -> Result:

@@ -62,6 +62,8 @@ HW = Hardware(
     b_cal=4.0,
     collective=(Link(1e-5, 1e-10), Link(2e-5, 1e-9), Link(5e-5, 2e-9)),
     p2p=(Link(1e-6, 1e-10), Link(1e-5, 5e-10), Link(2e-5, 1e-9)),
+    l_cal=32.0,  # c_ng measured at B_cal = 4 sequences of 32 tokens of TINY's width
+    d_cal=64.0,
 )
 SLOW_HBM = dataclasses.replace(HW, name="slow-hbm", mem_bandwidth=1e9)
 SEQ = {"sequences": 8, "prompt_len": 24, "response_len": 8}  # ℓ = 32
@@ -115,7 +117,7 @@ def test_inference_tp2_by_hand():
     # 2·L·mb = 8 AllReduces of 8·32·64·2 = 32768 B over 2 ranks: 2α + M·β
     assert t.tp_comm == pytest.approx(8 * (2e-5 + 32768 * 1e-10))
     assert t.pp_comm == 0.0 and t.dp_comm == 0.0 and t.opt == 0.0
-    # L·c_ng·(1 − 1/2)·(8/4)
+    # L·c_ng·(1 − 1/2)·(mb·b·ℓ·d)/(B_cal·ℓ_cal·d_cal) = 4·1e-3·0.5·(8·32·64)/(4·32·64)
     assert t.nongemm == pytest.approx(4 * 1e-3 * 0.5 * 2)
     assert t.total == pytest.approx(t.gemm + t.tp_comm + t.nongemm)
 
@@ -138,8 +140,9 @@ def test_inference_pipeline_by_hand():
     assert t.pp_comm == pytest.approx(2 * (1e-5 + 8192 * 5e-10))
     # 2·(L/Pp)·mb = 8 AllReduces of 8·32·64·2/2 = 16384 B
     assert t.tp_comm == pytest.approx(8 * (2e-5 + 16384 * 1e-10))
-    # (L/Pp)·c_ng·(1/2)·(b/B_cal) with b = 4
-    assert t.nongemm == pytest.approx(2 * 1e-3 * 0.5 * 1)
+    # (L/Pp)·c_ng·(1/2)·(mb·b·ℓ·d)/(B_cal·ℓ_cal·d_cal): both microbatches of b = 4 count, 8/4
+    # (SPEC's (b/B_cal) charged one microbatch: 2·1e-3·0.5·1)
+    assert t.nongemm == pytest.approx(2 * 1e-3 * 0.5 * 2)
 
 
 def test_pipeline_boundaries_split_by_tier():
@@ -198,7 +201,7 @@ def test_training_tp2_by_hand():
     t = op_time(TINY, Role.TRAINING, make_layout(dp=1, pp=1, tp=2, mb=1), HW, **SEQ)
     # 6·L·mb = 24 AllReduces of 32768 B over 2 ranks
     assert t.tp_comm == pytest.approx(24 * (2e-5 + 32768 * 1e-10))
-    # ×4 forward-equivalents: 4·(4·1e-3·0.5·(8/4))
+    # ×4 forward-equivalents (full recomputation): 4·(4·1e-3·0.5·(8·32·64)/(4·32·64))
     assert t.nongemm == pytest.approx(0.016)
     # intensity per forward-equivalent equals inference's: the same η = 0.8/3 bound
     assert t.gemm == pytest.approx(4 * 104_071_168 / (2 * 1e12 * 0.8 / 3))
@@ -317,6 +320,76 @@ def test_time_breakdown_total_and_comm():
     t = TimeBreakdown(gemm=1.0, bubble=2.0, tp_comm=3.0, pp_comm=4.0, dp_comm=5.0, nongemm=6.0, opt=7.0)
     assert t.comm == 12.0
     assert t.total == 28.0
+    assert dataclasses.replace(t, overhead=0.5).total == 28.5
+
+
+def test_nongemm_scales_with_the_tokens_and_width_a_device_processes():
+    """Doubling the microbatches at a fixed microbatch size, the sequence length or the width
+    doubles the non-GEMM term; halving it over twice the data-parallel ranks halves it."""
+    layout = make_layout(dp=1, pp=1, tp=2, mb=1)
+    base = op_time(TINY, Role.INFERENCE, layout, HW, **SEQ).nongemm
+    more_mb = op_time(
+        TINY,
+        Role.INFERENCE,
+        make_layout(dp=1, pp=1, tp=2, mb=2),
+        HW,
+        sequences=16,
+        prompt_len=24,
+        response_len=8,
+    )
+    longer = op_time(TINY, Role.INFERENCE, layout, HW, sequences=8, prompt_len=56, response_len=8)
+    wider = op_time(dataclasses.replace(TINY, hidden=128, head_dim=32), Role.INFERENCE, layout, HW, **SEQ)
+    dp2 = op_time(TINY, Role.INFERENCE, make_layout(dp=2, pp=1, tp=2, mb=1), HW, **SEQ)
+    assert more_mb.nongemm == pytest.approx(2 * base)
+    assert longer.nongemm == pytest.approx(2 * base)
+    assert wider.nongemm == pytest.approx(2 * base)
+    assert dp2.nongemm == pytest.approx(base / 2)
+
+
+def _with_engines(**changes):
+    from rpeg.ir.hardware import EngineTerms, OpTerms
+
+    eng = EngineTerms(
+        "e",
+        prefill=OpTerms(efficiency=0.5, per_call_s=1e-3, per_layer_s=1e-4, per_step_s=2e-4),
+        decode=OpTerms(efficiency=0.25, per_call_s=7e-3, per_layer_s=3e-5, per_step_s=4e-4),
+        inference=OpTerms(efficiency=0.8, per_call_s=2e-3, per_layer_s=5e-5),
+        training=OpTerms(efficiency=0.4, per_call_s=3e-3, per_layer_s=6e-5),
+        weight_sync=Link(1e-2, 1e-9),
+    )
+    return dataclasses.replace(HW, engines=(eng,), engine_for=("e", "e", "e"), **changes)
+
+
+def test_engine_terms_by_hand():
+    """η divides T_gemm (and so the bubble); the fixed costs are counted per call, per layer
+    pass on the 1F1B critical path and per decode step; the weight sync comes with the prefill."""
+    hw = _with_engines(dispatch_s=5e-4)
+    layout = make_layout(dp=1, pp=2, tp=1, mb=2)  # slots = mb + Pp − 1 = 3, L/Pp = 2 layers
+    spec_inf = op_time(TINY, Role.INFERENCE, layout, HW, **SEQ)
+    inf = op_time(TINY, Role.INFERENCE, layout, hw, **SEQ)
+    assert inf.gemm == pytest.approx(spec_inf.gemm / 0.8)
+    assert inf.bubble == pytest.approx(spec_inf.bubble / 0.8)
+    assert inf.overhead == pytest.approx(2e-3 + 1 * 3 * 2 * 5e-5 + 5e-4)
+    assert inf.tp_comm == spec_inf.tp_comm and inf.nongemm == spec_inf.nongemm
+    train = op_time(TINY, Role.TRAINING, layout, hw, **SEQ)
+    assert train.gemm == pytest.approx(op_time(TINY, Role.TRAINING, layout, HW, **SEQ).gemm / 0.4)
+    assert train.overhead == pytest.approx(3e-3 + 4 * 3 * 2 * 6e-5 + 5e-4)  # f = 4 (full)
+    one = make_layout(dp=1, pp=1, tp=1, mb=1)
+    spec_gen = op_time(TINY, Role.GENERATION, one, HW, **SEQ, decode=(0, 8))
+    gen = op_time(TINY, Role.GENERATION, one, hw, **SEQ, decode=(0, 8))
+    pre = op_time(TINY, Role.GENERATION, one, HW, **SEQ, decode=(0, 0))
+    assert gen.gemm == pytest.approx(pre.gemm / 0.5 + (spec_gen.gemm - pre.gemm) / 0.25)
+    sync = 1e-2 + 259_648 * 2 * 1e-9  # N_m·sb·β
+    per_step = lambda c_step, c_layer: c_step + 4 * c_layer  # noqa: E731 (L/Pp = 4)
+    assert gen.overhead == pytest.approx(1e-3 + per_step(2e-4, 1e-4) + sync + 8 * per_step(4e-4, 3e-5) + 5e-4)
+    later = op_time(TINY, Role.GENERATION, one, hw, **SEQ, decode=(4, 8), prefill=False)
+    assert later.overhead == pytest.approx(7e-3 + 4 * per_step(4e-4, 3e-5) + 5e-4)  # a decode call, no sync
+
+
+def test_dispatch_reaches_comm_and_reshard_nodes():
+    hw = dataclasses.replace(HW, dispatch_s=1e-3)
+    assert comm_time(1e6, 2, 4, 0, hw) == pytest.approx(comm_time(1e6, 2, 4, 0, HW) + 1e-3)
+    assert reshard_time(TINY, 4, 0, hw) == pytest.approx(reshard_time(TINY, 4, 0, HW) + 1e-3)
 
 
 def test_op_time_rejects_bad_arguments():

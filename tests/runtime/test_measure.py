@@ -100,6 +100,7 @@ def test_bad_arguments_are_named(kwargs, match):
 def test_cli_writes_a_valid_file(tmp_path, capsys):
     out, raw = tmp_path / "hw.json", tmp_path / "raw.json"
     argv = ["calibrate", "--out", str(out), "--quick", "--max-ranks", "2", "--raw", str(raw), "--no-progress"]
+    argv += ["--engines", "none"]  # the engines' calibration: tests/runtime/test_engine_calibration.py
     assert main(argv) == 0
     hw = Hardware.load(out)
     assert hw.name.startswith("calibrated-")
@@ -121,6 +122,8 @@ def test_cli_rejects_an_unknown_device(capsys):
         (["--out", "hw.json", "--max-ranks", "1"], "--max-ranks must be at least 2, got 1"),
         (["--out", "hw.json", "--threads", "0"], "--threads must be a positive integer, got 0"),
         (["--out", "hw.json", "--base", "no-such-gpu"], "no-such-gpu"),
+        (["--out", "hw.json", "--engines", "torch,sglang"], "--engines: expected 'none' or a comma list"),
+        (["--out", "hw.json", "--engines", "torch", "--device", "cuda"], "GPU engine calibration is not implemented"),
     ],
 )
 def test_cli_names_a_bad_flag_before_measuring(flags, message, capsys, tmp_path, monkeypatch):

@@ -440,13 +440,16 @@ def test_cli_verify(stale_result, tmp_path, capsys):
     stale_result.to_json(rpath)
     trace.to_json(tpath)
     assert run_cli(["verify", str(tpath), str(rpath)]) == 0
-    assert capsys.readouterr().out.strip() == f"trace valid: {len(trace.records)} records, 2 steps"
+    valid, fid = capsys.readouterr().out.strip().splitlines()
+    assert valid == f"trace valid: {len(trace.records)} records, 2 steps"
+    assert fid.startswith("fidelity: not available")  # a simulated trace stores no predictions
     for r in trace.records:
         r.start, r.end = 0.0, 1.0  # everything at once: many overlaps and dependency violations
     trace.to_json(tpath)
     assert run_cli(["verify", str(tpath), str(rpath)]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("trace INVALID:")
-    assert len(out) == 1 + 20 + 1 and out[-1].lstrip().startswith("… and")
+    assert len(out) == 1 + 20 + 1 + 1 and out[-2].lstrip().startswith("… and")
+    assert out[-1].startswith("fidelity:")
     with pytest.raises(ValueError, match="does not exist"):
         run_cli(["verify", str(tmp_path / "none.json"), str(rpath)])

@@ -1,0 +1,650 @@
+"""Calibration through the engines the runtime runs: the engine terms of a hardware file.
+
+The microbenchmarks of :mod:`rpeg.runtime.measure` time bare GEMMs, copies and collectives. What a
+plan's nodes take on a real engine also holds fixed costs the roofline has no term for — Python
+and kernel launches per layer, the decode loop's scheduler and sampler per step, the engine's
+entry per call — and kernels that reach only part of the roofline. This module times the
+runtime's own operations and fits, per engine and operation class, the :class:`~rpeg.ir.hardware.
+OpTerms` the cost model adds (docs/cost-model.md §2 "Engine terms"):
+
+* **torch engine** — the runtime's :class:`~rpeg.runtime.worker.Worker` in this process (one
+  device, one thread, as a worker runs), on a one-device PPO plan, over a grid of model sizes and
+  run shapes: generation nodes (prefill + decode), inference nodes (reference, reward and critic)
+  and training nodes (actor and critic).
+* **vLLM** (CPU build) — the worker's :class:`~rpeg.runtime.engines.vllm_engine.RolloutEngine`:
+  generations of ``max_tokens = N`` responses over a grid of batches, prompt lengths and ``N``,
+  and the weight pushes of each model size (the sync link ``α + bytes·β``).
+* **Ray dispatch** — the round trip of an empty actor call: ``dispatch_s``.
+
+Each fit is a least-squares problem in the cost model's own features: for a sample the cost
+model (with the microbenchmarked hardware and neutral engine terms) gives the GEMM time of the
+prefill ``G_p`` and of the decode ``G_d`` (generation) or of the node ``G`` (inference and
+training); the measured seconds ``t`` are fitted to
+
+* generation: ``t = G_p/η_p + G_d/η_d + c_call + L·c_layer,p + N·(c_step,d + L·c_layer,d)``,
+* inference and training: ``t − T_rest = G/η + c_call + f·L·c_layer`` (``T_rest`` the node's
+  other SPEC terms, ``f`` its forward-equivalents),
+
+with non-negative coefficients (:func:`nnls`), each sample weighted by ``1/t`` so that the fit
+minimises relative errors — the figure fidelity is judged by.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ..costmodel.layout import Layout
+from ..costmodel.time import op_time
+from ..ir.hardware import EngineTerms, Hardware, Link, OpTerms
+from ..ir.models import ModelSpec
+from ..ir.types import Head, Recompute, Role
+
+__all__ = [
+    "CALIBRATION_SCALES",
+    "EngineCalibration",
+    "EngineFit",
+    "EngineSample",
+    "calibrate_engines",
+    "fit_engine_terms",
+    "local_worker",
+    "nnls",
+    "op_node",
+]
+
+Progress = Callable[[str], None]
+
+#: Model sizes timed (``scale_spec`` fields): two depths so that per-layer and per-call costs
+#: separate, two widths so that the efficiency is not one width's. Neither is the 8-layer,
+#: 512-wide "medium" model of ``rpeg run --scale medium``.
+CALIBRATION_SCALES: tuple[dict[str, int], ...] = (
+    {"layers": 2, "hidden": 512, "heads": 8},
+    {"layers": 6, "hidden": 384, "heads": 6},
+)
+
+#: (batch, prompt length, response length) of the torch engine's one-device runs.
+TORCH_SHAPES: tuple[tuple[int, int, int], ...] = ((2, 32, 32), (8, 32, 32), (4, 96, 64), (8, 64, 128))
+TORCH_SHAPES_QUICK: tuple[tuple[int, int, int], ...] = ((2, 32, 16), (8, 64, 32))
+
+#: vLLM grid: batches × prompt lengths × response lengths ``N``.
+VLLM_GRID = ((2, 8, 16), (32, 128), (1, 16, 64))
+VLLM_GRID_QUICK = ((2, 8), (32,), (1, 16))
+
+
+# ---------------------------------------------------------------------------------------------- data
+@dataclass(frozen=True)
+class EngineSample:
+    """One timed operation (median of its repeats).
+
+    Parameters
+    ----------
+    engine
+        ``"torch"`` or ``"vllm"``.
+    op_class
+        ``"generation"`` (prefill + ``response_len`` decode steps), ``"inference"``,
+        ``"training"`` or ``"sync"`` (a weight push of ``nbytes``).
+    spec
+        The timed model.
+    head
+        Its output head(s).
+    sequences, prompt_len, response_len
+        The node's size.
+    seconds
+        Median measured seconds.
+    nbytes
+        Bytes pushed (``"sync"`` only).
+    recompute
+        The activation recomputation mode a training sample ran with (its forward-equivalents
+        ``f`` in the fit).
+    """
+
+    engine: str
+    op_class: str
+    spec: ModelSpec
+    head: str
+    sequences: int
+    prompt_len: int
+    response_len: int
+    seconds: float
+    nbytes: int = 0
+    recompute: str = "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the spec as its fields)."""
+        d = asdict(self)
+        d["spec"] = asdict(self.spec)
+        return d
+
+
+@dataclass(frozen=True)
+class EngineFit:
+    """The fitted terms of one engine and operation class, with the fit's relative errors."""
+
+    engine: str
+    op_class: str
+    terms: dict[str, float]
+    samples: int
+    mape: float
+    max_error: float
+
+
+@dataclass
+class EngineCalibration:
+    """What :func:`calibrate_engines` measured and fitted."""
+
+    hardware: Hardware
+    samples: list[EngineSample]
+    fits: list[EngineFit]
+    dispatch_samples: list[float] = field(default_factory=list)
+    elapsed: float = 0.0
+
+    def table(self) -> str:
+        """The fits as a small text table."""
+        lines = [f"{'engine':7} {'class':10} {'n':>3} {'fit MAPE':>8}  terms"]
+        for f in self.fits:
+            terms = ", ".join(
+                f"{k} {v:.3g}" if k == "efficiency" else f"{k} {v * 1e3:.3g} ms" for k, v in f.terms.items()
+            )
+            lines.append(f"{f.engine:7} {f.op_class:10} {f.samples:3d} {f.mape:7.1f}%  {terms}")
+        if self.dispatch_samples:
+            lines.append(
+                f"Ray dispatch (empty actor call): {statistics.median(self.dispatch_samples) * 1e3:.2f} ms"
+            )
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every sample and fit (``rpeg.engine-calibration/1``)."""
+        return {
+            "format": "rpeg.engine-calibration/1",
+            "samples": [s.to_dict() for s in self.samples],
+            "fits": [asdict(f) for f in self.fits],
+            "dispatch_samples": self.dispatch_samples,
+            "elapsed": self.elapsed,
+        }
+
+
+# ---------------------------------------------------------------------------------------------- fitting
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-negative least squares ``argmin_{x ≥ 0} ‖A·x − b‖₂`` for a few columns, exactly.
+
+    Every support set of the columns is solved by unconstrained least squares; the best solution
+    whose coefficients are all non-negative wins (the optimum of a convex problem is one of them:
+    the KKT point's free coefficients solve least squares on their support). ``2^n`` solves, so
+    for ``n ≤ 8`` columns.
+
+    Raises
+    ------
+    ValueError
+        For more than 8 columns or mismatched shapes.
+    """
+    a = np.asarray(a, dtype=float)
+    b = np.asarray(b, dtype=float)
+    if a.ndim != 2 or b.shape != (a.shape[0],):
+        raise ValueError(f"nnls: A must be (m, n) and b (m,), got {a.shape} and {b.shape}")
+    n = a.shape[1]
+    if n > 8:
+        raise ValueError(f"nnls: at most 8 columns, got {n}")
+    best, best_res = np.zeros(n), float(np.sum(b**2))
+    for k in range(1, n + 1):
+        for cols in itertools.combinations(range(n), k):
+            sub = a[:, cols]
+            x, *_ = np.linalg.lstsq(sub, b, rcond=None)
+            if np.any(x < 0):
+                continue
+            res = float(np.sum((sub @ x - b) ** 2))
+            if res < best_res - 1e-18:
+                best = np.zeros(n)
+                best[list(cols)] = x
+                best_res = res
+    return best
+
+
+def _one_device() -> Layout:
+    from ..ir.plan import Strategy
+
+    return Layout(Strategy((1, 1, 1), 1, 1, 1, 1))
+
+
+def _neutral(hw: Hardware) -> Hardware:
+    return replace(hw, engines=(), engine_for=("", "", ""), dispatch_s=0.0)
+
+
+def _generation_features(s: EngineSample, hw: Hardware) -> list[float]:
+    """``[G_p, G_d, 1, L, N, N·L]`` of a generation sample (module docstring)."""
+    lay, head = _one_device(), Head(s.head)
+    size = {"sequences": s.sequences, "prompt_len": s.prompt_len, "response_len": s.response_len}
+    g_p = op_time(s.spec, Role.GENERATION, lay, hw, **size, head=head, decode=(0, 0)).gemm
+    g_d = op_time(s.spec, Role.GENERATION, lay, hw, **size, head=head, prefill=False).gemm
+    n, layers = s.response_len, s.spec.layers
+    return [g_p, g_d, 1.0, float(layers), float(n), float(n * layers)]
+
+
+def _op_features(s: EngineSample, hw: Hardware) -> tuple[list[float], float]:
+    """``([G, 1, f·L], T_rest)`` of an inference or training sample (module docstring)."""
+    from ..costmodel.flops import training_passes
+
+    role = Role.TRAINING if s.op_class == "training" else Role.INFERENCE
+    lay, head = _one_device(), Head(s.head)
+    if role is Role.TRAINING:
+        lay = Layout(lay.strategy.with_recompute(s.recompute))
+    t = op_time(
+        s.spec,
+        role,
+        lay,
+        hw,
+        sequences=s.sequences,
+        prompt_len=s.prompt_len,
+        response_len=s.response_len,
+        head=head,
+    )
+    ell = s.prompt_len + s.response_len
+    passes = training_passes(s.spec, Recompute(s.recompute), ell, head) if role is Role.TRAINING else 1.0
+    return [t.gemm, 1.0, passes * s.spec.layers], t.total - t.gemm
+
+
+def _weighted_fit(rows: list[list[float]], y: list[float], t: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """NNLS of ``rows·x ≈ y`` with rows weighted by ``1/t``; returns ``(x, relative errors of t)``."""
+    a = np.asarray(rows)
+    w = 1.0 / np.asarray(t)
+    x = nnls(a * w[:, None], np.asarray(y) * w)
+    pred = a @ x + (np.asarray(t) - np.asarray(y))
+    return x, np.abs(pred - np.asarray(t)) / np.asarray(t)
+
+
+def _efficiency(inv: float) -> float:
+    """``η = 1/x`` of a fitted GEMM coefficient; a zero coefficient (the GEMMs vanish in the fixed
+    costs) is ``η`` of the largest float that keeps ``T_gemm/η`` finite-ish: 1e6."""
+    return 1.0 / inv if inv > 1e-6 else 1e6
+
+
+def fit_engine_terms(
+    samples: Sequence[EngineSample], hw: Hardware
+) -> tuple[list[EngineTerms], list[EngineFit]]:
+    """Fit every engine's :class:`~rpeg.ir.hardware.OpTerms` to ``samples`` (module docstring).
+
+    Parameters
+    ----------
+    samples
+        Timed operations of one or more engines.
+    hw
+        The microbenchmarked hardware whose roofline gives the GEMM features (its own engine
+        terms are ignored).
+
+    Returns
+    -------
+    (list[EngineTerms], list[EngineFit])
+        One :class:`EngineTerms` per engine (classes without samples stay unset), and each fit's
+        figures.
+    """
+    base = _neutral(hw)
+    engines: list[EngineTerms] = []
+    fits: list[EngineFit] = []
+    for engine in sorted({s.engine for s in samples}):
+        mine = [s for s in samples if s.engine == engine]
+        terms: dict[str, Any] = {}
+        gen = [s for s in mine if s.op_class == "generation"]
+        if gen:
+            rows = [_generation_features(s, base) for s in gen]
+            t = [s.seconds for s in gen]
+            x, err = _weighted_fit(rows, t, t)
+            terms["prefill"] = OpTerms(_efficiency(x[0]), per_call_s=x[2], per_layer_s=x[3])
+            terms["decode"] = OpTerms(_efficiency(x[1]), per_step_s=x[4], per_layer_s=x[5])
+            fits.append(
+                EngineFit(
+                    engine,
+                    "generation",
+                    {
+                        "prefill efficiency": _efficiency(x[0]),
+                        "decode efficiency": _efficiency(x[1]),
+                        "per_call_s": x[2],
+                        "prefill per_layer_s": x[3],
+                        "decode per_step_s": x[4],
+                        "decode per_layer_s": x[5],
+                    },
+                    len(gen),
+                    100 * float(err.mean()),
+                    100 * float(err.max()),
+                )
+            )
+        for cls in ("inference", "training"):
+            group = [s for s in mine if s.op_class == cls]
+            if not group:
+                continue
+            feats = [_op_features(s, base) for s in group]
+            t = [s.seconds for s in group]
+            y = [s.seconds - rest for s, (_, rest) in zip(group, feats)]
+            x, err = _weighted_fit([f for f, _ in feats], y, t)
+            terms[cls] = OpTerms(_efficiency(x[0]), per_call_s=x[1], per_layer_s=x[2])
+            fits.append(
+                EngineFit(
+                    engine,
+                    cls,
+                    {"efficiency": _efficiency(x[0]), "per_call_s": x[1], "per_layer_s": x[2]},
+                    len(group),
+                    100 * float(err.mean()),
+                    100 * float(err.max()),
+                )
+            )
+        sync = [s for s in mine if s.op_class == "sync"]
+        if sync:
+            rows = [[1.0, float(s.nbytes)] for s in sync]
+            t = [s.seconds for s in sync]
+            x, err = _weighted_fit(rows, t, t)
+            terms["weight_sync"] = Link(float(x[0]), float(x[1]))
+            fits.append(
+                EngineFit(
+                    engine,
+                    "sync",
+                    {"alpha_s": x[0], "beta_s_per_B": x[1]},
+                    len(sync),
+                    100 * err.mean(),
+                    100 * err.max(),
+                )
+            )
+        engines.append(EngineTerms(engine, **terms))
+    return engines, fits
+
+
+# ---------------------------------------------------------------------------------------------- workers
+@contextlib.contextmanager
+def local_worker(binding: Any, vertex: str, **kwargs: Any) -> Iterator[Any]:
+    """The :class:`~rpeg.runtime.worker.Worker` (rank 0 of a one-rank gloo group, in this process,
+    no Ray) of ``vertex``'s group of a one-device plan; it leaves its process group afterwards and
+    torch's thread count is restored (a worker sets it to 1).
+
+    Raises
+    ------
+    ValueError
+        If ``vertex``'s group has more than one rank.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from .rl import RLConfig
+    from .worker import Worker
+
+    group = next(g for g in binding.groups if vertex in g.vertices)
+    if group.size != 1:
+        raise ValueError(
+            f"local_worker: {vertex!r}'s group has {group.size} ranks; it runs one-rank groups only"
+        )
+    threads = torch.get_num_threads()
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, datetime.timedelta(seconds=60), wait_for_workers=False)
+    worker = Worker(group, 0, "", binding.shape, RLConfig(), 0, store=store, timeout_s=60.0, **kwargs)
+    try:
+        yield worker
+    finally:
+        worker.shutdown()
+        torch.set_num_threads(threads)
+
+
+def op_node(binding: Any, vertex: str, step: int = 0, **extra: Any) -> dict[str, Any]:
+    """The OP node description the controller sends for ``vertex`` at ``step`` (phase 0)."""
+    g = binding.graph
+    v = g.vertices[g.index[vertex]]
+    outs = [c for c in v.outputs if not c.startswith("W_") and g.containers[c].weights_of is None]
+    desc = {
+        "vertex": vertex,
+        "role": v.role.value,
+        "step": step,
+        "phase": 0,
+        "version": binding.version(g.index[vertex], step),
+        "output": outs[0] if outs else "",
+        "algorithm": g.algorithm,
+        "publish": False,
+        "keep_previous": False,
+        "tau": 0,
+        "keep": 0,
+    }
+    return desc | extra
+
+
+#: The recomputation mode the timed training nodes run with.
+RECOMPUTE = "none"
+
+_PPO_VERTICES = ("actor_gen", "ref_inf", "reward_inf", "critic_inf", "actor_train", "critic_train")
+
+
+def _binding(scale: dict[str, int], batch: int, prompt_len: int, response_len: int, seed: int) -> Any:
+    """A one-device PPO plan's one-step binding at the given model scale and run shape."""
+    from ..costmodel import hardware_preset
+    from ..ir import Cluster, Structure, Workload
+    from ..solvers.result import result_for_plan
+    from .binding import bind
+    from .trace import expected_graph
+
+    toy = ModelSpec("calibration-1b", 16, 2048, 5504, 32000, 16, 16)
+    wl = Workload("ppo", {"actor": toy, "critic": toy, "reward": toy}, 64, 1, 256, 256)
+    one = ((0, 0, 0), (1, 1, 1), 1, 1, 1, 1)
+    table = {v: one + ((RECOMPUTE,) if v.endswith("_train") else ()) for v in _PPO_VERTICES}
+    result = result_for_plan(
+        wl,
+        Cluster.from_shape("1x1x1", hardware_preset("cpu")),
+        Structure("ppo", False, (("actor", 0), ("critic", 0))),
+        table,
+        k_eval=1,
+    )
+    return bind(
+        result,
+        expected_graph(result, 1),
+        1,
+        scale=scale,
+        batch=batch,
+        prompt_len=prompt_len,
+        response_len=response_len,
+        max_rollouts=1,
+        seed=seed,
+    )
+
+
+def _time_op(w: Any, binding: Any, vertex: str, inbox: dict[str, Any], repeats: int) -> tuple[float, Any]:
+    """Median worker seconds of ``repeats`` runs of ``vertex``'s node after one warm-up run, fed
+    ``inbox`` (source vertex → its output) each time; also the last run's output."""
+    times, out = [], None
+    for _ in range(repeats + 1):
+        for src, part in inbox.items():
+            w.inbox[(vertex, 0, src, 0)] = [part]
+        node = op_node(binding, vertex)
+        if node["role"] == "training":  # each update moves the worker one version on
+            node |= {"version": w.version, "rollout_version": w.version}
+        meta, out, _ = w.op(node, {src: [] for src in inbox})
+        times.append(meta["worker_time"])
+    return statistics.median(times[1:]), out
+
+
+def _sources(binding: Any, vertex: str) -> list[str]:
+    """The vertices whose data containers ``vertex`` reads."""
+    g = binding.graph
+    v = g.vertices[g.index[vertex]]
+    wanted = {c for c in v.inputs if g.containers[c].weights_of is None}
+    return [u.name for u in g.vertices if u.name != vertex and wanted & set(u.outputs)]
+
+
+def _group_spec(binding: Any, vertex: str) -> ModelSpec:
+    return next(g.spec for g in binding.groups if vertex in g.vertices)
+
+
+def measure_torch_engine(
+    *,
+    quick: bool = False,
+    repeats: int = 3,
+    seed: int = 0,
+    progress: Progress | None = None,
+    scales: Sequence[dict[str, int]] = CALIBRATION_SCALES,
+    shapes: Sequence[tuple[int, int, int]] | None = None,
+) -> list[EngineSample]:
+    """Time the runtime's generation, inference and training nodes on the torch engine (module
+    docstring): one-device PPO plans over ``scales`` × ``shapes`` (batch, prompt length, response
+    length; default :data:`TORCH_SHAPES`, or :data:`TORCH_SHAPES_QUICK` with ``quick``)."""
+    say = progress or (lambda _m: None)
+    if shapes is None:
+        shapes = TORCH_SHAPES_QUICK if quick else TORCH_SHAPES
+    out: list[EngineSample] = []
+    for scale, (batch, lp, lr) in itertools.product(scales, shapes):
+        say(f"torch engine: {scale}, batch {batch}, Lp {lp}, Lr {lr}")
+        b = _binding(scale, batch, lp, lr, seed)
+        n = b.shape.sequences
+        produced: dict[str, Any] = {}
+        with local_worker(b, "actor_gen") as w:
+            t, produced["actor_gen"] = _time_op(w, b, "actor_gen", {}, repeats)
+        steps = int(produced["actor_gen"]["mask"].sum(1).max())
+        out.append(EngineSample("torch", "generation", _group_spec(b, "actor_gen"), "lm", n, lp, steps, t))
+        for vertex, head in (("ref_inf", "lm"), ("reward_inf", "scalar"), ("critic_inf", "scalar")):
+            with local_worker(b, vertex) as w:
+                t, produced[vertex] = _time_op(w, b, vertex, {"actor_gen": produced["actor_gen"]}, repeats)
+            out.append(EngineSample("torch", "inference", _group_spec(b, vertex), head, n, lp, lr, t))
+        for vertex, head in (("actor_train", "lm"), ("critic_train", "scalar")):
+            inbox = {src: produced[src] for src in _sources(b, vertex)}
+            with local_worker(b, vertex) as w:
+                t, _ = _time_op(w, b, vertex, inbox, repeats)
+            out.append(
+                EngineSample(
+                    "torch", "training", _group_spec(b, vertex), head, n, lp, lr, t, recompute=RECOMPUTE
+                )
+            )
+    return out
+
+
+def _time_generate(engine: Any, prompts: list[list[int]], n: int, repeats: int) -> float:
+    """Median seconds of ``engine.generate`` of ``n`` tokens per prompt, after one warm-up."""
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        engine.generate(prompts, max_tokens=[n] * len(prompts), seeds=list(range(len(prompts))))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def measure_vllm(
+    *, quick: bool = False, repeats: int = 3, seed: int = 0, progress: Progress | None = None
+) -> list[EngineSample]:
+    """Time vLLM generations and weight pushes through the worker's engine (module docstring)."""
+    say = progress or (lambda _m: None)
+    batches, prompts, lengths = VLLM_GRID_QUICK if quick else VLLM_GRID
+    out: list[EngineSample] = []
+    for scale in CALIBRATION_SCALES:
+        b = _binding(scale, max(batches), max(prompts), max(lengths), seed)
+        spec = _group_spec(b, "actor_gen")
+        say(f"vLLM: starting an engine for {scale}")
+        with local_worker(b, "actor_gen", rollout_engine="vllm") as w:
+            for batch, lp, n in itertools.product(batches, prompts, lengths):
+                say(f"vLLM: {scale}, batch {batch}, Lp {lp}, N {n}")
+                rng = np.random.default_rng([seed, batch, lp, n])
+                ids = rng.integers(0, b.shape.vocab, size=(batch, lp)).tolist()
+                t = _time_generate(w.engine, ids, n, repeats)
+                out.append(EngineSample("vllm", "generation", spec, "lm", batch, lp, n, t))
+            pushes = [w._sync_rollouts(version) for version in range(1, repeats + 2)]
+            t = statistics.median(p["weight_sync_s"] for p in pushes[1:])
+            out.append(EngineSample("vllm", "sync", spec, "lm", 0, 0, 0, t, nbytes=int(pushes[-1]["bytes"])))
+    return out
+
+
+def measure_dispatch(samples: int = 40) -> list[float]:
+    """Round-trip seconds of an empty Ray actor call (local Ray, started and stopped here when
+    none is running)."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+
+        @ray.remote(num_cpus=0)
+        class _Echo:
+            def call(self, x: Any = None) -> Any:
+                return x
+
+        actor = _Echo.remote()
+        ray.get(actor.call.remote())
+        out = []
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            ray.get(actor.call.remote({"node": 0}))
+            out.append(time.perf_counter() - t0)
+        ray.kill(actor)
+        return out
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def calibrate_engines(
+    hw: Hardware,
+    *,
+    engines: Sequence[str] = ("torch", "vllm"),
+    quick: bool = False,
+    repeats: int = 3,
+    seed: int = 0,
+    dispatch: bool = True,
+    progress: Progress | None = None,
+) -> EngineCalibration:
+    """Measure the runtime's engines on this machine and return ``hw`` with their terms.
+
+    Parameters
+    ----------
+    hw
+        The microbenchmarked hardware (:func:`rpeg.runtime.measure.calibrate`); its roofline gives
+        the fits' GEMM features.
+    engines
+        ``"torch"`` and/or ``"vllm"``.
+    quick
+        A reduced grid (for tests and a first look).
+    repeats
+        Timed repeats per sample after one warm-up (the median is kept).
+    seed
+        Seeds models, prompts and requests.
+    dispatch
+        Also time Ray's dispatch (``dispatch_s``).
+    progress
+        Called with a short message before each measurement.
+
+    Returns
+    -------
+    EngineCalibration
+        ``hardware``: ``hw`` with ``engines``, ``engine_for`` (generation on vLLM when measured,
+        else torch; inference and training on torch) and ``dispatch_s``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown engine name or ``repeats < 1``.
+    """
+    unknown = sorted(set(engines) - {"torch", "vllm"})
+    if unknown or not engines:
+        raise ValueError(f"calibrate_engines: engines must be 'torch' and/or 'vllm', got {list(engines)!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"calibrate_engines: repeats must be a positive integer, got {repeats!r}")
+    started = time.perf_counter()
+    samples: list[EngineSample] = []
+    if "torch" in engines:
+        samples += measure_torch_engine(quick=quick, repeats=repeats, seed=seed, progress=progress)
+    if "vllm" in engines:
+        samples += measure_vllm(quick=quick, repeats=repeats, seed=seed, progress=progress)
+    dispatch_samples = measure_dispatch(15 if quick else 40) if dispatch else []
+    terms, fits = fit_engine_terms(samples, hw)
+    names = {e.name for e in terms}
+    gen = "vllm" if "vllm" in names else ("torch" if "torch" in names else "")
+    other = "torch" if "torch" in names else ""
+    sources = dict(hw.sources)
+    sources["engines"] = (
+        f"rpeg calibrate through the engines ({', '.join(sorted(names))}): "
+        f"{len(samples)} timed operations, {'quick' if quick else 'full'} grid"
+    )
+    if dispatch_samples:
+        sources["dispatch_s"] = f"median of {len(dispatch_samples)} empty Ray actor calls"
+    out = replace(
+        hw,
+        engines=tuple(terms),
+        engine_for=(gen, other, other),
+        dispatch_s=float(statistics.median(dispatch_samples)) if dispatch_samples else hw.dispatch_s,
+        sources=tuple(sources.items()),
+    )
+    return EngineCalibration(out, samples, fits, dispatch_samples, time.perf_counter() - started)

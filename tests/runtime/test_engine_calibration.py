@@ -1,0 +1,121 @@
+"""``runtime/engine_calibration.py``: the exact NNLS, the fits of the engine terms (they recover
+terms that generated the samples through the cost model), and one real measurement of the torch
+engine's nodes on a tiny grid (in this process, no Ray)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from rpeg.costmodel import hardware_preset
+from rpeg.costmodel.layout import Layout
+from rpeg.costmodel.time import op_time
+from rpeg.ir.hardware import EngineTerms, Link, OpTerms
+from rpeg.ir.models import ModelSpec
+from rpeg.ir.plan import Strategy
+from rpeg.ir.types import Head, Role
+from rpeg.runtime.engine_calibration import EngineSample, fit_engine_terms, nnls
+
+
+def test_nnls_matches_the_unconstrained_optimum_when_it_is_feasible_and_clips_otherwise():
+    rng = np.random.default_rng(0)
+    a = rng.random((20, 3))
+    x = np.array([0.5, 2.0, 1.0])
+    assert nnls(a, a @ x) == pytest.approx(x)
+    # b pulls the second coefficient negative: the optimum sets it to 0 and refits the rest
+    b = a @ np.array([1.0, -3.0, 2.0])
+    got = nnls(a, b)
+    assert got[1] == 0.0 and (got >= 0).all()
+    sub, *_ = np.linalg.lstsq(a[:, [0, 2]], b, rcond=None)
+    assert np.sum((a @ got - b) ** 2) <= np.sum((a[:, [0, 2]] @ np.clip(sub, 0, None) - b) ** 2) + 1e-12
+    with pytest.raises(ValueError, match="at most 8 columns"):
+        nnls(np.ones((10, 9)), np.ones(10))
+
+
+SPECS = (
+    ModelSpec("a", 2, 512, 1024, 16, 8, 8, dtype_bytes=4),
+    ModelSpec("b", 6, 384, 768, 16, 6, 6, dtype_bytes=4),
+)
+
+
+def _truth():
+    return (
+        EngineTerms(
+            "vllm",
+            prefill=OpTerms(0.4, per_call_s=3e-3, per_layer_s=2e-4),
+            decode=OpTerms(0.2, per_step_s=1.5e-3, per_layer_s=1e-4),
+            weight_sync=Link(5e-3, 4e-9),
+        ),
+        EngineTerms(
+            "torch",
+            inference=OpTerms(0.8, per_call_s=4e-3, per_layer_s=6e-4),
+            training=OpTerms(0.6, per_call_s=9e-3, per_layer_s=8e-4),
+        ),
+    )
+
+
+def _synthetic_samples() -> list[EngineSample]:
+    """Samples timed by the cost model itself with known engine terms (one device)."""
+    base = hardware_preset("cpu")
+    vllm, torch_ = _truth()
+    # the timed generations push no weights (the sync is its own sample, as measure_vllm times it)
+    hw = replace(
+        base, engines=(replace(vllm, weight_sync=None), torch_), engine_for=("vllm", "torch", "torch")
+    )
+    lay = Layout(Strategy((1, 1, 1), 1, 1, 1, 1))
+    out = []
+    for spec in SPECS:
+        for b, lp, n in [(2, 32, 1), (2, 32, 16), (8, 128, 1), (8, 128, 64), (16, 32, 16), (4, 64, 64)]:
+            t = op_time(spec, Role.GENERATION, lay, hw, sequences=b, prompt_len=lp, response_len=n).total
+            out.append(EngineSample("vllm", "generation", spec, "lm", b, lp, n, t))
+        for b, lp, lr in [(2, 32, 32), (8, 32, 32), (4, 96, 64), (8, 64, 128)]:
+            for role, cls in ((Role.INFERENCE, "inference"), (Role.TRAINING, "training")):
+                size = {"sequences": b, "prompt_len": lp, "response_len": lr}
+                t = op_time(spec, role, lay, hw, **size, head=Head.SCALAR).total
+                out.append(EngineSample("torch", cls, spec, "scalar", b, lp, lr, t, recompute="full"))
+        nbytes = 4 * 1_000_000 * spec.layers
+        out.append(EngineSample("vllm", "sync", spec, "lm", 0, 0, 0, 5e-3 + nbytes * 4e-9, nbytes=nbytes))
+    return out
+
+
+def test_fits_recover_the_terms_that_timed_the_samples():
+    terms, fits = fit_engine_terms(_synthetic_samples(), hardware_preset("cpu"))
+    got = {e.name: e for e in terms}
+    for truth in _truth():
+        for cls in truth.classes():
+            want, have = getattr(truth, cls), getattr(got[truth.name], cls)
+            assert have.efficiency == pytest.approx(want.efficiency, rel=1e-6), (truth.name, cls)
+            for name in ("per_call_s", "per_layer_s", "per_step_s"):
+                assert getattr(have, name) == pytest.approx(getattr(want, name), rel=1e-6, abs=1e-12), (
+                    cls,
+                    name,
+                )
+        if truth.weight_sync is not None:
+            assert got[truth.name].weight_sync.alpha == pytest.approx(5e-3)
+            assert got[truth.name].weight_sync.beta == pytest.approx(4e-9)
+    assert all(f.mape < 1e-6 for f in fits)
+    assert {(f.engine, f.op_class) for f in fits} == {
+        ("vllm", "generation"), ("vllm", "sync"), ("torch", "inference"), ("torch", "training")
+    }  # fmt: skip
+
+
+def test_torch_engine_nodes_are_measured_and_fitted():
+    """A real run of the worker's nodes (one tiny model, one shape): every class is timed, every
+    sample is positive, and each class gets fitted terms."""
+    pytest.importorskip("torch")
+    from rpeg.runtime.engine_calibration import measure_torch_engine
+
+    samples = measure_torch_engine(
+        repeats=1, scales=({"layers": 1, "hidden": 64, "heads": 4},), shapes=((2, 8, 8),)
+    )
+    assert [s.op_class for s in samples] == ["generation"] + ["inference"] * 3 + ["training"] * 2
+    assert [s.head for s in samples] == ["lm", "lm", "scalar", "scalar", "lm", "scalar"]
+    assert all(s.seconds > 0 and s.engine == "torch" and s.sequences == 2 for s in samples)
+    assert 1 <= samples[0].response_len <= 8  # the longest response decoded
+    terms, fits = fit_engine_terms(samples, hardware_preset("cpu"))
+    assert [e.name for e in terms] == ["torch"] and set(terms[0].classes()) == {
+        "prefill", "decode", "inference", "training"
+    }  # fmt: skip
+    assert len(fits) == 3
