@@ -29,6 +29,7 @@ from ..ir.types import Head, Role
 from ..solvers.result import Result
 
 __all__ = [
+    "RUNTIME_RECOMPUTE",
     "Binding",
     "GroupSpec",
     "RunShape",
@@ -36,6 +37,7 @@ __all__ = [
     "check_specs",
     "consumed_version",
     "rank_coords",
+    "recompute_note",
     "run_specs",
 ]
 
@@ -107,6 +109,26 @@ class RunShape:
         return out
 
 
+#: How the torch runtime runs each planned recomputation mode (docs/runtime.md): ``full``
+#: checkpoints every decoder layer (``StageModel(recompute="full")``), ``none`` keeps every
+#: activation. ``selective`` (recompute only the attention core) is not done faithfully: the core
+#: sits inside the Hugging Face attention module's forward, between its projections, with no hook
+#: to checkpoint it alone, so it runs as ``none`` and the trace's group entry says so.
+RUNTIME_RECOMPUTE = {"none": "none", "selective": "none", "full": "full"}
+
+
+def recompute_note(planned: str) -> str:
+    """The trace's note for a training group whose planned mode the runtime runs differently
+    (``""`` when it runs as planned)."""
+    run = RUNTIME_RECOMPUTE[planned]
+    if run == planned:
+        return ""
+    return (
+        f"recompute {planned!r} planned, run as {run!r}: the Hugging Face decoder layers offer no "
+        "hook to recompute only the attention core"
+    )
+
+
 @dataclass(frozen=True)
 class GroupSpec:
     """One worker group: a model in one layout on one allocation.
@@ -135,6 +157,10 @@ class GroupSpec:
         Weight seed of the model (the reference shares the actor's).
     generates
         Whether a generation vertex runs on this group (it then hosts the rollout engine).
+    recompute
+        The plan's activation recomputation of the training vertex on this group (``"none"``,
+        ``"selective"``, ``"full"``); ``"none"`` for a group that does not train. The worker runs
+        :attr:`recompute_run` (:data:`RUNTIME_RECOMPUTE`).
     """
 
     gid: int
@@ -151,11 +177,18 @@ class GroupSpec:
     spec: ModelSpec
     seed: int
     generates: bool = False
+    recompute: str = "none"
 
     @property
     def size(self) -> int:
         """Number of ranks ``Pd·Pp·Pt``."""
         return self.dp * self.pp * self.tp
+
+    @property
+    def recompute_run(self) -> str:
+        """The recomputation mode the torch runtime runs for :attr:`recompute`
+        (:data:`RUNTIME_RECOMPUTE`)."""
+        return RUNTIME_RECOMPUTE[self.recompute]
 
     def worker(self, rank: int) -> str:
         """Worker id of ``rank``."""
@@ -386,6 +419,14 @@ def bind(
                 mb=s.mb,
                 spec=specs[model],
                 seed=seeds[model],
+                recompute=next(
+                    (
+                        plan.choices[v].strategy.recompute.value
+                        for v in vs
+                        if g.vertices[v].role is Role.TRAINING
+                    ),
+                    "none",
+                ),
             )
         )
     return Binding(result, g, exec_graph, groups, group_of, shape, specs, steps)

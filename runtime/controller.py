@@ -32,7 +32,7 @@ from typing import Any
 from ..ir.cluster import mask_devices
 from ..ir.lower import COMM, OP, RESHARD
 from ..ir.types import Role
-from .binding import Binding, GroupSpec, consumed_version
+from .binding import Binding, GroupSpec, consumed_version, recompute_note
 from .checkpoint import step_dir_name
 from .liveness import DEFAULT_STALL_S, Owner, RunError, Watchdog, cause
 from .pool import WorkerProcess, active_pool
@@ -331,6 +331,12 @@ class Controller:
                     "ranks": [],
                 },
             )
+            if g.trains:  # the plan's recomputation mode, as run (docs/runtime.md)
+                entry["recompute"] = {
+                    "planned": g.recompute,
+                    "run": g.recompute_run,
+                    "note": recompute_note(g.recompute),
+                }
             entry["ranks"].append({"rank": rank, **{k: v for k, v in info.items() if k != "coords"}})
 
     def workers(self) -> dict[str, dict[str, Any]]:

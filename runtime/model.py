@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint as layer_checkpoint
 
 from ..ir.models import ModelSpec
 from ..ir.types import Head
@@ -226,11 +227,19 @@ class StageModel(nn.Module):
         its global ``layer_idx`` (the key of its KV cache).
     first, last
         Whether this stage holds the embedding (input tokens) and the final norm with the heads.
+    recompute
+        Activation recomputation of the training passes, as the runtime runs it (``"none"`` or
+        ``"full"``; a plan's ``"selective"`` runs as ``"none"``,
+        :data:`~rpeg.runtime.binding.RUNTIME_RECOMPUTE`): ``full`` checkpoints every decoder layer
+        (``torch.utils.checkpoint``, non-reentrant) on passes that record gradients without a KV
+        cache, ``none`` runs the layers as they are. Passes under ``torch.no_grad`` (inference,
+        generation) are never checkpointed.
 
     Raises
     ------
     ValueError
-        If ``layer_range`` is not inside ``0..spec.layers`` or ``spec.head_dim`` is odd.
+        If ``layer_range`` is not inside ``0..spec.layers``, ``spec.head_dim`` is odd or
+        ``recompute`` is not a mode.
     EngineMissing
         If ``transformers`` is not installed (extra ``hf``).
     """
@@ -244,10 +253,14 @@ class StageModel(nn.Module):
         layer_range: tuple[int, int] | None = None,
         first: bool = True,
         last: bool = True,
+        recompute: str = "none",
     ) -> None:
         from .engines.hf_models import family_modules, hf_config
 
         super().__init__()
+        if recompute not in ("none", "full"):
+            raise ValueError(f"StageModel: recompute={recompute!r} must be 'none' or 'full'")
+        self.recompute = recompute
         start, stop = layer_range if layer_range is not None else (0, spec.layers)
         if not 0 <= start <= stop <= spec.layers:
             raise ValueError(
@@ -335,8 +348,14 @@ class StageModel(nn.Module):
             keys = torch.arange(past + s, device=h.device)[None, :]
             mask = (keys <= past + torch.arange(s, device=h.device)[:, None])[None, None]
         rope = self.model.rotary_emb(h, positions)
+        checkpointed = self.recompute == "full" and cache is None and torch.is_grad_enabled()
         for layer in self.model.layers.values():
-            h = layer(h, attention_mask=mask, position_embeddings=rope, past_key_values=cache)
+            if checkpointed:  # keep the layer's input only; the backward recomputes its forward
+                h = layer_checkpoint(
+                    layer, h, attention_mask=mask, position_embeddings=rope, use_reentrant=False
+                )
+            else:
+                h = layer(h, attention_mask=mask, position_embeddings=rope, past_key_values=cache)
         if cache is not None:
             cache.advance(s)
         return h

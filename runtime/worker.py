@@ -123,6 +123,7 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
             layer_range=(lo, hi),
             first=self.mesh.first,
             last=self.mesh.last,
+            recompute=group.recompute_run,
         )
         if group.spec.checkpoint:  # the plan's model, with the user's weights (full size)
             from .engines.hf_models import load_stage_weights

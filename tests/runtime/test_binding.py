@@ -13,6 +13,7 @@ from rpeg.runtime.binding import (
     check_specs,
     consumed_version,
     rank_coords,
+    recompute_note,
     run_shape,
     run_specs,
 )
@@ -109,3 +110,22 @@ def test_run_specs_fit_every_plan_of_the_run_and_check_specs_names_the_vertex(sm
         check_specs(small, odd)
     with pytest.raises(ValueError, match="no scaled spec for model 'critic'"):
         check_specs(small, {k: v for k, v in specs.items() if k != "critic"})
+
+
+def test_groups_carry_the_trainers_recompute_mode_and_share_across_modes():
+    # actor training "selective" (runs as "none", noted), critic training "none" beside its
+    # inference: one group still (the mode moves no weights), the others "none"
+    table = dict(SMALL)
+    table["actor_train"] = (*SMALL["actor_train"], "selective")
+    table["critic_train"] = (*SMALL["critic_train"], "none")
+    b = binding_of(hand(workload("ppo"), "1x1x2", table, PPO_SYNC))
+    by_vertex = {v: g for g in b.groups for v in g.vertices}
+    assert by_vertex["critic_inf"] is by_vertex["critic_train"]
+    actor, critic = by_vertex["actor_train"], by_vertex["critic_train"]
+    assert (actor.recompute, actor.recompute_run) == ("selective", "none")
+    assert (critic.recompute, critic.recompute_run) == ("none", "none")
+    assert recompute_note("selective").startswith("recompute 'selective' planned, run as 'none'")
+    assert recompute_note("full") == recompute_note("none") == ""
+    assert all(g.recompute == "none" for g in b.groups if not g.trains)
+    default = binding_of(hand(workload("ppo"), "1x1x2", SMALL, PPO_SYNC))  # hand plans: full
+    assert {g.recompute_run for g in default.groups if g.trains} == {"full"}

@@ -191,3 +191,37 @@ def test_tensor_parallel_matches_single_process(tmp_path):
         nprocs=2,
         start_method="fork",
     )
+
+
+# ---------------------------------------------------------------------------------------------- recompute
+def _saved_bytes_and_grads(spec, recompute: str) -> tuple[int, dict[str, torch.Tensor], torch.Tensor]:
+    """Bytes autograd saves for one training forward, the gradients and the loss."""
+    model = StageModel(spec, Head.LM, seed=3, recompute=recompute)
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = token_logprobs(model(tokens(2, 12)), tokens(2, 12, seed=1)).sum()
+    loss.backward()
+    return sum(saved), {n: p.grad.clone() for n, p in model.named_parameters()}, loss.detach()
+
+
+def test_full_recompute_checkpoints_the_layers_with_the_same_gradients(spec):
+    b_none, g_none, l_none = _saved_bytes_and_grads(spec, "none")
+    b_full, g_full, l_full = _saved_bytes_and_grads(spec, "full")
+    assert b_full < b_none  # only the layers' inputs are kept for the backward
+    assert torch.equal(l_none, l_full)
+    for name, g in g_none.items():  # the recompute repeats the same kernels: bit for bit
+        assert torch.equal(g_full[name], g), name
+
+
+def test_no_grad_passes_are_not_checkpointed(spec):
+    full = StageModel(spec, Head.LM, seed=3, recompute="full")
+    plain = StageModel(spec, Head.LM, seed=3)
+    with torch.no_grad():
+        assert torch.equal(full(tokens(2, 8)), plain(tokens(2, 8)))
+    with pytest.raises(ValueError, match="recompute='selective' must be 'none' or 'full'"):
+        StageModel(spec, Head.LM, seed=3, recompute="selective")  # the binding maps it first
