@@ -10,6 +10,13 @@ whether to replan, asks the planner for a target ``S*`` (cached by
 (:func:`~rpeg.adapt.admission.admit`). After the step it receives the measured step time and
 updates its per-class efficiencies (:class:`~rpeg.adapt.calibration.Calibration`).
 
+When the current plan stops fitting in memory under the new length but its devices are still in
+the pool, the controller first tries the same plan with leaner activation recomputation
+(:meth:`AdaptController.leaner`: the training invocations' ``none`` → ``selective``, then every
+trainer ``full``; docs/cost-model.md §4). Recomputation moves no weights, so such a plan is
+adopted at no transition cost and the boundary then goes on as for a feasible plan (the memory
+trigger does not fire; a length trigger may still ask the policy to replan).
+
 When the transition to ``S*`` is infeasible the controller tries up to ``max_fallbacks`` slower
 targets (:meth:`~rpeg.adapt.plan_cache.PlanCache.alternatives`); the first one whose transition
 is feasible goes through the same admission rule. When none is feasible an urgent replan falls
@@ -23,6 +30,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..ir.plan import Choice, Plan
+from ..ir.types import Recompute, Role
 from .calibration import CALIB_ALPHA, Calibration
 from .monitor import DELTA_LEN, H_ALPHA, Horizon, Monitor, Signal, Trigger
 from .plan_cache import NoPlan, PlanCache, PlanPoint
@@ -90,6 +99,10 @@ class Decision:
         The admission inputs (``nan`` when not computed).
     fallback
         Label of the fallback target used (``""``: ``S*`` itself; ``"restart"``: checkpoint/restart).
+    leaner
+        ``""``, or how the current plan's recomputation was made leaner before the triggers were
+        checked (e.g. ``"actor_train none→selective"``): the plan no longer fitted, the leaner one
+        does, and no weights moved (not a transition).
     """
 
     step: int
@@ -104,6 +117,7 @@ class Decision:
     horizon: float = math.nan
     payback: float = math.nan
     fallback: str = ""
+    leaner: str = ""
 
 
 class AdaptController:
@@ -166,11 +180,18 @@ class AdaptController:
         self.lr = lr = cache.lr(length)
         cur = self.current
         s = cache.score(cur, lr)
+        leaner = ""
+        if not s.feasible and cur.devices <= pool:
+            found = self.leaner(cur, lr)
+            if found is not None:
+                self.current, leaner = found
+                cur = self.current
+                s = cache.score(cur, lr)
         m_eff = cache.cluster.hardware.m_eff
         triggers = self.monitor.observe(
             length, pool, peak_memory=s.peak, m_eff=m_eff, plan_devices=cur.devices
         )
-        d = Decision(step, triggers)
+        d = Decision(step, triggers, leaner=leaner)
         self.decisions.append(d)
         hs = [self.horizons[t.signal].cross(step) for t in triggers if t.signal in self.horizons]
         d.horizon = min(hs) if hs else min(h.value for h in self.horizons.values())
@@ -216,6 +237,35 @@ class AdaptController:
             return d
         d.target, d.reason, d.l_tran = best, f"transition infeasible ({len(candidates)} targets tried)", 0.0
         return d
+
+    def leaner(self, point: PlanPoint, lr: int) -> tuple[PlanPoint, str] | None:
+        """``point`` with leaner activation recomputation that fits under ``lr``, and what changed
+        (``"v mode→mode, …"``); ``None`` when it has no leaner mode or none fits.
+
+        Tried in order: every training invocation at ``none`` moved to ``selective``; then every
+        training invocation at ``full``. The layouts and allocations stay, so the transition is
+        free (no weights move).
+        """
+        g = self.cache.evaluator(lr, point.pool).graph
+        steps = (
+            {Recompute.NONE: Recompute.SELECTIVE},
+            {Recompute.NONE: Recompute.FULL, Recompute.SELECTIVE: Recompute.FULL},
+        )
+        for step in steps:
+            choices, changed = [], []
+            for v, c in zip(g.vertices, point.plan.choices):
+                mode = step.get(c.strategy.recompute) if v.role is Role.TRAINING else None
+                if mode is None:
+                    choices.append(c)
+                    continue
+                choices.append(Choice(c.strategy.with_recompute(mode), c.allocation))
+                changed.append(f"{v.name} {c.strategy.recompute.value}→{mode.value}")
+            if not changed:
+                continue
+            lean = PlanPoint(Plan(tuple(choices)), point.pool, "leaner recompute")
+            if self.cache.score(lean, lr).feasible:
+                return lean, ", ".join(changed)
+        return None
 
     def measured(self, seconds: float) -> float:
         """Feed the measured time of the step just run (current plan, current length) to the

@@ -16,24 +16,32 @@ INF = float("inf")
 
 
 def test_reference_resets_at_a_rejected_replan(cache):
-    # The drift is a shrink: the plan for 1000 tokens keeps its trainers' activations resident
-    # (recompute "selective" or "none") close to M_eff, so a 30 % growth would make it infeasible and force the
-    # move (test_a_length_growth_past_resident_activations_is_urgent).
     ctl = AdaptController(cache, 32, 1000.0, policy=Payback(gamma=0.0))  # γ = 0: rejects all
-    d = ctl.boundary(1, 650.0, 32)
-    assert d.replanned and not d.urgent and not d.admitted and ctl.monitor.reference == 650.0
-    assert not ctl.boundary(2, 650.0, 32).triggers  # no retrigger on the persisting deviation
+    d = ctl.boundary(1, 1400.0, 32)
+    assert d.replanned and not d.admitted and ctl.monitor.reference == 1400.0
+    assert not ctl.boundary(2, 1400.0, 32).triggers  # no retrigger on the persisting deviation
 
 
-def test_a_length_growth_past_resident_activations_is_urgent(cache):
+def test_a_plan_that_outgrows_memory_first_recomputes_more(cache):
+    # The fastest plan for 1000 tokens keeps its trainers' activations resident (recompute
+    # "selective" or "none") close to M_eff; at 1400 it no longer fits. Switching the trainers to
+    # a leaner mode moves no weights: adopted without a transition, before the triggers.
     from rpeg.ir import Recompute
 
-    ctl = AdaptController(cache, 32, 1000.0, policy=Payback(gamma=0.0))
-    modes = {c.strategy.recompute for c in ctl.current.plan.choices}
-    assert modes - {Recompute.FULL}  # the fastest plan keeps (some) activations resident
+    ctl = AdaptController(cache, 32, 1000.0, policy=Static())
+    before = ctl.current
+    assert {c.strategy.recompute for c in before.plan.choices} - {Recompute.FULL}
+    assert not cache.score(before, cache.lr(1400.0)).feasible
     d = ctl.boundary(1, 1400.0, 32)
-    assert d.urgent and d.admitted and d.reason == "urgent: current plan infeasible"
-    assert cache.score(ctl.current, ctl.lr).feasible
+    assert d.leaner and "→" in d.leaner and not d.urgent and not d.admitted and d.l_tran == 0.0
+    after = ctl.current
+    assert after is not before and cache.score(after, ctl.lr).feasible
+    for a, b in zip(before.plan.choices, after.plan.choices):
+        assert a.allocation == b.allocation and a.strategy.same_layout(b.strategy)
+    assert cache.transition(before, after) == 0.0
+    # selective did not fit either: every trainer recomputes in full, and nothing is leaner
+    assert all(c.strategy.recompute is Recompute.FULL for c in after.plan.choices)
+    assert ctl.leaner(after, ctl.lr) is None
 
 
 def test_urgent_pool_loss_always_moves_and_no_plan_raises(cache):
