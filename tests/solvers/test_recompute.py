@@ -105,3 +105,26 @@ def test_a_hand_made_plan_takes_a_mode(results):
         table[v.name] = (*row, "selective") if v.role is Role.TRAINING else row
     hand = result_for_plan(w, c, r.structure, table, k_eval=r.k_eval)
     assert _modes(hand)["actor_train"] is Recompute.SELECTIVE
+
+
+def test_the_dp_planners_exact_engine_chooses_the_same_modes(results):
+    # formulations/dp_exact.py over the same frontiers (which hold every recomputation mode)
+    for memory, by_method in results.items():
+        w, c = dpo(memory)
+        exact = solve(w, c, method="dp", engine="cpsat", time_limit=30)
+        assert _modes(exact) == _modes(by_method["dp"])
+        assert exact.extra["dp"]["step_latency_s"] == by_method["dp"].extra["dp"]["step_latency_s"]
+
+
+def test_dp_frontiers_keep_the_modes_that_trade_time_for_memory():
+    from rpeg.heuristics.dp_planner import build_dp_instance
+    from rpeg.scoring import Evaluator
+
+    w, c = dpo(100e9)
+    inst = build_dp_instance(Evaluator(w, c, k_eval=1).costs)
+    for f in inst.frontiers:
+        modes = {q.strategy.recompute for q in f.points}
+        if f.stage.stage is Role.TRAINING:
+            assert Recompute.NONE in modes and Recompute.FULL in modes
+        else:
+            assert modes == {Recompute.FULL}
