@@ -926,6 +926,8 @@ def check_plan_legality(result: Result) -> list[str]:
       (``pp·tp | Ng``) or spans whole nodes (``Ng | pp·tp``);
     - P7 ``origin[i] % extent[i] == 0`` and ``origin + extent`` inside the cluster;
     - P8 ``s = min(pp, ⌊Ng/tp⌋)`` divides ``pp``;
+    - ``recompute`` (optional): one of ``none``, ``selective``, ``full`` for a training vertex,
+      ``null`` for the others (:func:`_check_recompute`);
     - H1 ``tp | heads``; H2 ``tp | kv_heads`` for inference and training (Megatron-core),
       ``tp | kv_heads`` or ``kv_heads | tp`` for generation (vLLM) — see :func:`_check_heads`.
       ``heads``/``kv_heads`` come from the model entry (or its ``spec``); without them H1–H2
@@ -973,7 +975,26 @@ def check_plan_legality(result: Result) -> list[str]:
         heads = _model_heads(model)
         if heads is not None:
             errors.extend(_check_heads(entry, heads[0], heads[1], vertex_role.get(entry["vertex"])))
+        errors.extend(_check_recompute(entry, vertex_role.get(entry["vertex"])))
     return errors
+
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+"""Activation-recomputation modes of a training plan entry (its optional ``recompute`` key)."""
+
+
+def _check_recompute(entry: dict[str, Any], role: Any) -> list[str]:
+    """``recompute`` of a plan entry: absent or ``null`` (a training entry then means ``"full"``),
+    one of :data:`RECOMPUTE_MODES` for a training vertex, ``null`` for any other role."""
+    value = entry.get("recompute")
+    if value is None:
+        return []
+    who = f"[plan] {entry['vertex']}"
+    if role != "training":
+        return [f"{who}: recompute={value!r} on a {role} vertex (only training recomputes; must be null)"]
+    if value not in RECOMPUTE_MODES:
+        return [f"{who}: recompute={value!r} is not one of {', '.join(RECOMPUTE_MODES)}"]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------

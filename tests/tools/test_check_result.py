@@ -926,3 +926,16 @@ def test_script_runs_without_site_packages(result: dict[str, Any], tmp_path: Pat
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout == f"OK {path}\n"
+
+
+def test_recompute_is_a_training_entrys_mode(result: dict[str, Any]) -> None:
+    entry(result, INF)["recompute"] = None  # null: what the package writes for non-training
+    assert cr.check(result) == []
+    entry(result, INF)["recompute"] = "none"
+    assert_reports(result, "plan", "recompute='none' on a inference vertex")
+    result["vertices"][1]["role"] = "training"  # now the mode is the entry's to choose
+    assert cr.check(result) == []
+    entry(result, INF)["recompute"] = "partial"
+    assert_reports(result, "plan", "recompute='partial' is not one of none, selective, full")
+    del entry(result, INF)["recompute"]  # files from before the key: full
+    assert cr.check(result) == []
