@@ -23,8 +23,9 @@ $(VENV)/.dev: $(VENV)/.base
 	$(UNPULL)
 	touch $@
 
-## make demo: plan the bundled PPO examples, then run the searched small plan on Ray workers (a 21M-parameter
-## Llama: rollouts on vLLM, training on the torch engine) and verify it
+## make demo: plan the bundled PPO examples, calibrate this machine through its engines (quick grid), then run
+## the searched small plan on Ray workers (a 21M-parameter Llama: rollouts on vLLM, training on the torch
+## engine) with predictions from that calibration, and verify it
 demo: $(VENV)/.base
 	$(RPEG) examples
 	@echo
@@ -35,7 +36,9 @@ demo: $(VENV)/.base
 	@echo
 	$(RPEG) solve ppo-1b-4gpu --method sa --max-evaluations 3000 --seed 0 --time-limit 60 --generation-max-pp 1 --no-progress --json out/ppo-1b-4gpu.json
 	@echo
-	$(RPEG) run out/ppo-1b-4gpu.json --steps 3 --scale medium --rollout-engine vllm --trace out/ppo-1b-4gpu.trace.json
+	$(RPEG) calibrate --quick --max-ranks 2 --no-progress --out out/hw-this-machine.json
+	@echo
+	$(RPEG) run out/ppo-1b-4gpu.json --steps 3 --scale medium --rollout-engine vllm --hardware out/hw-this-machine.json --trace out/ppo-1b-4gpu.trace.json
 	$(RPEG) verify out/ppo-1b-4gpu.trace.json out/ppo-1b-4gpu.json
 
 ## make test: lint, format check, the layer contracts (pyproject.toml [tool.importlinter]) and the

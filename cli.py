@@ -427,6 +427,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             engines=engines,
             quick=args.quick,
             seed=args.seed,
+            load=not args.alone,
             progress=None if args.no_progress else say,
         )
         print()
@@ -473,7 +474,7 @@ def _calibration_engines(value: str, device: str) -> tuple[str, ...]:
 
 def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     """Add ``rpeg calibrate --out HW.json [--quick] [--device cpu|cuda] [--base PRESET]
-    [--max-ranks N] [--seed N] [--threads N] [--engines torch,vllm|none] [--raw RAW.json]
+    [--max-ranks N] [--seed N] [--threads N] [--engines torch,vllm|none] [--alone] [--raw RAW.json]
     [--no-progress]`` to ``sub`` (the measuring: :mod:`rpeg.runtime.measure` and
     :mod:`rpeg.runtime.engine_calibration`; the fits: :mod:`rpeg.costmodel.fit`)."""
     from .runtime.measure import DEVICES
@@ -501,6 +502,12 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
         metavar="LIST",
         help="time the runtime's engines too and fit their terms: a comma list of torch, vllm, or none "
         "(default torch,vllm; minutes)",
+    )
+    c.add_argument(
+        "--alone",
+        action="store_true",
+        help="time the engines with the other cores idle (default: a training loop on each other core, "
+        "as when every device of a plan computes)",
     )
     c.add_argument("--raw", metavar="RAW.json", help="also write every sample and fit (rpeg.calibration/1)")
     c.add_argument("--no-progress", action="store_true", help="no stage messages on stderr")

@@ -51,7 +51,7 @@ def class_shares(evaluator: Evaluator, plan: Plan) -> dict[str, float]:
         )
         for key, t in (
             ("gemm", bd.gemm + bd.bubble),
-            ("nongemm", bd.nongemm + bd.opt),
+            ("nongemm", bd.nongemm + bd.opt + bd.overhead),  # fixed engine costs drift like the residual
             (f"collective/{TIER_NAMES[0]}", bd.tp_comm),
             (f"collective/{TIER_NAMES[s.pp_tier]}", bd.pp_comm),
             (f"collective/{TIER_NAMES[s.dp_tier]}", bd.dp_comm),

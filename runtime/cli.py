@@ -48,7 +48,10 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--response-len", type=int, default=8)
     r.add_argument("--devices-per-node", type=int, default=None, help="devices per placement group")
     r.add_argument(
-        "--hardware", default=None, help="hardware preset or JSON for the predicted times (default cpu)"
+        "--hardware",
+        default=None,
+        help="hardware preset or JSON for the predicted times (default cpu); `rpeg calibrate --out hw.json` "
+        "writes one for this machine with its engines' terms",
     )
     r.add_argument("--checkpoint-dir", help="save training state after every step here")
     r.add_argument("--resume-from", help="resume from a --checkpoint-dir of the same plan")

@@ -656,6 +656,9 @@ class Controller:
                 bytes=nbytes,
                 worker_time=max(float(m["worker_time"]) for m in metas),
                 engine=_engine_facts(metas),
+                memory={
+                    w: float(m["memory_bytes"]) for w, m in zip(group.workers(), metas) if "memory_bytes" in m
+                },
             )
         )
         self.progress("node", {"record": self.records[-1]})

@@ -27,10 +27,40 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CLASSES", "Fidelity", "fidelity", "mape", "spearman", "trace_fidelity"]
+__all__ = [
+    "CLASSES",
+    "Fidelity",
+    "fidelity",
+    "mape",
+    "peak_resident_bytes",
+    "resident_bytes",
+    "spearman",
+    "trace_fidelity",
+]
 
 #: Operation classes of the per-step comparison.
 CLASSES = ("generation", "inference", "training", "transfer")
+
+
+def resident_bytes() -> int:
+    """This process's resident set now, bytes (``/proc/self/statm``; 0 where there is none)."""
+    import os
+
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def peak_resident_bytes() -> int:
+    """This process's peak resident set so far, bytes: ``getrusage``'s ``ru_maxrss`` (KiB on
+    Linux), or the resident set now where the kernel has not updated the peak yet."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return max(int(peak) if sys.platform == "darwin" else int(peak) * 1024, resident_bytes())
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:

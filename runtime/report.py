@@ -206,6 +206,23 @@ def predict(binding: Binding, hardware: Hardware) -> tuple[list[float], list[flo
     return list(g.duration), list(sched.finish), _step_times(g.step, sched.finish, binding.steps, 0.0)
 
 
+def predicted_memory(binding: Binding, hardware: Hardware) -> dict[str, float]:
+    """Predicted ``peak(d)`` in bytes per device id (as a string) of the scaled run: the shared
+    evaluator's memory model (SPEC §6) on :func:`scaled_problem`."""
+    from ..scoring.evaluator import Evaluator
+
+    workload, cluster = scaled_problem(binding, hardware)
+    r = binding.result
+    assert r.plan is not None
+    report = Evaluator(workload, cluster, r.structure, k_eval=binding.steps).memory(r.plan)
+    out: dict[str, float] = {}
+    for mask, peak in zip(report.atoms, report.peak):
+        for d in range(mask.bit_length()):
+            if mask >> d & 1:
+                out[str(d)] = float(peak)
+    return out
+
+
 def _step_times(steps: list[int], finish: list[float], n: int, origin: float) -> list[float]:
     ends = [origin] * n
     for k, f in zip(steps, finish):
@@ -299,6 +316,7 @@ def segment_trace(
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "predicted_durations": durations,
             "vertex_roles": roles,
+            "predicted_memory": predicted_memory(binding, hw),
             "dispatch_s": hw.dispatch_s,
             "engine_terms": dict(zip(("generation", "inference", "training"), hw.engine_for)),
             "fidelity": fid.to_dict(),

@@ -84,6 +84,7 @@ class RecordDoc(Strict):
     bytes: NonNegInt
     worker_time: Seconds
     engine: dict[str, Any] = Field(default_factory=dict)
+    memory: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
 
 
 class FailureDoc(Strict):

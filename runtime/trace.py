@@ -193,6 +193,10 @@ class TraceRecord:
         push (``weight_sync_s``, ``bytes``, ``checksum`` sent, ``rank_checksums`` loaded by every
         vLLM rank, ``checksums_match``); on a generation node ``generate_s`` and ``tokens``. With
         several DP replicas: ``{"replicas": [...]}``. Empty otherwise.
+    memory
+        OP nodes: worker id → bytes of that process's peak resident set so far less its
+        resident set before it built its model (:func:`~rpeg.runtime.fidelity.resident_bytes`);
+        empty otherwise, and in traces written before rpeg recorded it.
     """
 
     node: int
@@ -211,6 +215,7 @@ class TraceRecord:
     bytes: int = 0
     worker_time: float = 0.0
     engine: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a JSON object (fields in declaration order)."""
@@ -231,6 +236,7 @@ class TraceRecord:
             "bytes": self.bytes,
             "worker_time": self.worker_time,
             "engine": dict(self.engine),
+            "memory": dict(self.memory),
         }
 
     @classmethod
@@ -264,6 +270,7 @@ class TraceRecord:
             bytes=d.bytes,
             worker_time=float(d.worker_time),
             engine=dict(d.engine),
+            memory={k: float(v) for k, v in d.memory.items()},
         )
 
 

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from ..ir.plan import stage_layer_ranges
 from ..ir.types import Head
 from .binding import GroupSpec, RunShape
+from .fidelity import resident_bytes
 from .model import StageModel
 from .parallel import FSDPAdam, local, make_mesh
 from .rl import RLConfig
@@ -45,6 +46,19 @@ from .worker_rollouts import WorkerRollouts
 from .worker_transfers import WorkerTransfers
 
 __all__ = ["Worker"]
+
+
+def _footprint_before_model(group: GroupSpec, rollout_engine: str) -> int:
+    """The process's resident set once everything but the model is there — the process group,
+    and the libraries the worker's model and engine import (the model family's ``transformers``
+    modules; ``vllm`` for a vLLM-generating group) — what a node's ``memory_bytes`` is measured
+    against (:func:`~rpeg.runtime.fidelity.resident_bytes`)."""
+    from .engines.hf_models import family_modules
+
+    family_modules(group.spec.family)
+    if rollout_engine == "vllm" and group.generates:
+        import vllm  # noqa: F401 (imported for its footprint; the engine imports it again)
+    return resident_bytes()
 
 
 class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
@@ -116,6 +130,7 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         self.mesh = make_mesh(rank, group.dp, group.pp, group.tp, "cuda" if backend == "nccl" else "cpu")
         lo, hi = stage_layer_ranges(group.spec.layers, group.pp)[self.mesh.p]
         self.layer_range = (lo, hi)
+        self.rss_base = _footprint_before_model(group, rollout_engine)
         model = StageModel(
             group.spec,
             group.head,

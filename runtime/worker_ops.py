@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from ..ir.types import Head, Role
 from .binding import GroupSpec, RunShape
+from .fidelity import peak_resident_bytes
 from .model import KVCache, StageModel, sample_token, token_logprobs
 from .parallel import FSDPAdam
 from .rl import (
@@ -93,6 +94,7 @@ class WorkerOps:
     cfg: RLConfig
     seed: int
     step_offset: int
+    rss_base: int
     mesh: Any
     model: StageModel
     packed: PackedOutput
@@ -161,6 +163,7 @@ class WorkerOps:
         pub = self.publish() if node.get("publish") and role is Role.TRAINING else None
         meta["worker_time"] = time.perf_counter() - t0
         meta["version_used"] = version if role is not Role.TRAINING else meta["version"] - 1
+        meta["memory_bytes"] = max(0, peak_resident_bytes() - self.rss_base)
         return meta, (out if self._emits() else None), pub
 
     @torch.no_grad()

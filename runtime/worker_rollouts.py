@@ -107,6 +107,7 @@ class WorkerRollouts:
     _weights: Callable[[], dict[str, torch.Tensor]]
     _ends_in_phase: Callable[[int, torch.Tensor], torch.Tensor]
     rollout_engine: str
+    device: Any
     engine: Any
     engine_version: int | None
     engine_dir: Path | None
@@ -136,6 +137,7 @@ class WorkerRollouts:
             tp=self.group.tp,
             max_model_len=self._max_len(),
             seed=self.seed,
+            env=self._engine_cores(),
         )
         self.engine_version = 0
         return {"engine": "vllm", "start_s": self.engine.start_seconds, "tp": self.group.tp}
@@ -145,6 +147,19 @@ class WorkerRollouts:
         version numbers say (they restart in a new plan segment); the next generation syncs."""
         if getattr(self, "engine_version", None) is not None:
             self.engine_version = _UNSYNCED
+
+    def _engine_cores(self) -> dict[str, str]:
+        """On a CPU "device" (one core), a one-rank engine computes on that core:
+        ``VLLM_CPU_OMP_THREADS_BIND`` = the device's core (device id modulo the cores this process
+        may use). Without it vLLM-CPU binds every engine to all the host's cores, so engines and
+        trainers of different devices oversubscribe them. Multi-rank engines keep
+        :func:`~rpeg.runtime.engines.vllm_engine.omp_threads_bind`'s split; GPU runs bind nothing."""
+        import os
+
+        if self.device is not None or self.group.tp * self.group.pp > 1:
+            return {}
+        cores = sorted(os.sched_getaffinity(0))
+        return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[self.group.devices[self.rank] % len(cores)])}
 
     def _max_len(self) -> int:
         return self.shape.prompt_len + self.shape.response_len

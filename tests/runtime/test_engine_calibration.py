@@ -119,3 +119,18 @@ def test_torch_engine_nodes_are_measured_and_fitted():
         "prefill", "decode", "inference", "training"
     }  # fmt: skip
     assert len(fits) == 3
+
+
+def test_neighbour_load_pins_this_process_and_restores_its_cores():
+    import os
+
+    from rpeg.runtime.engine_calibration import neighbour_load
+
+    allowed = os.sched_getaffinity(0)
+    with neighbour_load(False) as loaded:
+        assert loaded == 0 and os.sched_getaffinity(0) == allowed
+    with neighbour_load(True) as loaded:
+        assert loaded == len(allowed) - 1
+        if loaded:
+            assert os.sched_getaffinity(0) == {min(allowed)}
+    assert os.sched_getaffinity(0) == allowed

@@ -1,0 +1,102 @@
+"""``runtime/fidelity.py``: the two statistics, the per-step and per-class comparison of a run's
+records with the cost model's predictions, what a trace stores for it, and the memory probes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rpeg.runtime.fidelity import (
+    fidelity,
+    mape,
+    peak_resident_bytes,
+    resident_bytes,
+    spearman,
+    trace_fidelity,
+)
+from rpeg.runtime.trace import Trace, TraceRecord
+
+
+def test_mape_and_spearman_by_hand():
+    assert mape([1.0, 3.0], [2.0, 2.0]) == pytest.approx(50.0)
+    assert mape([1.0], [0.0]) != mape([1.0], [0.0])  # no positive measurement: nan
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ties share their average rank: ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4)
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)
+    assert math.isnan(spearman([1, 1], [1, 2])) and math.isnan(spearman([1], [2]))
+
+
+def _rec(node, kind, vertex, step, worker_time, memory=None):
+    return TraceRecord(
+        node=node, kind=kind, vertex=vertex, source=None if kind == "op" else "actor_gen", step=step, phase=0,
+        workers=["g0/r0"], devices=[0], layout={"dp": 1, "pp": 1, "tp": 1, "mb": 1}, start=0.0, end=1.0,
+        worker_time=worker_time, memory=memory or {},
+    )  # fmt: skip
+
+
+ROLES = {"actor_gen": "generation", "ref_inf": "inference", "actor_train": "training"}
+RECORDS = [
+    _rec(0, "op", "actor_gen", 0, 9.0),  # step 0: warm-up, summed per step but not compared
+    _rec(1, "op", "ref_inf", 0, 1.0),
+    _rec(2, "op", "actor_gen", 1, 2.0),
+    _rec(3, "comm", "ref_inf", 1, 0.5),
+    _rec(4, "op", "ref_inf", 1, 1.0),
+    _rec(5, "op", "actor_train", 1, 4.0),
+]
+PREDICTED = [1.1, 1.1, 3.1, 0.2, 0.6, 4.1]  # each includes dispatch 0.1
+
+
+def test_fidelity_sums_per_step_and_class_and_compares_the_ops_after_step_0():
+    fid = fidelity(RECORDS, PREDICTED, ROLES, 2, [2.0, 7.0], [10.0, 8.0], dispatch_s=0.1)
+    assert fid.per_step[0] == {
+        "generation": {"predicted_s": pytest.approx(1.0), "measured_s": 9.0, "nodes": 1},
+        "inference": {"predicted_s": pytest.approx(1.0), "measured_s": 1.0, "nodes": 1},
+    }
+    assert fid.per_step[1]["transfer"]["predicted_s"] == pytest.approx(0.1)
+    assert fid.per_step[1]["training"]["measured_s"] == 4.0
+    assert fid.op_predicted == pytest.approx([3.0, 0.5, 4.0]) and fid.op_measured == [2.0, 1.0, 4.0]
+    assert fid.op_class == ["generation", "inference", "training"]
+    assert fid.op_mape == pytest.approx(100 * (0.5 + 0.5 + 0.0) / 3)
+    assert fid.class_mape() == {
+        "generation": pytest.approx(50.0),
+        "inference": pytest.approx(50.0),
+        "training": pytest.approx(0.0, abs=1e-9),
+    }
+    assert fid.step_mape == pytest.approx(100 * 1 / 8)  # step 1 only
+    assert "3 OP nodes" in fid.summary() and "step makespan MAPE 12.5%" in fid.summary()
+    assert fid.to_dict()["op_nodes"] == 3 and fid.to_dict()["first_step"] == 1
+    assert len(fid.table().splitlines()) == 3  # a header and one row per step
+
+
+def test_without_predictions_nothing_is_compared():
+    fid = fidelity(RECORDS, [], ROLES, 2, [1.0, 1.0], [1.0, 1.0])
+    assert fid.op_measured == [] and math.isnan(fid.op_mape) and "n/a" in fid.summary()
+
+
+def test_a_trace_carries_what_the_comparison_needs(tmp_path):
+    metrics = [
+        {"step": k, "reward": 0.0, "step_time_s": m, "predicted_step_time_s": p}
+        for k, (p, m) in enumerate([(2.0, 10.0), (7.0, 8.0)])
+    ]
+    meta = {"predicted_durations": PREDICTED, "vertex_roles": ROLES, "dispatch_s": 0.1}
+    records = [*RECORDS[:-1], _rec(5, "op", "actor_train", 1, 4.0, memory={"g0/r0": 2.5e8})]
+    trace = Trace(plan_hash="x", steps=2, staleness={}, records=records, step_metrics=metrics, meta=meta)
+    path = tmp_path / "t.json"
+    trace.to_json(path)
+    back = Trace.from_json(path)
+    assert back.records[-1].memory == {"g0/r0": 2.5e8}
+    again = trace_fidelity(back)
+    assert again is not None and again.op_mape == pytest.approx(
+        fidelity(RECORDS, PREDICTED, ROLES, 2, [2, 7], [10, 8], 0.1).op_mape
+    )
+    assert (
+        trace_fidelity(Trace(plan_hash="x", steps=2, staleness={}, records=records, step_metrics=metrics))
+        is None
+    )
+
+
+def test_memory_probes_see_this_process():
+    now, peak = resident_bytes(), peak_resident_bytes()
+    assert now > 10 * 2**20 and peak >= now  # a Python process with numpy and pytest loaded
