@@ -86,16 +86,17 @@ def check_directories(ev: Evaluator, dirs: list[Directory], size: int | None = N
                 v.name,
             )
         smallest = min(ev.costs.memory(d.vertex, s).isolated for s in legal)
+        layouts = len({(s.extent, s.dp, s.pp, s.tp, s.mb) for s in legal})  # a trainer's in every mode
         excess = max(0.0, smallest - m_eff)
         hw = ev.cluster.hardware
         if excess > 0.0:
             fit = (
-                f"its smallest isolated footprint among the {len(legal)} legal layouts is "
+                f"its smallest isolated footprint among the {layouts} legal layouts is "
                 f"{smallest / GIB:.1f} GiB per GPU, {excess / GIB:.1f} GiB over M_eff={m_eff / GIB:.1f} GiB "
                 f"({hw.gpu_memory_bytes / GIB:.1f} GiB GPUs, {hw.memory_headroom:.0%} headroom)"
             )
         else:  # legal and fitting layouts were removed by a caller's restriction of the directory
-            fit = f"none of its {len(legal)} legal layouts is left in its candidate directory"
+            fit = f"none of its {layouts} legal layouts is left in its candidate directory"
         raise Infeasible(f"{who} does not fit {where}: {fit}{_heads_note(ev, d.vertex)}", v.name, excess)
 
 
