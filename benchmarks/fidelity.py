@@ -33,7 +33,6 @@ import math
 import statistics
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 from _bench import HERE, command, machine, write_section
@@ -81,6 +80,17 @@ PLANS = {
     "generation TP 2": (GEN_TP2, SYNC),
     "training PP 2": (TRAIN_PP2, SYNC),
 }
+NOTE = (
+    "What the figures cover: per-operation times are worker seconds (`worker_time`) against the prediction "
+    "less the dispatch term; step makespans include dispatch, transfers and the controller on both sides. "
+    'Not modelled, and visible here: vLLM engines poll while idle (docs/engines.md, "Measured"), '
+    "so plans with more engine processes than cores lose "
+    "time the cost model does not see; the weight sync is charged at the generation node while the "
+    "runtime pays it at the weight COMM in disaggregated plans (docs/decisions.md); the memory model is "
+    "the GPU one (BF16 weights, ZeRO-2 shards, KV cache), while the CPU runtime keeps float32 full "
+    "parameters next to FSDP2's shards, clones full weights for an engine push, and the KV cache lives in "
+    "vLLM's processes. GPU fidelity was not measured (no GPU in this session)."
+)
 TARGETS = {"op_mape": 25.0, "step_mape": 20.0, "rho": 0.9, "memory": 25.0}
 COLOURS = {"generation": "tab:blue", "inference": "tab:green", "training": "tab:red"}
 
@@ -90,21 +100,22 @@ def plan_result(table: dict, staleness: tuple, wl: Workload) -> Result:
     return result_for_plan(wl, cluster, Structure("ppo", False, staleness), table)
 
 
-def measured_memory(records) -> dict[int, float]:
-    """Per device: the sum over its worker processes of each one's largest reported
-    ``peak RSS − RSS before the model`` (bytes)."""
-    per_worker: dict[str, float] = {}
-    device_of: dict[str, int] = {}
+def measured_memory(records) -> dict[str, float]:
+    """Per worker: the largest ``peak RSS − RSS before the model`` its OP records report (bytes)."""
+    out: dict[str, float] = {}
     for r in records:
         for w, b in (r.memory or {}).items():
-            per_worker[w] = max(per_worker.get(w, 0.0), float(b))
-        for w, d in zip(r.workers, r.devices):
-            device_of.setdefault(w, d)
-    out: dict[int, float] = defaultdict(float)
-    for w, b in per_worker.items():
-        if w in device_of:
-            out[device_of[w]] += b
-    return dict(out)
+            out[w] = max(out.get(w, 0.0), float(b))
+    return out
+
+
+def worker_vertices(trace) -> dict[str, str]:
+    """Worker id → the vertices its group runs (from the trace's groups)."""
+    out = {}
+    for g in trace.groups.values():
+        for w in g.get("workers", []):
+            out[w] = "+".join(v.replace("_", " ") for v in g.get("vertices", []))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -120,12 +131,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plans", default=",".join(PLANS), help="comma list of plan names (default: all five)")
     ap.add_argument("--traces", metavar="DIR", help="also write each run's trace into DIR")
+    ap.add_argument(
+        "--from-traces",
+        metavar="DIR",
+        help="run nothing: recompute every figure from the traces a run with --traces DIR wrote "
+        "(same --hardware and shape flags)",
+    )
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
 
     import ray
 
+    from rpeg.runtime.binding import bind
+    from rpeg.runtime.fidelity import trace_fidelity
+    from rpeg.runtime.report import predicted_memory
     from rpeg.runtime.runner import run, start_local_ray
+    from rpeg.runtime.trace import Trace, expected_graph
 
     hw = load_hardware(args.hardware)
     names = [n.strip() for n in args.plans.split(",") if n.strip()]
@@ -137,55 +158,78 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"hardware {args.hardware}: engine terms (generation/inference/training) {engines}, dispatch {hw.dispatch_s * 1e3:.2f} ms"
     )
-    start_local_ray(2, num_cpus=2)
-    rows, per_plan, points, mem_rows = [], {}, [], []
-    started = time.perf_counter()
-    try:
-        for name in names:
-            table, staleness = PLANS[name]
-            rep = run(
-                plan_result(table, staleness, wl),
-                args.steps,
-                seed=args.seed,
-                scale=args.scale,
-                batch=args.batch,
-                prompt_len=args.prompt_len,
-                response_len=args.response_len,
-                hardware=hw,
-                rollout_engine="vllm",
-                trace_path=Path(args.traces) / f"fidelity-{name.split()[0]}-{len(rows)}.trace.json"
-                if args.traces
-                else None,
-            )
-            if rep.problems:
-                sys.exit(f"{name}: trace invalid: {rep.problems[:3]}")
-            fid = rep.fidelity
-            assert fid is not None
-            k = fid.first_step
-            step_p, step_m = statistics.fmean(fid.step_predicted[k:]), statistics.fmean(fid.step_measured[k:])
-            per_plan[name] = (step_p, step_m)
-            points += list(zip(fid.op_predicted, fid.op_measured, fid.op_class))
-            cls = fid.class_mape()
-            rows.append(
-                f"| {name} | {len(fid.op_measured)} | {fid.op_mape:.1f}% | {fid.op_spearman:.3f} | "
-                + " | ".join(f"{cls[c]:.1f}%" if c in cls else "–" for c in CLASSES[:3])
-                + f" | {step_p:.2f} | {step_m:.2f} | {fid.step_mape:.1f}% | "
-                f"{', '.join(f'{x:.2f}' for x in rep.rewards)} |"
-            )
-            print(rows[-1], flush=True)
-            pred_mem = rep.trace.meta.get("predicted_memory", {})
-            meas_mem = measured_memory(rep.trace.records)
-            for d in sorted(meas_mem):
-                p = pred_mem.get(str(d))
-                m = meas_mem[d]
-                err = f"{abs(p - m) / m:.1%}" if p and m > 0 else "–"
+    rows, per_plan, points, mem_rows, mem_errs = [], {}, [], [], []
+
+    def analyse(name: str, trace: Trace, result: Result) -> None:
+        """The plan's row, its OP points and its workers' memory rows, from its trace."""
+        fid = trace_fidelity(trace)
+        assert fid is not None, f"{name}: the trace stores no predictions"
+        k = fid.first_step
+        step_p, step_m = statistics.fmean(fid.step_predicted[k:]), statistics.fmean(fid.step_measured[k:])
+        per_plan[name] = (step_p, step_m)
+        points.extend(zip(fid.op_predicted, fid.op_measured, fid.op_class))
+        cls = fid.class_mape()
+        rewards = [m["reward"] for m in trace.step_metrics]
+        rows.append(
+            f"| {name} | {len(fid.op_measured)} | {fid.op_mape:.1f}% | {fid.op_spearman:.3f} | "
+            + " | ".join(f"{cls[c]:.1f}%" if c in cls else "–" for c in CLASSES[:3])
+            + f" | {step_p:.2f} | {step_m:.2f} | {fid.step_mape:.1f}% | "
+            f"{', '.join(f'{x:.2f}' for x in rewards)} |"
+        )
+        print(rows[-1], flush=True)
+        binding = bind(
+            result,
+            expected_graph(result, args.steps),
+            args.steps,
+            scale=args.scale,
+            batch=args.batch,
+            prompt_len=args.prompt_len,
+            response_len=args.response_len,
+            seed=args.seed,
+        )
+        pred_mem = predicted_memory(binding, hw.using(generation="vllm", inference="torch", training="torch"))
+        meas_mem = measured_memory(trace.records)
+        what = worker_vertices(trace)
+        for w in sorted(meas_mem):
+            p, m = pred_mem.get(w), meas_mem[w]
+            if p and m > 0:
+                mem_errs.append(100 * abs(p - m) / m)
                 mem_rows.append(
-                    f"| {name} | {d} | {p / 2**20:.0f} | {m / 2**20:.0f} | {err} |"
-                    if p
-                    else f"| {name} | {d} | – | {m / 2**20:.0f} | – |"
+                    f"| {name} | {w} | {what.get(w, '?')} | {p / 2**20:.0f} | {m / 2**20:.0f} | {mem_errs[-1]:.1f}% |"
                 )
-    finally:
-        ray.shutdown()
+
+    def trace_file(i: int, name: str) -> Path | None:
+        folder = args.from_traces or args.traces
+        return Path(folder) / f"fidelity-{name.split()[0]}-{i}.trace.json" if folder else None
+
+    started = time.perf_counter()
+    if args.from_traces:
+        for i, name in enumerate(names):
+            table, staleness = PLANS[name]
+            analyse(name, Trace.from_json(trace_file(i, name)), plan_result(table, staleness, wl))
+    else:
+        start_local_ray(2, num_cpus=2)
+        try:
+            for i, name in enumerate(names):
+                table, staleness = PLANS[name]
+                result = plan_result(table, staleness, wl)
+                rep = run(
+                    result,
+                    args.steps,
+                    seed=args.seed,
+                    scale=args.scale,
+                    batch=args.batch,
+                    prompt_len=args.prompt_len,
+                    response_len=args.response_len,
+                    hardware=hw,
+                    rollout_engine="vllm",
+                    trace_path=trace_file(i, name),
+                )
+                if rep.problems:
+                    sys.exit(f"{name}: trace invalid: {rep.problems[:3]}")
+                analyse(name, rep.trace, result)
+        finally:
+            ray.shutdown()
     elapsed = time.perf_counter() - started
     all_p, all_m = [p for p, _, _ in points], [m for _, m, _ in points]
     op_mape, rho = mape(all_p, all_m), spearman(all_p, all_m)
@@ -199,9 +243,6 @@ def main(argv: list[str] | None = None) -> None:
             pa, pb = per_plan[a][0], per_plan[b][0]
             if abs(pa - pb) / min(pa, pb) > 0.10 and (pa < pb) != (per_plan[a][1] < per_plan[b][1]):
                 disagree.append(f"{a} vs {b}")
-    mem_errs = [
-        float(r.split("|")[5].strip().rstrip("%")) for r in mem_rows if r.split("|")[5].strip() != "–"
-    ]
 
     def met(ok: bool) -> str:
         return "met" if ok else "**not met**"
@@ -209,8 +250,19 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         "## Cost-model fidelity on the real engines (vLLM rollouts + torch engine, CPU workers)",
         "",
-        f"Command: `{command('fidelity.py', argv)}`  ",
-        f"Machine: {machine()}; the five runs took {elapsed / 60:.1f} min.  ",
+        f"Command: `{command('fidelity.py', argv)}`"
+        + (
+            f" (the traces were written by the same command with `--traces {args.from_traces}` in place of "
+            "`--from-traces`)  "
+            if args.from_traces
+            else "  "
+        ),
+        f"Machine: {machine()}; "
+        + (
+            f"figures recomputed from the traces in `{args.from_traces}`.  "
+            if args.from_traces
+            else f"the {len(names)} runs took {elapsed / 60:.1f} min.  "
+        ),
         f"Calibration: `{args.hardware}` (`rpeg calibrate --out {args.hardware} --max-ranks 2`, "
         f"engine terms generation/inference/training = {engines}, dispatch {hw.dispatch_s * 1e3:.2f} ms; "
         f"F_peak {hw.peak_flops / 1e9:.0f} GFLOP/s, γM {hw.gamma_m:.1f}, γK {hw.gamma_k:.1f}, "
@@ -232,12 +284,15 @@ def main(argv: list[str] | None = None) -> None:
         f"pairs predicted more than 10% apart that swap: {', '.join(disagree) or 'none'} "
         f"({met(not disagree)}).",
         "",
-        "Peak memory per device: predicted `peak(d)` of the scaled plan against the measured sum over the "
-        "device's worker processes of (peak RSS − RSS before the worker built its model); vLLM's engine "
-        "processes (their weights and the KV-cache space they reserve) are outside the measured figure.",
+        "Peak memory per worker process: predicted — on the worker's device, the persistent items of its "
+        "group's model plus the largest transient of its vertices (the evaluator's memory model, SPEC §6, "
+        "on the scaled plan) — against measured: the process's peak RSS less its RSS once the process group "
+        "and the libraries were loaded, before it built its model (what the OP records' `memory` holds). "
+        "vLLM's engine processes (their weights and the KV-cache space they reserve) are separate processes "
+        "and outside the measured figure.",
         "",
-        "| plan | device | predicted MiB | measured MiB | error |",
-        "|---|---:|---:|---:|---:|",
+        "| plan | worker | vertices | predicted MiB | measured MiB | error |",
+        "|---|---|---|---:|---:|---:|",
         *mem_rows,
         "",
         (
@@ -248,6 +303,8 @@ def main(argv: list[str] | None = None) -> None:
         ),
         "",
         "![predicted vs measured per operation](fidelity.png)",
+        "",
+        NOTE,
     ]
     print("\n".join(lines))
     plot(points, HERE / "fidelity.png")
@@ -278,6 +335,13 @@ def plot(points: list[tuple[float, float, str]], path: Path) -> None:
     )
     ax.set_xscale("log")
     ax.set_yscale("log")
+    from matplotlib.ticker import FormatStrFormatter, NullFormatter
+
+    ticks = [t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50) if lo <= t <= hi]
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_ticks(ticks)
+        axis.set_major_formatter(FormatStrFormatter("%g"))
+        axis.set_minor_formatter(NullFormatter())
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("measured seconds (worker time)")

@@ -207,19 +207,25 @@ def predict(binding: Binding, hardware: Hardware) -> tuple[list[float], list[flo
 
 
 def predicted_memory(binding: Binding, hardware: Hardware) -> dict[str, float]:
-    """Predicted ``peak(d)`` in bytes per device id (as a string) of the scaled run: the shared
-    evaluator's memory model (SPEC §6) on :func:`scaled_problem`."""
+    """Predicted peak bytes per worker (``"g{group}/r{rank}"``) of the scaled run, from the shared
+    evaluator's memory model (SPEC §6) on :func:`scaled_problem`: on the rank's device, the
+    persistent items of the group's model (training state, a serving copy) plus the largest
+    transient ``A(v, d)`` of the group's vertices — what that one process holds at its peak."""
     from ..scoring.evaluator import Evaluator
 
     workload, cluster = scaled_problem(binding, hardware)
     r = binding.result
     assert r.plan is not None
-    report = Evaluator(workload, cluster, r.structure, k_eval=binding.steps).memory(r.plan)
+    report = Evaluator(workload, cluster, r.structure, k_eval=binding.steps).memory(r.plan, detail=True)
     out: dict[str, float] = {}
-    for mask, peak in zip(report.atoms, report.peak):
-        for d in range(mask.bit_length()):
-            if mask >> d & 1:
-                out[str(d)] = float(peak)
+    for g in binding.groups:
+        for rank, d in enumerate(g.devices):
+            atom = next((a for a in report.detail if a.mask >> d & 1), None)
+            if atom is None:
+                continue
+            persistent = sum(b for (m, _), b in atom.persistent.items() if m == g.model)
+            transient = max((atom.transient.get(v, 0.0) for v in g.vertices), default=0.0)
+            out[g.worker(rank)] = float(persistent + transient)
     return out
 
 

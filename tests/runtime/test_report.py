@@ -50,3 +50,23 @@ def test_summary_lists_steps_and_names_the_first_problem(small_binding):
     assert report.nodes == 0 and report.overhead_per_node_s == pytest.approx(0.2)
     report.problems = []
     assert report.summary().endswith("trace valid")
+
+
+def test_predicted_memory_is_per_worker_the_models_state_and_its_largest_transient(small_binding):
+    from rpeg.runtime.report import predicted_memory
+    from rpeg.scoring.evaluator import Evaluator
+
+    b = small_binding
+    hw = hardware_preset("cpu")
+    per_worker = predicted_memory(b, hw)
+    assert set(per_worker) == {g.worker(r) for g in b.groups for r in range(g.size)}
+    wl, cluster = scaled_problem(b, hw)
+    report = Evaluator(wl, cluster, b.result.structure, k_eval=b.steps).memory(b.result.plan, detail=True)
+    for g in b.groups:
+        for rank, d in enumerate(g.devices):
+            atom = next(a for a in report.detail if a.mask >> d & 1)
+            want = sum(v for (m, _), v in atom.persistent.items() if m == g.model)
+            want += max(atom.transient.get(v, 0.0) for v in g.vertices)
+            assert per_worker[g.worker(rank)] == pytest.approx(want) and want > 0
+            # one process holds no more than its device's predicted peak
+            assert per_worker[g.worker(rank)] <= report.peak[report.atoms.index(atom.mask)] * (1 + 1e-9)

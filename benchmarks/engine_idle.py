@@ -1,0 +1,71 @@
+"""CPU time an idle vLLM engine burns: what a plan with more engine processes than cores pays.
+
+Starts a vLLM-CPU engine (TP 1, then TP 2) on a two-layer 512-wide Llama the way a generation
+worker does, runs one batch, then leaves it idle for ``--idle`` seconds and reads the engine
+processes' CPU seconds (``psutil``). Writes the ``engine-idle`` section of
+``benchmarks/RESULTS.md``.
+
+    python benchmarks/engine_idle.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from _bench import command, machine, write_section
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--idle", type=float, default=10.0, help="seconds left idle")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args(argv)
+
+    import psutil
+
+    from rpeg.runtime.engine_calibration import _binding, local_worker
+    from rpeg.runtime.engines.vllm_engine import RolloutEngine
+
+    b = _binding({"layers": 2, "hidden": 512, "heads": 8}, 2, 32, 16, 0)
+    rows = []
+    with local_worker(b, "actor_gen", rollout_engine="vllm") as w:
+        for tp in (1, 2):
+            engine = w.engine if tp == 1 else RolloutEngine(w.engine_dir, tp=2, max_model_len=w._max_len())
+            try:
+                engine.generate([[1] * 32] * 4, max_tokens=[16] * 4, seeds=list(range(4)))
+                procs = [psutil.Process(p) for p in engine.pids]
+
+                def cpu(procs: list = procs) -> float:
+                    return sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+
+                c0 = cpu()
+                time.sleep(args.idle)
+                busy = cpu() - c0
+            finally:
+                if tp == 2:
+                    engine.shutdown()
+            rows.append(f"| {tp} | {len(procs)} | {busy:.2f} | {100 * busy / args.idle:.0f}% |")
+            print(rows[-1], flush=True)
+    lines = [
+        "## Idle vLLM engines (CPU build): CPU time while no request runs",
+        "",
+        f"Command: `{command('engine_idle.py', argv)}`  ",
+        f"Machine: {machine()}.  ",
+        f"One engine per row, a 2-layer 512-wide Llama, one batch of 4 × 16 tokens, then {args.idle:.0f} s idle.",
+        "",
+        "| TP | engine processes | CPU seconds while idle | share of one core |",
+        "|---:|---:|---:|---:|",
+        *rows,
+        "",
+        "An idle engine keeps polling: the cost model has no term for it, so plans that keep more engine "
+        "processes than cores (colocated replicas, a TP-2 engine next to trainers) run slower than predicted "
+        "(`fidelity` section).",
+    ]
+    print("\n".join(lines))
+    if not args.no_write:
+        write_section("engine-idle", lines)
+
+
+if __name__ == "__main__":
+    main()
