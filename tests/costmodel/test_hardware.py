@@ -170,7 +170,9 @@ def _engines_hw() -> Hardware:
         decode=OpTerms(0.25, 0.0, 5e-5, 1e-3),
         weight_sync=Link(1e-2, 1e-9),
     )
-    torch_ = EngineTerms("torch", inference=OpTerms(0.8, 1e-3, 2e-4, 0.0), training=OpTerms(0.7, 3e-3, 3e-4, 0.0))
+    torch_ = EngineTerms(
+        "torch", inference=OpTerms(0.8, 1e-3, 2e-4, 0.0), training=OpTerms(0.7, 3e-3, 3e-4, 0.0)
+    )
     base = hardware_preset("cpu")
     from dataclasses import replace
 
@@ -222,7 +224,9 @@ def test_version_1_files_are_refused_with_what_to_do(tmp_path):
     del doc["l_cal"], doc["d_cal"]
     path = tmp_path / "old.json"
     path.write_text(json.dumps(doc))
-    with pytest.raises(InputError, match=r"old\.json: format 'rpeg.hardware/1' is no longer read.*l_cal.*d_cal"):
+    with pytest.raises(
+        InputError, match=r"old\.json: format 'rpeg.hardware/1' is no longer read.*l_cal.*d_cal"
+    ):
         load_hardware(str(path))
 
 

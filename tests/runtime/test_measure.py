@@ -123,7 +123,10 @@ def test_cli_rejects_an_unknown_device(capsys):
         (["--out", "hw.json", "--threads", "0"], "--threads must be a positive integer, got 0"),
         (["--out", "hw.json", "--base", "no-such-gpu"], "no-such-gpu"),
         (["--out", "hw.json", "--engines", "torch,sglang"], "--engines: expected 'none' or a comma list"),
-        (["--out", "hw.json", "--engines", "torch", "--device", "cuda"], "GPU engine calibration is not implemented"),
+        (
+            ["--out", "hw.json", "--engines", "torch", "--device", "cuda"],
+            "GPU engine calibration is not implemented",
+        ),
     ],
 )
 def test_cli_names_a_bad_flag_before_measuring(flags, message, capsys, tmp_path, monkeypatch):
