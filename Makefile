@@ -24,8 +24,9 @@ $(VENV)/.dev: $(VENV)/.base
 	touch $@
 
 ## make demo: plan the bundled PPO examples, calibrate this machine through its engines (quick grid), then run
-## the searched small plan on Ray workers (a 21M-parameter Llama: rollouts on vLLM, training on the torch
-## engine) with predictions from that calibration, and verify it
+## the small example's searched plan for two devices (the 2-core machines this targets: one core per device)
+## on Ray workers (a 21M-parameter Llama: rollouts on vLLM, training on the torch engine) with predictions
+## from that calibration, and verify it
 demo: $(VENV)/.base
 	$(RPEG) examples
 	@echo
@@ -34,12 +35,12 @@ demo: $(VENV)/.base
 	@mkdir -p out
 	$(RPEG) solve ppo-7b-16gpu --method concurrent --json out/ppo-7b-16gpu.json
 	@echo
-	$(RPEG) solve ppo-1b-4gpu --method sa --max-evaluations 3000 --seed 0 --time-limit 60 --generation-max-pp 1 --no-progress --json out/ppo-1b-4gpu.json
+	$(RPEG) solve ppo-1b-4gpu --cluster 1x1x2 --method sa --max-evaluations 3000 --seed 0 --time-limit 60 --generation-max-pp 1 --no-progress --json out/ppo-1b-2dev.json
 	@echo
 	$(RPEG) calibrate --quick --max-ranks 2 --no-progress --out out/hw-this-machine.json
 	@echo
-	$(RPEG) run out/ppo-1b-4gpu.json --steps 3 --scale medium --rollout-engine vllm --hardware out/hw-this-machine.json --trace out/ppo-1b-4gpu.trace.json
-	$(RPEG) verify out/ppo-1b-4gpu.trace.json out/ppo-1b-4gpu.json
+	$(RPEG) run out/ppo-1b-2dev.json --steps 3 --scale medium --prompt-len 64 --response-len 64 --rollout-engine vllm --hardware out/hw-this-machine.json --trace out/ppo-1b-2dev.trace.json
+	$(RPEG) verify out/ppo-1b-2dev.trace.json out/ppo-1b-2dev.json
 
 ## make test: lint, format check, the layer contracts (pyproject.toml [tool.importlinter]) and the
 ## whole test suite (its last test installs the wheel into a fresh venv and runs rpeg outside the

@@ -81,7 +81,8 @@ PLANS = {
     "training PP 2": (TRAIN_PP2, SYNC),
 }
 NOTE = (
-    "What the figures cover: per-operation times are worker seconds (`worker_time`) against the prediction "
+    "What the figures cover: per-operation times are worker seconds (`worker_time`, less a training node's "
+    "`publish_s` where the trace records it) against the prediction "
     "less the dispatch term; step makespans include dispatch, transfers and the controller on both sides. "
     'Not modelled, and visible here: vLLM engines poll while idle (docs/engines.md, "Measured"), '
     "so plans with more engine processes than cores lose "

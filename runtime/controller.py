@@ -655,6 +655,7 @@ class Controller:
                 version_produced=produced,
                 bytes=nbytes,
                 worker_time=max(float(m["worker_time"]) for m in metas),
+                publish_s=max(float(m.get("publish_s", 0.0)) for m in metas),
                 engine=_engine_facts(metas),
                 memory={
                     w: float(m["memory_bytes"]) for w, m in zip(group.workers(), metas) if "memory_bytes" in m

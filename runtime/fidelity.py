@@ -11,7 +11,9 @@ these :func:`fidelity` computes
 * over the OP nodes of the steps after the first (step 0 pays warm-up: allocations, first
   compilations, the engine's first batch), the time MAPE ``mean |p − m|/m`` and Spearman's ρ of
   predicted ``p`` (less ``dispatch_s``, which ``worker_time`` does not contain) against measured
-  ``m = worker_time``;
+  ``m = worker_time − publish_s`` (a training node that publishes its weights spends
+  ``publish_s`` handing them over, which the cost model prices as the publication's COMM nodes;
+  those seconds count as ``transfer``);
 * over the same steps, the MAPE of the predicted against the measured step makespans.
 
 :func:`spearman` and :func:`mape` are the two statistics, shared with the fidelity benchmark.
@@ -235,11 +237,15 @@ def fidelity(
             continue
         cls = _class(r.kind, r.vertex, roles)
         p = max(0.0, predicted[r.node] - dispatch_s)
-        m = float(r.worker_time)
+        pub = float(getattr(r, "publish_s", 0.0))
+        m = float(r.worker_time) - pub  # a publication is priced as COMM nodes, not in the OP
         d = per_step[r.step].setdefault(cls, {"predicted_s": 0.0, "measured_s": 0.0, "nodes": 0})
         d["predicted_s"] += p
         d["measured_s"] += m
         d["nodes"] += 1
+        if pub > 0:
+            t = per_step[r.step].setdefault("transfer", {"predicted_s": 0.0, "measured_s": 0.0, "nodes": 0})
+            t["measured_s"] += pub
         if r.kind == "op" and r.step >= first:
             out.op_predicted.append(p)
             out.op_measured.append(m)

@@ -83,6 +83,7 @@ class RecordDoc(Strict):
     version_produced: dict[str, int]
     bytes: NonNegInt
     worker_time: Seconds
+    publish_s: Seconds = 0.0
     engine: dict[str, Any] = Field(default_factory=dict)
     memory: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
 

@@ -193,6 +193,10 @@ class TraceRecord:
         push (``weight_sync_s``, ``bytes``, ``checksum`` sent, ``rank_checksums`` loaded by every
         vLLM rank, ``checksums_match``); on a generation node ``generate_s`` and ``tokens``. With
         several DP replicas: ``{"replicas": [...]}``. Empty otherwise.
+    publish_s
+        Training OP nodes that publish their new weights: the seconds of ``worker_time`` spent
+        gathering and handing them over (the cost model prices the publication as COMM nodes);
+        0 otherwise and in traces written before rpeg recorded it.
     memory
         OP nodes: worker id → bytes of that process's peak resident set so far less its
         resident set before it built its model (:func:`~rpeg.runtime.fidelity.resident_bytes`);
@@ -216,6 +220,7 @@ class TraceRecord:
     worker_time: float = 0.0
     engine: dict[str, Any] = field(default_factory=dict)
     memory: dict[str, float] = field(default_factory=dict)
+    publish_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a JSON object (fields in declaration order)."""
@@ -235,6 +240,7 @@ class TraceRecord:
             "version_produced": dict(self.version_produced),
             "bytes": self.bytes,
             "worker_time": self.worker_time,
+            "publish_s": self.publish_s,
             "engine": dict(self.engine),
             "memory": dict(self.memory),
         }
@@ -269,6 +275,7 @@ class TraceRecord:
             version_produced=dict(d.version_produced),
             bytes=d.bytes,
             worker_time=float(d.worker_time),
+            publish_s=float(d.publish_s),
             engine=dict(d.engine),
             memory={k: float(v) for k, v in d.memory.items()},
         )

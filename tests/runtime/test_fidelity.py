@@ -100,3 +100,19 @@ def test_a_trace_carries_what_the_comparison_needs(tmp_path):
 def test_memory_probes_see_this_process():
     now, peak = resident_bytes(), peak_resident_bytes()
     assert now > 10 * 2**20 and peak >= now  # a Python process with numpy and pytest loaded
+
+
+def test_a_publication_inside_a_training_node_counts_as_transfer():
+    """The cost model prices a weight publication as COMM nodes: the seconds a training node
+    spends publishing leave its compared time and are summed under ``transfer``."""
+    from dataclasses import replace
+
+    published = [*RECORDS[:-1], replace(RECORDS[-1], worker_time=5.5, publish_s=1.5)]
+    fid = fidelity(published, PREDICTED, ROLES, 2, [2.0, 7.0], [10.0, 8.0], dispatch_s=0.1)
+    assert fid.op_measured == [2.0, 1.0, 4.0]  # 5.5 − 1.5
+    assert fid.per_step[1]["training"]["measured_s"] == 4.0
+    assert fid.per_step[1]["transfer"]["measured_s"] == pytest.approx(0.5 + 1.5)
+    doc = published[-1].to_dict()
+    assert doc["publish_s"] == 1.5 and TraceRecord.from_dict(doc).publish_s == 1.5
+    del doc["publish_s"]  # a trace written before the field: nothing was split off
+    assert TraceRecord.from_dict(doc).publish_s == 0.0
