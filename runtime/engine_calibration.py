@@ -263,8 +263,9 @@ def _weighted_fit(rows: list[list[float]], y: list[float], t: list[float]) -> tu
 
 
 def _efficiency(inv: float) -> float:
-    """``η = 1/x`` of a fitted GEMM coefficient; a zero coefficient (the GEMMs vanish in the fixed
-    costs) is ``η`` of the largest float that keeps ``T_gemm/η`` finite-ish: 1e6."""
+    """``η = 1/x`` of a fitted GEMM coefficient. A zero coefficient means the fixed costs absorbed
+    the GEMM time (it does not grow with the samples' work); ``η = 1e6`` then makes ``T_gemm/η``
+    negligible, as the fit found, while keeping ``η`` finite for the hardware file."""
     return 1.0 / inv if inv > 1e-6 else 1e6
 
 
