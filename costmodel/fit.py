@@ -674,6 +674,7 @@ def fit_hardware(m: Measurements, base: Hardware) -> CalibrationReport:
         memory_headroom=base.memory_headroom,
         gpus_per_node=per_node,
         notes=_notes(m, base, gfit, coll_fit, p2p_fit, inherited),
+        sources=_sources(m, base, measured, inherited),
     )
     return CalibrationReport(
         hardware=hardware,
@@ -694,6 +695,30 @@ def fit_hardware(m: Measurements, base: Hardware) -> CalibrationReport:
         measured=tuple(measured),
         inherited=tuple(inherited),
     )
+
+
+def _source_key(figure: str) -> str:
+    """``collective[1]`` → ``collective.inter-node`` (the presets' ``sources`` keys)."""
+    if figure.endswith("]"):
+        table, tier = figure[:-1].split("[")
+        return f"{table}.{TIER_NAMES[int(tier)]}"
+    return figure
+
+
+def _sources(
+    m: Measurements, base: Hardware, measured: Sequence[str], inherited: Sequence[str]
+) -> tuple[tuple[str, str], ...]:
+    """``sources`` of a calibrated file: each measured figure names the calibration, each
+    inherited one the base and what the base cites for it."""
+    cited = dict(base.sources)
+    out = {
+        _source_key(f): f"measured by rpeg calibrate on {m.host} ({m.device}, {m.dtype})" for f in measured
+    }
+    for f in inherited:
+        key = _source_key(f)
+        why = cited.get(key)
+        out[key] = f"inherited from {base.name!r}" + (f": {why}" if why else "")
+    return tuple(out.items())
 
 
 def _notes(

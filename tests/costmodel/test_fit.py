@@ -205,6 +205,14 @@ def test_fit_hardware_recovers_the_machine_and_inherits_the_rest():
     assert "collective[1]" in r.inherited and "gpu_memory_bytes" in r.inherited
     assert "Inherited from 'cpu'" in hw.notes and "Measured:" in hw.notes and "tier-0 P2P" in hw.notes
     assert r.elapsed == 0.0  # the measuring side times the run
+    # every figure says where it comes from: this calibration, or the base and what it cites
+    sources = dict(hw.sources)
+    assert sources["peak_flops"].startswith("measured by rpeg calibrate on testhost")
+    assert sources["collective.intra-node"].startswith("measured")
+    assert sources["collective.inter-node"] == (
+        f"inherited from 'cpu': {dict(base.sources)['collective.inter-node']}"
+    )
+    assert sources["gpu_memory_bytes"].startswith("inherited from 'cpu'")
     table = r.table()
     assert "inherited" in table and "measured" in table and "collective t0" in table
     assert json.loads(json.dumps(r.to_dict()))["format"] == "rpeg.calibration/1"
