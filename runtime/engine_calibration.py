@@ -668,8 +668,8 @@ def calibrate_engines(
         Measure as a device computes when the others do too (:func:`neighbour_load`): this
         process and the engine on the first allowed core, one training loop on each other core.
         CPU "devices" share the host's memory bandwidth and caches; timed alone, an operation ran
-        about 40% faster than in a plan where every device is busy (measured: the
-        ``cost-model fidelity`` section of ``benchmarks/RESULTS.md``). ``False`` times alone.
+        about 40% faster than in a plan where every device is busy (docs/cost-model.md §7,
+        "Under load"). ``False`` times alone.
     progress
         Called with a short message before each measurement.
 
