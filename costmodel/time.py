@@ -159,7 +159,9 @@ def op_time(
       boundaries (tier 0) and the ``n_inter`` inter-node ones (tier ``max(pp_tier, 1)``);
       decode adds ``r·(mb + Pp − 2)`` steps at ``ℓ = 1``.
     * ``T_dp`` (training): ReduceScatter + AllGather of ``N_m·sb/(Pp·Pt)`` over ``Pd`` at
-      ``dp_tier``.
+      ``dp_tier`` — with the training engine's own data-parallel link
+      (:meth:`Hardware.data_parallel <rpeg.ir.hardware.Hardware.data_parallel>`, measured between
+      the ranks of one host) for intra-node data parallelism where the hardware has one.
     * ``T_nongemm = f·(L/Pp)·c_ng·(1 − 1/Pt)·(mb·b·ℓ·d)/(B_cal·ℓ_cal·d_cal)``: the tokens·width
       one device processes over all its microbatches, relative to the calibration's; ``f`` is
       1 for inference and the forward-equivalents of the recomputation mode for training
@@ -389,7 +391,8 @@ def _training_terms(
     t_pp = node.pp_rounds(mb + 2 * pp - 3, ell)
     n_params = model_params(model, head)
     shard = n_params * sb / (pp * tp)
-    dp_link = hw.collective[s.dp_tier]
+    engine_dp = hw.data_parallel() if s.dp_tier == 0 else None  # measured between one host's ranks
+    dp_link = engine_dp or hw.collective[s.dp_tier]
     t_dp = reduce_scatter_time(dp, shard, dp_link) + allgather_time(dp, shard, dp_link)
     t_opt = OPTIMIZER_TRAFFIC_BYTES * n_params / (P * hw.mem_bandwidth)
     return t_gemm, t_tp, t_pp, t_dp, t_opt

@@ -123,7 +123,11 @@ NEUTRAL = OpTerms()
 @dataclass(frozen=True)
 class EngineTerms:
     """One engine's measured terms: an :class:`OpTerms` per operation class it was measured for,
-    and the link weights take into it (``α + bytes·β`` per weight sync; generation engines)."""
+    the link weights take into it (``α + bytes·β`` per weight sync; generation engines) and the
+    link of its data-parallel update (training engines): ``(α, β)`` of each of the ReduceScatter
+    of the gradients and the AllGather of the parameters as the engine runs them, priced with the
+    ring formulas in place of the tier's ``collective`` link (docs/cost-model.md §2, "Engine
+    terms")."""
 
     name: str
     prefill: OpTerms | None = None
@@ -131,6 +135,7 @@ class EngineTerms:
     inference: OpTerms | None = None
     training: OpTerms | None = None
     weight_sync: Link | None = None
+    data_parallel: Link | None = None
 
     def classes(self) -> tuple[str, ...]:
         """The operation classes this engine has terms for."""
@@ -253,6 +258,12 @@ class Hardware:
         eng = self.engine("generation")
         return eng.weight_sync if eng is not None else None
 
+    def data_parallel(self) -> Link | None:
+        """The training engine's data-parallel update link, if it has one (``None``: the tier's
+        ``collective`` link prices ``T_dp``)."""
+        eng = self.engine("training")
+        return eng.data_parallel if eng is not None else None
+
     def using(self, **roles: str) -> Hardware:
         """A copy whose ``engine_for`` names ``roles`` (``generation="vllm"``); an engine without
         measured terms gives SPEC's terms for its role (``""``).
@@ -290,8 +301,9 @@ class Hardware:
         engines: dict[str, dict[str, object]] = {}
         for e in self.engines:
             entry: dict[str, object] = {c: asdict(getattr(e, c)) for c in e.classes()}
-            if e.weight_sync is not None:
-                entry["weight_sync"] = asdict(e.weight_sync)
+            for link in ("weight_sync", "data_parallel"):
+                if getattr(e, link) is not None:
+                    entry[link] = asdict(getattr(e, link))
             engines[e.name] = entry
         d["engines"] = engines
         d["engine_for"] = dict(zip(ENGINE_ROLES, self.engine_for))
@@ -347,6 +359,9 @@ class Hardware:
                         weight_sync=None
                         if e.weight_sync is None
                         else Link(e.weight_sync.alpha, e.weight_sync.beta),
+                        data_parallel=None
+                        if e.data_parallel is None
+                        else Link(e.data_parallel.alpha, e.data_parallel.beta),
                     )
                     for name, e in doc.engines.items()
                 ),
@@ -411,6 +426,7 @@ class _EngineEntry(Strict):
     inference: _OpTermsEntry | None = None
     training: _OpTermsEntry | None = None
     weight_sync: _SyncEntry | None = None
+    data_parallel: _SyncEntry | None = None
 
 
 class _EngineFor(Strict):

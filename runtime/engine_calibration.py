@@ -14,6 +14,11 @@ OpTerms` the cost model adds (docs/cost-model.md §2 "Engine terms"):
 * **vLLM** (CPU build) — the worker's :class:`~rpeg.runtime.engines.vllm_engine.RolloutEngine`:
   generations of ``max_tokens = N`` responses over a grid of batches, prompt lengths and ``N``,
   and the weight pushes of each model size (the sync link ``α + bytes·β``).
+* **torch engine, data parallel** — two gloo ranks of the runtime's FSDP2 optimizer
+  (:class:`~rpeg.runtime.parallel.FSDPAdam`) per model size: the gradient ReduceScatter (a
+  backward that reduces less one that does not) and the parameter AllGather (``reshard`` +
+  ``unshard``, what each update ends with), as FSDP2 runs them on this host. They give the
+  engine's ``data_parallel`` link (``T_dp``'s ``α``, ``β``).
 * **Ray dispatch** — the round trip of an empty actor call: ``dispatch_s``.
 
 Each fit is a least-squares problem in the cost model's own features: for a sample the cost
@@ -24,6 +29,10 @@ training); the measured seconds ``t`` are fitted to
 * generation: ``t = G_p/η_p + G_d/η_d + c_call + L·c_layer,p + N·(c_step,d + L·c_layer,d)``,
 * inference and training: ``t − T_rest = G/η + c_call + f·L·c_layer`` (``T_rest`` the node's
   other SPEC terms, ``f`` its forward-equivalents),
+
+and data parallelism, one update's ReduceScatter + AllGather over ``p`` ranks of ``M`` bytes (the
+ring formulas of :mod:`rpeg.costmodel.collectives`, as ``T_dp`` charges them):
+``t = 2·(p − 1)·α + 2·((p − 1)/p)·M·β``,
 
 with non-negative coefficients (:func:`nnls`), each sample weighted by ``1/t`` so that the fit
 minimises relative errors — the figure fidelity is judged by.
@@ -56,6 +65,7 @@ __all__ = [
     "calibrate_engines",
     "fit_engine_terms",
     "local_worker",
+    "measure_data_parallel",
     "nnls",
     "op_node",
 ]
@@ -90,7 +100,8 @@ class EngineSample:
         ``"torch"`` or ``"vllm"``.
     op_class
         ``"generation"`` (prefill + ``response_len`` decode steps), ``"inference"``,
-        ``"training"`` or ``"sync"`` (a weight push of ``nbytes``).
+        ``"training"``, ``"sync"`` (a weight push of ``nbytes``) or ``"data_parallel"`` (one
+        update's ReduceScatter + AllGather of ``nbytes`` over ``ranks`` ranks).
     spec
         The timed model.
     head
@@ -100,7 +111,9 @@ class EngineSample:
     seconds
         Median measured seconds.
     nbytes
-        Bytes pushed (``"sync"`` only).
+        Bytes pushed (``"sync"``) or reduced / gathered (``"data_parallel"``).
+    ranks
+        Ranks of a ``"data_parallel"`` collective.
     recompute
         The activation recomputation mode a training sample ran with (its forward-equivalents
         ``f`` in the fit).
@@ -116,6 +129,7 @@ class EngineSample:
     seconds: float
     nbytes: int = 0
     recompute: str = "none"
+    ranks: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the spec as its fields)."""
@@ -353,6 +367,22 @@ def fit_engine_terms(
                     100 * err.max(),
                 )
             )
+        dp = [s for s in mine if s.op_class == "data_parallel"]
+        if dp:
+            rows = [[2.0 * (s.ranks - 1), 2.0 * (s.ranks - 1) / s.ranks * s.nbytes] for s in dp]
+            t = [s.seconds for s in dp]
+            x, err = _weighted_fit(rows, t, t)
+            terms["data_parallel"] = Link(float(x[0]), float(x[1]))
+            fits.append(
+                EngineFit(
+                    engine,
+                    "data_parallel",
+                    {"alpha_s": x[0], "beta_s_per_B": x[1]},
+                    len(dp),
+                    100 * float(err.mean()),
+                    100 * float(err.max()),
+                )
+            )
         engines.append(EngineTerms(engine, **terms))
     return engines, fits
 
@@ -551,6 +581,175 @@ def measure_vllm(
     return out
 
 
+#: Model sizes of the data-parallel measurement: :data:`CALIBRATION_SCALES` and a larger one, so
+#: that the gathered bytes span 20–95 MB (none is the benchmark's 8-layer, 512-wide model).
+DP_SCALES: tuple[dict[str, int], ...] = (*CALIBRATION_SCALES, {"layers": 4, "hidden": 768, "heads": 12})
+
+
+def _timed_backward(model: Any, opt: Any, x: Any, sync: bool) -> float:
+    """Seconds of one backward of an FSDP2 model from fresh gradients, reducing (``sync``) or
+    not; both DP ranks start it together (a barrier)."""
+    import torch.distributed as dist
+
+    opt.zero_grad()
+    opt.sync_gradients(sync)
+    loss = model(x).float().logsumexp(-1).mean()
+    dist.barrier(group=opt.group)
+    t0 = time.perf_counter()
+    loss.backward()
+    return time.perf_counter() - t0
+
+
+def _timed_gather(model: Any, group: Any) -> float:
+    """Seconds of FSDP2's parameter AllGather after an update (``reshard`` + ``unshard``)."""
+    import torch.distributed as dist
+
+    dist.barrier(group=group)
+    t0 = time.perf_counter()
+    model.reshard()
+    model.unshard()
+    return time.perf_counter() - t0
+
+
+def _dp_rank(
+    rank: int, world: int, init_file: str, specs: list[ModelSpec], repeats: int, seed: int, queue: Any
+) -> None:
+    """One rank of :func:`measure_data_parallel` (a spawned process): per spec, the median
+    seconds of the FSDP2 update's ReduceScatter and AllGather on this rank, put on ``queue`` as
+    ``(rank, [(reduce_scatter_s, all_gather_s, nbytes), ...])``, or ``(rank, error text)``."""
+    import datetime
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from .model import StageModel
+    from .parallel import FSDPAdam, make_mesh
+
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=600),
+        )
+        mesh = make_mesh(rank, world, 1, 1, "cpu")
+        out = []
+        for spec in specs:
+            model = StageModel(spec, Head.LM, seed=seed)
+            nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+            opt = FSDPAdam(model, mesh.dp_mesh, mesh.dp_group, lr=1e-4)
+            x = torch.randint(0, spec.vocab, (2, 32), generator=torch.Generator().manual_seed(seed + rank))
+
+            rs, ag = [], []
+            for _ in range(repeats + 1):
+                rs.append(_timed_backward(model, opt, x, True) - _timed_backward(model, opt, x, False))
+                ag.append(_timed_gather(model, mesh.dp_group))
+            opt.zero_grad()
+            out.append((max(0.0, statistics.median(rs[1:])), statistics.median(ag[1:]), nbytes))
+        queue.put((rank, out))
+    except BaseException as exc:  # reported to the parent, which raises
+        queue.put((rank, f"{type(exc).__name__}: {exc}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def measure_data_parallel(
+    *,
+    quick: bool = False,
+    repeats: int = 3,
+    seed: int = 0,
+    world: int = 2,
+    progress: Progress | None = None,
+    timeout_s: float = 900.0,
+) -> list[EngineSample]:
+    """Time the torch engine's data-parallel update (module docstring) on ``world`` gloo ranks,
+    one spawned process each, bound to one core each (round robin over the allowed cores).
+
+    One ``"data_parallel"`` sample per model size (:data:`DP_SCALES`; the first two with
+    ``quick``): the slowest rank's ReduceScatter + AllGather seconds, ``nbytes`` the model's full
+    parameter bytes, ``ranks = world``.
+
+    Raises
+    ------
+    ValueError
+        For ``world < 2`` or ``repeats < 1``.
+    RuntimeError
+        If a rank fails or does not answer within ``timeout_s``.
+    """
+    import multiprocessing
+    import queue as queue_mod
+    import tempfile
+    from pathlib import Path
+
+    if isinstance(world, bool) or not isinstance(world, int) or world < 2:
+        raise ValueError(f"measure_data_parallel: world must be an integer >= 2, got {world!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"measure_data_parallel: repeats must be a positive integer, got {repeats!r}")
+    say = progress or (lambda _m: None)
+    scales = DP_SCALES[:2] if quick else DP_SCALES
+    specs = [_group_spec(_binding(scale, 2, 8, 8, seed), "actor_train") for scale in scales]
+    say(f"torch engine, data parallel: FSDP2 over {world} gloo ranks, {len(specs)} model sizes")
+    ctx = multiprocessing.get_context("spawn")
+    results: dict[int, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="rpeg-dp-") as tmp:
+        q = ctx.Queue()
+        init_file = str(Path(tmp) / "rendezvous")
+        procs = [
+            ctx.Process(target=_dp_rank, args=(r, world, init_file, specs, repeats, seed, q), daemon=True)
+            for r in range(world)
+        ]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(results) < world:
+                try:
+                    rank, got = q.get(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                except queue_mod.Empty:
+                    dead = [r for r, p in enumerate(procs) if not p.is_alive() and r not in results]
+                    if dead or time.monotonic() > deadline:
+                        why = (
+                            f"rank(s) {dead} exited without a result"
+                            if dead
+                            else f"no answer in {timeout_s:.0f} s"
+                        )
+                        raise RuntimeError(f"measure_data_parallel: {why}") from None
+                    continue
+                if isinstance(got, str):
+                    raise RuntimeError(f"measure_data_parallel: rank {rank} failed: {got}")
+                results[rank] = got
+        finally:
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.terminate()
+    out = []
+    for i, spec in enumerate(specs):
+        rs = max(results[r][i][0] for r in range(world))
+        ag = max(results[r][i][1] for r in range(world))
+        out.append(
+            EngineSample(
+                "torch",
+                "data_parallel",
+                spec,
+                "lm",
+                0,
+                0,
+                0,
+                rs + ag,
+                nbytes=int(results[0][i][2]),
+                ranks=world,
+            )
+        )
+    return out
+
+
 def measure_dispatch(samples: int = 40) -> list[float]:
     """Round-trip seconds of an empty Ray actor call (local Ray, started and stopped here when
     none is running)."""
@@ -696,6 +895,8 @@ def calibrate_engines(
             samples += measure_torch_engine(quick=quick, repeats=repeats, seed=seed, progress=progress)
         if "vllm" in engines:
             samples += measure_vllm(quick=quick, repeats=repeats, seed=seed, progress=progress)
+    if "torch" in engines:  # its two ranks load each other's cores: outside the neighbour load
+        samples += measure_data_parallel(quick=quick, repeats=repeats, seed=seed, progress=progress)
     dispatch_samples = measure_dispatch(15 if quick else 40) if dispatch else []
     terms, fits = fit_engine_terms(samples, hw)
     names = {e.name for e in terms}

@@ -198,9 +198,10 @@ class TraceRecord:
         gathering and handing them over (the cost model prices the publication as COMM nodes);
         0 otherwise and in traces written before rpeg recorded it.
     memory
-        OP nodes: worker id → bytes of that process's peak resident set so far less its
-        resident set before it built its model (:func:`~rpeg.runtime.fidelity.resident_bytes`);
-        empty otherwise, and in traces written before rpeg recorded it.
+        OP nodes: worker id → bytes of that process's peak private resident memory so far (resident
+        less shared pages, sampled: :class:`~rpeg.runtime.fidelity.PrivatePeak`) less its private
+        resident memory before it built its model; empty otherwise. Older traces hold the whole
+        resident set's peak (``VmHWM``, shared pages included) less the resident set then.
     """
 
     node: int

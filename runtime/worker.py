@@ -35,7 +35,7 @@ import torch.distributed as dist
 from ..ir.plan import stage_layer_ranges
 from ..ir.types import Head
 from .binding import GroupSpec, RunShape
-from .fidelity import resident_bytes
+from .fidelity import PrivatePeak, private_bytes
 from .model import StageModel
 from .parallel import FSDPAdam, local, make_mesh
 from .rl import RLConfig
@@ -49,16 +49,16 @@ __all__ = ["Worker"]
 
 
 def _footprint_before_model(group: GroupSpec, rollout_engine: str) -> int:
-    """The process's resident set once everything but the model is there — the process group,
-    and the libraries the worker's model and engine import (the model family's ``transformers``
-    modules; ``vllm`` for a vLLM-generating group) — what a node's ``memory_bytes`` is measured
-    against (:func:`~rpeg.runtime.fidelity.resident_bytes`)."""
+    """The process's private resident memory once everything but the model is there — the process
+    group, and the libraries the worker's model and engine import (the model family's
+    ``transformers`` modules; ``vllm`` for a vLLM-generating group) — what a node's
+    ``memory_bytes`` is measured against (:func:`~rpeg.runtime.fidelity.private_bytes`)."""
     from .engines.hf_models import family_modules
 
     family_modules(group.spec.family)
     if rollout_engine == "vllm" and group.generates:
         import vllm  # noqa: F401 (imported for its footprint; the engine imports it again)
-    return resident_bytes()
+    return private_bytes()
 
 
 class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
@@ -131,6 +131,7 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         lo, hi = stage_layer_ranges(group.spec.layers, group.pp)[self.mesh.p]
         self.layer_range = (lo, hi)
         self.rss_base = _footprint_before_model(group, rollout_engine)
+        self.memory_peak = PrivatePeak()
         model = StageModel(
             group.spec,
             group.head,
@@ -194,7 +195,10 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         raise RuntimeError(f"injected fault in worker {self.group.worker(self.rank)} at {vertex} step {step}")
 
     def shutdown(self) -> None:
-        """Stop the rollout engine and leave the process group."""
+        """Stop the rollout engine and the memory sampler, and leave the process group."""
         self._stop_rollouts()
+        peak = getattr(self, "memory_peak", None)
+        if peak is not None:
+            peak.stop()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -35,7 +35,6 @@ import torch.distributed as dist
 
 from ..ir.types import Head, Role
 from .binding import GroupSpec, RunShape
-from .fidelity import peak_resident_bytes
 from .model import KVCache, StageModel, sample_token, token_logprobs
 from .parallel import FSDPAdam
 from .rl import (
@@ -95,6 +94,7 @@ class WorkerOps:
     seed: int
     step_offset: int
     rss_base: int
+    memory_peak: Any
     mesh: Any
     model: StageModel
     packed: PackedOutput
@@ -165,7 +165,7 @@ class WorkerOps:
         meta["publish_s"] = time.perf_counter() - t_pub if pub is not None else 0.0
         meta["worker_time"] = time.perf_counter() - t0
         meta["version_used"] = version if role is not Role.TRAINING else meta["version"] - 1
-        meta["memory_bytes"] = max(0, peak_resident_bytes() - self.rss_base)
+        meta["memory_bytes"] = max(0, self.memory_peak.peak() - self.rss_base)
         return meta, (out if self._emits() else None), pub
 
     @torch.no_grad()

@@ -209,12 +209,16 @@ def engine_env(*, tp: int = 1, pp: int = 1, kv_cache_gib: int = 1, cpu: bool = T
     (CPU: workers do not leave on their own when the engine core stops, and vLLM waits this long
     before it terminates them; the default 5 s is pure waiting), ``VLLM_ENABLE_V1_MULTIPROCESSING
     = 1`` (engine core in its own process: the in-process engine is about 10× slower on CPU),
-    ``VLLM_LOGGING_LEVEL = WARNING`` unless the caller's environment sets it, and no network:
+    ``VLLM_LOGGING_LEVEL = WARNING`` unless the caller's environment sets it,
+    ``RPEG_VLLM_IDLE_SPIN_S`` = :data:`IDLE_SPIN_S` (the engine's worker processes, which import
+    this module for :class:`WeightSyncExtension`, spin at most that long when idle:
+    :func:`_limit_idle_spin`), and no network:
     ``HF_HUB_OFFLINE = 1``, ``VLLM_NO_USAGE_STATS = 1``, ``DO_NOT_TRACK = 1``.
     """
     if kv_cache_gib < 1 or int(kv_cache_gib) != kv_cache_gib:
         raise ValueError(f"kv_cache_gib must be a whole number of GiB ≥ 1, got {kv_cache_gib}")
     env = {
+        _IDLE_SPIN_ENV: str(IDLE_SPIN_S),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
@@ -313,6 +317,46 @@ def write_weights(state: Mapping[str, torch.Tensor], directory: str | Path | Non
         os.unlink(name)
         raise
     return Path(name), nbytes
+
+
+#: Seconds an idle engine worker keeps spinning on its shared-memory queue after a message
+#: before it sleeps on a notification (vLLM's default is 1 s, :func:`_limit_idle_spin`).
+IDLE_SPIN_S = 0.05
+_IDLE_SPIN_ENV = "RPEG_VLLM_IDLE_SPIN_S"
+
+
+def _limit_idle_spin(seconds: float) -> bool:
+    """Make vLLM's shared-memory queue readers spin at most ``seconds`` after their last message.
+
+    A vLLM worker process waits for the engine core's next call in
+    ``shm_broadcast.SpinCondition.wait``: for ``busy_loop_s`` (1 s, not configurable in 0.32.0)
+    after each message it spins on ``sched_yield``, then sleeps on a ZeroMQ notification. Each
+    generation or weight push thus leaves the engine's core busy for a second after it: 11% of a
+    core for an idle TP-1 engine here (``benchmarks/engine_idle.py``), taken from the trainer on
+    the same CPU "device". Decode steps come every few milliseconds, so a short window keeps the
+    spin during a generation. Returns whether the queue class was found and patched (idempotent).
+    """
+    try:
+        from vllm.distributed.device_communicators import shm_broadcast
+    except ImportError:
+        return False
+    cls = getattr(shm_broadcast, "SpinCondition", None)
+    if cls is None:
+        return False
+    init = getattr(cls.__init__, "__wrapped__", cls.__init__)
+
+    def limited_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if getattr(self, "is_reader", False):
+            self.busy_loop_s = min(self.busy_loop_s, seconds)
+
+    limited_init.__wrapped__ = init  # type: ignore[attr-defined]
+    cls.__init__ = limited_init
+    return True
+
+
+if os.environ.get(_IDLE_SPIN_ENV):  # set by engine_env: this is a vLLM worker process
+    _limit_idle_spin(float(os.environ[_IDLE_SPIN_ENV]))
 
 
 class WeightSyncExtension:

@@ -171,7 +171,10 @@ def _engines_hw() -> Hardware:
         weight_sync=Link(1e-2, 1e-9),
     )
     torch_ = EngineTerms(
-        "torch", inference=OpTerms(0.8, 1e-3, 2e-4, 0.0), training=OpTerms(0.7, 3e-3, 3e-4, 0.0)
+        "torch",
+        inference=OpTerms(0.8, 1e-3, 2e-4, 0.0),
+        training=OpTerms(0.7, 3e-3, 3e-4, 0.0),
+        data_parallel=Link(2e-2, 3e-9),
     )
     base = hardware_preset("cpu")
     from dataclasses import replace
@@ -200,6 +203,9 @@ def test_engine_terms_round_trip_and_lookup(tmp_path):
     assert back == hw and back.sources == hw.sources
     assert back.terms("decode").per_step_s == 1e-3 and back.terms("training").efficiency == 0.7
     assert back.weight_sync() == Link(1e-2, 1e-9)
+    assert set(doc["engines"]["torch"]) == {"inference", "training", "data_parallel"}
+    assert back.data_parallel() == Link(2e-2, 3e-9)
+    assert back.using(training="megatron").data_parallel() is None
     # the torch engine has no generation terms: SPEC's (neutral) terms when it generates
     torch_gen = back.using(generation="torch")
     assert torch_gen.terms("decode").efficiency == 1.0 and torch_gen.weight_sync() is None
@@ -213,6 +219,7 @@ def test_presets_have_neutral_engine_terms():
     for name in HARDWARE_PRESETS:
         hw = hardware_preset(name)
         assert hw.dispatch_s == 0.0 and hw.engines == () and hw.weight_sync() is None
+        assert hw.data_parallel() is None
         for cls in ("prefill", "decode", "inference", "training"):
             t = hw.terms(cls)
             assert (t.efficiency, t.per_call_s, t.per_layer_s, t.per_step_s) == (1.0, 0.0, 0.0, 0.0)

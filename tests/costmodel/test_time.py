@@ -386,6 +386,24 @@ def test_engine_terms_by_hand():
     assert later.overhead == pytest.approx(7e-3 + 4 * per_step(4e-4, 3e-5) + 5e-4)  # a decode call, no sync
 
 
+def test_training_engine_data_parallel_link_prices_intra_node_dp_only():
+    """``T_dp`` = ReduceScatter + AllGather of ``N_m·sb/(Pp·Pt)`` over ``Pd`` with the training
+    engine's data-parallel link at tier 0; inter-node DP keeps the tier's collective link."""
+    from rpeg.ir.hardware import EngineTerms
+
+    link = Link(2e-2, 3e-9)
+    hw = dataclasses.replace(HW, engines=(EngineTerms("t", data_parallel=link),), engine_for=("", "", "t"))
+    layout = make_layout(dp=4, pp=1, tp=1, mb=1)
+    shard = 259_648 * 2  # N_m·sb, Pp = Pt = 1
+    got = op_time(TINY, Role.TRAINING, layout, hw, **SEQ).dp_comm
+    assert got == pytest.approx(2 * (3 * 2e-2 + 3 / 4 * shard * 3e-9))
+    assert op_time(TINY, Role.TRAINING, layout, HW, **SEQ).dp_comm != pytest.approx(got)
+    inter = make_layout(dp=4, pp=1, tp=1, mb=1, dp_tier=1)
+    assert op_time(TINY, Role.TRAINING, inter, hw, **SEQ).dp_comm == pytest.approx(
+        op_time(TINY, Role.TRAINING, inter, HW, **SEQ).dp_comm
+    )
+
+
 def test_dispatch_reaches_comm_and_reshard_nodes():
     hw = dataclasses.replace(HW, dispatch_s=1e-3)
     assert comm_time(1e6, 2, 4, 0, hw) == pytest.approx(comm_time(1e6, 2, 4, 0, HW) + 1e-3)

@@ -11,6 +11,7 @@ import pytest
 
 from rpeg.costmodel import hardware_preset
 from rpeg.costmodel.layout import Layout
+from rpeg.costmodel.memory import model_params
 from rpeg.costmodel.time import op_time
 from rpeg.ir.hardware import EngineTerms, Link, OpTerms
 from rpeg.ir.models import ModelSpec
@@ -52,6 +53,7 @@ def _truth():
             "torch",
             inference=OpTerms(0.8, per_call_s=4e-3, per_layer_s=6e-4),
             training=OpTerms(0.6, per_call_s=9e-3, per_layer_s=8e-4),
+            data_parallel=Link(2e-2, 3e-9),
         ),
     )
 
@@ -77,6 +79,14 @@ def _synthetic_samples() -> list[EngineSample]:
                 out.append(EngineSample("torch", cls, spec, "scalar", b, lp, lr, t, recompute="full"))
         nbytes = 4 * 1_000_000 * spec.layers
         out.append(EngineSample("vllm", "sync", spec, "lm", 0, 0, 0, 5e-3 + nbytes * 4e-9, nbytes=nbytes))
+        # one FSDP2 update over 2 and 4 ranks: ReduceScatter + AllGather, priced as T_dp prices them
+        for ranks in (2, 4):
+            dp = Layout(Strategy((1, 1, ranks), ranks, 1, 1, 1))
+            t_dp = op_time(spec, Role.TRAINING, dp, hw, sequences=8, prompt_len=8, response_len=8).dp_comm
+            nbytes = spec.params * spec.dtype_bytes
+            out.append(
+                EngineSample("torch", "data_parallel", spec, "lm", 0, 0, 0, t_dp, nbytes=nbytes, ranks=ranks)
+            )
     return out
 
 
@@ -92,12 +102,15 @@ def test_fits_recover_the_terms_that_timed_the_samples():
                     cls,
                     name,
                 )
-        if truth.weight_sync is not None:
-            assert got[truth.name].weight_sync.alpha == pytest.approx(5e-3)
-            assert got[truth.name].weight_sync.beta == pytest.approx(4e-9)
+        for link in ("weight_sync", "data_parallel"):
+            want = getattr(truth, link)
+            if want is not None:
+                assert getattr(got[truth.name], link).alpha == pytest.approx(want.alpha), link
+                assert getattr(got[truth.name], link).beta == pytest.approx(want.beta), link
     assert all(f.mape < 1e-6 for f in fits)
     assert {(f.engine, f.op_class) for f in fits} == {
-        ("vllm", "generation"), ("vllm", "sync"), ("torch", "inference"), ("torch", "training")
+        ("vllm", "generation"), ("vllm", "sync"), ("torch", "inference"), ("torch", "training"),
+        ("torch", "data_parallel"),
     }  # fmt: skip
 
 
@@ -134,3 +147,24 @@ def test_neighbour_load_pins_this_process_and_restores_its_cores():
         if loaded:
             assert os.sched_getaffinity(0) == {min(allowed)}
     assert os.sched_getaffinity(0) == allowed
+
+
+def test_data_parallel_update_is_measured_on_two_gloo_ranks():
+    """A real FSDP2 update on two spawned gloo ranks (the quick grid: two model sizes): positive
+    seconds, the models' full parameter bytes, and a link the fit accepts. Bad arguments are
+    refused before any process starts."""
+    pytest.importorskip("torch")
+    from rpeg.runtime.engine_calibration import measure_data_parallel
+
+    samples = measure_data_parallel(quick=True, repeats=1)
+    assert [s.op_class for s in samples] == ["data_parallel"] * 2
+    for s in samples:
+        assert s.seconds > 0 and s.ranks == 2 and s.engine == "torch"
+        assert s.nbytes == 4 * model_params(s.spec, Head.LM)
+    terms, _ = fit_engine_terms(samples, hardware_preset("cpu"))
+    link = terms[0].data_parallel
+    assert link is not None and link.alpha >= 0 and link.beta >= 0 and link.alpha + link.beta > 0
+    with pytest.raises(ValueError, match="world"):
+        measure_data_parallel(world=1)
+    with pytest.raises(ValueError, match="repeats"):
+        measure_data_parallel(repeats=0)

@@ -63,6 +63,7 @@ def test_omp_threads_bind_splits_the_allowed_cores_per_rank():
 
 def test_engine_env_names_the_cpu_settings():
     env = ve.engine_env(tp=1, kv_cache_gib=2)
+    assert env["RPEG_VLLM_IDLE_SPIN_S"] == str(ve.IDLE_SPIN_S)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and "VLLM_CPU_OMP_THREADS_BIND" not in env
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
     if len(os.sched_getaffinity(0)) >= 2:
@@ -70,6 +71,29 @@ def test_engine_env_names_the_cpu_settings():
     assert "VLLM_CPU_KVCACHE_SPACE" not in ve.engine_env(cpu=False)
     with pytest.raises(ValueError, match="kv_cache_gib"):
         ve.engine_env(kv_cache_gib=0.5)
+
+
+def test_idle_spin_limit_shortens_readers_only_and_is_idempotent():
+    """vLLM's shared-memory queue readers spin 1 s after a message; the limit makes a reader's
+    window ``IDLE_SPIN_S`` and leaves writers alone; patching twice wraps once."""
+    import zmq
+    from vllm.distributed.device_communicators import shm_broadcast as sb
+    from vllm.utils.network_utils import get_open_zmq_ipc_path
+
+    original = sb.SpinCondition.__init__
+    ctx = zmq.Context()
+    try:
+        addr = get_open_zmq_ipc_path()
+        assert sb.SpinCondition(False, ctx, addr).busy_loop_s == 0
+        assert sb.SpinCondition(True, ctx, addr).busy_loop_s == 1  # vLLM's default
+        assert ve._limit_idle_spin(0.05) and ve._limit_idle_spin(0.05)
+        assert sb.SpinCondition.__init__.__wrapped__ is original
+        assert sb.SpinCondition(True, ctx, addr).busy_loop_s == 0.05
+        assert sb.SpinCondition(True, ctx, addr, busy_loop_s=0.01).busy_loop_s == 0.01
+        assert sb.SpinCondition(False, ctx, addr).busy_loop_s == 0
+    finally:
+        sb.SpinCondition.__init__ = original
+        ctx.destroy(linger=0)
 
 
 def test_engine_limits_say_what_this_build_runs():
@@ -275,6 +299,25 @@ def test_weight_updates_reach_the_engine_and_undo_exactly(engine, tiny_llama):
             path.unlink()
     assert back["rank_checksums"] == [ve.state_checksum(original)]
     assert _samples(_generate(engine, prompts, max_tokens, seeds)) == _samples(before)  # bitwise
+
+
+def test_an_idle_engine_stops_spinning_soon_after_a_generation(engine):
+    """After a generation the engine's processes sleep within ``IDLE_SPIN_S``: over the next 1.5 s
+    they use well under the second of CPU that vLLM's 1-s reader spin alone would burn."""
+    import psutil
+
+    _, _, info = engine
+    procs = [psutil.Process(pid) for pid in info["engine_pids"]]
+
+    def cpu() -> float:
+        return sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+
+    _generate(engine, PROMPTS[:4], [8] * 4, [0, 1, 2, 3])
+    before = cpu()
+    time.sleep(1.5)
+    idle = cpu() - before
+    print(f"\nidle engine: {idle:.2f} CPU s over 1.5 s")
+    assert idle < 0.5
 
 
 def test_shutdown_stops_the_engine_processes(engine):
