@@ -84,13 +84,12 @@ NOTE = (
     "What the figures cover: per-operation times are worker seconds (`worker_time`, less a training node's "
     "`publish_s` where the trace records it) against the prediction "
     "less the dispatch term; step makespans include dispatch, transfers and the controller on both sides. "
-    'Not modelled, and visible here: vLLM engines poll while idle (docs/engines.md, "Measured"), '
-    "so plans with more engine processes than cores lose "
-    "time the cost model does not see; the weight sync is charged at the generation node while the "
-    "runtime pays it at the weight COMM in disaggregated plans (docs/decisions.md); the memory model is "
-    "the GPU one (BF16 weights, ZeRO-2 shards, KV cache), while the CPU runtime keeps float32 full "
-    "parameters next to FSDP2's shards, clones full weights for an engine push, and the KV cache lives in "
-    "vLLM's processes. GPU fidelity was not measured (no GPU in this session)."
+    "Not modelled: an idle vLLM engine's workers spin 50 ms after each message (docs/engines.md, "
+    '"Idle engines spin, briefly"; vLLM\'s own 1 s cost trainers next to an engine up to a third of '
+    "their time before this was capped); the weight sync is charged at the generation node while the "
+    "runtime pays it at the weight COMM in disaggregated plans (docs/decisions.md); the memory prediction is "
+    "the GPU one's terms in the runtime's layout (above). GPU fidelity was not measured (no GPU in this "
+    "session)."
 )
 TARGETS = {"op_mape": 25.0, "step_mape": 20.0, "rho": 0.9, "memory": 25.0}
 COLOURS = {"generation": "tab:blue", "inference": "tab:green", "training": "tab:red"}
@@ -188,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
             response_len=args.response_len,
             seed=args.seed,
         )
-        pred_mem = predicted_memory(binding, hw.using(generation="vllm", inference="torch", training="torch"))
+        pred_mem = predicted_memory(binding, rollout_engine="vllm")
         meas_mem = measured_memory(trace.records)
         what = worker_vertices(trace)
         for w in sorted(meas_mem):
@@ -285,12 +284,14 @@ def main(argv: list[str] | None = None) -> None:
         f"pairs predicted more than 10% apart that swap: {', '.join(disagree) or 'none'} "
         f"({met(not disagree)}).",
         "",
-        "Peak memory per worker process: predicted — on the worker's device, the persistent items of its "
-        "group's model plus the largest transient of its vertices (the evaluator's memory model, SPEC §6, "
-        "on the scaled plan) — against measured: the process's peak RSS less its RSS once the process group "
-        "and the libraries were loaded, before it built its model (what the OP records' `memory` holds). "
-        "vLLM's engine processes (their weights and the KV-cache space they reserve) are separate processes "
-        "and outside the measured figure.",
+        "Peak memory per worker process: predicted — the cost model's memory terms (SPEC §6) laid out as "
+        "the runtime's processes hold them (`rpeg.runtime.report.predicted_memory`, docs/runtime.md "
+        '"Memory per worker": registered float32 parameters, Adam moments and FSDP2 master shards, '
+        "activations, gradients as FSDP2 stages them, a vLLM replica's weight push) — against measured: the "
+        "peak of the process's private resident memory (resident less shared pages, sampled every 5 ms) "
+        "less its private resident memory once the process group and the libraries were loaded, before it "
+        "built its model (what the OP records' `memory` holds). vLLM's engine processes (their weights and "
+        "the KV-cache space they reserve) are separate processes and outside both figures.",
         "",
         "| plan | worker | vertices | predicted MiB | measured MiB | error |",
         "|---|---|---|---:|---:|---:|",

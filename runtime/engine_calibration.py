@@ -162,7 +162,7 @@ class EngineCalibration:
 
     def table(self) -> str:
         """The fits as a small text table."""
-        lines = [f"{'engine':7} {'class':10} {'n':>3} {'fit MAPE':>8}  terms"]
+        lines = [f"{'engine':7} {'class':13} {'n':>3} {'fit MAPE':>8}  terms"]
         for f in self.fits:
             terms = ", ".join(
                 f"{k} {v:.3g}"
@@ -170,7 +170,7 @@ class EngineCalibration:
                 else (f"{k} {v:.3g}" if "per_B" in k else f"{k} {v * 1e3:.3g} ms")
                 for k, v in f.terms.items()
             )
-            lines.append(f"{f.engine:7} {f.op_class:10} {f.samples:3d} {f.mape:7.1f}%  {terms}")
+            lines.append(f"{f.engine:7} {f.op_class:13} {f.samples:3d} {f.mape:7.1f}%  {terms}")
         if self.dispatch_samples:
             lines.append(
                 f"Ray dispatch (empty actor call): {statistics.median(self.dispatch_samples) * 1e3:.2f} ms"
@@ -351,34 +351,27 @@ def fit_engine_terms(
                     100 * float(err.max()),
                 )
             )
-        sync = [s for s in mine if s.op_class == "sync"]
-        if sync:
-            rows = [[1.0, float(s.nbytes)] for s in sync]
-            t = [s.seconds for s in sync]
-            x, err = _weighted_fit(rows, t, t)
-            terms["weight_sync"] = Link(float(x[0]), float(x[1]))
+        # links: a weight push α + bytes·β; a data-parallel update 2(p−1)α + 2((p−1)/p)·M·β
+        for cls, field_name, features in (
+            ("sync", "weight_sync", lambda s: [1.0, float(s.nbytes)]),
+            (
+                "data_parallel",
+                "data_parallel",
+                lambda s: [2.0 * (s.ranks - 1), 2.0 * (s.ranks - 1) / s.ranks * s.nbytes],
+            ),
+        ):
+            group = [s for s in mine if s.op_class == cls]
+            if not group:
+                continue
+            t = [s.seconds for s in group]
+            x, err = _weighted_fit([features(s) for s in group], t, t)
+            terms[field_name] = Link(float(x[0]), float(x[1]))
             fits.append(
                 EngineFit(
                     engine,
-                    "sync",
+                    cls,
                     {"alpha_s": x[0], "beta_s_per_B": x[1]},
-                    len(sync),
-                    100 * err.mean(),
-                    100 * err.max(),
-                )
-            )
-        dp = [s for s in mine if s.op_class == "data_parallel"]
-        if dp:
-            rows = [[2.0 * (s.ranks - 1), 2.0 * (s.ranks - 1) / s.ranks * s.nbytes] for s in dp]
-            t = [s.seconds for s in dp]
-            x, err = _weighted_fit(rows, t, t)
-            terms["data_parallel"] = Link(float(x[0]), float(x[1]))
-            fits.append(
-                EngineFit(
-                    engine,
-                    "data_parallel",
-                    {"alpha_s": x[0], "beta_s_per_B": x[1]},
-                    len(dp),
+                    len(group),
                     100 * float(err.mean()),
                     100 * float(err.max()),
                 )

@@ -206,25 +206,80 @@ def predict(binding: Binding, hardware: Hardware) -> tuple[list[float], list[flo
     return list(g.duration), list(sched.finish), _step_times(g.step, sched.finish, binding.steps, 0.0)
 
 
-def predicted_memory(binding: Binding, hardware: Hardware) -> dict[str, float]:
-    """Predicted peak bytes per worker (``"g{group}/r{rank}"``) of the scaled run, from the shared
-    evaluator's memory model (SPEC §6) on :func:`scaled_problem`: on the rank's device, the
-    persistent items of the group's model (training state, a serving copy) plus the largest
-    transient ``A(v, d)`` of the group's vertices — what that one process holds at its peak."""
-    from ..scoring.evaluator import Evaluator
+#: Bytes per parameter a training rank keeps besides its registered parameters: Adam's two
+#: float32 moments, and with ``Pd > 1`` FSDP2's float32 master shard (the ``1/Pd`` factor applies).
+ADAM_MOMENT_BYTES = 8
+FSDP_MASTER_BYTES = 4
 
-    workload, cluster = scaled_problem(binding, hardware)
-    r = binding.result
-    assert r.plan is not None
-    report = Evaluator(workload, cluster, r.structure, k_eval=binding.steps).memory(r.plan, detail=True)
+
+def predicted_memory(binding: Binding, rollout_engine: str = "torch") -> dict[str, float]:
+    """Predicted peak bytes per worker process (``"g{group}/r{rank}"``) of the scaled run: the
+    cost model's memory terms (SPEC §6, :mod:`rpeg.costmodel.memory`) laid out as the runtime's
+    processes hold them (docs/runtime.md, "Memory per worker").
+
+    With ``W`` the group's worst-stage parameter shard (:func:`~rpeg.costmodel.memory.
+    weight_shard_params`), ``sb`` its bytes per scalar (float32 here), ``n`` the step's sequences
+    and ``ℓ = Lp + Lr``, a worker holds ``P + max_v A(v)``:
+
+    * ``P = W·sb`` — every worker keeps its stage's parameters registered (the serving copy; a
+      trainer's full parameters, which FSDP2 keeps unsharded between updates) — plus, in a
+      training group, Adam's moments ``8·W/Pd`` and with ``Pd > 1`` FSDP2's master shard
+      ``4·W/Pd`` (with ``Pd = 1`` the parameters are the masters);
+    * training: the activations of the recomputation mode the runtime runs
+      (:func:`~rpeg.costmodel.memory.training_activation_bytes`) and the gradients: ``W·sb``
+      with ``Pd = 1``; ``2·W·sb`` with ``Pd > 1`` (FSDP2 copies the full gradients into a flat
+      ReduceScatter buffer before it frees them) — where SPEC's ZeRO-2 charges ``W·sb/Pd``;
+    * inference: the forward activations at ``ℓ``;
+    * generation on the torch engine: the prefill's activations and the KV cache; on a vLLM
+      engine (``rollout_engine="vllm"``) the activations and the KV cache live in vLLM's own
+      processes, and the worker's peak is the weight push: every rank of the replica gathers the
+      full model (``N_m·sb``) and the engine's rank also serialises it into the file the engine
+      reloads (another ``N_m·sb``);
+    * a group serving a model that another group trains installs each new version: it receives
+      the publication and assembles the full model (``N_m·sb``) before it keeps its shard.
+    """
+    from ..costmodel.layout import Layout
+    from ..costmodel.memory import (
+        inference_activation_bytes,
+        kv_cache_bytes,
+        model_params,
+        training_activation_bytes,
+        weight_shard_params,
+    )
+    from ..ir.plan import Strategy
+    from ..ir.types import Role
+
+    sh = binding.shape
+    n, lp, lr = sh.sequences, sh.prompt_len, sh.response_len
+    roles = {v.name: v.role for v in binding.graph.vertices}
     out: dict[str, float] = {}
     for g in binding.groups:
-        for rank, d in enumerate(g.devices):
-            atom = next((a for a in report.detail if a.mask >> d & 1), None)
-            if atom is None:
-                continue
-            persistent = sum(b for (m, _), b in atom.persistent.items() if m == g.model)
-            transient = max((atom.transient.get(v, 0.0) for v in g.vertices), default=0.0)
+        spec = replace(g.spec, dtype_bytes=4)  # the CPU runtime computes in float32
+        sb = spec.dtype_bytes
+        lay = Layout(Strategy((1, 1, g.size), g.dp, g.pp, g.tp, g.mb, recompute=g.recompute_run))
+        w = weight_shard_params(spec, g.pp, g.tp, g.head)
+        persistent = w * sb
+        if g.trains:
+            persistent += ADAM_MOMENT_BYTES * w / g.dp + (FSDP_MASTER_BYTES * w / g.dp if g.dp > 1 else 0.0)
+        full = model_params(spec, g.head) * sb
+        installs = g.trainable and not g.trains  # new versions arrive from the training group
+        for rank in range(g.size):
+            transient = full if installs else 0.0
+            for name in g.vertices:
+                role = roles[name]
+                if role is Role.TRAINING:
+                    grads = w * sb * (2.0 if g.dp > 1 else 1.0)
+                    a = training_activation_bytes(spec, lay, sequences=n, tokens=lp + lr) + grads
+                elif role is Role.INFERENCE:
+                    a = inference_activation_bytes(spec, lay, sequences=n, tokens=lp + lr, head=g.head)
+                elif rollout_engine == "vllm":
+                    host = (rank // g.tp) % g.pp == 0 and rank % g.tp == 0
+                    a = full * (2.0 if host else 1.0)
+                else:
+                    a = inference_activation_bytes(
+                        spec, lay, sequences=n, tokens=lp, head=g.head
+                    ) + kv_cache_bytes(spec, lay, sequences=n, prompt_len=lp, response_len=lr)
+                transient = max(transient, a)
             out[g.worker(rank)] = float(persistent + transient)
     return out
 
@@ -322,7 +377,7 @@ def segment_trace(
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "predicted_durations": durations,
             "vertex_roles": roles,
-            "predicted_memory": predicted_memory(binding, hw),
+            "predicted_memory": predicted_memory(binding, getattr(cfg, "rollout_engine", "torch")),
             "dispatch_s": hw.dispatch_s,
             "engine_terms": dict(zip(("generation", "inference", "training"), hw.engine_for)),
             "fidelity": fid.to_dict(),

@@ -117,6 +117,7 @@ class WorkerTransfers:
         t0 = time.perf_counter()
         shards, nbytes = self._shards_of(pubs, version)
         self._write_weights(shards)
+        del shards  # views of the received full tensors: free them before an engine push gathers its own
         self.version = version
         if self.optimizer is None:  # a training group prunes its own snapshots (see _train)
             self.snapshots.clear()

@@ -52,21 +52,57 @@ def test_summary_lists_steps_and_names_the_first_problem(small_binding):
     assert report.summary().endswith("trace valid")
 
 
-def test_predicted_memory_is_per_worker_the_models_state_and_its_largest_transient(small_binding):
+def test_predicted_memory_lays_the_cost_models_terms_out_as_the_runtime_holds_them(small_binding):
+    """Per worker ``P + max_v A(v)`` by hand for the small plan's groups: a TP-2 generation group,
+    an inference group, a DP-1 critic (inference + training) and a DP-2 (FSDP2) actor trainer;
+    on vLLM the generation group's peak is the weight push (two full copies on the engine's rank,
+    one on the other)."""
+    from dataclasses import replace
+
+    from rpeg.costmodel.layout import Layout
+    from rpeg.costmodel.memory import (
+        inference_activation_bytes,
+        kv_cache_bytes,
+        model_params,
+        training_activation_bytes,
+        weight_shard_params,
+    )
+    from rpeg.ir.plan import Strategy
+    from rpeg.ir.types import Head
     from rpeg.runtime.report import predicted_memory
-    from rpeg.scoring.evaluator import Evaluator
 
     b = small_binding
-    hw = hardware_preset("cpu")
-    per_worker = predicted_memory(b, hw)
-    assert set(per_worker) == {g.worker(r) for g in b.groups for r in range(g.size)}
-    wl, cluster = scaled_problem(b, hw)
-    report = Evaluator(wl, cluster, b.result.structure, k_eval=b.steps).memory(b.result.plan, detail=True)
-    for g in b.groups:
-        for rank, d in enumerate(g.devices):
-            atom = next(a for a in report.detail if a.mask >> d & 1)
-            want = sum(v for (m, _), v in atom.persistent.items() if m == g.model)
-            want += max(atom.transient.get(v, 0.0) for v in g.vertices)
-            assert per_worker[g.worker(rank)] == pytest.approx(want) and want > 0
-            # one process holds no more than its device's predicted peak
-            assert per_worker[g.worker(rank)] <= report.peak[report.atoms.index(atom.mask)] * (1 + 1e-9)
+    n, lp, lr = b.shape.sequences, b.shape.prompt_len, b.shape.response_len
+    torch_run, vllm_run = predicted_memory(b), predicted_memory(b, rollout_engine="vllm")
+    assert set(torch_run) == set(vllm_run) == {g.worker(r) for g in b.groups for r in range(g.size)}
+    g = {grp.gid: grp for grp in b.groups}
+    spec = replace(g[0].spec, dtype_bytes=4)
+
+    def lay(grp):
+        return Layout(Strategy((1, 1, grp.size), grp.dp, grp.pp, grp.tp, grp.mb, recompute=grp.recompute_run))
+
+    # g0: actor generation, TP 2 — each rank holds half the blocks and the replicated embedding/head
+    w0 = weight_shard_params(spec, 1, 2, Head.LM)
+    gen = inference_activation_bytes(spec, lay(g[0]), sequences=n, tokens=lp) + kv_cache_bytes(
+        spec, lay(g[0]), sequences=n, prompt_len=lp, response_len=lr
+    )
+    full = 4 * model_params(spec, Head.LM)
+    assert torch_run["g0/r0"] == pytest.approx(4 * w0 + max(gen, full))  # or installing a version
+    assert vllm_run["g0/r0"] == pytest.approx(4 * w0 + 2 * full)  # gather + the serialised file
+    assert vllm_run["g0/r1"] == pytest.approx(4 * w0 + full)
+    # g1: reference inference — its parameters and the forward's activations
+    w1 = weight_shard_params(spec, 1, 1, Head.LM)
+    act = inference_activation_bytes(spec, lay(g[1]), sequences=n, tokens=lp + lr, head=Head.LM)
+    assert torch_run["g1/r0"] == vllm_run["g1/r0"] == pytest.approx(4 * w1 + act)
+    # g3: critic, DP 1 — parameters (the masters) + Adam's moments; the larger of its inference
+    # and its training (activations + one gradient copy)
+    critic = replace(g[3].spec, dtype_bytes=4)
+    w3 = weight_shard_params(critic, 1, 1, Head.SCALAR)
+    train = training_activation_bytes(critic, lay(g[3]), sequences=n, tokens=lp + lr) + 4 * w3
+    inf = inference_activation_bytes(critic, lay(g[3]), sequences=n, tokens=lp + lr, head=Head.SCALAR)
+    assert torch_run["g3/r0"] == pytest.approx(4 * w3 + 8 * w3 + max(train, inf))
+    # g4: actor training, DP 2 (FSDP2) — full parameters, master and moment shards (12·W/Pd), two
+    # full gradient copies (the gradients and FSDP2's ReduceScatter buffer)
+    train = training_activation_bytes(spec, lay(g[4]), sequences=n, tokens=lp + lr) + 2 * 4 * w1
+    for r in (0, 1):
+        assert torch_run[f"g4/r{r}"] == pytest.approx(4 * w1 + 12 * w1 / 2 + train)
