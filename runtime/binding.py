@@ -304,7 +304,7 @@ def run_shape(
 def _check_pipeline_microbatches(result: Result, n: int) -> None:
     """Pipelined training (``Pp > 1``) needs microbatches of one size on every DP rank:
     ``torch.distributed.pipelining`` sizes its gradient buffers from the first microbatch. A rank
-    holds ``⌊n/Pd⌋`` or ``⌈n/Pd⌉`` of the ``n`` sequences (``tensor_split``); both must divide by
+    holds ``⌊n/Pd⌋`` or ``⌈n/Pd⌉`` of the ``n`` sequences (every ``Pd``-th); both must divide by
     ``mb``."""
     plan = result.plan
     assert plan is not None

@@ -127,8 +127,14 @@ class WorkerOps:
         return out
 
     def _my_slice(self, n: int) -> torch.Tensor:
-        """Indices of this DP rank's sequences among ``n``: ``tensor_split`` into ``Pd`` parts."""
-        return torch.tensor_split(torch.arange(n), self.group.dp)[self.mesh.d]
+        """Indices of this DP rank's sequences among ``n``: every ``Pd``-th from its DP rank
+        ``d`` (``d, d + Pd, d + 2·Pd, …``; ``⌈n/Pd⌉`` or ``⌊n/Pd⌋`` of them).
+
+        Strided, not contiguous: a step's sequences are indexed by response length (shortest
+        first, :meth:`RunShape.response_lengths`), so contiguous blocks gave the last DP rank every
+        long response — its replica generated 2–2.5× longer than the first — where the cost
+        model splits each length phase evenly over the ``Pd`` ranks."""
+        return torch.arange(self.mesh.d, n, self.group.dp)
 
     # ------------------------------------------------------------------ OP nodes
     def op(self, node: dict[str, Any], inputs: dict[str, list]) -> tuple[dict[str, Any], Any, Any]:

@@ -27,10 +27,12 @@ and the engine holds a copy of it:
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,27 @@ _SEED_MOD = 2**31 - 1  # vLLM request seeds are 32-bit
 #: transition's hand-over, a checkpoint, a rollback): versions are renumbered per plan segment, so
 #: no node's version may be taken to name what the engine holds; the next generation syncs.
 _UNSYNCED = -(2**62)
+
+
+@contextlib.contextmanager
+def _inherited_affinity(core: str | None) -> Iterator[None]:
+    """While it lasts, this process may run only on ``core`` (a core id as text; ``None``:
+    unchanged), so that the processes it starts — a one-rank vLLM engine's scheduler (the engine
+    core) and its model worker — start there; this process's affinity is restored afterwards.
+
+    Without it the scheduler, which steps the engine between model calls, inherits every core
+    and lands wherever the OS puts it: two engines' schedulers on one core made one replica
+    generate 2–2.5× slower than the other in the fidelity benchmark's colocated plan.
+    """
+    if core is None or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {int(core)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def check_rollout_layout(groups: list[GroupSpec], engine: str) -> None:
@@ -132,13 +155,15 @@ class WorkerRollouts:
             )
         )
         save_checkpoint(state, self.group.spec, self.engine_dir, max_positions=self._max_len())
-        self.engine = RolloutEngine(
-            self.engine_dir,
-            tp=self.group.tp,
-            max_model_len=self._max_len(),
-            seed=self.seed,
-            env=self._engine_cores(),
-        )
+        env = self._engine_cores()
+        with _inherited_affinity(env.get("VLLM_CPU_OMP_THREADS_BIND")):
+            self.engine = RolloutEngine(
+                self.engine_dir,
+                tp=self.group.tp,
+                max_model_len=self._max_len(),
+                seed=self.seed,
+                env=env,
+            )
         self.engine_version = 0
         return {"engine": "vllm", "start_s": self.engine.start_seconds, "tp": self.group.tp}
 
@@ -152,7 +177,8 @@ class WorkerRollouts:
         """On a CPU "device" (one core), a one-rank engine computes on that core:
         ``VLLM_CPU_OMP_THREADS_BIND`` = the device's core (device id modulo the cores this process
         may use). Without it vLLM-CPU binds every engine to all the host's cores, so engines and
-        trainers of different devices oversubscribe them. Multi-rank engines keep
+        trainers of different devices oversubscribe them. The engine's scheduler process is
+        started on that core too (:func:`_inherited_affinity`). Multi-rank engines keep
         :func:`~rpeg.runtime.engines.vllm_engine.omp_threads_bind`'s split; GPU runs bind nothing."""
         import os
 
