@@ -60,8 +60,9 @@ def _inherited_affinity(core: str | None) -> Iterator[None]:
     core) and its model worker — start there; this process's affinity is restored afterwards.
 
     Without it the scheduler, which steps the engine between model calls, inherits every core
-    and lands wherever the OS puts it: two engines' schedulers on one core made one replica
-    generate 2–2.5× slower than the other in the fidelity benchmark's colocated plan.
+    and runs wherever the OS puts it, on another device's core too; bound, a CPU device's engine
+    computes where ``rpeg calibrate`` timed it (next to its model worker). Measured effect in the
+    fidelity benchmark's colocated plan: within that machine's run-to-run noise (RESULTS.md).
     """
     if core is None or not hasattr(os, "sched_setaffinity"):
         yield
@@ -180,8 +181,6 @@ class WorkerRollouts:
         trainers of different devices oversubscribe them. The engine's scheduler process is
         started on that core too (:func:`_inherited_affinity`). Multi-rank engines keep
         :func:`~rpeg.runtime.engines.vllm_engine.omp_threads_bind`'s split; GPU runs bind nothing."""
-        import os
-
         if self.device is not None or self.group.tp * self.group.pp > 1:
             return {}
         cores = sorted(os.sched_getaffinity(0))
