@@ -132,7 +132,7 @@ class WorkerOps:
 
         Strided, not contiguous: a step's sequences are indexed by response length (shortest
         first, :meth:`RunShape.response_lengths`), so contiguous blocks gave the last DP rank every
-        long response — its replica generated 2–2.5× longer than the first — where the cost
+        long response — its replica generated 1.9–2.9× longer than the first — where the cost
         model splits each length phase evenly over the ``Pd`` ranks."""
         return torch.arange(self.mesh.d, n, self.group.dp)
 
