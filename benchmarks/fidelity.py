@@ -86,7 +86,8 @@ NOTE = (
     "less the dispatch term; step makespans include dispatch, transfers and the controller on both sides. "
     "Not modelled: an idle vLLM engine's workers spin 50 ms after each message (docs/engines.md, "
     '"Idle engines spin, briefly"; with vLLM\'s own 1 s a colocated DP-2 training node took '
-    "3.6 s next to two engines against 2.8 s with the torch engine's rollouts); the weight sync is charged "
+    "3.6 s next to two engines, in an earlier run, against 2.8 s with the torch engine's rollouts); the "
+    "weight sync is charged "
     "at the generation node while the "
     "runtime pays it at the weight COMM in disaggregated plans (docs/decisions.md); the memory prediction is "
     "the GPU one's terms in the runtime's layout (above). GPU fidelity was not measured (no GPU in this "

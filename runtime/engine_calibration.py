@@ -267,6 +267,18 @@ def _op_features(s: EngineSample, hw: Hardware) -> tuple[list[float], float]:
     return [t.gemm, 1.0, passes * s.spec.layers], t.total - t.gemm
 
 
+def _dp_features(s: EngineSample) -> list[float]:
+    """``[∂t/∂α, ∂t/∂β]`` of a data-parallel sample: the ReduceScatter + AllGather that ``T_dp``
+    charges (:mod:`rpeg.costmodel.collectives`) over ``ranks`` ranks of ``nbytes``, at unit
+    ``α`` and at unit ``β`` — the cost model's own formula, which is linear in both."""
+    from ..costmodel.collectives import allgather_time, reduce_scatter_time
+
+    def update(link: Link) -> float:
+        return reduce_scatter_time(s.ranks, s.nbytes, link) + allgather_time(s.ranks, s.nbytes, link)
+
+    return [update(Link(1.0, 0.0)), update(Link(0.0, 1.0))]
+
+
 def _weighted_fit(rows: list[list[float]], y: list[float], t: list[float]) -> tuple[np.ndarray, np.ndarray]:
     """NNLS of ``rows·x ≈ y`` with rows weighted by ``1/t``; returns ``(x, relative errors of t)``."""
     a = np.asarray(rows)
@@ -351,14 +363,10 @@ def fit_engine_terms(
                     100 * float(err.max()),
                 )
             )
-        # links: a weight push α + bytes·β; a data-parallel update 2(p−1)α + 2((p−1)/p)·M·β
+        # links: a weight push α + bytes·β; a data-parallel update as T_dp prices it
         for cls, field_name, features in (
             ("sync", "weight_sync", lambda s: [1.0, float(s.nbytes)]),
-            (
-                "data_parallel",
-                "data_parallel",
-                lambda s: [2.0 * (s.ranks - 1), 2.0 * (s.ranks - 1) / s.ranks * s.nbytes],
-            ),
+            ("data_parallel", "data_parallel", _dp_features),
         ):
             group = [s for s in mine if s.op_class == cls]
             if not group:

@@ -206,10 +206,9 @@ def predict(binding: Binding, hardware: Hardware) -> tuple[list[float], list[flo
     return list(g.duration), list(sched.finish), _step_times(g.step, sched.finish, binding.steps, 0.0)
 
 
-#: Bytes per parameter a training rank keeps besides its registered parameters: Adam's two
-#: float32 moments, and with ``Pd > 1`` FSDP2's float32 master shard (the ``1/Pd`` factor applies).
-ADAM_MOMENT_BYTES = 8
-FSDP_MASTER_BYTES = 4
+#: Bytes per parameter of a float32 master copy: part of SPEC's ``12·W/Pd`` training state that a
+#: one-rank trainer does not hold apart (its registered parameters are the masters).
+MASTER_BYTES = 4
 
 
 def predicted_memory(binding: Binding, rollout_engine: str = "torch") -> dict[str, float]:
@@ -223,8 +222,9 @@ def predicted_memory(binding: Binding, rollout_engine: str = "torch") -> dict[st
 
     * ``P = W·sb`` — every worker keeps its stage's parameters registered (the serving copy; a
       trainer's full parameters, which FSDP2 keeps unsharded between updates) — plus, in a
-      training group, Adam's moments ``8·W/Pd`` and with ``Pd > 1`` FSDP2's master shard
-      ``4·W/Pd`` (with ``Pd = 1`` the parameters are the masters);
+      training group, SPEC's state ``12·W/Pd`` (:func:`~rpeg.costmodel.memory.
+      training_state_bytes`: FSDP2's master shard and Adam's moments), less the ``4·W`` master
+      with ``Pd = 1`` (the registered parameters are the masters);
     * training: the activations of the recomputation mode the runtime runs
       (:func:`~rpeg.costmodel.memory.training_activation_bytes`) and the gradients: ``W·sb``
       with ``Pd = 1``; ``2·W·sb`` with ``Pd > 1`` (FSDP2 copies the full gradients into a flat
@@ -244,6 +244,7 @@ def predicted_memory(binding: Binding, rollout_engine: str = "torch") -> dict[st
         kv_cache_bytes,
         model_params,
         training_activation_bytes,
+        training_state_bytes,
         weight_shard_params,
     )
     from ..ir.plan import Strategy
@@ -260,27 +261,27 @@ def predicted_memory(binding: Binding, rollout_engine: str = "torch") -> dict[st
         w = weight_shard_params(spec, g.pp, g.tp, g.head)
         persistent = w * sb
         if g.trains:
-            persistent += ADAM_MOMENT_BYTES * w / g.dp + (FSDP_MASTER_BYTES * w / g.dp if g.dp > 1 else 0.0)
+            persistent += training_state_bytes(spec, lay, g.head) - (MASTER_BYTES * w if g.dp == 1 else 0.0)
         full = model_params(spec, g.head) * sb
         installs = g.trainable and not g.trains  # new versions arrive from the training group
+        transient, pushes = (full if installs else 0.0), False
+        for name in g.vertices:
+            role = roles[name]
+            if role is Role.TRAINING:
+                grads = w * sb * (2.0 if g.dp > 1 else 1.0)
+                a = training_activation_bytes(spec, lay, sequences=n, tokens=lp + lr) + grads
+            elif role is Role.INFERENCE:
+                a = inference_activation_bytes(spec, lay, sequences=n, tokens=lp + lr, head=g.head)
+            elif rollout_engine == "vllm":
+                a, pushes = full, True  # every rank of the replica gathers the full model
+            else:
+                a = inference_activation_bytes(
+                    spec, lay, sequences=n, tokens=lp, head=g.head
+                ) + kv_cache_bytes(spec, lay, sequences=n, prompt_len=lp, response_len=lr)
+            transient = max(transient, a)
         for rank in range(g.size):
-            transient = full if installs else 0.0
-            for name in g.vertices:
-                role = roles[name]
-                if role is Role.TRAINING:
-                    grads = w * sb * (2.0 if g.dp > 1 else 1.0)
-                    a = training_activation_bytes(spec, lay, sequences=n, tokens=lp + lr) + grads
-                elif role is Role.INFERENCE:
-                    a = inference_activation_bytes(spec, lay, sequences=n, tokens=lp + lr, head=g.head)
-                elif rollout_engine == "vllm":
-                    host = (rank // g.tp) % g.pp == 0 and rank % g.tp == 0
-                    a = full * (2.0 if host else 1.0)
-                else:
-                    a = inference_activation_bytes(
-                        spec, lay, sequences=n, tokens=lp, head=g.head
-                    ) + kv_cache_bytes(spec, lay, sequences=n, prompt_len=lp, response_len=lr)
-                transient = max(transient, a)
-            out[g.worker(rank)] = float(persistent + transient)
+            engine_rank = pushes and rank % (g.pp * g.tp) == 0  # it also serialises the push
+            out[g.worker(rank)] = float(persistent + max(transient, 2.0 * full if engine_rank else 0.0))
     return out
 
 
