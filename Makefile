@@ -23,7 +23,8 @@ $(VENV)/.dev: $(VENV)/.base
 	$(UNPULL)
 	touch $@
 
-## make demo: plan the bundled PPO examples, calibrate this machine through its engines (quick grid), then run
+## make demo: plan the bundled PPO examples, calibrate this machine through its engines (quick grid, then two
+## in-situ calibration plans through the runtime), then run
 ## the small example's searched plan for two devices (the 2-core machines this targets: one core per device)
 ## on Ray workers (a 21M-parameter Llama: rollouts on vLLM, training on the torch engine) with predictions
 ## from that calibration, and verify it
@@ -37,7 +38,7 @@ demo: $(VENV)/.base
 	@echo
 	$(RPEG) solve ppo-1b-4gpu --cluster 1x1x2 --method sa --max-evaluations 3000 --seed 0 --time-limit 60 --generation-max-pp 1 --no-progress --json out/ppo-1b-2dev.json
 	@echo
-	$(RPEG) calibrate --quick --max-ranks 2 --no-progress --out out/hw-this-machine.json
+	$(RPEG) calibrate --quick --max-ranks 2 --in-situ --in-situ-steps 2 --no-progress --out out/hw-this-machine.json
 	@echo
 	$(RPEG) run out/ppo-1b-2dev.json --steps 3 --scale medium --prompt-len 64 --response-len 64 --rollout-engine vllm --hardware out/hw-this-machine.json --trace out/ppo-1b-2dev.trace.json
 	$(RPEG) verify out/ppo-1b-2dev.trace.json out/ppo-1b-2dev.json

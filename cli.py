@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -407,6 +408,18 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         raise InputError(f"--max-ranks must be at least 2, got {args.max_ranks}")
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads must be a positive integer, got {args.threads}")
+    asked = {n.strip() for n in args.engines.split(",") if n.strip()} - {"none"}
+    if args.in_situ and not asked:
+        raise InputError(
+            "--in-situ scales the engine terms: it needs --engines torch or torch,vllm, not none"
+        )
+    if args.in_situ and "torch" not in asked:
+        raise InputError(
+            f"--in-situ runs the runtime's torch engine for inference and training: --engines {args.engines} "
+            "must include torch"
+        )
+    if args.in_situ_steps < 2:
+        raise InputError(f"--in-situ-steps must be at least 2 (step 0 is warm-up), got {args.in_situ_steps}")
     engines = _calibration_engines(args.engines, args.device)
     report = calibrate(
         device=args.device,
@@ -433,6 +446,19 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         print()
         print(engine_report.table())
         hardware, raw["engines"] = engine_report.hardware, engine_report.to_dict()
+        if args.in_situ:
+            from .runtime.insitu import calibrate_in_situ
+
+            insitu = calibrate_in_situ(
+                hardware,
+                steps=args.in_situ_steps,
+                seed=args.seed,
+                devices=min(2, os.cpu_count() or 1),
+                progress=None if args.no_progress else say,
+            )
+            print()
+            print(insitu.table())
+            hardware, raw["in_situ"] = insitu.hardware, insitu.to_dict()
     hardware.save(args.out)
     print(f"\nwrote {args.out}")
     if args.raw:
@@ -474,9 +500,10 @@ def _calibration_engines(value: str, device: str) -> tuple[str, ...]:
 
 def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     """Add ``rpeg calibrate --out HW.json [--quick] [--device cpu|cuda] [--base PRESET]
-    [--max-ranks N] [--seed N] [--threads N] [--engines torch,vllm|none] [--alone] [--raw RAW.json]
-    [--no-progress]`` to ``sub`` (the measuring: :mod:`rpeg.runtime.measure` and
-    :mod:`rpeg.runtime.engine_calibration`; the fits: :mod:`rpeg.costmodel.fit`)."""
+    [--max-ranks N] [--seed N] [--threads N] [--engines torch,vllm|none] [--alone] [--in-situ]
+    [--in-situ-steps N] [--raw RAW.json] [--no-progress]`` to ``sub`` (the measuring: :mod:`rpeg.runtime.measure` and
+    :mod:`rpeg.runtime.engine_calibration`, :mod:`rpeg.runtime.insitu`; the fits:
+    :mod:`rpeg.costmodel.fit`)."""
     from .runtime.measure import DEVICES
 
     c = sub.add_parser("calibrate", help="measure this machine and write a hardware JSON file")
@@ -508,6 +535,20 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="time the engines with the other cores idle (default: a training loop on each other core, "
         "as when every device of a plan computes)",
+    )
+    c.add_argument(
+        "--in-situ",
+        action="store_true",
+        help="after the engine stage, run two calibration plans through the runtime (Ray workers, the "
+        "engines) and scale each operation class's engine terms to what they measured "
+        "(rpeg.runtime.insitu; minutes)",
+    )
+    c.add_argument(
+        "--in-situ-steps",
+        type=int,
+        default=3,
+        metavar="N",
+        help="steps per in-situ calibration plan (default 3; the first is warm-up)",
     )
     c.add_argument("--raw", metavar="RAW.json", help="also write every sample and fit (rpeg.calibration/1)")
     c.add_argument("--no-progress", action="store_true", help="no stage messages on stderr")

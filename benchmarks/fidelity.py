@@ -23,7 +23,12 @@ are outside it). Writes the ``fidelity`` section of ``benchmarks/RESULTS.md`` an
 ``benchmarks/fidelity.png`` (predicted against measured per operation, log–log, one colour per
 role).
 
+    rpeg calibrate --out benchmarks/hw-this-machine.json --raw benchmarks/hw-this-machine.raw.json \
+        --max-ranks 2 --in-situ
     python benchmarks/fidelity.py --hardware benchmarks/hw-this-machine.json
+
+``--in-situ`` fits the calibration's per-class factors on two runs of its own plans and model
+(:mod:`rpeg.runtime.insitu`: 6 layers × 384, ``Lp = 64``, ``Lr = 96``), not on this benchmark's.
 """
 
 from __future__ import annotations
@@ -151,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     from rpeg.runtime.trace import Trace, expected_graph
 
     hw = load_hardware(args.hardware)
+    in_situ = dict(hw.sources).get("engines.in_situ", "")
     names = [n.strip() for n in args.plans.split(",") if n.strip()]
     unknown = [n for n in names if n not in PLANS]
     if unknown:
@@ -265,10 +271,13 @@ def main(argv: list[str] | None = None) -> None:
             if args.from_traces
             else f"the {len(names)} runs took {elapsed / 60:.1f} min.  "
         ),
-        f"Calibration: `{args.hardware}` (`rpeg calibrate --out {args.hardware} --max-ranks 2`, "
-        f"engine terms generation/inference/training = {engines}, dispatch {hw.dispatch_s * 1e3:.2f} ms; "
+        f"Calibration: `{args.hardware}` (`rpeg calibrate --out {args.hardware} --max-ranks 2"
+        + (" --in-situ" if in_situ else "")
+        + f"`, engine terms generation/inference/training = {engines}, dispatch {hw.dispatch_s * 1e3:.2f} ms; "
         f"F_peak {hw.peak_flops / 1e9:.0f} GFLOP/s, γM {hw.gamma_m:.1f}, γK {hw.gamma_k:.1f}, "
-        f"BW_mem {hw.mem_bandwidth / 1e9:.1f} GB/s; the engine fits are printed by `rpeg calibrate`).  ",
+        f"BW_mem {hw.mem_bandwidth / 1e9:.1f} GB/s; the engine fits are printed by `rpeg calibrate`"
+        + (f"; {in_situ}" if in_situ else "; no in-situ factors")
+        + ").  ",
         f"Workload: PPO, actor/critic/reward 21M-parameter Llamas (scale {args.scale!r}), batch {args.batch}, "
         f"Lp = {args.prompt_len}, Lr = {args.response_len}, on 1x1x2 CPU devices (one core each), "
         f"{args.steps} steps per plan; each run's step 0 (warm-up) is left out.",

@@ -300,9 +300,10 @@ class _Node:
             return 0.0
         return work / (self.n_devices * self.roof.flops(work_per_device, tokens, extra))
 
-    def tp_rounds(self, count: float, nbytes: float) -> float:
-        """``count`` tensor-parallel AllReduces of ``nbytes`` over ``Pt`` at tier 0."""
-        return count * allreduce_time(self.s.tp, nbytes, self.hw.collective[0])
+    def tp_rounds(self, count: float, nbytes: float, link: Link | None = None) -> float:
+        """``count`` tensor-parallel AllReduces of ``nbytes`` over ``Pt`` at tier 0 (on ``link``
+        when given: an engine's own; else the tier-0 collective link)."""
+        return count * allreduce_time(self.s.tp, nbytes, link or self.hw.collective[0])
 
     def pp_rounds(self, count: float, tokens: float) -> float:
         """``count`` pipeline steps of ``n·tokens·d·sb/(Pd·Pt·mb)`` bytes (0 without pipelining)."""
@@ -333,6 +334,7 @@ def _generation_terms(
     rounds = max(0, t1 - max(t0, 1))  # decode steps whose input token is a decoded one
     hw = node.hw
     pre, dec = hw.terms("prefill"), hw.terms("decode")
+    tp_link = hw.tensor_parallel()  # the generation engine's own AllReduce, when calibrated
     t_gemm = t_tp = t_pp = 0.0
     t_over = pre.per_call_s if prefill else dec.per_call_s
     if prefill and prompt_len > 0:
@@ -342,7 +344,7 @@ def _generation_terms(
         sync = hw.weight_sync()
         if sync is not None:
             t_over += sync.alpha + model_params(model, head) * sb * sync.beta
-        t_tp += node.tp_rounds(2 * layers * mb, sequences * prompt_len * d * sb / (dp * mb))
+        t_tp += node.tp_rounds(2 * layers * mb, sequences * prompt_len * d * sb / (dp * mb), tp_link)
         t_pp += node.pp_rounds(mb + pp - 2, prompt_len)
     if steps > 0:
         w = decode_flops(model, sequences=sequences, prompt_len=prompt_len, window=(t0, t1), head=head)
@@ -350,7 +352,7 @@ def _generation_terms(
         kv_reads = node.b * context * 2 * kv_width_per_device(model, tp) * sb * layers
         t_gemm += node.gemm(w, w / (P * mb * steps), 1, kv_reads) / dec.efficiency
         t_over += steps * node.slots * (dec.per_step_s + layers * dec.per_layer_s)
-        t_tp += node.tp_rounds(2 * layers * rounds, sequences * d * sb / dp)
+        t_tp += node.tp_rounds(2 * layers * rounds, sequences * d * sb / dp, tp_link)
         t_pp += node.pp_rounds(rounds * (mb + pp - 2), 1)
     return t_gemm, t_tp, t_pp, t_over
 

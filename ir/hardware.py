@@ -126,7 +126,9 @@ class EngineTerms:
     the link weights take into it (``α + bytes·β`` per weight sync; generation engines) and the
     link of its data-parallel update (training engines): ``(α, β)`` of each of the ReduceScatter
     of the gradients and the AllGather of the parameters as the engine runs them, priced with the
-    ring formulas in place of the tier's ``collective`` link (docs/cost-model.md §2, "Engine
+    ring formulas in place of the tier's ``collective`` link, and the link of its tensor-parallel
+    AllReduces (generation engines: vLLM's own all-reduce between its ranks, in place of the
+    tier-0 ``collective`` link in a generation node's ``T_tp``) (docs/cost-model.md §2, "Engine
     terms")."""
 
     name: str
@@ -136,6 +138,7 @@ class EngineTerms:
     training: OpTerms | None = None
     weight_sync: Link | None = None
     data_parallel: Link | None = None
+    tensor_parallel: Link | None = None
 
     def classes(self) -> tuple[str, ...]:
         """The operation classes this engine has terms for."""
@@ -264,6 +267,12 @@ class Hardware:
         eng = self.engine("training")
         return eng.data_parallel if eng is not None else None
 
+    def tensor_parallel(self) -> Link | None:
+        """The generation engine's tensor-parallel AllReduce link, if it has one (``None``: the
+        tier-0 ``collective`` link prices a generation node's ``T_tp``)."""
+        eng = self.engine("generation")
+        return eng.tensor_parallel if eng is not None else None
+
     def using(self, **roles: str) -> Hardware:
         """A copy whose ``engine_for`` names ``roles`` (``generation="vllm"``); an engine without
         measured terms gives SPEC's terms for its role (``""``).
@@ -301,7 +310,7 @@ class Hardware:
         engines: dict[str, dict[str, object]] = {}
         for e in self.engines:
             entry: dict[str, object] = {c: asdict(getattr(e, c)) for c in e.classes()}
-            for link in ("weight_sync", "data_parallel"):
+            for link in ("weight_sync", "data_parallel", "tensor_parallel"):
                 if getattr(e, link) is not None:
                     entry[link] = asdict(getattr(e, link))
             engines[e.name] = entry
@@ -362,6 +371,9 @@ class Hardware:
                         data_parallel=None
                         if e.data_parallel is None
                         else Link(e.data_parallel.alpha, e.data_parallel.beta),
+                        tensor_parallel=None
+                        if e.tensor_parallel is None
+                        else Link(e.tensor_parallel.alpha, e.tensor_parallel.beta),
                     )
                     for name, e in doc.engines.items()
                 ),
@@ -427,6 +439,7 @@ class _EngineEntry(Strict):
     training: _OpTermsEntry | None = None
     weight_sync: _SyncEntry | None = None
     data_parallel: _SyncEntry | None = None
+    tensor_parallel: _SyncEntry | None = None
 
 
 class _EngineFor(Strict):

@@ -767,7 +767,8 @@ class Controller:
             if g.trains:
                 calls = [((g.gid, r), a.call.remote("publish")) for r, a in enumerate(self.actors[g.gid])]
                 got = [x for x in self.get(calls, f"gathering {g.model}'s final weights") if x]
-                out[g.model] = assemble([(coords[1], pub) for coords, pub in got])
+                full = assemble([(coords[1], pub) for coords, pub in got])
+                out[g.model] = {k: v.clone() for k, v in full.items()}  # owned, writable
         return out
 
     def stop(self) -> None:

@@ -66,6 +66,7 @@ __all__ = [
     "fit_engine_terms",
     "local_worker",
     "measure_data_parallel",
+    "measure_vllm_tp",
     "nnls",
     "op_node",
 ]
@@ -117,6 +118,8 @@ class EngineSample:
     recompute
         The activation recomputation mode a training sample ran with (its forward-equivalents
         ``f`` in the fit).
+    tp
+        Tensor-parallel ranks of a generation (1: the engine's terms; more: its AllReduce link).
     """
 
     engine: str
@@ -130,6 +133,7 @@ class EngineSample:
     nbytes: int = 0
     recompute: str = "none"
     ranks: int = 1
+    tp: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the spec as its fields)."""
@@ -244,6 +248,29 @@ def _generation_features(s: EngineSample, hw: Hardware) -> list[float]:
     return [g_p, g_d, 1.0, float(layers), float(n), float(n * layers)]
 
 
+def _tp_generation(s: EngineSample, hw: Hardware, link: Link) -> float:
+    """A ``tp``-rank generation sample's predicted seconds on ``hw`` with the generation engine's
+    tensor-parallel link set to ``link``."""
+    from ..ir.plan import Strategy
+
+    eng = hw.engine("generation")
+    assert eng is not None
+    tp_hw = replace(
+        hw, engines=tuple(replace(e, tensor_parallel=link) if e is eng else e for e in hw.engines)
+    )
+    lay = Layout(Strategy((1, 1, s.tp), 1, 1, s.tp, 1))
+    size = {"sequences": s.sequences, "prompt_len": s.prompt_len, "response_len": s.response_len}
+    return op_time(s.spec, Role.GENERATION, lay, tp_hw, **size, head=Head(s.head)).total
+
+
+def _tp_features(s: EngineSample, hw: Hardware) -> tuple[list[float], float]:
+    """``([∂t/∂α, ∂t/∂β], T_rest)`` of a ``tp``-rank generation sample on ``hw`` (the fitted
+    one-rank terms): the generation's AllReduces (``2·L`` per prefill microbatch and per decoded
+    token, ring formula) are linear in the link, and ``T_rest`` is the rest of the prediction."""
+    rest = _tp_generation(s, hw, Link(0.0, 0.0))
+    return [_tp_generation(s, hw, Link(1.0, 0.0)) - rest, _tp_generation(s, hw, Link(0.0, 1.0)) - rest], rest
+
+
 def _op_features(s: EngineSample, hw: Hardware) -> tuple[list[float], float]:
     """``([G, 1, f·L], T_rest)`` of an inference or training sample (module docstring)."""
     from ..costmodel.flops import training_passes
@@ -320,7 +347,7 @@ def fit_engine_terms(
     for engine in sorted({s.engine for s in samples}):
         mine = [s for s in samples if s.engine == engine]
         terms: dict[str, Any] = {}
-        gen = [s for s in mine if s.op_class == "generation"]
+        gen = [s for s in mine if s.op_class == "generation" and s.tp == 1]
         if gen:
             rows = [_generation_features(s, base) for s in gen]
             t = [s.seconds for s in gen]
@@ -380,6 +407,29 @@ def fit_engine_terms(
                     cls,
                     {"alpha_s": x[0], "beta_s_per_B": x[1]},
                     len(group),
+                    100 * float(err.mean()),
+                    100 * float(err.max()),
+                )
+            )
+        # tensor parallelism: the one-rank terms fixed, the AllReduce link fitted to the rest
+        multi = [s for s in mine if s.op_class == "generation" and s.tp > 1]
+        if multi and "prefill" in terms:
+            fitted = replace(
+                base,
+                engines=(EngineTerms(engine, prefill=terms["prefill"], decode=terms["decode"]),),
+                engine_for=(engine, "", ""),
+            )
+            feats = [_tp_features(s, fitted) for s in multi]
+            t = [s.seconds for s in multi]
+            y = [s.seconds - rest for s, (_, rest) in zip(multi, feats)]
+            x, err = _weighted_fit([f for f, _ in feats], y, t)
+            terms["tensor_parallel"] = Link(float(x[0]), float(x[1]))
+            fits.append(
+                EngineFit(
+                    engine,
+                    "tensor_parallel",
+                    {"alpha_s": x[0], "beta_s_per_B": x[1]},
+                    len(multi),
                     100 * float(err.mean()),
                     100 * float(err.max()),
                 )
@@ -579,6 +629,59 @@ def measure_vllm(
             pushes = [w._sync_rollouts(version) for version in range(1, repeats + 2)]
             t = statistics.median(p["weight_sync_s"] for p in pushes[1:])
             out.append(EngineSample("vllm", "sync", spec, "lm", 0, 0, 0, t, nbytes=int(pushes[-1]["bytes"])))
+    return out
+
+
+#: vLLM tensor-parallel grid (2 ranks): batches × prompt lengths × response lengths ``N``.
+VLLM_TP_GRID = ((2, 16), (32, 128), (16, 64))
+VLLM_TP_GRID_QUICK = ((8,), (32,), (16,))
+
+
+def measure_vllm_tp(
+    *,
+    tp: int = 2,
+    quick: bool = False,
+    repeats: int = 3,
+    seed: int = 0,
+    scales: Sequence[dict[str, int]] = CALIBRATION_SCALES,
+    progress: Progress | None = None,
+) -> list[EngineSample]:
+    """Time vLLM generations on a ``tp``-rank engine (one core per rank, vLLM's own thread
+    binding), per model of :data:`CALIBRATION_SCALES`, started from that model's seeded weights:
+    what a generation replica's tensor parallelism costs beyond the one-rank terms (its
+    AllReduces; the fit is :func:`fit_engine_terms`'s ``tensor_parallel`` link). Nothing when
+    fewer than ``tp`` cores are allowed. Run it outside :func:`neighbour_load`: the engine takes
+    every core it is given."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from .engines.hf_models import save_checkpoint
+    from .engines.vllm_engine import RolloutEngine
+
+    if len(os.sched_getaffinity(0)) < tp:
+        return []
+    say = progress or (lambda _m: None)
+    batches, prompts, lengths = VLLM_TP_GRID_QUICK if quick else VLLM_TP_GRID
+    out: list[EngineSample] = []
+    for scale in scales:
+        b = _binding(scale, max(batches), max(prompts), max(lengths), seed)
+        spec = _group_spec(b, "actor_gen")
+        say(f"vLLM TP {tp}: starting an engine for {scale}")
+        with local_worker(b, "actor_gen") as w, tempfile.TemporaryDirectory(prefix="rpeg-vllm-tp-") as d:
+            state = {k: v.detach().clone() for k, v in w._weights().items()}
+            save_checkpoint(state, w.group.spec, Path(d), max_positions=max(prompts) + max(lengths))
+            del state
+            engine = RolloutEngine(d, tp=tp, max_model_len=max(prompts) + max(lengths), seed=seed)
+            try:
+                for batch, lp, n in itertools.product(batches, prompts, lengths):
+                    say(f"vLLM TP {tp}: {scale}, batch {batch}, Lp {lp}, N {n}")
+                    rng = np.random.default_rng([seed, batch, lp, n, tp])
+                    ids = rng.integers(0, b.shape.vocab, size=(batch, lp)).tolist()
+                    t = _time_generate(engine, ids, n, repeats)
+                    out.append(EngineSample("vllm", "generation", spec, "lm", batch, lp, n, t, tp=tp))
+            finally:
+                engine.shutdown()
     return out
 
 
@@ -898,6 +1001,8 @@ def calibrate_engines(
             samples += measure_vllm(quick=quick, repeats=repeats, seed=seed, progress=progress)
     if "torch" in engines:  # its two ranks load each other's cores: outside the neighbour load
         samples += measure_data_parallel(quick=quick, repeats=repeats, seed=seed, progress=progress)
+    if "vllm" in engines:  # a 2-rank engine takes both cores: outside the neighbour load too
+        samples += measure_vllm_tp(quick=quick, repeats=repeats, seed=seed, progress=progress)
     dispatch_samples = measure_dispatch(15 if quick else 40) if dispatch else []
     terms, fits = fit_engine_terms(samples, hw)
     names = {e.name for e in terms}

@@ -37,6 +37,7 @@ __all__ = [
     "mape",
     "peak_resident_bytes",
     "private_bytes",
+    "release_freed_memory",
     "resident_bytes",
     "spearman",
     "trace_fidelity",
@@ -70,6 +71,37 @@ def private_bytes() -> int:
         return max(0, int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def release_freed_memory() -> bool:
+    """Hand the C heap's free pages back to the kernel (glibc's ``malloc_trim(0)``); ``False``
+    where there is no glibc.
+
+    A freed tensor below glibc's mmap threshold — which rises to 32 MiB after the first large free
+    — stays in the heap, resident: after a worker gathers and drops a model-sized state (the
+    engine start, a weight push) its resident set keeps that model's size, and the next transient
+    (a received publication) lands on top (measured on a generation TP-2 worker: 84 MiB kept
+    after the engine start's gather, then 90 MiB received). The runtime calls this where a
+    model-sized transient has just been freed; compute-time allocations are left alone.
+    """
+    import ctypes
+    import ctypes.util
+
+    global _LIBC
+    if _LIBC is None:
+        name = ctypes.util.find_library("c")
+        try:
+            lib = ctypes.CDLL(name) if name else None
+            _LIBC = lib if lib is not None and hasattr(lib, "malloc_trim") else False
+        except OSError:
+            _LIBC = False
+    if _LIBC is False:
+        return False
+    _LIBC.malloc_trim(0)
+    return True
+
+
+_LIBC: Any = None
 
 
 class PrivatePeak:

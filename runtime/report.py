@@ -233,10 +233,13 @@ def predicted_memory(binding: Binding, rollout_engine: str = "torch") -> dict[st
     * generation on the torch engine: the prefill's activations and the KV cache; on a vLLM
       engine (``rollout_engine="vllm"``) the activations and the KV cache live in vLLM's own
       processes, and the worker's peak is the weight push: every rank of the replica gathers the
-      full model (``N_m·sb``) and the engine's rank also serialises it into the file the engine
-      reloads (another ``N_m·sb``);
-    * a group serving a model that another group trains installs each new version: it receives
-      the publication and assembles the full model (``N_m·sb``) before it keeps its shard.
+      full model (``N_m·sb``); the engine's rank writes it to the file the engine reloads from
+      the tensors' own memory (safetensors 0.8, installed here, writes through pointers: no
+      serialised copy);
+    * a group serving a model that another group trains installs each new version: it maps the
+      publication from Ray's object store (numpy views, shared pages: not private) and keeps its
+      shard; only when the trainer is tensor parallel does it concatenate the shards into the full
+      model (``N_m·sb``).
     """
     from ..costmodel.layout import Layout
     from ..costmodel.memory import (
@@ -263,8 +266,11 @@ def predicted_memory(binding: Binding, rollout_engine: str = "torch") -> dict[st
         if g.trains:
             persistent += training_state_bytes(spec, lay, g.head) - (MASTER_BYTES * w if g.dp == 1 else 0.0)
         full = model_params(spec, g.head) * sb
-        installs = g.trainable and not g.trains  # new versions arrive from the training group
-        transient, pushes = (full if installs else 0.0), False
+        # a new version arrives from the training group as numpy views of the object store
+        # (shared pages); only a tensor-parallel trainer's shards are concatenated into a copy
+        trainer = next((h for h in binding.groups if h.model == g.model and h.trains), None)
+        installs = g.trainable and not g.trains and trainer is not None and trainer.tp > 1
+        transient = full if installs else 0.0
         for name in g.vertices:
             role = roles[name]
             if role is Role.TRAINING:
@@ -273,15 +279,14 @@ def predicted_memory(binding: Binding, rollout_engine: str = "torch") -> dict[st
             elif role is Role.INFERENCE:
                 a = inference_activation_bytes(spec, lay, sequences=n, tokens=lp + lr, head=g.head)
             elif rollout_engine == "vllm":
-                a, pushes = full, True  # every rank of the replica gathers the full model
+                a = full  # every rank of the replica gathers the full model
             else:
                 a = inference_activation_bytes(
                     spec, lay, sequences=n, tokens=lp, head=g.head
                 ) + kv_cache_bytes(spec, lay, sequences=n, prompt_len=lp, response_len=lr)
             transient = max(transient, a)
         for rank in range(g.size):
-            engine_rank = pushes and rank % (g.pp * g.tp) == 0  # it also serialises the push
-            out[g.worker(rank)] = float(persistent + max(transient, 2.0 * full if engine_rank else 0.0))
+            out[g.worker(rank)] = float(persistent + transient)
     return out
 
 

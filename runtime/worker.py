@@ -48,16 +48,21 @@ from .worker_transfers import WorkerTransfers
 __all__ = ["Worker"]
 
 
-def _footprint_before_model(group: GroupSpec, rollout_engine: str) -> int:
+def _footprint_before_model(group: GroupSpec, rollout_engine: str, hosts_engine: bool) -> int:
     """The process's private resident memory once everything but the model is there — the process
     group, and the libraries the worker's model and engine import (the model family's
-    ``transformers`` modules; ``vllm`` for a vLLM-generating group) — what a node's
-    ``memory_bytes`` is measured against (:func:`~rpeg.runtime.fidelity.private_bytes`)."""
+    ``transformers`` modules; for a vLLM-generating group ``vllm``, and on a rank that hosts the
+    replica's engine the engine client's modules, ``vllm.LLM`` and ``vllm.SamplingParams``: about
+    115 MiB beyond ``import vllm``, which loads them lazily) — what a node's ``memory_bytes`` is
+    measured against (:func:`~rpeg.runtime.fidelity.private_bytes`)."""
     from .engines.hf_models import family_modules
 
     family_modules(group.spec.family)
     if rollout_engine == "vllm" and group.generates:
-        import vllm  # noqa: F401 (imported for its footprint; the engine imports it again)
+        import vllm  # imported for its footprint; the engine imports it again
+
+        if hosts_engine:
+            _ = (vllm.LLM, vllm.SamplingParams)  # the lazy attributes import the engine client
     return private_bytes()
 
 
@@ -130,7 +135,9 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         self.mesh = make_mesh(rank, group.dp, group.pp, group.tp, "cuda" if backend == "nccl" else "cpu")
         lo, hi = stage_layer_ranges(group.spec.layers, group.pp)[self.mesh.p]
         self.layer_range = (lo, hi)
-        self.rss_base = _footprint_before_model(group, rollout_engine)
+        self.rss_base = _footprint_before_model(
+            group, rollout_engine, hosts_engine=self.mesh.p == 0 and self.mesh.t == 0
+        )
         self.memory_peak = PrivatePeak()
         model = StageModel(
             group.spec,

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from .binding import GroupSpec, RunShape
+from .fidelity import release_freed_memory
 from .model import stable_seed
 
 __all__ = ["ROLLOUT_ENGINES", "WorkerRollouts", "check_rollout_layout"]
@@ -147,6 +148,8 @@ class WorkerRollouts:
 
         state = self._full_state()
         if not self._hosts_engine():
+            del state
+            release_freed_memory()
             self.engine_version = 0
             return {}
         shm = Path("/dev/shm")
@@ -156,6 +159,8 @@ class WorkerRollouts:
             )
         )
         save_checkpoint(state, self.group.spec, self.engine_dir, max_positions=self._max_len())
+        del state
+        release_freed_memory()
         env = self._engine_cores()
         with _inherited_affinity(env.get("VLLM_CPU_OMP_THREADS_BIND")):
             self.engine = RolloutEngine(
@@ -194,7 +199,10 @@ class WorkerRollouts:
 
     @torch.no_grad()
     def _full_state(self) -> dict[str, torch.Tensor]:
-        """The replica's full tensors (collective over the TP group for sharded parameters)."""
+        """The replica's full tensors (collective over the TP group for sharded parameters), as
+        copies: serialising a tensor through numpy marks its storage non-resizable, and FSDP2
+        frees its unsharded parameters by resizing their storage (a replicated DTensor's
+        ``full_tensor`` may return its local tensor)."""
         out = {}
         for name, p in self._weights().items():
             out[name] = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
@@ -213,10 +221,14 @@ class WorkerRollouts:
         state = self._full_state()
         self.engine_version = version
         if self.engine is None:
+            del state
+            release_freed_memory()
             return None
         lm = {k: v for k, v in state.items() if not k.startswith("value_head.")}
         sent = state_checksum(lm)
         res = self.engine.update_weights(lm)
+        del state, lm
+        release_freed_memory()
         return {
             "engine": "vllm",
             "weight_sync_s": res["seconds"],

@@ -27,8 +27,9 @@ import torch
 import torch.distributed as dist
 
 from .binding import GroupSpec
+from .fidelity import release_freed_memory
 from .model import StageModel
-from .parallel import FSDPAdam, assemble, local, publication, shard_of
+from .parallel import FSDPAdam, assemble, local, publication, shard_of, shareable
 
 __all__ = ["WorkerTransfers"]
 
@@ -59,7 +60,9 @@ class WorkerTransfers:
         TP rank 0 only) as ``((p, t), publication)``, or ``None``."""
         if self.mesh.d != 0:
             return None
-        return (self.mesh.p, self.mesh.t), publication(self.model, include_replicated=self.mesh.t == 0)
+        return (self.mesh.p, self.mesh.t), shareable(
+            publication(self.model, include_replicated=self.mesh.t == 0)
+        )
 
     def publish_version(
         self, version: int
@@ -76,8 +79,8 @@ class WorkerTransfers:
                 f"worker {self.group.worker(self.rank)} holds version {self.version} and snapshots "
                 f"{sorted(self.snapshots)} of {self.group.model}, not version {version}"
             )
-        return (self.mesh.p, self.mesh.t), publication(
-            self.model, include_replicated=self.mesh.t == 0, weights=snap
+        return (self.mesh.p, self.mesh.t), shareable(
+            publication(self.model, include_replicated=self.mesh.t == 0, weights=snap)
         )
 
     @torch.no_grad()
@@ -93,7 +96,7 @@ class WorkerTransfers:
         import ray
 
         got = [x for x in ray.get(list(pubs)) if x is not None]
-        nbytes = sum(t.numel() * t.element_size() for _, pub in got for t, _ in pub.values())
+        nbytes = sum(t.nbytes for _, pub in got for t, _ in pub.values())
         full = assemble([(coords[1], pub) for coords, pub in got])
         state = self._weights()
         missing = [name for name in state if name not in full]
@@ -117,7 +120,10 @@ class WorkerTransfers:
         t0 = time.perf_counter()
         shards, nbytes = self._shards_of(pubs, version)
         self._write_weights(shards)
-        del shards  # views of the received full tensors: free them before an engine push gathers its own
+        # views of the received tensors (the object store's pages, or a concatenated copy): free
+        # them before an engine push gathers its own
+        del shards
+        release_freed_memory()
         self.version = version
         if self.optimizer is None:  # a training group prunes its own snapshots (see _train)
             self.snapshots.clear()

@@ -169,6 +169,7 @@ def _engines_hw() -> Hardware:
         prefill=OpTerms(0.5, 2e-3, 1e-4, 0.0),
         decode=OpTerms(0.25, 0.0, 5e-5, 1e-3),
         weight_sync=Link(1e-2, 1e-9),
+        tensor_parallel=Link(4e-5, 2e-10),
     )
     torch_ = EngineTerms(
         "torch",
@@ -198,11 +199,13 @@ def test_engine_terms_round_trip_and_lookup(tmp_path):
     doc = json.loads(path.read_text())
     assert doc["format"] == "rpeg.hardware/2"
     assert doc["engine_for"] == {"generation": "vllm", "inference": "torch", "training": "torch"}
-    assert set(doc["engines"]["vllm"]) == {"prefill", "decode", "weight_sync"}
+    assert set(doc["engines"]["vllm"]) == {"prefill", "decode", "weight_sync", "tensor_parallel"}
     back = Hardware.load(path)
     assert back == hw and back.sources == hw.sources
     assert back.terms("decode").per_step_s == 1e-3 and back.terms("training").efficiency == 0.7
     assert back.weight_sync() == Link(1e-2, 1e-9)
+    assert back.tensor_parallel() == Link(4e-5, 2e-10)
+    assert back.using(generation="torch").tensor_parallel() is None
     assert set(doc["engines"]["torch"]) == {"inference", "training", "data_parallel"}
     assert back.data_parallel() == Link(2e-2, 3e-9)
     assert back.using(training="megatron").data_parallel() is None

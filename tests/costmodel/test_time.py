@@ -404,6 +404,27 @@ def test_training_engine_data_parallel_link_prices_intra_node_dp_only():
     )
 
 
+def test_generation_engine_tensor_parallel_link_prices_generation_only():
+    """A generation node's ``T_tp`` — ``2·L`` AllReduces per prefill microbatch and per decoded
+    token — uses the generation engine's own link; inference and training keep the tier-0
+    collective link."""
+    from rpeg.ir.hardware import EngineTerms
+
+    link = Link(4e-5, 2e-10)
+    hw = dataclasses.replace(HW, engines=(EngineTerms("v", tensor_parallel=link),), engine_for=("v", "", ""))
+    layout = make_layout(dp=1, pp=1, tp=2, mb=1)
+    n, lp, lr, d, sb, layers = 8, 24, 8, TINY.hidden, TINY.dtype_bytes, TINY.layers
+    prefill = 2 * layers * (2 * (1 * link.alpha + 0.5 * n * lp * d * sb * link.beta))
+    decode = 2 * layers * (lr - 1) * (2 * (1 * link.alpha + 0.5 * n * d * sb * link.beta))
+    got = op_time(TINY, Role.GENERATION, layout, hw, **SEQ).tp_comm
+    assert got == pytest.approx(prefill + decode)
+    assert op_time(TINY, Role.GENERATION, layout, HW, **SEQ).tp_comm != pytest.approx(got)
+    for role in (Role.INFERENCE, Role.TRAINING):
+        assert op_time(TINY, role, layout, hw, **SEQ).tp_comm == pytest.approx(
+            op_time(TINY, role, layout, HW, **SEQ).tp_comm
+        )
+
+
 def test_dispatch_reaches_comm_and_reshard_nodes():
     hw = dataclasses.replace(HW, dispatch_s=1e-3)
     assert comm_time(1e6, 2, 4, 0, hw) == pytest.approx(comm_time(1e6, 2, 4, 0, HW) + 1e-3)

@@ -48,6 +48,7 @@ def _truth():
             prefill=OpTerms(0.4, per_call_s=3e-3, per_layer_s=2e-4),
             decode=OpTerms(0.2, per_step_s=1.5e-3, per_layer_s=1e-4),
             weight_sync=Link(5e-3, 4e-9),
+            tensor_parallel=Link(3e-5, 2e-10),
         ),
         EngineTerms(
             "torch",
@@ -72,6 +73,11 @@ def _synthetic_samples() -> list[EngineSample]:
         for b, lp, n in [(2, 32, 1), (2, 32, 16), (8, 128, 1), (8, 128, 64), (16, 32, 16), (4, 64, 64)]:
             t = op_time(spec, Role.GENERATION, lay, hw, sequences=b, prompt_len=lp, response_len=n).total
             out.append(EngineSample("vllm", "generation", spec, "lm", b, lp, n, t))
+        # two ranks: the one-rank terms plus the engine's AllReduce link
+        tp2 = Layout(Strategy((1, 1, 2), 1, 1, 2, 1))
+        for b, lp, n in [(2, 32, 16), (16, 128, 64), (8, 32, 1)]:
+            t = op_time(spec, Role.GENERATION, tp2, hw, sequences=b, prompt_len=lp, response_len=n).total
+            out.append(EngineSample("vllm", "generation", spec, "lm", b, lp, n, t, tp=2))
         for b, lp, lr in [(2, 32, 32), (8, 32, 32), (4, 96, 64), (8, 64, 128)]:
             for role, cls in ((Role.INFERENCE, "inference"), (Role.TRAINING, "training")):
                 size = {"sequences": b, "prompt_len": lp, "response_len": lr}
@@ -102,15 +108,15 @@ def test_fits_recover_the_terms_that_timed_the_samples():
                     cls,
                     name,
                 )
-        for link in ("weight_sync", "data_parallel"):
+        for link in ("weight_sync", "data_parallel", "tensor_parallel"):
             want = getattr(truth, link)
             if want is not None:
                 assert getattr(got[truth.name], link).alpha == pytest.approx(want.alpha), link
                 assert getattr(got[truth.name], link).beta == pytest.approx(want.beta), link
     assert all(f.mape < 1e-6 for f in fits)
     assert {(f.engine, f.op_class) for f in fits} == {
-        ("vllm", "generation"), ("vllm", "sync"), ("torch", "inference"), ("torch", "training"),
-        ("torch", "data_parallel"),
+        ("vllm", "generation"), ("vllm", "sync"), ("vllm", "tensor_parallel"), ("torch", "inference"),
+        ("torch", "training"), ("torch", "data_parallel"),
     }  # fmt: skip
 
 
@@ -168,3 +174,26 @@ def test_data_parallel_update_is_measured_on_two_gloo_ranks():
         measure_data_parallel(world=1)
     with pytest.raises(ValueError, match="repeats"):
         measure_data_parallel(repeats=0)
+
+
+def test_vllm_tensor_parallel_generation_is_measured_on_two_ranks():
+    """A real two-rank vLLM engine (one tiny model, the quick grid: one shape): a positive time
+    tagged ``tp = 2``, which the fit turns into the engine's AllReduce link on top of one-rank
+    terms."""
+    import os
+
+    pytest.importorskip("vllm")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("two cores")
+    from rpeg.runtime.engine_calibration import measure_vllm_tp
+
+    tiny = {"layers": 1, "hidden": 64, "heads": 2}  # head size 32: vLLM-CPU's smallest
+    samples = measure_vllm_tp(quick=True, repeats=1, scales=(tiny,))
+    assert len(samples) == 1 and samples[0].tp == 2 and samples[0].seconds > 0
+    one_rank = [
+        s for s in _synthetic_samples() if s.engine == "vllm" and s.op_class == "generation" and s.tp == 1
+    ]
+    terms, fits = fit_engine_terms([*one_rank, *samples], hardware_preset("cpu"))
+    assert terms[0].tensor_parallel is not None and ("vllm", "tensor_parallel") in {
+        (f.engine, f.op_class) for f in fits
+    }

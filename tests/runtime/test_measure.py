@@ -127,6 +127,12 @@ def test_cli_rejects_an_unknown_device(capsys):
             ["--out", "hw.json", "--engines", "torch", "--device", "cuda"],
             "GPU engine calibration is not implemented",
         ),
+        (["--out", "hw.json", "--engines", "none", "--in-situ"], "--in-situ scales the engine terms"),
+        (["--out", "hw.json", "--engines", "vllm", "--in-situ"], "must include torch"),
+        (
+            ["--out", "hw.json", "--in-situ", "--in-situ-steps", "1"],
+            "--in-situ-steps must be at least 2 (step 0 is warm-up), got 1",
+        ),
     ],
 )
 def test_cli_names_a_bad_flag_before_measuring(flags, message, capsys, tmp_path, monkeypatch):

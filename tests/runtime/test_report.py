@@ -87,9 +87,13 @@ def test_predicted_memory_lays_the_cost_models_terms_out_as_the_runtime_holds_th
         spec, lay(g[0]), sequences=n, prompt_len=lp, response_len=lr
     )
     full = 4 * model_params(spec, Head.LM)
-    assert torch_run["g0/r0"] == pytest.approx(4 * w0 + max(gen, full))  # or installing a version
-    assert vllm_run["g0/r0"] == pytest.approx(4 * w0 + 2 * full)  # gather + the serialised file
-    assert vllm_run["g0/r1"] == pytest.approx(4 * w0 + full)
+    # a new version arrives from the actor's trainer (g4, TP 1) as views of the object store: no
+    # private copy; a tensor-parallel trainer's shards would be concatenated into one
+    assert torch_run["g0/r0"] == pytest.approx(4 * w0 + gen)
+    tp_trainer = replace(b, groups=[replace(x, tp=2, dp=1) if x.gid == 4 else x for x in b.groups])
+    assert predicted_memory(tp_trainer)["g0/r0"] == pytest.approx(4 * w0 + max(gen, full))
+    # a weight push: every rank gathers the full model; the engine's rank writes the file from it
+    assert vllm_run["g0/r0"] == vllm_run["g0/r1"] == pytest.approx(4 * w0 + full)
     # g1: reference inference — its parameters and the forward's activations
     w1 = weight_shard_params(spec, 1, 1, Head.LM)
     act = inference_activation_bytes(spec, lay(g[1]), sequences=n, tokens=lp + lr, head=Head.LM)
