@@ -608,6 +608,29 @@ def _time_generate(engine: Any, prompts: list[list[int]], n: int, repeats: int) 
     return statistics.median(times[1:])
 
 
+def _time_grid(
+    engine: Any,
+    spec: ModelSpec,
+    vocab: int,
+    grid: tuple[Sequence[int], Sequence[int], Sequence[int]],
+    repeats: int,
+    seed: int,
+    say: Progress,
+    label: str,
+    tp: int = 1,
+) -> list[EngineSample]:
+    """One vLLM generation sample per (batch, prompt length, ``N``) of ``grid``: seeded random
+    prompts, :func:`_time_generate`'s median; ``say`` hears ``label`` and the shape first."""
+    out = []
+    for batch, lp, n in itertools.product(*grid):
+        say(f"{label}, batch {batch}, Lp {lp}, N {n}")
+        rng = np.random.default_rng([seed, batch, lp, n] + ([tp] if tp > 1 else []))
+        ids = rng.integers(0, vocab, size=(batch, lp)).tolist()
+        t = _time_generate(engine, ids, n, repeats)
+        out.append(EngineSample("vllm", "generation", spec, "lm", batch, lp, n, t, tp=tp))
+    return out
+
+
 def measure_vllm(
     *, quick: bool = False, repeats: int = 3, seed: int = 0, progress: Progress | None = None
 ) -> list[EngineSample]:
@@ -620,12 +643,8 @@ def measure_vllm(
         spec = _group_spec(b, "actor_gen")
         say(f"vLLM: starting an engine for {scale}")
         with local_worker(b, "actor_gen", rollout_engine="vllm") as w:
-            for batch, lp, n in itertools.product(batches, prompts, lengths):
-                say(f"vLLM: {scale}, batch {batch}, Lp {lp}, N {n}")
-                rng = np.random.default_rng([seed, batch, lp, n])
-                ids = rng.integers(0, b.shape.vocab, size=(batch, lp)).tolist()
-                t = _time_generate(w.engine, ids, n, repeats)
-                out.append(EngineSample("vllm", "generation", spec, "lm", batch, lp, n, t))
+            grid = (batches, prompts, lengths)
+            out += _time_grid(w.engine, spec, b.shape.vocab, grid, repeats, seed, say, f"vLLM: {scale}")
             pushes = [w._sync_rollouts(version) for version in range(1, repeats + 2)]
             t = statistics.median(p["weight_sync_s"] for p in pushes[1:])
             out.append(EngineSample("vllm", "sync", spec, "lm", 0, 0, 0, t, nbytes=int(pushes[-1]["bytes"])))
@@ -674,12 +693,10 @@ def measure_vllm_tp(
             del state
             engine = RolloutEngine(d, tp=tp, max_model_len=max(prompts) + max(lengths), seed=seed)
             try:
-                for batch, lp, n in itertools.product(batches, prompts, lengths):
-                    say(f"vLLM TP {tp}: {scale}, batch {batch}, Lp {lp}, N {n}")
-                    rng = np.random.default_rng([seed, batch, lp, n, tp])
-                    ids = rng.integers(0, b.shape.vocab, size=(batch, lp)).tolist()
-                    t = _time_generate(engine, ids, n, repeats)
-                    out.append(EngineSample("vllm", "generation", spec, "lm", batch, lp, n, t, tp=tp))
+                grid = (batches, prompts, lengths)
+                out += _time_grid(
+                    engine, spec, b.shape.vocab, grid, repeats, seed, say, f"vLLM TP {tp}: {scale}", tp
+                )
             finally:
                 engine.shutdown()
     return out
