@@ -469,6 +469,12 @@ def calibrate_in_situ(
                     f"calibrate_in_situ: the {name!r} run's trace does not verify: {rep.problems[:3]}"
                 )
             binding = bind(result, expected_graph(result, steps), steps, seed=seed, **shape)
+            stored = rep.trace.meta.get("predicted_durations") or []
+            if not np.allclose(predict(binding, hw)[0], stored, rtol=1e-9, atol=1e-12):
+                raise RuntimeError(
+                    f"calibrate_in_situ: the {name!r} run's stored predictions differ from the "
+                    "binding's (a bug: the features would not be the run's)"
+                )
             bindings[name] = (binding, rep)
             samples += insitu_samples(name, binding, rep.trace.records, hw)
     finally:
