@@ -42,6 +42,7 @@ __all__ = [
     "resident_bytes",
     "spearman",
     "trace_fidelity",
+    "unmap_large_blocks",
 ]
 
 #: Operation classes of the per-step comparison.
@@ -125,12 +126,31 @@ def map_large_blocks(threshold: int = 1 << 20) -> bool:
     ValueError
         If ``threshold`` is not a positive integer.
     """
+    global _MAPPED
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
         raise ValueError(f"map_large_blocks: threshold must be a positive integer, got {threshold!r}")
     release_freed_memory()  # loads the C library
     if _LIBC is False or not hasattr(_LIBC, "mallopt"):
         return False
-    return bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, threshold))
+    ok = bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, threshold))
+    _MAPPED = threshold if ok else _MAPPED
+    return ok
+
+
+#: glibc's ceiling for its adaptive mmap threshold on 64-bit hosts (``DEFAULT_MMAP_THRESHOLD_MAX``).
+GLIBC_MMAP_THRESHOLD_MAX = 32 << 20
+
+_MAPPED: int | None = None
+
+
+def unmap_large_blocks() -> None:
+    """Undo :func:`map_large_blocks` in a process that set it (a pooled worker process taking a
+    compute-heavy role): the threshold goes to glibc's adaptive ceiling,
+    :data:`GLIBC_MMAP_THRESHOLD_MAX`, where a long-running process's threshold ends up. glibc has
+    no call that restores the adaptive mode itself. Nothing happens in a process that never set it.
+    """
+    if _MAPPED is not None and _MAPPED != GLIBC_MMAP_THRESHOLD_MAX:
+        map_large_blocks(GLIBC_MMAP_THRESHOLD_MAX)
 
 
 class PrivatePeak:

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from ..ir.plan import stage_layer_ranges
 from ..ir.types import Head
 from .binding import GroupSpec, RunShape
-from .fidelity import PrivatePeak, map_large_blocks, private_bytes
+from .fidelity import PrivatePeak, map_large_blocks, private_bytes, unmap_large_blocks
 from .model import StageModel
 from .parallel import FSDPAdam, local, make_mesh
 from .rl import RLConfig
@@ -137,6 +137,8 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         self.layer_range = (lo, hi)
         if rollout_engine == "vllm" and group.generates and not group.trains:
             map_large_blocks()  # its large allocations are weight transfers: return them on free
+        else:
+            unmap_large_blocks()  # a pooled process that served such a worker before
         self.rss_base = _footprint_before_model(
             group, rollout_engine, hosts_engine=self.mesh.p == 0 and self.mesh.t == 0
         )
