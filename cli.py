@@ -453,7 +453,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                 hardware,
                 steps=args.in_situ_steps,
                 seed=args.seed,
-                devices=min(2, os.cpu_count() or 1),
+                devices=min(2, _usable_cores()),
                 progress=None if args.no_progress else say,
             )
             print()
@@ -465,6 +465,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         Path(args.raw).write_text(json.dumps(raw, indent=2, default=float) + "\n")
         print(f"wrote {args.raw}")
     return 0
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS has one, else the count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _calibration_engines(value: str, device: str) -> tuple[str, ...]:

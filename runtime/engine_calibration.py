@@ -666,7 +666,8 @@ def measure_vllm_tp(
     progress: Progress | None = None,
 ) -> list[EngineSample]:
     """Time vLLM generations on a ``tp``-rank engine (one core per rank, vLLM's own thread
-    binding), per model of :data:`CALIBRATION_SCALES`, started from that model's seeded weights:
+    binding), per model of ``scales`` (default :data:`CALIBRATION_SCALES`), started from that
+    model's seeded weights:
     what a generation replica's tensor parallelism costs beyond the one-rank terms (its
     AllReduces; the fit is :func:`fit_engine_terms`'s ``tensor_parallel`` link). Nothing when
     fewer than ``tp`` cores are allowed. Run it outside :func:`neighbour_load`: the engine takes
@@ -688,9 +689,7 @@ def measure_vllm_tp(
         spec = _group_spec(b, "actor_gen")
         say(f"vLLM TP {tp}: starting an engine for {scale}")
         with local_worker(b, "actor_gen") as w, tempfile.TemporaryDirectory(prefix="rpeg-vllm-tp-") as d:
-            state = {k: v.detach().clone() for k, v in w._weights().items()}
-            save_checkpoint(state, w.group.spec, Path(d), max_positions=max(prompts) + max(lengths))
-            del state
+            save_checkpoint(w._full_state(), w.group.spec, Path(d), max_positions=max(prompts) + max(lengths))
             engine = RolloutEngine(d, tp=tp, max_model_len=max(prompts) + max(lengths), seed=seed)
             try:
                 grid = (batches, prompts, lengths)

@@ -75,17 +75,8 @@ def private_bytes() -> int:
         return 0
 
 
-def release_freed_memory() -> bool:
-    """Hand the C heap's free pages back to the kernel (glibc's ``malloc_trim(0)``); ``False``
-    where there is no glibc.
-
-    A freed tensor below glibc's mmap threshold — which rises to 32 MiB after the first large free
-    — stays in the heap, resident: after a worker gathers and drops a model-sized state (the
-    engine start, a weight push) its resident set keeps that model's size, and the next transient
-    (a received publication) lands on top (measured on a generation TP-2 worker: 84 MiB kept
-    after the engine start's gather, then 90 MiB received). The runtime calls this where a
-    model-sized transient has just been freed; compute-time allocations are left alone.
-    """
+def _libc() -> Any:
+    """The C library when it is glibc (it has ``malloc_trim`` and ``mallopt``), else ``None``."""
     import ctypes
     import ctypes.util
 
@@ -94,16 +85,34 @@ def release_freed_memory() -> bool:
         name = ctypes.util.find_library("c")
         try:
             lib = ctypes.CDLL(name) if name else None
-            _LIBC = lib if lib is not None and hasattr(lib, "malloc_trim") else False
         except OSError:
-            _LIBC = False
-    if _LIBC is False:
-        return False
-    _LIBC.malloc_trim(0)
-    return True
+            lib = None
+        glibc = lib is not None and hasattr(lib, "malloc_trim") and hasattr(lib, "mallopt")
+        _LIBC = lib if glibc else False
+    return _LIBC or None
 
 
 _LIBC: Any = None
+
+
+def release_freed_memory() -> bool:
+    """Hand the C heap's free pages back to the kernel (glibc's ``malloc_trim(0)``); ``False``
+    where there is no glibc.
+
+    A freed tensor below glibc's mmap threshold stays in the heap, resident, and the threshold
+    rises to the size of each large block freed (up to 32 MiB): after a worker gathers and drops a
+    model-sized state (the engine start, a weight push) its resident set keeps that model's size,
+    and the next transient (a received publication) lands on top (measured on a generation TP-2
+    worker: 84 MiB kept after the engine start's gather, then 90 MiB received). The runtime calls
+    this where a model-sized transient has just been freed; compute-time allocations are left
+    alone.
+    """
+    lib = _libc()
+    if lib is None:
+        return False
+    lib.malloc_trim(0)
+    return True
+
 
 #: glibc's ``mallopt`` parameter number of the mmap threshold (``M_MMAP_THRESHOLD``).
 _M_MMAP_THRESHOLD = -3
@@ -129,12 +138,11 @@ def map_large_blocks(threshold: int = 1 << 20) -> bool:
     global _MAPPED
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
         raise ValueError(f"map_large_blocks: threshold must be a positive integer, got {threshold!r}")
-    release_freed_memory()  # loads the C library
-    if _LIBC is False or not hasattr(_LIBC, "mallopt"):
+    lib = _libc()
+    if lib is None or not lib.mallopt(_M_MMAP_THRESHOLD, threshold):
         return False
-    ok = bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, threshold))
-    _MAPPED = threshold if ok else _MAPPED
-    return ok
+    _MAPPED = threshold
+    return True
 
 
 #: glibc's ceiling for its adaptive mmap threshold on 64-bit hosts (``DEFAULT_MMAP_THRESHOLD_MAX``).
