@@ -107,15 +107,6 @@ def plan_result(table: dict, staleness: tuple, wl: Workload) -> Result:
     return result_for_plan(wl, cluster, Structure("ppo", False, staleness), table)
 
 
-def measured_memory(records) -> dict[str, float]:
-    """Per worker: the largest ``peak RSS − RSS before the model`` its OP records report (bytes)."""
-    out: dict[str, float] = {}
-    for r in records:
-        for w, b in (r.memory or {}).items():
-            out[w] = max(out.get(w, 0.0), float(b))
-    return out
-
-
 def worker_vertices(trace) -> dict[str, str]:
     """Worker id → the vertices its group runs (from the trace's groups)."""
     out = {}
@@ -150,12 +141,15 @@ def main(argv: list[str] | None = None) -> None:
     import ray
 
     from rpeg.runtime.binding import bind
-    from rpeg.runtime.fidelity import trace_fidelity
+    from rpeg.runtime.fidelity import trace_fidelity, worker_peaks
     from rpeg.runtime.report import predicted_memory
     from rpeg.runtime.runner import run, start_local_ray
     from rpeg.runtime.trace import Trace, expected_graph
 
     hw = load_hardware(args.hardware)
+    mu = hw.using(inference="torch").terms("inference").memory_factor
+    if args.traces:
+        Path(args.traces).mkdir(parents=True, exist_ok=True)
     in_situ = dict(hw.sources).get("engines.in_situ", "")
     names = [n.strip() for n in args.plans.split(",") if n.strip()]
     unknown = [n for n in names if n not in PLANS]
@@ -195,8 +189,8 @@ def main(argv: list[str] | None = None) -> None:
             response_len=args.response_len,
             seed=args.seed,
         )
-        pred_mem = predicted_memory(binding, rollout_engine="vllm")
-        meas_mem = measured_memory(trace.records)
+        pred_mem = predicted_memory(binding, rollout_engine="vllm", forward_factor=mu)
+        meas_mem = worker_peaks(trace.records)
         what = worker_vertices(trace)
         for w in sorted(meas_mem):
             p, m = pred_mem.get(w), meas_mem[w]
@@ -298,7 +292,9 @@ def main(argv: list[str] | None = None) -> None:
         "Peak memory per worker process: predicted — the cost model's memory terms (SPEC §6) laid out as "
         "the runtime's processes hold them (`rpeg.runtime.report.predicted_memory`, docs/runtime.md "
         '"Memory per worker": registered float32 parameters, Adam moments and FSDP2 master shards, '
-        "activations, gradients as FSDP2 stages them, a vLLM replica's weight push) — against measured: the "
+        "activations, gradients as FSDP2 stages them, a vLLM replica's weight push; a no-grad forward pass's "
+        f"activations times the calibrated μ = {mu:.3f}, for the sequences of one node: a length phase's "
+        "share where the plan splits the vertex) — against measured: the "
         "peak of the process's private resident memory (resident less shared pages, sampled every 5 ms) "
         "less its private resident memory once the process group and the libraries were loaded, before it "
         "built its model (what the OP records' `memory` holds). vLLM's engine processes (their weights and "

@@ -100,16 +100,24 @@ class OpTerms:
     per_step_s
         ``c_step``: fixed seconds per decode step per microbatch (scheduler, sampling); the
         prefill counts as one step.
+    memory_factor
+        ``μ > 0``: a no-grad forward pass's peak private memory per byte of SPEC's forward
+        activations (``1``: SPEC's count of the tensors live at once). Used by the runtime's
+        memory prediction of the inference engine's workers
+        (:func:`rpeg.runtime.report.predicted_memory`); fitted by ``rpeg calibrate --in-situ``.
     """
 
     efficiency: float = 1.0
     per_call_s: float = 0.0
     per_layer_s: float = 0.0
     per_step_s: float = 0.0
+    memory_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if not (_is_number(self.efficiency) and self.efficiency > 0):
             raise ValueError(f"OpTerms efficiency must be positive, got {self.efficiency!r}")
+        if not (_is_number(self.memory_factor) and self.memory_factor > 0):
+            raise ValueError(f"OpTerms memory_factor must be positive, got {self.memory_factor!r}")
         for name in ("per_call_s", "per_layer_s", "per_step_s"):
             value = getattr(self, name)
             if not (_is_number(value) and value >= 0):
@@ -425,6 +433,7 @@ class _OpTermsEntry(Strict):
     per_call_s: NonNegative = 0.0
     per_layer_s: NonNegative = 0.0
     per_step_s: NonNegative = 0.0
+    memory_factor: Positive = 1.0
 
 
 class _SyncEntry(Strict):

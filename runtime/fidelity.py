@@ -43,6 +43,7 @@ __all__ = [
     "spearman",
     "trace_fidelity",
     "unmap_large_blocks",
+    "worker_peaks",
 ]
 
 #: Operation classes of the per-step comparison.
@@ -212,6 +213,17 @@ def peak_resident_bytes() -> int:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return max(int(peak) if sys.platform == "darwin" else int(peak) * 1024, resident_bytes())
+
+
+def worker_peaks(records: Sequence[Any]) -> dict[str, float]:
+    """Per worker (``"g{group}/r{rank}"``), the largest ``memory`` its OP records report: the
+    process's private-memory peak less its footprint before the model, bytes (a record's figure is
+    the peak so far, so the largest is the run's)."""
+    out: dict[str, float] = {}
+    for r in records:
+        for w, b in (getattr(r, "memory", None) or {}).items():
+            out[w] = max(out.get(w, 0.0), float(b))
+    return out
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:

@@ -32,6 +32,11 @@ weights into its engine is compared without the push on both sides: the measured
 (``weight_sync_s``) and the predicted sync (the weight-sync link's finite difference) are taken
 off, so the sync link keeps its microbenchmarked value.
 
+The same runs fit the inference engine's forward-memory factor ``μ`` (``OpTerms.memory_factor``,
+:func:`fit_memory_factor`): a worker whose predicted peak is a no-grad forward pass is predicted
+``P_w + μ·A_w`` (:func:`memory_samples`), fitted to its measured peak by least squares on the
+relative error.
+
 The calibration plans (:data:`INSITU_PLANS`) cover both ways a 2-device host runs a PPO step: every
 invocation data parallel over both devices (``spread``), and one device per model group
 (``split``: the actor on device 0, reference, reward and critic on device 1), whose length
@@ -58,11 +63,15 @@ __all__ = [
     "INSITU_SHAPE",
     "InsituCalibration",
     "InsituSample",
+    "MemorySample",
     "apply_factors",
+    "apply_memory_factor",
     "calibrate_in_situ",
     "fit_factors",
+    "fit_memory_factor",
     "insitu_plan",
     "insitu_samples",
+    "memory_samples",
 ]
 
 Progress = Callable[[str], None]
@@ -127,6 +136,33 @@ class InsituSample:
         )
 
 
+@dataclass(frozen=True)
+class MemorySample:
+    """One worker of a calibration run whose predicted peak is linear in ``μ``: ``P_w + μ·A_w``.
+
+    Attributes
+    ----------
+    plan, worker
+        Where it ran (``"g{group}/r{rank}"``).
+    measured
+        ``m_w``: its private-memory peak less its footprint before the model, bytes.
+    rest
+        ``P_w``: predicted bytes that ``μ`` does not scale (parameters, training state).
+    forward
+        ``A_w``: SPEC's forward-activation bytes of its largest no-grad forward pass.
+    """
+
+    plan: str
+    worker: str
+    measured: float
+    rest: float
+    forward: float
+
+    def predicted(self, mu: float) -> float:
+        """``P_w + μ·A_w``."""
+        return self.rest + mu * self.forward
+
+
 @dataclass
 class InsituCalibration:
     """What :func:`calibrate_in_situ` ran and fitted.
@@ -150,6 +186,11 @@ class InsituCalibration:
         Classes the runs could not determine, kept at 1 (:func:`fit_factors`).
     elapsed
         Seconds the runs and the fit took.
+    memory_factor
+        ``μ`` of the inference engine (:func:`fit_memory_factor`); ``None`` when no worker's
+        peak depends on it (it stays at the hardware's value).
+    memory_samples
+        The workers it was fitted to.
     """
 
     hardware: Hardware
@@ -160,6 +201,16 @@ class InsituCalibration:
     plans: dict[str, dict[str, float]] = field(default_factory=dict)
     undetermined: list[str] = field(default_factory=list)
     elapsed: float = 0.0
+    memory_factor: float | None = None
+    memory_samples: list[MemorySample] = field(default_factory=list)
+
+    def memory_mape(self, mu: float) -> float:
+        """Memory MAPE (percent) of :attr:`memory_samples` with ``μ = mu`` (NaN without samples)."""
+        if not self.memory_samples:
+            return float("nan")
+        return 100.0 * statistics.fmean(
+            abs(s.predicted(mu) - s.measured) / s.measured for s in self.memory_samples
+        )
 
     def table(self) -> str:
         """The factors and the samples' MAPE before and after, as text."""
@@ -177,6 +228,14 @@ class InsituCalibration:
             f"operator MAPE of the calibration runs: {self.mape_before:.1f}% with the microbenchmarked "
             f"terms, {self.mape_after:.1f}% with the factors ({len(self.samples)} OP nodes)"
         )
+        if self.memory_factor is None:
+            lines.append("forward memory factor μ: not determined (no worker's peak depends on it)")
+        else:
+            lines.append(
+                f"forward memory factor μ {self.memory_factor:.3f}: memory MAPE of "
+                f"{len(self.memory_samples)} workers {self.memory_mape(1.0):.1f}% with μ = 1, "
+                f"{self.memory_mape(self.memory_factor):.1f}% fitted"
+            )
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -192,6 +251,8 @@ class InsituCalibration:
             "mape_after_pct": self.mape_after,
             "plans": self.plans,
             "samples": [asdict(s) for s in self.samples],
+            "memory_factor": self.memory_factor,
+            "memory_samples": [asdict(s) for s in self.memory_samples],
             "elapsed": self.elapsed,
         }
 
@@ -236,7 +297,13 @@ def insitu_plan(name: str, devices: int = 2) -> Any:
 def _scaled_terms(terms: OpTerms | None, k: float) -> OpTerms | None:
     if terms is None:
         return None
-    return OpTerms(terms.efficiency / k, terms.per_call_s * k, terms.per_layer_s * k, terms.per_step_s * k)
+    return replace(
+        terms,
+        efficiency=terms.efficiency / k,
+        per_call_s=terms.per_call_s * k,
+        per_layer_s=terms.per_layer_s * k,
+        per_step_s=terms.per_step_s * k,
+    )
 
 
 def _scaled_link(link: Link | None, k: float) -> Link | None:
@@ -277,6 +344,25 @@ def apply_factors(hw: Hardware, factors: dict[str, float]) -> Hardware:
                 changes[c] = _scaled_terms(getattr(eng, c), k)
         engines.append(replace(eng, **changes))
     return replace(hw, engines=tuple(engines))
+
+
+def apply_memory_factor(hw: Hardware, mu: float) -> Hardware:
+    """``hw`` with the inference engine's ``memory_factor`` set to ``mu`` (its inference terms
+    created neutral, :data:`~rpeg.ir.hardware.NEUTRAL` but for ``μ``, where it has none).
+
+    Raises
+    ------
+    ValueError
+        If ``mu`` is not positive and finite, or no engine runs inference (``engine_for``).
+    """
+    if not (isinstance(mu, (int, float)) and np.isfinite(mu) and mu > 0):
+        raise ValueError(f"apply_memory_factor: μ must be positive and finite, got {mu!r}")
+    eng = hw.engine("inference")
+    if eng is None:
+        raise ValueError("apply_memory_factor: the hardware names no inference engine (engine_for)")
+    terms = replace(eng.inference or OpTerms(), memory_factor=float(mu))
+    new = replace(eng, inference=terms)
+    return replace(hw, engines=tuple(new if e.name == eng.name else e for e in hw.engines))
 
 
 def _sync_doubled(hw: Hardware) -> Hardware:
@@ -329,6 +415,43 @@ def insitu_samples(plan: str, binding: Any, records: Sequence[Any], hw: Hardware
             continue
         out.append(InsituSample(plan, r.vertex, cls, r.step, measured, predicted - engine - dp, engine, dp))
     return out
+
+
+def memory_samples(
+    plan: str, binding: Any, records: Sequence[Any], rollout_engine: str
+) -> list[MemorySample]:
+    """The workers of one calibration run whose predicted peak is ``P_w + μ·A_w``
+    (:func:`~rpeg.runtime.report.predicted_memory`): read off the prediction at ``μ = 1, 2, 3``
+    as exact differences, ``A_w = p(2) − p(1)``, ``P_w = p(1) − A_w``, kept where ``A_w > 0`` and
+    ``p(3) − p(2) = A_w`` (the forward pass is the worker's peak at every ``μ`` tried: workers
+    whose peak is a training step or a weight gather do not depend on ``μ``). Measured: the
+    records' peaks (:func:`~rpeg.runtime.fidelity.worker_peaks`)."""
+    from .fidelity import worker_peaks
+    from .report import predicted_memory
+
+    p1, p2, p3 = (predicted_memory(binding, rollout_engine, forward_factor=k) for k in (1.0, 2.0, 3.0))
+    peaks = worker_peaks(records)
+    out = []
+    for w in sorted(p1):
+        a = p2[w] - p1[w]
+        if a > 0 and abs((p3[w] - p2[w]) - a) <= 1e-9 * p3[w] and peaks.get(w, 0.0) > 0:
+            out.append(MemorySample(plan, w, peaks[w], p1[w] - a, a))
+    return out
+
+
+def fit_memory_factor(samples: Sequence[MemorySample]) -> float | None:
+    """``μ`` minimising the relative error of the workers' predicted peaks,
+
+        min_μ Σ_w ((P_w + μ·A_w − m_w)/m_w)²  ⇒  μ = Σ_w A_w·(m_w − P_w)/m_w² / Σ_w A_w²/m_w²,
+
+    or ``None`` without samples or when that is not positive (the measured peaks lie below the
+    parameters alone: nothing to scale)."""
+    if not samples:
+        return None
+    num = sum(s.forward * (s.measured - s.rest) / s.measured**2 for s in samples)
+    den = sum(s.forward**2 / s.measured**2 for s in samples)
+    mu = num / den
+    return float(mu) if mu > 0 else None
 
 
 # ---------------------------------------------------------------------------------------------- fit
@@ -453,6 +576,7 @@ def calibrate_in_situ(
     names = INSITU_PLANS if devices == 2 else ("split",)
     started = time.perf_counter()
     samples: list[InsituSample] = []
+    mem_samples: list[MemorySample] = []
     plans: dict[str, dict[str, float]] = {}
     bindings = {}
     own_ray = not ray.is_initialized()
@@ -477,11 +601,15 @@ def calibrate_in_situ(
                 )
             bindings[name] = (binding, rep)
             samples += insitu_samples(name, binding, rep.trace.records, hw)
+            mem_samples += memory_samples(name, binding, rep.trace.records, rollout_engine)
     finally:
         if own_ray:
             ray.shutdown()
     factors, undetermined = fit_factors(samples)
     fitted = apply_factors(hw, factors)
+    mu = fit_memory_factor(mem_samples)
+    if mu is not None:
+        fitted = apply_memory_factor(fitted, mu)
     for name, (binding, rep) in bindings.items():
         after = predict(binding, fitted)[2]
         plans[name] = {
@@ -495,6 +623,11 @@ def calibrate_in_situ(
         f"({', '.join(names)}; {steps} steps, {rollout_engine} rollouts): "
         + ", ".join(f"{c} {k:.3f}" for c, k in factors.items())
         + (f"; not determined, kept at 1: {', '.join(undetermined)}" if undetermined else "")
+        + (
+            f"; forward memory factor {mu:.3f} from {len(mem_samples)} workers' peaks"
+            if mu is not None
+            else "; forward memory factor not determined"
+        )
     )
     fitted = replace(fitted, sources=tuple(sources.items()))
     return InsituCalibration(
@@ -506,4 +639,6 @@ def calibrate_in_situ(
         plans,
         undetermined,
         time.perf_counter() - started,
+        mu,
+        mem_samples,
     )

@@ -211,7 +211,24 @@ def predict(binding: Binding, hardware: Hardware) -> tuple[list[float], list[flo
 MASTER_BYTES = 4
 
 
-def predicted_memory(binding: Binding, rollout_engine: str = "torch") -> dict[str, float]:
+def node_sequences(binding: Binding) -> dict[str, int]:
+    """The most sequences one OP node of each vertex processes: ``n = B'·R'``, or for a vertex
+    the plan splits into response-length phases (rule 1, SPEC §4) the largest phase's share,
+    ``max_q |{i : ℓ_i = t'_q}|`` over the run's response lengths
+    (:meth:`~rpeg.runtime.binding.RunShape.response_lengths`)."""
+    from collections import Counter
+
+    eg, sh = binding.exec_graph, binding.shape
+    largest_phase = max(Counter(sh.response_lengths()).values())
+    split = {eg.vertex[i] for i in range(len(eg.vertex)) if eg.phase[i] > 0}
+    return {
+        v.name: largest_phase if i in split else sh.sequences for i, v in enumerate(binding.graph.vertices)
+    }
+
+
+def predicted_memory(
+    binding: Binding, rollout_engine: str = "torch", *, forward_factor: float = 1.0
+) -> dict[str, float]:
     """Predicted peak bytes per worker process (``"g{group}/r{rank}"``) of the scaled run: the
     cost model's memory terms (SPEC §6, :mod:`rpeg.costmodel.memory`) laid out as the runtime's
     processes hold them (docs/runtime.md, "Memory per worker").
@@ -229,8 +246,9 @@ def predicted_memory(binding: Binding, rollout_engine: str = "torch") -> dict[st
       (:func:`~rpeg.costmodel.memory.training_activation_bytes`) and the gradients: ``W·sb``
       with ``Pd = 1``; ``2·W·sb`` with ``Pd > 1`` (FSDP2 copies the full gradients into a flat
       ReduceScatter buffer before it frees them) — where SPEC's ZeRO-2 charges ``W·sb/Pd``;
-    * inference: the forward activations at ``ℓ``;
-    * generation on the torch engine: the prefill's activations and the KV cache; on a vLLM
+    * inference: ``μ`` times the forward activations at ``ℓ`` of the node's sequences
+      (:func:`node_sequences`: a phase node holds its phase's sequences only);
+    * generation on the torch engine: ``μ`` times the prefill's activations, and the KV cache; on a vLLM
       engine (``rollout_engine="vllm"``) the activations and the KV cache live in vLLM's own
       processes, and the worker's peak is the weight push: every rank of the replica gathers the
       full model (``N_m·sb``); the engine's rank writes it to the file the engine reloads from
@@ -240,7 +258,24 @@ def predicted_memory(binding: Binding, rollout_engine: str = "torch") -> dict[st
       publication from Ray's object store (numpy views, shared pages: not private) and keeps its
       shard; only when the trainer is tensor parallel does it concatenate the shards into the full
       model (``N_m·sb``).
+
+    ``μ`` (``forward_factor``, the hardware's ``memory_factor`` of the inference engine) is the
+    private memory a no-grad forward pass of the torch engine takes per byte of SPEC's forward
+    activations: SPEC counts the tensors live at once, while the process also keeps the C heap's
+    freed blocks that the next allocations do not fit (glibc; about 2–3× on this runtime,
+    docs/runtime.md "Memory per worker"). ``rpeg calibrate --in-situ`` fits it; 1 is SPEC's count.
+
+    Raises
+    ------
+    ValueError
+        If ``forward_factor`` is not positive and finite.
     """
+    if not (
+        isinstance(forward_factor, (int, float)) and math.isfinite(forward_factor) and forward_factor > 0
+    ):
+        raise ValueError(
+            f"predicted_memory: forward_factor must be positive and finite, got {forward_factor!r}"
+        )
     from ..costmodel.layout import Layout
     from ..costmodel.memory import (
         inference_activation_bytes,
@@ -256,6 +291,8 @@ def predicted_memory(binding: Binding, rollout_engine: str = "torch") -> dict[st
     sh = binding.shape
     n, lp, lr = sh.sequences, sh.prompt_len, sh.response_len
     roles = {v.name: v.role for v in binding.graph.vertices}
+    per_node = node_sequences(binding)
+    mu = float(forward_factor)
     out: dict[str, float] = {}
     for g in binding.groups:
         spec = replace(g.spec, dtype_bytes=4)  # the CPU runtime computes in float32
@@ -277,11 +314,13 @@ def predicted_memory(binding: Binding, rollout_engine: str = "torch") -> dict[st
                 grads = w * sb * (2.0 if g.dp > 1 else 1.0)
                 a = training_activation_bytes(spec, lay, sequences=n, tokens=lp + lr) + grads
             elif role is Role.INFERENCE:
-                a = inference_activation_bytes(spec, lay, sequences=n, tokens=lp + lr, head=g.head)
+                a = mu * inference_activation_bytes(
+                    spec, lay, sequences=per_node[name], tokens=lp + lr, head=g.head
+                )
             elif rollout_engine == "vllm":
                 a = full  # every rank of the replica gathers the full model
             else:
-                a = inference_activation_bytes(
+                a = mu * inference_activation_bytes(
                     spec, lay, sequences=n, tokens=lp, head=g.head
                 ) + kv_cache_bytes(spec, lay, sequences=n, prompt_len=lp, response_len=lr)
             transient = max(transient, a)
@@ -383,7 +422,11 @@ def segment_trace(
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "predicted_durations": durations,
             "vertex_roles": roles,
-            "predicted_memory": predicted_memory(binding, getattr(cfg, "rollout_engine", "torch")),
+            "predicted_memory": predicted_memory(
+                binding,
+                getattr(cfg, "rollout_engine", "torch"),
+                forward_factor=hw.terms("inference").memory_factor,
+            ),
             "dispatch_s": hw.dispatch_s,
             "engine_terms": dict(zip(("generation", "inference", "training"), hw.engine_for)),
             "fidelity": fid.to_dict(),

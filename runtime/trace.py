@@ -190,8 +190,10 @@ class TraceRecord:
     engine
         What a rollout engine reported for this node (``rollout_engine="vllm"``): on a weight
         COMM/RESHARD into a generating group, or a generation node that synced first, the weight
-        push (``weight_sync_s``, ``bytes``, ``checksum`` sent, ``rank_checksums`` loaded by every
-        vLLM rank, ``checksums_match``); on a generation node ``generate_s`` and ``tokens``. With
+        push (``weight_sync_s``, the whole push as the worker paid it, ``gathered`` (false where
+        an install pushed the tensors it received) and its parts ``gather_s``, ``checksum_s``, ``engine_s`` (the engine's write and reload) with ``write_s``;
+        ``bytes``, ``checksum`` sent, ``rank_checksums`` loaded by every vLLM rank,
+        ``checksums_match``); on a generation node ``generate_s`` and ``tokens``. With
         several DP replicas: ``{"replicas": [...]}``. Empty otherwise.
     publish_s
         Training OP nodes that publish their new weights: the seconds of ``worker_time`` spent

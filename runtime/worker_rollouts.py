@@ -208,17 +208,27 @@ class WorkerRollouts:
             out[name] = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
         return out
 
-    def _sync_rollouts(self, version: int) -> dict[str, Any] | None:
+    def _sync_rollouts(
+        self, version: int, full: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, Any] | None:
         """Push the model's current weights (version ``version``) into the replica's engine.
 
-        Returns ``{"weight_sync_s", "bytes", "checksum", "rank_checksums", "checksums_match"}`` on
-        the engine's rank, ``None`` elsewhere or when no engine runs here.
+        ``full`` are the replica's full tensors when the caller has them (an install received
+        them); otherwise every rank gathers them (:meth:`_full_state`, collective over the TP
+        group). Returns, on the engine's rank, ``{"weight_sync_s", "gathered", "gather_s",
+        "checksum_s", "engine_s", "write_s", "bytes", "checksum", "rank_checksums",
+        "checksums_match"}``:
+        ``weight_sync_s`` is the whole push as this worker pays it (the gather, the checksum,
+        the file's write and the engine's reload; what the calibration's weight-sync link
+        measures), the others its parts; ``None`` elsewhere or when no engine runs here.
         """
         if self.engine_version is None:
             return None
         from .engines.vllm_engine import state_checksum
 
-        state = self._full_state()
+        t0 = time.perf_counter()
+        state = self._full_state() if full is None else full
+        gathered = time.perf_counter()
         self.engine_version = version
         if self.engine is None:
             del state
@@ -226,12 +236,18 @@ class WorkerRollouts:
             return None
         lm = {k: v for k, v in state.items() if not k.startswith("value_head.")}
         sent = state_checksum(lm)
+        summed = time.perf_counter()
         res = self.engine.update_weights(lm)
         del state, lm
         release_freed_memory()
         return {
             "engine": "vllm",
-            "weight_sync_s": res["seconds"],
+            "weight_sync_s": time.perf_counter() - t0,
+            "gathered": full is None,
+            "gather_s": gathered - t0,
+            "checksum_s": summed - gathered,
+            "engine_s": res["seconds"],
+            "write_s": res.get("write_seconds", 0.0),
             "bytes": res["bytes"],
             "version": version,
             "checksum": sent,

@@ -90,9 +90,12 @@ class WorkerTransfers:
         self.snapshots[version] = {k: t.clone() for k, t in self._shards_of(pubs, version)[0].items()}
         return {"version": version}
 
-    def _shards_of(self, pubs: list, version: int) -> tuple[dict[str, torch.Tensor], int]:
+    def _shards_of(
+        self, pubs: list, version: int
+    ) -> tuple[dict[str, torch.Tensor], int, dict[str, torch.Tensor]]:
         """This rank's shard of every tensor in the publications ``pubs`` (object refs of
-        :meth:`publish` results) of ``version``, and the bytes received."""
+        :meth:`publish` results) of ``version``, the bytes received, and the full tensors of this
+        rank's stage (views of the object store where a piece arrived whole)."""
         import ray
 
         got = [x for x in ray.get(list(pubs)) if x is not None]
@@ -105,9 +108,8 @@ class WorkerTransfers:
                 f"worker {self.group.worker(self.rank)}: published weights of version {version} lack "
                 f"{missing[:3]}"
             )
-        return {
-            name: shard_of(full[name], p, self.group.tp, self.mesh.t) for name, p in state.items()
-        }, nbytes
+        shards = {name: shard_of(full[name], p, self.group.tp, self.mesh.t) for name, p in state.items()}
+        return shards, nbytes, {name: full[name] for name in state}
 
     @torch.no_grad()
     def install(self, pubs: list, version: int) -> dict[str, Any]:
@@ -118,17 +120,20 @@ class WorkerTransfers:
         bytes received and the time spent.
         """
         t0 = time.perf_counter()
-        shards, nbytes = self._shards_of(pubs, version)
+        shards, nbytes, full = self._shards_of(pubs, version)
         self._write_weights(shards)
-        # views of the received tensors (the object store's pages, or a concatenated copy): free
-        # them before an engine push gathers its own
-        del shards
+        push = full if self.engine_version is not None else None  # only an engine needs them
+        del shards, full
         release_freed_memory()
         self.version = version
         if self.optimizer is None:  # a training group prunes its own snapshots (see _train)
             self.snapshots.clear()
         out: dict[str, Any] = {"bytes": nbytes, "version": version}
-        sync = self._sync_rollouts(version)  # a generating group's vLLM engine takes the new weights
+        # a generating group's vLLM engine takes the new weights: the full tensors just received
+        # (views of the object store, or a TP trainer's concatenated shards), which are exactly
+        # what the parameters now hold — no gather over the replica's TP ranks
+        sync = self._sync_rollouts(version, push) if push is not None else None
+        del push
         if sync is not None:
             out["engine"] = sync
         out["worker_time"] = time.perf_counter() - t0

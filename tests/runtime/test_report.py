@@ -110,3 +110,63 @@ def test_predicted_memory_lays_the_cost_models_terms_out_as_the_runtime_holds_th
     train = training_activation_bytes(spec, lay(g[4]), sequences=n, tokens=lp + lr) + 2 * 4 * w1
     for r in (0, 1):
         assert torch_run[f"g4/r{r}"] == pytest.approx(4 * w1 + 12 * w1 / 2 + train)
+
+
+def test_forward_factor_scales_only_no_grad_forward_activations(small_binding):
+    """``μ`` multiplies the activations of inference and torch-engine prefill, not parameters,
+    training or a vLLM weight push; it must be positive."""
+    from dataclasses import replace
+
+    from rpeg.costmodel.layout import Layout
+    from rpeg.costmodel.memory import inference_activation_bytes
+    from rpeg.ir.plan import Strategy
+    from rpeg.ir.types import Head
+    from rpeg.runtime.report import predicted_memory
+
+    b = small_binding
+    g1 = next(g for g in b.groups if g.gid == 1)  # the reference model's inference group
+    lay = Layout(Strategy((1, 1, g1.size), g1.dp, g1.pp, g1.tp, g1.mb))
+    spec = replace(g1.spec, dtype_bytes=4)
+    act = inference_activation_bytes(
+        spec, lay, sequences=b.shape.sequences, tokens=b.shape.prompt_len + b.shape.response_len, head=Head.LM
+    )
+    base, scaled = predicted_memory(b), predicted_memory(b, forward_factor=2.5)
+    assert scaled["g1/r0"] - base["g1/r0"] == pytest.approx(1.5 * act)
+    assert scaled["g0/r0"] > base["g0/r0"]  # torch-engine generation: the prefill's activations
+    for w in ("g4/r0", "g4/r1"):  # training: no forward-only pass
+        assert scaled[w] == base[w]
+    vllm, vllm_scaled = predicted_memory(b, "vllm"), predicted_memory(b, "vllm", forward_factor=2.5)
+    assert vllm_scaled["g0/r0"] == vllm["g0/r0"]  # the peak is the weight push
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="forward_factor must be positive"):
+            predicted_memory(b, forward_factor=bad)
+
+
+def test_a_phase_node_holds_its_phase_s_sequences_only():
+    """Where the plan splits a vertex into length phases (a generation feeding inference on
+    another device), its nodes' activations are those of the largest phase's sequences."""
+    from collections import Counter
+
+    from rpeg.runtime.insitu import insitu_plan
+    from rpeg.runtime.report import node_sequences, predicted_memory
+
+    shape = {"scale": "tiny", "batch": 8, "prompt_len": 8, "response_len": 16}
+    split, spread = insitu_plan("split"), insitu_plan("spread")
+    b_split = bind(split, expected_graph(split, 2), 2, **shape)
+    b_spread = bind(spread, expected_graph(spread, 2), 2, **shape)
+    n = b_split.shape.sequences
+    largest = max(Counter(b_split.shape.response_lengths()).values())
+    assert 0 < largest < n  # the run shape has several length phases
+    assert node_sequences(b_split)["ref_inf"] == largest
+    assert node_sequences(b_split)["actor_train"] == n  # training is never split
+    assert set(node_sequences(b_spread).values()) == {n}  # colocated: no phases
+    # the reference worker's activations scale with the phase's sequences, not the step's
+    ref = next(g for g in b_split.groups if "ref_inf" in g.vertices).worker(0)
+    one, two = predicted_memory(b_split), predicted_memory(b_split, forward_factor=2.0)
+    act = two[ref] - one[ref]
+    ref_spread = next(g for g in b_spread.groups if "ref_inf" in g.vertices).worker(0)
+    act_spread = (
+        predicted_memory(b_spread, forward_factor=2.0)[ref_spread] - predicted_memory(b_spread)[ref_spread]
+    )
+    # spread: DP 2, n/2 sequences per rank; split: DP 1, one phase's
+    assert act / act_spread == pytest.approx(largest / (n / 2))

@@ -51,6 +51,9 @@ def test_weight_sync_after_every_update_with_matching_checksums(vllm_run):
         assert f["checksums_match"], f
         assert f["rank_checksums"] == [f["checksum"]] * len(f["rank_checksums"])
         assert f["bytes"] > 0 and f["weight_sync_s"] > 0
+        assert f["gathered"]  # the colocated trainer gathers its full tensors for the push
+        parts = f["gather_s"] + f["checksum_s"] + f["engine_s"]
+        assert f["write_s"] <= f["engine_s"] and parts <= f["weight_sync_s"] * (1 + 1e-9)
     assert report.weight_sync_s[0] is None and all(x is not None for x in report.weight_sync_s[1:])
 
 
@@ -60,6 +63,29 @@ def test_logprob_gap_between_vllm_and_trainer_stays_small(vllm_run):
     assert len(gaps) == STEPS and all(g is not None for g in gaps), gaps
     assert max(gaps) <= GAP_MAX, gaps
     assert "logp gap" in report.summary()
+
+
+#: The actor generates on device 0 (one vLLM engine) and trains on device 1 with the other models.
+SPLIT = {
+    v: ((0, 0, 0 if v == "actor_gen" else 1), (1, 1, 1), 1, 1, 1, 1)
+    for v in ("actor_gen", "ref_inf", "reward_inf", "critic_inf", "actor_train", "critic_train")
+}
+
+
+def test_a_generation_group_fed_by_another_pushes_what_it_received(clean_run):
+    """Each new version reaches the engine at the weight transfer into the generation group,
+    pushed from the tensors the install received (no gather), and the engine then generates with
+    exactly the trainer's weights."""
+    result = hand(workload("ppo"), "1x1x2", SPLIT, (("actor", 0), ("critic", 0)))
+    report = clean_run(result, steps=STEPS, scale="base", rollout_engine="vllm")
+    assert report.problems == []
+    pushes = [(r, f) for r in report.trace.records for f in _facts(r) if "weight_sync_s" in f]
+    assert sorted(f["version"] for _, f in pushes) == list(range(1, STEPS))
+    for r, f in pushes:
+        assert r.kind != "op" and r.vertex == "actor_gen", r  # at the transfer, not the node
+        assert f["checksums_match"] and not f["gathered"], f
+    gaps = report.logprob_gaps
+    assert all(g is not None for g in gaps) and max(gaps) <= GAP_MAX, gaps
 
 
 def test_vllm_refuses_pipelined_generation_before_any_worker_starts(ray_session):
