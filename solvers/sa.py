@@ -145,6 +145,8 @@ def configure(
         candidates=candidates,
         evaluate_many=evaluate_many,
         progress=progress,
+        adaptive_moves="adaptive_moves" not in off,
+        halving="structure_halving" not in off,
     )
 
 

@@ -2,7 +2,19 @@
 temperature schedules, move kernels, budgets, and the annealing driver."""
 
 from .acceptance import Acceptance, Greedy, Metropolis
-from .anneal import ABLATIONS, T_INIT, T_WARM, Anneal, Outcome, Raw, SearchSpace, default_moves, evaluate_raw
+from .anneal import (
+    ABLATIONS,
+    T_INIT,
+    T_WARM,
+    Anneal,
+    MoveWeights,
+    Outcome,
+    Raw,
+    SearchSpace,
+    default_moves,
+    evaluate_raw,
+    halving_rounds,
+)
 from .moves import Move, MoveContext, PairMove, RecomputeMove, SingleMove
 from .parallel import ProcessEvaluator
 from .stop import Budget
@@ -21,6 +33,7 @@ __all__ = [
     "Metropolis",
     "Move",
     "MoveContext",
+    "MoveWeights",
     "Outcome",
     "PairMove",
     "ProcessEvaluator",
@@ -31,4 +44,5 @@ __all__ = [
     "Temperature",
     "default_moves",
     "evaluate_raw",
+    "halving_rounds",
 ]

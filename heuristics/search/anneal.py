@@ -1,17 +1,21 @@
 """The RPEG optimizer: structural outer loop, multi-start simulated annealing, polish (SPEC §8).
 
-For every structural candidate ``y = (ac, τ)`` (its share of the budget: wall-clock split evenly
-over the variants still to run, or an equal number of uncached evaluations each) chains of
-proposal rounds run:
+The budget goes to the structural candidates ``y = (ac, τ)`` by successive halving
+(:func:`halving_rounds`): ``R = ⌈log₂ n⌉ + 1`` rounds each get an equal part of the budget
+(wall-clock or uncached evaluations), split evenly over the structures still in the race; after a
+round, the better half (by the best feasible score each has found) goes on. Every structure is
+searched early, and the last rounds go to the best. In each structure's turn chains of proposal
+rounds run:
 
-1. a move kernel proposes up to ``Kx = 6`` neighbours (pair move with probability 0.28, a
-   recomputation flip of one training invocation with probability 0.10, else a single move whose
-   vertex comes from the critical path with probability 0.6);
+1. a move kernel proposes up to ``Kx = 6`` neighbours (pair move with prior probability 0.28, a
+   recomputation flip of one training invocation with 0.10, else a single move whose vertex comes
+   from the critical path with probability 0.6); the kernels' probabilities adapt to what they
+   have paid (:class:`MoveWeights`, as adaptive large-neighbourhood search does);
 2. the proposals are evaluated (uncached ones in parallel when ``workers > 1``) and the best is
    accepted by the acceptance rule at the chain's temperature;
-3. a chain ends after 10 consecutive rejections; the first chain of a structure starts from the
-   concurrent baseline at ``t_init``, later ones from one of the 3 best feasible plans of the same
-   vertex set (shared across staleness variants) at ``t_warm``.
+3. a chain ends after 10 consecutive rejections; a structure's first chain starts from its
+   concurrent baseline at ``t_init``, later ones (in this round or the next) from one of the 3 best
+   feasible plans of the same vertex set (shared across staleness variants) at ``t_warm``.
 
 Finally the best feasible plan is polished: deterministic coordinate descent over the vertices and
 their whole directories (every strategy at every aligned origin) until a pass improves nothing.
@@ -43,7 +47,16 @@ from .moves import Move, MoveContext, PairMove, RecomputeMove, SingleMove
 from .stop import Budget
 from .temperature import Constant, Temperature
 
-__all__ = ["ABLATIONS", "Anneal", "Outcome", "Raw", "SearchSpace", "default_moves"]
+__all__ = [
+    "ABLATIONS",
+    "Anneal",
+    "MoveWeights",
+    "Outcome",
+    "Raw",
+    "SearchSpace",
+    "default_moves",
+    "halving_rounds",
+]
 
 #: Switches of SPEC §8's ablation list, as accepted by ``ablate=``.
 ABLATIONS = (
@@ -56,6 +69,8 @@ ABLATIONS = (
     "polish",
     "soft_penalty",  # hard rejection of memory-infeasible proposals instead
     "constant_temperature",  # geometric cooling instead
+    "adaptive_moves",  # the kernels' prior probabilities throughout
+    "structure_halving",  # one turn per structure with an even split of the budget
 )
 
 T_INIT = 0.01
@@ -65,6 +80,82 @@ W_SINGLE, W_PAIR, W_RECOMPUTE = 0.62, 0.28, 0.10
 T_WARM = 0.03
 STALE_ROUNDS = 50  # rounds without a new evaluation that end a chain
 STALE_CHAINS = 20  # chains without a new evaluation that end a structure
+
+#: Adaptive move weights (:class:`MoveWeights`): reaction ``ρ`` of the smoothed reward and the
+#: rewards of a round whose best proposal is a new best plan, improves on the chain's current
+#: plan, is accepted without improving, or is rejected.
+MOVE_REACTION = 0.1
+MOVE_REWARDS = (3.0, 2.0, 0.5, 0.0)
+#: Each kernel keeps at least this share of its prior probability.
+MOVE_FLOOR = 0.2
+
+
+def halving_rounds(n: int) -> list[int]:
+    """Structures still in the race in each round of successive halving over ``n`` structures:
+    ``n, ⌈n/2⌉, ⌈n/4⌉, …, 1`` (``R = ⌈log₂ n⌉ + 1`` rounds; one round for ``n = 1``).
+
+    Raises
+    ------
+    ValueError
+        If ``n < 1``.
+    """
+    if n < 1:
+        raise ValueError(f"halving_rounds: n must be at least 1, got {n!r}")
+    out = [n]
+    while out[-1] > 1:
+        out.append(math.ceil(out[-1] / 2))
+    return out
+
+
+class MoveWeights:
+    """Adaptive probabilities of the move kernels (the weight adaptation of adaptive
+    large-neighbourhood search, Ropke & Pisinger 2006).
+
+    Kernel ``m`` with prior weight ``w_m`` is drawn with probability ``∝ w_m·a_m``; its gain
+    ``a_m`` (1 at first) follows the rewards ``σ`` of the rounds it proposed,
+    ``a_m ← (1 − ρ)·a_m + ρ·σ/σ̄``, with ``σ̄`` the mean reward of all rounds so far (so the gains
+    stay near 1), floored at :data:`MOVE_FLOOR`.
+
+    Parameters
+    ----------
+    weights
+        The kernels' prior weights (positive).
+    reaction
+        ``ρ`` in ``(0, 1]``.
+    """
+
+    def __init__(self, weights: Sequence[float], reaction: float = MOVE_REACTION) -> None:
+        if not weights or any(not w > 0 for w in weights):
+            raise ValueError(f"MoveWeights: weights must be positive, got {list(weights)!r}")
+        if not 0.0 < reaction <= 1.0:
+            raise ValueError(f"MoveWeights: reaction must be in (0, 1], got {reaction!r}")
+        self.prior = [float(w) for w in weights]
+        self.gain = [1.0] * len(self.prior)
+        self.reaction = reaction
+        self._reward_sum = 0.0
+        self._rounds = 0
+
+    def weights(self) -> list[float]:
+        """``w_m·max(a_m, floor)`` per kernel."""
+        return [w * max(a, MOVE_FLOOR) for w, a in zip(self.prior, self.gain)]
+
+    def draw(self, rng: Random) -> int:
+        """A kernel index, drawn in proportion to :meth:`weights`."""
+        ws = self.weights()
+        x = rng.random() * sum(ws)
+        for i, w in enumerate(ws):
+            x -= w
+            if x < 0:
+                return i
+        return len(ws) - 1
+
+    def reward(self, m: int, sigma: float) -> None:
+        """Record a round of kernel ``m`` that earned ``sigma``."""
+        self._reward_sum += sigma
+        self._rounds += 1
+        mean = self._reward_sum / self._rounds
+        rel = sigma / mean if mean > 0 else 1.0
+        self.gain[m] = (1.0 - self.reaction) * self.gain[m] + self.reaction * rel
 
 
 def default_moves(
@@ -266,6 +357,12 @@ class Anneal:
         Evaluates a list of ``(space index, plan)``; default evaluates in this process.
     progress
         Called about twice a second with a dict of live figures.
+    adaptive_moves
+        Adapt the kernels' probabilities to their rewards (:class:`MoveWeights`); else draw
+        them with the prior ``moves`` weights throughout.
+    halving
+        Share the budget over the structures by successive halving (:func:`halving_rounds`);
+        else one turn each, an even split of what remains.
     """
 
     def __init__(
@@ -296,6 +393,8 @@ class Anneal:
         candidates: int | None = None,
         evaluate_many: Callable[[list[tuple[int, Plan]]], list[Raw]] | None = None,
         progress: Callable[[dict[str, Any]], None] | None = None,
+        adaptive_moves: bool = True,
+        halving: bool = True,
     ) -> None:
         if objective not in ("throughput", "throughput-util"):
             raise ValueError(f"objective must be 'throughput' or 'throughput-util', got {objective!r}")
@@ -322,6 +421,7 @@ class Anneal:
         self.do_polish = polish
         self.polish_share = polish_share if polish else 0.0
         self.soft_penalty = soft_penalty
+        self.halving = halving
         ys = list(structures_) if structures_ is not None else structures(workload)
         if not ys:
             raise ValueError("no structural candidate to search")
@@ -346,6 +446,11 @@ class Anneal:
         self._last_progress = 0.0
         self._label = ""
         self._active: Budget | None = None  # the sub-budget being spent
+        self.adaptive_moves = adaptive_moves
+        self.move_weights = MoveWeights([w for w, _ in self.moves])
+        self.space_best: dict[int, float] = {}  # best feasible score per structure
+        self.rounds: list[list[int]] = []  # the structures searched in each halving round
+        self._started: set[int] = set()  # structures whose first chain has run
 
     # ------------------------------------------------------------------ scoring
     def score(self, raw: Raw) -> float:
@@ -403,6 +508,8 @@ class Anneal:
         if not raw.feasible:
             return
         s = self.score(raw)
+        if s > self.space_best.get(si, -math.inf):
+            self.space_best[si] = s
         if self.best is None or s > self.best[0]:
             self.best = (s, si, plan, raw)
             self.history.append((self.budget.elapsed(), self.budget.used, raw.throughput))
@@ -476,23 +583,33 @@ class Anneal:
         raw = first[0][1]
         score = self.score(raw)
         ctx = MoveContext(space.dirs, self.cluster, list(raw.critical))
-        total_weight = sum(w for w, _ in self.moves)
+        weights = self.move_weights
+        prior_total = sum(w for w, _ in self.moves)
         rejected = stale = 0
         while rejected < self.max_rejections and stale < STALE_ROUNDS and not self._out_of_budget():
-            x = rng.random() * total_weight
-            move = self.moves[-1][1]
-            for w, m in self.moves:
-                x -= w
-                if x < 0:
-                    move = m
-                    break
-            proposals = move.propose(rng, current, ctx, self.proposals)
+            if self.adaptive_moves:
+                k = weights.draw(rng)
+            else:
+                x = rng.random() * prior_total
+                k = len(self.moves) - 1
+                for i, (w, _) in enumerate(self.moves):
+                    x -= w
+                    if x < 0:
+                        k = i
+                        break
+            proposals = self.moves[k][1].propose(rng, current, ctx, self.proposals)
             before = self.budget.used
+            best_before = self.best[0] if self.best is not None else -math.inf
             evaluated = self.evaluate(si, proposals) if proposals else []
+            sigma = MOVE_REWARDS[3]
             if evaluated:
                 scores = [self.score(r) for _, r in evaluated]
                 best_i = max(range(len(scores)), key=scores.__getitem__)
                 if self.acceptance(rng, score, scores[best_i], t):
+                    if self.best is not None and self.best[0] > best_before:
+                        sigma = MOVE_REWARDS[0]
+                    else:
+                        sigma = MOVE_REWARDS[1] if scores[best_i] > score else MOVE_REWARDS[2]
                     (current, raw), score = evaluated[best_i], scores[best_i]
                     ctx.critical = list(raw.critical)
                     rejected = 0
@@ -500,6 +617,8 @@ class Anneal:
                     rejected += 1
             else:
                 rejected += 1
+            if proposals and self.adaptive_moves:
+                weights.reward(k, sigma)
             stale = stale + 1 if self.budget.used == before else 0
             t = schedule.step()
 
@@ -511,17 +630,16 @@ class Anneal:
             seed = self.seed_plan(si)
         except Infeasible:
             return
-        first = True
         idle = 0
         while not self._out_of_budget() and idle < STALE_CHAINS:
             before = self.budget.used
             elites = self.elites.get(space.vertex_key, [])
-            if first or not (self.warm_restarts and elites):
+            if si not in self._started or not (self.warm_restarts and elites):
                 self.chain(si, seed, self.t_init)
             else:
                 _, _, plan, _ = elites[self.rng.randrange(len(elites))]
                 self.chain(si, plan, self.t_warm)
-            first = False
+            self._started.add(si)
             idle = idle + 1 if self.budget.used == before else 0
 
     def polish(self) -> None:
@@ -559,12 +677,7 @@ class Anneal:
                     if baselines := sp.baselines():
                         self.evaluate(si, baselines)
                     break
-            n = len(self.spaces)
-            for i in range(n):
-                self._active = self.budget.sub(1.0 / (n - i), reserve)
-                if self._active is None:
-                    break
-                self.search_structure(i)
+            self._allocate(reserve)
             self._active = None
             if self.do_polish:
                 self.polish()
@@ -576,6 +689,31 @@ class Anneal:
             return Outcome(None, None, None, self.budget.used, interrupted, self._explain(), self.history)
         _, si, plan, raw = self.best
         return Outcome(self.spaces[si], plan, raw, self.budget.used, interrupted, "", self.history)
+
+    def _allocate(self, reserve: float) -> None:
+        """Spend the budget (less the polish's ``reserve``) on the structures: successive halving
+        (module docstring), or with ``halving=False`` one turn each with an even split of what
+        remains.
+
+        Structure ``j`` (0-based) of a round that ``k`` structures run, with ``r`` rounds left
+        including this one, gets ``1/(r·k − j)`` of what remains when its turn starts: an equal
+        ``1/(r·k)`` of the round's start when every turn spends its share, and a turn that ends
+        early (a fully explored structure) leaves its rest to the turns after it.
+        """
+        n = len(self.spaces)
+        sizes = halving_rounds(n) if self.halving else [n]
+        alive = list(range(n))
+        for r, k in enumerate(sizes):
+            if r > 0:  # the better half goes on (ties: the earlier structure)
+                ranked = sorted(alive, key=lambda si: (-self.space_best.get(si, -math.inf), si))
+                alive = sorted(ranked[:k])
+            self.rounds.append(list(alive))
+            left = len(sizes) - r
+            for j, si in enumerate(alive):
+                self._active = self.budget.sub(1.0 / (left * len(alive) - j), reserve)
+                if self._active is None:
+                    return
+                self.search_structure(si)
 
     def _explain(self) -> str:
         space = self.spaces[0]

@@ -18,9 +18,11 @@ from rpeg.heuristics.search import (
     Geometric,
     Greedy,
     Metropolis,
+    MoveWeights,
     PairMove,
     Raw,
     SingleMove,
+    halving_rounds,
 )
 from rpeg.ir import Plan, structures
 from rpeg.scoring import Evaluator, build_directories
@@ -196,7 +198,12 @@ def test_each_ablation_switches_its_mechanism(example):
         "polish",
         "soft_penalty",
         "constant_temperature",
+        "adaptive_moves",
+        "structure_halving",
     }
+    assert default.adaptive_moves and default.halving
+    assert not configure(p, max_evaluations=10, ablate=["adaptive_moves"]).adaptive_moves
+    assert not configure(p, max_evaluations=10, ablate=["structure_halving"]).halving
 
 
 def test_ablated_results_show_the_switch(example):
@@ -384,3 +391,82 @@ def test_default_moves_weigh_pair_as_spec_and_include_the_flip():
     assert weights == {"SingleMove": 0.62, "PairMove": 0.28, "RecomputeMove": 0.10}
     assert not any(isinstance(m, PairMove) for _, m in default_moves(pair=False))
     assert any(isinstance(m, RecomputeMove) for _, m in default_moves(pair=False))
+
+
+# ------------------------------------------------------------------------------ budget allocation
+def test_halving_rounds():
+    assert halving_rounds(1) == [1]
+    assert halving_rounds(2) == [2, 1]
+    assert halving_rounds(6) == [6, 3, 2, 1]
+    assert halving_rounds(9) == [9, 5, 3, 2, 1]
+    with pytest.raises(ValueError, match="at least 1"):
+        halving_rounds(0)
+
+
+def test_halving_searches_every_structure_then_the_better_half(example):
+    """Round 1 runs every structure; each later round keeps the better half by the best score a
+    structure has found; the turns of a round get equal evaluation budgets; the last structure
+    standing is the best plan's."""
+    spent: list[tuple[int, int]] = []
+    search = configure(_problem(example), max_evaluations=3000)
+    original = search.search_structure
+
+    def spy(si):
+        before = search.budget.used
+        original(si)
+        spent.append((si, search.budget.used - before))
+
+    search.search_structure = spy
+    outcome = search.run()
+    n = len(search.spaces)
+    assert [len(r) for r in search.rounds] == halving_rounds(n)
+    assert search.rounds[0] == list(range(n))
+    for prev, cur in zip(search.rounds, search.rounds[1:]):
+        assert set(cur) <= set(prev)
+        worst_kept = min(search.space_best.get(si, -math.inf) for si in cur)
+        assert all(search.space_best.get(si, -math.inf) <= worst_kept for si in set(prev) - set(cur))
+    assert outcome.space is search.spaces[search.rounds[-1][0]]
+    # round 1: n turns of about (3000·(1 − polish share)/R)/n evaluations each
+    first = [e for _, e in spent[:n]]
+    share = 3000 * (1 - search.polish_share) / len(search.rounds) / n
+    assert all(e <= share + 1 for e in first) and max(first) >= share - search.proposals
+
+
+def test_without_halving_each_structure_gets_one_turn(example):
+    seen: list[int] = []
+    search = configure(_problem(example), max_evaluations=600, ablate=["structure_halving"])
+    original = search.search_structure
+    search.search_structure = lambda si: (seen.append(si), original(si))
+    search.run()
+    assert seen == list(range(len(search.spaces))) and search.rounds == [seen]
+
+
+def test_move_weights_follow_the_rewards():
+    mw = MoveWeights([0.6, 0.3, 0.1], reaction=0.5)
+    assert mw.weights() == pytest.approx([0.6, 0.3, 0.1])
+    for _ in range(20):  # kernel 1 keeps paying, kernel 0 never does
+        mw.reward(1, 3.0)
+        mw.reward(0, 0.0)
+    w = mw.weights()
+    assert w[1] / 0.3 > 1.5 and w[0] == pytest.approx(0.6 * 0.2)  # floored at MOVE_FLOOR
+    assert w[2] == pytest.approx(0.1)  # not drawn: its prior stays
+    rng = Random(0)
+    draws = [mw.draw(rng) for _ in range(2000)]
+    assert draws.count(1) > draws.count(0)
+    for bad in ([], [1.0, 0.0]):
+        with pytest.raises(ValueError, match="weights must be positive"):
+            MoveWeights(bad)
+    with pytest.raises(ValueError, match="reaction"):
+        MoveWeights([1.0], reaction=0.0)
+
+
+def test_adaptive_moves_change_the_draws_but_stay_deterministic(example):
+    a = configure(_problem(example), max_evaluations=800)
+    a.run()
+    assert a.move_weights.gain != [1.0] * len(a.moves)  # the rewards moved the gains
+    b = configure(_problem(example), max_evaluations=800)
+    b.run()
+    assert a.move_weights.gain == b.move_weights.gain and a.best[2] == b.best[2]
+    fixed = configure(_problem(example), max_evaluations=800, ablate=["adaptive_moves"])
+    fixed.run()
+    assert fixed.move_weights.gain == [1.0] * len(fixed.moves)
