@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -281,6 +281,21 @@ class Hardware:
         eng = self.engine("generation")
         return eng.tensor_parallel if eng is not None else None
 
+    def with_engine(self, engine: EngineTerms) -> Hardware:
+        """A copy whose engine of ``engine.name`` is ``engine`` (terms replaced, not merged).
+
+        Raises
+        ------
+        ValueError
+            If the hardware has no engine of that name.
+        """
+        if all(e.name != engine.name for e in self.engines):
+            raise ValueError(
+                f"Hardware.with_engine: no engine {engine.name!r} "
+                f"(engines: {', '.join(e.name for e in self.engines) or 'none'})"
+            )
+        return replace(self, engines=tuple(engine if e.name == engine.name else e for e in self.engines))
+
     def using(self, **roles: str) -> Hardware:
         """A copy whose ``engine_for`` names ``roles`` (``generation="vllm"``); an engine without
         measured terms gives SPEC's terms for its role (``""``).
@@ -299,8 +314,6 @@ class Hardware:
         chosen = list(self.engine_for)
         for role, engine in roles.items():
             chosen[ENGINE_ROLES.index(role)] = engine if engine in names else ""
-        from dataclasses import replace
-
         return replace(self, engine_for=tuple(chosen))  # type: ignore[arg-type]
 
     @property

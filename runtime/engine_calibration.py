@@ -255,9 +255,7 @@ def _tp_generation(s: EngineSample, hw: Hardware, link: Link) -> float:
 
     eng = hw.engine("generation")
     assert eng is not None
-    tp_hw = replace(
-        hw, engines=tuple(replace(e, tensor_parallel=link) if e is eng else e for e in hw.engines)
-    )
+    tp_hw = hw.with_engine(replace(eng, tensor_parallel=link))
     lay = Layout(Strategy((1, 1, s.tp), 1, 1, s.tp, 1))
     size = {"sequences": s.sequences, "prompt_len": s.prompt_len, "response_len": s.response_len}
     return op_time(s.spec, Role.GENERATION, lay, tp_hw, **size, head=Head(s.head)).total

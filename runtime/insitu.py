@@ -360,17 +360,16 @@ def apply_memory_factor(hw: Hardware, mu: float) -> Hardware:
     eng = hw.engine("inference")
     if eng is None:
         raise ValueError("apply_memory_factor: the hardware names no inference engine (engine_for)")
-    terms = replace(eng.inference or OpTerms(), memory_factor=float(mu))
-    new = replace(eng, inference=terms)
-    return replace(hw, engines=tuple(new if e.name == eng.name else e for e in hw.engines))
+    return hw.with_engine(
+        replace(eng, inference=replace(eng.inference or OpTerms(), memory_factor=float(mu)))
+    )
 
 
 def _sync_doubled(hw: Hardware) -> Hardware:
     eng = hw.engine("generation")
     if eng is None or eng.weight_sync is None:
         return hw
-    doubled = replace(eng, weight_sync=_scaled_link(eng.weight_sync, 2.0))
-    return replace(hw, engines=tuple(doubled if e.name == eng.name else e for e in hw.engines))
+    return hw.with_engine(replace(eng, weight_sync=_scaled_link(eng.weight_sync, 2.0)))
 
 
 def _roles(binding: Any) -> dict[str, str]:

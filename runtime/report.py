@@ -262,7 +262,7 @@ def predicted_memory(
     ``μ`` (``forward_factor``, the hardware's ``memory_factor`` of the inference engine) is the
     private memory a no-grad forward pass of the torch engine takes per byte of SPEC's forward
     activations: SPEC counts the tensors live at once, while the process also keeps the C heap's
-    freed blocks that the next allocations do not fit (glibc; about 2–3× on this runtime,
+    freed blocks that the next allocations do not fit (glibc; 2.4–3.1× measured on this runtime,
     docs/runtime.md "Memory per worker"). ``rpeg calibrate --in-situ`` fits it; 1 is SPEC's count.
 
     Raises

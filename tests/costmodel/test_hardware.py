@@ -1,5 +1,6 @@
 """Bundled hardware presets and the hardware JSON format."""
 
+import dataclasses
 import json
 
 import pytest
@@ -216,6 +217,13 @@ def test_engine_terms_round_trip_and_lookup(tmp_path):
     assert back.using(generation="megatron").engine_for[0] == ""
     with pytest.raises(ValueError, match="unknown role"):
         back.using(decoding="vllm")
+    # one engine's terms replaced by name, the others and the roles kept
+    vllm = back.engine("generation")
+    swapped = back.with_engine(dataclasses.replace(vllm, weight_sync=Link(0.0, 2e-9)))
+    assert swapped.weight_sync() == Link(0.0, 2e-9) and swapped.engine_for == back.engine_for
+    assert swapped.engine("training") == back.engine("training")
+    with pytest.raises(ValueError, match="no engine 'megatron'"):
+        back.with_engine(dataclasses.replace(vllm, name="megatron"))
 
 
 def test_presets_have_neutral_engine_terms():
