@@ -1,9 +1,12 @@
-"""Search speed: uncached plan evaluations per second of the whole SA search (SPEC §8, §13).
+"""Search speed: uncached plan evaluations per second of the whole SA search (SPEC §8, §13), and
+what the compiled evaluator buys in plan quality (issue 15).
 
-The RPEG optimizer (``solve(..., method="sa")``) runs for a fixed wall-clock budget on the five
-configurations of the RPEG paper's Table X (GH200 preset, PPO, Lp = 128, Lr = 384), once with
-``workers=1`` (one process: the per-core figure) and once with ``workers=2`` (the driver plus two
-evaluating processes on this 2-core machine: the total figure, per core = total / 2). An
+The RPEG optimizer (``solve(..., method="sa")``) runs for fixed wall-clock budgets (default 10 s
+and 60 s) on the five configurations of the RPEG paper's Table X (GH200 preset, PPO, Lp = 128,
+Lr = 384), with each evaluator backend (``RPEG_EVALUATOR=compiled`` and ``=python``, the
+pure-Python reference; both score every plan identically, so only the speed differs) and each
+worker count (default ``workers=1``: one process, the per-core figure; ``workers=2`` is the
+driver plus two evaluating processes on this 2-core machine, per core = total / 2). An
 evaluation is one uncached plan evaluation as counted by the search budget (cache hits are not
 counted); the rate is evaluations / the search's whole runtime (set-up, chains, polish, and the
 worker start-up with ``workers=2``). Paper: ~220K/200K/160K/105K/75K evaluations in 600 s on 6
@@ -14,12 +17,14 @@ average is printed with every row.
 
 Run from the repository root::
 
-    python benchmarks/search_speed.py [--seconds 30] [--workers 1 2] [--quick] [--no-write]
+    python benchmarks/search_speed.py [--seconds 10 60] [--backends compiled python] [--workers 1]
+                                      [--quick] [--no-write]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import time
@@ -51,89 +56,112 @@ def cpu_seconds() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=30.0, help="time limit per search (default 30)")
-    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts (default 1 2)")
+    ap.add_argument(
+        "--seconds", type=float, nargs="+", default=[10.0, 60.0], help="time limits (default 10 60)"
+    )
+    ap.add_argument("--backends", nargs="+", default=["compiled", "python"], choices=["compiled", "python"])
+    ap.add_argument("--workers", type=int, nargs="+", default=[1], help="worker counts (default 1)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="10 s per search")
+    ap.add_argument("--quick", action="store_true", help="10 s per search, compiled only")
     ap.add_argument("--no-write", action="store_true", help="print only; do not update RESULTS.md")
     args = ap.parse_args(argv)
-    seconds = 10.0 if args.quick else args.seconds
+    limits = [10.0] if args.quick else args.seconds
+    backends = ["compiled"] if args.quick else args.backends
     header = (
-        "| GPUs | topology | A/C/R | B | workers | runtime s | evaluations | evals/s total | evals/s per core | "
-        "paper per core | ours / paper per core | target ≥ 10× | CPU s | evals per CPU-s | "
-        "per CPU-s / paper | best tok/s | load (1 min) |"
+        "| GPUs | topology | A/C/R | B | evaluator | limit s | workers | runtime s | evaluations | evals/s total | "
+        "evals/s per core | paper per core | ours / paper per core | target ≥ 10× | CPU s | evals per CPU-s | "
+        "best tok/s | load (1 min) |"
     )
-    lines = [header, "|" + "---|" * 17]
+    lines = [header, "|" + "---|" * 18]
     print(header, flush=True)
     t_start = time.perf_counter()
-    ratios: dict[int, list[float]] = {w: [] for w in args.workers}
-    cpu_ratios: dict[int, list[float]] = {w: [] for w in args.workers}
-    totals: dict[int, list[float]] = {w: [] for w in args.workers}
-    for gpus, shape, a, c, r, B in CONFIGS:
-        w = _bench.ppo(a, c, r, B, 128, 384, name=f"tableX-{gpus}")
-        cl = _bench.cluster(shape)
-        paper = PAPER_EVALS_600S[gpus] / PAPER_CORE_SECONDS
-        for workers in args.workers:
-            cpu0 = cpu_seconds()
-            res = rpeg.solve(w, cl, method="sa", time_limit=seconds, seed=args.seed, workers=workers)
-            cpu = cpu_seconds() - cpu0
-            total = res.evaluations / res.runtime_s
-            cores = min(workers, MACHINE_CORES)
-            per_core = total / cores
-            ratio = per_core / paper
-            ratios[workers].append(ratio)
-            totals[workers].append(total)
-            cpu_ratios[workers].append(res.evaluations / cpu / paper)
-            line = (
-                f"| {gpus} | {shape} | {a}/{c}/{r} | {B} | {workers} | {res.runtime_s:.1f} | "
-                f"{res.evaluations:,} | {total:,.0f} | {per_core:,.0f} | {paper:.0f} | {ratio:.1f}× | "
-                f"{'met' if ratio >= TARGET_FACTOR else 'not met'} | {cpu:.1f} | "
-                f"{res.evaluations / cpu:,.0f} | {res.evaluations / cpu / paper:.1f}× | {res.throughput:,.0f} | "
-                f"{_bench.load().split('/')[0]} |"
-            )
-            print(line, flush=True)
-            lines.append(line)
+    ratios: dict[tuple, list[float]] = {}
+    rows: dict[tuple, tuple[float, float]] = {}  # (gpus, limit, workers, backend) -> (evals/s, best)
+    before = os.environ.get("RPEG_EVALUATOR")
+    try:
+        for gpus, shape, a, c, r, B in CONFIGS:
+            w = _bench.ppo(a, c, r, B, 128, 384, name=f"tableX-{gpus}")
+            cl = _bench.cluster(shape)
+            paper = PAPER_EVALS_600S[gpus] / PAPER_CORE_SECONDS
+            for seconds in limits:
+                for workers in args.workers:
+                    for backend in backends:
+                        os.environ["RPEG_EVALUATOR"] = backend  # read by every evaluator, workers too
+                        cpu0 = cpu_seconds()
+                        res = rpeg.solve(
+                            w, cl, method="sa", time_limit=seconds, seed=args.seed, workers=workers
+                        )
+                        cpu = cpu_seconds() - cpu0
+                        total = res.evaluations / res.runtime_s
+                        per_core = total / min(workers, MACHINE_CORES)
+                        ratio = per_core / paper
+                        ratios.setdefault((backend, workers), []).append(ratio)
+                        rows[(gpus, seconds, workers, backend)] = (total, res.throughput)
+                        line = (
+                            f"| {gpus} | {shape} | {a}/{c}/{r} | {B} | {backend} | {seconds:g} | {workers} | "
+                            f"{res.runtime_s:.1f} | {res.evaluations:,} | {total:,.0f} | {per_core:,.0f} | "
+                            f"{paper:.0f} | {ratio:.1f}× | {'met' if ratio >= TARGET_FACTOR else 'not met'} | "
+                            f"{cpu:.1f} | {res.evaluations / cpu:,.0f} | {res.throughput:,.0f} | "
+                            f"{_bench.load().split('/')[0]} |"
+                        )
+                        print(line, flush=True)
+                        lines.append(line)
+    finally:
+        if before is None:
+            os.environ.pop("RPEG_EVALUATOR", None)
+        else:
+            os.environ["RPEG_EVALUATOR"] = before
     wall = time.perf_counter() - t_start
     summary = []
-    for workers, rs in ratios.items():
+    for (backend, workers), rs in ratios.items():
         met = sum(x >= TARGET_FACTOR for x in rs)
         summary.append(
-            f"workers={workers}: {min(rs):.1f}×–{max(rs):.1f}× the paper per core; target ≥ 10× met on "
-            f"{met}/{len(rs)} configurations by wall time; by CPU time {min(cpu_ratios[workers]):.1f}×–"
-            f"{max(cpu_ratios[workers]):.1f}× ({sum(x >= TARGET_FACTOR for x in cpu_ratios[workers])}/{len(rs)} met)"
+            f"{backend}, workers={workers}: {min(rs):.1f}×–{max(rs):.1f}× the paper per core "
+            f"(target ≥ 10× met on {met}/{len(rs)} runs)"
         )
-    if 1 in totals and 2 in totals:
-        summary.append(
-            "total rate with workers=2 / workers=1: "
-            + ", ".join(f"{g} GPUs {totals[2][i] / totals[1][i]:.2f}" for i, (g, *_) in enumerate(CONFIGS))
-            + " (below 1: the extra processes do not pay on this shared 2-core machine)"
-        )
-    print("\n" + "\n".join(summary) + f"\nwall time {wall:.0f} s")
+    gains = []
+    if {"compiled", "python"} <= set(backends):
+        gains = [
+            "| GPUs | limit s | workers | evals/s compiled / python | best tok/s compiled / python |",
+            "|---|---|---|---|---|",
+        ]
+        for gpus, *_ in CONFIGS:
+            for seconds in limits:
+                for workers in args.workers:
+                    (ec, bc), (ep, bp) = (
+                        rows[(gpus, seconds, workers, "compiled")],
+                        rows[(gpus, seconds, workers, "python")],
+                    )
+                    gains.append(
+                        f"| {gpus} | {seconds:g} | {workers} | {ec / ep:.2f}× | {bc / bp - 1:+.2%} |"
+                    )
+    print("\n" + "\n".join([*summary, "", *gains]) + f"\nwall time {wall:.0f} s")
     if not args.no_write:
         _bench.write_section(
             "search_speed",
             [
-                "## Search speed (evaluations per second of the whole SA search)",
+                "## Search speed (evaluations per second of the whole SA search), compiled vs pure-Python evaluator",
                 "",
                 f"Command: `{_bench.command('search_speed.py', argv)}` — {_bench.machine()}; "
                 f"wall time {wall:.0f} s.",
                 "",
-                f'`solve(..., method="sa", time_limit={seconds:g}, seed={args.seed}, workers=N)` on the five '
-                "RPEG-paper Table X configurations (PPO, Lp = 128, Lr = 384, GH200 preset). Evaluations = "
-                "uncached plan evaluations counted by the search budget; rate = evaluations / whole runtime "
-                "(set-up, chains, polish and, for N = 2, worker start-up). Per core: the N = 1 rate, or the "
-                "N = 2 rate / 2 (this machine has 2 cores; N = 2 means a driver plus 2 evaluating processes). "
-                "Paper per core = evaluations in 600 s / (600 s × 6 cores). **Core contention:** the 2 cores "
-                "are shared with other work running at the same time (load average column, 1 min, taken "
-                "after each run; a load above 2 means the search got less than a full core), so these "
-                "rates are lower bounds of what an idle machine gives. The CPU-time columns divide by the CPU "
-                "seconds the search's processes actually got (driver plus joined workers), a figure that "
-                "depends much less on the load: evaluations per CPU-second approximates what one fully available core "
-                "would do.",
+                f'`solve(..., method="sa", time_limit=T, seed={args.seed}, workers=N)` on the five '
+                "RPEG-paper Table X configurations (PPO, Lp = 128, Lr = 384, GH200 preset), with the compiled "
+                "evaluator and with the pure-Python reference (`RPEG_EVALUATOR`), one run after the other. "
+                "Both score every plan identically; a search is deterministic in its seed for a given number "
+                "of evaluations, so under a time limit the backend decides only how many evaluations fit. "
+                "Evaluations = uncached plan evaluations counted by the search budget; rate = evaluations / "
+                "whole runtime (set-up, chains, polish). Paper per core = evaluations in 600 s / (600 s × 6 "
+                "cores). **Core contention:** the 2 cores are shared with other work (load average column, "
+                "1 min, after each run); evaluations per CPU-second depend much less on it.",
                 "",
                 *lines,
                 "",
                 "Target (≥ 10× the paper's evaluations per core-second): " + "; ".join(summary) + ".",
+                "",
+                "What the compiled evaluator buys, per configuration and limit (same run):",
+                "",
+                *gains,
             ],
         )
     return 0

@@ -14,7 +14,14 @@ Instances: PPO with Llama-3.1-8B actor, critic and reward (and reference) on H20
 Per instance: DAG size; the greedy planning time and its parts, each the median of ``--repeat``
 runs on a fresh DAG: **DAG build** (``transition_dag`` from the two EMU collections), **costs**
 (``primitive_times`` and ``gpu_capacities``), **schedule** (``greedy_schedule``) and their sum,
-the **total** the ≤ 2 ms target is read against; for reference, the front door
+the **total** the ≤ 2 ms target is read against (the DAG, costs and schedule run in numba-compiled
+cores on index tables; the script waits for them to be loaded, ``warm_up(wait=True)``, which
+compiles them or loads them from the on-disk cache, before the timed runs and reports that wait
+apart: until they are ready the planner takes the pure-Python reference instead of waiting); in
+the same runs the
+**reference** pure-Python implementation of the same three parts (``transition_dag_reference``,
+``primitive_times`` and ``gpu_capacities`` on its DAG, ``greedy_schedule_reference``), whose
+schedule must be identical, and the speed-up ``reference / total``; the front door
 ``plan_transition(..., method="greedy")`` from the two Plans, which adds ``emus_of``, the
 critical path and the result object; L_tran of the greedy schedule; and for CP-SAT and MILP
 (HiGHS) their length, bound, status and runtime under ``--limit`` seconds. Gaps compare the
@@ -40,9 +47,9 @@ from _bench import command, machine, write_section
 
 from rpeg import Cluster, Workload, hardware_preset, model_preset
 from rpeg.costmodel.transition import gpu_capacities, primitive_times
-from rpeg.heuristics.transition import greedy_schedule
+from rpeg.heuristics.transition import greedy_schedule, greedy_schedule_reference, warm_up
 from rpeg.ir import build_graph
-from rpeg.ir.emu import emus_of, transition_dag
+from rpeg.ir.emu import emus_of, transition_dag, transition_dag_reference
 from rpeg.ir.plan import Choice, Plan
 from rpeg.scoring.candidates import make_strategy
 from rpeg.solvers.transition import plan_transition
@@ -105,11 +112,19 @@ def greedy_time(cluster: Cluster, cur: Plan, tgt: Plan, repeat: int) -> tuple[di
     """Median seconds of the greedy plan's parts (module docstring) and the greedy L_tran."""
     a = emus_of(cur, cluster, graph=GRAPH)
     b = emus_of(tgt, cluster, graph=GRAPH)
-    parts: dict[str, list[float]] = {"dag": [], "costs": [], "schedule": [], "total": [], "front door": []}
+    parts: dict[str, list[float]] = {
+        "dag": [],
+        "costs": [],
+        "schedule": [],
+        "total": [],
+        "front door": [],
+        "reference": [],
+    }
     for _ in range(repeat):
         t0 = time.perf_counter()
         dag = transition_dag(a, b)
         t1 = time.perf_counter()
+        assert dag.flat is not None  # the compiled path is the one timed
         dur = primitive_times(dag, cluster)
         caps = gpu_capacities(dag, cluster)
         t2 = time.perf_counter()
@@ -117,8 +132,12 @@ def greedy_time(cluster: Cluster, cur: Plan, tgt: Plan, repeat: int) -> tuple[di
         t3 = time.perf_counter()
         tp = plan_transition(cur, tgt, cluster, graph=GRAPH, method="greedy")
         t4 = time.perf_counter()
-        assert tp.ends == s.ends
-        for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t3 - t0, t4 - t3)):
+        ref_dag = transition_dag_reference(a, b)
+        ref_dur = primitive_times(ref_dag, cluster)
+        ref = greedy_schedule_reference(ref_dag, ref_dur, gpu_capacities(ref_dag, cluster))
+        t5 = time.perf_counter()
+        assert tp.ends == s.ends and ref == s and ref_dur == dur  # identical schedules
+        for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t3 - t0, t4 - t3, t5 - t4)):
             parts[k].append(v)
     return {k: statistics.median(v) for k, v in parts.items()}, s.length
 
@@ -133,10 +152,11 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     sizes = [32, 64] if args.quick else list(SHAPES)
     limit = 5.0 if args.quick else args.limit
+    first_call = _first_call()
     rows = []
     header = (
         "| GPUs | transition | primitives (S/M/E/D, res. edges) | greedy ms: total (DAG + costs + schedule) "
-        "| plan_transition ms | greedy L_tran s | CP-SAT L_tran s (bound, status, s) | greedy gap vs CP-SAT "
+        "| reference ms (speed-up) | plan_transition ms | greedy L_tran s | CP-SAT L_tran s (bound, status, s) | greedy gap vs CP-SAT "
         "| MILP L_tran s (bound, status, s) | greedy gap vs MILP |"
     )
     print(header)
@@ -155,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
             counts = "/".join(str(dag.count(k)) for k in ("split", "merge", "extend", "destroy"))
             cells = [str(n), name, f"{len(dag)} ({counts}, {len(dag.resource_edges)})"]
             cells += [
-                f"{ms['total']:.1f} ({ms['dag']:.1f} + {ms['costs']:.1f} + {ms['schedule']:.1f})",
+                f"{ms['total']:.2f} ({ms['dag']:.2f} + {ms['costs']:.2f} + {ms['schedule']:.2f})",
+                f"{ms['reference']:.1f} ({ms['reference'] / ms['total']:.1f}×)",
                 f"{ms['front door']:.1f}",
                 f"{g_len:.3f}",
             ]
@@ -188,22 +209,27 @@ def main(argv: list[str] | None = None) -> None:
         "median of its own, so the parts need not add up to the total exactly; "
         '`plan_transition` = the front door `plan_transition(cur, tgt, cluster, method="greedy")` from the '
         "two Plans (adds `emus_of`, the critical path and the result). The gap compares the greedy schedule "
-        "on the engine's ticks with the engine's optimum (or its bound when not proven).",
+        "on the engine's ticks with the engine's optimum (or its bound when not proven). The greedy parts "
+        "run in numba-compiled cores; `reference` = the pure-Python implementation of the same three parts "
+        "(`transition_dag_reference`, the costs on its DAG, `greedy_schedule_reference`) timed in the same "
+        "runs, with identical schedules (asserted), and the speed-up reference / total. Loading the cores "
+        "in the process (`warm_up(wait=True)`: compiling them, or loading them from numba's on-disk cache; "
+        "a planner call made meanwhile takes the reference path instead of waiting) took "
+        f"{first_call:.2f} s before the timed runs and is not in the medians.",
         "",
         header,
-        "|" + "---|" * 10,
+        "|" + "---|" * 11,
         *rows,
         "",
-        f"Targets: greedy ≤ 2 ms at 1,024 GPUs — measured total {worst['total']:.1f} ms at "
-        f"{max(sizes):,} GPUs (worst transition: DAG build {worst['dag']:.1f} + costs {worst['costs']:.1f} "
-        f"+ schedule {worst['schedule']:.1f} ms)"
+        f"Targets: greedy ≤ 2 ms at 1,024 GPUs (Nereus reports 1.22 ms) — measured total {worst['total']:.2f} ms "
+        f"at {max(sizes):,} GPUs (worst transition: DAG build {worst['dag']:.2f} + costs {worst['costs']:.2f} "
+        f"+ schedule {worst['schedule']:.2f} ms; pure-Python reference {worst['reference']:.1f} ms)"
         + (
             " (not run at 1,024 GPUs: no verdict)."
             if max(sizes) < 1024
             else " (met)."
             if worst["total"] <= 2.0
-            else " (**not met** in pure Python; Nereus reports 1.22 ms"
-            + ("; the schedule alone meets it)." if worst["schedule"] <= 2.0 else ").")
+            else " (**not met**)."
         )
         + f" Gap to the exact optimum or bound ≤ 5% — worst measured {100 * worst_gap:.2f}%"
         + (" (met)." if worst_gap <= 0.05 else " (**not met**)."),
@@ -212,6 +238,16 @@ def main(argv: list[str] | None = None) -> None:
         write_section("transition", lines)
     else:
         print("\n".join(lines[-1:]))
+
+
+def _first_call() -> float:
+    """Seconds the process waits for the compiled cores (numba compiles them, or loads them from
+    the on-disk cache): :func:`~rpeg.heuristics.transition.warm_up` with ``wait=True``, which
+    loads the DAG builder's kernels and then the scheduler's."""
+    t0 = time.perf_counter()
+    if not warm_up(wait=True):
+        raise SystemExit("the compiled transition cores are unavailable (see the warning); nothing to time")
+    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

@@ -43,8 +43,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 from ..ir.cluster import Cluster
 from ..ir.emu import EMU, Destroy, Extend, Merge, Primitive, Split, Stage, TransitionDAG
+from ..ir.emu.flat import EXTEND, MERGE, SPLIT, FlatDAG
+from ..ir.hardware import Hardware
 from .collectives import allgather_time, p2p_time
 
 __all__ = [
@@ -108,17 +112,27 @@ def primitive_time(
         raise ValueError(f"teardown must be a non-negative number of seconds, got {teardown!r}")
     hw = cluster.hardware
     if isinstance(prim, Split):
-        group = prim.group()
-        link = hw.collective[cluster.tier_of_mask(_mask(group))]
-        return setup + allgather_time(prim.group_size, prim.nbytes, link)
+        return _split_time(hw, cluster.tier_of_mask(_mask(prim.group())), prim.group_size, prim.nbytes, setup)
     if isinstance(prim, Extend):
-        tier = cluster.tier_of_mask(prim.source.mask | prim.result.mask)
-        return setup + p2p_time(prim.nbytes, hw.p2p[tier])
+        return _extend_time(hw, cluster.tier_of_mask(prim.source.mask | prim.result.mask), prim.nbytes, setup)
     if isinstance(prim, Merge):
-        return setup + prim.nbytes / hw.mem_bandwidth
+        return _merge_time(hw, prim.nbytes, setup)
     if isinstance(prim, Destroy):
         return teardown
     raise ValueError(f"unknown primitive {prim!r}")
+
+
+# one formula per kind, shared by primitive_time and the table path of primitive_times
+def _split_time(hw: Hardware, tier: int, k: int, nbytes: float, setup: float) -> float:
+    return setup + allgather_time(k, nbytes, hw.collective[tier])
+
+
+def _extend_time(hw: Hardware, tier: int, nbytes: float, setup: float) -> float:
+    return setup + p2p_time(nbytes, hw.p2p[tier])
+
+
+def _merge_time(hw: Hardware, nbytes: float, setup: float) -> float:
+    return setup + nbytes / hw.mem_bandwidth
 
 
 def primitive_times(
@@ -133,6 +147,10 @@ def primitive_times(
     plus ``engine_start`` (``c_engine``, ≥ 0) for each primitive that creates a target
     generation replica (:func:`creates_generation`).
 
+    On a DAG with index tables (``dag.flat``) one time is computed per class (kind, model-stage,
+    tier of the link group) with the same formulas and looked up for every primitive; the result
+    is the same list.
+
     Raises
     ------
     ValueError
@@ -140,6 +158,8 @@ def primitive_times(
     """
     if not engine_start >= 0:
         raise ValueError(f"engine_start must be a non-negative number of seconds, got {engine_start!r}")
+    if dag.flat is not None:
+        return _flat_times(dag.flat, cluster, setup, teardown, engine_start)
     targets = set(dag.target) if engine_start > 0 else set()
     cache: dict[tuple, float] = {}
     out = []
@@ -165,6 +185,49 @@ def primitive_times(
     return out
 
 
+def _flat_times(
+    flat: FlatDAG, cluster: Cluster, setup: float, teardown: float, engine_start: float
+) -> list[float]:
+    """:func:`primitive_times` on the index tables: the time of a primitive depends only on its
+    kind, its model-stage (layouts and bytes) and the tier of its link group, so one time per
+    such class is computed with the same formulas and looked up for every primitive."""
+    if not setup >= 0:
+        raise ValueError(f"setup must be a non-negative number of seconds, got {setup!r}")
+    if not teardown >= 0:
+        raise ValueError(f"teardown must be a non-negative number of seconds, got {teardown!r}")
+    hw = cluster.hardware
+    n_stages = len(flat.stages)
+    # classes carry the tier as Cluster.tier_of_mask numbers it (node 0, rack 1, cluster 2)
+    code, example = flat.link_classes(cluster.gpus_per_node, cluster.nodes_per_rack)
+    table = np.zeros(len(example))
+    for c, i in enumerate(example.tolist()):
+        if i < 0:
+            continue
+        k, t = divmod(c, 3)
+        k //= n_stages
+        x = int(flat.p_in[flat.p_iptr[i]])
+        if k == SPLIT:
+            y = int(flat.p_out[flat.p_optr[i]])
+            group = int(flat.u_tp[x] * flat.u_pp[x]) // int(flat.u_tp[y] * flat.u_pp[y])
+            table[c] = _split_time(hw, t, group, float(flat.u_bpg[y]), setup)
+        elif k == EXTEND:
+            table[c] = _extend_time(hw, t, float(flat.u_bpg[x]), setup)
+        elif k == MERGE:
+            table[c] = _merge_time(hw, float(flat.u_bpg[int(flat.p_out[flat.p_optr[i]])]), setup)
+        else:
+            table[c] = teardown
+    out = table[code]
+    if engine_start > 0:
+        final = np.zeros(flat.n_units, bool)
+        final[flat.final] = True
+        owner = np.repeat(np.arange(flat.n_prims), np.diff(flat.p_optr))
+        creates = np.zeros(flat.n_prims, bool)
+        creates[owner[final[flat.p_out]]] = True
+        creates &= flat.generation_stages()[flat.p_stage]
+        out[creates] += engine_start
+    return out.tolist()
+
+
 def creates_generation(prim: Primitive, targets: set[EMU] | frozenset[EMU]) -> bool:
     """Whether ``prim`` creates a unit of ``targets`` (the transition's target collection) of a
     generation model-stage: a replica that will serve rollouts, so it starts a rollout engine."""
@@ -175,7 +238,9 @@ def creates_generation(prim: Primitive, targets: set[EMU] | frozenset[EMU]) -> b
 
 def gpu_capacities(dag: TransitionDAG, cluster: Cluster, capacity: float | None = None) -> dict[int, float]:
     """Per-GPU memory bound ``cap_g = max(C, usage_g(current), usage_g(target))`` (module
-    docstring) for every GPU any unit touches; ``C = capacity`` or ``M_eff`` of the cluster.
+    docstring) for every GPU any unit touches, in GPU order; ``C = capacity`` or ``M_eff`` of the
+    cluster. On a DAG with index tables the usages are the per-GPU sums its builder took in
+    collection order.
 
     Raises
     ------
@@ -185,6 +250,11 @@ def gpu_capacities(dag: TransitionDAG, cluster: Cluster, capacity: float | None 
     if capacity is not None and not capacity > 0:
         raise ValueError(f"capacity must be a positive number of bytes, got {capacity!r}")
     base = cluster.hardware.m_eff if capacity is None else float(capacity)
+    if dag.flat is not None:
+        flat = dag.flat
+        gpus = np.flatnonzero(flat.held)
+        caps = np.maximum(np.maximum(base, flat.cur_bytes[gpus]), flat.tgt_bytes[gpus])
+        return dict(zip(gpus.tolist(), caps.tolist()))
     cur = _per_gpu_bytes(dag.current)
     tgt = _per_gpu_bytes(dag.target)
     # every unit lives on GPUs of the current collection (Split/Merge outputs) or the target (Extend)
@@ -210,9 +280,12 @@ def _per_gpu_bytes(units: Iterable[EMU]) -> dict[int, float]:
 
 def critical_path(dag: TransitionDAG, durations: Sequence[float]) -> float:
     """Longest path of the DAG with ``durations``: ``CP = max_i (EF_i)``,
-    ``EF_i = d_i + max_{(j,i)} EF_j`` (0 for an empty DAG)."""
-    if len(durations) != len(dag.primitives):
-        raise ValueError(f"durations has {len(durations)} entries for {len(dag.primitives)} primitives")
+    ``EF_i = d_i + max_{(j,i)} EF_j`` (0 for an empty DAG); on the index tables when the DAG
+    has them (:meth:`~rpeg.ir.emu.flat.FlatDAG.critical_path`)."""
+    if len(durations) != len(dag):
+        raise ValueError(f"durations has {len(durations)} entries for {len(dag)} primitives")
+    if dag.flat is not None:
+        return dag.flat.critical_path(np.asarray(durations, dtype=np.float64))
     ef = [0.0] * len(durations)
     for i in dag.topological_order:
         ef[i] = durations[i] + max((ef[j] for j in dag.predecessors[i]), default=0.0)

@@ -20,6 +20,10 @@ Model (one structural candidate, candidate sets ``C(v)``, ``Keval`` steps, ``Q``
 * memory per atom ``a`` and every ``x[v,c]`` on it: ``Σ_m state(m,a) + Σ_m copy(m,a) + A(v,c,a) ≤
   M_eff`` with the evaluator's persistent/transient rules (``copy(m,a) ≥ w(c)·(x[v,c] −
   T[m,a])`` for shadow copies, ``T[m,a]`` = the trainer of ``m`` sits on ``a``);
+* the symmetry breaking and the redundant cuts of :data:`~.plan_model.PLAN_BLOCKS` (durations,
+  edge delays and per-atom energy linear in ``x``/``z``, the critical path);
+* every time variable in ``[0, H]``: the serial horizon or, with a warm-start plan, ``⌈UB/unit⌉ +
+  N`` from its evaluator makespan ``UB`` (:meth:`PlanCPModel._horizon`);
 * objective: minimise ``MS = max_{v,k} E[v,k]``.
 
 :class:`PlanCPModel` adds these as the named blocks of :data:`~.plan_model.PLAN_BLOCKS`, in the
@@ -52,7 +56,16 @@ from ..ir.types import Role
 from ..scoring.scheduler import atoms_of
 from . import cpsat_backend
 from .deadline import BuildTimeout, Deadline
-from .plan_model import PlanInstance, PlanModel, PlanSolution, serving_groups, trainer_of
+from .plan_model import (
+    PlanInstance,
+    PlanModel,
+    PlanSolution,
+    critical_path_bound,
+    cut_constraints,
+    horizon_bound,
+    serving_groups,
+    trainer_of,
+)
 from .status import Status
 
 __all__ = ["DEFAULT_RESOLUTION", "PlanCPModel", "solve_plan_cpsat"]
@@ -62,6 +75,7 @@ DEFAULT_RESOLUTION = 1e5  # time units in the serial horizon
 #: What each block is called in a "model too large to build" message.
 _STAGES = {
     "choice": "adding the candidate choice",
+    "symmetry": "adding the symmetry breaking",
     "edges": "adding the edge classes",
     "split": "adding the phase splits",
     "operations": "adding the operation intervals",
@@ -69,6 +83,7 @@ _STAGES = {
     "chains": "adding the training chains",
     "exclusivity": "adding the device exclusivity constraints",
     "memory": "adding the memory constraints",
+    "cuts": "adding the redundant constraints",
 }
 
 
@@ -87,6 +102,12 @@ class PlanCPModel(PlanModel):
     deadline
         Checked between the blocks and inside the large ones; past it, building raises
         :class:`~.deadline.BuildTimeout`.
+    hint
+        A plan whose choices are in the candidate sets: hinted to the engine, and its choice is
+        the one the symmetry block keeps in its orbit.
+    upper_bound
+        A makespan (s) no optimum exceeds (:func:`~.plan_model.hint_makespan` of ``hint``), which
+        shrinks the horizon; ``None``: the serial horizon.
 
     Attributes
     ----------
@@ -103,26 +124,44 @@ class PlanCPModel(PlanModel):
     """
 
     def __init__(
-        self, inst: PlanInstance, *, unit: float | None = None, deadline: Deadline | None = None
+        self,
+        inst: PlanInstance,
+        *,
+        unit: float | None = None,
+        deadline: Deadline | None = None,
+        hint: Plan | None = None,
+        upper_bound: float | None = None,
     ) -> None:
         cp_model = cpsat_backend.cp_model()
-        super().__init__(inst, deadline)
+        super().__init__(inst, deadline, keep=hint)
         self.unit = inst.serial_seconds() / DEFAULT_RESOLUTION if unit is None else unit
         self.model = cp_model.CpModel()
-        self.horizon = self._horizon()
+        self.horizon = self._horizon(upper_bound)
         self.intervals: dict[int, list[Any]] = defaultdict(list)
+        #: ``(mask, duration, presence)`` of every transfer node (for the energy cuts)
+        self.transfers: list[tuple[int, int, Any]] = []
+        self.makespan: Any = None
         self._add_blocks(_STAGES.__getitem__)
         self.deadline.check("adding the objective")
         self._objective()
+        if hint is not None:
+            self.add_hint(hint)
 
     def ticks(self, seconds: float) -> int:
         """``⌈seconds / unit⌉``: a duration rounded up to the time unit."""
         return math.ceil(seconds / self.unit - 1e-9)
 
-    def _horizon(self) -> int:
+    def _horizon(self, upper_bound: float | None = None) -> int:
         """Everything serialised, in time units: every OP at its slowest candidate (both ways
-        split and unsplit) and every transfer, ``Keval`` times."""
+        split and unsplit) and every transfer, ``Keval`` times; or, when smaller,
+        ``⌈upper_bound / unit⌉ + N`` with ``N`` = :meth:`~.plan_model.PlanInstance.max_path_nodes`
+        (a schedule of makespan ``upper_bound`` keeps its order with every duration rounded up by
+        less than one unit, each start moving by at most one unit per node before it)."""
         inst, K, ticks = self.inst, self.inst.k_eval, self.ticks
+        if upper_bound is not None and math.isfinite(upper_bound):
+            tight = ticks(upper_bound) + inst.max_path_nodes()
+        else:
+            tight = None
         total = 0
         for row in inst.op:
             total += max(ticks(sum(w)) + (ticks(sum(p)) if p else 0) for w, p in row) * K
@@ -132,7 +171,7 @@ class PlanCPModel(PlanModel):
                     continue
                 durs = key[1] if isinstance(key[1], tuple) else (key[1],)
                 total += sum(ticks(d) + 1 for d in durs) * K
-        return max(1, total)
+        return max(1, total if tight is None else min(total, tight))
 
     # ------------------------------------------------------------------------------ blocks
     def _choice(self) -> None:
@@ -140,6 +179,12 @@ class PlanCPModel(PlanModel):
         self.x = [[m.NewBoolVar(f"x[{v},{c}]") for c in range(len(cands[v]))] for v in range(self.n)]
         for v in range(self.n):
             m.AddExactlyOne(self.x[v])
+
+    def _symmetry(self) -> None:
+        if self.symmetry is not None:
+            v0, out = self.symmetry
+            for c in out:
+                self.model.Add(self.x[v0][c] == 0)
 
     def _edges(self) -> None:
         m, x = self.model, self.x
@@ -258,6 +303,7 @@ class PlanCPModel(PlanModel):
                 st = m.NewIntVar(0, H, "")
                 d = ticks(dur)
                 self.intervals[key[2]].append(m.NewOptionalFixedSizeIntervalVar(st, d, lit, ""))
+                self.transfers.append((key[2], d, lit))
                 m.Add(st >= PE[u][k][q]).OnlyEnforceIf(lit)
                 m.Add(PS[v][k][q] >= st + d).OnlyEnforceIf(lit)
                 self.node_vars[(COMM, v, u, k, q + 1)].append((st, lit))
@@ -269,6 +315,7 @@ class PlanCPModel(PlanModel):
                 pres = m.NewBoolVar("")
                 d = ticks(key[1])
                 self.intervals[key[2]].append(m.NewOptionalFixedSizeIntervalVar(st, d, pres, ""))
+                self.transfers.append((key[2], d, pres))
                 m.Add(st >= E[u][src_k]).OnlyEnforceIf(pres)
                 shared[skey] = (st, d, pres, [])
             st, d, pres, lits = shared[skey]
@@ -279,6 +326,7 @@ class PlanCPModel(PlanModel):
         st = m.NewIntVar(0, H, "")
         d = ticks(dur)
         self.intervals[key[2]].append(m.NewOptionalFixedSizeIntervalVar(st, d, lit, ""))
+        self.transfers.append((key[2], d, lit))
         m.Add(st >= E[u][src_k]).OnlyEnforceIf(lit)
         m.Add(S[v][k] >= st + d).OnlyEnforceIf(lit)
         self.node_vars[(key[0], v, u, k, 0)].append((st, lit))
@@ -306,13 +354,30 @@ class PlanCPModel(PlanModel):
             self.deadline,
         )
 
+    def _ms(self) -> Any:
+        """``MS``, created when first needed."""
+        if self.makespan is None:
+            self.makespan = self.model.NewIntVar(0, self.horizon, "makespan")
+        return self.makespan
+
+    def _cuts(self) -> None:
+        """The redundant constraints of the ``cuts`` block (:data:`~.plan_model.PLAN_BLOCKS`,
+        :func:`~.plan_model.cut_constraints`), every duration in time units as the nodes have
+        them."""
+        m, inst, ticks = self.model, self.inst, self.ticks
+        ms = self._ms()
+        for c in cut_constraints(
+            inst, self.x, self.S, self.E, self.z, ms, self.transfers, set(self.intervals), ticks
+        ):
+            m.Add(c)
+        m.Add(ms >= math.ceil(critical_path_bound(inst, ticks)))
+
     def _objective(self) -> None:
-        """``min MS``, ``MS = max_{v,k} E[v,k]``, with the critical path as ``MS``'s lower end."""
+        """``min MS``, ``MS = max_{v,k} E[v,k]`` (its lower ends are in the ``cuts`` block)."""
         m, n, K = self.model, self.n, self.inst.k_eval
-        self.makespan = m.NewIntVar(0, self.horizon, "makespan")
-        m.AddMaxEquality(self.makespan, [self.E[v][k] for v in range(n) for k in range(K)])
-        m.Add(self.makespan >= _critical_path_bound(self.inst, self.ticks))
-        m.Minimize(self.makespan)
+        ms = self._ms()
+        m.AddMaxEquality(ms, [self.E[v][k] for v in range(n) for k in range(K)])
+        m.Minimize(ms)
 
     # ------------------------------------------------------------------------------- solve
     def add_hint(self, plan: Plan) -> None:
@@ -401,6 +466,7 @@ def solve_plan_cpsat(
     hint: Plan | None = None,
     unit: float | None = None,
     deadline: Deadline | None = None,
+    cutoff: float | None = None,
 ) -> PlanSolution:
     """Build and solve the CP-SAT model of the module docstring (:class:`PlanCPModel`).
 
@@ -416,13 +482,18 @@ def solve_plan_cpsat(
     threads
         Search workers (``None``: OR-Tools' default).
     hint
-        A plan whose choices are all in the candidate sets, used as a solution hint.
+        A plan whose choices are all in the candidate sets, used as a solution hint; its
+        evaluator makespan (when memory-feasible) bounds the horizon.
     unit
         Seconds per integer time unit; ``None`` picks ``serial horizon / DEFAULT_RESOLUTION``.
         Durations are rounded up to it: a finer unit is more exact and slower
         to prove.
     deadline
         The caller's deadline (building checks it; CP-SAT gets the time left on it).
+    cutoff
+        A makespan (s) already achieved elsewhere (another structure): the horizon is at most
+        this, and a model infeasible under it gives a ``cut_off`` outcome
+        (:meth:`~.plan_model.PlanSolution.under_cutoff`).
 
     Returns
     -------
@@ -434,10 +505,10 @@ def solve_plan_cpsat(
     if deadline is None:
         deadline = Deadline(time_limit, start=t0)
     try:
-        model = PlanCPModel(inst, unit=unit, deadline=deadline)
-        if hint is not None:
-            model.add_hint(hint)
-        return model.solve(deadline=deadline, seed=seed, threads=threads, t0=t0)
+        upper, binding = horizon_bound(inst, hint, cutoff)
+        model = PlanCPModel(inst, unit=unit, deadline=deadline, hint=hint, upper_bound=upper)
+        sol = model.solve(deadline=deadline, seed=seed, threads=threads, t0=t0)
+        return sol.under_cutoff(cutoff, binding)
     except BuildTimeout as exc:
         return PlanSolution.without_plan(Status.TIME_LIMIT, time.monotonic() - t0, "cpsat", message=str(exc))
     except KeyboardInterrupt:
@@ -448,26 +519,6 @@ def solve_plan_cpsat(
             interrupted=True,
             message="interrupted (Ctrl-C) while building the model",
         )
-
-
-def _critical_path_bound(inst: PlanInstance, ticks) -> int:
-    """Analytical lower bound on the makespan, in time units: for each training vertex, the
-    longest data path into it in one step plus ``Keval`` of its own updates (they are chained),
-    every node at its fastest candidate and every transfer free."""
-    g = inst.ev.graph
-    fastest = [
-        min(ticks(w[0]) if not p else min(ticks(w[0]), sum(ticks(d) for d in p)) for w, p in inst.op[v])
-        for v in range(len(g.vertices))
-    ]
-    head = [0] * len(g.vertices)  # longest path ending before v starts
-    for e in sorted(g.data_edges, key=lambda e: g.index[e.dst]):
-        u, v = g.index[e.src], g.index[e.dst]
-        head[v] = max(head[v], head[u] + fastest[u])
-    bound = 0
-    for t, vert in enumerate(g.vertices):
-        if vert.role is Role.TRAINING:
-            bound = max(bound, head[t] + inst.k_eval * fastest[t])
-    return bound
 
 
 def _memory(m, inst: PlanInstance, x: list[list], atoms: list[int], deadline: Deadline | None = None) -> None:

@@ -8,12 +8,18 @@ Same instance data (:mod:`.plan_model`), same variables' meaning, linearised:
 * a node (OP phase, COMM, RESHARD) is a start ``s ≥ 0`` with a fixed duration ``d`` (seconds, not
   rounded) and a presence ``p`` that is a binary or a product of binaries linearised
   (``p ≥ a + b − 1, p ≤ a, p ≤ b``);
-* conditional precedences ``s_j ≥ s_i + d_i − H·(1 − lit)`` with ``H`` the serial horizon;
+* conditional precedences ``s_j ≥ s_i + d_i − H·(1 − lit)`` with ``H`` the horizon: the
+  evaluator's makespan of the warm-start plan when one is given (an upper bound on the optimum,
+  :func:`~.plan_model.hint_makespan`), else the serial horizon; every time variable lies in
+  ``[0, H]``;
 * device exclusivity on every atom: for each pair of nodes that can share it, an order binary
   ``y`` with ``s_i + d_i ≤ s_j + H·(1 − y) + H·(2 − p_i − p_j)`` and
   ``s_j + d_j ≤ s_i + H·y + H·(2 − p_i − p_j)`` (quadratic in the nodes per atom — keep
-  instances small: few candidates, small ``Keval``);
+  instances small: few candidates, small ``Keval``), except for pairs never present together or
+  ordered by other constraints (:func:`_needs_order`, :func:`_before`);
 * memory per atom and candidate as in the CP-SAT model, enforced with ``H_mem·(1 − x[v,c])``;
+* the symmetry breaking and the redundant cuts of :data:`~.plan_model.PLAN_BLOCKS` (linear in
+  ``x`` and ``z``, so that the LP relaxation sees durations, transfer delays and device loads);
 * ``min MS`` with ``MS ≥ E[v,k]``.
 
 :class:`PlanMILPModel` adds these as the named blocks of :data:`~.plan_model.PLAN_BLOCKS`, in the
@@ -45,7 +51,17 @@ from ..ir.types import Role
 from ..scoring.scheduler import atoms_of
 from . import pyomo_backend
 from .deadline import BuildTimeout, Deadline
-from .plan_model import PlanInstance, PlanModel, PlanSolution, serving_groups, trainer_of
+from .plan_model import (
+    PlanInstance,
+    PlanModel,
+    PlanSolution,
+    critical_path_bound,
+    cut_constraints,
+    edge_delay,
+    horizon_bound,
+    serving_groups,
+    trainer_of,
+)
 from .status import Status
 
 __all__ = ["PlanMILPModel", "solve_plan_milp"]
@@ -104,6 +120,12 @@ class PlanMILPModel(PlanModel):
     deadline
         Checked between the blocks and every 256 rows; past it, building raises
         :class:`~.deadline.BuildTimeout` (the partial model must then be dropped).
+    hint
+        A plan whose choices are in the candidate sets: hinted to the engine, and its choice is
+        the one the symmetry block keeps in its orbit.
+    upper_bound
+        A makespan (s) no optimum exceeds (:func:`~.plan_model.hint_makespan` of ``hint``), which
+        shrinks the horizon; ``None``: the serial horizon.
 
     Attributes
     ----------
@@ -121,20 +143,42 @@ class PlanMILPModel(PlanModel):
         ``MS``.
     """
 
-    def __init__(self, inst: PlanInstance, *, deadline: Deadline | None = None) -> None:
+    def __init__(
+        self,
+        inst: PlanInstance,
+        *,
+        deadline: Deadline | None = None,
+        hint: Plan | None = None,
+        upper_bound: float | None = None,
+    ) -> None:
         import pyomo.environ as pyo
 
-        super().__init__(inst, deadline)
+        super().__init__(inst, deadline, keep=hint)
         self.horizon = inst.serial_seconds() * 1.01 + 1e-9
+        if upper_bound is not None and math.isfinite(upper_bound):
+            self.horizon = min(self.horizon, upper_bound * (1 + 1e-6) + 1e-9)
         self.b = _Builder(pyo, self.horizon, self.deadline)
         self.model = self.b.m
+        #: ``(start, duration, presence, tag)`` of every node per device mask (exclusivity);
+        #: ``tag`` tells which pairs need no order binary (:func:`_needs_order`)
         self.nodes: dict[int, list[tuple]] = defaultdict(list)
+        #: ``(mask, duration, presence)`` of every transfer node (energy cuts)
+        self.transfers: list[tuple[int, float, Any]] = []
+        self.makespan: Any = None
         self._add_blocks(lambda name: f"building the MILP {name} rows")
-        self.makespan = self.b.var()
+        ms = self._ms()
         for v in range(self.n):
             for k in range(inst.k_eval):
-                self.b.add(self.makespan >= self.E[v][k])
-        self.model.obj = pyo.Objective(expr=self.makespan, sense=pyo.minimize)
+                self.b.add(ms >= self.E[v][k])
+        self.model.obj = pyo.Objective(expr=ms, sense=pyo.minimize)
+        if hint is not None:
+            self.set_hint(hint)
+
+    def _ms(self) -> Any:
+        """``MS``, created when first needed."""
+        if self.makespan is None:
+            self.makespan = self.b.var()
+        return self.makespan
 
     def _pinned(self, a: Any, expr: Any, lit: Any) -> None:
         """``a == expr`` when ``lit``."""
@@ -148,6 +192,12 @@ class PlanMILPModel(PlanModel):
         self.x = [[b.var(binary=True) for _ in self.inst.cands[v]] for v in range(self.n)]
         for v in range(self.n):
             b.add(sum(self.x[v]) == 1)
+
+    def _symmetry(self) -> None:
+        if self.symmetry is not None:
+            v0, out = self.symmetry
+            for c in out:
+                self.x[v0][c].fix(0)
 
     def _edges(self) -> None:
         b, x = self.b, self.x
@@ -202,7 +252,8 @@ class PlanMILPModel(PlanModel):
         p_whole, p_split = self._presences(v, c)
         for k in range(self.inst.k_eval):
             st = b.var()
-            self.nodes[mask].append((st, whole[0], p_whole))
+            span = (("S", v, k), ("E", v, k))
+            self.nodes[mask].append((st, whole[0], p_whole, ("op", v, c, 0, k), span))
             self._pinned(S[k], st, p_whole)
             self._pinned(E[k], st + whole[0], p_whole)
             self.op_vars[(v, k, c, 0)] = (st, p_whole)
@@ -211,7 +262,7 @@ class PlanMILPModel(PlanModel):
             prev = None
             for q in range(Q):
                 sq = b.var()
-                self.nodes[mask].append((sq, phased[q], p_split))
+                self.nodes[mask].append((sq, phased[q], p_split, ("op", v, c, 1, k), span))
                 self._pinned(PS[k][q], sq, p_split)
                 self._pinned(PE[k][q], sq + phased[q], p_split)
                 if prev is not None:
@@ -237,7 +288,11 @@ class PlanMILPModel(PlanModel):
             pres = b.either([lit for lit, _ in lits])
             t = g.index[g.training_vertex(model_name).name]
             b.add(st >= self.E[t][src_k] - H * (1 - pres))
-            self.nodes[key[2]].append((st, d, pres))
+            consumers = {vv for _, vv in lits}
+            k = src_k + g.staleness[model_name] + 1
+            end = ("S", consumers.pop(), k) if len(consumers) == 1 else None
+            self.nodes[key[2]].append((st, d, pres, ("pub",), (("E", t, src_k), end)))
+            self.transfers.append((key[2], d, pres))
             self.node_vars[("pub", model_name, src_k, key)].append((st, pres, lits))
 
     def _fragment(self, ec: Any, key: tuple, lit: Any, k: int, src_k: int, shared: dict) -> None:
@@ -250,10 +305,12 @@ class PlanMILPModel(PlanModel):
         if key[0] == PREC:
             b.add(S[v][k] >= E[u][src_k] - H * (1 - lit))
             return
+        tag = ("move", id(ec), k, id(lit))
         if ec.kind == "data" and len(key[1]) > 1:
             for q, d in enumerate(key[1]):
                 st = b.var()
-                self.nodes[key[2]].append((st, d, lit))
+                self.nodes[key[2]].append((st, d, lit, tag, (("S", u, k), ("E", v, k))))
+                self.transfers.append((key[2], d, lit))
                 b.add(st >= PE[u][k][q] - H * (1 - lit))
                 b.add(PS[v][k][q] >= st + d - H * (1 - lit))
                 self.node_vars[(COMM, v, u, k, q + 1)].append((st, lit))
@@ -268,7 +325,8 @@ class PlanMILPModel(PlanModel):
             return
         d = key[1][0] if ec.kind == "data" else key[1]
         st = b.var()
-        self.nodes[key[2]].append((st, d, lit))
+        self.nodes[key[2]].append((st, d, lit, tag, (("E", u, src_k), ("S", v, k))))
+        self.transfers.append((key[2], d, lit))
         b.add(st >= E[u][src_k] - H * (1 - lit))
         b.add(S[v][k] >= st + d - H * (1 - lit))
         self.node_vars[(key[0], v, u, k, 0)].append((st, lit))
@@ -280,18 +338,67 @@ class PlanMILPModel(PlanModel):
                 self.b.add(self.S[t][k] >= self.E[t][k - 1])
 
     def _exclusivity(self) -> None:
-        # an order binary y per pair of nodes that can share an atom (quadratic in the nodes)
+        # an order binary y per pair of nodes that can share an atom (quadratic in the nodes),
+        # except pairs never present together or ordered by other constraints (_needs_order);
+        # a pair sharing several atoms gets one y
         b, H = self.b, self.horizon
+        g = self.inst.ev.graph
+        training = {i for i, vv in enumerate(g.vertices) if vv.role is Role.TRAINING}
+        reach = self._reach()
+        done: set[tuple[int, int]] = set()
         for a in atoms_of(set(self.nodes)):
             group = [node for mask, items in self.nodes.items() if mask & a for node in items]
-            for (si, di, pi), (sj, dj, pj) in itertools.combinations(group, 2):
+            for (si, di, pi, ti, ni), (sj, dj, pj, tj, nj) in itertools.combinations(group, 2):
+                pair = (id(si), id(sj)) if id(si) < id(sj) else (id(sj), id(si))
+                if pair in done or not _needs_order(ti, tj, training):
+                    continue
+                if _before(ni[1], nj[0], reach) or _before(nj[1], ni[0], reach):
+                    continue  # ordered by the precedences of the cuts block
+                done.add(pair)
                 y = b.var(binary=True)
                 b.add(si + di <= sj + H * (1 - y) + H * (2 - pi - pj))
                 b.add(sj + dj <= si + H * y + H * (2 - pi - pj))
 
+    def _reach(self) -> set[tuple[tuple[int, int], tuple[int, int]]]:
+        """Pairs ``((u,k), (v,k'))`` of vertex steps with ``E[u,k] ≤ S[v,k']`` in every solution:
+        the transitive closure of the training chains and of the edge links of the ``cuts``
+        block without phase-wise classes (:func:`~.plan_model.edge_delay`)."""
+        g, K = self.inst.ev.graph, self.inst.k_eval
+        succ: dict[tuple[int, int], set[tuple[int, int]]] = defaultdict(set)
+        for t in (i for i, vv in enumerate(g.vertices) if vv.role is Role.TRAINING):
+            for k in range(1, K):
+                succ[(t, k - 1)].add((t, k))
+        for ei, ec in enumerate(self.inst.edges):
+            link = edge_delay(ec, self.z[ei])
+            if link is None or link[0]:
+                continue
+            for k in range(K):
+                src_k = k - g.staleness[ec.model] - 1 if ec.kind == "pub" else k
+                if src_k >= 0:
+                    succ[(ec.src, src_k)].add((ec.dst, k))
+        out = set()
+        for a in list(succ):
+            stack, seen = list(succ[a]), set()
+            while stack:
+                b = stack.pop()
+                if b not in seen:
+                    seen.add(b)
+                    stack.extend(succ.get(b, ()))
+            out.update((a, b) for b in seen)
+        return out
+
     def _memory(self) -> None:
         cands = self.inst.cands
         _memory(self.b, self.inst, self.x, atoms_of({c.allocation.mask for cs in cands for c in cs}))
+
+    def _cuts(self) -> None:
+        """The redundant constraints of the ``cuts`` block (:data:`~.plan_model.PLAN_BLOCKS`,
+        :func:`~.plan_model.cut_constraints`), in seconds."""
+        b, inst = self.b, self.inst
+        ms = self._ms()
+        for c in cut_constraints(inst, self.x, self.S, self.E, self.z, ms, self.transfers, set(self.nodes)):
+            b.add(c)
+        b.add(ms >= critical_path_bound(inst))
 
     # ------------------------------------------------------------------------------- solve
     def set_hint(self, plan: Plan) -> None:
@@ -324,6 +431,29 @@ class PlanMILPModel(PlanModel):
                 if (lit.value or 0) > 0.5:
                     starts[ident] = float(st.value)
         return picks, starts
+
+
+def _before(end: tuple | None, start: tuple | None, reach: set) -> bool:
+    """Whether a node that ends by the instant ``end`` (``("S" | "E", v, k)``: ``S[v,k]`` or
+    ``E[v,k]``; ``None``: unknown) always ends before one that starts from ``start``:
+    ``S[v,k] ≤ E[v,k]``, and ``E[u,k] ≤ S[v,k']`` for the pairs in ``reach``."""
+    if end is None or start is None:
+        return False
+    if end[1:] == start[1:]:
+        return not (end[0] == "E" and start[0] == "S")
+    return (end[1:], start[1:]) in reach
+
+
+def _needs_order(ti: tuple, tj: tuple, training: set[int]) -> bool:
+    """Whether two nodes that may share a device need an order binary: not when they are never
+    present together (OP nodes of one vertex with different candidates, or one unsplit and one
+    phase; transfers of one edge and step in different classes), nor when other constraints
+    order them (phases of one OP instance are chained; a training vertex's steps are chained)."""
+    if ti[0] == "op" and tj[0] == "op" and ti[1] == tj[1]:
+        _, v, ci, wi, ki = ti
+        _, _, cj, wj, kj = tj
+        return ci == cj and wi == wj and ki != kj and v not in training
+    return not (ti[0] == tj[0] == "move" and ti[1:3] == tj[1:3] and ti[3] != tj[3])
 
 
 def _memory(b: _Builder, inst: PlanInstance, x: list[list], atoms: list[int]) -> None:
@@ -384,6 +514,7 @@ def solve_plan_milp(
     threads: int | None = None,
     hint: Plan | None = None,
     deadline: Deadline | None = None,
+    cutoff: float | None = None,
 ) -> PlanSolution:
     """Build and solve the MILP of the module docstring (:class:`PlanMILPModel`) with a Pyomo
     solver.
@@ -401,9 +532,14 @@ def solve_plan_milp(
         Passed to the solver.
     hint
         A plan whose choices are in the candidate sets; its selection binaries start at 1
-        (a partial MIP start where the solver takes one).
+        (a partial MIP start where the solver takes one) and its evaluator makespan (when
+        memory-feasible) is the horizon ``H``.
     deadline
         The caller's deadline.
+    cutoff
+        A makespan (s) already achieved elsewhere (another structure): the horizon is at most
+        this, and a model infeasible under it gives a ``cut_off`` outcome
+        (:meth:`~.plan_model.PlanSolution.under_cutoff`).
 
     Returns
     -------
@@ -424,10 +560,9 @@ def solve_plan_milp(
     engine = f"milp/{solver}"
     pyomo_backend.backend(solver)  # an unknown or missing solver fails before the build
     try:
-        mm = PlanMILPModel(inst, deadline=deadline)
+        upper, binding = horizon_bound(inst, hint, cutoff)
+        mm = PlanMILPModel(inst, deadline=deadline, hint=hint, upper_bound=upper)
         build_s = time.monotonic() - t0
-        if hint is not None:
-            mm.set_hint(hint)
         status, bound, incumbent = pyomo_backend.run_pyomo(
             mm.model,
             solver,
@@ -457,7 +592,7 @@ def solve_plan_milp(
             note = note or "the solver reported a solution but returned none"
         return PlanSolution.without_plan(
             status, runtime, engine, lower_bound=bound_s, interrupted=interrupted, message=note
-        )
+        ).under_cutoff(cutoff, binding)
     picks, starts = mm.read()
     makespan = float(mm.makespan.value)
     return PlanSolution(

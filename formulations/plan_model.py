@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,10 +27,25 @@ from ..ir.plan import Choice, Plan, check_strategy
 from ..ir.types import Role
 from ..scoring.costs import VertexMemory
 from ..scoring.evaluator import Evaluator
+from ..scoring.scheduler import atoms_of
 from .deadline import Deadline
 from .status import Status
 
-__all__ = ["PLAN_BLOCKS", "EdgeClasses", "PlanInstance", "PlanModel", "PlanSolution", "build_plan_instance"]
+__all__ = [
+    "PLAN_BLOCKS",
+    "EdgeClasses",
+    "PlanInstance",
+    "PlanModel",
+    "PlanSolution",
+    "build_plan_instance",
+    "critical_path_bound",
+    "cut_constraints",
+    "edge_delay",
+    "hint_makespan",
+    "horizon_bound",
+    "min_op_seconds",
+    "symmetry_fixing",
+]
 
 #: The constraint blocks of the plan-selection models, in the order both engines add them (the
 #: later blocks use what the earlier ones created: ``operations`` needs ``split``, exclusivity
@@ -38,6 +53,9 @@ __all__ = ["PLAN_BLOCKS", "EdgeClasses", "PlanInstance", "PlanModel", "PlanSolut
 #:
 #: ``choice``
 #:     ``x[v,c]``, ``Σ_c x[v,c] = 1``: one candidate per vertex;
+#: ``symmetry``
+#:     ``x[v₀,c] = 0`` for the candidates of one vertex ``v₀`` that a certified device
+#:     permutation maps onto a kept one (:func:`symmetry_fixing`; nothing where none is certified);
 #: ``edges``
 #:     ``z[e,o]``, ``Σ_o z[e,o] = 1``, ``z[e,o] ≥ x[u,cu] + x[v,cv] − 1``: one lowering class per edge;
 #: ``split``
@@ -53,11 +71,19 @@ __all__ = ["PLAN_BLOCKS", "EdgeClasses", "PlanInstance", "PlanModel", "PlanSolut
 #: ``exclusivity``
 #:     no two present nodes overlap on a device atom;
 #: ``memory``
-#:     per atom, persistent state plus the running vertex's need within ``M_eff``.
+#:     per atom, persistent state plus the running vertex's need within ``M_eff``;
+#: ``cuts``
+#:     redundant linear constraints that hold in every solution and tighten the relaxation
+#:     (:func:`min_op_seconds`, :func:`critical_path_bound`): ``E[v,k] ≥ S[v,k] + Σ_c d⁻(v,c)·x[v,c]``,
+#:     ``S[v,k] ≥ E[u,k'] + Σ_o d(o)·z[e,o]`` per edge without phase-wise classes,
+#:     ``E[v,k] ≥ E[u,k] + Σ_o d_Q(o)·z[e,o]`` per edge with them, the energy of every atom
+#:     ``MS ≥ Σ_{v,c∋a} Keval·d⁻(v,c)·x[v,c] + Σ_{transfers ∋ a} d·presence`` and ``MS ≥`` the
+#:     critical path.
 #:
 #: The objective comes after them: ``min MS`` with ``MS ≥ E[v,k]``.
 PLAN_BLOCKS: tuple[str, ...] = (
     "choice",
+    "symmetry",
     "edges",
     "split",
     "operations",
@@ -65,6 +91,7 @@ PLAN_BLOCKS: tuple[str, ...] = (
     "chains",
     "exclusivity",
     "memory",
+    "cuts",
 )
 
 
@@ -92,9 +119,12 @@ class PlanModel:
 
     BLOCKS = PLAN_BLOCKS
 
-    def __init__(self, inst: PlanInstance, deadline: Deadline | None) -> None:
+    def __init__(self, inst: PlanInstance, deadline: Deadline | None, keep: Plan | None = None) -> None:
         self.inst = inst
         self.deadline = deadline or Deadline()
+        #: ``(v₀, candidates of v₀ ruled out)`` by the symmetry block (``keep``'s choice is kept;
+        #: ``None``: no certified symmetry)
+        self.symmetry = symmetry_fixing(inst, keep)
         self.n = len(inst.ev.graph.vertices)
         self.x: list[list[Any]] = []
         self.z: list[list[Any]] = []
@@ -145,6 +175,9 @@ class PlanSolution:
         Seconds until the first solution (``None`` if none).
     interrupted
         Ctrl-C stopped the engine (the solution, if any, is the best so far).
+    cut_off
+        The model was proven infeasible under the caller's ``cutoff`` (status ``INFEASIBLE``):
+        no plan of this instance is shorter than ``lower_bound`` = the cutoff.
     message
         Why the engine stopped early, when it did (e.g. ``"model too large to build in 0.5 s
         (…)"``); empty otherwise.
@@ -160,6 +193,7 @@ class PlanSolution:
     time_to_first: float | None = None
     interrupted: bool = False
     message: str = ""
+    cut_off: bool = False
 
     @classmethod
     def without_plan(
@@ -171,6 +205,7 @@ class PlanSolution:
         lower_bound: float = 0.0,
         interrupted: bool = False,
         message: str = "",
+        cut_off: bool = False,
     ) -> PlanSolution:
         """An outcome with no plan: makespan ``inf``."""
         return cls(
@@ -182,6 +217,21 @@ class PlanSolution:
             engine=engine,
             interrupted=interrupted,
             message=message,
+            cut_off=cut_off,
+        )
+
+    def under_cutoff(self, cutoff: float | None, binding: bool) -> PlanSolution:
+        """This outcome, or — when the model was infeasible and the horizon was the caller's
+        ``cutoff`` (``binding``) — a ``cut_off`` outcome whose lower bound is the cutoff."""
+        if self.status != Status.INFEASIBLE or not binding or cutoff is None:
+            return self
+        return PlanSolution.without_plan(
+            Status.INFEASIBLE,
+            self.runtime,
+            self.engine,
+            lower_bound=cutoff,
+            cut_off=True,
+            message=f"no plan shorter than the cutoff {cutoff:.6g} s",
         )
 
 
@@ -410,21 +460,30 @@ def build_plan_instance(
 
 
 def candidate_sets(
-    ev: Evaluator, dirs: list, k: int | None, include: Plan | None = None
+    ev: Evaluator,
+    dirs: list,
+    k: int | None,
+    include: Plan | None = None,
+    everywhere: list[Plan] | tuple[Plan, ...] = (),
 ) -> list[list[Choice]]:
     """``C(v)``: the strategies of the ``k`` fastest layouts of each directory (all when ``k`` is
     ``None``; a training invocation's layouts in each recomputation mode its directory kept,
     :meth:`~rpeg.scoring.candidates.Directory.fastest_layouts`) at every aligned origin, plus the
-    choices of ``include`` (a warm start) when given."""
+    strategies the plans ``everywhere`` use, at every aligned origin too (SA's ``candidates=k``
+    restriction, :func:`~rpeg.heuristics.search.anneal.restrict`, keeps the concurrent and greedy
+    baselines' strategies so), plus the choices of ``include`` (a warm start) when given."""
     out = []
     for v, d in enumerate(dirs):
         chosen: list[Choice] = []
         seen = set()
-        for i in d.fastest_layouts(k):
-            for c in d.choices(ev.cluster, i):
-                if c not in seen:
-                    seen.add(c)
-                    chosen.append(c)
+        extra = {plan.choices[v].strategy for plan in everywhere}
+        fast = set(d.fastest_layouts(k))
+        for i, s in enumerate(d.strategies):
+            if i in fast or s in extra:
+                for c in d.choices(ev.cluster, i):
+                    if c not in seen:
+                        seen.add(c)
+                        chosen.append(c)
         if include is not None and include.choices[v] not in seen:
             chosen.append(include.choices[v])
         out.append(chosen)
@@ -444,3 +503,255 @@ def serving_groups(ev: Evaluator) -> dict[str, list[int]]:
         if v.role is not Role.TRAINING:
             out[v.model].append(i)
     return dict(out)
+
+
+def min_op_seconds(inst: PlanInstance, ticks: Callable[[float], Any] = float) -> list[list[Any]]:
+    """``d⁻(v,c) = min(d_whole(v,c), Σ_q d_q(v,c))``: the least time candidate ``c`` keeps
+    vertex ``v`` busy in one step, split into phases or not (``d_whole`` alone where ``v`` never
+    splits). ``E[v,k] − S[v,k] ≥ Σ_c d⁻(v,c)·x[v,c]`` holds in every solution. ``ticks``
+    converts each duration first (CP-SAT's rounding up to its time unit; seconds by default)."""
+    return [
+        [min(ticks(w[0]), sum(ticks(d) for d in p)) if p else ticks(w[0]) for w, p in row] for row in inst.op
+    ]
+
+
+def cut_constraints(
+    inst: PlanInstance,
+    x: list[list[Any]],
+    S: list[list[Any]],
+    E: list[list[Any]],
+    z: list[list[Any]],
+    ms: Any,
+    transfers: list[tuple[int, Any, Any]],
+    masks: set[int],
+    ticks: Callable[[float], Any] = float,
+) -> Iterator[Any]:
+    """The redundant constraints of the ``cuts`` block (:data:`PLAN_BLOCKS`), as expressions
+    each engine adds to its model (both overload ``>=``), every duration through ``ticks``:
+
+    * ``E[v,k] ≥ S[v,k] + Σ_c d⁻(v,c)·x[v,c]`` per vertex and step (:func:`min_op_seconds`);
+    * per edge that always adds a dependency (:func:`edge_delay`), ``S[dst,k] ≥ E[src,k'] + δ``
+      (``k' = k − τ − 1`` for a publication), or ``E[dst,k] ≥ E[src,k] + δ`` when phase-wise;
+    * per device atom ``a`` of the candidates' and transfers' masks, the energy bound
+      ``MS ≥ Σ_{v,c: a ⊆ σ(c)} Keval·d⁻(v,c)·x[v,c] + Σ_{transfers on a} d·present``.
+
+    Parameters
+    ----------
+    inst
+        The instance.
+    x, S, E, z
+        The engine's choice, start, end and edge-class variables.
+    ms
+        The makespan variable.
+    transfers
+        ``(mask, duration, presence)`` of every optional transfer node.
+    masks
+        Further device masks whose atoms get an energy bound (the engine's resource masks).
+    ticks
+        Duration conversion (seconds by default).
+
+    Yields
+    ------
+    Any
+        One linear constraint expression at a time.
+    """
+    g, K = inst.ev.graph, inst.k_eval
+    dmin = min_op_seconds(inst, ticks)
+    for v in range(len(x)):
+        busy = sum(d * x[v][c] for c, d in enumerate(dmin[v]))
+        for k in range(K):
+            yield E[v][k] >= S[v][k] + busy
+    for ei, ec in enumerate(inst.edges):
+        link = edge_delay(ec, z[ei], ticks)
+        if link is None:
+            continue
+        phasewise, delay = link
+        for k in range(K):
+            src_k = k - g.staleness[ec.model] - 1 if ec.kind == "pub" else k
+            if src_k < 0:
+                continue
+            if phasewise:
+                yield E[ec.dst][k] >= E[ec.src][k] + delay
+            else:
+                yield S[ec.dst][k] >= E[ec.src][src_k] + delay
+    for a in atoms_of({c.allocation.mask for cs in inst.cands for c in cs} | set(masks)):
+        ops = [
+            K * d * x[v][c]
+            for v in range(len(x))
+            for c, d in enumerate(dmin[v])
+            if inst.cands[v][c].allocation.mask & a
+        ]
+        moves = [d * pres for mask, d, pres in transfers if mask & a]
+        yield ms >= sum(ops) + sum(moves)
+
+
+def critical_path_bound(inst: PlanInstance, ticks: Callable[[float], float] = float) -> float:
+    """Analytical lower bound on the makespan: for each training vertex ``t``,
+    ``LB = max_t head(t) + Keval·d⁻(t)``, with ``head(t)`` the longest data path into ``t`` in
+    one step and ``d⁻(v) = min_c d⁻(v,c)`` (:func:`min_op_seconds`; every transfer free, the
+    ``Keval`` updates of ``t`` chained). ``ticks`` converts each duration first (CP-SAT's
+    rounding up to its time unit; seconds by default)."""
+    g = inst.ev.graph
+    fastest = [
+        min(ticks(w[0]) if not p else min(ticks(w[0]), sum(ticks(d) for d in p)) for w, p in inst.op[v])
+        for v in range(len(g.vertices))
+    ]
+    head = [0.0] * len(g.vertices)  # longest path ending before v starts
+    for e in sorted(g.data_edges, key=lambda e: g.index[e.dst]):
+        u, v = g.index[e.src], g.index[e.dst]
+        head[v] = max(head[v], head[u] + fastest[u])
+    bound = 0.0
+    for t, vert in enumerate(g.vertices):
+        if vert.role is Role.TRAINING:
+            bound = max(bound, head[t] + inst.k_eval * fastest[t])
+    return bound
+
+
+def _block_swaps(n_devices: int) -> list[list[int]]:
+    """Device permutations that swap two adjacent aligned blocks of ``b`` devices
+    (``b = 1, 2, 4, …``): ``[i, i+b) ↔ [i+b, i+2b)`` for ``i`` a multiple of ``2b``."""
+    out = []
+    b = 1
+    while 2 * b <= n_devices:
+        for i in range(0, n_devices - 2 * b + 1, 2 * b):
+            perm = list(range(n_devices))
+            for j in range(b):
+                perm[i + j], perm[i + b + j] = i + b + j, i + j
+            out.append(perm)
+        b *= 2
+    return out
+
+
+def _map_mask(mask: int, perm: list[int]) -> int:
+    out = 0
+    for d, image in enumerate(perm):
+        if mask >> d & 1:
+            out |= 1 << image
+    return out
+
+
+def _map_key(key: object, perm: list[int]) -> object:
+    """A class key with its device mask (index 2 of COMM, RESHARD and publication keys) mapped."""
+    if key is None or key[0] == PREC:
+        return key
+    return (*key[:2], _map_mask(key[2], perm), *key[3:])
+
+
+def _certify(inst: PlanInstance, perm: list[int]) -> list[list[int]] | None:
+    """The candidate permutation ``π_v`` per vertex that device permutation ``perm`` induces, if
+    ``perm`` is an automorphism of the instance's data: every candidate has an image with the same
+    strategy, the mapped mask, the same OP durations and memory, and every edge maps each class
+    onto the class with the mapped key (same durations, mapped mask); ``None`` otherwise."""
+    images = []
+    for v, cs in enumerate(inst.cands):
+        where = {(c.strategy, c.allocation.mask): i for i, c in enumerate(cs)}
+        pi = []
+        for i, c in enumerate(cs):
+            j = where.get((c.strategy, _map_mask(c.allocation.mask, perm)))
+            if j is None or inst.op[v][j] != inst.op[v][i] or inst.memory[v][j] != inst.memory[v][i]:
+                return None
+            pi.append(j)
+        images.append(pi)
+    for ec in inst.edges:
+        class_of = {p: o for o, pairs in enumerate(ec.pairs) for p in pairs}
+        pu, pv = images[ec.src], images[ec.dst]
+        for o, pairs in enumerate(ec.pairs):
+            want = _map_key(ec.classes[o], perm)
+            for cu, cv in pairs:
+                if ec.classes[class_of[(pu[cu], pv[cv])]] != want:
+                    return None
+    return images
+
+
+def _root(parent: list[int], i: int) -> int:
+    """Union-find root of ``i`` (with path halving)."""
+    while parent[i] != i:
+        parent[i] = parent[parent[i]]
+        i = parent[i]
+    return i
+
+
+def symmetry_fixing(inst: PlanInstance, keep: Plan | None = None) -> tuple[int, list[int]] | None:
+    """Symmetry breaking among identical devices: the candidates of one vertex that may be ruled
+    out without losing an optimum.
+
+    A device permutation ``σ`` (candidates: swaps of adjacent aligned blocks of 1, 2, 4, …
+    devices, :func:`_block_swaps`) is *certified* when it maps the instance onto itself
+    (:func:`_certify`: each candidate onto one with the same strategy, the mapped mask, the same
+    durations and memory; each edge's classes onto the classes with mapped masks). Every element
+    ``g`` of the group ``G`` the certified permutations generate then maps each solution onto
+    one with the same makespan, so each orbit of ``G`` on the candidates of one vertex ``v₀``
+    needs only one member: ``x[v₀,c] = 0`` for the others keeps an optimum. ``v₀`` is the vertex
+    whose orbits rule out the most candidates; each orbit keeps its lowest index, or ``keep``'s
+    choice of ``v₀`` when it is in the orbit (so a warm-start plan stays feasible).
+
+    Returns
+    -------
+    tuple[int, list[int]] or None
+        ``(v₀, the candidate indices of v₀ ruled out)``, or ``None`` when no permutation is
+        certified or no candidate would be ruled out.
+    """
+    maps = [m for perm in _block_swaps(inst.ev.cluster.num_devices) if (m := _certify(inst, perm))]
+    if not maps:
+        return None
+    best: tuple[int, list[int]] | None = None
+    for v, cs in enumerate(inst.cands):
+        parent = list(range(len(cs)))
+        for images in maps:
+            for i, j in enumerate(images[v]):
+                a, b = _root(parent, i), _root(parent, j)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+        orbit = [_root(parent, i) for i in range(len(cs))]
+        kept = {orbit[i]: i for i in reversed(range(len(cs)))}  # the lowest index per orbit
+        if keep is not None and keep.choices[v] in cs:
+            k = cs.index(keep.choices[v])
+            kept[orbit[k]] = k
+        out = [i for i in range(len(cs)) if kept[orbit[i]] != i]
+        if out and (best is None or len(out) > len(best[1])):
+            best = (v, out)
+    return best
+
+
+def edge_delay(ec: EdgeClasses, z: list, ticks: Callable[[float], Any] = float) -> tuple[bool, Any] | None:
+    """The delay an edge imposes whatever class is active, as a linear expression in its class
+    variables ``z``: ``(False, Σ_o d(o)·z[o])`` with ``S[dst,k] ≥ E[src,k'] + delay`` (``d`` = 0 for
+    a precedence, the transfer's duration otherwise) when no class is phase-wise, or
+    ``(True, Σ_o d_Q(o)·z[o])`` with ``E[dst,k] ≥ E[src,k] + delay`` (``d_Q`` the last phase's
+    transfer) when one is; ``None`` when some pair of candidates adds no dependency at all.
+    ``ticks`` converts each duration first (CP-SAT's rounding; seconds by default).
+
+    Every class implies the delay: a precedence ``S[dst] ≥ E[src]``; a COMM, RESHARD or
+    publication node of duration ``d`` between them ``S[dst] ≥ E[src] + d``; ``Q`` phase-wise
+    COMMs ``E[dst] = PE[dst,Q] ≥ PS[dst,Q] ≥ start_Q + d_Q ≥ PE[src,Q] + d_Q = E[src] + d_Q``
+    (and ``E[dst] ≥ S[dst]`` for the others on such an edge)."""
+    if any(key is None for key in ec.classes):
+        return None
+    phasewise = any(ec.kind == "data" and key[0] == COMM and len(key[1]) > 1 for key in ec.classes)
+    terms = []
+    for o, key in enumerate(ec.classes):
+        if key[0] == PREC:
+            continue
+        d = key[1][-1] if isinstance(key[1], tuple) else key[1]
+        terms.append(ticks(d) * z[o])
+    return phasewise, sum(terms)
+
+
+def horizon_bound(inst: PlanInstance, hint: Plan | None, cutoff: float | None) -> tuple[float | None, bool]:
+    """The upper bound a model's horizon takes: the smaller of :func:`hint_makespan` and the
+    caller's ``cutoff`` (a makespan already achieved elsewhere: no plan here needs to be longer),
+    and whether the cutoff is the one that binds (``None`` when neither is known)."""
+    ub = hint_makespan(inst, hint)
+    if cutoff is not None and math.isfinite(cutoff) and (ub is None or cutoff < ub):
+        return cutoff, True
+    return ub, False
+
+
+def hint_makespan(inst: PlanInstance, hint: Plan | None) -> float | None:
+    """The evaluator's makespan of ``hint`` (a plan whose choices are in the candidate sets) when
+    it is memory-feasible, else ``None``: an upper bound on the models' optimum, because the list
+    schedule of the hint is one schedule of the lowered graph the models schedule."""
+    if hint is None:
+        return None
+    r = inst.ev.evaluate(hint)
+    return r.makespan if r.feasible and math.isfinite(r.makespan) else None

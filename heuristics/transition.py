@@ -19,7 +19,14 @@ GPU and who holds its memory). Memory is tracked only on GPUs where it can bind
 
 The list order is sorted once (:func:`priority_order`); a ready primitive that cannot start
 waits on one GPU that blocks it and is tried again only after that GPU is released, so an event
-costs what it changes rather than a rescan of every ready primitive (:func:`greedy_schedule`).
+costs what it changes rather than a rescan of every ready primitive
+(:func:`greedy_schedule_reference`). :func:`greedy_schedule` runs the same steps in a
+numba-compiled core on the index tables of a DAG from :func:`~rpeg.ir.emu.transition_dag`, with
+the same schedules. numba compiles that core once per installation (seconds) and caches it on
+disk; :func:`warm_up` loads or compiles it (after the DAG builder's,
+:func:`rpeg.ir.emu.flat.warm_up`) in a background thread started by the first
+:func:`greedy_schedule` of a process, and until it is done (:func:`ready`) the reference
+schedules (same result), so planning a transition never waits for the compiler.
 
 :func:`check_transition_schedule` re-derives every invariant from the data alone.
 """
@@ -31,15 +38,23 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..costmodel.transition import peak_possible
-from ..ir.emu import Destroy, Merge, Split, TransitionDAG, TransitionInfeasible
+from ..ir.emu import Destroy, Merge, Split, TransitionDAG, TransitionInfeasible, transition_dag
+from ..ir.emu.flat import DESTROY, warm_up_pair
+from ..ir.emu.flat import warm_up as _warm_up_builder
+from ..ir.warmup import WarmUp
 
 __all__ = [
     "TransitionSchedule",
     "check_transition_schedule",
     "downstream_ranks",
     "greedy_schedule",
+    "greedy_schedule_reference",
     "priority_order",
+    "ready",
+    "warm_up",
 ]
 
 _GIB = 2.0**30
@@ -122,6 +137,96 @@ def greedy_schedule(
     dag: TransitionDAG, durations: Sequence[float], capacity: Mapping[int, float]
 ) -> TransitionSchedule:
     """Schedule ``dag`` by the greedy list order (module docstring).
+
+    On a DAG that :func:`~rpeg.ir.emu.transition_dag` built (``dag.flat`` set) this runs
+    :func:`greedy_schedule_reference`'s steps in a compiled core on the index tables, with the
+    same result (``tests/heuristics/test_transition_fast.py`` checks it on random transitions);
+    otherwise, and to raise :class:`~rpeg.ir.emu.TransitionInfeasible`, it runs the reference.
+    Until the core is loaded in this process (:func:`ready`) it starts loading it in the
+    background (:func:`warm_up`) and runs the reference.
+
+    Parameters
+    ----------
+    dag
+        The transition DAG.
+    durations
+        Per primitive, in any time unit (seconds, or integer ticks for the exact models).
+    capacity
+        ``cap_g`` per GPU in bytes (:func:`~rpeg.costmodel.transition.gpu_capacities`); a GPU
+        not listed is unbounded.
+
+    Returns
+    -------
+    TransitionSchedule
+
+    Raises
+    ------
+    TransitionInfeasible
+        When the order reaches a state where nothing runs and nothing ready fits in memory.
+    ValueError
+        When ``durations`` has the wrong length or a negative entry.
+    """
+    if not ready():
+        warm_up()  # once per process, in the background; meanwhile the reference schedules
+        return greedy_schedule_reference(dag, durations, capacity)
+    if dag.flat is None:
+        return greedy_schedule_reference(dag, durations, capacity)
+    return _compiled_schedule(dag, durations, capacity)
+
+
+def _compiled_schedule(
+    dag: TransitionDAG, durations: Sequence[float], capacity: Mapping[int, float]
+) -> TransitionSchedule:
+    """:func:`greedy_schedule` in the compiled core on ``dag.flat`` (which must be set)."""
+    from . import _transition_kernel as kernel
+
+    flat = dag.flat
+    assert flat is not None
+    n = flat.n_prims
+    if len(durations) != n:
+        raise ValueError(f"durations has {len(durations)} entries for {n} primitives")
+    dur = np.asarray(durations, dtype=np.float64)
+    if not (dur >= 0).all():
+        raise ValueError(f"durations must be non-negative, got {min(durations)!r}")
+    n_gpus = flat.n_gpus
+    cap = np.full(n_gpus, np.inf)
+    if capacity:
+        gpus = np.fromiter(capacity.keys(), np.int64, len(capacity))
+        caps = np.fromiter(capacity.values(), np.float64, len(capacity))
+        inside = (gpus >= 0) & (gpus < n_gpus)
+        cap[gpus[inside]] = caps[inside]
+    # class of a primitive in the list order: (not Destroy, its stage's sort key), numbered
+    keys = [ms.sort_key for ms in flat.stages]
+    key_rank = {k: r for r, k in enumerate(sorted(set(keys)))}
+    stage_class = np.array([key_rank[k] for k in keys], np.int64)
+    cls = stage_class[flat.p_stage] + np.where(flat.p_kind == DESTROY, 0, len(key_rank))
+    status, starts, ends = kernel.schedule(
+        n_gpus,
+        flat.n_current,
+        flat.p_kind,
+        cls,
+        flat.p_iptr,
+        flat.p_in,
+        flat.p_optr,
+        flat.p_out,
+        flat.u_ptr,
+        flat.u_gpus,
+        flat.u_bpg,
+        np.concatenate((flat.edge_src, flat.res_src)),
+        np.concatenate((flat.edge_dst, flat.res_dst)),
+        dur,
+        cap,
+    )
+    if status:
+        return greedy_schedule_reference(dag, durations, capacity)  # raises TransitionInfeasible
+    return TransitionSchedule(tuple(starts.tolist()), tuple(ends.tolist()))
+
+
+def greedy_schedule_reference(
+    dag: TransitionDAG, durations: Sequence[float], capacity: Mapping[int, float]
+) -> TransitionSchedule:
+    """:func:`greedy_schedule` in pure Python on the DAG's objects (the reference its compiled
+    core is tested against; same parameters, result and errors).
 
     Positions in :func:`priority_order` stand for the primitives. A ready primitive that cannot
     start waits on one GPU that blocks it (one of its busy GPUs, or one short of memory) and is
@@ -370,3 +475,49 @@ def check_transition_schedule(
 def _key_str(u) -> str:
     ms, tp, pp, gpus = u.key()
     return f"{ms}|{tp}|{pp}|{sorted(gpus)}"
+
+
+# ---------------------------------------------------------------------------- warm-up
+def _compile() -> bool:
+    """The builder's warm-up, then :func:`_compiled_schedule` on a DAG of
+    :func:`~rpeg.ir.emu.flat.warm_up_pair` built by :func:`~rpeg.ir.emu.transition_dag`: the real
+    entry points, so the compiled specialisation (argument types and array layouts) is the one
+    real calls use."""
+    if not _warm_up_builder(wait=True):
+        return False  # the builder's warm-up said why; without tables the compiled scheduler is unused
+    dag = transition_dag(*warm_up_pair())
+    if dag.flat is None:
+        raise RuntimeError("the warm-up transition has no index tables")
+    _compiled_schedule(dag, [1.0] * len(dag), {0: 1e12})
+    return True
+
+
+_WARM_UP = WarmUp(
+    "rpeg-compile-transition-schedule",
+    _compile,
+    "the compiled transition scheduler",
+    "transitions are scheduled by the pure-Python reference (same schedules, slower)",
+)
+
+
+def ready() -> bool:
+    """Whether the compiled scheduler is loaded in this process (:func:`warm_up` has finished)."""
+    return _WARM_UP.ready()
+
+
+def warm_up(wait: bool = False) -> bool:
+    """Load or compile the DAG builder's and the scheduler's kernels in a background thread,
+    once per process (:class:`~rpeg.ir.warmup.WarmUp`).
+
+    Parameters
+    ----------
+    wait
+        Block until the thread has finished.
+
+    Returns
+    -------
+    bool
+        :func:`ready`. ``False`` after waiting means the kernels could not be compiled (a
+        warning says why); :func:`greedy_schedule` then keeps the reference.
+    """
+    return _WARM_UP.start(wait)

@@ -41,7 +41,10 @@ __all__ = [
     "RESHARD",
     "CostProvider",
     "ExecGraph",
+    "Rules",
+    "apply_rules",
     "data_rule",
+    "emit",
     "lower",
     "pair_rule",
     "phase_fractions",
@@ -210,12 +213,12 @@ def lower(
     n = len(unrolled.graph.vertices)
     if len(plan) != n:
         raise ValueError(f"plan has {len(plan)} choices but the graph has {n} vertices")
-    rules = _apply_rules(unrolled, plan, quantiles, costs, split_phases)
-    return _emit(unrolled, plan, rules, len(quantiles))
+    rules = apply_rules(unrolled, plan, quantiles, costs, split_phases)
+    return emit(unrolled, plan, rules, len(quantiles))
 
 
 @dataclass(frozen=True, slots=True)
-class _Rules:
+class Rules:
     """What rules 1–4 decide for one plan, per compact vertex or edge (before unrolling).
 
     ``split[v]``: rule 1 splits ``v`` into phases; ``op_durs[v]``: its OP node(s)' seconds;
@@ -230,14 +233,29 @@ class _Rules:
     pair_plan: list[list[tuple[int, int, float, float]]]
 
 
-def _apply_rules(
+def apply_rules(
     unrolled: Unrolled,
     plan: Plan,
     quantiles: tuple[tuple[float, int], ...],
     costs: CostProvider,
     split_phases: bool,
-) -> _Rules:
-    """Rules 1–4 (module docstring) applied to every compact vertex and edge under ``plan``."""
+) -> Rules:
+    """Rules 1–4 (module docstring) applied to every compact vertex and edge under ``plan``.
+
+    The first half of :func:`lower`: what each compact vertex and edge becomes, with its
+    durations, before anything is unrolled. :func:`emit` turns the result into nodes.
+
+    Parameters
+    ----------
+    unrolled, plan, quantiles, costs, split_phases
+        As for :func:`lower`.
+
+    Returns
+    -------
+    Rules
+        Per vertex its split flag and OP seconds; per data / publication edge and rule-3 pair
+        its outcome (``PREC``, ``COMM`` or ``RESHARD``), payload(s) and seconds.
+    """
     g = unrolled.graph
     n = len(g.vertices)
     data_bytes, data_ends, pub_model, weight_bytes, roles, pairs_into = _static(unrolled)
@@ -278,12 +296,28 @@ def _apply_rules(
             rule = pair_rule(g.staleness[m], weight_bytes[m], m, choices[a], choices[b], costs)
             if rule is not None:
                 pair_plan[b].append((a, *rule))
-    return _Rules(split, op_durs, data_plan, pub_plan, pair_plan)
+    return Rules(split, op_durs, data_plan, pub_plan, pair_plan)
 
 
-def _emit(unrolled: Unrolled, plan: Plan, rules: _Rules, Q: int) -> ExecGraph:
+def emit(unrolled: Unrolled, plan: Plan, rules: Rules, Q: int) -> ExecGraph:
     """The nodes of every vertex instance, step by step in vertex order (a topological order):
-    first the COMM/RESHARD nodes its incoming edges need, then its OP node or ``Q`` phase nodes."""
+    first the COMM/RESHARD nodes its incoming edges need, then its OP node or ``Q`` phase nodes.
+
+    The second half of :func:`lower`. Which nodes and edges it creates depends on ``rules``
+    only through their outcomes (kinds, split flags) and on ``plan`` only through which
+    publication destinations share an allocation and a strategy (one install serves them); the
+    durations and payloads are copied from ``rules`` as they are, so a caller may pass other
+    numbers in their place (:mod:`rpeg.scoring.fast` passes slot indices to build a template).
+
+    Parameters
+    ----------
+    unrolled, plan
+        As for :func:`lower`.
+    rules
+        :func:`apply_rules` of ``plan``.
+    Q
+        Number of response-length phases.
+    """
     n = len(unrolled.graph.vertices)
     pub_model = _static(unrolled)[2]
     inc = _incoming(unrolled)

@@ -268,8 +268,15 @@ class Directory:
         return len(self.strategies)
 
     def of_size(self, size: int) -> list[int]:
-        """Indices of the strategies with ``|σ| = size`` (still sorted by time)."""
-        return [i for i, s in enumerate(self.strategies) if s.size == size]
+        """Indices of the strategies with ``|σ| = size`` (still sorted by time; memoised per
+        strategy list, which the search replaces rather than edits when it restricts one)."""
+        memo = self.__dict__.get("_of_size")
+        if memo is None or memo[0] is not self.strategies:
+            memo = self.__dict__["_of_size"] = (self.strategies, {})
+        hit = memo[1].get(size)
+        if hit is None:
+            hit = memo[1][size] = [i for i, s in enumerate(self.strategies) if s.size == size]
+        return list(hit)
 
     def fastest_layouts(self, k: int | None) -> list[int]:
         """Indices (still sorted by time) of the strategies whose layout is among the ``k``

@@ -22,6 +22,8 @@ from ..ir.workload import Workload
 
 __all__ = ["Costs", "VertexMemory"]
 
+COMM_CACHE = 100_000  # COMM durations kept, keyed by (bytes, source mask, destination mask)
+
 
 @dataclass(frozen=True, slots=True)
 class VertexMemory:
@@ -140,10 +142,12 @@ class Costs:
     def comm(self, nbytes: float, src: Choice, dst: Choice) -> float:
         """``α_p2p + bytes·β_p2p / min(|σu|, |σv|)`` at the tier spanned by both allocations."""
         a, b = src.allocation, dst.allocation
-        tier = a.tier if a.mask == b.mask else self.cluster.tier_of_mask(a.mask | b.mask)
-        key = (nbytes, a.size, b.size, tier)
+        key = (nbytes, a.mask, b.mask)  # the masks fix the sizes and the tier
         hit = self._comm.get(key)
         if hit is None:
+            if len(self._comm) >= COMM_CACHE:  # mask pairs are many on big clusters: start afresh
+                self._comm.clear()
+            tier = a.tier if a.mask == b.mask else self.cluster.tier_of_mask(a.mask | b.mask)
             hit = self._comm[key] = comm_time(nbytes, a.size, b.size, tier, self.hw)
         return hit
 

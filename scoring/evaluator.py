@@ -18,6 +18,7 @@ Per-device memory (SPEC §6): ``peak(d) = Σ_m S(m, d) + max_{v on d} A(v, d)`` 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 from ..ir.cluster import Cluster, mask_devices
@@ -28,9 +29,12 @@ from ..ir.types import Role
 from ..ir.unroll import unroll
 from ..ir.workload import Workload
 from .costs import Costs
+from .fast import FastLowering, ready, warm_up
 from .scheduler import Schedule, atoms_of, list_schedule
 
 __all__ = [
+    "BACKENDS",
+    "BACKEND_VARIABLE",
     "BETA_OOM",
     "AtomMemory",
     "Evaluation",
@@ -41,6 +45,8 @@ __all__ = [
 ]
 
 BETA_OOM = 40.0
+BACKENDS = ("compiled", "python")
+BACKEND_VARIABLE = "RPEG_EVALUATOR"
 MEMORY_TOL = 1e-9  # relative slack on peak ≤ M_eff for float round-off
 
 
@@ -192,6 +198,17 @@ class Evaluator:
         ``True`` for the soft memory penalty; ``False`` scores infeasible plans 0 (hard rejection).
     split_phases
         Split generation and disjoint inference into response-length phases (SPEC §5 rule 1).
+    backend
+        ``"compiled"``: the rules in Python, then lowering, list scheduling and memory peaks
+        compiled by numba (:mod:`rpeg.scoring.fast`); ``"python"``: :func:`~rpeg.ir.lower.lower`,
+        :func:`~rpeg.scoring.scheduler.list_schedule` and :meth:`memory`, the reference. Both
+        give identical results. ``None`` (default): the environment variable ``RPEG_EVALUATOR``
+        if set (so every evaluator of a search, its worker processes included, can be switched
+        for a comparison), else ``"compiled"``. An evaluation that keeps its graph and schedule
+        (``keep=True``) or follows an exact model's starts always takes the reference path, and
+        so does every evaluation before the compiled kernels are loaded
+        (:func:`~rpeg.scoring.fast.warm_up`, started in the background by the first evaluation
+        of a process that could use them).
     """
 
     def __init__(
@@ -205,7 +222,17 @@ class Evaluator:
         delta: float = 0.10,
         penalty: bool = True,
         split_phases: bool = True,
+        backend: str | None = None,
     ) -> None:
+        if backend is None:
+            backend = os.environ.get(BACKEND_VARIABLE, "compiled")
+            if backend not in BACKENDS:
+                raise ValueError(
+                    f"environment variable {BACKEND_VARIABLE} must be one of {', '.join(map(repr, BACKENDS))}, "
+                    f"got {backend!r}"
+                )
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
         if objective not in ("throughput", "throughput-util"):
             raise ValueError(f"objective must be 'throughput' or 'throughput-util', got {objective!r}")
         if not 0.0 < delta <= 1.0:  # the front door's range (solvers.solve.Problem): δ = 1 weights every plan
@@ -221,6 +248,8 @@ class Evaluator:
         self.delta = delta
         self.penalty = penalty
         self.split_phases = split_phases
+        self.backend = backend
+        self.fast = FastLowering(self.unrolled, workload.quantiles, self.costs, split_phases)  # type: ignore[arg-type]
         self.best_raw = 0.0
         self.evaluations = 0
         g = self.graph
@@ -292,12 +321,33 @@ class Evaluator:
             ``starts`` misses a node of the lowered graph.
         """
         self.evaluations += 1
-        g = lower(self.unrolled, plan, self.workload.quantiles, self.costs, split_phases=self.split_phases)  # type: ignore[arg-type]
-        sched = list_schedule(g, start_order(g, starts) if starts is not None else None)
-        ms = sched.makespan
+        g = sched = None
+        compiled = self.backend == "compiled" and not keep and starts is None
+        if compiled and not ready():
+            warm_up()  # once per process, in the background; meanwhile the reference path
+            compiled = False
+        if compiled:
+            if self.fast.unrolled is not self.unrolled or self.fast.costs is not self.costs:
+                self.fast = FastLowering(
+                    self.unrolled, self.workload.quantiles, self.costs, self.split_phases
+                )  # type: ignore[arg-type]
+            fast = self.fast.schedule(plan)
+            ms, busy, critical = fast.makespan, fast.busy_device_seconds, fast.critical
+            mem = MemoryReport(fast.atoms, fast.peaks, self.cluster.hardware.m_eff)
+        else:
+            g = lower(
+                self.unrolled, plan, self.workload.quantiles, self.costs, split_phases=self.split_phases
+            )  # type: ignore[arg-type]
+            sched = list_schedule(g, start_order(g, starts) if starts is not None else None)
+            ms, busy = sched.makespan, sched.busy_device_seconds()
+            critical = [0.0] * len(plan.choices)
+            kind, vertex, dur = g.kind, g.vertex, g.duration
+            for i in sched.critical_path():
+                if kind[i] == 0:
+                    critical[vertex[i]] += dur[i]
+            mem = self.memory(plan)
         raw = self._work / ms if ms > 0 else math.inf
-        util = sched.busy_device_seconds() / (self.cluster.num_devices * ms) if ms > 0 else 0.0
-        mem = self.memory(plan)
+        util = busy / (self.cluster.num_devices * ms) if ms > 0 else 0.0
         score = raw
         if not mem.feasible:
             score = raw * math.exp(-BETA_OOM * (mem.ratio - 1.0)) if self.penalty else 0.0
@@ -305,9 +355,4 @@ class Evaluator:
             if mem.feasible and raw > self.best_raw:
                 self.best_raw = raw
             score = score * util if raw >= (1.0 - self.delta) * self.best_raw else score * 1e-12
-        critical = [0.0] * len(plan.choices)
-        kind, vertex, dur = g.kind, g.vertex, g.duration
-        for i in sched.critical_path():
-            if kind[i] == 0:
-                critical[vertex[i]] += dur[i]
         return Evaluation(score, raw, ms, util, mem, critical, g if keep else None, sched if keep else None)

@@ -2,10 +2,18 @@
 
 For every structural candidate (or the one given as ``structure=``) the candidate set ``C(v)``
 is built from the directories — the strategies of the ``candidates`` fastest layouts of each
-invocation (a training invocation's in each of its recomputation modes) at every aligned origin (``None``: the whole directory), plus the warm start's choices — and the exact
+invocation (a training invocation's in each of its recomputation modes) at every aligned origin (``None``: the whole directory), plus the strategies of the
+concurrent and greedy plans at every origin (as SA's ``candidates=k`` restriction keeps them), plus
+the warm start's choices — and the exact
 model of :mod:`rpeg.formulations.plan_model` is solved with the time left, split evenly over the
-structures still to solve. When every structure is solved to optimality the returned plan is the
-one with the smallest model makespan; otherwise it is the best plan found by the evaluator's
+structures still to solve, in the order of their concurrent plans' makespans (the likely best
+first), each with the shortest makespan known so far as its ``cutoff`` (a structure with no plan
+shorter is "cut off"); the time left after the last one goes, once more and split the same way,
+to the structures their share stopped without settling them. When every structure is settled — solved to optimality (or proven
+infeasible), or stopped with a proven lower bound ``LB_y ≥ min_y' MS_y'``, the smallest model
+makespan found over all structures (no plan of ``y`` can beat it; such structures are listed in
+``extra["settled_by_bound"]``) — the result is ``optimal`` and its plan the one with the smallest
+model makespan; otherwise it is the best plan found by the evaluator's
 score — the engines' solutions and the warm starts alike. Like every method's, it is scored by
 the evaluator (list scheduler), so its ``throughput`` is comparable with the heuristics'. The model's own makespan, its lower bound and the per-structure
 outcomes are kept in ``Result.extra``; ``objective_bound`` is the throughput bound
@@ -28,6 +36,7 @@ with the best plan so far, as ``sa`` does).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +46,7 @@ from typing import Any
 from ..formulations.deadline import BuildTimeout, Deadline
 from ..formulations.plan_cpsat import solve_plan_cpsat
 from ..formulations.plan_model import PlanSolution, build_plan_instance, candidate_sets
-from ..heuristics.baselines import Infeasible, check_directories, concurrent_plan
+from ..heuristics.baselines import Infeasible, check_directories, concurrent_plan, greedy_plan
 from ..ir.plan import Choice, Plan
 from ..ir.templates import Structure
 from ..ir.templates import structures as all_structures
@@ -49,6 +58,8 @@ from .solve import Problem, register, solve
 __all__ = ["DEFAULT_TIME_LIMIT", "solve_exact"]
 
 DEFAULT_TIME_LIMIT = 60.0
+#: Least share of the time limit left for a second pass over the structures their share stopped.
+REVISIT_SHARE = 0.1
 
 
 class _Interrupted(Exception):
@@ -116,14 +127,26 @@ def solve_exact(
     ys = [structure] if structure is not None else all_structures(problem.workload)
     search = _Search(problem, engine_fn, candidates, warm_start, threads, engine_options or {})
     try:
-        for i, y in enumerate(ys):
+        order = search.order(ys)
+        for n, i in enumerate(order):
+            y = ys[i]
             if deadline.expired() and search.pool:
-                search.outcomes.append({"structure": y.label, "status": "skipped", "reason": "no time left"})
-                search.bounds.append(0.0)
+                search._outcome({"structure": y.label, "status": "skipped", "reason": "no time left"})
+                search.bounds[i] = 0.0
                 continue
-            search.structure(i, y, deadline.within(deadline.remaining() / (len(ys) - i)))
+            search.structure(i, y, deadline.within(deadline.remaining() / (len(ys) - n)))
+        # the time the others left over goes to the structures their share stopped, once more
+        # (not when less than a tenth of the limit is left: the evaluator, directories and warm
+        # start of a structure are built before its share is first checked)
+        again = search.unsettled(order, ys)
+        for n, i in enumerate(again):
+            if deadline.remaining() < REVISIT_SHARE * limit:
+                break
+            search.structure(i, ys[i], deadline.within(deadline.remaining() / (len(again) - n)))
     except (KeyboardInterrupt, _Interrupted):
         search.interrupted = True
+    rank = {y.label: i for i, y in enumerate(ys)}
+    search.outcomes.sort(key=lambda o: rank[o["structure"]])  # reported in the structures' order
     cand_note = _candidates_note(candidates)
     extra: dict[str, Any] = {
         "structures": search.outcomes,
@@ -156,7 +179,10 @@ def _candidates_note(candidates: int | Sequence[Sequence[Choice]] | None) -> str
     if candidates is None:
         return "whole directories"
     if isinstance(candidates, int):
-        return f"the {candidates} fastest strategies per invocation at every origin (layouts, in each recomputation mode)"
+        return (
+            f"the {candidates} fastest strategies per invocation and the concurrent and greedy plans' "
+            "strategies at every origin (layouts, in each recomputation mode)"
+        )
     return "the given candidate lists"
 
 
@@ -179,11 +205,64 @@ class _Search:
     outcomes: list[dict[str, Any]] = field(default_factory=list)
     #: the engines' solutions and the memory-feasible warm starts
     pool: list[_Entry] = field(default_factory=list)
-    #: the engines' lower bounds on the makespan (0 where nothing was proven)
-    bounds: list[float] = field(default_factory=list)
+    #: the engines' lower bounds on the makespan per structure index (0 where nothing was proven)
+    bounds: dict[int, float] = field(default_factory=dict)
     #: "model too large to build" messages
-    too_large: list[str] = field(default_factory=list)
+    too_large: dict[int, str] = field(default_factory=dict)
     interrupted: bool = False
+    #: structure index → (evaluator, directories) built by :meth:`order`
+    prepared: dict[int, tuple[Evaluator, list[Directory]]] = field(default_factory=dict)
+
+    def order(self, ys: list[Structure]) -> list[int]:
+        """The order to solve the structures in: by the evaluator's makespan of their concurrent
+        plan (infeasible ones last), so that the likely best structure is solved first and its
+        makespan cuts the others off (:meth:`cutoff`). Each structure's evaluator and
+        directories are kept for :meth:`structure`, and each memory-feasible concurrent plan
+        joins the pool of fallbacks."""
+        if len(ys) == 1:
+            return [0]
+        ranks = []
+        for i, y in enumerate(ys):
+            ev = self.problem.evaluator(y)
+            dirs = build_directories(ev.costs)
+            self.prepared[i] = (ev, dirs)
+            try:
+                plan = concurrent_plan(ev, dirs)
+                r = ev.evaluate(plan)
+            except Infeasible:
+                ranks.append(math.inf)
+                continue
+            ranks.append(r.makespan if r.feasible else math.inf)
+            if r.feasible:  # a fallback from the start (Ctrl-C may come before any engine runs)
+                self.pool.append((r.makespan, 1, i, ev, plan, None))
+        return sorted(range(len(ys)), key=lambda i: (ranks[i], i))
+
+    def _outcome(self, outcome: dict[str, Any]) -> None:
+        """Record a structure's outcome, replacing an earlier one of the same structure."""
+        self.outcomes = [o for o in self.outcomes if o["structure"] != outcome["structure"]]
+        self.outcomes.append(outcome)
+
+    def unsettled(self, order: list[int], ys: list[Structure]) -> list[int]:
+        """The structures (in ``order``) that their share stopped (status ``time_limit`` or
+        ``skipped``) with a lower bound below the shortest makespan found: worth the time left."""
+        known = self.cutoff()
+        by_label = {o["structure"]: o for o in self.outcomes}
+        out = []
+        for i in order:
+            o = by_label.get(ys[i].label)
+            if o is None or o.get("status") not in (Status.TIME_LIMIT.value, "skipped"):
+                continue
+            if known is not None and o.get("lower_bound", 0.0) >= known * (1 - 1e-9):
+                continue
+            out.append(i)
+        return out
+
+    def cutoff(self) -> float | None:
+        """The shortest makespan known so far: an engine's model makespan, or a warm start's
+        evaluator makespan (``None`` before any). A later structure needs no plan longer than
+        this; its engine takes it as its horizon."""
+        known = [e[5].makespan if e[1] == 0 else e[0] for e in self.pool]
+        return min(known) if known else None
 
     def structure(self, i: int, y: Structure, share: Deadline) -> None:
         """Warm start, candidate sets, instance and engine run of structure ``i`` (``y``), all
@@ -195,12 +274,16 @@ class _Search:
             When Ctrl-C stopped the warm start or the engine (what they found is pooled first).
         """
         problem = self.problem
-        ev = problem.evaluator(y)
-        dirs = build_directories(ev.costs)
+        cutoff = self.cutoff()
+        if i in self.prepared:
+            ev, dirs = self.prepared.pop(i)
+        else:
+            ev = problem.evaluator(y)
+            dirs = build_directories(ev.costs)
         try:
             check_directories(ev, dirs)
         except Infeasible as exc:
-            self.outcomes.append({"structure": y.label, "status": "infeasible", "reason": str(exc)})
+            self._outcome({"structure": y.label, "status": "infeasible", "reason": str(exc)})
             return
         hint, stopped = _warm_start(problem, ev, dirs, y, self.warm_start, share)
         if hint is not None:
@@ -210,21 +293,24 @@ class _Search:
         if stopped:
             raise _Interrupted
         outcome: dict[str, Any] = {"structure": y.label}
-        self.outcomes.append(outcome)
+        self._outcome(outcome)
+        self.too_large.pop(i, None)
         if share.expired():
             outcome.update(status="skipped", reason="no time left after the warm start")
-            self.bounds.append(0.0)
+            self.bounds[i] = 0.0
             return
         try:
             if self.candidates is None or isinstance(self.candidates, int):
-                cands = candidate_sets(ev, dirs, self.candidates, include=hint)
+                cands = candidate_sets(
+                    ev, dirs, self.candidates, include=hint, everywhere=_baselines(ev, dirs)
+                )
             else:
                 cands = [list(c) for c in self.candidates]
             inst = build_plan_instance(ev, cands, share)
         except BuildTimeout as exc:
             outcome.update(status="time_limit", reason=str(exc))
-            self.too_large.append(str(exc))
-            self.bounds.append(0.0)
+            self.too_large[i] = str(exc)
+            self.bounds[i] = 0.0
             return
         sol = self.engine_fn(
             inst,
@@ -233,6 +319,7 @@ class _Search:
             threads=self.threads,
             hint=hint,
             deadline=share,
+            cutoff=cutoff,
             **self.engine_options,
         )
         self._record(outcome, sol, cands, i, ev)
@@ -243,8 +330,8 @@ class _Search:
         """Keep the engine's outcome, its bound and its plan."""
         outcome.update(
             {
-                "status": Status(sol.status).value,
-                "makespan": sol.makespan,
+                "status": "cut off" if sol.cut_off else Status(sol.status).value,
+                "makespan": sol.makespan if math.isfinite(sol.makespan) else None,  # JSON has no inf
                 "lower_bound": sol.lower_bound,
                 "runtime_s": sol.runtime,
                 "time_to_first_s": sol.time_to_first,
@@ -254,9 +341,9 @@ class _Search:
         if sol.message:
             outcome["reason"] = sol.message
             if sol.message.startswith("model too large"):
-                self.too_large.append(sol.message)
-        if sol.status != Status.INFEASIBLE:
-            self.bounds.append(sol.lower_bound)
+                self.too_large[i] = sol.message
+        if sol.status != Status.INFEASIBLE or sol.cut_off:
+            self.bounds[i] = sol.lower_bound
         if sol.plan is not None:
             self.pool.append((ev.evaluate(sol.plan).makespan, 0, i, ev, sol.plan, sol))
 
@@ -273,7 +360,7 @@ class _Search:
         out: list[str] = []
         for o in self.outcomes:
             st = o.get("status")
-            if st is not None and st not in ("optimal", "infeasible") and st not in out:
+            if st is not None and st not in ("optimal", "infeasible", "cut off") and st not in out:
                 out.append(st)
         return out
 
@@ -331,17 +418,29 @@ def _best_plan(
     t0: float,
 ) -> Result:
     """The result with a plan: the model's proven optimum when every structure was solved to
-    optimality, else the best plan in the pool by the evaluator's score (``TIME_LIMIT`` when the
+    optimality or is settled by its lower bound (module docstring), else the best plan in the pool by the evaluator's score (``TIME_LIMIT`` when the
     limit or Ctrl-C stopped the search, ``FEASIBLE`` when an engine stopped without a proof)."""
     pool, outcomes = search.pool, search.outcomes
     work = problem.k_eval * problem.workload.tokens_per_step
-    bounds = search.bounds
+    bounds = list(search.bounds.values())
     bound = work / min(bounds) if done and bounds and min(bounds) > 0 else None
+    # a structure is settled when its engine proved it (optimal, infeasible, or no plan shorter
+    # than the cutoff it was given: a makespan achieved before), or when its proven lower bound
+    # is no smaller than the best model makespan of any structure (none of its plans can beat it)
+    settled = ("optimal", "infeasible", "cut off")
+    best = min((e[5].makespan for e in pool if e[1] == 0), default=math.inf)
+    by_bound = [
+        o["structure"]
+        for o in outcomes
+        if o["status"] not in settled and o.get("lower_bound", 0.0) >= best * (1 - 1e-9)
+    ]
     all_optimal = (
         done
-        and all(o["status"] in ("optimal", "infeasible") for o in outcomes)
-        and any(e[1] == 0 for e in pool)
+        and math.isfinite(best)
+        and all(o["status"] in settled or o["structure"] in by_bound for o in outcomes)
     )
+    if all_optimal and by_bound:
+        extra["settled_by_bound"] = by_bound
     if all_optimal:  # the proven optimum of the model, whatever the evaluator makes of it
         _, source, _, ev, plan, sol = min((e for e in pool if e[1] == 0), key=lambda e: (e[5].makespan, e[2]))
         status = Status.OPTIMAL
@@ -399,6 +498,17 @@ def _follow_model(ev: Any, plan: Any, sol: Any, evaluation: Any, extra: dict[str
     return followed
 
 
+def _baselines(ev: Evaluator, dirs: list[Directory]) -> list[Plan]:
+    """The concurrent and the greedy plan over ``dirs`` (those that exist): their strategies join
+    the candidate sets at every origin, as SA's ``candidates=k`` restriction keeps them, so that
+    ``candidates=k`` means the same space for both."""
+    plans = []
+    for baseline in (concurrent_plan, greedy_plan):
+        with contextlib.suppress(Infeasible):
+            plans.append(baseline(ev, dirs))
+    return plans
+
+
 def _preload(engine: str) -> None:
     """Import the engine's libraries (OR-Tools CP-SAT pulls in pandas: about a second on a
     loaded machine; Pyomo and highspy about half that), inside the limit but before the
@@ -427,7 +537,7 @@ def _message(
         return f"interrupted (Ctrl-C); {what}"
     if search.too_large:
         # "model too large to build in N s (stopped while …)": keep the first, count the rest
-        first = search.too_large[0].split(" (")[0]
+        first = next(iter(search.too_large.values())).split(" (")[0]
         many = f" for {len(search.too_large)} of {n_structures} structures" if n_structures > 1 else ""
         return f"{first}{many} (time limit {limit:g} s); {what}"
     if status is Status.FEASIBLE:

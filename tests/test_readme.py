@@ -3,6 +3,7 @@ resolves, and every command line it shows names a real sub-command and real flag
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import re
@@ -91,7 +92,11 @@ def test_every_rpeg_name_in_the_readme_resolves(dotted):
         assert head in rpeg.__all__ and not rest, dotted
         return
     obj: object = rpeg
-    for part in dotted.split("."):
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if not hasattr(obj, part):  # a subpackage nothing has imported yet (rpeg.runtime)
+            with contextlib.suppress(ImportError):
+                importlib.import_module(".".join(["rpeg", *parts[: i + 1]]))
         assert hasattr(obj, part), f"README uses rpeg.{dotted}, but {part!r} does not resolve"
         obj = getattr(obj, part)
 

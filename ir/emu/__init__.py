@@ -6,14 +6,23 @@ The package's rooms, each documenting its part:
   its layout, GPUs, parameters and optimizer state) and the EMU collection of a plan;
 * :mod:`.primitives` — Split, Merge, Extend, Destroy, each with its byte volume, GPU sets and
   memory need;
-* :mod:`.dag` — plan diffs per model-stage and the global transition DAG with its resource edges.
+* :mod:`.dag` — plan diffs per model-stage and the global transition DAG with its resource edges;
+* :mod:`.flat` — the same DAG as index tables, built by a compiled (numba) core, which the cost
+  model and the greedy scheduler read.
 
 Scheduling is :mod:`rpeg.heuristics.transition`'s and the exact models'; costs are
 :mod:`rpeg.costmodel.transition`'s. Import from the package:
 ``from rpeg.ir.emu import EMU, transition_dag``.
 """
 
-from .dag import StageDiff, TransitionDAG, TransitionInfeasible, plan_diff, transition_dag
+from .dag import (
+    StageDiff,
+    TransitionDAG,
+    TransitionInfeasible,
+    plan_diff,
+    transition_dag,
+    transition_dag_reference,
+)
 from .primitives import Destroy, Extend, Merge, Primitive, Split
 from .units import EMU, OPTIMIZER_BYTES_PER_PARAM, ModelStage, Stage, emus_of
 
@@ -33,4 +42,5 @@ __all__ = [
     "emus_of",
     "plan_diff",
     "transition_dag",
+    "transition_dag_reference",
 ]

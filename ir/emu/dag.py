@@ -27,13 +27,23 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
+
+from .flat import DESTROY, EXTEND, MERGE, SPLIT, FlatDAG, flat_dag, ready, warm_up
 from .primitives import Destroy, Extend, Merge, Primitive, Split
 from .units import EMU, ModelStage, _sorted_mask, _trusted
 
-__all__ = ["StageDiff", "TransitionDAG", "TransitionInfeasible", "plan_diff", "transition_dag"]
+__all__ = [
+    "StageDiff",
+    "TransitionDAG",
+    "TransitionInfeasible",
+    "plan_diff",
+    "transition_dag",
+    "transition_dag_reference",
+]
 
 
 class TransitionInfeasible(ValueError):
@@ -191,6 +201,10 @@ class TransitionDAG:
         The collections before and after (units carry their ``uid``).
     diffs
         Per model-stage difference.
+    flat
+        The same DAG as index tables when :func:`transition_dag` built it (``None`` otherwise):
+        the cost model and the greedy scheduler read these, and the fields above are made from
+        them on first access (:meth:`~rpeg.ir.emu.flat.FlatDAG.objects`).
     """
 
     primitives: tuple[Primitive, ...]
@@ -199,9 +213,27 @@ class TransitionDAG:
     current: tuple[EMU, ...]
     target: tuple[EMU, ...]
     diffs: dict[ModelStage, StageDiff]
+    flat: FlatDAG | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def from_flat(cls, flat: FlatDAG) -> TransitionDAG:
+        """The DAG of ``flat``, its object fields made on first access."""
+        dag = object.__new__(cls)
+        dag.__dict__["flat"] = flat
+        return dag
+
+    def __getattr__(self, name: str) -> object:
+        # only reached for a field not made yet (a DAG from from_flat): make them all at once
+        flat = self.__dict__.get("flat")
+        if flat is None or name not in _LAZY_FIELDS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        fields = flat.objects()
+        fields["diffs"] = {ms: StageDiff(ms, a, b) for ms, (a, b) in fields["diffs"].items()}  # type: ignore[attr-defined]
+        self.__dict__.update(fields)
+        return fields[name]
 
     def __len__(self) -> int:
-        return len(self.primitives)
+        return len(self.primitives) if self.flat is None else self.flat.n_prims
 
     @property
     def all_edges(self) -> tuple[tuple[int, int], ...]:
@@ -283,6 +315,8 @@ class TransitionDAG:
 
     def count(self, kind: str) -> int:
         """Number of primitives of ``kind``."""
+        if self.flat is not None:
+            return int(np.count_nonzero(self.flat.p_kind == _FLAT_KIND[kind])) if kind in _FLAT_KIND else 0
         return sum(p.kind == kind for p in self.primitives)
 
     def apply(self, order: Sequence[int] | None = None) -> list[EMU]:
@@ -325,8 +359,19 @@ class TransitionDAG:
         return list(alive.values())
 
 
+_LAZY_FIELDS = frozenset({"primitives", "edges", "resource_edges", "current", "target", "diffs"})
+_FLAT_KIND = {"split": SPLIT, "merge": MERGE, "extend": EXTEND, "destroy": DESTROY}
+
+
 def transition_dag(current: Sequence[EMU], target: Sequence[EMU]) -> TransitionDAG:
     """Compile ``E(S) → E(S*)`` into the global transition DAG (module docstring).
+
+    The steps run on index tables in a compiled core (:func:`~rpeg.ir.emu.flat.flat_dag`); the
+    result equals :func:`transition_dag_reference`'s, whose objects it makes on first access.
+    When the collections do not pair up or the DAG is infeasible the reference raises. Until the
+    core is loaded in this process (:func:`~rpeg.ir.emu.flat.ready`) the first call starts
+    loading it in the background (:func:`~rpeg.ir.emu.flat.warm_up`) and the reference builds
+    the DAG (equal, without tables), so no call waits for the compiler.
 
     Parameters
     ----------
@@ -347,6 +392,18 @@ def transition_dag(current: Sequence[EMU], target: Sequence[EMU]) -> TransitionD
     ValueError
         When the collections do not pair up (:func:`plan_diff`).
     """
+    if not ready():
+        warm_up()  # once per process, in the background; meanwhile the reference builds
+        return transition_dag_reference(current, target)
+    flat = flat_dag(current, target)
+    if flat is None:
+        return transition_dag_reference(current, target)
+    return TransitionDAG.from_flat(flat)
+
+
+def transition_dag_reference(current: Sequence[EMU], target: Sequence[EMU]) -> TransitionDAG:
+    """:func:`transition_dag` in pure Python on :class:`EMU` and :class:`Primitive` objects (the
+    reference the compiled core is tested against; same parameters, result and errors)."""
     diffs = plan_diff(current, target)
     b = _Builder(diffs)
     return b.build()

@@ -46,6 +46,7 @@ def test_configure_sets_every_parameter():
     prm = solver.parameters
     assert (prm.max_time_in_seconds, prm.random_seed, prm.num_workers) == (2.5, 7, 3)
     assert not prm.log_search_progress
+    assert prm.presolve_inclusion_work_limit == 0  # google/or-tools#5293: wrong optima with it on
     unset = cp_model.CpSolver()
     default_workers = unset.parameters.num_workers
     cpsat_backend.configure(unset)

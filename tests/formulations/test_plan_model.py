@@ -89,8 +89,61 @@ def test_the_deadline_stops_the_lowering():
 
 
 def test_the_blocks_and_an_outcome_without_a_plan():
-    assert PLAN_BLOCKS[:3] == ("choice", "edges", "split") and PLAN_BLOCKS[-1] == "memory"
+    assert PLAN_BLOCKS[:4] == ("choice", "symmetry", "edges", "split")
+    assert PLAN_BLOCKS[-2:] == ("memory", "cuts")  # the cuts use every node the blocks before made
     assert len(set(PLAN_BLOCKS)) == len(PLAN_BLOCKS)
     sol = PlanSolution.without_plan(Status.UNKNOWN, 1.5, "cpsat", message="why")
     assert (sol.status, sol.plan, sol.makespan, sol.lower_bound) == (Status.UNKNOWN, None, math.inf, 0.0)
     assert (sol.runtime, sol.engine, sol.message, sol.interrupted) == (1.5, "cpsat", "why", False)
+
+
+def _symmetric(shape: str = "1x1x4", k: int | None = 2):
+    w, cluster = tiny(shape=shape)
+    ev = Evaluator(w, cluster, Structure("grpo", False, (("actor", 1),)), k_eval=1)
+    cands = candidate_sets(ev, build_directories(ev.costs), k)
+    return ev, cands, build_plan_instance(ev, cands)
+
+
+@pytest.mark.parametrize("shape", ["1x1x4", "1x2x2"])
+def test_certified_device_permutations_are_automorphisms_of_the_evaluator(shape):
+    from random import Random
+
+    from rpeg.formulations.plan_model import _block_swaps, _certify
+
+    ev, cands, inst = _symmetric(shape)
+    maps = [m for p in _block_swaps(ev.cluster.num_devices) if (m := _certify(inst, p))]
+    assert len(maps) == 3  # both single swaps and the swap of halves
+    rng = Random(0)
+    for images in maps:
+        assert all(sorted(pi) == list(range(len(cs))) for pi, cs in zip(images, cands))  # bijections
+        for _ in range(20):
+            picks = [rng.randrange(len(cs)) for cs in cands]
+            a = ev.evaluate(Plan(tuple(cs[c] for cs, c in zip(cands, picks))))
+            b = ev.evaluate(Plan(tuple(cs[pi[c]] for cs, pi, c in zip(cands, images, picks))))
+            assert a.feasible == b.feasible
+            if a.feasible:
+                assert b.makespan == pytest.approx(a.makespan, rel=1e-9)
+
+
+def test_symmetry_fixing_keeps_one_candidate_per_orbit_and_the_warm_starts_choice():
+    from rpeg.formulations.plan_model import symmetry_fixing
+
+    _ev, cands, inst = _symmetric()
+    v0, out = symmetry_fixing(inst)
+    assert out and len(out) < len(cands[v0])
+    keep = Plan(tuple(cs[out[0]] if v == v0 else cs[0] for v, cs in enumerate(cands)))  # a ruled-out one
+    v1, out1 = symmetry_fixing(inst, keep)
+    assert v1 == v0 and cands[v0].index(keep.choices[v0]) not in out1 and len(out1) == len(out)
+
+
+@pytest.mark.parametrize("shape", ["1x1x4", "1x2x2"])
+def test_symmetry_breaking_keeps_the_optimum(shape, monkeypatch):
+    from rpeg.formulations import plan_model
+    from rpeg.formulations.plan_cpsat import solve_plan_cpsat
+
+    _ev, _cands, inst = _symmetric(shape)
+    with_sym = solve_plan_cpsat(inst, time_limit=60, threads=1)
+    monkeypatch.setattr(plan_model, "symmetry_fixing", lambda inst, keep=None: None)
+    without = solve_plan_cpsat(inst, time_limit=60, threads=1)
+    assert with_sym.status == without.status == "optimal"
+    assert with_sym.makespan == pytest.approx(without.makespan, rel=1e-12)

@@ -28,7 +28,10 @@ def proven() -> Result:
         256,
     )
     c = Cluster.from_shape("1x2x8", hardware_preset("a100-40gb"))
-    return solve(w, c, "cpsat", candidates=2, k_eval=2, time_limit=60, seed=0)
+    # candidates=3: with the baselines' strategies at every origin in the candidate sets (as SA's
+    # restriction), candidates=2's optimum is one the EST-first list schedule already finds;
+    # candidates=3's loses 8% to it
+    return solve(w, c, "cpsat", candidates=3, k_eval=2, time_limit=60, seed=0)
 
 
 def test_the_result_follows_the_models_schedule(proven):
