@@ -13,6 +13,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..ir.warmup import quiet_llvmlite_wrapper
+
+quiet_llvmlite_wrapper()  # numba loads llvmlite: keep vLLM's module scan working
+
 SPLIT, MERGE, EXTEND, DESTROY = 0, 1, 2, 3
 
 

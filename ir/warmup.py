@@ -13,11 +13,12 @@ Used by the evaluator (:mod:`rpeg.scoring.fast`), the transition-DAG builder
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 from collections.abc import Callable
 
-__all__ = ["WarmUp"]
+__all__ = ["WarmUp", "quiet_llvmlite_wrapper"]
 
 
 class WarmUp:
@@ -78,3 +79,29 @@ class WarmUp:
             return
         if ok:
             self._ready.set()
+
+
+def quiet_llvmlite_wrapper() -> None:
+    """Make llvmlite's C-library wrapper refuse dunder attributes (once per process).
+
+    ``llvmlite.binding.ffi.lib`` answers *any* attribute with a wrapper of the C function of
+    that name, ``__dict__`` included. vLLM's CPU platform, when a worker starts, scans every
+    loaded module's globals and reads ``vars(obj)`` of each object (its Triton kernel
+    overrides), so with llvmlite loaded (numba: rpeg's compiled cores) it fails with
+    ``'_lib_fn_wrapper' object has no attribute 'get'``. No C function of llvmlite's is a
+    dunder, so refusing those names changes nothing else. Called by every module that imports
+    numba and before a vLLM engine starts (``docs/decisions.md``); a no-op without llvmlite.
+    """
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    wrapper = getattr(ffi, "_lib_wrapper", None)
+    if wrapper is None or getattr(wrapper, "_rpeg_quiet", False):
+        return
+    lookup = wrapper.__getattr__
+
+    def __getattr__(self, name: str):  # noqa: N807 - replaces the class's own
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return lookup(self, name)
+
+    wrapper.__getattr__ = __getattr__
+    wrapper._rpeg_quiet = True

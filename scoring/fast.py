@@ -42,9 +42,11 @@ from ..ir.lower import COMM, PREC, ExecGraph, Rules, apply_rules
 from ..ir.plan import Plan
 from ..ir.types import Role
 from ..ir.unroll import EdgeKind, Unrolled
-from ..ir.warmup import WarmUp
+from ..ir.warmup import WarmUp, quiet_llvmlite_wrapper
 from .costs import Costs
 from .scheduler import atoms_of
+
+quiet_llvmlite_wrapper()  # numba loads llvmlite: keep vLLM's module scan working
 
 __all__ = [
     "FastLowering",

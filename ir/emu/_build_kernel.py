@@ -12,6 +12,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..warmup import quiet_llvmlite_wrapper
+
+quiet_llvmlite_wrapper()  # numba loads llvmlite: keep vLLM's module scan working
+
 # unit origins
 CURRENT, PART, COPY, MERGED = 0, 1, 2, 3
 # primitive kinds

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...ir.warmup import quiet_llvmlite_wrapper
 from . import require
 
 if TYPE_CHECKING:
@@ -468,6 +469,7 @@ class RolloutEngine:
         kwargs: dict[str, Any] = {}
         if max_num_seqs is not None:
             kwargs["max_num_seqs"] = max_num_seqs
+        quiet_llvmlite_wrapper()  # llvmlite (numba) breaks vLLM's kernel scan otherwise
         start = time.perf_counter()
         with _scoped_environ(values):
             self._llm = vllm.LLM(

@@ -54,3 +54,16 @@ def test_a_run_that_declines_stays_unready_without_a_warning():
         warnings.simplefilter("error")
         assert w.start(wait=True) is False
     assert not w.ready()
+
+
+def test_llvmlites_wrapper_refuses_dunders_so_vllms_module_scan_works():
+    """vLLM's CPU workers read ``vars(obj)`` of every module global when they start; llvmlite's
+    C-library wrapper (loaded with numba, for rpeg's compiled cores) used to answer ``__dict__``
+    with a C-function wrapper and break that scan."""
+    from llvmlite.binding import ffi
+
+    import rpeg.scoring.fast  # noqa: F401 - loads numba, hence llvmlite, and applies the fix
+
+    assert not hasattr(ffi.lib, "__dict__")
+    assert callable(ffi.lib.LLVMPY_GetProcessTriple)  # the C functions are still there
+    # vLLM's own scan, with vLLM loaded: tests/runtime/engines/test_vllm_scan.py
