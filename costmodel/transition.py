@@ -41,7 +41,7 @@ can exceed; the transition may not need more than ``M_eff`` or than either end a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -54,12 +54,14 @@ from .collectives import allgather_time, p2p_time
 __all__ = [
     "DEFAULT_SETUP_S",
     "DEFAULT_TEARDOWN_S",
+    "GpuCapacities",
     "creates_generation",
     "critical_path",
     "gpu_capacities",
     "peak_possible",
     "primitive_time",
     "primitive_times",
+    "primitive_times_array",
 ]
 
 #: Communicator set-up per primitive that builds process groups (seconds).
@@ -159,7 +161,7 @@ def primitive_times(
     if not engine_start >= 0:
         raise ValueError(f"engine_start must be a non-negative number of seconds, got {engine_start!r}")
     if dag.flat is not None:
-        return _flat_times(dag.flat, cluster, setup, teardown, engine_start)
+        return _flat_times(dag.flat, cluster, setup, teardown, engine_start).tolist()
     targets = set(dag.target) if engine_start > 0 else set()
     cache: dict[tuple, float] = {}
     out = []
@@ -185,9 +187,26 @@ def primitive_times(
     return out
 
 
+def primitive_times_array(
+    dag: TransitionDAG,
+    cluster: Cluster,
+    *,
+    setup: float = DEFAULT_SETUP_S,
+    teardown: float = DEFAULT_TEARDOWN_S,
+    engine_start: float = 0.0,
+) -> np.ndarray:
+    """:func:`primitive_times` as a float64 array, which the compiled cores read as it is (on a
+    DAG with index tables it is computed as one; same values, same errors)."""
+    if dag.flat is not None and engine_start >= 0:
+        return _flat_times(dag.flat, cluster, setup, teardown, engine_start)
+    return np.asarray(
+        primitive_times(dag, cluster, setup=setup, teardown=teardown, engine_start=engine_start), np.float64
+    )
+
+
 def _flat_times(
     flat: FlatDAG, cluster: Cluster, setup: float, teardown: float, engine_start: float
-) -> list[float]:
+) -> np.ndarray:
     """:func:`primitive_times` on the index tables: the time of a primitive depends only on its
     kind, its model-stage (layouts and bytes) and the tier of its link group, so one time per
     such class is computed with the same formulas and looked up for every primitive."""
@@ -200,9 +219,8 @@ def _flat_times(
     # classes carry the tier as Cluster.tier_of_mask numbers it (node 0, rack 1, cluster 2)
     code, example = flat.link_classes(cluster.gpus_per_node, cluster.nodes_per_rack)
     table = np.zeros(len(example))
-    for c, i in enumerate(example.tolist()):
-        if i < 0:
-            continue
+    for c in np.flatnonzero(example >= 0).tolist():
+        i = int(example[c])
         k, t = divmod(c, 3)
         k //= n_stages
         x = int(flat.p_in[flat.p_iptr[i]])
@@ -225,7 +243,7 @@ def _flat_times(
         creates[owner[final[flat.p_out]]] = True
         creates &= flat.generation_stages()[flat.p_stage]
         out[creates] += engine_start
-    return out.tolist()
+    return out
 
 
 def creates_generation(prim: Primitive, targets: set[EMU] | frozenset[EMU]) -> bool:
@@ -236,7 +254,43 @@ def creates_generation(prim: Primitive, targets: set[EMU] | frozenset[EMU]) -> b
     )
 
 
-def gpu_capacities(dag: TransitionDAG, cluster: Cluster, capacity: float | None = None) -> dict[int, float]:
+class GpuCapacities(Mapping[int, float]):
+    """A read-only map GPU id → ``cap_g`` held as two arrays, GPU ids ascending and their bounds.
+
+    The compiled scheduler reads the arrays (:attr:`gpus`, :attr:`caps`); the mapping interface
+    (a ``dict`` made on first use) serves everyone else. It equals a ``dict`` of the same items.
+    """
+
+    __slots__ = ("_dict", "caps", "gpus")
+
+    def __init__(self, gpus: np.ndarray, caps: np.ndarray) -> None:
+        self.gpus = np.asarray(gpus, dtype=np.int64)
+        self.caps = np.asarray(caps, dtype=np.float64)
+        if self.gpus.shape != self.caps.shape:
+            raise ValueError(f"GpuCapacities: {self.gpus.shape[0]} GPUs but {self.caps.shape[0]} bounds")
+        self.gpus.flags.writeable = False
+        self.caps.flags.writeable = False
+        self._dict: dict[int, float] | None = None
+
+    def _map(self) -> dict[int, float]:
+        if self._dict is None:
+            self._dict = dict(zip(self.gpus.tolist(), self.caps.tolist()))
+        return self._dict
+
+    def __getitem__(self, gpu: int) -> float:
+        return self._map()[gpu]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._map())
+
+    def __len__(self) -> int:
+        return self.gpus.shape[0]
+
+    def __repr__(self) -> str:
+        return f"GpuCapacities({self._map()!r})"
+
+
+def gpu_capacities(dag: TransitionDAG, cluster: Cluster, capacity: float | None = None) -> GpuCapacities:
     """Per-GPU memory bound ``cap_g = max(C, usage_g(current), usage_g(target))`` (module
     docstring) for every GPU any unit touches, in GPU order; ``C = capacity`` or ``M_eff`` of the
     cluster. On a DAG with index tables the usages are the per-GPU sums its builder took in
@@ -253,12 +307,14 @@ def gpu_capacities(dag: TransitionDAG, cluster: Cluster, capacity: float | None 
     if dag.flat is not None:
         flat = dag.flat
         gpus = np.flatnonzero(flat.held)
-        caps = np.maximum(np.maximum(base, flat.cur_bytes[gpus]), flat.tgt_bytes[gpus])
-        return dict(zip(gpus.tolist(), caps.tolist()))
+        return GpuCapacities(gpus, np.maximum(np.maximum(base, flat.cur_bytes[gpus]), flat.tgt_bytes[gpus]))
     cur = _per_gpu_bytes(dag.current)
     tgt = _per_gpu_bytes(dag.target)
     # every unit lives on GPUs of the current collection (Split/Merge outputs) or the target (Extend)
-    return {g: max(base, cur.get(g, 0.0), tgt.get(g, 0.0)) for g in sorted(cur.keys() | tgt.keys())}
+    gpus = sorted(cur.keys() | tgt.keys())
+    return GpuCapacities(
+        np.array(gpus, np.int64), np.array([max(base, cur.get(g, 0.0), tgt.get(g, 0.0)) for g in gpus])
+    )
 
 
 def peak_possible(dag: TransitionDAG) -> dict[int, float]:

@@ -20,7 +20,26 @@ quiet_llvmlite_wrapper()  # numba loads llvmlite: keep vLLM's module scan workin
 SPLIT, MERGE, EXTEND, DESTROY = 0, 1, 2, 3
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always", error_model="numpy")
+def _sort_distinct(a, m, flag):
+    """Sort ``a[:m]``, distinct ids below ``flag.shape[0]``, in place. When ``m`` is a sixteenth
+    of the id range or more, by one pass over per-id flags (``flag`` all ``False`` before and
+    after) instead of a comparison sort: at 1,024 GPUs those sorts were a third of the schedule."""
+    n = flag.shape[0]
+    if m * 16 <= n:
+        a[:m].sort()
+        return
+    for q in range(m):
+        flag[a[q]] = True
+    q = 0
+    for k in range(n):
+        if flag[k]:
+            flag[k] = False
+            a[q] = k
+            q += 1
+
+
+@njit(cache=True, inline="always", error_model="numpy")
 def _heap_push(ht, hi, n, t, i):
     k = n
     ht[k] = t
@@ -35,7 +54,7 @@ def _heap_push(ht, hi, n, t, i):
     return n + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always", error_model="numpy")
 def _heap_pop(ht, hi, n):
     n -= 1
     ht[0] = ht[n]
@@ -56,7 +75,7 @@ def _heap_pop(ht, hi, n):
     return n
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def used_gpus(p_kind, p_iptr, p_in, p_optr, p_out, u_ptr, u_gpus):
     """Per primitive the GPUs it holds (CSR): a Split its source's, a Merge its result's, an
     Extend its source's and its result's, a Destroy its unit's."""
@@ -89,7 +108,7 @@ def used_gpus(p_kind, p_iptr, p_in, p_optr, p_out, u_ptr, u_gpus):
     return ptr, out
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def schedule(
     n_gpus, n_cur, p_kind, cls, p_iptr, p_in, p_optr, p_out, u_ptr, u_gpus, u_bpg, src, dst, dur, cap
 ):
@@ -203,12 +222,13 @@ def schedule(
     b_next = np.empty(n, np.int64)
     n_buckets = 0
     batch = np.empty(n, np.int64)
+    flag = np.zeros(n, np.bool_)  # scratch of _sort_distinct
     t = 0.0
     done = 0
     while done < n:
         if n_todo:
             m = n_todo
-            todo[:m].sort()  # nothing joins todo while it is tried
+            _sort_distinct(todo, m, flag)  # nothing joins todo while it is tried
             n_todo = 0
             first_bucket = n_buckets  # buckets made in this pass
             for q in range(m):
@@ -275,7 +295,7 @@ def schedule(
                 batch[m] = i
                 m += 1
                 i = b_next[i]
-        batch[:m].sort()  # the order a heap of (end, index) pops them: memory is freed in this order
+        _sort_distinct(batch, m, flag)  # the order a heap of (end, index) pops them: memory is freed so
         for q in range(m):
             i = batch[q]
             done += 1

@@ -37,13 +37,14 @@ import heapq
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
-from ..costmodel.transition import peak_possible
+from ..costmodel.transition import GpuCapacities, peak_possible
 from ..ir.emu import Destroy, Merge, Split, TransitionDAG, TransitionInfeasible, transition_dag
-from ..ir.emu.flat import DESTROY, warm_up_pair
 from ..ir.emu.flat import warm_up as _warm_up_builder
+from ..ir.emu.flat import warm_up_pair
 from ..ir.warmup import WarmUp
 
 __all__ = [
@@ -67,7 +68,7 @@ class TransitionSchedule:
     starts: tuple[float, ...]
     ends: tuple[float, ...]
 
-    @property
+    @cached_property
     def length(self) -> float:
         """``max_i E_i`` (0 for an empty DAG)."""
         return max(self.ends, default=0.0)
@@ -191,20 +192,19 @@ def _compiled_schedule(
     n_gpus = flat.n_gpus
     cap = np.full(n_gpus, np.inf)
     if capacity:
-        gpus = np.fromiter(capacity.keys(), np.int64, len(capacity))
-        caps = np.fromiter(capacity.values(), np.float64, len(capacity))
+        if isinstance(capacity, GpuCapacities):  # gpu_capacities' own: its arrays as they are
+            gpus, caps = capacity.gpus, capacity.caps
+        else:
+            gpus = np.fromiter(capacity.keys(), np.int64, len(capacity))
+            caps = np.fromiter(capacity.values(), np.float64, len(capacity))
         inside = (gpus >= 0) & (gpus < n_gpus)
         cap[gpus[inside]] = caps[inside]
-    # class of a primitive in the list order: (not Destroy, its stage's sort key), numbered
-    keys = [ms.sort_key for ms in flat.stages]
-    key_rank = {k: r for r, k in enumerate(sorted(set(keys)))}
-    stage_class = np.array([key_rank[k] for k in keys], np.int64)
-    cls = stage_class[flat.p_stage] + np.where(flat.p_kind == DESTROY, 0, len(key_rank))
+    src, dst = flat.all_edges
     status, starts, ends = kernel.schedule(
         n_gpus,
         flat.n_current,
         flat.p_kind,
-        cls,
+        flat.list_class,  # (not Destroy, its stage's sort key), numbered
         flat.p_iptr,
         flat.p_in,
         flat.p_optr,
@@ -212,14 +212,16 @@ def _compiled_schedule(
         flat.u_ptr,
         flat.u_gpus,
         flat.u_bpg,
-        np.concatenate((flat.edge_src, flat.res_src)),
-        np.concatenate((flat.edge_dst, flat.res_dst)),
+        src,
+        dst,
         dur,
         cap,
     )
     if status:
         return greedy_schedule_reference(dag, durations, capacity)  # raises TransitionInfeasible
-    return TransitionSchedule(tuple(starts.tolist()), tuple(ends.tolist()))
+    sched = TransitionSchedule(tuple(starts.tolist()), tuple(ends.tolist()))
+    sched.__dict__["length"] = float(ends.max()) if n else 0.0  # the same maximum, read in C
+    return sched
 
 
 def greedy_schedule_reference(

@@ -28,6 +28,8 @@ __all__ = [
     "TIER_RACK",
     "Allocation",
     "Cluster",
+    "mask_devices",
+    "mask_range",
     "parse_shape",
     "pool_cluster",
 ]
@@ -69,7 +71,15 @@ class Allocation:
 
 
 def mask_devices(mask: int) -> list[int]:
-    """Flat ids of the set bits of ``mask``, ascending."""
+    """Flat ids of the set bits of ``mask``, ascending.
+
+    A contiguous run of ids (every legal allocation is one: a part of a node, whole nodes of a
+    rack or whole racks) is read in one step from its lowest bit and its bit count; other masks
+    bit by bit.
+    """
+    run = mask_range(mask)
+    if run is not None:
+        return list(run)
     out = []
     i = 0
     while mask:
@@ -78,6 +88,16 @@ def mask_devices(mask: int) -> list[int]:
         mask >>= 1
         i += 1
     return out
+
+
+def mask_range(mask: int) -> range | None:
+    """The flat ids of ``mask`` as ``range(lo, lo + k)`` when they are one contiguous run
+    (``mask = (2^k − 1)·2^lo``), else ``None``."""
+    if mask <= 0:
+        return None
+    low = (mask & -mask).bit_length() - 1
+    size = mask.bit_count()
+    return range(low, low + size) if mask == ((1 << size) - 1) << low else None
 
 
 #: Largest cluster rpeg plans for (device sets are bit masks; 64 K GPUs is beyond any job's size).

@@ -1,8 +1,8 @@
 """``plan_transition``: the front door of transition planning (SPEC §10, Nereus §5–§6).
 
-``plan_transition(current, target, cluster, workload=w, method="greedy")`` derives both EMU
-collections (:func:`~rpeg.ir.emu.emus_of`), compiles the global transition DAG
-(:func:`~rpeg.ir.emu.transition_dag`), prices every primitive
+``plan_transition(current, target, cluster, workload=w, method="greedy")`` compiles the global
+transition DAG of the two EMU collections (:func:`~rpeg.ir.emu.transition_dag_of_plans` for two
+plans, read per vertex; :func:`~rpeg.ir.emu.transition_dag` for EMU collections), prices every primitive
 (:mod:`rpeg.costmodel.transition`) and schedules the DAG with one of
 
 * ``"greedy"`` — the Nereus list order (:func:`~rpeg.heuristics.transition.greedy_schedule`) in
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..costmodel.transition import (
@@ -34,11 +34,19 @@ from ..costmodel.transition import (
     critical_path,
     gpu_capacities,
     primitive_times,
+    primitive_times_array,
 )
 from ..formulations.status import Status
 from ..heuristics.transition import TransitionSchedule, check_transition_schedule, greedy_schedule
 from ..ir.cluster import Cluster
-from ..ir.emu import EMU, TransitionDAG, TransitionInfeasible, emus_of, transition_dag
+from ..ir.emu import (
+    EMU,
+    TransitionDAG,
+    TransitionInfeasible,
+    emus_of,
+    transition_dag,
+    transition_dag_of_plans,
+)
 from ..ir.errors import InputError, check_positive_int, check_seconds, check_type
 from ..ir.graph import RPEG
 from ..ir.plan import Plan, check_heads
@@ -94,7 +102,7 @@ class TransitionPlan:
     method: str
     runtime: float
     resolution: float | None = None
-    capacity: dict[int, float] = field(default_factory=dict, repr=False)
+    capacity: Mapping[int, float] = field(default_factory=dict, repr=False)
 
     @property
     def has_schedule(self) -> bool:
@@ -255,14 +263,26 @@ def plan_transition(
     if resolution is not None and not resolution > 0:
         raise ValueError(f"resolution must be a positive number of seconds, got {resolution!r}")
     check_target(target, cluster, graph, workload)
-    cur = _collection(current, cluster, graph, workload, "current")
-    tgt = _collection(target, cluster, graph, workload, "target")
-    dag = transition_dag(cur, tgt)
-    durations = primitive_times(dag, cluster, setup=setup, teardown=teardown, engine_start=engine_start)
+    if isinstance(current, Plan) and isinstance(target, Plan) and (graph is not None or workload is not None):
+        # both plans: the DAG's tables straight from their vertices, units made only if read
+        dag = transition_dag_of_plans(
+            current, target, cluster, graph=graph, workload=None if graph is not None else workload
+        )
+    else:
+        cur = _collection(current, cluster, graph, workload, "current")
+        tgt = _collection(target, cluster, graph, workload, "target")
+        dag = transition_dag(cur, tgt)
     caps = gpu_capacities(dag, cluster, capacity)
-    cp = critical_path(dag, durations)
+    if dag.flat is not None:  # the compiled cores read one float array
+        dur = primitive_times_array(dag, cluster, setup=setup, teardown=teardown, engine_start=engine_start)
+        durations = dur.tolist()
+    else:
+        durations = dur = primitive_times(
+            dag, cluster, setup=setup, teardown=teardown, engine_start=engine_start
+        )
+    cp = critical_path(dag, dur)
     if method == "greedy":
-        sched = greedy_schedule(dag, durations, caps)
+        sched = greedy_schedule(dag, dur, caps)
         length = sched.length
         status = Status.OPTIMAL if length <= cp * (1 + 1e-12) else Status.FEASIBLE
         return TransitionPlan(
@@ -318,7 +338,7 @@ def _check_arguments(
 def _exact_plan(
     dag: TransitionDAG,
     durations: list[float],
-    caps: dict[int, float],
+    caps: Mapping[int, float],
     cp: float,
     method: str,
     t0: float,

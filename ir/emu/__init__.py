@@ -21,10 +21,11 @@ from .dag import (
     TransitionInfeasible,
     plan_diff,
     transition_dag,
+    transition_dag_of_plans,
     transition_dag_reference,
 )
 from .primitives import Destroy, Extend, Merge, Primitive, Split
-from .units import EMU, OPTIMIZER_BYTES_PER_PARAM, ModelStage, Stage, emus_of
+from .units import EMU, OPTIMIZER_BYTES_PER_PARAM, ModelStage, Stage, emus_of, plan_vertices
 
 __all__ = [
     "EMU",
@@ -41,6 +42,8 @@ __all__ = [
     "TransitionInfeasible",
     "emus_of",
     "plan_diff",
+    "plan_vertices",
     "transition_dag",
+    "transition_dag_of_plans",
     "transition_dag_reference",
 ]

@@ -22,21 +22,21 @@ CURRENT, PART, COPY, MERGED = 0, 1, 2, 3
 SPLIT, MERGE, EXTEND, DESTROY = 0, 1, 2, 3
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _gcd(a, b):
     while b:
         a, b = b, a % b
     return a
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _sorted_by_min(idx, umin):
     """``idx`` stably sorted by the units' lowest GPU (``sorted(us, key=lambda u: min(u.gpus))``)."""
     keys = umin[idx]
     return idx[np.argsort(keys)]  # distinct keys: the units of one side and stage are disjoint
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def validate(n_stages, n_cur, stage, gptr, gpus):
     """0 when the units of each side and model-stage are disjoint, as
     :func:`~rpeg.ir.emu.plan_diff` requires, else 1."""
@@ -51,7 +51,7 @@ def validate(n_stages, n_cur, stage, gptr, gpus):
     return 0
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always", error_model="numpy")
 def _add_unit(
     units, n_units, origin, src, s, tp, pp, bpg, from_gpus, g0, count
 ):  # pragma: no cover - compiled
@@ -71,7 +71,7 @@ def _add_unit(
     return n_units + 1
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def build(n_stages, n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg):
     """Flat transition DAG of the input units ``0..n_cur−1`` (current) and ``n_cur..`` (target),
     which :func:`validate` accepted.
@@ -684,7 +684,47 @@ def build(n_stages, n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg):
     )
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
+def build_from_vertices(n_stages, v_stage, v_dp, v_tp, v_pp, v_state, v_gpus):
+    """:func:`build` on the units of two plans given per vertex: rows ``0..n_stages−1`` are the
+    current plan's vertices, the next ``n_stages`` the target's; vertex ``v`` has model-stage
+    ``v_stage[v]`` (diff order), ``v_dp[v]`` replicas of layout ``v_tp[v]×v_pp[v]`` holding
+    ``v_state[v] = |θ|+|ω|`` bytes, and ``v_gpus`` holds every vertex's devices in turn (replica
+    ``j`` of ``v`` takes the next ``tp·pp``). Returns :func:`build`'s status and tables and the
+    units' model-stages."""
+    n_rows = v_stage.shape[0]
+    n_in = 0
+    n_cur = 0
+    for v in range(n_rows):
+        n_in += v_dp[v]
+        if v < n_stages:
+            n_cur += v_dp[v]
+    stage = np.empty(n_in, np.int64)
+    tp = np.empty(n_in, np.int64)
+    pp = np.empty(n_in, np.int64)
+    bpg = np.empty(n_in, np.float64)
+    gptr = np.empty(n_in + 1, np.int64)
+    gptr[0] = 0
+    r = 0
+    for v in range(n_rows):
+        size = v_tp[v] * v_pp[v]
+        b = v_state[v] / size  # (|θ| + |ω|)/(tp·pp), as EMU computes it
+        for _ in range(v_dp[v]):
+            stage[r] = v_stage[v]
+            tp[r] = v_tp[v]
+            pp[r] = v_pp[v]
+            bpg[r] = b
+            gptr[r + 1] = gptr[r] + size
+            r += 1
+    sub_bpg = np.empty(n_stages, np.float64)  # a T_sub unit holds (|θ| + |ω|)/|T_sub|
+    for v in range(n_stages):
+        w = v + n_stages
+        sub_bpg[v_stage[v]] = v_state[v] / (_gcd(v_tp[v], v_tp[w]) * _gcd(v_pp[v], v_pp[w]))
+    status, t = build(n_stages, n_cur, stage, tp, pp, bpg, gptr, v_gpus, sub_bpg)
+    return status, t, stage, n_cur
+
+
+@njit(cache=True, error_model="numpy")
 def longest_path(n, src, dst, dur):
     """``max_i EF_i`` with ``EF_i = d_i + max_{(j,i)} EF_j`` over the edges ``src → dst`` (any
     order), in a topological order found by Kahn's rule (0 for no primitive)."""
@@ -724,7 +764,7 @@ def longest_path(n, src, dst, dur):
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def link_classes(p_kind, p_stage, p_lo, p_hi, n_stages, gpus_per_node, nodes_per_rack):
     """Per primitive its class ``(kind·n_stages + stage)·3 + tier``, the tier of its link group
     spanning GPUs ``p_lo..p_hi`` (0 one node, 1 one rack, 2 several racks, as

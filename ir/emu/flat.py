@@ -21,16 +21,20 @@ process that ends first waits for the thread at exit, so the cache gets written.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import chain, groupby
 from operator import attrgetter
 
 import numpy as np
 
+from ..cluster import Cluster
+from ..graph import RPEG
+from ..plan import Plan
 from ..warmup import WarmUp
 from .primitives import Destroy, Extend, Merge, Primitive, Split
-from .units import EMU, ModelStage, Stage, _mask, _trusted
+from .units import EMU, ModelStage, Stage, _mask, _trusted, emus_of, plan_vertices
 
 __all__ = [
     "DESTROY",
@@ -39,6 +43,7 @@ __all__ = [
     "SPLIT",
     "FlatDAG",
     "flat_dag",
+    "flat_dag_of_plans",
     "ready",
     "warm_up",
     "warm_up_pair",
@@ -63,8 +68,9 @@ class FlatDAG:
 
     Attributes
     ----------
-    inputs
-        The current units, then the target units, as given.
+    source
+        The current units, then the target units, as given; or a function that makes them (a DAG
+        built from two plans makes its units only when :attr:`inputs` is read).
     n_current
         How many of ``inputs`` are current.
     stages
@@ -98,7 +104,7 @@ class FlatDAG:
         Model-stage of each row of ``inputs``.
     """
 
-    inputs: list[EMU]
+    source: list[EMU] | Callable[[], list[EMU]]
     n_current: int
     stages: tuple[ModelStage, ...]
     u_origin: np.ndarray
@@ -128,6 +134,11 @@ class FlatDAG:
     held: np.ndarray
     input_stage: np.ndarray
 
+    @cached_property
+    def inputs(self) -> list[EMU]:
+        """The current units, then the target units (:attr:`source`, made on first access)."""
+        return self.source() if callable(self.source) else self.source
+
     @property
     def n_prims(self) -> int:
         """Number of primitives."""
@@ -140,16 +151,29 @@ class FlatDAG:
 
     @property
     def n_gpus(self) -> int:
-        """One more than the highest GPU id of any unit."""
-        return int(self.u_gpus.max()) + 1
+        """One more than the highest GPU id of any unit (the length of the per-GPU tables)."""
+        return self.held.shape[0]
+
+    @cached_property
+    def all_edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """Tails and heads of the state edges, then of the resource edges."""
+        return np.concatenate((self.edge_src, self.res_src)), np.concatenate((self.edge_dst, self.res_dst))
+
+    @cached_property
+    def list_class(self) -> np.ndarray:
+        """Per primitive its class in the greedy list order: Destroys first, then the others,
+        each by their model-stage's :attr:`~rpeg.ir.emu.ModelStage.sort_key` (equal keys share
+        a class)."""
+        keys = [ms.sort_key for ms in self.stages]
+        key_rank = {k: r for r, k in enumerate(sorted(set(keys)))}
+        stage_class = np.array([key_rank[k] for k in keys], np.int64)
+        return stage_class[self.p_stage] + np.where(self.p_kind == DESTROY, 0, len(key_rank))
 
     def critical_path(self, durations: np.ndarray) -> float:
         """``CP = max_i EF_i``, ``EF_i = d_i + max_{(j,i)} EF_j`` over state and resource edges."""
         from . import _build_kernel as kernel
 
-        src = np.concatenate((self.edge_src, self.res_src))
-        dst = np.concatenate((self.edge_dst, self.res_dst))
-        return float(kernel.longest_path(self.n_prims, src, dst, durations))
+        return float(kernel.longest_path(self.n_prims, *self.all_edges, durations))
 
     def link_classes(self, gpus_per_node: int, nodes_per_rack: int) -> tuple[np.ndarray, np.ndarray]:
         """Per primitive its class ``(kind·S + model-stage)·3 + tier`` (``S`` model-stages; the
@@ -317,6 +341,71 @@ def flat_dag(current: Sequence[EMU], target: Sequence[EMU]) -> FlatDAG | None:
     return FlatDAG(units, n_cur, stages, *t, stage)
 
 
+def flat_dag_of_plans(
+    current: Plan,
+    target: Plan,
+    cluster: Cluster,
+    *,
+    graph: RPEG | None = None,
+    workload: object | None = None,
+) -> FlatDAG | None:
+    """:func:`flat_dag` of ``emus_of(current)`` and ``emus_of(target)``, read per vertex instead
+    of per unit.
+
+    A plan's units are its vertices' replicas in vertex order (:func:`~rpeg.ir.emu.emus_of`), so
+    every per-unit table :func:`flat_dag` reads is a vertex's value repeated ``dp`` times, and a
+    unit's GPUs are the next ``tp·pp`` devices of its vertex's allocation. Each vertex is its own
+    model-stage; the checks :func:`flat_dag` makes on arbitrary collections hold by construction
+    (one layout and state size per vertex and plan, disjoint replicas). The units themselves
+    (:attr:`FlatDAG.inputs`) are made by :func:`~rpeg.ir.emu.emus_of` only when read. Returns
+    ``None`` when the DAG is infeasible (the reference builder then raises the error).
+
+    Raises
+    ------
+    ValueError
+        As :func:`~rpeg.ir.emu.emus_of`: neither or both of ``graph``/``workload``, a plan whose
+        length is not the graph's, an allocation outside the cluster or of the wrong size.
+    """
+    from . import _build_kernel as kernel
+
+    if graph is None and workload is not None:
+        from ..templates import build_graph
+
+        graph = build_graph(workload)  # type: ignore[arg-type]
+        workload = None
+    sides = [plan_vertices(p, cluster, graph=graph, workload=workload) for p in (current, target)]
+    stages = [ms for ms, *_ in sides[0]]
+    nv = len(stages)
+    order = sorted(range(nv), key=lambda k: stages[k].sort_key)
+    rank = [0] * nv
+    for r, k in enumerate(order):
+        rank[k] = r
+    rows = [row for side in sides for row in side]  # current vertices, then target vertices
+    status, t, stage, n_cur = kernel.build_from_vertices(
+        nv,
+        np.array(rank + rank, np.int64),
+        np.array([s.dp for _, s, *_ in rows], np.int64),
+        np.array([s.tp for _, s, *_ in rows], np.int64),
+        np.array([s.pp for _, s, *_ in rows], np.int64),
+        np.array([pb + ob for _, _, _, pb, ob in rows]),  # |θ| + |ω|
+        np.concatenate(
+            [
+                np.arange(d.start, d.stop, dtype=np.int64)
+                if isinstance(d, range)
+                else np.asarray(d, np.int64)
+                for _, _, d, _, _ in rows
+            ]
+        ),
+    )
+    if status:
+        return None
+
+    def units() -> list[EMU]:
+        return [*emus_of(current, cluster, graph=graph), *emus_of(target, cluster, graph=graph)]
+
+    return FlatDAG(units, n_cur, tuple(stages[k] for k in order), *t, stage)
+
+
 # ---------------------------------------------------------------------------- warm-up
 def warm_up_pair() -> tuple[list[EMU], list[EMU]]:
     """Two TP-2 replicas on GPUs 0–3 grown into two TP-4 replicas on GPUs 0–7 (two Extends, two
@@ -328,12 +417,23 @@ def warm_up_pair() -> tuple[list[EMU], list[EMU]]:
 
 
 def _compile() -> bool:
-    """:func:`flat_dag`, :meth:`FlatDAG.critical_path` and :meth:`FlatDAG.link_classes` on
-    :func:`warm_up_pair`: the real entry points, so the compiled specialisations (argument types
+    """:func:`flat_dag`, the per-vertex core of :func:`flat_dag_of_plans`,
+    :meth:`FlatDAG.critical_path` and :meth:`FlatDAG.link_classes` on :func:`warm_up_pair`: the
+    real entry points, or the arrays they pass, so the compiled specialisations (argument types
     and array layouts) are the ones real calls use."""
+    from . import _build_kernel as kernel
+
     flat = flat_dag(*warm_up_pair())
     if flat is None:
         raise RuntimeError("the warm-up transition did not build")
+    # the same pair given per vertex, as flat_dag_of_plans passes it
+    i64 = np.int64
+    one = kernel.build_from_vertices(
+        1, np.zeros(2, i64), np.array([2, 2], i64), np.array([2, 4], i64), np.ones(2, i64),
+        np.array([8e9, 8e9]), np.concatenate((np.arange(4), np.arange(8))),
+    )  # fmt: skip
+    if one[0] or one[3] != 2:
+        raise RuntimeError("the warm-up transition did not build from its vertices")
     flat.critical_path(np.ones(flat.n_prims))
     flat.link_classes(8, 16)
     return True

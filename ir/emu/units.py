@@ -16,13 +16,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ..cluster import Cluster
+from ..cluster import Cluster, mask_range
 from ..graph import RPEG
 from ..models import OPTIMIZER_BYTES_PER_PARAM
-from ..plan import Plan
+from ..plan import Plan, Strategy
 from ..types import Role
 
-__all__ = ["EMU", "OPTIMIZER_BYTES_PER_PARAM", "ModelStage", "Stage", "emus_of"]
+__all__ = ["EMU", "OPTIMIZER_BYTES_PER_PARAM", "ModelStage", "Stage", "emus_of", "plan_vertices"]
 
 
 class Stage(str, Enum):
@@ -40,13 +40,14 @@ class Stage(str, Enum):
     @classmethod
     def from_role(cls, role: Role) -> Stage:
         """Generation → Gen, inference → Inf, training → Train."""
-        return {Role.GENERATION: cls.GEN, Role.INFERENCE: cls.INF, Role.TRAINING: cls.TRAIN}[Role(role)]
+        return _STAGE_OF_ROLE[Role(role)]
 
     def __str__(self) -> str:
         return self.value
 
 
 _STAGE_ORDER = {Stage.GEN: 0, Stage.INF: 1, Stage.TRAIN: 2}
+_STAGE_OF_ROLE = {Role.GENERATION: Stage.GEN, Role.INFERENCE: Stage.INF, Role.TRAINING: Stage.TRAIN}
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,38 @@ def emus_of(
     ------
     ValueError
         If neither or both of ``graph``/``workload`` is given, the plan has the wrong length, or an
-        allocation leaves the cluster.
+        allocation leaves the cluster or does not hold ``dp·pp·tp`` devices.
+    """
+    out: list[EMU] = []
+    for ms, s, devices, pb, ob in plan_vertices(plan, cluster, graph=graph, workload=workload):
+        tp, pp = s.tp, s.pp
+        rep = tp * pp
+        for j in range(s.dp):
+            gpus = tuple(devices[j * rep : (j + 1) * rep])
+            # checked once per vertex: positive degrees, distinct ascending devices
+            out.append(_trusted(ms, tp, pp, gpus, pb, ob, len(out), _sorted_mask(gpus)))
+    return out
+
+
+def plan_vertices(
+    plan: Plan,
+    cluster: Cluster,
+    *,
+    graph: RPEG | None = None,
+    workload: object | None = None,
+) -> list[tuple[ModelStage, Strategy, Sequence[int], float, float]]:
+    """Per vertex of ``plan``: its model-stage, strategy, devices in rank order (a ``range`` when
+    they are contiguous, as every legal allocation's are), ``|θ|`` and ``|ω|`` — what
+    :func:`emus_of` cuts into units, checked once per vertex.
+
+    Vertex ``i`` = ``v`` becomes ``ModelStage(µ(v), stage(r(v)), v, i)``; ``|θ| = N_m·sb`` (the
+    weight container ``W_m``), ``|ω| = 12·N_m`` for a training vertex and 0 otherwise.
+
+    Raises
+    ------
+    ValueError
+        If neither or both of ``graph``/``workload`` is given, the plan has the wrong length, an
+        allocation leaves the cluster or does not hold ``dp·pp·tp`` devices.
     """
     if (graph is None) == (workload is None):
         raise ValueError("emus_of needs exactly one of graph= or workload=")
@@ -288,20 +320,24 @@ def emus_of(
         graph = build_graph(workload)  # type: ignore[arg-type]
     if len(plan) != len(graph.vertices):
         raise ValueError(f"plan has {len(plan)} choices but the graph has {len(graph.vertices)} vertices")
-    out: list[EMU] = []
+    out = []
     for i, (v, c) in enumerate(zip(graph.vertices, plan.choices)):
         s = c.strategy
-        devices = c.allocation.devices()
+        devices = mask_range(c.allocation.mask) or c.allocation.devices()
         if devices and devices[-1] >= cluster.num_devices:
             raise ValueError(
                 f"plan: vertex {v.name!r} uses device {devices[-1]} outside cluster {cluster.shape_str}"
             )
-        w = graph.containers[RPEG.weights_container(v.model)]
-        ms = ModelStage(v.model, Stage.from_role(v.role), v.name, i)
-        optim = float(OPTIMIZER_BYTES_PER_PARAM * w.count) if v.role is Role.TRAINING else 0.0
-        rep = s.pp * s.tp
-        for j in range(s.dp):
-            out.append(
-                EMU(ms, s.tp, s.pp, tuple(devices[j * rep : (j + 1) * rep]), float(w.nbytes), optim, len(out))
+        if len(devices) != s.dp * s.pp * s.tp:
+            raise ValueError(
+                f"plan: vertex {v.name!r} has {len(devices)} devices but its strategy "
+                f"{s.label()} needs dp·pp·tp = {s.dp * s.pp * s.tp}"
             )
+        w = graph.containers[RPEG.weights_container(v.model)]
+        # a graph's vertex names and models are checked strings: the model-stage goes together
+        # past its __post_init__ (this runs per vertex of every planned transition)
+        ms = object.__new__(ModelStage)
+        ms.__dict__.update(model=v.model, stage=_STAGE_OF_ROLE[v.role], vertex=v.name, index=i)
+        optim = float(OPTIMIZER_BYTES_PER_PARAM * w.count) if v.role is Role.TRAINING else 0.0
+        out.append((ms, s, devices, float(w.nbytes), optim))
     return out

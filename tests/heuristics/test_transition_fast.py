@@ -10,19 +10,26 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rpeg import Cluster, hardware_preset
-from rpeg.costmodel.transition import critical_path, gpu_capacities, primitive_times
+from rpeg.costmodel.transition import (
+    GpuCapacities,
+    critical_path,
+    gpu_capacities,
+    primitive_times,
+    primitive_times_array,
+)
 from rpeg.heuristics import _transition_kernel
 from rpeg.heuristics import transition as transition_module
 from rpeg.heuristics.transition import greedy_schedule, greedy_schedule_reference, warm_up
-from rpeg.ir.emu import _build_kernel, transition_dag, transition_dag_reference
+from rpeg.ir.emu import _build_kernel, emus_of, transition_dag, transition_dag_reference
 from rpeg.ir.emu.flat import ready as builder_ready
 from rpeg.solvers.transition import plan_transition
-from tests.ir.emu.test_flat import plan_pair, raw_pair
+from tests.ir.emu.test_flat import GRAPH, plan_pair, plans, raw_pair
 
 BIG = Cluster.from_shape("2x2x8", hardware_preset("h200"))
 
@@ -150,6 +157,7 @@ def test_warm_up_compiles_the_specialisations_real_calls_use():
     kernels = [
         _build_kernel.validate,
         _build_kernel.build,
+        _build_kernel.build_from_vertices,
         _build_kernel.longest_path,
         _build_kernel.link_classes,
         _transition_kernel.schedule,
@@ -173,5 +181,52 @@ def test_warm_up_compiles_the_specialisations_real_calls_use():
         if seed % 2:
             c = rng.choice([BIG, Cluster.from_shape("1x4x8", hardware_preset("h200"))])
             outcome(plan_transition, cur, tgt, c)
+        c, a, b = plans(rng)  # two plans: the DAG is built from their vertices
+        outcome(lambda x, y, c=c: plan_transition(x, y, c, graph=GRAPH), a, b)
     assert scheduled > 0
     assert [len(k.signatures) for k in kernels] == before
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1))
+def test_planning_from_two_plans_equals_planning_from_their_units(seed):
+    """``plan_transition`` on two plans (the DAG read per vertex, durations as one array) gives
+    the plan it gives on their EMU collections: durations, capacities, critical path, schedule."""
+    rng = random.Random(seed)
+    c, a, b = plans(rng)
+    engine = rng.choice([0.0, 2.5])
+    by_plans = outcome(lambda x, y: plan_transition(x, y, c, graph=GRAPH, engine_start=engine), a, b)
+    cur, tgt = emus_of(a, c, graph=GRAPH), emus_of(b, c, graph=GRAPH)
+    by_units = outcome(lambda x, y: plan_transition(x, y, c, engine_start=engine), cur, tgt)
+    if isinstance(by_units, tuple):
+        assert by_plans == by_units
+        return
+    assert by_plans.dag == by_units.dag
+    for f in ("durations", "starts", "ends", "status", "l_tran", "bound", "critical_path"):
+        assert getattr(by_plans, f) == getattr(by_units, f), f
+    assert type(by_plans.durations[0]) is float and type(by_plans.starts[0]) is float
+    assert by_plans.capacity == by_units.capacity and by_plans.check() == []
+    dur = primitive_times_array(by_units.dag, c, engine_start=engine)
+    assert dur.dtype == np.float64 and dur.tolist() == list(by_units.durations)
+
+
+def test_gpu_capacities_is_a_read_only_mapping_equal_to_its_dict():
+    cur, tgt = plan_pair(random.Random(5))
+    dag = transition_dag(cur, tgt)
+    caps = gpu_capacities(dag, BIG)
+    ref = gpu_capacities(transition_dag_reference(cur, tgt), BIG)
+    assert isinstance(caps, GpuCapacities) and isinstance(ref, GpuCapacities)
+    plain = dict(caps)
+    assert caps == plain and plain == caps and caps == ref and list(caps) == sorted(plain)
+    assert len(caps) == len(plain) and caps[next(iter(plain))] == plain[next(iter(plain))]
+    assert next(iter(plain)) in caps and -1 not in caps and caps.get(-1) is None
+    with pytest.raises(ValueError, match="read-only"):
+        caps.caps[0] = 0.0
+    with pytest.raises(TypeError):
+        caps[0] = 1.0  # type: ignore[index]
+    assert repr(caps).startswith("GpuCapacities({")
+    with pytest.raises(ValueError, match="2 GPUs but 1 bounds"):
+        GpuCapacities(np.array([0, 1]), np.array([1.0]))
+    # the scheduler reads the arrays of its own map and the items of any other: same schedule
+    dur = primitive_times(dag, BIG)
+    assert greedy_schedule(dag, dur, caps) == greedy_schedule(dag, dur, plain)

@@ -99,3 +99,20 @@ def test_pools_of_whole_racks():
     assert pool_cluster(cl, 24).shape == (3, 2, 4)
     with pytest.raises(ValueError, match="12 devices"):
         pool_cluster(cl, 12)  # more than one rack's nodes, fewer than two racks
+
+
+def test_mask_devices_reads_runs_in_one_step_and_other_masks_bit_by_bit():
+    from rpeg.ir.cluster import mask_devices, mask_range
+
+    assert mask_range(0b1111_0000) == range(4, 8) and mask_devices(0b1111_0000) == [4, 5, 6, 7]
+    assert mask_range(1 << 1000) == range(1000, 1001)
+    wide = ((1 << 512) - 1) << 512
+    assert mask_range(wide) == range(512, 1024) and mask_devices(wide) == list(range(512, 1024))
+    for mask in (0b1011, 0b1_0000_0001, (1 << 700) | 1):  # not one run
+        assert mask_range(mask) is None
+        assert mask_devices(mask) == [i for i in range(mask.bit_length()) if mask >> i & 1]
+    assert mask_range(0) is None and mask_devices(0) == []
+    c = Cluster.from_shape("2x4x8", HW)
+    for size in (1, 2, 4, 8, 16, 32, 64):  # every legal allocation is one run
+        for a in c.allocations_of_size(size):
+            assert mask_range(a.mask) == range(a.devices()[0], a.devices()[0] + size)

@@ -6,8 +6,10 @@ errors) after starting the background warm-up."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,10 +23,11 @@ from rpeg.ir.emu import (
     TransitionDAG,
     emus_of,
     transition_dag,
+    transition_dag_of_plans,
     transition_dag_reference,
 )
 from rpeg.ir.emu import dag as dag_module
-from rpeg.ir.emu.flat import warm_up
+from rpeg.ir.emu.flat import FlatDAG, flat_dag, flat_dag_of_plans, warm_up
 from rpeg.ir.plan import Choice, Plan
 from rpeg.scoring.candidates import aligned_allocations, enumerate_strategies
 
@@ -48,7 +51,7 @@ STRATEGIES = {
 }
 
 
-def plan_pair(rng: random.Random) -> tuple[list[EMU], list[EMU]]:
+def plans(rng: random.Random) -> tuple[Cluster, Plan, Plan]:
     """Two legal rpeg plans (a strategy per vertex at a random aligned origin) on a random cluster."""
     c = rng.choice(CLUSTERS)
 
@@ -59,7 +62,13 @@ def plan_pair(rng: random.Random) -> tuple[list[EMU], list[EMU]]:
             choices.append(Choice(s, rng.choice(aligned_allocations(c, s.size))))
         return Plan(tuple(choices))
 
-    return emus_of(plan(), c, graph=GRAPH), emus_of(plan(), c, graph=GRAPH)
+    return c, plan(), plan()
+
+
+def plan_pair(rng: random.Random) -> tuple[list[EMU], list[EMU]]:
+    """The EMU collections of :func:`plans`."""
+    c, a, b = plans(rng)
+    return emus_of(a, c, graph=GRAPH), emus_of(b, c, graph=GRAPH)
 
 
 STAGES = [
@@ -194,3 +203,56 @@ def test_the_reference_builds_until_the_core_is_ready(monkeypatch):
         assert_same_dag(compiled, early)
         built += 1
     assert built > 0
+
+
+def assert_same_tables(a: FlatDAG, b: FlatDAG) -> None:
+    """Every table of two flat DAGs equal, element types included; the units too."""
+    assert a.n_current == b.n_current and a.stages == b.stages
+    for f in dataclasses.fields(FlatDAG):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and np.array_equal(x, y), f.name
+    assert a.inputs == b.inputs
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1))
+def test_the_dag_of_two_plans_is_the_dag_of_their_units(seed):
+    """``transition_dag_of_plans`` reads the plans per vertex; its tables are ``flat_dag``'s on the
+    two EMU collections, its DAG the reference's, its errors the reference's."""
+    c, a, b = plans(random.Random(seed))
+    cur, tgt = emus_of(a, c, graph=GRAPH), emus_of(b, c, graph=GRAPH)
+    fast = outcome(lambda x, y: transition_dag_of_plans(x, y, c, graph=GRAPH), a, b)
+    ref = outcome(transition_dag_reference, cur, tgt)
+    if isinstance(ref, tuple):
+        assert fast == ref
+        assert flat_dag_of_plans(a, b, c, graph=GRAPH) is None
+        return
+    assert fast.flat is not None and "inputs" not in vars(fast.flat)  # no unit made yet
+    assert_same_tables(fast.flat, flat_dag(cur, tgt))
+    assert_same_dag(fast, ref)
+
+
+def test_the_dag_of_two_plans_takes_a_workload_and_checks_its_arguments():
+    c, a, b = plans(random.Random(3))
+    by_workload = transition_dag_of_plans(a, b, c, workload=PPO)
+    assert by_workload == transition_dag_of_plans(a, b, c, graph=GRAPH)
+    for kwargs in ({}, {"graph": GRAPH, "workload": PPO}):
+        with pytest.raises(ValueError, match="exactly one of graph= or workload="):
+            transition_dag_of_plans(a, b, c, **kwargs)
+    with pytest.raises(ValueError, match="plan has 5 choices but the graph has 6 vertices"):
+        transition_dag_of_plans(a, Plan(b.choices[:-1]), c, graph=GRAPH)
+
+
+def test_the_dag_of_two_plans_is_the_reference_until_the_core_is_ready(monkeypatch):
+    monkeypatch.setattr(dag_module, "ready", lambda: False)
+    monkeypatch.setattr(dag_module, "warm_up", lambda wait=False: False)
+    rng = random.Random(11)
+    for _ in range(10):
+        c, a, b = plans(rng)
+        early = outcome(lambda x, y, c=c: transition_dag_of_plans(x, y, c, graph=GRAPH), a, b)
+        ref = outcome(transition_dag_reference, emus_of(a, c, graph=GRAPH), emus_of(b, c, graph=GRAPH))
+        if isinstance(ref, tuple):
+            assert early == ref
+        else:
+            assert early.flat is None and early == ref

@@ -68,3 +68,51 @@ def test_emus_of_plan_splits_allocations_in_rank_order():
     assert [u.uid for u in units] == list(range(len(units)))
     with pytest.raises(ValueError, match="exactly one of"):
         emus_of(plan, cluster)
+
+
+def test_emus_of_makes_the_units_the_validating_constructor_makes():
+    """``emus_of`` checks once per vertex and builds the units past ``EMU.__post_init__``; the
+    units equal the validated ones field by field, derived fields included."""
+    from rpeg.ir.emu import plan_vertices
+
+    cluster = Cluster.from_shape("1x2x8", hardware_preset("h200"))
+    seven = model_preset("7b")
+    g = build_graph(Workload("ppo", {"actor": seven, "critic": seven, "reward": seven}, 64, 1, 128, 256))
+    layouts = [(1, 1, 4, 4), (8, 1, 2, 16), (1, 2, 2, 4), (2, 1, 1, 2), (1, 2, 4, 8), (4, 1, 2, 8)]
+    choices = []
+    for dp, pp, tp, size in layouts:
+        s = make_strategy(cluster, cluster.shape_for_size(size), dp, pp, tp, 2 * pp if pp > 1 else 1)
+        choices.append(Choice(s, aligned_allocations(cluster, size)[-1]))
+    plan = Plan(tuple(choices))
+    units = emus_of(plan, cluster, graph=g)
+    rows = plan_vertices(plan, cluster, graph=g)
+    expected = []
+    for ms, s, devices, pb, ob in rows:
+        assert isinstance(devices, range)  # a legal allocation is one run of ids
+        rep = s.tp * s.pp
+        for j in range(s.dp):
+            gpus = tuple(devices[j * rep : (j + 1) * rep])
+            expected.append(EMU(ms, s.tp, s.pp, gpus, pb, ob, len(expected)))
+    assert units == expected
+    for u, v in zip(units, expected):
+        assert (u.uid, u.gpus, u.mask, u.bytes_per_gpu) == (v.uid, v.gpus, v.mask, v.bytes_per_gpu)
+        assert type(u.gpus) is tuple and type(u.param_bytes) is float
+    assert [(ms.vertex, ms.index) for ms, *_ in rows] == [(v.name, i) for i, v in enumerate(g.vertices)]
+
+
+def test_plan_vertices_names_a_vertex_whose_allocation_does_not_fit_its_strategy():
+    from rpeg.ir.emu import plan_vertices
+
+    cluster = Cluster.from_shape("1x2x8", hardware_preset("h200"))
+    seven = model_preset("7b")
+    g = build_graph(Workload("ppo", {"actor": seven, "critic": seven, "reward": seven}, 64, 1, 128, 256))
+    s = make_strategy(cluster, (1, 1, 8), 2, 2, 2, 2)
+    plan = Plan(
+        tuple(Choice(s, aligned_allocations(cluster, 16 if i == 1 else 8)[0]) for i in range(len(g.vertices)))
+    )
+    with pytest.raises(
+        ValueError, match=r"vertex 'ref_inf' has 16 devices but its strategy .* needs dp·pp·tp = 8"
+    ):
+        plan_vertices(plan, cluster, graph=g)
+    with pytest.raises(ValueError, match="vertex 'ref_inf' has 16 devices"):
+        emus_of(plan, cluster, graph=g)
