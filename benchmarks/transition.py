@@ -12,7 +12,9 @@ Instances: PPO with Llama-3.1-8B actor, critic and reward (and reference) on H20
   releases (resource edges Destroy → Extend), actor training splits, critic training halves.
 
 Per instance: DAG size; the greedy planning time, each figure the median of ``--repeat`` runs,
-each run on fresh objects: the **total**, which the ≤ 2 ms target is read against, is the front
+each run on fresh objects, the compiled figures timed interleaved (each repeat times each once,
+so a slow spell of the shared machine falls on all alike) and the reference in a loop of its own
+with a tenth as many repeats: the **total**, which the ≤ 2 ms target is read against, is the front
 door ``plan_transition(cur, tgt, cluster, graph=..., method="greedy")`` from the two Plans —
 everything a caller waits for: the DAG, the costs, the capacities, the critical path, the
 schedule and the result object; and its parts, timed apart: **DAG** (``transition_dag_of_plans``:
@@ -35,7 +37,7 @@ against its own rounded problem.
 
 Run from the repository root::
 
-    python benchmarks/transition.py [--limit 20] [--milp-max 128] [--repeat 51] [--quick] [--no-write]
+    python benchmarks/transition.py [--limit 20] [--milp-max 128] [--repeat 201] [--quick] [--no-write]
 """
 
 from __future__ import annotations
@@ -115,11 +117,16 @@ def scenario(name: str, n: int) -> tuple[Cluster, Plan, Plan]:
 def greedy_time(cluster: Cluster, cur: Plan, tgt: Plan, repeat: int) -> tuple[dict[str, float], float]:
     """Median seconds of the greedy plan and its parts (module docstring), and its L_tran.
 
-    Each figure is timed in a loop of its own (``repeat`` calls on fresh objects, after a
-    garbage collection), so the reference's millions of objects do not land in the compiled
-    path's timings."""
+    The compiled figures are timed interleaved, each repeat timing each of them once on fresh
+    objects, so a slow spell of the shared machine falls on all of them alike; the reference,
+    whose millions of objects would land in their timings, runs in a loop of its own
+    (``max(5, repeat // 10)`` repeats, ~50 ms each at 1,024 GPUs)."""
     a = emus_of(cur, cluster, graph=GRAPH)
     b = emus_of(tgt, cluster, graph=GRAPH)
+    built = transition_dag_of_plans(cur, tgt, cluster, graph=GRAPH)
+    assert built.flat is not None  # the compiled path is the one timed
+    dur = primitive_times_array(built, cluster)
+    caps = gpu_capacities(built, cluster)
 
     def front() -> None:
         plan_transition(cur, tgt, cluster, graph=GRAPH, method="greedy")
@@ -127,12 +134,7 @@ def greedy_time(cluster: Cluster, cur: Plan, tgt: Plan, repeat: int) -> tuple[di
     def dag() -> None:
         transition_dag_of_plans(cur, tgt, cluster, graph=GRAPH)
 
-    built = transition_dag_of_plans(cur, tgt, cluster, graph=GRAPH)
-    assert built.flat is not None  # the compiled path is the one timed
-    dur = primitive_times_array(built, cluster)
-    caps = gpu_capacities(built, cluster)
-
-    def costs() -> None:
+    def costs() -> float:
         d = transition_dag_of_plans(cur, tgt, cluster, graph=GRAPH)  # fresh tables, not timed
         t = time.perf_counter()
         primitive_times_array(d, cluster)
@@ -156,22 +158,20 @@ def greedy_time(cluster: Cluster, cur: Plan, tgt: Plan, repeat: int) -> tuple[di
             ref_dag, primitive_times(ref_dag, cluster), gpu_capacities(ref_dag, cluster)
         )
 
-    out: dict[str, float] = {}
-    for name, f in (
-        ("total", front),
-        ("dag", dag),
-        ("costs", costs),
-        ("schedule", schedule),
-        ("units", units),
-        ("reference", reference),
-    ):
-        gc.collect()
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            inner = f()
-            times.append(time.perf_counter() - t0 if inner is None else inner)
-        out[name] = statistics.median(times)
+    def timed(f) -> float:
+        t0 = time.perf_counter()
+        inner = f()
+        return time.perf_counter() - t0 if inner is None else inner
+
+    compiled = {"total": front, "dag": dag, "costs": costs, "schedule": schedule, "units": units}
+    times: dict[str, list[float]] = {k: [] for k in (*compiled, "reference")}
+    gc.collect()
+    for _ in range(repeat):
+        for name, f in compiled.items():
+            times[name].append(timed(f))
+    gc.collect()
+    times["reference"] = [timed(reference) for _ in range(max(5, repeat // 10))]
+    out = {k: statistics.median(v) for k, v in times.items()}
     # identical schedules, durations and DAGs on every path
     tp = plan_transition(cur, tgt, cluster, graph=GRAPH, method="greedy")
     s = greedy_schedule(built, dur, caps)
@@ -188,7 +188,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--limit", type=float, default=20.0, help="seconds per exact solve")
     ap.add_argument("--milp-max", type=int, default=128, help="largest GPU count the MILP runs on")
-    ap.add_argument("--repeat", type=int, default=51, help="greedy timing repeats (median)")
+    ap.add_argument("--repeat", type=int, default=201, help="greedy timing repeats (median)")
+    ap.add_argument(
+        "--rounds", type=int, default=5, help="rounds of the largest size's totals, spread in time"
+    )
+    ap.add_argument("--gap", type=float, default=10.0, help="seconds between two rounds")
     ap.add_argument("--quick", action="store_true", help="32 and 64 GPUs only, 5-s limits")
     ap.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
     args = ap.parse_args(argv)
@@ -239,6 +243,15 @@ def main(argv: list[str] | None = None) -> None:
             row = "| " + " | ".join(cells) + " |"
             print(row, flush=True)
             rows.append(row)
+    n_max = max(sizes)
+    spread = rounds(n_max, args.rounds, args.repeat, args.gap)
+    for r, row in enumerate(spread):
+        print(
+            f"round {r + 1}: "
+            + ", ".join(f"{k} {t * 1e3:.2f} ms (reference {c * 1e3:.1f} ms)" for k, (t, c) in row.items())
+        )
+    per_round = [max(t for t, _ in row.values()) * 1e3 for row in spread]  # the worse transition
+    typical = statistics.median(per_round) if per_round else math.nan
     lines = [
         "## Transition planning (greedy vs CP-SAT vs MILP)",
         "",
@@ -246,7 +259,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{limit:g}-s limit; CP-SAT on 1-ms ticks, MILP (HiGHS) on ticks of 1/100 of the greedy length. "
         "PPO with Llama-3.1-8B models on H200; `grow` doubles the pool, `shift` rebalances a full one "
         "(see the script's docstring). Greedy time, median of "
-        f"{args.repeat} repeats, each on fresh objects: total = the front door "
+        f"{args.repeat} repeats, each on fresh objects, the compiled figures timed interleaved (the "
+        "reference in a loop of its own, a tenth as many repeats): total = the front door "
         '`plan_transition(cur, tgt, cluster, graph=g, method="greedy")` from the two Plans (DAG, costs, '
         "capacities, critical path, schedule, result); its parts timed apart, each a median of its own: DAG "
         "(`transition_dag_of_plans`: index tables from the plans' vertices), costs (`primitive_times_array`, "
@@ -265,16 +279,34 @@ def main(argv: list[str] | None = None) -> None:
         "|" + "---|" * 11,
         *rows,
         "",
-        f"Targets: greedy ≤ 2 ms at 1,024 GPUs (Nereus reports 1.22 ms) — measured total {worst['total']:.2f} ms "
-        f"at {max(sizes):,} GPUs, the whole `plan_transition` call (worst transition: DAG {worst['dag']:.2f}, "
-        f"costs {worst['costs']:.2f}, schedule {worst['schedule']:.2f} ms; pure-Python reference "
-        f"{worst['reference']:.1f} ms)"
+        f"The shared machine's speed drifts over minutes (the same calls, and the unchanged pure-Python "
+        f"reference, run up to about twice as long in its slow spells), so the totals at {n_max:,} GPUs were "
+        f"timed again in {args.rounds} rounds of {args.repeat} calls, {args.gap:g} s apart, each round with "
+        "three runs of the reference as a control of the machine's speed:",
+        "",
+        "| round | " + " | ".join(f"{k} total ms | {k} reference ms" for k in ("grow", "shift")) + " |",
+        "|" + "---|" * 5,
+        *(
+            f"| {r + 1} | " + " | ".join(f"{t * 1e3:.2f} | {c * 1e3:.1f}" for t, c in row.values()) + " |"
+            for r, row in enumerate(spread)
+        ),
+        "",
+        f"Targets: greedy ≤ 2 ms at 1,024 GPUs (Nereus reports 1.22 ms), read as the median over the rounds of "
+        f"the worse transition's total (the whole `plan_transition` call) — {typical:.2f} ms"
         + (
             " (not run at 1,024 GPUs: no verdict)."
-            if max(sizes) < 1024
-            else " (met)."
-            if worst["total"] <= 2.0
-            else " (**not met**)."
+            if n_max < 1024
+            else " (met)"
+            if typical <= 2.0
+            else " (**not met**)"
+        )
+        + (
+            f"; ≤ 2 ms in {sum(t <= 2.0 for t in per_round)} of {len(per_round)} rounds, "
+            f"{min(per_round):.2f}–{max(per_round):.2f} ms. In the table: {worst['total']:.2f} ms for the worse "
+            f"transition (DAG {worst['dag']:.2f}, costs {worst['costs']:.2f}, schedule {worst['schedule']:.2f} ms; "
+            f"pure-Python reference {worst['reference']:.1f} ms)."
+            if n_max >= 1024
+            else ""
         )
         + f" Gap to the exact optimum or bound ≤ 5% — worst measured {100 * worst_gap:.2f}%"
         + (" (met)." if worst_gap <= 0.05 else " (**not met**)."),
@@ -283,6 +315,37 @@ def main(argv: list[str] | None = None) -> None:
         write_section("transition", lines)
     else:
         print("\n".join(lines[-1:]))
+
+
+def rounds(n: int, count: int, repeat: int, gap: float) -> list[dict[str, tuple[float, float]]]:
+    """Per round and transition at ``n`` GPUs: the median seconds of ``repeat`` front-door calls
+    (``plan_transition`` from the two Plans) and of three runs of the pure-Python reference (the
+    machine's speed in that round); rounds ``gap`` seconds apart."""
+    out = []
+    for r in range(count):
+        if r:
+            time.sleep(gap)
+        row = {}
+        for name in ("grow", "shift"):
+            cluster, cur, tgt = scenario(name, n)
+            calls = []
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                plan_transition(cur, tgt, cluster, graph=GRAPH, method="greedy")
+                calls.append(time.perf_counter() - t0)
+            control = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                ref_dag = transition_dag_reference(
+                    emus_of(cur, cluster, graph=GRAPH), emus_of(tgt, cluster, graph=GRAPH)
+                )
+                greedy_schedule_reference(
+                    ref_dag, primitive_times(ref_dag, cluster), gpu_capacities(ref_dag, cluster)
+                )
+                control.append(time.perf_counter() - t0)
+            row[name] = (statistics.median(calls), statistics.median(control))
+        out.append(row)
+    return out
 
 
 def _first_call() -> float:

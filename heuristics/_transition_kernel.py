@@ -109,6 +109,35 @@ def used_gpus(p_kind, p_iptr, p_in, p_optr, p_out, u_ptr, u_gpus):
 
 
 @njit(cache=True, error_model="numpy")
+def schedule_tables(
+    n_gpus, n_cur, p_kind, p_stage, stage_class, n_keys, p_iptr, p_in, p_optr, p_out, u_ptr, u_gpus,
+    u_bpg, edge_src, edge_dst, res_src, res_dst, dur, cap_gpus, cap_vals,
+):  # fmt: skip
+    """:func:`schedule` on a flat DAG's tables as they are, the preparation done here: status 2
+    when a duration is negative (or NaN); each primitive's list class, ``stage_class`` of its
+    model-stage, plus ``n_keys`` unless it is a Destroy; ``cap_g`` from the GPU ids and bounds
+    given (``inf`` elsewhere; ids outside ``0..n_gpus−1`` ignored); the state edges, then the
+    resource edges."""
+    n = p_kind.shape[0]
+    for i in range(n):
+        if not dur[i] >= 0:
+            return 2, np.zeros(n, np.float64), np.zeros(n, np.float64)
+    cls = np.empty(n, np.int64)
+    for i in range(n):
+        cls[i] = stage_class[p_stage[i]] + (0 if p_kind[i] == DESTROY else n_keys)
+    cap = np.full(n_gpus, np.inf)
+    for k in range(cap_gpus.shape[0]):
+        g = cap_gpus[k]
+        if 0 <= g < n_gpus:
+            cap[g] = cap_vals[k]
+    src = np.concatenate((edge_src, res_src))
+    dst = np.concatenate((edge_dst, res_dst))
+    return schedule(
+        n_gpus, n_cur, p_kind, cls, p_iptr, p_in, p_optr, p_out, u_ptr, u_gpus, u_bpg, src, dst, dur, cap
+    )
+
+
+@njit(cache=True, error_model="numpy")
 def schedule(
     n_gpus, n_cur, p_kind, cls, p_iptr, p_in, p_optr, p_out, u_ptr, u_gpus, u_bpg, src, dst, dur, cap
 ):

@@ -187,36 +187,20 @@ def _compiled_schedule(
     if len(durations) != n:
         raise ValueError(f"durations has {len(durations)} entries for {n} primitives")
     dur = np.asarray(durations, dtype=np.float64)
-    if not (dur >= 0).all():
+    if isinstance(capacity, GpuCapacities):  # gpu_capacities' own: its arrays as they are
+        gpus, caps = capacity.gpus, capacity.caps
+    else:
+        given = capacity or {}
+        gpus = np.fromiter(given.keys(), np.int64, len(given))
+        caps = np.fromiter(given.values(), np.float64, len(given))
+    stage_class, n_keys = flat.stage_class
+    status, starts, ends = kernel.schedule_tables(
+        flat.n_gpus, flat.n_current, flat.p_kind, flat.p_stage, stage_class, n_keys,
+        flat.p_iptr, flat.p_in, flat.p_optr, flat.p_out, flat.u_ptr, flat.u_gpus, flat.u_bpg,
+        flat.edge_src, flat.edge_dst, flat.res_src, flat.res_dst, dur, gpus, caps,
+    )  # fmt: skip
+    if status == 2:
         raise ValueError(f"durations must be non-negative, got {min(durations)!r}")
-    n_gpus = flat.n_gpus
-    cap = np.full(n_gpus, np.inf)
-    if capacity:
-        if isinstance(capacity, GpuCapacities):  # gpu_capacities' own: its arrays as they are
-            gpus, caps = capacity.gpus, capacity.caps
-        else:
-            gpus = np.fromiter(capacity.keys(), np.int64, len(capacity))
-            caps = np.fromiter(capacity.values(), np.float64, len(capacity))
-        inside = (gpus >= 0) & (gpus < n_gpus)
-        cap[gpus[inside]] = caps[inside]
-    src, dst = flat.all_edges
-    status, starts, ends = kernel.schedule(
-        n_gpus,
-        flat.n_current,
-        flat.p_kind,
-        flat.list_class,  # (not Destroy, its stage's sort key), numbered
-        flat.p_iptr,
-        flat.p_in,
-        flat.p_optr,
-        flat.p_out,
-        flat.u_ptr,
-        flat.u_gpus,
-        flat.u_bpg,
-        src,
-        dst,
-        dur,
-        cap,
-    )
     if status:
         return greedy_schedule_reference(dag, durations, capacity)  # raises TransitionInfeasible
     sched = TransitionSchedule(tuple(starts.tolist()), tuple(ends.tolist()))

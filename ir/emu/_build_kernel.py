@@ -725,21 +725,28 @@ def build_from_vertices(n_stages, v_stage, v_dp, v_tp, v_pp, v_state, v_gpus):
 
 
 @njit(cache=True, error_model="numpy")
-def longest_path(n, src, dst, dur):
-    """``max_i EF_i`` with ``EF_i = d_i + max_{(j,i)} EF_j`` over the edges ``src → dst`` (any
-    order), in a topological order found by Kahn's rule (0 for no primitive)."""
+def longest_path(n, src, dst, src2, dst2, dur):
+    """``max_i EF_i`` with ``EF_i = d_i + max_{(j,i)} EF_j`` over the edges ``src → dst`` and
+    ``src2 → dst2`` (any order), in a topological order found by Kahn's rule (0 for no
+    primitive)."""
     ptr = np.zeros(n + 1, np.int64)
     indeg = np.zeros(n, np.int64)
     for e in range(src.shape[0]):
         ptr[src[e] + 1] += 1
         indeg[dst[e]] += 1
+    for e in range(src2.shape[0]):
+        ptr[src2[e] + 1] += 1
+        indeg[dst2[e]] += 1
     for i in range(n):
         ptr[i + 1] += ptr[i]
-    succ = np.empty(src.shape[0], np.int64)
+    succ = np.empty(ptr[n], np.int64)
     fill = ptr[:-1].copy()
     for e in range(src.shape[0]):
         succ[fill[src[e]]] = dst[e]
         fill[src[e]] += 1
+    for e in range(src2.shape[0]):
+        succ[fill[src2[e]]] = dst2[e]
+        fill[src2[e]] += 1
     start = np.zeros(n, np.float64)  # max over predecessors of EF_j, 0 without one
     queue = np.empty(n, np.int64)
     head = 0

@@ -155,25 +155,23 @@ class FlatDAG:
         return self.held.shape[0]
 
     @cached_property
-    def all_edges(self) -> tuple[np.ndarray, np.ndarray]:
-        """Tails and heads of the state edges, then of the resource edges."""
-        return np.concatenate((self.edge_src, self.res_src)), np.concatenate((self.edge_dst, self.res_dst))
-
-    @cached_property
-    def list_class(self) -> np.ndarray:
-        """Per primitive its class in the greedy list order: Destroys first, then the others,
-        each by their model-stage's :attr:`~rpeg.ir.emu.ModelStage.sort_key` (equal keys share
-        a class)."""
+    def stage_class(self) -> tuple[np.ndarray, int]:
+        """Per model-stage its rank among the distinct :attr:`~rpeg.ir.emu.ModelStage.sort_key`
+        s, and how many there are: a primitive's class in the greedy list order is its
+        model-stage's rank, plus that count unless it is a Destroy (Destroys first)."""
         keys = [ms.sort_key for ms in self.stages]
         key_rank = {k: r for r, k in enumerate(sorted(set(keys)))}
-        stage_class = np.array([key_rank[k] for k in keys], np.int64)
-        return stage_class[self.p_stage] + np.where(self.p_kind == DESTROY, 0, len(key_rank))
+        return np.array([key_rank[k] for k in keys], np.int64), len(key_rank)
 
     def critical_path(self, durations: np.ndarray) -> float:
         """``CP = max_i EF_i``, ``EF_i = d_i + max_{(j,i)} EF_j`` over state and resource edges."""
         from . import _build_kernel as kernel
 
-        return float(kernel.longest_path(self.n_prims, *self.all_edges, durations))
+        return float(
+            kernel.longest_path(
+                self.n_prims, self.edge_src, self.edge_dst, self.res_src, self.res_dst, durations
+            )
+        )
 
     def link_classes(self, gpus_per_node: int, nodes_per_rack: int) -> tuple[np.ndarray, np.ndarray]:
         """Per primitive its class ``(kind·S + model-stage)·3 + tier`` (``S`` model-stages; the

@@ -160,7 +160,7 @@ def test_warm_up_compiles_the_specialisations_real_calls_use():
         _build_kernel.build_from_vertices,
         _build_kernel.longest_path,
         _build_kernel.link_classes,
-        _transition_kernel.schedule,
+        _transition_kernel.schedule_tables,  # calls schedule inside the compiled code
     ]
     before = [len(k.signatures) for k in kernels]
     assert all(before)
