@@ -35,9 +35,13 @@ estimate of the true gap). The MILP is time-indexed (its size grows with GPUs ×
 runs up to ``--milp-max`` GPUs, on its own coarser grid (1/100 of the greedy length); its gap is
 against its own rounded problem.
 
+The shared machine's speed drifts over minutes, so the largest size's totals are timed again in
+``--rounds`` rounds ``--gap`` seconds apart, each with three runs of the reference as a control
+of the machine's speed; the ≤ 2 ms verdict is read on the median over the rounds.
+
 Run from the repository root::
 
-    python benchmarks/transition.py [--limit 20] [--milp-max 128] [--repeat 201] [--quick] [--no-write]
+    python benchmarks/transition.py [--limit 20] [--milp-max 128] [--repeat 201] [--rounds 5] [--gap 10] [--quick] [--no-write]
 """
 
 from __future__ import annotations
