@@ -20,7 +20,7 @@ quiet_llvmlite_wrapper()  # numba loads llvmlite: keep vLLM's module scan workin
 SPLIT, MERGE, EXTEND, DESTROY = 0, 1, 2, 3
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, inline="always")
 def _sort_distinct(a, m, flag):
     """Sort ``a[:m]``, distinct ids below ``flag.shape[0]``, in place. When ``m`` is a sixteenth
     of the id range or more, by one pass over per-id flags (``flag`` all ``False`` before and
@@ -39,7 +39,7 @@ def _sort_distinct(a, m, flag):
             q += 1
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True)
 def _heap_push(ht, hi, n, t, i):
     k = n
     ht[k] = t
@@ -54,7 +54,7 @@ def _heap_push(ht, hi, n, t, i):
     return n + 1
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True)
 def _heap_pop(ht, hi, n):
     n -= 1
     ht[0] = ht[n]
@@ -75,7 +75,7 @@ def _heap_pop(ht, hi, n):
     return n
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True)
 def used_gpus(p_kind, p_iptr, p_in, p_optr, p_out, u_ptr, u_gpus):
     """Per primitive the GPUs it holds (CSR): a Split its source's, a Merge its result's, an
     Extend its source's and its result's, a Destroy its unit's."""
@@ -108,7 +108,7 @@ def used_gpus(p_kind, p_iptr, p_in, p_optr, p_out, u_ptr, u_gpus):
     return ptr, out
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True)
 def schedule_tables(
     n_gpus, n_cur, p_kind, p_stage, stage_class, n_keys, p_iptr, p_in, p_optr, p_out, u_ptr, u_gpus,
     u_bpg, edge_src, edge_dst, res_src, res_dst, dur, cap_gpus, cap_vals,
@@ -137,7 +137,7 @@ def schedule_tables(
     )
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True)
 def schedule(
     n_gpus, n_cur, p_kind, cls, p_iptr, p_in, p_optr, p_out, u_ptr, u_gpus, u_bpg, src, dst, dur, cap
 ):
@@ -324,7 +324,7 @@ def schedule(
                 batch[m] = i
                 m += 1
                 i = b_next[i]
-        _sort_distinct(batch, m, flag)  # the order a heap of (end, index) pops them: memory is freed so
+        _sort_distinct(batch, m, flag)  # a heap of (end, index) pops them so: memory is freed in this order
         for q in range(m):
             i = batch[q]
             done += 1

@@ -22,21 +22,21 @@ CURRENT, PART, COPY, MERGED = 0, 1, 2, 3
 SPLIT, MERGE, EXTEND, DESTROY = 0, 1, 2, 3
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True)
 def _gcd(a, b):
     while b:
         a, b = b, a % b
     return a
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True)
 def _sorted_by_min(idx, umin):
     """``idx`` stably sorted by the units' lowest GPU (``sorted(us, key=lambda u: min(u.gpus))``)."""
     keys = umin[idx]
     return idx[np.argsort(keys)]  # distinct keys: the units of one side and stage are disjoint
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True)
 def validate(n_stages, n_cur, stage, gptr, gpus):
     """0 when the units of each side and model-stage are disjoint, as
     :func:`~rpeg.ir.emu.plan_diff` requires, else 1."""
@@ -51,7 +51,7 @@ def validate(n_stages, n_cur, stage, gptr, gpus):
     return 0
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, inline="always")
 def _add_unit(
     units, n_units, origin, src, s, tp, pp, bpg, from_gpus, g0, count
 ):  # pragma: no cover - compiled
@@ -71,7 +71,7 @@ def _add_unit(
     return n_units + 1
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True)
 def build(n_stages, n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg):
     """Flat transition DAG of the input units ``0..n_cur−1`` (current) and ``n_cur..`` (target),
     which :func:`validate` accepted.
@@ -684,7 +684,7 @@ def build(n_stages, n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg):
     )
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True)
 def build_from_vertices(n_stages, v_stage, v_dp, v_tp, v_pp, v_state, v_gpus):
     """:func:`build` on the units of two plans given per vertex: rows ``0..n_stages−1`` are the
     current plan's vertices, the next ``n_stages`` the target's; vertex ``v`` has model-stage
@@ -724,29 +724,25 @@ def build_from_vertices(n_stages, v_stage, v_dp, v_tp, v_pp, v_state, v_gpus):
     return status, t, stage, n_cur
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True)
 def longest_path(n, src, dst, src2, dst2, dur):
     """``max_i EF_i`` with ``EF_i = d_i + max_{(j,i)} EF_j`` over the edges ``src → dst`` and
     ``src2 → dst2`` (any order), in a topological order found by Kahn's rule (0 for no
     primitive)."""
+    tails = np.concatenate((src, src2))
+    heads = np.concatenate((dst, dst2))
     ptr = np.zeros(n + 1, np.int64)
     indeg = np.zeros(n, np.int64)
-    for e in range(src.shape[0]):
-        ptr[src[e] + 1] += 1
-        indeg[dst[e]] += 1
-    for e in range(src2.shape[0]):
-        ptr[src2[e] + 1] += 1
-        indeg[dst2[e]] += 1
+    for e in range(tails.shape[0]):
+        ptr[tails[e] + 1] += 1
+        indeg[heads[e]] += 1
     for i in range(n):
         ptr[i + 1] += ptr[i]
-    succ = np.empty(ptr[n], np.int64)
+    succ = np.empty(tails.shape[0], np.int64)
     fill = ptr[:-1].copy()
-    for e in range(src.shape[0]):
-        succ[fill[src[e]]] = dst[e]
-        fill[src[e]] += 1
-    for e in range(src2.shape[0]):
-        succ[fill[src2[e]]] = dst2[e]
-        fill[src2[e]] += 1
+    for e in range(tails.shape[0]):
+        succ[fill[tails[e]]] = heads[e]
+        fill[tails[e]] += 1
     start = np.zeros(n, np.float64)  # max over predecessors of EF_j, 0 without one
     queue = np.empty(n, np.int64)
     head = 0
@@ -771,7 +767,7 @@ def longest_path(n, src, dst, src2, dst2, dur):
     return best
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True)
 def link_classes(p_kind, p_stage, p_lo, p_hi, n_stages, gpus_per_node, nodes_per_rack):
     """Per primitive its class ``(kind·n_stages + stage)·3 + tier``, the tier of its link group
     spanning GPUs ``p_lo..p_hi`` (0 one node, 1 one rack, 2 several racks, as

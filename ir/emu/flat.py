@@ -344,8 +344,7 @@ def flat_dag_of_plans(
     target: Plan,
     cluster: Cluster,
     *,
-    graph: RPEG | None = None,
-    workload: object | None = None,
+    graph: RPEG,
 ) -> FlatDAG | None:
     """:func:`flat_dag` of ``emus_of(current)`` and ``emus_of(target)``, read per vertex instead
     of per unit.
@@ -361,17 +360,12 @@ def flat_dag_of_plans(
     Raises
     ------
     ValueError
-        As :func:`~rpeg.ir.emu.emus_of`: neither or both of ``graph``/``workload``, a plan whose
-        length is not the graph's, an allocation outside the cluster or of the wrong size.
+        As :func:`~rpeg.ir.emu.emus_of`: a plan whose length is not the graph's, an allocation
+        outside the cluster or of the wrong size.
     """
     from . import _build_kernel as kernel
 
-    if graph is None and workload is not None:
-        from ..templates import build_graph
-
-        graph = build_graph(workload)  # type: ignore[arg-type]
-        workload = None
-    sides = [plan_vertices(p, cluster, graph=graph, workload=workload) for p in (current, target)]
+    sides = [plan_vertices(p, cluster, graph=graph) for p in (current, target)]
     stages = [ms for ms, *_ in sides[0]]
     nv = len(stages)
     order = sorted(range(nv), key=lambda k: stages[k].sort_key)
