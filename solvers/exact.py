@@ -127,7 +127,7 @@ def solve_exact(
     ys = [structure] if structure is not None else all_structures(problem.workload)
     search = _Search(problem, engine_fn, candidates, warm_start, threads, engine_options or {})
     try:
-        order = search.order(ys)
+        order = search.order(ys, deadline)
         for n, i in enumerate(order):
             y = ys[i]
             if deadline.expired() and search.pool:
@@ -213,16 +213,23 @@ class _Search:
     #: structure index → (evaluator, directories) built by :meth:`order`
     prepared: dict[int, tuple[Evaluator, list[Directory]]] = field(default_factory=dict)
 
-    def order(self, ys: list[Structure]) -> list[int]:
+    def order(self, ys: list[Structure], deadline: Deadline) -> list[int]:
         """The order to solve the structures in: by the evaluator's makespan of their concurrent
         plan (infeasible ones last), so that the likely best structure is solved first and its
         makespan cuts the others off (:meth:`cutoff`). Each structure's evaluator and
         directories are kept for :meth:`structure`, and each memory-feasible concurrent plan
-        joins the pool of fallbacks."""
+        joins the pool of fallbacks.
+
+        Preparing a structure takes a fraction of a second at 16 GPUs (its evaluator and
+        directories); once ``deadline`` has expired with a fallback pooled, the structures not yet
+        prepared are ranked last in their own order (the caller then skips them), so a short
+        limit is not overrun by preparing all of them first."""
         if len(ys) == 1:
             return [0]
-        ranks = []
+        ranks = [math.inf] * len(ys)
         for i, y in enumerate(ys):
+            if self.pool and deadline.expired():
+                break
             ev = self.problem.evaluator(y)
             dirs = build_directories(ev.costs)
             self.prepared[i] = (ev, dirs)
@@ -230,9 +237,8 @@ class _Search:
                 plan = concurrent_plan(ev, dirs)
                 r = ev.evaluate(plan)
             except Infeasible:
-                ranks.append(math.inf)
                 continue
-            ranks.append(r.makespan if r.feasible else math.inf)
+            ranks[i] = r.makespan if r.feasible else math.inf
             if r.feasible:  # a fallback from the start (Ctrl-C may come before any engine runs)
                 self.pool.append((r.makespan, 1, i, ev, plan, None))
         return sorted(range(len(ys)), key=lambda i: (ranks[i], i))
