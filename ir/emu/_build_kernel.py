@@ -32,8 +32,39 @@ def _gcd(a, b):
 @njit(cache=True)
 def _sorted_by_min(idx, umin):
     """``idx`` stably sorted by the units' lowest GPU (``sorted(us, key=lambda u: min(u.gpus))``)."""
-    keys = umin[idx]
-    return idx[np.argsort(keys)]  # distinct keys: the units of one side and stage are disjoint
+    for j in range(1, idx.shape[0]):  # a plan's replicas come in device order: mostly sorted
+        if umin[idx[j]] < umin[idx[j - 1]]:
+            return idx[np.argsort(umin[idx])]  # distinct keys: one side and stage are disjoint
+    return idx
+
+
+@njit(cache=True)
+def _order(keys):
+    """The permutation that sorts the distinct ``keys``: the identity when they are sorted, a
+    merge when the even and the odd positions are each sorted (a broadcast round's sources and
+    the copies they made, in turn), else an argsort."""
+    n = keys.shape[0]
+    runs = True
+    for j in range(1, n):
+        if keys[j] < keys[j - 1]:
+            runs = False
+            break
+    if runs:
+        return np.arange(n)
+    for j in range(2, n):
+        if keys[j] < keys[j - 2]:
+            return np.argsort(keys)
+    out = np.empty(n, np.int64)
+    a = 0
+    b = 1
+    for j in range(n):
+        if b >= n or (a < n and keys[a] < keys[b]):
+            out[j] = a
+            a += 2
+        else:
+            out[j] = b
+            b += 2
+    return out
 
 
 @njit(cache=True)
@@ -350,7 +381,7 @@ def build(n_stages, n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg):
         aft_uid = np.empty(cap, np.int64)
         aft_c = np.empty(cap, np.int64)
         n_aft = 0
-        order = np.argsort(now_first[:n_now] * max_units + now_uid[:n_now])
+        order = _order(now_first[:n_now] * max_units + now_uid[:n_now])
         now_first[:n_now] = now_first[:n_now][order]
         now_uid[:n_now] = now_uid[:n_now][order]
         now_c[:n_now] = now_c[:n_now][order]
@@ -359,7 +390,7 @@ def build(n_stages, n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg):
             if not missing[q]:
                 continue
             if k == n_now:
-                order = np.argsort(aft_first[:n_aft] * max_units + aft_uid[:n_aft])
+                order = _order(aft_first[:n_aft] * max_units + aft_uid[:n_aft])
                 now_first[:n_aft] = aft_first[:n_aft][order]
                 now_uid[:n_aft] = aft_uid[:n_aft][order]
                 now_c[:n_aft] = aft_c[:n_aft][order]
@@ -537,6 +568,7 @@ def build(n_stages, n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg):
         mark = -np.ones(n_destroy, np.int64)
         stamp = -np.ones(n_prims, np.int64)
         stack = np.empty(n_prims + r_src.shape[0] + 1, np.int64)
+        cand = np.empty(n_destroy, np.int64)  # the Destroys sharing a GPU with one Extend, sorted
         for ei in range(n_extend):
             if status:
                 break
@@ -550,16 +582,22 @@ def build(n_stages, n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg):
                     hit = True
             if not hit:
                 continue
-            cand = []
+            n_cand = 0
             for q in range(u_ptr[res], u_ptr[res + 1]):
                 g = u_gpus[q]
                 for z in range(by_ptr[g], by_ptr[g + 1]):
                     k = by[z]
                     if mark[k] != e:
                         mark[k] = e
-                        cand.append(k)
-            cand.sort()
-            for k in cand:
+                        # insertion into the sorted candidates (a handful per Extend)
+                        y = n_cand
+                        while y > 0 and cand[y - 1] > k:
+                            cand[y] = cand[y - 1]
+                            y -= 1
+                        cand[y] = k
+                        n_cand += 1
+            for ci in range(n_cand):
+                k = cand[ci]
                 x = destroy_uid[k]
                 dsi = destroy_prim[k]
                 other = u_stage[x]
@@ -609,7 +647,7 @@ def build(n_stages, n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg):
                 extra_head[dsi] = n_extra
                 n_extra += 1
                 has_preds[e] = True
-    order = np.argsort(r_src[:n_res] * max_prims + r_dst[:n_res])
+    order = _order(r_src[:n_res] * max_prims + r_dst[:n_res])
     rs = r_src[:n_res][order]
     rd = r_dst[:n_res][order]
     # span of each primitive's link group: a Split's smallest enclosing group, an Extend's R ∪ R′

@@ -256,3 +256,23 @@ def test_the_dag_of_two_plans_is_the_reference_until_the_core_is_ready(monkeypat
             assert early == ref
         else:
             assert early.flat is None and early == ref
+
+
+@pytest.mark.parametrize("shape", ["sorted", "two-runs", "any"])
+def test_the_kernels_order_is_an_argsort(shape):
+    """``_build_kernel._order`` (the build's sorts: identity when sorted, a merge of the even and
+    odd positions when each is sorted, else an argsort) orders distinct keys as ``np.argsort``,
+    and ``_sorted_by_min`` as a sort by the lowest GPU."""
+    from rpeg.ir.emu import _build_kernel as kernel
+
+    rng = np.random.default_rng(len(shape))
+    for n in range(0, 40):
+        keys = rng.permutation(4 * n + 4)[:n].astype(np.int64)
+        if shape == "sorted":
+            keys.sort()
+        elif shape == "two-runs":
+            keys[0::2].sort()
+            keys[1::2].sort()
+        assert kernel._order(keys).tolist() == np.argsort(keys).tolist(), keys
+        idx = rng.permutation(n).astype(np.int64)
+        assert kernel._sorted_by_min(idx, keys).tolist() == idx[np.argsort(keys[idx])].tolist()
