@@ -30,6 +30,7 @@ from ..ir.types import Head, Recompute
 __all__ = [
     "attention_core_flops",
     "decode_flops",
+    "decode_flops_at",
     "forward_flops",
     "generation_flops",
     "head_flops_per_token",
@@ -69,20 +70,27 @@ def head_flops_per_token(model: ModelSpec, head: Head = Head.LM) -> float:
     raise ValueError(f"head must be a Head, got {head!r}")
 
 
-def forward_flops(model: ModelSpec, tokens: float, head: Head = Head.LM) -> float:
+def forward_flops(
+    model: ModelSpec, tokens: float, head: Head = Head.LM, tokens_sq: float | None = None
+) -> float:
     """One teacher-forced forward pass of one sequence over ``ℓ = tokens`` tokens.
 
     ``W_fwd(ℓ) = L·(2·W_layer·ℓ + 2·d_q·ℓ²) + h·ℓ`` with ``h`` the head FLOPs per token
     (:func:`head_flops_per_token`): matmuls, causally averaged attention, head on every position.
+    For packed sequences of varying length (SPEC §14.1) the mean over them is
+    ``L·(2·W_layer·E[ℓ] + 2·d_q·E[ℓ²]) + h·E[ℓ]``: pass ``tokens = E[ℓ]`` and
+    ``tokens_sq = E[ℓ²]``.
 
     Parameters
     ----------
     model
         The model.
     tokens
-        ``ℓ``, tokens of the sequence.
+        ``ℓ`` (or ``E[ℓ]``), tokens of the sequence.
     head
         Output head(s).
+    tokens_sq
+        ``E[ℓ²]``; ``None`` for ``ℓ²`` (one length).
 
     Returns
     -------
@@ -90,7 +98,8 @@ def forward_flops(model: ModelSpec, tokens: float, head: Head = Head.LM) -> floa
         FLOPs for one sequence.
     """
     ell = float(tokens)
-    per_layer = 2.0 * model.layer_params * ell + 2.0 * model.q_width * ell * ell
+    sq = ell * ell if tokens_sq is None else float(tokens_sq)
+    per_layer = 2.0 * model.layer_params * ell + 2.0 * model.q_width * sq
     return model.layers * per_layer + head_flops_per_token(model, head) * ell
 
 
@@ -101,8 +110,11 @@ def inference_flops(
     prompt_len: int,
     response_len: int,
     head: Head = Head.LM,
+    tokens: float | None = None,
+    tokens_sq: float | None = None,
 ) -> float:
-    """Teacher-forced inference: ``W_I = n·W_fwd(Lp + Lr)`` for ``n`` sequences (SPEC §6).
+    """Teacher-forced inference: ``W_I = n·W_fwd(Lp + Lr)`` for ``n`` sequences (SPEC §6), or
+    ``n·W_fwd(E[ℓ], E[ℓ²])`` for packed sequences of varying length (SPEC §14.1).
 
     Parameters
     ----------
@@ -114,16 +126,19 @@ def inference_flops(
         ``Lp`` and ``Lr``.
     head
         Output head(s).
+    tokens, tokens_sq
+        ``E[ℓ]`` and ``E[ℓ²]`` of the sequences; ``None``: every one has ``Lp + Lr`` tokens.
 
     Returns
     -------
     float
         FLOPs.
     """
-    return sequences * forward_flops(model, prompt_len + response_len, head)
+    ell = prompt_len + response_len if tokens is None else tokens
+    return sequences * forward_flops(model, ell, head, tokens_sq)
 
 
-def attention_core_flops(model: ModelSpec, tokens: float) -> float:
+def attention_core_flops(model: ModelSpec, tokens: float, tokens_sq: float | None = None) -> float:
     """The attention core of one teacher-forced forward of one sequence: ``L·2·d_q·ℓ²``.
 
     The score product ``QKᵀ`` and the weighted sum over ``V`` (``4·d_q·c`` per token at context
@@ -143,11 +158,16 @@ def attention_core_flops(model: ModelSpec, tokens: float) -> float:
         FLOPs for one sequence.
     """
     ell = float(tokens)
-    return model.layers * 2.0 * model.q_width * ell * ell
+    sq = ell * ell if tokens_sq is None else float(tokens_sq)
+    return model.layers * 2.0 * model.q_width * sq
 
 
 def training_passes(
-    model: ModelSpec, recompute: Recompute | str, tokens: float, head: Head = Head.LM
+    model: ModelSpec,
+    recompute: Recompute | str,
+    tokens: float,
+    head: Head = Head.LM,
+    tokens_sq: float | None = None,
 ) -> float:
     """Forward-equivalents ``f`` of one training step over ``ℓ = tokens`` (``W_T = f·W_I``).
 
@@ -165,9 +185,11 @@ def training_passes(
     recompute
         The invocation's :class:`~rpeg.ir.types.Recompute` mode.
     tokens
-        ``ℓ = Lp + Lr``.
+        ``ℓ = Lp + Lr`` (``E[ℓ]`` for packed sequences).
     head
         Output head(s) (part of ``W_fwd``).
+    tokens_sq
+        ``E[ℓ²]`` for packed sequences; ``None`` for ``ℓ²``.
 
     Returns
     -------
@@ -179,7 +201,8 @@ def training_passes(
         return float(TRAINING_PASSES)
     if mode is Recompute.NONE:
         return 3.0
-    return 3.0 + attention_core_flops(model, tokens) / forward_flops(model, tokens, head)
+    core = attention_core_flops(model, tokens, tokens_sq)
+    return 3.0 + core / forward_flops(model, tokens, head, tokens_sq)
 
 
 def training_flops(
@@ -190,6 +213,8 @@ def training_flops(
     response_len: int,
     head: Head = Head.LM,
     recompute: Recompute | str = Recompute.FULL,
+    tokens: float | None = None,
+    tokens_sq: float | None = None,
 ) -> float:
     """Training: ``W_T = f·W_I`` with ``f`` the forward-equivalents of the recomputation mode
     (:func:`training_passes`): ``4·W_I`` for ``full`` (SPEC §6), ``3·W_I`` for ``none``,
@@ -207,15 +232,24 @@ def training_flops(
         Output head(s).
     recompute
         Activation recomputation (default ``full``, SPEC's 4 forward-equivalents).
+    tokens, tokens_sq
+        ``E[ℓ]`` and ``E[ℓ²]`` of packed sequences (SPEC §14.1); ``None``: ``Lp + Lr`` each.
 
     Returns
     -------
     float
         FLOPs.
     """
-    passes = training_passes(model, recompute, prompt_len + response_len, head)
+    ell = prompt_len + response_len if tokens is None else tokens
+    passes = training_passes(model, recompute, ell, head, tokens_sq)
     return passes * inference_flops(
-        model, sequences=sequences, prompt_len=prompt_len, response_len=response_len, head=head
+        model,
+        sequences=sequences,
+        prompt_len=prompt_len,
+        response_len=response_len,
+        head=head,
+        tokens=tokens,
+        tokens_sq=tokens_sq,
     )
 
 
@@ -282,6 +316,34 @@ def decode_flops(
     if steps <= 0:
         return 0.0
     context = prompt_len + 0.5 * (t0 + t1)
+    return decode_flops_at(model, sequences=sequences, steps=steps, context=context, head=head)
+
+
+def decode_flops_at(
+    model: ModelSpec, *, sequences: float, steps: float, context: float, head: Head = Head.LM
+) -> float:
+    """``steps`` decode steps of ``n`` running sequences at mean context ``c̄``:
+    ``n·steps·(L·(2·W_layer + 4·d_q·c̄) + h)`` (SPEC §14.5's continuous batching evaluates
+    each stretch of steps at its running batch and mean context).
+
+    Parameters
+    ----------
+    model
+        The model.
+    sequences
+        ``n``, sequences decoding in each step.
+    steps
+        Decode steps (may be fractional: a mean over an engine's schedule).
+    context
+        ``c̄``, their mean context in tokens.
+    head
+        Output head(s).
+
+    Returns
+    -------
+    float
+        FLOPs.
+    """
     per_token = model.layers * (
         2.0 * model.layer_params + 4.0 * model.q_width * context
     ) + head_flops_per_token(model, head)

@@ -8,24 +8,39 @@ Parameter counts are in scalars, everything else in bytes. ``sb`` is
 * :func:`weight_bytes` — one BF16 copy of the shard (serving copy, frozen model, shadow copy);
 * :func:`transient_bytes` — the peak an invocation allocates while it runs (activations,
   KV cache, materialised weights and gradients); training activations follow the strategy's
-  recomputation mode (:func:`training_activation_bytes`).
+  recomputation mode (:func:`training_activation_bytes`);
+* the engines' choices of SPEC §14: the ZeRO stage of a trainer's or a frozen model's state
+  (:func:`zero_state_bytes`), the logits of a microbatch with or without a chunked loss
+  (:func:`logits_bytes`), fused attention (no ``ℓ²`` buffer in any recomputation mode) and the
+  rollout engine's memory fraction (:func:`generation_engine_bytes`, :func:`kv_budget_tokens`).
 
 The caller combines them into ``peak(d) = Σ_m S(m, d) + max_v A(v)`` (SPEC §6).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
+from ..ir.hardware import Hardware
 from ..ir.models import OPTIMIZER_BYTES_PER_PARAM, ModelSpec
 from ..ir.types import Head, Recompute, Role
 from .layout import Layout
 
 __all__ = [
+    "LOGIT_BYTES",
     "OPTIMIZER_BYTES_PER_PARAM",
+    "ZeroState",
+    "engine_workspace_bytes",
+    "generation_engine_bytes",
     "inference_activation_bytes",
+    "kv_budget_tokens",
+    "kv_bytes_per_token",
     "kv_cache_bytes",
     "kv_width_per_device",
+    "logits_bytes",
+    "memory_fraction",
     "model_params",
     "stored_activation_width",
     "training_activation_bytes",
@@ -33,7 +48,11 @@ __all__ = [
     "transient_bytes",
     "weight_bytes",
     "weight_shard_params",
+    "zero_state_bytes",
 ]
+
+#: Bytes per logit: losses and log-probs are computed in FP32 (SPEC §14.6).
+LOGIT_BYTES = 4
 
 
 def model_params(model: ModelSpec, head: Head = Head.LM) -> int:
@@ -110,6 +129,13 @@ def weight_shard_params(model: ModelSpec, pp: int, tp: int, head: Head = Head.LM
     """
     _check_degree("pp", pp)
     _check_degree("tp", tp)
+    return _shard_params(model, pp, tp, Head(head))
+
+
+@functools.lru_cache(maxsize=4096)
+def _shard_params(model: ModelSpec, pp: int, tp: int, head: Head) -> float:
+    """:func:`weight_shard_params` after its checks (memoised: a directory asks for each
+    ``(model, Pp, Pt, head)`` thousands of times)."""
     layers = model.layers / pp * model.layer_params / tp
     embedding = model.embedding_params
     head_params = _head_params(model, head)
@@ -227,26 +253,21 @@ def stored_activation_width(model: ModelSpec, tp: int) -> float:
     return 4.0 * d + sharded / tp
 
 
-def _score_scalars(model: ModelSpec, tp: int, tokens: float) -> float:
-    """Attention-probability scalars one layer keeps per sequence: ``2·(heads/Pt)·ℓ²``."""
-    return 2.0 * model.heads / tp * tokens * tokens
-
-
 def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: float, tokens: float) -> float:
-    """Training activations under the strategy's recomputation mode (SPEC §6, paper Appendix
-    D-I; Korthikanti et al. 2022), with ``b = n/(Pd·mb)``, ``ℓ = tokens`` and ``min(mb, Pp)``
+    """Training activations under the strategy's recomputation mode (SPEC §6, §14.7, paper
+    Appendix D-I; Korthikanti et al. 2022), with ``b = n/(Pd·mb)``, ``ℓ = tokens`` (the mean
+    length of packed sequences), ``T_mb = b·ℓ`` tokens per microbatch and ``min(mb, Pp)``
     microbatches alive during 1F1B warm-up:
 
-    * ``full`` (SPEC's formula): ``sb·min(mb, Pp)·b·ℓ·((L/Pp)/c·d + c·max(2d + 6d/Pt,
+    * ``full`` (SPEC's formula): ``sb·min(mb, Pp)·T_mb·((L/Pp)/c·d + c·max(2d + 6d/Pt,
       2d + 2dff/Pt))`` with checkpoint interval ``c = max(1, ⌊√(L/Pp)⌋)`` — one checkpoint of
       width ``d`` every ``c`` layers plus a recomputation buffer of ``c`` layers;
-    * ``none``: ``sb·min(mb, Pp)·b·(L/Pp)·(ℓ·a + 2·(heads/Pt)·ℓ²)`` — every layer keeps its
-      activations, ``a`` = :func:`stored_activation_width`, and the unfused attention its
-      probabilities (the softmax output and the tensor the ``·V`` GEMM reads, one scalar each per
-      score);
-    * ``selective``: ``sb·b·(min(mb, Pp)·(L/Pp)·ℓ·a + 2·(heads/Pt)·ℓ²)`` — the attention core is
-      recomputed in the backward, so no layer keeps its probabilities; one layer's recomputed
-      probabilities of one microbatch are the buffer.
+    * ``none`` and ``selective``: ``sb·min(mb, Pp)·T_mb·(L/Pp)·a`` — every layer keeps its
+      activations, ``a`` = :func:`stored_activation_width`.
+
+    Attention is fused (FlashAttention, SDPA; SPEC §14.7): no mode keeps or recomputes into an
+    ``ℓ²`` buffer, so ``selective`` (recompute the attention core) keeps what ``none`` keeps
+    (the core's inputs, ``Q, K, V``, are part of ``a``) and differs only in time.
 
     Parameters
     ----------
@@ -274,10 +295,7 @@ def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: fl
         per_token = layers / c * model.hidden + c * _layer_buffer_width(model, s.tp)
         return model.dtype_bytes * alive * b * tokens * per_token
     stored = layers * tokens * stored_activation_width(model, s.tp)
-    scores = _score_scalars(model, s.tp, tokens)
-    if mode is Recompute.NONE:
-        return model.dtype_bytes * alive * b * (stored + layers * scores)
-    return model.dtype_bytes * b * (alive * stored + scores)
+    return model.dtype_bytes * alive * b * stored
 
 
 def inference_activation_bytes(
@@ -286,6 +304,8 @@ def inference_activation_bytes(
     """Forward-only activations (SPEC §6): ``sb·b·ℓ·max(2d + 6d/Pt, 2d + 2dff/Pt, d + h)``.
 
     ``h = V`` for an LM head (or both heads), ``1`` for a scalar head; ``b = n/(Pd·mb)``.
+    (SPEC §6's form; a scoring pass of SPEC §14 uses :func:`transient_bytes`, which charges
+    the logits in FP32 separately, :func:`logits_bytes`.)
 
     Parameters
     ----------
@@ -343,6 +363,182 @@ def kv_cache_bytes(
     return 2.0 * model.dtype_bytes * sequences / s.dp * per_seq
 
 
+#: Rollout-engine settings that size its workspace and bound its running batch (SPEC §14.5):
+#: tokens per scheduler step (vLLM ``max_num_batched_tokens``) and sequences per step
+#: (``max_num_seqs``), verl's rollout defaults (``verl/trainer/config/rollout/rollout.yaml``:
+#: ``max_num_batched_tokens: 8192``, ``max_num_seqs: 1024``).
+ROLLOUT_BATCH_TOKENS = 8192
+ROLLOUT_MAX_SEQS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroState:
+    """A model's state on one device under a ZeRO stage (SPEC §14.3), split as the memory
+    model adds it up: ``persistent`` stays between invocations (FP32 master weights and Adam
+    moments of a trainer; a forward-only invocation's resident BF16 weights), ``transient``
+    exists while the invocation runs (a trainer's BF16 weights and gradients, gathered layers).
+    """
+
+    persistent: float
+    transient: float
+
+
+def _gathered_params(model: ModelSpec, pp: int, tp: int, head: Head) -> float:
+    """Parameters a ZeRO-3 rank holds gathered at once: two decoder layers ``2·N_ℓ/Pt`` (the
+    one computing and the one prefetched) plus the root unit, the stage's embedding and head
+    (``W_shard − (L/Pp)·N_ℓ/Pt``), which FSDP2 keeps gathered through the pass."""
+    shard = weight_shard_params(model, pp, tp, head)
+    root = shard - model.layers / pp * model.layer_params / tp
+    return 2.0 * model.layer_params / tp + root
+
+
+def zero_state_bytes(model: ModelSpec, role: Role, layout: Layout, head: Head = Head.LM) -> ZeroState:
+    """Model state per device under the strategy's ZeRO stage ``z`` (SPEC §14.3), with
+    ``N_s = W_shard`` (:func:`weight_shard_params`), ``N_g`` the gathered parameters of
+    ``z = 3`` (two layers ``2·N_ℓ/Pt`` and the stage's embedding and head):
+
+    * training, ``z = 1`` (distributed optimizer): persistent ``12·N_s/Pd``, transient
+      ``sb·N_s`` weights + ``sb·N_s`` gradients;
+    * training, ``z = 2``: persistent ``12·N_s/Pd``, transient ``sb·N_s + sb·N_s/Pd``
+      (SPEC §6);
+    * training, ``z = 3`` (FSDP2): persistent ``12·N_s/Pd``, transient ``2·sb·N_s/Pd`` (the
+      weight and gradient shards) ``+ sb·N_g``;
+    * inference and generation, ``z = 2``: persistent ``sb·N_s`` (a full copy per data-parallel
+      rank), nothing transient;
+    * inference, ``z = 3``: persistent ``sb·N_s/Pd``, transient ``sb·N_g``.
+
+    Parameters
+    ----------
+    model, role, layout, head
+        The invocation (its strategy carries ``z``).
+
+    Returns
+    -------
+    ZeroState
+        Bytes per device.
+    """
+    s = layout.strategy
+    sb = model.dtype_bytes
+    shard = weight_shard_params(model, s.pp, s.tp, head)
+    gathered = _gathered_params(model, s.pp, s.tp, head) if s.zero == 3 else 0.0
+    if Role(role) is Role.TRAINING:
+        state = OPTIMIZER_BYTES_PER_PARAM * shard / s.dp
+        if s.zero == 1:
+            return ZeroState(state, 2.0 * sb * shard)
+        if s.zero == 2:
+            return ZeroState(state, sb * shard + sb * shard / s.dp)
+        return ZeroState(state, 2.0 * sb * shard / s.dp + sb * gathered)
+    if s.zero == 3:
+        return ZeroState(sb * shard / s.dp, sb * gathered)
+    return ZeroState(sb * shard, 0.0)
+
+
+def logits_bytes(
+    model: ModelSpec, role: Role, layout: Layout, *, tokens: float, head: Head = Head.LM
+) -> float:
+    """FP32 logits of one microbatch on the last stage (SPEC §14.6): ``4·T·V/Pt`` with
+    ``T = min(c, T_mb)`` for a chunked loss of ``c`` tokens (``logits_chunk``), else the
+    microbatch's ``T_mb = b·ℓ`` tokens; training holds as much again for their gradient. A
+    scalar head's one value per token is negligible (0); generation's logits are part of the
+    engine's workspace (:func:`engine_workspace_bytes`).
+
+    Parameters
+    ----------
+    model, role, layout
+        The invocation.
+    tokens
+        ``T_mb``, tokens of one microbatch on one data-parallel rank.
+    head
+        Output head(s).
+
+    Returns
+    -------
+    float
+        Bytes per device.
+    """
+    role = Role(role)
+    if head is Head.SCALAR or role is Role.GENERATION:
+        return 0.0
+    s = layout.strategy
+    held = min(float(s.logits_chunk), tokens) if s.logits_chunk else tokens
+    copies = 2.0 if role is Role.TRAINING else 1.0
+    return copies * LOGIT_BYTES * held * model.vocab / s.tp
+
+
+def kv_bytes_per_token(model: ModelSpec, layout: Layout) -> float:
+    """``κ = 2·sb·(L/Pp)·d_kv,local``: KV-cache bytes one token takes on each device of a
+    replica (SPEC §14.5; ``d_kv,local`` = :func:`kv_width_per_device`)."""
+    s = layout.strategy
+    return 2.0 * model.dtype_bytes * model.layers / s.pp * kv_width_per_device(model, s.tp)
+
+
+def memory_fraction(layout: Layout, hw: Hardware) -> float:
+    """The rollout engine's memory fraction ``u``: the strategy's, or the hardware's default
+    (:attr:`~rpeg.ir.hardware.Hardware.kv_memory_fraction`) when it names none."""
+    return layout.strategy.mem_fraction or hw.kv_memory_fraction
+
+
+def engine_workspace_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM) -> float:
+    """The rollout engine's activation workspace per device: one scheduler step of
+    ``T = ROLLOUT_BATCH_TOKENS`` tokens through the widest block buffer,
+    ``sb·T·max(2d + 6d/Pt, 2d + 2dff/Pt)``, plus FP32 logits of the ``S = ROLLOUT_MAX_SEQS``
+    positions it samples, ``4·S·V/Pt`` (vLLM profiles a dummy step of that size to size its
+    cache)."""
+    s = layout.strategy
+    width = _layer_buffer_width(model, s.tp)
+    logits = LOGIT_BYTES * ROLLOUT_MAX_SEQS * model.vocab / s.tp if head is not Head.SCALAR else 0.0
+    return model.dtype_bytes * ROLLOUT_BATCH_TOKENS * width + logits
+
+
+def kv_budget_tokens(model: ModelSpec, layout: Layout, hw: Hardware, head: Head = Head.LM) -> float:
+    """Tokens the paged KV cache of one replica holds (SPEC §14.5):
+    ``K/κ`` with ``K = u·M_GPU − W_shard·sb − workspace`` (:func:`memory_fraction`,
+    :func:`weight_bytes`, :func:`engine_workspace_bytes`, :func:`kv_bytes_per_token`);
+    may be 0 or negative when the fraction leaves no room."""
+    budget = (
+        memory_fraction(layout, hw) * hw.gpu_memory_bytes
+        - weight_bytes(model, layout, head)
+        - engine_workspace_bytes(model, layout, head)
+    )
+    return budget / kv_bytes_per_token(model, layout)
+
+
+def generation_engine_bytes(
+    model: ModelSpec,
+    layout: Layout,
+    hw: Hardware,
+    *,
+    prompt_len: int,
+    response_len: int,
+    head: Head = Head.LM,
+) -> float:
+    """What a rollout engine holds per device (SPEC §14.5): ``u·M_GPU`` (weights, workspace and
+    the paged KV cache), or, when that leaves the cache less than one sequence at full length,
+    the least it can run with, ``W_shard·sb + workspace + κ·(Lp + Lr)`` (the engine would
+    refuse to start with less; the candidate directories drop such a fraction).
+
+    Parameters
+    ----------
+    model, layout, hw
+        The generation's model, layout (its memory fraction) and hardware (``M_GPU``).
+    prompt_len, response_len
+        ``Lp`` and ``Lr``.
+    head
+        Output head(s).
+
+    Returns
+    -------
+    float
+        Bytes per device, weights included.
+    """
+    least = (
+        weight_bytes(model, layout, head)
+        + engine_workspace_bytes(model, layout, head)
+        + kv_bytes_per_token(model, layout) * (prompt_len + response_len)
+    )
+    return max(memory_fraction(layout, hw) * hw.gpu_memory_bytes, least)
+
+
 def transient_bytes(
     model: ModelSpec,
     role: Role,
@@ -353,17 +549,27 @@ def transient_bytes(
     response_len: int,
     head: Head = Head.LM,
     include_weights: bool = False,
+    tokens: float | None = None,
+    hardware: Hardware | None = None,
 ) -> float:
-    """Peak transient memory ``A(v)`` of one invocation on one device (SPEC §6).
+    """Peak transient memory ``A(v)`` of one invocation on one device (SPEC §6, §14).
 
-    * training: :func:`training_activation_bytes` at ``ℓ = Lp + Lr`` + BF16 weights
-      ``W_shard·sb`` + ZeRO-2 gradients ``W_shard·sb/Pd`` (weights are always materialised, so
-      ``include_weights`` does not apply);
-    * inference: :func:`inference_activation_bytes` at ``ℓ = Lp + Lr``;
-    * generation: :func:`inference_activation_bytes` at ``ℓ = Lp`` + :func:`kv_cache_bytes`;
+    With ``ℓ = tokens`` (the mean length of packed sequences, SPEC §14.1; ``Lp + Lr`` when
+    ``None``: padded) and ``T_mb = b·ℓ``, ``b = n/(Pd·mb)``:
 
-    for inference and generation ``include_weights`` adds a BF16 serving copy ``W_shard·sb``
-    (set it when the device holds no persistent copy of the model).
+    * training: :func:`training_activation_bytes` + :func:`logits_bytes` (and their gradient)
+      + the ZeRO stage's transient state (:func:`zero_state_bytes`: BF16 weights and gradients,
+      or shards and gathered layers) — weights are always materialised, so
+      ``include_weights`` does not apply;
+    * inference: ``sb·T_mb·max(2d + 6d/Pt, 2d + 2dff/Pt)`` (the widest block buffer) +
+      :func:`logits_bytes` + the ZeRO-3 gathered layers;
+    * generation, with ``hardware``: the rollout engine's paged memory
+      (:func:`generation_engine_bytes`) less its weights ``W_shard·sb``; without it, SPEC §6's
+      :func:`inference_activation_bytes` at ``ℓ = Lp`` + :func:`kv_cache_bytes` (every
+      sequence cached at full length, as the CPU runtime's engine sizes it).
+
+    For inference and generation ``include_weights`` adds the serving copy of
+    :func:`zero_state_bytes` (set it when the device holds no persistent copy of the model).
 
     Parameters
     ----------
@@ -381,6 +587,10 @@ def transient_bytes(
         Output head(s).
     include_weights
         Add a transient BF16 weight copy (inference and generation only).
+    tokens
+        ``E[ℓ]`` of packed sequences; ``None`` pads each to ``Lp + Lr``.
+    hardware
+        The hardware (``M_GPU``): a generation is then the paged rollout engine of SPEC §14.5.
 
     Returns
     -------
@@ -399,13 +609,21 @@ def transient_bytes(
             f"prompt_len and response_len must be non-negative, got {prompt_len!r}, {response_len!r}"
         )
     role = Role(role)
-    ell = prompt_len + response_len
+    ell = float(prompt_len + response_len) if tokens is None else tokens
+    s = layout.strategy
+    t_mb = sequences / (s.dp * s.mb) * ell
+    state = zero_state_bytes(model, role, layout, head)
     if role is Role.TRAINING:
-        weights = weight_bytes(model, layout, head)
         activations = training_activation_bytes(model, layout, sequences=sequences, tokens=ell)
-        return activations + weights + weights / layout.strategy.dp
+        return activations + logits_bytes(model, role, layout, tokens=t_mb, head=head) + state.transient
     if role is Role.INFERENCE:
-        total = inference_activation_bytes(model, layout, sequences=sequences, tokens=ell, head=head)
+        total = model.dtype_bytes * t_mb * _layer_buffer_width(model, s.tp)
+        total += logits_bytes(model, role, layout, tokens=t_mb, head=head) + state.transient
+    elif hardware is not None:
+        engine = generation_engine_bytes(
+            model, layout, hardware, prompt_len=prompt_len, response_len=response_len, head=head
+        )
+        total = engine - weight_bytes(model, layout, head)
     else:
         total = inference_activation_bytes(
             model, layout, sequences=sequences, tokens=prompt_len, head=head
@@ -413,5 +631,5 @@ def transient_bytes(
             model, layout, sequences=sequences, prompt_len=prompt_len, response_len=response_len
         )
     if include_weights:
-        total += weight_bytes(model, layout, head)
+        total += state.persistent
     return total

@@ -10,11 +10,13 @@ a weight publication between two allocations. Every formula is derived in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..ir.hardware import Hardware, Link
 from ..ir.models import ModelSpec
 from ..ir.types import Head, Recompute, Role
+from ..ir.workload import LengthBucket
 from .collectives import (
     allgather_time,
     allreduce_time,
@@ -22,14 +24,17 @@ from .collectives import (
     p2p_time,
     reduce_scatter_time,
 )
-from .flops import decode_flops, inference_flops, prefill_flops, training_flops, training_passes
+from .flops import decode_flops_at, inference_flops, prefill_flops, training_flops, training_passes
 from .layout import Layout, check_tier, positive_int
-from .memory import kv_width_per_device, model_params
+from .memory import ROLLOUT_MAX_SEQS, kv_budget_tokens, kv_width_per_device, model_params
 
 __all__ = [
     "OPTIMIZER_TRAFFIC_BYTES",
+    "DecodeSegment",
     "TimeBreakdown",
     "comm_time",
+    "decode_schedule",
+    "generation_times",
     "op_time",
     "publication_bytes",
     "reshard_time",
@@ -135,8 +140,11 @@ def op_time(
     head: Head = Head.LM,
     decode: tuple[int, int] | None = None,
     prefill: bool = True,
+    tokens: float | None = None,
+    tokens_sq: float | None = None,
+    updates: int = 1,
 ) -> TimeBreakdown:
-    """Predicted time of one OP node (SPEC §6).
+    """Predicted time of one OP node (SPEC §6, with SPEC §14's engine choices).
 
     With ``n = sequences``, ``b = n/(Pd·mb)``, ``P = Pd·Pp·Pt``, ``ℓ = Lp + Lr``, ``sb`` the
     model's bytes per scalar and ``N_m`` its parameters (:func:`~.memory.model_params`):
@@ -158,8 +166,14 @@ def op_time(
       P2P steps of ``n·ℓ·d·sb/(Pd·Pt·mb)``, each apportioned between the ``n_intra`` intra-node
       boundaries (tier 0) and the ``n_inter`` inter-node ones (tier ``max(pp_tier, 1)``);
       decode adds ``r·(mb + Pp − 2)`` steps at ``ℓ = 1``.
-    * ``T_dp`` (training): ReduceScatter + AllGather of ``N_m·sb/(Pp·Pt)`` over ``Pd`` at
-      ``dp_tier`` — with the training engine's own data-parallel link
+    * ``T_dp`` (SPEC §14.3), over ``Pd`` at ``dp_tier``: training with ZeRO stage 1 or 2, one
+      ReduceScatter of the gradients and one AllGather of the weights, ``N_m·sb/(Pp·Pt)`` each,
+      per step; with stage 3, an AllGather of the weights per microbatch in the forward and in
+      the backward (one more under ``full`` recomputation), of which only the part the GEMMs do
+      not hide counts, ``max(0, T_gather − T_gemm)`` (FSDP prefetches), and one ReduceScatter
+      per step; inference with stage 3, one AllGather per microbatch, hidden the same way —
+      with the training engine's own
+      data-parallel link
       (:meth:`Hardware.data_parallel <rpeg.ir.hardware.Hardware.data_parallel>`, measured between
       the ranks of one host) for intra-node data parallelism where the hardware has one.
     * ``T_nongemm = f·(L/Pp)·c_ng·(1 − 1/Pt)·(mb·b·ℓ·d)/(B_cal·ℓ_cal·d_cal)``: the tokens·width
@@ -167,6 +181,14 @@ def op_time(
       1 for inference and the forward-equivalents of the recomputation mode for training
       (:func:`~.flops.training_passes`), 0 for generation.
     * ``T_opt = 18·N_m/(P·BW_mem)`` for training.
+    * Packed sequences (SPEC §14.1): with ``tokens = E[ℓ]`` and ``tokens_sq = E[ℓ²]`` the work
+      is ``n·W_fwd(E[ℓ], E[ℓ²])`` and every per-token term (``η``'s rows ``b·E[ℓ] = T_mb``,
+      the TP and PP messages, the non-GEMM work) uses ``E[ℓ]``; ``None`` pads to ``Lp + Lr``.
+    * A chunked loss (``logits_chunk > 0``, SPEC §14.6) recomputes the LM head's forward per
+      chunk in the backward: training adds ``n·E[ℓ]·2·d·V`` FLOPs.
+    * ``U = updates`` optimizer updates per step (PPO mini-batches, SPEC §14.2): training pays
+      ``T_dp``'s per-step collectives and ``T_opt`` once per update, and with pipelining one
+      fill and drain per update, ``T_bubble = T_gemm·(Pp − 1)·min(U, mb)/mb``.
     * ``T_over`` — the engine terms ``e`` of the node's class (:meth:`Hardware.terms
       <rpeg.ir.hardware.Hardware.terms>`; neutral in presets, so ``T_over = 0`` there):
       ``T_gemm`` is divided by ``η_e``, and inference and training add
@@ -197,6 +219,11 @@ def op_time(
         default ``(0, Lr)``.
     prefill
         Generation only: whether this node also runs the prefill over ``Lp``.
+    tokens, tokens_sq
+        Inference and training: ``E[ℓ]`` and ``E[ℓ²]`` of the node's packed sequences;
+        ``None`` pads each to ``Lp + Lr``.
+    updates
+        Training: optimizer updates per step ``U`` (default 1).
 
     Returns
     -------
@@ -214,6 +241,7 @@ def op_time(
     _check_op_args(role, sequences, prompt_len, response_len, decode)
     node = _Node(model, layout, hw, sequences)
     t_dp = t_opt = t_nongemm = 0.0
+    flushes = 1  # pipeline fills and drains per step
     if role is Role.GENERATION:
         t0, t1 = (0, response_len) if decode is None else decode
         if not 0 <= t0 <= t1 <= response_len:
@@ -223,14 +251,25 @@ def op_time(
             )
         t_gemm, t_tp, t_pp, t_over = _generation_terms(node, prompt_len, (t0, t1), prefill, head)
     else:
-        lengths = {"sequences": sequences, "prompt_len": prompt_len, "response_len": response_len}
+        ell = float(prompt_len + response_len) if tokens is None else float(tokens)
+        lengths = {
+            "sequences": sequences,
+            "prompt_len": prompt_len,
+            "response_len": response_len,
+            "tokens": ell,
+            "tokens_sq": ell * ell if tokens_sq is None else float(tokens_sq),
+        }
         if role is Role.TRAINING:
-            t_gemm, t_tp, t_pp, t_dp, t_opt = _training_terms(node, lengths, head)
+            t_gemm, t_tp, t_pp, t_dp, t_opt = _training_terms(node, lengths, head, updates)
+            flushes = min(updates, layout.strategy.mb)
         else:
-            t_gemm, t_tp, t_pp = _inference_terms(node, lengths, head)
+            t_gemm, t_tp, t_pp, t_dp = _inference_terms(node, lengths, head)
         s = layout.strategy
-        ell = prompt_len + response_len
-        passes = training_passes(model, s.recompute, ell, head) if role is Role.TRAINING else 1.0
+        passes = (
+            training_passes(model, s.recompute, ell, head, lengths["tokens_sq"])
+            if role is Role.TRAINING
+            else 1.0
+        )
         terms = hw.terms(role.value)
         t_gemm /= terms.efficiency
         t_nongemm = passes * node.layers * hw.c_nongemm * (1.0 - 1.0 / s.tp) * node.nongemm_scale(ell)
@@ -238,7 +277,7 @@ def op_time(
 
     return TimeBreakdown(
         gemm=t_gemm,
-        bubble=t_gemm * (layout.strategy.pp - 1) / layout.strategy.mb,
+        bubble=t_gemm * (layout.strategy.pp - 1) * flushes / layout.strategy.mb,
         tp_comm=t_tp,
         pp_comm=t_pp,
         dp_comm=t_dp,
@@ -326,52 +365,96 @@ def _generation_terms(
     for the prefill and for each of the ``t1 − t0`` decode steps, plus, with a prefill, one weight
     sync ``α_sync + N_m·sb·β_sync`` when the engine has a sync link.
     """
-    model, s, sequences = node.model, node.s, node.sequences
-    P, mb, pp, dp, tp = node.n_devices, s.mb, s.pp, s.dp, s.tp
-    sb, d, layers = model.dtype_bytes, model.hidden, node.layers
-    t0, t1 = window
-    steps = t1 - t0
-    rounds = max(0, t1 - max(t0, 1))  # decode steps whose input token is a decoded one
     hw = node.hw
     pre, dec = hw.terms("prefill"), hw.terms("decode")
-    tp_link = hw.tensor_parallel()  # the generation engine's own AllReduce, when calibrated
+    t0, t1 = window
     t_gemm = t_tp = t_pp = 0.0
     t_over = pre.per_call_s if prefill else dec.per_call_s
     if prefill and prompt_len > 0:
-        w = prefill_flops(model, sequences=sequences, prompt_len=prompt_len, head=head)
-        t_gemm += node.gemm(w, w / (P * mb), prompt_len) / pre.efficiency
-        t_over += node.slots * (pre.per_step_s + layers * pre.per_layer_s)
-        sync = hw.weight_sync()
-        if sync is not None:
-            t_over += sync.alpha + model_params(model, head) * sb * sync.beta
-        t_tp += node.tp_rounds(2 * layers * mb, sequences * prompt_len * d * sb / (dp * mb), tp_link)
-        t_pp += node.pp_rounds(mb + pp - 2, prompt_len)
-    if steps > 0:
-        w = decode_flops(model, sequences=sequences, prompt_len=prompt_len, window=(t0, t1), head=head)
-        context = prompt_len + 0.5 * (t0 + t1)
-        kv_reads = node.b * context * 2 * kv_width_per_device(model, tp) * sb * layers
-        t_gemm += node.gemm(w, w / (P * mb * steps), 1, kv_reads) / dec.efficiency
-        t_over += steps * node.slots * (dec.per_step_s + layers * dec.per_layer_s)
-        t_tp += node.tp_rounds(2 * layers * rounds, sequences * d * sb / dp, tp_link)
-        t_pp += node.pp_rounds(rounds * (mb + pp - 2), 1)
+        t_gemm, t_tp, t_pp, over = _prefill_terms(node, prompt_len, head)
+        t_over += over
+    if t1 - t0 > 0:
+        rounds = max(0, t1 - max(t0, 1))  # decode steps whose input token is a decoded one
+        d_gemm, d_tp, d_pp, d_over = _decode_terms(node, prompt_len + 0.5 * (t0 + t1), t1 - t0, rounds, head)
+        t_gemm += d_gemm
+        t_tp += d_tp
+        t_pp += d_pp
+        t_over += d_over
     return t_gemm, t_tp, t_pp, t_over
 
 
-def _inference_terms(node: _Node, lengths: dict[str, float], head: Head) -> tuple[float, float, float]:
-    """``(T_gemm, T_tp, T_pp)`` of a teacher-forced inference node over ``ℓ = Lp + Lr``."""
+def _prefill_terms(node: _Node, prompt_len: int, head: Head) -> tuple[float, float, float, float]:
+    """``(T_gemm, T_tp, T_pp, T_over)`` of a generation's prefill over ``Lp`` for the node's
+    sequences (the call overhead aside; the weight sync into the engine included)."""
+    model, s, sequences, hw = node.model, node.s, node.sequences, node.hw
+    P, mb, pp, dp = node.n_devices, s.mb, s.pp, s.dp
+    sb, d, layers = model.dtype_bytes, model.hidden, node.layers
+    pre = hw.terms("prefill")
+    w = prefill_flops(model, sequences=sequences, prompt_len=prompt_len, head=head)
+    t_gemm = node.gemm(w, w / (P * mb), prompt_len) / pre.efficiency
+    t_over = node.slots * (pre.per_step_s + layers * pre.per_layer_s)
+    sync = hw.weight_sync()
+    if sync is not None:
+        t_over += sync.alpha + model_params(model, head) * sb * sync.beta
+    t_tp = node.tp_rounds(2 * layers * mb, sequences * prompt_len * d * sb / (dp * mb), hw.tensor_parallel())
+    t_pp = node.pp_rounds(mb + pp - 2, prompt_len)
+    return t_gemm, t_tp, t_pp, t_over
+
+
+def _decode_terms(
+    node: _Node, context: float, steps: float, rounds: float, head: Head
+) -> tuple[float, float, float, float]:
+    """``(T_gemm, T_tp, T_pp, T_over)`` of ``steps`` decode steps of the node's sequences at
+    mean context ``c̄ = context``: one token per sequence and step, KV-cache reads
+    ``b·c̄·2·d_kv,local·sb·L/Pp`` per step; ``rounds`` of the steps decode a decoded token (TP
+    AllReduces and PP transfers; the first response token comes out of the prefill)."""
+    model, s, sequences, hw = node.model, node.s, node.sequences, node.hw
+    P, mb, pp, dp, tp = node.n_devices, s.mb, s.pp, s.dp, s.tp
+    sb, d, layers = model.dtype_bytes, model.hidden, node.layers
+    dec = hw.terms("decode")
+    w = decode_flops_at(model, sequences=sequences, steps=steps, context=context, head=head)
+    kv_reads = node.b * context * 2 * kv_width_per_device(model, tp) * sb * layers
+    t_gemm = node.gemm(w, w / (P * mb * steps), 1, kv_reads) / dec.efficiency
+    t_over = steps * node.slots * (dec.per_step_s + layers * dec.per_layer_s)
+    t_tp = node.tp_rounds(2 * layers * rounds, sequences * d * sb / dp, hw.tensor_parallel())
+    t_pp = node.pp_rounds(rounds * (mb + pp - 2), 1)
+    return t_gemm, t_tp, t_pp, t_over
+
+
+def _dp_link(node: _Node) -> Link:
+    """The data-parallel link: the training engine's own (measured between one host's ranks)
+    for intra-node data parallelism where the hardware has one, else the tier's collective."""
+    engine_dp = node.hw.data_parallel() if node.s.dp_tier == 0 else None
+    return engine_dp or node.hw.collective[node.s.dp_tier]
+
+
+def _inference_terms(node: _Node, lengths: dict[str, float], head: Head) -> tuple[float, float, float, float]:
+    """``(T_gemm, T_tp, T_pp, T_dp)`` of a teacher-forced inference node over ``ℓ = E[ℓ]``
+    (``Lp + Lr`` padded); ``T_dp`` is ZeRO-3's AllGather of ``N_m·sb/(Pp·Pt)`` per microbatch."""
     model, s, sequences = node.model, node.s, node.sequences
-    ell = lengths["prompt_len"] + lengths["response_len"]
+    ell = lengths["tokens"]
     w = inference_flops(model, head=head, **lengths)  # type: ignore[arg-type]
     t_gemm = node.gemm(w, w / (node.n_devices * s.mb), ell)
     t_tp = node.tp_rounds(
         2 * node.layers * s.mb, sequences * ell * model.hidden * model.dtype_bytes / (s.dp * s.mb)
     )
     t_pp = node.pp_rounds(s.mb + s.pp - 2, ell)
-    return t_gemm, t_tp, t_pp
+    t_dp = 0.0
+    if s.zero == 3:
+        shard = model_params(model, head) * model.dtype_bytes / (s.pp * s.tp)
+        t_dp = _exposed(s.mb * allgather_time(s.dp, shard, _dp_link(node)), t_gemm)
+    return t_gemm, t_tp, t_pp, t_dp
+
+
+def _exposed(gathers: float, compute: float) -> float:
+    """The part of ZeRO-3's weight AllGathers that the compute does not hide,
+    ``max(0, T_gather − T_gemm)``: FSDP prefetches the next unit's parameters while the current
+    one computes (``docs/decisions.md``, "ZeRO-3 gathers overlap the compute")."""
+    return max(0.0, gathers - compute)
 
 
 def _training_terms(
-    node: _Node, lengths: dict[str, float], head: Head
+    node: _Node, lengths: dict[str, float], head: Head, updates: int = 1
 ) -> tuple[float, float, float, float, float]:
     """``(T_gemm, T_tp, T_pp, T_dp, T_opt)`` of a training node over ``ℓ = Lp + Lr``.
 
@@ -384,19 +467,25 @@ def _training_terms(
     model, s, sequences, hw = node.model, node.s, node.sequences, node.hw
     P, mb, pp, tp, dp = node.n_devices, s.mb, s.pp, s.tp, s.dp
     sb = model.dtype_bytes
-    ell = lengths["prompt_len"] + lengths["response_len"]
-    passes = training_passes(model, s.recompute, ell, head)
+    ell = lengths["tokens"]
+    passes = training_passes(model, s.recompute, ell, head, lengths["tokens_sq"])
     w = training_flops(model, head=head, recompute=s.recompute, **lengths)  # type: ignore[arg-type]
+    if s.logits_chunk and head is not Head.SCALAR:  # the chunked loss recomputes the LM head
+        w += sequences * ell * 2.0 * model.hidden * model.vocab
     t_gemm = node.gemm(w, w / (passes * P * mb), ell)
     rounds = 6 if s.recompute is Recompute.FULL else 4
     t_tp = node.tp_rounds(rounds * node.layers * mb, sequences * ell * model.hidden * sb / (dp * mb))
     t_pp = node.pp_rounds(mb + 2 * pp - 3, ell)
     n_params = model_params(model, head)
     shard = n_params * sb / (pp * tp)
-    engine_dp = hw.data_parallel() if s.dp_tier == 0 else None  # measured between one host's ranks
-    dp_link = engine_dp or hw.collective[s.dp_tier]
-    t_dp = reduce_scatter_time(dp, shard, dp_link) + allgather_time(dp, shard, dp_link)
-    t_opt = OPTIMIZER_TRAFFIC_BYTES * n_params / (P * hw.mem_bandwidth)
+    dp_link = _dp_link(node)
+    if s.zero == 3:  # FSDP: gather per microbatch in the forward, the backward (and recompute)
+        gathers = mb * (3 if s.recompute is Recompute.FULL else 2)
+        exposed = _exposed(gathers * allgather_time(dp, shard, dp_link), t_gemm)
+        t_dp = updates * reduce_scatter_time(dp, shard, dp_link) + exposed
+    else:
+        t_dp = updates * (reduce_scatter_time(dp, shard, dp_link) + allgather_time(dp, shard, dp_link))
+    t_opt = updates * OPTIMIZER_TRAFFIC_BYTES * n_params / (P * hw.mem_bandwidth)
     return t_gemm, t_tp, t_pp, t_dp, t_opt
 
 
@@ -505,3 +594,216 @@ def publication_bytes(
         )
     n_max = max(src_size, dst_size)
     return model_params(model, head) * model.dtype_bytes * (n_max - overlap) / n_max
+
+
+def _scaled(bd: TimeBreakdown, k: float) -> TimeBreakdown:
+    return TimeBreakdown(
+        bd.gemm * k,
+        bd.bubble * k,
+        bd.tp_comm * k,
+        bd.pp_comm * k,
+        bd.dp_comm * k,
+        bd.nongemm * k,
+        bd.opt * k,
+        bd.overhead * k,
+    )
+
+
+def _plus(a: TimeBreakdown, b: TimeBreakdown) -> TimeBreakdown:
+    return TimeBreakdown(
+        a.gemm + b.gemm,
+        a.bubble + b.bubble,
+        a.tp_comm + b.tp_comm,
+        a.pp_comm + b.pp_comm,
+        a.dp_comm + b.dp_comm,
+        a.nongemm + b.nongemm,
+        a.opt + b.opt,
+        a.overhead + b.overhead,
+    )
+
+
+_ZERO = TimeBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeSegment:
+    """A stretch of a rollout engine's decode schedule (:func:`decode_schedule`).
+
+    Attributes
+    ----------
+    running
+        Sequences decoding in each step, over all data-parallel replicas.
+    steps
+        Decode steps of the stretch.
+    rounds
+        Of them, the steps whose input is a decoded token (the first comes out of the prefill).
+    context
+        Mean context of the running sequences, tokens.
+    done
+        The share of all the invocation's sequences that finish during the stretch.
+    """
+
+    running: float
+    steps: float
+    rounds: float
+    context: float
+    done: float
+
+
+def decode_schedule(
+    *, sequences: float, dp: int, prompt_len: int, buckets: Sequence[LengthBucket], kv_tokens: float
+) -> list[DecodeSegment]:
+    """A continuous-batching engine's decode schedule as stretches of constant running batch
+    (SPEC §14.5), per data-parallel replica of ``n_r = n/Pd`` sequences whose cache holds
+    ``C = kv_tokens`` tokens, with responses drawn from ``buckets`` (``Ē = Σ s_q·E[r]_q``):
+
+    * the running batch is capped at ``b_cap = max(1, min(S, C/c̄_ss))``, ``S`` the engine's
+      ``max_num_seqs`` and ``c̄_ss = Lp + E[r²]/(2·Ē)`` the mean context of a full engine in
+      steady state (a running sequence's age is uniform over its length, and a sequence runs
+      in proportion to its length);
+    * when ``n_r > b_cap``, a **capped** stretch runs ``b_cap`` sequences at ``c̄_ss`` for
+      ``(n_r − b_cap)·Ē/b_cap`` steps, admitting a waiting sequence whenever one finishes; it
+      finishes the share ``1 − b_cap/n_r`` of the sequences;
+    * then the last ``b_0 = min(n_r, b_cap)`` sequences **drain**, one stretch per bucket ``q``
+      (steps ``t_{q−1}..t_q``): ``b_0·(1 − (F_{q−1} + F_q)/2)`` running (the bucket's mean; the
+      CDF ``F`` is linear inside a bucket) at context ``Lp + (t_{q−1} + t_q)/2``, finishing
+      ``(b_0/n_r)·s_q`` of the sequences. (The drained sequences are taken as fresh: their
+      ages are not tracked, an overestimate of at most one bucket's steps.)
+
+    The number of steps therefore exceeds ``Lr`` exactly when the cache bounds the batch.
+
+    Parameters
+    ----------
+    sequences
+        ``n``, sequences the invocation generates (all replicas).
+    dp
+        ``Pd``, the engine's data-parallel replicas.
+    prompt_len
+        ``Lp``.
+    buckets
+        The response-length distribution (:attr:`~rpeg.ir.workload.Workload.buckets`).
+    kv_tokens
+        ``C``, tokens one replica's KV cache holds (:func:`~.memory.kv_budget_tokens`).
+
+    Returns
+    -------
+    list of DecodeSegment
+        The capped stretch (when there is one), then the drain's stretches, in order.
+    """
+    n_r = sequences / dp
+    mean = sum(b.share * b.mean for b in buckets)
+    mean_sq = sum(b.share * b.mean_square for b in buckets)
+    c_ss = prompt_len + (mean_sq / (2.0 * mean) if mean > 0 else 0.0)
+    b_cap = max(1.0, min(float(ROLLOUT_MAX_SEQS), kv_tokens / c_ss))
+    out: list[DecodeSegment] = []
+    b0 = n_r
+    if n_r > b_cap:
+        steps = (n_r - b_cap) * mean / b_cap
+        out.append(DecodeSegment(b_cap * dp, steps, steps, c_ss, 1.0 - b_cap / n_r))
+        b0 = b_cap
+    below = 0.0
+    for b in buckets:
+        steps = b.hi - b.lo
+        rounds = max(0, b.hi - max(b.lo, 1))
+        running = b0 * (1.0 - below - 0.5 * b.share) * dp
+        out.append(
+            DecodeSegment(running, steps, rounds, prompt_len + 0.5 * (b.lo + b.hi), b0 / n_r * b.share)
+        )
+        below += b.share
+    return out
+
+
+def generation_times(
+    model: ModelSpec,
+    layout: Layout,
+    hw: Hardware,
+    *,
+    sequences: float,
+    prompt_len: int,
+    buckets: Sequence[LengthBucket],
+    head: Head = Head.LM,
+    split: bool = False,
+    host_s: float = 0.0,
+) -> tuple[TimeBreakdown, ...]:
+    """Time of a generation on a paged, continuously batching rollout engine (SPEC §14.5),
+    whatever its placement: the prefill of all ``n`` prompts, then the decode stretches of
+    :func:`decode_schedule` with the replica's cache ``C = K/κ``
+    (:func:`~.memory.kv_budget_tokens`, the strategy's memory fraction), each priced as
+    :func:`op_time`'s decode terms at its running batch and mean context.
+
+    Unsplit, one :class:`TimeBreakdown`: one call, the prefill, every stretch, ``host_s``.
+    Split into the ``Q`` response-length phases of SPEC §5 (rule 1), phase ``q`` ends when the
+    share ``f_q`` of the sequences has finished: the stretches' times are laid end to end, the
+    finished share grows linearly inside each, and each phase takes the part of each stretch
+    between ``f_{q−1}`` and ``f_q``; phase 1 adds the call and the prefill, later phases a
+    call each, and the last phase ``host_s``. With an unbounded cache the phases are the
+    buckets' stretches exactly.
+
+    Parameters
+    ----------
+    model, layout, hw
+        The model, the generation's layout (its memory fraction) and the hardware.
+    sequences
+        ``n``.
+    prompt_len
+        ``Lp``.
+    buckets
+        The response-length distribution.
+    head
+        Output head(s).
+    split
+        One breakdown per bucket (phase nodes) instead of one.
+    host_s
+        Host seconds after the last token (a rule reward, SPEC §14.8), charged to the last
+        node.
+
+    Returns
+    -------
+    tuple of TimeBreakdown
+        One, or ``Q`` when ``split``.
+    """
+    s = layout.strategy
+    pre, dec = hw.terms("prefill"), hw.terms("decode")
+    kv = kv_budget_tokens(model, layout, hw, head)
+    segments = decode_schedule(
+        sequences=sequences, dp=s.dp, prompt_len=prompt_len, buckets=buckets, kv_tokens=kv
+    )
+    prefill = _ZERO
+    if prompt_len > 0:
+        gemm, tp, pp, over = _prefill_terms(_Node(model, layout, hw, sequences), prompt_len, head)
+        prefill = TimeBreakdown(gemm, gemm * (s.pp - 1) / s.mb, tp, pp, 0.0, 0.0, 0.0, over)
+    parts = []
+    for seg in segments:
+        if seg.steps <= 0 or seg.running <= 0:
+            parts.append((_ZERO, seg.done))
+            continue
+        gemm, tp, pp, over = _decode_terms(
+            _Node(model, layout, hw, seg.running), seg.context, seg.steps, seg.rounds, head
+        )
+        parts.append((TimeBreakdown(gemm, gemm * (s.pp - 1) / s.mb, tp, pp, 0.0, 0.0, 0.0, over), seg.done))
+    call = TimeBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, pre.per_call_s + hw.dispatch_s)
+    host = TimeBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, host_s)
+    if not split:
+        total = _plus(call, prefill)
+        for bd, _ in parts:
+            total = _plus(total, bd)
+        return (_plus(total, host),)
+    bounds, f = [], 0.0
+    for b in buckets:
+        f += b.share
+        bounds.append(f)
+    bounds[-1] = 1.0
+    phases = [_plus(call, prefill)] + [
+        TimeBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, dec.per_call_s + hw.dispatch_s) for _ in buckets[1:]
+    ]
+    lo = 0.0
+    for bd, done in parts:
+        hi = lo + done
+        for q in range(len(buckets)):
+            a = max(lo, bounds[q - 1] if q else 0.0)
+            b = min(hi, bounds[q])
+            if b > a and hi > lo:
+                phases[q] = _plus(phases[q], _scaled(bd, (b - a) / (hi - lo)))
+        lo = hi
+    phases[-1] = _plus(phases[-1], host)
+    return tuple(phases)

@@ -187,6 +187,11 @@ class Hardware:
         measured (non-GEMM work scales with the tokens·width a device processes).
     dispatch_s
         Fixed seconds the controller spends dispatching one OP or COMM node (0 in presets).
+    kv_memory_fraction
+        The rollout engine's default memory fraction ``u`` (SPEC §14.5): what a generation
+        whose strategy names none holds per device, and the largest fraction the planner
+        considers. Default 0.9, vLLM's ``gpu_memory_utilization`` default
+        (``vllm/engine/arg_utils.py``, ``EngineArgs.gpu_memory_utilization``).
     engines
         Measured :class:`EngineTerms` (none in presets).
     engine_for
@@ -211,6 +216,7 @@ class Hardware:
     l_cal: float = 640.0
     d_cal: float = 4096.0
     dispatch_s: float = 0.0
+    kv_memory_fraction: float = 0.9
     engines: tuple[EngineTerms, ...] = ()
     engine_for: tuple[str, str, str] = ("", "", "")
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
@@ -224,6 +230,10 @@ class Hardware:
             value = getattr(self, name)
             if not (_is_number(value) and value >= 0):
                 raise ValueError(f"Hardware {self.name!r}: {name} must be non-negative, got {value!r}")
+        if not (_is_number(self.kv_memory_fraction) and 0.0 < self.kv_memory_fraction <= 1.0):
+            raise ValueError(
+                f"Hardware {self.name!r}: kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction!r}"
+            )
         if not (_is_number(self.memory_headroom) and 0.0 <= self.memory_headroom < 1.0):
             raise ValueError(
                 f"Hardware {self.name!r}: memory_headroom must be in [0, 1), got {self.memory_headroom!r}"
@@ -378,6 +388,7 @@ class Hardware:
                 l_cal=doc.l_cal,
                 d_cal=doc.d_cal,
                 dispatch_s=doc.dispatch_s,
+                kv_memory_fraction=doc.kv_memory_fraction,
                 engines=tuple(
                     EngineTerms(
                         name,
@@ -490,6 +501,7 @@ class _HardwareFile(Strict):
     l_cal: Positive
     d_cal: Positive
     dispatch_s: NonNegative = 0.0
+    kv_memory_fraction: Annotated[float, Field(gt=0, le=1)] = 0.9
     engines: dict[str, _EngineEntry] = Field(default_factory=dict)
     engine_for: _EngineFor = _EngineFor()
     sources: dict[str, str] = Field(default_factory=dict)

@@ -28,6 +28,64 @@ __all__ = [
 #: Hugging Face architectures (``config.json``'s ``model_type``) the runtime builds and loads.
 FAMILIES = ("llama", "qwen2", "mistral")
 
+#: ``model_type`` values of Hugging Face mixture-of-experts architectures; :meth:`ModelSpec.from_hf_config`
+#: refuses them (as it does any ``model_type`` containing ``moe``) until MoE models are supported.
+_MOE_MODEL_TYPES = frozenset(
+    {
+        "arctic",
+        "aria_text",
+        "bailing_moe",
+        "dbrx",
+        "deepseek_v2",
+        "deepseek_v3",
+        "dots1",
+        "ernie4_5_moe",
+        "flex_olmo",
+        "glm4_moe",
+        "glm4v_moe",
+        "gpt_oss",
+        "granitemoe",
+        "granitemoehybrid",
+        "granitemoeshared",
+        "hunyuan_v1_moe",
+        "jamba",
+        "jetmoe",
+        "llama4",
+        "llama4_text",
+        "longcat_flash",
+        "minimax",
+        "minimax_m2",
+        "mixtral",
+        "nllb_moe",
+        "olmoe",
+        "phimoe",
+        "qwen2_moe",
+        "qwen3_moe",
+        "qwen3_next",
+        "qwen3_omni_moe",
+        "qwen3_vl_moe",
+        "switch_transformers",
+    }
+)
+
+#: ``config.json`` fields that count experts (in total, then per token); a value above 1 marks a
+#: mixture-of-experts model whatever its ``model_type``.
+_EXPERT_FIELDS = (
+    "num_experts",  # Qwen2/Qwen3-MoE, OLMoE, Jamba, Switch
+    "num_local_experts",  # Mixtral, gpt-oss, PhiMoE, Granite-MoE, Llama 4
+    "n_routed_experts",  # DeepSeek-V2/V3, GLM-4.5, dots.llm1
+    "moe_num_experts",  # DBRX (in ffn_config), ERNIE-4.5-MoE
+    "num_experts_per_tok",
+    "experts_per_token",  # gpt-oss
+    "moe_top_k",  # DBRX
+    "moe_topk",  # Hunyuan
+    "moe_k",  # ERNIE-4.5-MoE
+)
+
+#: Multi-head latent attention (DeepSeek-V2/V3, MiniCPM3): compressed K/V and Q, whose KV cache
+#: and parameters the dense formulas would get wrong.
+_MLA_FIELDS = ("kv_lora_rank", "q_lora_rank")
+
 #: FP32 master weights + two FP32 Adam moments: 3 × 4 bytes per trained parameter (SPEC §6); the
 #: cost model's optimizer state (:mod:`rpeg.costmodel.memory`) and a training EMU's ``ω``.
 OPTIMIZER_BYTES_PER_PARAM = 12
@@ -224,11 +282,31 @@ class ModelSpec:
         also holds ``*.safetensors`` weights, :attr:`checkpoint` is its absolute path (the runtime
         then runs the model with them).
 
+        Mixture-of-experts and multi-head-latent-attention models are refused (not supported yet:
+        read as dense models their parameters, FLOPs and KV cache would be wrong): a ``model_type``
+        of a known MoE architecture (or one containing ``moe``), an expert count above 1
+        (``num_experts``, ``num_local_experts``, ``n_routed_experts``, ``moe_num_experts``,
+        ``num_experts_per_tok``, ...; also inside a nested table such as DBRX's ``ffn_config``),
+        or a non-null ``kv_lora_rank``/``q_lora_rank``.
+
+        Parameters
+        ----------
+        path
+            The ``config.json`` file, or the directory that holds it.
+        name
+            The spec's name; defaults to ``_name_or_path``, then ``model_type``, then the folder.
+
+        Returns
+        -------
+        ModelSpec
+            The dense model the file describes.
+
         Raises
         ------
         InputError
-            If the file is missing or not JSON, or a field is missing or of the wrong type; the
-            message names the file and the field.
+            If the file is missing or not JSON, or a field is missing or of the wrong type, or the
+            model is a mixture of experts or uses multi-head latent attention; the message names
+            the file, the field and its value.
         """
         path = Path(path)
         if path.is_dir():
@@ -260,6 +338,7 @@ class ModelSpec:
                 raise InputError(f"{path}: field {key!r} must be a string, got {value!r}", source=str(path))
             return value
 
+        _refuse_unsupported(cfg, path)
         hidden = pick("hidden_size", "n_embd", "d_model")
         heads = pick("num_attention_heads", "n_head", "num_heads")
         act = text("hidden_act", text("activation_function", "silu")).lower()
@@ -316,6 +395,54 @@ class ModelSpec:
         } | ({"checkpoint": self.checkpoint} if self.checkpoint else {})
 
 
+def _many_experts(value: object) -> bool:
+    """Whether an expert-count value is above 1 (a list, as Hunyuan's per-layer counts: any entry)."""
+    if isinstance(value, list):
+        return any(_many_experts(v) for v in value)
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 1
+
+
+def _refuse_unsupported(cfg: dict, path: Path) -> None:
+    """Raise :class:`InputError` if ``cfg`` is a mixture-of-experts or an MLA model.
+
+    Checked in order: ``model_type``, the expert counts, the MLA ranks; at the top level, then in
+    each nested table (``text_config``, ``ffn_config``, ...). The message names the file, the
+    field and its value.
+    """
+    tables = [("", cfg)] + [(f"{key}.", value) for key, value in cfg.items() if isinstance(value, dict)]
+    dense = "it would otherwise be misread as a dense model, with wrong parameters, FLOPs and memory"
+    for prefix, table in tables:
+        model_type = table.get("model_type")
+        if isinstance(model_type, str) and (
+            model_type.lower() in _MOE_MODEL_TYPES or "moe" in model_type.lower()
+        ):
+            raise InputError(
+                f"{path}: field '{prefix}model_type' = {model_type!r} is a mixture-of-experts "
+                f"architecture; mixture-of-experts models are not supported yet ({dense})",
+                source=str(path),
+                field=f"{prefix}model_type",
+            )
+    for prefix, table in tables:
+        for key in _EXPERT_FIELDS:
+            if _many_experts(table.get(key)):
+                raise InputError(
+                    f"{path}: field '{prefix}{key}' = {table[key]!r} marks a mixture-of-experts model; "
+                    f"mixture-of-experts models are not supported yet ({dense})",
+                    source=str(path),
+                    field=prefix + key,
+                )
+    for prefix, table in tables:
+        for key in _MLA_FIELDS:
+            if table.get(key) is not None:
+                raise InputError(
+                    f"{path}: field '{prefix}{key}' = {table[key]!r} marks multi-head latent attention; "
+                    "it is not supported yet (it would otherwise be misread as standard attention, with a "
+                    "wrong KV cache and parameter count)",
+                    source=str(path),
+                    field=prefix + key,
+                )
+
+
 class ModelSpecFile(Strict):
     """Schema of a model written as data (a workload's inline table, a result file's ``spec``):
     the fields of :class:`ModelSpec`, each of its exact type."""
@@ -339,6 +466,12 @@ def _llama(name: str, L: int, d: int, dff: int, heads: int, kv: int, vocab: int)
     return ModelSpec(name=name, layers=L, hidden=d, ffn_hidden=dff, vocab=vocab, heads=heads, kv_heads=kv)
 
 
+def _qwen2(name: str, L: int, d: int, dff: int, heads: int, kv: int, vocab: int) -> ModelSpec:
+    return ModelSpec(
+        name=name, layers=L, hidden=d, ffn_hidden=dff, vocab=vocab, heads=heads, kv_heads=kv, family="qwen2"
+    )
+
+
 #: Presets with published parameter totals (checked to 2% in ``tests/ir/test_models.py``).
 MODEL_PRESETS: dict[str, ModelSpec] = {
     "llama2-7b": _llama("llama2-7b", 32, 4096, 11008, 32, 32, 32000),  # 6.74B
@@ -348,6 +481,11 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "llama2-70b": _llama("llama2-70b", 80, 8192, 28672, 64, 8, 32000),  # 69.0B
     "llama3.1-8b": _llama("llama3.1-8b", 32, 4096, 14336, 32, 8, 128256),  # 8.03B
     "llama3.3-70b": _llama("llama3.3-70b", 80, 8192, 28672, 64, 8, 128256),  # 70.6B
+    # Qwen2.5 (config.json of Qwen/Qwen2.5-7B, -32B and Qwen2.5-Math-7B; untied embeddings;
+    # the Q/K/V biases, 0.01% of the weights, are left out like the norms).
+    "qwen2.5-7b": _qwen2("qwen2.5-7b", 28, 3584, 18944, 28, 4, 152064),  # 7.62B
+    "qwen2.5-math-7b": _qwen2("qwen2.5-math-7b", 28, 3584, 18944, 28, 4, 152064),  # 7.62B
+    "qwen2.5-32b": _qwen2("qwen2.5-32b", 64, 5120, 27648, 40, 8, 152064),  # 32.8B
     # 175B-class (GPT-3 shape) for the RPEG paper's 1,024-GPU configuration.
     "gpt3-175b": ModelSpec(
         name="gpt3-175b",

@@ -13,7 +13,7 @@ refuse to build it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .cluster import Allocation, Cluster
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ENGINES",
     "HEAD_RULES",
+    "ZERO_STAGES",
     "Choice",
     "Plan",
     "Strategy",
@@ -46,6 +47,16 @@ ENGINES: dict[Role, str] = {
 
 #: Rule tags of the attention-head checks (:func:`check_heads`), in the order they are tested.
 HEAD_RULES = ("H1", "H2")
+
+#: The ZeRO stages each role may choose (SPEC §14.3): training 1 (Megatron's distributed
+#: optimizer), 2 (ZeRO-2) or 3 (FSDP2/ZeRO-3); a forward-only invocation holds its weights
+#: replicated on every data-parallel rank (2: stages 1 and 2 shard no parameters) or sharded
+#: over them (3); a rollout engine holds them replicated (vLLM has no parameter sharding).
+ZERO_STAGES: dict[Role, tuple[int, ...]] = {
+    Role.TRAINING: (1, 2, 3),
+    Role.INFERENCE: (2, 3),
+    Role.GENERATION: (2,),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,11 +80,28 @@ class Strategy:
         a training invocation's choice of ``none``, ``selective`` or ``full``; every other role
         keeps the neutral ``full``, which the cost model ignores. It changes time and memory,
         not the layout: :meth:`same_layout` ignores it.
+    zero
+        ZeRO stage ``z`` of the model state over the ``Pd`` data-parallel ranks (SPEC §14.3,
+        :data:`ZERO_STAGES`): 1, 2 (the default, SPEC §6's ZeRO-2) or 3 for training; 2
+        (parameters replicated on every rank) or 3 (sharded, gathered layer by layer) for
+        inference; 2 for generation. Part of the layout (:meth:`same_layout`).
+    mem_fraction
+        Generation only: the rollout engine's memory fraction ``u`` (vLLM's
+        ``gpu_memory_utilization``, SPEC §14.5): the engine holds ``u·M_GPU`` per device, its
+        weights, workspace and paged KV cache. ``0`` means the hardware's default
+        (:attr:`~rpeg.ir.hardware.Hardware.kv_memory_fraction`); every other role keeps ``0``.
+    logits_chunk
+        Training and inference: tokens per chunk of a chunked loss (SPEC §14.6), ``0`` for the
+        whole microbatch's logits at once; generation keeps ``0``.
+    packing
+        Training and inference: sequences packed without padding (SPEC §14.1, the default);
+        ``False`` pads each to ``Lp + Lr``. Generation keeps ``True``.
 
     Raises
     ------
     ValueError
-        If ``recompute`` is not one of ``none``, ``selective``, ``full``.
+        If ``recompute`` is not one of ``none``, ``selective``, ``full``, or ``zero``,
+        ``mem_fraction``, ``logits_chunk`` or ``packing`` is of the wrong type or out of range.
     """
 
     extent: tuple[int, int, int]
@@ -84,8 +112,23 @@ class Strategy:
     pp_tier: int = 0
     dp_tier: int = 0
     recompute: Recompute = Recompute.FULL
+    zero: int = 2
+    mem_fraction: float = 0.0
+    logits_chunk: int = 0
+    packing: bool = True
 
     def __post_init__(self) -> None:
+        if isinstance(self.zero, bool) or self.zero not in (1, 2, 3):
+            raise ValueError(f"Strategy.zero must be a ZeRO stage 1, 2 or 3, got {self.zero!r}")
+        u = self.mem_fraction
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 <= u <= 1.0:
+            raise ValueError(f"Strategy.mem_fraction must be a number in [0, 1], got {u!r}")
+        object.__setattr__(self, "mem_fraction", float(u))
+        c = self.logits_chunk
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            raise ValueError(f"Strategy.logits_chunk must be a non-negative integer, got {c!r}")
+        if not isinstance(self.packing, bool):
+            raise ValueError(f"Strategy.packing must be True or False, got {self.packing!r}")
         if type(self.recompute) is not Recompute:
             try:
                 mode = Recompute(self.recompute)
@@ -102,28 +145,46 @@ class Strategy:
         return self.dp * self.pp * self.tp
 
     def label(self) -> str:
-        """``(dp,pp,tp) mb=…`` for tables, with ``rc=…`` when the recomputation is not ``full``."""
+        """``(dp,pp,tp) mb=…`` for tables, with ``rc=…`` when the recomputation is not ``full``,
+        ``z=…`` when the ZeRO stage is not 2, ``u=…``, ``chunk=…`` and ``padded`` when set."""
         text = f"({self.dp},{self.pp},{self.tp}) mb={self.mb}"
         if self.recompute is not Recompute.FULL:
             text += f" rc={self.recompute.value}"
+        if self.zero != 2:
+            text += f" z={self.zero}"
+        if self.mem_fraction:
+            text += f" u={self.mem_fraction:g}"
+        if self.logits_chunk:
+            text += f" chunk={self.logits_chunk}"
+        if not self.packing:
+            text += " padded"
         return text
 
     def same_layout(self, other: Strategy) -> bool:
-        """Whether ``other`` shards the model the same way: equal shape, degrees and microbatches,
-        whatever either's :attr:`recompute` (recomputation moves no weights)."""
+        """Whether ``other`` holds the model's weights the same way: equal shape, degrees and
+        ZeRO stage, whatever either's microbatches, :attr:`recompute`, memory fraction, loss
+        chunking or packing (none of them moves a weight)."""
         return self is other or (
             self.dp == other.dp
             and self.pp == other.pp
             and self.tp == other.tp
-            and self.mb == other.mb
+            and self.zero == other.zero
             and self.extent == other.extent
         )
 
+    def layout_key(self) -> tuple:
+        """``(extent, dp, pp, tp, mb, zero)``: what the variants of one layout share (they differ
+        in recomputation, memory fraction, loss chunking or packing: time and memory only)."""
+        return (self.extent, self.dp, self.pp, self.tp, self.mb, self.zero)
+
     def with_recompute(self, mode: Recompute | str) -> Strategy:
         """A copy with :attr:`recompute` set to ``mode``."""
-        return Strategy(
-            self.extent, self.dp, self.pp, self.tp, self.mb, self.pp_tier, self.dp_tier, Recompute(mode)
-        )
+        return replace(self, recompute=Recompute(mode))
+
+    def variant(self, **fields: object) -> Strategy:
+        """A copy with the given fields replaced (``zero``, ``mem_fraction``, ``logits_chunk``,
+        ``packing``, ``recompute``, ``mb``), validated again."""
+        return replace(self, **fields)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,18 +302,29 @@ def check_strategy(
     pp: int,
     tp: int,
     mb: int,
+    *,
+    zero: int = 2,
+    mem_fraction: float = 0.0,
+    logits_chunk: int = 0,
+    packing: bool = True,
 ) -> str | None:
-    """Check P1–P8 (SPEC §4) and the head rules H1–H2 for one choice's shape and degrees; return
-    why not (the message starts with the rule's tag), or ``None``.
+    """Check P1–P8 (SPEC §4, with §14.2's microbatches), the head rules H1–H2 and the engine
+    choices Z1–Z2 (SPEC §14) for one choice; return why not (the message starts with the rule's
+    tag), or ``None``.
 
     P1 ``Pt | Ng``; H1–H2 the attention heads of ``model`` split over ``Pt`` ranks on the engine
     of ``role`` (:func:`check_heads`); P2 ``Pp | L`` and ``Pp ∈ {1} ∪ even``; P3 ``Pd | B·R``;
-    P4 ``Pp = 1 ⇒ mb = 1``; P5 ``Pp > 1 ⇒ mb | B_local, mb ≥ Pp, B_local/mb ≥ 8`` with
-    ``B_local = B·R/Pd``; P6 the extent is a legal shape and a replica either fits in one node
+    with ``B_local = B·R/Pd``, for a generation (vLLM microbatches only a pipeline) P4
+    ``Pp = 1 ⇒ mb = 1`` and P5 ``Pp > 1 ⇒ mb | B_local, mb ≥ Pp, B_local/mb ≥ 8``; for
+    training and inference (gradient accumulation, SPEC §14.2, which replaces P4–P5 there) P4
+    ``1 ≤ mb ≤ B_local`` (a microbatch holds a sequence at least) and P5 ``Pp > 1 ⇒ mb ≥ Pp``;
+    P6 the extent is a legal shape and a replica either fits in one node
     (``Pp·Pt | Ng``) or spans whole nodes; P8 ``s = min(Pp, ⌊Ng/Pt⌋)`` divides ``Pp`` and
     ``|σ| = Pd·Pp·Pt``; P9 a generation invocation's ``Pp ≤`` the cluster's ``generation_max_pp``
     (the rollout engine's limit, when set). (P7, the origin's alignment, is checked by
-    :meth:`Cluster.allocation`.)
+    :meth:`Cluster.allocation`.) Z1 the ZeRO stage is one the role may choose
+    (:data:`ZERO_STAGES`); Z2 only a generation sets a memory fraction, only training and
+    inference chunk their loss or pad (``packing=False``).
 
     Parameters
     ----------
@@ -267,6 +339,8 @@ def check_strategy(
         ``B·R``, the sequences the invocation processes per step.
     extent, dp, pp, tp, mb
         The choice's shape, degrees and microbatches.
+    zero, mem_fraction, logits_chunk, packing
+        The engine choices of :class:`Strategy` (SPEC §14).
 
     Raises
     ------
@@ -294,12 +368,20 @@ def check_strategy(
         return f"P9: pp={pp} exceeds the rollout engine's generation_max_pp={limit} (vLLM-CPU: no pipelining)"
     if sequences % dp:
         return f"P3: dp={dp} does not divide B·R={sequences}"
-    if pp == 1 and mb != 1:
-        return f"P4: pp=1 requires mb=1, got mb={mb}"
-    if pp > 1:
-        b_local = sequences // dp
-        if b_local % mb or mb < pp or b_local // mb < 8:
+    b_local = sequences // dp
+    if role is Role.GENERATION:
+        if pp == 1 and mb != 1:
+            return f"P4: a generation with pp=1 requires mb=1 (the engine batches continuously), got mb={mb}"
+        if pp > 1 and (b_local % mb or mb < pp or b_local // mb < 8):
             return f"P5: mb={mb} needs mb | B_local={b_local}, mb ≥ pp={pp} and B_local/mb ≥ 8"
+    else:
+        if mb > b_local:
+            return f"P4: mb={mb} exceeds B_local={b_local} sequences (a microbatch holds one at least)"
+        if pp > 1 and mb < pp:
+            return f"P5: mb={mb} must be ≥ pp={pp} (1F1B keeps every stage busy)"
+    why = _check_engine_choices(role, zero, mem_fraction, logits_chunk, packing)
+    if why is not None:
+        return why
     size = dp * pp * tp
     if cluster.shape_for_size(size) != tuple(extent):
         return f"P6: extent {list(extent)} is not the legal shape for dp·pp·tp={size} devices"
@@ -309,6 +391,23 @@ def check_strategy(
     s = min(pp, Ng // tp)
     if pp % s:
         return f"P8: s=min(pp, Ng/tp)={s} does not divide pp={pp}"
+    return None
+
+
+def _check_engine_choices(
+    role: Role | None, zero: int, mem_fraction: float, logits_chunk: int, packing: bool
+) -> str | None:
+    """Z1 (the ZeRO stage the role may choose, :data:`ZERO_STAGES`) and Z2 (only a generation
+    sets a memory fraction; only training and inference chunk the loss or pad)."""
+    stages = ZERO_STAGES[role] if role is not None else (1, 2, 3)
+    if zero not in stages:
+        what = role.value if role is not None else "an invocation"
+        return f"Z1: zero={zero} is not a ZeRO stage {what} may use ({', '.join(map(str, stages))})"
+    if role is Role.GENERATION:
+        if logits_chunk or not packing:
+            return "Z2: a generation neither chunks a loss nor pads (logits_chunk=0, packing=True)"
+    elif mem_fraction:
+        return f"Z2: mem_fraction={mem_fraction:g} is a rollout engine's (generation only)"
     return None
 
 
@@ -338,7 +437,21 @@ def check_plan(graph: RPEG, cluster: Cluster, plan: Plan) -> list[str]:
     for v, c in zip(vertices, plan.choices):
         s = c.strategy
         spec = graph.models[v.model].spec
-        why = check_strategy(cluster, spec, v.role, v.sequences, s.extent, s.dp, s.pp, s.tp, s.mb)
+        why = check_strategy(
+            cluster,
+            spec,
+            v.role,
+            v.sequences,
+            s.extent,
+            s.dp,
+            s.pp,
+            s.tp,
+            s.mb,
+            zero=s.zero,
+            mem_fraction=s.mem_fraction,
+            logits_chunk=s.logits_chunk,
+            packing=s.packing,
+        )
         if why is None and v.role is not Role.TRAINING and s.recompute is not Recompute.FULL:
             why = f"recompute={s.recompute.value!r} on a {v.role.value} invocation (only training recomputes)"
         if why is None and tuple(c.allocation.extent) != tuple(s.extent):

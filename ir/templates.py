@@ -106,8 +106,8 @@ def build_graph(workload: Workload, structure: Structure | None = None) -> RPEG:
     g = _Builder()
     actor_name, critic_name = _add_models(g, workload, structure)
     wa = g.weights(actor_name)
-    wref = g.weights("reference")
-    g.inputs |= {wref, wa}
+    wref = g.weights("reference") if "reference" in g.models else None
+    g.inputs |= {wa} | ({wref} if wref else set())
     algo = workload.algorithm
     if algo == "dpo":
         _add_dpo(g, workload, actor_name, wa, wref)
@@ -138,7 +138,8 @@ def _add_models(g: _Builder, workload: Workload, structure: Structure) -> tuple[
     of the actor and of the critic (``None`` without one)."""
     actor_name = "actor_critic" if structure.ac_sharing else "actor"
     g.model(actor_name, workload.models["actor"], True, Head.BOTH if structure.ac_sharing else Head.LM)
-    g.model("reference", workload.models["reference"], False, Head.LM)
+    if "reference" in workload.models:
+        g.model("reference", workload.models["reference"], False, Head.LM)
     if "reward" in workload.models:
         g.model("reward", workload.models["reward"], False, Head.SCALAR)
     critic_name = None
@@ -149,9 +150,10 @@ def _add_models(g: _Builder, workload: Workload, structure: Structure) -> tuple[
     return actor_name, critic_name
 
 
-def _add_dpo(g: _Builder, workload: Workload, actor_name: str, wa: str, wref: str) -> None:
+def _add_dpo(g: _Builder, workload: Workload, actor_name: str, wa: str, wref: str | None) -> None:
     """DPO, offline: ``ref_inf`` and ``actor_inf`` over the ``B·R`` preference pairs feed
     ``actor_train``, which publishes to ``actor_inf``."""
+    assert wref is not None  # Workload keeps DPO's reference
     BR = workload.batch * workload.rollouts
     Lp, Lr = workload.prompt_len, workload.response_len
     pairs = g.container("pairs", BR * (Lp + Lr), TOKEN_BYTES)
@@ -173,37 +175,53 @@ def _add_online(
     actor_name: str,
     critic_name: str | None,
     wa: str,
-    wref: str,
+    wref: str | None,
 ) -> None:
     """PPO, GRPO and ReMax: generation, the scoring inferences, training and the publications
-    back to the generation (and to the critic's inference)."""
+    back to the generation (and to the critic's inference).
+
+    Without a reference (``kl_coef = 0``) there is no ``ref_inf`` and no ``ref_logp``; with a
+    rule reward (SPEC §14.8) there is no ``reward_inf``: the generation's outputs include the
+    rewards, whose host time the cost model charges to the generation
+    (``docs/decisions.md``)."""
     B, R, Lp, Lr = workload.batch, workload.rollouts, workload.prompt_len, workload.response_len
     BR = B * R
     prompts = g.container("prompts", B * Lp, TOKEN_BYTES)
     g.inputs.add(prompts)
     Y = g.container("completions", BR * (Lp + Lr), TOKEN_BYTES)
     lp = g.container("logp", BR * Lr, SCALAR_BYTES)
-    ref_lp = g.container("ref_logp", BR * Lr, SCALAR_BYTES)
+    ref_lp = g.container("ref_logp", BR * Lr, SCALAR_BYTES) if wref else None
     rw = g.container("rewards", BR, SCALAR_BYTES)
-    wrw = g.weights("reward")
-    g.inputs.add(wrw)
-    g.vertex("actor_gen", Role.GENERATION, actor_name, Head.LM, BR, {prompts, wa}, {Y, lp})
+    rule = workload.reward == "rule"
     greedy = None
     if workload.algorithm == "remax":
         greedy = g.container("greedy_completions", B * (Lp + Lr), TOKEN_BYTES)
+    # a rule reward is computed on the host from the completions: the generation yields it
+    trainer_logp = workload.old_logprob == "trainer"
+    gen_out = {Y} | (set() if trainer_logp else {lp}) | ({rw} if rule else set())
+    g.vertex("actor_gen", Role.GENERATION, actor_name, Head.LM, BR, {prompts, wa}, gen_out)
+    if greedy:
         g.vertex("actor_greedy_gen", Role.GENERATION, actor_name, Head.LM, B, {prompts, wa}, {greedy})
-    g.vertex("ref_inf", Role.INFERENCE, "reference", Head.LM, BR, {Y, wref}, {ref_lp})
-    reward_in = {Y, wrw} | ({greedy} if greedy else set())
-    g.vertex(
-        "reward_inf",
-        Role.INFERENCE,
-        "reward",
-        Head.SCALAR,
-        BR + (B if greedy else 0),
-        reward_in,
-        {rw},
-    )
-    train_in = {Y, lp, ref_lp, rw, wa}
+    if trainer_logp:  # the old policy's log-probs from a teacher-forced pass of the actor
+        g.vertex("actor_logp", Role.INFERENCE, actor_name, Head.LM, BR, {Y, wa}, {lp})
+    if wref:
+        g.vertex("ref_inf", Role.INFERENCE, "reference", Head.LM, BR, {Y, wref}, {ref_lp})
+    if not rule:
+        wrw = g.weights("reward")
+        g.inputs.add(wrw)
+        reward_in = {Y, wrw} | ({greedy} if greedy else set())
+        g.vertex(
+            "reward_inf",
+            Role.INFERENCE,
+            "reward",
+            Head.SCALAR,
+            BR + (B if greedy else 0),
+            reward_in,
+            {rw},
+        )
+    train_in = {Y, lp, rw, wa} | ({ref_lp} if ref_lp else set())
+    if greedy and rule:  # the baseline's rule reward is computed from the greedy completions
+        train_in.add(greedy)
     values = None
     if critic_name is not None:
         values = g.container("values", BR * Lr, SCALAR_BYTES)
@@ -211,9 +229,11 @@ def _add_online(
         g.inputs.add(wc)
         g.vertex("critic_inf", Role.INFERENCE, critic_name, Head.SCALAR, BR, {Y, wc}, {values})
         train_in.add(values)
-    g.edge("actor_gen", "ref_inf", Y)
-    g.edge("actor_gen", "reward_inf", Y)
-    if greedy:
+    if ref_lp:
+        g.edge("actor_gen", "ref_inf", Y)
+    if not rule:
+        g.edge("actor_gen", "reward_inf", Y)
+    if greedy and not rule:
         g.edge("actor_greedy_gen", "reward_inf", greedy)
     if values is not None:
         g.edge("actor_gen", "critic_inf", Y)
@@ -223,19 +243,31 @@ def _add_online(
     else:
         g.vertex("actor_train", Role.TRAINING, actor_name, Head.LM, BR, train_in, {wa})
         train = "actor_train"
-    g.edge("actor_gen", train, Y, lp)
-    g.edge("ref_inf", train, ref_lp)
-    g.edge("reward_inf", train, rw)
+    if trainer_logp:
+        g.edge("actor_gen", "actor_logp", Y)
+        g.edge("actor_logp", train, lp)
+        g.edge("actor_gen", train, Y, *((rw,) if rule else ()))
+    else:
+        g.edge("actor_gen", train, Y, lp, *((rw,) if rule else ()))
+    if ref_lp:
+        g.edge("ref_inf", train, ref_lp)
+    if not rule:
+        g.edge("reward_inf", train, rw)
+    elif greedy:
+        g.edge("actor_greedy_gen", train, greedy)
     if values is not None:
         g.edge("critic_inf", train, values)
     if critic_name is not None and not structure.ac_sharing:
         wc = RPEG.weights_container("critic")
         g.vertex("critic_train", Role.TRAINING, "critic", Head.SCALAR, BR, {Y, rw, values, wc}, {wc})
-        g.edge("actor_gen", "critic_train", Y)
-        g.edge("reward_inf", "critic_train", rw)
+        g.edge("actor_gen", "critic_train", Y, *((rw,) if rule else ()))
+        if not rule:
+            g.edge("reward_inf", "critic_train", rw)
         g.edge("critic_inf", "critic_train", values)
         g.pub("critic_train", "critic_inf", "critic")
     g.pub(train, "actor_gen", actor_name)
+    if trainer_logp:  # the pass scores with the weights the rollout sampled with
+        g.pub(train, "actor_logp", actor_name)
     if greedy:
         g.pub(train, "actor_greedy_gen", actor_name)
     if structure.ac_sharing:

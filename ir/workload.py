@@ -29,7 +29,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-__all__ = ["ALGORITHMS", "ROLES", "Workload", "WorkloadFile", "load_workload", "with_response_len"]
+__all__ = [
+    "ALGORITHMS",
+    "REWARD_KINDS",
+    "ROLES",
+    "LengthBucket",
+    "Workload",
+    "WorkloadFile",
+    "load_workload",
+    "with_response_len",
+]
 
 #: Algorithms and the model roles each one needs.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
@@ -40,6 +49,14 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 }
 ROLES = ("actor", "critic", "reward", "reference")
 TRAINABLE_ROLES = ("actor", "critic")
+#: Where rewards come from (SPEC §14.8): a reward model's inference, or a rule run on the host.
+REWARD_KINDS = ("model", "rule")
+#: KL coefficient of the online algorithms when the workload does not say (SPEC §11).
+DEFAULT_KL_COEF = 0.01
+#: The largest host time per sequence of a rule reward a workload may state, seconds.
+MAX_REWARD_COST_S = 3600.0
+#: Where the old policy's log-probs come from (SPEC §14.8).
+OLD_LOGPROB_SOURCES = ("rollout", "trainer")
 
 #: Bounds on the sizes rpeg plans for: far beyond any RL post-training job, small enough that
 #: enumerating divisors and candidate strategies stays instantaneous.
@@ -48,6 +65,29 @@ MAX_ROLLOUTS = 1_024
 MAX_TOKENS = 1_048_576
 MAX_STALENESS = 64
 MAX_K_EVAL = 64
+
+
+@dataclass(frozen=True, slots=True)
+class LengthBucket:
+    """One piece of the piecewise-uniform response-length distribution (SPEC §14.1).
+
+    A share ``share = f_q − f_{q−1}`` of the responses is uniform on ``(lo, hi]`` tokens
+    (``lo = t_{q−1}``, ``hi = t_q``, ``t_0 = 0``).
+    """
+
+    share: float
+    lo: int
+    hi: int
+
+    @property
+    def mean(self) -> float:
+        """``E[r] = (lo + hi)/2``."""
+        return 0.5 * (self.lo + self.hi)
+
+    @property
+    def mean_square(self) -> float:
+        """``E[r²] = (lo² + lo·hi + hi²)/3`` of the uniform law on ``(lo, hi]``."""
+        return (self.lo * self.lo + self.lo * self.hi + self.hi * self.hi) / 3.0
 
 
 def default_quantiles(response_len: int) -> tuple[tuple[float, int], ...]:
@@ -85,6 +125,24 @@ class Workload:
         Whether the actor–critic shared structure may be tried (only with both models).
     name
         Label for messages and result files.
+    reward
+        ``"model"`` (a reward model's inference, the ``reward`` role) or ``"rule"`` (a host
+        function, no reward model: SPEC §14.8). Not for ``dpo``.
+    reward_cost_s
+        ``c_r``, host seconds per sequence of a rule reward (default 0; only with
+        ``reward = "rule"``).
+    kl_coef
+        The KL coefficient ``β`` of ``ppo``, ``grpo`` and ``remax`` (default
+        :data:`DEFAULT_KL_COEF`); ``0`` drops the reference model and its inference (DAPO,
+        Dr. GRPO). ``dpo`` always has a reference and takes no ``kl_coef``.
+    old_logprob
+        Where the old policy's log-probs of the sampled tokens come from (SPEC §14.8):
+        ``"rollout"`` (the rollout engine returns them, the default) or ``"trainer"`` (a
+        teacher-forced log-prob pass of the actor, ``actor_logp``, as verl and OpenRLHF run by
+        default). Not for ``dpo``.
+    mini_batches
+        ``U``, optimizer updates per RL step (PPO mini-batches, SPEC §14.2): each pays the
+        gradient reduction, the weight gather and the optimizer; default 1.
 
     Raises
     ------
@@ -102,6 +160,11 @@ class Workload:
     staleness: dict[str, tuple[int, ...]] = field(default_factory=dict)
     ac_sharing: bool = True
     name: str = "workload"
+    reward: str = "model"
+    reward_cost_s: float = 0.0
+    kl_coef: float | None = None
+    old_logprob: str = "rollout"
+    mini_batches: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
@@ -132,21 +195,33 @@ class Workload:
             raise TypeError(f"workload.ac_sharing must be True or False, got {self.ac_sharing!r}")
         if not isinstance(self.name, str):
             raise TypeError(f"workload.name must be a string, got {self.name!r}")
+        self._check_reward_and_kl()
         models = dict(self.models)
-        if "actor" in models and "reference" not in models:
+        if self.kl_coef == 0.0:
+            if "reference" in models:
+                raise ValueError(
+                    "workload.models.reference: kl_coef = 0 drops the reference model; remove it "
+                    "or give a non-zero kl_coef"
+                )
+        elif "actor" in models and "reference" not in models:
             models["reference"] = models["actor"]
+        if self.reward == "rule" and "reward" in models:
+            raise ValueError(
+                'workload.models.reward: reward = "rule" computes rewards on the host; remove the '
+                'reward model or set reward = "model"'
+            )
         for role, spec in models.items():
             if role not in ROLES:
                 raise ValueError(f"workload.models: unknown role {role!r}; roles are {', '.join(ROLES)}")
             if not isinstance(spec, ModelSpec):
                 raise TypeError(f"workload.models.{role} must be a ModelSpec, got {type(spec).__name__}")
-        needed = ALGORITHMS[self.algorithm]
+        needed = self.roles
         for role in needed:
             if role not in models:
                 raise ValueError(
                     f"workload.models: algorithm {self.algorithm!r} needs a model for role {role!r}"
                 )
-        extra = [role for role in models if role not in needed and role != "reference"]
+        extra = [role for role in models if role not in needed]
         if extra:
             raise ValueError(
                 f"workload.models: algorithm {self.algorithm!r} has no {', '.join(map(repr, extra))} model "
@@ -156,6 +231,67 @@ class Workload:
         object.__setattr__(self, "models", models)
         object.__setattr__(self, "quantiles", self._checked_quantiles())
         object.__setattr__(self, "staleness", self._checked_staleness(models))
+
+    def _check_reward_and_kl(self) -> None:
+        """``reward``, ``reward_cost_s`` and ``kl_coef`` (their Raises in the class docstring);
+        sets the default ``kl_coef``."""
+        if not isinstance(self.reward, str) or self.reward not in REWARD_KINDS:
+            raise ValueError(
+                f"workload.reward must be one of {', '.join(map(repr, REWARD_KINDS))}, got {self.reward!r}"
+            )
+        if self.algorithm == "dpo" and self.reward != "model":
+            raise ValueError("workload.reward: dpo is offline and has no reward; leave reward unset")
+        cost = self.reward_cost_s
+        if (
+            isinstance(cost, bool)
+            or not isinstance(cost, (int, float))
+            or not 0.0 <= cost <= MAX_REWARD_COST_S
+        ):
+            raise ValueError(
+                f"workload.reward_cost_s must be a number of seconds in [0, {MAX_REWARD_COST_S:g}], got {cost!r}"
+            )
+        if cost and self.reward != "rule":
+            raise ValueError(
+                f'workload.reward_cost_s = {cost!r} applies to reward = "rule" only (a reward model\'s '
+                "time comes from the cost model)"
+            )
+        object.__setattr__(self, "reward_cost_s", float(cost))
+        if self.old_logprob not in OLD_LOGPROB_SOURCES:
+            raise ValueError(
+                f"workload.old_logprob must be one of {', '.join(map(repr, OLD_LOGPROB_SOURCES))}, "
+                f"got {self.old_logprob!r}"
+            )
+        if self.algorithm == "dpo" and self.old_logprob != "rollout":
+            raise ValueError("workload.old_logprob: dpo is offline and has no rollout; leave it unset")
+        u = self.mini_batches
+        if isinstance(u, bool) or not isinstance(u, int) or not 1 <= u <= self.batch * self.rollouts:
+            raise ValueError(
+                f"workload.mini_batches must be an integer in [1, B·R={self.batch * self.rollouts}], got {u!r}"
+            )
+        kl = self.kl_coef
+        if self.algorithm == "dpo":
+            if kl is not None:
+                raise ValueError(
+                    f"workload.kl_coef: dpo always uses its reference model (its β is part of the loss), "
+                    f"got kl_coef = {kl!r}"
+                )
+            return
+        if kl is None:
+            kl = DEFAULT_KL_COEF
+        if isinstance(kl, bool) or not isinstance(kl, (int, float)) or not (math.isfinite(kl) and kl >= 0):
+            raise ValueError(f"workload.kl_coef must be a non-negative number, got {kl!r}")
+        object.__setattr__(self, "kl_coef", float(kl))
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The model roles this workload has: :data:`ALGORITHMS`' roles of the algorithm, without
+        ``reward`` for a rule reward and without ``reference`` when ``kl_coef = 0``."""
+        return tuple(
+            r
+            for r in ALGORITHMS[self.algorithm]
+            if not (r == "reward" and self.reward == "rule")
+            and not (r == "reference" and self.kl_coef == 0.0)
+        )
 
     def _checked_quantiles(self) -> tuple[tuple[float, int], ...]:
         if self.quantiles is None:
@@ -235,8 +371,29 @@ class Workload:
         return self.prompt_len + self.response_len
 
     @property
-    def tokens_per_step(self) -> int:
-        """``B·R·(Lp + Lr)``, the work unit of the throughput score (SPEC §7)."""
+    def buckets(self) -> tuple[LengthBucket, ...]:
+        """The response-length distribution as :class:`LengthBucket` pieces (SPEC §14.1): a
+        share ``f_q − f_{q−1}`` uniform on ``(t_{q−1}, t_q]``, ``t_0 = f_0 = 0``."""
+        out, prev_f, prev_t = [], 0.0, 0
+        for f, t in self.quantiles:  # type: ignore[union-attr]
+            out.append(LengthBucket(f - prev_f, prev_t, t))
+            prev_f, prev_t = f, t
+        return tuple(out)
+
+    @property
+    def mean_response(self) -> float:
+        """``Ē = Σ_q (f_q − f_{q−1})·(t_{q−1} + t_q)/2`` tokens (SPEC §14.1)."""
+        return sum(b.share * b.mean for b in self.buckets)
+
+    @property
+    def tokens_per_step(self) -> float:
+        """``B·R·(Lp + Ē)``, the real tokens of one step: the work unit of the throughput score
+        (SPEC §14.1, replacing §7's padded ``B·R·(Lp + Lr)``)."""
+        return self.sequences * (self.prompt_len + self.mean_response)
+
+    @property
+    def padded_tokens_per_step(self) -> int:
+        """``B·R·(Lp + Lr)``: every response padded to ``Lr`` (SPEC §7's work unit)."""
         return self.sequences * self.seq_len
 
     @property
@@ -269,6 +426,11 @@ class Workload:
             "models": {role: spec.to_dict() for role, spec in self.models.items()},
             "staleness_choices": {role: list(v) for role, v in self.staleness.items()},
             "ac_sharing_allowed": self.ac_sharing,
+            "reward": self.reward,
+            "reward_cost_s": self.reward_cost_s,
+            "kl_coef": self.kl_coef,
+            "old_logprob": self.old_logprob,
+            "mini_batches": self.mini_batches,
         }
 
 
@@ -369,6 +531,11 @@ class _WorkloadFileSchema(Strict):
     name: str | None = None
     description: str = ""
     algorithm: Literal["ppo", "grpo", "remax", "dpo"]
+    reward: Literal["model", "rule"] = "model"
+    reward_cost_s: Annotated[float, Field(ge=0.0, le=MAX_REWARD_COST_S)] = 0.0
+    kl_coef: Annotated[float, Field(ge=0.0)] | None = None
+    old_logprob: Literal["rollout", "trainer"] = "rollout"
+    mini_batches: Annotated[int, Field(ge=1)] = 1
     batch: _BatchTable
     models: _ModelsTable
     structure: _StructureTable = Field(default_factory=_StructureTable)
@@ -404,7 +571,10 @@ def _model(value: str | ModelSpecFile, where: str, base: Path | None) -> ModelSp
 def load_workload(path: str | Path) -> WorkloadFile:
     """Read a workload TOML file, strictly.
 
-    The file has top-level ``name``, ``description``, ``algorithm``; a ``[batch]`` table with
+    The file has top-level ``name``, ``description``, ``algorithm``, optional ``reward``
+    (``"model"`` or ``"rule"``), ``reward_cost_s`` (host seconds per sequence of a rule reward)
+    , ``kl_coef`` (0 drops the reference), ``old_logprob`` (``"rollout"`` or ``"trainer"``)
+    and ``mini_batches`` (optimizer updates per step); a ``[batch]`` table with
     ``prompts``, ``rollouts``, ``prompt_len``, ``response_len`` and optional ``quantiles``
     (a list of ``[fraction, length]``); a ``[models]`` table mapping roles to preset names,
     ``config.json`` paths (or folders holding one) or inline tables; an optional
@@ -447,6 +617,11 @@ def load_workload(path: str | Path) -> WorkloadFile:
             staleness={k: tuple(v) for k, v in doc.structure.staleness.items()},
             ac_sharing=doc.structure.ac_sharing,
             name=doc.name if doc.name is not None else path.stem,
+            reward=doc.reward,
+            reward_cost_s=doc.reward_cost_s,
+            kl_coef=doc.kl_coef,
+            old_logprob=doc.old_logprob,
+            mini_batches=doc.mini_batches,
         )
     except ValueError as exc:
         raise InputError(f"{where}: {exc}", source=where) from None

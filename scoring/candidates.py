@@ -42,8 +42,8 @@ RULE_TEXT = {
     "H2": "tp vs kv_heads",
     "P2": "pp | layers, pp 1 or even",
     "P3": "dp | B·R",
-    "P4": "pp = 1 ⇒ mb = 1",
-    "P5": "mb | B_local, mb ≥ pp, B_local/mb ≥ 8",
+    "P4": "generation: pp = 1 ⇒ mb = 1; else mb ≤ B_local",
+    "P5": "generation: mb | B_local, mb ≥ pp, B_local/mb ≥ 8; else mb ≥ pp",
     "P6": "legal shape and replica layout",
     "P8": "s = min(pp, Ng/tp) | pp",
 }
@@ -66,27 +66,82 @@ def _as_model(cluster: Cluster, model: ModelSpec | int) -> ModelSpec:
     return ModelSpec(f"{model}-layers", model, Ng, 1, 1, Ng, Ng)
 
 
+#: Memory fractions ``u`` a generation's directory lists (SPEC §14.5), up to the hardware's
+#: :attr:`~rpeg.ir.hardware.Hardware.kv_memory_fraction` (which is always listed).
+MEMORY_FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+#: Tokens per chunk of a chunked loss when a directory lists one (SPEC §14.6): the chunk size
+#: of fused linear-cross-entropy kernels is of this order; the memory is ``c·V/Pt·4`` bytes.
+LOSS_CHUNK = 4096
+#: ZeRO stages a training directory lists: stage 1 is legal in a plan but never leaner nor
+#: faster than stage 2 in this cost model (same traffic, full gradients), so it is not searched.
+SEARCHED_TRAINING_STAGES = (2, 3)
+
+
+def microbatch_counts(role: Role | None, pp: int, b_local: int) -> list[int]:
+    """The microbatch counts a directory lists for one layout (SPEC §14.2).
+
+    Generation (P4–P5 of vLLM): ``1`` without pipelining, else every divisor ``mb`` of
+    ``B_local`` with ``mb ≥ Pp`` and ``B_local/mb ≥ 8``. Training and inference (gradient
+    accumulation): the powers of two ``≤ B_local`` and ``≥ Pp``, plus, with pipelining, those
+    divisors (SPEC §6's choices), so halving the token budget per microbatch is always an
+    option.
+    """
+    piped = [m for m in _divisors(b_local) if m >= pp and b_local // m >= 8] if pp > 1 else [1]
+    if role is Role.GENERATION:
+        return piped
+    powers, m = [], 1
+    while m <= b_local:
+        if m >= pp:
+            powers.append(m)
+        m *= 2
+    return sorted(set(powers) | set(piped if pp > 1 else []))
+
+
+def engine_variants(base: Strategy, role: Role | None, max_fraction: float) -> list[Strategy]:
+    """The engine choices a directory lists for one layout (SPEC §14): per training layout
+    every recomputation mode × ZeRO stage 2 or 3 × whole or chunked loss
+    (:data:`SEARCHED_TRAINING_STAGES`, :data:`LOSS_CHUNK`); per inference layout ZeRO stage 2
+    or 3 × whole or chunked loss; per generation layout each memory fraction of
+    :data:`MEMORY_FRACTIONS` up to ``max_fraction`` (and ``max_fraction`` itself)."""
+    if role is Role.GENERATION:
+        fractions = sorted({u for u in MEMORY_FRACTIONS if u <= max_fraction} | {max_fraction})
+        return [base.variant(mem_fraction=u) for u in fractions]
+    if role is None:
+        return [base]
+    out = []
+    stages = SEARCHED_TRAINING_STAGES if role is Role.TRAINING else (2, 3)
+    for z in stages:
+        for chunk in (0, LOSS_CHUNK):
+            for mode in recompute_modes(role):
+                out.append(base.variant(zero=z, logits_chunk=chunk, recompute=mode))
+    return out
+
+
 def recompute_modes(role: Role | None) -> tuple[Recompute, ...]:
-    """The recomputation modes a vertex of ``role`` chooses among: all three (``none``,
-    ``selective``, ``full``) for training, the neutral ``full`` alone for every other role (no
-    backward pass)."""
+    """The recomputation modes a directory lists for a vertex of ``role``: ``none`` and
+    ``full`` for training, the neutral ``full`` alone for every other role (no backward pass).
+
+    ``selective`` stays legal in a plan, but with fused attention (SPEC §14.7) it keeps what
+    ``none`` keeps and recomputes the attention core besides, so it is never the better pick
+    and is not listed (``docs/cost-model.md`` §4)."""
     if role is Role.TRAINING:
-        return (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+        return (Recompute.NONE, Recompute.FULL)
     return (Recompute.FULL,)
 
 
 def enumerate_strategies(
     cluster: Cluster, model: ModelSpec | int, sequences: int, role: Role | None = None
 ) -> list[Strategy]:
-    """All strategies passing P1–P8 and H1–H2 for ``model`` and ``sequences`` = B·R; a training
-    role lists every layout once per recomputation mode (:func:`recompute_modes`).
+    """All strategies passing P1–P8, H1–H2 and Z1–Z2 for ``model`` and ``sequences`` = B·R,
+    each layout with its engine choices (:func:`engine_variants`: recomputation, ZeRO stage,
+    loss chunking, memory fraction).
 
     For each legal allocation size, every ``Pt | Ng`` that shards the heads on the engine of
     ``role`` (H1 ``Pt | heads``; H2 ``Pt | kv_heads`` on Megatron-core, ``Pt | kv_heads`` or
     ``kv_heads | Pt`` on vLLM), ``Pp ∈ {1} ∪ even divisors of L`` and ``Pd = |σ|/(Pp·Pt)``;
-    ``mb = 1`` when ``Pp = 1``, else every divisor ``mb`` of ``B_local = B·R/Pd`` with
-    ``mb ≥ Pp`` and ``B_local/mb ≥ 8``. Tiers: the pipeline's inter-node boundaries span the tier
-    of one replica's devices; the DP group spans the allocation's tier.
+    microbatch counts from :func:`microbatch_counts`. Tiers: the pipeline's inter-node
+    boundaries span the tier of one replica's devices; the DP group spans the allocation's
+    tier.
 
     Parameters
     ----------
@@ -102,7 +157,7 @@ def enumerate_strategies(
         stricter Megatron-core head rules.
     """
     spec = _as_model(cluster, model)
-    modes = recompute_modes(role)
+    max_fraction = cluster.hardware.kv_memory_fraction
     Ng = cluster.gpus_per_node
     tps = [t for t in _divisors(Ng) if check_heads(spec, role, t) is None]
     pps = [p for p in _divisors(spec.layers) if p == 1 or p % 2 == 0]
@@ -118,11 +173,10 @@ def enumerate_strategies(
                 if sequences % dp:
                     continue
                 b_local = sequences // dp
-                mbs = [1] if pp == 1 else [m for m in _divisors(b_local) if m >= pp and b_local // m >= 8]
-                for mb in mbs:
+                for mb in microbatch_counts(role, pp, b_local):
                     if check_strategy(cluster, spec, role, sequences, extent, dp, pp, tp, mb) is None:
                         base = make_strategy(cluster, extent, dp, pp, tp, mb)
-                        out.extend(base.with_recompute(m) for m in modes)
+                        out.extend(engine_variants(base, role, max_fraction))
     return out
 
 
@@ -186,13 +240,7 @@ def explain_illegal(
         for tp in _divisors(size):
             for pp in _divisors(size // tp):
                 dp = size // (tp * pp)
-                if pp == 1:
-                    mbs = [1]
-                elif sequences % dp:
-                    mbs = [pp]
-                else:
-                    b_local = sequences // dp
-                    mbs = [m for m in _divisors(b_local) if m >= pp and b_local // m >= 8] or [pp]
+                mbs = [pp] if sequences % dp else microbatch_counts(role, pp, sequences // dp) or [pp]
                 for mb in mbs:
                     why = check_strategy(cluster, model, role, sequences, extent, dp, pp, tp, mb)
                     if why is None:
@@ -279,18 +327,20 @@ class Directory:
         return list(hit)
 
     def fastest_layouts(self, k: int | None) -> list[int]:
-        """Indices (still sorted by time) of the strategies whose layout is among the ``k``
-        fastest distinct layouts (all when ``k`` is ``None``): a training vertex's layouts come
-        with every recomputation mode the directory kept, so restricting to ``k`` candidates
-        never trades a layout for a mode of a faster one."""
+        """Indices (still sorted by time) of the strategies whose layout
+        (:meth:`~rpeg.ir.plan.Strategy.layout_key`: degrees, microbatches, ZeRO stage) is among
+        the ``k`` fastest distinct layouts (all when ``k`` is ``None``): a layout comes with
+        every engine variant the directory kept (recomputation, loss chunking, memory
+        fraction), so restricting to ``k`` candidates never trades a layout for a variant of a
+        faster one."""
         if k is None:
             return list(range(len(self.strategies)))
         ranked: dict[tuple, int] = {}
         for s in self.strategies:
-            key = (s.extent, s.dp, s.pp, s.tp, s.mb)
+            key = s.layout_key()
             if key not in ranked and len(ranked) < k:
                 ranked[key] = len(ranked)
-        return [i for i, s in enumerate(self.strategies) if (s.extent, s.dp, s.pp, s.tp, s.mb) in ranked]
+        return [i for i, s in enumerate(self.strategies) if s.layout_key() in ranked]
 
     def choices(self, cluster: Cluster, index: int) -> list[Choice]:
         """The strategy ``index`` at every aligned origin."""
@@ -354,18 +404,23 @@ def build_directories(costs: Costs) -> list[Directory]:
 def _undominated_modes(
     costs: Costs, vertex: int, kept: list[tuple[float, int, Strategy]]
 ) -> tuple[list[tuple[float, int, Strategy]], int]:
-    """``kept`` without the recomputation modes another mode of the same layout dominates in
-    ``(time, isolated memory)``, and how many were removed."""
-    by_layout: dict[tuple, list[tuple[float, float]]] = {}
-    for t, _, s in kept:
-        key = (s.extent, s.dp, s.pp, s.tp, s.mb)
-        by_layout.setdefault(key, []).append((t, costs.memory(vertex, s).isolated))
+    """``kept`` without the variants another variant of the same degrees and ZeRO stage
+    dominates in ``(time, transient memory)``, and how many were removed.
+
+    Variants of one ``(extent, Pd, Pp, Pt, z)`` (microbatches, recomputation, loss chunking,
+    memory fraction, packing) hold the same persistent state, so the one with no more time
+    and no more transient memory is never the worse pick wherever it sits; of variants equal in
+    both, the first listed stays."""
+    by_group: dict[tuple, list[tuple[float, float, int]]] = {}
+    for t, j, s in kept:
+        key = (s.extent, s.dp, s.pp, s.tp, s.zero)
+        by_group.setdefault(key, []).append((t, costs.memory(vertex, s).transient, j))
     out = []
     for item in kept:
-        t, _, s = item
-        m = costs.memory(vertex, s).isolated
-        rivals = by_layout[(s.extent, s.dp, s.pp, s.tp, s.mb)]
-        if any(t2 <= t and m2 <= m and (t2 < t or m2 < m) for t2, m2 in rivals):
+        t, j, s = item
+        m = costs.memory(vertex, s).transient
+        rivals = by_group[(s.extent, s.dp, s.pp, s.tp, s.zero)]
+        if any(t2 <= t and m2 <= m and (t2 < t or m2 < m or j2 < j) for t2, m2, j2 in rivals if j2 != j):
             continue
         out.append(item)
     return out, len(kept) - len(out)

@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..costmodel.layout import Layout
-from ..costmodel.memory import training_state_bytes, transient_bytes, weight_bytes
-from ..costmodel.time import comm_time, op_time, reshard_time
+from ..costmodel.memory import training_state_bytes, transient_bytes, weight_bytes, zero_state_bytes
+from ..costmodel.time import comm_time, generation_times, op_time, reshard_time
 from ..ir.cluster import Cluster
 from ..ir.graph import RPEG
 from ..ir.plan import Choice, Strategy
 from ..ir.types import Role
-from ..ir.workload import Workload
+from ..ir.workload import LengthBucket, Workload
 
 __all__ = ["Costs", "VertexMemory"]
 
@@ -35,7 +35,8 @@ class VertexMemory:
         ``A(v)`` without serving weights: activations (+ KV cache; training also its BF16
         weights and gradients).
     weights
-        ``W_shard·sb`` of the model's layout under this strategy (a serving or shadow copy).
+        The model's resident serving copy under this strategy: ``W_shard·sb``, or
+        ``W_shard·sb/Pd`` sharded by ZeRO-3 (SPEC §14.3; a serving or shadow copy).
     train_state
         ``12·W_shard/Pd`` for a training vertex, else 0.
     """
@@ -78,6 +79,8 @@ class Costs:
         self._layout: dict[Strategy, Layout] = {}
         self._specs = [graph.models[v.model].spec for v in graph.vertices]
         self._model_heads = [graph.models[v.model].head for v in graph.vertices]
+        self._buckets = workload.buckets
+        self._stats: dict[LengthBucket | None, tuple[float, float]] = {}
 
     def layout(self, s: Strategy) -> Layout:
         """The cost model's :class:`Layout` of a strategy."""
@@ -111,33 +114,62 @@ class Costs:
         return self.phases(vertex, strategy, False)[0]
 
     def _op_phases(self, vertex: int, s: Strategy, split: bool) -> tuple[float, ...]:
+        """Generation: the continuous-batching engine (:func:`~rpeg.costmodel.time.generation_times`,
+        SPEC §14.5) with a rule reward's host time after the last token (SPEC §14.8); inference
+        and training: packed sequences at their ``E[ℓ]``, ``E[ℓ²]`` (all of them, or phase
+        ``q``'s bucket; SPEC §14.1), or padded to ``Lp + Lr`` (``packing=False``)."""
         v = self.graph.vertices[vertex]
+        if v.role is Role.INFERENCE and s.logits_chunk:  # chunking a forward's loss takes no time
+            return self.phases(vertex, s.variant(logits_chunk=0), split)
         w = self.workload
         spec = self._specs[vertex]
         lay = self.layout(s)
+        if v.role is Role.GENERATION:
+            host = w.reward_cost_s * v.sequences if w.reward == "rule" else 0.0
+            bds = generation_times(
+                spec,
+                lay,
+                self.hw,
+                sequences=v.sequences,
+                prompt_len=w.prompt_len,
+                buckets=self._buckets,
+                head=v.head,
+                split=split,
+                host_s=host,
+            )
+            return tuple(bd.total for bd in bds)
         common = {"prompt_len": w.prompt_len, "response_len": w.response_len, "head": v.head}
-        if not split:
-            return (op_time(spec, v.role, lay, self.hw, sequences=v.sequences, **common).total,)
+        buckets = self._buckets if split else (None,)
         out = []
-        prev_f, prev_t = 0.0, 0
-        for f, t in w.quantiles:  # type: ignore[union-attr]
-            if v.role is Role.GENERATION:
-                seqs = v.sequences * (1.0 - prev_f)
-                bd = op_time(
-                    spec,
-                    v.role,
-                    lay,
-                    self.hw,
-                    sequences=seqs,
-                    decode=(prev_t, t),
-                    prefill=prev_t == 0,
-                    **common,
-                )
-            else:
-                bd = op_time(spec, v.role, lay, self.hw, sequences=v.sequences * (f - prev_f), **common)
+        for bucket in buckets:
+            share = 1.0 if bucket is None else bucket.share
+            stats = self._token_stats(bucket) if s.packing else (None, None)
+            bd = op_time(
+                spec,
+                v.role,
+                lay,
+                self.hw,
+                sequences=v.sequences * share,
+                tokens=stats[0],
+                tokens_sq=stats[1],
+                updates=w.mini_batches if v.role is Role.TRAINING else 1,
+                **common,
+            )
             out.append(bd.total)
-            prev_f, prev_t = f, t
         return tuple(out)
+
+    def _token_stats(self, bucket: LengthBucket | None) -> tuple[float, float]:
+        """``(E[ℓ], E[ℓ²])`` of packed sequences ``ℓ = Lp + r``: over every bucket (``None``)
+        or one, ``E[ℓ] = Lp + E[r]``, ``E[ℓ²] = Lp² + 2·Lp·E[r] + E[r²]`` (cached)."""
+        hit = self._stats.get(bucket)
+        if hit is None:
+            lp = self.workload.prompt_len
+            buckets = self._buckets if bucket is None else (bucket,)
+            total = sum(b.share for b in buckets)
+            mean = sum(b.share * b.mean for b in buckets) / total
+            mean_sq = sum(b.share * b.mean_square for b in buckets) / total
+            hit = self._stats[bucket] = (lp + mean, lp * lp + 2.0 * lp * mean + mean_sq)
+        return hit
 
     def comm(self, nbytes: float, src: Choice, dst: Choice) -> float:
         """``α_p2p + bytes·β_p2p / min(|σu|, |σv|)`` at the tier spanned by both allocations."""
@@ -180,8 +212,14 @@ class Costs:
                 prompt_len=w.prompt_len,
                 response_len=w.response_len,
                 head=v.head,
+                tokens=self._token_stats(None)[0] if s.packing else None,
+                hardware=self.hw,
             )
-            wb = weight_bytes(spec, lay, head)
-            ts = training_state_bytes(spec, lay, head) if v.role is Role.TRAINING else 0.0
+            if v.role is Role.TRAINING:
+                wb = weight_bytes(spec, lay, head)
+                ts = training_state_bytes(spec, lay, head)
+            else:
+                wb = zero_state_bytes(spec, v.role, lay, head).persistent
+                ts = 0.0
             hit = self._mem[key] = VertexMemory(trans, wb, ts)
         return hit

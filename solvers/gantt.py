@@ -179,7 +179,11 @@ def gantt_figure(result: ChartedResult, *, title: str | None = None, max_devices
     _draw_axes(ax, rows, result.cluster.num_devices <= max_devices, result.cluster.gpus_per_node, makespan)
     _draw_step_ends(ax, g, s, makespan)
     ax.set_title(title if title is not None else _default_title(result, ev), fontsize=10, pad=18)
-    _draw_legend(ax, names, palette, bars, max_phase)
+    plan = result.plan
+    legend = (
+        [f"{n}  {c.strategy.label()}" for n, c in zip(names, plan.choices)] if plan is not None else names
+    )
+    _draw_legend(ax, legend, palette, bars, max_phase)
     _label_phases(fig, ax, g, s, rows_of, palette, makespan, n_rows)
     return fig
 
@@ -323,7 +327,8 @@ def _default_title(result: ChartedResult, ev: Evaluation) -> str:
 def _draw_legend(
     ax: Axes, names: list[str], palette: list[tuple[float, ...]], bars: Bars, max_phase: int
 ) -> None:
-    """Invocation colours, then COMM/RESHARD (when drawn), the phases and the step line."""
+    """Invocation colours (each labelled with its strategy: degrees, microbatches and engine
+    choices), then COMM/RESHARD (when drawn), the phases and the step line."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 

@@ -21,7 +21,7 @@ from ..ir.errors import InputError, Strict, read_json, validate
 from ..ir.graph import RPEG, Vertex
 from ..ir.hardware import Hardware
 from ..ir.models import ModelSpec, ModelSpecFile
-from ..ir.plan import Choice, Plan, check_heads, check_strategy
+from ..ir.plan import Choice, Plan, Strategy, check_strategy
 from ..ir.templates import Structure, build_graph
 from ..ir.types import Recompute, Role
 from ..ir.workload import QuantilePair, Workload
@@ -31,7 +31,11 @@ from .gantt import plot_gantt  # matplotlib itself is imported only when a chart
 
 __all__ = ["FORMAT", "PLAN_STATUSES", "Result", "Status", "plan_from_entries", "result_for_plan"]
 
-FORMAT = "rpeg.result/1"
+FORMAT = "rpeg.result/2"
+#: Formats :meth:`Result.from_dict` reads: ``/1`` (before SPEC §14's engine choices; its plan
+#: entries read with the defaults: ZeRO-2, the hardware's memory fraction, whole-microbatch
+#: logits, packed sequences; its workload with a reward model and ``kl_coef`` 0.01) and ``/2``.
+READ_FORMATS = ("rpeg.result/1", FORMAT)
 GIB = 2**30
 #: The statuses of a method that found a plan; a planless result is ``INFEASIBLE``,
 #: ``TIME_LIMIT`` (nothing found in time), ``UNKNOWN`` or ``ERROR``.
@@ -326,9 +330,11 @@ class Result:
             message starts with ``source``.
         """
         fmt = doc.get("format") if isinstance(doc, dict) else None
-        if fmt != FORMAT:
+        if fmt not in READ_FORMATS:
             raise InputError(
-                f"{source}: field 'format' must be {FORMAT!r}, got {fmt!r}", source=source, field="format"
+                f"{source}: field 'format' must be one of {', '.join(map(repr, READ_FORMATS))}, got {fmt!r}",
+                source=source,
+                field="format",
             )
         checked = validate(_ResultFile, doc, source)
         workload, cluster, structure = _problem(checked, source)
@@ -424,7 +430,7 @@ class Result:
         lines.append("")
         header = (
             f"{'invocation':<20} {'role':<10} {'GPUs':>5} {'allocation (origin+extent)':<28} "
-            f"{'(dp,pp,tp)':<12} {'mb':>4} {'recompute':<9} {'time/step s':>11}"
+            f"{'(dp,pp,tp)':<12} {'mb':>4} {'tok/mb':>7} {'engine choices':<26} {'time/step s':>11}"
         )
         lines.append(header)
         lines.append("-" * len(header))
@@ -432,12 +438,37 @@ class Result:
         for i, (v, c) in enumerate(zip(self.graph.vertices, self.plan.choices)):
             a, s = c.allocation, c.strategy
             alloc = f"{list(a.origin)}+{list(a.extent)}"
-            rc = s.recompute.value if v.role is Role.TRAINING else "-"
             lines.append(
                 f"{v.name:<20} {v.role.value:<10} {a.size:>5} {alloc:<28} "
-                f"({s.dp},{s.pp},{s.tp}){'':<4} {s.mb:>4} {rc:<9} {times[i]:>11.3f}"
+                f"({s.dp},{s.pp},{s.tp}){'':<4} {s.mb:>4} {_tokens_per_mb(self.workload, v, s):>7} "
+                f"{_engine_choices(self.cluster, v, s):<26} {times[i]:>11.3f}"
             )
         return "\n".join(lines)
+
+
+def _tokens_per_mb(workload: Workload, vertex: Vertex, s: Strategy) -> str:
+    """``T_mb = B_local·ℓ/mb`` tokens per microbatch and data-parallel rank (SPEC §14.2; ``ℓ``
+    the mean packed length, or ``Lp + Lr`` padded), ``-`` for a generation."""
+    if vertex.role is Role.GENERATION:
+        return "-"
+    ell = workload.prompt_len + (workload.mean_response if s.packing else workload.response_len)
+    return f"{vertex.sequences / (s.dp * s.mb) * ell:,.0f}"
+
+
+def _engine_choices(cluster: Cluster, vertex: Vertex, s: Strategy) -> str:
+    """The summary's words for a strategy's engine choices (SPEC §14): recomputation and ZeRO
+    stage of a trainer, the ZeRO stage of a forward pass, the memory fraction of a rollout
+    engine, loss chunking and padding."""
+    if vertex.role is Role.GENERATION:
+        u = s.mem_fraction or cluster.hardware.kv_memory_fraction
+        return f"kv u={u:g}"
+    words = [f"rc={s.recompute.value}"] if vertex.role is Role.TRAINING else []
+    words.append(f"zero-{s.zero}" if s.zero != 2 or vertex.role is Role.TRAINING else "replicated")
+    if s.logits_chunk:
+        words.append(f"chunk={s.logits_chunk}")
+    if not s.packing:
+        words.append("padded")
+    return " ".join(words)
 
 
 #: The headline of a planless summary, by status (``infeasible``, ``time_limit``: no feasible plan).
@@ -507,6 +538,11 @@ class _WorkloadBlock(_Read):
         default_factory=dict
     )
     ac_sharing_allowed: bool = True
+    reward: Literal["model", "rule"] = "model"
+    reward_cost_s: Annotated[float, Field(ge=0)] = 0.0
+    kl_coef: Annotated[float, Field(ge=0)] | None = None
+    old_logprob: Literal["rollout", "trainer"] = "rollout"
+    mini_batches: Annotated[int, Field(ge=1)] = 1
 
 
 class _ClusterBlock(_Read):
@@ -526,7 +562,7 @@ class _StructureBlock(_Read):
 class _ResultFile(_Read):
     """What :meth:`Result.from_dict` reads of an ``rpeg.result/1`` document."""
 
-    format: Literal["rpeg.result/1"]
+    format: Literal["rpeg.result/1", "rpeg.result/2"]
     workload: _WorkloadBlock
     cluster: _ClusterBlock
     structure: _StructureBlock
@@ -590,6 +626,11 @@ def _problem(doc: _ResultFile, source: str) -> tuple[Workload, Cluster, Structur
             staleness={k: tuple(v) for k, v in w.staleness_choices.items()},
             ac_sharing=w.ac_sharing_allowed,
             name=w.name,
+            reward=w.reward,
+            reward_cost_s=w.reward_cost_s,
+            kl_coef=w.kl_coef,
+            old_logprob=w.old_logprob,
+            mini_batches=w.mini_batches,
         )
     except (TypeError, ValueError) as exc:
         raise InputError(f"{source}: field 'workload': {exc}", source=source, field="workload") from None
@@ -657,23 +698,85 @@ def plan_from_entries(ev: Evaluator, entries: list[dict[str, Any]]) -> Plan:
         extent = _int_triple(e["extent"], v.name, "extent")
         dp, pp, tp, mb = (_int_field(e[k], v.name, k) for k in ("dp", "pp", "tp", "mb"))
         recompute = _recompute_field(e.get("recompute"), v)
-        spec = g.models[v.model].spec
-        why = check_strategy(ev.cluster, spec, v.role, v.sequences, extent, dp, pp, tp, mb)
-        if why:
-            raise ValueError(f"plan entry for {v.name!r} is illegal: {why}")
+        engine = _engine_fields(e, v)
         try:
             alloc = ev.cluster.allocation(origin, extent)
         except ValueError as exc:
             raise ValueError(f"plan entry for {v.name!r}: {exc}") from None
-        choices.append(Choice(make_strategy(ev.cluster, extent, dp, pp, tp, mb, recompute), alloc))
+        choices.append(Choice(_legal_strategy(ev, v, extent, dp, pp, tp, mb, recompute, engine), alloc))
     return Plan(tuple(choices))
+
+
+def _legal_strategy(
+    ev: Evaluator,
+    v: Vertex,
+    extent: tuple[int, int, int],
+    dp: int,
+    pp: int,
+    tp: int,
+    mb: int,
+    recompute: Recompute,
+    engine: dict[str, Any],
+) -> Strategy:
+    """The strategy of one plan entry after the one legality check every reader and builder
+    applies (:func:`~rpeg.ir.plan.check_strategy`: P1–P8, H1–H2, Z1–Z2).
+
+    Raises
+    ------
+    ValueError
+        Naming the vertex and the rule it breaks.
+    """
+    spec = ev.graph.models[v.model].spec
+    why = check_strategy(ev.cluster, spec, v.role, v.sequences, extent, dp, pp, tp, mb, **engine)
+    if why:
+        raise ValueError(f"plan entry for {v.name!r} is illegal: {why}")
+    base = make_strategy(ev.cluster, extent, dp, pp, tp, mb, recompute)
+    return base.variant(**engine) if engine else base
+
+
+#: The engine fields of a plan entry (SPEC §14) with their types and defaults (a ``/1`` entry
+#: has none of them).
+_ENGINE_FIELDS: dict[str, tuple[type, Any]] = {
+    "zero": (int, 2),
+    "mem_fraction": (float, 0.0),
+    "logits_chunk": (int, 0),
+    "packing": (bool, True),
+}
+
+
+def _engine_fields(entry: dict[str, Any], vertex: Vertex) -> dict[str, Any]:
+    """The ``zero``, ``mem_fraction``, ``logits_chunk`` and ``packing`` of a plan entry, each
+    absent or ``null`` read as its default (:data:`_ENGINE_FIELDS`); a wrong type is an error."""
+    out = {}
+    for key, (kind, default) in _ENGINE_FIELDS.items():
+        value = entry.get(key)
+        if value is None:
+            out[key] = default
+            continue
+        ok = (
+            isinstance(value, bool)
+            if kind is bool
+            else not isinstance(value, bool) and isinstance(value, (kind, int))
+        )
+        if not ok:
+            raise ValueError(
+                f"plan entry for {vertex.name!r}: field {key!r} must be {kind.__name__}, got {value!r}"
+            )
+        out[key] = value
+    return out
 
 
 def _plan_entry(vertex: Vertex, choice: Choice) -> dict[str, Any]:
     """A ``plan`` entry: :meth:`Choice.to_dict` plus ``recompute`` — the training invocation's
-    mode, ``null`` for the others (they have no backward pass)."""
+    mode, ``null`` for the others (they have no backward pass) — and the engine choices of
+    SPEC §14 (``zero``, ``mem_fraction``, ``logits_chunk``, ``packing``)."""
+    s = choice.strategy
     entry = choice.to_dict(vertex.name)
-    entry["recompute"] = choice.strategy.recompute.value if vertex.role is Role.TRAINING else None
+    entry["recompute"] = s.recompute.value if vertex.role is Role.TRAINING else None
+    entry["zero"] = s.zero
+    entry["mem_fraction"] = s.mem_fraction
+    entry["logits_chunk"] = s.logits_chunk
+    entry["packing"] = s.packing
     return entry
 
 
@@ -730,7 +833,9 @@ def result_for_plan(
     table
         Per vertex name ``(origin, extent, dp, pp, tp, mb)`` with ``origin``/``extent`` as
         ``(r, n, g)`` triples, optionally followed by a training vertex's recomputation mode
-        (``"none"``, ``"selective"``, ``"full"``; default ``"full"``).
+        (``"none"``, ``"selective"``, ``"full"``; default ``"full"``; ``None`` for any other
+        vertex) and a mapping of engine choices (``zero``, ``mem_fraction``, ``logits_chunk``,
+        ``packing``; SPEC §14).
     k_eval
         Steps to unroll when scoring.
     method
@@ -739,9 +844,9 @@ def result_for_plan(
     Raises
     ------
     ValueError
-        A vertex missing from ``table`` (named), an illegal allocation, or a ``tp`` the engine
-        would refuse (H1–H2 of :func:`~rpeg.ir.plan.check_heads`; SPEC §4's planner rules are
-        not imposed on a hand-made plan).
+        A vertex missing from ``table`` (named), an illegal allocation, or an entry breaking a
+        rule of :func:`~rpeg.ir.plan.check_strategy` — the same check that reads the result
+        file back (:func:`plan_from_entries`), so whatever this builds, a reader accepts.
     """
     ev = Evaluator(workload, cluster, structure, k_eval=k_eval)
     choices = []
@@ -750,12 +855,8 @@ def result_for_plan(
             raise ValueError(f"table has no entry for vertex {v.name!r}")
         origin, extent, dp, pp, tp, mb, *rest = table[v.name]
         recompute = _recompute_field(rest[0] if rest else None, v)
-        # a hand-made plan may break the planner's rules (P4/P5 microbatching) but never the
-        # engines' (H1-H2): the same policy as transition targets
-        why = check_heads(ev.graph.models[v.model].spec, v.role, tp)
-        if why:
-            raise ValueError(f"table entry for {v.name!r} is illegal: {why}")
-        strategy = make_strategy(cluster, tuple(extent), dp, pp, tp, mb, recompute)
+        engine = _engine_fields(dict(rest[1]) if len(rest) > 1 else {}, v)
+        strategy = _legal_strategy(ev, v, tuple(extent), dp, pp, tp, mb, recompute, engine)
         choices.append(Choice(strategy, cluster.allocation(tuple(origin), tuple(extent))))
     plan = Plan(tuple(choices))
     evaluation = ev.evaluate(plan, keep=True)

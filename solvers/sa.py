@@ -29,7 +29,7 @@ so far (status ``time_limit``).
 ``acceptance``, ``temperature``, ``moves``
     Pluggable pieces replacing the defaults (:class:`Metropolis`, :class:`Constant`,
     :func:`~rpeg.heuristics.search.anneal.default_moves`: ``SingleMove(0.6)`` 0.62,
-    ``PairMove`` 0.28, ``RecomputeMove`` 0.10).
+    ``PairMove`` 0.28, ``VariantMove`` 0.10).
 ``structures``
     Structural candidates to search instead of all of ``Ycand``.
 ``candidates``

@@ -15,7 +15,7 @@ from .anneal import (
     evaluate_raw,
     halving_rounds,
 )
-from .moves import Move, MoveContext, PairMove, RecomputeMove, SingleMove
+from .moves import Move, MoveContext, PairMove, SingleMove, VariantMove
 from .parallel import ProcessEvaluator
 from .stop import Budget
 from .temperature import Constant, Geometric, Temperature
@@ -38,10 +38,10 @@ __all__ = [
     "PairMove",
     "ProcessEvaluator",
     "Raw",
-    "RecomputeMove",
     "SearchSpace",
     "SingleMove",
     "Temperature",
+    "VariantMove",
     "default_moves",
     "evaluate_raw",
     "halving_rounds",

@@ -43,7 +43,7 @@ from ...scoring.candidates import Directory, aligned_allocations, build_director
 from ...scoring.evaluator import BETA_OOM, MEMORY_TOL, Evaluator
 from ..baselines import Infeasible, check_directories, concurrent_plan, greedy_plan
 from .acceptance import Acceptance, Metropolis
-from .moves import Move, MoveContext, PairMove, RecomputeMove, SingleMove
+from .moves import Move, MoveContext, PairMove, SingleMove, VariantMove
 from .stop import Budget
 from .temperature import Constant, Temperature
 
@@ -158,18 +158,16 @@ class MoveWeights:
         self.gain[m] = (1.0 - self.reaction) * self.gain[m] + self.reaction * rel
 
 
-def default_moves(
-    p_cp: float = 0.6, *, pair: bool = True, recompute: bool = True
-) -> list[tuple[float, Move]]:
+def default_moves(p_cp: float = 0.6, *, pair: bool = True, variants: bool = True) -> list[tuple[float, Move]]:
     """The move kernels and their weights: ``SingleMove(p_cp)`` 0.62, ``PairMove`` 0.28 and
-    ``RecomputeMove`` 0.10 (the pair and recomputation kernels fall back to the single move;
-    ``pair=False`` or ``recompute=False`` drops one, the rest keep their weights)."""
+    ``VariantMove`` 0.10 (the pair and variant kernels fall back to the single move;
+    ``pair=False`` or ``variants=False`` drops one, the rest keep their weights)."""
     single = SingleMove(p_cp)
     moves: list[tuple[float, Move]] = [(W_SINGLE, single)]
     if pair:
         moves.append((W_PAIR, PairMove(single)))
-    if recompute:
-        moves.append((W_RECOMPUTE, RecomputeMove(single, p_cp)))
+    if variants:
+        moves.append((W_RECOMPUTE, VariantMove(single, p_cp)))
     return moves
 
 

@@ -6,8 +6,9 @@
 * :class:`PairMove` — pick a donor in proportion to its GPU count and a receiver among the
   invocations whose allocation overlaps it; the donor shrinks to a smaller legal allocation inside
   its current one and the receiver is resampled, preferring origins that reach the freed GPUs.
-* :class:`RecomputeMove` — pick a training invocation whose directory holds its current layout
-  in another activation-recomputation mode and flip the mode, keeping layout and allocation.
+* :class:`VariantMove` — pick an invocation whose directory holds another variant of its current
+  degrees (microbatches, recomputation, ZeRO stage, loss chunking, memory fraction; SPEC §14)
+  and switch to it, keeping the degrees and the allocation.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ...ir.cluster import Allocation, Cluster
 from ...ir.plan import Choice, Plan, Strategy
 from ...scoring.candidates import Directory, aligned_allocations
 
-__all__ = ["Move", "MoveContext", "PairMove", "RecomputeMove", "SingleMove"]
+__all__ = ["Move", "MoveContext", "PairMove", "SingleMove", "VariantMove"]
 
 
 @dataclass
@@ -149,38 +150,39 @@ class PairMove:
         return out
 
 
-class RecomputeMove:
-    """Flip one training invocation's activation recomputation (``none`` / ``selective`` /
-    ``full``), keeping its layout and allocation: the other modes of the current layout that
-    its directory holds (the directories list the modes for training vertices only, so
-    generation and inference invocations are never picked).
+class VariantMove:
+    """Switch one invocation to another variant of its current degrees (SPEC §14's engine
+    choices: microbatches, activation recomputation, ZeRO stage, loss chunking, memory
+    fraction), keeping ``(extent, Pd, Pp, Pt)`` and the allocation: the other variants its
+    directory holds.
 
     Which invocation: from the critical path in proportion to its time there with probability
-    ``p_cp``, else uniformly among the flippable ones. Proposes up to ``k`` of the other modes
-    (at most two). Falls back to ``fallback`` when no invocation has another mode.
+    ``p_cp``, else uniformly among those with another variant. Proposes up to ``k`` of the
+    other variants. Falls back to ``fallback`` when no invocation has one.
     """
 
     def __init__(self, fallback: SingleMove | None = None, p_cp: float = 0.6) -> None:
         if not 0.0 <= p_cp <= 1.0:
-            raise ValueError(f"RecomputeMove.p_cp must be in [0, 1], got {p_cp!r}")
+            raise ValueError(f"VariantMove.p_cp must be in [0, 1], got {p_cp!r}")
         self.fallback = fallback or SingleMove()
         self.p_cp = p_cp
         self._modes: dict[int, tuple[list[Strategy], dict[tuple, list[Strategy]]]] = {}
 
-    def _by_layout(self, d: Directory) -> dict[tuple, list[Strategy]]:
-        """The directory's strategies grouped by layout (cached while its list is unchanged)."""
+    def _by_degrees(self, d: Directory) -> dict[tuple, list[Strategy]]:
+        """The directory's strategies grouped by ``(extent, Pd, Pp, Pt)`` (cached while its
+        list is unchanged)."""
         hit = self._modes.get(id(d))
         if hit is None or hit[0] is not d.strategies:
             groups: dict[tuple, list[Strategy]] = {}
             for s in d.strategies:
-                groups.setdefault((s.extent, s.dp, s.pp, s.tp, s.mb), []).append(s)
+                groups.setdefault((s.extent, s.dp, s.pp, s.tp), []).append(s)
             hit = self._modes[id(d)] = (d.strategies, groups)
         return hit[1]
 
     def alternatives(self, plan: Plan, ctx: MoveContext, v: int) -> list[Strategy]:
-        """The other recomputation modes of vertex ``v``'s current layout in its directory."""
+        """The other variants of vertex ``v``'s current degrees in its directory."""
         cur = plan.choices[v].strategy
-        same = self._by_layout(ctx.dirs[v]).get((cur.extent, cur.dp, cur.pp, cur.tp, cur.mb), [])
+        same = self._by_degrees(ctx.dirs[v]).get((cur.extent, cur.dp, cur.pp, cur.tp), [])
         return [s for s in same if s != cur]
 
     def propose(self, rng: Random, plan: Plan, ctx: MoveContext, k: int) -> list[Plan]:

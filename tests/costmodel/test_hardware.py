@@ -10,10 +10,10 @@ from rpeg.ir.errors import InputError
 
 
 def test_bundled_presets_are_listed():
-    assert set(HARDWARE_PRESETS) == {"a100-40gb", "cpu", "gh200", "h100", "h200"}
+    assert set(HARDWARE_PRESETS) == {"a100-40gb", "cpu", "gh200", "h100", "h20", "h200"}
 
 
-@pytest.mark.parametrize("name", ["a100-40gb", "gh200", "h100", "h200", "cpu"])
+@pytest.mark.parametrize("name", ["a100-40gb", "gh200", "h100", "h20", "h200", "cpu"])
 def test_presets_load_and_are_sane(name):
     hw = hardware_preset(name)
     assert hw.name == name

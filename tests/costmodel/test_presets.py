@@ -39,6 +39,16 @@ PUBLISHED = {
         "nvlink": 450e9,
         "nics": (8, 400e9),
     },
+    # HGX H20: the H100's 8-GPU NVSwitch node with NVLink 4 900 GB/s kept; 148 TFLOP/s dense BF16,
+    # 96 GB HBM3 at 4.0 TB/s; 8 × 400 Gb/s compute NICs assumed (as DGX H100: no vendor figure)
+    "h20": {
+        "dense": 148e12,
+        "hbm": 4.0e12,
+        "memory": 96e9,
+        "gpus": 8,
+        "nvlink": 450e9,
+        "nics": (8, 400e9),
+    },
     # JUPITER Booster quad-GH200 node: 150 GB/s per direction per GPU pair (no NVSwitch); 4 × NDR200
     "gh200": {
         "dense": 989.4e12,
@@ -98,3 +108,22 @@ def test_gpu_presets_are_the_published_figures_derated(name):
         assert 1.0 / links[0].beta == pytest.approx(0.8 * pub["nvlink"])
         assert 1.0 / links[1].beta == pytest.approx(0.8 * nic_share)
         assert 1.0 / links[2].beta == pytest.approx(0.6 * 0.8 * nic_share)
+
+
+def test_h20_is_the_h100_node_with_the_h20_gpu():
+    """HGX H20 keeps the DGX H100's links (NVLink 4 through NVSwitch, one 400 Gb/s NIC per GPU, the
+    NICs an assumption) and its alphas; only the GPU differs: 0.70 × 148 = 103.6 TFLOP/s dense BF16
+    (about 15 % of the H100's 692.6), 0.85 × 4.0 = 3.4 TB/s HBM3, 96 GB."""
+    h20, h100 = hardware_preset("h20"), hardware_preset("h100")
+    assert h20.peak_flops == pytest.approx(1.036e14)
+    assert h20.mem_bandwidth == pytest.approx(3.4e12)
+    assert h20.gpu_memory_bytes == 96e9
+    assert 1.0 / h20.collective[0].beta == pytest.approx(360e9)
+    assert 1.0 / h20.collective[1].beta == pytest.approx(40e9)
+    assert 1.0 / h20.collective[2].beta == pytest.approx(24e9)
+    assert h20.collective == h100.collective and h20.p2p == h100.p2p
+    for field in ("gpus_per_node", "gamma_m", "gamma_k", "c_nongemm", "b_cal", "memory_headroom"):
+        assert getattr(h20, field) == getattr(h100, field), field
+    sources = dict(h20.sources)
+    for kind in ("collective", "p2p"):
+        assert "assumption" in sources[f"{kind}.inter-node"]  # no vendor figure for the H20 node's NICs

@@ -16,6 +16,10 @@ PUBLISHED = {
     "llama3.1-8b": 8.03e9,
     "llama3.3-70b": 70.6e9,
     "gpt3-175b": 175e9,
+    # Qwen2.5 model cards: 7.61B (7B and Math-7B), 32.5B
+    "qwen2.5-7b": 7.61e9,
+    "qwen2.5-math-7b": 7.61e9,
+    "qwen2.5-32b": 32.5e9,
 }
 
 # config.json of meta-llama/Llama-3.1-8B (field values as published).
@@ -185,3 +189,197 @@ def test_to_dict_round_trip_and_scaled():
     assert (small.layers, small.hidden, small.heads, small.kv_heads) == (2, 256, 4, 4)
     assert small.ffn_hidden == round(256 * 13824 / 5120)
     assert small.vocab == m.vocab
+
+
+# Mixture-of-experts and MLA configs: published config.json fields of each family (abridged to
+# the shape fields and the fields that reveal the family).
+QWEN3_30B_A3B_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "decoder_sparse_step": 1,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "max_position_embeddings": 40960,
+    "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "num_attention_heads": 32,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+MIXTRAL_8X7B_CONFIG = {
+    "architectures": ["MixtralForCausalLM"],
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mixtral",
+    "num_attention_heads": 32,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 32000,
+}
+
+DEEPSEEK_V3_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "first_k_dense_replace": 3,
+    "hidden_act": "silu",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "kv_lora_rank": 512,
+    "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1,
+    "n_group": 8,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_attention_heads": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 61,
+    "num_key_value_heads": 128,
+    "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "tie_word_embeddings": False,
+    "topk_group": 4,
+    "torch_dtype": "bfloat16",
+    "v_head_dim": 128,
+    "vocab_size": 129280,
+}
+
+GPT_OSS_20B_CONFIG = {
+    "architectures": ["GptOssForCausalLM"],
+    "experts_per_token": 4,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "model_type": "gpt_oss",
+    "num_attention_heads": 64,
+    "num_experts_per_tok": 4,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 8,
+    "num_local_experts": 32,
+    "quantization_config": {"quant_method": "mxfp4"},
+    "sliding_window": 128,
+    "tie_word_embeddings": False,
+    "vocab_size": 201088,
+}
+
+MOE_CONFIGS = {
+    "qwen3-30b-a3b": (QWEN3_30B_A3B_CONFIG, "num_experts", 128),
+    "mixtral-8x7b": (MIXTRAL_8X7B_CONFIG, "num_local_experts", 8),
+    "deepseek-v3": (DEEPSEEK_V3_CONFIG, "n_routed_experts", 256),
+    "gpt-oss-20b": (GPT_OSS_20B_CONFIG, "num_local_experts", 32),
+}
+
+
+def _refused(tmp_path, cfg) -> InputError:
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match="mixture-of-experts models are not supported yet") as info:
+        ModelSpec.from_hf_config(tmp_path)
+    assert str(tmp_path / "config.json") in str(info.value)  # the file is named
+    assert "misread as a dense model" in str(info.value)
+    assert info.value.source == str(tmp_path / "config.json")
+    return info.value
+
+
+@pytest.mark.parametrize("family", sorted(MOE_CONFIGS))
+def test_from_hf_config_refuses_moe_model_type(tmp_path, family):
+    cfg, _, _ = MOE_CONFIGS[family]
+    err = _refused(tmp_path, cfg)
+    assert f"field 'model_type' = {cfg['model_type']!r}" in str(err)
+    assert err.field == "model_type"
+
+
+@pytest.mark.parametrize("family", sorted(MOE_CONFIGS))
+def test_from_hf_config_refuses_experts_under_any_model_type(tmp_path, family):
+    # an unknown (or dense-looking) model_type does not hide the experts
+    cfg, field, value = MOE_CONFIGS[family]
+    for model_type in ("my_new_arch", "llama"):
+        err = _refused(tmp_path, dict(cfg, model_type=model_type))
+        assert f"field {field!r} = {value}" in str(err)
+        assert err.field == field
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("num_experts", 64),
+        ("num_local_experts", 16),
+        ("n_routed_experts", 160),
+        ("moe_num_experts", 64),
+        ("num_experts_per_tok", 2),
+        ("experts_per_token", 4),
+        ("num_experts", [1, 64, 64]),  # per-layer counts
+    ],
+)
+def test_from_hf_config_refuses_each_expert_field(tmp_path, key, value):
+    err = _refused(tmp_path, dict(LLAMA31_8B_CONFIG, **{key: value}))
+    assert f"field {key!r} = {value!r}" in str(err)
+
+
+def test_from_hf_config_refuses_nested_experts_and_moe_in_the_type(tmp_path):
+    # DBRX counts its experts in ffn_config
+    nested = dict(LLAMA31_8B_CONFIG, model_type="x", ffn_config={"moe_num_experts": 16, "moe_top_k": 4})
+    err = _refused(tmp_path, nested)
+    assert "field 'ffn_config.moe_num_experts' = 16" in str(err)
+    assert err.field == "ffn_config.moe_num_experts"
+    # an unlisted MoE architecture that says so in its name
+    err = _refused(tmp_path, dict(LLAMA31_8B_CONFIG, model_type="future_moe"))
+    assert "field 'model_type' = 'future_moe'" in str(err)
+
+
+@pytest.mark.parametrize(("key", "value"), [("kv_lora_rank", 512), ("q_lora_rank", 1536)])
+def test_from_hf_config_refuses_mla(tmp_path, key, value):
+    # a dense model with multi-head latent attention (MiniCPM3-like)
+    (tmp_path / "config.json").write_text(json.dumps(dict(LLAMA31_8B_CONFIG, **{key: value})))
+    with pytest.raises(
+        InputError, match=f"field {key!r} = {value} marks multi-head latent attention"
+    ) as info:
+        ModelSpec.from_hf_config(tmp_path)
+    assert str(tmp_path / "config.json") in str(info.value)
+    assert "not supported yet" in str(info.value)
+    assert info.value.field == key
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"num_experts": 1},
+        {"num_experts": None, "num_experts_per_tok": 1},
+        {"num_local_experts": 1, "num_experts_per_tok": 1},
+        {"n_routed_experts": None, "kv_lora_rank": None, "q_lora_rank": None},
+        {"num_experts": 0},
+    ],
+)
+def test_from_hf_config_dense_with_trivial_expert_fields_still_read(tmp_path, extra):
+    (tmp_path / "config.json").write_text(json.dumps(dict(LLAMA31_8B_CONFIG, **extra)))
+    assert ModelSpec.from_hf_config(tmp_path, name="llama3.1-8b") == model_preset("llama3.1-8b")
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "mistral"])
+def test_from_hf_config_dense_families_still_read(tmp_path, model_type):
+    (tmp_path / "config.json").write_text(json.dumps(dict(LLAMA31_8B_CONFIG, model_type=model_type)))
+    spec = ModelSpec.from_hf_config(tmp_path)
+    assert spec.family == model_type
+    assert _shape(spec) == dict(_shape(model_preset("llama3.1-8b")), family=model_type)

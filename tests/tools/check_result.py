@@ -33,8 +33,13 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-FORMAT = "rpeg.result/1"
-"""The only format string this checker accepts."""
+FORMAT = "rpeg.result/2"
+"""The format this checker checks in full (SPEC.md §12 with §14's engine choices)."""
+
+FORMATS = ("rpeg.result/1", FORMAT)
+"""Format strings this checker accepts: ``/1`` (padded tokens, SPEC.md §4's P4–P5 for every
+role, no engine choices) and ``/2`` (real tokens, §14.2's microbatch rules for training and
+inference, the engine fields ``zero``, ``mem_fraction``, ``logits_chunk``, ``packing``)."""
 
 REL_TOL = 1e-9
 """Relative tolerance on times (precedence, exclusivity, makespan)."""
@@ -475,8 +480,8 @@ def check_format(result: Result) -> list[str]:
     if not isinstance(result, dict):
         return [f"[format] the result is a {type(result).__name__}, not a JSON object"]
     errors: list[str] = []
-    if result.get("format") != FORMAT:
-        errors.append(f"[format] format = {result.get('format')!r}, expected {FORMAT!r}")
+    if result.get("format") not in FORMATS:
+        errors.append(f"[format] format = {result.get('format')!r}, expected one of {FORMATS!r}")
     errors.extend(f"[format] missing top-level key {k!r}" for k in TOP_LEVEL_KEYS if k not in result)
 
     workload = _check_object(errors, result, "workload", WORKLOAD_FIELDS)
@@ -738,8 +743,25 @@ def check_makespan(result: Result) -> list[str]:
     return []
 
 
+def _mean_response(result: Result) -> float | None:
+    """``Ē = Σ_q (f_q − f_{q−1})·(t_{q−1} + t_q)/2`` from the workload's quantiles (SPEC.md
+    §14.1), or None when they are unusable."""
+    quantiles = _dict(result, "workload").get("quantiles")
+    if not isinstance(quantiles, list) or not quantiles:
+        return None
+    mean, prev_f, prev_t = 0.0, 0.0, 0
+    for pair in quantiles:
+        if not (isinstance(pair, list) and len(pair) == 2 and _is_num(pair[0]) and _is_num(pair[1])):
+            return None
+        f, t = pair
+        mean += (f - prev_f) * (prev_t + t) / 2
+        prev_f, prev_t = f, t
+    return mean
+
+
 def check_throughput(result: Result) -> list[str]:
-    """Check ``throughput == k_eval·B·R·(Lp + Lr) / makespan`` (tokens/s, relative 1e-6).
+    """Check ``throughput == k_eval·B·R·(Lp + Ē) / makespan`` (tokens/s, relative 1e-6), with
+    ``Ē`` the mean response of the quantiles (SPEC.md §14.1; a ``/1`` file: ``Lr``, padded).
 
     For a result with ``memory_feasible = false`` the memory-penalised score of SPEC.md §7,
     ``raw·exp(-40·max(0, max(peak_memory)/M_eff - 1))``, is accepted as well.
@@ -762,7 +784,10 @@ def check_throughput(result: Result) -> list[str]:
         return []
     if not _is_num(makespan) or makespan <= 0:
         return []
-    tokens = k_eval * work["B"] * work["R"] * (work["Lp"] + work["Lr"])
+    response = work["Lr"] if result.get("format") == "rpeg.result/1" else _mean_response(result)
+    if response is None:
+        return []
+    tokens = k_eval * work["B"] * work["R"] * (work["Lp"] + response)
     expected = tokens / makespan
     if _close(throughput, expected, THROUGHPUT_REL_TOL):
         return []
@@ -776,7 +801,7 @@ def check_throughput(result: Result) -> list[str]:
                 return []
     rel = abs(throughput - expected) / max(abs(expected), ABS_TOL)
     return [
-        f"[throughput] throughput {_fmt(throughput)} != k_eval·B·R·(Lp+Lr)/makespan = "
+        f"[throughput] throughput {_fmt(throughput)} != k_eval·B·R·(Lp+Ē)/makespan = "
         f"{tokens}/{_fmt(makespan)} = {_fmt(expected)} (relative error {rel:.3g})"
     ]
 
@@ -803,10 +828,14 @@ def _check_entry(
     BR: int | None,
     dims: tuple[int, int, int],
     batch: str = "B·R",
+    role: Any = "generation",
 ) -> list[str]:
     """P1–P8 for one plan entry; ``L``/``BR`` None skip the rules that need them.
 
     ``BR`` is the number of sequences the vertex processes and ``batch`` its name in messages.
+    P4–P5 are SPEC.md §4's for a generation (and for every vertex of a ``/1`` file, passed as
+    ``role="generation"``); for training and inference SPEC.md §14.2's: ``1 ≤ mb ≤ B_local``
+    and ``pp > 1 ⇒ mb ≥ pp``.
     """
     Nr, Nn, Ng = dims
     dp, pp, tp, mb = (entry[k] for k in ("dp", "pp", "tp", "mb"))
@@ -823,9 +852,14 @@ def _check_entry(
     # P3, P4, P5: batch split over replicas and microbatches.
     if BR is not None and BR % dp:
         errors.append(f"{who}: P3 dp={dp} does not divide {batch}={BR}")
-    if pp == 1 and mb != 1:
+    if role in ("training", "inference"):
+        if BR is not None and BR % dp == 0 and mb > BR // dp:
+            errors.append(f"{who}: P4 mb={mb} exceeds B_local={BR // dp}")
+        if pp > 1 and mb < pp:
+            errors.append(f"{who}: P5 mb={mb} < pp={pp}")
+    elif pp == 1 and mb != 1:
         errors.append(f"{who}: P4 pp=1 requires mb=1")
-    if pp > 1 and BR is not None:
+    if pp > 1 and BR is not None and role not in ("training", "inference"):
         if BR % dp:
             errors.append(f"{who}: P5 B_local = {batch}/dp = {BR}/{dp} is not an integer")
         else:
@@ -967,15 +1001,40 @@ def check_plan_legality(result: Result) -> list[str]:
         model = models.get(model_name) if isinstance(model_name, str) else None
         layers = model.get("layers") if isinstance(model, dict) else None
         L = layers if _pos_int(layers) else None
+        role = vertex_role.get(entry["vertex"]) if result.get("format") == FORMAT else "generation"
         if entry["vertex"] in vertex_sequences:
             sequences = vertex_sequences[entry["vertex"]]
-            errors.extend(_check_entry(entry, L, sequences, dims, "sequences"))
+            errors.extend(_check_entry(entry, L, sequences, dims, "sequences", role))
         else:
-            errors.extend(_check_entry(entry, L, BR, dims))
+            errors.extend(_check_entry(entry, L, BR, dims, role=role))
+        errors.extend(_check_engine_fields(entry, vertex_role.get(entry["vertex"])))
         heads = _model_heads(model)
         if heads is not None:
             errors.extend(_check_heads(entry, heads[0], heads[1], vertex_role.get(entry["vertex"])))
         errors.extend(_check_recompute(entry, vertex_role.get(entry["vertex"])))
+    return errors
+
+
+ZERO_STAGES = {"training": (1, 2, 3), "inference": (2, 3), "generation": (2,)}
+"""ZeRO stages each role may use (SPEC.md §14.3; rule Z1)."""
+
+
+def _check_engine_fields(entry: dict[str, Any], role: Any) -> list[str]:
+    """Z1–Z2 (SPEC.md §14): ``zero`` a stage the role may use; ``mem_fraction`` in [0, 1] and
+    non-zero only for a generation; ``logits_chunk`` a non-negative integer and ``packing`` a
+    boolean, a generation keeping 0 and true. Absent or ``null`` fields (a ``/1`` entry) pass."""
+    who = f"[plan] {entry['vertex']}"
+    errors: list[str] = []
+    zero, u = entry.get("zero"), entry.get("mem_fraction")
+    chunk, packing = entry.get("logits_chunk"), entry.get("packing")
+    if zero is not None and (not _is_int(zero) or zero not in ZERO_STAGES.get(role, (1, 2, 3))):
+        errors.append(f"{who}: Z1 zero={zero!r} is not a ZeRO stage a {role} vertex may use")
+    if u is not None and (not _is_num(u) or not 0 <= u <= 1 or (u and role != "generation")):
+        errors.append(f"{who}: Z2 mem_fraction={u!r} must be in [0, 1] and 0 unless a generation")
+    if chunk is not None and (not _is_int(chunk) or chunk < 0 or (chunk and role == "generation")):
+        errors.append(f"{who}: Z2 logits_chunk={chunk!r} must be a non-negative integer, 0 for a generation")
+    if packing is not None and (not isinstance(packing, bool) or (not packing and role == "generation")):
+        errors.append(f"{who}: Z2 packing={packing!r} must be true or false, true for a generation")
     return errors
 
 
