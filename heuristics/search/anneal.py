@@ -229,6 +229,26 @@ def restrict(dirs: list[Directory], k: int, keep: list[Plan]) -> None:
         d.times = [d.times[i] for i in idx]
 
 
+def _directories(ev: Evaluator, built: dict[tuple, list[Directory]] | None) -> list[Directory]:
+    """``build_directories(ev.costs)``, shared between the structures whose graphs have the same
+    invocations (the staleness variants of one sharing choice: a directory depends only on its
+    vertex's role, model, head and sequences): built once per signature in ``built``, copied
+    for each structure (the copies are restricted independently)."""
+    if built is None:
+        return build_directories(ev.costs)
+    g = ev.graph
+    key = tuple(
+        (v.name, v.role, v.model, v.head, v.sequences, g.models[v.model].spec, g.models[v.model].head)
+        for v in g.vertices
+    )
+    if key not in built:
+        built[key] = build_directories(ev.costs)
+    return [
+        Directory(d.vertex, list(d.strategies), list(d.times), d.dropped, d.smallest_isolated, d.dominated)
+        for d in built[key]
+    ]
+
+
 class SearchSpace:
     """One structural candidate: its evaluator, directories, seed plan and evaluation cache."""
 
@@ -242,10 +262,11 @@ class SearchSpace:
         split_phases: bool,
         tune_microbatches: bool,
         candidates: int | None = None,
+        built: dict[tuple, list[Directory]] | None = None,
     ) -> None:
         self.structure = structure
         self.ev = Evaluator(workload, cluster, structure, k_eval=k_eval, split_phases=split_phases)
-        dirs = build_directories(self.ev.costs)
+        dirs = _directories(self.ev, built)
         if not tune_microbatches:
             from ...ir.types import Role
 
@@ -423,6 +444,7 @@ class Anneal:
         ys = list(structures_) if structures_ is not None else structures(workload)
         if not ys:
             raise ValueError("no structural candidate to search")
+        built: dict[tuple, list[Directory]] = {}
         self.spaces = [
             SearchSpace(
                 workload,
@@ -432,6 +454,7 @@ class Anneal:
                 split_phases=split_phases,
                 tune_microbatches=tune_microbatches,
                 candidates=candidates,
+                built=built,
             )
             for y in ys
         ]

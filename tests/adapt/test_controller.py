@@ -22,17 +22,31 @@ def test_reference_resets_at_a_rejected_replan(cache):
     assert not ctl.boundary(2, 1400.0, 32).triggers  # no retrigger on the persisting deviation
 
 
-def test_a_plan_that_outgrows_memory_first_recomputes_more(cache):
+@pytest.fixture(scope="module")
+def cache40(job) -> PlanCache:
+    """The job on 40 GB GPUs: the fastest plan's resident activations bind as responses grow
+    (on 80 GB the rollout engine's bounded cache leaves them room to 2,600 tokens)."""
+    import dataclasses
+
+    from rpeg import Cluster
+
+    w, cl = job
+    hw = dataclasses.replace(cl.hardware, gpu_memory_bytes=40e9)
+    return PlanCache(w, Cluster(*cl.shape, hw), transition_capacity=INF)
+
+
+def test_a_plan_that_outgrows_memory_first_recomputes_more(cache40):
     # The fastest plan for 1000 tokens keeps its trainers' activations resident (recompute
-    # "selective" or "none") close to M_eff; at 1400 it no longer fits. Switching the trainers to
-    # a leaner mode moves no weights: adopted without a transition, before the triggers.
+    # "none") close to M_eff; at 2000 it no longer fits. Switching the trainers to a leaner mode
+    # moves no weights: adopted without a transition, before the triggers.
     from rpeg.ir import Recompute
 
+    cache = cache40
     ctl = AdaptController(cache, 32, 1000.0, policy=Static())
     before = ctl.current
     assert {c.strategy.recompute for c in before.plan.choices} - {Recompute.FULL}
-    assert not cache.score(before, cache.lr(1400.0)).feasible
-    d = ctl.boundary(1, 1400.0, 32)
+    assert not cache.score(before, cache.lr(2000.0)).feasible
+    d = ctl.boundary(1, 2000.0, 32)
     assert d.leaner and "→" in d.leaner and not d.urgent and not d.admitted and d.l_tran == 0.0
     after = ctl.current
     assert after is not before and cache.score(after, ctl.lr).feasible

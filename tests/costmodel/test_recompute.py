@@ -1,5 +1,6 @@
 """Activation recomputation (``none`` / ``selective`` / ``full``) in the cost model, against
-hand-computed numbers (``docs/cost-model.md`` §1, §2, §4).
+hand-computed numbers (``docs/cost-model.md`` §1, §2, §4). Attention is fused (SPEC §14.7): no
+mode keeps an ``ℓ²`` buffer, so ``selective`` keeps what ``none`` keeps and only costs time.
 
 The small model: L = 2, d = 8, dff = 16, V = 10, 2 heads of 4 (no GQA), gated FFN, sb = 2;
 ``W_layer = 2·8·8 + 2·8·8 + 3·8·16 = 640``.
@@ -116,20 +117,29 @@ def test_stored_activation_width_is_korthikanti_without_dropout_masks():
 
 
 def test_training_activations_by_hand():
-    # dp = pp = mb = 1, tp = 2, n = 4 sequences (b = 4), ℓ = 4: a = 80, scores 2·(2/2)·16 = 32
-    # per layer and sequence; full: c = ⌊√2⌋ = 1, width 2/1·8 + 1·max(8·2 + 48/2, 16 + 32/2) = 56
+    # dp = pp = mb = 1, tp = 2, n = 4 sequences (b = 4), ℓ = 4: a = 80 per token and layer;
+    # fused attention keeps no probabilities, so none and selective store b·ℓ·(L/Pp)·a;
+    # full: c = ⌊√2⌋ = 1, width 2/1·8 + 1·max(8·2 + 48/2, 16 + 32/2) = 56
     got = {m: training_activation_bytes(SMALL, layout(1, 1, 2, 1, m), sequences=4, tokens=4) for m in MODES}
-    assert got[Recompute.NONE] == 2 * 1 * 4 * (2 * 4 * 80 + 2 * 32)  # 5632
-    assert got[Recompute.SELECTIVE] == 2 * 4 * (1 * 2 * 4 * 80 + 32)  # 5376
-    assert got[Recompute.FULL] == 2 * 1 * 4 * 4 * 56  # 1792, SPEC's formula
+    assert got[Recompute.NONE] == 2 * 1 * 4 * (2 * 4 * 80) == 5120
+    assert got[Recompute.SELECTIVE] == got[Recompute.NONE]  # same memory, more time
+    assert got[Recompute.FULL] == 2 * 1 * 4 * 4 * 56 == 1792  # SPEC's formula
+    # no ℓ² term: doubling ℓ doubles every mode's activations
+    twice = {m: training_activation_bytes(SMALL, layout(1, 1, 2, 1, m), sequences=4, tokens=8) for m in MODES}
+    for m in MODES:
+        assert twice[m] == pytest.approx(2 * got[m])
 
 
 def test_activations_under_pipelining_by_hand():
     # dp = 1, pp = 2, tp = 1, mb = 4, n = 8 (b = 2), ℓ = 4: L/Pp = 1 layer, min(mb, Pp) = 2 alive
-    # a = 128, scores 2·2·16 = 64
+    # a = 128; full: c = 1, width 1/1·8 + 1·max(16 + 48, 16 + 32) = 72
     got = {m: training_activation_bytes(SMALL, layout(1, 2, 1, 4, m), sequences=8, tokens=4) for m in MODES}
-    assert got[Recompute.NONE] == 2 * 2 * 2 * (1 * 4 * 128 + 1 * 64)
-    assert got[Recompute.SELECTIVE] == 2 * 2 * (2 * 1 * 4 * 128 + 64)
+    assert got[Recompute.NONE] == 2 * 2 * 2 * (1 * 4 * 128) == 4096
+    assert got[Recompute.SELECTIVE] == got[Recompute.NONE]
+    assert got[Recompute.FULL] == 2 * 2 * 2 * 4 * 72 == 2304
+    # mb = 1 with pp = 2 would be illegal; mb = 2 keeps min(2, 2) = 2 microbatches of b = 4
+    got2 = training_activation_bytes(SMALL, layout(1, 2, 1, 2, "none"), sequences=8, tokens=4)
+    assert got2 == 2 * 2 * 4 * (1 * 4 * 128)
 
 
 def test_transient_training_memory_orders_the_modes():
@@ -138,11 +148,22 @@ def test_transient_training_memory_orders_the_modes():
         m: transient_bytes(SMALL, Role.TRAINING, lay[m], sequences=16, prompt_len=64, response_len=64)
         for m in MODES
     }
-    assert a[Recompute.FULL] < a[Recompute.SELECTIVE] < a[Recompute.NONE]
-    # the weights and gradients are the same; only the activations differ
-    diff = a[Recompute.NONE] - a[Recompute.SELECTIVE]
+    # fused attention: selective keeps what none keeps; full keeps less
+    assert a[Recompute.FULL] < a[Recompute.SELECTIVE] == a[Recompute.NONE]
+    # the weights, gradients and logits are the same; only the activations differ
+    diff = a[Recompute.NONE] - a[Recompute.FULL]
     acts = {m: training_activation_bytes(SMALL, lay[m], sequences=16, tokens=128) for m in MODES}
-    assert diff == pytest.approx(acts[Recompute.NONE] - acts[Recompute.SELECTIVE])
+    assert diff == pytest.approx(acts[Recompute.NONE] - acts[Recompute.FULL])
+    # b = 16/2 = 8, ℓ = 128, a = 80: none stores 2·8·128·2·80; full 2·8·128·56
+    assert acts[Recompute.NONE] == 2 * 8 * 128 * 2 * 80
+    assert acts[Recompute.FULL] == 2 * 8 * 128 * 56
+    # selective costs time, not memory: slower than none at the same memory
+    hw = hardware_preset("h100")
+    t = {
+        m: op_time(SMALL, Role.TRAINING, lay[m], hw, sequences=16, prompt_len=64, response_len=64).total
+        for m in MODES
+    }
+    assert t[Recompute.NONE] < t[Recompute.SELECTIVE] < t[Recompute.FULL]
     # inference memory ignores the mode
     inf = {
         transient_bytes(

@@ -21,7 +21,10 @@ from tests.formulations.test_plan_model import REL, exact_schedule, tiny
 def test_exact_optimum_matches_enumeration_and_its_schedule_checks(tau):
     w, cluster = tiny()
     ev = Evaluator(w, cluster, Structure("grpo", False, (("actor", tau),)), k_eval=2)
-    cands = candidate_sets(ev, build_directories(ev.costs), None)
+    # the 2 fastest layouts per invocation, each with its engine variants: 96 plans, 72 of them
+    # memory-feasible (every candidate would be ~10^6 plans, and a serial horizon so long that
+    # CP-SAT's time unit exceeds REL of the makespan)
+    cands = candidate_sets(ev, build_directories(ev.costs), 2)
     sol = solve_plan_cpsat(build_plan_instance(ev, cands), time_limit=60)
     assert sol.status == "optimal"
     # the model schedules exactly the nodes the evaluator lowers, and its schedule is valid
@@ -71,7 +74,7 @@ def test_fixed_plan_exact_makespan_is_no_longer_than_the_list_schedule():
 
 
 def test_solve_cpsat_front_door():
-    w, cluster = tiny()
+    w, cluster = tiny(rule=True)  # whole directories: two invocations keep the model small
     r = solve(w, cluster, method="cpsat", candidates=None, k_eval=2, time_limit=60)
     assert r.status is Status.OPTIMAL and r.feasible
     assert "proven optimal" in r.message

@@ -22,7 +22,7 @@ PARITY = [
 
 
 def _parity_instance(algorithm, structure, k_eval, k):
-    w, cluster = tiny(algorithm, memory=100e9 if algorithm == "ppo" else 1.05e9, shape="1x1x2")
+    w, cluster = tiny(algorithm, **({"memory": 100e9} if algorithm == "ppo" else {}))
     ev = Evaluator(w, cluster, structure, k_eval=k_eval)
     return ev, build_plan_instance(ev, candidate_sets(ev, build_directories(ev.costs), k))
 

@@ -24,12 +24,17 @@ TINY = model_preset("7b").scaled(layers=4, hidden=1024, heads=8, vocab=8000)
 REL = 2e-3  # the model rounds durations up to serial-horizon/1e5; a path holds < 200 nodes here
 
 
-def tiny(algorithm="grpo", memory=1.05e9, shape="1x1x2"):
+def tiny(algorithm="grpo", memory=1.1e9, shape="1x1x2", rule=False):
+    """A tiny workload on ``shape`` GPUs of ``memory`` bytes. 1.1 GB: the generation's memory
+    fraction (``u·M_GPU``, SPEC §14.5) and the trainer's state make some of the 2 fastest layouts'
+    plans too large, so the memory block binds. ``rule``: a rule reward and no reference
+    (``kl_coef = 0``), leaving the actor's generation and training."""
     hw = dataclasses.replace(hardware_preset("gh200"), name="tiny", gpu_memory_bytes=memory)
-    models = {"actor": TINY, "reward": TINY} | ({"critic": TINY} if algorithm == "ppo" else {})
+    models = {"actor": TINY} | ({} if rule else {"reward": TINY}) | ({"critic": TINY} if algorithm == "ppo" else {})
     if algorithm == "dpo":
         models = {"actor": TINY}
-    return Workload(algorithm, models, 8, 2, 64, 64), Cluster.from_shape(shape, hw)
+    extra = {"reward": "rule", "kl_coef": 0.0} if rule else {}
+    return Workload(algorithm, models, 8, 2, 64, 64, **extra), Cluster.from_shape(shape, hw)
 
 
 def exact_schedule(ev, sol):

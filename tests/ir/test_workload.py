@@ -1,7 +1,8 @@
 import pytest
 
 from rpeg import Workload, example_names, example_path, load_workload, model_preset
-from rpeg.ir.workload import default_quantiles, with_response_len
+from rpeg.ir import Role, build_graph
+from rpeg.ir.workload import LengthBucket, default_quantiles, with_response_len
 
 M7 = model_preset("7b")
 
@@ -24,7 +25,40 @@ def test_defaults_follow_spec():
     assert w.quantiles == ((0.5, 64), (0.85, 128), (1.0, 256))
     assert w.staleness == {"actor": (0, 1), "critic": (0, 1)}
     assert w.models["reference"] is M7
-    assert w.tokens_per_step == 64 * (128 + 256)
+    # SPEC §14: a model reward, β = 0.01 (so a reference), log-probs from the rollout, one update
+    assert (w.reward, w.reward_cost_s, w.kl_coef, w.old_logprob, w.mini_batches) == (
+        "model",
+        0.0,
+        0.01,
+        "rollout",
+        1,
+    )
+    assert w.roles == ("actor", "critic", "reward", "reference")
+    # real tokens B·R·(Lp + Ē): Ē = 0.5·(0 + 64)/2 + 0.35·(64 + 128)/2 + 0.15·(128 + 256)/2 = 78.4
+    assert w.mean_response == pytest.approx(78.4)
+    assert w.tokens_per_step == pytest.approx(64 * (128 + 78.4))
+    assert w.padded_tokens_per_step == 64 * (128 + 256)
+
+
+def test_buckets_and_mean_response_by_hand():
+    w = ppo()
+    # default quantiles (0.5, 64), (0.85, 128), (1.0, 256): shares 0.5, 0.35, 0.15
+    assert [b.share for b in w.buckets] == pytest.approx([0.5, 0.35, 0.15])
+    assert [(b.lo, b.hi) for b in w.buckets] == [(0, 64), (64, 128), (128, 256)]
+    assert [b.mean for b in w.buckets] == [32.0, 96.0, 192.0]
+    # two buckets: a quarter on (0, 100], three quarters on (100, 200]
+    w = ppo(response_len=200, quantiles=((0.25, 100), (1.0, 200)))
+    assert w.buckets == (LengthBucket(0.25, 0, 100), LengthBucket(0.75, 100, 200))
+    assert w.mean_response == pytest.approx(0.25 * 50 + 0.75 * 150) == 125.0
+    assert w.tokens_per_step == pytest.approx(64 * (128 + 125)) == 16_192
+    assert w.padded_tokens_per_step == 64 * 328
+    # E[r²] of the uniform law on (lo, hi]: (lo² + lo·hi + hi²)/3
+    assert w.buckets[1].mean_square == pytest.approx((100**2 + 100 * 200 + 200**2) / 3)
+    assert w.buckets[0].mean_square == pytest.approx(100**2 / 3)
+    # every response at full length: Ē = Lr's bucket mean, never above Lr
+    one = ppo(response_len=10, quantiles=((1.0, 10),))
+    assert one.mean_response == 5.0 and one.tokens_per_step == 64 * (128 + 5)
+    assert ppo(batch=8, rollouts=4).tokens_per_step == pytest.approx(32 * (128 + 78.4))
 
 
 @pytest.mark.parametrize(
@@ -38,6 +72,22 @@ def test_defaults_follow_spec():
         ({"quantiles": ((0.6, 10), (0.5, 20), (1.0, 256))}, "quantiles"),
         ({"staleness": {"reward": (0, 1)}}, "staleness"),
         ({"staleness": {"actor": (-1,)}}, "staleness"),
+        # SPEC §14 fields
+        ({"reward": "llm"}, r"workload\.reward must be"),
+        ({"reward": "rule"}, r"models\.reward"),  # a rule reward with a reward model
+        ({"reward_cost_s": -1.0}, "reward_cost_s"),
+        ({"reward_cost_s": 1e6}, "reward_cost_s"),
+        ({"reward_cost_s": True}, "reward_cost_s"),
+        ({"reward_cost_s": 2.0}, "reward_cost_s"),  # only with a rule reward
+        ({"kl_coef": -0.1}, "kl_coef"),
+        ({"kl_coef": float("nan")}, "kl_coef"),
+        ({"kl_coef": "0.1"}, "kl_coef"),
+        ({"kl_coef": 0.0, "models": {"actor": M7, "critic": M7, "reward": M7, "reference": M7}}, "reference"),
+        ({"old_logprob": "critic"}, "old_logprob"),
+        ({"mini_batches": 0}, "mini_batches"),
+        ({"mini_batches": 65}, "mini_batches"),  # more updates than B·R = 64 sequences
+        ({"mini_batches": 2.0}, "mini_batches"),
+        ({"mini_batches": True}, "mini_batches"),
     ],
 )
 def test_bad_fields_are_named(kw, field):
@@ -48,6 +98,98 @@ def test_bad_fields_are_named(kw, field):
 def test_dpo_needs_pairs():
     with pytest.raises(ValueError, match="rollouts"):
         Workload("dpo", {"actor": M7}, 64, 1, 128, 128)
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"reward": "rule"}, "reward"),
+        ({"kl_coef": 0.1}, "kl_coef"),
+        ({"old_logprob": "trainer"}, "old_logprob"),
+    ],
+)
+def test_dpo_takes_no_online_fields(kw, field):
+    with pytest.raises(ValueError, match=field):
+        Workload("dpo", {"actor": M7}, 64, 2, 128, 128, **kw)
+    w = Workload("dpo", {"actor": M7}, 64, 2, 128, 128)
+    assert w.kl_coef is None and "reference" in w.roles
+
+
+def test_rule_reward_has_no_reward_model():
+    w = ppo(reward="rule", reward_cost_s=0.5, models={"actor": M7, "critic": M7})
+    assert w.roles == ("actor", "critic", "reference")
+    assert w.reward_cost_s == 0.5
+    g = build_graph(w)
+    names = [v.name for v in g.vertices]
+    assert names == ["actor_gen", "ref_inf", "critic_inf", "actor_train", "critic_train"]
+    assert "reward" not in g.models and "W_reward" not in g.containers
+    # the generation yields the rewards, straight to both trainers
+    assert "rewards" in g.vertex("actor_gen").outputs
+    by_pair = {(e.src, e.dst): set(e.containers) for e in g.data_edges}
+    assert "rewards" in by_pair[("actor_gen", "actor_train")]
+    assert "rewards" in by_pair[("actor_gen", "critic_train")]
+
+
+def test_zero_kl_drops_the_reference():
+    w = ppo(kl_coef=0.0)
+    assert "reference" not in w.models and w.roles == ("actor", "critic", "reward")
+    g = build_graph(w)
+    names = [v.name for v in g.vertices]
+    assert names == ["actor_gen", "reward_inf", "critic_inf", "actor_train", "critic_train"]
+    assert "reference" not in g.models
+    assert not {"ref_logp", "W_reference"} & set(g.containers)
+    assert "ref_logp" not in g.vertex("actor_train").inputs
+    # GRPO with a rule reward and no KL (DAPO): a generation and a training, nothing else
+    dapo = Workload("grpo", {"actor": M7}, 16, 8, 128, 256, reward="rule", kl_coef=0)
+    g = build_graph(dapo)
+    assert [(v.name, v.role) for v in g.vertices] == [
+        ("actor_gen", Role.GENERATION),
+        ("actor_train", Role.TRAINING),
+    ]
+    assert sorted(g.models) == ["actor"]
+
+
+def test_trainer_logprobs_add_a_teacher_forced_pass():
+    w = ppo(old_logprob="trainer")
+    g = build_graph(w)
+    names = [v.name for v in g.vertices]
+    assert names == [
+        "actor_gen",
+        "actor_logp",
+        "ref_inf",
+        "reward_inf",
+        "critic_inf",
+        "actor_train",
+        "critic_train",
+    ]
+    logp = g.vertex("actor_logp")
+    assert logp.role is Role.INFERENCE and g.models[logp.model].trainable
+    assert logp.sequences == 64
+    # the old log-probs now come from the pass, not from the rollout
+    assert "logp" not in g.vertex("actor_gen").outputs
+    by_pair = {(e.src, e.dst): set(e.containers) for e in g.data_edges}
+    assert by_pair[("actor_gen", "actor_logp")] == {"completions"}
+    assert by_pair[("actor_logp", "actor_train")] == {"logp"}
+    assert "logp" not in by_pair[("actor_gen", "actor_train")]
+    # it scores with the weights the rollout sampled with: a publication from the trainer
+    assert {(p.src, p.dst) for p in g.pub_edges} >= {
+        ("actor_train", "actor_gen"),
+        ("actor_train", "actor_logp"),
+    }
+    # the default keeps one generation pass and no actor_logp
+    assert "actor_logp" not in [v.name for v in build_graph(ppo()).vertices]
+
+
+def test_new_fields_round_trip_through_to_dict():
+    w = ppo(kl_coef=0.0, mini_batches=4, old_logprob="trainer")
+    d = w.to_dict()
+    assert (d["reward"], d["reward_cost_s"], d["kl_coef"], d["old_logprob"], d["mini_batches"]) == (
+        "model",
+        0.0,
+        0.0,
+        "trainer",
+        4,
+    )
 
 
 def test_every_bundled_example_loads_with_cluster_defaults():

@@ -20,7 +20,10 @@ from rpeg.scoring.evaluator import BETA_OOM, Evaluator
 from rpeg.scoring.scheduler import list_schedule
 
 K, B, R, LP, LR = 8, 64, 1, 128, 256
-WORK = K * B * R * (LP + LR)  # tokens over the unrolled horizon
+# the mean response of SPEC §2's default quantiles (0.5, 64), (0.85, 128), (1.0, 256), each
+# share uniform on its interval (SPEC §14.1): Ē = 0.5·32 + 0.35·96 + 0.15·192 = 78.4 tokens
+MEAN_RESPONSE = 0.5 * (0 + 64) / 2 + 0.35 * (64 + 128) / 2 + 0.15 * (128 + 256) / 2
+WORK = K * B * R * (LP + MEAN_RESPONSE)  # real tokens over the unrolled horizon
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +56,7 @@ def test_throughput_is_tokens_over_makespan(ev, plans, method):
     assert e.makespan == max(e.schedule.finish)
     assert e.makespan == list_schedule(e.graph).makespan
     assert e.throughput == pytest.approx(WORK / e.makespan, rel=1e-12)
+    assert pytest.approx(8 * 64 * 206.4) == WORK  # real tokens, not the padded 8·64·384
     assert e.feasible
     assert e.score == e.throughput
 
@@ -91,16 +95,27 @@ def _tight_evaluator(tiny_ppo, cluster, plan, ratio, **kw):
 @pytest.mark.parametrize("ratio", [1.05, 1.3])
 def test_memory_penalty_is_exponential_in_the_excess(tiny_ppo, cluster_1x2x4, plans, ratio):
     plan = plans["concurrent"]
-    free = Evaluator(tiny_ppo, cluster_1x2x4).evaluate(plan)
+    roomy = Evaluator(tiny_ppo, cluster_1x2x4)
     ev = _tight_evaluator(tiny_ppo, cluster_1x2x4, plan, ratio)
     e = ev.evaluate(plan)
     assert not e.feasible
     assert e.memory.ratio == pytest.approx(ratio, rel=1e-12)
     assert e.memory.max_peak / (0.9 * ev.cluster.hardware.gpu_memory_bytes) == pytest.approx(ratio)
-    # memory changes the score only: times and throughput are as with roomy GPUs
-    assert e.throughput == pytest.approx(free.throughput, rel=1e-12)
+    # the penalty changes the score only: the throughput is the hard-rejecting evaluator's on
+    # the same GPUs (which scores the plan 0)
+    hard = _tight_evaluator(tiny_ppo, cluster_1x2x4, plan, ratio, penalty=False).evaluate(plan)
+    assert hard.score == 0.0
+    assert e.throughput == hard.throughput == pytest.approx(WORK / e.makespan, rel=1e-12)
     assert e.score == pytest.approx(e.throughput * math.exp(-40.0 * (ratio - 1.0)), rel=1e-9)
     assert BETA_OOM == 40.0
+    # a smaller GPU changes no time but a rollout engine's: its KV cache is a fraction of
+    # M_GPU (SPEC §14.5), so only the generation may slow down
+    for v, c in enumerate(plan.choices):
+        t, t_roomy = ev.costs.op_time(v, c.strategy), roomy.costs.op_time(v, c.strategy)
+        if ev.graph.vertices[v].role.value == "generation":
+            assert t >= t_roomy
+        else:
+            assert t == t_roomy
 
 
 def test_hard_rejection_scores_infeasible_plans_zero(tiny_ppo, cluster_1x2x4, plans):
@@ -260,6 +275,61 @@ def test_isolated_memory_is_state_plus_transient(ev, dirs):
                 assert m.isolated == m.train_state + m.transient
             else:
                 assert m.isolated == m.weights + m.transient
+
+
+def test_vertex_memory_follows_the_engine_choices(ev, dirs):
+    # SPEC §14.3, §14.5: what Costs.memory charges per vertex under each listed variant, from
+    # the worst-stage shard N_s (weight_shard_params, checked by hand in test_memory.py)
+    from rpeg.costmodel import weight_shard_params
+    from rpeg.costmodel.memory import kv_budget_tokens
+
+    hw = ev.cluster.hardware
+    seen = set()
+    for d in dirs:
+        v = ev.graph.vertices[d.vertex]
+        spec, head = ev.graph.models[v.model].spec, ev.graph.models[v.model].head
+        for s in d.strategies:
+            m = ev.costs.memory(d.vertex, s)
+            n_s = weight_shard_params(spec, s.pp, s.tp, head)
+            seen.add((v.role.value, s.zero))
+            if v.role.value == "training":  # Adam state over Pd whatever the stage; a BF16 copy
+                assert m.train_state == pytest.approx(12 * n_s / s.dp, rel=1e-12)
+                assert m.weights == pytest.approx(2 * n_s, rel=1e-12)
+            elif v.role.value == "inference":  # a replica (z = 2) or a shard (z = 3) per rank
+                assert m.train_state == 0.0
+                assert m.weights == pytest.approx(2 * n_s / (s.dp if s.zero == 3 else 1), rel=1e-12)
+            else:  # the rollout engine holds u·M_GPU, weights included, when a sequence fits
+                assert m.weights == pytest.approx(2 * n_s, rel=1e-12)
+                u = s.mem_fraction or hw.kv_memory_fraction
+                held = m.weights + m.transient
+                assert held >= u * hw.gpu_memory_bytes * (1 - 1e-12)
+                if kv_budget_tokens(spec, ev.costs.layout(s), hw, head) >= LP + LR:
+                    assert held == pytest.approx(u * hw.gpu_memory_bytes, rel=1e-12)
+    assert {("training", 2), ("training", 3), ("inference", 2), ("inference", 3), ("generation", 2)} <= seen
+
+
+def test_rule_reward_host_time_is_charged_to_the_generation(cluster_1x2x4):
+    # c_r = 0.01 s per sequence on B·R = 64 sequences: the generation's node lasts 0.64 s longer
+    seven = model_preset("7b")
+    kw = {"models": {"actor": seven, "critic": seven}, "reward": "rule"}
+    free = Evaluator(
+        Workload("ppo", batch=B, rollouts=R, prompt_len=LP, response_len=LR, **kw), cluster_1x2x4
+    )
+    slow = Evaluator(
+        Workload("ppo", batch=B, rollouts=R, prompt_len=LP, response_len=LR, reward_cost_s=0.01, **kw),
+        cluster_1x2x4,
+    )
+    names = [v.name for v in free.graph.vertices]
+    assert "reward_inf" not in names and names == [v.name for v in slow.graph.vertices]
+    dirs = build_directories(free.costs)
+    for d in dirs:
+        role = free.graph.vertices[d.vertex].role.value
+        for s in d.strategies[:5]:
+            t0, t1 = free.costs.op_time(d.vertex, s), slow.costs.op_time(d.vertex, s)
+            if role == "generation":
+                assert t1 == pytest.approx(t0 + 0.01 * 64, rel=1e-12)
+            else:
+                assert t1 == t0
 
 
 # ---------------------------------------------------------------------------- property test

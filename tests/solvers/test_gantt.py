@@ -1,8 +1,8 @@
 """Tests for ``solvers/gantt.py``: the Gantt chart of a result's predicted schedule.
 
 The chart is checked through matplotlib's own objects: one bar per (node, device row) pair,
-COMM/RESHARD entries in the legend exactly when the plan has such nodes, one dashed line per RL
-step at the finish of its last node.
+one legend entry per invocation with its strategy, COMM/RESHARD entries in the legend exactly
+when the plan has such nodes, one dashed line per RL step at the finish of its last node.
 """
 
 from __future__ import annotations
@@ -74,7 +74,9 @@ def test_legend_names_invocations_and_comm_reshard_when_present(results, method)
     result = results[method]
     g = result.evaluation.graph
     texts = legend_texts(gantt_figure(result))
-    assert [v.name for v in result.graph.vertices] == texts[: len(result.graph.vertices)]
+    # "name  strategy": degrees, microbatches and the engine choices (a generation's memory fraction)
+    labels = [f"{v.name}  {c.strategy.label()}" for v, c in zip(result.graph.vertices, result.plan.choices)]
+    assert texts[: len(labels)] == labels
     assert any("COMM" in t for t in texts) == (COMM in g.kind)
     assert any("RESHARD" in t for t in texts) == (RESHARD in g.kind)
     assert any("phase" in t for t in texts) == any(p > 0 for p in g.phase)

@@ -22,7 +22,9 @@ WL = Workload(
 
 
 def cluster(limit: int | None) -> Cluster:
-    return Cluster.from_shape("1x2x8", hardware_preset("a100-40gb"), generation_max_pp=limit)
+    # four nodes of four: without the limit the concurrent plan pipelines the 13B generation over
+    # two nodes (on two nodes of eight, tp=4 replicas with a paged KV cache are faster)
+    return Cluster.from_shape("1x4x4", hardware_preset("a100-40gb"), generation_max_pp=limit)
 
 
 def generation_pp(result: Result) -> list[int]:
@@ -33,7 +35,11 @@ def generation_pp(result: Result) -> list[int]:
 
 
 def test_without_the_limit_this_instance_pipelines_generation():
-    assert generation_pp(solve(WL, cluster(None), "concurrent")) == [2]
+    free = solve(WL, cluster(None), "concurrent")
+    assert generation_pp(free) == [2]
+    # so the limit binds: the same method plans otherwise, and no faster, under it
+    bound = solve(WL, cluster(1), "concurrent")
+    assert generation_pp(bound) == [1] and bound.throughput < free.throughput
 
 
 @pytest.mark.parametrize(

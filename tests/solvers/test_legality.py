@@ -1,10 +1,13 @@
-"""Plans an engine would refuse: tensor parallelism against the attention heads (H1–H2).
+"""Plans an engine would refuse: tensor parallelism against the attention heads (H1–H2), the
+microbatches each role may use (P4–P5) and the engine choices (Z1–Z2, SPEC §14).
 
 vLLM (generation) needs ``tp | heads`` and ``tp | kv_heads`` or ``kv_heads | tp``; Megatron-core
 (inference, training) needs ``tp | heads`` and ``tp | kv_heads`` (``rpeg.ir.plan.check_heads``).
-Every method must plan only layouts both the package and the independent checker
-(``tests/tools/check_result.py``) accept; a hand-written plan, a result file and a transition
-target that break a head rule are refused with the rule named.
+A generation keeps SPEC §4's microbatches; training and inference accumulate gradients
+(``1 ≤ mb ≤ B_local``, ``pp > 1 ⇒ mb ≥ pp``). Every method must plan only layouts both the
+package and the independent checker (``tests/tools/check_result.py``) accept; a hand-written
+plan, a result file and a transition target that break a head rule are refused with the rule
+named.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def _spec(heads: int, kv_heads: int, head_dim: int, layers: int) -> ModelSpec:
 
 
 def _assert_checked(result: Result, tmp_path, name: str) -> list[str]:
-    """Write ``result`` as ``rpeg.result/1`` and re-check it with the independent checker."""
+    """Write ``result`` as ``rpeg.result/2`` and re-check it with the independent checker."""
     path = tmp_path / f"{name}.json"
     result.to_json(path)
     errors = cr.check_file(str(path))
@@ -164,13 +167,15 @@ def test_no_legal_layout_names_the_rules_and_never_a_negative_excess():
     assert r.plan is None
     assert "no legal parallel layout of 16384 GPUs" in r.message
     assert "exceeds M_eff" not in r.message and "P5" in r.message
-    # a 32-head 7B model on 3 GPUs: only tp=1 is legal, and one GPU does not hold it
+    # a 32-head 7B model on 3 GPUs: only tp=1 is legal, and one GPU does not hold its training
+    # (the rollout engine sizes its KV cache to the memory fraction, so the generation fits)
     small = Cluster.from_shape("1x1x3", hardware_preset("h100"))
     for method in ("greedy", "concurrent", "dp"):
         msg = solve(workload, small, method, k_eval=1).message
         over = re.search(r"(-?[0-9.]+) GiB over M_eff", msg)
         assert over is not None and float(over.group(1)) > 0, msg
-        assert "H1 (vLLM): tp=3 does not divide heads=32" in msg, msg
+        assert "actor_train" in msg, msg
+        assert "H1 (Megatron-core): tp=3 does not divide heads=32" in msg, msg
 
 
 def test_explain_illegal_counts_the_rules():
@@ -179,6 +184,92 @@ def test_explain_illegal_counts_the_rules():
     assert why.startswith("all 4 candidates (dp,pp,tp,mb) break a rule")
     assert "H1 (tp | heads) ×1" in why and "P3 (dp | B·R) ×1" in why
     assert explain_illegal(c, _spec(16, 16, 64, 16), Role.GENERATION, 64, [1]) == ""
+
+
+# ---------------------------------------------------------------------------- microbatches, engine choices
+_C8 = Cluster.from_shape("1x1x8", hardware_preset("h100"))
+_M8 = _spec(32, 8, 64, 8)
+
+
+def _why(role: Role, dp: int, pp: int, mb: int, sequences: int = 64, **engine) -> str | None:
+    """``check_strategy`` for tp=1 on ``dp·pp`` GPUs of one 8-GPU node."""
+    return check_strategy(_C8, _M8, role, sequences, (1, 1, dp * pp), dp, pp, 1, mb, **engine)
+
+
+# (role, dp, pp, mb, engine choices, the message's start or None); B·R = 64
+RULES = [
+    # training and inference: gradient accumulation, 1 ≤ mb ≤ B_local, pp > 1 ⇒ mb ≥ pp
+    (Role.TRAINING, 4, 1, 4, {}, None),
+    (Role.TRAINING, 4, 1, 16, {}, None),
+    (Role.TRAINING, 4, 1, 17, {}, "P4: mb=17 exceeds B_local=16 sequences"),
+    (Role.INFERENCE, 2, 1, 3, {}, None),  # 3 ∤ 32: the last microbatch is smaller
+    (Role.INFERENCE, 4, 2, 4, {}, None),  # B_local/mb = 4 < 8: SPEC §4's P5 refused it
+    (Role.TRAINING, 4, 2, 1, {}, "P5: mb=1 must be ≥ pp=2"),
+    (Role.INFERENCE, 1, 4, 2, {}, "P5: mb=2 must be ≥ pp=4"),
+    # a generation keeps SPEC §4's rules
+    (Role.GENERATION, 4, 1, 2, {}, "P4: a generation with pp=1 requires mb=1"),
+    (Role.GENERATION, 4, 2, 4, {}, "P5: mb=4 needs mb | B_local=16, mb ≥ pp=2 and B_local/mb ≥ 8"),
+    (Role.GENERATION, 2, 2, 4, {}, None),
+    # Z1: the ZeRO stage a role may use
+    (Role.TRAINING, 4, 1, 1, {"zero": 1}, None),
+    (Role.TRAINING, 4, 1, 1, {"zero": 3}, None),
+    (Role.INFERENCE, 4, 1, 1, {"zero": 3}, None),
+    (Role.INFERENCE, 4, 1, 1, {"zero": 1}, "Z1: zero=1 is not a ZeRO stage inference may use (2, 3)"),
+    (Role.GENERATION, 4, 1, 1, {"zero": 3}, "Z1: zero=3 is not a ZeRO stage generation may use (2)"),
+    # Z2: a memory fraction only for a generation; loss chunks and padding only for the others
+    (Role.GENERATION, 4, 1, 1, {"mem_fraction": 0.5}, None),
+    (Role.TRAINING, 4, 1, 1, {"mem_fraction": 0.5}, "Z2: mem_fraction=0.5 is a rollout engine's"),
+    (Role.INFERENCE, 4, 1, 1, {"mem_fraction": 0.9}, "Z2: mem_fraction=0.9"),
+    (Role.TRAINING, 4, 1, 1, {"logits_chunk": 4096, "packing": False}, None),
+    (Role.INFERENCE, 4, 1, 1, {"logits_chunk": 2048, "packing": False}, None),
+    (Role.GENERATION, 4, 1, 1, {"logits_chunk": 4096}, "Z2: a generation neither chunks a loss nor pads"),
+    (Role.GENERATION, 4, 1, 1, {"packing": False}, "Z2: a generation neither chunks a loss nor pads"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("role", "dp", "pp", "mb", "engine", "rule"), RULES)
+def test_microbatch_and_engine_rules_by_role(role, dp, pp, mb, engine, rule):
+    why = _why(role, dp, pp, mb, **engine)
+    if rule is None:
+        assert why is None
+    else:
+        assert why is not None and why.startswith(rule), why
+    # the independent checker judges a /2 entry the same way
+    entry = {"vertex": "v", "origin": [0, 0, 0], "extent": [1, 1, dp * pp], "dp": dp, "pp": pp, "tp": 1}
+    entry.update(mb=mb, **engine)
+    theirs = cr._check_entry(entry, 8, 64, (1, 1, 8), "sequences", role.value)
+    theirs += cr._check_engine_fields(entry, role.value)
+    assert (theirs == []) == (rule is None), theirs
+    if rule is not None:
+        assert any(f" {rule[:2]} " in m for m in theirs), theirs
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(
+    role=st.sampled_from(list(Role)),
+    dp=st.sampled_from([1, 2, 4, 8]),
+    pp=st.sampled_from([1, 2, 4, 8]),
+    mb=st.integers(1, 40),
+    sequences=st.sampled_from([8, 24, 48, 64, 96]),
+    zero=st.sampled_from([1, 2, 3]),
+    mem_fraction=st.sampled_from([0.0, 0.3]),
+    logits_chunk=st.sampled_from([0, 4096]),
+    packing=st.booleans(),
+)
+def test_package_and_checker_agree_on_microbatches_and_engine_choices(
+    role, dp, pp, mb, sequences, zero, mem_fraction, logits_chunk, packing
+):
+    if dp * pp > 8:
+        return
+    engine = {"zero": zero, "mem_fraction": mem_fraction, "logits_chunk": logits_chunk, "packing": packing}
+    mine = _why(role, dp, pp, mb, sequences, **engine)
+    entry = {"vertex": "v", "origin": [0, 0, 0], "extent": [1, 1, dp * pp], "dp": dp, "pp": pp, "tp": 1}
+    entry.update(mb=mb, **engine)
+    theirs = cr._check_entry(entry, 8, sequences, (1, 1, 8), "sequences", role.value)
+    theirs += cr._check_engine_fields(entry, role.value)
+    assert (mine is None) == (theirs == []), (role, dp, pp, mb, sequences, engine, mine, theirs)
+    if mine is not None:
+        assert any(f" {mine.split(':')[0]} " in m for m in theirs), (mine, theirs)
 
 
 # ---------------------------------------------------------------------------- plan files

@@ -17,11 +17,13 @@ from rpeg.solvers.result import result_for_plan
 
 TINY = model_preset("7b").scaled(layers=4, hidden=1024, heads=8, vocab=8000)
 OPTIONS = {"sa": {"max_evaluations": 200}, "cpsat": {"time_limit": 20}, "milp": {"time_limit": 5}}
+TIGHT = 0.5e9  # GPU bytes where the plans that fit 100 GB do not
 
 
 def dpo(memory: float) -> tuple[Workload, Cluster]:
-    """DPO of a 4-layer model, ℓ = 512, on four GH200-like GPUs of ``memory`` bytes: the trainer's
-    leanest isolated footprint is 0.45 GB with full recomputation, 0.75 GB selective, 0.85 GB none."""
+    """DPO of a 4-layer model, ℓ = 512, on four GH200-like GPUs of ``memory`` bytes: with one
+    sequence per microbatch the trainer's leanest isolated footprint is 0.32 GB with full
+    recomputation and 0.35 GB without (fused attention, SPEC §14.7)."""
     hw = dataclasses.replace(hardware_preset("gh200"), name="tiny", gpu_memory_bytes=memory)
     return Workload("dpo", {"actor": TINY}, 16, 2, 64, 448), Cluster.from_shape("1x1x4", hw)
 
@@ -33,7 +35,7 @@ def _modes(r: Result) -> dict[str, Recompute]:
 @pytest.fixture(scope="module")
 def results():
     out = {}
-    for memory in (100e9, 1.2e9):
+    for memory in (100e9, TIGHT):
         w, c = dpo(memory)
         out[memory] = {m: solve(w, c, method=m, **OPTIONS.get(m, {})) for m in METHODS}
     return out
@@ -51,11 +53,22 @@ def test_every_method_returns_a_valid_mode_per_invocation(results, method):
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_none_wins_with_room_and_full_when_memory_is_tight(results, method):
-    roomy, tight = results[100e9][method], results[1.2e9][method]
+def test_none_wins_with_room_and_memory_pressure_changes_the_plan(results, method):
+    # With room nothing is recomputed. On 0.5 GB GPUs the roomy plan does not fit, and every
+    # method finds another that does: full recomputation, more microbatches (gradient
+    # accumulation, SPEC §14.2) or sharded weights, whichever the cost model finds faster.
+    from rpeg.scoring import Evaluator
+
+    roomy, tight = results[100e9][method], results[TIGHT][method]
     assert _modes(roomy)["actor_train"] is Recompute.NONE
-    assert _modes(tight)["actor_train"] is Recompute.FULL
     assert tight.evaluation.memory.feasible
+    on_tight = Evaluator(tight.workload, tight.cluster, roomy.structure, k_eval=roomy.k_eval)
+    assert not on_tight.evaluate(roomy.plan).feasible
+
+
+def test_full_recomputation_pays_under_memory_pressure(results):
+    modes = {m: _modes(r)["actor_train"] for m, r in results[TIGHT].items()}
+    assert Recompute.FULL in modes.values(), modes
 
 
 def test_result_files_carry_the_mode_and_round_trip(results, checker):
@@ -69,7 +82,7 @@ def test_result_files_carry_the_mode_and_round_trip(results, checker):
     assert back.to_json() == text
     assert _modes(back) == _modes(r)
     assert checker.check(doc) == []
-    assert "actor_train" in r.summary() and " none " in r.summary()
+    assert "actor_train" in r.summary() and "rc=none" in r.summary()
 
 
 def test_old_result_files_without_the_field_load_as_full(results):

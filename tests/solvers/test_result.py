@@ -1,11 +1,13 @@
 """Tests for ``solvers/result.py``: the :class:`Result` (its constructors and summary), the
-``rpeg.result/1`` round trip, the statuses a planless result may have, and plan validation."""
+``rpeg.result/2`` round trip (and reading ``rpeg.result/1``), the statuses a planless result may
+have, and plan validation (the one check the reader and :func:`result_for_plan` share)."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import json
+import re
 from functools import cache
 
 import pytest
@@ -13,11 +15,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rpeg import Cluster, Workload, example_names, hardware_preset, model_preset
-from rpeg.ir import Plan, structures
+from rpeg.ir import Plan, Role, structures
+from rpeg.ir.errors import InputError
+from rpeg.ir.types import Recompute
 from rpeg.scoring.candidates import build_directories
 from rpeg.scoring.evaluator import Evaluator
 from rpeg.solvers import Result, Status, solve
-from rpeg.solvers.result import plan_from_entries
+from rpeg.solvers.result import FORMAT, plan_from_entries, result_for_plan
+
+ENGINE_FIELDS = ("zero", "mem_fraction", "logits_chunk", "packing")
+WORKLOAD_V2_FIELDS = ("reward", "reward_cost_s", "kl_coef", "old_logprob", "mini_batches")
+# tiny_ppo's responses follow SPEC §2's default quantiles for Lr = 256,
+# [(0.5, 64), (0.85, 128), (1.0, 256)]: Ē = 0.5·32 + 0.35·96 + 0.15·192 = 78.4 tokens
+TINY_REAL_TOKENS = 64 * (128 + 78.4)
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +54,14 @@ def test_result_json_through_a_file(concurrent, tmp_path):
     text = concurrent.to_json(path)
     assert path.read_text() == text
     doc = json.loads(text)
-    assert doc["format"] == "rpeg.result/1"
+    assert doc["format"] == FORMAT == "rpeg.result/2"
     assert doc["throughput"] == concurrent.throughput
+    # real tokens (SPEC §14.1), not the padded B·R·(Lp + Lr)
+    assert doc["throughput"] == pytest.approx(doc["k_eval"] * TINY_REAL_TOKENS / doc["makespan"], rel=1e-12)
+    for key in WORKLOAD_V2_FIELDS:
+        assert key in doc["workload"], key
+    for e in doc["plan"]:
+        assert set(ENGINE_FIELDS) <= set(e), e
     assert len(doc["nodes"]) > 0
     assert Result.from_json(path).to_json() == text
 
@@ -53,7 +69,7 @@ def test_result_json_through_a_file(concurrent, tmp_path):
 def test_from_json_rejects_another_format(concurrent):
     doc = concurrent.to_dict()
     doc["format"] = "rpeg.result/0"
-    with pytest.raises(ValueError, match="format"):
+    with pytest.raises(ValueError, match=r"'format' must be one of 'rpeg\.result/1', 'rpeg\.result/2'"):
         Result.from_dict(doc)
     doc = concurrent.to_dict()
     del doc["k_eval"]
@@ -170,7 +186,25 @@ def test_degrees_must_fill_the_extent(ev, entries):
 def test_pp_without_microbatches_is_rejected(ev, entries):
     e = _entry(entries, "actor_train")
     e.update(extent=[1, 1, 4], origin=[0, 0, 0], dp=1, pp=4, tp=1, mb=2)
-    with pytest.raises(ValueError, match=r"'actor_train' is illegal: P5"):
+    with pytest.raises(ValueError, match=r"'actor_train' is illegal: P5: mb=2 must be ≥ pp=4"):
+        plan_from_entries(ev, entries)
+
+
+def test_microbatches_without_pipelining_for_training_and_inference(ev, entries):
+    # SPEC §14.2: gradient accumulation, 1 ≤ mb ≤ B_local (B·R/dp = 64/4 = 16 here)
+    train, ref = _entry(entries, "actor_train"), _entry(entries, "ref_inf")
+    assert (train["dp"], train["pp"], ref["dp"], ref["pp"]) == (4, 1, 4, 1)
+    train["mb"], ref["mb"] = 16, 3  # 3 does not divide 16: allowed (the last one is smaller)
+    plan = plan_from_entries(ev, entries)
+    assert [plan.choices[ev.graph.index[n]].strategy.mb for n in ("actor_train", "ref_inf")] == [16, 3]
+    train["mb"] = 17
+    with pytest.raises(ValueError, match=r"'actor_train' is illegal: P4: mb=17 exceeds B_local=16"):
+        plan_from_entries(ev, entries)
+
+
+def test_a_generation_without_pipelining_keeps_one_microbatch(ev, entries):
+    _entry(entries, "actor_gen")["mb"] = 2
+    with pytest.raises(ValueError, match=r"'actor_gen' is illegal: P4: a generation with pp=1 requires mb=1"):
         plan_from_entries(ev, entries)
 
 
@@ -234,6 +268,240 @@ def test_malformed_field_is_a_value_error_naming_vertex_and_field(ev, entries, f
     _entry(entries, "ref_inf")[field] = value
     with pytest.raises(ValueError, match=rf"'ref_inf'.*'{field}'"):
         plan_from_entries(ev, entries)
+
+
+# ---------------------------------------------------------------------------- engine fields (SPEC §14)
+@pytest.mark.parametrize(
+    ("vertex", "field", "value", "kind"),
+    [
+        ("actor_train", "zero", "3", "int"),
+        ("actor_train", "zero", 3.0, "int"),
+        ("ref_inf", "zero", True, "int"),
+        ("actor_gen", "mem_fraction", "0.5", "float"),
+        ("actor_gen", "mem_fraction", True, "float"),
+        ("ref_inf", "logits_chunk", 4096.0, "int"),
+        ("critic_train", "packing", 0, "bool"),
+        ("critic_train", "packing", "false", "bool"),
+    ],
+)
+def test_a_wrong_typed_engine_field_names_vertex_and_field(concurrent, ev, entries, vertex, field, value, kind):
+    _entry(entries, vertex)[field] = value
+    want = rf"plan entry for '{vertex}': field '{field}' must be {kind}, got {re.escape(repr(value))}"
+    with pytest.raises(ValueError, match=want):
+        plan_from_entries(ev, entries)
+    doc = concurrent.to_dict()
+    doc["plan"] = entries
+    with pytest.raises(InputError, match=want) as info:
+        Result.from_dict(doc, source="r.json")
+    assert str(info.value).startswith("r.json: ") and info.value.field == "plan"
+
+
+def test_null_engine_fields_read_as_their_defaults(ev, entries):
+    for e in entries:
+        e.update(dict.fromkeys(ENGINE_FIELDS))
+    for c in plan_from_entries(ev, entries).choices:
+        s = c.strategy
+        assert (s.zero, s.mem_fraction, s.logits_chunk, s.packing) == (2, 0.0, 0, True)
+
+
+def _as_v1(doc: dict) -> dict:
+    """``doc`` as an ``rpeg.result/1`` file: no engine field in the plan entries and none of
+    SPEC §14's fields in the workload block."""
+    doc["format"] = "rpeg.result/1"
+    for key in WORKLOAD_V2_FIELDS:
+        del doc["workload"][key]
+    for e in doc["plan"]:
+        for key in ENGINE_FIELDS:
+            del e[key]
+    return doc
+
+
+def test_a_v1_file_reads_with_the_defaults(concurrent, tmp_path):
+    # the concurrent plan chose engine variants, which a /1 file cannot say
+    assert any(c.strategy.zero != 2 or c.strategy.mem_fraction for c in concurrent.plan.choices)
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(_as_v1(concurrent.to_dict())))
+    back = Result.from_json(path)
+    w = back.workload
+    assert (w.reward, w.reward_cost_s, w.kl_coef, w.old_logprob, w.mini_batches) == (
+        "model",
+        0.0,
+        0.01,
+        "rollout",
+        1,
+    )
+    assert back.graph.vertices == concurrent.graph.vertices
+    for mine, theirs in zip(back.plan.choices, concurrent.plan.choices):
+        s, t = mine.strategy, theirs.strategy
+        assert (s.zero, s.mem_fraction, s.logits_chunk, s.packing) == (2, 0.0, 0, True)
+        assert (s.extent, s.dp, s.pp, s.tp, s.mb, s.recompute) == (t.extent, t.dp, t.pp, t.tp, t.mb, t.recompute)
+        assert mine.allocation == theirs.allocation
+    # re-scored under the current model (real tokens) and written as /2 with the defaults spelled out
+    assert back.throughput == pytest.approx(back.k_eval * TINY_REAL_TOKENS / back.makespan, rel=1e-12)
+    text = back.to_json()
+    doc = json.loads(text)
+    assert doc["format"] == "rpeg.result/2"
+    assert [(e["zero"], e["mem_fraction"], e["logits_chunk"], e["packing"]) for e in doc["plan"]] == [
+        (2, 0.0, 0, True)
+    ] * len(doc["plan"])
+    assert Result.from_json(text).to_json() == text
+
+
+# a choice of every engine field, on every role that may make it (legal: Z1–Z2, P4–P5)
+V2_CHOICES: dict[str, dict] = {
+    "actor_gen": {"mem_fraction": 0.5},
+    "ref_inf": {"zero": 3, "logits_chunk": 2048},
+    "reward_inf": {"packing": False},
+    "actor_train": {"zero": 1, "logits_chunk": 4096, "packing": False, "recompute": "selective", "mb": 4},
+    "critic_train": {"zero": 2, "mb": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def with_engine_choices(concurrent):
+    doc = concurrent.to_dict()
+    for e in doc["plan"]:
+        e.update(V2_CHOICES.get(e["vertex"], {}))
+    return Result.from_dict(doc)
+
+
+def test_engine_fields_round_trip(concurrent, with_engine_choices, tmp_path, checker):
+    r = with_engine_choices
+    got = {v.name: c.strategy for v, c in zip(r.graph.vertices, r.plan.choices)}
+    assert got["actor_gen"].mem_fraction == 0.5
+    assert (got["ref_inf"].zero, got["ref_inf"].logits_chunk) == (3, 2048)
+    assert got["reward_inf"].packing is False
+    t = got["actor_train"]
+    assert (t.zero, t.logits_chunk, t.packing, t.recompute, t.mb) == (1, 4096, False, Recompute.SELECTIVE, 4)
+    assert got["critic_inf"] == concurrent.plan.choices[r.graph.index["critic_inf"]].strategy
+    path = tmp_path / "v2.json"
+    text = r.to_json(path)
+    written = json.loads(text)
+    assert written["format"] == "rpeg.result/2"
+    for e in written["plan"]:
+        for key, value in V2_CHOICES.get(e["vertex"], {}).items():
+            assert e[key] == value and type(e[key]) is type(value), (e["vertex"], key, e[key])
+    again = Result.from_json(path)
+    assert again.plan == r.plan and again.to_json() == text
+    assert checker.check(written) == []
+    # scored, not only carried: time and memory are not the plain plan's
+    assert r.makespan != concurrent.makespan
+    assert r.evaluation.memory.max_peak != concurrent.evaluation.memory.max_peak
+
+
+def test_summary_shows_tokens_per_microbatch_and_engine_choices(with_engine_choices):
+    r = with_engine_choices
+    lines = r.summary().splitlines()
+    (header,) = [line for line in lines if line.startswith("invocation")]
+    assert re.search(r"\bmb\s+tok/mb\s+engine choices\s+time/step s$", header), header
+    assert "recompute" not in header
+    rows = {line.split()[0]: line for line in lines[lines.index(header) + 2 :]}
+    assert set(rows) == {v.name for v in r.graph.vertices}
+    expected = {
+        "actor_gen": "kv u=0.5",
+        "ref_inf": "zero-3 chunk=2048",
+        "reward_inf": "replicated padded",
+        "critic_inf": "replicated",
+        "actor_train": "rc=selective zero-1 chunk=4096 padded",
+        "critic_train": "rc=none zero-2",
+    }
+    for v, c in zip(r.graph.vertices, r.plan.choices):
+        s, row = c.strategy, rows[v.name]
+        if v.role is Role.GENERATION:
+            tokens = "-"
+        else:
+            # T_mb = B_local·ℓ/mb, ℓ = Lp + Ē packed (78.4 here), Lp + Lr padded
+            ell = 128 + (78.4 if s.packing else 256)
+            tokens = f"{v.sequences / (s.dp * s.mb) * ell:,.0f}"
+        assert re.search(rf" {s.mb} +{re.escape(tokens)} {re.escape(expected[v.name])} +[0-9.]+$", row), row
+    plain = Result.from_dict(_as_v1(r.to_dict())).summary()
+    # a /1 file's generation runs at the hardware's memory fraction
+    assert f"kv u={r.cluster.hardware.kv_memory_fraction:g} " in plain
+
+
+# ---------------------------------------------------------------------------- result_for_plan
+def _table(result: Result) -> dict[str, tuple]:
+    """``result``'s plan as a :func:`result_for_plan` table: the 6 layout items, the recomputation
+    (``None`` but for training) and a mapping of the engine choices."""
+    table = {}
+    for v, c in zip(result.graph.vertices, result.plan.choices):
+        s, a = c.strategy, c.allocation
+        rc = s.recompute.value if v.role is Role.TRAINING else None
+        engine = {key: getattr(s, key) for key in ENGINE_FIELDS}
+        table[v.name] = (a.origin, a.extent, s.dp, s.pp, s.tp, s.mb, rc, engine)
+    return table
+
+
+def _hand(result: Result, table: dict[str, tuple]) -> Result:
+    return result_for_plan(result.workload, result.cluster, result.structure, table, k_eval=result.k_eval)
+
+
+def test_result_for_plan_takes_the_engine_choices(with_engine_choices):
+    r = with_engine_choices
+    hand = _hand(r, _table(r))
+    assert hand.plan == r.plan
+    assert hand.throughput == r.throughput
+    # without the 8th item, the defaults
+    table = {name: row[:7] for name, row in _table(r).items()}
+    plain = _hand(r, table)
+    for c in plain.plan.choices:
+        s = c.strategy
+        assert (s.zero, s.mem_fraction, s.logits_chunk, s.packing) == (2, 0.0, 0, True)
+
+
+def test_result_for_plan_accepts_gradient_accumulation_that_reads_back(concurrent, checker):
+    table = _table(concurrent)
+    origin, extent, dp, pp, tp, _, rc, engine = table["actor_train"]
+    assert pp == 1
+    table["actor_train"] = (origin, extent, dp, pp, tp, 4, rc, engine)  # SPEC §4's P4 refused it
+    hand = _hand(concurrent, table)
+    s = hand.plan.choices[hand.graph.index["actor_train"]].strategy
+    assert (s.pp, s.mb) == (1, 4)
+    text = hand.to_json()
+    back = Result.from_json(text)
+    assert back.plan == hand.plan and back.throughput == hand.throughput
+    assert checker.check(json.loads(text)) == []
+
+
+REFUSED = [
+    ("actor_gen", {"mb": 2}, "P4: a generation with pp=1 requires mb=1"),
+    ("actor_train", {"mb": 17}, "P4: mb=17 exceeds B_local=16"),
+    ("actor_train", {"extent": (1, 1, 4), "origin": (0, 0, 0), "dp": 1, "pp": 4, "tp": 1, "mb": 2}, "P5: mb=2 must be ≥ pp=4"),
+    ("actor_gen", {"zero": 3}, "Z1: zero=3 is not a ZeRO stage generation may use (2)"),
+    ("ref_inf", {"zero": 1}, "Z1: zero=1 is not a ZeRO stage inference may use (2, 3)"),
+    ("actor_train", {"mem_fraction": 0.5}, "Z2: mem_fraction=0.5 is a rollout engine's"),
+    ("actor_gen", {"logits_chunk": 4096}, "Z2: a generation neither chunks a loss nor pads"),
+    ("actor_gen", {"packing": False}, "Z2: a generation neither chunks a loss nor pads"),
+    ("ref_inf", {"pp": 3}, "P2: pp=3 must divide layers=32 and be 1 or even"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("vertex", "change", "rule"), REFUSED, ids=[f"{c[0]}-{c[2][:2]}" for c in REFUSED])
+def test_result_for_plan_refuses_what_the_reader_refuses(concurrent, vertex, change, rule):
+    table = _table(concurrent)
+    origin, extent, dp, pp, tp, mb, rc, engine = table[vertex]
+    row = {"origin": origin, "extent": extent, "dp": dp, "pp": pp, "tp": tp, "mb": mb}
+    engine = dict(engine)
+    for key, value in change.items():
+        (engine if key in ENGINE_FIELDS else row)[key] = value
+    table[vertex] = (*row.values(), rc, engine)
+    want = rf"plan entry for '{vertex}' is illegal: {re.escape(rule)}"
+    with pytest.raises(ValueError, match=want):
+        _hand(concurrent, table)
+    # the reader refuses the same entry in the same words
+    doc = concurrent.to_dict()
+    e = next(x for x in doc["plan"] if x["vertex"] == vertex)
+    e.update({k: list(v) if isinstance(v, tuple) else v for k, v in change.items()})
+    with pytest.raises(InputError, match=want):
+        Result.from_dict(doc)
+
+
+def test_result_for_plan_names_a_wrong_typed_engine_field(concurrent):
+    table = _table(concurrent)
+    *row, engine = table["actor_train"]
+    table["actor_train"] = (*row, {**engine, "zero": "3"})
+    with pytest.raises(ValueError, match=r"plan entry for 'actor_train': field 'zero' must be int, got '3'"):
+        _hand(concurrent, table)
 
 
 # ---------------------------------------------------------------------------- constructors, statuses

@@ -1,9 +1,12 @@
-"""Tests for ``tests/tools/check_result.py``, the independent ``rpeg.result/1`` checker.
+"""Tests for ``tests/tools/check_result.py``, the independent checker of ``rpeg.result/1`` and
+``rpeg.result/2`` files.
 
 A small valid result is built by hand (1×1×4 cluster, a generation vertex split into three
-response-length phases feeding an inference vertex through COMM nodes, two steps) and must pass
-with no violation; each test then corrupts one thing and asserts that the matching check names
-it. Property tests compare the device-exclusivity sweep with a brute-force pairwise test on
+response-length phases feeding an inference vertex through COMM nodes, two steps), as a ``/1``
+file (padded tokens, SPEC §4's microbatch rules for every role) and as a ``/2`` file (real
+tokens, SPEC §14's microbatches for training and inference and the engine fields Z1–Z2); each
+must pass with no violation; each test then corrupts one thing and asserts that the matching
+check names it. Property tests compare the device-exclusivity sweep with a brute-force pairwise test on
 random list schedules.
 """
 
@@ -151,9 +154,35 @@ def make_result() -> dict[str, Any]:
     }
 
 
+# Ē of the quantiles [[0.5, 6], [0.85, 12], [1.0, 24]]: 0.5·(0+6)/2 + 0.35·(6+12)/2 + 0.15·(12+24)/2
+MEAN_RESPONSE = 7.35
+REAL_TOKENS = 2 * 16 * 2 * (8 + MEAN_RESPONSE)  # k_eval·B·R·(Lp + Ē) = 982.4
+PADDED_TOKENS = 2 * 16 * 2 * (8 + 24)  # k_eval·B·R·(Lp + Lr) = 2048
+
+
+def make_result_v2() -> dict[str, Any]:
+    """:func:`make_result` as a valid ``rpeg.result/2`` object: the §14 workload fields, the
+    engine fields in every plan entry (``ref_inf`` on ZeRO-3 with a chunked loss, padded) and
+    the throughput over real tokens."""
+    result = make_result()
+    result["format"] = "rpeg.result/2"
+    result["workload"].update(
+        reward="model", reward_cost_s=0.0, kl_coef=0.01, old_logprob="rollout", mini_batches=1
+    )
+    entry(result, GEN).update(recompute=None, zero=2, mem_fraction=0.9, logits_chunk=0, packing=True)
+    entry(result, INF).update(recompute=None, zero=3, mem_fraction=0.0, logits_chunk=4096, packing=False)
+    result["throughput"] = REAL_TOKENS / result["makespan"]
+    return result
+
+
 @pytest.fixture
 def result() -> dict[str, Any]:
     return make_result()
+
+
+@pytest.fixture
+def result_v2() -> dict[str, Any]:
+    return make_result_v2()
 
 
 def node(result: dict[str, Any], kind: str, vertex: str, step: int, phase: int) -> dict[str, Any]:
@@ -186,6 +215,12 @@ def assert_reports(result: dict[str, Any], tag: str, *keywords: str) -> list[str
 
 def test_valid_result_passes(result: dict[str, Any]) -> None:
     assert cr.check(result) == []
+
+
+def test_valid_v2_result_passes(result_v2: dict[str, Any]) -> None:
+    assert cr.check(result_v2) == []
+    for fn in cr.CHECKS:
+        assert fn(result_v2) == [], fn.__name__
 
 
 def test_valid_result_passes_after_json_round_trip(result: dict[str, Any]) -> None:
@@ -221,8 +256,8 @@ def test_flat_devices_follow_spec_numbering() -> None:
 
 
 def test_wrong_format_string(result: dict[str, Any]) -> None:
-    result["format"] = "rpeg.result/2"
-    assert_reports(result, "format", "rpeg.result/2")
+    result["format"] = "rpeg.result/3"
+    assert_reports(result, "format", "'rpeg.result/3'", "expected one of", "'rpeg.result/1'", "'rpeg.result/2'")
 
 
 @pytest.mark.parametrize("key", ["nodes", "makespan", "peak_memory", "plan", "objective_bound"])
@@ -474,7 +509,30 @@ def test_makespan_tolerance(result: dict[str, Any]) -> None:
 
 def test_wrong_throughput(result: dict[str, Any]) -> None:
     result["throughput"] *= 1.001
-    assert_reports(result, "throughput", "k_eval·B·R·(Lp+Lr)/makespan")
+    # a /1 file counts padded tokens: Ē is Lr there
+    assert_reports(result, "throughput", "k_eval·B·R·(Lp+Ē)/makespan", f"= {PADDED_TOKENS}/")
+
+
+def test_v2_throughput_counts_real_tokens(result_v2: dict[str, Any]) -> None:
+    assert result_v2["throughput"] == REAL_TOKENS / result_v2["makespan"]
+    assert cr.check_throughput(result_v2) == []
+    result_v2["throughput"] *= 1 + 1e-8  # within the tolerance
+    assert cr.check_throughput(result_v2) == []
+    # the padded count is wrong in a /2 file
+    result_v2["throughput"] = PADDED_TOKENS / result_v2["makespan"]
+    assert_reports(result_v2, "throughput", "k_eval·B·R·(Lp+Ē)/makespan", "982.4")
+    # and the real count is wrong in a /1 file
+    result_v2["throughput"] = REAL_TOKENS / result_v2["makespan"]
+    result_v2["format"] = "rpeg.result/1"
+    assert_reports(result_v2, "throughput", f"= {PADDED_TOKENS}/")
+
+
+def test_v2_throughput_follows_the_quantiles(result_v2: dict[str, Any]) -> None:
+    # longer responses: Ē = 0.5·(0+12)/2 + 0.35·(12+18)/2 + 0.15·(18+24)/2 = 11.4
+    result_v2["workload"]["quantiles"] = [[0.5, 12], [0.85, 18], [1.0, 24]]
+    assert_reports(result_v2, "throughput", "k_eval·B·R·(Lp+Ē)/makespan")
+    result_v2["throughput"] = 2 * 16 * 2 * (8 + 11.4) / result_v2["makespan"]
+    assert cr.check(result_v2) == []
 
 
 def test_throughput_tolerance(result: dict[str, Any]) -> None:
@@ -558,6 +616,92 @@ def test_vertex_sequences_replace_workload_batch(result: dict[str, Any]) -> None
     result["vertices"][1]["sequences"] = 63
     errors = assert_reports(result, "plan", "P5", "does not divide B_local=63")
     assert not any("B·R" in e for e in errors if e.startswith("[plan]"))
+
+
+# SPEC §14.2 in a /2 file: training and inference accumulate gradients (1 ≤ mb ≤ B_local,
+# pp > 1 ⇒ mb ≥ pp); a generation keeps SPEC §4's P4–P5
+
+
+@pytest.mark.parametrize("mb", [2, 3, 8, 32])
+def test_v2_inference_microbatches_need_only_mb_at_least_pp(result_v2: dict[str, Any], mb: int) -> None:
+    entry(result_v2, INF)["mb"] = mb  # B_local = 32; 3 ∤ 32 and 32/8 < 8 break §4's P5
+    assert cr.check(result_v2) == []
+    if mb in (3, 8):
+        result_v2["format"] = "rpeg.result/1"
+        result_v2["throughput"] = PADDED_TOKENS / result_v2["makespan"]
+        assert_reports(result_v2, "plan", "P5")
+
+
+def test_v2_microbatches_beyond_the_local_batch(result_v2: dict[str, Any]) -> None:
+    entry(result_v2, INF)["mb"] = 33
+    assert_reports(result_v2, "plan", INF, "P4 mb=33 exceeds B_local=32")
+    result_v2["vertices"][1]["sequences"] = 66  # the vertex's own batch: B_local = 66/1
+    assert cr.check(result_v2) == []
+
+
+def test_v2_pipelined_inference_needs_mb_at_least_pp(result_v2: dict[str, Any]) -> None:
+    entry(result_v2, INF)["mb"] = 1
+    assert_reports(result_v2, "plan", INF, "P5 mb=1 < pp=2")
+
+
+def test_v2_training_accumulates_without_a_pipeline(result_v2: dict[str, Any]) -> None:
+    result_v2["vertices"][1]["role"] = "training"
+    entry(result_v2, INF).update(extent=[1, 1, 2], dp=2, pp=1, tp=1, mb=4, zero=1)  # B_local = 16
+    assert cr.check(result_v2) == []
+    entry(result_v2, INF)["mb"] = 17
+    assert_reports(result_v2, "plan", INF, "P4 mb=17 exceeds B_local=16")
+    entry(result_v2, INF)["mb"] = 4
+    result_v2["format"] = "rpeg.result/1"  # SPEC §4's P4 for every role
+    result_v2["throughput"] = PADDED_TOKENS / result_v2["makespan"]
+    assert_reports(result_v2, "plan", INF, "P4 pp=1 requires mb=1")
+
+
+def test_v2_generation_keeps_one_microbatch_without_a_pipeline(result_v2: dict[str, Any]) -> None:
+    entry(result_v2, GEN)["mb"] = 2
+    assert_reports(result_v2, "plan", GEN, "P4 pp=1 requires mb=1")
+
+
+# Z1–Z2 (SPEC §14): the ZeRO stage a role may use; a memory fraction only for a generation, loss
+# chunks and padding only for the others
+@pytest.mark.parametrize(
+    ("vertex", "field", "value", "words"),
+    [
+        (GEN, "zero", 3, "Z1 zero=3 is not a ZeRO stage a generation vertex may use"),
+        (INF, "zero", 1, "Z1 zero=1 is not a ZeRO stage a inference vertex may use"),
+        (INF, "zero", "3", "Z1 zero='3'"),
+        (INF, "zero", True, "Z1 zero=True"),
+        (INF, "mem_fraction", 0.5, "Z2 mem_fraction=0.5 must be in [0, 1] and 0 unless a generation"),
+        (GEN, "mem_fraction", 1.5, "Z2 mem_fraction=1.5"),
+        (GEN, "mem_fraction", "0.9", "Z2 mem_fraction='0.9'"),
+        (GEN, "logits_chunk", 4096, "Z2 logits_chunk=4096 must be a non-negative integer, 0 for a generation"),
+        (INF, "logits_chunk", -1, "Z2 logits_chunk=-1"),
+        (INF, "logits_chunk", 4096.0, "Z2 logits_chunk=4096.0"),
+        (GEN, "packing", False, "Z2 packing=False must be true or false, true for a generation"),
+        (INF, "packing", "no", "Z2 packing='no'"),
+    ],
+)
+def test_v2_engine_fields_break_z1_z2(
+    result_v2: dict[str, Any], vertex: str, field: str, value: Any, words: str
+) -> None:
+    entry(result_v2, vertex)[field] = value
+    errors = assert_reports(result_v2, "plan", f"[plan] {vertex}: {words}")
+    assert len([e for e in errors if e.startswith("[plan]")]) == 1, errors
+
+
+def test_v2_engine_fields_a_trainer_may_choose(result_v2: dict[str, Any]) -> None:
+    result_v2["vertices"][1]["role"] = "training"
+    for zero in (1, 2, 3):
+        entry(result_v2, INF).update(zero=zero, logits_chunk=0, packing=True)
+        assert cr.check(result_v2) == []
+    entry(result_v2, INF)["mem_fraction"] = 0.5
+    assert_reports(result_v2, "plan", INF, "Z2 mem_fraction=0.5")
+
+
+def test_v2_engine_fields_may_be_absent_or_null(result_v2: dict[str, Any]) -> None:
+    for field in ("zero", "mem_fraction", "logits_chunk", "packing"):
+        entry(result_v2, INF)[field] = None
+        del entry(result_v2, GEN)[field]
+    assert cr.check(result_v2) == []
 
 
 def test_bad_vertex_sequences(result: dict[str, Any]) -> None:
@@ -860,7 +1004,7 @@ JSON_VALUES = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(st.data(), JSON_VALUES)
 def test_checker_never_crashes_on_corrupted_fields(data: st.DataObject, value: Any) -> None:
-    result = make_result()
+    result = data.draw(st.sampled_from([make_result, make_result_v2]))()
     path = data.draw(st.sampled_from(_paths(result)))
     target = result
     for key in path[:-1]:

@@ -105,7 +105,8 @@ def test_sa_never_returns_less_than_the_concurrent_baseline(example, seed):
 def test_sa_improves_on_the_baseline_with_a_real_budget(example):
     w, cluster = example
     base = solve(w, cluster, method="concurrent")
-    r = solve(w, cluster, method="sa", max_evaluations=1500, seed=0)
+    # 3,000 evaluations: SPEC §14's engine variants make every directory about 4x larger
+    r = solve(w, cluster, method="sa", max_evaluations=3000, seed=0)
     assert r.throughput > 1.2 * base.throughput
 
 
