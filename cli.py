@@ -45,7 +45,7 @@ from .ir.cluster import Cluster, parse_shape
 from .ir.errors import InputError, check_output, read_json, require_file
 from .ir.workload import WorkloadFile, load_workload
 from .scoring.evaluator import Evaluator
-from .solvers.result import FORMAT, Result, Status, plan_from_entries, problem_from_dict
+from .solvers.result import READ_FORMATS, Result, Status, plan_from_entries, problem_from_dict
 from .solvers.solve import METHODS, solve
 
 __all__ = ["main"]
@@ -108,7 +108,11 @@ def _workload_file(arg: str) -> WorkloadFile:
 
 
 def _cluster(
-    wf: WorkloadFile, shape: str | None, hardware: str | None, generation_max_pp: int | None = None
+    wf: WorkloadFile,
+    shape: str | None,
+    hardware: str | None,
+    generation_max_pp: int | None = None,
+    max_zero_stage: int | None = None,
 ) -> Cluster:
     shape = shape if shape is not None else wf.cluster_shape
     hardware = hardware if hardware is not None else wf.hardware
@@ -120,7 +124,9 @@ def _cluster(
         dims = parse_shape(shape)
     except ValueError as exc:
         raise InputError(f"--cluster: {exc}", source="--cluster") from None
-    return Cluster.from_shape(dims, load_hardware(hardware), generation_max_pp=generation_max_pp)
+    return Cluster.from_shape(
+        dims, load_hardware(hardware), generation_max_pp=generation_max_pp, max_zero_stage=max_zero_stage
+    )
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -312,7 +318,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     if args.method not in METHODS:
         raise InputError(f"--method: unknown method {args.method!r}; known: {', '.join(sorted(METHODS))}")
     wf = _workload_file(args.workload)
-    cluster = _cluster(wf, args.cluster, args.hardware, args.generation_max_pp)
+    cluster = _cluster(wf, args.cluster, args.hardware, args.generation_max_pp, args.max_zero_stage)
     options = _method_options(args)
     searching = args.method == "sa"
     with _live_progress(searching and not args.no_progress and sys.stderr.isatty()) as progress:
@@ -351,9 +357,12 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     doc = read_json(args.plan, "--plan file")
     if not isinstance(doc, dict) or "plan" not in doc:
         raise InputError(f"--plan {args.plan}: missing field 'plan'", source=args.plan, field="plan")
-    if "format" in doc and doc["format"] != FORMAT:
-        raise InputError(f"--plan {args.plan}: field 'format' must be {FORMAT!r}, got {doc['format']!r}")
-    cluster = _cluster(wf, args.cluster, args.hardware, args.generation_max_pp)
+    if "format" in doc and doc["format"] not in READ_FORMATS:
+        raise InputError(
+            f"--plan {args.plan}: field 'format' must be one of {', '.join(map(repr, READ_FORMATS))}, "
+            f"got {doc['format']!r}"
+        )
+    cluster = _cluster(wf, args.cluster, args.hardware, args.generation_max_pp, args.max_zero_stage)
     why = _mismatch(doc, wf, cluster)
     if why:
         raise InputError(
@@ -574,7 +583,7 @@ def _parser() -> argparse.ArgumentParser:
             "--cluster", help="cluster shape RACKSxNODESxGPUS, e.g. 1x4x4 (default: from the file)"
         )
         sp.add_argument("--hardware", help="hardware preset or JSON file (default: from the file)")
-        sp.add_argument("--json", metavar="OUT.json", help="write the rpeg.result/1 file here")
+        sp.add_argument("--json", metavar="OUT.json", help="write the rpeg.result/2 file here")
         sp.add_argument("--gantt", metavar="PLAN.png", help="draw the predicted schedule (.png, .pdf, .svg)")
         sp.add_argument(
             "--k-eval",
@@ -588,6 +597,14 @@ def _parser() -> argparse.ArgumentParser:
             default=None,
             metavar="N",
             help="largest pipeline degree of generation (1 for vLLM's CPU build: rpeg run --rollout-engine vllm)",
+        )
+        sp.add_argument(
+            "--max-zero-stage",
+            type=int,
+            choices=[1, 2, 3],
+            default=None,
+            metavar="Z",
+            help="largest ZeRO stage of training and forward passes (2 for the bundled torch engine: rpeg run)",
         )
 
     s = sub.add_parser("solve", help="plan a workload")

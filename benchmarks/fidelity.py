@@ -103,7 +103,7 @@ COLOURS = {"generation": "tab:blue", "inference": "tab:green", "training": "tab:
 
 
 def plan_result(table: dict, staleness: tuple, wl: Workload) -> Result:
-    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"))
+    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2)
     return result_for_plan(wl, cluster, Structure("ppo", False, staleness), table)
 
 

@@ -448,6 +448,8 @@ def build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int
     leanest = math.inf
     dropped_memory = 0
     for s in legal:
+        if not all(costs.runnable(v, s) for v in ms.vertices):  # an engine that cannot start
+            continue
         p = t = 0.0
         lat = 0.0
         for v in ms.vertices:

@@ -141,11 +141,17 @@ class Cluster:
         The largest pipeline degree the rollout engine can run for generation (rule P9 of
         :func:`~rpeg.ir.plan.check_strategy`); ``None``: no limit (vLLM on GPUs). ``1`` plans for
         vLLM's CPU build, which has no pipeline parallelism (``rpeg solve --generation-max-pp 1``).
+    max_zero_stage
+        The largest ZeRO stage the training and inference engines run (rule Z3 of
+        :func:`~rpeg.ir.plan.check_strategy`, SPEC §14.3); ``None``: 3 (FSDP2, Megatron-core).
+        ``2`` plans for the bundled torch engine, which keeps full parameters between updates
+        (``rpeg solve --max-zero-stage 2``).
 
     Raises
     ------
     ValueError
-        If a dimension or ``generation_max_pp`` is not a positive integer (the message names it).
+        If a dimension or ``generation_max_pp`` is not a positive integer, or
+        ``max_zero_stage`` is not 1, 2, 3 or ``None`` (the message names it).
     """
 
     racks: int
@@ -153,6 +159,7 @@ class Cluster:
     gpus_per_node: int
     hardware: Hardware
     generation_max_pp: int | None = None
+    max_zero_stage: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("racks", "nodes_per_rack", "gpus_per_node"):
@@ -167,12 +174,20 @@ class Cluster:
         g = self.generation_max_pp
         if g is not None and (not isinstance(g, int) or isinstance(g, bool) or g < 1):
             raise ValueError(f"Cluster: generation_max_pp must be a positive integer or None, got {g!r}")
+        z = self.max_zero_stage
+        if z is not None and (isinstance(z, bool) or z not in (1, 2, 3)):
+            raise ValueError(f"Cluster: max_zero_stage must be 1, 2, 3 or None, got {z!r}")
         if not isinstance(self.hardware, Hardware):
             raise TypeError(f"Cluster: hardware must be a Hardware, got {type(self.hardware).__name__}")
 
     @classmethod
     def from_shape(
-        cls, shape: str | tuple[int, int, int], hardware: Hardware, *, generation_max_pp: int | None = None
+        cls,
+        shape: str | tuple[int, int, int],
+        hardware: Hardware,
+        *,
+        generation_max_pp: int | None = None,
+        max_zero_stage: int | None = None,
     ) -> Cluster:
         """Build from ``"RxNxG"`` (e.g. ``"2x8x4"``) or a ``(R, N, G)`` tuple.
 
@@ -182,7 +197,7 @@ class Cluster:
             If the shape string is malformed.
         """
         r, n, g = parse_shape(shape) if isinstance(shape, str) else shape
-        return cls(r, n, g, hardware, generation_max_pp)
+        return cls(r, n, g, hardware, generation_max_pp, max_zero_stage)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -321,6 +336,7 @@ class Cluster:
             "memory_headroom": self.hardware.memory_headroom,
             "hardware": hw,
             **({"generation_max_pp": self.generation_max_pp} if self.generation_max_pp is not None else {}),
+            **({"max_zero_stage": self.max_zero_stage} if self.max_zero_stage is not None else {}),
         }
 
 
@@ -349,4 +365,8 @@ def pool_cluster(full: Cluster, devices: int) -> Cluster:
             f"pool: {devices} devices are neither part of a node, whole nodes of one rack nor whole "
             f"racks of cluster {full.shape_str}"
         )
-    return replace(Cluster.from_shape(shape, full.hardware), generation_max_pp=full.generation_max_pp)
+    return replace(
+        Cluster.from_shape(shape, full.hardware),
+        generation_max_pp=full.generation_max_pp,
+        max_zero_stage=full.max_zero_stage,
+    )

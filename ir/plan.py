@@ -324,7 +324,8 @@ def check_strategy(
     (the rollout engine's limit, when set). (P7, the origin's alignment, is checked by
     :meth:`Cluster.allocation`.) Z1 the ZeRO stage is one the role may choose
     (:data:`ZERO_STAGES`); Z2 only a generation sets a memory fraction, only training and
-    inference chunk their loss or pad (``packing=False``).
+    inference chunk their loss or pad (``packing=False``); Z3 the stage is at most the
+    cluster's ``max_zero_stage`` (the engines' limit, when set).
 
     Parameters
     ----------
@@ -382,6 +383,11 @@ def check_strategy(
     why = _check_engine_choices(role, zero, mem_fraction, logits_chunk, packing)
     if why is not None:
         return why
+    if cluster.max_zero_stage is not None and zero > cluster.max_zero_stage:
+        return (
+            f"Z3: zero={zero} exceeds the engines' max_zero_stage={cluster.max_zero_stage} "
+            "(the bundled torch engine: 2)"
+        )
     size = dp * pp * tp
     if cluster.shape_for_size(size) != tuple(extent):
         return f"P6: extent {list(extent)} is not the legal shape for dp·pp·tp={size} devices"
@@ -397,8 +403,21 @@ def check_strategy(
 def _check_engine_choices(
     role: Role | None, zero: int, mem_fraction: float, logits_chunk: int, packing: bool
 ) -> str | None:
-    """Z1 (the ZeRO stage the role may choose, :data:`ZERO_STAGES`) and Z2 (only a generation
-    sets a memory fraction; only training and inference chunk the loss or pad)."""
+    """Z1 (the ZeRO stage the role may choose, :data:`ZERO_STAGES`) and Z2 (a memory fraction in
+    ``[0, 1]``, set by a generation only; a non-negative loss chunk and a boolean packing, only
+    training and inference chunk the loss or pad)."""
+    if (
+        isinstance(mem_fraction, bool)
+        or not isinstance(mem_fraction, (int, float))
+        or not 0.0 <= mem_fraction <= 1.0
+    ):
+        return f"Z2: mem_fraction={mem_fraction!r} must be a number in [0, 1]"
+    if isinstance(logits_chunk, bool) or not isinstance(logits_chunk, int) or logits_chunk < 0:
+        return f"Z2: logits_chunk={logits_chunk!r} must be a non-negative integer"
+    if not isinstance(packing, bool):
+        return f"Z2: packing={packing!r} must be true or false"
+    if isinstance(zero, bool) or not isinstance(zero, int):
+        return f"Z1: zero={zero!r} must be a ZeRO stage 1, 2 or 3"
     stages = ZERO_STAGES[role] if role is not None else (1, 2, 3)
     if zero not in stages:
         what = role.value if role is not None else "an invocation"

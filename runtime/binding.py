@@ -150,7 +150,8 @@ class GroupSpec:
     devices
         Flat device ids in rank order.
     dp, pp, tp, mb
-        The layout.
+        The layout; ``mb`` is the group's trainer's microbatches (its first vertex's when it
+        trains nothing): a worker runs each node with its own vertex's ``mb`` (SPEC §14.2).
     spec
         The scaled model spec it builds.
     seed
@@ -386,11 +387,13 @@ def bind(
     members: list[list[int]] = []
     group_of: list[int] = []
     for v, (vert, choice) in enumerate(zip(g.vertices, plan.choices)):
-        st = choice.strategy  # one group per layout: the recomputation mode moves no weights
+        # one group per weight layout (Strategy.same_layout): microbatches, recomputation and the
+        # other engine variants move no weights; each node runs its own vertex's microbatches
+        st = choice.strategy
         key = (
             vert.model,
             choice.allocation.mask,
-            (st.extent, st.dp, st.pp, st.tp, st.mb, st.pp_tier, st.dp_tier),
+            (st.extent, st.dp, st.pp, st.tp, st.zero, st.pp_tier, st.dp_tier),
         )
         if key not in keys:
             keys[key] = len(members)
@@ -399,6 +402,7 @@ def bind(
         group_of.append(keys[key])
     groups = []
     for gid, vs in enumerate(members):
+        trainer = next((v for v in vs if g.vertices[v].role is Role.TRAINING), vs[0])
         c = plan.choices[vs[0]]
         s = c.strategy
         model = g.vertices[vs[0]].model
@@ -416,7 +420,7 @@ def bind(
                 dp=s.dp,
                 pp=s.pp,
                 tp=s.tp,
-                mb=s.mb,
+                mb=plan.choices[trainer].strategy.mb,
                 spec=specs[model],
                 seed=seeds[model],
                 recompute=next(

@@ -564,6 +564,8 @@ class Controller:
         desc = {
             "vertex": vname,
             "role": vert.role.value,
+            "mb": b.result.plan.choices[nd.vertex].strategy.mb,  # per vertex (SPEC §14.2)
+            "logits_chunk": b.result.plan.choices[nd.vertex].strategy.logits_chunk,  # SPEC §14.6
             "step": nd.step,
             "phase": nd.phase,
             "version": nd.version,
@@ -648,7 +650,7 @@ class Controller:
                 phase=nd.phase,
                 workers=group.workers(),
                 devices=list(nd.devices),
-                layout=group.layout(),
+                layout={**group.layout(), "mb": b.result.plan.choices[nd.vertex].strategy.mb},
                 start=start,
                 end=end,
                 versions_consumed=consumed,

@@ -31,6 +31,7 @@ from ..ir.errors import (
     check_type,
 )
 from ..ir.hardware import Hardware
+from ..ir.types import Role
 from ..solvers.result import Result
 from .binding import Binding, bind, check_specs, run_specs
 from .liveness import DEFAULT_STALL_S, RunError
@@ -389,6 +390,8 @@ def _prepare(
         check_compatible(result, target)
     # the engines this run uses: their calibrated terms, where the hardware file has them
     hw = _hardware(hardware).using(generation=cfg.rollout_engine, inference="torch", training="torch")
+    for res, _ in segments:
+        check_engine_choices(res)
     specs = run_specs([res for res, _ in segments], scale=cfg.scale)  # one model shape for the whole run
     bindings = [_bind(res, n, cfg, specs) for res, n in segments]
     for b in bindings:
@@ -405,6 +408,60 @@ def _prepare(
         for a, b in zip(bindings, bindings[1:])
     ]
     return _RunPlan(result, segments, bindings, tplans, specs, hw, trace_files, resume, cfg)
+
+
+def check_engine_choices(result: Result) -> None:
+    """Refuse, before any worker starts, a plan whose SPEC §14 choices the bundled engines do not
+    execute yet (``docs/runtime.md``, "What the runtime does not run yet").
+
+    The torch engine trains with FSDP2 keeping full parameters between updates (ZeRO stage 2),
+    holds every forward-only copy replicated (stage 2), back-propagates through a microbatch's
+    whole logits (a forward pass's chunked log-probs run as planned), and runs one optimizer
+    update per step; the runtime's RL loop needs a reward
+    model, a reference and the rollout engine's log-probs. Microbatches (gradient accumulation),
+    recomputation and packing run as planned; a generation's memory fraction sizes a GPU rollout
+    engine's cache, while the vLLM CPU build runs with its own ``VLLM_CPU_KVCACHE_SPACE``
+    (1 GiB, enough for every sequence of the scaled runs).
+
+    Raises
+    ------
+    ValueError
+        Naming the vertex (or the workload field), the choice and what to plan instead.
+    """
+    w = result.workload
+    for name, value, default in (
+        ("reward", w.reward, "model"),
+        ("kl_coef", w.kl_coef, None),
+        ("old_logprob", w.old_logprob, "rollout"),
+        ("mini_batches", w.mini_batches, 1),
+    ):
+        if name == "kl_coef":
+            if value == 0.0:
+                raise ValueError(
+                    "workload.kl_coef = 0 (no reference model) is planned but not yet run by the runtime, "
+                    "whose RL losses read the reference's log-probs; run with a non-zero kl_coef"
+                )
+            continue
+        if value != default:
+            raise ValueError(
+                f"workload.{name} = {value!r} is planned but not yet run by the runtime (it runs "
+                f"{name} = {default!r}); run the workload with {name} = {default!r}"
+            )
+    assert result.plan is not None
+    for v, c in zip(result.graph.vertices, result.plan.choices):
+        s = c.strategy
+        if s.zero != 2:
+            raise ValueError(
+                f"vertex {v.name!r}: ZeRO stage {s.zero} is planned but the torch engine runs stage 2 "
+                "(FSDP2 keeping full parameters between updates; forward-only copies replicated); "
+                "plan for it with Cluster(..., max_zero_stage=2) (rpeg solve --max-zero-stage 2)"
+            )
+        if s.logits_chunk and v.role is Role.TRAINING:  # forward passes chunk their log-probs
+            raise ValueError(
+                f"vertex {v.name!r}: a chunked training loss (logits_chunk={s.logits_chunk}) is planned but "
+                "the torch engine back-propagates through a microbatch's whole logits; plan with "
+                "logits_chunk=0"
+            )
 
 
 def _hardware(hardware: Hardware | str | None) -> Hardware:

@@ -112,19 +112,38 @@ class WorkerOps:
 
     # ------------------------------------------------------------------ pipeline plumbing
     def _stage(
-        self, x: torch.Tensor | None, b: int, s: int, cache: KVCache | None = None
+        self, x: torch.Tensor | None, b: int, s: int, cache: KVCache | None = None, *, heads: bool = True
     ) -> torch.Tensor | None:
         """Run this stage on ``b × s`` positions; hidden states travel stage to stage by P2P.
-        Returns the last stage's output (heads applied), ``None`` on other stages."""
+        Returns the last stage's output (heads applied; its hidden states before the final norm
+        with ``heads=False``), ``None`` on other stages."""
         m = self.mesh
         if not m.first:
             x = torch.empty(b, s, self.group.spec.hidden)
             dist.recv(x, src=m.prev_rank())
+        if m.last and not heads:
+            return self.model.forward_hidden(x, cache=cache)
         out = self.model(x, cache=cache)
         if not m.last:
             dist.send(out.contiguous(), dst=m.next_rank())
             return None
         return out
+
+    def _chunked_logprobs(
+        self, hidden: torch.Tensor, tokens: torch.Tensor, sl: slice, chunk: int
+    ) -> torch.Tensor:
+        """Log-probs of the response tokens from the last stage's ``hidden`` states with the
+        head applied to ``chunk`` positions at a time (a chunked loss, SPEC §14.6): no more than
+        ``chunk × V`` logits per sequence exist at once, and only the response positions'."""
+        Lp = self.shape.prompt_len
+        pieces = []
+        for lo in range(sl.start, sl.stop, chunk):
+            hi = min(lo + chunk, sl.stop)
+            logits = self.model.heads(hidden[:, lo:hi])
+            # position p predicts token p + 1: the response tokens Lp + (lo − sl.start) …
+            first = Lp + (lo - sl.start)
+            pieces.append(token_logprobs(logits / self.cfg.temperature, tokens[:, first : first + hi - lo]))
+        return torch.cat(pieces, dim=1)
 
     def _my_slice(self, n: int) -> torch.Tensor:
         """Indices of this DP rank's sequences among ``n``: every ``Pd``-th from its DP rank
@@ -217,7 +236,8 @@ class WorkerOps:
             ids, mine, prompts = self._rollout_batch(step)
             tokens = torch.zeros(len(mine), sh.prompt_len + sh.response_len, dtype=torch.int64)
             tokens[:, : sh.prompt_len] = prompts
-            chunks = [c for c in torch.tensor_split(torch.arange(len(mine)), self.group.mb) if len(c)]
+            mb = int(node.get("mb", self.group.mb))  # the vertex's microbatches (SPEC §14.2)
+            chunks = [c for c in torch.tensor_split(torch.arange(len(mine)), mb) if len(c)]
             self.gen_state[key] = {
                 "ids": ids,
                 "mine": mine,
@@ -281,10 +301,19 @@ class WorkerOps:
         tokens, mask = batch["tokens"][mine], batch["mask"][mine]
         meta: dict[str, Any] = {"sequences": len(mine)}
 
+        mb = int(node.get("mb", self.group.mb))  # the vertex's microbatches (SPEC §14.2)
+        chunk = int(node.get("logits_chunk", 0))  # a chunked loss (SPEC §14.6)
+        chunked = chunk > 0 and kind in ("ref_logp", "logp") and self.group.head is Head.LM
+
         def forward(tokens: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
             results: list[torch.Tensor] = []
-            for c in torch.tensor_split(torch.arange(len(tokens)), self.group.mb):
+            for c in torch.tensor_split(torch.arange(len(tokens)), mb):
                 if not len(c):
+                    continue
+                if chunked:  # the head over `chunk` response positions at a time
+                    hidden = self._stage(tokens[c] if self.mesh.first else None, len(c), Lp + Lr, heads=False)
+                    if hidden is not None:
+                        results.append(self._chunked_logprobs(hidden, tokens[c], sl, chunk) * mask[c])
                     continue
                 out = self._stage(tokens[c] if self.mesh.first else None, len(c), Lp + Lr)
                 if out is None:
@@ -361,7 +390,8 @@ class WorkerOps:
         decoupled = not same_weights and algorithm != "dpo" and self.cfg.stale_objective == "decoupled"
         loss_fn = self._loss_fn(algorithm, total, gaps, decoupled=decoupled)
         mine = self._my_slice(len(batch["ids"]))
-        losses = self._backward(batch["tokens"][mine], target[mine], loss_fn)
+        mb = int(node.get("mb", self.group.mb))  # the vertex's microbatches (SPEC §14.2)
+        losses = self._backward(batch["tokens"][mine], target[mine], loss_fn, mb)
         meta = self._update(node, losses)
         if gaps:
             meta["logprob_gap"] = max(gaps)
@@ -482,14 +512,15 @@ class WorkerOps:
         tokens: torch.Tensor,
         target: torch.Tensor,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        mb: int,
     ) -> list[torch.Tensor]:
         """Forward and backward of this rank's sequences in ``mb`` microbatches — 1F1B over the
-        pipeline stages when ``Pp > 1`` — accumulating gradients; returns the microbatch losses
-        (on the last stage)."""
+        pipeline stages when ``Pp > 1`` (one schedule per microbatch count) — accumulating
+        gradients; returns the microbatch losses (on the last stage)."""
         losses: list[torch.Tensor] = []
         if self.group.pp == 1:
             assert self.optimizer is not None
-            chunks = [c for c in torch.tensor_split(torch.arange(len(tokens)), self.group.mb) if len(c)]
+            chunks = [c for c in torch.tensor_split(torch.arange(len(tokens)), mb) if len(c)]
             for i, c in enumerate(chunks):
                 self.optimizer.sync_gradients(i == len(chunks) - 1)  # FSDP2: one reduction per update
                 loss = loss_fn(self.packed(tokens[c]), target[c])
@@ -499,15 +530,13 @@ class WorkerOps:
                 # no sequence on this DP rank: a zero backward takes part in the gradient reduction
                 (self.packed(torch.zeros(1, tokens.shape[1], dtype=torch.long)).sum() * 0).backward()
             return losses
-        if self.schedule is None:
+        if self.schedule is None or self.schedule._n_microbatches != mb:
             from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
             stage = PipelineStage(
                 self.packed, self.mesh.p, self.group.pp, torch.device("cpu"), group=self.mesh.pp_group
             )
-            self.schedule = Schedule1F1B(
-                stage, n_microbatches=self.group.mb, loss_fn=loss_fn, scale_grads=False
-            )
+            self.schedule = Schedule1F1B(stage, n_microbatches=mb, loss_fn=loss_fn, scale_grads=False)
         self.schedule._loss_fn = loss_fn  # this step's normaliser and batch
         if self.mesh.first:
             self.schedule.step(tokens)

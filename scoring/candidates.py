@@ -101,8 +101,9 @@ def engine_variants(base: Strategy, role: Role | None, max_fraction: float) -> l
     """The engine choices a directory lists for one layout (SPEC §14): per training layout
     every recomputation mode × ZeRO stage 2 or 3 × whole or chunked loss
     (:data:`SEARCHED_TRAINING_STAGES`, :data:`LOSS_CHUNK`); per inference layout ZeRO stage 2
-    or 3 × whole or chunked loss; per generation layout each memory fraction of
-    :data:`MEMORY_FRACTIONS` up to ``max_fraction`` (and ``max_fraction`` itself)."""
+    or 3 × whole or chunked loss (stage 3 only with ``Pd > 1``: one rank shards nothing); per
+    generation layout each memory fraction of :data:`MEMORY_FRACTIONS` up to ``max_fraction``
+    (and ``max_fraction`` itself)."""
     if role is Role.GENERATION:
         fractions = sorted({u for u in MEMORY_FRACTIONS if u <= max_fraction} | {max_fraction})
         return [base.variant(mem_fraction=u) for u in fractions]
@@ -110,6 +111,8 @@ def engine_variants(base: Strategy, role: Role | None, max_fraction: float) -> l
         return [base]
     out = []
     stages = SEARCHED_TRAINING_STAGES if role is Role.TRAINING else (2, 3)
+    if base.dp == 1:  # one data-parallel rank shards nothing
+        stages = (2,)
     for z in stages:
         for chunk in (0, LOSS_CHUNK):
             for mode in recompute_modes(role):
@@ -176,7 +179,11 @@ def enumerate_strategies(
                 for mb in microbatch_counts(role, pp, b_local):
                     if check_strategy(cluster, spec, role, sequences, extent, dp, pp, tp, mb) is None:
                         base = make_strategy(cluster, extent, dp, pp, tp, mb)
-                        out.extend(engine_variants(base, role, max_fraction))
+                        out.extend(
+                            s
+                            for s in engine_variants(base, role, max_fraction)
+                            if cluster.max_zero_stage is None or s.zero <= cluster.max_zero_stage
+                        )
     return out
 
 
@@ -296,13 +303,15 @@ class Directory:
     times
         Estimated isolated time of each strategy (seconds).
     dropped
-        How many legal strategies the isolated-memory filter removed.
+        How many legal strategies the isolated-memory filter removed (with the generations
+        whose memory fraction leaves no room for one sequence).
     smallest_isolated
         The least isolated memory among all legal strategies (bytes): how close the vertex
         comes to fitting when the directory is empty.
     dominated
-        How many memory-feasible strategies were left out because another recomputation mode of
-        the same layout is at least as fast with no more isolated memory (one of them strictly).
+        How many memory-feasible strategies were left out because another variant of the same
+        degrees and ZeRO stage is at least as fast with no more transient memory (one of them
+        strictly, or listed first).
     """
 
     vertex: int
@@ -361,16 +370,18 @@ def aligned_allocations(cluster: Cluster, size: int) -> list[Allocation]:
 
 
 def build_directories(costs: Costs) -> list[Directory]:
-    """Build ``Xcand(v)`` for every vertex of ``costs.graph`` (SPEC §4).
+    """Build ``Xcand(v)`` for every vertex of ``costs.graph`` (SPEC §4, §14).
 
-    The legal strategies (P1–P8, and H1–H2 for the vertex's model on its engine; a training
-    vertex's layouts once per recomputation mode) are enumerated once per distinct
-    ``(layers, heads, kv_heads, engine, B·R, training or not)``. Drops strategies whose isolated memory exceeds
-    ``M_eff`` (joint infeasibility is left to the penalty), then every recomputation mode that
-    another mode of the same layout dominates (time ``≤`` and isolated memory ``≤``, one strictly:
-    it can never be the better pick), and sorts the rest by the unsplit OP time of the cost model.
-    A slower mode that needs less memory is kept: whether it is needed depends on what else
-    shares the devices.
+    The legal strategies (P1–P8, H1–H2 for the vertex's model on its engine, Z1–Z2; each layout
+    with its engine variants, :func:`engine_variants`) are enumerated once per distinct
+    ``(layers, heads, kv_heads, engine, B·R, training or not)``. Drops strategies the engine
+    cannot start (a generation whose cache holds no full-length sequence,
+    :meth:`~rpeg.scoring.costs.Costs.runnable`) or whose isolated memory exceeds ``M_eff``
+    (joint infeasibility is left to the penalty); then every variant another variant of the
+    same degrees and ZeRO stage dominates (time ``≤`` and transient memory ``≤``, one strictly
+    or listed first: it can never be the better pick); and sorts the rest by the unsplit OP time
+    of the cost model. A slower variant that needs less memory is kept: whether it is needed
+    depends on what else shares the devices.
     """
     cluster = costs.cluster
     m_eff = cluster.hardware.m_eff
@@ -389,7 +400,7 @@ def build_directories(costs: Costs) -> list[Directory]:
         for j, s in enumerate(by_shape[key]):
             iso = costs.memory(vi, s).isolated
             smallest = min(smallest, iso)
-            if iso > m_eff:
+            if iso > m_eff or not costs.runnable(vi, s):
                 dropped += 1
                 continue
             kept.append((costs.op_time(vi, s), j, s))

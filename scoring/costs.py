@@ -12,7 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..costmodel.layout import Layout
-from ..costmodel.memory import training_state_bytes, transient_bytes, weight_bytes, zero_state_bytes
+from ..costmodel.memory import (
+    kv_budget_tokens,
+    training_state_bytes,
+    transient_bytes,
+    weight_bytes,
+    zero_state_bytes,
+)
 from ..costmodel.time import comm_time, generation_times, op_time, reshard_time
 from ..ir.cluster import Cluster
 from ..ir.graph import RPEG
@@ -194,6 +200,17 @@ class Costs:
         return hit
 
     # ------------------------------------------------------------------ memory
+    def runnable(self, vertex: int, s: Strategy) -> bool:
+        """Whether the engine can start with strategy ``s`` (SPEC §14.5): a generation's cache
+        must hold one sequence at full length, ``K/κ ≥ Lp + Lr``
+        (:func:`~rpeg.costmodel.memory.kv_budget_tokens`); every other strategy can."""
+        v = self.graph.vertices[vertex]
+        if v.role is not Role.GENERATION:
+            return True
+        w = self.workload
+        tokens = kv_budget_tokens(self._specs[vertex], self.layout(s), self.hw, self._model_heads[vertex])
+        return tokens >= w.prompt_len + w.response_len
+
     def memory(self, vertex: int, s: Strategy) -> VertexMemory:
         """Per-device memory figures of ``vertex`` under strategy ``s`` (cached)."""
         key = (vertex, s)

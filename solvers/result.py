@@ -392,8 +392,9 @@ class Result:
     # ------------------------------------------------------------------ text
     def summary(self) -> str:
         """A readable report: throughput, makespan, peak memory vs capacity, and per invocation
-        its allocation, ``(dp, pp, tp)``, ``mb``, activation recomputation (``recompute``: the
-        training invocations' mode, ``-`` for the others) and time; without a plan, a headline saying
+        its allocation, ``(dp, pp, tp)``, ``mb``, tokens per microbatch (``tok/mb``), the engine
+        choices (SPEC §14: recomputation and ZeRO stage, loss chunking, padding, a rollout
+        engine's memory fraction) and time; without a plan, a headline saying
         why (``NO FEASIBLE PLAN``, or ``NO PLAN`` with the engine's ``unknown``/``error``) and
         the message."""
         lines = [
@@ -551,6 +552,7 @@ class _ClusterBlock(_Read):
     gpus_per_node: Annotated[int, Field(ge=1)]
     hardware: dict[str, Any]
     generation_max_pp: Annotated[int, Field(ge=1)] | None = None
+    max_zero_stage: Literal[1, 2, 3] | None = None
 
 
 class _StructureBlock(_Read):
@@ -637,7 +639,9 @@ def _problem(doc: _ResultFile, source: str) -> tuple[Workload, Cluster, Structur
     c = doc.cluster
     hw = Hardware.from_dict(c.hardware, source=f"{source}: cluster.hardware")
     try:
-        cluster = Cluster(c.racks, c.nodes_per_rack, c.gpus_per_node, hw, c.generation_max_pp)
+        cluster = Cluster(
+            c.racks, c.nodes_per_rack, c.gpus_per_node, hw, c.generation_max_pp, c.max_zero_stage
+        )
     except ValueError as exc:
         raise InputError(f"{source}: field 'cluster': {exc}", source=source, field="cluster") from None
     st = doc.structure

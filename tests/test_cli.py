@@ -89,7 +89,10 @@ def test_solve_options_reach_the_result(capsys, tmp_path):
     assert doc["k_eval"] == 3
     assert (doc["cluster"]["racks"], doc["cluster"]["nodes_per_rack"]) == (1, 2)
     assert doc["cluster"]["gpus_per_node"] == 4
-    assert doc["throughput"] == pytest.approx(3 * 512 * (128 + 384) / doc["makespan"], rel=1e-12)
+    # real tokens (SPEC §14.1): SPEC §2's default quantiles for Lr = 384 give a mean response
+    # Ē = 0.5·(0+96)/2 + 0.35·(96+192)/2 + 0.15·(192+384)/2 = 117.6 tokens, not the padded 384
+    assert doc["workload"]["quantiles"] == [[0.5, 96], [0.85, 192], [1.0, 384]]
+    assert doc["throughput"] == pytest.approx(3 * 512 * (128 + 117.6) / doc["makespan"], rel=1e-12)
 
 
 def test_evaluate_with_other_hardware_rescores_the_same_plan(capsys, tmp_path, checker):

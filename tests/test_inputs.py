@@ -198,8 +198,16 @@ def _edit_result(plan_file: Path, tmp_path: Path, edit) -> Path:
 
 
 RESULT_CASES = [
-    ("other format", lambda d: d.update(format="rpeg.result/9"), r"field 'format' must be 'rpeg\.result/1', got 'rpeg\.result/9'"),
-    ("no format", lambda d: d.pop("format"), r"field 'format' must be 'rpeg\.result/1', got None"),
+    ("other format", lambda d: d.update(format="rpeg.result/9"), r"field 'format' must be one of 'rpeg\.result/1', 'rpeg\.result/2', got 'rpeg\.result/9'"),
+    ("no format", lambda d: d.pop("format"), r"field 'format' must be one of 'rpeg\.result/1', 'rpeg\.result/2', got None"),
+    ("workload reward unknown", lambda d: d["workload"].update(reward="human"), r"field 'workload\.reward'"),
+    ("workload kl_coef negative", lambda d: d["workload"].update(kl_coef=-0.1), r"field 'workload\.kl_coef'"),
+    ("workload mini_batches zero", lambda d: d["workload"].update(mini_batches=0), r"field 'workload\.mini_batches'"),
+    ("workload old_logprob unknown", lambda d: d["workload"].update(old_logprob="cache"), r"field 'workload\.old_logprob'"),
+    ("plan entry zero string", lambda d: d["plan"][0].update(zero="3"), r"plan entry for 'actor_gen': field 'zero' must be int, got '3'"),
+    ("plan entry packing int", lambda d: d["plan"][0].update(packing=1), r"plan entry for 'actor_gen': field 'packing' must be bool, got 1"),
+    ("plan entry zero illegal", lambda d: d["plan"][0].update(zero=3), r"plan entry for 'actor_gen' is illegal: Z1"),
+    ("plan entry chunk on a generation", lambda d: d["plan"][0].update(logits_chunk=4096), r"plan entry for 'actor_gen' is illegal: Z2"),
     ("k_eval string", lambda d: d.update(k_eval="8"), r"field 'k_eval'"),
     ("workload B float", lambda d: d["workload"].update(B=512.0), r"field 'workload\.B'"),
     ("model layers string", lambda d: d["workload"]["models"]["actor"].update(layers="32"), r"field 'workload\.models\.actor\.layers'"),
@@ -225,6 +233,34 @@ def test_bad_result_file(plan_file, tmp_path, capsys, edit, pattern):
 def test_a_result_file_reads_back(plan_file):
     again = rpeg.Result.from_json(plan_file)
     assert again.feasible and again.k_eval == 2
+    assert json.loads(plan_file.read_text())["format"] == "rpeg.result/2"
+
+
+def _as_v1(doc: dict) -> None:
+    """``doc`` as an ``rpeg.result/1`` file: no engine fields in the plan entries, none of
+    SPEC §14's fields in the workload block."""
+    doc["format"] = "rpeg.result/1"
+    for key in ("reward", "reward_cost_s", "kl_coef", "old_logprob", "mini_batches"):
+        del doc["workload"][key]
+    for e in doc["plan"]:
+        for key in ("zero", "mem_fraction", "logits_chunk", "packing"):
+            del e[key]
+
+
+def test_a_v1_result_file_reads_back(plan_file, tmp_path):
+    path = _edit_result(plan_file, tmp_path, _as_v1)
+    again = rpeg.Result.from_json(path)
+    assert again.plan is not None and again.k_eval == 2
+    assert all(c.strategy.zero == 2 and c.strategy.mem_fraction == 0.0 for c in again.plan.choices)
+    assert json.loads(again.to_json())["format"] == "rpeg.result/2"
+
+
+def test_evaluate_reads_a_v1_plan_file(plan_file, tmp_path, capsys):
+    path = _edit_result(plan_file, tmp_path, _as_v1)
+    out_path = tmp_path / "again.json"
+    status, err = cli(capsys, "evaluate", "ppo-7b-16gpu", "--plan", str(path), "--json", str(out_path))
+    assert status == 0, err
+    assert json.loads(out_path.read_text())["format"] == "rpeg.result/2"
 
 
 def test_evaluate_refuses_a_plan_made_for_another_problem(plan_file, capsys):

@@ -55,7 +55,7 @@ def workload(algorithm: str = "ppo") -> Workload:
 
 def hand(wl: Workload, shape: str, table: dict, staleness: tuple) -> Result:
     """A result for a hand-written plan ``vertex → (origin, extent, dp, pp, tp, mb)``."""
-    cluster = Cluster.from_shape(shape, hardware_preset("gh200"))
+    cluster = Cluster.from_shape(shape, hardware_preset("gh200"), max_zero_stage=2)
     return result_for_plan(wl, cluster, Structure(wl.algorithm, False, staleness), table)
 
 

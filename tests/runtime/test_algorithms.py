@@ -43,7 +43,7 @@ def ray_instance(ray_session):
 
 
 def cluster(shape: str) -> Cluster:
-    return Cluster.from_shape(shape, hardware_preset("gh200"))
+    return Cluster.from_shape(shape, hardware_preset("gh200"), max_zero_stage=2)
 
 
 def reference(result, *, batch: int, config: RLConfig | None = None) -> list[float]:

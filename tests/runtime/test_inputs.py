@@ -25,7 +25,9 @@ from tests.runtime.plans import workload
 
 @pytest.fixture(scope="module")
 def result():
-    return solve(workload("ppo"), Cluster.from_shape("1x1x2", hardware_preset("gh200")), "greedy")
+    return solve(
+        workload("ppo"), Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2), "greedy"
+    )
 
 
 def tiny_trace(result, **record) -> Trace:

@@ -37,7 +37,9 @@ def colocated_ppo(clean_run):
     weights kept. (With 8 sequences a step's mean reward is too noisy to show learning in two
     updates: the single-process reference rises by 0.05 on 2 of 8 seeds at batch 8, on 8 of 8 at
     batch 32.)"""
-    result = solve(workload("ppo"), Cluster.from_shape("1x1x2", hardware_preset("gh200")), "greedy")
+    result = solve(
+        workload("ppo"), Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2), "greedy"
+    )
     return result, clean_run(result, steps=3, batch=BATCH, return_weights=True)
 
 
@@ -90,7 +92,7 @@ def test_ppo_disaggregated_stale_runs_verifies_and_learns_like_synchronous():
 
 def test_grpo_runs_and_learns():
     wl = workload("grpo")
-    result = solve(wl, Cluster.from_shape("1x1x2", hardware_preset("gh200")), "greedy")
+    result = solve(wl, Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2), "greedy")
     report = run(result, steps=3)
     assert report.problems == []
     assert rising(report.rewards), report.rewards
@@ -113,7 +115,9 @@ def test_same_seed_two_layouts_same_weights(colocated_ppo, clean_run):
 
 
 def test_worker_fault_names_node_step_and_worker():
-    result = solve(workload("ppo"), Cluster.from_shape("1x1x2", hardware_preset("gh200")), "greedy")
+    result = solve(
+        workload("ppo"), Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2), "greedy"
+    )
     with pytest.raises(RunError, match=r"actor_train step 1.*worker g\d+/r1"):
         worker = None
         from rpeg.runtime.binding import bind
@@ -137,6 +141,8 @@ def test_checkpoint_resume_matches_uninterrupted_run(colocated_ppo, tmp_path):
 
 
 def test_bad_inputs_are_named():
-    result = solve(workload("ppo"), Cluster.from_shape("1x1x2", hardware_preset("gh200")), "greedy")
+    result = solve(
+        workload("ppo"), Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2), "greedy"
+    )
     with pytest.raises(ValueError, match="steps must be a positive integer"):
         run(result, steps=0)

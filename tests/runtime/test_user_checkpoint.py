@@ -64,7 +64,7 @@ def workload_file(tmp_path: Path, algorithm: str, models: dict[str, str]) -> Pat
 
 def plan(tmp_path: Path, algorithm: str, models: dict[str, str], shape: str = "1x1x2") -> Result:
     wl = load_workload(workload_file(tmp_path, algorithm, models)).workload
-    return solve(wl, Cluster.from_shape(shape, hardware_preset("gh200")), "greedy")
+    return solve(wl, Cluster.from_shape(shape, hardware_preset("gh200"), max_zero_stage=2), "greedy")
 
 
 def test_the_workload_keeps_the_checkpoint_and_the_result_file_too(checkpoint, tmp_path):

@@ -124,7 +124,7 @@ def test_a_shared_backbone_weights_its_value_loss_by_value_coef():
     vertices = ("actor_gen", "ref_inf", "reward_inf", "critic_inf", "actor_critic_train")
     result = result_for_plan(
         workload("ppo"),
-        Cluster.from_shape("1x1x1", hardware_preset("gh200")),
+        Cluster.from_shape("1x1x1", hardware_preset("gh200"), max_zero_stage=2),
         Structure("ppo", True, (("actor_critic", 0),)),
         dict.fromkeys(vertices, one),
     )

@@ -27,13 +27,15 @@ from rpeg.scoring.evaluator import Evaluator
 FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
-def _variants(role):
+def _variants(role, dp=2):
     """The engine choices listed per layout (``docs/decisions.md``, "Directories list, then
-    prune"), as ``(zero, logits_chunk, recompute, mem_fraction)``."""
+    prune"), as ``(zero, logits_chunk, recompute, mem_fraction)``; ZeRO stage 3 only with more
+    than one data-parallel rank (one rank shards nothing)."""
+    stages = (2, 3) if dp > 1 else (2,)
     if role is Role.TRAINING:
-        return {(z, c, m, 0.0) for z in (2, 3) for c in (0, 4096) for m in (Recompute.NONE, Recompute.FULL)}
+        return {(z, c, m, 0.0) for z in stages for c in (0, 4096) for m in (Recompute.NONE, Recompute.FULL)}
     if role is Role.INFERENCE:
-        return {(z, c, Recompute.FULL, 0.0) for z in (2, 3) for c in (0, 4096)}
+        return {(z, c, Recompute.FULL, 0.0) for z in stages for c in (0, 4096)}
     if role is Role.GENERATION:
         return {(2, 0, Recompute.FULL, u) for u in FRACTIONS}
     return {(2, 0, Recompute.FULL, 0.0)}
@@ -141,7 +143,11 @@ def test_directories_keep_only_isolated_memory_feasible_undominated_strategies(d
             v = ev.graph.vertices[d.vertex]
             legal = enumerate_strategies(ev.cluster, ev.graph.models[v.model].spec, v.sequences, v.role)
             mem = {s: ev.costs.memory(d.vertex, s) for s in legal}
-            feasible = [(j, s) for j, s in enumerate(legal) if mem[s].isolated <= m_eff]
+            feasible = [
+                (j, s)
+                for j, s in enumerate(legal)
+                if mem[s].isolated <= m_eff and ev.costs.runnable(d.vertex, s)  # an engine that starts
+            ]
             time = {s: ev.costs.op_time(d.vertex, s) for _, s in feasible}
             transient = {s: mem[s].transient for _, s in feasible}
             undominated = _undominated(feasible, time, transient)
@@ -263,10 +269,10 @@ def test_enumerate_strategies_on_one_node_by_hand(cluster_1x1x4):
     assert (2, 2, 1, 2) in training and (2, 2, 1, 1) not in training and (4, 1, 1, 16) not in training
     for role, expected in ((Role.GENERATION, generation), (Role.TRAINING, training)):
         got = enumerate_strategies(cluster_1x1x4, 4, 32, role)
-        # every layout once per engine variant, and nothing else
-        assert len(got) == len(expected) * len(_variants(role))
+        # every layout once per engine variant (ZeRO-3 only with dp > 1), and nothing else
+        assert len(got) == sum(len(_variants(role, key[0])) for key in expected)
         assert {(s.dp, s.pp, s.tp, s.mb, _variant(s)) for s in got} == {
-            (*key, var) for key in expected for var in _variants(role)
+            (*key, var) for key in expected for var in _variants(role, key[0])
         }
         for s in got:
             assert s.extent == (1, 1, s.size)
@@ -354,8 +360,9 @@ def test_enumeration_is_exactly_the_legal_set(checker, role, racks, nodes, gpus,
     keys = [(s.extent, s.dp, s.pp, s.tp, s.mb, _variant(s)) for s in got]
     assert len(keys) == len(set(keys))
     assert {k[:5] for k in keys} == legal
-    assert len(keys) == len(legal) * len(_variants(role))
-    assert {k[5] for k in keys} <= _variants(role)
+    assert len(keys) == sum(len(_variants(role, dp)) for _, dp, *_ in legal)
+    for k in keys:
+        assert k[5] in _variants(role, k[1])
     for s in got:
         entry = {"vertex": "v", "zero": s.zero, "mem_fraction": s.mem_fraction}
         entry.update(logits_chunk=s.logits_chunk, packing=s.packing)
@@ -381,8 +388,8 @@ def test_layouts_come_in_every_engine_variant(directories):
             by_layout: dict[tuple, set] = {}
             for s in legal:
                 by_layout.setdefault((s.extent, s.dp, s.pp, s.tp, s.mb), set()).add(_variant(s))
-            assert all(vs == _variants(v.role) for vs in by_layout.values()), v.name
-            assert len(legal) == len(_variants(v.role)) * len(by_layout)
+            assert all(vs == _variants(v.role, key[1]) for key, vs in by_layout.items()), v.name
+            assert len(legal) == sum(len(_variants(v.role, key[1])) for key in by_layout)
             # what the directory left out was either over M_eff or dominated by a variant
             assert len(d) + d.dropped + d.dominated == len(legal)
 

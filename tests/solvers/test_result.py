@@ -284,7 +284,9 @@ def test_malformed_field_is_a_value_error_naming_vertex_and_field(ev, entries, f
         ("critic_train", "packing", "false", "bool"),
     ],
 )
-def test_a_wrong_typed_engine_field_names_vertex_and_field(concurrent, ev, entries, vertex, field, value, kind):
+def test_a_wrong_typed_engine_field_names_vertex_and_field(
+    concurrent, ev, entries, vertex, field, value, kind
+):
     _entry(entries, vertex)[field] = value
     want = rf"plan entry for '{vertex}': field '{field}' must be {kind}, got {re.escape(repr(value))}"
     with pytest.raises(ValueError, match=want):
@@ -334,7 +336,14 @@ def test_a_v1_file_reads_with_the_defaults(concurrent, tmp_path):
     for mine, theirs in zip(back.plan.choices, concurrent.plan.choices):
         s, t = mine.strategy, theirs.strategy
         assert (s.zero, s.mem_fraction, s.logits_chunk, s.packing) == (2, 0.0, 0, True)
-        assert (s.extent, s.dp, s.pp, s.tp, s.mb, s.recompute) == (t.extent, t.dp, t.pp, t.tp, t.mb, t.recompute)
+        assert (s.extent, s.dp, s.pp, s.tp, s.mb, s.recompute) == (
+            t.extent,
+            t.dp,
+            t.pp,
+            t.tp,
+            t.mb,
+            t.recompute,
+        )
         assert mine.allocation == theirs.allocation
     # re-scored under the current model (real tokens) and written as /2 with the defaults spelled out
     assert back.throughput == pytest.approx(back.k_eval * TINY_REAL_TOKENS / back.makespan, rel=1e-12)

@@ -257,7 +257,9 @@ def test_flat_devices_follow_spec_numbering() -> None:
 
 def test_wrong_format_string(result: dict[str, Any]) -> None:
     result["format"] = "rpeg.result/3"
-    assert_reports(result, "format", "'rpeg.result/3'", "expected one of", "'rpeg.result/1'", "'rpeg.result/2'")
+    assert_reports(
+        result, "format", "'rpeg.result/3'", "expected one of", "'rpeg.result/1'", "'rpeg.result/2'"
+    )
 
 
 @pytest.mark.parametrize("key", ["nodes", "makespan", "peak_memory", "plan", "objective_bound"])
@@ -673,7 +675,12 @@ def test_v2_generation_keeps_one_microbatch_without_a_pipeline(result_v2: dict[s
         (INF, "mem_fraction", 0.5, "Z2 mem_fraction=0.5 must be in [0, 1] and 0 unless a generation"),
         (GEN, "mem_fraction", 1.5, "Z2 mem_fraction=1.5"),
         (GEN, "mem_fraction", "0.9", "Z2 mem_fraction='0.9'"),
-        (GEN, "logits_chunk", 4096, "Z2 logits_chunk=4096 must be a non-negative integer, 0 for a generation"),
+        (
+            GEN,
+            "logits_chunk",
+            4096,
+            "Z2 logits_chunk=4096 must be a non-negative integer, 0 for a generation",
+        ),
         (INF, "logits_chunk", -1, "Z2 logits_chunk=-1"),
         (INF, "logits_chunk", 4096.0, "Z2 logits_chunk=4096.0"),
         (GEN, "packing", False, "Z2 packing=False must be true or false, true for a generation"),

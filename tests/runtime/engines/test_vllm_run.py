@@ -22,7 +22,9 @@ GAP_MAX = 1e-4  # float32 vLLM vs the float32 trainer, same weights (measured ~1
 @pytest.fixture(scope="module")
 def vllm_run(clean_run):
     """Greedy PPO on one device (every model colocated, one vLLM engine), 3 steps."""
-    result = solve(workload("ppo"), Cluster.from_shape("1x1x1", hardware_preset("gh200")), "greedy")
+    result = solve(
+        workload("ppo"), Cluster.from_shape("1x1x1", hardware_preset("gh200"), max_zero_stage=2), "greedy"
+    )
     assert result.plan is not None, result.message
     return result, clean_run(result, steps=STEPS, scale="base", rollout_engine="vllm")
 
@@ -100,7 +102,9 @@ def test_vllm_refuses_pipelined_generation_before_any_worker_starts(ray_session)
 def test_vllm_refuses_a_head_size_its_kernels_lack(ray_session):
     from rpeg.runtime.runner import run
 
-    result = solve(workload("ppo"), Cluster.from_shape("1x1x1", hardware_preset("gh200")), "greedy")
+    result = solve(
+        workload("ppo"), Cluster.from_shape("1x1x1", hardware_preset("gh200"), max_zero_stage=2), "greedy"
+    )
     with pytest.raises(ValueError, match=r"head_dim=16 .* not a head size vLLM-cpu supports"):
         run(result, 1, scale="tiny", rollout_engine="vllm")
     with pytest.raises(ValueError, match=r"rollout_engine must be one of torch, vllm, got 'sglang'"):
