@@ -52,6 +52,8 @@ from rpeg.solvers.result import result_for_plan
 
 HERE = Path(__file__).resolve().parent / "real_jobs"
 GIB = 2**30
+#: The H20's dense BF16 peak, FLOP/s (the vendor's figure; costmodel/presets/h20.json sources)
+H20_DENSE_PEAK = 148e12
 
 #: ``(workload file stem, cluster shapes)`` in the issue's order
 JOBS = [
@@ -211,12 +213,17 @@ def verl_dapo_colocated() -> list[str]:
         for i, kind in enumerate(ev.graph.kind):
             if kind == 0:
                 per[res.graph.vertices[ev.graph.vertex[i]].name] += ev.graph.duration[i] / res.k_eval
+        # the mean tokens per sequence the published update_actor allows at the H20's dense BF16
+        # peak (148 TFLOP/s, the vendor's figure), 8 FLOPs per parameter and token (forward 2,
+        # backward 4, the checkpointed forward again 2), attention left out: an upper bound
+        implied = update * gpus * H20_DENSE_PEAK / (8 * w.models["actor"].params * w.sequences)
         lines.append(
             f"| {gpus} H20 ({shape}) | {'fits' if ev.feasible else 'DOES NOT FIT'} "
             f"{ev.memory.max_peak / GIB:.1f} / {ev.memory.m_eff / GIB:.1f} GiB | "
             f"{ev.makespan / res.k_eval:,.1f} / {step:,.1f} | {per['actor_gen']:,.1f} / {gen:,.1f} | "
             f"{per['actor_logp']:,.1f} / {logp:,.1f} | {per['actor_train']:,.1f} / {update:,.1f} | "
-            f"train mb={train_mb}, log-prob mb={logp_mb} |"
+            f"train mb={train_mb}, log-prob mb={logp_mb} | {implied:,.0f} / "
+            f"{w.prompt_len + w.mean_response:,.0f} |"
         )
         print(lines[-1], flush=True)
     return lines
@@ -275,8 +282,13 @@ def main(argv: list[str] | None = None) -> int:
             "neither its memory saving nor its transfer time). The response-length distribution is "
             "assumed (the workload file states it).",
             "",
-            "| GPUs | memory | step | gen | old_log_prob | update_actor | microbatches |",
-            "|---|---|---:|---:|---:|---:|---|",
+            "The last column bounds the published runs' sequences: the mean tokens per sequence that "
+            "verl's update_actor time allows at the H20's dense BF16 peak (148 TFLOP/s, 8 FLOPs per "
+            "parameter and token with gradient checkpointing, attention left out), beside the "
+            "assumed workload's `Lp + Ē`.",
+            "",
+            "| GPUs | memory | step | gen | old_log_prob | update_actor | microbatches | tokens/seq: at most / assumed |",
+            "|---|---|---:|---:|---:|---:|---|---|",
             *dapo,
         ]
     if not args.no_write:

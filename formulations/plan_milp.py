@@ -8,13 +8,15 @@ Same instance data (:mod:`.plan_model`), same variables' meaning, linearised:
 * a node (OP phase, COMM, RESHARD) is a start ``s ≥ 0`` with a fixed duration ``d`` (seconds, not
   rounded) and a presence ``p`` that is a binary or a product of binaries linearised
   (``p ≥ a + b − 1, p ≤ a, p ≤ b``);
-* conditional precedences ``s_j ≥ s_i + d_i − H·(1 − lit)`` with ``H`` the horizon: the
-  evaluator's makespan of the warm-start plan when one is given (an upper bound on the optimum,
-  :func:`~.plan_model.hint_makespan`), else the serial horizon; every time variable lies in
-  ``[0, H]``;
+* conditional precedences ``s_j ≥ s_i + d_i − M·(1 − lit)``; every time variable lies in
+  ``[0, H]`` with ``H`` the horizon: the evaluator's makespan of the warm-start plan when one is
+  given (an upper bound on the optimum, :func:`~.plan_model.hint_makespan`), else the serial
+  horizon; the big-M is ``M = H + 2·d_max`` (``d_max`` the longest node of any candidate,
+  :meth:`~.plan_model.PlanInstance.max_duration`): an unchosen candidate's node may last longer
+  than a warm start's horizon, and ``M = H`` then cut off feasible plans;
 * device exclusivity on every atom: for each pair of nodes that can share it, an order binary
-  ``y`` with ``s_i + d_i ≤ s_j + H·(1 − y) + H·(2 − p_i − p_j)`` and
-  ``s_j + d_j ≤ s_i + H·y + H·(2 − p_i − p_j)`` (quadratic in the nodes per atom — keep
+  ``y`` with ``s_i + d_i ≤ s_j + M·(1 − y) + M·(2 − p_i − p_j)`` and
+  ``s_j + d_j ≤ s_i + M·y + M·(2 − p_i − p_j)`` (quadratic in the nodes per atom — keep
   instances small: few candidates, small ``Keval``), except for pairs never present together or
   ordered by other constraints (:func:`_needs_order`, :func:`_before`);
 * memory per atom and candidate as in the CP-SAT model, enforced with ``H_mem·(1 − x[v,c])``;
@@ -158,6 +160,9 @@ class PlanMILPModel(PlanModel):
         if upper_bound is not None and math.isfinite(upper_bound):
             self.horizon = min(self.horizon, upper_bound * (1 + 1e-6) + 1e-9)
         self.b = _Builder(pyo, self.horizon, self.deadline)
+        #: the big-M of every conditional constraint: the horizon bounds the time variables, but
+        #: an unchosen candidate's node may last longer than a warm start's or cutoff's horizon
+        self.big_m = self.horizon + 2.0 * inst.max_duration()
         self.model = self.b.m
         #: ``(start, duration, presence, tag)`` of every node per device mask (exclusivity);
         #: ``tag`` tells which pairs need no order binary (:func:`_needs_order`)
@@ -182,9 +187,9 @@ class PlanMILPModel(PlanModel):
 
     def _pinned(self, a: Any, expr: Any, lit: Any) -> None:
         """``a == expr`` when ``lit``."""
-        H = self.horizon
-        self.b.add(a - expr <= H * (1 - lit))
-        self.b.add(expr - a <= H * (1 - lit))
+        M = self.big_m
+        self.b.add(a - expr <= M * (1 - lit))
+        self.b.add(expr - a <= M * (1 - lit))
 
     # ------------------------------------------------------------------------------ blocks
     def _choice(self) -> None:
@@ -246,7 +251,7 @@ class PlanMILPModel(PlanModel):
     def _operation(self, v: int, c: int, whole: tuple[float, ...], phased: tuple[float, ...]) -> None:
         """Candidate ``c`` of vertex ``v`` at every step: one unsplit OP node and, where ``v``
         can split, ``Q`` chained phase nodes."""
-        b, H, Q = self.b, self.horizon, self.inst.n_phases
+        b, M, Q = self.b, self.big_m, self.inst.n_phases
         S, E, PS, PE = self.S[v], self.E[v], self.PS[v], self.PE[v]
         mask = self.inst.cands[v][c].allocation.mask
         p_whole, p_split = self._presences(v, c)
@@ -266,7 +271,7 @@ class PlanMILPModel(PlanModel):
                 self._pinned(PS[k][q], sq, p_split)
                 self._pinned(PE[k][q], sq + phased[q], p_split)
                 if prev is not None:
-                    b.add(sq >= prev - H * (1 - p_split))
+                    b.add(sq >= prev - M * (1 - p_split))
                 prev = sq + phased[q]
                 self.op_vars[(v, k, c, q + 1)] = (sq, p_split)
             self._pinned(S[k], PS[k][0], p_split)
@@ -283,11 +288,11 @@ class PlanMILPModel(PlanModel):
                     src_k = k - g.staleness[ec.model] - 1 if ec.kind == "pub" else k
                     if src_k >= 0:
                         self._fragment(ec, key, self.z[ei][o], k, src_k, shared)
-        H = self.horizon
+        M = self.big_m
         for (model_name, src_k, key), (st, d, lits) in shared.items():
             pres = b.either([lit for lit, _ in lits])
             t = g.index[g.training_vertex(model_name).name]
-            b.add(st >= self.E[t][src_k] - H * (1 - pres))
+            b.add(st >= self.E[t][src_k] - M * (1 - pres))
             consumers = {vv for _, vv in lits}
             k = src_k + g.staleness[model_name] + 1
             end = ("S", consumers.pop(), k) if len(consumers) == 1 else None
@@ -299,11 +304,11 @@ class PlanMILPModel(PlanModel):
         """The lowered fragment of class ``key`` of edge ``ec`` at step ``k`` (source step
         ``src_k``), present iff ``lit``, as in :meth:`.plan_cpsat.PlanCPModel._fragment` (a
         shared publication node is completed after the loop, in :meth:`_transfers`)."""
-        b, H = self.b, self.horizon
+        b, M = self.b, self.big_m
         u, v = ec.src, ec.dst
         S, E, PS, PE = self.S, self.E, self.PS, self.PE
         if key[0] == PREC:
-            b.add(S[v][k] >= E[u][src_k] - H * (1 - lit))
+            b.add(S[v][k] >= E[u][src_k] - M * (1 - lit))
             return
         tag = ("move", id(ec), k, id(lit))
         if ec.kind == "data" and len(key[1]) > 1:
@@ -311,8 +316,8 @@ class PlanMILPModel(PlanModel):
                 st = b.var()
                 self.nodes[key[2]].append((st, d, lit, tag, (("S", u, k), ("E", v, k))))
                 self.transfers.append((key[2], d, lit))
-                b.add(st >= PE[u][k][q] - H * (1 - lit))
-                b.add(PS[v][k][q] >= st + d - H * (1 - lit))
+                b.add(st >= PE[u][k][q] - M * (1 - lit))
+                b.add(PS[v][k][q] >= st + d - M * (1 - lit))
                 self.node_vars[(COMM, v, u, k, q + 1)].append((st, lit))
             return
         if ec.kind == "pub":
@@ -321,14 +326,14 @@ class PlanMILPModel(PlanModel):
                 shared[skey] = [b.var(), key[1], []]
             st, d, lits = shared[skey]
             lits.append((lit, v))
-            b.add(S[v][k] >= st + d - H * (1 - lit))
+            b.add(S[v][k] >= st + d - M * (1 - lit))
             return
         d = key[1][0] if ec.kind == "data" else key[1]
         st = b.var()
         self.nodes[key[2]].append((st, d, lit, tag, (("E", u, src_k), ("S", v, k))))
         self.transfers.append((key[2], d, lit))
-        b.add(st >= E[u][src_k] - H * (1 - lit))
-        b.add(S[v][k] >= st + d - H * (1 - lit))
+        b.add(st >= E[u][src_k] - M * (1 - lit))
+        b.add(S[v][k] >= st + d - M * (1 - lit))
         self.node_vars[(key[0], v, u, k, 0)].append((st, lit))
 
     def _chains(self) -> None:
@@ -341,7 +346,7 @@ class PlanMILPModel(PlanModel):
         # an order binary y per pair of nodes that can share an atom (quadratic in the nodes),
         # except pairs never present together or ordered by other constraints (_needs_order);
         # a pair sharing several atoms gets one y
-        b, H = self.b, self.horizon
+        b, M = self.b, self.big_m
         g = self.inst.ev.graph
         training = {i for i, vv in enumerate(g.vertices) if vv.role is Role.TRAINING}
         reach = self._reach()
@@ -356,8 +361,8 @@ class PlanMILPModel(PlanModel):
                     continue  # ordered by the precedences of the cuts block
                 done.add(pair)
                 y = b.var(binary=True)
-                b.add(si + di <= sj + H * (1 - y) + H * (2 - pi - pj))
-                b.add(sj + dj <= si + H * y + H * (2 - pi - pj))
+                b.add(si + di <= sj + M * (1 - y) + M * (2 - pi - pj))
+                b.add(sj + dj <= si + M * y + M * (2 - pi - pj))
 
     def _reach(self) -> set[tuple[tuple[int, int], tuple[int, int]]]:
         """Pairs ``((u,k), (v,k'))`` of vertex steps with ``E[u,k] ≤ S[v,k']`` in every solution:

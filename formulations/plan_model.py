@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ir.lower import COMM, PREC, RESHARD, data_rule, pair_rule, phase_fractions, pub_rule, splits
-from ..ir.plan import Choice, Plan, check_strategy
+from ..ir.plan import Choice, Plan, check_strategy_of
 from ..ir.types import Role
 from ..scoring.costs import VertexMemory
 from ..scoring.evaluator import Evaluator
@@ -325,6 +325,21 @@ class PlanInstance:
                     total += sum(key[1]) if isinstance(key[1], tuple) else key[1]
         return total * self.k_eval
 
+    def max_duration(self) -> float:
+        """The longest duration any single node of any candidate can have (an OP node's whole
+        unsplit or phase-split time, or a transfer class's): the big-M of a conditional
+        constraint must cover a horizon plus this, since an unchosen candidate's duration may
+        exceed the horizon a warm start or a cutoff sets."""
+        longest = 0.0
+        for row in self.op:
+            for w, p in row:
+                longest = max(longest, sum(w), sum(p))
+        for ec in self.edges:
+            for key in ec.classes:
+                if key is not None and key[0] != PREC:
+                    longest = max(longest, sum(key[1]) if isinstance(key[1], tuple) else key[1])
+        return longest
+
     def max_path_nodes(self) -> int:
         """An upper bound on the number of nodes any path of any lowered graph can hold: every
         OP phase and every possible COMM/RESHARD of every step. Rounding each duration up by less
@@ -376,9 +391,7 @@ def build_plan_instance(
             if s in seen:
                 continue
             seen.add(s)
-            why = check_strategy(
-                ev.cluster, spec, vert.role, vert.sequences, s.extent, s.dp, s.pp, s.tp, s.mb
-            )
+            why = check_strategy_of(ev.cluster, spec, vert.role, vert.sequences, s)
             if why is None and tuple(c.allocation.extent) != tuple(s.extent):
                 why = f"P6: allocation extent {list(c.allocation.extent)} differs from {list(s.extent)}"
             if why is not None:

@@ -64,6 +64,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..ir.cluster import Allocation, Cluster
 from ..ir.graph import RPEG
 from ..ir.plan import Choice, Plan, Strategy
@@ -467,8 +469,11 @@ def build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int
     # Pareto filter: sort so that a dominating point always comes first, then sweep
     raw.sort(key=lambda q: (q.gpus, q.latency, q.persistent, q.transient))
     kept: list[FrontierPoint] = []
+    keys = np.empty((len(raw), 4), dtype=np.int64)  # the kept points' keys, one row each
     for q in raw:
-        if not any(dominates(k.key, q.key) for k in kept):
+        key = np.array(q.key, dtype=np.int64)
+        if not (keys[: len(kept)] <= key).all(axis=1).any():  # `dominates`, vectorised
+            keys[len(kept)] = key
             kept.append(q)
     first = g.vertices[ms.vertices[0]]
     excluded = tuple(head_exclusions(costs.cluster, g.models[first.model].spec, first.role))

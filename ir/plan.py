@@ -33,6 +33,7 @@ __all__ = [
     "check_heads",
     "check_plan",
     "check_strategy",
+    "check_strategy_of",
     "engine_of",
     "stage_layer_ranges",
 ]
@@ -400,6 +401,29 @@ def check_strategy(
     return None
 
 
+def check_strategy_of(
+    cluster: Cluster, model: ModelSpec, role: Role | None, sequences: int, strategy: Strategy
+) -> str | None:
+    """:func:`check_strategy` of a whole :class:`Strategy` (its shape, degrees, microbatches and
+    engine choices); why not, or ``None``."""
+    s = strategy
+    return check_strategy(
+        cluster,
+        model,
+        role,
+        sequences,
+        s.extent,
+        s.dp,
+        s.pp,
+        s.tp,
+        s.mb,
+        zero=s.zero,
+        mem_fraction=s.mem_fraction,
+        logits_chunk=s.logits_chunk,
+        packing=s.packing,
+    )
+
+
 def _check_engine_choices(
     role: Role | None, zero: int, mem_fraction: float, logits_chunk: int, packing: bool
 ) -> str | None:
@@ -455,22 +479,7 @@ def check_plan(graph: RPEG, cluster: Cluster, plan: Plan) -> list[str]:
     out: list[str] = []
     for v, c in zip(vertices, plan.choices):
         s = c.strategy
-        spec = graph.models[v.model].spec
-        why = check_strategy(
-            cluster,
-            spec,
-            v.role,
-            v.sequences,
-            s.extent,
-            s.dp,
-            s.pp,
-            s.tp,
-            s.mb,
-            zero=s.zero,
-            mem_fraction=s.mem_fraction,
-            logits_chunk=s.logits_chunk,
-            packing=s.packing,
-        )
+        why = check_strategy_of(cluster, graph.models[v.model].spec, v.role, v.sequences, s)
         if why is None and v.role is not Role.TRAINING and s.recompute is not Recompute.FULL:
             why = f"recompute={s.recompute.value!r} on a {v.role.value} invocation (only training recomputes)"
         if why is None and tuple(c.allocation.extent) != tuple(s.extent):

@@ -438,12 +438,12 @@ def _best_plan(
     by_bound = [
         o["structure"]
         for o in outcomes
-        if o["status"] not in settled and o.get("lower_bound", 0.0) >= best * (1 - 1e-9)
+        if o.get("status") not in settled and o.get("lower_bound", 0.0) >= best * (1 - 1e-9)
     ]
     all_optimal = (
         done
         and math.isfinite(best)
-        and all(o["status"] in settled or o["structure"] in by_bound for o in outcomes)
+        and all(o.get("status") in settled or o["structure"] in by_bound for o in outcomes)
     )
     if all_optimal and by_bound:
         extra["settled_by_bound"] = by_bound

@@ -21,10 +21,10 @@ from tests.formulations.test_plan_model import REL, exact_schedule, tiny
 def test_exact_optimum_matches_enumeration_and_its_schedule_checks(tau):
     w, cluster = tiny()
     ev = Evaluator(w, cluster, Structure("grpo", False, (("actor", tau),)), k_eval=2)
-    # the 2 fastest layouts per invocation, each with its engine variants: 96 plans, 72 of them
-    # memory-feasible (every candidate would be ~10^6 plans, and a serial horizon so long that
-    # CP-SAT's time unit exceeds REL of the makespan)
-    cands = candidate_sets(ev, build_directories(ev.costs), 2)
+    # the 3 fastest layouts per invocation, each with its engine variants: 288 plans, 194 of them
+    # memory-feasible (every candidate would be ~10^5 plans, and a serial horizon so long that
+    # CP-SAT's time unit times the nodes of a path exceeds REL of the makespan)
+    cands = candidate_sets(ev, build_directories(ev.costs), 3)
     sol = solve_plan_cpsat(build_plan_instance(ev, cands), time_limit=60)
     assert sol.status == "optimal"
     # the model schedules exactly the nodes the evaluator lowers, and its schedule is valid

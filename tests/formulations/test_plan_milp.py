@@ -173,3 +173,27 @@ def test_a_cutoff_below_the_optimum_cuts_the_model_off_and_one_above_keeps_it(en
     assert below.lower_bound == opt.makespan * 0.99
     above = engine(inst, time_limit=60, threads=1, cutoff=opt.makespan * 1.01)
     assert above.status == "optimal" and above.makespan == pytest.approx(opt.makespan, rel=REL)
+
+
+def test_a_horizon_shorter_than_an_unchosen_candidate_keeps_the_optimum():
+    # The warm start's or cutoff's makespan bounds every time variable, but an unchosen
+    # candidate's node may last longer: with that horizon as the big-M the model cut off the
+    # optimum (infeasible with its own plan as the hint, a worse plan labelled optimal under a
+    # 1.5x cutoff). The big-M is the horizon plus twice the longest node.
+    import dataclasses
+
+    from rpeg.formulations.plan_model import build_plan_instance as build
+
+    tiny_model = model_preset("7b").scaled(layers=4, hidden=1024, heads=8, vocab=8000)
+    hw = dataclasses.replace(hardware_preset("gh200"), name="tiny", gpu_memory_bytes=1.1e9)
+    w = Workload("grpo", {"actor": tiny_model}, 8, 2, 64, 64, reward="rule", kl_coef=0.0)
+    ev = Evaluator(w, Cluster.from_shape("1x1x2", hw), Structure("grpo", False, (("actor", 1),)), k_eval=1)
+    inst = build(ev, candidate_sets(ev, build_directories(ev.costs), None))
+    opt = solve_plan_milp(inst, time_limit=60, threads=1)
+    assert opt.status == "optimal"
+    assert inst.max_duration() > opt.makespan  # the premise: candidates longer than the horizon
+    hinted = solve_plan_milp(inst, time_limit=60, threads=1, hint=opt.plan)
+    cut = solve_plan_milp(inst, time_limit=60, threads=1, cutoff=1.5 * opt.makespan)
+    for r in (hinted, cut):
+        assert r.status == "optimal"
+        assert r.makespan == pytest.approx(opt.makespan, rel=1e-5)  # MILP tolerances

@@ -25,12 +25,16 @@ REL = 2e-3  # the model rounds durations up to serial-horizon/1e5; a path holds 
 
 
 def tiny(algorithm="grpo", memory=1.1e9, shape="1x1x2", rule=False):
-    """A tiny workload on ``shape`` GPUs of ``memory`` bytes. 1.1 GB: the generation's memory
-    fraction (``u·M_GPU``, SPEC §14.5) and the trainer's state make some of the 2 fastest layouts'
-    plans too large, so the memory block binds. ``rule``: a rule reward and no reference
-    (``kl_coef = 0``), leaving the actor's generation and training."""
+    """A tiny workload on ``shape`` GPUs of ``memory`` bytes. 1.1 GB: every plan of the 2 fastest
+    layouts fits (at 1.05 GB none does: a generation holds ``u·M_GPU``, SPEC §14.5), a third of
+    the 3 fastest' do not, so the memory block binds there. ``rule``: a rule reward and no
+    reference (``kl_coef = 0``), leaving the actor's generation and training."""
     hw = dataclasses.replace(hardware_preset("gh200"), name="tiny", gpu_memory_bytes=memory)
-    models = {"actor": TINY} | ({} if rule else {"reward": TINY}) | ({"critic": TINY} if algorithm == "ppo" else {})
+    models = (
+        {"actor": TINY}
+        | ({} if rule else {"reward": TINY})
+        | ({"critic": TINY} if algorithm == "ppo" else {})
+    )
     if algorithm == "dpo":
         models = {"actor": TINY}
     extra = {"reward": "rule", "kl_coef": 0.0} if rule else {}

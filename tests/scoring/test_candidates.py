@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rpeg import Cluster, example_names, hardware_preset
-from rpeg.ir import Recompute, Role, check_strategy
+from rpeg.ir import Recompute, Role
 from rpeg.ir.cluster import TIER_CLUSTER, TIER_NODE, TIER_RACK
+from rpeg.ir.plan import check_strategy_of
 from rpeg.scoring.candidates import (
     build_directories,
     engine_variants,
@@ -79,21 +80,7 @@ def test_every_strategy_in_every_directory_is_legal(directories):
             v = ev.graph.vertices[d.vertex]
             spec = ev.graph.models[v.model].spec
             for s in d.strategies:
-                why = check_strategy(
-                    ev.cluster,
-                    spec,
-                    v.role,
-                    v.sequences,
-                    s.extent,
-                    s.dp,
-                    s.pp,
-                    s.tp,
-                    s.mb,
-                    zero=s.zero,
-                    mem_fraction=s.mem_fraction,
-                    logits_chunk=s.logits_chunk,
-                    packing=s.packing,
-                )
+                why = check_strategy_of(ev.cluster, spec, v.role, v.sequences, s)
                 assert why is None, (v.name, s, why)
                 assert s.size == s.extent[0] * s.extent[1] * s.extent[2]
                 seen += 1

@@ -24,7 +24,9 @@ SMALL = model_preset("7b").scaled(layers=8, hidden=2048, heads=16, vocab=32000)
     rollouts=st.sampled_from([1, 4, 8]),
     response=st.sampled_from([256, 1024, 4096]),
 )
-def test_doubling_the_batch_never_costs_more_than_ten_percent(algorithm, model, shape, batch, rollouts, response):
+def test_doubling_the_batch_never_costs_more_than_ten_percent(
+    algorithm, model, shape, batch, rollouts, response
+):
     if algorithm == "grpo" and rollouts < 2:
         rollouts = 4
     cluster = Cluster.from_shape(shape, hardware_preset("h100"))

@@ -1,6 +1,7 @@
 """An exact plan's proven schedule is the one the result reports: the plan is list-scheduled in
-the order of the engine's own start times, and both figures are kept (issue 15's instance: the
-EST-first list schedule loses 7% of the proven throughput)."""
+the order of the engine's own start times, and both figures are kept (issue 15: the EST-first
+list schedule lost 7% of the proven throughput on its instance; under SPEC §14's cost model it
+loses nothing there, and 11% on the instance below)."""
 
 from __future__ import annotations
 
@@ -20,18 +21,19 @@ def proven() -> Result:
         {
             "actor": model_preset("llama2-13b"),
             "critic": model_preset("llama2-7b"),
-            "reward": model_preset("llama2-7b"),
+            "reward": model_preset("llama2-13b"),
         },
-        256,
-        1,
         128,
+        1,
+        512,
         256,
     )
-    c = Cluster.from_shape("1x2x8", hardware_preset("a100-40gb"))
-    # candidates=3: with the baselines' strategies at every origin in the candidate sets (as SA's
-    # restriction), candidates=2's optimum is one the EST-first list schedule already finds;
-    # candidates=3's loses 8% to it
-    return solve(w, c, "cpsat", candidates=3, k_eval=2, time_limit=60, seed=0)
+    c = Cluster.from_shape("1x2x4", hardware_preset("gh200"))
+    # issue 15's instance (13B actor, 7B critic and reward, B=256, Lp=128 on 1x2x8 A100-40GB,
+    # candidates=3) no longer shows it: its optimum's EST-first list schedule is the model's
+    # order. Here the list schedule of the optimum is 11% longer than the model's order (the
+    # same for seeds 0-2)
+    return solve(w, c, "cpsat", candidates=2, k_eval=2, time_limit=60, seed=0)
 
 
 def test_the_result_follows_the_models_schedule(proven):
