@@ -24,7 +24,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser(
         "run", help="execute a result file's plan on Ray workers (scaled Hugging Face models; vLLM rollouts)"
     )
-    r.add_argument("result", help="rpeg.result/1 file written by `rpeg solve --json`")
+    r.add_argument("result", help="rpeg.result/2 (or /1) file written by `rpeg solve --json`")
     r.add_argument("--steps", type=int, default=4, help="RL steps to run (default 4)")
     r.add_argument("--trace", metavar="TRACE.json", help="write the execution trace here")
     r.add_argument("--address", help="Ray address to join (default: start a local instance)")

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 FORMAT = "rpeg.trace/1"
-#: Blocks of the ``rpeg.result/1`` document that identify a plan (SPEC §12).
+#: Blocks of the ``rpeg.result/2`` document that identify a plan (SPEC §12).
 HASHED_BLOCKS = ("workload", "models", "cluster", "structure", "vertices", "plan")
 KINDS = ("op", "comm", "reshard")
 
@@ -371,7 +371,7 @@ class Trace:
         if fmt != FORMAT:
             hint = (
                 " (a result file? `rpeg verify` takes TRACE.json RESULT.json)"
-                if fmt == "rpeg.result/1"
+                if isinstance(fmt, str) and fmt.startswith("rpeg.result/")
                 else ""
             )
             raise InputError(

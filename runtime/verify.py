@@ -78,7 +78,7 @@ def verify(trace: Trace | str | os.PathLike, result: Result | str | os.PathLike)
         The run's trace, or the path of an ``rpeg.trace/1`` file (read through the strict
         schema).
     result
-        The result whose plan the run executed, or the path of its ``rpeg.result/1`` file.
+        The result whose plan the run executed, or the path of its ``rpeg.result/2`` (or ``/1``) file.
 
     Returns
     -------
@@ -425,7 +425,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     """
     p = sub.add_parser("verify", help="check a runtime trace against the plan it executed")
     p.add_argument("trace", help="an rpeg.trace/1 file written by the runtime")
-    p.add_argument("result", help="the rpeg.result/1 file whose plan was run")
+    p.add_argument("result", help="the rpeg.result/2 (or /1) file whose plan was run")
     p.set_defaults(fn=_cmd_verify)
 
 
@@ -479,7 +479,7 @@ def read_result(path: str | os.PathLike, what: str = "result file") -> Result:
     Raises
     ------
     InputError
-        If the file is missing, not JSON or not a valid ``rpeg.result/1`` document.
+        If the file is missing, not JSON or not a valid ``rpeg.result/2`` (or ``/1``) document.
     """
     # Result.from_json names the file in every InputError it raises (the schema gate); this
     # only puts the caller's name for the file (``--transition result file``) on a missing one
@@ -505,5 +505,5 @@ def _as_result(result: Any) -> Result:
         return read_result(result)
     hint = " (the order is verify(trace, result))" if isinstance(result, Trace) else ""
     raise TypeError(
-        f"result must be a Result or the path of an rpeg.result/1 file, got {type(result).__name__}{hint}"
+        f"result must be a Result or the path of an rpeg.result/2 file, got {type(result).__name__}{hint}"
     )

@@ -1,4 +1,4 @@
-"""What every method returns: :class:`Result`, and the ``rpeg.result/1`` file format (SPEC §12).
+"""What every method returns: :class:`Result`, and the ``rpeg.result/2`` file format (SPEC §12).
 
 A result recomputes its figures from its own data: :meth:`Result.from_json` rebuilds workload,
 cluster, structure and plan from the file and re-scores the plan with the evaluator, so a file
@@ -237,7 +237,7 @@ class Result:
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
-        """The ``rpeg.result/1`` document (SPEC §12; ``docs/result-format.md``)."""
+        """The ``rpeg.result/2`` document (SPEC §12; ``docs/result-format.md``)."""
         g = self.graph
         names = [v.name for v in g.vertices]
         models = {

@@ -64,7 +64,7 @@ def test_trace_of_another_format_is_refused_naming_it(result, tmp_path):
     with pytest.raises(InputError, match=r"t\.json: format 'rpeg\.trace/2' is not 'rpeg\.trace/1'"):
         Trace.from_json(path)
     result.to_json(tmp_path / "r.json")  # the arguments swapped on the command line
-    with pytest.raises(InputError, match=r"format 'rpeg.result/1'.*a result file"):
+    with pytest.raises(InputError, match=r"format 'rpeg.result/2'.*a result file"):
         Trace.from_json(tmp_path / "r.json")
 
 
