@@ -13,7 +13,7 @@ refuse to build it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .cluster import Allocation, Cluster
@@ -117,6 +117,7 @@ class Strategy:
     mem_fraction: float = 0.0
     logits_chunk: int = 0
     packing: bool = True
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.zero, bool) or self.zero not in (1, 2, 3):
@@ -139,6 +140,50 @@ class Strategy:
                     f"Strategy.recompute must be one of {known}, got {self.recompute!r}"
                 ) from None
             object.__setattr__(self, "recompute", mode)
+        # every cost cache is keyed by strategies: hash the fields once, not per lookup
+        object.__setattr__(
+            self,
+            "_hash",
+            hash(
+                (
+                    self.extent,
+                    self.dp,
+                    self.pp,
+                    self.tp,
+                    self.mb,
+                    self.pp_tier,
+                    self.dp_tier,
+                    self.recompute,
+                    self.zero,
+                    self.mem_fraction,
+                    self.logits_chunk,
+                    self.packing,
+                )
+            ),
+        )
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple:
+        # rebuilt through __init__ in the receiving process: string hashes differ per process
+        return (
+            Strategy,
+            (
+                self.extent,
+                self.dp,
+                self.pp,
+                self.tp,
+                self.mb,
+                self.pp_tier,
+                self.dp_tier,
+                self.recompute,
+                self.zero,
+                self.mem_fraction,
+                self.logits_chunk,
+                self.packing,
+            ),
+        )
 
     @property
     def size(self) -> int:
