@@ -93,7 +93,7 @@ def test_a_generation_group_fed_by_another_pushes_what_it_received(clean_run):
 def test_vllm_refuses_pipelined_generation_before_any_worker_starts(ray_session):
     from rpeg.runtime.runner import run
 
-    pipelined = dict(DISAGG, actor_gen=((0, 0, 0), (1, 1, 2), 1, 2, 1, 1))
+    pipelined = dict(DISAGG, actor_gen=((0, 0, 0), (1, 1, 2), 1, 2, 1, 2))  # P5: mb ≥ pp
     result = hand(workload("ppo"), "1x1x4", pipelined, (("actor", 0), ("critic", 0)))
     with pytest.raises(ValueError, match=r"generates with pp=2.*cannot run pipeline parallelism"):
         run(result, 1, scale="base", rollout_engine="vllm")
