@@ -422,7 +422,7 @@ def zero_state_bytes(model: ModelSpec, role: Role, layout: Layout, head: Head = 
     shard = weight_shard_params(model, s.pp, s.tp, head)
     gathered = _gathered_params(model, s.pp, s.tp, head) if s.zero == 3 else 0.0
     if Role(role) is Role.TRAINING:
-        state = OPTIMIZER_BYTES_PER_PARAM * shard / s.dp
+        state = training_state_bytes(model, layout, head)
         if s.zero == 1:
             return ZeroState(state, 2.0 * sb * shard)
         if s.zero == 2:

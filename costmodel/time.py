@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..ir.hardware import Hardware, Link
 from ..ir.models import ModelSpec
+from ..ir.plan import Strategy
 from ..ir.types import Head, Recompute, Role
 from ..ir.workload import LengthBucket
 from .collectives import (
@@ -84,6 +85,17 @@ class TimeBreakdown:
     def total(self) -> float:
         """``T = T_gemm + T_bubble + T_comm + T_nongemm + T_opt + T_over``."""
         return self.gemm + self.bubble + self.comm + self.nongemm + self.opt + self.overhead
+
+    def __add__(self, other: TimeBreakdown) -> TimeBreakdown:
+        """Term by term: the parts of one node that runs both."""
+        return TimeBreakdown(*(getattr(self, f) + getattr(other, f) for f in _TERMS))
+
+    def scaled(self, k: float) -> TimeBreakdown:
+        """Every term times ``k`` (a node's share of a stretch)."""
+        return TimeBreakdown(*(getattr(self, f) * k for f in _TERMS))
+
+
+_TERMS = ("gemm", "bubble", "tp_comm", "pp_comm", "dp_comm", "nongemm", "opt", "overhead")
 
 
 class _Roofline:
@@ -596,33 +608,19 @@ def publication_bytes(
     return model_params(model, head) * model.dtype_bytes * (n_max - overlap) / n_max
 
 
-def _scaled(bd: TimeBreakdown, k: float) -> TimeBreakdown:
-    return TimeBreakdown(
-        bd.gemm * k,
-        bd.bubble * k,
-        bd.tp_comm * k,
-        bd.pp_comm * k,
-        bd.dp_comm * k,
-        bd.nongemm * k,
-        bd.opt * k,
-        bd.overhead * k,
-    )
+def _overhead(seconds: float) -> TimeBreakdown:
+    """A breakdown of fixed costs alone."""
+    return TimeBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, seconds)
 
 
-def _plus(a: TimeBreakdown, b: TimeBreakdown) -> TimeBreakdown:
-    return TimeBreakdown(
-        a.gemm + b.gemm,
-        a.bubble + b.bubble,
-        a.tp_comm + b.tp_comm,
-        a.pp_comm + b.pp_comm,
-        a.dp_comm + b.dp_comm,
-        a.nongemm + b.nongemm,
-        a.opt + b.opt,
-        a.overhead + b.overhead,
-    )
+def _engine_part(terms: tuple[float, float, float, float], s: Strategy) -> TimeBreakdown:
+    """The breakdown of a prefill's or a decode stretch's ``(T_gemm, T_tp, T_pp, T_over)``,
+    with the pipeline's fill and drain ``T_gemm·(Pp − 1)/mb``."""
+    gemm, tp, pp, over = terms
+    return TimeBreakdown(gemm, gemm * (s.pp - 1) / s.mb, tp, pp, 0.0, 0.0, 0.0, over)
 
 
-_ZERO = TimeBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+_ZERO = _overhead(0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -770,32 +768,29 @@ def generation_times(
     )
     prefill = _ZERO
     if prompt_len > 0:
-        gemm, tp, pp, over = _prefill_terms(_Node(model, layout, hw, sequences), prompt_len, head)
-        prefill = TimeBreakdown(gemm, gemm * (s.pp - 1) / s.mb, tp, pp, 0.0, 0.0, 0.0, over)
+        prefill = _engine_part(_prefill_terms(_Node(model, layout, hw, sequences), prompt_len, head), s)
     parts = []
     for seg in segments:
         if seg.steps <= 0 or seg.running <= 0:
             parts.append((_ZERO, seg.done))
             continue
-        gemm, tp, pp, over = _decode_terms(
-            _Node(model, layout, hw, seg.running), seg.context, seg.steps, seg.rounds, head
+        node = _Node(model, layout, hw, seg.running)
+        parts.append(
+            (_engine_part(_decode_terms(node, seg.context, seg.steps, seg.rounds, head), s), seg.done)
         )
-        parts.append((TimeBreakdown(gemm, gemm * (s.pp - 1) / s.mb, tp, pp, 0.0, 0.0, 0.0, over), seg.done))
-    call = TimeBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, pre.per_call_s + hw.dispatch_s)
-    host = TimeBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, host_s)
+    call = _overhead(pre.per_call_s + hw.dispatch_s)
+    host = _overhead(host_s)
     if not split:
-        total = _plus(call, prefill)
+        total = call + prefill
         for bd, _ in parts:
-            total = _plus(total, bd)
-        return (_plus(total, host),)
+            total = total + bd
+        return (total + host,)
     bounds, f = [], 0.0
     for b in buckets:
         f += b.share
         bounds.append(f)
     bounds[-1] = 1.0
-    phases = [_plus(call, prefill)] + [
-        TimeBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, dec.per_call_s + hw.dispatch_s) for _ in buckets[1:]
-    ]
+    phases = [call + prefill] + [_overhead(dec.per_call_s + hw.dispatch_s) for _ in buckets[1:]]
     lo = 0.0
     for bd, done in parts:
         hi = lo + done
@@ -803,7 +798,7 @@ def generation_times(
             a = max(lo, bounds[q - 1] if q else 0.0)
             b = min(hi, bounds[q])
             if b > a and hi > lo:
-                phases[q] = _plus(phases[q], _scaled(bd, (b - a) / (hi - lo)))
+                phases[q] = phases[q] + bd.scaled((b - a) / (hi - lo))
         lo = hi
-    phases[-1] = _plus(phases[-1], host)
+    phases[-1] = phases[-1] + host
     return tuple(phases)

@@ -141,25 +141,23 @@ class Strategy:
                 ) from None
             object.__setattr__(self, "recompute", mode)
         # every cost cache is keyed by strategies: hash the fields once, not per lookup
-        object.__setattr__(
-            self,
-            "_hash",
-            hash(
-                (
-                    self.extent,
-                    self.dp,
-                    self.pp,
-                    self.tp,
-                    self.mb,
-                    self.pp_tier,
-                    self.dp_tier,
-                    self.recompute,
-                    self.zero,
-                    self.mem_fraction,
-                    self.logits_chunk,
-                    self.packing,
-                )
-            ),
+        object.__setattr__(self, "_hash", hash(self._values()))
+
+    def _values(self) -> tuple:
+        """The fields in order, ``_hash`` aside."""
+        return (
+            self.extent,
+            self.dp,
+            self.pp,
+            self.tp,
+            self.mb,
+            self.pp_tier,
+            self.dp_tier,
+            self.recompute,
+            self.zero,
+            self.mem_fraction,
+            self.logits_chunk,
+            self.packing,
         )
 
     def __hash__(self) -> int:
@@ -167,23 +165,7 @@ class Strategy:
 
     def __reduce__(self) -> tuple:
         # rebuilt through __init__ in the receiving process: string hashes differ per process
-        return (
-            Strategy,
-            (
-                self.extent,
-                self.dp,
-                self.pp,
-                self.tp,
-                self.mb,
-                self.pp_tier,
-                self.dp_tier,
-                self.recompute,
-                self.zero,
-                self.mem_fraction,
-                self.logits_chunk,
-                self.packing,
-            ),
-        )
+        return (Strategy, self._values())
 
     @property
     def size(self) -> int:

@@ -429,23 +429,20 @@ def check_engine_choices(result: Result) -> None:
         Naming the vertex (or the workload field), the choice and what to plan instead.
     """
     w = result.workload
-    for name, value, default in (
+    if w.kl_coef == 0.0:
+        raise ValueError(
+            "workload.kl_coef = 0 (no reference model) is planned but not yet run by the runtime, "
+            "whose RL losses read the reference's log-probs; run with a non-zero kl_coef"
+        )
+    for name, value, runs in (
         ("reward", w.reward, "model"),
-        ("kl_coef", w.kl_coef, None),
         ("old_logprob", w.old_logprob, "rollout"),
         ("mini_batches", w.mini_batches, 1),
     ):
-        if name == "kl_coef":
-            if value == 0.0:
-                raise ValueError(
-                    "workload.kl_coef = 0 (no reference model) is planned but not yet run by the runtime, "
-                    "whose RL losses read the reference's log-probs; run with a non-zero kl_coef"
-                )
-            continue
-        if value != default:
+        if value != runs:
             raise ValueError(
                 f"workload.{name} = {value!r} is planned but not yet run by the runtime (it runs "
-                f"{name} = {default!r}); run the workload with {name} = {default!r}"
+                f"{name} = {runs!r}); run the workload with {name} = {runs!r}"
             )
     assert result.plan is not None
     for v, c in zip(result.graph.vertices, result.plan.choices):
@@ -459,8 +456,8 @@ def check_engine_choices(result: Result) -> None:
         if s.logits_chunk and v.role is Role.TRAINING:  # forward passes chunk their log-probs
             raise ValueError(
                 f"vertex {v.name!r}: a chunked training loss (logits_chunk={s.logits_chunk}) is planned but "
-                "the torch engine back-propagates through a microbatch's whole logits; plan with "
-                "logits_chunk=0"
+                "the torch engine back-propagates through a microbatch's whole logits; set the plan "
+                "entry's logits_chunk to 0 (the planner has no switch for it yet)"
             )
 
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from ..costmodel.layout import Layout
 from ..costmodel.memory import (
     kv_budget_tokens,
-    training_state_bytes,
     transient_bytes,
     weight_bytes,
     zero_state_bytes,
@@ -232,11 +231,10 @@ class Costs:
                 tokens=self._token_stats(None)[0] if s.packing else None,
                 hardware=self.hw,
             )
-            if v.role is Role.TRAINING:
-                wb = weight_bytes(spec, lay, head)
-                ts = training_state_bytes(spec, lay, head)
-            else:
-                wb = zero_state_bytes(spec, v.role, lay, head).persistent
-                ts = 0.0
+            state = zero_state_bytes(spec, v.role, lay, head).persistent
+            if v.role is Role.TRAINING:  # the optimizer state; the BF16 weights are transient
+                wb, ts = weight_bytes(spec, lay, head), state
+            else:  # the resident serving copy
+                wb, ts = state, 0.0
             hit = self._mem[key] = VertexMemory(trans, wb, ts)
         return hit
