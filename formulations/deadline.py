@@ -8,14 +8,41 @@ for large blocks, inside) constraint blocks; past the deadline it raises :class:
 which the engine's front door catches to return its fallback (the warm-start plan, or the list
 schedule of a project) with status ``time_limit`` and a message saying the model was too large
 to build in time.
+
+While a model is built, :func:`heap_frozen` keeps the caller's objects out of Python's garbage
+collector: a model adds hundreds of thousands of long-lived objects, which set off full
+collections, and a full collection scans every tracked object of the process and cannot be
+interrupted. With five million objects of the caller's alive, one such collection in the middle
+of a ``milp`` build took 0.7 s; with them frozen, a collection scans only the model.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import time
+from collections.abc import Iterator
 
-__all__ = ["BuildTimeout", "Deadline"]
+__all__ = ["BuildTimeout", "Deadline", "heap_frozen"]
+
+
+@contextlib.contextmanager
+def heap_frozen() -> Iterator[None]:
+    """Keep the objects that exist on entry out of the garbage collector's scans for the block
+    (``gc.freeze``) and hand them back on exit (``gc.unfreeze``): the collections the block sets
+    off scan the model being built, not the caller's heap.
+
+    When the process already froze objects (its own ``gc.freeze``, or an enclosing block), the
+    block leaves the collector as it is: ``gc.unfreeze`` would hand those back too."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 class BuildTimeout(Exception):

@@ -55,7 +55,7 @@ from ..ir.plan import Plan
 from ..ir.types import Role
 from ..scoring.scheduler import atoms_of
 from . import cpsat_backend
-from .deadline import BuildTimeout, Deadline
+from .deadline import BuildTimeout, Deadline, heap_frozen
 from .plan_model import (
     PlanInstance,
     PlanModel,
@@ -506,7 +506,8 @@ def solve_plan_cpsat(
         deadline = Deadline(time_limit, start=t0)
     try:
         upper, binding = horizon_bound(inst, hint, cutoff)
-        model = PlanCPModel(inst, unit=unit, deadline=deadline, hint=hint, upper_bound=upper)
+        with heap_frozen():
+            model = PlanCPModel(inst, unit=unit, deadline=deadline, hint=hint, upper_bound=upper)
         sol = model.solve(deadline=deadline, seed=seed, threads=threads, t0=t0)
         return sol.under_cutoff(cutoff, binding)
     except BuildTimeout as exc:

@@ -52,7 +52,7 @@ from ..ir.plan import Plan
 from ..ir.types import Role
 from ..scoring.scheduler import atoms_of
 from . import pyomo_backend
-from .deadline import BuildTimeout, Deadline
+from .deadline import BuildTimeout, Deadline, heap_frozen
 from .plan_model import (
     PlanInstance,
     PlanModel,
@@ -566,17 +566,18 @@ def solve_plan_milp(
     pyomo_backend.backend(solver)  # an unknown or missing solver fails before the build
     try:
         upper, binding = horizon_bound(inst, hint, cutoff)
-        mm = PlanMILPModel(inst, deadline=deadline, hint=hint, upper_bound=upper)
-        build_s = time.monotonic() - t0
-        status, bound, incumbent = pyomo_backend.run_pyomo(
-            mm.model,
-            solver,
-            deadline,
-            seed,
-            threads,
-            hint is not None,
-            write_estimate=pyomo_backend.WRITE_PER_BUILD * build_s,
-        )
+        with heap_frozen():  # the build and the transfer to the solver
+            mm = PlanMILPModel(inst, deadline=deadline, hint=hint, upper_bound=upper)
+            build_s = time.monotonic() - t0
+            status, bound, incumbent = pyomo_backend.run_pyomo(
+                mm.model,
+                solver,
+                deadline,
+                seed,
+                threads,
+                hint is not None,
+                write_estimate=pyomo_backend.WRITE_PER_BUILD * build_s,
+            )
     except BuildTimeout as exc:
         return PlanSolution.without_plan(Status.TIME_LIMIT, time.monotonic() - t0, engine, message=str(exc))
     except KeyboardInterrupt:

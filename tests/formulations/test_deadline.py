@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
-from rpeg.formulations.deadline import BuildTimeout, Deadline
+from rpeg.formulations.deadline import BuildTimeout, Deadline, heap_frozen
 
 
 def test_deadline_arithmetic():
@@ -32,3 +34,26 @@ def test_a_build_timeout_says_how_long_and_where():
     exc = BuildTimeout(0.5, "adding the memory constraints")
     assert str(exc) == "model too large to build in 0.5 s (stopped while adding the memory constraints)"
     assert str(BuildTimeout(2)) == "model too large to build in 2 s"
+
+
+def test_a_build_freezes_the_callers_heap_and_hands_it_back():
+    assert gc.get_freeze_count() == 0
+    before = [object() for _ in range(10)]
+    with heap_frozen():
+        frozen = gc.get_freeze_count()
+        assert frozen > len(before)  # every tracked object that existed on entry
+        with pytest.raises(BuildTimeout), heap_frozen():  # nested: leaves the outer freeze alone
+            raise BuildTimeout(1)
+        assert gc.get_freeze_count() == frozen
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_build_leaves_a_process_that_froze_its_own_objects_as_it_was():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with heap_frozen():
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

@@ -989,7 +989,8 @@ def check_plan_legality(result: Result) -> list[str]:
     models = _dict(result, "models")
     named = [v for v in _list(result, "vertices") if isinstance(v, dict) and isinstance(v.get("name"), str)]
     vertex_model = {v["name"]: v.get("model") for v in named}
-    vertex_role = {v["name"]: v.get("role") for v in named}
+    # a role of the wrong type is reported by check_format; here it reads as unknown
+    vertex_role = {v["name"]: v.get("role") if isinstance(v.get("role"), str) else None for v in named}
     vertex_sequences = {v["name"]: v["sequences"] for v in named if _pos_int(v.get("sequences"))}
     errors: list[str] = []
     for entry in _list(result, "plan"):
