@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..formulations.deadline import heap_frozen
 from ..heuristics.baselines import Infeasible, concurrent_plan, greedy_plan
 from ..ir.cluster import Cluster
 from ..ir.errors import check_positive_int, check_seconds, check_type
@@ -174,13 +175,23 @@ def solve(
         :class:`Problem`), naming it.
     TypeError
         For an argument of the wrong type (``time_limit="3"``, ``ablate="polish"``), naming it.
+
+    Notes
+    -----
+    While the method runs, the objects that existed before the call are frozen out of Python's
+    cyclic garbage collector (``gc.freeze``; handed back on return, not done when the process
+    froze objects itself): a full collection scans every tracked object, and in a process with
+    a large heap one took a second, past a short time limit.
     """
     check_type("method", method, str, "a method name (str)")
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; known methods: {', '.join(sorted(METHODS))}")
     problem = Problem(workload, cluster, k_eval, objective, delta, seed, time_limit)
     _check_options(options)
-    return METHODS[method](problem, **options)
+    # the caller's objects stay out of the collector's scans meanwhile: a full collection over a
+    # large heap (1 s in the test suite's process) would run past a short time limit
+    with heap_frozen():
+        return METHODS[method](problem, **options)
 
 
 #: Options several methods take, with their types; each method still rejects what it does not know.

@@ -36,8 +36,20 @@ def test_a_build_timeout_says_how_long_and_where():
     assert str(BuildTimeout(2)) == "model too large to build in 2 s"
 
 
-def test_a_build_freezes_the_callers_heap_and_hands_it_back():
-    assert gc.get_freeze_count() == 0
+@pytest.fixture
+def nothing_frozen():
+    """A collector with no frozen objects for the test (another library of the test process may
+    have frozen some: they are handed back meanwhile and frozen again afterwards)."""
+    frozen_before = gc.get_freeze_count()
+    gc.unfreeze()
+    try:
+        yield
+    finally:
+        if frozen_before:
+            gc.freeze()
+
+
+def test_a_build_freezes_the_callers_heap_and_hands_it_back(nothing_frozen):
     before = [object() for _ in range(10)]
     with heap_frozen():
         frozen = gc.get_freeze_count()
@@ -48,12 +60,9 @@ def test_a_build_freezes_the_callers_heap_and_hands_it_back():
     assert gc.get_freeze_count() == 0
 
 
-def test_a_build_leaves_a_process_that_froze_its_own_objects_as_it_was():
+def test_a_build_leaves_a_process_that_froze_its_own_objects_as_it_was(nothing_frozen):
     gc.freeze()
-    try:
-        frozen = gc.get_freeze_count()
-        with heap_frozen():
-            pass
-        assert gc.get_freeze_count() == frozen
-    finally:
-        gc.unfreeze()
+    frozen = gc.get_freeze_count()
+    with heap_frozen():
+        pass
+    assert gc.get_freeze_count() == frozen
