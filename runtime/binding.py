@@ -36,9 +36,11 @@ __all__ = [
     "bind",
     "check_specs",
     "consumed_version",
+    "mini_batch_bounds",
     "rank_coords",
     "recompute_note",
     "run_specs",
+    "update_microbatches",
 ]
 
 SUPPORTED_ALGORITHMS = ("ppo", "grpo", "remax", "dpo")
@@ -248,6 +250,24 @@ class Binding:
             return 0
         return consumed_version(vert.role, step, self.graph.staleness[vert.model], self.version_offset)
 
+    def node_choices(self, v: int) -> dict[str, Any]:
+        """The workload's choices (SPEC §14.2, §14.8) a worker needs to run vertex ``v``'s nodes.
+
+        ``reward``: ``"model"`` or ``"rule"`` (a generation then scores its own rollouts);
+        ``reference``: whether the graph has a reference model (``kl_coef > 0``, or DPO);
+        ``gen_logp`` (generation vertices): whether the vertex outputs the log-prob container
+        (not with ``old_logprob = "trainer"``, nor ReMax's greedy rollout); ``updates``
+        (training vertices): ``U``, optimizer updates per step.
+        """
+        wl = self.result.workload
+        vert = self.graph.vertices[v]
+        out: dict[str, Any] = {"reward": wl.reward, "reference": "reference" in self.graph.models}
+        if vert.role is Role.GENERATION:
+            out["gen_logp"] = "logp" in vert.outputs
+        if vert.role is Role.TRAINING:
+            out["updates"] = wl.mini_batches
+        return out
+
 
 def _check_result(result: Result) -> Plan:
     if result.plan is None:
@@ -273,13 +293,29 @@ def run_shape(
         raise ValueError(f"GRPO needs at least 2 rollouts per prompt, got rollouts={wl.rollouts}")
     if wl.algorithm == "dpo" and rollouts != 2:  # a chosen and a rejected response per pair
         raise ValueError(f"DPO runs 2 sequences per preference pair, got max_rollouts={max_rollouts}")
+    U = wl.mini_batches
     need = max(c.strategy.dp * c.strategy.mb for c in plan.choices)
+    # a training node splits the step into U updates of ⌈mb/U⌉ microbatches each
+    need_u = max(
+        (
+            U * c.strategy.dp * update_microbatches(c.strategy.mb, U)
+            for v, c in zip(result.graph.vertices, plan.choices)
+            if v.role is Role.TRAINING
+        ),
+        default=0,
+    )
     if batch is None:
-        batch = max(8, math.ceil(need / rollouts))
+        batch = max(8, math.ceil(max(need, need_u) / rollouts))
     if batch * rollouts < need:
         raise ValueError(
             f"batch={batch} prompts × {rollouts} rollouts = {batch * rollouts} sequences is fewer than "
             f"the plan's largest Pd·mb = {need}; every DP rank and microbatch needs a sequence"
+        )
+    if batch * rollouts < need_u:
+        raise ValueError(
+            f"batch={batch} prompts × {rollouts} rollouts = {batch * rollouts} sequences is fewer than "
+            f"the plan's largest U·Pd·⌈mb/U⌉ = {need_u} (mini_batches U = {U}); every DP rank and "
+            "microbatch of every update needs a sequence"
         )
     _check_pipeline_microbatches(result, batch * rollouts)
     for name, value in (("prompt_len", prompt_len), ("response_len", response_len)):
@@ -302,25 +338,60 @@ def run_shape(
     )
 
 
+def update_microbatches(mb: int, updates: int) -> int:
+    """Microbatches of each of a training node's ``updates`` optimizer updates (SPEC §14.2):
+    ``⌈mb/U⌉``, at least 1 (``mb`` when ``U = 1``)."""
+    return max(1, -(-mb // updates))
+
+
+def mini_batch_bounds(n: int, updates: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` of each of the ``updates`` mini-batches of a step's ``n`` sequences, contiguous
+    in sample order (``torch.tensor_split``'s sizes: the first ``n mod U`` get one more)."""
+    q, r = divmod(n, updates)
+    bounds, lo = [], 0
+    for j in range(updates):
+        hi = lo + q + (1 if j < r else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
 def _check_pipeline_microbatches(result: Result, n: int) -> None:
     """Pipelined training (``Pp > 1``) needs microbatches of one size on every DP rank:
     ``torch.distributed.pipelining`` sizes its gradient buffers from the first microbatch. A rank
     holds ``⌊n/Pd⌋`` or ``⌈n/Pd⌉`` of the ``n`` sequences (every ``Pd``-th); both must divide by
-    ``mb``."""
+    ``mb``. With ``U > 1`` updates per step (``mini_batches``) a rank holds every ``Pd``-th
+    sequence of each mini-batch (:func:`mini_batch_bounds`) and runs one schedule of
+    ``⌈mb/U⌉`` microbatches per update: its share must be the same multiple of that count in
+    every mini-batch."""
     plan = result.plan
     assert plan is not None
+    U = result.workload.mini_batches
     for v, c in zip(result.graph.vertices, plan.choices):
         dp, pp, mb = c.strategy.dp, c.strategy.pp, c.strategy.mb
         if v.role is not Role.TRAINING or pp == 1:
             continue
-        q, r = divmod(n, dp)
-        sizes = sorted({q, q + 1} if r else {q})
-        if any(size % mb for size in sizes):
-            raise ValueError(
-                f"vertex {v.name!r}: pp={pp} training needs equal microbatches, but the run's {n} sequences "
-                f"over dp={dp} give {' or '.join(map(str, sizes))} per rank, not a multiple of mb={mb}; "
-                "choose a batch that splits evenly"
-            )
+        if U == 1:
+            q, r = divmod(n, dp)
+            sizes = sorted({q, q + 1} if r else {q})
+            if any(size % mb for size in sizes):
+                raise ValueError(
+                    f"vertex {v.name!r}: pp={pp} training needs equal microbatches, but the run's {n} "
+                    f"sequences over dp={dp} give {' or '.join(map(str, sizes))} per rank, not a multiple "
+                    f"of mb={mb}; choose a batch that splits evenly"
+                )
+            continue
+        m = update_microbatches(mb, U)
+        bounds = mini_batch_bounds(n, U)
+        for d in range(dp):
+            shares = {len(range(d, hi - lo, dp)) for lo, hi in bounds}
+            if len(shares) > 1 or any(s % m for s in shares):
+                raise ValueError(
+                    f"vertex {v.name!r}: pp={pp} training needs equal microbatches, but the run's {n} "
+                    f"sequences in U={U} mini-batches over dp={dp} give DP rank {d} "
+                    f"{' or '.join(map(str, sorted(shares)))} per update, not one multiple of "
+                    f"⌈mb/U⌉ = {m} (mb={mb}); choose a batch that splits evenly"
+                )
 
 
 def bind(

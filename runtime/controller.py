@@ -584,6 +584,8 @@ class Controller:
             # the greedy sequences apart from the sampled ones (keys prefixed "greedy_")
             "greedy": vname in GREEDY_VERTICES,
             "prefix": {verts[u].name: "greedy_" for _, u in nd.reads if verts[u].name in GREEDY_VERTICES},
+            # the workload's reward, reference, log-prob source and updates per step (SPEC §14)
+            **b.node_choices(nd.vertex),
         }
         if vert.role is Role.TRAINING and self.cfg.checkpoint_dir:
             desc["save"] = os.path.join(

@@ -486,6 +486,7 @@ def op_node(binding: Any, vertex: str, step: int = 0, **extra: Any) -> dict[str,
         "keep_previous": False,
         "tau": 0,
         "keep": 0,
+        **binding.node_choices(g.index[vertex]),
     }
     return desc | extra
 

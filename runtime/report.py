@@ -157,8 +157,9 @@ class RunReport:
 
 
 def scaled_problem(binding: Binding, hardware: Hardware) -> tuple[Workload, Cluster]:
-    """The workload the runtime executes (scaled specs, batch and lengths) on a cluster of the
-    plan's shape with ``hardware`` — what :func:`predict` scores."""
+    """The workload the runtime executes (scaled specs, batch and lengths; the workload's reward,
+    KL coefficient, log-prob source and updates per step, with a rule reward's host time 0) on a
+    cluster of the plan's shape with ``hardware`` — what :func:`predict` scores."""
     r = binding.result
     wl = r.workload
     sh = binding.shape
@@ -180,6 +181,12 @@ def scaled_problem(binding: Binding, hardware: Hardware) -> tuple[Workload, Clus
         quantiles=quantiles,
         ac_sharing=wl.ac_sharing,
         name=f"{wl.name}-scaled",
+        # the job's SPEC §14 choices; the runtime's rule (SyntheticTask) costs microseconds, so
+        # its host time per sequence is 0 here, not the workload's c_r
+        reward=wl.reward,
+        kl_coef=wl.kl_coef,
+        old_logprob=wl.old_logprob,
+        mini_batches=wl.mini_batches,
     )
     return scaled, Cluster.from_shape(r.cluster.shape, hardware)
 

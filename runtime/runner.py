@@ -33,7 +33,7 @@ from ..ir.errors import (
 from ..ir.hardware import Hardware
 from ..ir.types import Role
 from ..solvers.result import Result
-from .binding import Binding, bind, check_specs, run_specs
+from .binding import Binding, bind, check_specs, run_specs, update_microbatches
 from .liveness import DEFAULT_STALL_S, RunError
 from .pool import start_local_ray
 from .report import RunReport, predict, scaled_problem, segment_trace
@@ -108,7 +108,7 @@ def run(
     Parameters
     ----------
     result
-        A PPO or GRPO result with a plan.
+        A PPO, GRPO, ReMax or DPO result with a plan.
     steps
         RL steps to run.
     address
@@ -120,7 +120,9 @@ def run(
     scale, batch, prompt_len, response_len
         Run shape (``runtime.binding.run_shape``): model scale and the scaled batch/lengths.
     rl
-        PPO/GRPO hyper-parameters (defaults: GAE γ = 1, λ = 0.95, clip 0.2, KL 0.01).
+        RL hyper-parameters (defaults: GAE γ = 1, λ = 0.95, clip 0.2, the workload's
+        ``kl_coef``; :func:`rl_config`). A ``kl_coef > 0`` for a workload without a reference
+        (``kl_coef = 0``) is refused.
     devices_per_node
         Devices per placement group (default: the plan's GPUs per node).
     hardware
@@ -183,7 +185,9 @@ def run(
         An argument of the wrong type (the message names it), e.g. ``run(None)``.
     ValueError
         Bad input (no plan, unsupported algorithm, shape, Ray resources, transition step or
-        target of another job, an argument out of range); :class:`~rpeg.ir.errors.InputError`
+        target of another job, an argument out of range, a plan choice the engines do not run
+        (:func:`check_engine_choices`), ``rl.kl_coef > 0`` without a reference);
+        :class:`~rpeg.ir.errors.InputError`
         for a path that cannot be written or a missing or corrupt checkpoint.
     RunError
         A worker raised, died or stalled; the message names the node, its step, the worker and
@@ -214,6 +218,7 @@ def run(
         replan_method=replan_method,
     )
     stall_s = check_seconds("stall_timeout_s", stall_timeout_s, allow_none=False)
+    rl_cfg = rl_config(result, rl)
     import ray
 
     cfg = RunConfig(
@@ -223,7 +228,7 @@ def run(
         batch=batch,
         prompt_len=prompt_len,
         response_len=response_len,
-        rl=rl or RLConfig(),
+        rl=rl_cfg,
         address=address,
         devices_per_node=devices_per_node,
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir is not None else None,
@@ -412,39 +417,28 @@ def _prepare(
 
 def check_engine_choices(result: Result) -> None:
     """Refuse, before any worker starts, a plan whose SPEC §14 choices the bundled engines do not
-    execute yet (``docs/runtime.md``, "What the runtime does not run yet").
+    execute yet (``docs/runtime.md``, "Real job shapes").
 
     The torch engine trains with FSDP2 keeping full parameters between updates (ZeRO stage 2),
-    holds every forward-only copy replicated (stage 2), back-propagates through a microbatch's
-    whole logits (a forward pass's chunked log-probs run as planned), and runs one optimizer
-    update per step; the runtime's RL loop needs a reward
-    model, a reference and the rollout engine's log-probs. Microbatches (gradient accumulation),
-    recomputation and packing run as planned; a generation's memory fraction sizes a GPU rollout
-    engine's cache, while the vLLM CPU build runs with its own ``VLLM_CPU_KVCACHE_SPACE``
-    (1 GiB, enough for every sequence of the scaled runs).
+    holds every forward-only copy replicated (stage 2) and back-propagates through a
+    microbatch's whole logits (a forward pass's chunked log-probs run as planned). The workload's
+    choices of SPEC §14.2 and §14.8 run: a rule reward (the generation scores its rollouts with
+    the task's rule), no reference (``kl_coef = 0``: no KL term), the old log-probs from the
+    trainer's own pass (``actor_logp``) and ``U = mini_batches`` optimizer updates per step, each
+    over a contiguous mini-batch of the step's samples in ``⌈mb/U⌉`` microbatches. Pipelined
+    training runs one 1F1B schedule of ``⌈mb/U⌉`` microbatches per update, so that count must
+    reach ``Pp``. Microbatches (gradient accumulation), recomputation and packing run as planned;
+    a generation's memory fraction sizes a GPU rollout engine's cache, while the vLLM CPU build
+    runs with its own ``VLLM_CPU_KVCACHE_SPACE`` (1 GiB, enough for every sequence of the scaled
+    runs).
 
     Raises
     ------
     ValueError
-        Naming the vertex (or the workload field), the choice and what to plan instead.
+        Naming the vertex, the choice and what to plan instead.
     """
-    w = result.workload
-    if w.kl_coef == 0.0:
-        raise ValueError(
-            "workload.kl_coef = 0 (no reference model) is planned but not yet run by the runtime, "
-            "whose RL losses read the reference's log-probs; run with a non-zero kl_coef"
-        )
-    for name, value, runs in (
-        ("reward", w.reward, "model"),
-        ("old_logprob", w.old_logprob, "rollout"),
-        ("mini_batches", w.mini_batches, 1),
-    ):
-        if value != runs:
-            raise ValueError(
-                f"workload.{name} = {value!r} is planned but not yet run by the runtime (it runs "
-                f"{name} = {runs!r}); run the workload with {name} = {runs!r}"
-            )
     assert result.plan is not None
+    U = result.workload.mini_batches
     for v, c in zip(result.graph.vertices, result.plan.choices):
         s = c.strategy
         if s.zero != 2:
@@ -459,6 +453,35 @@ def check_engine_choices(result: Result) -> None:
                 "the torch engine back-propagates through a microbatch's whole logits; set the plan "
                 "entry's logits_chunk to 0 (the planner has no switch for it yet)"
             )
+        if v.role is Role.TRAINING and s.pp > 1 and update_microbatches(s.mb, U) < s.pp:
+            raise ValueError(
+                f"vertex {v.name!r}: pp={s.pp} training runs one 1F1B schedule per optimizer update, but "
+                f"mb={s.mb} microbatches over U={U} updates (workload.mini_batches) give "
+                f"⌈mb/U⌉ = {update_microbatches(s.mb, U)} per update, fewer than pp={s.pp}; plan "
+                f"mb >= {s.pp * U} or fewer mini_batches"
+            )
+
+
+def rl_config(result: Result, rl: RLConfig | None) -> RLConfig:
+    """The RL hyper-parameters of a run of ``result``: ``rl``, or by default
+    :class:`~rpeg.runtime.rl.RLConfig` with the workload's ``kl_coef`` (PPO, GRPO, ReMax; DPO
+    keeps its own ``dpo_beta`` and has no ``kl_coef``).
+
+    Raises
+    ------
+    ValueError
+        If ``rl.kl_coef > 0`` for a workload without a reference model (``kl_coef = 0``), naming
+        both values.
+    """
+    wl = result.workload
+    if rl is None:
+        return RLConfig() if wl.kl_coef is None else RLConfig(kl_coef=wl.kl_coef)
+    if wl.kl_coef == 0.0 and rl.kl_coef > 0:
+        raise ValueError(
+            f"rl.kl_coef = {rl.kl_coef!r} but the workload has kl_coef = 0 (no reference model to take "
+            "a KL term against); pass RLConfig(kl_coef=0.0) or plan the workload with a non-zero kl_coef"
+        )
+    return rl
 
 
 def _hardware(hardware: Hardware | str | None) -> Hardware:
@@ -656,7 +679,7 @@ def _recover(
 
     cfg = plan.cfg
     rcv = urgent_replan(
-        ctl, res, method=replan_method, seed=cfg.seed, accept=lambda r: check_specs(r, plan.specs)
+        ctl, res, method=replan_method, seed=cfg.seed, accept=lambda r: _accept(r, plan.specs)
     )
     state.recoveries.append(rcv.message)
     if progress:
@@ -669,6 +692,12 @@ def _recover(
     left = cfg.steps - (state.offset - cfg.step_offset)
     state.device_base, state.alias, state.units = rcv.device_base, rcv.alias, rcv.current
     return rcv.target, _bind(rcv.target, left, cfg, plan.specs), None
+
+
+def _accept(result: Result, specs: dict[str, Any]) -> None:
+    """An urgent replan must run the run's model shapes on the engines (``ValueError`` if not)."""
+    check_specs(result, specs)
+    check_engine_choices(result)
 
 
 def _report(plan: _RunPlan, state: _RunState) -> RunReport:

@@ -125,6 +125,8 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         self.fail_at = fail_at
         self.keep_boundary = keep_boundary
         self.boundary: dict[str, Any] | None = None
+        self.mid_update = False  # between a training node's first optimizer step and its end
+        self.metadata_probe = False  # the next loss call is torch.distributed.pipelining's probe
         self.step_offset = step_offset
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
         timeout = datetime.timedelta(seconds=timeout_s)

@@ -39,6 +39,7 @@ class WorkerCheckpoints:
     snapshots: dict[int, dict[str, torch.Tensor]]
     keep_boundary: bool
     boundary: dict[str, Any] | None
+    mid_update: bool
     inbox: dict[tuple, list[dict[str, torch.Tensor]]]
     gen_state: dict[tuple[str, int], dict[str, Any]]
     _weights_replaced: Callable[[], None]
@@ -78,8 +79,8 @@ class WorkerCheckpoints:
     def rollback(self, step: int) -> int:
         """Return to the boundary before ``step`` (segment-local) after a failure mid-step: drop
         in-flight data and gradients; a training worker that already applied the update of
-        ``step`` restores its parameters and optimizer slice from before it. Returns the version
-        held afterwards.
+        ``step`` — or some of its ``U`` optimizer steps (``mini_batches``) — restores its
+        parameters and optimizer slice from before it. Returns the version held afterwards.
 
         Raises
         ------
@@ -93,7 +94,9 @@ class WorkerCheckpoints:
         else:
             for p in self.model.parameters():
                 p.grad = None
-        if self.optimizer is not None and self.version == step + 1:
+        partial = self.mid_update and self.version == step  # stopped between two of U updates
+        self.mid_update = False
+        if self.optimizer is not None and (self.version == step + 1 or partial):
             b = self.boundary
             if b is None or b["version"] != step:
                 raise RuntimeError(

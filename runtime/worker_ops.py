@@ -6,18 +6,25 @@ Execution per role (``B'·R'`` sequences of one step, global order = sample id):
   stage by stage (``send``/``recv`` of hidden states between stages; the last stage samples with
   layout-independent Gumbel noise and sends the token back to the first). A response-length
   phase ``q`` decodes positions ``t_{q−1}..t_q − 1`` and emits the sequences that end there.
-* inference: teacher-forced forward, microbatched; reference → log-probs, critic → values,
-  reward → reward-model score plus the task's verifiable reward (the score the RL update uses:
-  a randomly initialised reward model carries no signal). ReMax's reward inference also scores
-  each sequence's greedy rollout (same sample id, inputs prefixed ``greedy_``) and emits its
-  reward as the ``baseline``. DPO's inferences (reference and actor log-probs) build the step's
-  preference pairs from the task themselves: the pairs are a graph input, like the prompts.
+  With a rule reward (``reward = "rule"``, SPEC §14.8) it also emits each sequence's task reward
+  (:func:`rule_reward`) as ``rewards``; with ``old_logprob = "trainer"`` it emits no log-probs
+  (the ``actor_logp`` inference computes them).
+* inference: teacher-forced forward, microbatched; reference or actor (``actor_logp``, DPO's
+  ``actor_inf``) → log-probs, critic → values, reward → reward-model score plus the task's
+  verifiable reward (the score the RL update uses: a randomly initialised reward model carries
+  no signal). ReMax's reward inference also scores each sequence's greedy rollout (same sample
+  id, inputs prefixed ``greedy_``) and emits its reward as the ``baseline``. DPO's inferences
+  (reference and actor log-probs) build the step's preference pairs from the task themselves:
+  the pairs are a graph input, like the prompts.
 * training: advantages over the whole step's batch (PPO: KL-shaped rewards and GAE γ = 1,
   λ = 0.95; GRPO: group-relative; ReMax: reward minus the greedy baseline, REINFORCE loss; DPO:
   the per-sequence split of ``−log σ(β·margin)`` with the partner's log-ratio from the actor's
-  inference), then this rank's DP slice in ``mb`` microbatches — with
-  ``torch.distributed.pipelining``'s 1F1B schedule when ``Pp > 1`` — losses divided by the
-  global token count (DPO: pair count), then one Adam step (FSDP2 when ``Pd > 1``).
+  inference; without a reference, ``kl_coef = 0``, no KL term), then ``U`` updates
+  (``mini_batches``, SPEC §14.2), each over a contiguous mini-batch of the step's samples: this
+  rank's DP slice of it in ``⌈mb/U⌉`` microbatches — with ``torch.distributed.pipelining``'s
+  1F1B schedule when ``Pp > 1`` — losses divided by the mini-batch's global token count (DPO:
+  pair count), then one Adam step (FSDP2 when ``Pd > 1``). The version counts RL steps: it
+  moves once per training node, whatever ``U``.
 
 :class:`WorkerOps` is a part of :class:`~rpeg.runtime.worker.Worker`, which owns the state it
 uses (model, mesh, optimizer, task, version and snapshots).
@@ -34,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ..ir.types import Head, Role
-from .binding import GroupSpec, RunShape
+from .binding import GroupSpec, RunShape, mini_batch_bounds, update_microbatches
 from .model import KVCache, StageModel, sample_token, token_logprobs
 from .parallel import FSDPAdam
 from .rl import (
@@ -56,10 +63,36 @@ from .rl import (
 )
 from .task import SyntheticTask
 
-__all__ = ["PackedOutput", "WorkerOps"]
+__all__ = ["PackedOutput", "WorkerOps", "rule_reward"]
 
 # columns of the packed per-token training target (pipelining passes one tensor to the loss)
 _TOK, _OLD, _ADV, _MASK, _REF, _RET, _VAL = range(7)
+
+
+def rule_reward(
+    target: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, prompt_len: int
+) -> torch.Tensor:
+    """The synthetic task's rule (:class:`~rpeg.runtime.task.SyntheticTask`) of each sequence: the
+    fraction of its valid response tokens in the target set.
+
+    Parameters
+    ----------
+    target
+        ``[V]`` bool membership of every token in the target set (``SyntheticTask.target``).
+    tokens
+        ``[n, Lp + Lr]`` prompts and responses.
+    mask
+        ``[n, Lr]`` valid response tokens.
+    prompt_len
+        ``Lp``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[n]`` float rewards in ``[0, 1]`` (0 for an empty response).
+    """
+    hits = target[tokens[:, prompt_len:]].float() * mask
+    return hits.sum(dim=1) / mask.sum(dim=1).clamp(min=1)
 
 
 class PackedOutput(torch.nn.Module):
@@ -106,6 +139,8 @@ class WorkerOps:
     lengths: torch.Tensor
     snapshots: dict[int, dict[str, torch.Tensor]]
     version: int
+    mid_update: bool
+    metadata_probe: bool
     rollout_engine: str
     _generate_vllm: Callable[..., tuple[dict[str, torch.Tensor] | None, dict[str, Any]]]
     _write_weights: Callable[..., None]
@@ -173,6 +208,7 @@ class WorkerOps:
         try:
             if role is Role.GENERATION:
                 out, meta = self._generate(node)
+                out = self._rollout_outputs(node, out, meta)
             elif role is Role.INFERENCE:
                 out, meta = self._infer(node, self._inputs(node, inputs))
             else:
@@ -224,6 +260,26 @@ class WorkerOps:
         if phase == 0:
             return torch.ones(len(lengths), dtype=torch.bool)
         return lengths == self._phase_end(phase)
+
+    def _rollout_outputs(
+        self, node: dict[str, Any], out: dict[str, torch.Tensor] | None, meta: dict[str, Any]
+    ) -> dict[str, torch.Tensor] | None:
+        """What a generation node emits (SPEC §14.8): without its log-prob output (``gen_logp``
+        false: the ``actor_logp`` inference computes them, or ReMax's greedy rollout) no ``logp``;
+        with a rule reward each sequence's task reward as ``rewards``, computed on the rank that
+        emits. The sampled generation's emitting rank also reports ``reward_sum`` and
+        ``reward_count`` (the step's reward metric: every sampled sequence counted once; the
+        greedy baseline's rewards are not)."""
+        if out is None or not self._emits():
+            return out
+        if not node.get("gen_logp", True):
+            out = {k: v for k, v in out.items() if k != "logp"}
+        if node.get("reward") == "rule":
+            score = rule_reward(self.target, out["tokens"], out["mask"], self.shape.prompt_len)
+            out = {**out, "rewards": score}
+            if not node.get("greedy"):
+                meta.update(reward_sum=float(score.sum()), reward_count=len(score))
+        return out
 
     @torch.no_grad()
     def _generate(self, node: dict[str, Any]) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
@@ -335,8 +391,7 @@ class WorkerOps:
             return results
 
         def task_reward(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            hits = self.target[tokens[:, Lp:]].float() * mask
-            return hits.sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+            return rule_reward(self.target, tokens, mask, Lp)
 
         results = forward(tokens, mask)
         greedy = None
@@ -363,11 +418,19 @@ class WorkerOps:
         return {"ids": ids, kind: torch.cat(results) if results else torch.zeros(0, Lr)}, meta
 
     def _train(self, node: dict[str, Any], batch: dict[str, torch.Tensor]) -> tuple[None, dict[str, Any]]:
-        """One training node: targets of the whole step's batch (:meth:`_targets`), this rank's
-        DP slice forward and backward (:meth:`_backward`), then the update (:meth:`_update`).
+        """One training node: targets of the whole step's batch (:meth:`_targets`), then ``U =
+        node["updates"]`` optimizer updates (SPEC §14.2). The step's samples split into ``U``
+        contiguous mini-batches in sample order (:func:`~rpeg.runtime.binding.mini_batch_bounds`);
+        for each, this rank's DP slice of it runs forward and backward in ``⌈mb/U⌉`` microbatches
+        (:meth:`_backward`; ``mb`` for ``U = 1``) and one optimizer step follows. The version,
+        the snapshot of the version before and the checkpoint are per node, not per update
+        (:meth:`_begin_update`, :meth:`_finish_update`).
 
-        The loss is normalised by the step's global token count (PPO, GRPO, ReMax) or pair count
-        (DPO). DPO's pairs are a graph input, rebuilt here from the task (the inputs bring the
+        Each update's loss is normalised by its mini-batch's global token count (PPO, GRPO, ReMax)
+        or pair count (DPO); the reported loss is the mean over the updates. The log-prob gap is
+        measured on the first mini-batch only (later ones train on updated weights). ReMax with a
+        rule reward takes its baseline from the greedy rollouts' rewards (:meth:`_greedy_baseline`).
+        DPO's pairs are a graph input, rebuilt here from the task (the inputs bring the
         reference's and the actor's log-probs); its rank 0 reports the step's metric, the mean
         implicit reward margin ``β·(h_w − h_l)`` of the pairs under the version ``actor_inf`` read.
         """
@@ -380,19 +443,38 @@ class WorkerOps:
                     "the step's preference pairs"
                 )
             batch = {**batch, **pairs}
-        target = self._targets(algorithm, batch)
-        total = len(batch["ids"]) / 2 if algorithm == "dpo" else float(batch["mask"].sum())
+        elif algorithm == "remax" and "baseline" not in batch:
+            batch = {**batch, "baseline": self._greedy_baseline(node, batch)}
+        target = self._targets(node, batch)
         # were the rollouts sampled with the weights trained here? (τ = 0, or the run's first
         # version; not the first step after a transition, whose rollouts read the version before it)
         same_weights = node.get("rollout_version", node["version"]) == node["version"]
         gaps: list[float] | None = [] if algorithm != "dpo" and same_weights else None
         # stale rollouts: PPO/GRPO/ReMax train with the decoupled objective (RLConfig.stale_objective)
         decoupled = not same_weights and algorithm != "dpo" and self.cfg.stale_objective == "decoupled"
-        loss_fn = self._loss_fn(algorithm, total, gaps, decoupled=decoupled)
-        mine = self._my_slice(len(batch["ids"]))
-        mb = int(node.get("mb", self.group.mb))  # the vertex's microbatches (SPEC §14.2)
-        losses = self._backward(batch["tokens"][mine], target[mine], loss_fn, mb)
-        meta = self._update(node, losses)
+        reference = bool(node.get("reference", True))
+        updates = int(node.get("updates", 1))
+        # the vertex's microbatches (SPEC §14.2), formed within each update
+        micro = update_microbatches(int(node.get("mb", self.group.mb)), updates)
+        assert self.optimizer is not None
+        losses: list[torch.Tensor] = []
+        old = None
+        for j, (lo, hi) in enumerate(mini_batch_bounds(len(batch["ids"]), updates)):
+            if hi == lo:
+                raise RuntimeError(
+                    f"{node['vertex']} step {node['step']}: {len(batch['ids'])} sequences cannot fill "
+                    f"{updates} mini-batches"
+                )
+            total = (hi - lo) / 2 if algorithm == "dpo" else float(batch["mask"][lo:hi].sum())
+            loss_fn = self._loss_fn(
+                algorithm, total, gaps if j == 0 else None, decoupled=decoupled, reference=reference
+            )
+            mine = lo + self._my_slice(hi - lo)
+            losses += self._backward(batch["tokens"][mine], target[mine], loss_fn, micro)
+            if j == 0:  # the weights before the node's first update: its version's snapshot
+                old = self._begin_update(node)
+            self.optimizer.step()
+        meta = self._finish_update(node, old, losses, updates)
         if gaps:
             meta["logprob_gap"] = max(gaps)
         if algorithm == "dpo" and self.rank == 0:
@@ -401,7 +483,31 @@ class WorkerOps:
             meta.update(reward_sum=float(margins.sum()), reward_count=len(margins))
         return None, meta
 
-    def _targets(self, algorithm: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    @staticmethod
+    def _needs(node: dict[str, Any], batch: dict[str, torch.Tensor], key: str, what: str) -> torch.Tensor:
+        """``batch[key]``, or a ``RuntimeError`` naming the node and ``what`` the key holds."""
+        if key not in batch:
+            raise RuntimeError(
+                f"{node['vertex']} step {node['step']}: its inputs lack {key!r} ({what}); they hold "
+                f"{sorted(batch)}"
+            )
+        return batch[key]
+
+    def _greedy_baseline(self, node: dict[str, Any], batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """ReMax with a rule reward: the baseline of each sampled sequence is the rule reward of
+        its greedy rollout, the greedy generation's sequence with the same sample id (inputs
+        prefixed ``greedy_``), matched as the reward inference matches them."""
+        rewards = self._needs(node, batch, "greedy_rewards", "the greedy rollouts' rule rewards")
+        gids = batch["greedy_ids"].contiguous()
+        pos = torch.searchsorted(gids, batch["ids"].contiguous()).clamp(max=max(0, len(gids) - 1))
+        if len(gids) == 0 or not torch.equal(gids[pos], batch["ids"]):
+            raise RuntimeError(
+                f"{node['vertex']} step {node['step']}: the greedy rollouts do not cover the sampled "
+                "sequences (no greedy rollout with the same sample id)"
+            )
+        return rewards[pos]
+
+    def _targets(self, node: dict[str, Any], batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The packed per-token target ``[n, Lr, 7]`` of the step's batch (columns ``_TOK`` …).
 
         GRPO: group-relative advantages ``A_i = (r_i − mean_g) / (std_g + 1e-6)`` broadcast over
@@ -412,23 +518,34 @@ class WorkerOps:
         (:func:`~rpeg.runtime.rl.dpo_sequence_loss`). PPO: KL-shaped rewards
         ``r_t = −β·(log π − log π_ref)_t + [t = last]·score`` and GAE ``(γ, λ)`` advantages and
         returns over the critic's values (:mod:`~rpeg.runtime.rl`); the critic's own training
-        node gets no log-probs and regresses on the task reward alone (``β = 0``).
+        node (a value head) regresses on the task reward alone (``β = 0``). Without a reference
+        (``node["reference"]`` false: ``kl_coef = 0``) there is no KL term and ``_REF`` stays 0;
+        with one, missing reference log-probs are an error, never a silent ``β = 0``.
         """
         sh, cfg = self.shape, self.cfg
+        algorithm = node["algorithm"]
+        reference = bool(node.get("reference", True))
         Lp, Lr = sh.prompt_len, sh.response_len
         n = len(batch["ids"])
         mask = batch["mask"]
         pack = torch.zeros(n, Lr, 7)
         pack[..., _TOK] = batch["tokens"][:, Lp:].float()
         pack[..., _MASK] = mask
+        policy = self.group.head is not Head.SCALAR
+
+        def ref_logp() -> torch.Tensor:
+            return self._needs(node, batch, "ref_logp", "the reference's log-probs")
+
         if algorithm in ("grpo", "remax"):
+            rewards = self._needs(node, batch, "rewards", "the task rewards")
             if algorithm == "grpo":
-                adv = grpo_advantages(batch["rewards"], sh.rollouts)
+                adv = grpo_advantages(rewards, sh.rollouts)
             else:
-                adv = remax_advantages(batch["rewards"], batch["baseline"])
+                adv = remax_advantages(rewards, batch["baseline"])
             pack[..., _ADV] = adv[:, None].expand(n, Lr)
-            pack[..., _OLD] = batch["logp"]
-            pack[..., _REF] = batch["ref_logp"]
+            pack[..., _OLD] = self._needs(node, batch, "logp", "the old policy's log-probs")
+            if reference:
+                pack[..., _REF] = ref_logp()
             return pack
         if algorithm == "dpo":
             h = sequence_logratio(batch["logp"], batch["ref_logp"], mask)  # [2P], pairs interleaved
@@ -436,31 +553,44 @@ class WorkerOps:
             pack[..., _RET] = h.reshape(-1, 2).flip(1).reshape(-1)[:, None]  # the partner's h̄_j
             pack[..., _REF] = batch["ref_logp"]
             return pack
-        if "logp" in batch and "ref_logp" in batch:
-            rewards = token_rewards(batch["rewards"], batch["logp"], batch["ref_logp"], mask, cfg.kl_coef)
-        else:  # critic_train: the PPO graph routes it no log-probs, so it regresses on the task reward
-            zero = torch.zeros_like(mask)
-            rewards = token_rewards(batch["rewards"], zero, zero, mask, 0.0)
-        adv, ret = gae(rewards, batch["values"], mask, cfg.gamma, cfg.lam)
+        scores = self._needs(node, batch, "rewards", "the task rewards")
+        values = self._needs(node, batch, "values", "the critic's values")
+        zero = torch.zeros_like(mask)
+        if policy:
+            logp = self._needs(node, batch, "logp", "the old policy's log-probs")
+            if reference:
+                rewards = token_rewards(scores, logp, ref_logp(), mask, cfg.kl_coef)
+            else:
+                rewards = token_rewards(scores, zero, zero, mask, 0.0)
+            pack[..., _OLD] = logp
+        else:  # critic_train: it regresses on the task reward alone
+            rewards = token_rewards(scores, zero, zero, mask, 0.0)
+        adv, ret = gae(rewards, values, mask, cfg.gamma, cfg.lam)
         pack[..., _ADV] = adv
         pack[..., _RET] = ret
-        pack[..., _VAL] = batch["values"]
-        if "logp" in batch:
-            pack[..., _OLD] = batch["logp"]
+        pack[..., _VAL] = values
         return pack
 
     def _loss_fn(
-        self, algorithm: str, total: float, gaps: list[float] | None = None, *, decoupled: bool = False
+        self,
+        algorithm: str,
+        total: float,
+        gaps: list[float] | None = None,
+        *,
+        decoupled: bool = False,
+        reference: bool = True,
     ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        """The loss of a microbatch's packed output and target, divided by ``total`` (the step's
-        global token count; DPO: its pair count): PPO's clipped surrogate for a policy head (plus
-        GRPO's ``k3`` KL term; ReMax: REINFORCE ``−A·log π``; DPO: the per-sequence split of
+        """The loss of a microbatch's packed output and target, divided by ``total`` (the
+        update's global token count; DPO: its pair count): PPO's clipped surrogate for a policy
+        head (plus GRPO's ``k3`` KL term when there is a ``reference``; none with
+        ``kl_coef = 0``; ReMax: REINFORCE ``−A·log π``; DPO: the per-sequence split of
         ``−log σ(β·margin)``), the clipped value regression for a value head, both for a shared
         one (the value part weighted by ``value_coef``). With ``decoupled`` (rollouts sampled by
         older weights than those trained), the policy terms take the decoupled form: PPO's ratio
         against this step's own first-forward log-probs ``π_prox``, each token weighted by
         ``w_t = π_prox/μ`` (:func:`~rpeg.runtime.rl.behavior_weight`), ReMax's REINFORCE by
-        ``w_t``.
+        ``w_t``. With several updates per step, ``π_prox`` is the weights each update starts
+        from (the first forward of its own mini-batch).
 
         With ``gaps`` (a list), every microbatch appends the health metric of the rollouts it
         trains on: ``max_t |log π_trainer(y_t) − log π_rollout(y_t)|`` over its valid tokens, the
@@ -483,7 +613,9 @@ class WorkerOps:
                 weight = (
                     behavior_weight(lp, target[..., _OLD], cfg.behavior_weight_cap) if decoupled else None
                 )
-                if gaps is not None and m.any():
+                if self.metadata_probe:  # torch's metadata probe (see _backward): no gap
+                    self.metadata_probe = False
+                elif gaps is not None and m.any():
                     gaps.append(float(((lp.detach() - target[..., _OLD]).abs() * m).max()))
                 if algorithm == "dpo":
                     h = sequence_logratio(lp, target[..., _REF], m)
@@ -497,7 +629,7 @@ class WorkerOps:
                         loss
                         + policy_loss(lp, target[..., _OLD], target[..., _ADV], m, cfg.clip, prox, weight)[0]
                     )
-                if algorithm == "grpo":
+                if algorithm == "grpo" and reference:
                     loss = loss + kl_loss(lp, target[..., _REF], m, cfg.kl_coef)[0]
             if want_value:
                 values = output[:, sl, -1]
@@ -538,23 +670,41 @@ class WorkerOps:
             )
             self.schedule = Schedule1F1B(stage, n_microbatches=mb, loss_fn=loss_fn, scale_grads=False)
         self.schedule._loss_fn = loss_fn  # this step's normaliser and batch
+        # torch 2.13 infers the stages' tensor metadata at a schedule's first step, calling the
+        # loss once on the last stage's forward of uninitialised activations (input gradients
+        # only): that call measures no log-prob gap
+        self.metadata_probe = self.mesh.last and not getattr(
+            self.schedule, "_stage_backward_initialized", True
+        )
         if self.mesh.first:
             self.schedule.step(tokens)
         elif self.mesh.last:
             self.schedule.step(target=target, losses=losses)
         else:
             self.schedule.step()
+        self.metadata_probe = False
         return losses
 
-    def _update(self, node: dict[str, Any], losses: list[torch.Tensor]) -> dict[str, Any]:
-        """One optimizer step (FSDP2 or plain Adam): keep the version before it as a
-        snapshot when a serving vertex of this group (or a later plan) still reads it, keep the
-        boundary copy when the run recovers from worker loss, bump the version and, at a
-        checkpointed step, write this rank's file. Returns the node's meta."""
-        assert self.optimizer is not None
+    def _begin_update(self, node: dict[str, Any]) -> dict[str, torch.Tensor] | None:
+        """Before a training node's first optimizer step: a copy of the version it trains when a
+        serving vertex of this group (or a later plan) still reads it (``keep_previous``), and the
+        boundary copy when the run recovers from worker loss. Returns the copy (or ``None``)."""
         old = self._snapshot() if node.get("keep_previous") else None
         self._keep_boundary(old)
-        self.optimizer.step()
+        self.mid_update = True  # a rollback before _finish_update restores the boundary copy
+        return old
+
+    def _finish_update(
+        self,
+        node: dict[str, Any],
+        old: dict[str, torch.Tensor] | None,
+        losses: list[torch.Tensor],
+        updates: int = 1,
+    ) -> dict[str, Any]:
+        """After a training node's ``updates`` optimizer steps: keep ``old`` (:meth:`_begin_update`)
+        as the snapshot of the version before and drop the snapshots no reader needs any more,
+        bump the version (once per RL step) and, at a checkpointed step, write this rank's file.
+        Returns the node's meta; its ``loss`` is this rank's share of the mean over the updates."""
         if old is not None:
             self.snapshots[self.version] = old
             for v in [
@@ -562,8 +712,9 @@ class WorkerOps:
             ]:
                 del self.snapshots[v]
         self.version += 1
+        self.mid_update = False
         # every TP rank of the last stage computes the same loss: rank t = 0 reports it
-        loss = float(sum(losses)) if losses and self.mesh.t == 0 else None
+        loss = float(sum(losses)) / updates if losses and self.mesh.t == 0 else None
         meta: dict[str, Any] = {"loss": loss, "version": self.version}
         if node.get("save"):
             os.makedirs(node["save"], exist_ok=True)

@@ -1,5 +1,7 @@
 """``runner.check_engine_choices``: what the bundled engines do not run yet is refused before any
-worker starts, naming the vertex or the workload field (docs/runtime.md, "Real job shapes")."""
+worker starts, naming the vertex or the workload field (docs/runtime.md, "Real job shapes"); the
+workload's SPEC §14 choices pass, and ``run``'s RL hyper-parameters agree with the workload's
+KL coefficient."""
 
 from __future__ import annotations
 
@@ -26,17 +28,48 @@ def test_a_plan_within_the_engines_limits_passes():
 
 
 @pytest.mark.parametrize(
-    ("fields", "match"),
+    "fields",
     [
-        ({"reward": "rule"}, r"workload\.reward = 'rule' is planned but not yet run"),
-        ({"kl_coef": 0.0}, r"workload\.kl_coef = 0 \(no reference model\)"),
-        ({"old_logprob": "trainer"}, r"workload\.old_logprob = 'trainer'"),
-        ({"mini_batches": 4}, r"workload\.mini_batches = 4"),
+        {"reward": "rule", "reward_cost_s": 0.5},
+        {"kl_coef": 0.0},
+        {"old_logprob": "trainer"},
+        {"mini_batches": 4},
+        {"reward": "rule", "kl_coef": 0.0, "old_logprob": "trainer", "mini_batches": 2},
     ],
 )
-def test_workload_features_the_rl_loop_lacks_are_refused(fields, match):
-    with pytest.raises(ValueError, match=match):
-        check_engine_choices(solve(_grpo(**fields), CLUSTER, "greedy"))
+def test_the_workload_choices_of_spec_14_run(fields):
+    """A rule reward, no reference, the trainer's old log-probs and several updates per step run
+    (tests/runtime/test_job_choices.py runs them)."""
+    check_engine_choices(solve(_grpo(**fields), CLUSTER, "greedy"))
+
+
+def test_pipelined_training_needs_pp_microbatches_in_every_update():
+    """1F1B runs one schedule of ⌈mb/U⌉ microbatches per update: fewer than pp is refused."""
+    w = _grpo(reward="rule", kl_coef=0.0, mini_batches=2)
+    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2)
+
+    def plan(mb: int):
+        table = {"actor_gen": (*WHOLE, 2, 1, 1, 1), "actor_train": (*WHOLE, 1, 2, 1, mb)}
+        return result_for_plan(w, cluster, Structure.synchronous(w), table)
+
+    with pytest.raises(
+        ValueError,
+        match=r"vertex 'actor_train': pp=2 .* mb=2 .* U=2 .* ⌈mb/U⌉ = 1 per update, fewer than pp=2",
+    ):
+        check_engine_choices(plan(2))
+    check_engine_choices(plan(4))
+
+
+def test_a_kl_term_without_a_reference_is_refused_before_any_worker_starts():
+    from rpeg.runtime.rl import RLConfig
+    from rpeg.runtime.runner import rl_config, run
+
+    no_ref = solve(_grpo(kl_coef=0.0), CLUSTER, "greedy")
+    assert rl_config(no_ref, None).kl_coef == 0.0  # the workload's β by default
+    assert rl_config(solve(_grpo(kl_coef=0.05), CLUSTER, "greedy"), None).kl_coef == 0.05
+    assert rl_config(no_ref, RLConfig(kl_coef=0.0, lr=0.5)).lr == 0.5
+    with pytest.raises(ValueError, match=r"rl\.kl_coef = 0\.01 but the workload has kl_coef = 0"):
+        run(no_ref, steps=1, rl=RLConfig(kl_coef=0.01))
 
 
 def _hand(train_engine: dict, ref_engine: dict | None = None):
@@ -60,3 +93,29 @@ def test_zero_3_and_a_chunked_training_loss_are_refused_naming_the_vertex():
     with pytest.raises(ValueError, match=r"vertex 'actor_train': a chunked training loss"):
         check_engine_choices(_hand({"logits_chunk": 4096}))
     check_engine_choices(_hand({}, {"logits_chunk": 4096}))  # a forward's chunked log-probs run
+
+
+def test_a_run_shape_gives_every_update_equal_pipelined_microbatches():
+    """``bind`` refuses a batch whose mini-batches would give a PP-2 trainer's DP rank shares of
+    different sizes (1F1B keeps its buffers from the first microbatch), or too few sequences for
+    every DP rank and microbatch of every update."""
+    from rpeg.runtime.binding import bind
+    from rpeg.runtime.trace import expected_graph
+
+    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2)
+    w = _grpo(reward="rule", kl_coef=0.0, mini_batches=3)
+    table = {"actor_gen": (*WHOLE, 2, 1, 1, 1), "actor_train": (*WHOLE, 1, 2, 1, 6)}
+    result = result_for_plan(w, cluster, Structure.synchronous(w), table)
+    with pytest.raises(
+        ValueError,
+        match=r"'actor_train': pp=2 .* 16 sequences in U=3 mini-batches over dp=1 give DP rank 0 5 or 6 "
+        r"per update, not one multiple of ⌈mb/U⌉ = 2",
+    ):
+        bind(result, expected_graph(result, 1), 1, batch=4)
+    assert bind(result, expected_graph(result, 1), 1, batch=3).shape.sequences == 12  # 4, 4, 4
+    w = _grpo(reward="rule", kl_coef=0.0, mini_batches=4)
+    table = {"actor_gen": (*WHOLE, 2, 1, 1, 1), "actor_train": (*WHOLE, 2, 1, 1, 1)}
+    result = result_for_plan(w, cluster, Structure.synchronous(w), table)
+    with pytest.raises(ValueError, match=r"4 sequences is fewer than the plan's largest U·Pd·⌈mb/U⌉ = 8"):
+        bind(result, expected_graph(result, 1), 1, batch=1)
+    assert bind(result, expected_graph(result, 1), 1).shape.sequences == 32  # the default batch

@@ -1,0 +1,260 @@
+"""The workload's SPEC §14.2 and §14.8 choices executed: a rule reward (the generation scores its
+rollouts with the task's rule), no reference (``kl_coef = 0``: no KL term), the old log-probs from
+the trainer's own pass (``actor_logp``) and ``U = mini_batches`` optimizer updates per step.
+
+Worker-level checks run one worker in this process (no Ray): the rule reward against
+``SyntheticTask.reward``, GRPO's loss without the KL term, the first of two updates against one
+update on its mini-batch alone (same gradient: normalised by the mini-batch's tokens), ReMax's
+greedy baseline. Two runs on the session's Ray instance (tests/runtime/conftest.py) combine the
+choices: GRPO with all four (``actor_logp`` on its own device, fed by weight publications) and PPO
+with a rule reward and two updates per step, its actor trained PP-2 (one 1F1B schedule per update).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rpeg.ir import Workload  # noqa: E402
+from rpeg.runtime.binding import bind, mini_batch_bounds, update_microbatches  # noqa: E402
+from rpeg.runtime.rl import kl_loss, policy_loss, response_slice  # noqa: E402
+from rpeg.runtime.trace import expected_graph  # noqa: E402
+from rpeg.runtime.worker_ops import rule_reward  # noqa: E402
+from tests.runtime.plans import TOY, hand  # noqa: E402
+from tests.runtime.workers import local_worker, node  # noqa: E402
+
+ONE = ((0, 0, 0), (1, 1, 1), 1, 1, 1, 1)
+GAP_TOL = 1e-4  # trainer vs old log-probs of the same weights: float reduction order only
+#: GRPO with every choice: a rule reward, no reference, the trainer's old log-probs, 2 updates.
+GRPO = Workload(
+    "grpo",
+    {"actor": TOY},
+    64,
+    4,
+    256,
+    256,
+    reward="rule",
+    kl_coef=0.0,
+    old_logprob="trainer",
+    mini_batches=2,
+)
+PPO = Workload("ppo", {"actor": TOY, "critic": TOY}, 64, 1, 256, 256, reward="rule", mini_batches=2)
+REMAX = Workload("remax", {"actor": TOY}, 64, 4, 256, 256, reward="rule", kl_coef=0.0)
+
+
+def one_device(wl: Workload, vertices: tuple[str, ...]):
+    """A one-device, one-step binding of ``wl``: 2 prompts, 4 + 4 tokens, responses of 1, 2 and
+    4 tokens (the default quantiles)."""
+    result = hand(wl, "1x1x1", dict.fromkeys(vertices, ONE), (("actor", 0),))
+    return bind(result, expected_graph(result, 1), 1, batch=2, prompt_len=4, response_len=4)
+
+
+@pytest.fixture(scope="module")
+def grpo():
+    return one_device(GRPO, ("actor_gen", "actor_logp", "actor_train"))
+
+
+def params(w) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in w.model.named_parameters()}
+
+
+def test_the_mini_batch_split():
+    assert mini_batch_bounds(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert mini_batch_bounds(8, 1) == [(0, 8)]
+    assert [update_microbatches(mb, u) for mb, u in ((4, 1), (4, 2), (5, 2), (1, 4))] == [4, 2, 3, 1]
+
+
+def test_a_rule_reward_generation_emits_the_tasks_rule_and_no_logprobs(grpo):
+    sh = grpo.shape
+    Lp = sh.prompt_len
+    with local_worker(grpo, "actor_gen") as w:
+        meta, out, _ = w.op(node(grpo, "actor_gen"), {})
+        task = w.task
+    assert set(out) == {"ids", "tokens", "mask", "rewards"}  # actor_logp computes the log-probs
+    lengths = out["mask"].sum(dim=1).long()
+    assert len(set(lengths.tolist())) > 1  # the rule averages over each response's own tokens
+    want = torch.cat(
+        [
+            task.reward(out["tokens"][i : i + 1, :Lp], out["tokens"][i : i + 1, Lp : Lp + n])
+            for i, n in enumerate(lengths)
+        ]
+    )
+    torch.testing.assert_close(out["rewards"], want)
+    assert meta["reward_count"] == sh.sequences and meta["reward_sum"] == pytest.approx(float(want.sum()))
+
+
+def test_grpo_has_no_kl_term_without_a_reference(grpo):
+    """``L = L_policy + β·KL`` with a reference, ``L_policy`` alone without one; a node that says
+    there is a reference but brings no reference log-probs is an error, never a silent ``β = 0``."""
+    sh = grpo.shape
+    n, V = sh.sequences, sh.vocab
+    gen = torch.Generator().manual_seed(0)
+    output = torch.randn(n, sh.prompt_len + sh.response_len, V, generator=gen)
+    target = torch.zeros(n, sh.response_len, 7)  # _TOK, _OLD, _ADV, _MASK, _REF, _RET, _VAL
+    target[..., 0] = torch.randint(0, V, (n, sh.response_len), generator=gen).float()
+    target[..., 1] = -torch.rand(n, sh.response_len, generator=gen)
+    target[..., 2] = torch.randn(n, sh.response_len, generator=gen)
+    target[..., 3] = 1.0
+    target[..., 4] = -torch.rand(n, sh.response_len, generator=gen)
+    from rpeg.runtime.model import token_logprobs
+
+    lp = token_logprobs(output[:, response_slice(sh.prompt_len, sh.response_len)], target[..., 0].long())
+    m = target[..., 3]
+    with local_worker(grpo, "actor_train") as w:
+        cfg = w.cfg
+        with_ref = float(w._loss_fn("grpo", 10.0)(output, target))
+        without = float(w._loss_fn("grpo", 10.0, reference=False)(output, target))
+        gen_out = w.op(node(grpo, "actor_gen"), {})[1]
+        w.inbox[("actor_logp", 0, "actor_gen", 0)] = [gen_out]
+        old = w.op(node(grpo, "actor_logp"), {"actor_gen": []})[1]
+        inputs = {"actor_gen": gen_out, "actor_logp": old}
+        for src, part in inputs.items():
+            w.inbox[("actor_train", 0, src, 0)] = [part]
+        with pytest.raises(RuntimeError, match=r"actor_train step 0: its inputs lack 'ref_logp'"):
+            w.op(node(grpo, "actor_train", reference=True), {src: [] for src in inputs})
+    policy = float(policy_loss(lp, target[..., 1], target[..., 2], m, cfg.clip)[0]) / 10.0
+    kl = float(kl_loss(lp, target[..., 4], m, cfg.kl_coef)[0]) / 10.0
+    assert kl > 0
+    assert without == pytest.approx(policy, rel=1e-5)
+    assert with_ref == pytest.approx(policy + kl, rel=1e-5)
+
+
+def test_two_updates_per_step_each_on_its_own_mini_batch(grpo):
+    """``U = 2``: two optimizer steps, one version; the trainer's first forward reads the old
+    log-probs ``actor_logp`` computed (gap ~0). The first update's gradient is that of one update
+    on the first mini-batch alone (prompt 0's four rollouts: the same group-relative advantages,
+    the loss over its own token count); the second update's differs."""
+    n = grpo.shape.sequences
+    grads: list[dict[str, torch.Tensor]] = []
+
+    def train(w, inputs: dict, **extra) -> dict:
+        real = w.optimizer.step
+
+        def step() -> None:
+            grads.append({k: p.grad.clone() for k, p in w.model.named_parameters()})
+            real()
+
+        w.optimizer.step = step
+        for src, part in inputs.items():
+            w.inbox[("actor_train", 0, src, 0)] = [part]
+        return w.op(node(grpo, "actor_train", **extra), {src: [] for src in inputs})[0]
+
+    with local_worker(grpo, "actor_train") as w:  # the group runs all three vertices
+        gen = w.op(node(grpo, "actor_gen"), {})[1]
+        w.inbox[("actor_logp", 0, "actor_gen", 0)] = [gen]
+        meta_lp, old, _ = w.op(node(grpo, "actor_logp"), {"actor_gen": []})
+        assert set(old) == {"ids", "logp"} and meta_lp["version_used"] == 0
+        inputs = {"actor_gen": gen, "actor_logp": old}
+        before = params(w)
+        meta = train(w, inputs)
+        assert w.optimizer.t == 2 and len(grads) == 2
+        assert meta["version"] == 1 and w.version == 1
+        assert meta["logprob_gap"] < GAP_TOL and torch.isfinite(torch.tensor(meta["loss"]))
+    first = {src: {k: v[: n // 2] for k, v in part.items()} for src, part in inputs.items()}
+    with local_worker(grpo, "actor_train") as w:
+        assert all(torch.equal(before[k], v) for k, v in params(w).items())  # the same weights
+        train(w, first, updates=1)
+        assert w.optimizer.t == 1
+    alone = grads[2]
+    assert max((grads[0][k] - alone[k]).abs().max().item() for k in alone) < 1e-6
+    assert max((grads[1][k] - alone[k]).abs().max().item() for k in alone) > 1e-4
+
+
+def test_a_rollback_between_two_updates_restores_the_boundary_copy(grpo):
+    """A run that recovers from worker loss may stop a training node after the first of its
+    ``U`` optimizer steps (the version has not moved yet): the rollback restores the weights and
+    the optimizer from before the node."""
+    with local_worker(grpo, "actor_train", keep_boundary=True) as w:
+        before = params(w)
+        w._begin_update(node(grpo, "actor_train"))
+        for p in w.model.parameters():
+            p.grad = torch.ones_like(p)
+        w.optimizer.step()  # the first of two updates
+        assert w.version == 0 and any(not torch.equal(before[k], v) for k, v in params(w).items())
+        assert w.rollback(0) == 0 and w.optimizer.t == 0 and not w.mid_update
+        assert all(torch.equal(before[k], v) for k, v in params(w).items())
+
+
+def test_remax_with_a_rule_reward_takes_the_greedy_rollouts_rule_as_baseline():
+    b = one_device(REMAX, ("actor_gen", "actor_greedy_gen", "actor_train"))
+    Lp = b.shape.prompt_len
+    with local_worker(b, "actor_train") as w:
+        s_meta, sampled, _ = w.op(node(b, "actor_gen"), {})
+        g_meta, greedy, _ = w.op(node(b, "actor_greedy_gen", greedy=True), {})
+        assert "logp" in sampled and "logp" not in greedy  # the greedy vertex outputs completions only
+        torch.testing.assert_close(
+            greedy["rewards"], rule_reward(w.target, greedy["tokens"], greedy["mask"], Lp)
+        )
+        # the step's reward counts each sampled rollout once: the greedy baseline reports none
+        assert s_meta["reward_count"] == b.shape.sequences and "reward_sum" not in g_meta
+        tn = node(b, "actor_train", prefix={"actor_greedy_gen": "greedy_"})
+        some = {"ids": sampled["ids"][1::3], "greedy_ids": greedy["ids"], "greedy_rewards": greedy["rewards"]}
+        torch.testing.assert_close(w._greedy_baseline(tn, some), greedy["rewards"][1::3])
+        with pytest.raises(RuntimeError, match="the greedy rollouts do not cover the sampled sequences"):
+            w._greedy_baseline(tn, {**some, "greedy_ids": greedy["ids"][::2]})
+        inputs = {"actor_gen": sampled, "actor_greedy_gen": greedy}
+        for src, part in inputs.items():
+            w.inbox[("actor_train", 0, src, 0)] = [part]
+        meta = w.op(tn, {src: [] for src in inputs})[0]
+    assert meta["version"] == 1 and torch.isfinite(torch.tensor(meta["loss"]))
+    assert meta["loss"] != 0.0  # rewards differ from their baselines
+
+
+# ---------------------------------------------------------------------------------------------- Ray
+def optimizer_steps(checkpoint_dir, step: int) -> dict[str, tuple[int, int]]:
+    """``file → (Adam's step counter t, version)`` of a checkpointed step's files."""
+    out = {}
+    for f in sorted((checkpoint_dir / f"step{step:05d}").glob("*.pt")):
+        state = torch.load(f, weights_only=False)
+        out[f.name] = (state["optimizer"]["t"], state["version"])
+    return out
+
+
+def test_grpo_with_every_choice_runs_and_verifies(ray_session, tmp_path):
+    """Rule reward, no reference, ``actor_logp`` on device 1 (its weights published by the DP-2
+    trainer on both devices every step), two updates per step: the trace verifies, the reward is
+    reported every step, the trainer reads the old log-probs of the version it trains (gap ~0) and
+    takes two Adam steps per RL step."""
+    from rpeg.runtime.runner import run
+    from rpeg.runtime.verify import verify
+
+    both = ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1)
+    table = {"actor_gen": both, "actor_train": both, "actor_logp": ((0, 0, 1), (1, 1, 1), 1, 1, 1, 1)}
+    result = hand(GRPO, "1x1x2", table, (("actor", 0),))
+    report = run(result, steps=2, checkpoint_dir=str(tmp_path))
+    assert report.problems == [] and verify(report.trace, result) == []
+    assert {r.vertex for r in report.trace.records} >= {"actor_gen", "actor_logp", "actor_train"}
+    assert not {"ref_inf", "reward_inf"} & {r.vertex for r in report.trace.records}
+    assert any(
+        r.kind == "comm" and r.vertex == "actor_logp" and r.source == "actor_train"
+        for r in report.trace.records
+    )
+    assert len(report.rewards) == 2 and all(0.0 <= x <= 1.0 for x in report.rewards), report.rewards
+    assert all(g is not None and g < GAP_TOL for g in report.logprob_gaps), report.logprob_gaps
+    assert optimizer_steps(tmp_path, 1) == {"g0-r0.pt": (4, 2), "g0-r1.pt": (4, 2)}
+
+
+def test_ppo_with_a_rule_reward_and_two_pipelined_updates_runs_and_verifies(ray_session, tmp_path):
+    """The actor trains PP-2 with 4 microbatches per step: one 1F1B schedule of 2 microbatches per
+    update; the critic on device 1 (inference and training in one group) regresses on the rule
+    reward the DP-2 generation emits."""
+    from rpeg.runtime.runner import run
+    from rpeg.runtime.verify import verify
+
+    table = {
+        "actor_gen": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
+        "ref_inf": ((0, 0, 0), (1, 1, 1), 1, 1, 1, 1),
+        "critic_inf": ((0, 0, 1), (1, 1, 1), 1, 1, 1, 1),
+        "actor_train": ((0, 0, 0), (1, 1, 2), 1, 2, 1, 4),
+        "critic_train": ((0, 0, 1), (1, 1, 1), 1, 1, 1, 2),
+    }
+    result = hand(PPO, "1x1x2", table, (("actor", 0), ("critic", 0)))
+    report = run(result, steps=2, checkpoint_dir=str(tmp_path))
+    assert report.problems == [] and verify(report.trace, result) == []
+    assert "reward_inf" not in {r.vertex for r in report.trace.records}
+    assert len(report.rewards) == 2 and all(0.0 <= x <= 1.0 for x in report.rewards), report.rewards
+    assert all(g is not None and g < GAP_TOL for g in report.logprob_gaps), report.logprob_gaps
+    assert all(set(m["losses"]) == {"actor", "critic"} for m in report.trace.step_metrics)
+    steps = optimizer_steps(tmp_path, 1)
+    assert sorted(steps.values()) == [(4, 2)] * 3, steps  # actor's two stages, the critic
