@@ -1,17 +1,20 @@
 """Cost-model fidelity on the real engines: predicted against measured times (and memory) per
-operation and per step, for five plans of one PPO workload, after ``rpeg calibrate``.
+operation and per step, for seven plans of one PPO workload, after ``rpeg calibrate``.
 
 The workload: PPO with three 21M-parameter Llama models (the runtime's ``medium`` scale: 8 layers,
 width 512), batch 8, ``Lp = Lr = 128``, on two CPU "devices" (``1x1x2``, one core each), with
 vLLM (CPU build) rollouts and the torch engine's inference and training — what ``rpeg run
---rollout-engine vllm --scale medium`` runs. Five hand-written plans, 5 steps each:
+--rollout-engine vllm --scale medium`` runs. Seven hand-written plans, 5 steps each:
 
 * colocated — every invocation on both devices, data parallel 2;
 * disaggregated τ = 0 — the actor's generation and training on device 0, the rest on device 1;
 * asynchronous τ = 1 — the same placement, the actor one step stale;
 * generation TP 2 — generation tensor parallel over both devices, the rest colocated;
 * training PP 2 — both trainings pipelined over the two devices (2 microbatches), the rest
-  colocated.
+  colocated;
+* gradient accumulation — colocated, each DP rank's sequences in 4 training microbatches and 2
+  forward-only ones (SPEC §14.2);
+* FSDP2 full sharding — the same with both trainers at ZeRO stage 3 (SPEC §14.3).
 
 Predictions are the shared evaluator's on the scaled problem with the calibrated hardware file
 (``--hardware``, written by ``rpeg calibrate --engines torch,vllm`` on this machine). Reported:
@@ -52,8 +55,8 @@ BOTH, D0, D1 = ((0, 0, 0), (1, 1, 2)), ((0, 0, 0), (1, 1, 1)), ((0, 0, 1), (1, 1
 TRAIN = ("none",)  # the runtime trains without activation recomputation
 
 
-def _entry(where: tuple, dp: int, pp: int, tp: int, mb: int, train: bool = False) -> tuple:
-    return (*where, dp, pp, tp, mb, *(TRAIN if train else ()))
+def _entry(where: tuple, dp: int, pp: int, tp: int, mb: int, train: bool = False, zero: int = 2) -> tuple:
+    return (*where, dp, pp, tp, mb, *((*TRAIN, {"zero": zero}) if train else ()))
 
 
 COLOCATED = {
@@ -77,6 +80,22 @@ TRAIN_PP2 = COLOCATED | {
     "actor_train": _entry(BOTH, 1, 2, 1, 2, True),
     "critic_train": _entry(BOTH, 1, 2, 1, 2, True),
 }
+# gradient accumulation (SPEC §14.2): each DP rank's 4 sequences in 4 training microbatches (one
+# optimizer update), and the forward-only passes in 2
+GRAD_ACC = COLOCATED | {
+    "ref_inf": _entry(BOTH, 2, 1, 1, 2),
+    "reward_inf": _entry(BOTH, 2, 1, 1, 2),
+    "critic_inf": _entry(BOTH, 2, 1, 1, 2),
+    "actor_train": _entry(BOTH, 2, 1, 1, 4, True),
+    "critic_train": _entry(BOTH, 2, 1, 1, 4, True),
+}
+# the same with both trainers fully sharded (FSDP2, ZeRO-3, SPEC §14.3): their groups keep only
+# shards between operations, so the generation and the critic's inference get their weights by
+# publication
+FULL_SHARD = GRAD_ACC | {
+    "actor_train": _entry(BOTH, 2, 1, 1, 4, True, zero=3),
+    "critic_train": _entry(BOTH, 2, 1, 1, 4, True, zero=3),
+}
 SYNC = (("actor", 0), ("critic", 0))
 PLANS = {
     "colocated": (COLOCATED, SYNC),
@@ -84,6 +103,8 @@ PLANS = {
     "asynchronous τ=1": (DISAGG, (("actor", 1), ("critic", 0))),
     "generation TP 2": (GEN_TP2, SYNC),
     "training PP 2": (TRAIN_PP2, SYNC),
+    "gradient accumulation": (GRAD_ACC, SYNC),
+    "FSDP2 full sharding": (FULL_SHARD, SYNC),
 }
 NOTE = (
     "What the figures cover: per-operation times are worker seconds (`worker_time`, less a training node's "
@@ -103,7 +124,7 @@ COLOURS = {"generation": "tab:blue", "inference": "tab:green", "training": "tab:
 
 
 def plan_result(table: dict, staleness: tuple, wl: Workload) -> Result:
-    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2)
+    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"))
     return result_for_plan(wl, cluster, Structure("ppo", False, staleness), table)
 
 
@@ -127,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--response-len", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--plans", default=",".join(PLANS), help="comma list of plan names (default: all five)")
+    ap.add_argument("--plans", default=",".join(PLANS), help="comma list of plan names (default: all seven)")
     ap.add_argument("--traces", metavar="DIR", help="also write each run's trace into DIR")
     ap.add_argument(
         "--from-traces",

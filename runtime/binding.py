@@ -164,6 +164,9 @@ class GroupSpec:
         The plan's activation recomputation of the training vertex on this group (``"none"``,
         ``"selective"``, ``"full"``); ``"none"`` for a group that does not train. The worker runs
         :attr:`recompute_run` (:data:`RUNTIME_RECOMPUTE`).
+    zero
+        The ZeRO stage of the group's vertices (SPEC §14.3): 2, or 3 for a trainer whose FSDP2
+        shards its parameters too (:class:`~rpeg.runtime.parallel.FSDPAdam`).
     """
 
     gid: int
@@ -181,6 +184,7 @@ class GroupSpec:
     seed: int
     generates: bool = False
     recompute: str = "none"
+    zero: int = 2
 
     @property
     def size(self) -> int:
@@ -502,6 +506,7 @@ def bind(
                     ),
                     "none",
                 ),
+                zero=s.zero,  # one stage per group: the stage is part of the layout key
             )
         )
     return Binding(result, g, exec_graph, groups, group_of, shape, specs, steps)

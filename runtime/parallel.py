@@ -8,7 +8,9 @@ pipeline stages.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,6 +115,14 @@ class FSDPAdam:
     collective, and DP ranks may run different numbers of forwards. A write of new weights must go
     through :meth:`set_masters` too, or the next update starts from the old shards.
 
+    ``zero = 3`` (FSDP2 full sharding, SPEC §14.3): each module of ``units`` (the decoder
+    layers) is an FSDP2 unit of its own and the root holds the rest (embedding, norm, heads);
+    between operations only the dim-0 shards stay registered, a forward gathers a layer before it
+    runs and frees it after (``reshard_after_forward``), the backward gathers it again and
+    reduce-scatters its gradient, and the root stays gathered through a pass (FSDP2 never reshards
+    the root after forward). The update needs no AllGather afterwards. Reading the full weights
+    (publications, snapshots, checkpoints) happens inside :meth:`gathered`.
+
     With ``Pd = 1`` nothing is sharded: the model is not wrapped and Adam updates its parameters.
     Adam is ``torch.optim.Adam``: ``m ← β1·m + (1−β1)·g``, ``v ← β2·v + (1−β2)·g²``,
     ``θ ← θ − lr·(m/(1−β1^t)) / (√(v/(1−β2^t)) + ε)``.
@@ -127,6 +137,15 @@ class FSDPAdam:
         The DP process group (gathers of the moments).
     lr, betas, eps
         Adam hyper-parameters.
+    zero
+        ZeRO stage: 2 (full parameters kept between updates) or 3 (full sharding).
+    units
+        ``zero = 3``: the modules sharded as units of their own (the decoder layers).
+
+    Raises
+    ------
+    ValueError
+        For a stage other than 2 or 3.
     """
 
     def __init__(
@@ -138,24 +157,61 @@ class FSDPAdam:
         lr: float,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        zero: int = 2,
+        units: tuple[torch.nn.Module, ...] = (),
     ) -> None:
+        if zero not in (2, 3):
+            raise ValueError(f"FSDPAdam: zero={zero!r} must be 2 or 3")
         self.model = model
         self.group = group
         self.world = dist.get_world_size(group)
         self.index = dist.get_rank(group)
         self.sharded = self.world > 1
+        self.zero = zero if self.sharded else 2  # one rank shards nothing
+        self.units: list[Any] = []  # every FSDP2 module, the root last
+        self._gathered = False
         if self.sharded:
             from torch.distributed.fsdp import fully_shard
 
-            fully_shard(model, mesh=mesh, reshard_after_forward=False)
-            model.set_reshard_after_backward(False)
-            model.set_gradient_divide_factor(1.0)
-            model.set_force_sum_reduction_for_comms(True)
+            if self.zero == 3:
+                self.units = [fully_shard(u, mesh=mesh, reshard_after_forward=True) for u in units]
+            self.units.append(fully_shard(model, mesh=mesh, reshard_after_forward=self.zero == 3))
+            if self.zero == 2:
+                model.set_reshard_after_backward(False)
+            for unit in self.units:  # both settings are per unit
+                unit.set_gradient_divide_factor(1.0)
+                unit.set_force_sum_reduction_for_comms(True)
         self.masters = dict(model.named_parameters())  # the dim-0 shards (DTensors) under FSDP2
         self.adam = torch.optim.Adam(list(self.masters.values()), lr=lr, betas=betas, eps=eps)
         self.t = 0
-        if self.sharded:
+        if self.sharded and self.zero == 2:
             model.unshard()
+
+    @property
+    def resharded(self) -> bool:
+        """Whether only the shards are registered now (``zero = 3`` outside :meth:`gathered`)."""
+        return self.zero == 3 and not self._gathered
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[None]:
+        """``zero = 3``: every unit gathered (one AllGather each) and kept so through forwards for
+        the block, then resharded; with stage 2 the full parameters are already there. Nested
+        blocks gather once."""
+        if not self.resharded:
+            yield
+            return
+        for unit in self.units:
+            unit.unshard()
+        for unit in self.units:
+            unit.set_reshard_after_forward(False, recurse=False)
+        self._gathered = True
+        try:
+            yield
+        finally:
+            self._gathered = False
+            for unit in self.units:
+                unit.set_reshard_after_forward(unit is not self.model, recurse=False)
+                unit.reshard()
 
     def sync_gradients(self, last: bool) -> None:
         """Reduce-scatter the accumulated gradients in the coming backward only when ``last``
@@ -165,13 +221,15 @@ class FSDPAdam:
 
     @torch.no_grad()
     def step(self) -> None:
-        """One Adam update of the shards, then one AllGather of the updated full parameters."""
+        """One Adam update of the shards, then (stage 2) one AllGather of the updated full
+        parameters; under stage 3 the next forward gathers them layer by layer."""
         self.adam.step()
         self.adam.zero_grad(set_to_none=True)
         self.t += 1
-        if self.sharded:
+        if self.sharded and self.zero == 2:
             self.model.reshard()
             self.model.unshard()
+        if self.sharded:
             self.model.set_requires_gradient_sync(True)
 
     def zero_grad(self) -> None:
@@ -215,10 +273,11 @@ class FSDPAdam:
     def full_moments(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``m`` and ``v`` of all the rank's full (TP-local) parameter elements, flat in parameter
         order (AllGathers over the DP group: every rank calls it)."""
-        full = dict(self.model.named_parameters())
+        with self.gathered():  # stage 3: the full shapes
+            full = {name: local(p).shape for name, p in self.model.named_parameters()}
         ms, vs = [], []
         for name in self.masters:
-            rows = local(full[name]).shape[0]
+            rows = full[name][0]
             m, v = self._moment(name)
             ms.append(self._gather0(m, rows).reshape(-1))
             vs.append(self._gather0(v, rows).reshape(-1))
@@ -227,11 +286,12 @@ class FSDPAdam:
     @torch.no_grad()
     def load_full_moments(self, m: torch.Tensor, v: torch.Tensor, t: int) -> None:
         """Keep this rank's dim-0 chunks of full flat moments and set the step counter."""
-        full = dict(self.model.named_parameters())
+        with self.gathered():  # stage 3: the full shapes
+            full = {name: local(p).shape for name, p in self.model.named_parameters()}
         self.t = int(t)
         off = 0
         for name, master in self.masters.items():
-            shape = local(full[name]).shape
+            shape = full[name]
             k = math.prod(shape)
             mine = [_dim0_chunk(flat[off : off + k].view(shape), self.world, self.index) for flat in (m, v)]
             self._set_moments(master, *mine)

@@ -253,6 +253,11 @@ def predicted_memory(
       (:func:`~rpeg.costmodel.memory.training_activation_bytes`) and the gradients: ``W·sb``
       with ``Pd = 1``; ``2·W·sb`` with ``Pd > 1`` (FSDP2 copies the full gradients into a flat
       ReduceScatter buffer before it frees them) — where SPEC's ZeRO-2 charges ``W·sb/Pd``;
+    * a ZeRO-3 trainer (``Pd > 1``) registers only its shards, which are the masters: ``P`` is
+      SPEC's state ``12·W/Pd`` alone, and training adds SPEC's stage-3 transient
+      (:func:`~rpeg.costmodel.memory.zero_state_bytes`: weight and gradient shards, the gathered
+      root and two layers) to the activations; gathering the stage for a publication, snapshot
+      or checkpoint holds ``W·sb`` at once;
     * inference: ``μ`` times the forward activations at ``ℓ`` of the node's sequences
       (:func:`node_sequences`: a phase node holds its phase's sequences only);
     * generation on the torch engine: ``μ`` times the prefill's activations, and the KV cache; on a vLLM
@@ -291,6 +296,7 @@ def predicted_memory(
         training_activation_bytes,
         training_state_bytes,
         weight_shard_params,
+        zero_state_bytes,
     )
     from ..ir.plan import Strategy
     from ..ir.types import Role
@@ -304,21 +310,33 @@ def predicted_memory(
     for g in binding.groups:
         spec = replace(g.spec, dtype_bytes=4)  # the CPU runtime computes in float32
         sb = spec.dtype_bytes
-        lay = Layout(Strategy((1, 1, g.size), g.dp, g.pp, g.tp, g.mb, recompute=g.recompute_run))
+        sharded = g.trains and g.zero == 3 and g.dp > 1
+        lay = Layout(
+            Strategy(
+                (1, 1, g.size), g.dp, g.pp, g.tp, g.mb, recompute=g.recompute_run, zero=3 if sharded else 2
+            )
+        )
         w = weight_shard_params(spec, g.pp, g.tp, g.head)
         persistent = w * sb
         if g.trains:
             persistent += training_state_bytes(spec, lay, g.head) - (MASTER_BYTES * w if g.dp == 1 else 0.0)
+        zero3 = zero_state_bytes(spec, Role.TRAINING, lay, g.head) if sharded else None
+        if zero3 is not None:  # the registered shards are the masters: SPEC's state alone
+            persistent = zero3.persistent
         full = model_params(spec, g.head) * sb
         # a new version arrives from the training group as numpy views of the object store
         # (shared pages); only a tensor-parallel trainer's shards are concatenated into a copy
         trainer = next((h for h in binding.groups if h.model == g.model and h.trains), None)
         installs = g.trainable and not g.trains and trainer is not None and trainer.tp > 1
         transient = full if installs else 0.0
+        if zero3 is not None:  # publications, snapshots and checkpoints gather the stage
+            transient = max(transient, w * sb)
         for name in g.vertices:
             role = roles[name]
             if role is Role.TRAINING:
                 grads = w * sb * (2.0 if g.dp > 1 else 1.0)
+                if zero3 is not None:  # shards of weights and gradients, the gathered units
+                    grads = zero3.transient
                 a = training_activation_bytes(spec, lay, sequences=n, tokens=lp + lr) + grads
             elif role is Role.INFERENCE:
                 a = mu * inference_activation_bytes(

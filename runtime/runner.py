@@ -396,7 +396,7 @@ def _prepare(
     # the engines this run uses: their calibrated terms, where the hardware file has them
     hw = _hardware(hardware).using(generation=cfg.rollout_engine, inference="torch", training="torch")
     for res, _ in segments:
-        check_engine_choices(res)
+        check_engine_choices(res, moves_state=bool(transitions) or cfg.recover)
     specs = run_specs([res for res, _ in segments], scale=cfg.scale)  # one model shape for the whole run
     bindings = [_bind(res, n, cfg, specs) for res, n in segments]
     for b in bindings:
@@ -415,13 +415,16 @@ def _prepare(
     return _RunPlan(result, segments, bindings, tplans, specs, hw, trace_files, resume, cfg)
 
 
-def check_engine_choices(result: Result) -> None:
+def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
     """Refuse, before any worker starts, a plan whose SPEC §14 choices the bundled engines do not
     execute yet (``docs/runtime.md``, "Real job shapes").
 
-    The torch engine trains with FSDP2 keeping full parameters between updates (ZeRO stage 2),
-    holds every forward-only copy replicated (stage 2) and back-propagates through a
-    microbatch's whole logits (a forward pass's chunked log-probs run as planned). The workload's
+    The torch engine trains with FSDP2 at ZeRO stage 2 (full parameters kept between updates) or
+    3 (parameters sharded too, one FSDP2 unit per decoder layer), holds every forward-only copy
+    replicated (stage 2) and back-propagates through a microbatch's whole logits (a forward
+    pass's chunked log-probs run as planned). A stage-3 trainer's state does not move between
+    plans yet: with ``moves_state`` (transitions, or replanning after a lost worker) it is
+    refused. The workload's
     choices of SPEC §14.2 and §14.8 run: a rule reward (the generation scores its rollouts with
     the task's rule), no reference (``kl_coef = 0``: no KL term), the old log-probs from the
     trainer's own pass (``actor_logp``) and ``U = mini_batches`` optimizer updates per step, each
@@ -441,11 +444,16 @@ def check_engine_choices(result: Result) -> None:
     U = result.workload.mini_batches
     for v, c in zip(result.graph.vertices, result.plan.choices):
         s = c.strategy
-        if s.zero != 2:
+        runs = (2, 3) if v.role is Role.TRAINING and not moves_state else (2,)
+        if s.zero not in runs:
+            what = (
+                "a stage-3 trainer's state does not move between plans yet (transitions, replanning)"
+                if s.zero == 3 and v.role is Role.TRAINING
+                else "the torch engine trains at stages 2 and 3 and holds forward-only copies replicated"
+            )
             raise ValueError(
-                f"vertex {v.name!r}: ZeRO stage {s.zero} is planned but the torch engine runs stage 2 "
-                "(FSDP2 keeping full parameters between updates; forward-only copies replicated); "
-                "plan for it with Cluster(..., max_zero_stage=2) (rpeg solve --max-zero-stage 2)"
+                f"vertex {v.name!r}: ZeRO stage {s.zero} is planned but {what}; plan for it with "
+                "Cluster(..., max_zero_stage=2) (rpeg solve --max-zero-stage 2)"
             )
         if s.logits_chunk and v.role is Role.TRAINING:  # forward passes chunk their log-probs
             raise ValueError(
@@ -697,7 +705,7 @@ def _recover(
 def _accept(result: Result, specs: dict[str, Any]) -> None:
     """An urgent replan must run the run's model shapes on the engines (``ValueError`` if not)."""
     check_specs(result, specs)
-    check_engine_choices(result)
+    check_engine_choices(result, moves_state=True)
 
 
 def _report(plan: _RunPlan, state: _RunState) -> RunReport:

@@ -169,8 +169,16 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         self.optimizer = None
         if group.trains:
             lr = config.critic_lr if group.head is Head.SCALAR else config.lr
-            # FSDP2 shards the masters and moments over the DP ranks (Pd > 1)
-            self.optimizer = FSDPAdam(model, self.mesh.dp_mesh, self.mesh.dp_group, lr=lr)
+            # FSDP2 shards the masters and moments over the DP ranks (Pd > 1); stage 3 also the
+            # parameters, one unit per decoder layer
+            self.optimizer = FSDPAdam(
+                model,
+                self.mesh.dp_mesh,
+                self.mesh.dp_group,
+                lr=lr,
+                zero=group.zero,
+                units=tuple(model.model.layers.values()) if group.zero == 3 else (),
+            )
         else:
             model.requires_grad_(False)
         self.task = SyntheticTask(shape.vocab, shape.prompt_len, shape.response_len, seed=seed)
@@ -194,6 +202,9 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
             "layers": self.layer_range,
             "params": sum(local(p).numel() for p in self.model.parameters()),
             "optimizer": None if self.optimizer is None else ("fsdp2" if self.optimizer.sharded else "adam"),
+            **(
+                {"zero": self.optimizer.zero} if self.optimizer is not None and self.optimizer.sharded else {}
+            ),
             **({"rollout_engine": self.engine_info} if self.engine_info else {}),
         }
 

@@ -13,6 +13,7 @@ state it uses.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -44,15 +45,39 @@ class WorkerCheckpoints:
     gen_state: dict[tuple[str, int], dict[str, Any]]
     _weights_replaced: Callable[[], None]
 
+    def full_weights(self) -> contextlib.AbstractContextManager[None]:
+        """A block in which :meth:`_weights` gives the full weights: with ZeRO stage 3 every
+        unit is gathered for it (collectives: every DP rank of the group must enter it at the
+        same point), otherwise they are already there."""
+        return self.optimizer.gathered() if self.optimizer is not None else contextlib.nullcontext()
+
     def _weights(self) -> dict[str, torch.Tensor]:
         """This rank's parameters by name, as the model holds them between updates (TP DTensors
-        or plain tensors; under FSDP2 the full ones, not the DP shards ``state_dict`` would give)."""
+        or plain tensors; under FSDP2 the full ones, not the DP shards ``state_dict`` would give).
+
+        Raises
+        ------
+        RuntimeError
+            With ZeRO stage 3 outside :meth:`full_weights` (only shards are registered)."""
+        if self.optimizer is not None and self.optimizer.resharded:
+            raise RuntimeError(
+                f"worker {self.group.worker(self.rank)}: ZeRO-3 keeps only shards between operations; "
+                "read the weights inside full_weights()"
+            )
         return dict(self.model.named_parameters())
 
     @torch.no_grad()
     def _write_weights(self, weights: dict[str, torch.Tensor], *, master: bool = True) -> None:
         """Copy ``weights`` (this rank's local tensors by name) into the model; with ``master``
-        also into the optimizer's shards (FSDP2), so the next update starts from them."""
+        also into the optimizer's shards (FSDP2), so the next update starts from them. With ZeRO
+        stage 3 the shards are the parameters: they alone are written (``master`` required)."""
+        if self.optimizer is not None and self.optimizer.resharded:
+            if not master:
+                raise RuntimeError(
+                    f"worker {self.group.worker(self.rank)}: ZeRO-3 shards cannot serve other weights"
+                )
+            self.optimizer.set_masters(weights)
+            return
         for name, p in self._weights().items():
             local(p).copy_(weights[name])
         if master and self.optimizer is not None:
@@ -119,8 +144,10 @@ class WorkerCheckpoints:
     def save(self, path: str) -> str:
         """Write this rank's parameters, optimizer slice and version to ``path`` (a file; written
         to a temporary name first and renamed, so a crash never leaves a truncated file)."""
+        with self.full_weights():
+            params = self._snapshot()
         state = {
-            "params": self._snapshot(),
+            "params": params,
             "optimizer": self.optimizer.state() if self.optimizer else None,
             "version": self.version,
             "coords": (self.mesh.d, self.mesh.p, self.mesh.t),

@@ -32,6 +32,7 @@ uses (model, mesh, optimizer, task, version and snapshots).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -117,7 +118,7 @@ class WorkerOps:
 
     Uses the :class:`~rpeg.runtime.worker.Worker`'s state below, its ``_check_fault`` and
     ``_emits``, the transfers' ``_inputs`` and ``publish`` and the checkpoints' ``_snapshot``,
-    ``_keep_boundary`` and ``save``.
+    ``_keep_boundary``, ``full_weights`` and ``save``.
     """
 
     group: GroupSpec
@@ -144,6 +145,7 @@ class WorkerOps:
     rollout_engine: str
     _generate_vllm: Callable[..., tuple[dict[str, torch.Tensor] | None, dict[str, Any]]]
     _write_weights: Callable[..., None]
+    full_weights: Callable[[], contextlib.AbstractContextManager[None]]
 
     # ------------------------------------------------------------------ pipeline plumbing
     def _stage(
@@ -639,6 +641,11 @@ class WorkerOps:
 
         return loss_fn
 
+    def _zero_pass(self, length: int) -> None:
+        """A forward and backward of one dummy sequence whose loss is 0: takes part in the DP
+        group's collectives without changing the gradients."""
+        (self.packed(torch.zeros(1, length, dtype=torch.long)).sum() * 0).backward()
+
     def _backward(
         self,
         tokens: torch.Tensor,
@@ -653,14 +660,21 @@ class WorkerOps:
         if self.group.pp == 1:
             assert self.optimizer is not None
             chunks = [c for c in torch.tensor_split(torch.arange(len(tokens)), mb) if len(c)]
-            for i, c in enumerate(chunks):
-                self.optimizer.sync_gradients(i == len(chunks) - 1)  # FSDP2: one reduction per update
-                loss = loss_fn(self.packed(tokens[c]), target[c])
-                loss.backward()
-                losses.append(loss.detach())
-            if not chunks and self.optimizer.sharded:
+            # ZeRO-3 gathers each layer in every forward and backward (collectives over the DP
+            # group): every rank runs all mb passes, an empty microbatch as a zero one
+            passes = mb if self.optimizer.zero == 3 else len(chunks)
+            for i in range(passes):
+                self.optimizer.sync_gradients(i == passes - 1)  # FSDP2: one reduction per update
+                if i < len(chunks):
+                    c = chunks[i]
+                    loss = loss_fn(self.packed(tokens[c]), target[c])
+                    loss.backward()
+                    losses.append(loss.detach())
+                else:
+                    self._zero_pass(tokens.shape[1])
+            if not passes and self.optimizer.sharded:
                 # no sequence on this DP rank: a zero backward takes part in the gradient reduction
-                (self.packed(torch.zeros(1, tokens.shape[1], dtype=torch.long)).sum() * 0).backward()
+                self._zero_pass(tokens.shape[1])
             return losses
         if self.schedule is None or self.schedule._n_microbatches != mb:
             from torch.distributed.pipelining import PipelineStage, Schedule1F1B
@@ -689,8 +703,9 @@ class WorkerOps:
         """Before a training node's first optimizer step: a copy of the version it trains when a
         serving vertex of this group (or a later plan) still reads it (``keep_previous``), and the
         boundary copy when the run recovers from worker loss. Returns the copy (or ``None``)."""
-        old = self._snapshot() if node.get("keep_previous") else None
-        self._keep_boundary(old)
+        with self.full_weights():  # ZeRO-3: gathered on every DP rank for the copies
+            old = self._snapshot() if node.get("keep_previous") else None
+            self._keep_boundary(old)
         self.mid_update = True  # a rollback before _finish_update restores the boundary copy
         return old
 

@@ -18,6 +18,7 @@ it uses.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -53,16 +54,19 @@ class WorkerTransfers:
     _weights_replaced: Callable[[], None]
     _weights: Callable[[], dict[str, torch.Tensor]]
     _write_weights: Callable[..., None]
+    full_weights: Callable[[], contextlib.AbstractContextManager[None]]
 
     # ------------------------------------------------------------------ weights
     def publish(self) -> tuple[tuple[int, int], dict[str, tuple[torch.Tensor, int | None]]] | None:
         """This rank's share of the current weights (DP replica 0 only; replicated tensors from
-        TP rank 0 only) as ``((p, t), publication)``, or ``None``."""
-        if self.mesh.d != 0:
-            return None
-        return (self.mesh.p, self.mesh.t), shareable(
-            publication(self.model, include_replicated=self.mesh.t == 0)
-        )
+        TP rank 0 only) as ``((p, t), publication)``, or ``None``. Every rank of the group calls
+        it: with ZeRO stage 3 they all take part in gathering the weights."""
+        with self.full_weights():
+            if self.mesh.d != 0:
+                return None
+            return (self.mesh.p, self.mesh.t), shareable(
+                publication(self.model, include_replicated=self.mesh.t == 0)
+            )
 
     def publish_version(
         self, version: int
@@ -116,12 +120,14 @@ class WorkerTransfers:
         """Install published weights of ``version`` into this rank's layout (a COMM/RESHARD node).
 
         ``pubs`` are object refs of :meth:`publish` results of the producing group; each rank
-        fetches them, assembles the full tensors of its stage and keeps its TP shard. Returns the
-        bytes received and the time spent.
+        fetches them, assembles the full tensors of its stage and keeps its TP shard (with ZeRO
+        stage 3, its DP shard of that: every rank of the group installs). Returns the bytes
+        received and the time spent.
         """
         t0 = time.perf_counter()
-        shards, nbytes, full = self._shards_of(pubs, version)
-        self._write_weights(shards)
+        with self.full_weights():  # ZeRO-3: the names and TP layout of the full weights
+            shards, nbytes, full = self._shards_of(pubs, version)
+            self._write_weights(shards)
         push = full if self.engine_version is not None else None  # only an engine needs them
         del shards, full
         release_freed_memory()

@@ -85,11 +85,16 @@ def _hand(train_engine: dict, ref_engine: dict | None = None):
     )
 
 
-def test_zero_3_and_a_chunked_training_loss_are_refused_naming_the_vertex():
-    with pytest.raises(ValueError, match=r"vertex 'actor_train': ZeRO stage 3 .* max_zero_stage=2"):
-        check_engine_choices(_hand({"zero": 3}))
-    with pytest.raises(ValueError, match=r"vertex 'ref_inf': ZeRO stage 3"):
+def test_zero_3_of_frozen_models_and_a_chunked_training_loss_are_refused_naming_the_vertex():
+    check_engine_choices(_hand({"zero": 3}))  # a stage-3 trainer runs
+    with pytest.raises(
+        ValueError, match=r"vertex 'actor_train': ZeRO stage 3 .* does not move between plans .* max_zero_stage=2"
+    ):
+        check_engine_choices(_hand({"zero": 3}), moves_state=True)
+    with pytest.raises(ValueError, match=r"vertex 'ref_inf': ZeRO stage 3 .* forward-only copies replicated"):
         check_engine_choices(_hand({}, {"zero": 3}))
+    with pytest.raises(ValueError, match=r"vertex 'actor_train': ZeRO stage 1"):
+        check_engine_choices(_hand({"zero": 1}))
     with pytest.raises(ValueError, match=r"vertex 'actor_train': a chunked training loss"):
         check_engine_choices(_hand({"logits_chunk": 4096}))
     check_engine_choices(_hand({}, {"logits_chunk": 4096}))  # a forward's chunked log-probs run

@@ -6,7 +6,9 @@ sum, not a mean), the updated parameters and the gathered Adam moments equal the
 ones, DP ranks may run different numbers of forwards and microbatches between updates, a
 checkpointed optimizer state and a transition's full moments load back exactly, ``zero_grad``
 drops a failed step's gradients, and weights written through ``set_masters`` are what the next
-gather brings back.
+gather brings back. The same with full sharding (stage 3): only shards registered between
+operations, layers freed after their backward, :meth:`FSDPAdam.gathered` bringing the full
+weights for a block.
 """
 
 from __future__ import annotations
@@ -114,11 +116,67 @@ def _rank(rank: int, init_file: str, spec, batches: list[torch.Tensor], ref: dic
         dist.destroy_process_group()
 
 
-def test_fsdp_adam_matches_single_process_adam(tmp_path):
+
+
+def _rank_zero3(rank: int, init_file: str, spec, batches: list[torch.Tensor], ref: dict) -> None:
+    """Stage 3: layers as units of their own, only shards registered between operations."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        model = StageModel(spec, Head.LM, seed=3)
+        layers = tuple(model.model.layers.values())
+        opt = FSDPAdam(model, mesh, dist.group.WORLD, lr=LR, zero=3, units=layers)
+        assert len(opt.units) == len(layers) + 1 and opt.resharded
+        assert all(hasattr(p, "placements") for p in model.parameters())  # shards between operations
+        for x in batches:
+            mine = torch.tensor_split(x, 2)[rank]
+            # every rank the same number of passes (each gathers every layer: a collective), of
+            # uneven sizes
+            chunks = [mine[:1], mine[1:]]
+            for i, c in enumerate(chunks):
+                opt.sync_gradients(i == len(chunks) - 1)
+                loss_of(model, c, len(x)).backward()
+            assert all(hasattr(p, "placements") for p in layers[0].parameters())  # freed after backward
+            opt.step()
+        assert all(hasattr(p, "placements") for p in model.parameters())
+        with opt.gathered():
+            assert not opt.resharded
+            with opt.gathered():  # nested: gathers once
+                pass
+            for name, p in model.named_parameters():
+                torch.testing.assert_close(local(p).detach(), ref["weights"][name], atol=TOL, rtol=0)
+            with torch.no_grad():  # a forward inside keeps the layers gathered
+                model(batches[0][:1])
+            assert all(not hasattr(p, "placements") for p in layers[0].parameters())
+        assert opt.resharded and all(hasattr(p, "placements") for p in model.parameters())
+        m, v = opt.full_moments()
+        torch.testing.assert_close(m, ref["m"], atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(v, ref["v"], atol=1e-9, rtol=1e-4)
+        assert opt.resharded
+
+        with opt.gathered():
+            new = {n: torch.full_like(local(p).detach(), 0.5) for n, p in model.named_parameters()}
+        opt.set_masters(new)
+        with opt.gathered():  # the gather brings back what set_masters wrote
+            assert all(torch.equal(local(p).detach(), new[n]) for n, p in model.named_parameters())
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("ranks", [_rank, _rank_zero3], ids=["zero2", "zero3"])
+def test_fsdp_adam_matches_single_process_adam(ranks, tmp_path):
     spec = scale_spec(model_preset("llama2-7b"), "tiny", vocab=V, min_layers=2)
     g = torch.Generator().manual_seed(5)
     batches = [torch.randint(0, V, (5, 6), generator=g) for _ in range(2)]
     ref = reference(spec, batches)
     mp.start_processes(
-        _rank, args=(str(tmp_path / "rendezvous"), spec, batches, ref), nprocs=2, start_method="fork"
+        ranks, args=(str(tmp_path / "rendezvous"), spec, batches, ref), nprocs=2, start_method="fork"
     )
+
+
+def test_fsdp_adam_knows_two_stages():
+    with pytest.raises(ValueError, match="zero=1 must be 2 or 3"):
+        FSDPAdam(torch.nn.Linear(2, 2), None, None, lr=LR, zero=1)

@@ -8,6 +8,7 @@ update on its mini-batch alone (same gradient: normalised by the mini-batch's to
 greedy baseline. Two runs on the session's Ray instance (tests/runtime/conftest.py) combine the
 choices: GRPO with all four (``actor_logp`` on its own device, fed by weight publications) and PPO
 with a rule reward and two updates per step, its actor trained PP-2 (one 1F1B schedule per update).
+A third pair of runs trains one plan with its trainer at ZeRO stage 2 and at stage 3.
 """
 
 from __future__ import annotations
@@ -258,3 +259,37 @@ def test_ppo_with_a_rule_reward_and_two_pipelined_updates_runs_and_verifies(ray_
     assert all(set(m["losses"]) == {"actor", "critic"} for m in report.trace.step_metrics)
     steps = optimizer_steps(tmp_path, 1)
     assert sorted(steps.values()) == [(4, 2)] * 3, steps  # actor's two stages, the critic
+
+
+def test_a_fully_sharded_trainer_trains_the_weights_of_a_stage_2_one(ray_session, tmp_path):
+    """ZeRO-3 (SPEC §14.3): the same GRPO plan with the DP-2 trainer at stage 2 and at stage 3
+    (FSDP2 units per decoder layer, only shards registered between operations, so the generation
+    gets its weights by publication) trains the same weights; the stage-3 run verifies and its
+    checkpoint holds the full weights."""
+    from rpeg import Cluster, Structure, hardware_preset
+    from rpeg.runtime.runner import run
+    from rpeg.runtime.verify import verify
+    from rpeg.solvers.result import result_for_plan
+
+    wl = Workload("grpo", {"actor": TOY}, 64, 4, 256, 256, reward="rule", kl_coef=0.0)
+    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=3)
+    both = ((0, 0, 0), (1, 1, 2), 2, 1, 1)
+    weights = {}
+    for zero in (2, 3):  # the trainer in 2 microbatches per rank
+        table = {"actor_gen": (*both, 1), "actor_train": (*both, 2, "none", {"zero": zero})}
+        result = result_for_plan(wl, cluster, Structure("grpo", False, (("actor", 0),)), table)
+        ckpt = tmp_path / f"zero{zero}"
+        report = run(result, steps=2, return_weights=True, checkpoint_dir=str(ckpt))
+        assert report.problems == [] and verify(report.trace, result) == []
+        trainer = next(g for g in report.trace.groups.values() if "actor_train" in g["vertices"])
+        assert [r["zero"] for r in trainer["ranks"]] == [zero, zero]
+        weights[zero] = report.weights["actor"]
+    assert weights[2].keys() == weights[3].keys()
+    for name, w in weights[2].items():
+        torch.testing.assert_close(weights[3][name], w, atol=1e-6, rtol=0)
+    files = sorted((tmp_path / "zero3" / "step00001").glob("*.pt"))
+    assert len(files) == 2  # the trainer's two DP ranks
+    for f in files:
+        saved = torch.load(f, weights_only=False)
+        for name, w in saved["params"].items():  # full tensors, not the rank's shards
+            torch.testing.assert_close(w, weights[3][name], atol=0, rtol=0)

@@ -110,6 +110,18 @@ def test_predicted_memory_lays_the_cost_models_terms_out_as_the_runtime_holds_th
     train = training_activation_bytes(spec, lay(g[4]), sequences=n, tokens=lp + lr) + 2 * 4 * w1
     for r in (0, 1):
         assert torch_run[f"g4/r{r}"] == pytest.approx(4 * w1 + 12 * w1 / 2 + train)
+    # the same trainer at ZeRO stage 3: its shards are the masters (12·W/Pd, nothing full kept);
+    # training holds the weight and gradient shards and the gathered root and two layers
+    from rpeg.costmodel.memory import zero_state_bytes
+    from rpeg.ir.types import Role
+
+    sharded = replace(b, groups=[replace(x, zero=3) if x.gid == 4 else x for x in b.groups])
+    lay3 = Layout(Strategy((1, 1, 2), 2, 1, 1, g[4].mb, recompute=g[4].recompute_run, zero=3))
+    z3 = zero_state_bytes(spec, Role.TRAINING, lay3, Head.LM)
+    assert z3.persistent == pytest.approx(12 * w1 / 2)
+    train3 = training_activation_bytes(spec, lay3, sequences=n, tokens=lp + lr) + z3.transient
+    assert predicted_memory(sharded)["g4/r0"] == pytest.approx(12 * w1 / 2 + max(train3, 4 * w1))
+    assert predicted_memory(sharded)["g4/r0"] < torch_run["g4/r0"]
 
 
 def test_forward_factor_scales_only_no_grad_forward_activations(small_binding):
