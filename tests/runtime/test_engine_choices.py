@@ -88,7 +88,8 @@ def _hand(train_engine: dict, ref_engine: dict | None = None):
 def test_zero_3_of_frozen_models_and_a_chunked_training_loss_are_refused_naming_the_vertex():
     check_engine_choices(_hand({"zero": 3}))  # a stage-3 trainer runs
     with pytest.raises(
-        ValueError, match=r"vertex 'actor_train': ZeRO stage 3 .* does not move between plans .* max_zero_stage=2"
+        ValueError,
+        match=r"vertex 'actor_train': ZeRO stage 3 .* does not move between plans .* max_zero_stage=2",
     ):
         check_engine_choices(_hand({"zero": 3}), moves_state=True)
     with pytest.raises(ValueError, match=r"vertex 'ref_inf': ZeRO stage 3 .* forward-only copies replicated"):

@@ -116,8 +116,6 @@ def _rank(rank: int, init_file: str, spec, batches: list[torch.Tensor], ref: dic
         dist.destroy_process_group()
 
 
-
-
 def _rank_zero3(rank: int, init_file: str, spec, batches: list[torch.Tensor], ref: dict) -> None:
     """Stage 3: layers as units of their own, only shards registered between operations."""
     from torch.distributed.device_mesh import init_device_mesh
