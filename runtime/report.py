@@ -16,6 +16,8 @@ from typing import Any
 
 from ..ir.cluster import Cluster
 from ..ir.hardware import Hardware
+from ..ir.plan import Plan
+from ..ir.types import Role
 from ..ir.workload import Workload
 from ..solvers.result import Result
 from .binding import Binding
@@ -195,7 +197,8 @@ def predict(binding: Binding, hardware: Hardware) -> tuple[list[float], list[flo
     """Predicted node durations, node finish times and per-step times of the scaled run.
 
     The plan is re-scored by the shared evaluator on :func:`scaled_problem` over ``steps``
-    steps; node ids agree with the runtime's DAG because lowering depends only on the plan's
+    steps, as :func:`executed_plan`: with the sequences padded as the torch engine runs them.
+    Node ids agree with the runtime's DAG because lowering depends only on the plan's
     allocations, strategies and phase count. Step ``k``'s time is the finish of its last node
     minus that of step ``k − 1``.
     """
@@ -205,12 +208,27 @@ def predict(binding: Binding, hardware: Hardware) -> tuple[list[float], list[flo
     r = binding.result
     ev = Evaluator(workload, cluster, r.structure, k_eval=binding.steps)
     assert r.plan is not None
-    evaluation = ev.evaluate(r.plan, keep=True)
+    evaluation = ev.evaluate(executed_plan(binding), keep=True)
     g, sched = evaluation.graph, evaluation.schedule
     assert g is not None and sched is not None
     if len(g) != len(binding.exec_graph):
         raise RuntimeError("the scaled lowering differs from the executed DAG (a bug)")
     return list(g.duration), list(sched.finish), _step_times(g.step, sched.finish, binding.steps, 0.0)
+
+
+def executed_plan(binding: Binding) -> Plan:
+    """The bound plan as the runtime executes it: the torch engine pads every training and
+    inference batch to ``Lp + Lr`` (it has no packed-sequence kernels on CPU), so those vertices
+    are scored with ``packing = false`` (SPEC §14.1) whatever the plan chose; generation is
+    scored as planned. Predicting the packed plan would credit the run with work it does not
+    skip, and the calibration's in-situ factors would absorb the difference."""
+    plan = binding.result.plan
+    assert plan is not None
+    choices = []
+    for v, c in zip(binding.graph.vertices, plan.choices):
+        padded = v.role is not Role.GENERATION and c.strategy.packing
+        choices.append(replace(c, strategy=c.strategy.variant(packing=False)) if padded else c)
+    return Plan(tuple(choices))
 
 
 #: Bytes per parameter of a float32 master copy: part of SPEC's ``12·W/Pd`` training state that a
@@ -299,7 +317,6 @@ def predicted_memory(
         zero_state_bytes,
     )
     from ..ir.plan import Strategy
-    from ..ir.types import Role
 
     sh = binding.shape
     n, lp, lr = sh.sequences, sh.prompt_len, sh.response_len

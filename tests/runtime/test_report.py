@@ -40,6 +40,33 @@ def test_predict_scores_the_scaled_problem_node_by_node(small_binding):
     assert sum(steps) == pytest.approx(max(finish))
 
 
+def test_predictions_score_training_and_inference_padded_as_the_torch_engine_runs_them(small_binding):
+    """The plan packs its sequences (SPEC §14.1's default); the torch engine pads every batch to
+    ``Lp + Lr``, so the prediction scores training and inference unpacked and generation as
+    planned — and padded passes take longer than packed ones."""
+    from rpeg.ir.types import Role
+    from rpeg.runtime.report import executed_plan
+    from rpeg.scoring.evaluator import Evaluator
+
+    b = small_binding
+    plan = b.result.plan
+    assert all(c.strategy.packing for c in plan.choices)
+    run_plan = executed_plan(b)
+    for v, c in zip(b.graph.vertices, run_plan.choices):
+        assert c.strategy.packing is (v.role is Role.GENERATION)
+    wl, cluster = scaled_problem(b, hardware_preset("cpu"))
+    ev = Evaluator(wl, cluster, b.result.structure, k_eval=b.steps)
+    packed = ev.evaluate(plan, keep=True).graph.duration
+    durations, _, _ = predict(b, hardware_preset("cpu"))
+    assert list(ev.evaluate(run_plan, keep=True).graph.duration) == durations
+    roles = [b.graph.vertices[x].role for x in b.exec_graph.vertex]
+    for role in (Role.TRAINING, Role.INFERENCE):  # their OP nodes among the nodes of the vertices
+        nodes = [i for i, r in enumerate(roles) if r is role]
+        assert sum(durations[i] for i in nodes) > sum(packed[i] for i in nodes)
+    generated = [i for i, r in enumerate(roles) if r is Role.GENERATION]
+    assert [durations[i] for i in generated] == [packed[i] for i in generated]
+
+
 def test_summary_lists_steps_and_names_the_first_problem(small_binding):
     r = small_binding.result
     trace = Trace(plan_hash(r), 2, dict(r.structure.tau), [])
