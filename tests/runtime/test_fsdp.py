@@ -13,6 +13,9 @@ weights for a block.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -54,15 +57,23 @@ def reference(spec, batches: list[torch.Tensor]) -> dict:
     }
 
 
-def _rank(rank: int, init_file: str, spec, batches: list[torch.Tensor], ref: dict) -> None:
+@contextlib.contextmanager
+def _gloo_pair(rank: int, init_file: str) -> Iterator[object]:
+    """Rank ``rank`` of a two-rank gloo group in this process; yields its 1-D device mesh."""
     from torch.distributed.device_mesh import init_device_mesh
-
-    from rpeg.runtime.parallel import _dim0_chunk
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
-        mesh = init_device_mesh("cpu", (2,))
+        yield init_device_mesh("cpu", (2,))
+    finally:
+        dist.destroy_process_group()
+
+
+def _rank(rank: int, init_file: str, spec, batches: list[torch.Tensor], ref: dict) -> None:
+    from rpeg.runtime.parallel import _dim0_chunk
+
+    with _gloo_pair(rank, init_file) as mesh:
         model = StageModel(spec, Head.LM, seed=3)
         opt = FSDPAdam(model, mesh, dist.group.WORLD, lr=LR)
         assert all(not hasattr(p, "placements") for p in model.parameters())  # full between updates
@@ -112,18 +123,11 @@ def _rank(rank: int, init_file: str, spec, batches: list[torch.Tensor], ref: dic
         model.reshard()
         model.unshard()  # the gather brings back what set_masters wrote
         assert all(torch.equal(p.detach(), new[n]) for n, p in model.named_parameters())
-    finally:
-        dist.destroy_process_group()
 
 
 def _rank_zero3(rank: int, init_file: str, spec, batches: list[torch.Tensor], ref: dict) -> None:
     """Stage 3: layers as units of their own, only shards registered between operations."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        mesh = init_device_mesh("cpu", (2,))
+    with _gloo_pair(rank, init_file) as mesh:
         model = StageModel(spec, Head.LM, seed=3)
         layers = tuple(model.model.layers.values())
         opt = FSDPAdam(model, mesh, dist.group.WORLD, lr=LR, zero=3, units=layers)
@@ -160,8 +164,6 @@ def _rank_zero3(rank: int, init_file: str, spec, batches: list[torch.Tensor], re
         opt.set_masters(new)
         with opt.gathered():  # the gather brings back what set_masters wrote
             assert all(torch.equal(local(p).detach(), new[n]) for n, p in model.named_parameters())
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("ranks", [_rank, _rank_zero3], ids=["zero2", "zero3"])
