@@ -36,7 +36,7 @@ demo: $(VENV)/.base
 	@mkdir -p out
 	$(RPEG) solve ppo-7b-16gpu --method concurrent --json out/ppo-7b-16gpu.json
 	@echo
-	$(RPEG) solve ppo-1b-4gpu --cluster 1x1x2 --method sa --max-evaluations 3000 --seed 0 --time-limit 60 --generation-max-pp 1 --max-zero-stage 2 --no-progress --json out/ppo-1b-2dev.json
+	$(RPEG) solve ppo-1b-4gpu --cluster 1x1x2 --method sa --max-evaluations 3000 --seed 0 --time-limit 60 --generation-max-pp 1 --max-zero-stage 2 --no-host-offload --no-progress --json out/ppo-1b-2dev.json
 	@echo
 	$(RPEG) calibrate --quick --max-ranks 2 --in-situ --in-situ-steps 2 --no-progress --out out/hw-this-machine.json
 	@echo

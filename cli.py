@@ -113,6 +113,7 @@ def _cluster(
     hardware: str | None,
     generation_max_pp: int | None = None,
     max_zero_stage: int | None = None,
+    host_offload: bool = True,
 ) -> Cluster:
     shape = shape if shape is not None else wf.cluster_shape
     hardware = hardware if hardware is not None else wf.hardware
@@ -125,7 +126,11 @@ def _cluster(
     except ValueError as exc:
         raise InputError(f"--cluster: {exc}", source="--cluster") from None
     return Cluster.from_shape(
-        dims, load_hardware(hardware), generation_max_pp=generation_max_pp, max_zero_stage=max_zero_stage
+        dims,
+        load_hardware(hardware),
+        generation_max_pp=generation_max_pp,
+        max_zero_stage=max_zero_stage,
+        host_offload=host_offload,
     )
 
 
@@ -318,7 +323,9 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     if args.method not in METHODS:
         raise InputError(f"--method: unknown method {args.method!r}; known: {', '.join(sorted(METHODS))}")
     wf = _workload_file(args.workload)
-    cluster = _cluster(wf, args.cluster, args.hardware, args.generation_max_pp, args.max_zero_stage)
+    cluster = _cluster(
+        wf, args.cluster, args.hardware, args.generation_max_pp, args.max_zero_stage, args.host_offload
+    )
     options = _method_options(args)
     searching = args.method == "sa"
     with _live_progress(searching and not args.no_progress and sys.stderr.isatty()) as progress:
@@ -362,7 +369,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             f"--plan {args.plan}: field 'format' must be one of {', '.join(map(repr, READ_FORMATS))}, "
             f"got {doc['format']!r}"
         )
-    cluster = _cluster(wf, args.cluster, args.hardware, args.generation_max_pp, args.max_zero_stage)
+    cluster = _cluster(
+        wf, args.cluster, args.hardware, args.generation_max_pp, args.max_zero_stage, args.host_offload
+    )
     why = _mismatch(doc, wf, cluster)
     if why:
         raise InputError(
@@ -605,6 +614,12 @@ def _parser() -> argparse.ArgumentParser:
             default=None,
             metavar="Z",
             help="largest ZeRO stage of training and forward passes (2 for the bundled torch engine: rpeg run)",
+        )
+        sp.add_argument(
+            "--no-host-offload",
+            dest="host_offload",
+            action="store_false",
+            help="the engines cannot keep state in host memory between runs (the bundled CPU engines: rpeg run)",
         )
 
     s = sub.add_parser("solve", help="plan a workload")

@@ -113,7 +113,9 @@ def acceptance(steps: int, methods: list[str], algorithms: list[str]) -> list[st
         "|---|---|---|---|---|---|---|---|",
     ]
     # generation without pipelining: vLLM's CPU build cannot run it (rule P9)
-    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), generation_max_pp=1, max_zero_stage=2)
+    cluster = Cluster.from_shape(
+        "1x1x2", hardware_preset("gh200"), generation_max_pp=1, max_zero_stage=2, host_offload=False
+    )
     for algo in algorithms:
         for method in methods:
             kw = {"time_limit": 20, "seed": 0} if method != "greedy" else {}

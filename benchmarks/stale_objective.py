@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> None:
     from rpeg.runtime.runner import run
     from tests.runtime.plans import workload
 
-    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), generation_max_pp=1, max_zero_stage=2)
+    cluster = Cluster.from_shape(
+        "1x1x2", hardware_preset("gh200"), generation_max_pp=1, max_zero_stage=2, host_offload=False
+    )
     rows = [
         "| algorithm | structure | objective | w̄ | final reward, mean | final reward, smallest | "
         "mean gain, last − first | runs with a step falling > 0.1 |",

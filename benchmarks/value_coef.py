@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> None:
     from rpeg.runtime.runner import run
     from tests.runtime.plans import workload
 
-    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), generation_max_pp=1, max_zero_stage=2)
+    cluster = Cluster.from_shape(
+        "1x1x2", hardware_preset("gh200"), generation_max_pp=1, max_zero_stage=2, host_offload=False
+    )
     plans = {
         "cpsat": solve(workload("ppo"), cluster, "cpsat", time_limit=20, seed=0, candidates=2, k_eval=2),
         "sa": solve(workload("ppo"), cluster, "sa", time_limit=20, seed=0),

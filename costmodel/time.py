@@ -36,6 +36,7 @@ __all__ = [
     "comm_time",
     "decode_schedule",
     "generation_times",
+    "host_offload_time",
     "op_time",
     "publication_bytes",
     "reshard_time",
@@ -564,6 +565,31 @@ def reshard_time(model: ModelSpec, n_devices: int, tier: int, hw: Hardware, head
     check_tier("reshard_time", "tier", tier)
     nbytes = model_params(model, head) * model.dtype_bytes / n_devices
     return hw.dispatch_s + alltoall_time(n_devices, nbytes, hw.collective[tier])
+
+
+def host_offload_time(nbytes: float, hw: Hardware) -> tuple[float, float]:
+    """Seconds to load an offloaded invocation's state before it runs and to offload it after
+    (SPEC §14.4): ``(nbytes/BW_host, nbytes/BW_host)``, every device of the invocation moving
+    its own ``nbytes`` over its own host link at once.
+
+    Parameters
+    ----------
+    nbytes
+        Bytes per device that live in host memory between runs: a trainer's ``12·N_s/Pd``
+        (FP32 master weights and Adam moments), a forward pass's or a rollout engine's resident
+        weights (:class:`~rpeg.scoring.costs.VertexMemory`).
+    hw
+        Supplies ``BW_host`` (:attr:`~rpeg.ir.hardware.Hardware.host_bandwidth`).
+
+    Returns
+    -------
+    tuple[float, float]
+        ``(load, offload)`` seconds.
+    """
+    if not nbytes >= 0:
+        raise ValueError(f"host_offload_time: nbytes must be non-negative, got {nbytes!r}")
+    t = nbytes / hw.host_bandwidth
+    return t, t
 
 
 def publication_bytes(

@@ -146,12 +146,18 @@ class Cluster:
         :func:`~rpeg.ir.plan.check_strategy`, SPEC §14.3); ``None``: 3 (FSDP2, Megatron-core).
         ``2`` plans for the bundled torch engine, which keeps full parameters between updates
         (``rpeg solve --max-zero-stage 2``).
+    host_offload
+        Whether the engines can keep an invocation's persistent state in host memory between
+        its runs (rule Z4, SPEC §14.4: verl's parameter and optimizer offload, vLLM's sleep
+        mode); default ``True`` (both do on GPUs). ``False`` plans for the bundled CPU engines,
+        whose host and device memory are one (``rpeg solve --no-host-offload``).
 
     Raises
     ------
     ValueError
         If a dimension or ``generation_max_pp`` is not a positive integer, or
-        ``max_zero_stage`` is not 1, 2, 3 or ``None`` (the message names it).
+        ``max_zero_stage`` is not 1, 2, 3 or ``None``, or ``host_offload`` is not a boolean
+        (the message names it).
     """
 
     racks: int
@@ -160,6 +166,7 @@ class Cluster:
     hardware: Hardware
     generation_max_pp: int | None = None
     max_zero_stage: int | None = None
+    host_offload: bool = True
 
     def __post_init__(self) -> None:
         for name in ("racks", "nodes_per_rack", "gpus_per_node"):
@@ -177,6 +184,8 @@ class Cluster:
         z = self.max_zero_stage
         if z is not None and (isinstance(z, bool) or z not in (1, 2, 3)):
             raise ValueError(f"Cluster: max_zero_stage must be 1, 2, 3 or None, got {z!r}")
+        if not isinstance(self.host_offload, bool):
+            raise ValueError(f"Cluster: host_offload must be True or False, got {self.host_offload!r}")
         if not isinstance(self.hardware, Hardware):
             raise TypeError(f"Cluster: hardware must be a Hardware, got {type(self.hardware).__name__}")
 
@@ -188,6 +197,7 @@ class Cluster:
         *,
         generation_max_pp: int | None = None,
         max_zero_stage: int | None = None,
+        host_offload: bool = True,
     ) -> Cluster:
         """Build from ``"RxNxG"`` (e.g. ``"2x8x4"``) or a ``(R, N, G)`` tuple.
 
@@ -197,7 +207,7 @@ class Cluster:
             If the shape string is malformed.
         """
         r, n, g = parse_shape(shape) if isinstance(shape, str) else shape
-        return cls(r, n, g, hardware, generation_max_pp, max_zero_stage)
+        return cls(r, n, g, hardware, generation_max_pp, max_zero_stage, host_offload)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -337,6 +347,7 @@ class Cluster:
             "hardware": hw,
             **({"generation_max_pp": self.generation_max_pp} if self.generation_max_pp is not None else {}),
             **({"max_zero_stage": self.max_zero_stage} if self.max_zero_stage is not None else {}),
+            **({} if self.host_offload else {"host_offload": False}),
         }
 
 
@@ -369,4 +380,5 @@ def pool_cluster(full: Cluster, devices: int) -> Cluster:
         Cluster.from_shape(shape, full.hardware),
         generation_max_pp=full.generation_max_pp,
         max_zero_stage=full.max_zero_stage,
+        host_offload=full.host_offload,
     )

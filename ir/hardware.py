@@ -42,6 +42,10 @@ TIER_NAMES = ("intra-node", "inter-node", "inter-rack")
 #: The hardware file format this version writes and reads.
 FORMAT = "rpeg.hardware/2"
 
+#: ``BW_host`` of a hardware file that names none (bytes/s per GPU and direction): PCIe 5.0 ×16
+#: at 0.8 of its 63 GB/s line rate (:class:`Hardware`, ``host_bandwidth``).
+DEFAULT_HOST_BANDWIDTH = 50.4e9
+
 #: Operation classes with their own engine terms: generation's prefill and decode, teacher-forced
 #: inference, training.
 OP_CLASSES = ("prefill", "decode", "inference", "training")
@@ -192,6 +196,11 @@ class Hardware:
         whose strategy names none holds per device, and the largest fraction the planner
         considers. Default 0.9, vLLM's ``gpu_memory_utilization`` default
         (``vllm/engine/arg_utils.py``, ``EngineArgs.gpu_memory_utilization``).
+    host_bandwidth
+        ``BW_host``, bytes/s per GPU and direction between device and host memory (SPEC §14.4:
+        what host offload and sleep/wake colocation move). Default ``50.4e9``: PCIe 5.0 ×16,
+        32 GT/s × 16 lanes × 128/130 = 63 GB/s per direction, at the presets' 0.8 of line
+        rate (PCI-SIG, PCIe 5.0 base specification; the host link of H100, H200 and H20).
     engines
         Measured :class:`EngineTerms` (none in presets).
     engine_for
@@ -217,12 +226,22 @@ class Hardware:
     d_cal: float = 4096.0
     dispatch_s: float = 0.0
     kv_memory_fraction: float = 0.9
+    host_bandwidth: float = DEFAULT_HOST_BANDWIDTH
     engines: tuple[EngineTerms, ...] = ()
     engine_for: tuple[str, str, str] = ("", "", "")
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("gpu_memory_bytes", "peak_flops", "mem_bandwidth", "b_cal", "l_cal", "d_cal"):
+        positive = (
+            "gpu_memory_bytes",
+            "peak_flops",
+            "mem_bandwidth",
+            "b_cal",
+            "l_cal",
+            "d_cal",
+            "host_bandwidth",
+        )
+        for name in positive:
             value = getattr(self, name)
             if not (_is_number(value) and value > 0):
                 raise ValueError(f"Hardware {self.name!r}: {name} must be positive, got {value!r}")
@@ -389,6 +408,7 @@ class Hardware:
                 d_cal=doc.d_cal,
                 dispatch_s=doc.dispatch_s,
                 kv_memory_fraction=doc.kv_memory_fraction,
+                host_bandwidth=doc.host_bandwidth,
                 engines=tuple(
                     EngineTerms(
                         name,
@@ -502,6 +522,7 @@ class _HardwareFile(Strict):
     d_cal: Positive
     dispatch_s: NonNegative = 0.0
     kv_memory_fraction: Annotated[float, Field(gt=0, le=1)] = 0.9
+    host_bandwidth: Positive = DEFAULT_HOST_BANDWIDTH
     engines: dict[str, _EngineEntry] = Field(default_factory=dict)
     engine_for: _EngineFor = _EngineFor()
     sources: dict[str, str] = Field(default_factory=dict)

@@ -97,12 +97,19 @@ class Strategy:
     packing
         Training and inference: sequences packed without padding (SPEC §14.1, the default);
         ``False`` pads each to ``Lp + Lr``. Generation keeps ``True``.
+    offload
+        Host residency (SPEC §14.4): the invocation's persistent state (a trainer's FP32 master
+        weights and Adam moments, a forward-only invocation's or a rollout engine's resident
+        weights) lives in host memory between its runs and is loaded before each run and
+        offloaded after it — verl's ``optimizer_offload``/``param_offload`` and the rollout
+        engine's sleep mode. Time and memory only: :meth:`same_layout` ignores it.
 
     Raises
     ------
     ValueError
         If ``recompute`` is not one of ``none``, ``selective``, ``full``, or ``zero``,
-        ``mem_fraction``, ``logits_chunk`` or ``packing`` is of the wrong type or out of range.
+        ``mem_fraction``, ``logits_chunk``, ``packing`` or ``offload`` is of the wrong type or out
+        of range.
     """
 
     extent: tuple[int, int, int]
@@ -117,6 +124,7 @@ class Strategy:
     mem_fraction: float = 0.0
     logits_chunk: int = 0
     packing: bool = True
+    offload: bool = False
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -131,6 +139,8 @@ class Strategy:
             raise ValueError(f"Strategy.logits_chunk must be a non-negative integer, got {c!r}")
         if not isinstance(self.packing, bool):
             raise ValueError(f"Strategy.packing must be True or False, got {self.packing!r}")
+        if not isinstance(self.offload, bool):
+            raise ValueError(f"Strategy.offload must be True or False, got {self.offload!r}")
         if type(self.recompute) is not Recompute:
             try:
                 mode = Recompute(self.recompute)
@@ -158,6 +168,7 @@ class Strategy:
             self.mem_fraction,
             self.logits_chunk,
             self.packing,
+            self.offload,
         )
 
     def __hash__(self) -> int:
@@ -174,7 +185,8 @@ class Strategy:
 
     def label(self) -> str:
         """``(dp,pp,tp) mb=…`` for tables, with ``rc=…`` when the recomputation is not ``full``,
-        ``z=…`` when the ZeRO stage is not 2, ``u=…``, ``chunk=…`` and ``padded`` when set."""
+        ``z=…`` when the ZeRO stage is not 2, ``u=…``, ``chunk=…``, ``padded`` and ``offload`` when
+        set."""
         text = f"({self.dp},{self.pp},{self.tp}) mb={self.mb}"
         if self.recompute is not Recompute.FULL:
             text += f" rc={self.recompute.value}"
@@ -186,12 +198,14 @@ class Strategy:
             text += f" chunk={self.logits_chunk}"
         if not self.packing:
             text += " padded"
+        if self.offload:
+            text += " offload"
         return text
 
     def same_layout(self, other: Strategy) -> bool:
         """Whether ``other`` holds the model's weights the same way: equal shape, degrees and
         ZeRO stage, whatever either's microbatches, :attr:`recompute`, memory fraction, loss
-        chunking or packing (none of them moves a weight)."""
+        chunking, packing or host offload (none of them moves a weight between devices)."""
         return self is other or (
             self.dp == other.dp
             and self.pp == other.pp
@@ -202,7 +216,8 @@ class Strategy:
 
     def layout_key(self) -> tuple:
         """``(extent, dp, pp, tp, mb, zero)``: what the variants of one layout share (they differ
-        in recomputation, memory fraction, loss chunking or packing: time and memory only)."""
+        in recomputation, memory fraction, loss chunking, packing or host offload: time and memory
+        only)."""
         return (self.extent, self.dp, self.pp, self.tp, self.mb, self.zero)
 
     def with_recompute(self, mode: Recompute | str) -> Strategy:
@@ -211,7 +226,7 @@ class Strategy:
 
     def variant(self, **fields: object) -> Strategy:
         """A copy with the given fields replaced (``zero``, ``mem_fraction``, ``logits_chunk``,
-        ``packing``, ``recompute``, ``mb``), validated again."""
+        ``packing``, ``offload``, ``recompute``, ``mb``), validated again."""
         return replace(self, **fields)  # type: ignore[arg-type]
 
 
@@ -335,6 +350,7 @@ def check_strategy(
     mem_fraction: float = 0.0,
     logits_chunk: int = 0,
     packing: bool = True,
+    offload: bool = False,
 ) -> str | None:
     """Check P1–P8 (SPEC §4, with §14.2's microbatches), the head rules H1–H2 and the engine
     choices Z1–Z2 (SPEC §14) for one choice; return why not (the message starts with the rule's
@@ -353,7 +369,8 @@ def check_strategy(
     :meth:`Cluster.allocation`.) Z1 the ZeRO stage is one the role may choose
     (:data:`ZERO_STAGES`); Z2 only a generation sets a memory fraction, only training and
     inference chunk their loss or pad (``packing=False``); Z3 the stage is at most the
-    cluster's ``max_zero_stage`` (the engines' limit, when set).
+    cluster's ``max_zero_stage`` (the engines' limit, when set); Z4 host offload (SPEC §14.4)
+    only where the cluster's engines offer it (``host_offload``).
 
     Parameters
     ----------
@@ -368,7 +385,7 @@ def check_strategy(
         ``B·R``, the sequences the invocation processes per step.
     extent, dp, pp, tp, mb
         The choice's shape, degrees and microbatches.
-    zero, mem_fraction, logits_chunk, packing
+    zero, mem_fraction, logits_chunk, packing, offload
         The engine choices of :class:`Strategy` (SPEC §14).
 
     Raises
@@ -411,6 +428,10 @@ def check_strategy(
     why = _check_engine_choices(role, zero, mem_fraction, logits_chunk, packing)
     if why is not None:
         return why
+    if not isinstance(offload, bool):
+        return f"Z4: offload={offload!r} must be true or false"
+    if offload and not cluster.host_offload:
+        return "Z4: offload=true but the cluster's engines do not offload to the host (host_offload=false)"
     if cluster.max_zero_stage is not None and zero > cluster.max_zero_stage:
         return (
             f"Z3: zero={zero} exceeds the engines' max_zero_stage={cluster.max_zero_stage} "
@@ -448,6 +469,7 @@ def check_strategy_of(
         mem_fraction=s.mem_fraction,
         logits_chunk=s.logits_chunk,
         packing=s.packing,
+        offload=s.offload,
     )
 
 

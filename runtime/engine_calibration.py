@@ -511,7 +511,7 @@ def _binding(scale: dict[str, int], batch: int, prompt_len: int, response_len: i
     table = {v: one + ((RECOMPUTE,) if v.endswith("_train") else ()) for v in _PPO_VERTICES}
     result = result_for_plan(
         wl,
-        Cluster.from_shape("1x1x1", hardware_preset("cpu"), max_zero_stage=2),
+        Cluster.from_shape("1x1x1", hardware_preset("cpu"), max_zero_stage=2, host_offload=False),
         Structure("ppo", False, (("actor", 0), ("critic", 0))),
         table,
         k_eval=1,

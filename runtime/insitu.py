@@ -289,7 +289,9 @@ def insitu_plan(name: str, devices: int = 2) -> Any:
             table[v] = (*(d0 if v.startswith("actor") else d1), 1, 1, 1, 1, *train)
     spec = ModelSpec("calibration-1b", 16, 2048, 5504, 32000, 16, 16)  # scaled by INSITU_SHAPE
     wl = Workload("ppo", {"actor": spec, "critic": spec, "reward": spec}, 64, 1, 256, 256)
-    cluster = Cluster.from_shape(f"1x1x{devices}", hardware_preset("cpu"), max_zero_stage=2)
+    cluster = Cluster.from_shape(
+        f"1x1x{devices}", hardware_preset("cpu"), max_zero_stage=2, host_offload=False
+    )
     return result_for_plan(wl, cluster, Structure("ppo", False, (("actor", 0), ("critic", 0))), table)
 
 

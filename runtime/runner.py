@@ -433,7 +433,9 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
     reach ``Pp``. Microbatches (gradient accumulation), recomputation and packing run as planned;
     a generation's memory fraction sizes a GPU rollout engine's cache, while the vLLM CPU build
     runs with its own ``VLLM_CPU_KVCACHE_SPACE`` (1 GiB, enough for every sequence of the scaled
-    runs).
+    runs). Host offload (SPEC §14.4) is refused: a CPU worker's device memory is host memory,
+    and the vLLM CPU build has no sleep mode (``ModelConfig``: "Sleep mode is not supported on
+    current platform").
 
     Raises
     ------
@@ -444,6 +446,16 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
     U = result.workload.mini_batches
     for v, c in zip(result.graph.vertices, result.plan.choices):
         s = c.strategy
+        if s.offload:
+            what = (
+                "the vLLM CPU build has no sleep mode"
+                if v.role is Role.GENERATION
+                else "a CPU worker's device memory is host memory: there is nowhere to offload to"
+            )
+            raise ValueError(
+                f"vertex {v.name!r}: host offload (offload=true) is planned but {what}; plan for the "
+                "bundled engines with Cluster(..., host_offload=False) (rpeg solve --no-host-offload)"
+            )
         runs = (2, 3) if v.role is Role.TRAINING and not moves_state else (2,)
         if s.zero not in runs:
             what = (

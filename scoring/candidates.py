@@ -97,13 +97,24 @@ def microbatch_counts(role: Role | None, pp: int, b_local: int) -> list[int]:
     return sorted(set(powers) | set(piped if pp > 1 else []))
 
 
-def engine_variants(base: Strategy, role: Role | None, max_fraction: float) -> list[Strategy]:
+def engine_variants(
+    base: Strategy, role: Role | None, max_fraction: float, offload: bool = False
+) -> list[Strategy]:
     """The engine choices a directory lists for one layout (SPEC §14): per training layout
     every recomputation mode × ZeRO stage 2 or 3 × whole or chunked loss
     (:data:`SEARCHED_TRAINING_STAGES`, :data:`LOSS_CHUNK`); per inference layout ZeRO stage 2
     or 3 × whole or chunked loss (stage 3 only with ``Pd > 1``: one rank shards nothing); per
     generation layout each memory fraction of :data:`MEMORY_FRACTIONS` up to ``max_fraction``
-    (and ``max_fraction`` itself)."""
+    (and ``max_fraction`` itself). With ``offload`` (the engines offload to the host, SPEC
+    §14.4) each of them also with host offload."""
+    out = _engine_variants(base, role, max_fraction)
+    if offload and role is not None:
+        out += [s.variant(offload=True) for s in out]
+    return out
+
+
+def _engine_variants(base: Strategy, role: Role | None, max_fraction: float) -> list[Strategy]:
+    """:func:`engine_variants` without host offload."""
     if role is Role.GENERATION:
         fractions = sorted({u for u in MEMORY_FRACTIONS if u <= max_fraction} | {max_fraction})
         return [base.variant(mem_fraction=u) for u in fractions]
@@ -181,7 +192,7 @@ def enumerate_strategies(
                         base = make_strategy(cluster, extent, dp, pp, tp, mb)
                         out.extend(
                             s
-                            for s in engine_variants(base, role, max_fraction)
+                            for s in engine_variants(base, role, max_fraction, cluster.host_offload)
                             if cluster.max_zero_stage is None or s.zero <= cluster.max_zero_stage
                         )
     return out
@@ -340,7 +351,7 @@ class Directory:
         (:meth:`~rpeg.ir.plan.Strategy.layout_key`: degrees, microbatches, ZeRO stage) is among
         the ``k`` fastest distinct layouts (all when ``k`` is ``None``): a layout comes with
         every engine variant the directory kept (recomputation, loss chunking, memory
-        fraction), so restricting to ``k`` candidates never trades a layout for a variant of a
+        fraction, host offload), so restricting to ``k`` candidates never trades a layout for a variant of a
         faster one."""
         if k is None:
             return list(range(len(self.strategies)))
@@ -415,22 +426,22 @@ def build_directories(costs: Costs) -> list[Directory]:
 def _undominated_modes(
     costs: Costs, vertex: int, kept: list[tuple[float, int, Strategy]]
 ) -> tuple[list[tuple[float, int, Strategy]], int]:
-    """``kept`` without the variants another variant of the same degrees and ZeRO stage
-    dominates in ``(time, transient memory)``, and how many were removed.
+    """``kept`` without the variants another variant of the same degrees, ZeRO stage and host
+    offload dominates in ``(time, transient memory)``, and how many were removed.
 
-    Variants of one ``(extent, Pd, Pp, Pt, z)`` (microbatches, recomputation, loss chunking,
-    memory fraction, packing) hold the same persistent state, so the one with no more time
-    and no more transient memory is never the worse pick wherever it sits; of variants equal in
-    both, the first listed stays."""
+    Variants of one ``(extent, Pd, Pp, Pt, z, offload)`` (microbatches, recomputation, loss
+    chunking, memory fraction, packing) hold the same persistent state, so the one with no more
+    time and no more transient memory is never the worse pick wherever it sits; of variants
+    equal in both, the first listed stays."""
     by_group: dict[tuple, list[tuple[float, float, int]]] = {}
     for t, j, s in kept:
-        key = (s.extent, s.dp, s.pp, s.tp, s.zero)
+        key = (s.extent, s.dp, s.pp, s.tp, s.zero, s.offload)
         by_group.setdefault(key, []).append((t, costs.memory(vertex, s).transient, j))
     out = []
     for item in kept:
         t, j, s = item
         m = costs.memory(vertex, s).transient
-        rivals = by_group[(s.extent, s.dp, s.pp, s.tp, s.zero)]
+        rivals = by_group[(s.extent, s.dp, s.pp, s.tp, s.zero, s.offload)]
         if any(t2 <= t and m2 <= m and (t2 < t or m2 < m or j2 < j) for t2, m2, j2 in rivals if j2 != j):
             continue
         out.append(item)

@@ -18,7 +18,7 @@ from ..costmodel.memory import (
     weight_bytes,
     zero_state_bytes,
 )
-from ..costmodel.time import comm_time, generation_times, op_time, reshard_time
+from ..costmodel.time import comm_time, generation_times, host_offload_time, op_time, reshard_time
 from ..ir.cluster import Cluster
 from ..ir.graph import RPEG
 from ..ir.plan import Choice, Strategy
@@ -41,20 +41,30 @@ class VertexMemory:
         weights and gradients).
     weights
         The model's resident serving copy under this strategy: ``W_shard·sb``, or
-        ``W_shard·sb/Pd`` sharded by ZeRO-3 (SPEC §14.3; a serving or shadow copy).
+        ``W_shard·sb/Pd`` sharded by ZeRO-3 (SPEC §14.3; a serving or shadow copy); 0 for a
+        forward-only vertex that offloads it (its copy is in ``transient``).
     train_state
-        ``12·W_shard/Pd`` for a training vertex, else 0.
+        ``12·W_shard/Pd`` for a training vertex, else 0; 0 for a trainer that offloads it.
+    trains
+        Whether the vertex is a training one (its ``weights`` are then the BF16 copy counted in
+        ``transient``, not a resident copy).
+
+    With host offload (SPEC §14.4, ``Strategy.offload``) the state that would persist lives in
+    host memory between runs and on the device only while the vertex runs, so it moves into
+    ``transient``: every rule that adds up a device's peak (``Σ persistent + max transient``)
+    then gives the maximum over the vertices of that device of each one's resident set.
     """
 
     transient: float
     weights: float
     train_state: float
+    trains: bool = False
 
     @property
     def isolated(self) -> float:
         """Peak if the vertex ran alone on its devices: training state + transient, or a
         serving copy of the weights + transient."""
-        if self.train_state:
+        if self.trains:
             return self.train_state + self.transient
         return self.weights + self.transient
 
@@ -122,7 +132,15 @@ class Costs:
         """Generation: the continuous-batching engine (:func:`~rpeg.costmodel.time.generation_times`,
         SPEC §14.5) with a rule reward's host time after the last token (SPEC §14.8); inference
         and training: packed sequences at their ``E[ℓ]``, ``E[ℓ²]`` (all of them, or phase
-        ``q``'s bucket; SPEC §14.1), or padded to ``Lp + Lr`` (``packing=False``)."""
+        ``q``'s bucket; SPEC §14.1), or padded to ``Lp + Lr`` (``packing=False``). With host
+        offload (SPEC §14.4) the first node also loads the offloaded state and the last one
+        offloads it again (:func:`~rpeg.costmodel.time.host_offload_time`)."""
+        if s.offload:
+            phases = list(self.phases(vertex, s.variant(offload=False), split))
+            load, offload = host_offload_time(self.offloaded_bytes(vertex, s), self.hw)
+            phases[0] += load
+            phases[-1] += offload
+            return tuple(phases)
         v = self.graph.vertices[vertex]
         if v.role is Role.INFERENCE and s.logits_chunk:  # chunking a forward's loss takes no time
             return self.phases(vertex, s.variant(logits_chunk=0), split)
@@ -210,10 +228,28 @@ class Costs:
         tokens = kv_budget_tokens(self._specs[vertex], self.layout(s), self.hw, self._model_heads[vertex])
         return tokens >= w.prompt_len + w.response_len
 
+    def offloaded_bytes(self, vertex: int, s: Strategy) -> float:
+        """Bytes per device that host offload keeps in host memory between the vertex's runs
+        (SPEC §14.4): what would persist without it, a trainer's ``12·N_s/Pd`` or a forward
+        pass's resident weights (0 when ``s`` does not offload)."""
+        if not s.offload:
+            return 0.0
+        kept = self.memory(vertex, s.variant(offload=False))
+        return kept.train_state if self.graph.vertices[vertex].role is Role.TRAINING else kept.weights
+
     def memory(self, vertex: int, s: Strategy) -> VertexMemory:
-        """Per-device memory figures of ``vertex`` under strategy ``s`` (cached)."""
+        """Per-device memory figures of ``vertex`` under strategy ``s`` (cached); with host
+        offload the state that would persist joins the transient (:class:`VertexMemory`)."""
         key = (vertex, s)
         hit = self._mem.get(key)
+        if hit is None and s.offload:
+            kept = self.memory(vertex, s.variant(offload=False))
+            moved = self.offloaded_bytes(vertex, s)
+            if self.graph.vertices[vertex].role is Role.TRAINING:
+                hit = VertexMemory(kept.transient + moved, kept.weights, 0.0, True)
+            else:
+                hit = VertexMemory(kept.transient + moved, 0.0, 0.0)
+            self._mem[key] = hit
         if hit is None:
             v = self.graph.vertices[vertex]
             spec = self._specs[vertex]
@@ -236,5 +272,5 @@ class Costs:
                 wb, ts = weight_bytes(spec, lay, head), state
             else:  # the resident serving copy
                 wb, ts = state, 0.0
-            hit = self._mem[key] = VertexMemory(trans, wb, ts)
+            hit = self._mem[key] = VertexMemory(trans, wb, ts, v.role is Role.TRAINING)
         return hit

@@ -459,16 +459,18 @@ def _tokens_per_mb(workload: Workload, vertex: Vertex, s: Strategy) -> str:
 def _engine_choices(cluster: Cluster, vertex: Vertex, s: Strategy) -> str:
     """The summary's words for a strategy's engine choices (SPEC §14): recomputation and ZeRO
     stage of a trainer, the ZeRO stage of a forward pass, the memory fraction of a rollout
-    engine, loss chunking and padding."""
+    engine, loss chunking, padding and host offload (a rollout engine's: ``sleeps``)."""
     if vertex.role is Role.GENERATION:
         u = s.mem_fraction or cluster.hardware.kv_memory_fraction
-        return f"kv u={u:g}"
+        return f"kv u={u:g}" + (" sleeps" if s.offload else "")
     words = [f"rc={s.recompute.value}"] if vertex.role is Role.TRAINING else []
     words.append(f"zero-{s.zero}" if s.zero != 2 or vertex.role is Role.TRAINING else "replicated")
     if s.logits_chunk:
         words.append(f"chunk={s.logits_chunk}")
     if not s.packing:
         words.append("padded")
+    if s.offload:
+        words.append("offload")
     return " ".join(words)
 
 
@@ -553,6 +555,7 @@ class _ClusterBlock(_Read):
     hardware: dict[str, Any]
     generation_max_pp: Annotated[int, Field(ge=1)] | None = None
     max_zero_stage: Literal[1, 2, 3] | None = None
+    host_offload: bool = True
 
 
 class _StructureBlock(_Read):
@@ -640,7 +643,13 @@ def _problem(doc: _ResultFile, source: str) -> tuple[Workload, Cluster, Structur
     hw = Hardware.from_dict(c.hardware, source=f"{source}: cluster.hardware")
     try:
         cluster = Cluster(
-            c.racks, c.nodes_per_rack, c.gpus_per_node, hw, c.generation_max_pp, c.max_zero_stage
+            c.racks,
+            c.nodes_per_rack,
+            c.gpus_per_node,
+            hw,
+            c.generation_max_pp,
+            c.max_zero_stage,
+            c.host_offload,
         )
     except ValueError as exc:
         raise InputError(f"{source}: field 'cluster': {exc}", source=source, field="cluster") from None
@@ -745,12 +754,13 @@ _ENGINE_FIELDS: dict[str, tuple[type, Any]] = {
     "mem_fraction": (float, 0.0),
     "logits_chunk": (int, 0),
     "packing": (bool, True),
+    "offload": (bool, False),
 }
 
 
 def _engine_fields(entry: dict[str, Any], vertex: Vertex) -> dict[str, Any]:
-    """The ``zero``, ``mem_fraction``, ``logits_chunk`` and ``packing`` of a plan entry, each
-    absent or ``null`` read as its default (:data:`_ENGINE_FIELDS`); a wrong type is an error."""
+    """The ``zero``, ``mem_fraction``, ``logits_chunk``, ``packing`` and ``offload`` of a plan
+    entry, each absent or ``null`` read as its default (:data:`_ENGINE_FIELDS`); a wrong type is an error."""
     out = {}
     for key, (kind, default) in _ENGINE_FIELDS.items():
         value = entry.get(key)
@@ -773,7 +783,7 @@ def _engine_fields(entry: dict[str, Any], vertex: Vertex) -> dict[str, Any]:
 def _plan_entry(vertex: Vertex, choice: Choice) -> dict[str, Any]:
     """A ``plan`` entry: :meth:`Choice.to_dict` plus ``recompute`` — the training invocation's
     mode, ``null`` for the others (they have no backward pass) — and the engine choices of
-    SPEC §14 (``zero``, ``mem_fraction``, ``logits_chunk``, ``packing``)."""
+    SPEC §14 (``zero``, ``mem_fraction``, ``logits_chunk``, ``packing``, ``offload``)."""
     s = choice.strategy
     entry = choice.to_dict(vertex.name)
     entry["recompute"] = s.recompute.value if vertex.role is Role.TRAINING else None
@@ -781,6 +791,7 @@ def _plan_entry(vertex: Vertex, choice: Choice) -> dict[str, Any]:
     entry["mem_fraction"] = s.mem_fraction
     entry["logits_chunk"] = s.logits_chunk
     entry["packing"] = s.packing
+    entry["offload"] = s.offload
     return entry
 
 
@@ -839,7 +850,7 @@ def result_for_plan(
         ``(r, n, g)`` triples, optionally followed by a training vertex's recomputation mode
         (``"none"``, ``"selective"``, ``"full"``; default ``"full"``; ``None`` for any other
         vertex) and a mapping of engine choices (``zero``, ``mem_fraction``, ``logits_chunk``,
-        ``packing``; SPEC §14).
+        ``packing``, ``offload``; SPEC §14).
     k_eval
         Steps to unroll when scoring.
     method

@@ -95,6 +95,24 @@ def test_solve_options_reach_the_result(capsys, tmp_path):
     assert doc["throughput"] == pytest.approx(3 * 512 * (128 + 117.6) / doc["makespan"], rel=1e-12)
 
 
+def test_no_host_offload_plans_for_engines_that_cannot_offload(capsys, tmp_path):
+    # PPO of four 7B models on four A100-40GB: greedy needs host offload (SPEC §14.4) to fit;
+    # told the engines cannot (the bundled CPU engines), it finds nothing and says why
+    toml = tmp_path / "ppo-7b-4gpu.toml"
+    toml.write_text(TOML_70B.replace('"llama2-70b"', '"llama2-7b"').replace("1x1x8", "1x1x4"))
+    path = tmp_path / "r.json"
+    status, _, _ = run(capsys, "solve", str(toml), "--method", "greedy", "--json", str(path))
+    assert status == 0
+    doc = json.loads(path.read_text())
+    assert any(e["offload"] for e in doc["plan"]) and "host_offload" not in doc["cluster"]
+    status, _, err = run(
+        capsys, "solve", str(toml), "--method", "greedy", "--no-host-offload", "--json", str(path)
+    )
+    assert status == EXIT_INFEASIBLE, err
+    doc = json.loads(path.read_text())
+    assert doc["cluster"]["host_offload"] is False
+
+
 def test_evaluate_with_other_hardware_rescores_the_same_plan(capsys, tmp_path, checker):
     # --cluster/--hardware replace the result file's cluster: same plan, other figures
     path = tmp_path / "r.json"

@@ -3,6 +3,7 @@ rejected replan, forced moves, fallback targets) and its settings."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -63,7 +64,9 @@ def test_urgent_pool_loss_always_moves_and_no_plan_raises(cache):
     d = ctl.boundary(1, 1100.0, 16)
     assert d.urgent and d.admitted and ctl.current.devices <= 16 and d.l_tran > 0
     w = cache.workload
-    tiny = PlanCache(w, pool_cluster(cache.cluster, 8), transition_capacity=INF)
+    # engines without host offload (SPEC §14.4), which would fit the job on 2 devices
+    no_offload = dataclasses.replace(cache.cluster, host_offload=False)
+    tiny = PlanCache(w, pool_cluster(no_offload, 8), transition_capacity=INF)
     ctl = AdaptController(tiny, 8, 1100.0)
     with pytest.raises(NoPlan, match=r"Lr=.* on a pool of 2 devices"):
         ctl.boundary(1, 1100.0, 2)

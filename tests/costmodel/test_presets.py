@@ -81,7 +81,21 @@ def test_gpu_sources_cite_a_document(name):
 
 def test_cpu_sources_say_the_figures_are_nominal():
     for key, text in hardware_preset("cpu").sources:
+        if key == "host_bandwidth":  # no host link: it says so, and what it stands for
+            assert "no host link" in text and "nominal memory bandwidth" in text
+            continue
         assert "nominal assumption" in text, key
+
+
+@pytest.mark.parametrize("name", ["h100", "h200", "h20", "a100-40gb", "gh200"])
+def test_host_bandwidth_is_the_host_links_line_rate_derated(name):
+    """``BW_host`` (SPEC §14.4): PCIe 5.0 ×16 for Hopper boards, PCIe 4.0 ×16 for A100,
+    NVLink-C2C for GH200, each at 0.8 of its per-direction line rate, with its document."""
+    hw = hardware_preset(name)
+    line = {"a100-40gb": 16e9 * 16 * 128 / 130 / 8, "gh200": 450e9}.get(name, 32e9 * 16 * 128 / 130 / 8)
+    assert hw.host_bandwidth == pytest.approx(0.8 * line, rel=0.01)
+    text = dict(hw.sources)["host_bandwidth"]
+    assert "https://" in text and "derated" in text
 
 
 def test_a100_inter_node_is_eight_hdr_nics_per_eight_gpus():

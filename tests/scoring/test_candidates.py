@@ -28,22 +28,26 @@ from rpeg.scoring.evaluator import Evaluator
 FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
-def _variants(role, dp=2):
+def _variants(role, dp=2, offload=True):
     """The engine choices listed per layout (``docs/decisions.md``, "Directories list, then
-    prune"), as ``(zero, logits_chunk, recompute, mem_fraction)``; ZeRO stage 3 only with more
-    than one data-parallel rank (one rank shards nothing)."""
+    prune"), as ``(zero, logits_chunk, recompute, mem_fraction, offload)``; ZeRO stage 3 only
+    with more than one data-parallel rank (one rank shards nothing); each with and without host
+    offload when the cluster's engines offload (role ``None``: neither)."""
     stages = (2, 3) if dp > 1 else (2,)
+    hosts = (False, True) if offload and role is not None else (False,)
     if role is Role.TRAINING:
-        return {(z, c, m, 0.0) for z in stages for c in (0, 4096) for m in (Recompute.NONE, Recompute.FULL)}
-    if role is Role.INFERENCE:
-        return {(z, c, Recompute.FULL, 0.0) for z in stages for c in (0, 4096)}
-    if role is Role.GENERATION:
-        return {(2, 0, Recompute.FULL, u) for u in FRACTIONS}
-    return {(2, 0, Recompute.FULL, 0.0)}
+        base = {(z, c, m, 0.0) for z in stages for c in (0, 4096) for m in (Recompute.NONE, Recompute.FULL)}
+    elif role is Role.INFERENCE:
+        base = {(z, c, Recompute.FULL, 0.0) for z in stages for c in (0, 4096)}
+    elif role is Role.GENERATION:
+        base = {(2, 0, Recompute.FULL, u) for u in FRACTIONS}
+    else:
+        base = {(2, 0, Recompute.FULL, 0.0)}
+    return {(*b, h) for b in base for h in hosts}
 
 
 def _variant(s):
-    return (s.zero, s.logits_chunk, s.recompute, s.mem_fraction)
+    return (s.zero, s.logits_chunk, s.recompute, s.mem_fraction, s.offload)
 
 
 def _listed_mb(role, pp, b_local, mb):
@@ -97,8 +101,9 @@ def test_directories_are_sorted_by_time_and_times_are_op_times(directories):
 
 
 def _group(s):
-    """What dominance compares within: the degrees and the ZeRO stage (same persistent state)."""
-    return (s.extent, s.dp, s.pp, s.tp, s.zero)
+    """What dominance compares within: the degrees, the ZeRO stage and host offload (same
+    persistent state)."""
+    return (s.extent, s.dp, s.pp, s.tp, s.zero, s.offload)
 
 
 def _undominated(feasible, time, transient):
@@ -121,7 +126,7 @@ def _undominated(feasible, time, transient):
 
 def test_directories_keep_only_isolated_memory_feasible_undominated_strategies(directories):
     # A directory keeps every legal strategy within M_eff in isolation unless another variant
-    # with the same (extent, Pd, Pp, Pt, z) is no slower and holds no more transient memory
+    # with the same (extent, Pd, Pp, Pt, z, offload) is no slower and holds no more transient memory
     # (one of them strictly; of two equal ones the first listed stays).
     dominated_somewhere = 0
     for ev, dirs in directories:
@@ -205,9 +210,14 @@ def test_microbatch_counts_by_hand():
 def test_engine_variants_by_hand(cluster_1x1x4):
     base = make_strategy(cluster_1x1x4, (1, 1, 2), 2, 1, 1, 1)
     got = engine_variants(base, Role.TRAINING, 0.9)
-    assert len(got) == 8 and {_variant(s) for s in got} == _variants(Role.TRAINING)
+    assert len(got) == 8 and {_variant(s) for s in got} == _variants(Role.TRAINING, offload=False)
     got = engine_variants(base, Role.INFERENCE, 0.9)
-    assert len(got) == 4 and {_variant(s) for s in got} == _variants(Role.INFERENCE)
+    assert len(got) == 4 and {_variant(s) for s in got} == _variants(Role.INFERENCE, offload=False)
+    # engines that offload to the host (SPEC §14.4): each variant also with offload, after them
+    got = engine_variants(base, Role.TRAINING, 0.9, offload=True)
+    assert len(got) == 16 and {_variant(s) for s in got} == _variants(Role.TRAINING)
+    assert [s.offload for s in got] == [False] * 8 + [True] * 8
+    assert engine_variants(base, None, 0.9, offload=True) == [base]
     got = engine_variants(base, Role.GENERATION, 0.9)
     assert [s.mem_fraction for s in got] == list(FRACTIONS)
     # the hardware's fraction caps the list and is always in it
@@ -352,7 +362,7 @@ def test_enumeration_is_exactly_the_legal_set(checker, role, racks, nodes, gpus,
         assert k[5] in _variants(role, k[1])
     for s in got:
         entry = {"vertex": "v", "zero": s.zero, "mem_fraction": s.mem_fraction}
-        entry.update(logits_chunk=s.logits_chunk, packing=s.packing)
+        entry.update(logits_chunk=s.logits_chunk, packing=s.packing, offload=s.offload)
         assert checker._check_engine_fields(entry, name if role is not None else "training") == []
 
 

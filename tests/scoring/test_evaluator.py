@@ -277,6 +277,9 @@ def test_isolated_memory_is_state_plus_transient(ev, dirs):
                 assert m.isolated == m.weights + m.transient
 
 
+STAGES = [("training", 2), ("training", 3), ("inference", 2), ("inference", 3), ("generation", 2)]
+
+
 def test_vertex_memory_follows_the_engine_choices(ev, dirs):
     # SPEC §14.3, §14.5: what Costs.memory charges per vertex under each listed variant, from
     # the worst-stage shard N_s (weight_shard_params, checked by hand in test_memory.py)
@@ -291,7 +294,15 @@ def test_vertex_memory_follows_the_engine_choices(ev, dirs):
         for s in d.strategies:
             m = ev.costs.memory(d.vertex, s)
             n_s = weight_shard_params(spec, s.pp, s.tp, head)
-            seen.add((v.role.value, s.zero))
+            seen.add((v.role.value, s.zero, s.offload))
+            if s.offload:  # SPEC §14.4: what would persist is resident only while the vertex runs
+                kept = ev.costs.memory(d.vertex, s.variant(offload=False))
+                moved = kept.train_state if v.role.value == "training" else kept.weights
+                assert m.train_state == 0.0 and moved > 0
+                assert m.weights == (kept.weights if v.role.value == "training" else 0.0)
+                assert m.transient == pytest.approx(kept.transient + moved, rel=1e-12)
+                assert m.isolated == pytest.approx(kept.isolated, rel=1e-12)  # alone: no saving
+                continue
             if v.role.value == "training":  # Adam state over Pd whatever the stage; a BF16 copy
                 assert m.train_state == pytest.approx(12 * n_s / s.dp, rel=1e-12)
                 assert m.weights == pytest.approx(2 * n_s, rel=1e-12)
@@ -305,7 +316,8 @@ def test_vertex_memory_follows_the_engine_choices(ev, dirs):
                 assert held >= u * hw.gpu_memory_bytes * (1 - 1e-12)
                 if kv_budget_tokens(spec, ev.costs.layout(s), hw, head) >= LP + LR:
                     assert held == pytest.approx(u * hw.gpu_memory_bytes, rel=1e-12)
-    assert {("training", 2), ("training", 3), ("inference", 2), ("inference", 3), ("generation", 2)} <= seen
+    assert {(role, z, False) for role, z in STAGES} <= seen
+    assert {(role, z, True) for role, z in STAGES} <= seen
 
 
 def test_rule_reward_host_time_is_charged_to_the_generation(cluster_1x2x4):

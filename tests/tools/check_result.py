@@ -1021,9 +1021,10 @@ ZERO_STAGES = {"training": (1, 2, 3), "inference": (2, 3), "generation": (2,)}
 
 
 def _check_engine_fields(entry: dict[str, Any], role: Any) -> list[str]:
-    """Z1–Z2 (SPEC.md §14): ``zero`` a stage the role may use; ``mem_fraction`` in [0, 1] and
+    """Z1–Z2, Z4 (SPEC.md §14): ``zero`` a stage the role may use; ``mem_fraction`` in [0, 1] and
     non-zero only for a generation; ``logits_chunk`` a non-negative integer and ``packing`` a
-    boolean, a generation keeping 0 and true. Absent or ``null`` fields (a ``/1`` entry) pass."""
+    boolean, a generation keeping 0 and true; ``offload`` a boolean (SPEC.md §14.4). Absent or
+    ``null`` fields (a ``/1`` entry) pass."""
     who = f"[plan] {entry['vertex']}"
     errors: list[str] = []
     zero, u = entry.get("zero"), entry.get("mem_fraction")
@@ -1036,6 +1037,9 @@ def _check_engine_fields(entry: dict[str, Any], role: Any) -> list[str]:
         errors.append(f"{who}: Z2 logits_chunk={chunk!r} must be a non-negative integer, 0 for a generation")
     if packing is not None and (not isinstance(packing, bool) or (not packing and role == "generation")):
         errors.append(f"{who}: Z2 packing={packing!r} must be true or false, true for a generation")
+    offload = entry.get("offload")
+    if offload is not None and not isinstance(offload, bool):
+        errors.append(f"{who}: Z4 offload={offload!r} must be true or false")
     return errors
 
 
