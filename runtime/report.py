@@ -21,7 +21,7 @@ from ..ir.types import Role
 from ..ir.workload import Workload
 from ..solvers.result import Result
 from .binding import Binding
-from .fidelity import Fidelity, fidelity, trace_fidelity
+from .fidelity import GLIBC_MMAP_THRESHOLD_MAX, Fidelity, fidelity, trace_fidelity
 from .trace import Trace, expected_graph, plan_hash
 
 __all__ = ["RunReport", "predict", "scaled_problem", "segment_trace"]
@@ -236,6 +236,134 @@ def executed_plan(binding: Binding) -> Plan:
 MASTER_BYTES = 4
 
 
+def runtime_activation_width(model: Any, tp: int) -> float:
+    """Scalars one decoder layer of the runtime's torch engine keeps per token for its backward
+    (recomputation ``none``): ``a_run = a + 2d + ⌈h/Pt⌉ + 2``, with ``a`` SPEC's
+    :func:`~rpeg.costmodel.memory.stored_activation_width`.
+
+    The engine runs ``transformers``' own Llama/Qwen2/Mistral layers (``runtime.model``), and
+    autograd keeps, per layer and token (counted by storage, ``saved_tensors_hooks``, on the
+    fidelity benchmark's 8 × 512 Llama, float32, 2026-12-03):
+
+    * what SPEC's ``a`` counts: each RMSNorm's input and output (``4d``; the output is the QKV or
+      gate/up GEMMs' input), the rotated ``Q`` and ``K``, ``V`` and the attention output that feeds
+      ``o_proj`` (``(2·d_q + 2·d_kv)/Pt``), and the gated FFN's gate, up, ``SiLU(gate)`` and their
+      product (``4·dff/Pt``);
+    * beyond it, each RMSNorm's normalised input ``x̂ = x·rsqrt(mean(x²) + ε)``, which the
+      unfused module keeps for the gradient of its weight (``weight·x̂``): ``2d`` (replicated
+      under TP); its ``rsqrt`` (1 per norm: 2); and the flash kernel's log-sum-exp per local
+      head (``⌈h/Pt⌉``).
+
+    CPU SDPA runs the flash kernel (``ScaledDotProductFlashAttentionForCpu``): it keeps no
+    ``ℓ × ℓ`` score matrix — the kept bytes per token are the same at ``ℓ = 256`` and ``512``
+    (SPEC §14.7 holds for this engine). Measured: 73.70 MiB for one sequence of 256 tokens, 9434.1
+    scalars per token and layer over the stage: ``a_run = 9226`` (SPEC's ``a = 8192``) plus the
+    stage terms of :func:`runtime_training_activation_bytes` (``2·h_d + 3d + 1 = 1665``) over its
+    8 layers.
+    """
+    from ..costmodel.memory import stored_activation_width
+
+    return stored_activation_width(model, tp) + 2.0 * model.hidden + math.ceil(model.heads / tp) + 2.0
+
+
+def runtime_training_activation_bytes(
+    model: Any, layout: Any, *, sequences: float, tokens: float, head: Any
+) -> float:
+    """Activations a training microbatch keeps on the runtime's torch engine, bytes.
+
+    Recomputation ``none``: ``sb·min(mb, Pp)·b·ℓ·((L/Pp)·a_run + 2·h_d + 3d + 1)``
+    (:func:`runtime_activation_width`; ``b = n/(Pd·mb)``, ``ℓ = tokens``) — per stage the rotary
+    embedding's ``cos`` and ``sin`` (``2·h_d``, shared by its layers) and, on the last stage, the
+    final RMSNorm's input (the last layer's output), ``x̂``, output and ``rsqrt`` (``3d + 1``;
+    charged to the worst stage) — plus, with an LM head, the float32 logits and their gradient,
+    ``2·4·b·ℓ·V`` (SPEC §14.6's :func:`~rpeg.costmodel.memory.logits_bytes`; the runtime's heads are replicated over
+    the TP ranks and its training loss is not chunked). Under ``full`` (every decoder layer
+    checkpointed) the activations are SPEC's
+    :func:`~rpeg.costmodel.memory.training_activation_bytes` (not measured on this engine), the
+    logits as above.
+    """
+    from ..costmodel.memory import LOGIT_BYTES, training_activation_bytes
+    from ..ir.types import Head, Recompute
+
+    s = layout.strategy
+    b = sequences / (s.dp * s.mb)
+    if s.recompute is Recompute.NONE:
+        per_token = (
+            model.layers / s.pp * runtime_activation_width(model, s.tp)
+            + 2.0 * model.head_dim
+            + 3.0 * model.hidden
+            + 1.0
+        )
+        act = model.dtype_bytes * min(s.mb, s.pp) * b * tokens * per_token
+    else:
+        act = training_activation_bytes(model, layout, sequences=sequences, tokens=tokens)
+    logits = 0.0 if head is Head.SCALAR else 2.0 * LOGIT_BYTES * b * tokens * model.vocab
+    return act + logits
+
+
+def _heap_and_mapped(buffers: tuple[float, ...]) -> tuple[float, float]:
+    """Bytes of ``buffers`` (allocated together) that glibc serves from its heap, and those it
+    maps afresh: a request of :data:`~rpeg.runtime.fidelity.GLIBC_MMAP_THRESHOLD_MAX` (32 MiB)
+    or more is always ``mmap``-ed (glibc's adaptive threshold never rises above it)."""
+    mapped = sum(x for x in buffers if x >= GLIBC_MMAP_THRESHOLD_MAX)
+    return sum(buffers) - mapped, mapped
+
+
+def training_transient_bytes(model: Any, layout: Any, *, sequences: float, tokens: float, head: Any) -> float:
+    """A training node's transient private memory on the runtime (CPU torch engine, gloo), over
+    its persistent parameters and optimizer state, bytes. ``G = W·sb`` are the stage's (TP-local)
+    gradients, ``A`` :func:`runtime_training_activation_bytes`.
+
+    * ``Pd = 1`` (plain Adam): ``A + G``.
+    * FSDP2, ZeRO-2 (``Pd > 1``): the backward holds ``A + G`` (the unsharded gradients
+      accumulate over the update's microbatches, the activations of the running one; with one
+      microbatch the gradients are made as the activations are freed, and the heap does not
+      reuse the freed blocks for them: measured, the private memory rose by 88 MiB ≈ ``G``
+      during such a backward while its live tensors rose by 6 MiB). After the
+      last backward FSDP2's ``foreach_reduce`` copies the gradients into a flat ReduceScatter
+      input (``G``) and frees them, allocates the output (``G/Pd``, which stays as the sharded
+      gradients until the optimizer step), and gloo's ``reduce_scatter_tensor`` holds a copy of
+      its input while it runs (``G``; measured, 2026-12-03: +80 MiB mapped during the call for an
+      80 MiB input): ``2G + G/Pd`` at once. The two phases do not overlap in live tensors, but
+      the buffers of 32 MiB and more are fresh mappings (:func:`_heap_and_mapped`) while the
+      backward's activations and gradients are heap blocks that glibc keeps resident after their
+      free (it returns heap pages only by trimming the top), so the private peak is
+      ``max(A + G, heap part) + mapped part``. Measured on the fidelity benchmark's critic
+      (``b = 1``, 4 microbatches, 2026-12-03): live tensors peak at 202 MiB over the state
+      (``2G + G/Pd`` = 200), and the private memory rose by the 200 MiB mapped during the
+      ReduceScatter while the heap kept its size.
+    * FSDP2, ZeRO-3 (``Pd > 1``): only the shards are registered, and they are the masters (in
+      the persistent state), so SPEC's weight shard is not transient here. A pass holds the
+      gathered root and two layers (``N_g``, as :func:`~rpeg.costmodel.memory.zero_state_bytes`).
+      With ``mb > 1`` the runtime reduces once per update (``FSDPAdam.sync_gradients``): the
+      earlier microbatches' backwards accumulate the full unsharded gradients (``G``; measured
+      80.4 MiB after the first backward for ``G`` = 80.1); with ``mb = 1`` each unit's gradients
+      are reduced as they are made and only the shards accumulate (``G/Pd``). The ReduceScatter
+      of one unit of ``U`` parameters holds ``(2 + 1/Pd)·U·sb`` as above, its unsharded gradients
+      freed after the copy: ``A + N_g·sb + grads + max(0, heap − U·sb) + mapped`` for the largest
+      unit (measured: live peak 184 MiB over the state, this 189).
+    """
+    from ..costmodel.memory import weight_shard_params
+
+    s = layout.strategy
+    sb = model.dtype_bytes
+    w = weight_shard_params(model, s.pp, s.tp, head)
+    grads = w * sb
+    act = runtime_training_activation_bytes(model, layout, sequences=sequences, tokens=tokens, head=head)
+    if s.dp == 1:
+        return act + grads
+    if s.zero != 3:
+        heap, mapped = _heap_and_mapped((grads, grads / s.dp, grads))
+        return max(act + grads, heap) + mapped
+    layer = model.layer_params / s.tp
+    root = w - model.layers / s.pp * layer
+    gathered = (2.0 * layer + root) * sb
+    unit = max(layer, root) * sb
+    held = grads if s.mb > 1 else grads / s.dp
+    heap, mapped = _heap_and_mapped((unit, unit / s.dp, unit))
+    return act + gathered + held + max(0.0, heap - unit) + mapped
+
+
 def node_sequences(binding: Binding) -> dict[str, int]:
     """The most sequences one OP node of each vertex processes: ``n = B'·R'``, or for a vertex
     the plan splits into response-length phases (rule 1, SPEC §4) the largest phase's share,
@@ -267,15 +395,16 @@ def predicted_memory(
       training group, SPEC's state ``12·W/Pd`` (:func:`~rpeg.costmodel.memory.
       training_state_bytes`: FSDP2's master shard and Adam's moments), less the ``4·W`` master
       with ``Pd = 1`` (the registered parameters are the masters);
-    * training: the activations of the recomputation mode the runtime runs
-      (:func:`~rpeg.costmodel.memory.training_activation_bytes`) and the gradients: ``W·sb``
-      with ``Pd = 1``; ``2·W·sb`` with ``Pd > 1`` (FSDP2 copies the full gradients into a flat
-      ReduceScatter buffer before it frees them) — where SPEC's ZeRO-2 charges ``W·sb/Pd``;
+    * training: :func:`training_transient_bytes` — the activations the engine's layers keep
+      (:func:`runtime_training_activation_bytes`: SPEC's count plus what the unfused RMSNorm and
+      the flash kernel keep, and the logits), the gradients ``W·sb``, and with FSDP2 (``Pd > 1``)
+      the ReduceScatter's flat buffers and gloo's copy, whose mapped part adds to the heap the
+      backward left resident — where SPEC's ZeRO-2 charges ``W·sb/Pd``;
     * a ZeRO-3 trainer (``Pd > 1``) registers only its shards, which are the masters: ``P`` is
-      SPEC's state ``12·W/Pd`` alone, and training adds SPEC's stage-3 transient
-      (:func:`~rpeg.costmodel.memory.zero_state_bytes`: weight and gradient shards, the gathered
-      root and two layers) to the activations; gathering the stage for a publication, snapshot
-      or checkpoint holds ``W·sb`` at once;
+      SPEC's state ``12·W/Pd`` alone; training holds the gathered root and two layers, the
+      gradients (full and unsharded while the update's microbatches accumulate them) and one
+      unit's ReduceScatter (:func:`training_transient_bytes`); gathering the stage for a
+      publication, snapshot or checkpoint holds ``W·sb`` at once;
     * inference: ``μ`` times the forward activations at ``ℓ`` of the node's sequences
       (:func:`node_sequences`: a phase node holds its phase's sequences only);
     * generation on the torch engine: ``μ`` times the prefill's activations, and the KV cache; on a vLLM
@@ -311,7 +440,6 @@ def predicted_memory(
         inference_activation_bytes,
         kv_cache_bytes,
         model_params,
-        training_activation_bytes,
         training_state_bytes,
         weight_shard_params,
         zero_state_bytes,
@@ -351,10 +479,7 @@ def predicted_memory(
         for name in g.vertices:
             role = roles[name]
             if role is Role.TRAINING:
-                grads = w * sb * (2.0 if g.dp > 1 else 1.0)
-                if zero3 is not None:  # shards of weights and gradients, the gathered units
-                    grads = zero3.transient
-                a = training_activation_bytes(spec, lay, sequences=n, tokens=lp + lr) + grads
+                a = training_transient_bytes(spec, lay, sequences=n, tokens=lp + lr, head=g.head)
             elif role is Role.INFERENCE:
                 a = mu * inference_activation_bytes(
                     spec, lay, sequences=per_node[name], tokens=lp + lr, head=g.head

@@ -132,13 +132,20 @@ def test_predicted_memory_lays_the_cost_models_terms_out_as_the_runtime_holds_th
     train = training_activation_bytes(critic, lay(g[3]), sequences=n, tokens=lp + lr) + 4 * w3
     inf = inference_activation_bytes(critic, lay(g[3]), sequences=n, tokens=lp + lr, head=Head.SCALAR)
     assert torch_run["g3/r0"] == pytest.approx(4 * w3 + 8 * w3 + max(train, inf))
-    # g4: actor training, DP 2 (FSDP2) — full parameters, master and moment shards (12·W/Pd), two
-    # full gradient copies (the gradients and FSDP2's ReduceScatter buffer)
-    train = training_activation_bytes(spec, lay(g[4]), sequences=n, tokens=lp + lr) + 2 * 4 * w1
+    # g4: actor training, DP 2 (FSDP2) — full parameters, master and moment shards (12·W/Pd);
+    # the backward's activations (full recomputation: SPEC's), float32 logits and their gradient,
+    # and the gradients, or the ReduceScatter's input, output and gloo's copy (2G + G/Pd; this
+    # model's buffers are far below 32 MiB: heap blocks, so the larger of the two phases)
+    b_mb = n / (g[4].dp * g[4].mb)
+    logits = 2 * 4 * b_mb * (lp + lr) * spec.vocab
+    grads = 4 * w1
+    act = training_activation_bytes(spec, lay(g[4]), sequences=n, tokens=lp + lr) + logits
+    train = max(act + grads, 2 * grads + grads / 2)
     for r in (0, 1):
         assert torch_run[f"g4/r{r}"] == pytest.approx(4 * w1 + 12 * w1 / 2 + train)
     # the same trainer at ZeRO stage 3: its shards are the masters (12·W/Pd, nothing full kept);
-    # training holds the weight and gradient shards and the gathered root and two layers
+    # training holds the gathered root and two layers, the gradient shards (one microbatch: each
+    # unit reduced as it is made) and one unit's ReduceScatter less its freed gradients
     from rpeg.costmodel.memory import zero_state_bytes
     from rpeg.ir.types import Role
 
@@ -146,9 +153,78 @@ def test_predicted_memory_lays_the_cost_models_terms_out_as_the_runtime_holds_th
     lay3 = Layout(Strategy((1, 1, 2), 2, 1, 1, g[4].mb, recompute=g[4].recompute_run, zero=3))
     z3 = zero_state_bytes(spec, Role.TRAINING, lay3, Head.LM)
     assert z3.persistent == pytest.approx(12 * w1 / 2)
-    train3 = training_activation_bytes(spec, lay3, sequences=n, tokens=lp + lr) + z3.transient
+    layer = spec.layer_params
+    root = w1 - spec.layers * layer
+    unit = 4 * max(layer, root)
+    train3 = act + 4 * (2 * layer + root) + grads / 2 + 1.5 * unit
     assert predicted_memory(sharded)["g4/r0"] == pytest.approx(12 * w1 / 2 + max(train3, 4 * w1))
     assert predicted_memory(sharded)["g4/r0"] < torch_run["g4/r0"]
+
+
+def test_training_memory_is_what_the_torch_engine_and_fsdp2_on_gloo_hold():
+    """The fidelity benchmark's 8 × 512 Llama trainer (float32, measured 2026-12-03, docs/runtime.md
+    "Memory per worker"): one 256-token sequence keeps 73.70 MiB for its backward where SPEC's
+    ``a`` counts 64 (the unfused RMSNorm's ``x̂`` and ``rsqrt``, the flash kernel's log-sum-exp;
+    no ``ℓ²`` buffer); FSDP2 on gloo holds ``2G + G/Pd`` during the ReduceScatter, buffers of
+    32 MiB and more mapped on top of the heap the backward left resident; ZeRO-3 with several
+    microbatches accumulates the full unsharded gradients. The runtime layout's former count
+    (SPEC's activations + ``2G``) was 424 MiB for the gradient-accumulation critic (measured
+    live 406, private 631–683) and 284 for the ZeRO-3 one (live 307)."""
+    from dataclasses import replace
+
+    from rpeg.costmodel.layout import Layout
+    from rpeg.costmodel.memory import stored_activation_width, weight_shard_params
+    from rpeg.ir.plan import Strategy
+    from rpeg.ir.types import Head
+    from rpeg.runtime.fidelity import GLIBC_MMAP_THRESHOLD_MAX
+    from rpeg.runtime.model import scale_spec
+    from rpeg.runtime.report import (
+        runtime_activation_width,
+        runtime_training_activation_bytes,
+        training_transient_bytes,
+    )
+    from tests.runtime.plans import TOY
+
+    spec = replace(scale_spec(TOY, "medium", vocab=16), dtype_bytes=4)
+    d, dff, h, hd = spec.hidden, spec.ffn_hidden, spec.heads, spec.head_dim
+    assert (d, dff, h, spec.layers) == (512, 1024, 8, 8)
+    assert stored_activation_width(spec, 1) == 8 * d + 4 * dff == 8192
+    assert runtime_activation_width(spec, 1) == 10 * d + 4 * dff + h + 2 == 9226
+
+    def lay(dp: int, mb: int, zero: int = 2) -> Layout:
+        return Layout(Strategy((1, 1, dp), dp, 1, 1, mb, recompute="none", zero=zero))
+
+    def act(layout: Layout, n: int, tokens: int = 256, head: Head = Head.SCALAR) -> float:
+        return runtime_training_activation_bytes(spec, layout, sequences=n, tokens=tokens, head=head)
+
+    one = act(lay(2, 4), 8)  # b = 1 sequence per microbatch
+    assert one == 4 * 256 * (8 * 9226 + 2 * hd + 3 * d + 1)
+    assert one / 2**20 == pytest.approx(73.70, abs=0.01)
+    assert act(lay(2, 4), 8, tokens=512) == 2 * one  # no ℓ² buffer
+    assert act(lay(2, 4), 8, head=Head.LM) - one == 2 * 4 * 256 * spec.vocab  # float32 logits + grad
+
+    g = 4 * weight_shard_params(spec, 1, 1, Head.SCALAR)
+    assert g > GLIBC_MMAP_THRESHOLD_MAX  # 80 MiB: FSDP2's flat buffers are mapped afresh
+
+    def transient(layout: Layout, n: int) -> float:
+        return training_transient_bytes(spec, layout, sequences=n, tokens=256, head=Head.SCALAR)
+
+    assert transient(lay(1, 4), 4) == pytest.approx(one + g)  # plain Adam
+    # ZeRO-2: input G, output G/2 and gloo's copy G, all mapped, on top of A + G
+    assert transient(lay(2, 4), 8) == pytest.approx(one + g + 2.5 * g)
+    assert (12 * g / 4 / 2 + g + transient(lay(2, 4), 8)) / 2**20 == pytest.approx(554, abs=1)
+    # ZeRO-3, 4 microbatches: full unsharded gradients; one microbatch: their shards
+    layer = 4 * spec.layer_params
+    root = g - 8 * layer
+    gathered = 2 * layer + root
+    assert transient(lay(2, 4, zero=3), 8) == pytest.approx(one + gathered + g + 1.5 * layer)
+    assert transient(lay(2, 1, zero=3), 2) == pytest.approx(one + gathered + g / 2 + 1.5 * layer)
+    # a model whose buffers stay under 32 MiB: heap blocks, the phases do not add
+    tiny = replace(scale_spec(TOY, "tiny", vocab=16), dtype_bytes=4)
+    gt = 4 * weight_shard_params(tiny, 1, 1, Head.SCALAR)
+    at = runtime_training_activation_bytes(tiny, lay(2, 4), sequences=8, tokens=256, head=Head.SCALAR)
+    small = training_transient_bytes(tiny, lay(2, 4), sequences=8, tokens=256, head=Head.SCALAR)
+    assert small == pytest.approx(max(at + gt, 2.5 * gt))
 
 
 def test_forward_factor_scales_only_no_grad_forward_activations(small_binding):
