@@ -125,3 +125,30 @@ def test_a_run_shape_gives_every_update_equal_pipelined_microbatches():
     with pytest.raises(ValueError, match=r"4 sequences is fewer than the plan's largest U·Pd·⌈mb/U⌉ = 8"):
         bind(result, expected_graph(result, 1), 1, batch=1)
     assert bind(result, expected_graph(result, 1), 1).shape.sequences == 32  # the default batch
+
+
+@pytest.mark.parametrize("vertex", ["actor_gen", "ref_inf", "actor_train"])
+def test_host_offload_is_refused_naming_the_vertex_and_the_switch(vertex):
+    """SPEC §14.4: a CPU worker's device memory is host memory and the vLLM CPU build has no
+    sleep mode, so any vertex that offloads is refused; ``host_offload=False`` plans without."""
+    w = _grpo(reward="rule")
+    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2)
+    table = {
+        "actor_gen": (*WHOLE, 2, 1, 1, 1, None, {}),
+        "ref_inf": (*WHOLE, 2, 1, 1, 1, None, {}),
+        "actor_train": (*WHOLE, 2, 1, 1, 1, "full", {}),
+    }
+    table[vertex] = (*table[vertex][:7], {"offload": True})
+    plan = result_for_plan(w, cluster, Structure.synchronous(w), table)
+    why = "no sleep mode" if vertex == "actor_gen" else "device memory is host memory"
+    with pytest.raises(ValueError, match=rf"vertex '{vertex}': host offload .* {why}.*host_offload=False"):
+        check_engine_choices(plan)
+    planned = solve(
+        w,
+        Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2, host_offload=False),
+        "sa",
+        max_evaluations=200,
+        seed=0,
+    )
+    assert not any(c.strategy.offload for c in planned.plan.choices)
+    check_engine_choices(planned)
