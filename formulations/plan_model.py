@@ -484,7 +484,9 @@ def candidate_sets(
     :meth:`~rpeg.scoring.candidates.Directory.fastest_layouts`) at every aligned origin, plus the
     strategies the plans ``everywhere`` use, at every aligned origin too (SA's ``candidates=k``
     restriction, :func:`~rpeg.heuristics.search.anneal.restrict`, keeps the concurrent and greedy
-    baselines' strategies so), plus the choices of ``include`` (a warm start) when given."""
+    baselines' strategies so), plus the choices of ``include`` (a warm start) when given. Host
+    offload candidates are left out when no plan over the sets could need them to fit
+    (:func:`_offload_can_matter`), unless ``everywhere`` or ``include`` uses them."""
     out = []
     for v, d in enumerate(dirs):
         chosen: list[Choice] = []
@@ -500,7 +502,33 @@ def candidate_sets(
         if include is not None and include.choices[v] not in seen:
             chosen.append(include.choices[v])
         out.append(chosen)
+    if not _offload_can_matter(ev, out):
+        kept = [
+            {plan.choices[v] for plan in (*everywhere, *([include] if include else []))}
+            for v in range(len(out))
+        ]
+        out = [[c for c in row if not c.strategy.offload or c in kept[v]] for v, row in enumerate(out)]
     return out
+
+
+def _offload_can_matter(ev: Evaluator, cands: list[list[Choice]]) -> bool:
+    """Whether some plan over ``cands`` could need host offload (SPEC §14.4) to fit: ``False``
+    when even every vertex resident on one device fits, ``Σ_v max_c P(v, c) + max_v max_c
+    T(v, c) ≤ M_eff`` with ``P`` a trainer's ``12·N_s/Pd`` or a serving copy and ``T`` the
+    transient with the weights a serving vertex may materialise, each of an offloading
+    candidate taken as its resident twin. That sum bounds every device's peak of every plan
+    (a copy shared by vertices of one model is counted once per vertex), so an offloading
+    candidate then only adds its transfers: the exact models drop it."""
+    costs = ev.costs
+    persistent = transient = 0.0
+    for v, row in enumerate(cands):
+        if not row:
+            continue
+        trains = ev.graph.vertices[v].role is Role.TRAINING
+        mems = [costs.memory(v, c.strategy.variant(offload=False)) for c in row]
+        persistent += max(m.train_state if trains else m.weights for m in mems)
+        transient = max(transient, *(m.transient + (0.0 if trains else m.weights) for m in mems))
+    return persistent + transient > ev.cluster.hardware.m_eff
 
 
 def trainer_of(ev: Evaluator) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """Evaluate a configuration ``C = (G°(y), P)``: unroll, lower, cost, schedule, score (SPEC §5–§7).
 
-Score ``= Keval·B·R·(Lp+Lr)/MS`` tokens/s. Memory penalty
+Score ``= Keval·B·R·(Lp+Ē)/MS`` tokens/s (real tokens, SPEC §14.1). Memory penalty
 ``score·exp(−β_oom·max(0, max_d peak(d)/M_eff − 1))`` with ``β_oom = 40``. Optional utilisation
 objective: ``Util = Σ_d busy(d)/(|D|·MS)``; the objective is ``score·Util`` when ``score ≥ (1 − δ)``
 times the best raw score seen so far by this evaluator (``δ = 0.10``), else ``score·1e−12``.
@@ -12,7 +12,10 @@ Per-device memory (SPEC §6): ``peak(d) = Σ_m S(m, d) + max_{v on d} A(v, d)`` 
   that is not one of ``m``'s training devices (a shadow copy); a shared backbone once;
 * ``A(v, d)`` is the vertex's transient; a serving vertex of a trainable model on a device with
   no persistent copy of it (``τ = 0``, or a device that also trains ``m``) materialises its BF16
-  weights transiently, so they join ``A(v, d)`` (``docs/decisions.md``).
+  weights transiently, so they join ``A(v, d)`` (``docs/decisions.md``);
+* a vertex whose strategy offloads to the host (SPEC §14.4) contributes no ``S``: what would
+  persist is in its ``A(v, d)`` (:class:`~rpeg.scoring.costs.VertexMemory`), so a device whose
+  vertices all offload peaks at its largest phase.
 """
 
 from __future__ import annotations

@@ -159,3 +159,23 @@ def test_host_bandwidth_is_read_with_its_default_and_checked():
     d["host_bandwidth"] = -1
     with pytest.raises(InputError, match="host_bandwidth"):
         Hardware.from_dict(d, source="hw.json")
+
+
+def test_the_exact_models_leave_offload_out_where_no_plan_needs_it():
+    # 16 GH200 and the 2 fastest layouts per invocation: every vertex resident on one device
+    # fits, so an offloading candidate only adds transfers (formulations.plan_model)
+    from rpeg.formulations.plan_model import _offload_can_matter, candidate_sets
+
+    roomy = Evaluator(
+        tiny_ppo_workload(batch=256), Cluster.from_shape("1x4x4", hardware_preset("gh200")), k_eval=2
+    )
+    dirs = build_directories(roomy.costs)
+    assert any(s.offload for d in dirs for s in d.strategies)  # listed, then left out
+    cands = candidate_sets(roomy, dirs, 2)
+    assert cands and not any(c.strategy.offload for row in cands for c in row)
+    assert not _offload_can_matter(roomy, cands)
+    # a warm start that offloads keeps its choice
+    first = [next(i for i, s in enumerate(d.strategies) if s.offload) for d in dirs]
+    warm = Plan(tuple(d.choices(roomy.cluster, i)[0] for d, i in zip(dirs, first)))
+    kept = candidate_sets(roomy, dirs, 2, include=warm)
+    assert all(warm.choices[v] in row for v, row in enumerate(kept))
