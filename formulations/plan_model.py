@@ -525,7 +525,7 @@ def _offload_can_matter(ev: Evaluator, cands: list[list[Choice]]) -> bool:
         if not row:
             continue
         trains = ev.graph.vertices[v].role is Role.TRAINING
-        mems = [costs.memory(v, c.strategy.variant(offload=False)) for c in row]
+        mems = [costs.memory(v, costs.resident(c.strategy)) for c in row]
         persistent += max(m.train_state if trains else m.weights for m in mems)
         transient = max(transient, *(m.transient + (0.0 if trains else m.weights) for m in mems))
     return persistent + transient > ev.cluster.hardware.m_eff

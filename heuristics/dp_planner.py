@@ -425,7 +425,9 @@ def build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int
         vert = g.vertices[v]
         ss = [
             s
-            for s in enumerate_strategies(costs.cluster, g.models[vert.model].spec, vert.sequences, vert.role)
+            for s in enumerate_strategies(
+                costs.cluster, g.models[vert.model].spec, vert.sequences, vert.role, offload=False
+            )
             if s.size in allowed
         ]
         if legal is None:
@@ -449,23 +451,28 @@ def build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int
     raw: list[FrontierPoint] = []
     leanest = math.inf
     dropped_memory = 0
-    for s in legal:
-        if not all(costs.runnable(v, s) for v in ms.vertices):  # an engine that cannot start
-            continue
-        p = t = 0.0
-        lat = 0.0
+
+    def point_of(s: Strategy) -> FrontierPoint:
+        p = t = lat = 0.0
         for v in ms.vertices:
             pv, tv = _memory_terms(costs, v, s)
             p, t = max(p, pv), max(t, tv)
             lat += costs.op_time(v, s)
-        point = FrontierPoint(
+        return FrontierPoint(
             s, round(lat / LAT_UNIT), s.size, math.ceil(p / MEM_UNIT), math.ceil(t / MEM_UNIT)
         )
-        leanest = min(leanest, point.footprint)
-        if point.footprint > m_eff:
-            dropped_memory += 1
+
+    for s in legal:
+        if not all(costs.runnable(v, s) for v in ms.vertices):  # an engine that cannot start
             continue
-        raw.append(point)
+        # with its host-offload twin (SPEC §14.4), as legal and runnable as ``s``
+        twins = (s, s.variant(offload=True)) if costs.cluster.host_offload else (s,)
+        for point in map(point_of, twins):
+            leanest = min(leanest, point.footprint)
+            if point.footprint > m_eff:
+                dropped_memory += 1
+                continue
+            raw.append(point)
     # Pareto filter: sort so that a dominating point always comes first, then sweep
     raw.sort(key=lambda q: (q.gpus, q.latency, q.persistent, q.transient))
     kept: list[FrontierPoint] = []

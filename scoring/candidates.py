@@ -144,7 +144,12 @@ def recompute_modes(role: Role | None) -> tuple[Recompute, ...]:
 
 
 def enumerate_strategies(
-    cluster: Cluster, model: ModelSpec | int, sequences: int, role: Role | None = None
+    cluster: Cluster,
+    model: ModelSpec | int,
+    sequences: int,
+    role: Role | None = None,
+    *,
+    offload: bool | None = None,
 ) -> list[Strategy]:
     """All strategies passing P1–P8, H1–H2 and Z1–Z2 for ``model`` and ``sequences`` = B·R,
     each layout with its engine choices (:func:`engine_variants`: recomputation, ZeRO stage,
@@ -169,8 +174,11 @@ def enumerate_strategies(
     role
         The invocation's role (its engine, :data:`~rpeg.ir.plan.ENGINES`); ``None`` applies the
         stricter Megatron-core head rules.
+    offload
+        Whether to list the host-offload variants too (default ``cluster.host_offload``).
     """
     spec = _as_model(cluster, model)
+    offload = cluster.host_offload if offload is None else offload
     max_fraction = cluster.hardware.kv_memory_fraction
     Ng = cluster.gpus_per_node
     tps = [t for t in _divisors(Ng) if check_heads(spec, role, t) is None]
@@ -192,7 +200,7 @@ def enumerate_strategies(
                         base = make_strategy(cluster, extent, dp, pp, tp, mb)
                         out.extend(
                             s
-                            for s in engine_variants(base, role, max_fraction, cluster.host_offload)
+                            for s in engine_variants(base, role, max_fraction, offload)
                             if cluster.max_zero_stage is None or s.zero <= cluster.max_zero_stage
                         )
     return out
@@ -393,6 +401,15 @@ def build_directories(costs: Costs) -> list[Directory]:
     or listed first: it can never be the better pick); and sorts the rest by the unsplit OP time
     of the cost model. A slower variant that needs less memory is kept: whether it is needed
     depends on what else shares the devices.
+
+    Host-offload variants (``cluster.host_offload``, SPEC §14.4) are not enumerated and
+    filtered like the rest: each is its resident twin with ``S`` bytes moved from persistent
+    to transient memory and ``2·S/BW_host`` of transfers, ``S`` fixed by the twin's degrees and
+    ZeRO stage. So its isolated footprint and runnability are the twin's, and within one
+    group it is dominated exactly when its twin is: the directory lists the offloading twin of
+    every resident variant it keeps (``dropped`` and ``dominated`` count both): what enumerating
+    both and filtering would keep, but for ties the rounding of the shifted sums could decide,
+    for half the work.
     """
     cluster = costs.cluster
     m_eff = cluster.hardware.m_eff
@@ -404,7 +421,7 @@ def build_directories(costs: Costs) -> list[Directory]:
         # inference and training share an engine but not the recomputation modes
         key = (spec.layers, spec.heads, spec.kv_heads, engine, v.sequences, v.role is Role.TRAINING)
         if key not in by_shape:
-            by_shape[key] = enumerate_strategies(cluster, spec, v.sequences, v.role)
+            by_shape[key] = enumerate_strategies(cluster, spec, v.sequences, v.role, offload=False)
         kept: list[tuple[float, int, Strategy]] = []
         smallest = float("inf")
         dropped = 0
@@ -416,7 +433,11 @@ def build_directories(costs: Costs) -> list[Directory]:
                 continue
             kept.append((costs.op_time(vi, s), j, s))
         kept, dominated = _undominated_modes(costs, vi, kept)
-        kept.sort(key=lambda x: (x[0], x[1]))
+        if cluster.host_offload:
+            dropped, dominated = 2 * dropped, 2 * dominated
+            twins = [(j, s.variant(offload=True)) for _, j, s in kept]
+            kept += [(costs.op_time(vi, s), j, s) for j, s in twins]
+        kept.sort(key=lambda x: (x[0], x[1], x[2].offload))
         out.append(
             Directory(vi, [s for _, _, s in kept], [t for t, _, _ in kept], dropped, smallest, dominated)
         )

@@ -92,6 +92,7 @@ class Costs:
         self._comm: dict[tuple, float] = {}
         self._reshard: dict[tuple, float] = {}
         self._layout: dict[Strategy, Layout] = {}
+        self._resident: dict[Strategy, Strategy] = {}
         self._specs = [graph.models[v.model].spec for v in graph.vertices]
         self._model_heads = [graph.models[v.model].head for v in graph.vertices]
         self._buckets = workload.buckets
@@ -104,6 +105,16 @@ class Costs:
             lay = Layout(s, self.cluster.gpus_per_node)
             self._layout[s] = lay
         return lay
+
+    def resident(self, s: Strategy) -> Strategy:
+        """``s`` without host offload (``s`` itself when it does not offload; cached: a
+        directory asks for the twin of each offloading variant three times)."""
+        if not s.offload:
+            return s
+        twin = self._resident.get(s)
+        if twin is None:
+            twin = self._resident[s] = s.variant(offload=False)
+        return twin
 
     # ------------------------------------------------------------------ times
     def op_phases(self, vertex: int, choice: Choice, split: bool) -> tuple[float, ...]:
@@ -136,7 +147,7 @@ class Costs:
         offload (SPEC §14.4) the first node also loads the offloaded state and the last one
         offloads it again (:func:`~rpeg.costmodel.time.host_offload_time`)."""
         if s.offload:
-            phases = list(self.phases(vertex, s.variant(offload=False), split))
+            phases = list(self.phases(vertex, self.resident(s), split))
             load, offload = host_offload_time(self.offloaded_bytes(vertex, s), self.hw)
             phases[0] += load
             phases[-1] += offload
@@ -234,7 +245,7 @@ class Costs:
         pass's resident weights (0 when ``s`` does not offload)."""
         if not s.offload:
             return 0.0
-        kept = self.memory(vertex, s.variant(offload=False))
+        kept = self.memory(vertex, self.resident(s))
         return kept.train_state if self.graph.vertices[vertex].role is Role.TRAINING else kept.weights
 
     def memory(self, vertex: int, s: Strategy) -> VertexMemory:
@@ -243,7 +254,7 @@ class Costs:
         key = (vertex, s)
         hit = self._mem.get(key)
         if hit is None and s.offload:
-            kept = self.memory(vertex, s.variant(offload=False))
+            kept = self.memory(vertex, self.resident(s))
             moved = self.offloaded_bytes(vertex, s)
             if self.graph.vertices[vertex].role is Role.TRAINING:
                 hit = VertexMemory(kept.transient + moved, kept.weights, 0.0, True)

@@ -282,7 +282,13 @@ def _budget_note(search: Anneal, outcome: Outcome) -> str:
         f"{budget.evaluations} evaluations" if budget.evaluations is not None else "",
     ]
     limit = " or ".join(x for x in limits if x)
+    searched = f"{len(search.spaces)} structures"
+    if search.skipped:
+        searched = (
+            f"{len(search.spaces)} of {len(search.spaces) + search.skipped} structures (the time "
+            "limit ran out while preparing the rest)"
+        )
     return (
-        f"searched {len(search.spaces)} structures within a budget of {limit}: "
+        f"searched {searched} within a budget of {limit}: "
         f"{budget.elapsed():.1f} s, {outcome.evaluations} evaluations"
     )
