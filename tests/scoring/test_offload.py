@@ -179,3 +179,28 @@ def test_the_exact_models_leave_offload_out_where_no_plan_needs_it():
     warm = Plan(tuple(d.choices(roomy.cluster, i)[0] for d, i in zip(dirs, first)))
     kept = candidate_sets(roomy, dirs, 2, include=warm)
     assert all(warm.choices[v] in row for v, row in enumerate(kept))
+
+
+def test_directories_list_what_filtering_every_offload_variant_would(tight, ev, dirs):
+    """``build_directories`` adds the offloading twin of each resident variant it keeps instead
+    of enumerating, filtering and comparing the offload variants too (``docs/cost-model.md`` §4,
+    "Pruning"): on the tight instance, the same strategies in the same order with the same times
+    as the full enumeration, and the same counts of dropped and dominated variants."""
+    from rpeg.scoring.candidates import _undominated_modes
+
+    m_eff = ev.cluster.hardware.m_eff
+    assert any(s.offload for d in dirs for s in d.strategies)
+    for d in dirs:
+        v = ev.graph.vertices[d.vertex]
+        listed = enumerate_strategies(ev.cluster, ev.graph.models[v.model].spec, v.sequences, v.role)
+        assert any(s.offload for s in listed)
+        fits = [
+            (ev.costs.op_time(d.vertex, s), j, s)
+            for j, s in enumerate(listed)
+            if ev.costs.memory(d.vertex, s).isolated <= m_eff and ev.costs.runnable(d.vertex, s)
+        ]
+        kept, dominated = _undominated_modes(ev.costs, d.vertex, fits)
+        kept.sort(key=lambda x: (x[0], x[1]))
+        assert d.strategies == [s for _, _, s in kept]
+        assert d.times == [t for t, _, _ in kept]
+        assert (d.dropped, d.dominated) == (len(listed) - len(fits), dominated)
