@@ -416,7 +416,9 @@ def build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int
     vertex of the model-stage and its size is in ``sizes``. Its latency is ``Σ_v op_time(v, s)``
     (the vertices run one after another on the same GPUs), ``P = max_v P_v`` and
     ``T = max_v T_v``. Without any legal strategy, :attr:`Frontier.why_illegal` says which rules
-    excluded the candidates.
+    excluded the candidates. Host-offload variants (SPEC §14.4) are each resident layout's twin,
+    as legal and runnable as it: the resident layouts are enumerated and each is scored with its
+    twin (as :func:`~rpeg.scoring.candidates.build_directories` lists them).
     """
     g = costs.graph
     allowed = set(sizes)
@@ -485,7 +487,14 @@ def build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int
     first = g.vertices[ms.vertices[0]]
     excluded = tuple(head_exclusions(costs.cluster, g.models[first.model].spec, first.role))
     return Frontier(
-        ms, kept, len(legal), dropped_memory, len(raw) - len(kept), leanest, why_illegal, excluded
+        ms,
+        kept,
+        len(legal) * (2 if costs.cluster.host_offload else 1),  # with the offload twins
+        dropped_memory,
+        len(raw) - len(kept),
+        leanest,
+        why_illegal,
+        excluded,
     )
 
 
