@@ -1,0 +1,467 @@
+"""GPU check: rpeg's H200 figures and its training and log-prob predictions against one GPU.
+
+Two halves, because the GPU machine has torch and transformers but not rpeg's solvers:
+
+``measure`` (on the GPU machine; ``--device cpu --tiny`` runs the same code on a CPU in seconds,
+which is what the test suite does)
+    1. :func:`rpeg.runtime.measure.calibrate` on ``cuda`` (GEMM sweep, HBM copy, one layer's
+       non-GEMM work; collectives need two GPUs and are skipped on one) with the ``h200`` preset
+       as its base: the calibrated figures beside the preset's.
+    2. Qwen2.5-7B (rpeg's preset shape, transformers' ``Qwen2ForCausalLM``, BF16 weights, SDPA
+       attention, random weights) on one GPU: a training pass (forward, float32 log-softmax of
+       the tokens as the runtime computes it, backward) with and without per-layer activation
+       checkpointing (HF gradient checkpointing = rpeg's ``full`` / ``none`` recomputation), and a
+       log-prob pass (forward under ``no_grad``), at several microbatch shapes ``b × ℓ``. Per
+       shape: the median of three timed passes after a warm-up, and the peak memory above the
+       resident weights (``torch.cuda.max_memory_allocated`` minus the allocated bytes before the
+       pass; training's includes the BF16 gradients it creates).
+    3. A fused AdamW step over ``N`` float32 parameters: seconds per parameter.
+    4. (GPU only) The Megatron-core engine's training step (:func:`~rpeg.runtime.engines.
+       megatron_engine.train_step`, never run before: it needs CUDA): a small Llama built from
+       Hugging Face weights converted by ``hf_to_megatron``, its token log-probabilities against
+       the Hugging Face model's on the same GPU, then six steps of Adam on one batch of two
+       microbatches (the loss must fall).
+
+``report`` (here)
+    rpeg's predictions for each measured row on the ``h200`` preset and on the calibrated
+    figures, side by side with the measurements; writes the ``gpu-check`` section of
+    ``benchmarks/RESULTS.md``.
+
+Prediction terms compared (``docs/cost-model.md`` §1, §4): time ``op_time(...).total`` with
+``Strategy(dp = pp = tp = mb = 1)`` and ``tokens = ℓ``; training memory
+``training_activation_bytes + logits_bytes + 2·N_m`` (the BF16 gradients), log-prob memory
+``sb·T·max(2d + 6d/Pt, 2d + 2dff/Pt) + logits_bytes`` (``transient_bytes`` of the inference role
+without the ZeRO state); optimizer ``18·N/BW_mem``.
+
+What this does not measure: vLLM (no wheel for the GPU machine fits the 64 MiB it can be sent,
+and it cannot download), so no decode sweep; collectives (one GPU). Megatron-core is not on the
+GPU machine's image: it travels as its wheel, and ``--megatron`` runs stage 4.
+
+Run::
+
+    python benchmarks/gpu_check.py measure --out DIR             # on the GPU machine
+    python benchmarks/gpu_check.py report DIR/gpu_measured.json  # here
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+#: Microbatch shapes ``(b, ℓ)`` measured per pass kind on the GPU (Qwen2.5-7B).
+GPU_ROWS: dict[str, list[tuple[int, int]]] = {
+    "train-none": [(1, 4096), (2, 4096), (4, 2048), (1, 8192), (1, 16384)],
+    "train-full": [(1, 8192), (4, 8192), (1, 16384), (1, 32768)],
+    "logprob": [(1, 8192), (8, 4096), (4, 8192), (1, 32768)],
+}
+#: The same on a CPU with a tiny model (the suite's smoke run of this script).
+TINY_ROWS: dict[str, list[tuple[int, int]]] = {
+    "train-none": [(1, 32), (2, 16)],
+    "train-full": [(1, 32)],
+    "logprob": [(2, 32)],
+}
+GPU_MODEL = "qwen2.5-7b"
+ADAM_PARAMS_GPU = 1 << 30
+ADAM_PARAMS_TINY = 1 << 16
+
+
+def _tiny_spec() -> Any:
+    from rpeg.ir.models import ModelSpec
+
+    return ModelSpec(
+        "tiny-qwen2", layers=2, hidden=64, ffn_hidden=128, vocab=512, heads=4, kv_heads=2, family="qwen2"
+    )
+
+
+# --------------------------------------------------------------------------------------- measure
+def _sync(torch: Any, device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _mem(torch: Any, device: str) -> tuple[int, int]:
+    """(allocated, peak allocated) bytes; (0, 0) on CPU, where torch keeps no such counters."""
+    if device != "cuda":
+        return 0, 0
+    return torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+
+
+def _one_pass(torch: Any, model: Any, kind: str, b: int, ell: int, device: str, seed: int) -> dict[str, Any]:
+    """Time one pass kind at ``b × ℓ`` (median of three after a warm-up) and take its peak memory."""
+    from rpeg.runtime.model import token_logprobs
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (b, ell), generator=g).to(device)
+    training = kind.startswith("train")
+    if training:
+        model.train()
+        if kind == "train-full":
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_disable()
+    else:
+        model.eval()
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        if training:
+            logits = model(input_ids=ids, use_cache=False).logits
+            loss = -token_logprobs(logits[:, :-1], ids[:, 1:]).mean()
+            loss.backward()
+        else:
+            with torch.no_grad():
+                logits = model(input_ids=ids, use_cache=False).logits
+                token_logprobs(logits[:, :-1], ids[:, 1:])
+
+    row: dict[str, Any] = {"kind": kind, "b": b, "ell": ell}
+    try:
+        model.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        base, _ = _mem(torch, device)
+        step()  # warm-up, and the peak of a pass from a state without gradients
+        _sync(torch, device)
+        _, peak = _mem(torch, device)
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            step()
+            _sync(torch, device)
+            times.append(time.perf_counter() - t0)
+        row.update(seconds=statistics.median(times), times=times, peak_above_weights=peak - base)
+    except torch.OutOfMemoryError as exc:
+        row.update(oom=str(exc).splitlines()[0][:200])
+    finally:
+        model.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+def _adam(torch: Any, n: int, device: str) -> dict[str, Any]:
+    """Seconds of one fused AdamW step over ``n`` float32 parameters (64 tensors)."""
+    parts = 64
+    params = [torch.zeros(n // parts, device=device, requires_grad=True) for _ in range(parts)]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-6, fused=device == "cuda")
+    opt.step()  # creates the moments
+    _sync(torch, device)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        opt.step()
+        _sync(torch, device)
+        times.append(time.perf_counter() - t0)
+    return {"params": n, "seconds": statistics.median(times), "times": times}
+
+
+#: The Megatron stage's model: vocabulary a multiple of 128, so that Megatron pads nothing and its
+#: softmax is the Hugging Face model's.
+MEGATRON_SPEC = dict(
+    name="mcore-llama", layers=4, hidden=256, ffn_hidden=512, vocab=1024, heads=8, kv_heads=2
+)
+
+
+def _megatron(torch: Any, out: Path, seed: int) -> dict[str, Any]:
+    """Stage 4 (module docstring): converted weights' log-probs and six Adam steps of ``train_step``."""
+    import torch.distributed as dist
+
+    from rpeg.ir.models import ModelSpec
+    from rpeg.runtime.engines import megatron_engine as me
+    from rpeg.runtime.engines.hf_models import family_modules, hf_config
+    from rpeg.runtime.model import token_logprobs
+
+    spec = ModelSpec(**MEGATRON_SPEC)
+    store = dist.FileStore(tempfile.mkstemp(prefix="rpeg-mcore-store-")[1], 1)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1)
+    try:
+        me.initialize_parallel(1, 1)
+        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(seed)
+        torch.manual_seed(seed)
+        hf = family_modules(spec.family).ForCausalLM(hf_config(spec, max_positions=256)).float().cuda().eval()
+        config = me.transformer_config(spec, tp=1, pp=1, dp=1, microbatches=2)
+        model = me.build_gpt_model(spec, config, pre_process=True, post_process=True, max_sequence_length=256)
+        state = {k: v.detach().cpu() for k, v in hf.state_dict().items()}
+        model.load_state_dict(me.hf_to_megatron(state, spec, tp=1, t=0), strict=True)
+        model.cuda()
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        tokens = torch.randint(0, spec.vocab, (4, 65), generator=g)
+        inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        with torch.no_grad():
+            ref = token_logprobs(hf(input_ids=inputs.cuda(), use_cache=False).logits, labels.cuda())
+            model.eval()
+            pos = torch.arange(64, device="cuda").expand(4, 64)
+            mine = -model(inputs.cuda(), pos, None, labels=labels.cuda())
+        gap = float((mine.float() - ref).abs().max())
+        model.train()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        micro = [{"tokens": inputs[i : i + 2], "labels": labels[i : i + 2]} for i in (0, 2)]
+        losses = []
+        t0 = time.perf_counter()
+        for _ in range(6):
+            losses.append(me.train_step(model, opt, micro, seq_length=64, micro_batch_size=2))
+        torch.cuda.synchronize()
+        return {
+            "spec": MEGATRON_SPEC,
+            "logprob_gap_vs_hf": gap,
+            "mean_logprob_hf": float(ref.mean()),
+            "losses": losses,
+            "seconds_6_steps": time.perf_counter() - t0,
+        }
+    finally:
+        with contextlib.suppress(Exception):
+            me.destroy_parallel()
+        dist.destroy_process_group()
+
+
+def measure(out: Path, device: str, tiny: bool, seed: int = 0, megatron: bool = False) -> Path:
+    """Run the three stages (module docstring); write ``out/gpu_measured.json``; return its path."""
+    import torch
+    import transformers
+
+    from rpeg.ir.models import model_preset
+    from rpeg.runtime.engines.hf_models import family_modules, hf_config
+    from rpeg.runtime.measure import calibrate
+
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {
+        "device": device,
+        "tiny": tiny,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu",
+        "gpu_memory_bytes": torch.cuda.get_device_properties(0).total_memory if device == "cuda" else None,
+    }
+    t_start = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:7.1f} s] {msg}", flush=True)
+
+    log("calibrate")
+    try:
+        report = calibrate(device=device, base="h200" if device == "cuda" else "cpu", quick=tiny, seed=seed)
+        hw_path = out / "gpu_calibrated.json"
+        report.hardware.save(hw_path)
+        result["calibration"] = {"hardware": json.loads(hw_path.read_text()), "table": report.table()}
+        print(report.table(), flush=True)
+    except Exception as exc:  # record and go on: the passes below do not need it
+        result["calibration"] = {"error": f"{type(exc).__name__}: {exc}"}
+        log(f"calibration failed: {exc}")
+
+    spec = _tiny_spec() if tiny else model_preset(GPU_MODEL)
+    rows = TINY_ROWS if tiny else GPU_ROWS
+    longest = max(ell for shapes in rows.values() for _, ell in shapes)
+    config = hf_config(spec, max_positions=longest)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    config.dtype = str(dtype).removeprefix("torch.")
+    log(f"build {spec.name} ({dtype})")
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = family_modules(spec.family).ForCausalLM(config).to(dtype)
+    result["model"] = spec.name
+    result["model_params"] = sum(p.numel() for p in model.parameters())
+    result["rows"] = []
+    for kind, shapes in rows.items():
+        for b, ell in shapes:
+            row = _one_pass(torch, model, kind, b, ell, device, seed)
+            log(json.dumps({k: v for k, v in row.items() if k != "times"}))
+            result["rows"].append(row)
+            (out / "gpu_measured.json").write_text(json.dumps(result, indent=1))
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    log("AdamW")
+    try:
+        result["adam"] = _adam(torch, ADAM_PARAMS_TINY if tiny else ADAM_PARAMS_GPU, device)
+    except torch.OutOfMemoryError as exc:
+        result["adam"] = {"oom": str(exc).splitlines()[0][:200]}
+    log(json.dumps(result["adam"]))
+    if megatron:
+        log("Megatron-core train_step")
+        try:
+            result["megatron"] = _megatron(torch, out, seed)
+        except Exception as exc:  # record and finish: the other stages' figures stand
+            import traceback
+
+            result["megatron"] = {
+                "error": f"{type(exc).__name__}: {exc}",
+                "trace": traceback.format_exc()[-3000:],
+            }
+        log(json.dumps(result["megatron"])[:3000])
+    result["elapsed_s"] = time.perf_counter() - t_start
+    path = out / "gpu_measured.json"
+    path.write_text(json.dumps(result, indent=1))
+    return path
+
+
+# ---------------------------------------------------------------------------------------- report
+def predict(row: dict[str, Any], spec: Any, hw: Any) -> dict[str, float]:
+    """rpeg's time and memory for one measured row (module docstring's terms)."""
+    from rpeg.costmodel.layout import Layout
+    from rpeg.costmodel.memory import (
+        logits_bytes,
+        model_params,
+        training_activation_bytes,
+        transient_bytes,
+        zero_state_bytes,
+    )
+    from rpeg.costmodel.time import op_time
+    from rpeg.ir.plan import Strategy
+    from rpeg.ir.types import Role
+
+    b, ell, kind = row["b"], row["ell"], row["kind"]
+    role = Role.TRAINING if kind.startswith("train") else Role.INFERENCE
+    recompute = "full" if kind == "train-full" else "none"
+    layout = Layout(Strategy((1, 1, 1), dp=1, pp=1, tp=1, mb=1, recompute=recompute), gpus_per_node=1)
+    half = ell // 2
+    t = op_time(
+        spec,
+        role,
+        layout,
+        hw,
+        sequences=b,
+        prompt_len=half,
+        response_len=ell - half,
+        tokens=ell,
+        tokens_sq=float(ell * ell),
+    )
+    if role is Role.TRAINING:
+        act = training_activation_bytes(spec, layout, sequences=b, tokens=ell)
+        logits = logits_bytes(spec, role, layout, tokens=b * ell)
+        memory = act + logits + spec.dtype_bytes * model_params(spec)
+    else:
+        state = zero_state_bytes(spec, role, layout)
+        memory = transient_bytes(
+            spec, role, layout, sequences=b, prompt_len=half, response_len=ell - half, tokens=ell
+        )
+        memory -= state.transient
+        logits = logits_bytes(spec, role, layout, tokens=b * ell)
+        act = memory - logits
+    return {
+        "seconds": t.total,
+        "gemm": t.gemm,
+        "nongemm": t.nongemm,
+        "memory": memory,
+        "logits": logits,
+        "act": act,
+    }
+
+
+def report(measured_path: Path, write: bool = True) -> list[str]:
+    """Lines of the side-by-side comparison (and the RESULTS.md section when ``write``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _bench import write_section
+
+    from rpeg.costmodel import hardware_preset, load_hardware
+    from rpeg.ir.models import model_preset
+
+    data = json.loads(Path(measured_path).read_text())
+    spec = _tiny_spec() if data["tiny"] else model_preset(data["model"])
+    preset = hardware_preset("h200" if data["device"] == "cuda" else "cpu")
+    hws = {"preset": preset}
+    cal = data.get("calibration", {})
+    if "hardware" in cal:
+        hws["calibrated"] = load_hardware(Path(measured_path).with_name("gpu_calibrated.json"))
+    gib = 2.0**30
+    lines = [
+        f"Measured on {data['gpu']} ({(data['gpu_memory_bytes'] or 0) / gib:.0f} GiB), torch {data['torch']}, "
+        f"transformers {data['transformers']}, Python {data['python']}; model {data['model']} "
+        f"({data['model_params'] / 1e9:.2f}B parameters, {'BF16' if data['device'] == 'cuda' else 'FP32'}); "
+        f"the whole script took {data.get('elapsed_s', float('nan')):.0f} s.",
+        "",
+    ]
+    if "hardware" in cal:
+        hw_c = hws["calibrated"]
+        lines += [
+            f"Calibration (`rpeg.runtime.measure.calibrate(device={data['device']!r}, base={preset.name!r})`):",
+            "",
+            f"| figure | {preset.name} preset | calibrated | calibrated / preset |",
+            "|---|---:|---:|---:|",
+        ]
+        for name, unit, scale in (
+            ("peak_flops", "TFLOP/s", 1e12),
+            ("gamma_m", "rows", 1.0),
+            ("gamma_k", "", 1.0),
+            ("mem_bandwidth", "TB/s", 1e12),
+            ("c_nongemm", "ms", 1e-3),
+        ):
+            a, c = getattr(preset, name) / scale, getattr(hw_c, name) / scale
+            lines.append(f"| {name} ({unit}) | {a:.4g} | {c:.4g} | {c / a if a else float('nan'):.2f} |")
+        lines.append("")
+    elif cal:
+        lines += [f"Calibration failed: {cal.get('error')}", ""]
+    head = (
+        "| pass | b × ℓ | measured s | "
+        + " | ".join(f"{k} s | {k} / measured" for k in hws)
+        + " | measured GiB above weights | rpeg GiB (act + logits [+ grads]) | rpeg / measured |"
+    )
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    for row in data["rows"]:
+        shape = f"{row['b']} × {row['ell']}"
+        preds = {k: predict(row, spec, hw) for k, hw in hws.items()}
+        mem = preds["preset"]
+        if "oom" in row:
+            cells = " | ".join("— | —" for _ in hws)
+            lines.append(
+                f"| {row['kind']} | {shape} | out of memory | {cells} | — | {mem['memory'] / gib:.1f} | — |"
+            )
+            continue
+        cells = " | ".join(
+            f"{p['seconds']:.3g} | {p['seconds'] / row['seconds']:.2f}" for p in preds.values()
+        )
+        measured_mem = row["peak_above_weights"]
+        ratio = f"{mem['memory'] / measured_mem:.2f}" if measured_mem else "—"
+        lines.append(
+            f"| {row['kind']} | {shape} | {row['seconds']:.3g} | {cells} | {measured_mem / gib:.1f} | "
+            f"{mem['memory'] / gib:.1f} ({mem['act'] / gib:.1f} + {mem['logits'] / gib:.1f}) | {ratio} |"
+        )
+    adam = data.get("adam", {})
+    if "seconds" in adam:
+        lines += [""]
+        for k, hw in hws.items():
+            pred = 18.0 * adam["params"] / hw.mem_bandwidth
+            lines.append(
+                f"AdamW (fused, {adam['params'] / 1e9:.2f}B float32 parameters): measured {adam['seconds']:.4f} s; "
+                f"rpeg `18·N/BW_mem` on the {k} figures {pred:.4f} s ({pred / adam['seconds']:.2f} × measured)."
+            )
+    print("\n".join(lines))
+    if write:
+        write_section("gpu-check", lines)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure", help="run the measurements (GPU machine)")
+    m.add_argument("--out", type=Path, required=True)
+    m.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    m.add_argument("--tiny", action="store_true", help="a tiny model and quick calibration (CPU smoke run)")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--megatron", action="store_true", help="also run the Megatron-core stage (CUDA)")
+    r = sub.add_parser("report", help="predictions beside a measurement file (here)")
+    r.add_argument("measured", type=Path)
+    r.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = parser.parse_args(argv)
+    if args.cmd == "measure":
+        print(measure(args.out, args.device, args.tiny, args.seed, args.megatron))
+    else:
+        report(args.measured, write=not args.no_write)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

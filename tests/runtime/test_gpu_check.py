@@ -1,0 +1,73 @@
+"""``benchmarks/gpu_check.py`` on CPU: the GPU script's stages run with a tiny model and a quick
+calibration, and its report puts rpeg's predictions beside every measured row.
+
+The script has not run on a GPU (no GPU machine was lent when it was written); this checks the
+part that can run here, so that the first GPU run is not also its first run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def measured(gpu_check, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check")
+    return gpu_check.measure(out, "cpu", tiny=True, seed=0)
+
+
+def test_measure_runs_every_stage_and_row(gpu_check, measured):
+    data = json.loads(Path(measured).read_text())
+    assert "hardware" in data["calibration"], data["calibration"]
+    assert Path(measured).with_name("gpu_calibrated.json").exists()
+    rows = [(r["kind"], r["b"], r["ell"]) for r in data["rows"]]
+    assert rows == [(kind, b, ell) for kind, shapes in gpu_check.TINY_ROWS.items() for b, ell in shapes]
+    for row in data["rows"]:
+        assert "oom" not in row
+        assert row["seconds"] > 0 and len(row["times"]) == 3
+    assert data["adam"]["params"] == gpu_check.ADAM_PARAMS_TINY and data["adam"]["seconds"] > 0
+    assert "megatron" not in data  # CUDA only
+
+
+def test_report_predicts_every_row(gpu_check, measured):
+    lines = gpu_check.report(measured, write=False)
+    table = [line for line in lines if line.startswith(("| train", "| logprob"))]
+    data = json.loads(Path(measured).read_text())
+    assert len(table) == len(data["rows"])
+    for line, row in zip(table, data["rows"]):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[0] == row["kind"] and cells[1] == f"{row['b']} × {row['ell']}"
+        # measured, then seconds and ratio on the preset and on the calibrated figures
+        assert float(cells[3]) > 0 and float(cells[5]) > 0
+    assert any(line.startswith("| peak_flops") for line in lines)
+    assert sum("AdamW" in line for line in lines) == 2
+
+
+def test_predictions_follow_the_recomputation_mode(gpu_check):
+    """Full recomputation keeps less than none and costs more time (the terms compared on GPU)."""
+    from rpeg.costmodel import hardware_preset
+    from rpeg.ir.models import model_preset
+
+    spec, hw = model_preset(gpu_check.GPU_MODEL), hardware_preset("h200")
+    none = gpu_check.predict({"kind": "train-none", "b": 1, "ell": 8192}, spec, hw)
+    full = gpu_check.predict({"kind": "train-full", "b": 1, "ell": 8192}, spec, hw)
+    logp = gpu_check.predict({"kind": "logprob", "b": 1, "ell": 8192}, spec, hw)
+    assert full["memory"] < none["memory"] and full["seconds"] > none["seconds"]
+    assert full["logits"] == none["logits"] == 2 * logp["logits"]  # training holds their gradient too
+    assert logp["seconds"] < none["seconds"] / 2
