@@ -664,6 +664,11 @@ class Controller:
                 memory={
                     w: float(m["memory_bytes"]) for w, m in zip(group.workers(), metas) if "memory_bytes" in m
                 },
+                memory_live={
+                    w: float(m["memory_live_bytes"])
+                    for w, m in zip(group.workers(), metas)
+                    if "memory_live_bytes" in m
+                },
             )
         )
         self.progress("node", {"record": self.records[-1]})

@@ -21,6 +21,7 @@ these :func:`fidelity` computes
 
 from __future__ import annotations
 
+import ctypes
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,7 @@ __all__ = [
     "Fidelity",
     "PrivatePeak",
     "fidelity",
+    "heap_live_bytes",
     "map_large_blocks",
     "mape",
     "peak_resident_bytes",
@@ -94,6 +96,46 @@ def _libc() -> Any:
 
 
 _LIBC: Any = None
+
+
+class _Mallinfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (glibc ≥ 2.33): ten ``size_t`` counters."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def heap_live_bytes() -> int:
+    """Bytes of this process's C heap in use now: glibc's ``mallinfo2()``, ``uordblks + hblkhd``
+    (chunks allocated in every arena, plus blocks served by ``mmap``); 0 where the C library has
+    no ``mallinfo2`` (not glibc, or glibc older than 2.33).
+
+    The CPU analogue of ``torch.cuda.memory_allocated()``: the tensors alive (torch's CPU
+    allocator is ``malloc``) and the interpreter's objects, without what glibc keeps of freed
+    chunks. :func:`private_bytes` counts those too — the analogue of the CUDA caching allocator's
+    reserved memory — and after a large transient is freed it can stay far above this figure
+    (glibc returns the top of a heap only, and raises its mmap threshold after each large free).
+    """
+    lib = _libc()
+    fn = getattr(lib, "mallinfo2", None) if lib is not None else None
+    if fn is None:
+        return 0
+    fn.restype = _Mallinfo2
+    info = fn()
+    return int(info.uordblks + info.hblkhd)
 
 
 def release_freed_memory() -> bool:
@@ -163,9 +205,10 @@ def unmap_large_blocks() -> None:
 
 
 class PrivatePeak:
-    """The peak of :func:`private_bytes` while it runs: a daemon thread samples it every
-    ``interval_s`` seconds (the kernel keeps a peak of the whole resident set only, ``VmHWM``,
-    which counts shared pages too). :meth:`peak` also samples once more.
+    """The peaks of :func:`private_bytes` and :func:`heap_live_bytes` while it runs: a daemon
+    thread samples both every ``interval_s`` seconds (the kernel keeps a peak of the whole
+    resident set only, ``VmHWM``, which counts shared pages too, and glibc keeps no peak at all).
+    :meth:`peak` and :meth:`live_peak` also sample once more.
 
     Parameters
     ----------
@@ -185,6 +228,7 @@ class PrivatePeak:
             raise ValueError(f"PrivatePeak: interval_s must be positive, got {interval_s!r}")
         self.interval_s = float(interval_s)
         self._peak = private_bytes()
+        self._live = heap_live_bytes()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rpeg-private-peak", daemon=True)
         self._thread.start()
@@ -192,11 +236,18 @@ class PrivatePeak:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._peak = max(self._peak, private_bytes())
+            self._live = max(self._live, heap_live_bytes())
 
     def peak(self) -> int:
         """The largest private resident set sampled so far, bytes (this call samples too)."""
         self._peak = max(self._peak, private_bytes())
         return self._peak
+
+    def live_peak(self) -> int:
+        """The largest live C heap (:func:`heap_live_bytes`) sampled so far, bytes (this call
+        samples too)."""
+        self._live = max(self._live, heap_live_bytes())
+        return self._live
 
     def stop(self) -> None:
         """End the sampling thread (idempotent)."""
@@ -215,13 +266,23 @@ def peak_resident_bytes() -> int:
     return max(int(peak) if sys.platform == "darwin" else int(peak) * 1024, resident_bytes())
 
 
-def worker_peaks(records: Sequence[Any]) -> dict[str, float]:
-    """Per worker (``"g{group}/r{rank}"``), the largest ``memory`` its OP records report: the
-    process's private-memory peak less its footprint before the model, bytes (a record's figure is
-    the peak so far, so the largest is the run's)."""
+def worker_peaks(records: Sequence[Any], kind: str = "memory") -> dict[str, float]:
+    """Per worker (``"g{group}/r{rank}"``), the largest figure of field ``kind`` its OP records
+    report, bytes (a record's figure is the peak so far, so the largest is the run's):
+    ``"memory"``, the process's private-memory peak less its footprint before the model, or
+    ``"memory_live"``, its live-C-heap peak less the live heap before the model
+    (:class:`~rpeg.runtime.trace.TraceRecord`).
+
+    Raises
+    ------
+    ValueError
+        For another ``kind``.
+    """
+    if kind not in ("memory", "memory_live"):
+        raise ValueError(f"worker_peaks: kind must be 'memory' or 'memory_live', got {kind!r}")
     out: dict[str, float] = {}
     for r in records:
-        for w, b in (getattr(r, "memory", None) or {}).items():
+        for w, b in (getattr(r, kind, None) or {}).items():
             out[w] = max(out.get(w, 0.0), float(b))
     return out
 

@@ -309,10 +309,14 @@ def _heap_and_mapped(buffers: tuple[float, ...]) -> tuple[float, float]:
     return sum(buffers) - mapped, mapped
 
 
-def training_transient_bytes(model: Any, layout: Any, *, sequences: float, tokens: float, head: Any) -> float:
+def training_transient_bytes(
+    model: Any, layout: Any, *, sequences: float, tokens: float, head: Any, live: bool = False
+) -> float:
     """A training node's transient private memory on the runtime (CPU torch engine, gloo), over
-    its persistent parameters and optimizer state, bytes. ``G = W·sb`` are the stage's (TP-local)
-    gradients, ``A`` :func:`runtime_training_activation_bytes`.
+    its persistent parameters and optimizer state, bytes — or, with ``live``, its tensors alive at
+    once (what ``torch.cuda.max_memory_allocated`` counts on a GPU; measured here as the live C
+    heap, :func:`~rpeg.runtime.fidelity.heap_live_bytes`). ``G = W·sb`` are the stage's
+    (TP-local) gradients, ``A`` :func:`runtime_training_activation_bytes`.
 
     * ``Pd = 1`` (plain Adam): ``A + G``.
     * FSDP2, ZeRO-2 (``Pd > 1``): the backward holds ``A + G`` (the unsharded gradients
@@ -328,7 +332,8 @@ def training_transient_bytes(model: Any, layout: Any, *, sequences: float, token
       the buffers of 32 MiB and more are fresh mappings (:func:`_heap_and_mapped`) while the
       backward's activations and gradients are heap blocks that glibc keeps resident after their
       free (it returns heap pages only by trimming the top), so the private peak is
-      ``max(A + G, heap part) + mapped part``. Measured on the fidelity benchmark's critic
+      ``max(A + G, heap part) + mapped part``; the live tensors peak at ``max(A + G, 2G + G/Pd)``.
+      Measured on the fidelity benchmark's critic
       (``b = 1``, 4 microbatches, 2026-12-03): live tensors peak at 202 MiB over the state
       (``2G + G/Pd`` = 200), and the private memory rose by the 200 MiB mapped during the
       ReduceScatter while the heap kept its size.
@@ -341,7 +346,8 @@ def training_transient_bytes(model: Any, layout: Any, *, sequences: float, token
       are reduced as they are made and only the shards accumulate (``G/Pd``). The ReduceScatter
       of one unit of ``U`` parameters holds ``(2 + 1/Pd)·U·sb`` as above, its unsharded gradients
       freed after the copy: ``A + N_g·sb + grads + max(0, heap − U·sb) + mapped`` for the largest
-      unit (measured: live peak 184 MiB over the state, this 189).
+      unit (measured: live peak 184 MiB over the state, this 189; the same with ``live``: the
+      unit's buffers are smaller than glibc's mmap ceiling, so the formula counts no retained heap).
     """
     from ..costmodel.memory import weight_shard_params
 
@@ -353,6 +359,8 @@ def training_transient_bytes(model: Any, layout: Any, *, sequences: float, token
     if s.dp == 1:
         return act + grads
     if s.zero != 3:
+        if live:
+            return max(act + grads, (2.0 + 1.0 / s.dp) * grads)
         heap, mapped = _heap_and_mapped((grads, grads / s.dp, grads))
         return max(act + grads, heap) + mapped
     layer = model.layer_params / s.tp
@@ -380,7 +388,7 @@ def node_sequences(binding: Binding) -> dict[str, int]:
 
 
 def predicted_memory(
-    binding: Binding, rollout_engine: str = "torch", *, forward_factor: float = 1.0
+    binding: Binding, rollout_engine: str = "torch", *, forward_factor: float = 1.0, live: bool = False
 ) -> dict[str, float]:
     """Predicted peak bytes per worker process (``"g{group}/r{rank}"``) of the scaled run: the
     cost model's memory terms (SPEC §6, :mod:`rpeg.costmodel.memory`) laid out as the runtime's
@@ -424,6 +432,13 @@ def predicted_memory(
     freed blocks that the next allocations do not fit (glibc; 2.4–3.1× measured on this runtime,
     docs/runtime.md "Memory per worker"). ``rpeg calibrate --in-situ`` fits it; 1 is SPEC's count.
 
+    With ``live`` the prediction is of the tensors alive at once rather than of the private
+    memory: ``μ`` is not applied (SPEC's count is of live tensors) and a FSDP2 ZeRO-2 trainer's
+    ReduceScatter buffers replace its backward's tensors instead of adding to the heap they left
+    (:func:`training_transient_bytes`). The fidelity benchmark compares it with the workers'
+    live C heap (``TraceRecord.memory_live``), the CPU analogue of a GPU's
+    ``max_memory_allocated``.
+
     Raises
     ------
     ValueError
@@ -450,7 +465,7 @@ def predicted_memory(
     n, lp, lr = sh.sequences, sh.prompt_len, sh.response_len
     roles = {v.name: v.role for v in binding.graph.vertices}
     per_node = node_sequences(binding)
-    mu = float(forward_factor)
+    mu = 1.0 if live else float(forward_factor)
     out: dict[str, float] = {}
     for g in binding.groups:
         spec = replace(g.spec, dtype_bytes=4)  # the CPU runtime computes in float32
@@ -479,7 +494,7 @@ def predicted_memory(
         for name in g.vertices:
             role = roles[name]
             if role is Role.TRAINING:
-                a = training_transient_bytes(spec, lay, sequences=n, tokens=lp + lr, head=g.head)
+                a = training_transient_bytes(spec, lay, sequences=n, tokens=lp + lr, head=g.head, live=live)
             elif role is Role.INFERENCE:
                 a = mu * inference_activation_bytes(
                     spec, lay, sequences=per_node[name], tokens=lp + lr, head=g.head

@@ -86,6 +86,7 @@ class RecordDoc(Strict):
     publish_s: Seconds = 0.0
     engine: dict[str, Any] = Field(default_factory=dict)
     memory: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
+    memory_live: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
 
 
 class FailureDoc(Strict):

@@ -204,6 +204,11 @@ class TraceRecord:
         less shared pages, sampled: :class:`~rpeg.runtime.fidelity.PrivatePeak`) less its private
         resident memory before it built its model; empty otherwise. Older traces hold the whole
         resident set's peak (``VmHWM``, shared pages included) less the resident set then.
+    memory_live
+        OP nodes: worker id → bytes of that process's peak live C heap so far (glibc's
+        ``mallinfo2``, sampled: :func:`~rpeg.runtime.fidelity.heap_live_bytes`, the CPU analogue
+        of ``torch.cuda.max_memory_allocated``) less its live heap before it built its model;
+        empty where the C library has no ``mallinfo2``, otherwise, and in older traces.
     """
 
     node: int
@@ -224,6 +229,7 @@ class TraceRecord:
     engine: dict[str, Any] = field(default_factory=dict)
     memory: dict[str, float] = field(default_factory=dict)
     publish_s: float = 0.0
+    memory_live: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a JSON object (fields in declaration order)."""
@@ -246,6 +252,7 @@ class TraceRecord:
             "publish_s": self.publish_s,
             "engine": dict(self.engine),
             "memory": dict(self.memory),
+            "memory_live": dict(self.memory_live),
         }
 
     @classmethod
@@ -281,6 +288,7 @@ class TraceRecord:
             publish_s=float(d.publish_s),
             engine=dict(d.engine),
             memory={k: float(v) for k, v in d.memory.items()},
+            memory_live={k: float(v) for k, v in d.memory_live.items()},
         )
 
 

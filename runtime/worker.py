@@ -35,7 +35,7 @@ import torch.distributed as dist
 from ..ir.plan import stage_layer_ranges
 from ..ir.types import Head
 from .binding import GroupSpec, RunShape
-from .fidelity import PrivatePeak, map_large_blocks, private_bytes, unmap_large_blocks
+from .fidelity import PrivatePeak, heap_live_bytes, map_large_blocks, private_bytes, unmap_large_blocks
 from .model import StageModel
 from .parallel import FSDPAdam, local, make_mesh
 from .rl import RLConfig
@@ -144,6 +144,7 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         self.rss_base = _footprint_before_model(
             group, rollout_engine, hosts_engine=self.mesh.p == 0 and self.mesh.t == 0
         )
+        self.heap_base = heap_live_bytes()
         self.memory_peak = PrivatePeak()
         model = StageModel(
             group.spec,

@@ -128,6 +128,7 @@ class WorkerOps:
     seed: int
     step_offset: int
     rss_base: int
+    heap_base: int
     memory_peak: Any
     mesh: Any
     model: StageModel
@@ -229,6 +230,7 @@ class WorkerOps:
         meta["worker_time"] = time.perf_counter() - t0
         meta["version_used"] = version if role is not Role.TRAINING else meta["version"] - 1
         meta["memory_bytes"] = max(0, self.memory_peak.peak() - self.rss_base)
+        meta["memory_live_bytes"] = max(0, self.memory_peak.live_peak() - self.heap_base)
         return meta, (out if self._emits() else None), pub
 
     @torch.no_grad()

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from rpeg.ir.errors import InputError
 from rpeg.runtime.fidelity import (
     fidelity,
     mape,
@@ -116,6 +117,13 @@ def test_a_publication_inside_a_training_node_counts_as_transfer():
     assert doc["publish_s"] == 1.5 and TraceRecord.from_dict(doc).publish_s == 1.5
     del doc["publish_s"]  # a trace written before the field: nothing was split off
     assert TraceRecord.from_dict(doc).publish_s == 0.0
+    live = replace(RECORDS[-1], memory={"g0/r0": 9.0}, memory_live={"g0/r0": 4.0}).to_dict()
+    assert TraceRecord.from_dict(live).memory_live == {"g0/r0": 4.0}
+    del live["memory_live"]  # a trace written before rpeg recorded the live heap
+    assert TraceRecord.from_dict(live).memory_live == {}
+    live["memory_live"] = {"g0/r0": -1.0}
+    with pytest.raises(InputError, match="memory_live"):
+        TraceRecord.from_dict(live)
 
 
 def test_private_peak_sees_an_allocation_the_kernel_peak_would_mix_with_shared_pages():
@@ -236,3 +244,62 @@ def test_map_large_blocks_returns_freed_blocks_at_once():
 
     with pytest.raises(ValueError, match="threshold"):
         map_large_blocks(0)
+
+
+_LIVE_PROBE = """
+import ctypes, time
+from rpeg.runtime.fidelity import PrivatePeak, heap_live_bytes, private_bytes
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+big = libc.malloc(8 << 20); libc.memset(big, 1, 8 << 20); libc.free(big)  # glibc raises its threshold
+sampler = PrivatePeak(interval_s=0.001)
+live0, private0 = heap_live_bytes(), private_bytes()
+blocks, kept = [], []
+for _ in range(32):  # 2 MiB blocks with 256 KiB live ones between them, then the blocks freed
+    b = libc.malloc(2 << 20); libc.memset(b, 1, 2 << 20); blocks.append(b)
+    k = libc.malloc(256 << 10); libc.memset(k, 1, 256 << 10); kept.append(k)
+during = heap_live_bytes() - live0
+time.sleep(0.05)  # the sampler's turn
+for b in blocks:
+    libc.free(b)
+print(during, heap_live_bytes() - live0, private_bytes() - private0, sampler.live_peak() - live0)
+sampler.stop()
+"""
+
+
+def test_live_heap_counts_chunks_in_use_not_what_glibc_keeps():
+    """Freed 2 MiB blocks between live 256 KiB ones stay resident (the private figure keeps them)
+    but leave the live heap at once; the sampler's live peak saw them while they lived."""
+    import subprocess
+    import sys
+
+    from rpeg.runtime.fidelity import _libc
+
+    lib = _libc()
+    if lib is None or not hasattr(lib, "mallinfo2"):
+        pytest.skip("glibc ≥ 2.33's mallinfo2")
+    out = subprocess.run([sys.executable, "-c", _LIVE_PROBE], capture_output=True, text=True, check=True)
+    during, after, private, live_peak = (int(x) for x in out.stdout.split())
+    mib = 2**20
+    assert 72 * mib <= during <= 74 * mib  # 32 × (2 MiB + 256 KiB) in use, and their chunk headers
+    assert 8 * mib <= after <= 8.5 * mib  # only the 256 KiB blocks
+    assert private >= 56 * mib  # glibc keeps the freed blocks resident
+    assert live_peak >= during
+
+
+def test_worker_peaks_reads_either_memory_field():
+    from types import SimpleNamespace
+
+    from rpeg.runtime.fidelity import worker_peaks
+
+    records = [
+        SimpleNamespace(memory={"g0/r0": 5.0}, memory_live={"g0/r0": 2.0}),
+        SimpleNamespace(memory={"g0/r0": 7.0, "g1/r0": 1.0}, memory_live={}),
+    ]
+    assert worker_peaks(records) == {"g0/r0": 7.0, "g1/r0": 1.0}
+    assert worker_peaks(records, "memory_live") == {"g0/r0": 2.0}
+    with pytest.raises(ValueError, match="kind"):
+        worker_peaks(records, "rss")

@@ -213,6 +213,15 @@ def test_training_memory_is_what_the_torch_engine_and_fsdp2_on_gloo_hold():
     # ZeRO-2: input G, output G/2 and gloo's copy G, all mapped, on top of A + G
     assert transient(lay(2, 4), 8) == pytest.approx(one + g + 2.5 * g)
     assert (12 * g / 4 / 2 + g + transient(lay(2, 4), 8)) / 2**20 == pytest.approx(554, abs=1)
+
+    def live(layout: Layout, n: int) -> float:
+        return training_transient_bytes(spec, layout, sequences=n, tokens=256, head=Head.SCALAR, live=True)
+
+    # live tensors: the ReduceScatter's buffers replace the backward's, they do not add
+    assert live(lay(2, 4), 8) == pytest.approx(2.5 * g)  # > A + G: the ReduceScatter is the peak
+    assert (12 * g / 4 / 2 + g + live(lay(2, 4), 8)) / 2**20 == pytest.approx(400, abs=1)  # 406-411 measured
+    assert live(lay(1, 4), 4) == transient(lay(1, 4), 4)
+    assert live(lay(2, 4, zero=3), 8) == transient(lay(2, 4, zero=3), 8)  # no retained heap counted
     # ZeRO-3, 4 microbatches: full unsharded gradients; one microbatch: their shards
     layer = 4 * spec.layer_params
     root = g - 8 * layer
@@ -252,6 +261,7 @@ def test_forward_factor_scales_only_no_grad_forward_activations(small_binding):
         assert scaled[w] == base[w]
     vllm, vllm_scaled = predicted_memory(b, "vllm"), predicted_memory(b, "vllm", forward_factor=2.5)
     assert vllm_scaled["g0/r0"] == vllm["g0/r0"]  # the peak is the weight push
+    assert predicted_memory(b, forward_factor=2.5, live=True) == base  # live tensors: SPEC's count
     for bad in (0.0, -1.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="forward_factor must be positive"):
             predicted_memory(b, forward_factor=bad)
