@@ -195,14 +195,20 @@ def test_publications_cross_the_object_store_without_a_copy(ray_session):
     assert isinstance(bf16["x"][0], torch.Tensor)
 
 
-_HEAP_PROBE = """
-import ctypes, sys
-from rpeg.runtime.fidelity import map_large_blocks, private_bytes, unmap_large_blocks
+#: The C library's malloc, free and memset through ctypes: the heap probes' common start.
+_LIBC_CALLS = """
+import ctypes, sys, time
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+"""
+
+_HEAP_PROBE = (
+    _LIBC_CALLS
+    + """
+from rpeg.runtime.fidelity import map_large_blocks, private_bytes, unmap_large_blocks
 if sys.argv[1] in ("map", "unmap"):
     assert map_large_blocks(1 << 20)
 if sys.argv[1] == "unmap":  # a pooled process taking a compute role again
@@ -217,6 +223,7 @@ for b in blocks:
     libc.free(b)
 print(private_bytes() - before)
 """
+)
 
 
 def test_map_large_blocks_returns_freed_blocks_at_once():
@@ -246,14 +253,10 @@ def test_map_large_blocks_returns_freed_blocks_at_once():
         map_large_blocks(0)
 
 
-_LIVE_PROBE = """
-import ctypes, time
+_LIVE_PROBE = (
+    _LIBC_CALLS
+    + """
 from rpeg.runtime.fidelity import PrivatePeak, heap_live_bytes, private_bytes
-libc = ctypes.CDLL(None)
-libc.malloc.restype = ctypes.c_void_p
-libc.malloc.argtypes = [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
 big = libc.malloc(8 << 20); libc.memset(big, 1, 8 << 20); libc.free(big)  # glibc raises its threshold
 sampler = PrivatePeak(interval_s=0.001)
 live0, private0 = heap_live_bytes(), private_bytes()
@@ -268,6 +271,7 @@ for b in blocks:
 print(during, heap_live_bytes() - live0, private_bytes() - private0, sampler.live_peak() - live0)
 sampler.stop()
 """
+)
 
 
 def test_live_heap_counts_chunks_in_use_not_what_glibc_keeps():
