@@ -34,6 +34,7 @@ __all__ = [
     "ZeroState",
     "engine_workspace_bytes",
     "generation_engine_bytes",
+    "head_params",
     "inference_activation_bytes",
     "kv_budget_tokens",
     "kv_bytes_per_token",
@@ -87,8 +88,15 @@ def model_params(model: ModelSpec, head: Head = Head.LM) -> int:
     raise ValueError(f"head must be a Head, got {head!r}")
 
 
-def _head_params(model: ModelSpec, head: Head) -> int:
-    """Weights of the output head on the last stage: ``V·d`` (LM), ``d`` (scalar), both."""
+def head_params(model: ModelSpec, head: Head) -> int:
+    """Weights of the output head on the last stage: ``H = V·d`` (LM), ``d`` (scalar), or
+    ``V·d + d`` (both).
+
+    Raises
+    ------
+    ValueError
+        If ``head`` is not a :class:`~rpeg.ir.types.Head`.
+    """
     d = model.hidden
     if head is Head.LM:
         return model.vocab * d
@@ -138,12 +146,12 @@ def _shard_params(model: ModelSpec, pp: int, tp: int, head: Head) -> float:
     ``(model, Pp, Pt, head)`` thousands of times)."""
     layers = model.layers / pp * model.layer_params / tp
     embedding = model.embedding_params
-    head_params = _head_params(model, head)
+    head_w = head_params(model, head)
     if pp == 1:
         if model.tied_embeddings and head is not Head.SCALAR:
-            head_params -= model.vocab * model.hidden  # the LM head shares the embedding
-        return layers + embedding + head_params
-    return layers + max(embedding, head_params)
+            head_w -= model.vocab * model.hidden  # the LM head shares the embedding
+        return layers + embedding + head_w
+    return layers + max(embedding, head_w)
 
 
 def training_state_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM) -> float:

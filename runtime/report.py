@@ -267,7 +267,7 @@ def runtime_activation_width(model: Any, tp: int) -> float:
 
 
 def runtime_training_activation_bytes(
-    model: Any, layout: Any, *, sequences: float, tokens: float, head: Any
+    model: Any, layout: Any, *, sequences: float, tokens: float, head: Any, stage: int | None = None
 ) -> float:
     """Activations a training microbatch keeps on the runtime's torch engine, bytes.
 
@@ -281,24 +281,57 @@ def runtime_training_activation_bytes(
     checkpointed) the activations are SPEC's
     :func:`~rpeg.costmodel.memory.training_activation_bytes` (not measured on this engine), the
     logits as above.
+
+    ``stage`` (``0 … Pp − 1``) asks for one pipeline stage's instead of the worst stage's: its
+    own layers (:func:`~rpeg.ir.plan.stage_layer_ranges`), ``min(mb, Pp − p)`` microbatches alive
+    in 1F1B's warm-up, and the final norm and the logits on the last stage only.
     """
     from ..costmodel.memory import LOGIT_BYTES, training_activation_bytes
+    from ..ir.plan import stage_layer_ranges
     from ..ir.types import Head, Recompute
 
     s = layout.strategy
     b = sequences / (s.dp * s.mb)
+    last = stage is None or stage == s.pp - 1
+    alive = min(s.mb, s.pp if stage is None else s.pp - stage)
     if s.recompute is Recompute.NONE:
+        if stage is None:
+            layers = model.layers / s.pp
+        else:
+            lo, hi = stage_layer_ranges(model.layers, s.pp)[stage]
+            layers = float(hi - lo)
         per_token = (
-            model.layers / s.pp * runtime_activation_width(model, s.tp)
+            layers * runtime_activation_width(model, s.tp)
             + 2.0 * model.head_dim
-            + 3.0 * model.hidden
-            + 1.0
+            + (3.0 * model.hidden + 1.0 if last else 0.0)
         )
-        act = model.dtype_bytes * min(s.mb, s.pp) * b * tokens * per_token
-    else:
-        act = training_activation_bytes(model, layout, sequences=sequences, tokens=tokens)
-    logits = 0.0 if head is Head.SCALAR else 2.0 * LOGIT_BYTES * b * tokens * model.vocab
+        act = model.dtype_bytes * alive * b * tokens * per_token
+    else:  # SPEC's count: uniform L/Pp, linear in the microbatches alive
+        worst = training_activation_bytes(model, layout, sequences=sequences, tokens=tokens)
+        act = worst * alive / min(s.mb, s.pp)
+    logits = 0.0 if head is Head.SCALAR or not last else 2.0 * LOGIT_BYTES * b * tokens * model.vocab
     return act + logits
+
+
+def stage_params(model: Any, pp: int, tp: int, head: Any, stage: int) -> float:
+    """Parameters one TP rank of pipeline stage ``stage`` holds on the runtime: its layers
+    (:func:`~rpeg.ir.plan.stage_layer_ranges`) over ``Pt``, the embedding on the first stage and
+    the head(s) on the last (replicated over the TP ranks) —
+    :func:`~rpeg.costmodel.memory.weight_shard_params` is the largest of these over the stages
+    when the layers split evenly. ``Pp = 1`` is :func:`~rpeg.costmodel.memory.weight_shard_params`
+    (a tied LM head stored once)."""
+    from ..costmodel.memory import head_params, weight_shard_params
+    from ..ir.plan import stage_layer_ranges
+
+    if pp == 1:
+        return weight_shard_params(model, 1, tp, head)
+    lo, hi = stage_layer_ranges(model.layers, pp)[stage]
+    params = (hi - lo) * model.layer_params / tp
+    if stage == 0:
+        params += model.embedding_params
+    if stage == pp - 1:
+        params += head_params(model, head)
+    return float(params)
 
 
 def _heap_and_mapped(buffers: tuple[float, ...]) -> tuple[float, float]:
@@ -310,7 +343,14 @@ def _heap_and_mapped(buffers: tuple[float, ...]) -> tuple[float, float]:
 
 
 def training_transient_bytes(
-    model: Any, layout: Any, *, sequences: float, tokens: float, head: Any, live: bool = False
+    model: Any,
+    layout: Any,
+    *,
+    sequences: float,
+    tokens: float,
+    head: Any,
+    live: bool = False,
+    stage: int | None = None,
 ) -> float:
     """A training node's transient private memory on the runtime (CPU torch engine, gloo), over
     its persistent parameters and optimizer state, bytes — or, with ``live``, its tensors alive at
@@ -348,14 +388,24 @@ def training_transient_bytes(
       freed after the copy: ``A + N_g·sb + grads + max(0, heap − U·sb) + mapped`` for the largest
       unit (measured: live peak 184 MiB over the state, this 189; the same with ``live``: the
       unit's buffers are smaller than glibc's mmap ceiling, so the formula counts no retained heap).
+
+    ``stage`` asks for one pipeline stage's figure (its parameters, :func:`stage_params`, and
+    activations, :func:`runtime_training_activation_bytes`) instead of the worst stage's.
     """
     from ..costmodel.memory import weight_shard_params
+    from ..ir.plan import stage_layer_ranges
 
     s = layout.strategy
     sb = model.dtype_bytes
-    w = weight_shard_params(model, s.pp, s.tp, head)
+    w = (
+        weight_shard_params(model, s.pp, s.tp, head)
+        if stage is None
+        else stage_params(model, s.pp, s.tp, head, stage)
+    )
     grads = w * sb
-    act = runtime_training_activation_bytes(model, layout, sequences=sequences, tokens=tokens, head=head)
+    act = runtime_training_activation_bytes(
+        model, layout, sequences=sequences, tokens=tokens, head=head, stage=stage
+    )
     if s.dp == 1:
         return act + grads
     if s.zero != 3:
@@ -364,7 +414,11 @@ def training_transient_bytes(
         heap, mapped = _heap_and_mapped((grads, grads / s.dp, grads))
         return max(act + grads, heap) + mapped
     layer = model.layer_params / s.tp
-    root = w - model.layers / s.pp * layer
+    if stage is None:
+        root = w - model.layers / s.pp * layer
+    else:
+        lo, hi = stage_layer_ranges(model.layers, s.pp)[stage]
+        root = w - (hi - lo) * layer
     gathered = (2.0 * layer + root) * sb
     unit = max(layer, root) * sb
     held = grads if s.mb > 1 else grads / s.dp
@@ -408,6 +462,11 @@ def predicted_memory(
       the flash kernel keep, and the logits), the gradients ``W·sb``, and with FSDP2 (``Pd > 1``)
       the ReduceScatter's flat buffers and gloo's copy, whose mapped part adds to the heap the
       backward left resident — where SPEC's ZeRO-2 charges ``W·sb/Pd``;
+    * a pipelined trainer (``Pp > 1``): each rank its own stage's figure — its parameters
+      (:func:`stage_params`: its layers, the embedding on the first stage, the head on the last)
+      and training activations (``min(mb, Pp − p)`` microbatches alive in 1F1B's warm-up, the
+      logits on the last stage; :func:`runtime_training_activation_bytes`) — where SPEC's device
+      model charges every device the worst stage's;
     * a ZeRO-3 trainer (``Pd > 1``) registers only its shards, which are the masters: ``P`` is
       SPEC's state ``12·W/Pd`` alone; training holds the gathered root and two layers, the
       gradients (full and unsharded while the update's microbatches accumulate them) and one
@@ -488,26 +547,39 @@ def predicted_memory(
         # (shared pages); only a tensor-parallel trainer's shards are concatenated into a copy
         trainer = next((h for h in binding.groups if h.model == g.model and h.trains), None)
         installs = g.trainable and not g.trains and trainer is not None and trainer.tp > 1
-        transient = full if installs else 0.0
-        if zero3 is not None:  # publications, snapshots and checkpoints gather the stage
-            transient = max(transient, w * sb)
-        for name in g.vertices:
+        shared = full if installs else 0.0
+
+        def vertex_transient(
+            name: str, stage: int | None, g: Any = g, spec: Any = spec, lay: Any = lay
+        ) -> float:
             role = roles[name]
             if role is Role.TRAINING:
-                a = training_transient_bytes(spec, lay, sequences=n, tokens=lp + lr, head=g.head, live=live)
-            elif role is Role.INFERENCE:
-                a = mu * inference_activation_bytes(
+                return training_transient_bytes(
+                    spec, lay, sequences=n, tokens=lp + lr, head=g.head, live=live, stage=stage
+                )
+            if role is Role.INFERENCE:
+                return mu * inference_activation_bytes(
                     spec, lay, sequences=per_node[name], tokens=lp + lr, head=g.head
                 )
-            elif rollout_engine == "vllm":
-                a = full  # every rank of the replica gathers the full model
-            else:
-                a = mu * inference_activation_bytes(
-                    spec, lay, sequences=n, tokens=lp, head=g.head
-                ) + kv_cache_bytes(spec, lay, sequences=n, prompt_len=lp, response_len=lr)
-            transient = max(transient, a)
+            if rollout_engine == "vllm":
+                return model_params(spec, g.head) * spec.dtype_bytes  # every rank gathers the model
+            return mu * inference_activation_bytes(
+                spec, lay, sequences=n, tokens=lp, head=g.head
+            ) + kv_cache_bytes(spec, lay, sequences=n, prompt_len=lp, response_len=lr)
+
+        stages = range(g.pp) if g.trains and g.pp > 1 else (None,)
+        by_stage: dict[int | None, float] = {}
+        for stage in stages:  # a pipelined trainer's stages hold different layers and microbatches
+            scale = 1.0 if stage is None else stage_params(spec, g.pp, g.tp, g.head, stage) / w
+            transient = shared
+            if zero3 is not None:  # publications, snapshots and checkpoints gather the stage
+                transient = max(transient, scale * w * sb)
+            for name in g.vertices:
+                transient = max(transient, vertex_transient(name, stage))
+            by_stage[stage] = scale * persistent + transient
         for rank in range(g.size):
-            out[g.worker(rank)] = float(persistent + transient)
+            stage = (rank // g.tp) % g.pp if len(by_stage) > 1 else None
+            out[g.worker(rank)] = float(by_stage[stage])
     return out
 
 

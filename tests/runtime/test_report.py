@@ -96,7 +96,7 @@ def test_predicted_memory_lays_the_cost_models_terms_out_as_the_runtime_holds_th
     )
     from rpeg.ir.plan import Strategy
     from rpeg.ir.types import Head
-    from rpeg.runtime.report import predicted_memory
+    from rpeg.runtime.report import predicted_memory, stage_params, training_transient_bytes
 
     b = small_binding
     n, lp, lr = b.shape.sequences, b.shape.prompt_len, b.shape.response_len
@@ -119,6 +119,15 @@ def test_predicted_memory_lays_the_cost_models_terms_out_as_the_runtime_holds_th
     assert torch_run["g0/r0"] == pytest.approx(4 * w0 + gen)
     tp_trainer = replace(b, groups=[replace(x, tp=2, dp=1) if x.gid == 4 else x for x in b.groups])
     assert predicted_memory(tp_trainer)["g0/r0"] == pytest.approx(4 * w0 + max(gen, full))
+    # a pipelined trainer: rank p holds stage p's parameters, Adam state and activations
+    pp_trainer = replace(b, groups=[replace(x, pp=2, dp=1, mb=2) if x.gid == 4 else x for x in b.groups])
+    g4 = next(x for x in pp_trainer.groups if x.gid == 4)
+    for rank in (0, 1):
+        stage_w = stage_params(spec, 2, 1, g4.head, rank)
+        transient = training_transient_bytes(
+            spec, lay(g4), sequences=n, tokens=lp + lr, head=g4.head, stage=rank
+        )
+        assert predicted_memory(pp_trainer)[f"g4/r{rank}"] == pytest.approx(12 * stage_w + transient)
     # a weight push: every rank gathers the full model; the engine's rank writes the file from it
     assert vllm_run["g0/r0"] == vllm_run["g0/r1"] == pytest.approx(4 * w0 + full)
     # g1: reference inference — its parameters and the forward's activations
@@ -295,3 +304,52 @@ def test_a_phase_node_holds_its_phase_s_sequences_only():
     )
     # spread: DP 2, n/2 sequences per rank; split: DP 1, one phase's
     assert act / act_spread == pytest.approx(largest / (n / 2))
+
+
+def test_a_pipelined_trainer_s_stages_are_predicted_each_its_own():
+    """Stage ``p`` holds its own layers, the embedding (first) or the head (last), and
+    ``min(mb, Pp − p)`` microbatches' activations; the last stage alone holds the final norm and
+    the logits. Without ``stage`` the figure is the worst stage's (SPEC's device model)."""
+    from dataclasses import replace
+
+    from rpeg.costmodel.layout import Layout
+    from rpeg.costmodel.memory import head_params, weight_shard_params
+    from rpeg.ir.plan import Strategy
+    from rpeg.ir.types import Head
+    from rpeg.runtime.model import scale_spec
+    from rpeg.runtime.report import (
+        runtime_activation_width,
+        runtime_training_activation_bytes,
+        stage_params,
+        training_transient_bytes,
+    )
+    from tests.runtime.plans import TOY
+
+    spec = replace(scale_spec(TOY, "medium", vocab=16), dtype_bytes=4)
+    d, hd, L = spec.hidden, spec.head_dim, spec.layers
+    lay = Layout(Strategy((1, 1, 2), 1, 2, 1, 4, recompute="none"))
+    first = stage_params(spec, 2, 1, Head.LM, 0)
+    last = stage_params(spec, 2, 1, Head.LM, 1)
+    assert first == L // 2 * spec.layer_params + spec.embedding_params
+    assert last == L // 2 * spec.layer_params + head_params(spec, Head.LM)
+    assert max(first, last) == weight_shard_params(spec, 2, 1, Head.LM)
+    assert stage_params(spec, 1, 1, Head.LM, 0) == weight_shard_params(spec, 1, 1, Head.LM)
+
+    def act(stage: int | None) -> float:
+        return runtime_training_activation_bytes(
+            spec, lay, sequences=8, tokens=256, head=Head.LM, stage=stage
+        )
+
+    width = L // 2 * runtime_activation_width(spec, 1) + 2 * hd
+    b_tokens = 2 * 256  # b = 8/(1·4) sequences of 256 tokens per microbatch
+    assert act(0) == pytest.approx(4 * 2 * b_tokens * width)  # two microbatches alive, no logits
+    logits = 2 * 4 * b_tokens * spec.vocab
+    assert act(1) == pytest.approx(4 * 1 * b_tokens * (width + 3 * d + 1) + logits)
+    assert act(None) == pytest.approx(4 * 2 * b_tokens * (width + 3 * d + 1) + logits)  # worst of each
+    full = Layout(Strategy((1, 1, 2), 1, 2, 1, 4, recompute="full"))
+    spec_full = runtime_training_activation_bytes(spec, full, sequences=8, tokens=256, head=Head.SCALAR)
+    assert runtime_training_activation_bytes(
+        spec, full, sequences=8, tokens=256, head=Head.SCALAR, stage=1
+    ) == pytest.approx(spec_full / 2)
+    one = training_transient_bytes(spec, lay, sequences=8, tokens=256, head=Head.LM, stage=1)
+    assert one == pytest.approx(act(1) + 4 * last)  # plain Adam: its own stage's gradients
