@@ -230,7 +230,8 @@ class WorkerOps:
         meta["worker_time"] = time.perf_counter() - t0
         meta["version_used"] = version if role is not Role.TRAINING else meta["version"] - 1
         meta["memory_bytes"] = max(0, self.memory_peak.peak() - self.rss_base)
-        meta["memory_live_bytes"] = max(0, self.memory_peak.live_peak() - self.heap_base)
+        if self.heap_base:  # 0 where the C library has no mallinfo2: nothing to report
+            meta["memory_live_bytes"] = max(0, self.memory_peak.live_peak() - self.heap_base)
         return meta, (out if self._emits() else None), pub
 
     @torch.no_grad()

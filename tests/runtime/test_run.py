@@ -18,6 +18,7 @@ from rpeg import solve  # noqa: E402
 from rpeg.costmodel import hardware_preset  # noqa: E402
 from rpeg.ir import Cluster  # noqa: E402
 from rpeg.runtime.controller import RunError  # noqa: E402
+from rpeg.runtime.fidelity import _libc  # noqa: E402
 from rpeg.runtime.runner import run  # noqa: E402
 from rpeg.runtime.trace import Trace  # noqa: E402
 from rpeg.runtime.verify import verify  # noqa: E402
@@ -84,6 +85,12 @@ def test_ppo_disaggregated_stale_runs_verifies_and_learns_like_synchronous():
         (k, max(0, k - 1)) for k in range(5)
     ]
     assert all(r.bytes > 0 for r in report.trace.records if r.kind != "op")
+    ops = [r for r in report.trace.records if r.kind == "op"]
+    assert all(set(r.memory) == set(r.workers) for r in ops)  # each worker's private peak
+    lib = _libc()
+    if lib is not None and hasattr(lib, "mallinfo2"):  # and, with glibc ≥ 2.33, its live heap's
+        assert all(set(r.memory_live) == set(r.workers) for r in ops)
+        assert all(max(r.memory_live.values()) > 0 for r in ops if r.vertex.endswith("_train"))
     sync = run(hand(workload("ppo"), "1x1x4", DISAGG, (("actor", 0), ("critic", 0))), steps=5, batch=16)
     stale_end, sync_end = sum(report.rewards[-2:]) / 2, sum(sync.rewards[-2:]) / 2
     assert rising(report.rewards) and rising(sync.rewards), (report.rewards, sync.rewards)
