@@ -437,10 +437,29 @@ def report(measured_path: Path, write: bool = True) -> list[str]:
                 f"AdamW (fused, {adam['params'] / 1e9:.2f}B float32 parameters): measured {adam['seconds']:.4f} s; "
                 f"rpeg `18·N/BW_mem` on the {k} figures {pred:.4f} s ({pred / adam['seconds']:.2f} × measured)."
             )
+    lines += ["", *megatron_lines(data.get("megatron"))]
     print("\n".join(lines))
     if write:
         write_section("gpu-check", lines)
     return lines
+
+
+def megatron_lines(mc: dict[str, Any] | None) -> list[str]:
+    """The Megatron-core stage's outcome (stage 4) in words: its log-prob gap against the Hugging
+    Face model and whether six Adam steps of ``train_step`` lowered the loss."""
+    if not mc:
+        return ["Megatron-core `train_step`: not run (`--megatron` not given, or no GPU)."]
+    if "error" in mc:
+        return [f"Megatron-core `train_step` failed: {mc['error']}"]
+    first, last = (sum(step) / len(step) for step in (mc["losses"][0], mc["losses"][-1]))
+    verdict = "fell" if last < first else "**did not fall**"
+    return [
+        f"Megatron-core `train_step` ({mc['spec']['layers']}-layer Llama, d = {mc['spec']['hidden']}, "
+        f"converted Hugging Face weights, float32): largest log-prob gap against the Hugging Face model "
+        f"{mc['logprob_gap_vs_hf']:.2e} (mean log-prob {mc['mean_logprob_hf']:.3f}); the loss over six Adam "
+        f"steps on one batch of two microbatches {verdict}, {first:.4f} → {last:.4f} "
+        f"({mc['seconds_6_steps']:.2f} s)."
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

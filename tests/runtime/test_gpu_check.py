@@ -71,3 +71,14 @@ def test_predictions_follow_the_recomputation_mode(gpu_check):
     assert full["memory"] < none["memory"] and full["seconds"] > none["seconds"]
     assert full["logits"] == none["logits"] == 2 * logp["logits"]  # training holds their gradient too
     assert logp["seconds"] < none["seconds"] / 2
+
+
+def test_megatron_outcome_is_reported_in_words(gpu_check):
+    spec = gpu_check.MEGATRON_SPEC
+    ok = {"spec": spec, "logprob_gap_vs_hf": 3e-6, "mean_logprob_hf": -6.9, "seconds_6_steps": 1.0}
+    fell = gpu_check.megatron_lines({**ok, "losses": [[6.9, 6.95], *[[6.0]] * 4, [5.0, 5.2]]})
+    assert "fell, 6.9250 → 5.1000" in fell[0] and "3.00e-06" in fell[0]
+    flat = gpu_check.megatron_lines({**ok, "losses": [[6.9], [7.0]]})
+    assert "**did not fall**" in flat[0]
+    assert "failed: RuntimeError: x" in gpu_check.megatron_lines({"error": "RuntimeError: x"})[0]
+    assert "not run" in gpu_check.megatron_lines(None)[0]
