@@ -287,7 +287,6 @@ def runtime_training_activation_bytes(
     in 1F1B's warm-up, and the final norm and the logits on the last stage only.
     """
     from ..costmodel.memory import LOGIT_BYTES, training_activation_bytes
-    from ..ir.plan import stage_layer_ranges
     from ..ir.types import Head, Recompute
 
     s = layout.strategy
@@ -295,13 +294,8 @@ def runtime_training_activation_bytes(
     last = stage is None or stage == s.pp - 1
     alive = min(s.mb, s.pp if stage is None else s.pp - stage)
     if s.recompute is Recompute.NONE:
-        if stage is None:
-            layers = model.layers / s.pp
-        else:
-            lo, hi = stage_layer_ranges(model.layers, s.pp)[stage]
-            layers = float(hi - lo)
         per_token = (
-            layers * runtime_activation_width(model, s.tp)
+            _stage_layers(model, s.pp, stage) * runtime_activation_width(model, s.tp)
             + 2.0 * model.head_dim
             + (3.0 * model.hidden + 1.0 if last else 0.0)
         )
@@ -313,6 +307,17 @@ def runtime_training_activation_bytes(
     return act + logits
 
 
+def _stage_layers(model: Any, pp: int, stage: int | None) -> float:
+    """Decoder layers of pipeline stage ``stage`` (:func:`~rpeg.ir.plan.stage_layer_ranges`);
+    ``L/Pp`` for ``None``, the worst stage as SPEC counts it."""
+    from ..ir.plan import stage_layer_ranges
+
+    if stage is None:
+        return model.layers / pp
+    lo, hi = stage_layer_ranges(model.layers, pp)[stage]
+    return float(hi - lo)
+
+
 def stage_params(model: Any, pp: int, tp: int, head: Any, stage: int) -> float:
     """Parameters one TP rank of pipeline stage ``stage`` holds on the runtime: its layers
     (:func:`~rpeg.ir.plan.stage_layer_ranges`) over ``Pt``, the embedding on the first stage and
@@ -321,12 +326,10 @@ def stage_params(model: Any, pp: int, tp: int, head: Any, stage: int) -> float:
     when the layers split evenly. ``Pp = 1`` is :func:`~rpeg.costmodel.memory.weight_shard_params`
     (a tied LM head stored once)."""
     from ..costmodel.memory import head_params, weight_shard_params
-    from ..ir.plan import stage_layer_ranges
 
     if pp == 1:
         return weight_shard_params(model, 1, tp, head)
-    lo, hi = stage_layer_ranges(model.layers, pp)[stage]
-    params = (hi - lo) * model.layer_params / tp
+    params = _stage_layers(model, pp, stage) * model.layer_params / tp
     if stage == 0:
         params += model.embedding_params
     if stage == pp - 1:
@@ -393,7 +396,6 @@ def training_transient_bytes(
     activations, :func:`runtime_training_activation_bytes`) instead of the worst stage's.
     """
     from ..costmodel.memory import weight_shard_params
-    from ..ir.plan import stage_layer_ranges
 
     s = layout.strategy
     sb = model.dtype_bytes
@@ -414,11 +416,7 @@ def training_transient_bytes(
         heap, mapped = _heap_and_mapped((grads, grads / s.dp, grads))
         return max(act + grads, heap) + mapped
     layer = model.layer_params / s.tp
-    if stage is None:
-        root = w - model.layers / s.pp * layer
-    else:
-        lo, hi = stage_layer_ranges(model.layers, s.pp)[stage]
-        root = w - (hi - lo) * layer
+    root = w - _stage_layers(model, s.pp, stage) * layer
     gathered = (2.0 * layer + root) * sb
     unit = max(layer, root) * sb
     held = grads if s.mb > 1 else grads / s.dp
@@ -547,39 +545,42 @@ def predicted_memory(
         # (shared pages); only a tensor-parallel trainer's shards are concatenated into a copy
         trainer = next((h for h in binding.groups if h.model == g.model and h.trains), None)
         installs = g.trainable and not g.trains and trainer is not None and trainer.tp > 1
-        shared = full if installs else 0.0
-
-        def vertex_transient(
-            name: str, stage: int | None, g: Any = g, spec: Any = spec, lay: Any = lay
-        ) -> float:
+        # forward passes and generation: the same on every rank
+        forward = full if installs else 0.0
+        for name in g.vertices:
             role = roles[name]
-            if role is Role.TRAINING:
-                return training_transient_bytes(
-                    spec, lay, sequences=n, tokens=lp + lr, head=g.head, live=live, stage=stage
-                )
             if role is Role.INFERENCE:
-                return mu * inference_activation_bytes(
+                a = mu * inference_activation_bytes(
                     spec, lay, sequences=per_node[name], tokens=lp + lr, head=g.head
                 )
-            if rollout_engine == "vllm":
-                return model_params(spec, g.head) * spec.dtype_bytes  # every rank gathers the model
-            return mu * inference_activation_bytes(
-                spec, lay, sequences=n, tokens=lp, head=g.head
-            ) + kv_cache_bytes(spec, lay, sequences=n, prompt_len=lp, response_len=lr)
-
+            elif role is Role.GENERATION:
+                a = (
+                    full  # every rank of the replica gathers the full model
+                    if rollout_engine == "vllm"
+                    else mu * inference_activation_bytes(spec, lay, sequences=n, tokens=lp, head=g.head)
+                    + kv_cache_bytes(spec, lay, sequences=n, prompt_len=lp, response_len=lr)
+                )
+            else:
+                continue
+            forward = max(forward, a)
+        # training: a pipelined trainer's stages hold different layers and microbatches
         stages = range(g.pp) if g.trains and g.pp > 1 else (None,)
         by_stage: dict[int | None, float] = {}
-        for stage in stages:  # a pipelined trainer's stages hold different layers and microbatches
+        for stage in stages:
             scale = 1.0 if stage is None else stage_params(spec, g.pp, g.tp, g.head, stage) / w
-            transient = shared
+            transient = forward
             if zero3 is not None:  # publications, snapshots and checkpoints gather the stage
                 transient = max(transient, scale * w * sb)
-            for name in g.vertices:
-                transient = max(transient, vertex_transient(name, stage))
+            if g.trains:
+                transient = max(
+                    transient,
+                    training_transient_bytes(
+                        spec, lay, sequences=n, tokens=lp + lr, head=g.head, live=live, stage=stage
+                    ),
+                )
             by_stage[stage] = scale * persistent + transient
         for rank in range(g.size):
-            stage = (rank // g.tp) % g.pp if len(by_stage) > 1 else None
-            out[g.worker(rank)] = float(by_stage[stage])
+            out[g.worker(rank)] = float(by_stage[(rank // g.tp) % g.pp if None not in by_stage else None])
     return out
 
 
