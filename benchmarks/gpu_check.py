@@ -9,7 +9,7 @@ which is what the test suite does)
        as its base: the calibrated figures beside the preset's.
     2. Qwen2.5-7B (rpeg's preset shape, transformers' ``Qwen2ForCausalLM``, BF16 weights, SDPA
        attention, random weights) on one GPU: a training pass (forward, float32 log-softmax of
-       the tokens as the runtime computes it, backward) with and without per-layer activation
+       the tokens as the runtime computes it, a chunk of positions at a time, backward) with and without per-layer activation
        checkpointing (HF gradient checkpointing = rpeg's ``full`` / ``none`` recomputation), and a
        log-prob pass (forward under ``no_grad``), at several microbatch shapes ``b × ℓ``. Per
        shape: the median of three timed passes after a warm-up, and the peak memory above the
@@ -17,7 +17,7 @@ which is what the test suite does)
        pass; training's includes the BF16 gradients it creates).
     3. A fused AdamW step over ``N`` float32 parameters: seconds per parameter.
     4. (GPU only) The Megatron-core engine's training step (:func:`~rpeg.runtime.engines.
-       megatron_engine.train_step`, never run before: it needs CUDA): a small Llama built from
+       megatron_engine.train_step`, which needs CUDA): a small Llama built from
        Hugging Face weights converted by ``hf_to_megatron``, its token log-probabilities against
        the Hugging Face model's on the same GPU, then six steps of Adam on one batch of two
        microbatches (the loss must fall).
@@ -255,7 +255,11 @@ def measure(out: Path, device: str, tiny: bool, seed: int = 0, megatron: bool = 
         report = calibrate(device=device, base="h200" if device == "cuda" else "cpu", quick=tiny, seed=seed)
         hw_path = out / "gpu_calibrated.json"
         report.hardware.save(hw_path)
-        result["calibration"] = {"hardware": json.loads(hw_path.read_text()), "table": report.table()}
+        result["calibration"] = {
+            "hardware": json.loads(hw_path.read_text()),
+            "table": report.table(),
+            "samples": report.to_dict(),  # the raw sweep, to refit here
+        }
         print(report.table(), flush=True)
     except Exception as exc:  # record and go on: the passes below do not need it
         result["calibration"] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -360,12 +364,14 @@ def predict(row: dict[str, Any], spec: Any, hw: Any) -> dict[str, float]:
     }
 
 
-def report(measured_path: Path, write: bool = True) -> list[str]:
-    """Lines of the side-by-side comparison (and the RESULTS.md section when ``write``)."""
+def report(measured_path: Path, write: bool = True, section: str = "gpu-check", title: str = "") -> list[str]:
+    """Lines of the side-by-side comparison (and the RESULTS.md ``section`` when ``write``),
+    headed ``title`` (default: the GPU and the command that reproduces the section)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _bench import write_section
 
-    from rpeg.costmodel import hardware_preset, load_hardware
+    from rpeg.costmodel import hardware_preset
+    from rpeg.ir.hardware import Hardware
     from rpeg.ir.models import model_preset
 
     data = json.loads(Path(measured_path).read_text())
@@ -374,9 +380,23 @@ def report(measured_path: Path, write: bool = True) -> list[str]:
     hws = {"preset": preset}
     cal = data.get("calibration", {})
     if "hardware" in cal:
-        hws["calibrated"] = load_hardware(Path(measured_path).with_name("gpu_calibrated.json"))
+        hws["calibrated"] = Hardware.from_dict(
+            cal["hardware"], source=f"{measured_path}: calibration.hardware"
+        )
     gib = 2.0**30
+    try:
+        shown = Path(measured_path).resolve().relative_to(Path(__file__).resolve().parents[1])
+    except ValueError:
+        shown = Path(measured_path)
+    command = f"python benchmarks/gpu_check.py report {shown}" + (
+        f" --section {section}" if section != "gpu-check" else ""
+    )
     lines = [
+        f"## {title or 'GPU check on one ' + str(data['gpu'])} (`benchmarks/gpu_check.py`)",
+        "",
+        f"Measured by `python3 benchmarks/gpu_check.py measure --out $OUT --megatron` on the GPU machine "
+        f"(commands and wheels: `benchmarks/README.md`); this section by `{command}`.",
+        "",
         f"Measured on {data['gpu']} ({(data['gpu_memory_bytes'] or 0) / gib:.0f} GiB), torch {data['torch']}, "
         f"transformers {data['transformers']}, Python {data['python']}; model {data['model']} "
         f"({data['model_params'] / 1e9:.2f}B parameters, {'BF16' if data['device'] == 'cuda' else 'FP32'}); "
@@ -400,6 +420,18 @@ def report(measured_path: Path, write: bool = True) -> list[str]:
         ):
             a, c = getattr(preset, name) / scale, getattr(hw_c, name) / scale
             lines.append(f"| {name} ({unit}) | {a:.4g} | {c:.4g} | {c / a if a else float('nan'):.2f} |")
+        fit = cal.get("samples", {}).get("gemm_fit")
+        if fit:  # recorded from 2026-12-04's second run on
+            lines += [
+                "",
+                f"GEMM fit: relative RMS {fit['rel_rms']:.1%} over {fit['n_samples']} shapes"
+                + (
+                    f", {fit['n_excluded']} bandwidth- or dispatch-bound shapes left out"
+                    if fit.get("n_excluded")
+                    else ""
+                )
+                + ".",
+            ]
         lines.append("")
     elif cal:
         lines += [f"Calibration failed: {cal.get('error')}", ""]
@@ -440,7 +472,7 @@ def report(measured_path: Path, write: bool = True) -> list[str]:
     lines += ["", *megatron_lines(data.get("megatron"))]
     print("\n".join(lines))
     if write:
-        write_section("gpu-check", lines)
+        write_section(section, lines)
     return lines
 
 
@@ -474,11 +506,13 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("report", help="predictions beside a measurement file (here)")
     r.add_argument("measured", type=Path)
     r.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    r.add_argument("--section", default="gpu-check", help="the RESULTS.md section to write")
+    r.add_argument("--title", default="", help="the section's heading")
     args = parser.parse_args(argv)
     if args.cmd == "measure":
         print(measure(args.out, args.device, args.tiny, args.seed, args.megatron))
     else:
-        report(args.measured, write=not args.no_write)
+        report(args.measured, write=not args.no_write, section=args.section, title=args.title)
     return 0
 
 

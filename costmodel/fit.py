@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,7 @@ __all__ = [
     "Measurements",
     "NonGemmShape",
     "comm_coefficients",
+    "compute_bound_gemms",
     "fit_alpha_beta",
     "fit_gemm",
     "fit_hardware",
@@ -138,6 +139,9 @@ class GemmFit:
     gamma_k: float
     rel_rms: float
     n_samples: int
+    n_excluded: int = 0
+    """Shapes of the sweep left out of the fit as bandwidth- or dispatch-bound
+    (:func:`compute_bound_gemms`)."""
 
 
 @dataclass(frozen=True)
@@ -258,7 +262,8 @@ class CalibrationReport:
                 "F_peak",
                 f"{hw.peak_flops / 1e9:.3g} GFLOP/s",
                 "measured",
-                f"fit {g.rel_rms:.1%}, {g.n_samples} shapes",
+                f"fit {g.rel_rms:.1%}, {g.n_samples} shapes"
+                + (f" ({g.n_excluded} bandwidth-/dispatch-bound left out)" if g.n_excluded else ""),
             ),
             ("γM", f"{hw.gamma_m:.3g}", "measured", "same fit"),
             ("γK", f"{hw.gamma_k:.3g}", "measured", "same fit"),
@@ -587,6 +592,52 @@ class Measurements:
     comm_note: str = ""
     gpu_memory_bytes: float | None = None
     gpus_per_node: int | None = None
+    dispatch_floor: float = 0.0
+    """Seconds per call of a ``1 × 1`` matmul issued back to back: the dispatch floor under which
+    no GEMM time says anything about ``F_peak`` (0: not measured)."""
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+"""Bytes per scalar of the dtypes a calibration times its GEMMs in."""
+
+COMPUTE_BOUND_MARGIN = 2.0
+"""A GEMM sample enters the ``F_peak, γM, γK`` fit only when its time is at least this many times
+both its memory time and the dispatch floor (:func:`compute_bound_gemms`)."""
+
+
+def compute_bound_gemms(
+    samples: Sequence[GemmSample], *, bandwidth: float, dtype_bytes: int, floor: float = 0.0
+) -> list[GemmSample]:
+    """The samples whose time compute dominates: ``t ≥ 2·max(t_floor, sb·(MK + Kn + Mn)/BW_mem)``.
+
+    The cost model takes ``F_eff = min(F_peak·η, I·BW_mem)`` (SPEC §6), so a shape whose time
+    is set by streaming its operands, or by the host issuing the call, is predicted by the
+    bandwidth roofline or not at all; fitting ``η`` to it drives ``F_peak``, ``γM`` and
+    ``γK`` to figures no large shape reaches (on an H200 the whole sweep gave ``F_peak`` 2.4
+    PFLOP/s, 2.5 × the chip's 989 TFLOP/s dense BF16; benchmarks/RESULTS.md, "gpu-check").
+
+    Parameters
+    ----------
+    samples
+        The GEMM sweep.
+    bandwidth
+        ``BW_mem`` in bytes per second (the copy's).
+    dtype_bytes
+        ``sb`` of the timed GEMMs.
+    floor
+        The dispatch floor in seconds (0: not measured).
+
+    Returns
+    -------
+    list[GemmSample]
+        The compute-bound samples, in the sweep's order.
+    """
+    keep = []
+    for s in samples:
+        memory = dtype_bytes * (s.m * s.k + s.k * s.n + s.m * s.n) / bandwidth
+        if s.seconds >= COMPUTE_BOUND_MARGIN * max(floor, memory):
+            keep.append(s)
+    return keep
 
 
 def _link_fits(comm: Sequence[CommSample]) -> tuple[LinkFit | None, LinkFit | None, dict[str, LinkFit]]:
@@ -638,7 +689,16 @@ def fit_hardware(m: Measurements, base: Hardware) -> CalibrationReport:
     ValueError
         When a fit has too few or non-positive samples (:func:`fit_gemm`).
     """
-    gfit = fit_gemm([s.m for s in m.gemm], [s.k for s in m.gemm], [s.flops_per_s for s in m.gemm])
+    bandwidth = statistics.median(s.bandwidth for s in m.copies)
+    if m.dtype not in DTYPE_BYTES:
+        raise ValueError(f"fit_hardware: dtype must be one of {', '.join(DTYPE_BYTES)}, got {m.dtype!r}")
+    fitted = compute_bound_gemms(
+        m.gemm, bandwidth=bandwidth, dtype_bytes=DTYPE_BYTES[m.dtype], floor=m.dispatch_floor
+    )
+    if len(fitted) < 3:
+        fitted = list(m.gemm)
+    gfit = fit_gemm([s.m for s in fitted], [s.k for s in fitted], [s.flops_per_s for s in fitted])
+    gfit = replace(gfit, n_excluded=len(m.gemm) - len(fitted))
     coll_fit, p2p_fit, primitive_fits = _link_fits(m.comm)
     measured = ["peak_flops", "gamma_m", "gamma_k", "mem_bandwidth", "c_nongemm", "b_cal", "l_cal", "d_cal"]
     inherited = ["memory_headroom"]
@@ -662,7 +722,7 @@ def fit_hardware(m: Measurements, base: Hardware) -> CalibrationReport:
         name=f"calibrated-{m.host}",
         gpu_memory_bytes=gpu_memory,
         peak_flops=gfit.peak_flops,
-        mem_bandwidth=statistics.median(s.bandwidth for s in m.copies),
+        mem_bandwidth=bandwidth,
         gamma_m=gfit.gamma_m,
         gamma_k=gfit.gamma_k,
         c_nongemm=statistics.median(m.nongemm_seconds),
@@ -734,7 +794,14 @@ def _notes(
     return (
         f"Calibrated on {m.host} ({m.device}, {m.dtype} GEMMs, {m.threads} torch threads, "
         f"{'quick' if m.quick else 'full'} sweep, seed {m.seed}). "
-        f"Measured: F_peak/γM/γK (GEMM fit, rel. RMS {gfit.rel_rms:.1%}), BW_mem (copy), "
+        f"Measured: F_peak/γM/γK (GEMM fit, rel. RMS {gfit.rel_rms:.1%}, "
+        + (
+            f"{gfit.n_samples} compute-bound of {gfit.n_samples + gfit.n_excluded} shapes"
+            if gfit.n_excluded
+            else f"all {gfit.n_samples} shapes"
+        )
+        + (f", dispatch floor {m.dispatch_floor * 1e6:.1f} µs" if m.dispatch_floor else "")
+        + "), BW_mem (copy), "
         f"c_nongemm at B_cal={shape.batch} sequences × {shape.seq_len} tokens, d={shape.hidden}, "
         f"dff={shape.ffn_hidden}, {shape.heads} heads (RMSNorm×2, causal softmax, SiLU·mul, "
         "residual adds)"

@@ -4,7 +4,9 @@ What is timed (:mod:`rpeg.costmodel.fit` fits each to the formula the cost model
 assembles the :class:`~rpeg.ir.hardware.Hardware`):
 
 * **GEMM-shape sweep** (:func:`measure_gemm`): ``torch.matmul`` of ``(M × K) @ (K × n)`` over a
-  grid of ``M = b·ℓ`` and ``K`` → ``F_peak, γM, γK``.
+  grid of ``M = b·ℓ`` and ``K`` → ``F_peak, γM, γK``, fitted over the shapes that compute
+  dominates (:func:`~rpeg.costmodel.fit.compute_bound_gemms`: at least twice both their memory
+  time and the dispatch floor that :func:`measure_dispatch` times).
 * **Memory copy** (:func:`measure_copy`): ``BW_mem = 2·bytes/t`` (bytes read plus bytes written)
   of a large tensor copy.
 * **Non-GEMM work** (:func:`measure_nongemm`): two RMSNorms, the causal softmax of the attention
@@ -18,8 +20,8 @@ assembles the :class:`~rpeg.ir.hardware.Hardware`):
 
 The CPU path (``device="cpu"``, float32 as the CPU runtime computes, gloo) is the one exercised
 by the tests. The GPU path (``device="cuda"``: bfloat16 GEMMs and non-GEMM work, NCCL, one
-process per GPU) follows the same code but is **untested here**: no GPU was available when it
-was written.
+process per GPU) follows the same code; its single-GPU part ran once on an H200
+(benchmarks/RESULTS.md, "gpu-check"; no suite test can run it), its collectives never (one GPU).
 
 Importing this module does not import torch; the measuring functions do.
 
@@ -63,6 +65,7 @@ __all__ = [
     "calibrate",
     "measure_comm",
     "measure_copy",
+    "measure_dispatch",
     "measure_gemm",
     "measure_nongemm",
 ]
@@ -154,6 +157,15 @@ def measure_gemm(
         times = _time_call(lambda a=a, b=b: torch.matmul(a, b), device, repeats)
         out[(m, k)] = GemmSample(m, k, n, statistics.median(times))
     return [out[s] for s in shapes]
+
+
+def measure_dispatch(*, device: str = "cpu", repeats: int = 5) -> float:
+    """Median seconds per ``torch.matmul`` of two ``1 × 1`` tensors issued back to back: the
+    dispatch floor under which a GEMM's time says nothing about the device's arithmetic
+    (:func:`~rpeg.costmodel.fit.compute_bound_gemms`)."""
+    torch = _torch()
+    a = torch.ones(1, 1, device=device, dtype=_dtype(device))
+    return statistics.median(_time_call(lambda: torch.matmul(a, a), device, repeats))
 
 
 def measure_copy(nbytes: int, *, device: str = "cpu", repeats: int = 5) -> list[CopySample]:
@@ -438,7 +450,8 @@ def calibrate(
     Parameters
     ----------
     device
-        ``"cpu"`` (float32, gloo) or ``"cuda"`` (bfloat16, NCCL; untested here).
+        ``"cpu"`` (float32, gloo) or ``"cuda"`` (bfloat16, NCCL; ran on one H200, never on several
+        GPUs; no suite test can run it).
     base
         Preset name, JSON file or :class:`Hardware` supplying the figures not measured.
     quick
@@ -511,6 +524,7 @@ def _measure(
 
     say(f"GEMM sweep: {len(plan.ms) * len(plan.ks)} shapes, n = {plan.n}")
     gemm = measure_gemm(plan.ms, plan.ks, plan.n, device=device, repeats=plan.gemm_repeats, seed=seed)
+    floor = measure_dispatch(device=device, repeats=plan.gemm_repeats)
 
     say(f"memory copy: {plan.copy_bytes // MIB} MiB")
     copies = measure_copy(plan.copy_bytes, device=device, repeats=repeats)
@@ -547,4 +561,5 @@ def _measure(
         comm_note=comm_note,
         gpu_memory_bytes=float(torch.cuda.get_device_properties(0).total_memory) if cuda else None,
         gpus_per_node=n_gpus if cuda else None,
+        dispatch_floor=floor,
     )

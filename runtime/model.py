@@ -385,14 +385,54 @@ class StageModel(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------- sampling
-def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
-    """Log-probabilities of ``tokens`` under ``softmax(logits)``: ``log_softmax(logits)[…, tokens]``.
+LOGPROB_CHUNK_LOGITS = 1 << 24
+"""Logits (16 Mi, 64 MiB in float32) that :func:`token_logprobs` upcasts and normalises at a
+time: the pass holds its logits in their own dtype plus this much, not a float32 copy and a
+float32 log-softmax of all of them (2.5 × a bfloat16 model's logits measured on an H200 before;
+benchmarks/RESULTS.md, "gpu-check")."""
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, *, temperature: float = 1.0) -> Tensor:
+    """Log-probabilities of ``tokens`` under ``softmax(logits/T)``: ``log_softmax(logits/T)[…, tokens]``.
 
     ``logits`` is ``[b, s, V]`` (or ``[b, V]``), ``tokens`` ``[b, s]`` (or ``[b]``); the result has the
-    shape of ``tokens`` and is computed in float32.
+    shape of ``tokens`` and is computed in float32. The positions are taken
+    ``⌈s·b·V/LOGPROB_CHUNK_LOGITS⌉`` chunks at a time (:data:`LOGPROB_CHUNK_LOGITS`), each divided
+    by ``T`` in the logits' dtype, upcast and normalised on its own, so no float32 copy of all
+    the logits exists at once (SPEC §14.6 charges a log-prob pass ``4·T_mb·V/Pt`` bytes of
+    logits; a bfloat16 model's pass now holds half that plus a chunk). Autograd flows through
+    each chunk, so a training loss built on it is unchanged.
+
+    Parameters
+    ----------
+    logits
+        Unnormalised scores, any float dtype; a slice (``logits[:, sl]``) is not copied.
+    tokens
+        Indices into the last dimension of ``logits``.
+    temperature
+        ``T > 0``.
+
+    Returns
+    -------
+    Tensor
+        float32 log-probabilities, shaped like ``tokens``.
     """
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    if not temperature > 0:
+        raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature!r}")
+    if logits.dim() == 2:
+        return token_logprobs(logits.unsqueeze(1), tokens.unsqueeze(1), temperature=temperature).squeeze(1)
+    b, _, vocab = logits.shape
+    step = max(1, LOGPROB_CHUNK_LOGITS // max(1, b * vocab))
+    pieces = []
+    # split, not slices: its backward concatenates the chunks' gradients once, where each
+    # slice's would scatter into a zero tensor of all the logits (measured 1.8 × the step time
+    # of a 7B model's training pass at 4 × 8k tokens on an H200)
+    for chunk, toks in zip(logits.split(step, dim=1), tokens.split(step, dim=1)):
+        if temperature != 1.0:
+            chunk = chunk / temperature
+        logp = torch.log_softmax(chunk.float(), dim=-1)
+        pieces.append(logp.gather(-1, toks.unsqueeze(-1)).squeeze(-1))
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
 
 
 def _gumbel(seed: int, sample_ids: Tensor, t: int, vocab: int) -> Tensor:
@@ -442,7 +482,7 @@ def sample_token(
     else:
         noise = _gumbel(seed, sample_ids, t, logits.shape[-1]).to(scaled.device)
         tokens = (scaled.double() + noise).argmax(-1)
-    return tokens, token_logprobs(scaled, tokens)
+    return tokens, token_logprobs(scaled, tokens)  # already scaled: T = 1
 
 
 @torch.no_grad()

@@ -489,7 +489,7 @@ def dpo_batch(task: SyntheticTask, step: int, pairs: int) -> dict[str, Tensor]:
 def _response_logp(model: StageModel, tokens: Tensor, sl: slice, temperature: float) -> Tensor:
     out = model(tokens)
     logits = out[0] if isinstance(out, tuple) else out
-    return token_logprobs(logits[:, sl] / temperature, tokens[:, sl.start + 1 : sl.stop + 1])
+    return token_logprobs(logits[:, sl], tokens[:, sl.start + 1 : sl.stop + 1], temperature=temperature)
 
 
 def train_reference(

@@ -180,7 +180,9 @@ class WorkerOps:
             logits = self.model.heads(hidden[:, lo:hi])
             # position p predicts token p + 1: the response tokens Lp + (lo − sl.start) …
             first = Lp + (lo - sl.start)
-            pieces.append(token_logprobs(logits / self.cfg.temperature, tokens[:, first : first + hi - lo]))
+            pieces.append(
+                token_logprobs(logits, tokens[:, first : first + hi - lo], temperature=self.cfg.temperature)
+            )
         return torch.cat(pieces, dim=1)
 
     def _my_slice(self, n: int) -> torch.Tensor:
@@ -384,7 +386,9 @@ class WorkerOps:
                 values = out[1] if isinstance(out, tuple) else (out if head is Head.SCALAR else None)
                 if kind == "ref_logp" or kind == "logp":
                     assert logits is not None
-                    lp = token_logprobs(logits[:, sl] / self.cfg.temperature, tokens[c][:, Lp : Lp + Lr])
+                    lp = token_logprobs(
+                        logits[:, sl], tokens[c][:, Lp : Lp + Lr], temperature=self.cfg.temperature
+                    )
                     results.append(lp * mask[c])
                 elif kind == "values":
                     assert values is not None
@@ -614,7 +618,7 @@ class WorkerOps:
             loss = output.new_zeros(())
             if want_policy:
                 logits = output[:, sl, :V]
-                lp = token_logprobs(logits / cfg.temperature, target[..., _TOK].long())
+                lp = token_logprobs(logits, target[..., _TOK].long(), temperature=cfg.temperature)
                 weight = (
                     behavior_weight(lp, target[..., _OLD], cfg.behavior_weight_cap) if decoupled else None
                 )

@@ -20,8 +20,10 @@ What is here, and what has run where (``docs/megatron.md``):
   through :func:`sync_save_strategy`, a Megatron save strategy that writes the same format
   with ``torch.distributed.checkpoint``'s synchronous ``FileSystemWriter``.
 * :func:`train_step` runs one optimizer step over the plan's microbatches with
-  ``get_forward_backward_func``. It **has not run on a GPU** and cannot run on CPU: Megatron-core's
-  forward pass, RNG tracker and pipeline schedules need CUDA.
+  ``get_forward_backward_func``. It cannot run on CPU (Megatron-core's forward pass, RNG tracker
+  and pipeline schedules need CUDA) and has run on a GPU once: one H200, ``dp = pp = tp = 1``,
+  float32, a 4-layer Llama (``benchmarks/gpu_check.py --megatron``; docs/megatron.md). Several GPUs
+  (TP, PP, DP) and BF16 have not run.
 
 Megatron-core is imported inside the functions (:func:`~rpeg.runtime.engines.require`), so importing
 this module needs only torch.
@@ -827,8 +829,9 @@ def train_step(
     micro_batch_size: int,
     loss_fn: Callable[[Tensor, Mapping[str, Tensor]], Tensor] | None = None,
 ) -> list[float]:
-    """One optimizer step of Megatron-core over a plan group's ``mb`` microbatches. **It has not run
-    on a GPU**: this machine has none, and it is written against Megatron-core 0.16.1's API only.
+    """One optimizer step of Megatron-core over a plan group's ``mb`` microbatches. It has run on
+    one GPU only (an H200, ``dp = pp = tp = 1``, float32; docs/megatron.md); layouts over several
+    GPUs have not run.
 
     ``get_forward_backward_func()`` picks the schedule from ``parallel_state`` (no pipelining for
     ``Pp = 1``, 1F1B otherwise) and runs ``num_microbatches = len(microbatches)`` forward and

@@ -21,6 +21,7 @@ from rpeg.costmodel.fit import (
     Measurements,
     NonGemmShape,
     comm_coefficients,
+    compute_bound_gemms,
     fit_alpha_beta,
     fit_gemm,
     fit_hardware,
@@ -216,6 +217,55 @@ def test_fit_hardware_recovers_the_machine_and_inherits_the_rest():
     table = r.table()
     assert "inherited" in table and "measured" in table and "collective t0" in table
     assert json.loads(json.dumps(r.to_dict()))["format"] == "rpeg.calibration/1"
+
+
+def _gpu_like_sweep(floor: float) -> tuple[list[GemmSample], tuple[float, float, float], float]:
+    """The CUDA plan's sweep timed on a device that is a dispatch floor, a bandwidth roofline and
+    ``F_peak·η`` at once: ``t = max(t_floor, sb·(MK + Kn + Mn)/BW, 2MKn/(F_peak·η))``."""
+    truth, bw, n = (800e12, 300.0, 400.0), 4e12, 4096
+    samples = []
+    for m in (1, 16, 64, 256, 1024, 4096, 16384):
+        for k in (128, 512, 1024, 2048, 4096, 8192):
+            compute = 2.0 * m * k * n / (truth[0] * gemm_efficiency(m, k, *truth[1:]))
+            samples.append(GemmSample(m, k, n, max(floor, 2 * (m * k + k * n + m * n) / bw, float(compute))))
+    return samples, truth, bw
+
+
+def test_the_gemm_fit_leaves_out_bandwidth_and_dispatch_bound_shapes():
+    """Fitted over every shape, ``η`` bends to the small shapes' roofline and floor and
+    ``F_peak`` lands far from the truth (as on the H200); over the compute-bound ones it is exact."""
+    floor = 8e-6
+    samples, truth, bw = _gpu_like_sweep(floor)
+    keep = compute_bound_gemms(samples, bandwidth=bw, dtype_bytes=2, floor=floor)
+    assert 0 < len(keep) < len(samples)
+    assert all(s.m >= 256 for s in keep) and not any(s.m == 1 for s in keep)
+    naive = fit_gemm([s.m for s in samples], [s.k for s in samples], [s.flops_per_s for s in samples])
+    assert abs(naive.peak_flops / truth[0] - 1.0) > 0.2
+    copies = [CopySample(1 << 30, 2.0 * (1 << 30) / bw)]
+    m = _measurements(
+        gemm=samples, copies=copies, dtype="bfloat16", device="cuda", comm=[], dispatch_floor=floor
+    )
+    r = fit_hardware(m, hardware_preset("h200"))
+    assert r.hardware.peak_flops == pytest.approx(truth[0], rel=1e-6)
+    assert (r.hardware.gamma_m, r.hardware.gamma_k) == pytest.approx(truth[1:], rel=1e-5)
+    assert r.gemm_fit.n_samples == len(keep) and r.gemm_fit.n_excluded == len(samples) - len(keep)
+    assert f"{len(keep)} compute-bound of {len(samples)} shapes" in r.hardware.notes
+    assert "dispatch floor 8.0 µs" in r.hardware.notes
+    assert "bandwidth-/dispatch-bound left out" in r.table()
+
+
+def test_the_gemm_fit_takes_every_shape_when_too_few_are_compute_bound():
+    samples, _, bw = _gpu_like_sweep(floor=1.0)  # a floor of a second: nothing is compute-bound
+    copies = [CopySample(1 << 30, 2.0 * (1 << 30) / bw)]
+    m = _measurements(gemm=samples, copies=copies, dtype="bfloat16", comm=[], dispatch_floor=1.0)
+    r = fit_hardware(m, hardware_preset("h200"))
+    assert r.gemm_fit.n_samples == len(samples) and r.gemm_fit.n_excluded == 0
+    assert f"all {len(samples)} shapes" in r.hardware.notes
+
+
+def test_fit_hardware_refuses_an_unknown_dtype():
+    with pytest.raises(ValueError, match=r"dtype must be one of .*got 'int8'"):
+        fit_hardware(_measurements(dtype="int8"), hardware_preset("cpu"))
 
 
 def test_fit_hardware_without_collectives_inherits_tier_0_and_says_why(tmp_path):

@@ -1,8 +1,8 @@
 """``benchmarks/gpu_check.py`` on CPU: the GPU script's stages run with a tiny model and a quick
 calibration, and its report puts rpeg's predictions beside every measured row.
 
-The script has not run on a GPU (no GPU machine was lent when it was written); this checks the
-part that can run here, so that the first GPU run is not also its first run.
+The script ran on one H200 on 2026-12-04 (benchmarks/RESULTS.md, "gpu-check"); this checks the
+part that can run here, so that a change breaks here before it wastes a GPU lease.
 """
 
 from __future__ import annotations

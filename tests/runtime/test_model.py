@@ -139,6 +139,37 @@ def test_generation_is_independent_of_batch_split(spec):
     assert not torch.equal(other, toks)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_logprobs_in_chunks_equals_one_log_softmax(monkeypatch, dtype):
+    """Chunked over positions, the log-probs and their gradients are those of one full
+    ``log_softmax``, and no normalisation sees more than a chunk of logits (SPEC §14.6: no
+    float32 copy of all the logits; the regression a full log-softmax would be)."""
+    from rpeg.runtime import model as model_module
+
+    g = torch.Generator().manual_seed(3)
+    logits = (3 * torch.randn(3, 11, 40, generator=g)).to(dtype).requires_grad_()
+    toks = torch.randint(0, 40, (3, 11), generator=g)
+    full = torch.log_softmax((logits / 0.7).float(), -1).gather(-1, toks.unsqueeze(-1)).squeeze(-1)
+    seen = []
+    real = torch.log_softmax
+    monkeypatch.setattr(model_module, "LOGPROB_CHUNK_LOGITS", 3 * 2 * 40)  # two positions a chunk
+    monkeypatch.setattr(
+        model_module.torch, "log_softmax", lambda x, dim: seen.append(x.numel()) or real(x, dim=dim)
+    )
+    chunked = token_logprobs(logits[:, 2:], toks[:, 2:], temperature=0.7)
+    assert chunked.dtype == torch.float32 and chunked.shape == (3, 9)
+    assert len(seen) == 5 and max(seen) == 3 * 2 * 40
+    torch.testing.assert_close(chunked, full[:, 2:], atol=0, rtol=0)
+    (grad,) = torch.autograd.grad(chunked.sum(), logits)
+    (grad_ref,) = torch.autograd.grad(full[:, 2:].sum(), logits)
+    torch.testing.assert_close(grad, grad_ref)
+    # one position per sequence ([b, V] logits) and the refused temperature
+    torch.testing.assert_close(token_logprobs(logits[:, 0], toks[:, 0]), real(logits[:, 0].float(), dim=-1).gather(
+        -1, toks[:, :1]).squeeze(-1))  # fmt: skip
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        token_logprobs(logits, toks, temperature=0.0)
+
+
 def test_sample_token_follows_softmax_and_greedy():
     logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]]).repeat(4000, 1)
     tok, logp = sample_token(logits, 0, torch.arange(4000), 0)
