@@ -377,11 +377,18 @@ class StageModel(nn.Module):
         return self.lm_head(h), values
 
     def forward(
-        self, x: Tensor, *, positions: Tensor | None = None, cache: KVCache | None = None
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        heads: bool = True,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """``heads(forward_hidden(x))`` on the last stage, ``forward_hidden(x)`` on the others."""
+        """``heads(forward_hidden(x))`` on the last stage, ``forward_hidden(x)`` on the others
+        and with ``heads=False`` (a caller that applies :meth:`heads` in chunks; through the
+        module call, so FSDP2 gathers the root's parameters for it as for a whole pass)."""
         h = self.forward_hidden(x, positions=positions, cache=cache)
-        return self.heads(h) if self.last else h
+        return self.heads(h) if self.last and heads else h
 
 
 # ---------------------------------------------------------------------------------------------- sampling

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["FSDPAdam", "Mesh", "assemble", "local", "publication", "shard_of", "shareable"]
+__all__ = ["FSDPAdam", "FSDPShards", "Mesh", "assemble", "local", "publication", "shard_of", "shareable"]
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -101,31 +101,22 @@ def _dim0_chunk(full: torch.Tensor, parts: int, index: int) -> torch.Tensor:
     return chunks[index] if index < len(chunks) else full.new_empty((0, *full.shape[1:]))
 
 
-class FSDPAdam:
-    """Data-parallel training with FSDP2 (``torch.distributed.fsdp.fully_shard``) and
-    ``torch.optim.Adam`` on its dim-0 shards: ZeRO-2 as SPEC §6 charges it.
+class FSDPShards:
+    """The parameters of one rank's stage sharded over its data-parallel group by FSDP2
+    (``torch.distributed.fsdp.fully_shard``), without an optimizer: a frozen model's ZeRO stage 3
+    (SPEC §14.3), and the base of :class:`FSDPAdam`.
 
-    ``fully_shard`` over the DP mesh makes each parameter's FP32 master and Adam moments a
-    ``1/Pd`` dim-0 shard (a 2-D DTensor under TP); the backward of a rank's last microbatch
-    reduce-scatters the gradient sum (gloo has no pre-scaled sum, so the reduction is a plain
-    ``SUM``: losses are already divided by the global token count), Adam updates the shards and
-    one AllGather refreshes the full parameters. Between updates the model keeps its full
-    (TP-local) parameters registered — ``reshard_after_forward`` and ``reshard_after_backward``
-    off — so inference, generation, publications, snapshots and checkpoints read them without a
-    collective, and DP ranks may run different numbers of forwards. A write of new weights must go
-    through :meth:`set_masters` too, or the next update starts from the old shards.
+    With ``zero = 3`` each module of ``units`` (the decoder layers) is an FSDP2 unit of its own
+    and the root holds the rest (embedding, norm, heads); between operations only the dim-0
+    shards stay registered, a forward gathers a layer before it runs and frees it after
+    (``reshard_after_forward``), and the root stays gathered through a pass (FSDP2 never reshards
+    the root after forward: :meth:`release` does, for a model no backward follows). Reading or
+    writing the full weights (publications, installs, snapshots, checkpoints) happens inside
+    :meth:`gathered`; :meth:`set_masters` writes the shards. With ``zero = 2`` the full
+    parameters stay registered between passes. With ``Pd = 1`` nothing is sharded and the model
+    is not wrapped.
 
-    ``zero = 3`` (FSDP2 full sharding, SPEC §14.3): each module of ``units`` (the decoder
-    layers) is an FSDP2 unit of its own and the root holds the rest (embedding, norm, heads);
-    between operations only the dim-0 shards stay registered, a forward gathers a layer before it
-    runs and frees it after (``reshard_after_forward``), the backward gathers it again and
-    reduce-scatters its gradient, and the root stays gathered through a pass (FSDP2 never reshards
-    the root after forward). The update needs no AllGather afterwards. Reading the full weights
-    (publications, snapshots, checkpoints) happens inside :meth:`gathered`.
-
-    With ``Pd = 1`` nothing is sharded: the model is not wrapped and Adam updates its parameters.
-    Adam is ``torch.optim.Adam``: ``m ← β1·m + (1−β1)·g``, ``v ← β2·v + (1−β2)·g²``,
-    ``θ ← θ − lr·(m/(1−β1^t)) / (√(v/(1−β2^t)) + ε)``.
+    Every DP rank must run the same forwards in the same order while sharded (each gathers).
 
     Parameters
     ----------
@@ -134,11 +125,9 @@ class FSDPAdam:
     mesh
         The DP device mesh (a sub-mesh of the same root as the TP mesh).
     group
-        The DP process group (gathers of the moments).
-    lr, betas, eps
-        Adam hyper-parameters.
+        The DP process group.
     zero
-        ZeRO stage: 2 (full parameters kept between updates) or 3 (full sharding).
+        ZeRO stage: 2 or 3.
     units
         ``zero = 3``: the modules sharded as units of their own (the decoder layers).
 
@@ -154,14 +143,11 @@ class FSDPAdam:
         mesh: object,
         group: object,
         *,
-        lr: float,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
         zero: int = 2,
         units: tuple[torch.nn.Module, ...] = (),
     ) -> None:
         if zero not in (2, 3):
-            raise ValueError(f"FSDPAdam: zero={zero!r} must be 2 or 3")
+            raise ValueError(f"{type(self).__name__}: zero={zero!r} must be 2 or 3")
         self.model = model
         self.group = group
         self.world = dist.get_world_size(group)
@@ -176,16 +162,7 @@ class FSDPAdam:
             if self.zero == 3:
                 self.units = [fully_shard(u, mesh=mesh, reshard_after_forward=True) for u in units]
             self.units.append(fully_shard(model, mesh=mesh, reshard_after_forward=self.zero == 3))
-            if self.zero == 2:
-                model.set_reshard_after_backward(False)
-            for unit in self.units:  # both settings are per unit
-                unit.set_gradient_divide_factor(1.0)
-                unit.set_force_sum_reduction_for_comms(True)
         self.masters = dict(model.named_parameters())  # the dim-0 shards (DTensors) under FSDP2
-        self.adam = torch.optim.Adam(list(self.masters.values()), lr=lr, betas=betas, eps=eps)
-        self.t = 0
-        if self.sharded and self.zero == 2:
-            model.unshard()
 
     @property
     def resharded(self) -> bool:
@@ -212,6 +189,82 @@ class FSDPAdam:
             for unit in self.units:
                 unit.set_reshard_after_forward(unit is not self.model, recurse=False)
                 unit.reshard()
+
+    def release(self) -> None:
+        """``zero = 3`` outside :meth:`gathered`: free the root's gathered parameters (embedding,
+        norm, heads), which FSDP2 keeps after a forward for the backward that a frozen model's
+        forward never has. Local: no collective."""
+        if self.resharded:
+            self.model.reshard()
+
+    @torch.no_grad()
+    def set_masters(self, weights: dict[str, torch.Tensor]) -> None:
+        """Make ``weights`` (full TP-local tensors by parameter name) the registered shards
+        (``Pd = 1``: the parameters are the masters, already written)."""
+        if not self.sharded:
+            return
+        for name, master in self.masters.items():
+            local(master).copy_(_dim0_chunk(weights[name], self.world, self.index))
+
+
+class FSDPAdam(FSDPShards):
+    """Data-parallel training with FSDP2 (:class:`FSDPShards`) and ``torch.optim.Adam`` on its
+    dim-0 shards: ZeRO-2 as SPEC §6 charges it, or ZeRO-3.
+
+    ``fully_shard`` over the DP mesh makes each parameter's FP32 master and Adam moments a
+    ``1/Pd`` dim-0 shard (a 2-D DTensor under TP); the backward of a rank's last microbatch
+    reduce-scatters the gradient sum (gloo has no pre-scaled sum, so the reduction is a plain
+    ``SUM``: losses are already divided by the global token count), Adam updates the shards and
+    one AllGather refreshes the full parameters. Between updates the model keeps its full
+    (TP-local) parameters registered — ``reshard_after_forward`` and ``reshard_after_backward``
+    off — so inference, generation, publications, snapshots and checkpoints read them without a
+    collective, and DP ranks may run different numbers of forwards. A write of new weights must go
+    through :meth:`set_masters` too, or the next update starts from the old shards.
+
+    ``zero = 3`` (FSDP2 full sharding, SPEC §14.3): the units of :class:`FSDPShards`; the
+    backward gathers each layer again and reduce-scatters its gradient, and the update needs no
+    AllGather afterwards.
+
+    With ``Pd = 1`` nothing is sharded: the model is not wrapped and Adam updates its parameters.
+    Adam is ``torch.optim.Adam``: ``m ← β1·m + (1−β1)·g``, ``v ← β2·v + (1−β2)·g²``,
+    ``θ ← θ − lr·(m/(1−β1^t)) / (√(v/(1−β2^t)) + ε)``.
+
+    Parameters
+    ----------
+    model, mesh, group, zero, units
+        As :class:`FSDPShards`.
+    lr, betas, eps
+        Adam hyper-parameters.
+
+    Raises
+    ------
+    ValueError
+        For a stage other than 2 or 3.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        mesh: object,
+        group: object,
+        *,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        zero: int = 2,
+        units: tuple[torch.nn.Module, ...] = (),
+    ) -> None:
+        super().__init__(model, mesh, group, zero=zero, units=units)
+        if self.sharded:
+            if self.zero == 2:
+                model.set_reshard_after_backward(False)
+            for unit in self.units:  # both settings are per unit
+                unit.set_gradient_divide_factor(1.0)
+                unit.set_force_sum_reduction_for_comms(True)
+        self.adam = torch.optim.Adam(list(self.masters.values()), lr=lr, betas=betas, eps=eps)
+        self.t = 0
+        if self.sharded and self.zero == 2:
+            model.unshard()
 
     def sync_gradients(self, last: bool) -> None:
         """Reduce-scatter the accumulated gradients in the coming backward only when ``last``
@@ -240,15 +293,6 @@ class FSDPAdam:
         self.adam.zero_grad(set_to_none=True)
         if self.sharded:
             self.model.set_requires_gradient_sync(True)
-
-    @torch.no_grad()
-    def set_masters(self, weights: dict[str, torch.Tensor]) -> None:
-        """Make ``weights`` (full TP-local tensors by parameter name) the shards Adam updates
-        (``Pd = 1``: the parameters are the masters, already written)."""
-        if not self.sharded:
-            return
-        for name, master in self.masters.items():
-            local(master).copy_(_dim0_chunk(weights[name], self.world, self.index))
 
     def _moment(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         master = self.masters[name]

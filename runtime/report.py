@@ -470,6 +470,10 @@ def predicted_memory(
       gradients (full and unsharded while the update's microbatches accumulate them) and one
       unit's ReduceScatter (:func:`training_transient_bytes`); gathering the stage for a
       publication, snapshot or checkpoint holds ``W·sb`` at once;
+    * a frozen ZeRO-3 model (``Pd > 1``, :class:`~rpeg.runtime.parallel.FSDPShards`) registers
+      ``W·sb/Pd``; each forward pass adds the gathered root and two layers (``sb·N_g``,
+      :func:`~rpeg.costmodel.memory.zero_state_bytes`) to its activations, and where another
+      group trains the model, installing a version gathers the stage (``W·sb``);
     * inference: ``μ`` times the forward activations at ``ℓ`` of the node's sequences
       (:func:`node_sequences`: a phase node holds its phase's sequences only);
     * generation on the torch engine: ``μ`` times the prefill's activations, and the KV cache; on a vLLM
@@ -527,7 +531,7 @@ def predicted_memory(
     for g in binding.groups:
         spec = replace(g.spec, dtype_bytes=4)  # the CPU runtime computes in float32
         sb = spec.dtype_bytes
-        sharded = g.trains and g.zero == 3 and g.dp > 1
+        sharded = g.zero == 3 and g.dp > 1
         lay = Layout(
             Strategy(
                 (1, 1, g.size), g.dp, g.pp, g.tp, g.mb, recompute=g.recompute_run, zero=3 if sharded else 2
@@ -537,16 +541,19 @@ def predicted_memory(
         persistent = w * sb
         if g.trains:
             persistent += training_state_bytes(spec, lay, g.head) - (MASTER_BYTES * w if g.dp == 1 else 0.0)
-        zero3 = zero_state_bytes(spec, Role.TRAINING, lay, g.head) if sharded else None
-        if zero3 is not None:  # the registered shards are the masters: SPEC's state alone
+        role = Role.TRAINING if g.trains else Role.INFERENCE
+        zero3 = zero_state_bytes(spec, role, lay, g.head) if sharded else None
+        if zero3 is not None:  # the registered shards (a trainer's masters): SPEC's state alone
             persistent = zero3.persistent
         full = model_params(spec, g.head) * sb
         # a new version arrives from the training group as numpy views of the object store
         # (shared pages); only a tensor-parallel trainer's shards are concatenated into a copy
         trainer = next((h for h in binding.groups if h.model == g.model and h.trains), None)
         installs = g.trainable and not g.trains and trainer is not None and trainer.tp > 1
-        # forward passes and generation: the same on every rank
+        # forward passes and generation: the same on every rank; a frozen ZeRO-3 model gathers
+        # its root and a layer or two for each pass (SPEC's N_g; a trainer's is in its transient)
         forward = full if installs else 0.0
+        gather = zero3.transient if zero3 is not None and not g.trains else 0.0
         for name in g.vertices:
             role = roles[name]
             if role is Role.INFERENCE:
@@ -562,14 +569,15 @@ def predicted_memory(
                 )
             else:
                 continue
-            forward = max(forward, a)
+            forward = max(forward, a + gather)
         # training: a pipelined trainer's stages hold different layers and microbatches
         stages = range(g.pp) if g.trains and g.pp > 1 else (None,)
         by_stage: dict[int | None, float] = {}
         for stage in stages:
             scale = 1.0 if stage is None else stage_params(spec, g.pp, g.tp, g.head, stage) / w
             transient = forward
-            if zero3 is not None:  # publications, snapshots and checkpoints gather the stage
+            if zero3 is not None and (g.trains or trainer is not None):
+                # publications, snapshots and installs of new weights gather the stage
                 transient = max(transient, scale * w * sb)
             if g.trains:
                 transient = max(

@@ -420,11 +420,11 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
     execute yet (``docs/runtime.md``, "Real job shapes").
 
     The torch engine trains with FSDP2 at ZeRO stage 2 (full parameters kept between updates) or
-    3 (parameters sharded too, one FSDP2 unit per decoder layer), holds every forward-only copy
-    replicated (stage 2) and back-propagates through a microbatch's whole logits (a forward
-    pass's chunked log-probs run as planned). A stage-3 trainer's state does not move between
-    plans yet: with ``moves_state`` (transitions, or replanning after a lost worker) it is
-    refused. The workload's
+    3 (parameters sharded too, one FSDP2 unit per decoder layer), holds a forward-only copy
+    replicated (stage 2) or sharded the same way (stage 3, :class:`~rpeg.runtime.parallel.
+    FSDPShards`), and runs a chunked loss (``logits_chunk``) as planned: a forward pass applies
+    the head to a chunk of positions at a time, training does so under activation checkpointing. A stage-3 model's state does not move between plans yet:
+    with ``moves_state`` (transitions, or replanning after a lost worker) it is refused. The workload's
     choices of SPEC §14.2 and §14.8 run: a rule reward (the generation scores its rollouts with
     the task's rule), no reference (``kl_coef = 0``: no KL term), the old log-probs from the
     trainer's own pass (``actor_logp``) and ``U = mini_batches`` optimizer updates per step, each
@@ -456,22 +456,17 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
                 f"vertex {v.name!r}: host offload (offload=true) is planned but {what}; plan for the "
                 "bundled engines with Cluster(..., host_offload=False) (rpeg solve --no-host-offload)"
             )
-        runs = (2, 3) if v.role is Role.TRAINING and not moves_state else (2,)
+        runs = (2, 3) if v.role is not Role.GENERATION and not moves_state else (2,)
         if s.zero not in runs:
             what = (
-                "a stage-3 trainer's state does not move between plans yet (transitions, replanning)"
-                if s.zero == 3 and v.role is Role.TRAINING
-                else "the torch engine trains at stages 2 and 3 and holds forward-only copies replicated"
+                "a stage-3 model's state does not move between plans yet (transitions, replanning)"
+                if s.zero == 3 and v.role is not Role.GENERATION
+                else "the torch engine trains at stages 2 and 3 and holds forward-only copies at "
+                "stage 2 (replicated) or 3 (sharded)"
             )
             raise ValueError(
                 f"vertex {v.name!r}: ZeRO stage {s.zero} is planned but {what}; plan for it with "
                 "Cluster(..., max_zero_stage=2) (rpeg solve --max-zero-stage 2)"
-            )
-        if s.logits_chunk and v.role is Role.TRAINING:  # forward passes chunk their log-probs
-            raise ValueError(
-                f"vertex {v.name!r}: a chunked training loss (logits_chunk={s.logits_chunk}) is planned but "
-                "the torch engine back-propagates through a microbatch's whole logits; set the plan "
-                "entry's logits_chunk to 0 (the planner has no switch for it yet)"
             )
         if v.role is Role.TRAINING and s.pp > 1 and update_microbatches(s.mb, U) < s.pp:
             raise ValueError(

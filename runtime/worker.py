@@ -37,7 +37,7 @@ from ..ir.types import Head
 from .binding import GroupSpec, RunShape
 from .fidelity import PrivatePeak, heap_live_bytes, map_large_blocks, private_bytes, unmap_large_blocks
 from .model import StageModel
-from .parallel import FSDPAdam, local, make_mesh
+from .parallel import FSDPAdam, FSDPShards, local, make_mesh
 from .rl import RLConfig
 from .task import SyntheticTask
 from .worker_checkpoints import WorkerCheckpoints
@@ -168,6 +168,7 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         self.version = 0
         self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
         self.optimizer = None
+        self.sharding: FSDPShards | None = None  # the FSDP2 wrapper of the weights, when any
         if group.trains:
             lr = config.critic_lr if group.head is Head.SCALAR else config.lr
             # FSDP2 shards the masters and moments over the DP ranks (Pd > 1); stage 3 also the
@@ -180,8 +181,17 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
                 zero=group.zero,
                 units=tuple(model.model.layers.values()) if group.zero == 3 else (),
             )
+            self.sharding = self.optimizer
         else:
             model.requires_grad_(False)
+            if group.zero == 3:  # a frozen model's full sharding (SPEC §14.3): no optimizer
+                self.sharding = FSDPShards(
+                    model,
+                    self.mesh.dp_mesh,
+                    self.mesh.dp_group,
+                    zero=3,
+                    units=tuple(model.model.layers.values()),
+                )
         self.task = SyntheticTask(shape.vocab, shape.prompt_len, shape.response_len, seed=seed)
         self.target = self.task.target
         self.inbox: dict[tuple, list[dict[str, torch.Tensor]]] = {}
@@ -203,9 +213,7 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
             "layers": self.layer_range,
             "params": sum(local(p).numel() for p in self.model.parameters()),
             "optimizer": None if self.optimizer is None else ("fsdp2" if self.optimizer.sharded else "adam"),
-            **(
-                {"zero": self.optimizer.zero} if self.optimizer is not None and self.optimizer.sharded else {}
-            ),
+            **({"zero": self.sharding.zero} if self.sharding is not None and self.sharding.sharded else {}),
             **({"rollout_engine": self.engine_info} if self.engine_info else {}),
         }
 

@@ -22,7 +22,7 @@ import torch
 
 from .binding import GroupSpec
 from .model import StageModel
-from .parallel import FSDPAdam, local
+from .parallel import FSDPAdam, FSDPShards, local
 
 __all__ = ["WorkerCheckpoints"]
 
@@ -36,6 +36,7 @@ class WorkerCheckpoints:
     mesh: Any
     model: StageModel
     optimizer: FSDPAdam | None
+    sharding: FSDPShards | None
     version: int
     snapshots: dict[int, dict[str, torch.Tensor]]
     keep_boundary: bool
@@ -49,7 +50,7 @@ class WorkerCheckpoints:
         """A block in which :meth:`_weights` gives the full weights: with ZeRO stage 3 every
         unit is gathered for it (collectives: every DP rank of the group must enter it at the
         same point), otherwise they are already there."""
-        return self.optimizer.gathered() if self.optimizer is not None else contextlib.nullcontext()
+        return self.sharding.gathered() if self.sharding is not None else contextlib.nullcontext()
 
     def _weights(self) -> dict[str, torch.Tensor]:
         """This rank's parameters by name, as the model holds them between updates (TP DTensors
@@ -59,7 +60,7 @@ class WorkerCheckpoints:
         ------
         RuntimeError
             With ZeRO stage 3 outside :meth:`full_weights` (only shards are registered)."""
-        if self.optimizer is not None and self.optimizer.resharded:
+        if self.sharding is not None and self.sharding.resharded:
             raise RuntimeError(
                 f"worker {self.group.worker(self.rank)}: ZeRO-3 keeps only shards between operations; "
                 "read the weights inside full_weights()"
@@ -71,17 +72,17 @@ class WorkerCheckpoints:
         """Copy ``weights`` (this rank's local tensors by name) into the model; with ``master``
         also into the optimizer's shards (FSDP2), so the next update starts from them. With ZeRO
         stage 3 the shards are the parameters: they alone are written (``master`` required)."""
-        if self.optimizer is not None and self.optimizer.resharded:
+        if self.sharding is not None and self.sharding.resharded:
             if not master:
                 raise RuntimeError(
                     f"worker {self.group.worker(self.rank)}: ZeRO-3 shards cannot serve other weights"
                 )
-            self.optimizer.set_masters(weights)
+            self.sharding.set_masters(weights)
             return
         for name, p in self._weights().items():
             local(p).copy_(weights[name])
-        if master and self.optimizer is not None:
-            self.optimizer.set_masters(weights)
+        if master and self.sharding is not None:  # FSDP2: the shards, which a gathered copy is not
+            self.sharding.set_masters(weights)
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         """A copy of this rank's weights (local shards), by parameter name."""

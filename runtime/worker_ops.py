@@ -40,11 +40,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 
 from ..ir.types import Head, Role
 from .binding import GroupSpec, RunShape, mini_batch_bounds, update_microbatches
 from .model import KVCache, StageModel, sample_token, token_logprobs
-from .parallel import FSDPAdam
+from .parallel import FSDPAdam, FSDPShards
 from .rl import (
     RLConfig,
     behavior_weight,
@@ -98,13 +99,18 @@ def rule_reward(
 
 class PackedOutput(torch.nn.Module):
     """Last-stage wrapper whose output is one tensor: logits ``[b,s,V]``, values ``[b,s,1]``, or
-    both concatenated (``BOTH``) — the form ``torch.distributed.pipelining`` passes to the loss."""
+    both concatenated (``BOTH``) — the form ``torch.distributed.pipelining`` passes to the loss.
+    With :attr:`hidden` set (a chunked training loss, SPEC §14.6) the last stage returns its
+    hidden states ``[b,s,d]`` instead and the loss applies the heads (:meth:`WorkerOps._loss_fn`)."""
 
     def __init__(self, inner: StageModel) -> None:
         super().__init__()
         self.inner = inner
+        self.hidden = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.hidden:
+            return self.inner(x, heads=False)
         out = self.inner(x)
         if not self.inner.last:
             return out
@@ -134,6 +140,7 @@ class WorkerOps:
     model: StageModel
     packed: PackedOutput
     optimizer: FSDPAdam | None
+    sharding: FSDPShards | None
     task: SyntheticTask
     target: torch.Tensor
     gen_state: dict[tuple[str, int], dict[str, Any]]
@@ -160,7 +167,7 @@ class WorkerOps:
             x = torch.empty(b, s, self.group.spec.hidden)
             dist.recv(x, src=m.prev_rank())
         if m.last and not heads:
-            return self.model.forward_hidden(x, cache=cache)
+            return self.model(x, cache=cache, heads=False)
         out = self.model(x, cache=cache)
         if not m.last:
             dist.send(out.contiguous(), dst=m.next_rank())
@@ -368,10 +375,21 @@ class WorkerOps:
         chunk = int(node.get("logits_chunk", 0))  # a chunked loss (SPEC §14.6)
         chunked = chunk > 0 and kind in ("ref_logp", "logp") and self.group.head is Head.LM
 
+        # ZeRO-3 gathers each layer in every forward (collectives over the DP group): every rank
+        # runs all mb passes, an empty microbatch as a one-sequence pass whose output is dropped
+        gathers = self.sharding is not None and self.sharding.resharded
+
         def forward(tokens: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
             results: list[torch.Tensor] = []
             for c in torch.tensor_split(torch.arange(len(tokens)), mb):
                 if not len(c):
+                    if gathers:
+                        self._stage(
+                            torch.zeros(1, Lp + Lr, dtype=torch.long) if self.mesh.first else None,
+                            1,
+                            Lp + Lr,
+                            heads=not chunked,
+                        )
                     continue
                 if chunked:  # the head over `chunk` response positions at a time
                     hidden = self._stage(tokens[c] if self.mesh.first else None, len(c), Lp + Lr, heads=False)
@@ -404,6 +422,7 @@ class WorkerOps:
 
         results = forward(tokens, mask)
         greedy = None
+        release = self.sharding.release if self.sharding is not None and not self.group.trains else None
         if kind == "rewards" and "greedy_ids" in batch:
             # ReMax: the reward model also scores the greedy rollout of each of this rank's
             # sequences: the one with the same sample id (greedy decoding draws no noise, so it is
@@ -412,6 +431,8 @@ class WorkerOps:
             g_tokens, g_mask = batch["greedy_tokens"][pos], batch["greedy_mask"][pos]
             greedy = (forward(g_tokens, g_mask), task_reward(g_tokens, g_mask))
             meta["sequences"] += len(pos)
+        if release is not None:  # a frozen ZeRO-3 model frees its gathered root between nodes
+            release()
         if not self._emits():
             return {}, meta
         ids = batch["ids"][mine]
@@ -465,6 +486,12 @@ class WorkerOps:
         updates = int(node.get("updates", 1))
         # the vertex's microbatches (SPEC §14.2), formed within each update
         micro = update_microbatches(int(node.get("mb", self.group.mb)), updates)
+        # a chunked loss (SPEC §14.6): the stage returns hidden states, the loss applies the
+        # heads to `chunk` response positions at a time and recomputes them in the backward
+        chunk = int(node.get("logits_chunk", 0)) if self.group.head is not Head.SCALAR else 0
+        if self.packed.hidden != bool(chunk):
+            self.packed.hidden = bool(chunk)
+            self.schedule = None  # a pipeline's last stage now returns another shape
         assert self.optimizer is not None
         losses: list[torch.Tensor] = []
         old = None
@@ -476,7 +503,12 @@ class WorkerOps:
                 )
             total = (hi - lo) / 2 if algorithm == "dpo" else float(batch["mask"][lo:hi].sum())
             loss_fn = self._loss_fn(
-                algorithm, total, gaps if j == 0 else None, decoupled=decoupled, reference=reference
+                algorithm,
+                total,
+                gaps if j == 0 else None,
+                decoupled=decoupled,
+                reference=reference,
+                chunk=chunk,
             )
             mine = lo + self._my_slice(hi - lo)
             losses += self._backward(batch["tokens"][mine], target[mine], loss_fn, micro)
@@ -588,6 +620,7 @@ class WorkerOps:
         *,
         decoupled: bool = False,
         reference: bool = True,
+        chunk: int = 0,
     ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """The loss of a microbatch's packed output and target, divided by ``total`` (the
         update's global token count; DPO: its pair count): PPO's clipped surrogate for a policy
@@ -605,6 +638,12 @@ class WorkerOps:
         trains on: ``max_t |log π_trainer(y_t) − log π_rollout(y_t)|`` over its valid tokens, the
         trainer's log-probs of its first forward (before this step's update) against those the
         generation recorded — the log-prob gap between the rollout engine and the trainer.
+
+        With ``chunk > 0`` (a chunked loss, SPEC §14.6) the output is the last stage's hidden
+        states: the heads run on ``chunk`` response positions at a time, each chunk under
+        activation checkpointing (:func:`torch.utils.checkpoint.checkpoint`), so its logits are
+        freed after its log-probs and recomputed in the backward — no more than ``chunk × V``
+        logits per sequence exist at once, at the cost of a second head forward.
         """
         cfg = self.cfg
         head = self.group.head
@@ -613,12 +652,31 @@ class WorkerOps:
         V = self.group.spec.vocab
         sl = response_slice(self.shape.prompt_len, self.shape.response_len)
 
+        def chunk_heads(hidden: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            out = self.model.heads(hidden)
+            logits = out[0] if isinstance(out, tuple) else out
+            lp = token_logprobs(logits, tokens, temperature=cfg.temperature)
+            return (lp, out[1]) if isinstance(out, tuple) else (lp,)
+
+        def heads_in_chunks(hidden: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            """Log-probs (and a shared head's values) of the response positions, ``chunk`` at a time."""
+            parts = [
+                torch.utils.checkpoint.checkpoint(chunk_heads, h, t, use_reentrant=False)
+                for h, t in zip(hidden[:, sl].split(chunk, dim=1), tokens.split(chunk, dim=1))
+            ]
+            return tuple(torch.cat(p, dim=1) for p in zip(*parts))
+
         def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             m = target[..., _MASK]
             loss = output.new_zeros(())
+            chunked = heads_in_chunks(output, target[..., _TOK].long()) if chunk else None
             if want_policy:
-                logits = output[:, sl, :V]
-                lp = token_logprobs(logits, target[..., _TOK].long(), temperature=cfg.temperature)
+                if chunked is not None:
+                    lp = chunked[0]
+                else:
+                    lp = token_logprobs(
+                        output[:, sl, :V], target[..., _TOK].long(), temperature=cfg.temperature
+                    )
                 weight = (
                     behavior_weight(lp, target[..., _OLD], cfg.behavior_weight_cap) if decoupled else None
                 )
@@ -641,7 +699,7 @@ class WorkerOps:
                 if algorithm == "grpo" and reference:
                     loss = loss + kl_loss(lp, target[..., _REF], m, cfg.kl_coef)[0]
             if want_value:
-                values = output[:, sl, -1]
+                values = chunked[1] if chunked is not None else output[:, sl, -1]
                 v_sum, _ = value_loss(values, target[..., _RET], m, target[..., _VAL], cfg.value_clip)
                 loss = loss + (cfg.value_coef * v_sum if want_policy else v_sum)  # c_v: shared backbone
             return loss / total
@@ -651,7 +709,11 @@ class WorkerOps:
     def _zero_pass(self, length: int) -> None:
         """A forward and backward of one dummy sequence whose loss is 0: takes part in the DP
         group's collectives without changing the gradients."""
-        (self.packed(torch.zeros(1, length, dtype=torch.long)).sum() * 0).backward()
+        out = self.packed(torch.zeros(1, length, dtype=torch.long))
+        if self.packed.hidden:  # every head takes part in the gradient reduction, as on other ranks
+            heads = self.model.heads(out)
+            out = sum(h.sum() for h in heads) if isinstance(heads, tuple) else heads.sum()
+        (out.sum() * 0).backward()
 
     def _backward(
         self,

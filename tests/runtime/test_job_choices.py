@@ -8,7 +8,8 @@ update on its mini-batch alone (same gradient: normalised by the mini-batch's to
 greedy baseline. Two runs on the session's Ray instance (tests/runtime/conftest.py) combine the
 choices: GRPO with all four (``actor_logp`` on its own device, fed by weight publications) and PPO
 with a rule reward and two updates per step, its actor trained PP-2 (one 1F1B schedule per update).
-A third pair of runs trains one plan with its trainer at ZeRO stage 2 and at stage 3.
+A third pair of runs trains one plan with its trainer at ZeRO stage 2 and at stage 3, a fourth
+runs a PPO plan with its reference and its critic's serving copy at stage 2 and at stage 3.
 """
 
 from __future__ import annotations
@@ -293,3 +294,98 @@ def test_a_fully_sharded_trainer_trains_the_weights_of_a_stage_2_one(ray_session
         saved = torch.load(f, weights_only=False)
         for name, w in saved["params"].items():  # full tensors, not the rank's shards
             torch.testing.assert_close(w, weights[3][name], atol=0, rtol=0)
+
+
+def test_fully_sharded_frozen_models_serve_what_replicated_ones_do(ray_session):
+    """ZeRO-3 for forward-only copies (SPEC §14.3, :class:`~rpeg.runtime.parallel.FSDPShards`):
+    the same PPO plan with its reference and its critic's inference copy (which installs the
+    critic trainer's weights every step) at stage 2 and at stage 3 on two DP ranks gives the same
+    rewards and trains the same weights; the stage-3 copies register half the parameters each,
+    and their predicted memory holds the shards plus the gathered root and layers."""
+    from rpeg import Cluster, Structure, hardware_preset
+    from rpeg.runtime.report import predicted_memory
+    from rpeg.runtime.runner import run
+    from rpeg.runtime.verify import verify
+    from rpeg.solvers.result import result_for_plan
+
+    wl = Workload("ppo", {"actor": TOY, "critic": TOY}, 64, 1, 256, 256, reward="rule")
+    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=3)
+    both = ((0, 0, 0), (1, 1, 2), 2, 1, 1)
+    structure = Structure("ppo", False, (("actor", 0), ("critic", 0)))
+    reports, results = {}, {}
+    for zero in (2, 3):
+        frozen = (*both, 2, None, {"zero": zero})
+        table = {
+            "actor_gen": (*both, 1),
+            "ref_inf": frozen,
+            "critic_inf": frozen,
+            "actor_train": (*both, 2, "none"),
+            "critic_train": (*both, 2, "none"),
+        }
+        results[zero] = result_for_plan(wl, cluster, structure, table)
+        reports[zero] = run(results[zero], steps=2, return_weights=True)
+        assert reports[zero].problems == [] and verify(reports[zero].trace, results[zero]) == []
+    groups = {z: reports[z].trace.groups.values() for z in (2, 3)}
+    for name in ("ref_inf", "critic_inf"):
+        g2, g3 = (next(g for g in groups[z] if name in g["vertices"]) for z in (2, 3))
+        # at stage 2 the critic's copy joins its trainer's group (one layout), which reports stage 2
+        assert [r.get("zero") for r in g3["ranks"]] == [3, 3] and all(
+            r.get("zero", 2) == 2 for r in g2["ranks"]
+        )
+        # dim-0 shards: half of every parameter, a row more where a dimension is odd
+        assert all(r3["params"] <= 0.51 * r2["params"] for r2, r3 in zip(g2["ranks"], g3["ranks"]))
+    assert reports[3].rewards == pytest.approx(reports[2].rewards, abs=1e-6)
+    for model in ("actor", "critic"):
+        for name, w in reports[2].weights[model].items():
+            torch.testing.assert_close(reports[3].weights[model][name], w, atol=1e-5, rtol=0)
+    # predicted: stage 2 holds the full copy, stage 3 its shard and, for each pass, the gathered
+    # root and two layers (SPEC's N_g) on top of the same activations
+    from dataclasses import replace
+
+    from rpeg.costmodel.layout import Layout
+    from rpeg.costmodel.memory import weight_shard_params, zero_state_bytes
+    from rpeg.ir.plan import Strategy
+    from rpeg.ir.types import Role
+
+    memory = {}
+    for z in (2, 3):
+        binding = bind(results[z], expected_graph(results[z], 1), 1)
+        g = next(g for g in binding.groups if "ref_inf" in g.vertices)
+        memory[z] = predicted_memory(binding, live=True)[g.worker(0)]
+    spec = replace(g.spec, dtype_bytes=4)  # the scaled model, in the CPU runtime's float32
+    state = zero_state_bytes(spec, Role.INFERENCE, Layout(Strategy((1, 1, 2), 2, 1, 1, 2, zero=3)))
+    full = 4 * weight_shard_params(spec, 1, 1)
+    assert state.persistent == pytest.approx(full / 2) and state.transient > 0
+    assert memory[3] - memory[2] == pytest.approx(state.persistent + state.transient - full)
+
+
+def test_a_chunked_training_loss_trains_the_weights_of_a_whole_one(ray_session):
+    """A chunked loss (SPEC §14.6, ``logits_chunk``) in training: the heads run on two response
+    positions at a time under activation checkpointing. On two DP ranks at ZeRO stage 3 (the
+    heads are the root's parameters, used outside its forward) and pipelined over two stages
+    (the last stage returns hidden states to the loss) it trains the weights the unchunked
+    stage-2 trainer does."""
+    from rpeg import Cluster, Structure, hardware_preset
+    from rpeg.runtime.runner import run
+    from rpeg.runtime.verify import verify
+    from rpeg.solvers.result import result_for_plan
+
+    wl = Workload("grpo", {"actor": TOY}, 64, 4, 256, 256, reward="rule", kl_coef=0.0)
+    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=3)
+    both = ((0, 0, 0), (1, 1, 2))
+    trainers = {
+        "whole": (*both, 2, 1, 1, 2, "none", {"zero": 2}),
+        "chunked zero-3": (*both, 2, 1, 1, 2, "none", {"zero": 3, "logits_chunk": 2}),
+        "chunked pp-2": (*both, 1, 2, 1, 4, "none", {"logits_chunk": 2}),
+    }
+    weights = {}
+    for name, train in trainers.items():
+        table = {"actor_gen": (*both, 2, 1, 1, 1), "actor_train": train}
+        result = result_for_plan(wl, cluster, Structure("grpo", False, (("actor", 0),)), table)
+        assert result.plan.choices[1].strategy.logits_chunk == (0 if name == "whole" else 2)
+        report = run(result, steps=2, return_weights=True)
+        assert report.problems == [] and verify(report.trace, result) == [], name
+        weights[name] = report.weights["actor"]
+    for name in ("chunked zero-3", "chunked pp-2"):
+        for key, w in weights["whole"].items():
+            torch.testing.assert_close(weights[name][key], w, atol=1e-5, rtol=0, msg=f"{name}: {key}")
