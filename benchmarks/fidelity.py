@@ -14,7 +14,8 @@ vLLM (CPU build) rollouts and the torch engine's inference and training — what
   colocated;
 * gradient accumulation — colocated, each DP rank's sequences in 4 training microbatches and 2
   forward-only ones (SPEC §14.2);
-* FSDP2 full sharding — the same with both trainers at ZeRO stage 3 (SPEC §14.3).
+* FSDP2 full sharding — the same with both trainers and the three frozen copies at ZeRO stage 3
+  (SPEC §14.3).
 
 Predictions are the shared evaluator's on the scaled problem with the calibrated hardware file
 (``--hardware``, written by ``rpeg calibrate --engines torch,vllm`` on this machine). Reported:
@@ -56,7 +57,7 @@ TRAIN = ("none",)  # the runtime trains without activation recomputation
 
 
 def _entry(where: tuple, dp: int, pp: int, tp: int, mb: int, train: bool = False, zero: int = 2) -> tuple:
-    return (*where, dp, pp, tp, mb, *((*TRAIN, {"zero": zero}) if train else ()))
+    return (*where, dp, pp, tp, mb, *((*TRAIN, {"zero": zero}) if train else (None, {"zero": zero})))
 
 
 COLOCATED = {
@@ -89,10 +90,13 @@ GRAD_ACC = COLOCATED | {
     "actor_train": _entry(BOTH, 2, 1, 1, 4, True),
     "critic_train": _entry(BOTH, 2, 1, 1, 4, True),
 }
-# the same with both trainers fully sharded (FSDP2, ZeRO-3, SPEC §14.3): their groups keep only
-# shards between operations, so the generation and the critic's inference get their weights by
-# publication
+# the same with every model fully sharded (FSDP2, ZeRO-3, SPEC §14.3): the trainers' groups and
+# the frozen copies (reference, reward model, the critic's serving copy) keep only shards between
+# operations, so the generation and the critic's inference get their weights by publication
 FULL_SHARD = GRAD_ACC | {
+    "ref_inf": _entry(BOTH, 2, 1, 1, 2, zero=3),
+    "reward_inf": _entry(BOTH, 2, 1, 1, 2, zero=3),
+    "critic_inf": _entry(BOTH, 2, 1, 1, 2, zero=3),
     "actor_train": _entry(BOTH, 2, 1, 1, 4, True, zero=3),
     "critic_train": _entry(BOTH, 2, 1, 1, 4, True, zero=3),
 }
@@ -116,8 +120,11 @@ NOTE = (
     "weight sync is charged "
     "at the generation node while the "
     "runtime pays it at the weight COMM in disaggregated plans (docs/decisions.md); the memory prediction is "
-    "the GPU one's terms in the runtime's layout (above). GPU fidelity was not measured (no GPU in this "
-    "session)."
+    "the GPU one's terms in the runtime's layout (above). A vLLM generation's phase nodes measure the wait for "
+    "their phase's sequences: the engine decodes on between the nodes, on the device's core beside whatever "
+    "runs there, so a phase whose sequences finished in the gap measures the ~0.07 s of collecting them "
+    '(docs/engines.md, "Phases are real"). No plan has run on a GPU (one H200\'s single-GPU passes: '
+    "section gpu-check)."
 )
 TARGETS = {"op_mape": 25.0, "step_mape": 20.0, "rho": 0.9, "memory": 25.0}
 COLOURS = {"generation": "tab:blue", "inference": "tab:green", "training": "tab:red"}

@@ -9,10 +9,13 @@ which is what the test suite does)
        as its base: the calibrated figures beside the preset's.
     2. Qwen2.5-7B (rpeg's preset shape, transformers' ``Qwen2ForCausalLM``, BF16 weights, SDPA
        attention, random weights) on one GPU: a training pass (forward, float32 log-softmax of
-       the tokens as the runtime computes it, a chunk of positions at a time, backward) with and without per-layer activation
-       checkpointing (HF gradient checkpointing = rpeg's ``full`` / ``none`` recomputation), and a
-       log-prob pass (forward under ``no_grad``), at several microbatch shapes ``b × ℓ``. Per
-       shape: the median of three timed passes after a warm-up, and the peak memory above the
+       the tokens as the runtime computes it, 16 Mi logits at a time, backward) with and without
+       per-layer activation checkpointing (HF gradient checkpointing = rpeg's ``full`` / ``none``
+       recomputation), the same with full recomputation and a chunked loss
+       (``train-full-chunk``: the LM head over ``CHUNK_GPU`` tokens at a time under activation
+       checkpointing, as the runtime runs a plan's ``logits_chunk``, SPEC §14.6), and a log-prob
+       pass (forward under ``no_grad``), at several microbatch shapes ``b × ℓ``. Per shape: the
+       median of three timed passes after a warm-up, and the peak memory above the
        resident weights (``torch.cuda.max_memory_allocated`` minus the allocated bytes before the
        pass; training's includes the BF16 gradients it creates).
     3. A fused AdamW step over ``N`` float32 parameters: seconds per parameter.
@@ -61,13 +64,18 @@ GPU_ROWS: dict[str, list[tuple[int, int]]] = {
     "train-none": [(1, 4096), (2, 4096), (4, 2048), (1, 8192), (1, 16384)],
     "train-full": [(1, 8192), (4, 8192), (1, 16384), (1, 32768)],
     "logprob": [(1, 8192), (8, 4096), (4, 8192), (1, 32768)],
+    "train-full-chunk": [(4, 8192), (1, 32768)],
 }
 #: The same on a CPU with a tiny model (the suite's smoke run of this script).
 TINY_ROWS: dict[str, list[tuple[int, int]]] = {
     "train-none": [(1, 32), (2, 16)],
     "train-full": [(1, 32)],
     "logprob": [(2, 32)],
+    "train-full-chunk": [(2, 32)],
 }
+#: Tokens per chunk of a chunked loss (SPEC §14.6's ``c``), on the GPU and in the tiny CPU run.
+CHUNK_GPU = 4096
+CHUNK_TINY = 16
 GPU_MODEL = "qwen2.5-7b"
 ADAM_PARAMS_GPU = 1 << 30
 ADAM_PARAMS_TINY = 1 << 16
@@ -94,16 +102,20 @@ def _mem(torch: Any, device: str) -> tuple[int, int]:
     return torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
 
 
-def _one_pass(torch: Any, model: Any, kind: str, b: int, ell: int, device: str, seed: int) -> dict[str, Any]:
-    """Time one pass kind at ``b × ℓ`` (median of three after a warm-up) and take its peak memory."""
-    from rpeg.runtime.model import token_logprobs
+def _one_pass(
+    torch: Any, model: Any, kind: str, b: int, ell: int, device: str, seed: int, chunk: int = CHUNK_GPU
+) -> dict[str, Any]:
+    """Time one pass kind at ``b × ℓ`` (median of three after a warm-up) and take its peak memory.
+    ``*-chunk`` kinds take the loss ``chunk`` tokens at a time as the runtime does (the LM head
+    under activation checkpointing, :func:`~rpeg.runtime.model.in_token_chunks`)."""
+    from rpeg.runtime.model import in_token_chunks, token_logprobs
 
     g = torch.Generator(device="cpu").manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (b, ell), generator=g).to(device)
     training = kind.startswith("train")
     if training:
         model.train()
-        if kind == "train-full":
+        if kind.startswith("train-full"):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_disable()
@@ -112,7 +124,15 @@ def _one_pass(torch: Any, model: Any, kind: str, b: int, ell: int, device: str, 
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
-        if training:
+        if kind.endswith("-chunk"):
+            hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state  # final norm applied
+
+            def head(h: Any, t: Any) -> tuple[Any, ...]:
+                return (token_logprobs(model.lm_head(h), t),)
+
+            lp = in_token_chunks(head, hidden[:, :-1], ids[:, 1:], chunk, checkpoint=True)[0]
+            (-lp.mean()).backward()
+        elif training:
             logits = model(input_ids=ids, use_cache=False).logits
             loss = -token_logprobs(logits[:, :-1], ids[:, 1:]).mean()
             loss.backward()
@@ -121,7 +141,12 @@ def _one_pass(torch: Any, model: Any, kind: str, b: int, ell: int, device: str, 
                 logits = model(input_ids=ids, use_cache=False).logits
                 token_logprobs(logits[:, :-1], ids[:, 1:])
 
-    row: dict[str, Any] = {"kind": kind, "b": b, "ell": ell}
+    row: dict[str, Any] = {
+        "kind": kind,
+        "b": b,
+        "ell": ell,
+        **({"chunk": chunk} if kind.endswith("-chunk") else {}),
+    }
     try:
         model.zero_grad(set_to_none=True)
         if device == "cuda":
@@ -280,7 +305,7 @@ def measure(out: Path, device: str, tiny: bool, seed: int = 0, megatron: bool = 
     result["rows"] = []
     for kind, shapes in rows.items():
         for b, ell in shapes:
-            row = _one_pass(torch, model, kind, b, ell, device, seed)
+            row = _one_pass(torch, model, kind, b, ell, device, seed, CHUNK_TINY if tiny else CHUNK_GPU)
             log(json.dumps({k: v for k, v in row.items() if k != "times"}))
             result["rows"].append(row)
             (out / "gpu_measured.json").write_text(json.dumps(result, indent=1))
@@ -328,8 +353,11 @@ def predict(row: dict[str, Any], spec: Any, hw: Any) -> dict[str, float]:
 
     b, ell, kind = row["b"], row["ell"], row["kind"]
     role = Role.TRAINING if kind.startswith("train") else Role.INFERENCE
-    recompute = "full" if kind == "train-full" else "none"
-    layout = Layout(Strategy((1, 1, 1), dp=1, pp=1, tp=1, mb=1, recompute=recompute), gpus_per_node=1)
+    recompute = "full" if kind.startswith("train-full") else "none"
+    strategy = Strategy(
+        (1, 1, 1), dp=1, pp=1, tp=1, mb=1, recompute=recompute, logits_chunk=row.get("chunk", 0)
+    )
+    layout = Layout(strategy, gpus_per_node=1)
     half = ell // 2
     t = op_time(
         spec,

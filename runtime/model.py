@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,7 @@ __all__ = [
     "KVCache",
     "StageModel",
     "generate",
+    "in_token_chunks",
     "sample_token",
     "scale_spec",
     "stable_seed",
@@ -440,6 +442,28 @@ def token_logprobs(logits: Tensor, tokens: Tensor, *, temperature: float = 1.0) 
         logp = torch.log_softmax(chunk.float(), dim=-1)
         pieces.append(logp.gather(-1, toks.unsqueeze(-1)).squeeze(-1))
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+
+
+def in_token_chunks(
+    fn: Callable[[Tensor, Tensor], tuple[Tensor, ...]],
+    hidden: Tensor,
+    tokens: Tensor,
+    chunk: int,
+    *,
+    checkpoint: bool = False,
+) -> tuple[Tensor, ...]:
+    """``fn`` over ``chunk`` tokens of a microbatch at a time (SPEC §14.6's ``c``): the ``b × r``
+    positions of ``hidden`` ``[b, r, d]`` and ``tokens`` ``[b, r]`` taken in order, ``[1, c, d]``
+    and ``[1, c]`` per call; each of ``fn``'s ``[1, c]`` outputs is put back as ``[b, r]``.
+
+    With ``checkpoint`` each call runs under :func:`torch.utils.checkpoint.checkpoint`: what it
+    makes inside (the logits) is freed after it and recomputed in the backward. Flattening copies
+    the hidden states of a sliced ``hidden`` (``b·r·d``, no logits).
+    """
+    b, r, d = hidden.shape
+    calls = zip(hidden.reshape(1, b * r, d).split(chunk, dim=1), tokens.reshape(1, b * r).split(chunk, dim=1))
+    parts = [layer_checkpoint(fn, h, t, use_reentrant=False) if checkpoint else fn(h, t) for h, t in calls]
+    return tuple(torch.cat(p, dim=1).reshape(b, r) for p in zip(*parts))
 
 
 def _gumbel(seed: int, sample_ids: Tensor, t: int, vocab: int) -> Tensor:

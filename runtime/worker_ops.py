@@ -40,11 +40,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.utils.checkpoint
 
 from ..ir.types import Head, Role
 from .binding import GroupSpec, RunShape, mini_batch_bounds, update_microbatches
-from .model import KVCache, StageModel, sample_token, token_logprobs
+from .model import KVCache, StageModel, in_token_chunks, sample_token, token_logprobs
 from .parallel import FSDPAdam, FSDPShards
 from .rl import (
     RLConfig,
@@ -178,19 +177,16 @@ class WorkerOps:
         self, hidden: torch.Tensor, tokens: torch.Tensor, sl: slice, chunk: int
     ) -> torch.Tensor:
         """Log-probs of the response tokens from the last stage's ``hidden`` states with the
-        head applied to ``chunk`` positions at a time (a chunked loss, SPEC §14.6): no more than
-        ``chunk × V`` logits per sequence exist at once, and only the response positions'."""
-        Lp = self.shape.prompt_len
-        pieces = []
-        for lo in range(sl.start, sl.stop, chunk):
-            hi = min(lo + chunk, sl.stop)
-            logits = self.model.heads(hidden[:, lo:hi])
-            # position p predicts token p + 1: the response tokens Lp + (lo − sl.start) …
-            first = Lp + (lo - sl.start)
-            pieces.append(
-                token_logprobs(logits, tokens[:, first : first + hi - lo], temperature=self.cfg.temperature)
-            )
-        return torch.cat(pieces, dim=1)
+        head applied to ``chunk`` tokens of the microbatch at a time (a chunked loss, SPEC §14.6:
+        ``c·V`` logits at once), and only to the response positions'."""
+        Lp, Lr = self.shape.prompt_len, self.shape.response_len
+        T = self.cfg.temperature
+
+        def head(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (token_logprobs(self.model.heads(h), t, temperature=T),)
+
+        # position p predicts token p + 1: the response tokens Lp … Lp + Lr − 1
+        return in_token_chunks(head, hidden[:, sl], tokens[:, Lp : Lp + Lr], chunk)[0]
 
     def _my_slice(self, n: int) -> torch.Tensor:
         """Indices of this DP rank's sequences among ``n``: every ``Pd``-th from its DP rank
@@ -640,10 +636,11 @@ class WorkerOps:
         generation recorded — the log-prob gap between the rollout engine and the trainer.
 
         With ``chunk > 0`` (a chunked loss, SPEC §14.6) the output is the last stage's hidden
-        states: the heads run on ``chunk`` response positions at a time, each chunk under
+        states: the heads run on ``chunk`` response tokens of the microbatch at a time
+        (:func:`in_token_chunks`), each chunk under
         activation checkpointing (:func:`torch.utils.checkpoint.checkpoint`), so its logits are
         freed after its log-probs and recomputed in the backward — no more than ``chunk × V``
-        logits per sequence exist at once, at the cost of a second head forward.
+        logits exist at once, at the cost of a second head forward.
         """
         cfg = self.cfg
         head = self.group.head
@@ -659,12 +656,9 @@ class WorkerOps:
             return (lp, out[1]) if isinstance(out, tuple) else (lp,)
 
         def heads_in_chunks(hidden: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            """Log-probs (and a shared head's values) of the response positions, ``chunk`` at a time."""
-            parts = [
-                torch.utils.checkpoint.checkpoint(chunk_heads, h, t, use_reentrant=False)
-                for h, t in zip(hidden[:, sl].split(chunk, dim=1), tokens.split(chunk, dim=1))
-            ]
-            return tuple(torch.cat(p, dim=1) for p in zip(*parts))
+            """Log-probs (and a shared head's values) of the response positions, ``chunk`` tokens
+            at a time, each chunk's logits recomputed in the backward."""
+            return in_token_chunks(chunk_heads, hidden[:, sl], tokens, chunk, checkpoint=True)
 
         def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             m = target[..., _MASK]

@@ -71,6 +71,11 @@ def test_predictions_follow_the_recomputation_mode(gpu_check):
     assert full["memory"] < none["memory"] and full["seconds"] > none["seconds"]
     assert full["logits"] == none["logits"] == 2 * logp["logits"]  # training holds their gradient too
     assert logp["seconds"] < none["seconds"] / 2
+    # a chunked loss holds c tokens' logits (and their gradient) and recomputes the head's forward
+    chunked = gpu_check.predict({"kind": "train-full-chunk", "b": 4, "ell": 8192, "chunk": 4096}, spec, hw)
+    whole = gpu_check.predict({"kind": "train-full", "b": 4, "ell": 8192}, spec, hw)
+    assert chunked["logits"] == whole["logits"] * 4096 / (4 * 8192)
+    assert whole["seconds"] < chunked["seconds"] < 1.05 * whole["seconds"]
 
 
 def test_megatron_outcome_is_reported_in_words(gpu_check):
