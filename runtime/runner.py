@@ -423,12 +423,13 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
     3 (parameters sharded too, one FSDP2 unit per decoder layer), holds a forward-only copy
     replicated (stage 2) or sharded the same way (stage 3, :class:`~rpeg.runtime.parallel.
     FSDPShards`), and runs a chunked loss (``logits_chunk``) as planned: a forward pass applies
-    the head to a chunk of positions at a time, training does so under activation checkpointing. A stage-3 model's state does not move between plans yet:
-    with ``moves_state`` (transitions, or replanning after a lost worker) it is refused. The workload's
-    choices of SPEC §14.2 and §14.8 run: a rule reward (the generation scores its rollouts with
-    the task's rule), no reference (``kl_coef = 0``: no KL term), the old log-probs from the
-    trainer's own pass (``actor_logp``) and ``U = mini_batches`` optimizer updates per step, each
-    over a contiguous mini-batch of the step's samples in ``⌈mb/U⌉`` microbatches. Pipelined
+    the head to ``c`` tokens at a time, training does so under activation checkpointing. A
+    stage-3 model's state does not move between plans yet: with ``moves_state`` (transitions,
+    or replanning after a lost worker) it is refused. The workload's choices of SPEC §14.2 and
+    §14.8 run: a rule reward (the generation scores its rollouts with the task's rule), no
+    reference (``kl_coef = 0``: no KL term), the old log-probs from the trainer's own pass
+    (``actor_logp``) and ``U = mini_batches`` optimizer updates per step, each over a contiguous
+    mini-batch of the step's samples in ``⌈mb/U⌉`` microbatches. Pipelined
     training runs one 1F1B schedule of ``⌈mb/U⌉`` microbatches per update, so that count must
     reach ``Pp``. Microbatches (gradient accumulation), recomputation and packing run as planned;
     a generation's memory fraction sizes a GPU rollout engine's cache, while the vLLM CPU build

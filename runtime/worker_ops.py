@@ -387,7 +387,7 @@ class WorkerOps:
                             heads=not chunked,
                         )
                     continue
-                if chunked:  # the head over `chunk` response positions at a time
+                if chunked:  # the head over `chunk` response tokens at a time
                     hidden = self._stage(tokens[c] if self.mesh.first else None, len(c), Lp + Lr, heads=False)
                     if hidden is not None:
                         results.append(self._chunked_logprobs(hidden, tokens[c], sl, chunk) * mask[c])
@@ -483,7 +483,7 @@ class WorkerOps:
         # the vertex's microbatches (SPEC §14.2), formed within each update
         micro = update_microbatches(int(node.get("mb", self.group.mb)), updates)
         # a chunked loss (SPEC §14.6): the stage returns hidden states, the loss applies the
-        # heads to `chunk` response positions at a time and recomputes them in the backward
+        # heads to `chunk` response tokens at a time and recomputes them in the backward
         chunk = int(node.get("logits_chunk", 0)) if self.group.head is not Head.SCALAR else 0
         if self.packed.hidden != bool(chunk):
             self.packed.hidden = bool(chunk)
