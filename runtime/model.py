@@ -405,8 +405,8 @@ def token_logprobs(logits: Tensor, tokens: Tensor, *, temperature: float = 1.0) 
     """Log-probabilities of ``tokens`` under ``softmax(logits/T)``: ``log_softmax(logits/T)[…, tokens]``.
 
     ``logits`` is ``[b, s, V]`` (or ``[b, V]``), ``tokens`` ``[b, s]`` (or ``[b]``); the result has the
-    shape of ``tokens`` and is computed in float32. The positions are taken
-    ``⌈s·b·V/LOGPROB_CHUNK_LOGITS⌉`` chunks at a time (:data:`LOGPROB_CHUNK_LOGITS`), each divided
+    shape of ``tokens`` and is computed in float32. The positions are taken in
+    ``⌈s·b·V/LOGPROB_CHUNK_LOGITS⌉`` chunks (:data:`LOGPROB_CHUNK_LOGITS` logits each), each divided
     by ``T`` in the logits' dtype, upcast and normalised on its own, so no float32 copy of all
     the logits exists at once (SPEC §14.6 charges a log-prob pass ``4·T_mb·V/Pt`` bytes of
     logits; a bfloat16 model's pass now holds half that plus a chunk). Autograd flows through
@@ -459,7 +459,14 @@ def in_token_chunks(
     With ``checkpoint`` each call runs under :func:`torch.utils.checkpoint.checkpoint`: what it
     makes inside (the logits) is freed after it and recomputed in the backward. Flattening copies
     the hidden states of a sliced ``hidden`` (``b·r·d``, no logits).
+
+    Raises
+    ------
+    ValueError
+        If ``chunk`` is not a positive integer.
     """
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"in_token_chunks: chunk must be a positive number of tokens, got {chunk!r}")
     b, r, d = hidden.shape
     calls = zip(hidden.reshape(1, b * r, d).split(chunk, dim=1), tokens.reshape(1, b * r).split(chunk, dim=1))
     parts = [layer_checkpoint(fn, h, t, use_reentrant=False) if checkpoint else fn(h, t) for h, t in calls]

@@ -170,6 +170,31 @@ def test_token_logprobs_in_chunks_equals_one_log_softmax(monkeypatch, dtype):
         token_logprobs(logits, toks, temperature=0.0)
 
 
+def test_in_token_chunks_takes_c_tokens_of_the_microbatch_at_a_time():
+    """SPEC §14.6's ``c`` counts the microbatch's tokens, across its sequences: ``b·r/c`` calls of
+    ``c`` tokens, outputs put back in place; with checkpointing the gradients are the same."""
+    from rpeg.runtime.model import in_token_chunks
+
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(3, 5, 4, generator=g, requires_grad=True)
+    toks = torch.randint(0, 4, (3, 5), generator=g)
+    sizes = []
+
+    def fn(h, t):
+        sizes.append(h.shape[1])
+        return (token_logprobs(h, t), h.sum(-1))
+
+    lp, s = in_token_chunks(fn, hidden, toks, 4)
+    assert sizes == [4, 4, 4, 3] and lp.shape == s.shape == (3, 5)
+    torch.testing.assert_close(lp, token_logprobs(hidden, toks), atol=0, rtol=0)
+    torch.testing.assert_close(s, hidden.sum(-1), atol=0, rtol=0)
+    (grad,) = torch.autograd.grad(lp.sum(), hidden)
+    again = in_token_chunks(fn, hidden, toks, 4, checkpoint=True)[0]
+    torch.testing.assert_close(torch.autograd.grad(again.sum(), hidden)[0], grad)
+    with pytest.raises(ValueError, match="chunk must be a positive number of tokens, got 0"):
+        in_token_chunks(fn, hidden, toks, 0)
+
+
 def test_sample_token_follows_softmax_and_greedy():
     logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]]).repeat(4000, 1)
     tok, logp = sample_token(logits, 0, torch.arange(4000), 0)
