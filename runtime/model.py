@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint as layer_checkpoint
 
+from ..ir.errors import check_positive_int
 from ..ir.models import ModelSpec
 from ..ir.types import Head
 
@@ -462,11 +463,10 @@ def in_token_chunks(
 
     Raises
     ------
-    ValueError
-        If ``chunk`` is not a positive integer.
+    TypeError, ValueError
+        If ``chunk`` is not a positive integer (:func:`~rpeg.ir.errors.check_positive_int`).
     """
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"in_token_chunks: chunk must be a positive number of tokens, got {chunk!r}")
+    check_positive_int("in_token_chunks: chunk", chunk)
     b, r, d = hidden.shape
     calls = zip(hidden.reshape(1, b * r, d).split(chunk, dim=1), tokens.reshape(1, b * r).split(chunk, dim=1))
     parts = [layer_checkpoint(fn, h, t, use_reentrant=False) if checkpoint else fn(h, t) for h, t in calls]

@@ -418,7 +418,6 @@ class WorkerOps:
 
         results = forward(tokens, mask)
         greedy = None
-        release = self.sharding.release if self.sharding is not None and not self.group.trains else None
         if kind == "rewards" and "greedy_ids" in batch:
             # ReMax: the reward model also scores the greedy rollout of each of this rank's
             # sequences: the one with the same sample id (greedy decoding draws no noise, so it is
@@ -427,8 +426,8 @@ class WorkerOps:
             g_tokens, g_mask = batch["greedy_tokens"][pos], batch["greedy_mask"][pos]
             greedy = (forward(g_tokens, g_mask), task_reward(g_tokens, g_mask))
             meta["sequences"] += len(pos)
-        if release is not None:  # a frozen ZeRO-3 model frees its gathered root between nodes
-            release()
+        if self.sharding is not None and not self.group.trains:
+            self.sharding.release()  # a frozen ZeRO-3 model frees its gathered root between nodes
         if not self._emits():
             return {}, meta
         ids = batch["ids"][mine]

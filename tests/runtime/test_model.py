@@ -191,7 +191,7 @@ def test_in_token_chunks_takes_c_tokens_of_the_microbatch_at_a_time():
     (grad,) = torch.autograd.grad(lp.sum(), hidden)
     again = in_token_chunks(fn, hidden, toks, 4, checkpoint=True)[0]
     torch.testing.assert_close(torch.autograd.grad(again.sum(), hidden)[0], grad)
-    with pytest.raises(ValueError, match="chunk must be a positive number of tokens, got 0"):
+    with pytest.raises(ValueError, match="in_token_chunks: chunk must be a positive integer, got 0"):
         in_token_chunks(fn, hidden, toks, 0)
 
 
