@@ -120,10 +120,9 @@ NOTE = (
     "weight sync is charged "
     "at the generation node while the "
     "runtime pays it at the weight COMM in disaggregated plans (docs/decisions.md); the memory prediction is "
-    "the GPU one's terms in the runtime's layout (above). A vLLM generation's phase nodes measure the wait for "
-    "their phase's sequences: the engine decodes on between the nodes, on the device's core beside whatever "
-    "runs there, so a phase whose sequences finished in the gap measures the ~0.07 s of collecting them "
-    '(docs/engines.md, "Phases are real"). No plan has run on a GPU (one H200\'s single-GPU passes: '
+    "the GPU one's terms in the runtime's layout (above). A vLLM generation's phase node decodes its own "
+    'phase: the engine is paused between the nodes (docs/engines.md, "Phases are real"). '
+    "No plan has run on a GPU (one H200's single-GPU passes: "
     "section gpu-check)."
 )
 TARGETS = {"op_mape": 25.0, "step_mape": 20.0, "rho": 0.9, "memory": 25.0}

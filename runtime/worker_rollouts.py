@@ -19,8 +19,9 @@ and the engine holds a copy of it:
   ``stable_seed(seed, "vllm", sample_id)`` and ``max_tokens`` = the sequence's response length
   (``ignore_eos``: exactly that many tokens); the engine is stepped until every sequence that ends in the node's phase has
   finished (vLLM's step API, :meth:`RolloutEngine.stream`), and the rest stay in flight for the
-  next phase node. Sequences are released to inference as they finish, so the plan's gen–inf
-  overlap happens on the engine.
+  next phase node, paused (:meth:`RolloutEngine.pause`: vLLM V1's engine core would otherwise
+  decode them between the nodes, beside whatever the plan runs on the device then). Sequences
+  are released to inference as they finish, so the plan's gen–inf overlap happens on the engine.
 
 :class:`WorkerRollouts` is a part of :class:`~rpeg.runtime.worker.Worker`.
 """
@@ -293,6 +294,8 @@ class WorkerRollouts:
             got[r.index] = r
         if last:
             st["stream"].close()
+        # Later phases' sequences wait for their own nodes: the device runs other work between.
+        self.engine.pause()
         rows = sorted(want)
         Lp, Lr = sh.prompt_len, sh.response_len
         tokens = torch.zeros(len(rows), Lp + Lr, dtype=torch.int64)

@@ -492,6 +492,8 @@ class RolloutEngine:
         self._batches = 0
         #: Finished requests of open streams, kept by whichever stream stepped the engine.
         self._mailbox: dict[str, tuple[Any, float, int]] = {}
+        #: Whether :meth:`pause` holds the engine core's scheduler.
+        self._paused = False
         started = time.perf_counter()
         try:
             # The first step with log-probs compiles vLLM's rank counting (torch.compile,
@@ -563,7 +565,7 @@ class RolloutEngine:
         engine = self._engine
         self._batches += 1
         ids = {f"rpeg-{self._batches}-{i}": i for i in range(n)}
-        stream = RolloutStream(engine, ids, self._mailbox)
+        stream = RolloutStream(engine, ids, self._mailbox, before_step=self._resume)
         added: list[str] = []
         for rid, i in ids.items():
             params = SamplingParams(
@@ -585,6 +587,35 @@ class RolloutEngine:
                 raise
             added.append(rid)
         return stream
+
+    def pause(self) -> None:
+        """Hold the requests in flight where they are until a stream next steps the engine.
+
+        vLLM V1's engine core runs in its own process and decodes its requests whether or not
+        anyone calls ``step``; a plan's generation phase, though, owns its device only for the
+        phase's own decode steps (SPEC §7.3), and the device runs other nodes in between. This
+        pauses the engine core's scheduler with every request kept (vLLM's ``pause_scheduler``,
+        mode ``"keep"``, prefix cache kept), so nothing decodes until :class:`RolloutStream`
+        steps the engine again (it resumes first). Nothing to do when no request is in flight,
+        or when the engine core runs in this process (it decodes only inside ``step``).
+        """
+        engine = self._engine
+        client = engine.engine_core
+        if self._paused or not hasattr(client, "call_utility") or not engine.has_unfinished_requests():
+            return
+        client.call_utility("pause_scheduler", "keep", False)
+        self._paused = True
+
+    @property
+    def paused(self) -> bool:
+        """Whether :meth:`pause` holds the engine's requests."""
+        return self._paused
+
+    def _resume(self) -> None:
+        """Undo :meth:`pause` (``resume_scheduler``); called before every engine step."""
+        if self._paused:
+            self._engine.engine_core.call_utility("resume_scheduler")
+            self._paused = False
 
     def generate(
         self,
@@ -693,12 +724,20 @@ class RolloutStream(Iterator[Rollout]):
     Each ``next()`` returns a rollout that has finished, stepping the engine (``LLMEngine.step``)
     until one has; rollouts that finish in the same step come out in the engine's order.
     :attr:`pending` counts the requests not yet returned; :meth:`close` aborts them.
+    ``before_step`` is called before every step (:meth:`RolloutEngine.stream` passes the
+    resumption of a :meth:`RolloutEngine.pause`).
     """
 
     def __init__(
-        self, engine: Any, ids: Mapping[str, int], mailbox: dict[str, tuple[Any, float, int]] | None = None
+        self,
+        engine: Any,
+        ids: Mapping[str, int],
+        mailbox: dict[str, tuple[Any, float, int]] | None = None,
+        *,
+        before_step: Callable[[], object] | None = None,
     ) -> None:
         self._engine = engine
+        self._before_step = before_step
         self._ids = dict(ids)
         self._pending = set(ids)
         self._ready: collections.deque[Rollout] = collections.deque()
@@ -729,6 +768,8 @@ class RolloutStream(Iterator[Rollout]):
                 lost = sorted(self._pending)
                 self._pending.clear()
                 raise RuntimeError(f"vLLM finished without returning requests {lost}")
+            if self._before_step is not None:
+                self._before_step()  # a paused engine core would never answer the step
             outputs = self._engine.step()
             self._steps += 1
             finished_s = time.perf_counter() - self._start

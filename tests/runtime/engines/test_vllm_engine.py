@@ -244,6 +244,33 @@ def test_two_open_streams_share_the_engine(engine):
     assert [r.token_ids for r in sorted(out_g, key=lambda r: r.index)] == [r.token_ids for r in alone_g]
 
 
+def test_a_paused_engine_decodes_nothing_until_a_stream_steps_it(engine):
+    """Between a generation's phase nodes the engine holds its requests (vLLM V1's engine core
+    would decode them in the background): while paused no engine step sends outputs, and the
+    next ``next()`` resumes and finishes them with the tokens an unpaused generation samples."""
+    ray, actor, _ = engine
+    prompts, seeds, max_tokens = PROMPTS[:2], [31, 32], [2, 240]
+
+    def paused(eng, prompts, max_tokens, seeds):  # runs in the actor
+        stream = eng.stream(prompts, max_tokens=max_tokens, seeds=seeds)
+        first = next(stream)
+        eng.pause()
+        queue = eng._engine.engine_core.outputs_queue  # the engine core's per-step outputs
+        time.sleep(0.3)
+        before = queue.qsize()
+        time.sleep(1.5)  # unpaused, the tiny model decodes tens of tokens in this time
+        held = (eng.paused, queue.qsize() - before)
+        rest = list(stream)
+        eng.pause()  # nothing in flight: nothing to hold
+        return first, rest, held, eng.paused
+
+    first, rest, (was_paused, sent), after = ray.get(actor.apply.remote(paused, prompts, max_tokens, seeds))
+    assert was_paused and sent == 0
+    assert not after
+    alone = _generate(engine, prompts, max_tokens, seeds)
+    assert [first.token_ids, rest[0].token_ids] == [r.token_ids for r in alone]
+
+
 def test_sampled_logprobs_match_a_float32_transformers_forward(engine, tiny_llama):
     _, model = tiny_llama
     prompts, seeds = PROMPTS[:8], list(range(20, 28))
