@@ -113,7 +113,11 @@ def configure(
     if "staleness" in off:
         ys = [y for y in ys if all(t == 0 for _, t in y.staleness)]
     if moves is None:
-        moves = default_moves(0.0 if "critical_path" in off else 0.6, pair="pair_moves" not in off)
+        moves = default_moves(
+            0.0 if "critical_path" in off else 0.6,
+            pair="pair_moves" not in off,
+            split="split_moves" not in off,
+        )
     if temperature is None:
         temperature = Geometric if "constant_temperature" in off else Constant
     seconds = problem.time_limit

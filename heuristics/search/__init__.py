@@ -15,7 +15,7 @@ from .anneal import (
     evaluate_raw,
     halving_rounds,
 )
-from .moves import Move, MoveContext, PairMove, SingleMove, VariantMove
+from .moves import Move, MoveContext, PairMove, SingleMove, SplitMove, VariantMove
 from .parallel import ProcessEvaluator
 from .stop import Budget
 from .temperature import Constant, Geometric, Temperature
@@ -40,6 +40,7 @@ __all__ = [
     "Raw",
     "SearchSpace",
     "SingleMove",
+    "SplitMove",
     "Temperature",
     "VariantMove",
     "default_moves",

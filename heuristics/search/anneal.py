@@ -43,7 +43,7 @@ from ...scoring.candidates import Directory, aligned_allocations, build_director
 from ...scoring.evaluator import BETA_OOM, MEMORY_TOL, Evaluator
 from ..baselines import Infeasible, check_directories, concurrent_plan, greedy_plan
 from .acceptance import Acceptance, Metropolis
-from .moves import Move, MoveContext, PairMove, SingleMove, VariantMove
+from .moves import Move, MoveContext, PairMove, SingleMove, SplitMove, VariantMove
 from .stop import Budget
 from .temperature import Constant, Temperature
 
@@ -64,6 +64,7 @@ ABLATIONS = (
     "staleness",  # bounded staleness (only τ = 0 structures)
     "microbatch_tuning",  # fix mb = Pp (inference/generation) or 2·Pp (training)
     "pair_moves",
+    "split_moves",  # the donor–receivers split kernel (not in SPEC §8; docs/decisions.md)
     "warm_restarts",
     "critical_path",
     "polish",
@@ -74,9 +75,10 @@ ABLATIONS = (
 )
 
 T_INIT = 0.01
-#: Move weights: SPEC §8's pair move 0.28; the recomputation flip takes 0.10 of the single move's
-#: 0.72 (SPEC is silent on it; ``docs/decisions.md``).
-W_SINGLE, W_PAIR, W_RECOMPUTE = 0.62, 0.28, 0.10
+#: Move weights: SPEC §8's pair move 0.28, shared by the pair kernel (0.20) and the split kernel
+#: (0.08), both donor moves; the recomputation flip takes 0.10 of the single move's 0.72 (SPEC is
+#: silent on both; ``docs/decisions.md``).
+W_SINGLE, W_PAIR, W_SPLIT, W_RECOMPUTE = 0.62, 0.20, 0.08, 0.10
 T_WARM = 0.03
 STALE_ROUNDS = 50  # rounds without a new evaluation that end a chain
 STALE_CHAINS = 20  # chains without a new evaluation that end a structure
@@ -158,14 +160,19 @@ class MoveWeights:
         self.gain[m] = (1.0 - self.reaction) * self.gain[m] + self.reaction * rel
 
 
-def default_moves(p_cp: float = 0.6, *, pair: bool = True, variants: bool = True) -> list[tuple[float, Move]]:
-    """The move kernels and their weights: ``SingleMove(p_cp)`` 0.62, ``PairMove`` 0.28 and
-    ``VariantMove`` 0.10 (the pair and variant kernels fall back to the single move;
-    ``pair=False`` or ``variants=False`` drops one, the rest keep their weights)."""
+def default_moves(
+    p_cp: float = 0.6, *, pair: bool = True, split: bool = True, variants: bool = True
+) -> list[tuple[float, Move]]:
+    """The move kernels and their weights: ``SingleMove(p_cp)`` 0.62, ``PairMove`` 0.20,
+    ``SplitMove`` 0.08 and ``VariantMove`` 0.10 (all but the single move fall back to it;
+    ``pair=False``, ``split=False`` or ``variants=False`` drops one, the rest keep their
+    weights)."""
     single = SingleMove(p_cp)
     moves: list[tuple[float, Move]] = [(W_SINGLE, single)]
     if pair:
         moves.append((W_PAIR, PairMove(single)))
+    if split:
+        moves.append((W_SPLIT, SplitMove(single)))
     if variants:
         moves.append((W_RECOMPUTE, VariantMove(single, p_cp)))
     return moves

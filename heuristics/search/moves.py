@@ -6,6 +6,8 @@
 * :class:`PairMove` — pick a donor in proportion to its GPU count and a receiver among the
   invocations whose allocation overlaps it; the donor shrinks to a smaller legal allocation inside
   its current one and the receiver is resampled, preferring origins that reach the freed GPUs.
+* :class:`SplitMove` — pick a donor as the pair move does; it shrinks inside its allocation
+  and every invocation that still overlaps it moves into the GPUs it freed, all in one step.
 * :class:`VariantMove` — pick an invocation whose directory holds another variant of its current
   degrees (microbatches, recomputation, ZeRO stage, loss chunking, memory fraction; SPEC §14)
   and switch to it, keeping the degrees and the allocation.
@@ -21,7 +23,7 @@ from ...ir.cluster import Allocation, Cluster
 from ...ir.plan import Choice, Plan, Strategy
 from ...scoring.candidates import Directory, aligned_allocations
 
-__all__ = ["Move", "MoveContext", "PairMove", "SingleMove", "VariantMove"]
+__all__ = ["Move", "MoveContext", "PairMove", "SingleMove", "SplitMove", "VariantMove"]
 
 
 @dataclass
@@ -61,6 +63,25 @@ def _weighted(rng: Random, weights: list[float]) -> int:
         if x < 0.0:
             return i
     return len(weights) - 1
+
+
+def _of_size(rng: Random, d: Directory, size: int) -> Strategy:
+    """A strategy of ``size`` devices from ``d``: its fastest (isolated time) with probability
+    ½, else one drawn uniformly among that size's."""
+    idx = d.of_size(size)
+    return d.strategies[idx[0] if rng.random() < 0.5 else idx[rng.randrange(len(idx))]]
+
+
+def _donors(plan: Plan, ctx: MoveContext) -> list[int]:
+    """Invocations that can shrink (a smaller strategy in their directory) and share a GPU
+    with another invocation."""
+    masks = [c.allocation.mask for c in plan.choices]
+    return [
+        v
+        for v, d in enumerate(ctx.dirs)
+        if any(s.size < plan.choices[v].allocation.size for s in d.strategies)
+        and any(u != v and masks[u] & masks[v] for u in range(len(masks)))
+    ]
 
 
 def _random_choice(rng: Random, d: Directory, ctx: MoveContext) -> Choice:
@@ -120,12 +141,7 @@ class PairMove:
     def propose(self, rng: Random, plan: Plan, ctx: MoveContext, k: int) -> list[Plan]:
         masks = [c.allocation.mask for c in plan.choices]
         sizes = [c.allocation.size for c in plan.choices]
-        donors = [
-            v
-            for v, d in enumerate(ctx.dirs)
-            if any(s.size < sizes[v] for s in d.strategies)
-            and any(u != v and masks[u] & masks[v] for u in range(len(masks)))
-        ]
+        donors = _donors(plan, ctx)
         if not donors:
             return self.fallback.propose(rng, plan, ctx, k)
         donor = donors[_weighted(rng, [float(sizes[v]) for v in donors])]
@@ -145,6 +161,64 @@ class PairMove:
             pool = reach if reach and rng.random() < 0.75 else allocs
             new_receiver = Choice(rs, pool[rng.randrange(len(pool))])
             p = plan.replace(donor, new_donor).replace(receiver, new_receiver)
+            if p != plan:
+                out.append(p)
+        return out
+
+
+class SplitMove:
+    """Separate a donor from every invocation that shares its GPUs, in one step.
+
+    The donor (drawn as the pair move draws it: in proportion to its GPU count among the
+    invocations that can shrink and overlap another) takes a smaller size ``z`` among its
+    directory's, drawn ``∝ z`` (a moderate shrink is likelier than a drastic one), a strategy of
+    that size (:func:`_of_size`: the fastest with probability ½) and an aligned allocation
+    inside its current one (uniform). With ``F`` the GPUs it freed, every invocation ``u`` that
+    still overlaps it takes a size among its directory's sizes that have an aligned allocation
+    inside ``F``, drawn ``∝`` size (filling ``F`` is likelier), a strategy of that size the same
+    way, and such an allocation (uniform); an invocation with none keeps its choice.
+
+    Why a kernel of its own (SPEC §8 has the pair and single moves only): when a generation
+    shares its GPUs with several trainings, moving them apart one at a time passes through
+    plans where some still overlap it (slower, or over memory), which an annealing chain
+    rarely accepts; docs/decisions.md, "The split move", gives the measured case. Falls back
+    to ``fallback`` when no invocation can be a donor.
+    """
+
+    def __init__(self, fallback: SingleMove | None = None) -> None:
+        self.fallback = fallback or SingleMove()
+
+    def propose(self, rng: Random, plan: Plan, ctx: MoveContext, k: int) -> list[Plan]:
+        donors = _donors(plan, ctx)
+        if not donors:
+            return self.fallback.propose(rng, plan, ctx, k)
+        masks = [c.allocation.mask for c in plan.choices]
+        donor = donors[_weighted(rng, [float(plan.choices[v].allocation.size) for v in donors])]
+        current = plan.choices[donor].allocation.size
+        d = ctx.dirs[donor]
+        smaller = sorted({s.size for s in d.strategies if s.size < current})
+        out = []
+        for _ in range(k):
+            size = smaller[_weighted(rng, [float(z) for z in smaller])]
+            inside = [a for a in ctx.allocations(size) if a.mask & ~masks[donor] == 0]
+            new_donor = Choice(_of_size(rng, d, size), inside[rng.randrange(len(inside))])
+            kept = new_donor.allocation.mask
+            freed = masks[donor] & ~kept
+            p = plan.replace(donor, new_donor)
+            for u in range(len(masks)):
+                if u == donor or not masks[u] & kept:
+                    continue
+                du = ctx.dirs[u]
+                places = {
+                    z: fit
+                    for z in {s.size for s in du.strategies}
+                    if (fit := [a for a in ctx.allocations(z) if a.mask & ~freed == 0])
+                }
+                if places:
+                    sizes = sorted(places)
+                    z = sizes[_weighted(rng, [float(z) for z in sizes])]
+                    fit = places[z]
+                    p = p.replace(u, Choice(_of_size(rng, du, z), fit[rng.randrange(len(fit))]))
             if p != plan:
                 out.append(p)
         return out

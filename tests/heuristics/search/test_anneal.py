@@ -22,6 +22,7 @@ from rpeg.heuristics.search import (
     PairMove,
     Raw,
     SingleMove,
+    SplitMove,
     halving_rounds,
 )
 from rpeg.ir import Plan, structures
@@ -184,6 +185,10 @@ def test_each_ablation_switches_its_mechanism(example):
     assert not any(
         isinstance(m, PairMove) for _, m in configure(p, max_evaluations=10, ablate=["pair_moves"]).moves
     )
+    assert any(isinstance(m, SplitMove) for _, m in default.moves)
+    assert not any(
+        isinstance(m, SplitMove) for _, m in configure(p, max_evaluations=10, ablate=["split_moves"]).moves
+    )
     assert not configure(p, max_evaluations=10, ablate=["warm_restarts"]).warm_restarts
     cp = configure(p, max_evaluations=10, ablate=["critical_path"])
     assert all(m.p_cp == 0.0 for _, m in cp.moves if isinstance(m, SingleMove))
@@ -197,6 +202,7 @@ def test_each_ablation_switches_its_mechanism(example):
         "staleness",
         "microbatch_tuning",
         "pair_moves",
+        "split_moves",
         "warm_restarts",
         "critical_path",
         "polish",
@@ -315,6 +321,68 @@ def test_moves_propose_legal_neighbours(example):
                     assert p[i].allocation.size == p[i].strategy.size
 
 
+def _all_on_every_gpu(example):
+    """Every invocation on all 16 GPUs with its fastest strategy of that size: a generation
+    that shares its GPUs with every other invocation (the stability benchmark's basin)."""
+    from rpeg.heuristics.search import MoveContext
+    from rpeg.ir import Choice
+    from rpeg.scoring.candidates import aligned_allocations
+
+    w, cluster = example
+    ev = Evaluator(w, cluster)
+    dirs = build_directories(ev.costs)
+    n = cluster.num_devices
+    choices = []
+    for d in dirs:
+        s = d.strategies[d.of_size(n)[0]]
+        choices.append(Choice(s, aligned_allocations(cluster, n)[0]))
+    plan = Plan(tuple(choices))
+    return dirs, plan, MoveContext(dirs, cluster, list(ev.evaluate(plan).critical))
+
+
+def _separated(p: Plan) -> bool:
+    """Some invocation shares no GPU with any other."""
+    masks = [c.allocation.mask for c in p.choices]
+    return any(all(not masks[u] & masks[v] for u in range(len(masks)) if u != v) for v in range(len(masks)))
+
+
+def test_split_move_separates_the_donor_from_everything_it_shared_in_one_step(example):
+    dirs, plan, ctx = _all_on_every_gpu(example)
+    assert not _separated(plan)
+    rng = Random(0)
+    split = [p for _ in range(30) for p in SplitMove().propose(rng, plan, ctx, 6)]
+    assert len(split) == 180
+    for p in split:
+        for i in range(len(p)):
+            assert p[i].strategy in dirs[i].strategies
+            assert p[i].allocation.size == p[i].strategy.size
+    # the donor shrinks to at most 8 of the 16 GPUs and every other invocation has a strategy
+    # of 2 GPUs, so each proposal moves all the others off the donor's GPUs
+    assert all(_separated(p) for p in split)
+    # the pair move frees GPUs for one receiver: with five invocations sharing, never in one step
+    pair = [p for _ in range(30) for p in PairMove().propose(rng, plan, ctx, 6)]
+    assert pair and not any(_separated(p) for p in pair)
+
+
+def test_split_move_falls_back_when_nothing_shares_a_gpu(example):
+    from rpeg.ir import Choice
+    from rpeg.scoring.candidates import aligned_allocations
+
+    dirs, _, ctx = _all_on_every_gpu(example)
+    pairs = aligned_allocations(ctx.cluster, 2)
+    apart = Plan(tuple(Choice(d.strategies[d.of_size(2)[0]], pairs[i]) for i, d in enumerate(dirs)))
+    assert _separated(apart)
+    calls = []
+
+    class Spy(SingleMove):
+        def propose(self, rng, plan, ctx, k):
+            calls.append(k)
+            return super().propose(rng, plan, ctx, k)
+
+    SplitMove(Spy()).propose(Random(0), apart, ctx, 6)
+    assert calls == [6]
+
+
 # ---------------------------------------------------------------------------- candidate restriction
 def _ppo_13b_on_two_a100_nodes():
     wl = Workload(
@@ -389,14 +457,16 @@ def test_variant_move_falls_back_without_a_choice(example):
     assert calls == [6]
 
 
-def test_default_moves_weigh_pair_as_spec_and_include_the_flip():
+def test_default_moves_give_the_donor_kernels_specs_pair_weight_and_include_the_flip():
     from rpeg.heuristics.search import VariantMove, default_moves
 
     moves = default_moves()
     weights = {type(m).__name__: w for w, m in moves}
-    assert weights == {"SingleMove": 0.62, "PairMove": 0.28, "VariantMove": 0.10}
+    assert weights == {"SingleMove": 0.62, "PairMove": 0.20, "SplitMove": 0.08, "VariantMove": 0.10}
+    assert weights["PairMove"] + weights["SplitMove"] == pytest.approx(0.28)  # SPEC §8's pair move
     assert not any(isinstance(m, PairMove) for _, m in default_moves(pair=False))
     assert any(isinstance(m, VariantMove) for _, m in default_moves(pair=False))
+    assert not any(isinstance(m, SplitMove) for _, m in default_moves(split=False))
 
 
 # ------------------------------------------------------------------------------ budget allocation
