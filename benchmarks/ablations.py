@@ -56,6 +56,7 @@ PAPER = {
     # rpeg's own mechanisms (issue 15): the paper has no such switch
     "adaptive_moves": ("not in the paper", "—"),
     "structure_halving": ("not in the paper", "—"),
+    "split_moves": ("not in the paper", "—"),
 }
 PAPER_VALUE = {
     "phase_split": -9.2,
