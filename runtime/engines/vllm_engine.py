@@ -593,10 +593,10 @@ class RolloutEngine:
 
         vLLM V1's engine core runs in its own process and decodes its requests whether or not
         anyone calls ``step``; a plan's generation phase, though, owns its device only for the
-        phase's own decode steps (SPEC §7.3), and the device runs other nodes in between. This
-        pauses the engine core's scheduler with every request kept (vLLM's ``pause_scheduler``,
-        mode ``"keep"``, prefix cache kept), so nothing decodes until :class:`RolloutStream`
-        steps the engine again (it resumes first). Nothing to do when no request is in flight,
+        phase's own decode steps (SPEC §7: an OP node reserves its allocation), and the device
+        runs other nodes in between. This pauses the engine core's scheduler with every request
+        kept (vLLM's ``pause_scheduler``, mode ``"keep"``, prefix cache kept), so nothing decodes
+        until :class:`RolloutStream` steps the engine again (it resumes first). Nothing to do when no request is in flight,
         or when the engine core runs in this process (it decodes only inside ``step``).
         """
         engine = self._engine
