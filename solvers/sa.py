@@ -116,7 +116,8 @@ def configure(
         moves = default_moves(
             0.0 if "critical_path" in off else 0.6,
             pair="pair_moves" not in off,
-            split="split_moves" not in off,
+            # SPEC's "pair moves" ablation is no donor move at all: the split kernel is one too
+            split="pair_moves" not in off and "split_moves" not in off,
         )
     if temperature is None:
         temperature = Geometric if "constant_temperature" in off else Constant

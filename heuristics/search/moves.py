@@ -72,14 +72,13 @@ def _of_size(rng: Random, d: Directory, size: int) -> Strategy:
     return d.strategies[idx[0] if rng.random() < 0.5 else idx[rng.randrange(len(idx))]]
 
 
-def _donors(plan: Plan, ctx: MoveContext) -> list[int]:
+def _donors(ctx: MoveContext, masks: list[int], sizes: list[int]) -> list[int]:
     """Invocations that can shrink (a smaller strategy in their directory) and share a GPU
-    with another invocation."""
-    masks = [c.allocation.mask for c in plan.choices]
+    with another invocation, given the plan's allocation ``masks`` and ``sizes``."""
     return [
         v
         for v, d in enumerate(ctx.dirs)
-        if any(s.size < plan.choices[v].allocation.size for s in d.strategies)
+        if any(s.size < sizes[v] for s in d.strategies)
         and any(u != v and masks[u] & masks[v] for u in range(len(masks)))
     ]
 
@@ -141,7 +140,7 @@ class PairMove:
     def propose(self, rng: Random, plan: Plan, ctx: MoveContext, k: int) -> list[Plan]:
         masks = [c.allocation.mask for c in plan.choices]
         sizes = [c.allocation.size for c in plan.choices]
-        donors = _donors(plan, ctx)
+        donors = _donors(ctx, masks, sizes)
         if not donors:
             return self.fallback.propose(rng, plan, ctx, k)
         donor = donors[_weighted(rng, [float(sizes[v]) for v in donors])]
@@ -189,14 +188,14 @@ class SplitMove:
         self.fallback = fallback or SingleMove()
 
     def propose(self, rng: Random, plan: Plan, ctx: MoveContext, k: int) -> list[Plan]:
-        donors = _donors(plan, ctx)
+        masks = [c.allocation.mask for c in plan.choices]
+        sizes = [c.allocation.size for c in plan.choices]
+        donors = _donors(ctx, masks, sizes)
         if not donors:
             return self.fallback.propose(rng, plan, ctx, k)
-        masks = [c.allocation.mask for c in plan.choices]
-        donor = donors[_weighted(rng, [float(plan.choices[v].allocation.size) for v in donors])]
-        current = plan.choices[donor].allocation.size
+        donor = donors[_weighted(rng, [float(sizes[v]) for v in donors])]
         d = ctx.dirs[donor]
-        smaller = sorted({s.size for s in d.strategies if s.size < current})
+        smaller = sorted({s.size for s in d.strategies if s.size < sizes[donor]})
         out = []
         for _ in range(k):
             size = smaller[_weighted(rng, [float(z) for z in smaller])]
@@ -215,8 +214,8 @@ class SplitMove:
                     if (fit := [a for a in ctx.allocations(z) if a.mask & ~freed == 0])
                 }
                 if places:
-                    sizes = sorted(places)
-                    z = sizes[_weighted(rng, [float(z) for z in sizes])]
+                    fits = sorted(places)
+                    z = fits[_weighted(rng, [float(z) for z in fits])]
                     fit = places[z]
                     p = p.replace(u, Choice(_of_size(rng, du, z), fit[rng.randrange(len(fit))]))
             if p != plan:

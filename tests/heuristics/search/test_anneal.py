@@ -189,6 +189,8 @@ def test_each_ablation_switches_its_mechanism(example):
     assert not any(
         isinstance(m, SplitMove) for _, m in configure(p, max_evaluations=10, ablate=["split_moves"]).moves
     )
+    no_donors = configure(p, max_evaluations=10, ablate=["pair_moves"]).moves
+    assert not any(isinstance(m, PairMove | SplitMove) for _, m in no_donors)  # SPEC's ablation
     assert not configure(p, max_evaluations=10, ablate=["warm_restarts"]).warm_restarts
     cp = configure(p, max_evaluations=10, ablate=["critical_path"])
     assert all(m.p_cp == 0.0 for _, m in cp.moves if isinstance(m, SingleMove))
@@ -321,6 +323,18 @@ def test_moves_propose_legal_neighbours(example):
                     assert p[i].allocation.size == p[i].strategy.size
 
 
+class _RecordingSingle(SingleMove):
+    """A single move that records the ``k`` of each call (a kernel's fallback, observed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[int] = []
+
+    def propose(self, rng, plan, ctx, k):
+        self.calls.append(k)
+        return super().propose(rng, plan, ctx, k)
+
+
 def _all_on_every_gpu(example):
     """Every invocation on all 16 GPUs with its fastest strategy of that size: a generation
     that shares its GPUs with every other invocation (the stability benchmark's basin)."""
@@ -372,15 +386,9 @@ def test_split_move_falls_back_when_nothing_shares_a_gpu(example):
     pairs = aligned_allocations(ctx.cluster, 2)
     apart = Plan(tuple(Choice(d.strategies[d.of_size(2)[0]], pairs[i]) for i, d in enumerate(dirs)))
     assert _separated(apart)
-    calls = []
-
-    class Spy(SingleMove):
-        def propose(self, rng, plan, ctx, k):
-            calls.append(k)
-            return super().propose(rng, plan, ctx, k)
-
-    SplitMove(Spy()).propose(Random(0), apart, ctx, 6)
-    assert calls == [6]
+    spy = _RecordingSingle()
+    SplitMove(spy).propose(Random(0), apart, ctx, 6)
+    assert spy.calls == [6]
 
 
 # ---------------------------------------------------------------------------- candidate restriction
@@ -446,15 +454,9 @@ def test_variant_move_falls_back_without_a_choice(example):
             d.strategies, d.times = [d.strategies[i] for i in keep], [d.times[i] for i in keep]
 
     _, _, plan, ctx = _concurrent_context(example, one_variant)
-    calls = []
-
-    class Spy(SingleMove):
-        def propose(self, rng, plan, ctx, k):
-            calls.append(k)
-            return super().propose(rng, plan, ctx, k)
-
-    VariantMove(Spy()).propose(Random(0), plan, ctx, 6)
-    assert calls == [6]
+    spy = _RecordingSingle()
+    VariantMove(spy).propose(Random(0), plan, ctx, 6)
+    assert spy.calls == [6]
 
 
 def test_default_moves_give_the_donor_kernels_specs_pair_weight_and_include_the_flip():
