@@ -193,8 +193,8 @@ def main(argv: list[str] | None = None) -> None:
         """The plan's row, its OP points and its workers' memory rows, from its trace."""
         fid = trace_fidelity(trace)
         assert fid is not None, f"{name}: the trace stores no predictions"
-        k = fid.first_step
-        step_p, step_m = statistics.fmean(fid.step_predicted[k:]), statistics.fmean(fid.step_measured[k:])
+        step_p = statistics.fmean(fid.step_predicted[fid.compared])
+        step_m = statistics.fmean(fid.step_measured[fid.compared])
         per_plan[name] = (step_p, step_m)
         points.extend(zip(fid.op_predicted, fid.op_measured, fid.op_class))
         cls = fid.class_mape()
@@ -308,7 +308,9 @@ def main(argv: list[str] | None = None) -> None:
         + ").  ",
         f"Workload: PPO, actor/critic/reward 21M-parameter Llamas (scale {args.scale!r}), batch {args.batch}, "
         f"Lp = {args.prompt_len}, Lr = {args.response_len}, on 1x1x2 CPU devices (one core each), "
-        f"{args.steps} steps per plan; each run's step 0 (warm-up) is left out.",
+        f"{args.steps} steps per plan; each run's step 0 (warm-up) is left out, and its last step of the "
+        "step makespans (`rpeg.runtime.fidelity.compared_steps`: a step's time ends with its last node, which "
+        "a schedule may run after the next step's first ones, and the last step has no next one).",
         "",
         "| plan | OP nodes | op time MAPE | Spearman ρ | generation MAPE | inference MAPE | training MAPE | "
         "predicted step s | measured step s | step MAPE | reward per step |",
@@ -363,8 +365,8 @@ def main(argv: list[str] | None = None) -> None:
         NOTE,
     ]
     print("\n".join(lines))
-    plot(points, HERE / "fidelity.png")
-    if not args.no_write:
+    if not args.no_write:  # the figure belongs to the section: neither is written with --no-write
+        plot(points, HERE / "fidelity.png")
         write_section("fidelity", lines)
     if math.isnan(rho):
         sys.exit(1)

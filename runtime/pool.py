@@ -81,10 +81,12 @@ class WorkerProcess:
         return self.worker.info()
 
     def call(self, method: str, *args: Any) -> Any:
-        return getattr(self.worker, method)(*args)
+        with self.worker.memory_peak.sampling():
+            return getattr(self.worker, method)(*args)
 
     def op(self, node: dict[str, Any], inputs: dict[str, list]) -> tuple[Any, Any, Any]:
-        return self.worker.op(node, inputs)
+        with self.worker.memory_peak.sampling():
+            return self.worker.op(node, inputs)
 
     def reset(self) -> bool:
         """Leave the run: stop the rollout engine, leave the process group, drop the worker and

@@ -98,15 +98,16 @@ class RunReport:
     @property
     def fidelity(self) -> Fidelity | None:
         """Predicted against measured times over all segments (:mod:`~rpeg.runtime.fidelity`):
-        each segment's first step is left out of the operator and makespan figures."""
+        each segment's first step is left out of the operator and makespan figures, and its last
+        step of the makespan figures (:func:`~rpeg.runtime.fidelity.compared_steps`)."""
         parts = [f for f in (trace_fidelity(t) for t in (self.segments or [self.trace])) if f is not None]
         if len(parts) <= 1:
             return parts[0] if parts else None
         out = Fidelity([], [], [], first_step=0)  # the step lists hold the compared steps only
         for f in parts:
             out.per_step += f.per_step
-            out.step_predicted += f.step_predicted[f.first_step :]
-            out.step_measured += f.step_measured[f.first_step :]
+            out.step_predicted += f.step_predicted[f.compared]
+            out.step_measured += f.step_measured[f.compared]
             out.op_predicted += f.op_predicted
             out.op_measured += f.op_measured
             out.op_class += f.op_class

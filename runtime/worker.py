@@ -200,6 +200,9 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         self.lengths = torch.tensor(shape.response_lengths())
         self.rollout_engine = rollout_engine
         self.engine_info = self._start_rollouts()
+        # between calls the memory does not change: sample only while serving one
+        # (WorkerProcess.call and .op resume it)
+        self.memory_peak.pause()
 
     # ------------------------------------------------------------------ small queries
     def info(self) -> dict[str, Any]:

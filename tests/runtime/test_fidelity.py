@@ -9,6 +9,7 @@ import pytest
 
 from rpeg.ir.errors import InputError
 from rpeg.runtime.fidelity import (
+    compared_steps,
     fidelity,
     mape,
     peak_resident_bytes,
@@ -69,6 +70,19 @@ def test_fidelity_sums_per_step_and_class_and_compares_the_ops_after_step_0():
     assert "3 OP nodes" in fid.summary() and "step makespan MAPE 12.5%" in fid.summary()
     assert fid.to_dict()["op_nodes"] == 3 and fid.to_dict()["first_step"] == 1
     assert len(fid.table().splitlines()) == 3  # a header and one row per step
+
+
+def test_the_last_step_is_left_out_of_the_makespans_of_three_steps_or_more():
+    """A schedule that runs step k's last node after step k + 1's first ones predicts a short
+    last step with the same total; only the steps between the warm-up and the last are compared
+    (operators: every step after the warm-up)."""
+    records = [_rec(i, "op", "actor_gen", i, 1.0) for i in range(4)]
+    fid = fidelity(records, [1.0] * 4, ROLES, 4, [9.0, 10.0, 10.0, 4.0], [9.0, 8.0, 8.0, 8.0])
+    assert (fid.first_step, fid.stop_step) == (1, 3)
+    assert fid.step_mape == pytest.approx(25.0)  # steps 1 and 2; with step 3 it would be 41.7%
+    assert len(fid.op_measured) == 3  # steps 1–3
+    assert "(steps 1–2)" in fid.summary() and fid.to_dict()["stop_step"] == 3
+    assert compared_steps(1) == (0, None) and compared_steps(2) == (1, None)
 
 
 def test_without_predictions_nothing_is_compared():
@@ -251,6 +265,42 @@ def test_map_large_blocks_returns_freed_blocks_at_once():
 
     with pytest.raises(ValueError, match="threshold"):
         map_large_blocks(0)
+
+
+def test_a_paused_sampler_takes_no_samples_until_it_samples_again():
+    """Paused, the thread sleeps (a worker between calls: a dozen samplers at 5 ms took most of
+    a core from the trainers on two cores); inside ``sampling()`` it samples, and a pause keeps
+    the peak it saw."""
+    import time
+
+    import numpy as np
+
+    from rpeg.runtime.fidelity import PrivatePeak
+
+    sampler = PrivatePeak(interval_s=0.001, active=False)
+    try:
+        assert not sampler.active
+        n = sampler.samples
+        time.sleep(0.2)
+        assert sampler.samples == n  # nothing while paused
+        before = sampler.peak()
+        with sampler.sampling():
+            assert sampler.active
+            buf = np.ones(64 * 2**20, dtype=np.uint8)
+            deadline = time.monotonic() + 30
+            while sampler.samples < n + 20 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert sampler.samples >= n + 20  # the thread's samples, not only resume()'s
+            del buf
+        assert not sampler.active
+        time.sleep(0.05)  # a sample the thread had begun as the pause came
+        seen, n = sampler._peak, sampler.samples
+        time.sleep(0.2)
+        assert sampler.samples == n and sampler._peak == seen
+        assert seen >= before + 60 * 2**20  # the freed buffer's peak stays
+    finally:
+        sampler.stop()
+    assert not sampler.active
 
 
 _LIVE_PROBE = (
