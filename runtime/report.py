@@ -473,7 +473,9 @@ def predicted_memory(
       publication, snapshot or checkpoint holds ``W·sb`` at once;
     * a frozen ZeRO-3 model (``Pd > 1``, :class:`~rpeg.runtime.parallel.FSDPShards`) registers
       ``W·sb/Pd``; each forward pass adds the gathered root and two layers (``sb·N_g``,
-      :func:`~rpeg.costmodel.memory.zero_state_bytes`) to its activations, and where another
+      :func:`~rpeg.costmodel.memory.zero_state_bytes`) to its activations, and a third layer,
+      ``sb·N_ℓ/Pt``: FSDP2 over gloo frees a layer's flat all-gather output only after the layer
+      has run, while the next layer is already being gathered; and where another
       group trains the model, installing a version gathers the stage (``W·sb``);
     * inference: ``μ`` times the forward activations at ``ℓ`` of the node's sequences
       (:func:`node_sequences`: a phase node holds its phase's sequences only);
@@ -554,7 +556,13 @@ def predicted_memory(
         # forward passes and generation: the same on every rank; a frozen ZeRO-3 model gathers
         # its root and a layer or two for each pass (SPEC's N_g; a trainer's is in its transient)
         forward = full if installs else 0.0
-        gather = zero3.transient if zero3 is not None and not g.trains else 0.0
+        gather = 0.0
+        if zero3 is not None and not g.trains:
+            # FSDP2 over gloo also keeps the running layer's flat all-gather output until the
+            # layer has run: a third layer beside SPEC's two (counted by storage at each layer's
+            # forward, 2026-12-04: the unsharded layer and its 10 MiB flat output visible, the
+            # prefetched next layer's 10 MiB only in the C heap)
+            gather = zero3.transient + spec.layer_params / g.tp * sb
         for name in g.vertices:
             role = roles[name]
             if role is Role.INFERENCE:

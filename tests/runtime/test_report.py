@@ -168,6 +168,21 @@ def test_predicted_memory_lays_the_cost_models_terms_out_as_the_runtime_holds_th
     train3 = act + 4 * (2 * layer + root) + grads / 2 + 1.5 * unit
     assert predicted_memory(sharded)["g4/r0"] == pytest.approx(12 * w1 / 2 + max(train3, 4 * w1))
     assert predicted_memory(sharded)["g4/r0"] < torch_run["g4/r0"]
+    # a frozen copy at ZeRO stage 3 (the reference, DP 2 over both devices): its shard, and each
+    # forward's activations beside the gathered root and three layers — SPEC's two plus the
+    # running layer's flat all-gather output, which FSDP2 over gloo frees only after the layer
+    frozen = replace(
+        b, groups=[replace(x, zero=3, dp=2, devices=g[4].devices) if x.gid == 1 else x for x in b.groups]
+    )
+    f1 = next(x for x in frozen.groups if x.gid == 1)
+    lay_f = Layout(Strategy((1, 1, 2), 2, 1, 1, f1.mb, recompute=f1.recompute_run, zero=3))
+    zf = zero_state_bytes(spec, Role.INFERENCE, lay_f, Head.LM)
+    assert zf.transient == pytest.approx(4 * (2 * layer + root))
+    act_f = inference_activation_bytes(spec, lay(f1), sequences=n, tokens=lp + lr, head=Head.LM)
+    for r in (0, 1):
+        assert predicted_memory(frozen)[f"g1/r{r}"] == pytest.approx(
+            4 * w1 / 2 + act_f + zf.transient + 4 * layer
+        )
 
 
 def test_training_memory_is_what_the_torch_engine_and_fsdp2_on_gloo_hold():
