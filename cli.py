@@ -23,7 +23,9 @@ included.
 
 Bad input ends with exit status 2 and one line naming the field and value; a result without a
 plan (status ``infeasible``, ``time_limit``, ``unknown`` or ``error``) ends with exit status 3
-after the summary says why (for ``infeasible``: which invocation does not fit).
+after the summary says why (for ``infeasible``: which invocation does not fit). When the reader
+of the output leaves early (``rpeg examples | head -1``) the command ends quietly with status 141,
+as a POSIX tool killed by SIGPIPE would.
 """
 
 from __future__ import annotations
@@ -42,10 +44,17 @@ from .costmodel.hardware import load_hardware
 from .examples import example_names, example_path
 from .heuristics.search import ABLATIONS
 from .ir.cluster import Cluster, parse_shape
-from .ir.errors import InputError, check_output, read_json, require_file
+from .ir.errors import InputError, check_output, read_json, require_file, seed_flag, writing_output
 from .ir.workload import WorkloadFile, load_workload
 from .scoring.evaluator import Evaluator
-from .solvers.result import READ_FORMATS, Result, Status, plan_from_entries, problem_from_dict
+from .solvers.result import (
+    READ_FORMATS,
+    Result,
+    Status,
+    check_plan_document,
+    plan_from_entries,
+    problem_from_dict,
+)
 from .solvers.solve import METHODS, solve
 
 __all__ = ["main"]
@@ -53,6 +62,9 @@ __all__ = ["main"]
 EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
 EXIT_INTERRUPTED = 130  # Ctrl-C before any plan existed (the shell's 128 + SIGINT)
+#: ``rpeg calibrate --in-situ``: steps per calibration plan when ``--in-situ-steps`` is not given.
+IN_SITU_STEPS = 3
+EXIT_BROKEN_PIPE = 141  # the reader of stdout left (`rpeg examples | head -1`): 128 + SIGPIPE, no message
 GIB = 2**30
 
 #: ``solve`` flags that only some methods take: option name → (flag, methods taking it).
@@ -152,13 +164,16 @@ def _finish(result: Result, args: argparse.Namespace, after_summary: Callable[[]
     if after_summary is not None:
         after_summary()
     if args.json:
-        result.to_json(args.json)
+        with writing_output(args.json, "--json"):
+            result.to_json(args.json)
         print(f"\nwrote {args.json}")
     if args.gantt:
         if result.plan is None or result.evaluation is None:
             print(f"rpeg: no plan, so no Gantt chart written to {args.gantt}", file=sys.stderr)
         else:
-            print(f"wrote {result.gantt(args.gantt)}")
+            with writing_output(args.gantt, "--gantt"):
+                written = result.gantt(args.gantt)
+            print(f"wrote {written}")
     return EXIT_INFEASIBLE if result.plan is None else 0
 
 
@@ -205,13 +220,28 @@ def _method_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _problem_kwargs(args: argparse.Namespace, wf: WorkloadFile) -> dict[str, Any]:
     """The settings every method shares (so the comparison scores plans on equal terms)."""
-    return {
+    kwargs = {
         "time_limit": args.time_limit,
         "seed": args.seed,
         "k_eval": args.k_eval if args.k_eval is not None else wf.k_eval,
         "objective": args.objective,
-        "delta": args.delta,
     }
+    if args.delta is not None:  # only with --objective throughput-util (_only_with); else solve's δ
+        kwargs["delta"] = args.delta
+    return kwargs
+
+
+def _only_with(flag: str, given: bool, ok: bool, needs: str, got: str = "") -> None:
+    """Refuse ``flag`` when it was given without the setting it only matters with: ``needs``
+    (another flag and its value), ``got`` what was given instead. Such a flag would do nothing.
+
+    Raises
+    ------
+    InputError
+        ``"--delta only applies with --objective throughput-util, not --objective throughput"``.
+    """
+    if given and not ok:
+        raise InputError(f"{flag} only applies with {needs}" + (f", not {got}" if got else ""), source=flag)
 
 
 @contextmanager
@@ -322,6 +352,10 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     _check_outputs(args)
     if args.method not in METHODS:
         raise InputError(f"--method: unknown method {args.method!r}; known: {', '.join(sorted(METHODS))}")
+    objective, util = f"--objective {args.objective}", args.objective == "throughput-util"
+    _only_with("--delta", args.delta is not None, util, "--objective throughput-util", objective)
+    for flag, given in (("--no-progress", args.no_progress), ("--no-compare", args.no_compare)):
+        _only_with(flag, given, args.method == "sa", "--method sa", f"--method {args.method}")
     wf = _workload_file(args.workload)
     cluster = _cluster(
         wf, args.cluster, args.hardware, args.generation_max_pp, args.max_zero_stage, args.host_offload
@@ -353,6 +387,27 @@ def _mismatch(plan_doc: dict[str, Any], wf: WorkloadFile, cluster: Cluster) -> s
     return None
 
 
+def _hardware_differences(plan_hw: Any, hw: Any, shown: int = 3) -> str:
+    """The figures in which the plan file's hardware differs from ``hw``, each with both values
+    (``"peak_flops is 1e+14 in the plan file but 6.93e+14 here"``; notes and sources aside)."""
+
+    def walk(a: Any, b: Any, path: str) -> list[str]:
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys = list(a) + [k for k in b if k not in a]
+            return [d for k in keys for d in walk(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))]
+        if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            return [d for i, (x, y) in enumerate(zip(a, b)) for d in walk(x, y, f"{path}[{i}]")]
+        return [] if a == b else [f"{path} is {_brief(a)} in the plan file but {_brief(b)} here"]
+
+    mine, theirs = hw.to_dict(), plan_hw.to_dict()
+    for key in ("notes", "sources"):  # not figures (Hardware's equality leaves them out too)
+        mine.pop(key, None)
+        theirs.pop(key, None)
+    found = walk(theirs, mine, "")
+    more = f" (and {len(found) - shown} more)" if len(found) > shown else ""
+    return ", ".join(found[:shown]) + more if found else "the same figures"
+
+
 def _brief(value: Any) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -369,6 +424,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             f"--plan {args.plan}: field 'format' must be one of {', '.join(map(repr, READ_FORMATS))}, "
             f"got {doc['format']!r}"
         )
+    check_plan_document(doc, f"--plan {args.plan}")  # its blocks' form, before _mismatch reads them
     cluster = _cluster(
         wf, args.cluster, args.hardware, args.generation_max_pp, args.max_zero_stage, args.host_offload
     )
@@ -383,14 +439,16 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if {"structure", "cluster"} <= doc.keys():
         _, plan_cluster, structure = problem_from_dict(doc, source=f"--plan {args.plan}")
         if plan_cluster.hardware != cluster.hardware:
+            diff = _hardware_differences(plan_cluster.hardware, cluster.hardware)
             if args.hardware is None:
                 raise InputError(
-                    f"--plan {args.plan} was made for hardware {plan_cluster.hardware.name!r}, not "
-                    f"{cluster.hardware.name!r} (the workload's); pass --hardware to re-score it deliberately",
+                    f"--plan {args.plan} was made for other hardware than the workload's "
+                    f"{cluster.hardware.name!r}: {diff}; pass --hardware to re-score it deliberately",
                     source=args.plan,
                 )
             hardware_note = (
-                f"re-scored on {cluster.hardware.name}; the plan was made for {plan_cluster.hardware.name}"
+                f"re-scored on {cluster.hardware.name}; the plan was made for "
+                f"{plan_cluster.hardware.name} ({diff})"
             )
     else:
         structure = problem_from_dict(doc, source=f"--plan {args.plan}")[2] if "structure" in doc else None
@@ -436,8 +494,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             f"--in-situ runs the runtime's torch engine for inference and training: --engines {args.engines} "
             "must include torch"
         )
-    if args.in_situ_steps < 2:
-        raise InputError(f"--in-situ-steps must be at least 2 (step 0 is warm-up), got {args.in_situ_steps}")
+    _only_with("--in-situ-steps", args.in_situ_steps is not None, args.in_situ, "--in-situ")
+    _only_with(
+        "--alone", args.alone, bool(asked), "--engines torch or torch,vllm", f"--engines {args.engines}"
+    )
+    in_situ_steps = IN_SITU_STEPS if args.in_situ_steps is None else args.in_situ_steps
+    if in_situ_steps < 2:
+        raise InputError(f"--in-situ-steps must be at least 2 (step 0 is warm-up), got {in_situ_steps}")
     engines = _calibration_engines(args.engines, args.device)
     report = calibrate(
         device=args.device,
@@ -469,7 +532,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
             insitu = calibrate_in_situ(
                 hardware,
-                steps=args.in_situ_steps,
+                steps=in_situ_steps,
                 seed=args.seed,
                 devices=min(2, _usable_cores()),
                 progress=None if args.no_progress else say,
@@ -477,10 +540,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             print()
             print(insitu.table())
             hardware, raw["in_situ"] = insitu.hardware, insitu.to_dict()
-    hardware.save(args.out)
+    with writing_output(args.out, "--out"):
+        hardware.save(args.out)
     print(f"\nwrote {args.out}")
     if args.raw:
-        Path(args.raw).write_text(json.dumps(raw, indent=2, default=float) + "\n")
+        with writing_output(args.raw, "--raw"):
+            Path(args.raw).write_text(json.dumps(raw, indent=2, default=float) + "\n")
         print(f"wrote {args.raw}")
     return 0
 
@@ -546,7 +611,7 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     c.add_argument(
         "--max-ranks", type=int, default=4, metavar="N", help="collectives for p = 2..N (default 4)"
     )
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=seed_flag, default=0)
     c.add_argument("--threads", type=int, metavar="N", help="torch threads while measuring (CPU default 1)")
     c.add_argument(
         "--engines",
@@ -571,9 +636,9 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     c.add_argument(
         "--in-situ-steps",
         type=int,
-        default=3,
+        default=None,
         metavar="N",
-        help="steps per in-situ calibration plan (default 3; the first is warm-up)",
+        help=f"with --in-situ: steps per calibration plan (default {IN_SITU_STEPS}; the first is warm-up)",
     )
     c.add_argument("--raw", metavar="RAW.json", help="also write every sample and fit (rpeg.calibration/1)")
     c.add_argument("--no-progress", action="store_true", help="no stage messages on stderr")
@@ -626,9 +691,11 @@ def _parser() -> argparse.ArgumentParser:
     common(s)
     s.add_argument("--method", default="concurrent", help=f"one of {', '.join(sorted(METHODS))}")
     s.add_argument("--time-limit", type=seconds, default=None, help="seconds, for searching methods")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=seed_flag, default=0)
     s.add_argument("--objective", default="throughput", choices=["throughput", "throughput-util"])
-    s.add_argument("--delta", type=float, default=0.10, help="δ ∈ (0, 1] of the throughput-util objective")
+    s.add_argument(
+        "--delta", type=float, default=None, help="δ ∈ (0, 1] of the throughput-util objective (default 0.1)"
+    )
     s.add_argument("--max-evaluations", type=int, metavar="N", help="sa: budget in uncached plan evaluations")
     s.add_argument("--workers", type=int, metavar="N", help="sa: processes evaluating proposals (default 1)")
     s.add_argument(
@@ -672,10 +739,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     j.add_argument("instance", help="PSPLIB file: .sm (single mode) or .mm (multi mode)")
     j.add_argument("--method", default="cpsat", choices=["cpsat", "milp", "list"])
-    j.add_argument("--solver", default="highs", help="milp: highs (default), cbc, scip, gurobi, ...")
+    j.add_argument("--solver", default=None, help="milp: highs (default), cbc, scip, gurobi, ...")
     j.add_argument("--time-limit", type=seconds, default=None, help="seconds (default: until proven)")
-    j.add_argument("--threads", type=positive_int, default=None)
-    j.add_argument("--seed", type=int, default=0)
+    j.add_argument("--threads", type=positive_int, default=None, help="cpsat/milp: solver threads")
+    j.add_argument("--seed", type=seed_flag, default=0)
     j.set_defaults(fn=_cmd_project)
     return p
 
@@ -684,6 +751,9 @@ def _cmd_project(args: argparse.Namespace) -> int:
     from .formulations import read_mm, read_sm, solve_cpsat, solve_milp
     from .formulations.project_schedule import check_project_schedule, list_schedule_project
 
+    method = f"--method {args.method}"
+    _only_with("--solver", args.solver is not None, args.method == "milp", "--method milp", method)
+    _only_with("--threads", args.threads is not None, args.method != "list", "--method cpsat or milp", method)
     path = require_file(args.instance, "instance file")
     if path.suffix not in (".sm", ".mm"):
         raise ValueError(f"instance {args.instance!r}: expected a PSPLIB .sm or .mm file")
@@ -692,7 +762,7 @@ def _cmd_project(args: argparse.Namespace) -> int:
     if args.method == "cpsat":
         sol = solve_cpsat(project, **common)
     elif args.method == "milp":
-        sol = solve_milp(project, solver=args.solver, **common)
+        sol = solve_milp(project, solver=args.solver or "highs", **common)
     else:
         sol = list_schedule_project(project)
     print(f"instance   {path.name} ({len(project.activities)} activities)")
@@ -722,11 +792,20 @@ def main(argv: list[str] | None = None) -> int:
     int
         Exit status: 0 a plan was found, 2 bad input, 3 no memory-feasible plan, 4 a run failed
         (``rpeg run``: a lost worker; the trace is written up to the failure), 130 interrupted
-        before any plan existed.
+        before any plan existed, 141 the reader of standard output left before the end (as a
+        POSIX tool killed by SIGPIPE, but quietly: a closed pipe is not an error).
     """
-    args = _parser().parse_args(argv)
     try:
-        return args.fn(args)
+        try:
+            args = _parser().parse_args(argv)
+        finally:
+            sys.stdout.flush()  # argparse's --help: a reader that left shows here, not at exit
+        status = args.fn(args)
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:  # before OSError: `rpeg examples | head -1`
+        _drop_stdout()
+        return EXIT_BROKEN_PIPE
     except ValueError as exc:  # InputError and every other value a user gave wrongly
         print(f"rpeg: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -736,6 +815,21 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rpeg: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _drop_stdout() -> None:
+    """Point standard output at the null device once its reader has left, so that what is still
+    buffered does not fail again at exit (the recipe of Python's ``signal`` documentation,
+    "Note on SIGPIPE")."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture): nothing to flush at exit
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -48,6 +48,7 @@ import numpy as np
 from ..ir.cluster import Cluster
 from ..ir.emu import EMU, Destroy, Extend, Merge, Primitive, Split, Stage, TransitionDAG
 from ..ir.emu.flat import EXTEND, MERGE, SPLIT, FlatDAG
+from ..ir.errors import check_seconds
 from ..ir.hardware import Hardware
 from .collectives import allgather_time, p2p_time
 
@@ -106,12 +107,11 @@ def primitive_time(
     Raises
     ------
     ValueError
-        For a negative ``setup``/``teardown`` or an unknown primitive.
+        For a negative or non-finite ``setup``/``teardown`` (``TypeError`` for a non-number) or an
+        unknown primitive.
     """
-    if not setup >= 0:
-        raise ValueError(f"setup must be a non-negative number of seconds, got {setup!r}")
-    if not teardown >= 0:
-        raise ValueError(f"teardown must be a non-negative number of seconds, got {teardown!r}")
+    check_seconds("setup", setup, allow_none=False, allow_zero=True)
+    check_seconds("teardown", teardown, allow_none=False, allow_zero=True)
     hw = cluster.hardware
     if isinstance(prim, Split):
         return _split_time(hw, cluster.tier_of_mask(_mask(prim.group())), prim.group_size, prim.nbytes, setup)
@@ -156,10 +156,10 @@ def primitive_times(
     Raises
     ------
     ValueError
-        For a negative ``setup``/``teardown``/``engine_start``.
+        For a negative or non-finite ``setup``/``teardown``/``engine_start`` (``TypeError`` for a
+        non-number).
     """
-    if not engine_start >= 0:
-        raise ValueError(f"engine_start must be a non-negative number of seconds, got {engine_start!r}")
+    check_seconds("engine_start", engine_start, allow_none=False, allow_zero=True)
     if dag.flat is not None:
         return _flat_times(dag.flat, cluster, setup, teardown, engine_start).tolist()
     targets = set(dag.target) if engine_start > 0 else set()
@@ -197,7 +197,8 @@ def primitive_times_array(
 ) -> np.ndarray:
     """:func:`primitive_times` as a float64 array, which the compiled cores read as it is (on a
     DAG with index tables it is computed as one; same values, same errors)."""
-    if dag.flat is not None and engine_start >= 0:
+    if dag.flat is not None:
+        check_seconds("engine_start", engine_start, allow_none=False, allow_zero=True)
         return _flat_times(dag.flat, cluster, setup, teardown, engine_start)
     return np.asarray(
         primitive_times(dag, cluster, setup=setup, teardown=teardown, engine_start=engine_start), np.float64
@@ -210,10 +211,8 @@ def _flat_times(
     """:func:`primitive_times` on the index tables: the time of a primitive depends only on its
     kind, its model-stage (layouts and bytes) and the tier of its link group, so one time per
     such class is computed with the same formulas and looked up for every primitive."""
-    if not setup >= 0:
-        raise ValueError(f"setup must be a non-negative number of seconds, got {setup!r}")
-    if not teardown >= 0:
-        raise ValueError(f"teardown must be a non-negative number of seconds, got {teardown!r}")
+    check_seconds("setup", setup, allow_none=False, allow_zero=True)
+    check_seconds("teardown", teardown, allow_none=False, allow_zero=True)
     hw = cluster.hardware
     n_stages = len(flat.stages)
     # classes carry the tier as Cluster.tier_of_mask numbers it (node 0, rack 1, cluster 2)
@@ -299,10 +298,13 @@ def gpu_capacities(dag: TransitionDAG, cluster: Cluster, capacity: float | None 
     Raises
     ------
     ValueError
-        For a non-positive ``capacity``.
+        For a ``capacity`` that is not a positive number of bytes (``inf``: no bound, as the
+        adaptation benchmark and tests use it).
     """
-    if capacity is not None and not capacity > 0:
-        raise ValueError(f"capacity must be a positive number of bytes, got {capacity!r}")
+    if capacity is not None and not (
+        isinstance(capacity, (int, float)) and not isinstance(capacity, bool) and capacity > 0
+    ):
+        raise ValueError(f"capacity must be a positive number of bytes (inf: no bound), got {capacity!r}")
     base = cluster.hardware.m_eff if capacity is None else float(capacity)
     if dag.flat is not None:
         flat = dag.flat

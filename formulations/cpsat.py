@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..ir.errors import check_seed
 from . import cpsat_backend
 from .deadline import BuildTimeout, Deadline
 from .project import Project
@@ -316,6 +317,7 @@ def solve_cpsat(
     """
     from .project_schedule import fallback_schedule
 
+    seed = check_seed("seed", seed)  # OR-Tools' random_seed is 32-bit: a larger one is a TypeError there
     t0 = time.monotonic()
     deadline = Deadline(time_limit, start=t0)
     fallback = fallback_schedule(project, hint)

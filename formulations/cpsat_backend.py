@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..ir.errors import check_seed
 from .status import Status
 
 __all__ = [
@@ -121,7 +122,7 @@ def configure(
     prm = solver.parameters
     if time_limit is not None:
         prm.max_time_in_seconds = float(time_limit)
-    prm.random_seed = int(seed)
+    prm.random_seed = check_seed("seed", seed)
     if threads is not None:
         prm.num_workers = int(threads)
     prm.log_search_progress = bool(log)

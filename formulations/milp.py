@@ -48,6 +48,12 @@ does the same: during building at once; during a HiGHS solve it cancels the solv
 HiGHS's time limit to zero, since its presolve does not poll the cancel flag), keeps HiGHS's
 incumbent if it stops within a second, else abandons the run to finish in the background.
 
+Size limit: the model grows with the horizon (variables and capacity rows per period), so before
+building over a horizon :func:`solve_milp` estimates its size (:func:`model_size`); above
+:data:`MAX_MODEL_SIZE` it builds nothing and returns the fallback schedule with status
+``feasible`` (``unknown`` if there is none) and a message naming the size, the horizon and the
+longest activity.
+
 Solvers: ``"highs"`` (default) runs HiGHS through Pyomo's persistent ``appsi_highs`` interface
 (time limit, seed, threads, MIP start, best bound); ``"cbc"``, ``"scip"``, ``"gurobi"``, ``"cplex"``,
 ``"glpk"`` and any other name ``pyomo.environ.SolverFactory`` knows go through Pyomo's legacy
@@ -63,13 +69,74 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..ir.errors import check_seed
 from . import pyomo_backend
 from .deadline import BuildTimeout, Deadline
 from .project import Project
 from .pyomo_backend import MILP_SOLVERS, SolverUnavailableError, pyomo_environ
 from .status import ProjectSolution, Status
 
-__all__ = ["MILP_SOLVERS", "MILPModel", "SolverUnavailableError", "solve_milp"]
+__all__ = [
+    "MAX_MODEL_SIZE",
+    "MILP_SOLVERS",
+    "MILPModel",
+    "SolverUnavailableError",
+    "model_size",
+    "solve_milp",
+]
+
+#: Largest time-indexed model :func:`solve_milp` builds, in the units of :func:`model_size` (j30
+#: instances measure 10³–10⁵; Pyomo needs roughly 1 GB per 10⁶). A larger model is not built:
+#: the fallback schedule is returned, with status ``feasible`` and a message saying why.
+MAX_MODEL_SIZE = 2_000_000
+
+
+class ModelTooLarge(Exception):
+    """The time-indexed model over the chosen horizon exceeds :data:`MAX_MODEL_SIZE`;
+    ``str()`` is the message for the user."""
+
+
+def model_size(project: Project, horizon: int) -> int:
+    """An upper estimate of the time-indexed model's size over ``horizon``, computed without
+    building it: the start variables ``x_imt`` and their terms in the capacity rows
+    (``Σ_{i,m} |T_im|·(1 + d_im·#{k renewable: r_imk > 0})``), the running sums (at most
+    ``2·(max_m |T_im| + max_m d_im)`` per activity with precedences) and one capacity row per
+    instant and renewable resource (``H·#renewable``).
+    """
+    p = project
+    es = p.earliest_starts
+    size = horizon * len(p.renewable)
+    for i, act in enumerate(p.activities):
+        widest = 0
+        for m in p.usable_modes[i]:
+            mode = act.modes[m]
+            window = max(0, p.latest_start(i, m, horizon) - es[i] + 1)
+            widest = max(widest, window)
+            uses = sum(1 for k in p.renewable if mode.demands[k] > 0)
+            size += window * (1 + min(mode.duration, horizon) * uses)
+        if p.precedences:
+            size += 2 * (widest + max(m.duration for m in act.modes))
+    return size
+
+
+def _label(project: Project, i: int) -> str:
+    name = project.activities[i].name
+    return f"activity {i}" + (f" ({name!r})" if name else "")
+
+
+def _check_size(project: Project, horizon: int) -> None:
+    """Raise :class:`ModelTooLarge` when :func:`model_size` exceeds :data:`MAX_MODEL_SIZE`."""
+    size = model_size(project, horizon)
+    if size > MAX_MODEL_SIZE:
+        longest = max(
+            range(project.num_activities), key=lambda i: max(m.duration for m in project.activities[i].modes)
+        )
+        d = max(m.duration for m in project.activities[longest].modes)
+        raise ModelTooLarge(
+            f"time-indexed model not built: over the horizon {horizon} it would have size {size:,} "
+            f"(start variables and capacity terms), above MAX_MODEL_SIZE = {MAX_MODEL_SIZE:,}; the "
+            f"longest activity is {_label(project, longest)} with duration {d}"
+        )
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -325,9 +392,11 @@ def _model_with_horizon(
 
     for h in schedules():
         if h.has_schedule and h.makespan < trivial:
+            _check_size(project, int(h.makespan))
             mm = MILPModel(project, int(h.makespan), deadline=deadline)
             if mm.set_values(h):
                 return mm, h
+    _check_size(project, trivial)
     return MILPModel(project, trivial, deadline=deadline), None
 
 
@@ -372,7 +441,9 @@ def solve_milp(
         to build in time: status ``TIME_LIMIT`` with the best incumbent, never worse than the
         fallback (the shorter of a valid ``hint`` and the list schedule; ``makespan = inf`` only
         when neither exists), the solver's best bound, never below the critical-path and energy
-        bounds, and a ``message`` when the fallback was returned for lack of time.
+        bounds, and a ``message`` when the fallback was returned for lack of time. When the model
+        over the horizon would exceed :data:`MAX_MODEL_SIZE`: status ``FEASIBLE`` with the
+        fallback (``UNKNOWN`` without one) and a message.
 
     Raises
     ------
@@ -381,6 +452,7 @@ def solve_milp(
     """
     from .project_schedule import fallback_schedule
 
+    seed = check_seed("seed", seed)  # OR-Tools' random_seed is 32-bit: a larger one is a TypeError there
     t0 = time.monotonic()
     deadline = Deadline(time_limit, start=t0)
     pyomo_backend.backend(solver)  # an unknown or missing solver fails before any work
@@ -397,6 +469,9 @@ def solve_milp(
         status, bound, incumbent = _run(mm, solver, start is not None, deadline, seed, threads)
     except BuildTimeout as exc:
         return _fall_back(project, fallback, str(exc), lb0, time.monotonic() - t0, label)
+    except ModelTooLarge as exc:
+        status = Status.FEASIBLE if fallback is not None else Status.UNKNOWN
+        return _fall_back(project, fallback, str(exc), lb0, time.monotonic() - t0, label, status)
     except KeyboardInterrupt:
         why = "interrupted (Ctrl-C) before the solver had a schedule"
         return _fall_back(project, fallback, why, lb0, time.monotonic() - t0, label)
@@ -428,19 +503,25 @@ def _run(
 
 
 def _fall_back(
-    project: Project, fallback: ProjectSolution | None, why: str, lb0: float, runtime: float, label: str
+    project: Project,
+    fallback: ProjectSolution | None,
+    why: str,
+    lb0: float,
+    runtime: float,
+    label: str,
+    status: Status = Status.TIME_LIMIT,
 ) -> ProjectSolution:
-    """Status ``TIME_LIMIT`` with ``fallback``'s schedule (if any) and the message ``why``."""
+    """``status`` with ``fallback``'s schedule (if any) and the message ``why``."""
     if fallback is None:
         return ProjectSolution.without_schedule(
-            Status.TIME_LIMIT, lower_bound=lb0, runtime=runtime, solver=label, message=why
+            status, lower_bound=lb0, runtime=runtime, solver=label, message=why
         )
     what = "list schedule" if fallback.solver == "list" else "hint"
     return ProjectSolution.from_schedule(
         project,
         fallback.starts,
         fallback.modes,
-        status=Status.TIME_LIMIT,
+        status=status,
         lower_bound=lb0,
         runtime=runtime,
         solver=label,

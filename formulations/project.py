@@ -10,7 +10,9 @@ A project is a set of activities ``i ∈ A``, each run in exactly one of its mod
 
 Precedences ``(i, j, ℓ)`` are finish-to-start with a lag: ``S_j ≥ S_i + d_{i m_i} + ℓ`` (``ℓ`` may be
 negative; the precedence graph must be acyclic). The makespan is ``C_max = max_i (S_i + d_{i m_i})``.
-All data are integers, as in PSPLIB, so the CP-SAT and time-indexed models need no scaling.
+All data are integers, as in PSPLIB, so the CP-SAT and time-indexed models need no scaling; every
+duration, lag, demand and capacity is at most :data:`MAX_VALUE` in size, so sums over a project
+stay within CP-SAT's 64-bit integers.
 
 Objects are frozen and validate themselves once (``ValueError`` naming the field and the value);
 derived lookups (successors, topological order, time windows, bounds) are built on first use.
@@ -23,11 +25,64 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-__all__ = ["Activity", "Mode", "Project", "Resource"]
+__all__ = ["MAX_VALUE", "Activity", "Mode", "Project", "Resource", "find_cycle"]
+
+#: Largest duration, |lag|, demand or capacity a project takes (10¹²): a million activities of
+#: this size still sum below 2⁶³, the range of CP-SAT's integers.
+MAX_VALUE = 10**12
 
 
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_amount(what: str, x: object) -> None:
+    """Refuse anything but an integer in ``0 … MAX_VALUE`` (``what`` names the field)."""
+    if not _is_int(x) or x < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {x!r}.")
+    if x > MAX_VALUE:
+        raise ValueError(f"{what} must be at most {MAX_VALUE:,} (MAX_VALUE), got {x!r}.")
+
+
+def find_cycle(n: int, edges: Sequence[tuple[int, int]]) -> list[int] | None:
+    """The indices into ``edges`` of one directed cycle among nodes ``0 … n-1`` (``None`` if
+    there is none), in path order, starting at the cycle's smallest node; the last edge closes
+    the cycle. A self-loop ``(i, i)`` is a cycle of one edge.
+
+    Examples
+    --------
+    >>> find_cycle(3, [(0, 1), (1, 2), (2, 1)])
+    [1, 2]
+    """
+    out: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    for e, (i, j) in enumerate(edges):
+        out[i].append((j, e))
+    color = [0] * n  # 0 unseen, 1 on the current path, 2 done
+    for root in range(n):
+        if color[root]:
+            continue
+        # iterative depth-first search; path[k] = (node, index of its next out-edge, edge into it)
+        path: list[list[int]] = [[root, 0, -1]]
+        color[root] = 1
+        while path:
+            top = path[-1]
+            node, k = top[0], top[1]
+            if k == len(out[node]):
+                color[node] = 2
+                path.pop()
+                continue
+            top[1] += 1
+            j, e = out[node][k]
+            if color[j] == 0:
+                color[j] = 1
+                path.append([j, 0, e])
+            elif color[j] == 1:  # back edge: the path from j to node, then e, is a cycle
+                at = next(p for p, step in enumerate(path) if step[0] == j)
+                cycle = [step[2] for step in path[at + 1 :]] + [e]
+                nodes = [edges[c][0] for c in cycle]
+                first = nodes.index(min(nodes))
+                return cycle[first:] + cycle[:first]
+    return None
 
 
 @dataclass(frozen=True)
@@ -37,21 +92,19 @@ class Mode:
     Parameters
     ----------
     duration
-        ``d_im ≥ 0`` time units.
+        ``0 ≤ d_im ≤ MAX_VALUE`` time units.
     demands
-        ``r_imk ≥ 0`` per resource, in the order of :attr:`Project.resources`.
+        ``0 ≤ r_imk ≤ MAX_VALUE`` per resource, in the order of :attr:`Project.resources`.
     """
 
     duration: int
     demands: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if not _is_int(self.duration) or self.duration < 0:
-            raise ValueError(f"Mode duration must be a non-negative integer, got {self.duration!r}.")
+        _check_amount("Mode duration", self.duration)
         demands = tuple(self.demands)
         for k, r in enumerate(demands):
-            if not _is_int(r) or r < 0:
-                raise ValueError(f"Mode demands[{k}] must be a non-negative integer, got {r!r}.")
+            _check_amount(f"Mode demands[{k}]", r)
         object.__setattr__(self, "demands", demands)
 
 
@@ -87,7 +140,7 @@ class Resource:
     Parameters
     ----------
     capacity
-        ``R_k ≥ 0``.
+        ``0 ≤ R_k ≤ MAX_VALUE``.
     renewable
         True for a capacity at every instant, False for a budget over the project.
     unary
@@ -103,8 +156,7 @@ class Resource:
     name: str = ""
 
     def __post_init__(self) -> None:
-        if not _is_int(self.capacity) or self.capacity < 0:
-            raise ValueError(f"Resource capacity must be a non-negative integer, got {self.capacity!r}.")
+        _check_amount("Resource capacity", self.capacity)
         if self.unary and not self.renewable:
             raise ValueError(f"Resource unary=True needs renewable=True (resource {self.name!r}).")
         if self.unary and self.capacity != 1:
@@ -131,7 +183,8 @@ class Project:
     ------
     ValueError
         On a demand vector of the wrong length, a demand above 1 on a unary resource, a
-        precedence naming an unknown activity or itself, a non-integer lag, or a cycle.
+        precedence naming an unknown activity or itself, a non-integer lag or one above
+        :data:`MAX_VALUE` in size, or a cycle (the message lists it, 0-based).
     """
 
     activities: tuple[Activity, ...]
@@ -169,7 +222,12 @@ class Project:
                 p = (*p, 0)
             if len(p) != 3 or not all(_is_int(x) for x in p):
                 raise ValueError(f"Project precedences[{e}] must be (pred, succ, lag) integers, got {p!r}.")
-            i, j, _lag = p
+            i, j, lag = p
+            if abs(lag) > MAX_VALUE:
+                raise ValueError(
+                    f"Project precedences[{e}] = {p!r}: the lag must be at most {MAX_VALUE:,} "
+                    "(MAX_VALUE) in size."
+                )
             if not (0 <= i < n and 0 <= j < n):
                 raise ValueError(f"Project precedences[{e}] = {p!r} names an activity outside 0..{n - 1}.")
             if i == j:
@@ -230,8 +288,13 @@ class Project:
                 if indeg[j] == 0:
                     heapq.heappush(heap, j)
         if len(order) != n:
-            on_cycle = min(i for i in range(n) if indeg[i] > 0)
-            raise ValueError(f"Project precedences contain a cycle (through activity {on_cycle}).")
+            cycle = find_cycle(n, [(i, j) for i, j, _ in self.precedences]) or []
+            path = [self.precedences[e][0] for e in cycle]
+            shown = " → ".join(str(i) for i in [*path, path[0]])
+            raise ValueError(
+                f"Project precedences contain a cycle (through activity {path[0]}): {shown} "
+                f"(entries {', '.join(str(e) for e in cycle)} of precedences)."
+            )
         return tuple(order)
 
     @cached_property

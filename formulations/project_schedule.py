@@ -26,6 +26,7 @@ lower bound is :meth:`Project.lower_bound`.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import time
@@ -98,6 +99,16 @@ def list_schedule_project(project: Project, modes: list[int] | None = None) -> P
     ProjectSolution
         ``solver="list"``, status ``FEASIBLE`` with the schedule, or ``UNKNOWN`` (makespan ``inf``)
         when no mode assignment meets the non-renewable budgets.
+
+    Raises
+    ------
+    ValueError
+        When a mode given in ``modes`` demands more than a renewable capacity on its own.
+
+    Notes
+    -----
+    The usage profile is kept as a step function over the start and end times placed so far,
+    so time and memory grow with the number of activities, not with the horizon.
     """
     t0 = time.perf_counter()
     p = project
@@ -120,21 +131,41 @@ def list_schedule_project(project: Project, modes: list[int] | None = None) -> P
         for j, lag in p.successors[i]:
             rank[i] = max(rank[i], dur[i] + lag + rank[j])
 
-    horizon = sum(dur) + sum(max(0, lag) for _, _, lag in p.precedences) + 1
-    usage = [[0] * horizon for _ in ren]
+    # The usage profile as a step function (no array over the horizon, whose length is the sum
+    # of the durations): usage[r][s] holds on [times[s], times[s+1]), and on [times[-1], ∞) it
+    # is 0, since every activity's end is a breakpoint.
+    times = [0]
+    usage: list[list[int]] = [[0] for _ in ren]
 
     def earliest(i: int, t: int) -> int:
         need = [(r, dem[i][k]) for r, k in enumerate(ren) if dem[i][k] > 0]
         if not need or dur[i] == 0:
             return t
         while True:
+            # the last segment overlapping [t, t + d_i) where i does not fit: start after it
             clash = -1
-            for tau in range(t, t + dur[i]):
-                if any(usage[r][tau] + d > cap[r] for r, d in need):
-                    clash = tau
+            s = bisect.bisect_right(times, t) - 1
+            while s < len(times) and times[s] < t + dur[i]:
+                if any(usage[r][s] + d > cap[r] for r, d in need):
+                    clash = s
+                s += 1
             if clash < 0:
                 return t
-            t = clash + 1
+            if clash == len(times) - 1:  # the last segment has usage 0: i exceeds a capacity alone
+                raise ValueError(
+                    f"modes[{i}] = {modes[i]}: activity {i} demands more than a resource's capacity"
+                )
+            t = times[clash + 1]
+
+    def breakpoint_at(t: int) -> int:
+        """The index of the segment starting at ``t``, splitting the one that holds ``t``."""
+        s = bisect.bisect_right(times, t) - 1
+        if times[s] == t:
+            return s
+        times.insert(s + 1, t)
+        for row in usage:
+            row.insert(s + 1, row[s])
+        return s + 1
 
     ready = [0] * n
     indeg = [len(p.predecessors[i]) for i in range(n)]
@@ -150,10 +181,11 @@ def list_schedule_project(project: Project, modes: list[int] | None = None) -> P
             continue
         start[i] = t
         done += 1
-        for r, k in enumerate(ren):
-            if dem[i][k]:
-                for tau in range(t, t + dur[i]):
-                    usage[r][tau] += dem[i][k]
+        if dur[i] and any(dem[i][k] for k in ren):
+            first, last = breakpoint_at(t), breakpoint_at(t + dur[i])
+            for r, k in enumerate(ren):
+                for seg in range(first, last):
+                    usage[r][seg] += dem[i][k]
         for j, lag in p.successors[i]:
             ready[j] = max(ready[j], t + dur[i] + lag)
             indeg[j] -= 1
@@ -241,8 +273,16 @@ def check_project_schedule(project: Project, solution: ProjectSolution) -> list[
     for k, res in enumerate(project.resources):
         demands = [project.activities[i].modes[solution.modes[i]].demands[k] for i in range(n)]
         if res.renewable:
-            for t in range(end):
-                load = sum(d for i, d in enumerate(demands) if d and solution.starts[i] <= t < finish[i])
+            # the load only changes where an activity starts or ends: sweep those instants
+            # (no loop over the horizon, which may be long)
+            change: dict[int, int] = {}
+            for i, d in enumerate(demands):
+                if d and solution.starts[i] < finish[i]:
+                    change[solution.starts[i]] = change.get(solution.starts[i], 0) + d
+                    change[finish[i]] = change.get(finish[i], 0) - d
+            load = 0
+            for t in sorted(change):
+                load += change[t]
                 if load > res.capacity:
                     errors.append(
                         f"resource {k} ({res.name}): load {load} > capacity {res.capacity} at t={t}"

@@ -15,7 +15,9 @@ overlap and union tests single integer operations in the evaluator.
 
 from __future__ import annotations
 
+import numbers
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -100,6 +102,11 @@ def mask_range(mask: int) -> range | None:
     return range(low, low + size) if mask == ((1 << size) - 1) << low else None
 
 
+def _is_int(value: object) -> bool:
+    """An integer of any kind (NumPy's included), never a ``bool``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 #: Largest cluster rpeg plans for (device sets are bit masks; 64 K GPUs is beyond any job's size).
 MAX_DEVICES = 65_536
 
@@ -171,19 +178,23 @@ class Cluster:
     def __post_init__(self) -> None:
         for name in ("racks", "nodes_per_rack", "gpus_per_node"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not _is_int(value) or value < 1:
                 raise ValueError(f"Cluster: {name} must be a positive integer, got {value!r}")
+            object.__setattr__(self, name, int(value))  # a NumPy integer stored as an int
         if self.racks * self.nodes_per_rack * self.gpus_per_node > MAX_DEVICES:
             raise ValueError(
                 f"Cluster: {self.racks}x{self.nodes_per_rack}x{self.gpus_per_node} has "
                 f"{self.racks * self.nodes_per_rack * self.gpus_per_node:,} GPUs; at most {MAX_DEVICES:,} are supported"
             )
         g = self.generation_max_pp
-        if g is not None and (not isinstance(g, int) or isinstance(g, bool) or g < 1):
+        if g is not None and (not _is_int(g) or g < 1):
             raise ValueError(f"Cluster: generation_max_pp must be a positive integer or None, got {g!r}")
         z = self.max_zero_stage
-        if z is not None and (isinstance(z, bool) or z not in (1, 2, 3)):
+        if z is not None and (not _is_int(z) or z not in (1, 2, 3)):
             raise ValueError(f"Cluster: max_zero_stage must be 1, 2, 3 or None, got {z!r}")
+        for name, value in (("generation_max_pp", g), ("max_zero_stage", z)):
+            if value is not None:
+                object.__setattr__(self, name, int(value))
         if not isinstance(self.host_offload, bool):
             raise ValueError(f"Cluster: host_offload must be True or False, got {self.host_offload!r}")
         if not isinstance(self.hardware, Hardware):
@@ -199,14 +210,33 @@ class Cluster:
         max_zero_stage: int | None = None,
         host_offload: bool = True,
     ) -> Cluster:
-        """Build from ``"RxNxG"`` (e.g. ``"2x8x4"``) or a ``(R, N, G)`` tuple.
+        """Build from ``"RxNxG"`` (e.g. ``"2x8x4"``) or a ``(R, N, G)`` tuple (or list).
 
         Raises
         ------
+        TypeError
+            If ``shape`` is neither a string nor a tuple or list (``16``, ``None``).
         ValueError
-            If the shape string is malformed.
+            If the shape string is malformed, a tuple does not have three entries
+            (``(1, 4)``), or an entry is not a positive integer; the message names ``shape``.
         """
-        r, n, g = parse_shape(shape) if isinstance(shape, str) else shape
+        form = "'RACKSxNODESxGPUS' (e.g. '1x2x4') or a (racks, nodes_per_rack, gpus_per_node) tuple"
+        if isinstance(shape, str):
+            r, n, g = parse_shape(shape)
+        elif isinstance(shape, Sequence) and not isinstance(shape, (bytes, bytearray)):
+            if len(shape) != 3:
+                raise ValueError(
+                    f"Cluster.from_shape: shape must be {form}; got {len(shape)} entries {shape!r}"
+                )
+            bad = [x for x in shape if not _is_int(x) or x < 1]
+            if bad:
+                raise ValueError(
+                    f"Cluster.from_shape: shape {tuple(shape)!r} must hold three positive integers "
+                    f"(racks, nodes_per_rack, gpus_per_node); {bad[0]!r} is not one"
+                )
+            r, n, g = shape
+        else:
+            raise TypeError(f"Cluster.from_shape: shape must be {form}, got {type(shape).__name__} {shape!r}")
         return cls(r, n, g, hardware, generation_max_pp, max_zero_stage, host_offload)
 
     @property

@@ -13,30 +13,40 @@ field-path errors into one :class:`InputError` ("unknown key 'ac_shareing', did 
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import json
 import math
+import numbers
 import os
 import re
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 __all__ = [
+    "MAX_SEED",
     "InputError",
     "Strict",
+    "check_int",
     "check_output",
     "check_output_dir",
     "check_positive_int",
     "check_seconds",
+    "check_seed",
     "check_type",
     "describe",
+    "key_hint",
     "read_json",
     "require_file",
+    "seed_flag",
     "tagged",
     "validate",
+    "writing_output",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -137,6 +147,15 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def key_hint(key: str, known: list[str] | tuple[str, ...]) -> str:
+    """What follows "unknown key 'x'": ``", did you mean 'y'?"`` for a close known key, else
+    ``"; known keys: a, b"`` (empty when none are known)."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    if close:
+        return f", did you mean {close[0]!r}?"
+    return f"; known keys: {', '.join(known)}" if known else ""
+
+
 def describe(exc: ValidationError, model: type[BaseModel], source: str) -> InputError:
     """One :class:`InputError` from pydantic's errors (an unknown key first, else the first one):
     source, field path, problem, value."""
@@ -148,15 +167,9 @@ def describe(exc: ValidationError, model: type[BaseModel], source: str) -> Input
     kind = err.get("type", "")
     if kind == "extra_forbidden":
         key = str(loc[-1]) if loc else "?"
-        known = _known_keys(model, loc)
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-        hint = (
-            f", did you mean {close[0]!r}?"
-            if close
-            else (f"; known keys: {', '.join(known)}" if known else "")
-        )
         parent = _loc(loc[:-1])
         where = f" in [{parent}]" if parent else ""
+        hint = key_hint(key, _known_keys(model, loc))
         return InputError(f"{source}: unknown key {key!r}{where}{hint}", source=source, field=field)
     if kind == "missing":
         return InputError(f"{source}: missing field {field!r}", source=source, field=field)
@@ -189,9 +202,15 @@ def require_file(path: str | Path, what: str) -> Path:
 
     Raises
     ------
+    TypeError
+        If ``path`` is not a ``str`` or a path object (``None``), naming ``what``.
     InputError
         ``"<what> 'x' does not exist"`` or ``"... is a directory"``.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"{what} must be a path (str or pathlib.Path), got {type(path).__name__} {_short(path)}"
+        )
     p = Path(path)
     if p.is_dir():
         raise InputError(f"{what} {str(path)!r} is a directory, not a file", source=str(path))
@@ -258,6 +277,25 @@ def check_output(
     return p
 
 
+@contextmanager
+def writing_output(path: str | os.PathLike, flag: str) -> Iterator[None]:
+    """Write the output ``flag`` names inside this block: an ``OSError`` while writing (a full
+    disk, ``/dev/full``, a file removed or made read-only since :func:`check_output`) becomes
+    one :class:`InputError` naming the flag, the path and the system's reason.
+
+    Raises
+    ------
+    InputError
+        ``"--json '/dev/full' could not be written (No space left on device)"``.
+    """
+    try:
+        yield
+    except OSError as exc:
+        raise InputError(
+            f"{flag} {str(path)!r} could not be written ({exc.strerror or exc})", source=flag
+        ) from None
+
+
 def check_output_dir(path: str | os.PathLike, what: str) -> Path:
     """``path`` as a :class:`Path` if it is, or can be created as, a writable directory (nothing
     is created: the nearest existing ancestor is probed with a temporary file).
@@ -301,18 +339,84 @@ def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
 
 
 def check_positive_int(name: str, value: Any) -> int:
-    """``value`` if it is an ``int ≥ 1``; ``TypeError`` for another type, ``ValueError`` below 1."""
-    check_type(name, value, int, "a positive integer")
+    """``value`` as a plain ``int`` if it is an integer ``≥ 1`` (NumPy's integers included,
+    ``bool`` never); ``TypeError`` for another type, ``ValueError`` below 1."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a positive integer, got {type(value).__name__} {_short(value)}")
     if value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+        raise ValueError(f"{name} must be a positive integer, got {_short(int(value))}")
+    return int(value)
 
 
-def check_seconds(name: str, value: Any, *, allow_none: bool = True) -> float | None:
-    """A finite positive number of seconds (or ``None``); ``TypeError``/``ValueError`` naming it."""
+def check_seconds(
+    name: str, value: Any, *, allow_none: bool = True, allow_zero: bool = False
+) -> float | None:
+    """A finite positive number of seconds (or ``None``; with ``allow_zero`` also 0: a cost or
+    delay rather than a budget); ``TypeError``/``ValueError`` naming it."""
     if value is None and allow_none:
         return None
-    check_type(name, value, (int, float), "a positive finite number of seconds")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
+    kind = "non-negative" if allow_zero else "positive"
+    check_type(name, value, (int, float), f"a {kind} finite number of seconds")
+    if not (math.isfinite(value) and (value >= 0 if allow_zero else value > 0)):
+        raise ValueError(f"{name} must be a {kind} finite number of seconds, got {value!r}")
     return float(value)
+
+
+def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
+    """``value`` as a plain ``int`` if it is an integer in ``[lo, hi]`` (either bound optional).
+
+    Any :class:`numbers.Integral` is taken (NumPy's ``np.int64`` included); ``bool`` never is.
+
+    Raises
+    ------
+    TypeError
+        For another type (``2.0``, ``"3"``, ``True``), naming ``name`` and the value.
+    ValueError
+        Out of range, naming ``name``, the range and the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {_short(value)}")
+    number = int(value)
+    if (lo is not None and number < lo) or (hi is not None and number > hi):
+        low = "-inf" if lo is None else f"{lo:,}"
+        high = "inf" if hi is None else f"{hi:,}"
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {_short(number)}")
+    return number
+
+
+#: Largest seed: what every engine takes (OR-Tools' and HiGHS' ``random_seed`` are signed 32-bit
+#: integers; NumPy's generators refuse negative seeds), so a seed means the same to every method.
+MAX_SEED = 2**31 - 1
+
+
+def check_seed(name: str, value: Any) -> int:
+    """``value`` as a plain ``int`` if it is a seed every engine takes, ``0 ≤ seed ≤``
+    :data:`MAX_SEED`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming ``name`` (the argument or ``--flag``) and the value.
+    """
+    check_int(name, value)
+    if not 0 <= value <= MAX_SEED:
+        raise ValueError(
+            f"{name} must be an integer in [0, {MAX_SEED}] (the seeds every engine takes: OR-Tools' "
+            f"random_seed is a 32-bit integer), got {_short(int(value))}"
+        )
+    return int(value)
+
+
+def seed_flag(text: str) -> int:
+    """argparse ``type=`` of every ``--seed`` flag: an integer in ``[0, MAX_SEED]``
+    (:func:`check_seed`); argparse names the flag in its error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, {MAX_SEED}], got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer in [0, {MAX_SEED}] (OR-Tools' random_seed is a 32-bit integer), "
+            f"got {_short(text)}"
+        )
+    return value

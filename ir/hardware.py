@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Literal
@@ -35,7 +36,18 @@ from pydantic import AfterValidator, Field
 
 from .errors import InputError, Strict, read_json, validate
 
-__all__ = ["ENGINE_ROLES", "FORMAT", "OP_CLASSES", "TIER_NAMES", "EngineTerms", "Hardware", "Link", "OpTerms"]
+__all__ = [
+    "ENGINE_ROLES",
+    "FIGURE_RANGES",
+    "FORMAT",
+    "OP_CLASSES",
+    "TIER_NAMES",
+    "EngineTerms",
+    "Hardware",
+    "Link",
+    "OpTerms",
+    "figure_problem",
+]
 
 TIER_NAMES = ("intra-node", "inter-node", "inter-rack")
 
@@ -59,6 +71,78 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+#: The plausible range ``(lowest, highest, unit)`` of every hardware figure, both ends included.
+#: A figure outside it is a typo or a unit slip (GB for bytes, µs for s), and the cost model's
+#: arithmetic would leave the floats with it: 1e308 FLOP/s and bytes/s make times of 0 s and a
+#: division by zero, 1e-300 make times of inf s and a NaN makespan. Wide enough for every preset,
+#: every calibration (a 1-thread CPU worker at ~1e11 FLOP/s; an engine term whose GEMM time the
+#: fit cannot resolve is written with η = 1e6, and in-situ factors scale it) and the tests' tiny
+#: devices. The JSON reader (:class:`_HardwareFile`) and :class:`Hardware`'s constructor both check it
+#: (:func:`figure_problem`), the latter for its links and engine terms too (a lone :class:`Link` or
+#: :class:`OpTerms` checks its sign only: a unit link is a fit's probe). ``memory_headroom`` ∈ [0, 1),
+#: ``kv_memory_fraction`` ∈ (0, 1] and ``gpus_per_node`` ∈ 1..:data:`MAX_GPUS_PER_NODE` are
+#: bounded by their meaning.
+FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
+    # per-GPU figures: 1 MB (a test's toy device) .. 100 TB of memory; 1 GFLOP/s (one slow CPU
+    # core) .. 1 EFLOP/s (400x a B200's dense BF16); 1 MB/s .. 1 PB/s (over 100x HBM3e)
+    "gpu_memory_bytes": (1e6, 1e14, "bytes"),
+    "peak_flops": (1e9, 1e18, "FLOP/s"),
+    "mem_bandwidth": (1e6, 1e15, "bytes/s"),
+    "host_bandwidth": (1e6, 1e15, "bytes/s"),
+    # GEMM-shape constants (tokens, width; 0: no shape loss); the calibration fit's grid ends at 1e7
+    "gamma_m": (0.0, 1e9, "tokens"),
+    "gamma_k": (0.0, 1e9, ""),
+    # the non-GEMM reference: B_cal sequences of l_cal tokens of width d_cal
+    "b_cal": (1.0, 1e6, "sequences"),
+    "l_cal": (1.0, 1e7, "tokens"),
+    "d_cal": (1.0, 1e6, ""),
+    # fixed seconds: per layer, per dispatched node, per call/layer pass/decode step, a link's α
+    "c_nongemm": (0.0, 60.0, "s"),
+    "dispatch_s": (0.0, 60.0, "s"),
+    "per_call_s": (0.0, 60.0, "s"),
+    "per_layer_s": (0.0, 60.0, "s"),
+    "per_step_s": (0.0, 60.0, "s"),
+    "alpha": (0.0, 60.0, "s"),
+    # a link's β, seconds per byte: 0 (free) .. 1e-6 (1 MB/s)
+    "beta": (0.0, 1e-6, "s/byte"),
+    # an engine's share of the roofline, and its forward memory per byte of SPEC's activations
+    "efficiency": (1e-6, 1e9, ""),
+    "memory_factor": (1e-3, 1e3, ""),
+}
+
+#: The largest node :attr:`Hardware.gpus_per_node` describes.
+MAX_GPUS_PER_NODE = 1024
+
+
+def _num(x: float) -> str:
+    """``1e+09`` as ``1e9``: a bound as a user would write it."""
+    return re.sub(r"e\+?(-?)0*(\d)", r"e\1\2", f"{x:g}")
+
+
+def figure_problem(key: str, value: object) -> str | None:
+    """Why ``value`` is not a valid hardware figure ``key`` (:data:`FIGURE_RANGES`), or ``None``.
+
+    Examples
+    --------
+    >>> figure_problem("peak_flops", 1e-300)
+    'must be a number in [1e9, 1e18] FLOP/s'
+    """
+    lo, hi, unit = FIGURE_RANGES[key]
+    if _is_number(value) and lo <= value <= hi:  # type: ignore[operator]
+        return None
+    return f"must be a number in [{_num(lo)}, {_num(hi)}]" + (f" {unit}" if unit else "")
+
+
+def _check_figures(owner: str, obj: object, keys: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` naming ``owner``, the field and the value of the first figure of
+    ``obj`` outside :data:`FIGURE_RANGES`."""
+    for key in keys:
+        value = getattr(obj, key)
+        why = figure_problem(key, value)
+        if why:
+            raise ValueError(f"{owner}{key} {why}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Link:
     """Latency/bandwidth pair of the α–β model: a transfer of ``M`` bytes takes ``α + M·β``.
@@ -75,6 +159,8 @@ class Link:
     beta: float
 
     def __post_init__(self) -> None:
+        # a Link is also the cost model's unit probe (α = 0, β = 1: coefficients of a fit), so it
+        # checks only the sign; a Hardware holds its links to FIGURE_RANGES
         ok = all(
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0.0
             for v in (self.alpha, self.beta)
@@ -118,6 +204,7 @@ class OpTerms:
     memory_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        # the sign only, as Link; a Hardware holds its engines' terms to FIGURE_RANGES
         if not (_is_number(self.efficiency) and self.efficiency > 0):
             raise ValueError(f"OpTerms efficiency must be positive, got {self.efficiency!r}")
         if not (_is_number(self.memory_factor) and self.memory_factor > 0):
@@ -155,6 +242,25 @@ class EngineTerms:
     def classes(self) -> tuple[str, ...]:
         """The operation classes this engine has terms for."""
         return tuple(c for c in OP_CLASSES if getattr(self, c) is not None)
+
+
+#: The :class:`Hardware` fields checked against :data:`FIGURE_RANGES`.
+_HARDWARE_FIGURES = (
+    "gpu_memory_bytes",
+    "peak_flops",
+    "mem_bandwidth",
+    "gamma_m",
+    "gamma_k",
+    "c_nongemm",
+    "b_cal",
+    "l_cal",
+    "d_cal",
+    "dispatch_s",
+    "host_bandwidth",
+)
+#: The figures of each link (tiers, engine links) and engine term a :class:`Hardware` holds.
+_LINK_FIGURES = ("alpha", "beta")
+_OP_FIGURES = ("efficiency", "per_call_s", "per_layer_s", "per_step_s", "memory_factor")
 
 
 @dataclass(frozen=True)
@@ -232,23 +338,12 @@ class Hardware:
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
-        positive = (
-            "gpu_memory_bytes",
-            "peak_flops",
-            "mem_bandwidth",
-            "b_cal",
-            "l_cal",
-            "d_cal",
-            "host_bandwidth",
-        )
-        for name in positive:
-            value = getattr(self, name)
-            if not (_is_number(value) and value > 0):
-                raise ValueError(f"Hardware {self.name!r}: {name} must be positive, got {value!r}")
-        for name in ("gamma_m", "gamma_k", "c_nongemm", "dispatch_s"):
-            value = getattr(self, name)
-            if not (_is_number(value) and value >= 0):
-                raise ValueError(f"Hardware {self.name!r}: {name} must be non-negative, got {value!r}")
+        _check_figures(f"Hardware {self.name!r}: ", self, _HARDWARE_FIGURES)
+        n = self.gpus_per_node
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GPUS_PER_NODE:
+            raise ValueError(
+                f"Hardware {self.name!r}: gpus_per_node must be an integer in [1, {MAX_GPUS_PER_NODE}], got {n!r}"
+            )
         if not (_is_number(self.kv_memory_fraction) and 0.0 < self.kv_memory_fraction <= 1.0):
             raise ValueError(
                 f"Hardware {self.name!r}: kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction!r}"
@@ -261,8 +356,23 @@ class Hardware:
             links = getattr(self, name)
             if len(links) != 3:
                 raise ValueError(f"Hardware {self.name!r}: {name} needs 3 tiers, got {len(links)}")
-            object.__setattr__(self, name, tuple(lk if isinstance(lk, Link) else Link(*lk) for lk in links))
+            tiers = []
+            for i, lk in enumerate(links):
+                try:
+                    tiers.append(lk if isinstance(lk, Link) else Link(*lk))
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"Hardware {self.name!r}: {name}[{i}]: {exc}") from None
+                _check_figures(f"Hardware {self.name!r}: {name}[{i}].", tiers[-1], _LINK_FIGURES)
+            object.__setattr__(self, name, tuple(tiers))
         object.__setattr__(self, "engines", tuple(self.engines))
+        for e in self.engines:
+            for c in e.classes():
+                _check_figures(f"Hardware {self.name!r}: engines.{e.name}.{c}.", getattr(e, c), _OP_FIGURES)
+            for kind in ("weight_sync", "data_parallel", "tensor_parallel"):
+                if getattr(e, kind) is not None:
+                    _check_figures(
+                        f"Hardware {self.name!r}: engines.{e.name}.{kind}.", getattr(e, kind), _LINK_FIGURES
+                    )
         object.__setattr__(self, "engine_for", tuple(self.engine_for))
         object.__setattr__(self, "sources", tuple(tuple(kv) for kv in self.sources))
         names = [e.name for e in self.engines]
@@ -437,7 +547,7 @@ class Hardware:
 
     def save(self, path: str | Path) -> None:
         """Write the JSON form to ``path``."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> Hardware:
@@ -452,14 +562,26 @@ class Hardware:
 
 
 # ---------------------------------------------------------------------------- the JSON file
-Positive = Annotated[float, Field(gt=0)]
-NonNegative = Annotated[float, Field(ge=0)]
+def _figure(key: str) -> object:
+    """The schema type of hardware figure ``key``: a finite number in :data:`FIGURE_RANGES`."""
+
+    def check(value: float) -> float:
+        why = figure_problem(key, value)
+        if why:
+            raise ValueError(why)
+        return value
+
+    return Annotated[float, AfterValidator(check)]
+
+
+Alpha = _figure("alpha")
+Beta = _figure("beta")
 
 
 class _LinkEntry(Strict):
     tier: Literal["intra-node", "inter-node", "inter-rack"] | None = None
-    alpha: NonNegative
-    beta: NonNegative
+    alpha: Alpha
+    beta: Beta
 
 
 def _in_tier_order(links: list[_LinkEntry]) -> list[_LinkEntry]:
@@ -473,16 +595,16 @@ Tiers = Annotated[list[_LinkEntry], Field(min_length=3, max_length=3), AfterVali
 
 
 class _OpTermsEntry(Strict):
-    efficiency: Positive = 1.0
-    per_call_s: NonNegative = 0.0
-    per_layer_s: NonNegative = 0.0
-    per_step_s: NonNegative = 0.0
-    memory_factor: Positive = 1.0
+    efficiency: _figure("efficiency") = 1.0  # type: ignore[valid-type]
+    per_call_s: _figure("per_call_s") = 0.0  # type: ignore[valid-type]
+    per_layer_s: _figure("per_layer_s") = 0.0  # type: ignore[valid-type]
+    per_step_s: _figure("per_step_s") = 0.0  # type: ignore[valid-type]
+    memory_factor: _figure("memory_factor") = 1.0  # type: ignore[valid-type]
 
 
 class _SyncEntry(Strict):
-    alpha: NonNegative
-    beta: NonNegative
+    alpha: Alpha
+    beta: Beta
 
 
 class _EngineEntry(Strict):
@@ -502,27 +624,28 @@ class _EngineFor(Strict):
 
 
 class _HardwareFile(Strict):
-    """Schema of ``rpeg.hardware/2``: every figure a finite number of the right sign."""
+    """Schema of ``rpeg.hardware/2``: every figure a finite number in its plausible range
+    (:data:`FIGURE_RANGES`)."""
 
     format: Literal["rpeg.hardware/2"]
     name: Annotated[str, Field(min_length=1)]
-    gpu_memory_bytes: Positive
-    peak_flops: Positive
-    mem_bandwidth: Positive
-    gamma_m: NonNegative
-    gamma_k: NonNegative
-    c_nongemm: NonNegative
-    b_cal: Positive
+    gpu_memory_bytes: _figure("gpu_memory_bytes")  # type: ignore[valid-type]
+    peak_flops: _figure("peak_flops")  # type: ignore[valid-type]
+    mem_bandwidth: _figure("mem_bandwidth")  # type: ignore[valid-type]
+    gamma_m: _figure("gamma_m")  # type: ignore[valid-type]
+    gamma_k: _figure("gamma_k")  # type: ignore[valid-type]
+    c_nongemm: _figure("c_nongemm")  # type: ignore[valid-type]
+    b_cal: _figure("b_cal")  # type: ignore[valid-type]
     collective: Tiers
     p2p: Tiers
     memory_headroom: Annotated[float, Field(ge=0, lt=1)] = 0.10
-    gpus_per_node: Annotated[int, Field(ge=1, le=1024)] = 8
+    gpus_per_node: Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)] = 8
     notes: str = ""
-    l_cal: Positive
-    d_cal: Positive
-    dispatch_s: NonNegative = 0.0
+    l_cal: _figure("l_cal")  # type: ignore[valid-type]
+    d_cal: _figure("d_cal")  # type: ignore[valid-type]
+    dispatch_s: _figure("dispatch_s") = 0.0  # type: ignore[valid-type]
     kv_memory_fraction: Annotated[float, Field(gt=0, le=1)] = 0.9
-    host_bandwidth: Positive = DEFAULT_HOST_BANDWIDTH
+    host_bandwidth: _figure("host_bandwidth") = DEFAULT_HOST_BANDWIDTH  # type: ignore[valid-type]
     engines: dict[str, _EngineEntry] = Field(default_factory=dict)
     engine_for: _EngineFor = _EngineFor()
     sources: dict[str, str] = Field(default_factory=dict)

@@ -8,6 +8,7 @@ gated/SwiGLU one), tied embeddings and the bytes per scalar (SPEC §2).
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Literal
@@ -18,8 +19,16 @@ from .errors import InputError, Strict, read_json
 
 __all__ = [
     "FAMILIES",
+    "HF_ARCHITECTURES",
+    "MAX_FFN_HIDDEN",
+    "MAX_HEADS",
+    "MAX_HEAD_DIM",
+    "MAX_HIDDEN",
+    "MAX_LAYERS",
+    "MAX_VOCAB",
     "MODEL_PRESETS",
     "OPTIMIZER_BYTES_PER_PARAM",
+    "HFArchitecture",
     "ModelSpec",
     "ModelSpecFile",
     "model_preset",
@@ -27,6 +36,50 @@ __all__ = [
 
 #: Hugging Face architectures (``config.json``'s ``model_type``) the runtime builds and loads.
 FAMILIES = ("llama", "qwen2", "mistral")
+
+# Upper bounds on a model's figures. Each is far above the largest published model's, so no real
+# model is refused: Llama-3.1-405B has 126 layers, d = 16,384, dff = 53,248 and 128 heads;
+# PaLM-540B 118 layers, d = 18,432, dff = 73,728; Megatron-Turing NLG 530B 105 layers,
+# d = 20,480, dff = 81,920; Falcon-180B 232 heads; Gemma-3 V = 262,208 and head_dim 256 (the
+# widest head_dim published is 512). The bounds keep every cost-model product (``L·d·dff`` per
+# token, ~10¹⁹ at most) finite in float arithmetic and the plan search's loops over the divisors
+# of ``L`` short: an unbounded figure overflowed (``hidden_size: 10**200``) or hung (``2**63 − 1``).
+#: Most transformer blocks ``L`` (~32× Llama-3.1-405B's 126).
+MAX_LAYERS = 4096
+#: Widest model ``d`` (~50× MT-NLG's 20,480).
+MAX_HIDDEN = 2**20
+#: Widest FFN ``dff`` (~50× MT-NLG's 81,920).
+MAX_FFN_HIDDEN = 2**22
+#: Largest vocabulary ``V`` (64× Gemma-3's 262,208).
+MAX_VOCAB = 2**24
+#: Most query (and key/value) heads (~70× Falcon-180B's 232).
+MAX_HEADS = 2**14
+#: Widest head (32× the widest published, 512).
+MAX_HEAD_DIM = 2**14
+
+#: ``ModelSpec`` field → its bound (``head_dim`` may also be 0: derived from ``hidden // heads``).
+_LIMITS = {
+    "layers": ("MAX_LAYERS", MAX_LAYERS),
+    "hidden": ("MAX_HIDDEN", MAX_HIDDEN),
+    "ffn_hidden": ("MAX_FFN_HIDDEN", MAX_FFN_HIDDEN),
+    "vocab": ("MAX_VOCAB", MAX_VOCAB),
+    "heads": ("MAX_HEADS", MAX_HEADS),
+    "kv_heads": ("MAX_HEADS", MAX_HEADS),
+    "head_dim": ("MAX_HEAD_DIM", MAX_HEAD_DIM),
+}
+
+
+def _show(value: object) -> str:
+    """``repr(value)``, or the digit count of an integer too long to print usefully."""
+    if (
+        isinstance(value, numbers.Integral)
+        and not isinstance(value, bool)
+        and abs(int(value)).bit_length() > 128
+    ):
+        return f"an integer of about {int(abs(int(value)).bit_length() * 0.30103)} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
 
 #: ``model_type`` values of Hugging Face mixture-of-experts architectures; :meth:`ModelSpec.from_hf_config`
 #: refuses them (as it does any ``model_type`` containing ``moe``) until MoE models are supported.
@@ -86,6 +139,123 @@ _EXPERT_FIELDS = (
 #: and parameters the dense formulas would get wrong.
 _MLA_FIELDS = ("kv_lora_rank", "q_lora_rank")
 
+
+@dataclass(frozen=True)
+class HFArchitecture:
+    """How :meth:`ModelSpec.from_hf_config` reads one dense ``model_type``: the ``config.json``
+    field names and the defaults of its ``transformers`` config class, and the shape of its MLP.
+
+    Parameters
+    ----------
+    source
+        The ``transformers`` classes the entry was read from (config class and MLP).
+    layers, hidden, ffn, heads
+        Field names of ``L``, ``d``, ``dff`` and the query heads (required in the file).
+    kv_heads
+        Field name of the key/value heads; ``""``: the architecture has none (= query heads).
+    head_dim
+        Field name of the head width; ``""``: none (``hidden // heads``).
+    kv_default
+        K/V heads when the field is absent (the config class's default); ``0``: the query heads.
+        A ``null`` always means the query heads (every config class's ``__post_init__``).
+    head_dim_default
+        Head width when the field is absent or ``null``; ``0``: ``hidden // heads``.
+    ffn_default
+        ``dff`` as a multiple of ``d`` when the FFN field is absent or ``null`` (GPT-2's
+        ``n_inner``); ``0``: the field is required.
+    gated
+        Whether the MLP is gated (``gate, up, down``: 3 projections) whatever ``hidden_act`` says.
+    tied
+        ``tie_word_embeddings`` when absent or ``null`` (the config class's default).
+    family
+        :attr:`ModelSpec.family` (the runtime builds only :data:`FAMILIES`; others read as
+        ``"llama"``).
+    """
+
+    source: str
+    layers: str = "num_hidden_layers"
+    hidden: str = "hidden_size"
+    ffn: str = "intermediate_size"
+    heads: str = "num_attention_heads"
+    kv_heads: str = "num_key_value_heads"
+    head_dim: str = "head_dim"
+    kv_default: int = 0
+    head_dim_default: int = 0
+    ffn_default: int = 0
+    gated: bool = True
+    tied: bool = False
+    family: str = "llama"
+
+
+#: The dense ``model_type`` values :meth:`ModelSpec.from_hf_config` reads, each as its
+#: ``transformers`` (5.x) config class and MLP define it. Any other ``model_type`` is refused.
+HF_ARCHITECTURES: dict[str, HFArchitecture] = {
+    "llama": HFArchitecture(
+        "LlamaConfig (num_key_value_heads None → heads, head_dim None → d/heads, "
+        "tie_word_embeddings False); LlamaMLP gate/up/down",
+        family="llama",
+    ),
+    "mistral": HFArchitecture(
+        "MistralConfig (num_key_value_heads 8, head_dim None → d/heads, tie_word_embeddings False); "
+        "MistralMLP gate/up/down",
+        kv_default=8,
+        family="mistral",
+    ),
+    "qwen2": HFArchitecture(
+        "Qwen2Config (num_key_value_heads 32, tie_word_embeddings False; Qwen2Attention reads a "
+        "head_dim if given, else d/heads); Qwen2MLP gate/up/down",
+        kv_default=32,
+        family="qwen2",
+    ),
+    "qwen3": HFArchitecture(
+        "Qwen3Config (num_key_value_heads 32, head_dim 128, tie_word_embeddings False); "
+        "Qwen3MLP gate/up/down",
+        kv_default=32,
+        head_dim_default=128,
+    ),
+    "gemma": HFArchitecture(
+        "GemmaConfig (num_key_value_heads 16, head_dim 256, tie_word_embeddings True); "
+        "GemmaMLP gate/up/down (GeGLU, whatever hidden_act says)",
+        kv_default=16,
+        head_dim_default=256,
+        tied=True,
+    ),
+    "phi3": HFArchitecture(
+        "Phi3Config (num_key_value_heads None → heads, tie_word_embeddings False; Phi3Attention "
+        "reads a head_dim if given, else d/heads); Phi3MLP gate_up_proj (2·dff) and down_proj",
+    ),
+    "gpt2": HFArchitecture(
+        "GPT2Config (n_inner None → 4·n_embd, tie_word_embeddings True); GPT2MLP c_fc/c_proj",
+        layers="n_layer",
+        hidden="n_embd",
+        ffn="n_inner",
+        heads="n_head",
+        kv_heads="",
+        head_dim="",
+        ffn_default=4,
+        gated=False,
+        tied=True,
+    ),
+    "opt": HFArchitecture(
+        "OPTConfig (tie_word_embeddings True); OPTDecoderLayer fc1/fc2",
+        ffn="ffn_dim",
+        kv_heads="",
+        head_dim="",
+        gated=False,
+        tied=True,
+    ),
+    "gpt_neox": HFArchitecture(
+        "GPTNeoXConfig (tie_word_embeddings False); GPTNeoXMLP dense_h_to_4h/dense_4h_to_h",
+        kv_heads="",
+        head_dim="",
+        gated=False,
+    ),
+}
+
+#: Dense architectures with interleaved sliding-window attention layers (whose attention FLOPs and
+#: KV cache the full-attention formulas would over-count), refused until that is modelled.
+_SLIDING_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text"})
+
 #: FP32 master weights + two FP32 Adam moments: 3 × 4 bytes per trained parameter (SPEC §6); the
 #: cost model's optimizer state (:mod:`rpeg.costmodel.memory`) and a training EMU's ``ω``.
 OPTIMIZER_BYTES_PER_PARAM = 12
@@ -100,30 +270,32 @@ class ModelSpec:
     name
         Human-readable name (used in messages and result files).
     layers
-        Number of transformer blocks ``L``.
+        Number of transformer blocks ``L``, at most :data:`MAX_LAYERS`.
     hidden
-        Model width ``d``.
+        Model width ``d``, at most :data:`MAX_HIDDEN`.
     ffn_hidden
-        FFN inner width ``dff``.
+        FFN inner width ``dff``, at most :data:`MAX_FFN_HIDDEN`.
     vocab
-        Vocabulary size ``V``.
+        Vocabulary size ``V``, at most :data:`MAX_VOCAB`.
     heads
-        Number of query heads.
+        Number of query heads, at most :data:`MAX_HEADS`.
     kv_heads
         Number of key/value heads (``kv_heads < heads`` is grouped-query attention).
     head_dim
-        Width of one head; ``0`` means ``hidden // heads``.
+        Width of one head, at most :data:`MAX_HEAD_DIM`; ``0`` means ``hidden // heads``.
     ffn_projections
-        Matrices in the FFN: 2 for ``up, down``; 3 for gated ``gate, up, down`` (SwiGLU).
+        Matrices in the FFN: 2 for ``up, down``; 3 for gated ``gate, up, down`` (SwiGLU, GeGLU).
     tied_embeddings
         Whether the LM head shares the input embedding matrix.
     dtype_bytes
-        Bytes per scalar ``sb`` of weights and activations (2 for BF16).
+        Bytes per scalar ``sb`` of weights and activations (2 for BF16): the integer 1, 2 or 4.
     family
         Hugging Face architecture the runtime builds for this shape, one of :data:`FAMILIES`
         (``model_type`` of a ``config.json``). The cost model does not read it. A shape of another
-        architecture (GPT-3's two-projection FFN) plans as itself and runs as a ``llama`` model of
-        the runtime's scale (:func:`rpeg.runtime.model.scale_spec`).
+        architecture (GPT-3's two-projection FFN; a Qwen3, Gemma, Phi-3, GPT-2, OPT or GPT-NeoX
+        ``config.json``, which :meth:`from_hf_config` reads with family ``"llama"``) plans as
+        itself and runs as a ``llama`` model of the runtime's scale
+        (:func:`rpeg.runtime.model.scale_spec`); the runtime refuses such a checkpoint's weights.
     checkpoint
         Local Hugging Face checkpoint directory (``config.json`` and ``*.safetensors``) whose
         weights the runtime runs this model with, at full size; ``""``: none (the runtime builds a
@@ -133,7 +305,9 @@ class ModelSpec:
     Raises
     ------
     ValueError
-        If a field is out of range; the message names the field and its value.
+        If a field is not of its type (an integer figure given as ``2.0`` or ``True``) or out of
+        range (above its ``MAX_*`` bound too); the message names the field and its value.
+        Integer figures may be NumPy integers; they are stored as ``int``.
     """
 
     name: str
@@ -157,21 +331,43 @@ class ModelSpec:
             raise TypeError(
                 f"ModelSpec {self.name!r}: checkpoint must be a path string, got {self.checkpoint!r}"
             )
-        for field in ("layers", "hidden", "ffn_hidden", "vocab", "heads", "kv_heads"):
+        # integers (NumPy's too, stored as int; never bool or float such as 2.0), within bounds
+        for field, (bound, limit) in _LIMITS.items():
             value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            low = 0 if field == "head_dim" else 1
+            what = "a non-negative integer (0: hidden // heads)" if low == 0 else "a positive integer"
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"ModelSpec {self.name!r}: {field} must be {what}, got {_show(value)}")
+            value = int(value)
+            object.__setattr__(self, field, value)
+            if value < low:
+                raise ValueError(f"ModelSpec {self.name!r}: {field} must be {what}, got {value!r}")
+            if value > limit:
                 raise ValueError(
-                    f"ModelSpec {self.name!r}: {field} must be a positive integer, got {value!r}"
+                    f"ModelSpec {self.name!r}: {field} = {_show(value)} is above {bound} = {limit:,} "
+                    "(far above any published model; rpeg refuses larger figures)"
                 )
+        for field, allowed in (("ffn_projections", (2, 3)), ("dtype_bytes", (1, 2, 4))):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value not in allowed:
+                raise ValueError(
+                    f"ModelSpec {self.name!r}: {field} must be one of the integers "
+                    f"{', '.join(map(str, allowed))}, got {_show(value)}"
+                )
+            object.__setattr__(self, field, int(value))
         if self.head_dim == 0:
             if self.hidden % self.heads:
                 raise ValueError(
                     f"ModelSpec {self.name!r}: hidden={self.hidden} is not divisible by heads={self.heads}; "
                     "give head_dim explicitly"
                 )
-            object.__setattr__(self, "head_dim", self.hidden // self.heads)
-        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 1:
-            raise ValueError(f"ModelSpec {self.name!r}: head_dim must be positive, got {self.head_dim!r}")
+            head_dim = self.hidden // self.heads
+            if head_dim > MAX_HEAD_DIM:
+                raise ValueError(
+                    f"ModelSpec {self.name!r}: head_dim = hidden // heads = {head_dim} is above "
+                    f"MAX_HEAD_DIM = {MAX_HEAD_DIM:,} (far above any published model)"
+                )
+            object.__setattr__(self, "head_dim", head_dim)
         if self.heads % self.kv_heads:
             raise ValueError(
                 f"ModelSpec {self.name!r}: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
@@ -180,17 +376,9 @@ class ModelSpec:
             raise ValueError(
                 f"ModelSpec {self.name!r}: tied_embeddings must be True or False, got {self.tied_embeddings!r}"
             )
-        if isinstance(self.ffn_projections, bool) or self.ffn_projections not in (2, 3):
-            raise ValueError(
-                f"ModelSpec {self.name!r}: ffn_projections must be 2 or 3, got {self.ffn_projections!r}"
-            )
-        if self.family not in FAMILIES:
+        if not isinstance(self.family, str) or self.family not in FAMILIES:
             raise ValueError(
                 f"ModelSpec {self.name!r}: family must be one of {', '.join(FAMILIES)}, got {self.family!r}"
-            )
-        if isinstance(self.dtype_bytes, bool) or self.dtype_bytes not in (1, 2, 4):
-            raise ValueError(
-                f"ModelSpec {self.name!r}: dtype_bytes must be 1, 2 or 4, got {self.dtype_bytes!r}"
             )
 
     # ------------------------------------------------------------------ derived sizes
@@ -274,17 +462,45 @@ class ModelSpec:
     def from_hf_config(cls, path: str | Path, name: str | None = None) -> ModelSpec:
         """Read a Hugging Face ``config.json`` from disk (nothing is downloaded).
 
-        Understands the Llama/Mistral/Qwen field names (``num_hidden_layers``, ``hidden_size``,
-        ``intermediate_size``, ``vocab_size``, ``num_attention_heads``, ``num_key_value_heads``,
-        ``head_dim``, ``tie_word_embeddings``, ``torch_dtype``) and the GPT-2/OPT spellings
-        (``n_layer``, ``n_embd``, ``n_head``, ``n_inner``, ``ffn_dim``). Gated FFN (3 projections)
-        is assumed for ``hidden_act`` in ``silu``/``swiglu``; 2 otherwise. When the directory
-        also holds ``*.safetensors`` weights, :attr:`checkpoint` is its absolute path (the runtime
-        then runs the model with them).
+        The file is read as ``transformers`` reads it, per architecture: ``model_type`` picks an
+        entry of :data:`HF_ARCHITECTURES` (``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma``,
+        ``phi3``, ``gpt2``, ``opt``, ``gpt_neox``), which names the fields and gives the config
+        class's defaults:
 
-        Mixture-of-experts and multi-head-latent-attention models are refused (not supported yet:
-        read as dense models their parameters, FLOPs and KV cache would be wrong): a ``model_type``
-        of a known MoE architecture (or one containing ``moe``), an expert count above 1
+        * the shape fields are required: layers, width and query heads (``num_hidden_layers``,
+          ``hidden_size``, ``num_attention_heads``; GPT-2: ``n_layer``, ``n_embd``, ``n_head``),
+          ``vocab_size`` and the FFN width (``intermediate_size``; OPT: ``ffn_dim``; GPT-2's
+          ``n_inner`` may be absent or ``null``: ``4·n_embd``);
+        * ``num_key_value_heads`` absent: the class default (Mistral 8, Qwen2/Qwen3 32, Gemma 16;
+          Llama, Phi-3: the query heads); ``null``, or an architecture without the field: the
+          query heads;
+        * ``head_dim`` absent or ``null``: the class default (Qwen3 128, Gemma 256; others
+          ``hidden // heads``); GPT-2, OPT and GPT-NeoX have none;
+        * ``tie_word_embeddings`` absent or ``null``: the class default (tied for GPT-2, OPT and
+          Gemma; untied for the others);
+        * the FFN is gated (3 projections: ``gate, up, down``) for Llama, Mistral, Qwen2, Qwen3,
+          Gemma and Phi-3 whatever ``hidden_act`` says (Gemma's GeGLU has ``gelu``), and has 2
+          (``up, down``) for GPT-2, OPT and GPT-NeoX;
+        * ``torch_dtype`` (or ``dtype``; default ``bfloat16``) gives the bytes per scalar.
+
+        Biases, learned position embeddings and LayerNorm biases are not counted (as the norms,
+        they are not matmul work): GPT-2 small reads as 123.6M parameters against its 124.4M.
+        Mistral's ``sliding_window`` (and Qwen2/Qwen3's with ``use_sliding_window``, Phi-3's) is
+        not modelled: a window at least as long as the sequences changes nothing, a shorter one
+        is over-counted (attention FLOPs and KV cache as full attention: conservative).
+        ``ModelSpec.family`` is the ``model_type`` for the runtime's :data:`FAMILIES` and
+        ``"llama"`` for the others: they plan as themselves and run as a scaled Llama model (the
+        runtime refuses their checkpoints' weights). When the directory also holds
+        ``*.safetensors`` weights, :attr:`checkpoint` is its absolute path.
+
+        Refused, naming the field and its value: a missing ``model_type`` or one outside
+        :data:`HF_ARCHITECTURES`; Gemma-2/3 (``gemma2``, ``gemma3``, ``gemma3_text``: interleaved
+        sliding-window layers); a quantized checkpoint (``quantization_config``: AWQ, GPTQ,
+        bitsandbytes, FP8, ...; quantized weights are not modelled); OPT with a
+        ``word_embed_proj_dim`` other than ``hidden_size``; a figure above its ``MAX_*`` bound;
+        mixture-of-experts and multi-head-latent-attention models (not supported yet: read as
+        dense models their parameters, FLOPs and KV cache would be wrong): a ``model_type`` of
+        a known MoE architecture (or one containing ``moe``), an expert count above 1
         (``num_experts``, ``num_local_experts``, ``n_routed_experts``, ``moe_num_experts``,
         ``num_experts_per_tok``, ...; also inside a nested table such as DBRX's ``ffn_config``),
         or a non-null ``kv_lora_rank``/``q_lora_rank``.
@@ -304,9 +520,9 @@ class ModelSpec:
         Raises
         ------
         InputError
-            If the file is missing or not JSON, or a field is missing or of the wrong type, or the
-            model is a mixture of experts or uses multi-head latent attention; the message names
-            the file, the field and its value.
+            If the file is missing or not JSON, a field is missing, of the wrong type or out of
+            range, or the model is of an architecture rpeg does not read (above); the message
+            names the file, the field and its value.
         """
         path = Path(path)
         if path.is_dir():
@@ -314,68 +530,89 @@ class ModelSpec:
         cfg = read_json(path, "model config")
         if not isinstance(cfg, dict):
             raise InputError(f"{path}: a model config must be a JSON object, got {type(cfg).__name__}")
+        source = str(path)
 
-        def pick(*keys: str, default: int | None = None) -> int:
-            for key in keys:
-                if key in cfg and cfg[key] is not None:
-                    value = cfg[key]
-                    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                        raise InputError(
-                            f"{path}: field {key!r} must be a positive integer, got {value!r}",
-                            source=str(path),
-                            field=key,
-                        )
-                    return value
-            if default is None:
-                raise InputError(f"{path}: missing config field {' / '.join(keys)!r}", source=str(path))
-            return default
+        def pick(key: str, field: str, default: int | None = None) -> int:
+            """``cfg[key]`` as a figure of ``ModelSpec.field`` (absent or null: ``default``)."""
+            value = cfg.get(key)
+            if value is None:
+                if default is None:
+                    raise InputError(f"{path}: missing config field {key!r}", source=source, field=key)
+                return default
+            bound, limit = _LIMITS[field]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(
+                    f"{path}: field {key!r} must be a positive integer, got {_show(value)}",
+                    source=source,
+                    field=key,
+                )
+            if value > limit:
+                raise InputError(
+                    f"{path}: field {key!r} = {_show(value)} is above {bound} = {limit:,} (far above "
+                    "any published model; rpeg refuses larger figures)",
+                    source=source,
+                    field=key,
+                )
+            return value
 
         def text(key: str, default: str) -> str:
             value = cfg.get(key, default)
             if value is None:
                 return default
             if not isinstance(value, str):
-                raise InputError(f"{path}: field {key!r} must be a string, got {value!r}", source=str(path))
+                raise InputError(
+                    f"{path}: field {key!r} must be a string, got {value!r}", source=source, field=key
+                )
             return value
 
         _refuse_unsupported(cfg, path)
-        hidden = pick("hidden_size", "n_embd", "d_model")
-        heads = pick("num_attention_heads", "n_head", "num_heads")
-        act = text("hidden_act", text("activation_function", "silu")).lower()
+        arch = _architecture(cfg, path)
+        hidden = pick(arch.hidden, "hidden")
+        heads = pick(arch.heads, "heads")
         dtype = text("torch_dtype", text("dtype", "bfloat16"))
         dtypes = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "float8_e4m3fn": 1}
         if dtype not in dtypes:
             raise InputError(
                 f"{path}: field 'torch_dtype' must be one of {', '.join(dtypes)}, got {dtype!r}",
-                source=str(path),
+                source=source,
+                field="torch_dtype",
             )
-        tied = cfg.get("tie_word_embeddings", False)
+        tied = cfg.get("tie_word_embeddings")
+        if tied is None:
+            tied = arch.tied
         if not isinstance(tied, bool):
-            raise InputError(f"{path}: field 'tie_word_embeddings' must be true or false, got {tied!r}")
-        head_dim = cfg.get("head_dim")
-        head_dim = 0 if head_dim is None else pick("head_dim")
-        model_type = text("model_type", "llama")
-        family = model_type if model_type in FAMILIES else "llama"  # planning reads only the shape
-        label = name or text("_name_or_path", "") or text("model_type", "") or path.parent.name
+            raise InputError(
+                f"{path}: field 'tie_word_embeddings' must be true or false, got {tied!r}",
+                source=source,
+                field="tie_word_embeddings",
+            )
+        if arch.kv_heads and arch.kv_heads in cfg:  # a null: the query heads
+            kv_heads = pick(arch.kv_heads, "kv_heads", default=heads)
+        else:
+            kv_heads = arch.kv_default or heads
+        head_dim = pick(arch.head_dim, "head_dim", default=arch.head_dim_default) if arch.head_dim else 0
+        ffn_default = arch.ffn_default * hidden if arch.ffn_default else None
+        model_type = cfg["model_type"]
+        label = name or text("_name_or_path", "") or model_type or path.parent.name
         fields = {
             "name": label,
-            "layers": pick("num_hidden_layers", "n_layer", "num_layers"),
+            "layers": pick(arch.layers, "layers"),
             "hidden": hidden,
-            "ffn_hidden": pick("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden),
-            "vocab": pick("vocab_size"),
+            "ffn_hidden": pick(arch.ffn, "ffn_hidden", default=ffn_default),
+            "vocab": pick("vocab_size", "vocab"),
             "heads": heads,
-            "kv_heads": pick("num_key_value_heads", default=heads),
+            "kv_heads": kv_heads,
             "head_dim": head_dim,
-            "ffn_projections": 3 if act in ("silu", "swiglu", "swish") else 2,
+            "ffn_projections": 3 if arch.gated else 2,
             "tied_embeddings": tied,
             "dtype_bytes": dtypes[dtype],
-            "family": family,
+            "family": arch.family,
             "checkpoint": str(path.parent.resolve()) if any(path.parent.glob("*.safetensors")) else "",
         }
         try:
             return cls(**fields)
         except ValueError as exc:
-            raise InputError(f"{path}: {exc}", source=str(path)) from None
+            raise InputError(f"{path}: {exc}", source=source) from None
 
     def to_dict(self) -> dict[str, object]:
         """Plain-data form (inverse of ``ModelSpec(**d)``)."""
@@ -441,6 +678,76 @@ def _refuse_unsupported(cfg: dict, path: Path) -> None:
                     source=str(path),
                     field=prefix + key,
                 )
+
+
+def _architecture(cfg: dict, path: Path) -> HFArchitecture:
+    """The :data:`HF_ARCHITECTURES` entry of ``cfg``'s ``model_type``, or :class:`InputError`.
+
+    Refused, naming the file, the field and its value: a missing or unknown ``model_type``
+    (listing the known ones), Gemma-2/3 (sliding-window layers), a quantized checkpoint
+    (``quantization_config``) and an OPT ``word_embed_proj_dim`` other than ``hidden_size``.
+    """
+    source = str(path)
+    known = ", ".join(sorted(HF_ARCHITECTURES))
+    model_type = cfg.get("model_type")
+    if model_type is None:
+        raise InputError(
+            f"{path}: missing config field 'model_type': rpeg reads each architecture's own fields "
+            f"and defaults (as transformers' AutoConfig, which needs it too); add one of {known}",
+            source=source,
+            field="model_type",
+        )
+    if not isinstance(model_type, str):
+        raise InputError(
+            f"{path}: field 'model_type' must be a string, got {_show(model_type)}",
+            source=source,
+            field="model_type",
+        )
+    if model_type in _SLIDING_MODEL_TYPES:
+        text_config = cfg.get("text_config")
+        nested = text_config.get("sliding_window") if isinstance(text_config, dict) else None
+        window = cfg.get("sliding_window", nested)
+        raise InputError(
+            f"{path}: field 'model_type' = {model_type!r} interleaves sliding-window attention layers "
+            f"(field 'sliding_window' = {window!r}); sliding-window attention is not modelled yet (its "
+            "FLOPs and KV cache would be misread as full attention's)",
+            source=source,
+            field="model_type",
+        )
+    if model_type not in HF_ARCHITECTURES:
+        raise InputError(
+            f"{path}: field 'model_type' = {_show(model_type)} is not an architecture rpeg reads; "
+            f"known: {known}",
+            source=source,
+            field="model_type",
+        )
+    quant = cfg.get("quantization_config")
+    if quant is not None:
+        table = quant if isinstance(quant, dict) else {}
+        bits = table.get("bits", table.get("w_bit"))  # AWQ, GPTQ (AutoAWQ: w_bit)
+        if bits is None and (table.get("load_in_4bit") or table.get("load_in_8bit")):  # bitsandbytes
+            bits = 4 if table.get("load_in_4bit") else 8
+        what = f"quant_method {_show(table.get('quant_method'))}" + (
+            f", bits {_show(bits)}" if bits is not None else ""
+        )
+        raise InputError(
+            f"{path}: field 'quantization_config' ({what}) marks a "
+            "quantized checkpoint; quantized weights are not modelled (they would be read as "
+            "unquantized, with wrong weight memory); give the unquantized model's config.json",
+            source=source,
+            field="quantization_config",
+        )
+    arch = HF_ARCHITECTURES[model_type]
+    if model_type == "opt":
+        proj = cfg.get("word_embed_proj_dim")
+        if proj is not None and proj != cfg.get("hidden_size"):
+            raise InputError(
+                f"{path}: field 'word_embed_proj_dim' = {_show(proj)} differs from 'hidden_size' = "
+                f"{_show(cfg.get('hidden_size'))}; OPT's embedding projections are not modelled",
+                source=source,
+                field="word_embed_proj_dim",
+            )
+    return arch
 
 
 class ModelSpecFile(Strict):

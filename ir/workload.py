@@ -11,6 +11,9 @@ model and whether actor–critic sharing may be tried. Workloads load from TOML 
 from __future__ import annotations
 
 import math
+import numbers
+import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -65,6 +68,19 @@ MAX_ROLLOUTS = 1_024
 MAX_TOKENS = 1_048_576
 MAX_STALENESS = 64
 MAX_K_EVAL = 64
+#: Least responses per prompt of GRPO: its advantage is a response's reward against its group's
+#: mean (and spread), which is identically zero for a group of one.
+MIN_GRPO_ROLLOUTS = 2
+
+
+def _is_int(value: object) -> bool:
+    """An integer of any kind (NumPy's included), never a ``bool``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    """A real number of any kind (NumPy's included), never a ``bool``."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,10 +160,13 @@ class Workload:
         ``U``, optimizer updates per RL step (PPO mini-batches, SPEC §14.2): each pays the
         gradient reduction, the weight gather and the optimizer; default 1.
 
+    Integers may be Python's or NumPy's (``np.int64(64)``); they are stored as ``int``.
+
     Raises
     ------
     ValueError
-        On a bad field; the message names the field and the value.
+        On a bad field; the message names the field and the value (``grpo`` needs
+        ``rollouts ≥ 2``: its group-relative advantages are zero for a group of one).
     """
 
     algorithm: str
@@ -179,8 +198,10 @@ class Workload:
         }
         for fname, top in bounds.items():
             value = getattr(self, fname)
-            if not isinstance(value, int) or isinstance(value, bool):
+            if not _is_int(value):
                 raise TypeError(f"workload.{fname} must be a positive integer, got {value!r}")
+            value = int(value)
+            object.__setattr__(self, fname, value)  # a NumPy integer stored as an int
             if not 1 <= value <= top:
                 raise ValueError(f"workload.{fname} must be an integer in [1, {top:,}], got {value!r}")
         if self.algorithm == "dpo" and self.rollouts != 2:
@@ -231,6 +252,12 @@ class Workload:
         object.__setattr__(self, "models", models)
         object.__setattr__(self, "quantiles", self._checked_quantiles())
         object.__setattr__(self, "staleness", self._checked_staleness(models))
+        if self.algorithm == "grpo" and self.rollouts < MIN_GRPO_ROLLOUTS:
+            raise ValueError(
+                f"workload.rollouts must be at least {MIN_GRPO_ROLLOUTS} for grpo (its advantages are "
+                f"relative to the group of a prompt's responses: with one response they are always zero), "
+                f"got {self.rollouts}"
+            )
 
     def _check_reward_and_kl(self) -> None:
         """``reward``, ``reward_cost_s`` and ``kl_coef`` (their Raises in the class docstring);
@@ -242,11 +269,7 @@ class Workload:
         if self.algorithm == "dpo" and self.reward != "model":
             raise ValueError("workload.reward: dpo is offline and has no reward; leave reward unset")
         cost = self.reward_cost_s
-        if (
-            isinstance(cost, bool)
-            or not isinstance(cost, (int, float))
-            or not 0.0 <= cost <= MAX_REWARD_COST_S
-        ):
+        if not _is_number(cost) or not 0.0 <= cost <= MAX_REWARD_COST_S:
             raise ValueError(
                 f"workload.reward_cost_s must be a number of seconds in [0, {MAX_REWARD_COST_S:g}], got {cost!r}"
             )
@@ -264,10 +287,11 @@ class Workload:
         if self.algorithm == "dpo" and self.old_logprob != "rollout":
             raise ValueError("workload.old_logprob: dpo is offline and has no rollout; leave it unset")
         u = self.mini_batches
-        if isinstance(u, bool) or not isinstance(u, int) or not 1 <= u <= self.batch * self.rollouts:
+        if not _is_int(u) or not 1 <= u <= self.batch * self.rollouts:
             raise ValueError(
                 f"workload.mini_batches must be an integer in [1, B·R={self.batch * self.rollouts}], got {u!r}"
             )
+        object.__setattr__(self, "mini_batches", int(u))
         kl = self.kl_coef
         if self.algorithm == "dpo":
             if kl is not None:
@@ -278,7 +302,7 @@ class Workload:
             return
         if kl is None:
             kl = DEFAULT_KL_COEF
-        if isinstance(kl, bool) or not isinstance(kl, (int, float)) or not (math.isfinite(kl) and kl >= 0):
+        if not _is_number(kl) or not (math.isfinite(kl) and kl >= 0):
             raise ValueError(f"workload.kl_coef must be a non-negative number, got {kl!r}")
         object.__setattr__(self, "kl_coef", float(kl))
 
@@ -312,9 +336,9 @@ class Workload:
                     f"workload.quantiles[{i}] must be a (fraction, length) pair, got {list(item)!r}"
                 )
             f, t = item
-            if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f):
+            if not _is_number(f) or not math.isfinite(f):
                 raise ValueError(f"workload.quantiles[{i}]: fraction must be a number in (0, 1], got {f!r}")
-            if isinstance(t, bool) or not isinstance(t, int):
+            if not _is_int(t):
                 raise ValueError(
                     f"workload.quantiles[{i}]: length must be a whole number of tokens, got {t!r}"
                 )
@@ -324,7 +348,7 @@ class Workload:
                     f"(0, Lr={self.response_len}]"
                 )
             prev_f, prev_t = f, t
-            out.append((float(f), t))
+            out.append((float(f), int(t)))
         if out[-1][0] != 1.0 or out[-1][1] != self.response_len:
             raise ValueError(f"workload.quantiles must end with (1.0, Lr={self.response_len}), got {out[-1]}")
         return tuple(out)
@@ -345,17 +369,13 @@ class Workload:
             if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
                 raise ValueError(f"workload.staleness.{role} must be a list of budgets, got {values!r}")
             values = list(values)
-            bad = [
-                v
-                for v in values
-                if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_STALENESS
-            ]
+            bad = [v for v in values if not _is_int(v) or not 0 <= v <= MAX_STALENESS]
             if not values or bad:
                 raise ValueError(
                     f"workload.staleness.{role} must be a non-empty list of integers in [0, {MAX_STALENESS}], "
                     f"got {values!r}"
                 )
-            stale[role] = tuple(sorted(set(values)))
+            stale[role] = tuple(sorted({int(v) for v in values}))
         for role in trainable:
             stale.setdefault(role, (0, 1))
         return stale
@@ -443,7 +463,7 @@ def with_response_len(workload: Workload, response_len: int) -> Workload:
     ValueError
         If ``response_len`` is not a positive integer.
     """
-    if isinstance(response_len, bool) or not isinstance(response_len, int) or response_len < 1:
+    if not _is_int(response_len) or response_len < 1:
         raise ValueError(f"response_len must be a positive integer, got {response_len!r}")
     if response_len == workload.response_len:
         return workload
@@ -568,6 +588,27 @@ def _model(value: str | ModelSpecFile, where: str, base: Path | None) -> ModelSp
         raise InputError(f"{where}: {exc}") from None
 
 
+def _toml_error(path: Path, text: str, exc: Exception) -> InputError:
+    """An :class:`InputError` for a TOML syntax error naming the file, the line and, for a key
+    given twice, the key (``tomllib`` says only "Cannot overwrite a value (at line 6, column 14)")."""
+    message = str(exc)
+    found = re.search(r"\(at line (\d+), column (\d+)\)", message)
+    if found is None:
+        return InputError(f"{path}: not valid TOML ({message})", source=str(path))
+    number = int(found.group(1))
+    lines = text.splitlines()
+    line = lines[number - 1].strip() if 0 < number <= len(lines) else ""
+    what = message[: found.start()].strip()
+    if what.startswith("Cannot overwrite a value") and "=" in line:
+        key = line.split("=", 1)[0].strip()
+        what = f"key {key!r} is set twice (or inside a value set before); each key may be set once"
+    return InputError(
+        f"{path}, line {number}: not valid TOML: {what}" + (f" (the line reads {line!r})" if line else ""),
+        source=str(path),
+        field=None,
+    )
+
+
 def load_workload(path: str | Path) -> WorkloadFile:
     """Read a workload TOML file, strictly.
 
@@ -581,21 +622,33 @@ def load_workload(path: str | Path) -> WorkloadFile:
     ``[structure]`` table with ``staleness = {actor = [0, 1], ...}`` and ``ac_sharing``; and an
     optional ``[cluster]`` table with ``shape = "RxNxG"``, ``hardware`` and ``k_eval``. Unknown
     keys, wrong types (``ac_sharing = "no"``, ``k_eval = true``, a length of ``95.7``) and
-    out-of-range values are errors, never defaults.
+    out-of-range values are errors, never defaults. The file is UTF-8; a byte-order mark at its
+    start (some Windows editors write one) is dropped.
 
     Raises
     ------
+    TypeError
+        If ``path`` is not a ``str`` or a path object (``None``).
     InputError
-        If the file is missing or unreadable, or a field is missing, unknown or bad; the message
-        names the file, the field and the value (and a close known key for a misspelt one).
+        If the file is missing or unreadable, not valid TOML (the line, and the key given twice
+        for a duplicate), or a field is missing, unknown or bad; the message names the file, the
+        field and the value (and a close known key for a misspelt one).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"load_workload: path must be the path of a workload TOML file (str or pathlib.Path), got "
+            f"{type(path).__name__} {path!r}"
+        )
     path = require_file(path, "workload file")
     try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path}: not valid TOML ({exc})", source=str(path)) from None
+        # "utf-8-sig": a byte-order mark that some editors write first is dropped, not an error
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"workload file {str(path)!r} cannot be read ({exc})", source=str(path)) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _toml_error(path, text, exc) from None
     where = str(path)
     doc = validate(_WorkloadFileSchema, data, where)
     models = {
@@ -624,6 +677,15 @@ def load_workload(path: str | Path) -> WorkloadFile:
             mini_batches=doc.mini_batches,
         )
     except ValueError as exc:
+        if str(exc).startswith("workload.rollouts must be at least"):  # GRPO: name the file's field
+            given = f"got {rollouts}" if batch.rollouts is not None else "got none (the default is 1)"
+            raise InputError(
+                f"{where}: field 'batch.rollouts' must be at least {MIN_GRPO_ROLLOUTS} for grpo (its "
+                "advantages are relative to the group of a prompt's responses: with one response they are "
+                f"always zero), {given}",
+                source=where,
+                field="batch.rollouts",
+            ) from None
         raise InputError(f"{where}: {exc}", source=where) from None
     if doc.cluster.shape is not None:
         try:

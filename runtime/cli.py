@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..ir.errors import seed_flag
+
 __all__ = ["EXIT_RUN_FAILED", "register_cli"]
 
 #: Exit status of ``rpeg run`` when the run itself failed (bad input is 2, as everywhere).
@@ -28,7 +30,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--steps", type=int, default=4, help="RL steps to run (default 4)")
     r.add_argument("--trace", metavar="TRACE.json", help="write the execution trace here")
     r.add_argument("--address", help="Ray address to join (default: start a local instance)")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=seed_flag, default=0)
     r.add_argument(
         "--scale",
         default="tiny",
@@ -64,8 +66,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument(
         "--transition-method",
-        default="greedy",
-        help="transition scheduler: greedy, cpsat or milp (default greedy)",
+        default=None,
+        help="with --transition or --on-worker-lost replan: transition scheduler, greedy, cpsat or milp "
+        "(default greedy)",
     )
     r.add_argument(
         "--stall-timeout",
@@ -81,6 +84,39 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         help="a lost worker stops the run (default) or triggers the urgent replan from the intact state",
     )
     r.set_defaults(fn=_cmd_run)
+
+
+def _check_transition_flags(args: argparse.Namespace) -> None:
+    """``--transition-method`` and the flags ``--transition`` cannot be combined with, checked
+    before anything is imported or started (a flag that would do nothing is refused, naming the
+    flag it needs).
+
+    Raises
+    ------
+    InputError
+        Naming both flags, or the unknown method with the known ones.
+    """
+    from ..ir.errors import InputError
+    from ..solvers.transition import TRANSITION_METHODS
+
+    method = args.transition_method
+    if method is not None and method not in TRANSITION_METHODS:
+        raise InputError(
+            f"--transition-method: unknown transition method {method!r}; known: {', '.join(TRANSITION_METHODS)}",
+            source="--transition-method",
+        )
+    if method is not None and not args.transition and args.on_worker_lost != "replan":
+        raise InputError(
+            "--transition-method only applies with --transition or --on-worker-lost replan "
+            "(it schedules the moves between plans)",
+            source="--transition-method",
+        )
+    for flag, value in (("--checkpoint-dir", args.checkpoint_dir), ("--resume-from", args.resume_from)):
+        if args.transition and value:
+            raise InputError(
+                f"--transition cannot be combined with {flag} (checkpoints are per plan)",
+                source="--transition",
+            )
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -107,12 +143,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise InputError(
             f"--stall-timeout must be a positive number of seconds, got {stall}", source="--stall-timeout"
         )
+    _check_transition_flags(args)
     transition_files = []
     for spec in args.transition:
         step, sep, file = spec.partition(":")
         if not sep or not step.strip().isdigit():
             raise InputError(
                 f"--transition {spec!r} must look like STEP:RESULT.json (e.g. 2:next.json)",
+                source="--transition",
+            )
+        last = transition_files[-1][0] if transition_files else 0
+        if not last < int(step) < args.steps:
+            # the move comes after that many steps: after any earlier one, before the last step
+            after = f"the --transition at step {last}" if transition_files else "at least one step"
+            where = (
+                f"must be in {last + 1}..{args.steps - 1}"
+                if last + 1 < args.steps
+                else "has no step left to come after"
+            )
+            raise InputError(
+                f"--transition {spec!r}: step {int(step)} {where} (a move comes after {after} and before "
+                f"the last of --steps {args.steps})",
                 source="--transition",
             )
         require_file(file, f"--transition {spec!r}: result file")
@@ -124,7 +175,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except json.JSONDecodeError as exc:
             raise InputError(f"--scale {args.scale!r} is not valid JSON ({exc})", source="--scale") from None
     result = read_result(args.result)
-    transitions = [(k, read_result(file, "--transition result file")) for k, file in transition_files]
+    transitions = []
+    for k, file in transition_files:
+        target = read_result(file, "--transition result file")
+        if target.plan is None:
+            raise InputError(
+                f"--transition {k}:{file}: the result file has no plan (status {target.status.value})",
+                source="--transition",
+            )
+        transitions.append((k, target))
     from .runner import run
 
     def progress(event: str, payload: dict) -> None:
@@ -156,7 +215,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             trace_path=args.trace,
             progress=progress,
             transitions=transitions,
-            transition_method=args.transition_method,
+            transition_method=args.transition_method or "greedy",
             on_worker_lost=args.on_worker_lost,
             stall_timeout_s=stall,
             rollout_engine=args.rollout_engine,

@@ -53,7 +53,7 @@ import numpy as np
 
 from ..costmodel.layout import Layout
 from ..costmodel.time import op_time
-from ..ir.hardware import EngineTerms, Hardware, Link, OpTerms
+from ..ir.hardware import FIGURE_RANGES, EngineTerms, Hardware, Link, OpTerms
 from ..ir.models import ModelSpec
 from ..ir.types import Head, Recompute, Role
 
@@ -266,7 +266,10 @@ def _tp_features(s: EngineSample, hw: Hardware) -> tuple[list[float], float]:
     one-rank terms): the generation's AllReduces (``2·L`` per prefill microbatch and per decoded
     token, ring formula) are linear in the link, and ``T_rest`` is the rest of the prediction."""
     rest = _tp_generation(s, hw, Link(0.0, 0.0))
-    return [_tp_generation(s, hw, Link(1.0, 0.0)) - rest, _tp_generation(s, hw, Link(0.0, 1.0)) - rest], rest
+    # β probed at the slowest link a Hardware holds (1 MB/s; FIGURE_RANGES), not at 1 s/byte
+    beta = FIGURE_RANGES["beta"][1]
+    d_beta = (_tp_generation(s, hw, Link(0.0, beta)) - rest) / beta
+    return [_tp_generation(s, hw, Link(1.0, 0.0)) - rest, d_beta], rest
 
 
 def _op_features(s: EngineSample, hw: Hardware) -> tuple[list[float], float]:

@@ -760,7 +760,8 @@ def _segment_path(path: Path, i: int) -> Path:
 
 def _check_arguments(result: Any, steps: Any, **kw: Any) -> None:
     """``TypeError`` / ``ValueError`` naming the first bad argument of :func:`run` (before any
-    work: no torch.distributed, no Ray)."""
+    work: no torch.distributed, no Ray): types and ranges, the method names, the transitions'
+    steps and targets (:func:`_segments`, :func:`~rpeg.runtime.transition.check_compatible`)."""
     check_type("result", result, Result, "a Result (rpeg.solve(...) or rpeg.Result.from_json('result.json'))")
     check_positive_int("steps", steps)
     check_type("seed", kw["seed"], int)
@@ -801,6 +802,19 @@ def _check_arguments(result: Any, steps: Any, **kw: Any) -> None:
         check_type(name, kw[name], str)
     if kw["on_worker_lost"] not in ("stop", "replan"):
         raise ValueError(f"on_worker_lost must be 'stop' or 'replan', got {kw['on_worker_lost']!r}")
+    from ..solvers.solve import METHODS
+    from ..solvers.transition import TRANSITION_METHODS
+
+    for name, known in (("transition_method", TRANSITION_METHODS), ("replan_method", tuple(sorted(METHODS)))):
+        if kw[name] not in known:
+            raise ValueError(f"{name} must be one of {', '.join(map(repr, known))}, got {kw[name]!r}")
+    # the transitions' steps and targets: the same job (state must fit), a plan to move to
+    _segments(result, steps, kw["transitions"])
+    if kw["transitions"]:
+        from .transition import check_compatible
+
+        for _, target in kw["transitions"]:
+            check_compatible(result, target)
 
 
 def _fail_with_trace(

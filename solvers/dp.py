@@ -54,7 +54,7 @@ from ..ir.templates import Structure
 from ..ir.templates import structures as all_structures
 from ..scoring.evaluator import Evaluator
 from .result import Result, Status
-from .solve import Problem, register
+from .solve import Problem, check_structure_arg, register
 
 __all__ = ["ENGINES", "select"]
 
@@ -107,7 +107,7 @@ def _dp(
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; known engines: {', '.join(map(repr, ENGINES))}")
     ys = _structures(problem, structure)
-    t0 = time.monotonic()
+    t0 = problem.started  # solve()'s entry
     run = _plan_structures(problem, ys, Deadline(problem.time_limit, start=t0), budget, engine, threads)
     if run.best is None:
         assert run.first_error is not None  # the first structure is always planned
@@ -163,12 +163,12 @@ def _structures(problem: Problem, structure: Structure | str | None) -> list[Str
     ValueError
         If ``structure`` is not a :class:`Structure`, ``None`` or ``"all"``.
     """
-    if structure == "all":
+    if isinstance(structure, str) and structure == "all":
         return all_structures(problem.workload)
     if structure is None:
         return [Structure.synchronous(problem.workload)]
     if isinstance(structure, Structure):
-        return [structure]
+        return [check_structure_arg("structure", structure, problem.workload)]
     raise ValueError(f"structure must be a Structure, None or 'all', got {structure!r}")
 
 

@@ -22,8 +22,13 @@ outcomes are kept in ``Result.extra``; ``objective_bound`` is the throughput bou
 "Optimal" means optimal over the candidate sets (and the time rounding of the engine); the
 message says which candidate sets were used.
 
-**Time limits.** One :class:`~rpeg.formulations.deadline.Deadline` is computed when the method
-starts; each structure gets the time left divided by the structures still to do, and *everything*
+**Time limits.** One :class:`~rpeg.formulations.deadline.Deadline` is computed from
+:func:`~rpeg.solvers.solve.solve`'s entry (:attr:`Problem.started`). The engine's libraries (OR-Tools,
+Pyomo and HiGHS: a second on an idle machine, tens of seconds after memory pressure) are imported
+in a background thread while the structures are prepared and their concurrent plans pooled as
+fallbacks; the method waits for them only as long as the limit allows, and when they are not
+loaded in time it returns the best fallback with status ``time_limit`` and a message saying
+so. Each structure gets the time left divided by the structures still to do, and *everything*
 it does counts against that share: the warm start, the candidate pairs, building the model (the
 builders check the deadline as they go), handing it to the solver, and the solve (the engine is
 given only what is left). Every memory-feasible warm start is kept as a fallback, compared with
@@ -38,6 +43,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,14 +53,16 @@ from typing import Any
 from ..formulations.deadline import BuildTimeout, Deadline
 from ..formulations.plan_cpsat import solve_plan_cpsat
 from ..formulations.plan_model import PlanSolution, build_plan_instance, candidate_sets
+from ..formulations.pyomo_backend import MILP_SOLVERS, SolverUnavailableError
 from ..heuristics.baselines import Infeasible, check_directories, concurrent_plan, greedy_plan
+from ..ir.errors import check_type
 from ..ir.plan import Choice, Plan
-from ..ir.templates import Structure
+from ..ir.templates import Structure, build_graph
 from ..ir.templates import structures as all_structures
 from ..scoring.candidates import Directory, build_directories
 from ..scoring.evaluator import Evaluator
 from .result import Result, Status
-from .solve import Problem, register, solve
+from .solve import Problem, check_structure_arg, register, solve
 
 __all__ = ["DEFAULT_TIME_LIMIT", "solve_exact"]
 
@@ -119,15 +128,20 @@ def solve_exact(
     ValueError
         For a bad option (the message names it).
     """
-    _check_options(candidates, structure, warm_start)
-    t0 = time.monotonic()
+    _check_options(problem, candidates, structure, warm_start, threads, engine, engine_options or {})
+    t0 = problem.started  # solve()'s entry: what came before this call counts too
     limit = problem.time_limit if problem.time_limit is not None else DEFAULT_TIME_LIMIT
     deadline = Deadline(limit, start=t0)
-    _preload(engine)  # a one-time import of a second or more must not eat the first share
+    # the engine's import (a second or more) runs while the structures are prepared
+    loader = _EngineLoader(engine, (engine_options or {}).get("solver"))
     ys = [structure] if structure is not None else all_structures(problem.workload)
     search = _Search(problem, engine_fn, candidates, warm_start, threads, engine_options or {})
     try:
         order = search.order(ys, deadline)
+        if not loader.wait(deadline.remaining()):
+            search.unloaded = (
+                f"{engine}'s solver libraries did not finish loading within the time limit ({limit:g} s)"
+            )
         for n, i in enumerate(order):
             y = ys[i]
             if deadline.expired() and search.pool:
@@ -161,11 +175,59 @@ def solve_exact(
 
 
 def _check_options(
-    candidates: int | Sequence[Sequence[Choice]] | None, structure: Structure | None, warm_start: object
+    problem: Problem,
+    candidates: object,
+    structure: object,
+    warm_start: object,
+    threads: object,
+    engine: str,
+    engine_options: dict[str, Any],
 ) -> None:
-    """Raise ``ValueError`` naming a bad option of :func:`solve_exact`."""
-    if isinstance(warm_start, str) and warm_start not in ("concurrent", "sa"):
-        raise ValueError(f"warm_start must be 'concurrent', 'sa', a Plan or None, got {warm_start!r}")
+    """Types and values of :func:`solve_exact`'s options, before any work.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the option and the value.
+    SolverUnavailableError
+        For a MILP ``solver`` that is known but not installed (what to install).
+    """
+    if structure is not None:
+        check_structure_arg("structure", structure, problem.workload)
+    if isinstance(warm_start, str):
+        if warm_start not in ("concurrent", "sa"):
+            raise ValueError(f"warm_start must be 'concurrent', 'sa', a Plan or None, got {warm_start!r}")
+    elif warm_start is not None:
+        check_type("warm_start", warm_start, Plan, "'concurrent', 'sa', a rpeg.Plan or None")
+        if structure is not None and len(warm_start) != len(
+            build_graph(problem.workload, structure).vertices
+        ):
+            raise ValueError(
+                f"warm_start plan has {len(warm_start)} choices, structure {structure.label} has "
+                f"{len(build_graph(problem.workload, structure).vertices)} vertices"
+            )
+    if threads is not None:
+        check_type("threads", threads, int, "a positive integer or None")
+    if isinstance(candidates, (bool, float, str, bytes)) or (
+        candidates is not None and not isinstance(candidates, (int, Sequence))
+    ):
+        raise TypeError(
+            f"candidates must be a positive integer, None or candidate lists, got "
+            f"{type(candidates).__name__} {candidates!r}"
+        )
+    unit = engine_options.get("unit")
+    if unit is not None:
+        check_type("unit", unit, (int, float), "a positive number of seconds or None")
+        if not (math.isfinite(unit) and unit > 0):
+            raise ValueError(f"unit must be a positive finite number of seconds, got {unit!r}")
+    if engine == "milp":
+        solver = engine_options.get("solver", "highs")
+        check_type("solver", solver, str, "a MILP solver name such as 'highs'")
+        known = MILP_SOLVERS.get(solver.lower())
+        if known is not None and not (backend := known()).available():
+            raise SolverUnavailableError(
+                f"MILP solver {solver!r} is not available; to use it, {backend.install}."
+            )
     if candidates is not None and not isinstance(candidates, int) and structure is None:
         raise ValueError("explicit candidate lists need structure= (they belong to one graph)")
     if isinstance(candidates, int) and candidates < 1:
@@ -210,6 +272,8 @@ class _Search:
     #: "model too large to build" messages
     too_large: dict[int, str] = field(default_factory=dict)
     interrupted: bool = False
+    #: why no engine ran: its libraries did not load within the time limit ("" when they did)
+    unloaded: str = ""
     #: structure index → (evaluator, directories) built by :meth:`order`
     prepared: dict[int, tuple[Evaluator, list[Directory]]] = field(default_factory=dict)
 
@@ -223,9 +287,8 @@ class _Search:
         Preparing a structure takes a fraction of a second at 16 GPUs (its evaluator and
         directories); once ``deadline`` has expired with a fallback pooled, the structures not yet
         prepared are ranked last in their own order (the caller then skips them), so a short
-        limit is not overrun by preparing all of them first."""
-        if len(ys) == 1:
-            return [0]
+        limit is not overrun by preparing all of them first. A single structure is prepared too:
+        its concurrent plan is the fallback while the engine's libraries load."""
         ranks = [math.inf] * len(ys)
         for i, y in enumerate(ys):
             if self.pool and deadline.expired():
@@ -301,8 +364,9 @@ class _Search:
         outcome: dict[str, Any] = {"structure": y.label}
         self._outcome(outcome)
         self.too_large.pop(i, None)
-        if share.expired():
-            outcome.update(status="skipped", reason="no time left after the warm start")
+        if share.expired() or self.unloaded:
+            why = self.unloaded or "no time left after the warm start"
+            outcome.update(status="skipped", reason=why)
             self.bounds[i] = 0.0
             return
         try:
@@ -515,15 +579,66 @@ def _baselines(ev: Evaluator, dirs: list[Directory]) -> list[Plan]:
     return plans
 
 
-def _preload(engine: str) -> None:
+#: The modules each engine imports on first use.
+_ENGINE_MODULES = {
+    "cpsat": ("ortools.sat.python.cp_model",),
+    "milp": ("pyomo.environ", "pyomo.contrib.appsi.solvers.highs"),
+}
+
+
+def _preload(engine: str, solver: str | None = None) -> None:
     """Import the engine's libraries (OR-Tools CP-SAT pulls in pandas: about a second on a
-    loaded machine; Pyomo and highspy about half that), inside the limit but before the
-    structures' shares are computed."""
-    if engine == "cpsat":
-        import ortools.sat.python.cp_model  # noqa: F401
-    elif engine == "milp":
-        import pyomo.contrib.appsi.solvers.highs
-        import pyomo.environ  # noqa: F401
+    loaded machine; Pyomo and highspy about half that) and, for ``milp``, check that ``solver``
+    is one Pyomo can run."""
+    import importlib
+
+    for name in _ENGINE_MODULES.get(engine, ()):
+        importlib.import_module(name)
+    if engine == "milp":
+        from ..formulations.pyomo_backend import backend
+
+        backend(solver or "highs")
+
+
+class _EngineLoader:
+    """:func:`_preload` in a background thread (none when the modules are already imported),
+    so that the import runs while the structures are prepared and a time limit shorter than
+    the import is still kept (module docstring, "Time limits").
+
+    The thread is a daemon: a process that got its result before the import finished does not
+    wait for it at exit.
+    """
+
+    def __init__(self, engine: str, solver: str | None) -> None:
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+        if all(name in sys.modules for name in _ENGINE_MODULES.get(engine, ())):
+            self._run(engine, solver)  # only the solver check is left: a few milliseconds
+            return
+        threading.Thread(
+            target=self._run, args=(engine, solver), name=f"rpeg-load-{engine}", daemon=True
+        ).start()
+
+    def _run(self, engine: str, solver: str | None) -> None:
+        try:
+            _preload(engine, solver)
+        except BaseException as exc:  # handed to the caller by wait()
+            self.error = exc
+        finally:
+            self._done.set()
+
+    def wait(self, seconds: float) -> bool:
+        """Whether the libraries loaded within ``seconds``.
+
+        Raises
+        ------
+        Exception
+            What the import or the solver check raised (an unknown or missing MILP solver).
+        """
+        done = self._done.wait(None if math.isinf(seconds) else max(0.0, seconds))
+        if done and self.error is not None:
+            raise self.error
+        return done
 
 
 def _message(
@@ -541,6 +656,8 @@ def _message(
     what = "the best plan so far" if source == 0 else "returned the warm-start plan"
     if search.interrupted:
         return f"interrupted (Ctrl-C); {what}"
+    if search.unloaded:
+        return f"{search.unloaded}; {what}"
     if search.too_large:
         # "model too large to build in N s (stopped while …)": keep the first, count the rest
         first = next(iter(search.too_large.values())).split(" (")[0]

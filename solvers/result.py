@@ -17,19 +17,29 @@ from pydantic import ConfigDict, Field
 
 from ..formulations.status import Status  # the one status vocabulary (re-exported as rpeg.Status)
 from ..ir.cluster import Cluster
-from ..ir.errors import InputError, Strict, read_json, validate
+from ..ir.errors import InputError, Strict, key_hint, read_json, validate
 from ..ir.graph import RPEG, Vertex
 from ..ir.hardware import Hardware
 from ..ir.models import ModelSpec, ModelSpecFile
 from ..ir.plan import Choice, Plan, Strategy, check_strategy
-from ..ir.templates import Structure, build_graph
+from ..ir.templates import Structure, build_graph, structures
 from ..ir.types import Recompute, Role
 from ..ir.workload import QuantilePair, Workload
 from ..scoring.candidates import make_strategy
 from ..scoring.evaluator import Evaluation, Evaluator
 from .gantt import plot_gantt  # matplotlib itself is imported only when a chart is drawn
 
-__all__ = ["FORMAT", "PLAN_STATUSES", "Result", "Status", "plan_from_entries", "result_for_plan"]
+__all__ = [
+    "FORMAT",
+    "PLAN_KEYS",
+    "PLAN_STATUSES",
+    "Result",
+    "Status",
+    "check_plan_document",
+    "check_structure",
+    "plan_from_entries",
+    "result_for_plan",
+]
 
 FORMAT = "rpeg.result/2"
 #: Formats :meth:`Result.from_dict` reads: ``/1`` (before SPEC §14's engine choices; its plan
@@ -290,8 +300,27 @@ class Result:
         return doc
 
     def to_json(self, path: str | Path | None = None) -> str:
-        """Serialise to JSON; also write it to ``path`` when given."""
-        text = json.dumps(self.to_dict(), indent=1) + "\n"
+        """Serialise to JSON; also write it to ``path`` when given.
+
+        Raises
+        ------
+        ValueError
+            If a number of the document is NaN or infinite (nothing is written): the format holds
+            finite numbers only, and a non-finite time comes from an input out of range or a bug;
+            the message names the field and the value.
+        """
+        doc = self.to_dict()
+        try:
+            text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
+        except ValueError:
+            found = _non_finite(doc)
+            if found is None:
+                raise
+            where, value = found
+            raise ValueError(
+                f"cannot write the result of {self.method!r}: field {where!r} is {value!r}, and a result "
+                "file holds finite numbers only (check the hardware and model figures, else report a bug)"
+            ) from None
         if path is not None:
             Path(path).write_text(text)
         return text
@@ -447,6 +476,23 @@ class Result:
         return "\n".join(lines)
 
 
+def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
+    """The path (``"nodes[3].finish"``) and value of the first NaN or infinity in ``value``, or
+    ``None``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "(top level)", value
+    items: Any = ()
+    if isinstance(value, dict):
+        items = ((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
+    for path, item in items:
+        found = _non_finite(item, path)
+        if found is not None:
+            return found
+    return None
+
+
 def _tokens_per_mb(workload: Workload, vertex: Vertex, s: Strategy) -> str:
     """``T_mb = B_local·ℓ/mb`` tokens per microbatch and data-parallel rank (SPEC §14.2; ``ℓ``
     the mean packed length, or ``Lp + Lr`` padded), ``-`` for a generation."""
@@ -522,13 +568,15 @@ def _nodes(ev: Evaluation, names: list[str], cluster: Cluster) -> list[dict[str,
 
 
 # ---------------------------------------------------------------------------- the JSON file
-# The blocks a reader rebuilds the problem from are checked strictly (exact types, no NaN);
-# keys rpeg does not read are ignored, as docs/result-format.md promises later versions.
+# The blocks a reader rebuilds the problem from (workload, cluster, structure, and each plan
+# entry: plan_from_entries) are checked strictly: exact types, no NaN, and no unknown key (a
+# misspelt one would read as its default). The top level ignores keys rpeg does not read (the
+# figures it re-derives, and what later versions add), as docs/result-format.md says.
 class _Read(Strict):
     model_config = ConfigDict(extra="ignore")
 
 
-class _WorkloadBlock(_Read):
+class _WorkloadBlock(Strict):
     name: str = "workload"
     algorithm: Literal["ppo", "grpo", "remax", "dpo"]
     B: Annotated[int, Field(ge=1)]
@@ -548,17 +596,20 @@ class _WorkloadBlock(_Read):
     mini_batches: Annotated[int, Field(ge=1)] = 1
 
 
-class _ClusterBlock(_Read):
+class _ClusterBlock(Strict):
     racks: Annotated[int, Field(ge=1)]
     nodes_per_rack: Annotated[int, Field(ge=1)]
     gpus_per_node: Annotated[int, Field(ge=1)]
     hardware: dict[str, Any]
+    # copies of cluster.hardware's figures for checkers that read no hardware block; they must agree
+    gpu_memory_bytes: float | None = None
+    memory_headroom: float | None = None
     generation_max_pp: Annotated[int, Field(ge=1)] | None = None
     max_zero_stage: Literal[1, 2, 3] | None = None
     host_offload: bool = True
 
 
-class _StructureBlock(_Read):
+class _StructureBlock(Strict):
     algorithm: Literal["ppo", "grpo", "remax", "dpo"]
     ac_sharing: bool
     staleness: dict[Literal["actor", "critic", "actor_critic"], Annotated[int, Field(ge=0)]]
@@ -641,6 +692,15 @@ def _problem(doc: _ResultFile, source: str) -> tuple[Workload, Cluster, Structur
         raise InputError(f"{source}: field 'workload': {exc}", source=source, field="workload") from None
     c = doc.cluster
     hw = Hardware.from_dict(c.hardware, source=f"{source}: cluster.hardware")
+    for key in ("gpu_memory_bytes", "memory_headroom"):
+        given, figure = getattr(c, key), getattr(hw, key)
+        if given is not None and given != figure:
+            raise InputError(
+                f"{source}: field 'cluster.{key}' is {given!r} but cluster.hardware.{key} is {figure!r}; "
+                "the first is a copy for checkers, the scorer reads cluster.hardware: edit both",
+                source=source,
+                field=f"cluster.{key}",
+            )
     try:
         cluster = Cluster(
             c.racks,
@@ -659,9 +719,46 @@ def _problem(doc: _ResultFile, source: str) -> tuple[Workload, Cluster, Structur
     structure = Structure(st.algorithm, st.ac_sharing, tuple((m, st.staleness[m]) for m in order))
     try:
         build_graph(workload, structure)
+        check_structure(workload, structure)
     except ValueError as exc:
         raise InputError(f"{source}: field 'structure': {exc}", source=source, field="structure") from None
     return workload, cluster, structure
+
+
+def check_structure(workload: Workload, structure: Structure) -> None:
+    """Refuse a structure the workload does not allow: one of its candidates ``Ycand``
+    (:func:`~rpeg.ir.templates.structures`: sharing only where allowed, each ``τ(m)`` among the
+    workload's staleness choices) or the synchronous one the baselines plan (no sharing, ``τ = 0``).
+    The result builder (:func:`result_for_plan`) and the reader (:meth:`Result.from_dict`) both
+    apply it.
+
+    Raises
+    ------
+    ValueError
+        Naming the field (``structure.staleness.actor``), its value and what the workload allows.
+    """
+    if structure.tau == Structure.synchronous(workload).tau and not structure.ac_sharing:
+        return
+    if any(y.ac_sharing == structure.ac_sharing and y.tau == structure.tau for y in structures(workload)):
+        return
+    if structure.ac_sharing and not workload.can_share_actor_critic:
+        raise ValueError(
+            "structure.ac_sharing is true, but the workload does not allow actor-critic sharing "
+            "(ac_sharing_allowed is false, or actor and critic differ)"
+        )
+    stale = workload.staleness
+    for m, t in structure.staleness:
+        if m == "actor_critic":
+            allowed = sorted(set(stale["actor"]) & set(stale["critic"])) or list(stale["actor"])
+            where = "both staleness_choices.actor and staleness_choices.critic"
+        else:
+            allowed, where = list(stale.get(m, ())), f"staleness_choices.{m}"
+        if t not in allowed:
+            raise ValueError(
+                f"structure.staleness.{m} is {t!r}, but the workload allows {allowed} ({where}; "
+                "0 everywhere, the synchronous structure, is always allowed)"
+            )
+    raise ValueError(f"structure {structure.label!r} is not one the workload allows")
 
 
 def problem_from_dict(doc: dict[str, Any], source: str = "result") -> tuple[Workload, Cluster, Structure]:
@@ -675,10 +772,36 @@ def problem_from_dict(doc: dict[str, Any], source: str = "result") -> tuple[Work
     return _problem(validate(_ResultFile, doc, source), source)
 
 
+class _PlanDocument(_Read):
+    """What ``rpeg evaluate --plan`` reads: a result file, or a hand-written document with its
+    ``plan`` and any of the blocks. A block that is absent is not compared; one that is present
+    (``null`` included: the ``None`` defaults are never validated) is checked as in a result file."""
+
+    workload: _WorkloadBlock = None  # type: ignore[assignment]
+    cluster: _ClusterBlock = None  # type: ignore[assignment]
+    structure: _StructureBlock = None  # type: ignore[assignment]
+    plan: list[Any]
+
+
+def check_plan_document(doc: Any, source: str) -> dict[str, Any]:
+    """``doc`` if every block it holds has the form of a result file's (a ``plan`` list, and the
+    ``workload``, ``cluster`` and ``structure`` blocks where present), before anything compares
+    them with the problem asked for.
+
+    Raises
+    ------
+    InputError
+        Naming ``source``, the field and the value (``"workload": null``, ``"cluster": "1x1x4"``).
+    """
+    validate(_PlanDocument, doc, source)
+    return doc
+
+
 def plan_from_entries(ev: Evaluator, entries: list[dict[str, Any]]) -> Plan:
     """Build and validate a :class:`Plan` from ``plan`` entries of a result document.
 
-    Every entry is checked against P1–P8 and the cluster's device space.
+    Every entry is checked against P1–P8 and the cluster's device space; a key that is not one of
+    :data:`PLAN_KEYS` is an error (a misspelt ``"recomput"`` would otherwise read as the default).
 
     Raises
     ------
@@ -693,6 +816,10 @@ def plan_from_entries(ev: Evaluator, entries: list[dict[str, Any]]) -> Plan:
         if not isinstance(e, dict):
             raise ValueError(f"plan[{i}] must be an object with a 'vertex' field, got {e!r}")
         name = e.get("vertex")
+        unknown = [str(k) for k in e if k not in PLAN_KEYS]
+        if unknown:
+            which = f"plan entry for {name!r}" if isinstance(name, str) else f"plan[{i}]"
+            raise ValueError(f"{which}: unknown key {unknown[0]!r}{key_hint(unknown[0], PLAN_KEYS)}")
         if not isinstance(name, str) or name not in g.index:
             raise ValueError(f"plan[{i}]: unknown vertex {name!r}; the graph has {', '.join(g.index)}")
         if name in by_name:
@@ -756,6 +883,20 @@ _ENGINE_FIELDS: dict[str, tuple[type, Any]] = {
     "packing": (bool, True),
     "offload": (bool, False),
 }
+
+#: The keys of a ``plan`` entry (:func:`_plan_entry` writes them all; a ``/1`` entry lacks the
+#: engine fields, an older one ``recompute``).
+PLAN_KEYS: tuple[str, ...] = (
+    "vertex",
+    "origin",
+    "extent",
+    "dp",
+    "pp",
+    "tp",
+    "mb",
+    "recompute",
+    *_ENGINE_FIELDS,
+)
 
 
 def _engine_fields(entry: dict[str, Any], vertex: Vertex) -> dict[str, Any]:
@@ -859,20 +1000,46 @@ def result_for_plan(
     Raises
     ------
     ValueError
-        A vertex missing from ``table`` (named), an illegal allocation, or an entry breaking a
-        rule of :func:`~rpeg.ir.plan.check_strategy` — the same check that reads the result
-        file back (:func:`plan_from_entries`), so whatever this builds, a reader accepts.
+        A vertex missing from ``table`` or unknown to the graph (named), a malformed entry or
+        engine choice, an illegal allocation, a structure the workload does not allow
+        (:func:`check_structure`), or an entry breaking a rule of
+        :func:`~rpeg.ir.plan.check_strategy` — the same checks that read the result file back
+        (:meth:`Result.from_dict`, :func:`plan_from_entries`), so whatever this builds, a reader
+        accepts.
     """
     ev = Evaluator(workload, cluster, structure, k_eval=k_eval)
+    check_structure(workload, ev.structure)
+    g = ev.graph
+    unknown = [str(k) for k in table if k not in g.index]
+    if unknown:
+        raise ValueError(f"table: unknown vertex {unknown[0]!r}; the graph has {', '.join(g.index)}")
     choices = []
-    for v in ev.graph.vertices:
+    for v in g.vertices:
         if v.name not in table:
             raise ValueError(f"table has no entry for vertex {v.name!r}")
-        origin, extent, dp, pp, tp, mb, *rest = table[v.name]
-        recompute = _recompute_field(rest[0] if rest else None, v)
-        engine = _engine_fields(dict(rest[1]) if len(rest) > 1 else {}, v)
-        strategy = _legal_strategy(ev, v, tuple(extent), dp, pp, tp, mb, recompute, engine)
-        choices.append(Choice(strategy, cluster.allocation(tuple(origin), tuple(extent))))
+        row = table[v.name]
+        if not isinstance(row, (tuple, list)) or not 6 <= len(row) <= 8:
+            raise ValueError(
+                f"table entry for {v.name!r} must be (origin, extent, dp, pp, tp, mb[, recompute[, "
+                f"engine choices]]), got {row!r}"
+            )
+        origin = _int_triple(row[0], v.name, "origin")
+        extent = _int_triple(row[1], v.name, "extent")
+        dp, pp, tp, mb = (_int_field(x, v.name, k) for x, k in zip(row[2:6], ("dp", "pp", "tp", "mb")))
+        recompute = _recompute_field(row[6] if len(row) > 6 else None, v)
+        choices_of = dict(row[7]) if len(row) > 7 else {}
+        bad = [str(k) for k in choices_of if k not in _ENGINE_FIELDS]
+        if bad:
+            raise ValueError(
+                f"table entry for {v.name!r}: unknown engine choice {bad[0]!r}{key_hint(bad[0], tuple(_ENGINE_FIELDS))}"
+            )
+        engine = _engine_fields(choices_of, v)
+        strategy = _legal_strategy(ev, v, extent, dp, pp, tp, mb, recompute, engine)
+        try:
+            alloc = cluster.allocation(origin, extent)
+        except ValueError as exc:
+            raise ValueError(f"table entry for {v.name!r}: {exc}") from None
+        choices.append(Choice(strategy, alloc))
     plan = Plan(tuple(choices))
     evaluation = ev.evaluate(plan, keep=True)
     status = Status.FEASIBLE if evaluation.feasible else Status.INFEASIBLE

@@ -44,6 +44,7 @@ so far (status ``time_limit``).
 from __future__ import annotations
 
 import functools
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -62,13 +63,16 @@ from ..heuristics.search import (
     default_moves,
 )
 from ..heuristics.search.acceptance import Acceptance
+from ..heuristics.search.anneal import evaluate_raw
 from ..heuristics.search.distributed import ray_search
 from ..heuristics.search.moves import Move
+from ..heuristics.search.parallel import UnguardedMainError, unguarded_main_call
 from ..heuristics.search.temperature import Temperature
+from ..ir.errors import check_positive_int, check_type
 from ..ir.templates import Structure
 from ..ir.templates import structures as all_structures
 from .result import Result, Status
-from .solve import Problem, register
+from .solve import Problem, check_structure_arg, register
 
 __all__ = ["DEFAULT_TIME_LIMIT", "configure"]
 
@@ -169,29 +173,30 @@ def _sa(
     **options: Any,
 ) -> Result:
     """Simulated annealing over structures and plans (SPEC §8); see the module docstring."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; known backends: {', '.join(map(repr, BACKENDS))}")
-    if not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    workers = _check_sa_options(problem, workers, backend, address, options)
     if backend == "ray":
         if workers != 1:
             raise ValueError("workers applies to backend='local'; with backend='ray' set chains")
         return _sa_ray(problem, address, chains, options)
     if address is not None or chains is not None:
         raise ValueError("address and chains apply to backend='ray' only")
-    if "started" in options:
-        raise ValueError("method 'sa' takes no option 'started'")
-    t0 = time.monotonic()
+    if workers > 1 and (script := unguarded_main_call()) is not None:
+        raise UnguardedMainError(workers, script)  # before spawn re-runs the script in each worker
+    t0 = problem.started  # the time limit counts from solve()'s entry
     search = configure(problem, **options, started=t0)
     pool = None
     if workers > 1:
+        spaces = search.spaces
+        # the workers start in the background, inside the budget: until they are all up, each
+        # batch is evaluated here (the same figures), so a slow start never stalls the search
         pool = ProcessEvaluator(
             problem.workload,
             problem.cluster,
-            [sp.structure for sp in search.spaces],
+            [sp.structure for sp in spaces],
             k_eval=problem.k_eval,
-            split_phases=search.spaces[0].ev.split_phases,
+            split_phases=spaces[0].ev.split_phases,
             workers=workers,
+            local=lambda items: [evaluate_raw(spaces[si].ev, plan) for si, plan in items],
         )
         search._evaluate_many = pool
     try:
@@ -199,7 +204,92 @@ def _sa(
     finally:
         if pool is not None:
             pool.close()
-    return outcome_result(search, outcome, "sa", time.monotonic() - t0)
+    result = outcome_result(search, outcome, "sa", time.monotonic() - t0)
+    if pool is not None:
+        ready = pool.ready_after
+        result.extra["workers"] = {"workers": workers, "ready_after_s": ready}
+        if ready is None and result.message:
+            result.message += (
+                f"; the {workers} worker processes were not up before the search ended, so it ran in "
+                "this process only"
+            )
+    return result
+
+
+#: Options of ``sa`` that :func:`configure` takes (the rest are ``_sa``'s own or internal).
+_CONFIGURE_OPTIONS = frozenset(inspect.signature(configure).parameters) - {
+    "problem",
+    "evaluate_many",
+    "started",
+}
+
+
+def _check_sa_options(
+    problem: Problem, workers: Any, backend: Any, address: Any, options: dict[str, Any]
+) -> int:
+    """Names, types and values of ``sa``'s options, before any work; returns ``workers`` as an
+    ``int``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the option and the value (an unknown option lists the known ones).
+    """
+    unknown = set(options) - _CONFIGURE_OPTIONS
+    if unknown:
+        known = sorted(_CONFIGURE_OPTIONS | {"workers", "backend", "address", "chains"})
+        raise ValueError(
+            f"method 'sa' takes no option(s) {', '.join(sorted(unknown))}; known: {', '.join(known)}"
+        )
+    workers = check_positive_int("workers", workers)
+    check_type("backend", backend, str, f"one of {', '.join(map(repr, BACKENDS))}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; known backends: {', '.join(map(repr, BACKENDS))}")
+    if address is not None:
+        check_type("address", address, str, "a Ray address (str) or None")
+    for name in ("proposals", "max_rejections", "elite_size"):
+        if name in options:
+            options[name] = check_positive_int(name, options[name])
+    if options.get("candidates") is not None:
+        options["candidates"] = check_positive_int("candidates", options["candidates"])
+    if "polish_share" in options:
+        share = options["polish_share"]
+        check_type("polish_share", share, (int, float), "a number in [0, 1)")
+        if not 0 <= share < 1:
+            raise ValueError(f"polish_share must be in [0, 1), got {share!r}")
+    for name in ("acceptance", "temperature"):
+        if options.get(name) is not None and not callable(options[name]):
+            raise TypeError(
+                f"{name} must be callable or None, got {type(options[name]).__name__} {options[name]!r}"
+            )
+    moves = options.get("moves")
+    if moves is not None and (
+        isinstance(moves, (str, bytes))
+        or not isinstance(moves, Sequence)
+        or not moves
+        or not all(
+            isinstance(m, tuple)
+            and len(m) == 2
+            and isinstance(m[0], (int, float))
+            and hasattr(m[1], "propose")
+            for m in moves
+        )
+    ):
+        raise TypeError(f"moves must be a non-empty list of (weight, Move) pairs or None, got {moves!r}")
+    structures = options.get("structures")
+    if structures is not None:
+        if (
+            isinstance(structures, (str, bytes, Structure))
+            or not isinstance(structures, Sequence)
+            or not structures
+        ):
+            raise TypeError(
+                f"structures must be a non-empty list of Structures (see rpeg.structures(workload)) or None, "
+                f"got {type(structures).__name__} {structures!r}"
+            )
+        for i, y in enumerate(structures):
+            check_structure_arg(f"structures[{i}]", y, problem.workload)
+    return workers
 
 
 def _sa_ray(problem: Problem, address: str | None, chains: int | None, options: dict[str, Any]) -> Result:
@@ -241,7 +331,7 @@ def _build_chain(
     (module level, so Ray can send it to the workers)."""
     ablate = [*options.get("ablate", ()), *(() if polish else ("polish",))]
     return configure(
-        replace(problem, seed=seed, time_limit=seconds),
+        replace(problem, seed=seed, time_limit=seconds, started=None),  # a clock of this process
         **{**options, "ablate": ablate, "max_evaluations": evaluations, "progress": progress},
     )
 

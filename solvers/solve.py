@@ -11,21 +11,22 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..formulations.deadline import heap_frozen
 from ..heuristics.baselines import Infeasible, concurrent_plan, greedy_plan
+from ..heuristics.search.parallel import EXIT_UNGUARDED, in_worker_bootstrap
 from ..ir.cluster import Cluster
-from ..ir.errors import check_positive_int, check_seconds, check_type
+from ..ir.errors import check_positive_int, check_seconds, check_seed, check_type
 from ..ir.plan import Plan
-from ..ir.templates import Structure
+from ..ir.templates import Structure, build_graph
 from ..ir.workload import MAX_K_EVAL, Workload
 from ..scoring.candidates import build_directories
 from ..scoring.evaluator import Evaluator
-from .result import Result, Status
+from .result import Result, Status, check_structure
 
-__all__ = ["METHODS", "Problem", "register", "solve"]
+__all__ = ["METHODS", "Problem", "check_structure_arg", "register", "solve"]
 
 
 #: Objectives of SPEC §7.
@@ -49,17 +50,23 @@ class Problem:
     delta
         ``δ ∈ (0, 1]`` of the utilisation objective (stored as a float).
     seed
-        Seed of every random choice a method makes.
+        Seed of every random choice a method makes: an integer in ``[0, MAX_SEED]``
+        (:data:`~rpeg.ir.errors.MAX_SEED`, what every engine takes).
     time_limit
         Wall-clock budget in seconds, finite and positive (stored as a float), or ``None``:
         the method's own default.
+    started
+        The ``time.monotonic()`` reading ``time_limit`` counts from (default: when the problem
+        is built; :func:`solve` passes its own entry, so importing an engine or starting worker
+        processes counts against the limit).
 
     Raises
     ------
     TypeError
         For a field of the wrong type (``time_limit="3"``, ``seed=0.5``), naming it.
     ValueError
-        For a field out of range (``k_eval=0``, ``delta=0``, ``objective="speed"``), naming it.
+        For a field out of range (``k_eval=0``, ``delta=0``, ``seed=2**70``,
+        ``objective="speed"``), naming it.
     """
 
     workload: Workload
@@ -69,14 +76,19 @@ class Problem:
     delta: float = 0.10
     seed: int = 0
     time_limit: float | None = None
+    started: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         check_type("workload", self.workload, Workload, "a rpeg.Workload")
         check_type("cluster", self.cluster, Cluster, "a rpeg.Cluster")
         # frozen: the normalised values are stored through object.__setattr__
         object.__setattr__(self, "time_limit", check_seconds("time_limit", self.time_limit))
-        check_type("seed", self.seed, int, "an integer")
-        check_positive_int("k_eval", self.k_eval)
+        object.__setattr__(self, "seed", check_seed("seed", self.seed))
+        object.__setattr__(self, "k_eval", check_positive_int("k_eval", self.k_eval))
+        if self.started is None:
+            object.__setattr__(self, "started", time.monotonic())
+        else:
+            check_type("started", self.started, (int, float), "a time.monotonic() reading")
         if self.k_eval > MAX_K_EVAL:
             raise ValueError(f"k_eval must be at most {MAX_K_EVAL}, got {self.k_eval}")
         check_type("objective", self.objective, str, "'throughput' or 'throughput-util'")
@@ -178,15 +190,23 @@ def solve(
 
     Notes
     -----
+    ``time_limit`` counts from this call's entry: importing an engine, building the search
+    spaces and starting worker processes all count against it.
+
     While the method runs, the objects that existed before the call are frozen out of Python's
     cyclic garbage collector (``gc.freeze``; handed back on return, not done when the process
     froze objects itself): a full collection scans every tracked object, and in a process with
     a large heap one took a second, past a short time limit.
     """
+    started = time.monotonic()
+    if in_worker_bootstrap():
+        # a worker of ``workers=N`` re-importing a main script that calls solve() at its top level:
+        # end it quietly; the parent names the missing ``if __name__ == "__main__":`` once
+        raise SystemExit(EXIT_UNGUARDED)
     check_type("method", method, str, "a method name (str)")
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; known methods: {', '.join(sorted(METHODS))}")
-    problem = Problem(workload, cluster, k_eval, objective, delta, seed, time_limit)
+    problem = Problem(workload, cluster, k_eval, objective, delta, seed, time_limit, started)
     _check_options(options)
     # the caller's objects stay out of the collector's scans meanwhile: a full collection over a
     # large heap (1 s in the test suite's process) would run past a short time limit
@@ -210,7 +230,7 @@ def _check_options(options: dict[str, Any]) -> None:
     """
     for name in _COUNT_OPTIONS:
         if options.get(name) is not None:
-            check_positive_int(name, options[name])
+            options[name] = check_positive_int(name, options[name])  # a NumPy integer as an int
     for name in ("workers", "threads"):
         if options.get(name) is not None and options[name] > MAX_PROCESSES:
             raise ValueError(
@@ -238,6 +258,27 @@ def _check_options(options: dict[str, Any]) -> None:
         raise TypeError(
             f"progress must be a callable taking a dict, got {type(options['progress']).__name__}"
         )
+
+
+def check_structure_arg(name: str, value: Any, workload: Workload) -> Structure:
+    """``value`` if it is a :class:`~rpeg.ir.templates.Structure` that fits ``workload`` (its
+    algorithm, sharing and trained models: :func:`~rpeg.ir.templates.build_graph`'s checks) and
+    that the workload allows (:func:`~rpeg.solvers.result.check_structure`).
+
+    Raises
+    ------
+    TypeError
+        For another type (``structure="sync"``), naming ``name``.
+    ValueError
+        For a structure of another workload, naming ``name`` and why.
+    """
+    check_type(name, value, Structure, "a rpeg.Structure (one of rpeg.structures(workload))")
+    try:
+        build_graph(workload, value)
+        check_structure(workload, value)  # one the workload allows, as a result file must hold
+    except ValueError as exc:
+        raise ValueError(f"{name} {value.label!r} does not fit the workload: {exc}") from None
+    return value
 
 
 def _reject_options(method: str, options: dict[str, Any]) -> None:

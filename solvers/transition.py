@@ -47,7 +47,7 @@ from ..ir.emu import (
     transition_dag,
     transition_dag_of_plans,
 )
-from ..ir.errors import InputError, check_positive_int, check_seconds, check_type
+from ..ir.errors import InputError, check_positive_int, check_seconds, check_seed, check_type
 from ..ir.graph import RPEG
 from ..ir.plan import Plan, check_heads
 from ..ir.templates import build_graph
@@ -227,7 +227,7 @@ def plan_transition(
     resolution
         Seconds per tick for the exact engines (default: module docstring).
     capacity
-        Per-GPU memory bound in bytes before the endpoint rule (default ``M_eff``; see
+        Per-GPU memory bound in bytes before the endpoint rule (default ``M_eff``; ``inf``: none; see
         :func:`~rpeg.costmodel.transition.gpu_capacities`).
     setup, teardown
         Communicator set-up and Destroy teardown seconds of the cost model.
@@ -243,11 +243,15 @@ def plan_transition(
 
     Raises
     ------
-    ValueError
-        For an unknown ``method`` (listing the known ones), a bad ``resolution``, or plans that do
-        not pair up.
+    TypeError, ValueError
+        For an unknown ``method`` (listing the known ones), a figure that is not a finite number
+        in range (``setup``, ``teardown``, ``engine_start`` ≥ 0; ``resolution``, ``capacity`` >
+        0; checked whatever the transition, an empty one included), or plans that do not pair
+        up; each names the argument.
     InputError
-        For a target an engine would refuse (:func:`check_target`: the rule is named).
+        For a plan made for another workload (its length) or cluster (its allocations), naming
+        ``current`` or ``target`` and what differs, before anything is read; for a target an
+        engine would refuse (:func:`check_target`: the rule is named).
     TransitionInfeasible
         When no DAG reaches the target (GPUs two model-stages wait on), or, for ``"greedy"``, when
         the list order runs out of memory.
@@ -256,21 +260,21 @@ def plan_transition(
     time_limit = _check_arguments(
         current, target, cluster, graph, workload, method, time_limit, seed, threads
     )
-    if not (
-        isinstance(engine_start, (int, float)) and not isinstance(engine_start, bool) and engine_start >= 0
-    ):
-        raise ValueError(f"engine_start must be a non-negative number of seconds, got {engine_start!r}")
-    if resolution is not None and not resolution > 0:
-        raise ValueError(f"resolution must be a positive number of seconds, got {resolution!r}")
-    check_target(target, cluster, graph, workload)
-    if isinstance(current, Plan) and isinstance(target, Plan) and (graph is not None or workload is not None):
+    # every figure, whatever the transition (an empty one never reads them)
+    _check_figures(setup, teardown, engine_start, resolution, capacity, solver)
+    graph_of = "graph" if graph is not None or workload is None else f"graph of workload {workload.name!r}"
+    if graph is None and workload is not None:
+        graph = build_graph(workload)  # once, for the checks, the target's rules and the DAG
+    for name, plan in (("current", current), ("target", target)):
+        if isinstance(plan, Plan):
+            _check_plan(name, plan, cluster, graph, graph_of)
+    check_target(target, cluster, graph, None)
+    if isinstance(current, Plan) and isinstance(target, Plan):
         # both plans: the DAG's tables straight from their vertices, units made only if read
-        dag = transition_dag_of_plans(
-            current, target, cluster, graph=graph, workload=None if graph is not None else workload
-        )
+        dag = transition_dag_of_plans(current, target, cluster, graph=graph)
     else:
-        cur = _collection(current, cluster, graph, workload, "current")
-        tgt = _collection(target, cluster, graph, workload, "target")
+        cur = _collection(current, cluster, graph, None, "current")
+        tgt = _collection(target, cluster, graph, None, "target")
         dag = transition_dag(cur, tgt)
     caps = gpu_capacities(dag, cluster, capacity)
     if dag.flat is not None:  # the compiled cores read one float array
@@ -327,12 +331,81 @@ def _check_arguments(
         check_type("workload", workload, Workload, "a rpeg.Workload")
     check_type("method", method, str, "a transition method name (str)")
     seconds = check_seconds("time_limit", time_limit)
-    check_type("seed", seed, int, "an integer")
+    check_seed("seed", seed)
     if threads is not None:
         check_positive_int("threads", threads)
     if method not in TRANSITION_METHODS:
         raise ValueError(f"unknown transition method {method!r}; known: {', '.join(TRANSITION_METHODS)}")
     return seconds
+
+
+def _check_figures(
+    setup: object,
+    teardown: object,
+    engine_start: object,
+    resolution: object,
+    capacity: object,
+    solver: object,
+) -> None:
+    """The cost model's figures of :func:`plan_transition`: finite seconds ``≥ 0`` (``setup``,
+    ``teardown``, ``engine_start``), finite and positive (``resolution``), positive
+    (``capacity`` in bytes, ``inf`` for no bound, or ``None``), and a solver name.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the argument and the value.
+    """
+    for name, value in (("setup", setup), ("teardown", teardown), ("engine_start", engine_start)):
+        check_seconds(name, value, allow_none=False, allow_zero=True)
+    check_seconds("resolution", resolution)
+    if capacity is not None:
+        check_type("capacity", capacity, (int, float), "a positive number of bytes")
+        if not capacity > 0:  # NaN fails too; inf is no bound (the adaptation benchmark's)
+            raise ValueError(f"capacity must be a positive number of bytes (inf: no bound), got {capacity!r}")
+    check_type("solver", solver, str, "a Pyomo solver name (str)")
+
+
+def _check_plan(name: str, plan: Plan, cluster: Cluster, graph: RPEG | None, graph_of: str) -> None:
+    """Refuse a plan made for another problem before reading it, naming the argument: one of
+    another workload (its length is not the graph's) or of another cluster (an allocation that
+    is not the same devices on ``cluster``).
+
+    Raises
+    ------
+    ValueError
+        Without ``graph`` (a plan is read on one); :class:`InputError` naming ``name``, the
+        vertex and what differs.
+    """
+    if graph is None:
+        raise ValueError(f"{name} is a Plan: plan_transition needs graph= or workload= to read it")
+    if len(plan) != len(graph.vertices):
+        raise InputError(
+            f"{name} has {len(plan)} choices but the {graph_of} has {len(graph.vertices)} vertices "
+            f"({', '.join(v.name for v in graph.vertices)}): {name} was made for another workload",
+            source=name,
+        )
+    for v, c in zip(graph.vertices, plan.choices):
+        a = c.allocation
+        inside = all(o >= 0 and o + e <= n for o, e, n in zip(a.origin, a.extent, cluster.shape))
+        if not inside or a.mask != _mask_on(cluster, a.origin, a.extent):
+            ids = a.devices()
+            devices = f" (devices {ids[0]}..{ids[-1]})" if ids else ""
+            raise InputError(
+                f"{name}: vertex {v.name!r} is placed at origin {list(a.origin)} extent {list(a.extent)}"
+                f"{devices}, which are not those devices on cluster "
+                f"{cluster.shape_str} ({cluster.num_devices} devices): {name} was made for another cluster",
+                source=name,
+            )
+
+
+def _mask_on(cluster: Cluster, origin: tuple[int, int, int], extent: tuple[int, int, int]) -> int:
+    """Bit mask of the devices ``D(origin, extent)`` denotes on ``cluster`` (flat ids)."""
+    mask, run = 0, (1 << extent[2]) - 1
+    for r in range(origin[0], origin[0] + extent[0]):
+        for n in range(origin[1], origin[1] + extent[1]):
+            mask |= run << cluster.flat_id(r, n, origin[2])
+    return mask
 
 
 def _exact_plan(

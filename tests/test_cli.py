@@ -7,6 +7,7 @@ Result files are judged by the independent checker ``tests/tools/check_result.py
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -253,6 +254,59 @@ def test_plan_entry_that_is_not_an_object_is_bad_input(capsys, tmp_path):
     _bad(capsys, "evaluate", "ppo-7b-16gpu", "--plan", str(path))
 
 
+@pytest.fixture(scope="module")
+def greedy_plan(tmp_path_factory) -> dict:
+    """A ``ppo-7b-16gpu`` greedy result document (k_eval 2)."""
+    path = tmp_path_factory.mktemp("greedy") / "r.json"
+    assert main(["solve", "ppo-7b-16gpu", "--method", "greedy", "--k-eval", "2", "--json", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+BLOCKS = [
+    ("workload null", {"workload": None}, r"field 'workload': Input should be a table \(object\) \(got None\)"),
+    ("workload name", {"workload": "ppo-7b-16gpu"}, r"field 'workload': .*table \(object\) \(got 'ppo-7b-16gpu'\)"),
+    ("cluster shape", {"cluster": "1x1x4"}, r"field 'cluster': .*table \(object\) \(got '1x1x4'\)"),
+    ("cluster null", {"cluster": None}, r"field 'cluster': .*\(got None\)"),
+    ("structure null", {"structure": None}, r"field 'structure': .*\(got None\)"),
+    ("cluster racks text", {"cluster": {"racks": "1"}}, r"field 'cluster\.racks'"),
+    ("workload B list", {"workload": {"B": [512]}}, r"field 'workload\.B'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("change", "pattern"), [c[1:] for c in BLOCKS], ids=[c[0] for c in BLOCKS])
+@pytest.mark.parametrize("whole", [True, False], ids=["result file", "plan and the block only"])
+def test_evaluate_checks_a_plan_files_blocks_before_comparing_them(
+    capsys, tmp_path, greedy_plan, change, pattern, whole
+):
+    # issue 33: these ended in a TypeError/AttributeError from the mismatch check
+    doc = json.loads(json.dumps(greedy_plan)) if whole else {"plan": greedy_plan["plan"]}
+    for key, value in change.items():
+        if isinstance(value, dict):
+            doc[key] = {**(doc.get(key) or greedy_plan[key]), **value}
+        else:
+            doc[key] = value
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    err = _bad(capsys, "evaluate", "ppo-7b-16gpu", "--plan", str(path))
+    assert f"--plan {path}: " in err
+    assert re.search(pattern, err), err
+
+
+def test_evaluate_names_the_hardware_figure_that_differs(capsys, tmp_path, greedy_plan):
+    # issue 33: one figure edited read "made for hardware 'gh200', not 'gh200'"
+    doc = json.loads(json.dumps(greedy_plan))
+    hw = doc["cluster"]["hardware"]
+    was = hw["peak_flops"]
+    hw["peak_flops"] = was / 2
+    hw["p2p"][1]["beta"] *= 2
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    err = _bad(capsys, "evaluate", "ppo-7b-16gpu", "--plan", str(path))
+    assert "other hardware than the workload's 'gh200'" in err
+    assert f"peak_flops is {was / 2} in the plan file but {was} here" in err
+    assert "p2p[1].beta is" in err and "pass --hardware" in err
+
+
 PSPLIB = Path(__file__).resolve().parent / "data" / "psplib"
 
 
@@ -291,3 +345,69 @@ def test_run_transition_argument_is_checked(capsys, tmp_path):
     assert status == EXIT_BAD_INPUT and "must look like STEP:RESULT.json" in err
     status, _, err = run(capsys, "run", a, "--transition", "2:" + str(tmp_path / "missing.json"))
     assert status == EXIT_BAD_INPUT and "missing.json" in err and "does not exist" in err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize(("flag", "name"), [("--json", "out.json"), ("--gantt", "out.png")])
+def test_an_output_that_fails_on_write_names_the_flag_and_the_path(capsys, tmp_path, flag, name):
+    """issue 33: ``--json`` into a file that fails on write (a full disk: ``/dev/full``, which
+    opens fine) said only "[Errno 28] No space left on device"."""
+    path = tmp_path / name
+    path.symlink_to("/dev/full")
+    status, out, err = run(capsys, "solve", "ppo-1b-4gpu", "--method", "greedy", flag, str(path))
+    assert status == EXIT_BAD_INPUT
+    assert err == f"rpeg: error: {flag} {str(path)!r} could not be written (No space left on device)\n"
+    assert "throughput" in out  # the summary came first
+
+
+def test_delta_is_passed_with_its_objective_only(capsys, monkeypatch):
+    import rpeg.cli
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return solve(*args, **kwargs)
+
+    solve = rpeg.cli.solve
+    monkeypatch.setattr(rpeg.cli, "solve", spy)
+    argv = ("solve", "ppo-1b-4gpu", "--method", "greedy", "--objective", "throughput-util", "--delta", "0.5")
+    assert run(capsys, *argv)[0] == 0
+    assert run(capsys, "solve", "ppo-1b-4gpu", "--method", "greedy")[0] == 0
+    assert seen[0]["delta"] == 0.5 and "delta" not in seen[1]  # solve's own default
+
+
+def test_a_reader_that_leaves_is_not_an_error(capsys, monkeypatch):
+    """issue 33: ``rpeg examples | head -1`` ended with exit 2 and "[Errno 32] Broken pipe". A
+    closed pipe ends the command quietly with 141, as POSIX tools (128 + SIGPIPE)."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before the first line
+    with os.fdopen(write, "w") as closed:
+        monkeypatch.setattr("sys.stdout", closed)
+        assert main(["examples"]) == 141
+        assert os.fstat(closed.fileno()).st_ino == os.stat(os.devnull).st_ino  # what is left goes nowhere
+    monkeypatch.undo()
+    assert capsys.readouterr().err == ""
+
+
+def test_a_reader_that_leaves_ends_the_process_quietly(tmp_path):
+    """The same through a real process: no message, no "Exception ignored" at exit."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", "import sys; from rpeg.cli import main; sys.exit(main(['examples']))"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (141, "")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,7 @@ WORKLOAD_CASES = [
     ("model table bad field", edited('actor = "llama2-7b"', 'actor = { name = "x", layers = 2, hidden = 64, ffn_hidden = 128, vocab = 100, heads = 4, kv_heads = 4, heds = 4 }'), r"unknown key 'heds'.*did you mean 'heads'"),
     ("model table wrong type", edited('actor = "llama2-7b"', 'actor = { name = "x", layers = "2", hidden = 64, ffn_hidden = 128, vocab = 100, heads = 4, kv_heads = 4 }'), r"models\.actor\.\w*\.?layers"),
     ("model table inconsistent", edited('actor = "llama2-7b"', 'actor = { name = "x", layers = 2, hidden = 66, ffn_hidden = 128, vocab = 100, heads = 4, kv_heads = 4 }'), r"models\.actor: .*hidden=66 is not divisible by heads=4"),
+    ("model table huge", edited('actor = "llama2-7b"', 'actor = { name = "x", layers = 9223372036854775807, hidden = 9223372036854775807, ffn_hidden = 9223372036854775807, vocab = 9223372036854775807, heads = 9223372036854775807, kv_heads = 9223372036854775807, head_dim = 9223372036854775807 }'), r"models\.actor: ModelSpec 'x': layers = 9223372036854775807 is above MAX_LAYERS = 4,096"),
     ("bad shape", edited('shape = "1x2x4"', 'shape = "1x2"'), r"cluster\.shape.*'1x2'"),
     ("shape zero", edited('shape = "1x2x4"', 'shape = "0x2x4"'), r"cluster\.shape.*at least 1"),
     ("shape too large", edited('shape = "1x2x4"', 'shape = "1000x1000x8"'), r"cluster\.shape.*at most 65,536"),
@@ -161,6 +163,19 @@ def _hw(**changes: object) -> str:
     return json.dumps(data)
 
 
+def _hw_every_figure(value: float) -> str:
+    """The hardware file with every float figure (links and engine terms too) set to ``value``."""
+
+    def walk(node: object) -> object:
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return value if isinstance(node, float) else node
+
+    return json.dumps(walk(HW))
+
+
 FILE_CASES = [
     ("hardware string number", ["solve", "ppo-7b-16gpu", "--hardware", "{hw}"], _hw(peak_flops="fast"), r"hw\.json: field 'peak_flops'.*'fast'"),
     ("hardware negative bandwidth", ["solve", "ppo-7b-16gpu", "--hardware", "{hw}"], _hw(collective_1=-1e-11), r"hw\.json: field 'collective\[1\]\.beta'"),
@@ -168,6 +183,9 @@ FILE_CASES = [
     ("hardware not json", ["solve", "ppo-7b-16gpu", "--hardware", "{hw}"], "{", r"hw\.json.*not valid JSON"),
     ("hardware list", ["solve", "ppo-7b-16gpu", "--hardware", "{hw}"], "[]", r"hw\.json: field '\(top level\)'"),
     ("hardware nan", ["solve", "ppo-7b-16gpu", "--hardware", "{hw}"], _hw().replace('"b_cal": 8.0', '"b_cal": NaN'), r"NaN is not a number JSON allows"),
+    ("hardware every figure 1e308", ["solve", "ppo-7b-16gpu", "--hardware", "{hw}"], _hw_every_figure(1e308), r"hw\.json: field 'gpu_memory_bytes': must be a number in \[1e6, 1e14\] bytes \(got 1e\+308\)"),
+    ("hardware 1e-300 flops and bandwidth", ["solve", "ppo-7b-16gpu", "--hardware", "{hw}"], _hw(peak_flops=1e-300, mem_bandwidth=1e-300), r"hw\.json: field 'peak_flops': must be a number in \[1e9, 1e18\] FLOP/s \(got 1e-300\)"),
+    ("hardware slow link", ["solve", "ppo-7b-16gpu", "--hardware", "{hw}"], _hw(collective_2=1e308), r"hw\.json: field 'collective\[2\]\.beta': must be a number in \[0, 1e-6\] s/byte"),
 ]  # fmt: skip
 
 
@@ -217,6 +235,12 @@ RESULT_CASES = [
     ("plan entry tp string", lambda d: d["plan"][0].update(tp="1"), r"field 'tp' must be an integer"),
     ("plan entry unknown vertex", lambda d: d["plan"][0].update(vertex="nobody"), r"unknown vertex 'nobody'"),
     ("plan entry dp illegal", lambda d: d["plan"][0].update(dp=3), r"is illegal"),
+    ("plan entry misspelt key", lambda d: d["plan"][-1].update(recomput="none"), r"plan entry for '\w+': unknown key 'recomput', did you mean 'recompute'\?"),
+    ("plan entry unknown key", lambda d: d["plan"][0].update(colour="red"), r"plan entry for 'actor_gen': unknown key 'colour'; known keys: vertex, origin"),
+    ("structure staleness 5", lambda d: d["structure"]["staleness"].update(actor=5), r"field 'structure': structure\.staleness\.actor is 5, but the workload allows \[0, 1\]"),
+    ("structure staleness 1000", lambda d: d["structure"]["staleness"].update(actor=1000), r"structure\.staleness\.actor is 1000, but the workload allows \[0, 1\]"),
+    ("workload misspelt key", lambda d: d["workload"].update(kl_coeff=0.0), r"unknown key 'kl_coeff' in \[workload\], did you mean 'kl_coef'\?"),
+    ("structure misspelt key", lambda d: d["structure"].update(stalenes={}), r"unknown key 'stalenes' in \[structure\], did you mean 'staleness'\?"),
 ]  # fmt: skip
 
 
@@ -301,7 +325,15 @@ FLAG_CASES = [
     ("method unknown", ["solve", "ppo-7b-16gpu", "--method", "magic"], r"--method: unknown method 'magic'"),
     ("workload unknown", ["solve", "ppo-7b-17gpu"], r"unknown example 'ppo-7b-17gpu'"),
     ("workload folder", ["solve", "{tmp}/"], r"is a directory"),
-    ("delta zero", ["solve", "ppo-7b-16gpu", "--delta", "0"], r"delta must be in \(0, 1\]"),
+    ("delta zero", ["solve", "ppo-7b-16gpu", "--objective", "throughput-util", "--delta", "0"], r"delta must be in \(0, 1\]"),
+    # issue 33: a flag that only matters with another one is refused, naming both
+    ("delta without its objective", ["solve", "ppo-7b-16gpu", "--delta", "0.5"], r"--delta only applies with --objective throughput-util, not --objective throughput$"),
+    ("no-progress without sa", ["solve", "ppo-7b-16gpu", "--method", "greedy", "--no-progress"], r"--no-progress only applies with --method sa, not --method greedy"),
+    ("no-compare without sa", ["solve", "ppo-7b-16gpu", "--no-compare"], r"--no-compare only applies with --method sa, not --method concurrent"),
+    ("project solver without milp", ["project", "x.sm", "--solver", "cbc"], r"--solver only applies with --method milp, not --method cpsat"),
+    ("project threads with list", ["project", "x.sm", "--method", "list", "--threads", "2"], r"--threads only applies with --method cpsat or milp, not --method list"),
+    ("in-situ-steps without in-situ", ["calibrate", "--out", "{tmp}/hw.json", "--in-situ-steps", "4"], r"--in-situ-steps only applies with --in-situ$"),
+    ("alone without engines", ["calibrate", "--out", "{tmp}/hw.json", "--engines", "none", "--alone"], r"--alone only applies with --engines torch or torch,vllm, not --engines none"),
     ("workers zero", ["solve", "ppo-7b-16gpu", "--method", "sa", "--workers", "0"], r"--workers must be a positive integer"),
     ("flag for another method", ["solve", "ppo-7b-16gpu", "--method", "greedy", "--workers", "2"], r"--workers only applies to --method sa"),
     ("ablate unknown", ["solve", "ppo-7b-16gpu", "--method", "sa", "--ablate", "polsh"], r"unknown ablation\(s\) 'polsh'"),
@@ -368,3 +400,79 @@ API_CASES = [
 def test_bad_python_argument_names_it(call, exc, pattern):
     with pytest.raises(exc, match=pattern):
         call()
+
+
+# ---------------------------------------------------------------------------- issue 33: seeds, solve()'s options
+def _structure_of_another_workload():
+    from rpeg.ir.templates import Structure
+
+    return Structure("grpo", False, (("actor", 0),))
+
+
+SOLVE_OPTION_CASES = [
+    # a seed past OR-Tools' 32-bit random_seed was a TypeError deep in CP-SAT, naming no argument
+    ("cpsat seed 2**70", lambda: rpeg.solve(WF, CLUSTER, method="cpsat", seed=2**70), ValueError, r"seed must be an integer in \[0, 2147483647\] .*got 1180591620717411303424"),
+    ("sa seed negative", lambda: rpeg.solve(WF, CLUSTER, method="sa", seed=-1), ValueError, r"seed must be an integer in \[0, 2147483647\]"),
+    ("dp seed 2**31", lambda: rpeg.solve(WF, CLUSTER, method="dp", seed=2**31), ValueError, r"seed must be an integer in \[0, 2147483647\]"),
+    ("plan_transition seed 2**70", lambda: rpeg.plan_transition([], [], CLUSTER, seed=2**70), ValueError, r"seed must be an integer in \[0, 2147483647\]"),
+    # options were used before they were checked: AttributeError deep inside, or silently ignored
+    ("cpsat structure string", lambda: rpeg.solve(WF, CLUSTER, method="cpsat", structure="sync"), TypeError, r"structure must be a rpeg\.Structure \(one of rpeg\.structures\(workload\)\), got str 'sync'"),
+    ("milp structure of another workload", lambda: rpeg.solve(WF, CLUSTER, method="milp", structure=_structure_of_another_workload()), ValueError, r"structure 'grpo ac=0 τ\(actor\)=0' does not fit the workload: structure\.algorithm 'grpo'"),
+    ("milp solver int", lambda: rpeg.solve(WF, CLUSTER, method="milp", solver=123), TypeError, r"solver must be a MILP solver name such as 'highs', got int 123"),
+    ("cpsat warm_start int", lambda: rpeg.solve(WF, CLUSTER, method="cpsat", warm_start=123), TypeError, r"warm_start must be 'concurrent', 'sa', a rpeg\.Plan or None, got int 123"),
+    ("cpsat unit string", lambda: rpeg.solve(WF, CLUSTER, method="cpsat", unit="1"), TypeError, r"unit must be a positive number of seconds or None, got str '1'"),
+    ("cpsat unit zero", lambda: rpeg.solve(WF, CLUSTER, method="cpsat", unit=0.0), ValueError, r"unit must be a positive finite number of seconds, got 0\.0"),
+    ("dp structure of another workload", lambda: rpeg.solve(WF, CLUSTER, method="dp", structure=_structure_of_another_workload()), ValueError, r"structure 'grpo ac=0 τ\(actor\)=0' does not fit the workload"),
+    ("sa structures string", lambda: rpeg.solve(WF, CLUSTER, method="sa", structures="sync"), TypeError, r"structures must be a non-empty list of Structures"),
+    ("sa structures of another workload", lambda: rpeg.solve(WF, CLUSTER, method="sa", structures=[_structure_of_another_workload()]), ValueError, r"structures\[0\] 'grpo ac=0 τ\(actor\)=0' does not fit the workload"),
+    ("sa backend int", lambda: rpeg.solve(WF, CLUSTER, method="sa", backend=1), TypeError, r"backend must be one of 'local', 'ray', got int 1"),
+    ("sa address int", lambda: rpeg.solve(WF, CLUSTER, method="sa", backend="ray", address=6379), TypeError, r"address must be a Ray address \(str\) or None, got int 6379"),
+    ("sa proposals zero", lambda: rpeg.solve(WF, CLUSTER, method="sa", proposals=0), ValueError, r"proposals must be a positive integer, got 0"),
+    ("sa polish_share string", lambda: rpeg.solve(WF, CLUSTER, method="sa", polish_share="0.1"), TypeError, r"polish_share must be a number in \[0, 1\), got str '0\.1'"),
+    ("sa candidates list", lambda: rpeg.solve(WF, CLUSTER, method="sa", candidates=[[]]), TypeError, r"candidates must be a positive integer, got list"),
+    ("sa acceptance string", lambda: rpeg.solve(WF, CLUSTER, method="sa", acceptance="metropolis"), TypeError, r"acceptance must be callable or None, got str 'metropolis'"),
+    ("sa moves string", lambda: rpeg.solve(WF, CLUSTER, method="sa", moves="single"), TypeError, r"moves must be a non-empty list of \(weight, Move\) pairs or None"),
+    ("sa unknown option", lambda: rpeg.solve(WF, CLUSTER, method="sa", polish=False), ValueError, r"method 'sa' takes no option\(s\) polish; known: .*ablate"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "pattern"), [c[1:] for c in SOLVE_OPTION_CASES], ids=[c[0] for c in SOLVE_OPTION_CASES]
+)
+def test_bad_solve_option_is_named_before_any_work(call, exc, pattern, monkeypatch):
+    import rpeg.scoring.evaluator as evaluator
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("an evaluator was built before the options were checked")
+
+    monkeypatch.setattr(evaluator.Evaluator, "__init__", no_work)
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+def test_numpy_integers_are_taken_for_solves_integers():
+    np = pytest.importorskip("numpy")
+    r = rpeg.solve(WF, CLUSTER, method="greedy", seed=np.int64(3), k_eval=np.int64(2))
+    assert r.k_eval == 2 and type(r.k_eval) is int
+
+
+PSPLIB_J30 = Path(__file__).resolve().parent / "data" / "psplib" / "j30.sm" / "j301_1.sm"
+
+SEED_FLAG_CASES = [
+    ("solve cpsat", ["solve", "ppo-1b-4gpu", "--method", "cpsat", "--seed", str(2**70)]),
+    ("solve sa negative", ["solve", "ppo-1b-4gpu", "--method", "sa", "--seed", "-1"]),
+    ("project cpsat", ["project", str(PSPLIB_J30), "--seed", str(2**70)]),
+    ("project milp", ["project", str(PSPLIB_J30), "--method", "milp", "--seed", str(2**31)]),
+    ("run", ["run", "{tmp}/r.json", "--seed", str(2**70)]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", [c[1] for c in SEED_FLAG_CASES], ids=[c[0] for c in SEED_FLAG_CASES])
+def test_a_seed_flag_out_of_every_engines_range_exits_2_naming_it(tmp_path, capsys, argv):
+    """issue 33: ``--seed 2**70`` reached OR-Tools, whose 32-bit ``random_seed`` raised a
+    ``TypeError`` traceback (``solve --method cpsat``, ``project``)."""
+    with pytest.raises(SystemExit) as info:
+        main([a.format(tmp=tmp_path) for a in argv])
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and "Traceback" not in out + err
+    assert re.search(r"error: argument --seed: must be an integer in \[0, 2147483647\]", err), err

@@ -257,7 +257,16 @@ def test_the_gemm_fit_leaves_out_bandwidth_and_dispatch_bound_shapes():
 def test_the_gemm_fit_takes_every_shape_when_too_few_are_compute_bound():
     samples, _, bw = _gpu_like_sweep(floor=1.0)  # a floor of a second: nothing is compute-bound
     copies = [CopySample(1 << 30, 2.0 * (1 << 30) / bw)]
+    assert compute_bound_gemms(samples, bandwidth=bw, dtype_bytes=2, floor=1.0) == []
     m = _measurements(gemm=samples, copies=copies, dtype="bfloat16", comm=[], dispatch_floor=1.0)
+    # every shape at the floor: F_peak·η ∝ M·K has no finite fit (γ and F_peak run away, ~9e40
+    # FLOP/s), which the hardware's plausible ranges refuse, naming the figure (issue 33)
+    with pytest.raises(ValueError, match=r"peak_flops must be a number in \[1e9, 1e18\] FLOP/s, got 9"):
+        fit_hardware(m, hardware_preset("h200"))
+    # a floor measured above all but the largest shape's time: too few compute-bound, fitted over all
+    samples = _gpu_like_sweep(8e-6)[0]
+    assert len(compute_bound_gemms(samples, bandwidth=bw, dtype_bytes=2, floor=5e-4)) < 3
+    m = _measurements(gemm=samples, copies=copies, dtype="bfloat16", comm=[], dispatch_floor=5e-4)
     r = fit_hardware(m, hardware_preset("h200"))
     assert r.gemm_fit.n_samples == len(samples) and r.gemm_fit.n_excluded == 0
     assert f"all {len(samples)} shapes" in r.hardware.notes

@@ -2,11 +2,14 @@
 
 import dataclasses
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from rpeg.costmodel import HARDWARE_PRESETS, Hardware, Link, hardware_preset, load_hardware
 from rpeg.ir.errors import InputError
+from rpeg.ir.hardware import FIGURE_RANGES, OpTerms
 
 
 def test_bundled_presets_are_listed():
@@ -111,7 +114,8 @@ def test_invalid_field_is_named(tmp_path):
     path = tmp_path / "broken.json"
     path.write_text(json.dumps(data))
     with pytest.raises(
-        InputError, match=r"broken\.json: field 'mem_bandwidth': .*greater than 0 \(got -1\.0\)"
+        InputError,
+        match=r"broken\.json: field 'mem_bandwidth': must be a number in \[1e6, 1e15\] bytes/s \(got -1\.0\)",
     ):
         Hardware.load(path)
 
@@ -122,7 +126,7 @@ def test_invalid_field_is_named(tmp_path):
         (lambda d: d.update(peak_flops="fast"), r"field 'peak_flops': .*valid number \(got 'fast'\)"),
         (
             lambda d: d["collective"][1].update(beta=-2e-11),
-            r"field 'collective\[1\]\.beta': .*greater than or equal to 0",
+            r"field 'collective\[1\]\.beta': .*must be a number in \[0, 1e-6\] s/byte",
         ),
         (lambda d: d["p2p"][2].update(alpha="1us"), r"field 'p2p\[2\]\.alpha'"),
         (lambda d: d["p2p"].pop(), r"field 'p2p': .*at least 3"),
@@ -267,3 +271,112 @@ def test_bad_engine_fields_name_the_field(tmp_path, edit, pattern):
     with pytest.raises(InputError, match=pattern) as info:
         load_hardware(str(path))
     assert "hw.json" in str(info.value)
+
+
+# ---------------------------------------------------------------------------- plausible ranges (issue 33)
+OUT_OF_RANGE = [
+    ("peak_flops", 1e-300),
+    ("peak_flops", 1e308),
+    ("peak_flops", 0.0),
+    ("mem_bandwidth", 1e-300),
+    ("host_bandwidth", 1e16),
+    ("gpu_memory_bytes", 1e308),
+    ("gamma_m", 1e308),
+    ("gamma_k", -1.0),
+    ("c_nongemm", 1e308),
+    ("b_cal", 1e-300),
+    ("l_cal", 1e308),
+    ("d_cal", 1e308),
+    ("dispatch_s", 1e5),
+    ("collective[1].beta", 1.0),
+    ("p2p[2].alpha", 1e308),
+    ("engines.vllm.decode.efficiency", 1e-300),
+    ("engines.vllm.prefill.per_step_s", 1e308),
+    ("engines.torch.training.per_call_s", 1e308),
+    ("engines.torch.inference.memory_factor", 1e308),
+    ("engines.vllm.weight_sync.beta", 1e308),
+    ("engines.torch.data_parallel.alpha", 1e308),
+]
+
+
+def _set(doc: dict, path: str, value: float) -> None:
+    """``doc`` at the dotted ``path`` (``collective[1].beta``) set to ``value``."""
+    *parents, last = path.replace("[", ".").replace("]", "").split(".")
+    for part in parents:
+        doc = doc[int(part)] if part.isdigit() else doc[part]
+    doc[last] = value
+
+
+@pytest.mark.parametrize(("path", "value"), OUT_OF_RANGE, ids=[f"{p}={v:g}" for p, v in OUT_OF_RANGE])
+def test_a_figure_out_of_its_plausible_range_is_refused_naming_file_field_and_value(tmp_path, path, value):
+    # 1e308 everywhere ended in a ZeroDivisionError, 1e-300 in a NaN makespan written as "feasible"
+    doc = _engines_hw().to_dict()
+    _set(doc, path, value)
+    file = tmp_path / "hw.json"
+    file.write_text(json.dumps(doc))
+    want = rf"hw\.json: field '{re.escape(path)}': must be a number in \[[-0-9e.]+, [-0-9e.]+\].* \(got {re.escape(repr(value))}\)"
+    with pytest.raises(InputError, match=want):
+        load_hardware(str(file))
+
+
+@pytest.mark.parametrize(
+    "field", sorted(f for f in FIGURE_RANGES if f in {x.name for x in dataclasses.fields(Hardware)})
+)
+def test_a_hardware_built_in_python_is_held_to_the_same_ranges(field):
+    lo, hi, _ = FIGURE_RANGES[field]
+    hw = _engines_hw()
+    for value in (hi * 10 or 1.0, lo / 10 if lo > 0 else -1.0, float("nan")):
+        with pytest.raises(
+            ValueError,
+            match=rf"Hardware 'engines': {field} must be a number in \[.*got {re.escape(repr(value))}",
+        ):
+            dataclasses.replace(hw, **{field: value})
+    assert dataclasses.replace(hw, **{field: hi}).name == "engines"  # the bounds themselves are in
+    with pytest.raises(
+        ValueError, match=r"Hardware 'engines': gpus_per_node must be an integer in \[1, 1024\], got 0"
+    ):
+        dataclasses.replace(hw, gpus_per_node=0)
+
+
+def test_links_and_engine_terms_of_a_hardware_are_held_to_the_ranges():
+    # a Link or OpTerms alone checks its sign only (a unit link is a fit's probe); a Hardware
+    # holding one checks it against FIGURE_RANGES, naming where it sits
+    assert Link(0.0, 1.0).beta == 1.0
+    hw = hardware_preset("h100")
+    with pytest.raises(
+        ValueError, match=r"Hardware 'h100': p2p\[2\]\.alpha must be a number in \[0, 60\] s, got 1e\+308"
+    ):
+        dataclasses.replace(hw, p2p=(hw.p2p[0], hw.p2p[1], (1e308, 1e-9)))
+    with pytest.raises(
+        ValueError,
+        match=r"Hardware 'h100': collective\[0\]\.beta must be a number in \[0, 1e-6\] s/byte, got 1\.0",
+    ):
+        dataclasses.replace(hw, collective=(Link(0.0, 1.0), *hw.collective[1:]))
+    with pytest.raises(
+        ValueError, match=r"Hardware 'h100': p2p\[1\]: Link alpha and beta must be non-negative"
+    ):
+        dataclasses.replace(hw, p2p=(hw.p2p[0], (-1.0, 1e-9), hw.p2p[2]))
+    engines = _engines_hw()
+    vllm = engines.engines[0]
+    with pytest.raises(
+        ValueError,
+        match=r"Hardware 'engines': engines\.vllm\.decode\.efficiency must be a number in \[1e-6, 1e9\], got 1e-300",
+    ):
+        engines.with_engine(dataclasses.replace(vllm, decode=OpTerms(efficiency=1e-300)))
+    with pytest.raises(
+        ValueError,
+        match=r"Hardware 'engines': engines\.vllm\.weight_sync\.beta must be a number in \[0, 1e-6\] s/byte, got 1e\+308",
+    ):
+        engines.with_engine(dataclasses.replace(vllm, weight_sync=Link(0.0, 1e308)))
+
+
+def test_every_preset_and_calibration_file_is_in_range():
+    # the ranges must not refuse a real machine: every bundled preset and the calibrated file
+    for name in HARDWARE_PRESETS:
+        hardware_preset(name)
+    root = Path(__file__).resolve().parents[2] / "benchmarks"
+    calibrated = [p for p in root.rglob("*.json") if '"rpeg.hardware/2"' in p.read_text(errors="replace")]
+    assert root / "hw-this-machine.json" in calibrated
+    for path in calibrated:
+        if json.loads(path.read_text()).get("format") == "rpeg.hardware/2":
+            load_hardware(path)

@@ -122,6 +122,24 @@ def test_without_a_hint_the_list_schedule_bounds_the_horizon():
     assert check_project_schedule(p, sol) == []
 
 
+def test_a_model_too_large_is_not_built_and_the_list_schedule_returned(monkeypatch):
+    # issue 33: a long horizon made the time-indexed model grow to 15 GB; its size is now
+    # estimated first and a model above MAX_MODEL_SIZE is not built
+    from rpeg.formulations import milp
+
+    p, _ = load("j2031_3")
+    H = int(list_schedule_project(p).makespan)
+    mm = MILPModel(p, H)
+    assert len(mm.model.x) + len(mm.model.cum) < milp.model_size(p, H) < milp.MAX_MODEL_SIZE
+    monkeypatch.setattr(milp, "MAX_MODEL_SIZE", 1000)
+    sol = solve_milp(p, time_limit=30, threads=1)
+    assert sol.status is Status.FEASIBLE and sol.makespan == H and check_project_schedule(p, sol) == []
+    assert sol.message.startswith(f"time-indexed model not built: over the horizon {H} it would have size")
+    assert "above MAX_MODEL_SIZE = 1,000" in sol.message and sol.message.endswith(
+        "returned the list schedule"
+    )
+
+
 def test_time_limit_keeps_the_incumbent_and_the_bound():
     p, optimum = load("j3013_2")  # one of the hardest j30 instances
     hint = list_schedule_project(p)

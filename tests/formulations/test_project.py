@@ -39,6 +39,30 @@ def test_validation_names_field_and_value():
         Project((Activity((Mode(1, (2,)),)),), (Resource(1, unary=True),))
 
 
+def test_figures_are_bounded_and_cycles_are_listed():
+    from rpeg.formulations.project import MAX_VALUE, find_cycle
+
+    with pytest.raises(
+        ValueError, match=r"Mode duration must be at most 1,000,000,000,000 \(MAX_VALUE\), got 10{13}"
+    ):
+        Mode(10**13, (0,))
+    with pytest.raises(ValueError, match=r"Mode demands\[0\] must be at most 1,000,000,000,000"):
+        Mode(1, (MAX_VALUE + 1,))
+    with pytest.raises(ValueError, match=r"Resource capacity must be at most 1,000,000,000,000"):
+        Resource(10**300)
+    a = Activity((Mode(MAX_VALUE, (MAX_VALUE,)),))
+    Project((a, a), (Resource(MAX_VALUE),), ((0, 1, -MAX_VALUE),))  # the limit itself is fine
+    with pytest.raises(ValueError, match=r"precedences\[0\] = \(0, 1, -10{13}\): the lag must be at most"):
+        Project((a, a), (Resource(1),), ((0, 1, -(10**13)),))
+    assert find_cycle(4, [(0, 1), (1, 2), (2, 3)]) is None
+    assert find_cycle(4, [(0, 1), (3, 1), (2, 3), (1, 2)]) == [3, 2, 1]  # 1 → 2 → 3 → 1
+    assert find_cycle(2, [(1, 1)]) == [0]
+    with pytest.raises(
+        ValueError, match=r"cycle \(through activity 1\): 1 → 2 → 3 → 1 \(entries 3, 2, 1 of precedences\)"
+    ):
+        Project((a,) * 4, (Resource(MAX_VALUE),), ((0, 1, 0), (3, 1, 0), (2, 3, 0), (1, 2, 0)))
+
+
 def test_bounds_and_windows_by_hand():
     # 0 -(lag 2)-> 1 -> 2, activity 3 alone; durations 3, (4 or 1), 2, 5 on one resource of 2
     p = Project(

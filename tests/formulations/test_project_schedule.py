@@ -26,6 +26,7 @@ from rpeg.formulations import (
     read_optima,
     read_sm,
 )
+from rpeg.formulations.project import MAX_VALUE
 from rpeg.formulations.project_schedule import check_project_schedule, choose_modes, list_schedule_project
 
 PSPLIB = Path(__file__).resolve().parents[1] / "data" / "psplib"
@@ -134,6 +135,26 @@ def test_checker_catches_each_violation():
     assert check_project_schedule(q, _sol([0], [0], 2)) == ["1 starts and 1 modes for 2 activities"]
     bad = ProjectSolution(Status.OPTIMAL, math.inf, 0.0, 0.0, (), (), "hand")
     assert check_project_schedule(q, bad) == ["status optimal without a schedule"]
+
+
+def test_long_horizons_cost_no_memory_or_time_per_period():
+    # issue 33: the usage profile was an array over the horizon (a MemoryError for a duration of
+    # 1e9) and the checker looped over every period; both now work on start and end events
+    big = MAX_VALUE
+    p = single([big, big, big, 1], [[1], [1], [1], [1]], [2], [(0, 3, 0)])
+    s = list_schedule_project(p)
+    assert list(s.starts) == [0, 0, big, big] and s.makespan == 2 * big
+    assert check_project_schedule(p, s) == []
+    late = _sol([0, 0, big - 1, big], [0, 0, 0, 0], 2 * big - 1)
+    assert check_project_schedule(p, late)[0] == f"resource 0 (): load 3 > capacity 2 at t={big - 1}"
+
+
+def test_a_fixed_mode_over_a_capacity_is_refused():
+    p = Project((Activity((Mode(1, (1,)), Mode(1, (3,)))),), (Resource(2),))
+    with pytest.raises(
+        ValueError, match=r"modes\[0\] = 1: activity 0 demands more than a resource's capacity"
+    ):
+        list_schedule_project(p, [1])
 
 
 # ----------------------------------------------------------------------------- properties

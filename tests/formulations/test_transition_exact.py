@@ -22,7 +22,7 @@ from rpeg.solvers.transition import TRANSITION_METHODS, plan_transition
 GIB = 2.0**30
 CLUSTER = Cluster.from_shape("1x2x4", hardware_preset("h200"))
 TINY = model_preset("7b").scaled(layers=4, hidden=256, heads=4, vocab=1000)
-GRPO = Workload("grpo", {"actor": TINY, "reward": TINY}, 16, 1, 32, 32)
+GRPO = Workload("grpo", {"actor": TINY, "reward": TINY}, 8, 2, 32, 32)  # GRPO needs R ≥ 2
 GRAPH = build_graph(GRPO)
 STRATS = [enumerate_strategies(CLUSTER, TINY.layers, v.sequences) for v in GRAPH.vertices]
 GEN = ModelStage("actor", Stage.GEN, "actor_gen", 0)

@@ -111,7 +111,7 @@ SMALL = Cluster.from_shape("1x2x4", hardware_preset("h200"))
 TINY = model_preset("7b").scaled(layers=4, hidden=256, heads=4, vocab=1000)
 WORKLOADS = {
     "ppo": Workload("ppo", {"actor": TINY, "critic": TINY, "reward": TINY}, 16, 1, 32, 32),
-    "grpo": Workload("grpo", {"actor": TINY, "reward": TINY}, 16, 1, 32, 32),
+    "grpo": Workload("grpo", {"actor": TINY, "reward": TINY}, 8, 2, 32, 32),  # GRPO needs R ≥ 2
 }
 GRAPHS = {k: build_graph(w) for k, w in WORKLOADS.items()}
 STRATEGIES = {

@@ -116,3 +116,36 @@ def test_mask_devices_reads_runs_in_one_step_and_other_masks_bit_by_bit():
     for size in (1, 2, 4, 8, 16, 32, 64):  # every legal allocation is one run
         for a in c.allocations_of_size(size):
             assert mask_range(a.mask) == range(a.devices()[0], a.devices()[0] + size)
+
+
+# ---------------------------------------------------------------------------- issue 33 (third round)
+@pytest.mark.parametrize(
+    ("shape", "exc", "pattern"),
+    [
+        ((1, 4), ValueError, r"Cluster\.from_shape: shape must be 'RACKSxNODESxGPUS' \(e\.g\. '1x2x4'\) or a \(racks, nodes_per_rack, gpus_per_node\) tuple; got 2 entries \(1, 4\)"),
+        ((1, 4, 4, 2), ValueError, r"shape must be .*; got 4 entries \(1, 4, 4, 2\)"),
+        ([1, 0, 4], ValueError, r"shape \(1, 0, 4\) must hold three positive integers \(racks, nodes_per_rack, gpus_per_node\); 0 is not one"),
+        ((1, 2.0, 4), ValueError, r"shape \(1, 2\.0, 4\) must hold three positive integers .*; 2\.0 is not one"),
+        (16, TypeError, r"Cluster\.from_shape: shape must be 'RACKSxNODESxGPUS' .* tuple, got int 16"),
+        (None, TypeError, r"shape must be .*, got NoneType None"),
+        (b"1x1x4", TypeError, r"shape must be .*, got bytes"),
+    ],
+)  # fmt: skip
+def test_from_shape_names_a_shape_of_the_wrong_form(shape, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        Cluster.from_shape(shape, HW)
+
+
+def test_numpy_integers_are_taken_and_stored_as_int():
+    np = pytest.importorskip("numpy")
+    c = Cluster(
+        np.int64(1), np.int32(2), np.int64(4), HW, generation_max_pp=np.int64(1), max_zero_stage=np.int8(2)
+    )
+    assert c.shape == (1, 2, 4) and all(type(x) is int for x in c.shape)
+    assert type(c.generation_max_pp) is int and type(c.max_zero_stage) is int
+    assert Cluster.from_shape((np.int64(1), np.int64(1), np.int64(8)), HW).shape == (1, 1, 8)
+    assert Cluster.from_shape([1, 2, 4], HW).num_devices == 8
+    with pytest.raises(
+        ValueError, match=r"racks must be a positive integer, got np\.True_|racks must be a positive integer"
+    ):
+        Cluster(np.bool_(True), 1, 4, HW)

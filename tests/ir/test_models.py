@@ -2,10 +2,23 @@
 
 import json
 
+import numpy as np
 import pytest
 
+from rpeg.cli import main
 from rpeg.ir.errors import InputError
-from rpeg.ir.models import MODEL_PRESETS, ModelSpec, model_preset
+from rpeg.ir.models import (
+    HF_ARCHITECTURES,
+    MAX_FFN_HIDDEN,
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_HIDDEN,
+    MAX_LAYERS,
+    MAX_VOCAB,
+    MODEL_PRESETS,
+    ModelSpec,
+    model_preset,
+)
 
 # Published parameter totals.
 PUBLISHED = {
@@ -114,6 +127,7 @@ def test_from_hf_config_llama31_8b(tmp_path):
 
 def test_from_hf_config_gpt2_spelling(tmp_path):
     cfg = {
+        "model_type": "gpt2",
         "n_layer": 12,
         "n_embd": 768,
         "n_head": 12,
@@ -383,3 +397,277 @@ def test_from_hf_config_dense_families_still_read(tmp_path, model_type):
     spec = ModelSpec.from_hf_config(tmp_path)
     assert spec.family == model_type
     assert _shape(spec) == dict(_shape(model_preset("llama3.1-8b")), family=model_type)
+
+
+# ------------------------------------------------------------------ bounds and exact types (issue 33)
+SMALL = dict(name="s", layers=2, hidden=64, ffn_hidden=128, vocab=100, heads=4, kv_heads=4)
+LIMITS = {
+    "layers": MAX_LAYERS,
+    "hidden": MAX_HIDDEN,
+    "ffn_hidden": MAX_FFN_HIDDEN,
+    "vocab": MAX_VOCAB,
+    "heads": MAX_HEADS,
+    "kv_heads": MAX_HEADS,
+    "head_dim": MAX_HEAD_DIM,
+}
+
+
+@pytest.mark.parametrize("field", sorted(LIMITS))
+@pytest.mark.parametrize("excess", [1, 2**63 - 1, 10**200], ids=["bound+1", "2**63-1", "10**200"])
+def test_every_figure_has_an_upper_bound(field, excess):
+    value = excess if excess > 1 else LIMITS[field] + 1
+    kwargs = dict(SMALL, **{field: value})
+    with pytest.raises(ValueError, match=rf"ModelSpec 's': {field} = \S+.* is above MAX_"):
+        ModelSpec(**kwargs)
+
+
+def test_the_bounds_admit_the_largest_published_models():
+    # Llama-3.1-405B, PaLM-540B, MT-NLG 530B, Falcon-180B's heads, Gemma-3's vocabulary
+    ModelSpec("llama3.1-405b", 126, 16384, 53248, 128256, 128, 8)
+    ModelSpec("palm-540b", 118, 18432, 73728, 256000, 48, 1, head_dim=256)
+    ModelSpec("mt-nlg-530b", 105, 20480, 81920, 51200, 128, 128)
+    ModelSpec("falcon-180b", 80, 14848, 59392, 65024, 232, 8, head_dim=64)
+    ModelSpec("gemma3-27b", 62, 5376, 21504, 262208, 32, 16, head_dim=128)
+    # and every figure at its bound at once
+    ModelSpec("max", MAX_LAYERS, MAX_HIDDEN, MAX_FFN_HIDDEN, MAX_VOCAB, MAX_HEADS, MAX_HEADS, MAX_HEAD_DIM)
+
+
+def test_a_bound_names_the_field_for_a_huge_integer_without_printing_it():
+    with pytest.raises(ValueError, match=r"hidden = an integer of about \d+ digits is above MAX_HIDDEN"):
+        ModelSpec(**dict(SMALL, hidden=10**200))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("dtype_bytes", 2.0),
+        ("dtype_bytes", True),
+        ("ffn_projections", 3.0),
+        ("layers", 2.0),
+        ("vocab", 100.0),
+        ("kv_heads", 4.0),
+        ("head_dim", 0.0),
+        ("head_dim", 16.0),
+        ("head_dim", False),
+    ],
+)
+def test_integer_fields_refuse_floats_and_bools(field, value):
+    with pytest.raises(ValueError, match=rf"ModelSpec 's': {field} must be .*got {value!r}"):
+        ModelSpec(**dict(SMALL, **{field: value}))
+
+
+def test_numpy_integers_are_stored_as_int():
+    spec = ModelSpec(
+        **{k: np.int64(v) if isinstance(v, int) else v for k, v in SMALL.items()}, dtype_bytes=np.int32(2)
+    )
+    assert spec == ModelSpec(**SMALL)
+    assert all(type(getattr(spec, f)) is int for f in (*LIMITS, "dtype_bytes", "ffn_projections"))
+
+
+def test_from_hf_config_huge_figure_is_named(tmp_path, capsys):
+    # json reads 10**200 as an int; it overflowed float arithmetic in the cost model (a traceback)
+    (tmp_path / "config.json").write_text(
+        json.dumps(LLAMA31_8B_CONFIG).replace('"hidden_size": 4096', '"hidden_size": ' + "1" + "0" * 200)
+    )
+    with pytest.raises(
+        InputError,
+        match=r"config\.json: field 'hidden_size' = an integer of about \d+ digits is above MAX_HIDDEN",
+    ) as info:
+        ModelSpec.from_hf_config(tmp_path)
+    assert info.value.field == "hidden_size"
+    workload = tmp_path / "w.toml"
+    workload.write_text(
+        'algorithm = "grpo"\n[batch]\nprompts = 8\nrollouts = 2\nprompt_len = 16\nresponse_len = 16\n'
+        f'[models]\nactor = "{tmp_path / "config.json"}"\nreward = "llama2-7b"\n'
+    )
+    assert main(["solve", str(workload), "--method", "greedy"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "models.actor" in err and "'hidden_size'" in err
+
+
+# ------------------------------------------------------------------ Hugging Face architectures (issue 33)
+# Published config.json fields (abridged to those read and those that reveal the architecture).
+GPT2_CONFIG = {  # openai-community/gpt2: no tie_word_embeddings (GPT2Config's default: tied)
+    "activation_function": "gelu_new",
+    "architectures": ["GPT2LMHeadModel"],
+    "model_type": "gpt2",
+    "n_ctx": 1024,
+    "n_embd": 768,
+    "n_head": 12,
+    "n_layer": 12,
+    "n_positions": 1024,
+    "vocab_size": 50257,
+}
+GEMMA_2B_CONFIG = {  # google/gemma-2b: gelu, a gated MLP; no tie_word_embeddings (tied)
+    "architectures": ["GemmaForCausalLM"],
+    "head_dim": 256,
+    "hidden_act": "gelu",
+    "hidden_size": 2048,
+    "intermediate_size": 16384,
+    "model_type": "gemma",
+    "num_attention_heads": 8,
+    "num_hidden_layers": 18,
+    "num_key_value_heads": 1,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 256000,
+}
+GEMMA_7B_CONFIG = dict(  # google/gemma-7b: head_dim 256 ≠ 3072/16
+    GEMMA_2B_CONFIG, hidden_size=3072, intermediate_size=24576, num_attention_heads=16,
+    num_hidden_layers=28, num_key_value_heads=16,
+)  # fmt: skip
+QWEN3_8B_CONFIG = {  # Qwen/Qwen3-8B
+    "architectures": ["Qwen3ForCausalLM"],
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "model_type": "qwen3",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 151936,
+}
+QWEN3_06B_CONFIG = dict(  # Qwen/Qwen3-0.6B: head_dim 128 ≠ 1024/16, tied
+    QWEN3_8B_CONFIG, hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
+    num_hidden_layers=28, tie_word_embeddings=True,
+)  # fmt: skip
+OPT_125M_CONFIG = {  # facebook/opt-125m: no tie_word_embeddings (tied)
+    "activation_function": "relu",
+    "ffn_dim": 3072,
+    "hidden_size": 768,
+    "model_type": "opt",
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+    "torch_dtype": "float16",
+    "vocab_size": 50272,
+    "word_embed_proj_dim": 768,
+}
+PYTHIA_160M_CONFIG = {  # EleutherAI/pythia-160m
+    "hidden_act": "gelu",
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "model_type": "gpt_neox",
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+    "vocab_size": 50304,
+}
+PHI3_MINI_CONFIG = {  # microsoft/Phi-3-mini-4k-instruct
+    "hidden_act": "silu",
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "model_type": "phi3",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "sliding_window": 2047,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 32064,
+}
+
+# (config, read shape (projections, tied, head_dim, kv_heads), exact count by the ModelSpec
+# formula, published total, tolerance): biases and learned position embeddings are not counted
+HF_CASES = {
+    "gpt2-124m": (GPT2_CONFIG, (2, True, 64, 12), 123_551_232, 124_439_808, 0.01),
+    "gemma-2b": (GEMMA_2B_CONFIG, (3, True, 256, 1), 2_506_172_416, 2_506_172_416, 0),
+    "gemma-7b": (GEMMA_7B_CONFIG, (3, True, 256, 16), 8_537_680_896, 8_537_680_896, 0),
+    "gemma-7b, no head_dim": (dict(GEMMA_7B_CONFIG, head_dim=None), (3, True, 256, 16), 8_537_680_896, 8_537_680_896, 0),
+    "qwen3-8b": (QWEN3_8B_CONFIG, (3, False, 128, 8), 8_190_726_144, 8.19e9, 0.001),
+    "qwen3-0.6b, no head_dim": ({k: v for k, v in QWEN3_06B_CONFIG.items() if k != "head_dim"}, (3, True, 128, 8), 596_042_752, 0.6e9, 0.01),
+    "opt-125m": (OPT_125M_CONFIG, (2, True, 64, 12), 123_562_752, 125_239_296, 0.015),
+    "pythia-160m": (PYTHIA_160M_CONFIG, (2, False, 64, 12), 162_220_800, 162_322_944, 0.001),
+    "phi-3-mini": (PHI3_MINI_CONFIG, (3, False, 96, 32), 3_821_079_552, 3.82e9, 0.001),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(HF_CASES))
+def test_from_hf_config_reads_each_architecture_as_transformers(tmp_path, case):
+    cfg, (projections, tied, head_dim, kv_heads), exact, published, rel = HF_CASES[case]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = ModelSpec.from_hf_config(tmp_path)
+    assert (spec.ffn_projections, spec.tied_embeddings, spec.head_dim, spec.kv_heads) == (
+        projections,
+        tied,
+        head_dim,
+        kv_heads,
+    )
+    assert spec.params == exact
+    assert spec.params == pytest.approx(published, rel=rel)
+    assert spec.family in ("llama", "qwen2", "mistral")  # non-runtime architectures plan as "llama"
+
+
+@pytest.mark.parametrize(
+    ("model_type", "extra", "projections"),
+    [
+        ("llama", {"hidden_act": "gelu"}, 3),  # gated by the architecture, not the activation
+        ("mistral", {"hidden_act": "relu"}, 3),
+        ("gpt_neox", {"hidden_act": "silu"}, 2),
+    ],
+)
+def test_ffn_gating_is_the_architectures(tmp_path, model_type, extra, projections):
+    cfg = dict(LLAMA31_8B_CONFIG, model_type=model_type, **extra)
+    del cfg["num_key_value_heads"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert ModelSpec.from_hf_config(tmp_path).ffn_projections == projections
+
+
+@pytest.mark.parametrize(
+    ("model_type", "kv_heads"), [("llama", 32), ("mistral", 8), ("qwen2", 32), ("phi3", 32), ("gpt_neox", 32)]
+)
+def test_absent_kv_heads_read_as_the_config_class_default(tmp_path, model_type, kv_heads):
+    cfg = {k: v for k, v in LLAMA31_8B_CONFIG.items() if k != "num_key_value_heads"}
+    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, model_type=model_type)))
+    assert ModelSpec.from_hf_config(tmp_path).kv_heads == kv_heads
+    (tmp_path / "config.json").write_text(
+        json.dumps(dict(cfg, model_type=model_type, num_key_value_heads=None))
+    )
+    assert ModelSpec.from_hf_config(tmp_path).kv_heads == 32  # null: the query heads
+
+
+def test_architecture_table_names_its_sources():
+    assert set(HF_ARCHITECTURES) >= {
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "gemma",
+        "phi3",
+        "gpt2",
+        "opt",
+        "gpt_neox",
+    }
+    for arch in HF_ARCHITECTURES.values():
+        assert "Config" in arch.source and arch.family in ("llama", "qwen2", "mistral")
+
+
+AWQ = {"bits": 4, "group_size": 128, "quant_method": "awq", "version": "gemm", "zero_point": True}
+GPTQ = {"bits": 4, "group_size": 128, "desc_act": False, "quant_method": "gptq", "sym": True}
+BNB = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "quant_method": "bitsandbytes"}
+FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+
+REFUSED = [
+    ("awq", dict(LLAMA31_8B_CONFIG, model_type="qwen2", quantization_config=AWQ), "quantization_config", r"field 'quantization_config' \(quant_method 'awq', bits 4\) marks a quantized checkpoint"),
+    ("gptq", dict(LLAMA31_8B_CONFIG, quantization_config=GPTQ), "quantization_config", r"quant_method 'gptq', bits 4"),
+    ("bitsandbytes", dict(LLAMA31_8B_CONFIG, quantization_config=BNB), "quantization_config", r"quant_method 'bitsandbytes', bits 4"),
+    ("fp8", dict(QWEN3_8B_CONFIG, quantization_config=FP8), "quantization_config", r"quant_method 'fp8'\)"),
+    ("no model_type", {k: v for k, v in LLAMA31_8B_CONFIG.items() if k != "model_type"}, "model_type", r"missing config field 'model_type'.*gemma, gpt2, gpt_neox, llama, mistral, opt, phi3, qwen2, qwen3"),
+    ("unknown model_type", dict(LLAMA31_8B_CONFIG, model_type="falcon"), "model_type", r"field 'model_type' = 'falcon' is not an architecture rpeg reads; known: gemma, gpt2"),
+    ("model_type not a string", dict(LLAMA31_8B_CONFIG, model_type=3), "model_type", r"field 'model_type' must be a string, got 3"),
+    ("gemma2", dict(GEMMA_2B_CONFIG, model_type="gemma2", sliding_window=4096), "model_type", r"'model_type' = 'gemma2' interleaves sliding-window attention layers \(field 'sliding_window' = 4096\)"),
+    ("gemma3_text", dict(GEMMA_2B_CONFIG, model_type="gemma3_text", sliding_window=1024), "model_type", r"'gemma3_text' interleaves sliding-window"),
+    ("opt-350m projections", dict(OPT_125M_CONFIG, hidden_size=1024, word_embed_proj_dim=512), "word_embed_proj_dim", r"field 'word_embed_proj_dim' = 512 differs from 'hidden_size' = 1024"),
+    ("missing FFN width", {k: v for k, v in OPT_125M_CONFIG.items() if k != "ffn_dim"}, "ffn_dim", r"missing config field 'ffn_dim'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("cfg", "field", "pattern"), [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
+def test_from_hf_config_refuses_what_it_would_misread(tmp_path, cfg, field, pattern):
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match=pattern) as info:
+        ModelSpec.from_hf_config(tmp_path)
+    assert str(tmp_path / "config.json") in str(info.value)
+    assert info.value.field == field

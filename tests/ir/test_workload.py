@@ -240,3 +240,114 @@ def test_defaults_when_scaling_breaks_monotonicity():
     w = _workload(quantiles=((0.5, 1000), (0.9, 1010), (1.0, 1024)))
     # scaled to 8 tokens the first two lengths collide: the SPEC §2 defaults apply
     assert with_response_len(w, 8).quantiles == default_quantiles(8)
+
+
+# ---------------------------------------------------------------------------- issue 33 (third round)
+GRPO_TOML = (
+    'algorithm = "grpo"\n[batch]\nprompts = 4\n{rollouts}prompt_len = 8\nresponse_len = 8\n'
+    '[models]\nactor = "7b"\nreward = "7b"\n'
+)
+
+
+def test_grpo_needs_at_least_two_rollouts_in_python_and_in_a_file(tmp_path):
+    """GRPO's advantage is a response's reward against its group's: with ``rollouts = 1`` it is
+    always zero, so such a job was planned and run for nothing."""
+    from rpeg.ir.errors import InputError
+
+    with pytest.raises(
+        ValueError, match=r"workload\.rollouts must be at least 2 for grpo .*always zero\), got 1"
+    ):
+        Workload("grpo", {"actor": M7, "reward": M7}, 8, 1, 64, 64)
+    assert Workload("grpo", {"actor": M7, "reward": M7}, 8, 2, 64, 64).rollouts == 2
+    assert (
+        Workload("remax", {"actor": M7, "reward": M7}, 8, 1, 64, 64).rollouts == 1
+    )  # its baseline is greedy
+    path = tmp_path / "w.toml"
+    for line, got in (("rollouts = 1\n", "got 1"), ("", r"got none \(the default is 1\)")):
+        path.write_text(GRPO_TOML.format(rollouts=line))
+        with pytest.raises(
+            InputError, match=rf"w\.toml: field 'batch\.rollouts' must be at least 2 for grpo .*{got}"
+        ):
+            load_workload(path)
+    path.write_text(GRPO_TOML.format(rollouts="rollouts = 2\n"))
+    assert load_workload(path).workload.rollouts == 2
+
+
+def test_numpy_integers_are_taken_and_stored_as_int():
+    np = pytest.importorskip("numpy")
+    w = Workload(
+        "ppo",
+        {"actor": M7, "critic": M7, "reward": M7},
+        np.int64(64),
+        np.int32(1),
+        np.int64(128),
+        np.uint16(256),
+        quantiles=((np.float32(0.5), np.int64(64)), (1.0, np.int64(256))),
+        staleness={"actor": [np.int64(0), np.int8(1)]},
+        mini_batches=np.int64(2),
+        kl_coef=np.float64(0.05),
+    )
+    ints = [w.batch, w.rollouts, w.prompt_len, w.response_len, w.mini_batches, *w.staleness["actor"]]
+    ints += [t for _, t in w.quantiles]
+    assert all(type(x) is int for x in ints), ints
+    assert (w.batch, w.response_len, w.staleness["actor"], w.quantiles) == (
+        64,
+        256,
+        (0, 1),
+        ((0.5, 64), (1.0, 256)),
+    )
+    __import__("json").dumps(w.to_dict())  # plain numbers all the way to the result file
+    with pytest.raises(
+        TypeError, match=r"workload\.batch must be a positive integer, got np\.True_|workload\.batch"
+    ):
+        Workload("ppo", {"actor": M7, "critic": M7, "reward": M7}, np.bool_(True), 1, 8, 8)
+    with pytest.raises(TypeError, match=r"workload\.batch must be a positive integer, got True"):
+        Workload("ppo", {"actor": M7, "critic": M7, "reward": M7}, True, 1, 8, 8)
+
+
+def test_load_workload_names_an_argument_that_is_not_a_path():
+    with pytest.raises(
+        TypeError,
+        match=r"load_workload: path must be the path of a workload TOML file \(str or pathlib\.Path\), got NoneType None",
+    ):
+        load_workload(None)
+    with pytest.raises(TypeError, match=r"got int 3"):
+        load_workload(3)
+
+
+DUPLICATE_KEY = (
+    'algorithm = "grpo"\n[batch]\nprompts = 4\nrollouts = 4\nprompt_len = 8\nprompts = 8\nresponse_len = 8\n'
+    '[models]\nactor = "7b"\nreward = "7b"\n'
+)
+
+
+def test_a_duplicate_key_names_the_file_the_line_and_the_key(tmp_path, capsys):
+    """tomllib says only "Cannot overwrite a value (at line 6, column 14)"."""
+    from rpeg.cli import main
+    from rpeg.ir.errors import InputError
+
+    path = tmp_path / "dup.toml"
+    path.write_text(DUPLICATE_KEY)
+    pattern = (
+        r"dup\.toml, line 6: not valid TOML: key 'prompts' is set twice .*\(the line reads 'prompts = 8'\)"
+    )
+    with pytest.raises(InputError, match=pattern):
+        load_workload(path)
+    assert main(["solve", str(path), "--method", "greedy", "--cluster", "1x1x4", "--hardware", "gh200"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and __import__("re").search(pattern, err), err
+    # other syntax errors name the line too
+    path.write_text('algorithm = "grpo"\n[batch]\nprompts = \n')
+    with pytest.raises(
+        InputError, match=r"dup\.toml, line 3: not valid TOML: .*\(the line reads 'prompts ='\)"
+    ):
+        load_workload(path)
+
+
+def test_a_utf8_byte_order_mark_is_dropped(tmp_path):
+    """Some Windows editors start a UTF-8 file with a byte-order mark, which tomllib refuses
+    ("Invalid statement (at line 1, column 1)"): rpeg drops it."""
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + GRPO_TOML.format(rollouts="rollouts = 4\n").encode())
+    wf = load_workload(path)
+    assert wf.workload.algorithm == "grpo" and wf.workload.rollouts == 4

@@ -332,6 +332,70 @@ def test_cli_run_refuses_bad_paths_before_any_work(result, tmp_path, capsys, no_
     assert time.perf_counter() - t0 < 60
 
 
+@pytest.fixture
+def no_run(monkeypatch):
+    """Fail the test if ``rpeg run`` gets as far as calling :func:`rpeg.run` (the runner loads
+    torch and Ray) or ``ray.init``."""
+    import ray
+
+    from rpeg.runtime import runner
+
+    def started(*_, **__):
+        pytest.fail("rpeg run went on to rpeg.run / ray.init before refusing its arguments")
+
+    monkeypatch.setattr(runner, "run", started)
+    monkeypatch.setattr(ray, "init", started)
+
+
+def test_cli_run_refuses_transition_arguments_before_any_work(result, tmp_path, capsys, no_run):
+    """issue 33: ``--transition-method foo`` and ``--transition 0:x.json`` were refused only
+    after the run had started (minutes of Ray start-up), ``--transition-method`` without a
+    transition not at all."""
+    import re
+
+    r = str(tmp_path / "r.json")
+    result.to_json(r)
+    t0 = time.perf_counter()
+    for argv, match in (
+        (["--transition-method", "foo", "--transition", f"1:{r}"],
+         r"--transition-method: unknown transition method 'foo'; known: greedy, cpsat, milp$"),
+        (["--transition-method", "foo"], r"unknown transition method 'foo'"),
+        (["--transition-method", "cpsat"],
+         r"--transition-method only applies with --transition or --on-worker-lost replan"),
+        (["--transition", f"0:{r}"],
+         rf"--transition '0:{re.escape(r)}': step 0 must be in 1\.\.3 \(a move comes after at least one step "
+         r"and before the last of --steps 4\)$"),
+        (["--transition", f"4:{r}"], r"step 4 must be in 1\.\.3"),
+        (["--steps", "3", "--transition", f"2:{r}", "--transition", f"2:{r}"],
+         r"step 2 has no step left to come after \(a move comes after the --transition at step 2"),
+        (["--transition", f"1:{r}", "--checkpoint-dir", str(tmp_path / "ck")],
+         r"--transition cannot be combined with --checkpoint-dir \(checkpoints are per plan\)$"),
+        (["--transition", f"1:{r}", "--resume-from", str(tmp_path)], r"--transition cannot be combined with --resume-from"),
+    ):  # fmt: skip
+        code, err = cli(capsys, "run", r, *argv)
+        assert code == 2 and len(err) == 1 and err[0].startswith("rpeg: error: "), (argv, err)
+        assert re.search(match, err[0]), (match, err)
+    assert time.perf_counter() - t0 < 30
+
+
+def test_run_refuses_transition_arguments_before_any_work(result, no_workers, monkeypatch):
+    """The Python API checks the method names and the transitions first, before it imports Ray
+    or prepares anything."""
+    from rpeg.runtime import runner
+
+    monkeypatch.setattr(runner, "_prepare", lambda *_, **__: pytest.fail("run() went on to prepare the run"))
+    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2)
+    other = solve(workload("grpo"), cluster, "greedy")
+    for kwargs, match in (
+        ({"transition_method": "foo"}, r"transition_method must be one of 'greedy', 'cpsat', 'milp', got 'foo'"),
+        ({"replan_method": "foo"}, r"replan_method must be one of .*'greedy'.*, got 'foo'"),
+        ({"transitions": [(0, result)]}, r"transitions\[0\]: step 0 must be an integer in 1\.\.1"),
+        ({"transitions": [(1, other)]}, r"transition target: workload algorithm 'grpo' differs from the running job's 'ppo'"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            rpeg.run(result, steps=2, **kwargs)
+
+
 def test_cli_verify_names_missing_and_invalid_files(result, tmp_path, capsys):
     rpath = tmp_path / "r.json"
     result.to_json(rpath)

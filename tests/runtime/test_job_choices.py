@@ -339,7 +339,8 @@ def test_fully_sharded_frozen_models_serve_what_replicated_ones_do(ray_session):
         for name, w in reports[2].weights[model].items():
             torch.testing.assert_close(reports[3].weights[model][name], w, atol=1e-5, rtol=0)
     # predicted: stage 2 holds the full copy, stage 3 its shard and, for each pass, the gathered
-    # root and two layers (SPEC's N_g) on top of the same activations
+    # root and two layers (SPEC's N_g) and the running layer's flat all-gather output, which
+    # FSDP2 over gloo frees only after the layer (docs/runtime.md), on top of the same activations
     from dataclasses import replace
 
     from rpeg.costmodel.layout import Layout
@@ -356,7 +357,8 @@ def test_fully_sharded_frozen_models_serve_what_replicated_ones_do(ray_session):
     state = zero_state_bytes(spec, Role.INFERENCE, Layout(Strategy((1, 1, 2), 2, 1, 1, 2, zero=3)))
     full = 4 * weight_shard_params(spec, 1, 1)
     assert state.persistent == pytest.approx(full / 2) and state.transient > 0
-    assert memory[3] - memory[2] == pytest.approx(state.persistent + state.transient - full)
+    layer = 4 * spec.layer_params
+    assert memory[3] - memory[2] == pytest.approx(state.persistent + state.transient + layer - full)
 
 
 def test_a_chunked_training_loss_trains_the_weights_of_a_whole_one(ray_session):

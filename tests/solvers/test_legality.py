@@ -140,7 +140,7 @@ def _sixteen_heads_on_three(algorithm: str):
     workload, _, _ = example_problem("ppo-1b-4gpu")
     if algorithm == "grpo":
         m = workload.models["actor"]
-        workload = Workload("grpo", {"actor": m, "reward": m}, 64, 1, 256, 256, name="grpo-1b-3gpu")
+        workload = Workload("grpo", {"actor": m, "reward": m}, 32, 2, 256, 256, name="grpo-1b-3gpu")
     return workload, Cluster.from_shape("1x1x3", hardware_preset("h100"))
 
 
@@ -276,7 +276,7 @@ def test_package_and_checker_agree_on_microbatches_and_engine_choices(
 @cache
 def _twelve_heads():
     m = _spec(12, 12, 64, 4)
-    w = Workload("grpo", {"actor": m, "reward": m}, 16, 1, 32, 32, name="twelve-heads")
+    w = Workload("grpo", {"actor": m, "reward": m}, 8, 2, 32, 32, name="twelve-heads")
     c = Cluster.from_shape("1x1x8", hardware_preset("h100"))
     return w, c, solve(w, c, "concurrent", k_eval=1)
 
@@ -372,7 +372,8 @@ def test_every_method_plans_only_what_the_engines_accept(
         if algorithm == "grpo"
         else {"actor": actor, "critic": other, "reward": other}
     )
-    w = Workload(algorithm, models_, batch, 1, 32, 32, name="legality")
+    b, r = (batch // 2, 2) if algorithm == "grpo" else (batch, 1)  # GRPO needs R ≥ 2 (same B·R)
+    w = Workload(algorithm, models_, b, r, 32, 32, name="legality")
     c = Cluster.from_shape(shape, hardware_preset(hardware))
     for method in METHODS:
         r = solve(w, c, method, k_eval=1, seed=0, **_options(method, w, 1.0))

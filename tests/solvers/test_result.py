@@ -513,6 +513,94 @@ def test_result_for_plan_names_a_wrong_typed_engine_field(concurrent):
         _hand(concurrent, table)
 
 
+@pytest.mark.parametrize("tau", [5, 1000])
+def test_a_staleness_the_workload_does_not_allow_is_refused_by_builder_and_reader(concurrent, tau):
+    # issue 33: the workload allows τ ∈ {0, 1}; the reader scored τ = 5 or 1000 all the same
+    assert concurrent.workload.staleness["actor"] == (0, 1)
+    want = rf"structure\.staleness\.actor is {tau}, but the workload allows \[0, 1\]"
+    stale = dataclasses.replace(concurrent.structure, staleness=(("actor", tau), ("critic", 0)))
+    with pytest.raises(ValueError, match=want):
+        result_for_plan(concurrent.workload, concurrent.cluster, stale, _table(concurrent), k_eval=2)
+    doc = concurrent.to_dict()
+    doc["structure"]["staleness"]["actor"] = tau
+    with pytest.raises(InputError, match=rf"field 'structure': {want}"):
+        Result.from_dict(doc)
+    # a staleness the workload allows reads and builds
+    doc["structure"]["staleness"]["actor"] = 1
+    assert Result.from_dict(doc).structure.tau == {"actor": 1, "critic": 0}
+    allowed = dataclasses.replace(concurrent.structure, staleness=(("actor", 1), ("critic", 0)))
+    assert result_for_plan(concurrent.workload, concurrent.cluster, allowed, _table(concurrent)).feasible
+
+
+def test_sharing_the_workload_does_not_allow_is_refused(concurrent):
+    workload = dataclasses.replace(concurrent.workload, ac_sharing=False)
+    shared = dataclasses.replace(concurrent.structure, ac_sharing=True, staleness=(("actor_critic", 0),))
+    with pytest.raises(ValueError, match=r"structure\.ac_sharing is true, but the workload does not allow"):
+        result_for_plan(workload, concurrent.cluster, shared, {})
+
+
+def test_an_unknown_key_is_refused_by_builder_and_reader(concurrent):
+    # issue 33: a misspelt "recomput" was ignored and the entry scored with recompute = "full"
+    doc = concurrent.to_dict()
+    entry = next(e for e in doc["plan"] if e["vertex"] == "actor_train")
+    entry["recomput"] = entry.pop("recompute")
+    with pytest.raises(
+        InputError, match=r"plan entry for 'actor_train': unknown key 'recomput', did you mean 'recompute'\?"
+    ):
+        Result.from_dict(doc)
+    table = _table(concurrent)
+    *row, engine = table["actor_train"]
+    table["actor_train"] = (*row, {**engine, "zer": 3})
+    with pytest.raises(
+        ValueError, match=r"'actor_train': unknown engine choice 'zer', did you mean 'zero'\?"
+    ):
+        _hand(concurrent, table)
+    table = {**_table(concurrent), "actor_trian": _table(concurrent)["actor_train"]}
+    with pytest.raises(ValueError, match=r"table: unknown vertex 'actor_trian'"):
+        _hand(concurrent, table)
+
+
+@pytest.mark.parametrize(
+    ("block", "key", "hint"),
+    [("workload", "kl_coeff", "kl_coef"), ("cluster", "host_ofload", "host_offload"), ("structure", "acsharing", "ac_sharing")],
+)  # fmt: skip
+def test_an_unknown_key_in_a_block_is_refused(concurrent, block, key, hint):
+    doc = concurrent.to_dict()
+    doc[block][key] = 0.0
+    with pytest.raises(InputError, match=rf"unknown key '{key}' in \[{block}\], did you mean '{hint}'\?"):
+        Result.from_dict(doc)
+
+
+def test_the_cluster_copies_of_hardware_figures_must_agree(concurrent):
+    doc = concurrent.to_dict()
+    doc["cluster"]["gpu_memory_bytes"] = 1e9
+    with pytest.raises(
+        InputError, match=r"field 'cluster\.gpu_memory_bytes' is 1000000000\.0 but cluster\.hardware"
+    ):
+        Result.from_dict(doc)
+
+
+def test_the_writer_refuses_nan_and_infinity(concurrent, tmp_path):
+    # issue 33: makespan NaN and throughput Infinity were written into the result file
+    path = tmp_path / "r.json"
+    for edit, field in [
+        (lambda r: setattr(r, "objective_bound", float("nan")), "objective_bound"),
+        (lambda r: r.extra.update(model_throughput=float("inf")), "extra.model_throughput"),
+        (
+            lambda r: setattr(r, "evaluation", dataclasses.replace(r.evaluation, makespan=float("nan"))),
+            "makespan",
+        ),
+    ]:
+        r = copy.copy(concurrent)
+        r.extra = dict(concurrent.extra)
+        edit(r)
+        with pytest.raises(
+            ValueError, match=rf"field '{re.escape(field)}' is (nan|inf).*finite numbers only"
+        ):
+            r.to_json(path)
+        assert not path.exists()
+
+
 # ---------------------------------------------------------------------------- constructors, statuses
 @pytest.mark.parametrize(
     ("status", "headline"),

@@ -12,6 +12,7 @@ import pytest
 
 from rpeg import Cluster, Workload, hardware_preset, model_preset, plan_transition, solve
 from rpeg.formulations.status import Status
+from rpeg.ir.errors import InputError
 
 
 @cache
@@ -56,7 +57,7 @@ def test_cpsat_schedules_on_ticks_no_longer_than_the_rounded_greedy():
 @pytest.mark.parametrize(
     ("kw", "exc", "pattern"),
     [
-        ({"resolution": 0}, ValueError, r"resolution must be a positive number of seconds, got 0"),
+        ({"resolution": 0}, ValueError, r"resolution must be a positive finite number of seconds, got 0"),
         ({"seed": 1.5}, TypeError, r"seed must be an integer"),
         ({"threads": 0}, ValueError, r"threads must be a positive integer"),
         ({"method": 3}, TypeError, r"method must be a transition method name"),
@@ -64,12 +65,12 @@ def test_cpsat_schedules_on_ticks_no_longer_than_the_rounded_greedy():
         (
             {"engine_start": -1.0},
             ValueError,
-            r"engine_start must be a non-negative number of seconds, got -1.0",
+            r"engine_start must be a non-negative finite number of seconds, got -1.0",
         ),
         (
             {"engine_start": math.nan},
             ValueError,
-            r"engine_start must be a non-negative number of seconds, got nan",
+            r"engine_start must be a non-negative finite number of seconds, got nan",
         ),
     ],
 )
@@ -77,6 +78,67 @@ def test_bad_arguments_are_named(kw, exc, pattern):
     w, c, cur, tgt = _two_plans()
     with pytest.raises(exc, match=pattern):
         plan_transition(cur, tgt, c, **{"workload": w, **kw})
+
+
+FIGURES = [
+    ("setup", -1.0, ValueError, r"setup must be a non-negative finite number of seconds, got -1\.0"),
+    ("setup", math.inf, ValueError, r"setup must be a non-negative finite number of seconds, got inf"),
+    ("teardown", math.nan, ValueError, r"teardown must be a non-negative finite number of seconds, got nan"),
+    ("teardown", "1", TypeError, r"teardown must be a non-negative finite number of seconds, got str"),
+    ("engine_start", math.inf, ValueError, r"engine_start must be a non-negative finite number of seconds, got inf"),
+    ("resolution", math.inf, ValueError, r"resolution must be a positive finite number of seconds, got inf"),
+    ("capacity", math.nan, ValueError, r"capacity must be a positive number of bytes \(inf: no bound\), got nan"),
+    ("capacity", -1.0, ValueError, r"capacity must be a positive number of bytes \(inf: no bound\), got -1\.0"),
+    ("solver", 3, TypeError, r"solver must be a Pyomo solver name \(str\), got int"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "value", "exc", "pattern"), FIGURES)
+def test_every_figure_is_checked_even_when_the_transition_is_empty(name, value, exc, pattern):
+    """issue 33: staying put (no primitive reads the figures) accepted ``setup=-1.0``,
+    ``teardown=nan``, ``engine_start=inf``."""
+    w, c, plan, _ = _two_plans()
+    with pytest.raises(exc, match=pattern):
+        plan_transition(plan, plan, c, workload=w, **{name: value})
+    with pytest.raises(exc, match=pattern):  # the EMU collections' path too
+        plan_transition([], [], c, **{name: value})
+
+
+@cache
+def _other_plans():
+    """The same job on two 8-GPU nodes, and a PPO job on the 8-GPU node of :func:`_two_plans`."""
+    w, _, _, _ = _two_plans()
+    big = solve(w, Cluster.from_shape("1x2x8", hardware_preset("h100")), "greedy", k_eval=1)
+    ppo = Workload(
+        "ppo", {m: model_preset("7b") for m in ("actor", "critic", "reward")}, 16, 1, 128, 256, name="ppo-7b"
+    )
+    other = solve(ppo, Cluster.from_shape("1x1x8", hardware_preset("h100")), "greedy", k_eval=1)
+    assert big.plan is not None and other.plan is not None
+    return big.plan, other.plan
+
+
+@pytest.mark.parametrize("side", ["current", "target"])
+def test_a_plan_of_another_workload_or_cluster_is_named(side):
+    """issue 33: a target plan made for another workload said "uses device 15 outside
+    cluster" — neither the argument nor why."""
+    w, c, plan, _ = _two_plans()
+    big, other = _other_plans()
+
+    def call(wrong):
+        pair = (wrong, plan) if side == "current" else (plan, wrong)
+        return plan_transition(*pair, c, workload=w)
+
+    n = len(plan)
+    with pytest.raises(InputError, match=(
+        rf"^{side} has {len(other)} choices but the graph of workload 'grpo-7b-8gpu' has {n} vertices "
+        rf"\(.*\): {side} was made for another workload$"
+    )):  # fmt: skip
+        call(other)
+    with pytest.raises(InputError, match=(
+        rf"^{side}: vertex '\w+' is placed at origin \[\d, \d, \d\] extent \[\d, \d, \d\] \(devices \d+\.\.\d+\), "
+        rf"which are not those devices on cluster 1x1x8 \(8 devices\): {side} was made for another cluster$"
+    )):  # fmt: skip
+        call(big)
 
 
 def test_engine_start_is_charged_to_each_primitive_that_creates_a_generation_replica():
