@@ -44,13 +44,19 @@ demo: $(VENV)/.base
 	$(RPEG) verify out/ppo-1b-2dev.trace.json out/ppo-1b-2dev.json
 
 ## make test: lint, format check, the layer contracts (pyproject.toml [tool.importlinter]) and the
-## whole test suite (its last test installs the wheel into a fresh venv and runs rpeg outside the
-## checkout: tests/test_wheel.py)
+## whole test suite in two parts: the planning tests in two processes (pytest-xdist: each test is
+## single-threaded, so two cores take them in half the time), then the runtime tests in one
+## (each run already keeps both cores busy with Ray workers and engine processes, and some tests
+## time the runtime's progress checks, which a second process beside them would upset) with the
+## wheel check in the background (tests/test_wheel.py: the wheel installed into a fresh venv,
+## rpeg run outside the checkout). Plain `pytest` runs the same tests in one process.
+TEST_WORKERS ?= 2
 test: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --ignore=tests/runtime --ignore=tests/test_wheel.py
+	$(PY) -m pytest tests/runtime tests/test_wheel.py
 
 ## make wheel-check: build the wheel, install it non-editable into a fresh venv, run rpeg outside the checkout
 wheel-check:

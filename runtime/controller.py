@@ -2,9 +2,12 @@
 
 Placement: one placement group per cluster node with one bundle per device — ``{"GPU": 1}``
 when the cluster has GPUs, otherwise ``{"rpeg_device": 1}``, a custom resource standing for a
-reserved CPU slot (a local instance is started with as many as the plan has devices). The
-worker of rank ``r`` of a group runs in the bundle of the group's ``r``-th device, so two groups
-that share devices share bundles, exactly as the plan time-shares them.
+reserved CPU slot (a local instance is started with as many as the plan has devices). Inside a
+:class:`~rpeg.runtime.pool.WorkerPool` on a one-node Ray instance the devices are one group
+instead, which the pool keeps for plans of any node shape (their node boundaries are on the same
+machine anyway). Each physical device is a *slot*, ``(placement group, bundle)``; the worker of
+rank ``r`` of a group runs in the slot of the group's ``r``-th device, so two groups that share
+devices share bundles, exactly as the plan time-shares them.
 
 Dispatch is Algorithm 2 of the RPEG paper over the lowered DAG: a node becomes *ready* when all
 its predecessors completed, and *starts* when its resource set (the devices it reserves) is
@@ -58,6 +61,13 @@ def _engine_facts(metas: list[dict[str, Any]]) -> dict[str, Any]:
     if len(facts) > 1:
         return {"replicas": facts}
     return facts[0] if facts else {}
+
+
+def _one_node() -> bool:
+    """Whether the Ray instance has one live node (a local instance)."""
+    import ray
+
+    return sum(1 for node in ray.nodes() if node.get("Alive")) == 1
 
 
 def torch_timeout_s(stall_s: float) -> float:
@@ -136,9 +146,9 @@ class Controller:
         self.actors: dict[int, list[Any]] = {}
         self.owners: dict[tuple[int, int], Owner] = {}  # (gid, rank) → the worker
         self.ref_owner: dict[Any, Owner] = {}  # submitted node call → its worker
-        self.placement: list[Any] = []
+        self.placement: list[Any] = []  # the placement groups
+        self.slots: list[tuple[Any, int]] = []  # physical device → (placement group, bundle)
         self.owns_placement = True
-        self.per_node = 0
         self.device_base = 0
         self.failure: dict[str, Any] | None = None  # the first failed node, see _check
         self.in_flight: list[Any] = []  # refs still running when execution stopped
@@ -161,22 +171,20 @@ class Controller:
         self.finished = False  # the DAG ran to its end (stop() may then pool the workers)
 
     # ------------------------------------------------------------------ setup
-    def start(
-        self, placement: list[Any] | None = None, per_node: int | None = None, device_base: int = 0
-    ) -> None:
+    def start(self, beside: Controller | None = None, device_base: int = 0) -> None:
         """Reserve devices with placement groups and start every group's workers.
 
         Parameters
         ----------
-        placement, per_node
-            Placement groups (and devices per group) of a running controller to start in instead:
-            a transition target starts beside the current plan's workers on the same devices.
+        beside
+            A running controller whose placement groups (and slots) to start in instead: a
+            transition target starts beside the current plan's workers on the same devices.
         device_base
             Physical device of the plan's device 0 (a plan for a smaller pool after a device
             loss runs on devices ``device_base ..``; the trace keeps the plan's device ids).
         """
         t0 = time.perf_counter()
-        self._reserve(placement, per_node, device_base)
+        self._reserve(beside, device_base)
         self._check_sharing()
         self._spawn_actors()
         # every process answers first (rank 0 opening its group's store on a port the OS picks),
@@ -186,20 +194,18 @@ class Controller:
         self._setup_groups(masters, torch_s)
         self.setup_s = time.perf_counter() - t0
 
-    def _reserve(self, placement: list[Any] | None, per_node: int | None, device_base: int) -> None:
-        """Check the Ray cluster offers the plan's devices and set :attr:`placement`: the given
-        placement groups, or one new ``STRICT_PACK`` group of ``per_node`` bundles per node,
-        waited for by progress."""
+    def _reserve(self, beside: Controller | None, device_base: int) -> None:
+        """Check the Ray cluster offers the plan's devices and set :attr:`placement` and
+        :attr:`slots`: those of ``beside``, or a set the active pool kept, or new ``STRICT_PACK``
+        groups — one per node of ``devices_per_node`` bundles, or, for a pool on a one-node
+        instance, one group of every device (which the pool keeps for plans of any node shape)
+        — waited for by progress."""
         import ray
         from ray.util.placement_group import placement_group
 
         cluster = self.b.result.cluster
         n = cluster.num_devices
-        if per_node is None:
-            per_node = self.cfg.devices_per_node or cluster.gpus_per_node
-            if n % per_node:
-                raise ValueError(f"devices_per_node={per_node} does not divide the plan's {n} devices")
-        self.per_node, self.device_base = per_node, device_base
+        self.device_base = device_base
         resource = "GPU" if self.cfg.use_gpu else "rpeg_device"
         available = ray.cluster_resources().get(resource, 0)
         if available < n:
@@ -208,23 +214,25 @@ class Controller:
                 f"(cluster {cluster.shape_str}); start Ray with "
                 f"--resources='{{\"{resource}\": {n}}}' or run without an address"
             )
-        if placement is not None:
-            pgs = list(placement)
+        if beside is not None:
+            self.placement, self.slots, self.shape = list(beside.placement), list(beside.slots), beside.shape
             self.owns_placement = False
-        elif self.pool is not None and (kept := self.pool.take_placement(resource, per_node, n // per_node)):
-            pgs = kept
-            self.owns_placement = True
-        else:
-            pgs = [
-                placement_group([{resource: 1}] * per_node, strategy="STRICT_PACK")
-                for _ in range(n // per_node)
-            ]
-            self.placement = pgs  # released by stop() even if the reservation never completes
-            self.watch.wait_ready([pg.ready() for pg in pgs], f"reserving {n} devices (placement groups)")
-            self.owns_placement = True
-        self.placement = pgs
-        # a borrowed set may have more groups than this plan needs (a plan for the surviving
-        # devices after a loss runs in its predecessor's): the pool files it under what it is
+            return
+        self.owns_placement = True
+        per_node = self.cfg.devices_per_node or cluster.gpus_per_node
+        if n % per_node:
+            raise ValueError(f"devices_per_node={per_node} does not divide the plan's {n} devices")
+        if self.pool is not None and (kept := self.pool.take_placement(resource, per_node, n)):
+            self.placement, self.slots, self.shape = kept
+            return
+        if self.pool is not None and _one_node():
+            per_node = n  # one group: the pool can lend it to a plan of any node shape
+        pgs = [
+            placement_group([{resource: 1}] * per_node, strategy="STRICT_PACK") for _ in range(n // per_node)
+        ]
+        self.placement = pgs  # released by stop() even if the reservation never completes
+        self.watch.wait_ready([pg.ready() for pg in pgs], f"reserving {n} devices (placement groups)")
+        self.slots = [(pgs[d // per_node], d % per_node) for d in range(n)]
         self.shape = (resource, per_node, len(pgs))
 
     def _check_sharing(self) -> None:
@@ -250,12 +258,10 @@ class Controller:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         remote = ray.remote(WorkerProcess)
-        per_node = self.per_node
         for g in self.b.groups:
             actors = []
             for rank, dev in enumerate(g.devices):
-                phys = dev + self.device_base
-                pg, bundle = self.placement[phys // per_node], phys % per_node
+                pg, bundle = self.slots[dev + self.device_base]
                 actor = self.pool.take_worker(pg, bundle) if self.pool is not None else None
                 if actor is None:
                     opts: dict[str, Any] = {
@@ -800,8 +806,7 @@ class Controller:
                     for gid, actors in self.actors.items()
                     for r, a in enumerate(actors)
                 ],
-                self.placement if self.owns_placement else None,
-                self.shape,
+                (self.placement, self.slots, self.shape) if self.owns_placement else None,
             )
         else:
             for actors in self.actors.values():
@@ -812,4 +817,4 @@ class Controller:
                 with contextlib.suppress(Exception):
                     remove_placement_group(pg)
         self.actors.clear()
-        self.placement = []
+        self.placement, self.slots = [], []

@@ -20,8 +20,12 @@ What a pooled process keeps and what it does not:
 * A process that started a vLLM engine is killed rather than kept: vLLM keeps per-process state
   that is not meant to be set up twice.
 * Processes are keyed by the placement-group bundle (the device) they reserve. The pool keeps the
-  placement groups of finished runs too, by shape (resource, devices per group, groups); a run of
-  another shape that needs their devices evicts them (their workers are killed first).
+  placement groups of finished runs too. On a one-node Ray instance (a local one) a run in the
+  pool reserves its devices as one group, and a later run of at most that many devices takes it
+  whatever its node shape (1x1x4 and 1x2x2 alike), so that its processes serve plans of every
+  shape; a run needing more devices than any kept set takes a new one. On a cluster of several
+  Ray nodes the groups are one per node and a set serves only runs of its shape. A run whose
+  devices are not free evicts idle sets (their workers are killed first), oldest first.
 
 The pool keeps at most ``max_idle`` idle processes (the oldest beyond that are killed); each
 holds the memory of an interpreter with torch imported. Leaving the ``with`` block kills them
@@ -156,8 +160,9 @@ class WorkerPool:
         self._instance: str | None = None
         self._started_ray = False
         self._previous: WorkerPool | None = None
-        #: idle placement-group sets, oldest first: ``(resource, per_node, groups) → [pg, ...]``
-        self._placements: list[tuple[tuple[str, int, int], list[Any]]] = []
+        #: idle placement-group sets, oldest first: ``(groups, slots, shape)`` with ``slots`` the
+        #: ``(group, bundle)`` of each device and ``shape`` ``(resource, bundles per group, groups)``
+        self._placements: list[tuple[list[Any], list[tuple[Any, int]], tuple[str, int, int]]] = []
         #: idle processes, oldest first: actor → (placement group id, bundle index)
         self._idle: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
         #: processes handed out again (a measure of what the pool saved)
@@ -202,7 +207,7 @@ class WorkerPool:
             _kill(actor)
         self._idle.clear()
         while self._placements:
-            _remove(self._placements.pop(0)[1])
+            _remove(self._placements.pop(0)[0])
 
     @property
     def idle(self) -> int:
@@ -210,23 +215,29 @@ class WorkerPool:
         return len(self._idle)
 
     # ------------------------------------------------------------------ taking
-    def take_placement(self, resource: str, per_node: int, groups: int) -> list[Any] | None:
-        """Idle placement groups of this shape (``groups`` groups of ``per_node`` bundles of
-        ``resource``), taken out of the pool; ``None`` when there are none — then idle sets of
-        other shapes (of this pool, then of the pools it is nested in) are evicted, oldest
-        first, until the Ray cluster has the devices free for new ones."""
+    def take_placement(
+        self, resource: str, per_node: int, devices: int
+    ) -> tuple[list[Any], list[tuple[Any, int]], tuple[str, int, int]] | None:
+        """An idle placement-group set for a run of ``devices`` devices of ``resource``, ``per_node``
+        to a node, taken out of the pool: the smallest one-group set of at least ``devices``
+        bundles (a one-node instance: any node shape fits), else a set of exactly this shape.
+        Returns ``(groups, slots, shape)`` (:meth:`give_back`), or ``None`` when none fits — then
+        idle sets (of this pool, then of the pools it is nested in) are evicted, oldest first,
+        until the Ray cluster has the devices free for a new one."""
         import ray
 
-        key = (resource, per_node, groups)
-        for i, (k, pgs) in enumerate(self._placements):
-            if k == key:
-                del self._placements[i]
-                return pgs
-        need = per_node * groups
+        exact = (resource, per_node, devices // per_node)
+        fits = [
+            (len(slots), i)
+            for i, (_, slots, shape) in enumerate(self._placements)
+            if shape == exact or (shape[0] == resource and shape[2] == 1 and len(slots) >= devices)
+        ]
+        if fits:
+            return self._placements.pop(min(fits)[1])
         pool: WorkerPool | None = self
         while pool is not None:  # this pool first, then the pools it is nested in
-            while pool._placements and ray.available_resources().get(resource, 0) < need:
-                pool._evict(pool._placements.pop(0)[1])
+            while pool._placements and ray.available_resources().get(resource, 0) < devices:
+                pool._evict(pool._placements.pop(0)[0])
             pool = pool._previous
         return None
 
@@ -243,13 +254,12 @@ class WorkerPool:
     def give_back(
         self,
         workers: list[tuple[Any, int, Any]],
-        placement: list[Any] | None = None,
-        shape: tuple[str, int, int] | None = None,
+        placement: tuple[list[Any], list[tuple[Any, int]], tuple[str, int, int]] | None = None,
     ) -> None:
         """Take back the processes of a cleanly finished run: ``(placement group, bundle,
         actor)`` each; every one leaves its run (:meth:`WorkerProcess.reset`) and is kept if it
-        answers within :data:`RESET_S` and may be reused, else killed. ``placement`` (with its
-        ``shape``) is kept for the next run of that shape."""
+        answers within :data:`RESET_S` and may be reused, else killed. ``placement``, ``(groups,
+        slots, shape)`` as :meth:`take_placement` returns it, is kept for the next run it fits."""
         import ray
 
         refs = {a.reset.remote(): (pg, bundle, a) for pg, bundle, a in workers}
@@ -270,7 +280,7 @@ class WorkerPool:
             actor, _ = self._idle.popitem(last=False)
             _kill(actor)
         if placement:
-            self._placements.append((shape, list(placement)))
+            self._placements.append(placement)
 
     def _evict(self, pgs: list[Any]) -> None:
         """Kill the idle processes in ``pgs`` and remove the groups."""

@@ -625,7 +625,7 @@ def _start_segment(
     if prev is None:
         ctl.start(device_base=state.device_base)
     else:
-        ctl.start(placement=prev.placement, per_node=prev.per_node, device_base=state.device_base)
+        ctl.start(beside=prev, device_base=state.device_base)
     if progress:
         progress(
             "setup",

@@ -28,7 +28,8 @@ numba compiles the kernels once (several seconds) and caches the machine code ne
 a fraction of a second. :func:`warm_up` does either in a background thread, started by the first
 evaluation of a process that could use the kernels; until it is done the
 :class:`~rpeg.scoring.evaluator.Evaluator` takes the reference path (same results), so a search
-on a time limit never waits for the compiler. A process that ends first waits for the thread at exit, so the cache gets written.
+on a time limit never waits for the compiler. Nor does a process that ends first: a compile
+still running at exit is finished by a detached process (:class:`~rpeg.ir.warmup.WarmUp`).
 """
 
 from __future__ import annotations

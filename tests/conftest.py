@@ -29,9 +29,10 @@ WHEEL_TEST = "tests/test_wheel.py"
 class WheelCheck:
     """``.ci/check-wheel`` running in the background, its output in a temporary file.
 
-    The planning tests that run first keep one of the two cores busy; the wheel check (about
-    45 s, mostly installing the dependencies) uses the other meanwhile. ``tests/test_wheel.py``
-    runs last and waits for it (no deadline: it is making progress or it has exited)."""
+    It starts when the test is collected (about 45 s, mostly installing the dependencies) and
+    runs beside the tests collected with it (``make test``: the runtime tests; plain ``pytest``:
+    the planning tests, which keep one core busy). ``tests/test_wheel.py`` runs last and waits for
+    it (no deadline: it is making progress or it has exited)."""
 
     def __init__(self) -> None:
         self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - read after the process ends

@@ -4,8 +4,8 @@ every module imports, ``rpeg examples`` and ``rpeg solve`` with each method work
 file or dependency the wheel lacks fails here (the 0.1.0 wheel lacked ``rpeg.heuristics.search``).
 
 The script takes about 45 s (mostly installing the dependencies), so ``conftest.py`` starts it in
-the background when this test is collected, beside the single-threaded planning tests, and this
-test, which runs last, waits for it.
+the background when this test is collected, beside the other tests of the session, and this test,
+which runs last, waits for it.
 """
 
 from __future__ import annotations

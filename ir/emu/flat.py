@@ -14,8 +14,9 @@ numba compiles the core once per installation (about 20 s) and caches the machin
 later processes load it in a fraction of a second. :func:`warm_up` does either in a background
 thread, started by the first :func:`~rpeg.ir.emu.transition_dag` of a process; until it is done
 (:func:`ready`) :func:`~rpeg.ir.emu.transition_dag` builds with the reference (an equal DAG,
-without tables), so a transition planned during a running job never waits for the compiler. A
-process that ends first waits for the thread at exit, so the cache gets written.
+without tables), so a transition planned during a running job never waits for the compiler. Nor
+does a process that ends first: a compile still running at exit is finished by a detached process
+(:class:`~rpeg.ir.warmup.WarmUp`).
 """
 
 from __future__ import annotations

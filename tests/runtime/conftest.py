@@ -19,8 +19,9 @@ import pytest
 from tests.runtime.burner import Burner, start_burner
 
 #: ``rpeg_device`` resources of the session's instance: the largest plan the runtime tests run
-#: has 4 devices, and the pool keeps the placement groups of a 1-, a 2- and a 4-device plan side
-#: by side (CPU slots, not real devices).
+#: has 4 devices; the pool keeps one placement group per plan size it has met (each serves every
+#: plan up to its size, of any node shape), with room beside them for a nested pool (CPU slots,
+#: not real devices).
 RAY_DEVICES = 8
 
 

@@ -43,20 +43,22 @@ def per_device(report) -> Counter:
 
 
 def test_pooled_processes_compute_what_fresh_ones_do():
+    """``small`` on new processes, then ``other`` on those of them its devices can take, then
+    ``small`` again on processes that served ``other``: the same rewards and weights."""
     small = hand(workload("ppo"), "1x1x2", SMALL, PPO_SYNC)
     other = hand(workload("ppo"), "1x1x2", OTHER, PPO_SYNC)
-    with WorkerPool(max_idle=0) as fresh_pool:  # keeps nothing: every run starts new processes
-        fresh = run(small, steps=2, seed=3, return_weights=True)
-        assert fresh_pool.idle == 0 and fresh_pool.reused == 0
-    with WorkerPool() as pool:
+    with WorkerPool() as pool:  # a pool of its own: no idle processes yet
         assert active_pool() is pool
+        fresh = run(small, steps=2, seed=3, return_weights=True)
+        assert pool.reused == 0 and pool.idle == len(pids(fresh)) == 7
         first = run(other, steps=2, seed=5)
-        assert pool.idle == len(pids(first)) == 8
+        # on each device, as many of ``other``'s workers as ``small`` left there took one
+        have, want = per_device(fresh), per_device(first)
+        taken = sum(min(have[d], want[d]) for d in want)
+        assert taken >= 6 and pool.reused == taken == len(pids(first) & pids(fresh))
         again = run(small, steps=2, seed=3, return_weights=True)
-        # on each device, as many workers of the second run as the first left there took one
-        have, want = per_device(first), per_device(again)
-        reusable = sum(min(have[d], want[d]) for d in want)
-        assert reusable >= 6 and pool.reused == reusable == len(pids(again) & pids(first))
+        # ``small``'s leftovers first (the oldest idle), then ``other``'s: ``taken`` of those
+        assert pool.reused == taken + len(pids(again)) and len(pids(again) & pids(first)) == taken
     assert pool.idle == 0  # leaving the block killed them
     assert again.problems == [] and again.rewards == fresh.rewards
     for model, weights in fresh.weights.items():
@@ -64,19 +66,28 @@ def test_pooled_processes_compute_what_fresh_ones_do():
             assert torch.equal(w, again.weights[model][name]), (model, name)
 
 
-def test_a_failed_run_keeps_no_workers():
+def test_a_failed_run_keeps_no_workers_and_kept_ones_serve_every_node_shape():
+    """A failed run's workers are killed. On a one-node instance the pool's devices are one
+    placement group, so the processes of a 2-device run then serve a 1-device run and a run on
+    two 1-device nodes (kept sets used to be filed by node shape: each started new processes)."""
     from rpeg.runtime.binding import bind
     from rpeg.runtime.trace import expected_graph
 
-    one = hand(workload("grpo"), "1x1x1", ONE_DEVICE, (("actor", 0),))
+    grpo, sync = workload("grpo"), (("actor", 0),)
+    one = hand(grpo, "1x1x1", ONE_DEVICE, sync)
     b = bind(one, expected_graph(one, 2), 2)
     worker = f"g{next(g.gid for g in b.groups if 'actor_train' in g.vertices)}/r0"
     with WorkerPool() as pool:
         with pytest.raises(RunError, match="injected fault"):
             run(one, steps=2, fail_at=(worker, "actor_train", 0))
         assert pool.idle == 0
-        report = run(one, steps=1)  # new processes on the same devices
-        assert report.problems == [] and pool.reused == 0 and pool.idle == 3
+        first = run(hand(grpo, "1x1x2", ONE_DEVICE, sync), steps=1)  # new processes
+        assert first.problems == [] and pool.reused == 0 and pool.idle == len(pids(first)) == 3
+        again = run(one, steps=1)
+        assert pids(again) == pids(first) and pool.reused == 3
+        nodes = run(hand(grpo, "1x2x1", ONE_DEVICE, sync), steps=1)
+        assert pids(nodes) == pids(first) and pool.reused == 6
+    assert again.problems == nodes.problems == []
 
 
 def test_pool_needs_ray_or_devices():
