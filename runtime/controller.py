@@ -38,7 +38,7 @@ from ..ir.types import Role
 from .binding import Binding, GroupSpec, consumed_version, recompute_note
 from .checkpoint import step_dir_name
 from .liveness import DEFAULT_STALL_S, Owner, RunError, Watchdog, cause
-from .pool import WorkerProcess, active_pool
+from .pool import WorkerProcess, active_pool, one_node
 from .trace import TraceRecord
 
 __all__ = ["Controller", "RunError"]
@@ -61,13 +61,6 @@ def _engine_facts(metas: list[dict[str, Any]]) -> dict[str, Any]:
     if len(facts) > 1:
         return {"replicas": facts}
     return facts[0] if facts else {}
-
-
-def _one_node() -> bool:
-    """Whether the Ray instance has one live node (a local instance)."""
-    import ray
-
-    return sum(1 for node in ray.nodes() if node.get("Alive")) == 1
 
 
 def torch_timeout_s(stall_s: float) -> float:
@@ -225,7 +218,7 @@ class Controller:
         if self.pool is not None and (kept := self.pool.take_placement(resource, per_node, n)):
             self.placement, self.slots, self.shape = kept
             return
-        if self.pool is not None and _one_node():
+        if self.pool is not None and one_node():
             per_node = n  # one group: the pool can lend it to a plan of any node shape
         pgs = [
             placement_group([{resource: 1}] * per_node, strategy="STRICT_PACK") for _ in range(n // per_node)

@@ -42,7 +42,7 @@ import sys
 from collections import OrderedDict
 from typing import Any
 
-__all__ = ["WorkerPool", "WorkerProcess", "active_pool", "start_local_ray"]
+__all__ = ["WorkerPool", "WorkerProcess", "active_pool", "one_node", "start_local_ray"]
 
 #: Seconds a returned worker may take to leave its run before it is killed instead of kept.
 RESET_S = 120.0
@@ -227,10 +227,12 @@ class WorkerPool:
         import ray
 
         exact = (resource, per_node, devices // per_node)
+        any_shape = one_node()
         fits = [
             (len(slots), i)
             for i, (_, slots, shape) in enumerate(self._placements)
-            if shape == exact or (shape[0] == resource and shape[2] == 1 and len(slots) >= devices)
+            if shape == exact
+            or (any_shape and shape[0] == resource and shape[2] == 1 and len(slots) >= devices)
         ]
         if fits:
             return self._placements.pop(min(fits)[1])
@@ -290,6 +292,14 @@ class WorkerPool:
                 del self._idle[actor]
                 _kill(actor)
         _remove(pgs)
+
+
+def one_node() -> bool:
+    """Whether the running Ray instance has one live node (a local instance): then a pool's
+    placement groups are one group per set, lent to plans of any node shape."""
+    import ray
+
+    return sum(1 for node in ray.nodes() if node.get("Alive")) == 1
 
 
 def _kill(actor: Any) -> None:
