@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..costmodel.transition import check_capacity
 from ..heuristics.baselines import Infeasible
 from ..heuristics.dp_planner import DPInstance, build_dp_instance, place, solve_dp
 from ..ir.cluster import Cluster, pool_cluster
@@ -130,10 +131,7 @@ class PlanCache:
         self.workload, self.cluster = workload, cluster
         self.method, self.k_eval, self.bucket = method, k_eval, bucket
         self.transition_method, self.seed = transition_method, seed
-        if transition_capacity is not None and not transition_capacity > 0:
-            raise ValueError(
-                f"PlanCache.transition_capacity must be positive bytes, got {transition_capacity!r}"
-            )
+        check_capacity("PlanCache.transition_capacity", transition_capacity)
         self.transition_capacity = transition_capacity
         opts = dict(options or {})
         if method == "sa":

@@ -48,7 +48,7 @@ import numpy as np
 from ..ir.cluster import Cluster
 from ..ir.emu import EMU, Destroy, Extend, Merge, Primitive, Split, Stage, TransitionDAG
 from ..ir.emu.flat import EXTEND, MERGE, SPLIT, FlatDAG
-from ..ir.errors import check_seconds
+from ..ir.errors import check_seconds, check_type
 from ..ir.hardware import Hardware
 from .collectives import allgather_time, p2p_time
 
@@ -56,6 +56,7 @@ __all__ = [
     "DEFAULT_SETUP_S",
     "DEFAULT_TEARDOWN_S",
     "GpuCapacities",
+    "check_capacity",
     "creates_generation",
     "critical_path",
     "gpu_capacities",
@@ -289,6 +290,24 @@ class GpuCapacities(Mapping[int, float]):
         return f"GpuCapacities({self._map()!r})"
 
 
+def check_capacity(name: str, value: object) -> None:
+    """Check a per-GPU transition memory bound: ``None`` (``M_eff``) or a positive number of bytes,
+    ``inf`` meaning no bound (as the adaptation benchmark and tests use it).
+
+    Raises
+    ------
+    TypeError
+        If ``value`` is not a number (``bool`` is not).
+    ValueError
+        If it is not positive (NaN included), naming ``name`` and the value.
+    """
+    if value is None:
+        return
+    check_type(name, value, (int, float), "a positive number of bytes")
+    if not value > 0:
+        raise ValueError(f"{name} must be a positive number of bytes (inf: no bound), got {value!r}")
+
+
 def gpu_capacities(dag: TransitionDAG, cluster: Cluster, capacity: float | None = None) -> GpuCapacities:
     """Per-GPU memory bound ``cap_g = max(C, usage_g(current), usage_g(target))`` (module
     docstring) for every GPU any unit touches, in GPU order; ``C = capacity`` or ``M_eff`` of the
@@ -297,14 +316,10 @@ def gpu_capacities(dag: TransitionDAG, cluster: Cluster, capacity: float | None 
 
     Raises
     ------
-    ValueError
-        For a ``capacity`` that is not a positive number of bytes (``inf``: no bound, as the
-        adaptation benchmark and tests use it).
+    TypeError, ValueError
+        For a ``capacity`` that is not a positive number of bytes (:func:`check_capacity`).
     """
-    if capacity is not None and not (
-        isinstance(capacity, (int, float)) and not isinstance(capacity, bool) and capacity > 0
-    ):
-        raise ValueError(f"capacity must be a positive number of bytes (inf: no bound), got {capacity!r}")
+    check_capacity("capacity", capacity)
     base = cluster.hardware.m_eff if capacity is None else float(capacity)
     if dag.flat is not None:
         flat = dag.flat

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from ..costmodel.transition import (
     DEFAULT_SETUP_S,
     DEFAULT_TEARDOWN_S,
+    check_capacity,
     critical_path,
     gpu_capacities,
     primitive_times,
@@ -359,10 +360,7 @@ def _check_figures(
     for name, value in (("setup", setup), ("teardown", teardown), ("engine_start", engine_start)):
         check_seconds(name, value, allow_none=False, allow_zero=True)
     check_seconds("resolution", resolution)
-    if capacity is not None:
-        check_type("capacity", capacity, (int, float), "a positive number of bytes")
-        if not capacity > 0:  # NaN fails too; inf is no bound (the adaptation benchmark's)
-            raise ValueError(f"capacity must be a positive number of bytes (inf: no bound), got {capacity!r}")
+    check_capacity("capacity", capacity)
     check_type("solver", solver, str, "a Pyomo solver name (str)")
 
 
