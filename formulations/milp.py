@@ -71,7 +71,7 @@ from typing import Any
 
 from ..ir.errors import check_seed
 from . import pyomo_backend
-from .deadline import BuildTimeout, Deadline
+from .deadline import BuildTimeout, Deadline, heap_frozen
 from .project import Project
 from .pyomo_backend import MILP_SOLVERS, SolverUnavailableError, pyomo_environ
 from .status import ProjectSolution, Status
@@ -465,8 +465,9 @@ def solve_milp(
     lb0 = float(project.lower_bound())
     fallback = fallback_schedule(project, hint)
     try:
-        mm, start = _model_with_horizon(project, fallback if fallback is not None else hint, deadline)
-        status, bound, incumbent = _run(mm, solver, start is not None, deadline, seed, threads)
+        with heap_frozen():  # the build and the transfer to the solver (deadline.py)
+            mm, start = _model_with_horizon(project, fallback if fallback is not None else hint, deadline)
+            status, bound, incumbent = _run(mm, solver, start is not None, deadline, seed, threads)
     except BuildTimeout as exc:
         return _fall_back(project, fallback, str(exc), lb0, time.monotonic() - t0, label)
     except ModelTooLarge as exc:

@@ -106,3 +106,31 @@ def test_plan_models_past_their_deadline_return_no_plan_and_say_why(tiny_ppo, cl
     assert sol.message.startswith("model too large to build in 0 s")
     sol = fn(inst, time_limit=30)  # the same instance with time to spare
     assert sol.plan is not None and sol.message == ""
+
+
+def test_the_milp_builds_and_hands_over_its_model_with_the_callers_heap_frozen(monkeypatch):
+    """A full garbage collection scans every tracked object of the process and cannot be
+    interrupted: in a long-lived process (a test worker, a notebook) one such collection during
+    the build pushed a 1-s limit to 2.2 s on CI. The caller's objects stay frozen meanwhile."""
+    import gc
+
+    from rpeg.formulations import milp
+
+    seen: dict[str, int] = {}
+    build, run = milp.MILPModel.__post_init__, milp._run
+
+    def spy_build(self):
+        seen["build"] = gc.get_freeze_count()
+        build(self)
+
+    def spy_run(*args, **kwargs):
+        seen["run"] = gc.get_freeze_count()
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(milp.MILPModel, "__post_init__", spy_build)
+    monkeypatch.setattr(milp, "_run", spy_run)
+    frozen_before = gc.get_freeze_count()
+    small = read_sm(J120.parents[1] / "j30.sm" / "j3011_1.sm")
+    assert solve_milp(small, time_limit=60, threads=1).status is Status.OPTIMAL
+    assert seen["build"] > 0 and seen["run"] > 0
+    assert gc.get_freeze_count() == frozen_before  # handed back
