@@ -792,7 +792,8 @@ def main(argv: list[str] | None = None) -> int:
     int
         Exit status: 0 a plan was found, 2 bad input, 3 no memory-feasible plan, 4 a run failed
         (``rpeg run``: a lost worker; the trace is written up to the failure), 130 interrupted
-        before any plan existed, 141 the reader of standard output left before the end (as a
+        before any plan existed (``rpeg run``: interrupted by SIGINT, 143 by SIGTERM; the trace
+        is written up to the interruption), 141 the reader of standard output left before the end (as a
         POSIX tool killed by SIGPIPE, but quietly: a closed pipe is not an error).
     """
     try:

@@ -3,7 +3,10 @@
 Exit status: 0 the run completed and its trace verifies, 1 it completed but the trace does not
 verify, 2 bad input (one line; checked before any work: files, flags, output paths, the
 checkpoint to resume from), 4 the run failed (a worker raised, died or stalled): one line
-naming the node, step, worker and device, and where the trace up to the failure was written.
+naming the node, step, worker and device, and where the trace up to the failure was written;
+130 (SIGINT, Ctrl-C) or 143 (SIGTERM: ``timeout``, Slurm, Kubernetes) the run was interrupted:
+the workers are stopped, and one line says so and where the trace up to the interruption
+(status ``interrupted``) was written.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..ir.errors import seed_flag
 
@@ -119,10 +123,17 @@ def _check_transition_flags(args: argparse.Namespace) -> None:
             )
 
 
+def _print_partial_trace(exc: Any, until: str, status: str) -> None:
+    """The line naming the trace a stopped run wrote (nothing when it wrote none)."""
+    if exc.trace_path:
+        n = len(exc.trace.records) if exc.trace is not None else 0
+        print(f"rpeg: trace up to {until} ({n} records, status {status}): {exc.trace_path}", file=sys.stderr)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from ..ir.errors import InputError, check_output, check_output_dir, require_file
     from .engines import EngineMissing
-    from .liveness import DEFAULT_STALL_S, RunError
+    from .liveness import DEFAULT_STALL_S, RunError, RunInterrupted
     from .verify import read_result
 
     # everything the user named is checked before any work starts
@@ -224,13 +235,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise InputError(str(exc), source="rpeg run") from None
     except RunError as exc:
         print(f"rpeg: error: run failed: {exc}", file=sys.stderr)
-        if exc.trace_path:
-            n = len(exc.trace.records) if exc.trace is not None else 0
-            print(
-                f"rpeg: trace up to the failure ({n} records, status failed): {exc.trace_path}",
-                file=sys.stderr,
-            )
+        _print_partial_trace(exc, "the failure", "failed")
         return EXIT_RUN_FAILED
+    except RunInterrupted as exc:
+        where = f" in step {exc.step}" if exc.step is not None else ""
+        print(f"rpeg: run interrupted by {exc.signal_name}{where}; workers stopped", file=sys.stderr)
+        _print_partial_trace(exc, "the interruption", "interrupted")
+        return exc.exit_status
     print(report.summary())
     if args.trace:
         path = Path(args.trace)

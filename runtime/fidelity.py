@@ -33,6 +33,7 @@ import numpy as np
 
 __all__ = [
     "CLASSES",
+    "EXACT_HEAP_THRESHOLD",
     "Fidelity",
     "PrivatePeak",
     "compared_steps",
@@ -46,7 +47,6 @@ __all__ = [
     "resident_bytes",
     "spearman",
     "trace_fidelity",
-    "unmap_large_blocks",
     "worker_peaks",
 ]
 
@@ -150,7 +150,8 @@ def release_freed_memory() -> bool:
     and the next transient (a received publication) lands on top (measured on a generation TP-2
     worker: 84 MiB kept after the engine start's gather, then 90 MiB received). The runtime calls
     this where a model-sized transient has just been freed; compute-time allocations are left
-    alone.
+    alone. A CPU worker, which pins the threshold at 128 KiB (:func:`map_large_blocks`), has
+    little left to trim; a GPU worker keeps glibc's adaptive threshold for its host memory.
     """
     lib = _libc()
     if lib is None:
@@ -162,48 +163,38 @@ def release_freed_memory() -> bool:
 #: glibc's ``mallopt`` parameter number of the mmap threshold (``M_MMAP_THRESHOLD``).
 _M_MMAP_THRESHOLD = -3
 
+#: The mmap threshold a CPU worker pins (:func:`map_large_blocks`): glibc's own starting value
+#: (``DEFAULT_MMAP_THRESHOLD_MIN``, 128 KiB), which glibc otherwise raises after each large free,
+#: up to 32 MiB.
+EXACT_HEAP_THRESHOLD = 128 << 10
 
-def map_large_blocks(threshold: int = 1 << 20) -> bool:
+
+def map_large_blocks(threshold: int = EXACT_HEAP_THRESHOLD) -> bool:
     """Serve this process's allocations of ``threshold`` bytes and more by ``mmap`` from now on,
     so that freeing one returns its pages at once (glibc's ``mallopt(M_MMAP_THRESHOLD)``, which
     also stops glibc raising the threshold after large frees); ``False`` where there is no glibc.
 
-    For a process whose large allocations are model-sized transfers, not compute: a vLLM
-    generation worker, whose engine computes in its own processes. There a gather of the full
-    model allocates and frees per-tensor buffers of 1–3 MB that glibc's raised threshold keeps in
-    the heap, where they fragment it (measured: a gather of an 80 MiB model raised a TP-2 rank's
-    private memory by 112 MiB). Compute-heavy processes keep glibc's default: a fresh mapping per
-    activation would fault its pages in at every step.
+    Every CPU worker pins the threshold at :data:`EXACT_HEAP_THRESHOLD`, so that its private
+    memory is the memory its tensors hold, the quantity the cost model predicts. Under glibc's
+    adaptive threshold a freed tensor below 32 MiB stays in the heap, resident, and the next
+    layer's differently sized tensors do not fit the holes: measured on the fidelity benchmark's
+    FSDP2 plan (2026-12-05, four runs of 3 steps), the ZeRO-3 workers' private peaks were
+    1.9–3.8× their live tensors (206–321 MiB against 85 for a frozen copy, 599–763 against
+    316–322 for a trainer)
+    and 1.00–1.02× with the threshold pinned. The price is a page fault per fresh mapping: the
+    same plan's step took 20.8 s against 15.5–18.5 s (a ZeRO-3 layer's gather is allocated and freed
+    at every layer of every pass), the colocated plan's 11.4 s against 11.2 s
+    (docs/runtime.md, "Memory per worker").
 
     Raises
     ------
     ValueError
         If ``threshold`` is not a positive integer.
     """
-    global _MAPPED
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
         raise ValueError(f"map_large_blocks: threshold must be a positive integer, got {threshold!r}")
     lib = _libc()
-    if lib is None or not lib.mallopt(_M_MMAP_THRESHOLD, threshold):
-        return False
-    _MAPPED = threshold
-    return True
-
-
-#: glibc's ceiling for its adaptive mmap threshold on 64-bit hosts (``DEFAULT_MMAP_THRESHOLD_MAX``).
-GLIBC_MMAP_THRESHOLD_MAX = 32 << 20
-
-_MAPPED: int | None = None
-
-
-def unmap_large_blocks() -> None:
-    """Undo :func:`map_large_blocks` in a process that set it (a pooled worker process taking a
-    compute-heavy role): the threshold goes to glibc's adaptive ceiling,
-    :data:`GLIBC_MMAP_THRESHOLD_MAX`, where a long-running process's threshold ends up. glibc has
-    no call that restores the adaptive mode itself. Nothing happens in a process that never set it.
-    """
-    if _MAPPED is not None and _MAPPED != GLIBC_MMAP_THRESHOLD_MAX:
-        map_large_blocks(GLIBC_MMAP_THRESHOLD_MAX)
+    return lib is not None and bool(lib.mallopt(_M_MMAP_THRESHOLD, threshold))
 
 
 class PrivatePeak:

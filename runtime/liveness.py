@@ -23,13 +23,25 @@ the device when they are known, and it carries them as attributes.
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BUSY_FRACTION", "DEFAULT_STALL_S", "POLL_S", "Owner", "RunError", "Watchdog", "cause"]
+__all__ = [
+    "BUSY_FRACTION",
+    "DEFAULT_STALL_S",
+    "POLL_S",
+    "Owner",
+    "RunError",
+    "RunInterrupted",
+    "Watchdog",
+    "cause",
+    "interrupt_on_sigterm",
+]
 
 #: Seconds without any progress after which a wait gives up (a generous default: a stuck worker
 #: of the tiny runtime models is a deadlock, not slowness).
@@ -75,6 +87,66 @@ class RunError(RuntimeError):
         self.worker, self.device, self.lost = worker, device, lost
         self.trace: Any = None
         self.trace_path: str | None = None
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The run was stopped by a signal (SIGINT: Ctrl-C; SIGTERM: ``timeout``, Slurm, Kubernetes):
+    its workers were stopped and the trace up to that point written (status ``"interrupted"``).
+
+    A :class:`KeyboardInterrupt`, so that code which stops on Ctrl-C stops on it too.
+
+    Parameters
+    ----------
+    signum
+        The signal's number (``signal.SIGINT`` or ``signal.SIGTERM``).
+
+    Attributes
+    ----------
+    signal_name
+        ``"SIGINT"`` or ``"SIGTERM"``.
+    exit_status
+        ``128 + signum``, the status a shell reports for a process that signal ended: 130 for
+        SIGINT, 143 for SIGTERM.
+    step
+        The first step not completed when the signal came (``None`` before any segment started).
+    trace, trace_path
+        The trace up to the interruption and the file it was written to (``None`` without
+        ``trace_path``), set by :func:`rpeg.run`.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = int(signum)
+        self.signal_name = signal.Signals(self.signum).name
+        self.exit_status = 128 + self.signum
+        self.step: int | None = None
+        self.trace: Any = None
+        self.trace_path: str | None = None
+        super().__init__(f"interrupted by {self.signal_name}")
+
+
+@contextlib.contextmanager
+def interrupt_on_sigterm() -> Iterator[Callable[[], None]]:
+    """Inside the block, SIGTERM raises :class:`RunInterrupted` in the main thread, as SIGINT
+    raises ``KeyboardInterrupt``; the handler found on entry is restored on exit. Outside the main
+    thread (where Python cannot install handlers) the block changes nothing.
+
+    Yields a function that installs the handler again: call it after ``ray.init``, which
+    installs a SIGTERM handler of its own in the driver (one that exits at once, leaving no
+    trace).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the stop is under way
+        raise RunInterrupted(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield lambda: signal.signal(signal.SIGTERM, stop)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from ..ir.types import Role
 from ..ir.workload import Workload
 from ..solvers.result import Result
 from .binding import Binding
-from .fidelity import GLIBC_MMAP_THRESHOLD_MAX, Fidelity, fidelity, trace_fidelity
+from .fidelity import Fidelity, fidelity, trace_fidelity
 from .trace import Trace, expected_graph, plan_hash
 
 __all__ = ["RunReport", "predict", "scaled_problem", "segment_trace"]
@@ -338,14 +338,6 @@ def stage_params(model: Any, pp: int, tp: int, head: Any, stage: int) -> float:
     return float(params)
 
 
-def _heap_and_mapped(buffers: tuple[float, ...]) -> tuple[float, float]:
-    """Bytes of ``buffers`` (allocated together) that glibc serves from its heap, and those it
-    maps afresh: a request of :data:`~rpeg.runtime.fidelity.GLIBC_MMAP_THRESHOLD_MAX` (32 MiB)
-    or more is always ``mmap``-ed (glibc's adaptive threshold never rises above it)."""
-    mapped = sum(x for x in buffers if x >= GLIBC_MMAP_THRESHOLD_MAX)
-    return sum(buffers) - mapped, mapped
-
-
 def training_transient_bytes(
     model: Any,
     layout: Any,
@@ -353,34 +345,25 @@ def training_transient_bytes(
     sequences: float,
     tokens: float,
     head: Any,
-    live: bool = False,
     stage: int | None = None,
 ) -> float:
-    """A training node's transient private memory on the runtime (CPU torch engine, gloo), over
-    its persistent parameters and optimizer state, bytes — or, with ``live``, its tensors alive at
-    once (what ``torch.cuda.max_memory_allocated`` counts on a GPU; measured here as the live C
-    heap, :func:`~rpeg.runtime.fidelity.heap_live_bytes`). ``G = W·sb`` are the stage's
-    (TP-local) gradients, ``A`` :func:`runtime_training_activation_bytes`.
+    """A training node's tensors alive at once on the runtime (CPU torch engine, gloo), over its
+    persistent parameters and optimizer state, bytes: what ``torch.cuda.max_memory_allocated``
+    counts on a GPU, and on the CPU runtime the worker's private memory, since its workers serve
+    every allocation of 128 KiB and more by ``mmap`` (:func:`~rpeg.runtime.fidelity.
+    map_large_blocks`). ``G = W·sb`` are the stage's (TP-local) gradients, ``A``
+    :func:`runtime_training_activation_bytes`.
 
     * ``Pd = 1`` (plain Adam): ``A + G``.
-    * FSDP2, ZeRO-2 (``Pd > 1``): the backward holds ``A + G`` (the unsharded gradients
-      accumulate over the update's microbatches, the activations of the running one; with one
-      microbatch the gradients are made as the activations are freed, and the heap does not
-      reuse the freed blocks for them: measured, the private memory rose by 88 MiB ≈ ``G``
-      during such a backward while its live tensors rose by 6 MiB). After the
-      last backward FSDP2's ``foreach_reduce`` copies the gradients into a flat ReduceScatter
-      input (``G``) and frees them, allocates the output (``G/Pd``, which stays as the sharded
-      gradients until the optimizer step), and gloo's ``reduce_scatter_tensor`` holds a copy of
-      its input while it runs (``G``; measured, 2026-12-03: +80 MiB mapped during the call for an
-      80 MiB input): ``2G + G/Pd`` at once. The two phases do not overlap in live tensors, but
-      the buffers of 32 MiB and more are fresh mappings (:func:`_heap_and_mapped`) while the
-      backward's activations and gradients are heap blocks that glibc keeps resident after their
-      free (it returns heap pages only by trimming the top), so the private peak is
-      ``max(A + G, heap part) + mapped part``; the live tensors peak at ``max(A + G, 2G + G/Pd)``.
-      Measured on the fidelity benchmark's critic
-      (``b = 1``, 4 microbatches, 2026-12-03): live tensors peak at 202 MiB over the state
-      (``2G + G/Pd`` = 200), and the private memory rose by the 200 MiB mapped during the
-      ReduceScatter while the heap kept its size.
+    * FSDP2, ZeRO-2 (``Pd > 1``): ``max(A + G, (2 + 1/Pd)·G)``. The backward holds ``A + G``
+      (the unsharded gradients accumulate over the update's microbatches, the activations of the
+      running one). After the last backward FSDP2's ``foreach_reduce`` copies the gradients into
+      a flat ReduceScatter input (``G``) and frees them, allocates the output (``G/Pd``, which
+      stays as the sharded gradients until the optimizer step), and gloo's
+      ``reduce_scatter_tensor`` holds a copy of its input while it runs (``G``; measured,
+      2026-12-03: +80 MiB during the call for an 80 MiB input): ``2G + G/Pd`` at once, after the
+      activations are gone. Measured on the fidelity benchmark's critic (``b = 1``, 4
+      microbatches, 2026-12-03): live tensors peak at 202 MiB over the state (``2G + G/Pd`` = 200).
     * FSDP2, ZeRO-3 (``Pd > 1``): only the shards are registered, and they are the masters (in
       the persistent state), so SPEC's weight shard is not transient here. A pass holds the
       gathered root and two layers (``N_g``, as :func:`~rpeg.costmodel.memory.zero_state_bytes`).
@@ -388,10 +371,11 @@ def training_transient_bytes(
       earlier microbatches' backwards accumulate the full unsharded gradients (``G``; measured
       80.4 MiB after the first backward for ``G`` = 80.1); with ``mb = 1`` each unit's gradients
       are reduced as they are made and only the shards accumulate (``G/Pd``). The ReduceScatter
-      of one unit of ``U`` parameters holds ``(2 + 1/Pd)·U·sb`` as above, its unsharded gradients
-      freed after the copy: ``A + N_g·sb + grads + max(0, heap − U·sb) + mapped`` for the largest
-      unit (measured: live peak 184 MiB over the state, this 189; the same with ``live``: the
-      unit's buffers are smaller than glibc's mmap ceiling, so the formula counts no retained heap).
+      of the largest unit, ``U`` parameters, adds its flat input and output, ``(1 + 1/Pd)·U·sb``,
+      gloo's copy of the input taking the place of the unsharded gradients freed after the copy:
+      ``A + N_g·sb + grads + (1 + 1/Pd)·U·sb`` (measured: live peak 184 MiB over the state, this
+      189; in the benchmark's FSDP2 plan 2026-12-05, 316–322 MiB live and 312–313 private against
+      309 predicted).
 
     ``stage`` asks for one pipeline stage's figure (its parameters, :func:`stage_params`, and
     activations, :func:`runtime_training_activation_bytes`) instead of the worst stage's.
@@ -412,17 +396,13 @@ def training_transient_bytes(
     if s.dp == 1:
         return act + grads
     if s.zero != 3:
-        if live:
-            return max(act + grads, (2.0 + 1.0 / s.dp) * grads)
-        heap, mapped = _heap_and_mapped((grads, grads / s.dp, grads))
-        return max(act + grads, heap) + mapped
+        return max(act + grads, (2.0 + 1.0 / s.dp) * grads)
     layer = model.layer_params / s.tp
     root = w - _stage_layers(model, s.pp, stage) * layer
     gathered = (2.0 * layer + root) * sb
     unit = max(layer, root) * sb
     held = grads if s.mb > 1 else grads / s.dp
-    heap, mapped = _heap_and_mapped((unit, unit / s.dp, unit))
-    return act + gathered + held + max(0.0, heap - unit) + mapped
+    return act + gathered + held + (1.0 + 1.0 / s.dp) * unit
 
 
 def node_sequences(binding: Binding) -> dict[str, int]:
@@ -459,8 +439,7 @@ def predicted_memory(
     * training: :func:`training_transient_bytes` — the activations the engine's layers keep
       (:func:`runtime_training_activation_bytes`: SPEC's count plus what the unfused RMSNorm and
       the flash kernel keep, and the logits), the gradients ``W·sb``, and with FSDP2 (``Pd > 1``)
-      the ReduceScatter's flat buffers and gloo's copy, whose mapped part adds to the heap the
-      backward left resident — where SPEC's ZeRO-2 charges ``W·sb/Pd``;
+      the ReduceScatter's flat buffers and gloo's copy — where SPEC's ZeRO-2 charges ``W·sb/Pd``;
     * a pipelined trainer (``Pp > 1``): each rank its own stage's figure — its parameters
       (:func:`stage_params`: its layers, the embedding on the first stage, the head on the last)
       and training activations (``min(mb, Pp − p)`` microbatches alive in 1F1B's warm-up, the
@@ -492,16 +471,14 @@ def predicted_memory(
 
     ``μ`` (``forward_factor``, the hardware's ``memory_factor`` of the inference engine) is the
     private memory a no-grad forward pass of the torch engine takes per byte of SPEC's forward
-    activations: SPEC counts the tensors live at once, while the process also keeps the C heap's
-    freed blocks that the next allocations do not fit (glibc; 2.4–3.1× measured on this runtime,
-    docs/runtime.md "Memory per worker"). ``rpeg calibrate --in-situ`` fits it; 1 is SPEC's count.
+    activations, which counts the widest layer's tensors only (docs/runtime.md, "Memory per
+    worker"). ``rpeg calibrate --in-situ`` fits it from the workers' private peaks; 1 is SPEC's
+    count.
 
-    With ``live`` the prediction is of the tensors alive at once rather than of the private
-    memory: ``μ`` is not applied (SPEC's count is of live tensors) and a FSDP2 ZeRO-2 trainer's
-    ReduceScatter buffers replace its backward's tensors instead of adding to the heap they left
-    (:func:`training_transient_bytes`). The fidelity benchmark compares it with the workers'
-    live C heap (``TraceRecord.memory_live``), the CPU analogue of a GPU's
-    ``max_memory_allocated``.
+    With ``live`` ``μ`` is not applied: SPEC's own count, which the fidelity benchmark compares
+    with the workers' live C heap (``TraceRecord.memory_live``), the CPU analogue of a GPU's
+    ``max_memory_allocated``. Everything else is the same: a CPU worker's private memory is the
+    memory its tensors hold (:func:`~rpeg.runtime.fidelity.map_large_blocks`).
 
     Raises
     ------
@@ -592,7 +569,7 @@ def predicted_memory(
                 transient = max(
                     transient,
                     training_transient_bytes(
-                        spec, lay, sequences=n, tokens=lp + lr, head=g.head, live=live, stage=stage
+                        spec, lay, sequences=n, tokens=lp + lr, head=g.head, stage=stage
                     ),
                 )
             by_stage[stage] = scale * persistent + transient

@@ -17,6 +17,7 @@ the machine at hand).
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,7 +35,7 @@ from ..ir.hardware import Hardware
 from ..ir.types import Role
 from ..solvers.result import Result
 from .binding import Binding, bind, check_specs, run_specs, update_microbatches
-from .liveness import DEFAULT_STALL_S, RunError
+from .liveness import DEFAULT_STALL_S, RunError, RunInterrupted, interrupt_on_sigterm
 from .pool import start_local_ray
 from .report import RunReport, predict, scaled_problem, segment_trace
 from .rl import RLConfig
@@ -193,6 +194,12 @@ def run(
         A worker raised, died or stalled; the message names the node, its step, the worker and
         its device. Its ``trace`` (and the file ``trace_path``) holds the trace up to the
         failure.
+    RunInterrupted
+        Ctrl-C (SIGINT) or SIGTERM stopped the run (in the main thread, SIGTERM is handled as
+        SIGINT while the run lasts: :func:`~rpeg.runtime.liveness.interrupt_on_sigterm`). The
+        workers are stopped; its ``trace`` (and the file ``trace_path``) holds the records up to
+        the interruption, status ``"interrupted"``, and ``step`` the first step not completed. A
+        subclass of ``KeyboardInterrupt``.
     """
     _check_arguments(
         result,
@@ -246,33 +253,39 @@ def run(
         transitions=transitions,
         transition_method=transition_method,
     )
-    started = _start_ray(result, address)
-    plan.cfg = replace(plan.cfg, use_gpu=_use_gpu(result), keep_versions=_kept_versions(plan.segments))
-    state = _RunState(offset=plan.cfg.step_offset)
-    failed: RunError | None = None
-    ran = False
-    try:
-        _run_segments(
-            plan,
-            state,
-            progress=progress,
-            transition_method=transition_method,
-            replan_method=replan_method,
-            return_weights=return_weights,
-        )
-        ran = True
-    except RunError as exc:
-        failed = exc
-    finally:
-        for c in reversed(state.controllers):
-            c.finished = c.finished and ran  # a failed run's workers are never pooled
-            c.stop()
-        if started:
-            ray.shutdown()
-    if failed is not None:
-        _fail_with_trace(
-            failed, state.done, state.running, plan.hardware, plan.cfg.use_gpu, address, plan.trace_files
-        )
+    with interrupt_on_sigterm() as claim_sigterm:
+        started = _start_ray(result, address)
+        claim_sigterm()  # ray.init installs a SIGTERM handler of its own
+        plan.cfg = replace(plan.cfg, use_gpu=_use_gpu(result), keep_versions=_kept_versions(plan.segments))
+        state = _RunState(offset=plan.cfg.step_offset)
+        failed: RunError | None = None
+        interrupted: RunInterrupted | None = None
+        ran = False
+        try:
+            _run_segments(
+                plan,
+                state,
+                progress=progress,
+                transition_method=transition_method,
+                replan_method=replan_method,
+                return_weights=return_weights,
+            )
+            ran = True
+        except RunError as exc:
+            failed = exc
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (RunInterrupted)
+            interrupted = exc if isinstance(exc, RunInterrupted) else RunInterrupted(signal.SIGINT)
+        finally:
+            for c in reversed(state.controllers):
+                c.finished = c.finished and ran  # a stopped run's workers are never pooled
+                c.stop()
+            if started:
+                ray.shutdown()
+        stopped = failed or interrupted
+        if stopped is not None:
+            _stop_with_trace(
+                stopped, state.done, state.running, plan.hardware, plan.cfg.use_gpu, address, plan.trace_files
+            )
     return _report(plan, state)
 
 
@@ -817,8 +830,8 @@ def _check_arguments(result: Any, steps: Any, **kw: Any) -> None:
             check_compatible(result, target)
 
 
-def _fail_with_trace(
-    exc: RunError,
+def _stop_with_trace(
+    exc: RunError | RunInterrupted,
     done: list[tuple[Any, int, Result, int]],
     running: tuple[Any, Result, int] | None,
     hw: Hardware,
@@ -826,28 +839,45 @@ def _fail_with_trace(
     address: str | None,
     trace_files: list[Path],
 ) -> None:
-    """Write the traces up to the failure (completed segments, then the failed one with status
-    ``"failed"``), attach the failed one to ``exc`` and raise it."""
+    """Write the traces up to the stop (completed segments, then the stopped one with status
+    ``"failed"`` for a :class:`RunError`, ``"interrupted"`` for a :class:`RunInterrupted`),
+    attach the stopped one to ``exc`` and raise it."""
     traces = []
     for c, off, res, n in done:
         traces.append(segment_trace(c, res, off, hw, use_gpu, address, n)[0])
     if running is not None:
         c, res, off = running
-        if exc.node is None and c.failure:  # e.g. the urgent path stopped: the loss that started it
-            f = c.failure
-            exc.node, exc.step, exc.vertex = f["node"], f["step"], f["vertex"]
-            if exc.worker is None:
-                exc.worker, exc.device, exc.lost = f["worker"], f["device"], f["lost"]
-        failure = {
-            "message": str(exc),
-            "node": exc.node,
-            "step": exc.step,
-            "vertex": exc.vertex,
-            "worker": exc.worker,
-            "device": exc.device,
-            "lost": bool(exc.lost),
-        }
-        traces.append(segment_trace(c, res, off, hw, use_gpu, address, c.b.steps, failure=failure)[0])
+        if isinstance(exc, RunInterrupted):
+            exc.step = off + _first_open_step(c)
+            failure = {
+                "message": str(exc),
+                "node": None,
+                "step": exc.step - off,
+                "vertex": None,
+                "worker": None,
+                "device": None,
+                "lost": False,
+            }
+            status = "interrupted"
+        else:
+            if exc.node is None and c.failure:  # e.g. the urgent path stopped: the loss that started it
+                f = c.failure
+                exc.node, exc.step, exc.vertex = f["node"], f["step"], f["vertex"]
+                if exc.worker is None:
+                    exc.worker, exc.device, exc.lost = f["worker"], f["device"], f["lost"]
+            failure = {
+                "message": str(exc),
+                "node": exc.node,
+                "step": exc.step,
+                "vertex": exc.vertex,
+                "worker": exc.worker,
+                "device": exc.device,
+                "lost": bool(exc.lost),
+            }
+            status = "failed"
+        trace = segment_trace(c, res, off, hw, use_gpu, address, c.b.steps, failure=failure)[0]
+        trace.status = status
+        traces.append(trace)
     if traces:
         exc.trace = traces[-1]
     if trace_files and traces:
@@ -855,6 +885,14 @@ def _fail_with_trace(
             t.to_json(_segment_path(trace_files[0], i))
         exc.trace_path = str(_segment_path(trace_files[0], len(traces) - 1))
     raise exc
+
+
+def _first_open_step(ctl: Any) -> int:
+    """The first step of ``ctl``'s segment with a node not executed yet (its step count when
+    every node ran)."""
+    eg = ctl.b.exec_graph
+    ran = {r.node for r in ctl.records}
+    return min((eg.step[i] for i in range(len(eg)) if i not in ran), default=ctl.b.steps)
 
 
 def _segments(

@@ -112,7 +112,7 @@ class TraceDoc(Strict):
     step_metrics: list[dict[str, Any]] = Field(default_factory=list)
     groups: dict[str, dict[str, Any]] = Field(default_factory=dict)
     meta: dict[str, Any] = Field(default_factory=dict)
-    status: Literal["complete", "failed"] = "complete"
+    status: Literal["complete", "failed", "interrupted"] = "complete"
     failure: FailureDoc | None = None
 
     @field_validator("step_metrics", "groups", "meta")
@@ -123,8 +123,10 @@ class TraceDoc(Strict):
 
     @model_validator(mode="after")
     def _failure_iff_failed(self) -> TraceDoc:
-        if (self.status == "failed") != (self.failure is not None):
-            raise ValueError("a trace has a 'failure' object exactly when its status is 'failed'")
+        if (self.status != "complete") != (self.failure is not None):
+            raise ValueError(
+                "a trace has a 'failure' object exactly when its status is 'failed' or 'interrupted'"
+            )
         return self
 
 

@@ -314,11 +314,13 @@ class Trace:
         Seed, scale, host, Ray address, start time, torch version, backend, and ``scaled``
         (``True`` when the run used scaled-down models, so byte counts differ from the plan's).
     status
-        ``"complete"``, or ``"failed"``: the run stopped and the trace holds the records of the
-        nodes that completed before (:attr:`failure` says what stopped it).
+        ``"complete"``; ``"failed"``: the run stopped and the trace holds the records of the
+        nodes that completed before (:attr:`failure` says what stopped it); or
+        ``"interrupted"``: a signal (SIGINT, SIGTERM) stopped it, likewise.
     failure
-        ``{"message", "node", "step", "vertex", "worker", "device", "lost"}`` of a failed run,
-        else ``None``.
+        ``{"message", "node", "step", "vertex", "worker", "device", "lost"}`` of a failed or
+        interrupted run (an interruption names only its message and the first step not
+        completed), else ``None``.
     """
 
     format: ClassVar[str] = FORMAT
@@ -339,7 +341,7 @@ class Trace:
         return self.status == "complete"
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``rpeg.trace/1`` document (``failure`` only when the run failed)."""
+        """The ``rpeg.trace/1`` document (``failure`` only when the run failed or was interrupted)."""
         doc = {
             "format": FORMAT,
             "plan_hash": self.plan_hash,

@@ -85,9 +85,9 @@ def verify(trace: Trace | str | os.PathLike, result: Result | str | os.PathLike)
     list[str]
         One message per problem, grouped by check (identity, bindings, layout, dependencies,
         versions, exclusive resources, sanity) and ordered by node id inside a check. The trace
-        of a failed run (``status: "failed"``) is never valid: its first problem says the run
-        failed and how; its records (those completed before the failure) are checked as usual,
-        and the nodes after the failure are not reported missing.
+        of a failed or interrupted run (``status: "failed"`` or ``"interrupted"``) is never valid:
+        its first problem says the run stopped and how; its records (those completed before the
+        stop) are checked as usual, and the nodes after the stop are not reported missing.
 
     Raises
     ------
@@ -102,9 +102,11 @@ def verify(trace: Trace | str | os.PathLike, result: Result | str | os.PathLike)
     problems = []
     if not trace.complete:
         f = trace.failure or {}
+        interrupted = trace.status == "interrupted"
         problems.append(
-            f"incomplete trace: the run failed ({f.get('message', 'no message')}); "
-            f"{len(trace.records)} record(s) before the failure"
+            f"incomplete trace: the run {'was interrupted' if interrupted else 'failed'} "
+            f"({f.get('message', 'no message')}); {len(trace.records)} record(s) before the "
+            f"{'interruption' if interrupted else 'failure'}"
         )
     problems += _check_identity(trace, result)
     if result.plan is None:
@@ -443,7 +445,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         rest = problems[1:]
         print(f"trace INCOMPLETE: {problems[0]}")
         if not rest:
-            print(f"  the {len(trace.records)} record(s) before the failure follow the plan")
+            print(f"  the {len(trace.records)} record(s) before the run stopped follow the plan")
         problems = rest
     else:
         print(f"trace INVALID: {len(problems)} problem(s)")

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from ..ir.plan import stage_layer_ranges
 from ..ir.types import Head
 from .binding import GroupSpec, RunShape
-from .fidelity import PrivatePeak, heap_live_bytes, map_large_blocks, private_bytes, unmap_large_blocks
+from .fidelity import EXACT_HEAP_THRESHOLD, PrivatePeak, heap_live_bytes, map_large_blocks, private_bytes
 from .model import StageModel
 from .parallel import FSDPAdam, FSDPShards, local, make_mesh
 from .rl import RLConfig
@@ -137,10 +137,9 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         self.mesh = make_mesh(rank, group.dp, group.pp, group.tp, "cuda" if backend == "nccl" else "cpu")
         lo, hi = stage_layer_ranges(group.spec.layers, group.pp)[self.mesh.p]
         self.layer_range = (lo, hi)
-        if rollout_engine == "vllm" and group.generates and not group.trains:
-            map_large_blocks()  # its large allocations are weight transfers: return them on free
-        else:
-            unmap_large_blocks()  # a pooled process that served such a worker before
+        # a CPU worker's private memory is then the memory its tensors hold, which the cost model
+        # counts (fidelity.map_large_blocks); a GPU worker's tensors are on the device
+        self.mmap_threshold = EXACT_HEAP_THRESHOLD if backend != "nccl" and map_large_blocks() else None
         self.rss_base = _footprint_before_model(
             group, rollout_engine, hosts_engine=self.mesh.p == 0 and self.mesh.t == 0
         )
@@ -216,6 +215,7 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
             "layers": self.layer_range,
             "params": sum(local(p).numel() for p in self.model.parameters()),
             "optimizer": None if self.optimizer is None else ("fsdp2" if self.optimizer.sharded else "adam"),
+            "mmap_threshold": self.mmap_threshold,  # bytes, glibc's pinned threshold (None: glibc's own)
             **({"zero": self.sharding.zero} if self.sharding is not None and self.sharding.sharded else {}),
             **({"rollout_engine": self.engine_info} if self.engine_info else {}),
         }

@@ -118,8 +118,12 @@ def test_missing_unknown_and_mistyped_fields_are_named(result):
     ):
         Trace.from_dict(doc)
     doc = tiny_trace(result).to_dict()
-    doc["status"] = "failed"  # without a failure object
-    with pytest.raises(InputError, match="exactly when its status is 'failed'"):
+    for status in ("failed", "interrupted"):  # without a failure object
+        doc["status"] = status
+        with pytest.raises(InputError, match="exactly when its status is 'failed' or 'interrupted'"):
+            Trace.from_dict(doc)
+    doc["status"] = "stopped"
+    with pytest.raises(InputError, match="status"):
         Trace.from_dict(doc)
     with pytest.raises(InputError, match="a trace is a JSON object"):
         Trace.from_dict([])

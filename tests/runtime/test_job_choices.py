@@ -326,6 +326,13 @@ def test_fully_sharded_frozen_models_serve_what_replicated_ones_do(ray_session):
         reports[zero] = run(results[zero], steps=2, return_weights=True)
         assert reports[zero].problems == [] and verify(reports[zero].trace, results[zero]) == []
     groups = {z: reports[z].trace.groups.values() for z in (2, 3)}
+    # every CPU worker pins glibc's mmap threshold, so that its private memory is what its
+    # tensors hold (fidelity.map_large_blocks): the ZeRO-3 copies' freed gathers leave at once
+    from rpeg.runtime.fidelity import EXACT_HEAP_THRESHOLD
+
+    assert {r["mmap_threshold"] for z in (2, 3) for g in groups[z] for r in g["ranks"]} == {
+        EXACT_HEAP_THRESHOLD
+    }
     for name in ("ref_inf", "critic_inf"):
         g2, g3 = (next(g for g in groups[z] if name in g["vertices"]) for z in (2, 3))
         # at stage 2 the critic's copy joins its trainer's group (one layout), which reports stage 2
