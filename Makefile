@@ -23,16 +23,13 @@ $(VENV)/.dev: $(VENV)/.base
 	$(UNPULL)
 	touch $@
 
-## make demo: plan the bundled PPO examples, calibrate this machine through its engines (quick grid, then two
-## in-situ calibration plans through the runtime), then run
-## the small example's searched plan for two devices (the 2-core machines this targets: one core per device)
-## on Ray workers (a 21M-parameter Llama: rollouts on vLLM, training on the torch engine) with predictions
-## from that calibration, and verify it
+## make demo: plan a bundled PPO example on 16 GPUs, calibrate this machine through its engines (quick grid,
+## then two in-situ calibration plans through the runtime; what the engines print goes to
+## out/hw-this-machine.engines.log), then run the small example's searched plan for two devices (the
+## 2-core machines this targets: one core per device) on Ray workers (a 21M-parameter Llama: rollouts on
+## vLLM, training on the torch engine) with predictions from that calibration, and verify it.
+## `rpeg examples` lists the other bundled jobs.
 demo: $(VENV)/.base
-	$(RPEG) examples
-	@echo
-	$(RPEG) solve ppo-7b-16gpu --method greedy
-	@echo
 	@mkdir -p out
 	$(RPEG) solve ppo-7b-16gpu --method concurrent --json out/ppo-7b-16gpu.json
 	@echo

@@ -515,28 +515,37 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     hardware, raw = report.hardware, report.to_dict()
     if engines:
         from .runtime.engine_calibration import calibrate_engines
+        from .runtime.engine_output import engine_output_to
 
-        engine_report = calibrate_engines(
-            hardware,
-            engines=engines,
-            quick=args.quick,
-            seed=args.seed,
-            load=not args.alone,
-            progress=None if args.no_progress else say,
-        )
-        print()
+        log = Path(args.out).with_suffix(".engines.log")
+        insitu = None
+        with engine_output_to(log) as console:
+
+            def tell(msg: str) -> None:
+                print(f"calibrate: {msg}", file=console, flush=True)
+
+            engine_report = calibrate_engines(
+                hardware,
+                engines=engines,
+                quick=args.quick,
+                seed=args.seed,
+                load=not args.alone,
+                progress=None if args.no_progress else tell,
+            )
+            if args.in_situ:
+                from .runtime.insitu import calibrate_in_situ
+
+                insitu = calibrate_in_situ(
+                    engine_report.hardware,
+                    steps=in_situ_steps,
+                    seed=args.seed,
+                    devices=min(2, _usable_cores()),
+                    progress=None if args.no_progress else tell,
+                )
+        print(f"\nwhat the engines printed (vLLM, torch, Ray): {log}\n")
         print(engine_report.table())
         hardware, raw["engines"] = engine_report.hardware, engine_report.to_dict()
-        if args.in_situ:
-            from .runtime.insitu import calibrate_in_situ
-
-            insitu = calibrate_in_situ(
-                hardware,
-                steps=in_situ_steps,
-                seed=args.seed,
-                devices=min(2, _usable_cores()),
-                progress=None if args.no_progress else say,
-            )
+        if insitu is not None:
             print()
             print(insitu.table())
             hardware, raw["in_situ"] = insitu.hardware, insitu.to_dict()
@@ -597,7 +606,13 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     from .runtime.measure import DEVICES
 
     c = sub.add_parser("calibrate", help="measure this machine and write a hardware JSON file")
-    c.add_argument("--out", required=True, metavar="HW.json", help="hardware file to write (rpeg.hardware/2)")
+    c.add_argument(
+        "--out",
+        required=True,
+        metavar="HW.json",
+        help="hardware file to write (rpeg.hardware/2); what the engines print while they are timed "
+        "goes to HW.engines.log beside it",
+    )
     c.add_argument("--quick", action="store_true", help="reduced sweep that runs in seconds")
     c.add_argument(
         "--device", default="cpu", choices=list(DEVICES), help="cpu (gloo) or cuda (NCCL, untested)"
