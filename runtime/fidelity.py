@@ -180,11 +180,10 @@ def map_large_blocks(threshold: int = EXACT_HEAP_THRESHOLD) -> bool:
     layer's differently sized tensors do not fit the holes: measured on the fidelity benchmark's
     FSDP2 plan (2026-12-05, four runs of 3 steps), the ZeRO-3 workers' private peaks were
     1.9–3.8× their live tensors (206–321 MiB against 85 for a frozen copy, 599–763 against
-    316–322 for a trainer)
-    and 1.00–1.02× with the threshold pinned. The price is a page fault per fresh mapping: the
-    same plan's step took 20.8 s against 15.5–18.5 s (a ZeRO-3 layer's gather is allocated and freed
-    at every layer of every pass), the colocated plan's 11.4 s against 11.2 s
-    (docs/runtime.md, "Memory per worker").
+    316–322 for a trainer) and 0.97–1.02× with the threshold pinned. The price is a page fault
+    per fresh mapping: the same plan's step took 20.8 s against 15.5–18.5 s (a ZeRO-3 layer's
+    gather is allocated and freed at every layer of every pass), the colocated plan's 11.4 s
+    against 11.2–11.4 s (docs/runtime.md, "Memory per worker").
 
     Raises
     ------

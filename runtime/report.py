@@ -610,12 +610,13 @@ def segment_trace(
     address: str | None,
     steps: int,
     failure: dict[str, Any] | None = None,
+    status: str = "failed",
 ) -> tuple[Trace, list[float], list[float], list[float]]:
     """The trace and per-step figures of one executed plan's first ``steps`` complete steps (all of
     them, or those before a lost worker's step: the rest are dropped and the node ids renumbered
     to the ``steps``-step graph). With ``failure`` the segment stopped: the trace keeps every
-    record completed before it (node ids of the segment's graph), status ``"failed"``, and
-    step metrics for the steps before the failed one."""
+    record completed before it (node ids of the segment's graph), ``status`` (``"failed"``, or
+    ``"interrupted"`` by a signal), and step metrics for the steps before ``failure["step"]``."""
     import torch
 
     binding = ctl.b
@@ -685,7 +686,7 @@ def segment_trace(
             "stall_timeout_s": cfg.stall_s,
             "rollout_engine": getattr(cfg, "rollout_engine", "torch"),
         },
-        status="complete" if failure is None else "failed",
+        status="complete" if failure is None else status,
         failure=failure,
     )
     return trace, rewards, step_times, predicted_steps

@@ -847,7 +847,7 @@ def _stop_with_trace(
         traces.append(segment_trace(c, res, off, hw, use_gpu, address, n)[0])
     if running is not None:
         c, res, off = running
-        if isinstance(exc, RunInterrupted):
+        if isinstance(exc, RunInterrupted):  # a signal names no node: only where the run stood
             exc.step = off + _first_open_step(c)
             failure = {
                 "message": str(exc),
@@ -875,9 +875,7 @@ def _stop_with_trace(
                 "lost": bool(exc.lost),
             }
             status = "failed"
-        trace = segment_trace(c, res, off, hw, use_gpu, address, c.b.steps, failure=failure)[0]
-        trace.status = status
-        traces.append(trace)
+        traces.append(segment_trace(c, res, off, hw, use_gpu, address, c.b.steps, failure, status)[0])
     if traces:
         exc.trace = traces[-1]
     if trace_files and traces:
