@@ -11,32 +11,32 @@ RPEG   := $(VENV)/bin/rpeg
 # break `import transformers` (docs/engines.md): they are removed right after.
 UNPULL := $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 
+# pip runs with -qq: errors only (a failed install still says why and stops make)
 $(VENV)/.base: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[engines]'
-	$(UNPULL)
-	touch $@
+	@echo "installing rpeg with its engines into $(VENV) (a few minutes on a fresh machine)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -qq --upgrade pip
+	@$(PY) -m pip install -qq -e '.[engines]'
+	@$(UNPULL)
+	@touch $@
 
 $(VENV)/.dev: $(VENV)/.base
 	$(PY) -m pip install -q -e '.[dev,engines]'
 	$(UNPULL)
 	touch $@
 
-## make demo: plan a bundled PPO example on 16 GPUs, calibrate this machine through its engines (quick grid,
-## then two in-situ calibration plans through the runtime; what the engines print goes to
-## out/hw-this-machine.engines.log), then run the small example's searched plan for two devices (the
-## 2-core machines this targets: one core per device) on Ray workers (a 21M-parameter Llama: rollouts on
-## vLLM, training on the torch engine) with predictions from that calibration, and verify it.
-## `rpeg examples` lists the other bundled jobs.
+## make demo: plan a bundled PPO example on 16 GPUs, search a plan for the small example on two devices (the
+## 2-core machines this targets: one core per device), calibrate this machine through its engines (quick grid,
+## then two in-situ calibration plans through the runtime; a few summary lines, every figure in the file), then
+## run the searched plan on Ray workers (a 21M-parameter Llama: rollouts on vLLM, training on the torch
+## engine) with predictions from that calibration, and verify it. What the engines print goes to
+## out/hw-this-machine.engines.log and out/ppo-1b-2dev.trace.engines.log. `rpeg examples` lists the other
+## bundled jobs.
 demo: $(VENV)/.base
 	@mkdir -p out
 	$(RPEG) solve ppo-7b-16gpu --method concurrent --json out/ppo-7b-16gpu.json
-	@echo
-	$(RPEG) solve ppo-1b-4gpu --cluster 1x1x2 --method sa --max-evaluations 3000 --seed 0 --time-limit 60 --generation-max-pp 1 --max-zero-stage 2 --no-host-offload --no-progress --json out/ppo-1b-2dev.json
-	@echo
-	$(RPEG) calibrate --quick --max-ranks 2 --in-situ --in-situ-steps 2 --no-progress --out out/hw-this-machine.json
-	@echo
+	$(RPEG) solve ppo-1b-4gpu --cluster 1x1x2 --method sa --max-evaluations 3000 --seed 0 --time-limit 60 --generation-max-pp 1 --max-zero-stage 2 --no-host-offload --no-progress --no-compare --json out/ppo-1b-2dev.json
+	$(RPEG) calibrate --quick --max-ranks 2 --in-situ --in-situ-steps 2 --no-progress --brief --out out/hw-this-machine.json
 	$(RPEG) run out/ppo-1b-2dev.json --steps 3 --scale medium --prompt-len 64 --response-len 64 --rollout-engine vllm --hardware out/hw-this-machine.json --trace out/ppo-1b-2dev.trace.json
 	$(RPEG) verify out/ppo-1b-2dev.trace.json out/ppo-1b-2dev.json
 

@@ -30,11 +30,11 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> object:
     """``rpeg.run`` and ``rpeg.verify`` load the runtime (torch, Ray) only when first used."""
     if name == "run":
-        from .runtime.runner import run
+        from .runtime.driver.runner import run
 
         return run
     if name == "verify":
-        from .runtime.verify import verify
+        from .runtime.trace.verify import verify
 
         return verify
     raise AttributeError(f"module 'rpeg' has no attribute {name!r}")

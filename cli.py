@@ -472,7 +472,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from .runtime.measure import calibrate
+    from .runtime.calibrate.measure import calibrate
 
     def say(msg: str) -> None:
         print(f"calibrate: {msg}", file=sys.stderr, flush=True)
@@ -511,11 +511,11 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         threads=args.threads,
         progress=None if args.no_progress else say,
     )
-    print(report.table())
+    print(report.summary() if args.brief else report.table())
     hardware, raw = report.hardware, report.to_dict()
     if engines:
-        from .runtime.engine_calibration import calibrate_engines
-        from .runtime.engine_output import engine_output_to
+        from .runtime.calibrate.engine_terms import calibrate_engines
+        from .runtime.driver.engine_output import engine_output_to
 
         log = Path(args.out).with_suffix(".engines.log")
         insitu = None
@@ -533,7 +533,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                 progress=None if args.no_progress else tell,
             )
             if args.in_situ:
-                from .runtime.insitu import calibrate_in_situ
+                from .runtime.calibrate.insitu import calibrate_in_situ
 
                 insitu = calibrate_in_situ(
                     engine_report.hardware,
@@ -542,16 +542,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                     devices=min(2, _usable_cores()),
                     progress=None if args.no_progress else tell,
                 )
-        print(f"\nwhat the engines printed (vLLM, torch, Ray): {log}\n")
-        print(engine_report.table())
+        gap = "" if args.brief else "\n"
+        print(f"{gap}what the engines printed (vLLM, torch, Ray): {log}{gap}")
+        print(engine_report.summary() if args.brief else engine_report.table())
         hardware, raw["engines"] = engine_report.hardware, engine_report.to_dict()
         if insitu is not None:
-            print()
-            print(insitu.table())
+            print(insitu.summary() if args.brief else f"\n{insitu.table()}")
             hardware, raw["in_situ"] = insitu.hardware, insitu.to_dict()
     with writing_output(args.out, "--out"):
         hardware.save(args.out)
-    print(f"\nwrote {args.out}")
+    print(f"{'' if args.brief else chr(10)}wrote {args.out}")
     if args.raw:
         with writing_output(args.raw, "--raw"):
             Path(args.raw).write_text(json.dumps(raw, indent=2, default=float) + "\n")
@@ -600,10 +600,11 @@ def _calibration_engines(value: str, device: str) -> tuple[str, ...]:
 def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     """Add ``rpeg calibrate --out HW.json [--quick] [--device cpu|cuda] [--base PRESET]
     [--max-ranks N] [--seed N] [--threads N] [--engines torch,vllm|none] [--alone] [--in-situ]
-    [--in-situ-steps N] [--raw RAW.json] [--no-progress]`` to ``sub`` (the measuring: :mod:`rpeg.runtime.measure` and
-    :mod:`rpeg.runtime.engine_calibration`, :mod:`rpeg.runtime.insitu`; the fits:
+    [--in-situ-steps N] [--raw RAW.json] [--no-progress] [--brief]`` to ``sub`` (the measuring:
+    :mod:`rpeg.runtime.calibrate.measure` and
+    :mod:`rpeg.runtime.calibrate.engine_terms`, :mod:`rpeg.runtime.calibrate.insitu`; the fits:
     :mod:`rpeg.costmodel.fit`)."""
-    from .runtime.measure import DEVICES
+    from .runtime.calibrate.measure import DEVICES
 
     c = sub.add_parser("calibrate", help="measure this machine and write a hardware JSON file")
     c.add_argument(
@@ -646,7 +647,7 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="after the engine stage, run two calibration plans through the runtime (Ray workers, the "
         "engines) and scale each operation class's engine terms to what they measured "
-        "(rpeg.runtime.insitu; minutes)",
+        "(rpeg.runtime.calibrate.insitu; minutes)",
     )
     c.add_argument(
         "--in-situ-steps",
@@ -657,6 +658,11 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument("--raw", metavar="RAW.json", help="also write every sample and fit (rpeg.calibration/1)")
     c.add_argument("--no-progress", action="store_true", help="no stage messages on stderr")
+    c.add_argument(
+        "--brief",
+        action="store_true",
+        help="a few summary lines instead of the tables (every figure is in OUT, every sample in --raw)",
+    )
     c.set_defaults(fn=_cmd_calibrate)
 
 
@@ -743,7 +749,7 @@ def _parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=_cmd_evaluate)
 
     from .runtime.cli import register_cli as _run_cli
-    from .runtime.verify import register_cli as _verify_cli
+    from .runtime.trace.verify import register_cli as _verify_cli
 
     _run_cli(sub)
     _verify_cli(sub)

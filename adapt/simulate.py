@@ -41,7 +41,7 @@ __all__ = ["DriftTrace", "PolicyReport", "StepRecord", "gpu_trace", "length_trac
 @dataclass(frozen=True)
 class DriftTrace:
     """Per RL step: the mean response length (tokens) and the devices available (the drift a
-    replay adapts to; the runtime's record of an executed run is :class:`rpeg.runtime.trace.Trace`).
+    replay adapts to; the runtime's record of an executed run is :class:`rpeg.runtime.trace.records.Trace`).
 
     Raises
     ------

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import psutil
 
-    from rpeg.runtime.engine_calibration import _binding, local_worker
+    from rpeg.runtime.calibrate.engine_terms import _binding, local_worker
     from rpeg.runtime.engines.vllm_engine import RolloutEngine
 
     b = _binding({"layers": 2, "hidden": 512, "heads": 8}, 2, 32, 16, 0)

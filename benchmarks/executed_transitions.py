@@ -42,9 +42,9 @@ def scaled_predictions(current, target, scale: str) -> list[float]:
     """Cost-model seconds of each primitive with the runtime's scaled state (float32 parameters,
     two float32 Adam moments) on a cluster of the plan's shape with the ``cpu`` preset."""
     from rpeg.runtime.binding import bind, run_specs
-    from rpeg.runtime.state import full_shapes
-    from rpeg.runtime.trace import expected_graph
-    from rpeg.runtime.transition import physical_units
+    from rpeg.runtime.driver.transition import physical_units
+    from rpeg.runtime.trace.records import expected_graph
+    from rpeg.runtime.worker.state import full_shapes
 
     specs = run_specs([current, target], scale=scale)
     groups = bind(current, expected_graph(current, 1), 1, scale=scale, specs=specs).groups
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import ray
 
-    from rpeg.runtime.runner import run, start_local_ray
+    from rpeg.runtime.driver.runner import run, start_local_ray
 
     start_local_ray(4, num_cpus=2)  # workers at the driver's priority, not niced
     rows, phases = [], []

@@ -32,7 +32,7 @@ role).
     python benchmarks/fidelity.py --hardware benchmarks/hw-this-machine.json
 
 ``--in-situ`` fits the calibration's per-class factors on two runs of its own plans and model
-(:mod:`rpeg.runtime.insitu`: 6 layers × 384, ``Lp = 64``, ``Lr = 96``), not on this benchmark's.
+(:mod:`rpeg.runtime.calibrate.insitu`: 6 layers × 384, ``Lp = 64``, ``Lr = 96``), not on this benchmark's.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from _bench import HERE, command, machine, write_section
 
 from rpeg import Cluster, ModelSpec, Structure, Workload, hardware_preset
 from rpeg.costmodel import load_hardware
-from rpeg.runtime.fidelity import CLASSES, mape, spearman
+from rpeg.runtime.trace.fidelity import CLASSES, mape, spearman
 from rpeg.solvers.result import Result, result_for_plan
 
 TOY = ModelSpec("toy-1b", 16, 2048, 5504, 32000, 16, 16)
@@ -168,10 +168,10 @@ def main(argv: list[str] | None = None) -> None:
     import ray
 
     from rpeg.runtime.binding import bind
-    from rpeg.runtime.fidelity import trace_fidelity, worker_peaks
-    from rpeg.runtime.report import predicted_memory
-    from rpeg.runtime.runner import run, start_local_ray
-    from rpeg.runtime.trace import Trace, expected_graph
+    from rpeg.runtime.driver.runner import run, start_local_ray
+    from rpeg.runtime.trace.fidelity import trace_fidelity, worker_peaks
+    from rpeg.runtime.trace.records import Trace, expected_graph
+    from rpeg.runtime.trace.report import predicted_memory
 
     hw = load_hardware(args.hardware)
     mu = hw.using(inference="torch").terms("inference").memory_factor
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Workload: PPO, actor/critic/reward 21M-parameter Llamas (scale {args.scale!r}), batch {args.batch}, "
         f"Lp = {args.prompt_len}, Lr = {args.response_len}, on 1x1x2 CPU devices (one core each), "
         f"{args.steps} steps per plan; each run's step 0 (warm-up) is left out, and its last step of the "
-        "step makespans (`rpeg.runtime.fidelity.compared_steps`: a step's time ends with its last node, which "
+        "step makespans (`rpeg.runtime.trace.fidelity.compared_steps`: a step's time ends with its last node, which "
         "a schedule may run after the next step's first ones, and the last step has no next one).",
         "",
         "| plan | OP nodes | op time MAPE | Spearman ρ | generation MAPE | inference MAPE | training MAPE | "
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         f"({met(not disagree)}).",
         "",
         "Peak memory per worker process: predicted — the cost model's memory terms (SPEC §6) laid out as "
-        "the runtime's processes hold them (`rpeg.runtime.report.predicted_memory`, docs/runtime.md "
+        "the runtime's processes hold them (`rpeg.runtime.trace.report.predicted_memory`, docs/runtime.md "
         '"Memory per worker": registered float32 parameters, Adam moments and FSDP2 master shards, '
         "activations, gradients as FSDP2 stages them, a vLLM replica's weight push; a no-grad forward pass's "
         f"activations times the calibrated μ = {mu:.3f}, for the sequences of one node: a length phase's "
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
         "less its private resident memory once the process group and the libraries were loaded, before it "
         "built its model (what the OP records' `memory` holds; every CPU worker serves allocations of "
         "128 KiB and more by `mmap`, so that freed tensors leave its resident set: "
-        "`runtime.fidelity.map_large_blocks`); and the peak of its live C heap (glibc's "
+        "`runtime.worker.memory.map_large_blocks`); and the peak of its live C heap (glibc's "
         "`mallinfo2`: chunks in use plus mmap-served blocks, sampled with it; the CPU analogue of "
         "`torch.cuda.max_memory_allocated`) less the live heap then "
         "(`memory_live`), against the same layout with SPEC's forward activations without μ "

@@ -4,7 +4,7 @@ Two halves, because the GPU machine has torch and transformers but not rpeg's so
 
 ``measure`` (on the GPU machine; ``--device cpu --tiny`` runs the same code on a CPU in seconds,
 which is what the test suite does)
-    1. :func:`rpeg.runtime.measure.calibrate` on ``cuda`` (GEMM sweep, HBM copy, one layer's
+    1. :func:`rpeg.runtime.calibrate.measure.calibrate` on ``cuda`` (GEMM sweep, HBM copy, one layer's
        non-GEMM work; collectives need two GPUs and are skipped on one) with the ``h200`` preset
        as its base: the calibrated figures beside the preset's.
     2. Qwen2.5-7B (rpeg's preset shape, transformers' ``Qwen2ForCausalLM``, BF16 weights, SDPA
@@ -107,8 +107,8 @@ def _one_pass(
 ) -> dict[str, Any]:
     """Time one pass kind at ``b × ℓ`` (median of three after a warm-up) and take its peak memory.
     ``*-chunk`` kinds take the loss ``chunk`` tokens at a time as the runtime does (the LM head
-    under activation checkpointing, :func:`~rpeg.runtime.model.in_token_chunks`)."""
-    from rpeg.runtime.model import in_token_chunks, token_logprobs
+    under activation checkpointing, :func:`~rpeg.runtime.worker.model.in_token_chunks`)."""
+    from rpeg.runtime.worker.model import in_token_chunks, token_logprobs
 
     g = torch.Generator(device="cpu").manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (b, ell), generator=g).to(device)
@@ -204,7 +204,7 @@ def _megatron(torch: Any, out: Path, seed: int) -> dict[str, Any]:
     from rpeg.ir.models import ModelSpec
     from rpeg.runtime.engines import megatron_engine as me
     from rpeg.runtime.engines.hf_models import family_modules, hf_config
-    from rpeg.runtime.model import token_logprobs
+    from rpeg.runtime.worker.model import token_logprobs
 
     spec = ModelSpec(**MEGATRON_SPEC)
     store = dist.FileStore(tempfile.mkstemp(prefix="rpeg-mcore-store-")[1], 1)
@@ -257,8 +257,8 @@ def measure(out: Path, device: str, tiny: bool, seed: int = 0, megatron: bool = 
     import transformers
 
     from rpeg.ir.models import model_preset
+    from rpeg.runtime.calibrate.measure import calibrate
     from rpeg.runtime.engines.hf_models import family_modules, hf_config
-    from rpeg.runtime.measure import calibrate
 
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
@@ -434,7 +434,7 @@ def report(measured_path: Path, write: bool = True, section: str = "gpu-check", 
     if "hardware" in cal:
         hw_c = hws["calibrated"]
         lines += [
-            f"Calibration (`rpeg.runtime.measure.calibrate(device={data['device']!r}, base={preset.name!r})`):",
+            f"Calibration (`rpeg.runtime.calibrate.measure.calibrate(device={data['device']!r}, base={preset.name!r})`):",
             "",
             f"| figure | {preset.name} preset | calibrated | calibrated / preset |",
             "|---|---:|---:|---:|",

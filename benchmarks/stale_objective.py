@@ -7,7 +7,7 @@ truncation ``w̄`` of the importance weights) runs ``--seeds`` seeds of ``--step
 torch engine at scale ``base``, batch 32, every other hyper-parameter at its default. The section
 ``stale-objective`` of ``benchmarks/RESULTS.md`` gets, per plan and objective, the mean and the
 smallest final reward, the mean gain and how many runs had a step whose mean reward fell by more
-than 0.1. All runs share one :class:`~rpeg.runtime.pool.WorkerPool`.
+than 0.1. All runs share one :class:`~rpeg.runtime.driver.pool.WorkerPool`.
 
     python benchmarks/stale_objective.py [--algorithms ppo,grpo,remax] [--seeds 8] [--steps 5] [--no-write]
 """
@@ -37,9 +37,9 @@ def main(argv: list[str] | None = None) -> None:
     from rpeg import solve
     from rpeg.costmodel import hardware_preset
     from rpeg.ir.cluster import Cluster
-    from rpeg.runtime.pool import WorkerPool
-    from rpeg.runtime.rl import RLConfig
-    from rpeg.runtime.runner import run
+    from rpeg.runtime.config import RLConfig
+    from rpeg.runtime.driver.pool import WorkerPool
+    from rpeg.runtime.driver.runner import run
     from tests.runtime.plans import workload
 
     cluster = Cluster.from_shape(

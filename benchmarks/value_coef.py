@@ -7,7 +7,7 @@ critic, SA's with staleness 1. Each ``c_v`` runs
 ``--seeds`` seeds of ``--steps`` steps on the torch engine at scale ``base``, batch 32, every
 other hyper-parameter at its default; the section ``value-coef`` of ``benchmarks/RESULTS.md``
 gets, per ``c_v``, the mean and the smallest final reward and how many runs had a step whose
-mean reward fell by more than 0.1. All runs share one :class:`~rpeg.runtime.pool.WorkerPool`.
+mean reward fell by more than 0.1. All runs share one :class:`~rpeg.runtime.driver.pool.WorkerPool`.
 
     python benchmarks/value_coef.py [--coefs 1,0.5,0.25,0.1] [--seeds 8] [--steps 5] [--no-write]
 """
@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> None:
     from rpeg import solve
     from rpeg.costmodel import hardware_preset
     from rpeg.ir.cluster import Cluster
-    from rpeg.runtime.pool import WorkerPool
-    from rpeg.runtime.rl import RLConfig
-    from rpeg.runtime.runner import run
+    from rpeg.runtime.config import RLConfig
+    from rpeg.runtime.driver.pool import WorkerPool
+    from rpeg.runtime.driver.runner import run
     from tests.runtime.plans import workload
 
     cluster = Cluster.from_shape(

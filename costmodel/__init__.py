@@ -9,7 +9,7 @@
 * :mod:`.memory` — parameter shards, persistent optimizer state and transient peaks;
 * :mod:`.transition` — times of the transition primitives (SPEC §10);
 * :mod:`.fit` — calibration fits from measured samples to a hardware file (the measuring is
-  :mod:`rpeg.runtime.measure`).
+  :mod:`rpeg.runtime.calibrate.measure`).
 
 Nothing here imports torch.
 

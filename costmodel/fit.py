@@ -17,11 +17,11 @@ are copied from the ``base`` hardware; the result's ``notes`` list every figure 
 inherited.
 
 The measuring itself (torch microbenchmarks, one process per rank) is
-:mod:`rpeg.runtime.measure`; this module is numpy only and never imports torch.
+:mod:`rpeg.runtime.calibrate.measure`; this module is numpy only and never imports torch.
 
 Example
 -------
->>> from rpeg.runtime.measure import calibrate                # doctest: +SKIP
+>>> from rpeg.runtime.calibrate.measure import calibrate                # doctest: +SKIP
 >>> report = calibrate(quick=True, max_ranks=2)              # doctest: +SKIP
 >>> print(report.table()); report.hardware.save("hw.json")   # doctest: +SKIP
 """
@@ -161,7 +161,7 @@ class LinkFit:
 
 @dataclass
 class CalibrationReport:
-    """What a calibration measured (:func:`~rpeg.runtime.measure.calibrate`) and fitted.
+    """What a calibration measured (:func:`~rpeg.runtime.calibrate.measure.calibrate`) and fitted.
 
     Attributes
     ----------
@@ -316,6 +316,21 @@ class CalibrationReport:
         if self.unsupported:
             lines.append(f"unsupported by the backend: {', '.join(self.unsupported)}")
         return "\n".join(lines)
+
+    def summary(self) -> str:
+        """The measured figures on two lines (:meth:`table` has every figure with its source)."""
+        hw, g = self.hardware, self.gemm_fit
+        head = (
+            f"calibration of {hw.name} on {self.device} ({'quick' if self.quick else 'full'}, {self.elapsed:.1f} s): "
+            f"F_peak {hw.peak_flops / 1e9:.3g} GFLOP/s (fit {g.rel_rms:.1%}), BW_mem {hw.mem_bandwidth / 1e9:.3g} GB/s, "
+            f"c_ng {hw.c_nongemm * 1e3:.3g} ms/layer"
+        )
+        links = [
+            f"{kind} α {getattr(hw, kind)[0].alpha * 1e6:.3g} µs 1/β {_bandwidth(getattr(hw, kind)[0].beta)}"
+            for kind, fitted in (("collective", self.collective_fit), ("p2p", self.p2p_fit))
+            if fitted is not None
+        ]
+        return head + ("\n  measured links (tier 0): " + ", ".join(links) if links else "")
 
 
 def _source(name: str, report: CalibrationReport) -> str:

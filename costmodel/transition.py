@@ -19,7 +19,7 @@ warm-up, then the weights pushed in): ``+ c_engine`` per such primitive (the par
 start their engines at once, on their own devices). Intermediate units (an Extend's copy that a
 Merge then joins) serve no rollouts and start none. ``c_engine`` defaults to 0 (the torch engine
 generates on the worker's own model); the runtime passes the engine start-up it measured
-(:func:`rpeg.runtime.runner.run`, ``rollout_engine="vllm"``); :func:`primitive_times` adds it.
+(:func:`rpeg.runtime.driver.runner.run`, ``rollout_engine="vllm"``); :func:`primitive_times` adds it.
 
 ``c_setup`` defaults to :data:`DEFAULT_SETUP_S` = 0.1 s and ``c_teardown`` to
 :data:`DEFAULT_TEARDOWN_S` = 1 ms. Neither is a hardware-file figure: NCCL communicator creation

@@ -194,7 +194,7 @@ class OpTerms:
         ``μ > 0``: a no-grad forward pass's peak private memory per byte of SPEC's forward
         activations (``1``: SPEC's count of the tensors live at once). Used by the runtime's
         memory prediction of the inference engine's workers
-        (:func:`rpeg.runtime.report.predicted_memory`); fitted by ``rpeg calibrate --in-situ``.
+        (:func:`rpeg.runtime.trace.report.predicted_memory`); fitted by ``rpeg calibrate --in-situ``.
     """
 
     efficiency: float = 1.0

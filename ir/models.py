@@ -295,7 +295,7 @@ class ModelSpec:
         architecture (GPT-3's two-projection FFN; a Qwen3, Gemma, Phi-3, GPT-2, OPT or GPT-NeoX
         ``config.json``, which :meth:`from_hf_config` reads with family ``"llama"``) plans as
         itself and runs as a ``llama`` model of the runtime's scale
-        (:func:`rpeg.runtime.model.scale_spec`); the runtime refuses such a checkpoint's weights.
+        (:func:`rpeg.runtime.binding.scale_spec`); the runtime refuses such a checkpoint's weights.
     checkpoint
         Local Hugging Face checkpoint directory (``config.json`` and ``*.safetensors``) whose
         weights the runtime runs this model with, at full size; ``""``: none (the runtime builds a

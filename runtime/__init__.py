@@ -2,8 +2,8 @@
 
 * :func:`run` (``rpeg.run``) binds a :class:`~rpeg.solvers.result.Result` to worker groups
   (``binding``), starts them on Ray with placement groups (``controller``), runs the lowered DAG
-  completion-driven and returns a :class:`~rpeg.runtime.runner.RunReport` with the trace;
-* ``rpeg.verify`` (:func:`rpeg.runtime.verify.verify`) checks a trace against the plan;
+  completion-driven and returns a :class:`~rpeg.runtime.driver.runner.RunReport` with the trace;
+* ``rpeg.verify`` (:func:`rpeg.runtime.trace.verify.verify`) checks a trace against the plan;
 * ``model``, ``task``, ``rl``: the Hugging Face decoder stages, the synthetic task and the
   PPO/GRPO/ReMax/DPO math;
 * ``worker`` (with ``worker_ops``, ``worker_rollouts``, ``worker_transfers``,
@@ -23,17 +23,22 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["WorkerPool", "run"]
+__all__ = ["RunConfig", "WorkerPool", "run"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "run":
-        from .runner import run
+        from .driver.runner import run
 
         globals()["run"] = run
         return run
+    if name == "RunConfig":
+        from .config import RunConfig
+
+        globals()["RunConfig"] = RunConfig
+        return RunConfig
     if name == "WorkerPool":
-        from .pool import WorkerPool
+        from .driver.pool import WorkerPool
 
         globals()["WorkerPool"] = WorkerPool
         return WorkerPool

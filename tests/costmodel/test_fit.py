@@ -216,6 +216,9 @@ def test_fit_hardware_recovers_the_machine_and_inherits_the_rest():
     assert sources["gpu_memory_bytes"].startswith("inherited from 'cpu'")
     table = r.table()
     assert "inherited" in table and "measured" in table and "collective t0" in table
+    brief = r.summary().splitlines()  # the figures measured here, on two lines
+    assert len(brief) == 2 and "F_peak" in brief[0] and "BW_mem" in brief[0]
+    assert brief[1].startswith("  measured links (tier 0): collective α ")
     assert json.loads(json.dumps(r.to_dict()))["format"] == "rpeg.calibration/1"
 
 

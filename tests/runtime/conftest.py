@@ -3,7 +3,7 @@ tests that need the same uninterrupted run, and ``cpu_burner`` to load the machi
 
 Worker start-up is what runtime tests spend their time on (one process per worker, each
 importing torch and transformers' model code: about 4 CPU-seconds on the 2-core machine), so the
-session keeps finished runs' worker processes for the next run (:class:`rpeg.runtime.pool.
+session keeps finished runs' worker processes for the next run (:class:`rpeg.runtime.driver.pool.
 WorkerPool`; a pooled process computes what a fresh one does, tests/runtime/test_pool.py), and a
 run that several tests compare against is made once per session (:func:`clean_run`).
 """
@@ -28,10 +28,10 @@ RAY_DEVICES = 8
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
     """A local Ray instance (:data:`RAY_DEVICES` ``rpeg_device`` resources, 2 CPUs) with a
-    :class:`~rpeg.runtime.pool.WorkerPool` from the first runtime module that asks for it to the
+    :class:`~rpeg.runtime.driver.pool.WorkerPool` from the first runtime module that asks for it to the
     end of the session."""
     pytest.importorskip("ray")
-    from rpeg.runtime.pool import WorkerPool
+    from rpeg.runtime.driver.pool import WorkerPool
 
     with WorkerPool(RAY_DEVICES, num_cpus=2, max_idle=16):
         yield
@@ -46,7 +46,7 @@ def clean_run(ray_session) -> Callable[..., Any]:
     session for each distinct plan and arguments (plain values only: no progress callback,
     no paths, no injected faults), so tests comparing against the same uninterrupted run share
     it. Callers must not modify the report they get."""
-    from rpeg.runtime.runner import run
+    from rpeg.runtime.driver.runner import run
 
     def get(result, **kwargs: Any) -> Any:
         assert all(isinstance(v, (int, float, str, bool, type(None))) for v in kwargs.values()), kwargs

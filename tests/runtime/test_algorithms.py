@@ -1,5 +1,5 @@
 """ReMax and DPO through ``rpeg.run`` (local Ray, CPU workers, tiny models): traces that verify,
-metrics that rise, the single-process reference loop of ``runtime/rl.py`` reproduced, and two
+metrics that rise, the single-process reference loop of ``runtime/worker/rl.py`` reproduced, and two
 layouts of each job ending with the same weights.
 
 ReMax's metric is the task reward of the sampled rollouts; DPO's is the mean implicit reward
@@ -22,10 +22,11 @@ from rpeg import solve  # noqa: E402
 from rpeg.costmodel import hardware_preset  # noqa: E402
 from rpeg.ir import Cluster, Workload  # noqa: E402
 from rpeg.runtime.binding import bind  # noqa: E402
-from rpeg.runtime.rl import RLConfig, train_reference  # noqa: E402
-from rpeg.runtime.runner import run  # noqa: E402
-from rpeg.runtime.trace import expected_graph  # noqa: E402
-from rpeg.runtime.verify import verify  # noqa: E402
+from rpeg.runtime.config import RLConfig  # noqa: E402
+from rpeg.runtime.driver.runner import run  # noqa: E402
+from rpeg.runtime.trace.records import expected_graph  # noqa: E402
+from rpeg.runtime.trace.verify import verify  # noqa: E402
+from rpeg.runtime.worker.rl import train_reference  # noqa: E402  # noqa: E402
 from tests.runtime.plans import TOY, hand  # noqa: E402
 from tests.runtime.workers import local_worker, node  # noqa: E402
 

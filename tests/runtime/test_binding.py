@@ -17,7 +17,7 @@ from rpeg.runtime.binding import (
     run_shape,
     run_specs,
 )
-from rpeg.runtime.trace import expected_graph
+from rpeg.runtime.trace.records import expected_graph
 from tests.runtime.plans import COLOCATED, ONE_DEVICE, SMALL, hand, workload
 
 PPO_SYNC = (("actor", 0), ("critic", 0))

@@ -1,4 +1,4 @@
-"""``runtime/checkpoint.py``: step directories, file digests and the manifest a run rewrites
+"""``runtime/trace/checkpoint.py``: step directories, file digests and the manifest a run rewrites
 after each complete step (the refusals of corrupt checkpoints are in ``test_inputs.py``)."""
 
 from __future__ import annotations
@@ -6,7 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 
-from rpeg.runtime.checkpoint import MANIFEST, check_checkpoint, file_digest, step_dir_name, write_manifest
+from rpeg.runtime.trace.checkpoint import (
+    MANIFEST,
+    check_checkpoint,
+    file_digest,
+    step_dir_name,
+    write_manifest,
+)
 
 
 def test_step_dir_name_is_zero_padded_and_sorts_by_step():

@@ -1,4 +1,4 @@
-"""``runtime/engine_calibration.py``: the exact NNLS, the fits of the engine terms (they recover
+"""``runtime/calibrate/engine_terms.py``: the exact NNLS, the fits of the engine terms (they recover
 terms that generated the samples through the cost model), and one real measurement of the torch
 engine's nodes on a tiny grid (in this process, no Ray)."""
 
@@ -17,7 +17,7 @@ from rpeg.ir.hardware import EngineTerms, Link, OpTerms
 from rpeg.ir.models import ModelSpec
 from rpeg.ir.plan import Strategy
 from rpeg.ir.types import Head, Role
-from rpeg.runtime.engine_calibration import EngineSample, fit_engine_terms, nnls
+from rpeg.runtime.calibrate.engine_terms import EngineSample, fit_engine_terms, nnls
 
 
 def test_nnls_matches_the_unconstrained_optimum_when_it_is_feasible_and_clips_otherwise():
@@ -118,13 +118,21 @@ def test_fits_recover_the_terms_that_timed_the_samples():
         ("vllm", "generation"), ("vllm", "sync"), ("vllm", "tensor_parallel"), ("torch", "inference"),
         ("torch", "training"), ("torch", "data_parallel"),
     }  # fmt: skip
+    # the brief report: one line, each engine's classes with their fit MAPE
+    from rpeg.runtime.calibrate.engine_terms import EngineCalibration
+
+    brief = EngineCalibration(hardware_preset("cpu"), _synthetic_samples(), fits).summary()
+    assert brief == (
+        "engine terms fitted, MAPE: torch inference 0.0%, training 0.0%, data_parallel 0.0%; "
+        "vllm generation 0.0%, sync 0.0%, tensor_parallel 0.0%"
+    )
 
 
 def test_torch_engine_nodes_are_measured_and_fitted():
     """A real run of the worker's nodes (one tiny model, one shape): every class is timed, every
     sample is positive, and each class gets fitted terms."""
     pytest.importorskip("torch")
-    from rpeg.runtime.engine_calibration import measure_torch_engine
+    from rpeg.runtime.calibrate.engine_terms import measure_torch_engine
 
     samples = measure_torch_engine(
         repeats=1, scales=({"layers": 1, "hidden": 64, "heads": 4},), shapes=((2, 8, 8),)
@@ -143,7 +151,7 @@ def test_torch_engine_nodes_are_measured_and_fitted():
 def test_neighbour_load_pins_this_process_and_restores_its_cores():
     import os
 
-    from rpeg.runtime.engine_calibration import neighbour_load
+    from rpeg.runtime.calibrate.engine_terms import neighbour_load
 
     allowed = os.sched_getaffinity(0)
     with neighbour_load(False) as loaded:
@@ -160,7 +168,7 @@ def test_data_parallel_update_is_measured_on_two_gloo_ranks():
     seconds, the models' full parameter bytes, and a link the fit accepts. Bad arguments are
     refused before any process starts."""
     pytest.importorskip("torch")
-    from rpeg.runtime.engine_calibration import measure_data_parallel
+    from rpeg.runtime.calibrate.engine_terms import measure_data_parallel
 
     samples = measure_data_parallel(quick=True, repeats=1)
     assert [s.op_class for s in samples] == ["data_parallel"] * 2
@@ -185,7 +193,7 @@ def test_vllm_tensor_parallel_generation_is_measured_on_two_ranks():
     pytest.importorskip("vllm")
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("two cores")
-    from rpeg.runtime.engine_calibration import measure_vllm_tp
+    from rpeg.runtime.calibrate.engine_terms import measure_vllm_tp
 
     tiny = {"layers": 1, "hidden": 64, "heads": 2}  # head size 32: vLLM-CPU's smallest
     samples = measure_vllm_tp(quick=True, repeats=1, scales=(tiny,))

@@ -9,7 +9,7 @@ import pytest
 
 from rpeg.costmodel import hardware_preset
 from rpeg.ir import Cluster, Structure, Workload
-from rpeg.runtime.runner import check_engine_choices
+from rpeg.runtime.driver.runner import check_engine_choices
 from rpeg.solvers import solve
 from rpeg.solvers.result import result_for_plan
 from tests.runtime.plans import TOY
@@ -61,8 +61,8 @@ def test_pipelined_training_needs_pp_microbatches_in_every_update():
 
 
 def test_a_kl_term_without_a_reference_is_refused_before_any_worker_starts():
-    from rpeg.runtime.rl import RLConfig
-    from rpeg.runtime.runner import rl_config, run
+    from rpeg.runtime.config import RLConfig
+    from rpeg.runtime.driver.runner import rl_config, run
 
     no_ref = solve(_grpo(kl_coef=0.0), CLUSTER, "greedy")
     assert rl_config(no_ref, None).kl_coef == 0.0  # the workload's β by default
@@ -106,7 +106,7 @@ def test_a_run_shape_gives_every_update_equal_pipelined_microbatches():
     different sizes (1F1B keeps its buffers from the first microbatch), or too few sequences for
     every DP rank and microbatch of every update."""
     from rpeg.runtime.binding import bind
-    from rpeg.runtime.trace import expected_graph
+    from rpeg.runtime.trace.records import expected_graph
 
     cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2)
     w = _grpo(reward="rule", kl_coef=0.0, mini_batches=3)

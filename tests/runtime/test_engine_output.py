@@ -7,7 +7,7 @@ import sys
 
 _PROBE = """
 import subprocess, sys
-from rpeg.runtime.engine_output import engine_output_to
+from rpeg.runtime.driver.engine_output import engine_output_to
 print("before")
 with engine_output_to(sys.argv[1]) as console:
     print("python stdout")

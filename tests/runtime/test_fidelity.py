@@ -1,4 +1,4 @@
-"""``runtime/fidelity.py``: the two statistics, the per-step and per-class comparison of a run's
+"""``runtime/trace/fidelity.py``: the two statistics, the per-step and per-class comparison of a run's
 records with the cost model's predictions, what a trace stores for it, and the memory probes."""
 
 from __future__ import annotations
@@ -8,16 +8,15 @@ import math
 import pytest
 
 from rpeg.ir.errors import InputError
-from rpeg.runtime.fidelity import (
+from rpeg.runtime.trace.fidelity import (
     compared_steps,
     fidelity,
     mape,
-    peak_resident_bytes,
-    resident_bytes,
     spearman,
     trace_fidelity,
 )
-from rpeg.runtime.trace import Trace, TraceRecord
+from rpeg.runtime.trace.records import Trace, TraceRecord
+from rpeg.runtime.worker.memory import peak_resident_bytes, resident_bytes
 
 
 def test_mape_and_spearman_by_hand():
@@ -145,7 +144,7 @@ def test_private_peak_sees_an_allocation_the_kernel_peak_would_mix_with_shared_p
     shared pages: it stays below the whole resident set."""
     import numpy as np
 
-    from rpeg.runtime.fidelity import PrivatePeak, private_bytes
+    from rpeg.runtime.worker.memory import PrivatePeak, private_bytes
 
     assert 0 < private_bytes() <= resident_bytes()
     sampler = PrivatePeak(interval_s=0.001)
@@ -171,7 +170,7 @@ def test_release_freed_memory_returns_heap_holes_to_the_kernel():
 
     import torch
 
-    from rpeg.runtime.fidelity import private_bytes, release_freed_memory
+    from rpeg.runtime.worker.memory import private_bytes, release_freed_memory
 
     if not sys.platform.startswith("linux"):
         pytest.skip("glibc's malloc_trim")
@@ -196,7 +195,7 @@ def test_publications_cross_the_object_store_without_a_copy(ray_session):
     import ray
     import torch
 
-    from rpeg.runtime.parallel import assemble, shareable
+    from rpeg.runtime.worker.parallel import assemble, shareable
 
     w = torch.arange(12, dtype=torch.float32).reshape(4, 3)
     pub = shareable({"w": (w.clone(), None), "b": (torch.ones(3), None), "steps": (torch.tensor([7]), None)})
@@ -224,7 +223,7 @@ libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
 _HEAP_PROBE = (
     _LIBC_CALLS
     + """
-from rpeg.runtime.fidelity import map_large_blocks, private_bytes
+from rpeg.runtime.worker.memory import map_large_blocks, private_bytes
 if sys.argv[1] == "map":
     assert map_large_blocks()  # what every CPU worker pins: 128 KiB
 big = libc.malloc(8 << 20); libc.memset(big, 1, 8 << 20); libc.free(big)  # glibc raises its threshold
@@ -260,7 +259,7 @@ def test_map_large_blocks_returns_freed_blocks_at_once():
     live = 8 * 2**20
     assert kept("default") >= live + 48 * 2**20
     assert kept("map") <= live + 2**20
-    from rpeg.runtime.fidelity import map_large_blocks
+    from rpeg.runtime.worker.memory import map_large_blocks
 
     with pytest.raises(ValueError, match="threshold"):
         map_large_blocks(0)
@@ -269,7 +268,7 @@ def test_map_large_blocks_returns_freed_blocks_at_once():
 _SAMPLER_PROBE = """
 import time
 import numpy as np
-from rpeg.runtime.fidelity import PrivatePeak
+from rpeg.runtime.worker.memory import PrivatePeak
 sampler = PrivatePeak(interval_s=0.001, active=False)
 assert not sampler.active
 n = sampler.samples
@@ -312,7 +311,7 @@ def test_a_paused_sampler_takes_no_samples_until_it_samples_again():
 _LIVE_PROBE = (
     _LIBC_CALLS
     + """
-from rpeg.runtime.fidelity import PrivatePeak, heap_live_bytes, private_bytes
+from rpeg.runtime.worker.memory import PrivatePeak, heap_live_bytes, private_bytes
 big = libc.malloc(8 << 20); libc.memset(big, 1, 8 << 20); libc.free(big)  # glibc raises its threshold
 sampler = PrivatePeak(interval_s=0.001)
 live0, private0 = heap_live_bytes(), private_bytes()
@@ -336,7 +335,7 @@ def test_live_heap_counts_chunks_in_use_not_what_glibc_keeps():
     import subprocess
     import sys
 
-    from rpeg.runtime.fidelity import _libc
+    from rpeg.runtime.worker.memory import _libc
 
     lib = _libc()
     if lib is None or not hasattr(lib, "mallinfo2"):
@@ -353,7 +352,7 @@ def test_live_heap_counts_chunks_in_use_not_what_glibc_keeps():
 def test_worker_peaks_reads_either_memory_field():
     from types import SimpleNamespace
 
-    from rpeg.runtime.fidelity import worker_peaks
+    from rpeg.runtime.trace.fidelity import worker_peaks
 
     records = [
         SimpleNamespace(memory={"g0/r0": 5.0}, memory_live={"g0/r0": 2.0}),

@@ -1,4 +1,4 @@
-"""Tests of ``runtime/parallel.py``'s :class:`FSDPAdam`: two gloo ranks of FSDP2 data parallelism
+"""Tests of ``runtime/worker/parallel.py``'s :class:`FSDPAdam`: two gloo ranks of FSDP2 data parallelism
 against one process with ``torch.optim.Adam`` on the whole batch.
 
 Checked on every rank: the reduced gradient shard is the chunk of the whole batch's gradient (a
@@ -25,8 +25,9 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from rpeg.ir.models import model_preset  # noqa: E402
 from rpeg.ir.types import Head  # noqa: E402
-from rpeg.runtime.model import StageModel, scale_spec  # noqa: E402
-from rpeg.runtime.parallel import FSDPAdam, local  # noqa: E402
+from rpeg.runtime.binding import scale_spec  # noqa: E402
+from rpeg.runtime.worker.model import StageModel  # noqa: E402
+from rpeg.runtime.worker.parallel import FSDPAdam, local  # noqa: E402
 
 V, LR, TOL = 16, 1e-3, 1e-5
 
@@ -71,7 +72,7 @@ def _gloo_pair(rank: int, init_file: str) -> Iterator[object]:
 
 
 def _rank(rank: int, init_file: str, spec, batches: list[torch.Tensor], ref: dict) -> None:
-    from rpeg.runtime.parallel import _dim0_chunk
+    from rpeg.runtime.worker.parallel import _dim0_chunk
 
     with _gloo_pair(rank, init_file) as mesh:
         model = StageModel(spec, Head.LM, seed=3)

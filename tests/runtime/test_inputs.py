@@ -16,10 +16,10 @@ import rpeg.cli
 from rpeg import Cluster, solve
 from rpeg.costmodel import hardware_preset
 from rpeg.ir.errors import InputError
-from rpeg.runtime.checkpoint import check_checkpoint, file_digest, write_manifest
-from rpeg.runtime.liveness import RunError
-from rpeg.runtime.trace import Trace, TraceRecord, plan_hash
-from rpeg.runtime.verify import verify
+from rpeg.runtime.driver.liveness import RunError
+from rpeg.runtime.trace.checkpoint import check_checkpoint, file_digest, write_manifest
+from rpeg.runtime.trace.records import Trace, TraceRecord, plan_hash
+from rpeg.runtime.trace.verify import verify
 from tests.runtime.plans import workload
 
 
@@ -145,7 +145,7 @@ def test_writing_refuses_non_finite_numbers_and_round_trips_a_failed_trace(resul
 # ---------------------------------------------------------------------------- checkpoints
 def trainers_of(result) -> dict[int, int]:
     from rpeg.runtime.binding import bind
-    from rpeg.runtime.trace import expected_graph
+    from rpeg.runtime.trace.records import expected_graph
 
     b = bind(result, expected_graph(result, 1), 1)
     return {g.gid: g.size for g in b.groups if g.trains}
@@ -228,7 +228,7 @@ def test_legacy_manifest_is_accepted_with_a_schema_and_presence_check(result, ch
 def no_workers(monkeypatch):
     """Fail the test if a run gets as far as starting Ray or its workers (another module's
     session may have Ray running already, so "Ray is not initialised" would prove nothing)."""
-    from rpeg.runtime import controller, runner
+    from rpeg.runtime.driver import controller, runner
 
     def started(*_, **__):
         pytest.fail("the run started Ray or its workers before refusing the input")
@@ -342,7 +342,7 @@ def no_run(monkeypatch):
     torch and Ray) or ``ray.init``."""
     import ray
 
-    from rpeg.runtime import runner
+    from rpeg.runtime.driver import runner
 
     def started(*_, **__):
         pytest.fail("rpeg run went on to rpeg.run / ray.init before refusing its arguments")
@@ -385,7 +385,7 @@ def test_cli_run_refuses_transition_arguments_before_any_work(result, tmp_path, 
 def test_run_refuses_transition_arguments_before_any_work(result, no_workers, monkeypatch):
     """The Python API checks the method names and the transitions first, before it imports Ray
     or prepares anything."""
-    from rpeg.runtime import runner
+    from rpeg.runtime.driver import runner
 
     monkeypatch.setattr(runner, "_prepare", lambda *_, **__: pytest.fail("run() went on to prepare the run"))
     cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2)
@@ -428,7 +428,7 @@ def test_cli_verify_reports_a_failed_run_as_incomplete(result, tmp_path, capsys)
 
 def test_cli_run_failure_is_one_line_and_names_the_trace(result, tmp_path, capsys, monkeypatch):
     """A RunError from the run (here raised by a stand-in) ends with exit 4 and no traceback."""
-    import rpeg.runtime.runner as runner
+    import rpeg.runtime.driver.runner as runner
 
     rpath = tmp_path / "r.json"
     result.to_json(rpath)
@@ -448,6 +448,9 @@ def test_cli_run_failure_is_one_line_and_names_the_trace(result, tmp_path, capsy
     monkeypatch.setattr(runner, "run", failing_run)
     code, err = cli(capsys, "run", str(rpath), "--trace", str(tmp_path / "t.json"))
     assert code == 4
+    # first where the engines' output goes (beside the trace), then rpeg's two lines
+    assert err[0] == f"engines' output (Ray, vLLM, torch): {tmp_path / 't.engines.log'}"
+    err = err[1:]
     assert err[0] == (
         "rpeg: error: run failed: node 7 (op actor_train step 1) failed on worker g1/r1 (device 1): "
         "worker process lost"

@@ -18,9 +18,9 @@ pytest.importorskip("ray")
 from rpeg import solve
 from rpeg.costmodel import hardware_preset
 from rpeg.ir import Cluster, Workload
-from rpeg.runtime.liveness import RunInterrupted
-from rpeg.runtime.trace import Trace
-from rpeg.runtime.verify import verify
+from rpeg.runtime.driver.liveness import RunInterrupted
+from rpeg.runtime.trace.records import Trace
+from rpeg.runtime.trace.verify import verify
 from tests.runtime.plans import TOY
 
 
@@ -59,7 +59,7 @@ def test_a_signal_mid_run_stops_it_with_the_trace_so_far(ray_session, tmp_path, 
     """In process, on the session's instance: a signal at step 1's first record ends ``run`` with
     :class:`RunInterrupted` (a ``KeyboardInterrupt``) carrying the trace up to there; the SIGTERM
     handler the run installed is gone afterwards."""
-    from rpeg.runtime.runner import run
+    from rpeg.runtime.driver.runner import run
 
     result = _one_device_grpo()
     before = signal.getsignal(signal.SIGTERM)
@@ -91,8 +91,10 @@ def test_sigterm_ends_rpeg_run_with_143_a_message_and_the_trace(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
+    seen = []  # stderr before the signal
     try:
         for line in proc.stderr:  # the run reports its set-up on stderr
+            seen.append(line)
             if line.startswith("workers up:"):
                 break
         else:
@@ -108,4 +110,16 @@ def test_sigterm_ends_rpeg_run_with_143_a_message_and_the_trace(tmp_path):
     assert lines[0].startswith("rpeg: run interrupted by SIGTERM in step ")
     assert lines[1].startswith("rpeg: trace up to the interruption (") and lines[1].endswith(str(trace))
     assert "Traceback" not in err and out == ""
+    # the terminal shows rpeg's own lines only: what Ray and the engines print is in the log
+    log = trace.with_suffix(".engines.log")
+    assert log.is_file()
+    own = (
+        "engines' output (Ray, vLLM, torch): ",
+        "Ray session logs (the workers' output): ",
+        "workers up:",
+        "rpeg: ",
+    )
+    shown = "".join(seen) + err
+    assert shown.startswith(f"engines' output (Ray, vLLM, torch): {log}\n"), shown
+    assert all(x.startswith(own) for x in shown.splitlines() if x.strip()), shown
     assert Trace.from_json(trace).status == "interrupted"

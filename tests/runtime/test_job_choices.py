@@ -20,9 +20,9 @@ torch = pytest.importorskip("torch")
 
 from rpeg.ir import Workload  # noqa: E402
 from rpeg.runtime.binding import bind, mini_batch_bounds, update_microbatches  # noqa: E402
-from rpeg.runtime.rl import kl_loss, policy_loss, response_slice  # noqa: E402
-from rpeg.runtime.trace import expected_graph  # noqa: E402
-from rpeg.runtime.worker_ops import rule_reward  # noqa: E402
+from rpeg.runtime.trace.records import expected_graph  # noqa: E402
+from rpeg.runtime.worker.ops import rule_reward  # noqa: E402
+from rpeg.runtime.worker.rl import kl_loss, policy_loss, response_slice  # noqa: E402
 from tests.runtime.plans import TOY, hand  # noqa: E402
 from tests.runtime.workers import local_worker, node  # noqa: E402
 
@@ -99,7 +99,7 @@ def test_grpo_has_no_kl_term_without_a_reference(grpo):
     target[..., 2] = torch.randn(n, sh.response_len, generator=gen)
     target[..., 3] = 1.0
     target[..., 4] = -torch.rand(n, sh.response_len, generator=gen)
-    from rpeg.runtime.model import token_logprobs
+    from rpeg.runtime.worker.model import token_logprobs
 
     lp = token_logprobs(output[:, response_slice(sh.prompt_len, sh.response_len)], target[..., 0].long())
     m = target[..., 3]
@@ -218,8 +218,8 @@ def test_grpo_with_every_choice_runs_and_verifies(ray_session, tmp_path):
     trainer on both devices every step), two updates per step: the trace verifies, the reward is
     reported every step, the trainer reads the old log-probs of the version it trains (gap ~0) and
     takes two Adam steps per RL step."""
-    from rpeg.runtime.runner import run
-    from rpeg.runtime.verify import verify
+    from rpeg.runtime.driver.runner import run
+    from rpeg.runtime.trace.verify import verify
 
     both = ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1)
     table = {"actor_gen": both, "actor_train": both, "actor_logp": ((0, 0, 1), (1, 1, 1), 1, 1, 1, 1)}
@@ -241,8 +241,8 @@ def test_ppo_with_a_rule_reward_and_two_pipelined_updates_runs_and_verifies(ray_
     """The actor trains PP-2 with 4 microbatches per step: one 1F1B schedule of 2 microbatches per
     update; the critic on device 1 (inference and training in one group) regresses on the rule
     reward the DP-2 generation emits."""
-    from rpeg.runtime.runner import run
-    from rpeg.runtime.verify import verify
+    from rpeg.runtime.driver.runner import run
+    from rpeg.runtime.trace.verify import verify
 
     table = {
         "actor_gen": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
@@ -268,8 +268,8 @@ def test_a_fully_sharded_trainer_trains_the_weights_of_a_stage_2_one(ray_session
     gets its weights by publication) trains the same weights; the stage-3 run verifies and its
     checkpoint holds the full weights."""
     from rpeg import Cluster, Structure, hardware_preset
-    from rpeg.runtime.runner import run
-    from rpeg.runtime.verify import verify
+    from rpeg.runtime.driver.runner import run
+    from rpeg.runtime.trace.verify import verify
     from rpeg.solvers.result import result_for_plan
 
     wl = Workload("grpo", {"actor": TOY}, 64, 4, 256, 256, reward="rule", kl_coef=0.0)
@@ -297,15 +297,15 @@ def test_a_fully_sharded_trainer_trains_the_weights_of_a_stage_2_one(ray_session
 
 
 def test_fully_sharded_frozen_models_serve_what_replicated_ones_do(ray_session):
-    """ZeRO-3 for forward-only copies (SPEC §14.3, :class:`~rpeg.runtime.parallel.FSDPShards`):
+    """ZeRO-3 for forward-only copies (SPEC §14.3, :class:`~rpeg.runtime.worker.parallel.FSDPShards`):
     the same PPO plan with its reference and its critic's inference copy (which installs the
     critic trainer's weights every step) at stage 2 and at stage 3 on two DP ranks gives the same
     rewards and trains the same weights; the stage-3 copies register half the parameters each,
     and their predicted memory holds the shards plus the gathered root and layers."""
     from rpeg import Cluster, Structure, hardware_preset
-    from rpeg.runtime.report import predicted_memory
-    from rpeg.runtime.runner import run
-    from rpeg.runtime.verify import verify
+    from rpeg.runtime.driver.runner import run
+    from rpeg.runtime.trace.report import predicted_memory
+    from rpeg.runtime.trace.verify import verify
     from rpeg.solvers.result import result_for_plan
 
     wl = Workload("ppo", {"actor": TOY, "critic": TOY}, 64, 1, 256, 256, reward="rule")
@@ -327,8 +327,8 @@ def test_fully_sharded_frozen_models_serve_what_replicated_ones_do(ray_session):
         assert reports[zero].problems == [] and verify(reports[zero].trace, results[zero]) == []
     groups = {z: reports[z].trace.groups.values() for z in (2, 3)}
     # every CPU worker pins glibc's mmap threshold, so that its private memory is what its
-    # tensors hold (fidelity.map_large_blocks): the ZeRO-3 copies' freed gathers leave at once
-    from rpeg.runtime.fidelity import EXACT_HEAP_THRESHOLD
+    # tensors hold (memory.map_large_blocks): the ZeRO-3 copies' freed gathers leave at once
+    from rpeg.runtime.worker.memory import EXACT_HEAP_THRESHOLD
 
     assert {r["mmap_threshold"] for z in (2, 3) for g in groups[z] for r in g["ranks"]} == {
         EXACT_HEAP_THRESHOLD
@@ -375,8 +375,8 @@ def test_a_chunked_training_loss_trains_the_weights_of_a_whole_one(ray_session):
     (the last stage returns hidden states to the loss) it trains the weights the unchunked
     stage-2 trainer does."""
     from rpeg import Cluster, Structure, hardware_preset
-    from rpeg.runtime.runner import run
-    from rpeg.runtime.verify import verify
+    from rpeg.runtime.driver.runner import run
+    from rpeg.runtime.trace.verify import verify
     from rpeg.solvers.result import result_for_plan
 
     wl = Workload("grpo", {"actor": TOY}, 64, 4, 256, 256, reward="rule", kl_coef=0.0)

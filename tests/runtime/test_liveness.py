@@ -1,4 +1,4 @@
-"""``runtime/liveness.py``: the run's failure type and the watchdog's process checks — a dead
+"""``runtime/driver/liveness.py``: the run's failure type and the watchdog's process checks — a dead
 local process is named at once, a computing one counts as progress (no Ray instance: the
 checks use ``psutil`` on processes of this host)."""
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rpeg.runtime.liveness import BUSY_FRACTION, Owner, RunError, Watchdog, cause
+from rpeg.runtime.driver.liveness import BUSY_FRACTION, Owner, RunError, Watchdog, cause
 
 
 def test_run_error_is_one_line_and_carries_what_failed():

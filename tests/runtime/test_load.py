@@ -2,7 +2,7 @@
 two CPUs (``cpu_burner``), and a worker process killed mid-run.
 
 No fixed port and no deadline: every store binds a port the OS picks, every wait is a progress
-check (``runtime/liveness.py``), so a loaded machine only makes the runs slower. (Before, the
+check (``runtime/driver/liveness.py``), so a loaded machine only makes the runs slower. (Before, the
 workers also ran at Ray's default niceness 15 and starved behind the load: a 2-step run did not
 finish in 10 minutes; ``start_local_ray`` runs them at niceness 0.)
 
@@ -22,10 +22,10 @@ torch = pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
 
 from rpeg.ir.errors import InputError  # noqa: E402
-from rpeg.runtime.controller import RunError  # noqa: E402
-from rpeg.runtime.runner import run  # noqa: E402
-from rpeg.runtime.trace import Trace  # noqa: E402
-from rpeg.runtime.verify import verify  # noqa: E402
+from rpeg.runtime.driver.controller import RunError  # noqa: E402
+from rpeg.runtime.driver.runner import run  # noqa: E402
+from rpeg.runtime.trace.records import Trace  # noqa: E402
+from rpeg.runtime.trace.verify import verify  # noqa: E402
 from tests.runtime.burner import BURNERS  # noqa: E402
 from tests.runtime.plans import ONE_DEVICE, SMALL, hand, workload  # noqa: E402
 
@@ -99,7 +99,7 @@ def test_killed_worker_process_names_node_step_worker_device_and_keeps_the_trace
 def test_waits_follow_progress_not_deadlines(cpu_burner):
     """A computing worker is waited for past the stall window; an idle one that never answers
     ends the wait after it; a dead one is reported at once, named with its device."""
-    from rpeg.runtime.liveness import Owner, Watchdog
+    from rpeg.runtime.driver.liveness import Owner, Watchdog
 
     class _Probe:
         """A plain actor (no torch; defined here so Ray ships it by value)."""

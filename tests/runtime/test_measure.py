@@ -1,4 +1,4 @@
-"""Calibration microbenchmarks (``runtime/measure.py``): a quick run measures what it claims
+"""Calibration microbenchmarks (``runtime/calibrate/measure.py``): a quick run measures what it claims
 and yields a usable hardware file; ``rpeg calibrate`` writes it. The fits themselves are tested
 in ``tests/costmodel/test_fit.py``."""
 
@@ -15,7 +15,7 @@ from rpeg.costmodel.time import op_time
 from rpeg.ir import Cluster, model_preset
 from rpeg.ir.plan import Strategy
 from rpeg.ir.types import Role
-from rpeg.runtime.measure import calibrate, measure_gemm
+from rpeg.runtime.calibrate.measure import calibrate, measure_gemm
 
 
 # ---------------------------------------------------------------------------- end to end

@@ -1,4 +1,4 @@
-"""Tests of ``runtime/model.py``: shapes, seeded weights, KV-cache decoding, pipeline stages, layout-
+"""Tests of ``runtime/worker/model.py``: shapes, seeded weights, KV-cache decoding, pipeline stages, layout-
 independent sampling and tensor parallelism."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import torch.multiprocessing as mp
 
 from rpeg.ir.models import model_preset
 from rpeg.ir.types import Head
-from rpeg.runtime.model import (
+from rpeg.runtime.binding import scale_spec
+from rpeg.runtime.worker.model import (
     KVCache,
     StageModel,
     generate,
     sample_token,
-    scale_spec,
     token_logprobs,
 )
 
@@ -144,7 +144,7 @@ def test_token_logprobs_in_chunks_equals_one_log_softmax(monkeypatch, dtype):
     """Chunked over positions, the log-probs and their gradients are those of one full
     ``log_softmax``, and no normalisation sees more than a chunk of logits (SPEC §14.6: no
     float32 copy of all the logits; the regression a full log-softmax would be)."""
-    from rpeg.runtime import model as model_module
+    from rpeg.runtime.worker import model as model_module
 
     g = torch.Generator().manual_seed(3)
     logits = (3 * torch.randn(3, 11, 40, generator=g)).to(dtype).requires_grad_()
@@ -173,7 +173,7 @@ def test_token_logprobs_in_chunks_equals_one_log_softmax(monkeypatch, dtype):
 def test_in_token_chunks_takes_c_tokens_of_the_microbatch_at_a_time():
     """SPEC §14.6's ``c`` counts the microbatch's tokens, across its sequences: ``b·r/c`` calls of
     ``c`` tokens, outputs put back in place; with checkpointing the gradients are the same."""
-    from rpeg.runtime.model import in_token_chunks
+    from rpeg.runtime.worker.model import in_token_chunks
 
     g = torch.Generator().manual_seed(5)
     hidden = torch.randn(3, 5, 4, generator=g, requires_grad=True)

@@ -10,9 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
 
-from rpeg.runtime.controller import RunError  # noqa: E402
-from rpeg.runtime.pool import WorkerPool, active_pool  # noqa: E402
-from rpeg.runtime.runner import run  # noqa: E402
+from rpeg.runtime.driver.controller import RunError  # noqa: E402
+from rpeg.runtime.driver.pool import WorkerPool, active_pool  # noqa: E402
+from rpeg.runtime.driver.runner import run  # noqa: E402
 from tests.runtime.plans import ONE_DEVICE, SMALL, hand, workload  # noqa: E402
 
 PPO_SYNC = (("actor", 0), ("critic", 0))
@@ -71,7 +71,7 @@ def test_a_failed_run_keeps_no_workers_and_kept_ones_serve_every_node_shape():
     placement group, so the processes of a 2-device run then serve a 1-device run and a run on
     two 1-device nodes (kept sets used to be filed by node shape: each started new processes)."""
     from rpeg.runtime.binding import bind
-    from rpeg.runtime.trace import expected_graph
+    from rpeg.runtime.trace.records import expected_graph
 
     grpo, sync = workload("grpo"), (("actor", 0),)
     one = hand(grpo, "1x1x1", ONE_DEVICE, sync)

@@ -1,4 +1,4 @@
-"""``runtime/report.py``: per-step times from node finish times, the report's summary and the
+"""``runtime/trace/report.py``: per-step times from node finish times, the report's summary and the
 predicted times of the scaled run (no Ray)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from rpeg.costmodel import hardware_preset
 from rpeg.runtime.binding import bind
-from rpeg.runtime.report import RunReport, _step_times, predict, scaled_problem
-from rpeg.runtime.trace import Trace, expected_graph, plan_hash
+from rpeg.runtime.trace.records import Trace, expected_graph, plan_hash
+from rpeg.runtime.trace.report import RunReport, _step_times, predict, scaled_problem
 from tests.runtime.plans import SMALL, hand, workload
 
 
@@ -45,7 +45,7 @@ def test_predictions_score_training_and_inference_padded_as_the_torch_engine_run
     ``Lp + Lr``, so the prediction scores training and inference unpacked and generation as
     planned — and padded passes take longer than packed ones."""
     from rpeg.ir.types import Role
-    from rpeg.runtime.report import executed_plan
+    from rpeg.runtime.trace.report import executed_plan
     from rpeg.scoring.evaluator import Evaluator
 
     b = small_binding
@@ -96,7 +96,7 @@ def test_predicted_memory_lays_the_cost_models_terms_out_as_the_runtime_holds_th
     )
     from rpeg.ir.plan import Strategy
     from rpeg.ir.types import Head
-    from rpeg.runtime.report import predicted_memory, stage_params, training_transient_bytes
+    from rpeg.runtime.trace.report import predicted_memory, stage_params, training_transient_bytes
 
     b = small_binding
     n, lp, lr = b.shape.sequences, b.shape.prompt_len, b.shape.response_len
@@ -200,8 +200,8 @@ def test_training_memory_is_what_the_torch_engine_and_fsdp2_on_gloo_hold():
     from rpeg.costmodel.memory import stored_activation_width, weight_shard_params
     from rpeg.ir.plan import Strategy
     from rpeg.ir.types import Head
-    from rpeg.runtime.model import scale_spec
-    from rpeg.runtime.report import (
+    from rpeg.runtime.binding import scale_spec
+    from rpeg.runtime.trace.report import (
         runtime_activation_width,
         runtime_training_activation_bytes,
         training_transient_bytes,
@@ -257,7 +257,7 @@ def test_forward_factor_scales_only_no_grad_forward_activations(small_binding):
     from rpeg.costmodel.memory import inference_activation_bytes
     from rpeg.ir.plan import Strategy
     from rpeg.ir.types import Head
-    from rpeg.runtime.report import predicted_memory
+    from rpeg.runtime.trace.report import predicted_memory
 
     b = small_binding
     g1 = next(g for g in b.groups if g.gid == 1)  # the reference model's inference group
@@ -284,8 +284,8 @@ def test_a_phase_node_holds_its_phase_s_sequences_only():
     another device), its nodes' activations are those of the largest phase's sequences."""
     from collections import Counter
 
-    from rpeg.runtime.insitu import insitu_plan
-    from rpeg.runtime.report import node_sequences, predicted_memory
+    from rpeg.runtime.calibrate.insitu import insitu_plan
+    from rpeg.runtime.trace.report import node_sequences, predicted_memory
 
     shape = {"scale": "tiny", "batch": 8, "prompt_len": 8, "response_len": 16}
     split, spread = insitu_plan("split"), insitu_plan("spread")
@@ -319,8 +319,8 @@ def test_a_pipelined_trainer_s_stages_are_predicted_each_its_own():
     from rpeg.costmodel.memory import head_params, weight_shard_params
     from rpeg.ir.plan import Strategy
     from rpeg.ir.types import Head
-    from rpeg.runtime.model import scale_spec
-    from rpeg.runtime.report import (
+    from rpeg.runtime.binding import scale_spec
+    from rpeg.runtime.trace.report import (
         runtime_activation_width,
         runtime_training_activation_bytes,
         stage_params,

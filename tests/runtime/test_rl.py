@@ -1,4 +1,4 @@
-"""Tests of ``runtime/rl.py`` and ``runtime/task.py``: hand-computed GAE, GRPO and ReMax advantages,
+"""Tests of ``runtime/worker/rl.py`` and ``runtime/worker/task.py``: hand-computed GAE, GRPO and ReMax advantages,
 clipping, REINFORCE and DPO losses (and DPO's per-sequence split), loss sums, configuration errors,
 the synthetic reward and preference pairs, and learning in the reference loop."""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from rpeg.runtime.rl import (
+from rpeg.runtime.worker.rl import (
     RLConfig,
     behavior_weight,
     dpo_batch,
@@ -30,7 +30,7 @@ from rpeg.runtime.rl import (
     train_reference,
     value_loss,
 )
-from rpeg.runtime.task import SyntheticTask
+from rpeg.runtime.worker.task import SyntheticTask
 
 
 # ---------------------------------------------------------------------------------------------- GAE

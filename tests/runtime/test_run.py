@@ -17,11 +17,11 @@ ray = pytest.importorskip("ray")
 from rpeg import solve  # noqa: E402
 from rpeg.costmodel import hardware_preset  # noqa: E402
 from rpeg.ir import Cluster  # noqa: E402
-from rpeg.runtime.controller import RunError  # noqa: E402
-from rpeg.runtime.fidelity import _libc  # noqa: E402
-from rpeg.runtime.runner import run  # noqa: E402
-from rpeg.runtime.trace import Trace  # noqa: E402
-from rpeg.runtime.verify import verify  # noqa: E402
+from rpeg.runtime.driver.controller import RunError  # noqa: E402
+from rpeg.runtime.driver.runner import run  # noqa: E402
+from rpeg.runtime.trace.records import Trace  # noqa: E402
+from rpeg.runtime.trace.verify import verify  # noqa: E402
+from rpeg.runtime.worker.memory import _libc  # noqa: E402
 from tests.runtime.plans import BATCH, DISAGG, hand, workload  # noqa: E402
 
 WEIGHT_TOL = 1e-3  # max |Δw| after 3 Adam steps (lr 1e-2) between layouts: float reduction order only
@@ -128,7 +128,7 @@ def test_worker_fault_names_node_step_and_worker():
     with pytest.raises(RunError, match=r"actor_train step 1.*worker g\d+/r1"):
         worker = None
         from rpeg.runtime.binding import bind
-        from rpeg.runtime.trace import expected_graph
+        from rpeg.runtime.trace.records import expected_graph
 
         b = bind(result, expected_graph(result, 2), 2)
         gid = next(g.gid for g in b.groups if "actor_train" in g.vertices)

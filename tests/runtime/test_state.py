@@ -1,4 +1,4 @@
-"""Cell arithmetic of transitions (runtime/state.py): any layout's cells reassemble any other's."""
+"""Cell arithmetic of transitions (runtime/worker/state.py): any layout's cells reassemble any other's."""
 
 from __future__ import annotations
 
@@ -10,16 +10,8 @@ torch = pytest.importorskip("torch")
 
 from rpeg.ir import ModelSpec  # noqa: E402
 from rpeg.ir.types import Head  # noqa: E402
-from rpeg.runtime.state import (  # noqa: E402
-    CellState,
-    assemble_cell,
-    cell_names,
-    cell_pieces,
-    chunk_bounds,
-    full_shapes,
-    owner_stage,
-    tp_dim,
-)
+from rpeg.runtime.cells import cell_names, cell_pieces, chunk_bounds, owner_stage, tp_dim  # noqa: E402
+from rpeg.runtime.worker.state import CellState, assemble_cell, full_shapes  # noqa: E402
 
 # three layers: pipeline splits are uneven ([0, 2), [2, 3) for two stages)
 SPEC = ModelSpec("t", 3, 32, 64, 16, 4, 4)

@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
 
 from rpeg.ir import Structure, Workload  # noqa: E402
-from rpeg.runtime.controller import RunError  # noqa: E402
-from rpeg.runtime.runner import run  # noqa: E402
+from rpeg.runtime.driver.controller import RunError  # noqa: E402
+from rpeg.runtime.driver.runner import run  # noqa: E402
 from rpeg.solvers.result import result_for_plan  # noqa: E402
 from tests.runtime.plans import AFTER, BATCH, BEFORE, COLOCATED, DISAGG, RELAID, hand, workload  # noqa: E402
 
@@ -106,7 +106,7 @@ SPREAD = {
 
 def worker_of(result, vertex: str, rank: int = 0) -> str:
     from rpeg.runtime.binding import bind
-    from rpeg.runtime.trace import expected_graph
+    from rpeg.runtime.trace.records import expected_graph
 
     b = bind(result, expected_graph(result, 1), 1)
     return next(g.worker(rank) for g in b.groups if vertex in g.vertices)

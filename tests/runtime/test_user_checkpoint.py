@@ -19,8 +19,8 @@ from rpeg.costmodel import hardware_preset  # noqa: E402
 from rpeg.ir import Cluster  # noqa: E402
 from rpeg.ir.errors import InputError  # noqa: E402
 from rpeg.ir.workload import load_workload  # noqa: E402
-from rpeg.runtime.rl import RLConfig  # noqa: E402
-from rpeg.runtime.runner import run  # noqa: E402
+from rpeg.runtime.config import RLConfig  # noqa: E402
+from rpeg.runtime.driver.runner import run  # noqa: E402
 from rpeg.solvers.result import Result  # noqa: E402
 from tests.runtime.engines.conftest import TINY_LLAMA  # noqa: E402
 

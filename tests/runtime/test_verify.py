@@ -1,4 +1,4 @@
-"""Tests for ``runtime/trace.py`` and ``runtime/verify.py``: the expected graph a run follows, the
+"""Tests for ``runtime/trace/records.py`` and ``runtime/trace/verify.py``: the expected graph a run follows, the
 ``rpeg.trace/1`` round trip, and the verifier's seven checks (SPEC §11).
 
 A valid trace is built by simulating a run in Python: one record per node of
@@ -19,7 +19,7 @@ from rpeg import solve
 from rpeg.ir import Choice, Plan, Structure
 from rpeg.ir.cluster import mask_devices
 from rpeg.ir.lower import COMM, OP, RESHARD
-from rpeg.runtime.trace import (
+from rpeg.runtime.trace.records import (
     FORMAT,
     Trace,
     TraceRecord,
@@ -27,7 +27,7 @@ from rpeg.runtime.trace import (
     expected_versions,
     plan_hash,
 )
-from rpeg.runtime.verify import TraceError, register_cli, verify, verify_or_raise
+from rpeg.runtime.trace.verify import TraceError, register_cli, verify, verify_or_raise
 from rpeg.scoring.candidates import make_strategy
 from rpeg.scoring.evaluator import Evaluator
 from rpeg.solvers.result import Result, Status

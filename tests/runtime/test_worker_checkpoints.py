@@ -1,4 +1,4 @@
-"""``runtime/worker_checkpoints.py``: a worker's checkpoint file round trip and the rollback to
+"""``runtime/worker/checkpoints.py``: a worker's checkpoint file round trip and the rollback to
 a step boundary, in this process (no Ray)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rpeg.runtime.binding import bind  # noqa: E402
-from rpeg.runtime.trace import expected_graph  # noqa: E402
+from rpeg.runtime.trace.records import expected_graph  # noqa: E402
 from tests.runtime.plans import ONE_DEVICE, hand, workload  # noqa: E402
 from tests.runtime.workers import local_worker  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""``runtime/worker_ops.py``: one worker's generation, inference and training nodes on a
+"""``runtime/worker/ops.py``: one worker's generation, inference and training nodes on a
 one-device GRPO plan, in this process (no Ray): shapes, masks, the task reward and one update."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rpeg.runtime.binding import bind  # noqa: E402
-from rpeg.runtime.trace import expected_graph  # noqa: E402
+from rpeg.runtime.trace.records import expected_graph  # noqa: E402
 from tests.runtime.plans import ONE_DEVICE, hand, workload  # noqa: E402
 from tests.runtime.workers import local_worker, node  # noqa: E402
 
@@ -70,7 +70,7 @@ def test_stale_rollouts_train_with_the_decoupled_objective(binding):
     the log-prob gap). The rollouts' log-probs are shifted to stand for an older policy."""
     from dataclasses import replace
 
-    from rpeg.runtime.rl import RLConfig
+    from rpeg.runtime.config import RLConfig
 
     with local_worker(binding, "actor_gen") as w:
         out = w.op(node(binding, "actor_gen"), {})[1]
@@ -117,7 +117,7 @@ def test_a_shared_backbone_weights_its_value_loss_by_value_coef():
     from rpeg.costmodel import hardware_preset
     from rpeg.ir import Cluster, Structure
     from rpeg.ir.types import Head
-    from rpeg.runtime.rl import RLConfig
+    from rpeg.runtime.config import RLConfig
     from rpeg.solvers.result import result_for_plan
 
     one = ((0, 0, 0), (1, 1, 1), 1, 1, 1, 1)

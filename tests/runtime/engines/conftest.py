@@ -43,13 +43,13 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[Any]:
     """The ``ray`` module, connected: the running instance if one is (left running), else a local
-    instance with 2 CPUs (:func:`rpeg.runtime.runner.start_local_ray`: no dashboard, workers at
+    instance with 2 CPUs (:func:`rpeg.runtime.driver.runner.start_local_ray`: no dashboard, workers at
     the driver's priority), shut down after the module."""
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         yield ray
         return
-    from rpeg.runtime.runner import start_local_ray
+    from rpeg.runtime.driver.runner import start_local_ray
 
     start_local_ray(1, num_cpus=2)
     try:

@@ -222,7 +222,7 @@ def _rank_main(rank: int, port: int, workdir: Path) -> None:
     """One of the :data:`WORLD` ranks: every layout of :data:`LAYOUTS` in turn."""
     import torch.distributed as dist
 
-    from rpeg.runtime.parallel import make_mesh
+    from rpeg.runtime.worker.parallel import make_mesh
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, WORLD, False, datetime.timedelta(seconds=120))

@@ -23,6 +23,7 @@ pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
 from rpeg.runtime.engines import vllm_engine as ve  # noqa: E402
+from rpeg.runtime.engines.checks import engine_limits  # noqa: E402
 
 from .conftest import TINY_LLAMA  # noqa: E402
 
@@ -97,7 +98,7 @@ def test_idle_spin_limit_shortens_readers_only_and_is_idempotent():
 
 
 def test_engine_limits_say_what_this_build_runs():
-    limits = ve.engine_limits()
+    limits = engine_limits()
     assert limits["platform"] == "cpu" and limits["verified"]
     assert limits["tp"] is True and limits["pp"] is False
     assert limits["max_world_size"] == len(os.sched_getaffinity(0))

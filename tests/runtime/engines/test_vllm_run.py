@@ -91,7 +91,7 @@ def test_a_generation_group_fed_by_another_pushes_what_it_received(clean_run):
 
 
 def test_vllm_refuses_pipelined_generation_before_any_worker_starts(ray_session):
-    from rpeg.runtime.runner import run
+    from rpeg.runtime.driver.runner import run
 
     pipelined = dict(DISAGG, actor_gen=((0, 0, 0), (1, 1, 2), 1, 2, 1, 2))  # P5: mb ≥ pp
     result = hand(workload("ppo"), "1x1x4", pipelined, (("actor", 0), ("critic", 0)))
@@ -100,7 +100,7 @@ def test_vllm_refuses_pipelined_generation_before_any_worker_starts(ray_session)
 
 
 def test_vllm_refuses_a_head_size_its_kernels_lack(ray_session):
-    from rpeg.runtime.runner import run
+    from rpeg.runtime.driver.runner import run
 
     result = solve(
         workload("ppo"), Cluster.from_shape("1x1x1", hardware_preset("gh200"), max_zero_stage=2), "greedy"
@@ -116,7 +116,7 @@ def test_replaced_weights_make_the_engine_sync_at_its_next_generation():
     next plan segment renumbers versions from 0: the engine's copy must not be taken for them.
     (Measured before the fix: after a gen-TP 1 → 2 transition the new engine generated from its
     seeded start-up weights, and the reward fell back to the initial policy's.)"""
-    from rpeg.runtime.worker_rollouts import WorkerRollouts
+    from rpeg.runtime.worker.rollouts import WorkerRollouts
 
     class Replica(WorkerRollouts):
         def __init__(self):

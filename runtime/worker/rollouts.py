@@ -4,7 +4,7 @@ With ``rollout_engine="vllm"`` every DP replica of a group that holds a generati
 generates on its own vLLM engine (:class:`~rpeg.runtime.engines.vllm_engine.RolloutEngine`),
 started by the replica's rank ``(d, 0, 0)`` with the replica's tensor parallelism
 (``tensor_parallel_size = Pt``; vLLM starts its own ``Pt`` processes; pipeline parallelism is
-refused before any worker starts, see :func:`check_rollout_layout`). The group's torch model
+refused before any worker starts, see :func:`~rpeg.runtime.engines.checks.check_rollout_layout`). The group's torch model
 stays where it was — it is what weight transfers, snapshots, checkpoints and transitions move —
 and the engine holds a copy of it:
 
@@ -23,7 +23,7 @@ and the engine holds a copy of it:
   decode them between the nodes, beside whatever the plan runs on the device then). Sequences
   are released to inference as they finish, so the plan's gen–inf overlap happens on the engine.
 
-:class:`WorkerRollouts` is a part of :class:`~rpeg.runtime.worker.Worker`.
+:class:`WorkerRollouts` is a part of :class:`~rpeg.runtime.worker.core.Worker`.
 """
 
 from __future__ import annotations
@@ -39,14 +39,12 @@ from typing import Any
 
 import torch
 
-from .binding import GroupSpec, RunShape
-from .fidelity import release_freed_memory
+from ..binding import GroupSpec, RunShape
+from ..protocol import NodeCall
+from .memory import release_freed_memory
 from .model import stable_seed
 
-__all__ = ["ROLLOUT_ENGINES", "WorkerRollouts", "check_rollout_layout"]
-
-#: Values of ``rpeg.run(rollout_engine=...)``.
-ROLLOUT_ENGINES = ("torch", "vllm")
+__all__ = ["WorkerRollouts"]
 
 _SEED_MOD = 2**31 - 1  # vLLM request seeds are 32-bit
 #: ``engine_version`` after the torch weights were replaced by anything but an install (a
@@ -77,46 +75,10 @@ def _inherited_affinity(core: str | None) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-def check_rollout_layout(groups: list[GroupSpec], engine: str) -> None:
-    """Refuse, before any worker starts, a plan the rollout engine cannot run.
-
-    Raises
-    ------
-    ValueError
-        An unknown engine; for ``"vllm"``: a generation group with ``pp > 1`` where the installed
-        vLLM cannot pipeline, or a head size vLLM-CPU's attention lacks (the message names the
-        group, the model and the value).
-    """
-    if engine not in ROLLOUT_ENGINES:
-        raise ValueError(f"rollout_engine must be one of {', '.join(ROLLOUT_ENGINES)}, got {engine!r}")
-    if engine == "torch":
-        return
-    from .engines.vllm_engine import engine_limits
-
-    limits = engine_limits()
-    sizes = limits["head_sizes"]
-    for g in groups:
-        if not g.generates:
-            continue
-        if g.pp > 1 and not limits["pp"]:
-            raise ValueError(
-                f"group g{g.gid} ({g.model}) generates with pp={g.pp}, but vLLM {limits['version']} on "
-                f"{limits['platform']} cannot run pipeline parallelism: plan generation with pp=1 "
-                "(Cluster(..., generation_max_pp=1); rpeg solve --generation-max-pp 1) or run with "
-                "rollout_engine='torch'"
-            )
-        if sizes and g.spec.head_dim not in sizes:
-            raise ValueError(
-                f"group g{g.gid} ({g.model}): head_dim={g.spec.head_dim} of the run's model is not a "
-                f"head size vLLM-{limits['platform']} supports ({sizes}); pick a scale with such a "
-                "head_dim (e.g. --scale base or medium) or rollout_engine='torch'"
-            )
-
-
 class WorkerRollouts:
     """vLLM engine of this rank's replica (rank ``(d, 0, 0)`` holds it) and its weight sync.
 
-    Uses the :class:`~rpeg.runtime.worker.Worker`'s ``group``, ``mesh``, ``model``, ``shape``,
+    Uses the :class:`~rpeg.runtime.worker.core.Worker`'s ``group``, ``mesh``, ``model``, ``shape``,
     ``seed``, ``lengths``, ``gen_state`` and the ops' batch and phase helpers (``_rollout_batch``,
     ``_phase_end``, ``_ends_in_phase``).
     """
@@ -144,8 +106,8 @@ class WorkerRollouts:
         self.engine, self.engine_version, self.engine_dir = None, None, None
         if self.rollout_engine != "vllm" or not self.group.generates:
             return {}
-        from .engines.hf_models import save_checkpoint
-        from .engines.vllm_engine import RolloutEngine
+        from ..engines.hf_models import save_checkpoint
+        from ..engines.vllm_engine import RolloutEngine
 
         state = self._full_state()
         if not self._hosts_engine():
@@ -225,7 +187,7 @@ class WorkerRollouts:
         """
         if self.engine_version is None:
             return None
-        from .engines.vllm_engine import state_checksum
+        from ..engines.vllm_engine import state_checksum
 
         t0 = time.perf_counter()
         state = self._full_state() if full is None else full
@@ -256,14 +218,14 @@ class WorkerRollouts:
             "checksums_match": all(c == sent for c in res["rank_checksums"]),
         }
 
-    def _generate_vllm(self, node: dict[str, Any], temperature: float) -> tuple[dict | None, dict[str, Any]]:
+    def _generate_vllm(self, node: NodeCall, temperature: float) -> tuple[dict | None, dict[str, Any]]:
         """One generation node on the replica's engine (phases as in the module docstring)."""
-        sh, step = self.shape, node["step"]
-        key = (node["vertex"], step)
-        phase = node["phase"]
+        sh, step = self.shape, node.step
+        key = (node.vertex, step)
+        phase = node.phase
         meta: dict[str, Any] = {}
-        if self.engine_version != node["version"]:
-            sync = self._sync_rollouts(node["version"])
+        if self.engine_version != node.version:
+            sync = self._sync_rollouts(node.version)
             if sync is not None:
                 meta["engine"] = sync
         if phase <= 1:

@@ -10,9 +10,9 @@ and its part of a transition's state moves (SPEC §10–§11).
   inbox, which the next OP node reads in sample-id order;
 * transitions: ``xfer_*`` join the transition's process group, export this rank's state as EMU
   cells, run Split/Merge/Extend pieces point-to-point, drop cells and adopt the final ones
-  (:mod:`~rpeg.runtime.transition`).
+  (:mod:`~rpeg.runtime.driver.transition`).
 
-:class:`WorkerTransfers` is a part of :class:`~rpeg.runtime.worker.Worker`, which owns the state
+:class:`WorkerTransfers` is a part of :class:`~rpeg.runtime.worker.core.Worker`, which owns the state
 it uses.
 """
 
@@ -27,8 +27,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .binding import GroupSpec
-from .fidelity import release_freed_memory
+from ..binding import GroupSpec
+from ..protocol import NodeCall
+from .memory import release_freed_memory
 from .model import StageModel
 from .parallel import FSDPAdam, assemble, local, publication, shard_of, shareable
 
@@ -38,7 +39,7 @@ __all__ = ["WorkerTransfers"]
 class WorkerTransfers:
     """Weight versions, data containers and transition cells of one rank.
 
-    Uses the :class:`~rpeg.runtime.worker.Worker`'s state below and the checkpoints'
+    Uses the :class:`~rpeg.runtime.worker.core.Worker`'s state below and the checkpoints'
     ``_snapshot``; :meth:`xfer_join` adds the transition's process group and cells.
     """
 
@@ -93,6 +94,15 @@ class WorkerTransfers:
         vertex on this training group reads it, see :meth:`op`)."""
         self.snapshots[version] = {k: t.clone() for k, t in self._shards_of(pubs, version)[0].items()}
         return {"version": version}
+
+    def assembled(self, pubs: list) -> dict[str, torch.Tensor]:
+        """The whole model's full tensors from the publications ``pubs`` (object refs of every
+        rank's :meth:`publish`), owned and writable — what the driver's
+        :meth:`~rpeg.runtime.driver.controller.Controller.final_weights` returns."""
+        import ray
+
+        got = [x for x in ray.get(list(pubs)) if x is not None]
+        return {k: v.clone() for k, v in assemble([(coords[1], pub) for coords, pub in got]).items()}
 
     def _shards_of(
         self, pubs: list, version: int
@@ -156,14 +166,14 @@ class WorkerTransfers:
         nbytes = sum(t.numel() * t.element_size() for part in parts for t in part.values())
         return {"bytes": nbytes, "worker_time": time.perf_counter() - t0}
 
-    def _inputs(self, node: dict[str, Any], inputs: dict[str, list]) -> dict[str, torch.Tensor]:
+    def _inputs(self, node: NodeCall, inputs: dict[str, list]) -> dict[str, torch.Tensor]:
         """Merge the containers of all data inputs into one batch ordered by sample id; a source
-        named in ``node["prefix"]`` keeps its own order and its keys get that prefix."""
+        named in ``node.prefix`` keeps its own order and its keys get that prefix."""
         import ray
 
         merged: dict[str, torch.Tensor] = {}
         for src, refs in inputs.items():
-            key = (node["vertex"], node["step"], src, node["phase"])
+            key = (node.vertex, node.step, src, node.phase)
             parts = self.inbox.pop(key, None)
             if parts is None:
                 parts = [x for x in ray.get(list(refs)) if x is not None]
@@ -172,14 +182,12 @@ class WorkerTransfers:
             cat = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
             order = torch.argsort(cat["ids"])
             cat = {k: v[order] for k, v in cat.items()}
-            prefix = node.get("prefix", {}).get(src)
+            prefix = node.prefix.get(src)
             if prefix:  # a second set of sequences (ReMax's greedy rollouts), kept apart by name
                 merged.update({prefix + k: v for k, v in cat.items()})
                 continue
             if "ids" in merged and not torch.equal(merged["ids"], cat["ids"]):
-                raise RuntimeError(
-                    f"inputs of {node['vertex']} step {node['step']} cover different sequences"
-                )
+                raise RuntimeError(f"inputs of {node.vertex} step {node.step} cover different sequences")
             merged.update(cat)
         return merged
 
@@ -267,7 +275,7 @@ class WorkerTransfers:
         """Execute this worker's part of one primitive: assemble target cells from source cells.
 
         Each entry names a target cell (``dst`` key, its holder, its parameter names) and per
-        source rank the holder, the source cell and the pieces (:class:`~rpeg.runtime.state.Piece`)
+        source rank the holder, the source cell and the pieces (:class:`~rpeg.runtime.worker.state.Piece`)
         with their shapes. This worker sends the pieces it holds to other holders, receives the
         pieces its own target cells need (gloo point-to-point, all posted before any wait) and
         assembles its cells. Returns bytes sent/received and the time spent.

@@ -1,12 +1,12 @@
 """In-situ calibration: the engine terms refitted to the runtime's own calibration runs.
 
-:mod:`rpeg.runtime.engine_calibration` times each operation in one process, beside a training
+:mod:`rpeg.runtime.calibrate.engine_terms` times each operation in one process, beside a training
 loop on every other core. A plan's nodes run in Ray worker processes next to vLLM's engine
 processes, Ray's own daemons and the other groups' workers, and data-parallel ranks wait for
 each other at every update; on the 2-core machine of ``benchmarks/RESULTS.md`` the same
 training node took 3.3 s timed as the calibration times it and 4.1–4.7 s inside a plan
 (docs/cost-model.md §7). This module measures that gap where it arises: it runs calibration plans
-through the runtime itself (:func:`rpeg.runtime.runner.run`, real engines, a model and run shape
+through the runtime itself (:func:`rpeg.runtime.driver.runner.run`, real engines, a model and run shape
 that are not the fidelity benchmark's) and fits one factor per operation class to their traces.
 
 The model. A node's predicted seconds are linear in its class's engine terms ``(1/η, c_call,
@@ -25,9 +25,9 @@ fidelity figures judge,
 
     min_{κ ≥ 0} Σ_i ((p_i(κ) − m_i)/m_i)²
 
-(non-negative least squares, :func:`~rpeg.runtime.engine_calibration.nnls`), over every OP node
+(non-negative least squares, :func:`~rpeg.runtime.calibrate.engine_terms.nnls`), over every OP node
 after each run's first (warm-up) step, with ``m_i`` the node's worker seconds less a
-publication's (as :mod:`rpeg.runtime.fidelity` compares them). A generation node that pushed new
+publication's (as :mod:`rpeg.runtime.trace.fidelity` compares them). A generation node that pushed new
 weights into its engine is compared without the push on both sides: the measured push
 (``weight_sync_s``) and the predicted sync (the weight-sync link's finite difference) are taken
 off, so the sync link keeps its microbenchmarked value.
@@ -54,8 +54,8 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.hardware import Hardware, Link, OpTerms
-from .engine_calibration import nnls
+from ...ir.hardware import Hardware, Link, OpTerms
+from .engine_terms import nnls
 
 __all__ = [
     "INSITU_CLASSES",
@@ -238,6 +238,15 @@ class InsituCalibration:
             )
         return "\n".join(lines)
 
+    def summary(self) -> str:
+        """The factors and the MAPE before and after on one line (:meth:`table` has the runs)."""
+        factors = ", ".join(f"{c} {k:.3g}" for c, k in self.factors.items())
+        mu = "not determined" if self.memory_factor is None else f"{self.memory_factor:.3g}"
+        return (
+            f"in-situ factors κ: {factors}; operator MAPE {self.mape_before:.1f}% → {self.mape_after:.1f}% "
+            f"({len(self.samples)} OP nodes); forward memory factor μ {mu}"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The factors, the runs' figures and every sample (``rpeg.insitu-calibration/1``)."""
         from dataclasses import asdict
@@ -267,9 +276,9 @@ def insitu_plan(name: str, devices: int = 2) -> Any:
     ValueError
         For another name, or ``devices`` not 1 or 2; for ``"spread"`` on one device.
     """
-    from ..costmodel import hardware_preset
-    from ..ir import Cluster, ModelSpec, Structure, Workload
-    from ..solvers.result import result_for_plan
+    from ...costmodel import hardware_preset
+    from ...ir import Cluster, ModelSpec, Structure, Workload
+    from ...solvers.result import result_for_plan
 
     if name not in INSITU_PLANS:
         raise ValueError(f"insitu_plan: unknown plan {name!r}; plans: {', '.join(INSITU_PLANS)}")
@@ -380,7 +389,7 @@ def _roles(binding: Any) -> dict[str, str]:
 
 def insitu_samples(plan: str, binding: Any, records: Sequence[Any], hw: Hardware) -> list[InsituSample]:
     """The compared OP nodes of one calibration run, with their cost-model parts (module
-    docstring): ``E_i``, ``D_i`` and the predicted sync from :func:`~rpeg.runtime.report.predict`
+    docstring): ``E_i``, ``D_i`` and the predicted sync from :func:`~rpeg.runtime.trace.report.predict`
     with the terms doubled, less the prediction with ``hw``.
 
     Parameters
@@ -394,7 +403,7 @@ def insitu_samples(plan: str, binding: Any, records: Sequence[Any], hw: Hardware
     hw
         The hardware the prediction uses (microbenchmarked engine terms).
     """
-    from .report import predict
+    from ..trace.report import predict
 
     base = predict(binding, hw)[0]
     doubled = {c: predict(binding, apply_factors(hw, {c: 2.0}))[0] for c in INSITU_CLASSES}
@@ -422,13 +431,13 @@ def memory_samples(
     plan: str, binding: Any, records: Sequence[Any], rollout_engine: str
 ) -> list[MemorySample]:
     """The workers of one calibration run whose predicted peak is ``P_w + μ·A_w``
-    (:func:`~rpeg.runtime.report.predicted_memory`): read off the prediction at ``μ = 1, 2, 3``
+    (:func:`~rpeg.runtime.trace.report.predicted_memory`): read off the prediction at ``μ = 1, 2, 3``
     as exact differences, ``A_w = p(2) − p(1)``, ``P_w = p(1) − A_w``, kept where ``A_w > 0`` and
     ``p(3) − p(2) = A_w`` (the forward pass is the worker's peak at every ``μ`` tried: workers
     whose peak is a training step or a weight gather do not depend on ``μ``). Measured: the
-    records' peaks (:func:`~rpeg.runtime.fidelity.worker_peaks`)."""
-    from .fidelity import worker_peaks
-    from .report import predicted_memory
+    records' peaks (:func:`~rpeg.runtime.trace.fidelity.worker_peaks`)."""
+    from ..trace.fidelity import worker_peaks
+    from ..trace.report import predicted_memory
 
     p1, p2, p3 = (predicted_memory(binding, rollout_engine, forward_factor=k) for k in (1.0, 2.0, 3.0))
     peaks = worker_peaks(records)
@@ -550,11 +559,11 @@ def calibrate_in_situ(
     """
     import ray
 
-    from .binding import bind
-    from .pool import start_local_ray
-    from .report import predict
-    from .runner import run
-    from .trace import expected_graph
+    from ..binding import bind
+    from ..driver.pool import start_local_ray
+    from ..driver.runner import run
+    from ..trace.records import expected_graph
+    from ..trace.report import predict
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
         raise ValueError(
@@ -571,7 +580,7 @@ def calibrate_in_situ(
             f"calibrate_in_situ: rollout_engine must be the hardware's generation engine {gen!r} "
             f"('vllm' or 'torch'), got {rollout_engine!r}"
         )
-    # the engines a run predicts with (rpeg.runtime.runner)
+    # the engines a run predicts with (rpeg.runtime.driver.runner)
     hw = hw.using(generation=rollout_engine, inference="torch", training="torch")
     shape = dict(INSITU_SHAPE if shape is None else shape)
     names = INSITU_PLANS if devices == 2 else ("split",)

@@ -4,7 +4,7 @@ A run realises a :class:`~rpeg.solvers.result.Result`'s plan over some number of
 unrolls the compact graph over those steps, lowers it under the plan exactly as the evaluator
 does (:func:`expected_graph`), binds every node to workers and GPUs and records one
 :class:`TraceRecord` per executed node. The :class:`Trace` carries the plan's fingerprint
-(:func:`plan_hash`) so that :mod:`rpeg.runtime.verify` can tell which plan it claims to follow.
+(:func:`plan_hash`) so that :mod:`rpeg.runtime.trace.verify` can tell which plan it claims to follow.
 
 The file format is described in ``docs/trace-format.md``.
 """
@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..ir.errors import InputError, read_json, validate
-from ..ir.graph import RPEG
-from ..ir.lower import OP, RESHARD, ExecGraph, lower
-from ..ir.types import Role
-from ..ir.unroll import unroll
-from ..scoring.costs import Costs
-from ..solvers.result import Result
+from ...ir.errors import InputError, read_json, validate
+from ...ir.graph import RPEG
+from ...ir.lower import OP, RESHARD, ExecGraph, lower
+from ...ir.types import Role
+from ...ir.unroll import unroll
+from ...scoring.costs import Costs
+from ...solvers.result import Result
 from .schema import RecordDoc, TraceDoc
 
 __all__ = [
@@ -201,12 +201,12 @@ class TraceRecord:
         0 otherwise and in traces written before rpeg recorded it.
     memory
         OP nodes: worker id → bytes of that process's peak private resident memory so far (resident
-        less shared pages, sampled: :class:`~rpeg.runtime.fidelity.PrivatePeak`) less its private
+        less shared pages, sampled: :class:`~rpeg.runtime.worker.memory.PrivatePeak`) less its private
         resident memory before it built its model; empty otherwise. Older traces hold the whole
         resident set's peak (``VmHWM``, shared pages included) less the resident set then.
     memory_live
         OP nodes: worker id → bytes of that process's peak live C heap so far (glibc's
-        ``mallinfo2``, sampled: :func:`~rpeg.runtime.fidelity.heap_live_bytes`, the CPU analogue
+        ``mallinfo2``, sampled: :func:`~rpeg.runtime.worker.memory.heap_live_bytes`, the CPU analogue
         of ``torch.cuda.max_memory_allocated``) less its live heap before it built its model;
         empty where the C library has no ``mallinfo2``, otherwise, and in older traces.
     """
@@ -257,7 +257,7 @@ class TraceRecord:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any], where: str = "record") -> TraceRecord:
-        """Inverse of :meth:`to_dict`, through the strict schema (:class:`~rpeg.runtime.schema.RecordDoc`).
+        """Inverse of :meth:`to_dict`, through the strict schema (:class:`~rpeg.runtime.trace.schema.RecordDoc`).
 
         Raises
         ------
@@ -359,7 +359,7 @@ class Trace:
 
     @classmethod
     def from_dict(cls, doc: Any, source: str = "trace") -> Trace:
-        """Inverse of :meth:`to_dict`, through the strict schema (:class:`~rpeg.runtime.schema.TraceDoc`).
+        """Inverse of :meth:`to_dict`, through the strict schema (:class:`~rpeg.runtime.trace.schema.TraceDoc`).
 
         Parameters
         ----------

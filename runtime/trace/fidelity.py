@@ -21,11 +21,9 @@ these :func:`fidelity` computes
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import math
 import statistics
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,18 +31,10 @@ import numpy as np
 
 __all__ = [
     "CLASSES",
-    "EXACT_HEAP_THRESHOLD",
     "Fidelity",
-    "PrivatePeak",
     "compared_steps",
     "fidelity",
-    "heap_live_bytes",
-    "map_large_blocks",
     "mape",
-    "peak_resident_bytes",
-    "private_bytes",
-    "release_freed_memory",
-    "resident_bytes",
     "spearman",
     "trace_fidelity",
     "worker_peaks",
@@ -54,264 +44,12 @@ __all__ = [
 CLASSES = ("generation", "inference", "training", "transfer")
 
 
-def resident_bytes() -> int:
-    """This process's resident set now, bytes (``/proc/self/statm``; 0 where there is none)."""
-    import os
-
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def private_bytes() -> int:
-    """This process's private resident memory now, bytes: ``/proc/self/statm``'s resident pages
-    less its shared ones (file-backed pages — libraries paged in — and shared memory such as the
-    Ray object store's mapped objects, which the node's object store owns); 0 where there is no
-    ``/proc``."""
-    import os
-
-    try:
-        with open("/proc/self/statm") as f:
-            fields = f.read().split()
-        return max(0, int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _libc() -> Any:
-    """The C library when it is glibc (it has ``malloc_trim`` and ``mallopt``), else ``None``."""
-    import ctypes
-    import ctypes.util
-
-    global _LIBC
-    if _LIBC is None:
-        name = ctypes.util.find_library("c")
-        try:
-            lib = ctypes.CDLL(name) if name else None
-        except OSError:
-            lib = None
-        glibc = lib is not None and hasattr(lib, "malloc_trim") and hasattr(lib, "mallopt")
-        _LIBC = lib if glibc else False
-    return _LIBC or None
-
-
-_LIBC: Any = None
-
-
-class _Mallinfo2(ctypes.Structure):
-    """glibc's ``struct mallinfo2`` (glibc ≥ 2.33): ten ``size_t`` counters."""
-
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
-def heap_live_bytes() -> int:
-    """Bytes of this process's C heap in use now: glibc's ``mallinfo2()``, ``uordblks + hblkhd``
-    (chunks allocated in every arena, plus blocks served by ``mmap``); 0 where the C library has
-    no ``mallinfo2`` (not glibc, or glibc older than 2.33).
-
-    The CPU analogue of ``torch.cuda.memory_allocated()``: the tensors alive (torch's CPU
-    allocator is ``malloc``) and the interpreter's objects, without what glibc keeps of freed
-    chunks. :func:`private_bytes` counts those too — the analogue of the CUDA caching allocator's
-    reserved memory — and after a large transient is freed it can stay far above this figure
-    (glibc returns the top of a heap only, and raises its mmap threshold after each large free).
-    """
-    lib = _libc()
-    fn = getattr(lib, "mallinfo2", None) if lib is not None else None
-    if fn is None:
-        return 0
-    fn.restype = _Mallinfo2
-    info = fn()
-    return int(info.uordblks + info.hblkhd)
-
-
-def release_freed_memory() -> bool:
-    """Hand the C heap's free pages back to the kernel (glibc's ``malloc_trim(0)``); ``False``
-    where there is no glibc.
-
-    A freed tensor below glibc's mmap threshold stays in the heap, resident, and the threshold
-    rises to the size of each large block freed (up to 32 MiB): after a worker gathers and drops a
-    model-sized state (the engine start, a weight push) its resident set keeps that model's size,
-    and the next transient (a received publication) lands on top (measured on a generation TP-2
-    worker: 84 MiB kept after the engine start's gather, then 90 MiB received). The runtime calls
-    this where a model-sized transient has just been freed; compute-time allocations are left
-    alone. A CPU worker, which pins the threshold at 128 KiB (:func:`map_large_blocks`), has
-    little left to trim; a GPU worker keeps glibc's adaptive threshold for its host memory.
-    """
-    lib = _libc()
-    if lib is None:
-        return False
-    lib.malloc_trim(0)
-    return True
-
-
-#: glibc's ``mallopt`` parameter number of the mmap threshold (``M_MMAP_THRESHOLD``).
-_M_MMAP_THRESHOLD = -3
-
-#: The mmap threshold a CPU worker pins (:func:`map_large_blocks`): glibc's own starting value
-#: (``DEFAULT_MMAP_THRESHOLD_MIN``, 128 KiB), which glibc otherwise raises after each large free,
-#: up to 32 MiB.
-EXACT_HEAP_THRESHOLD = 128 << 10
-
-
-def map_large_blocks(threshold: int = EXACT_HEAP_THRESHOLD) -> bool:
-    """Serve this process's allocations of ``threshold`` bytes and more by ``mmap`` from now on,
-    so that freeing one returns its pages at once (glibc's ``mallopt(M_MMAP_THRESHOLD)``, which
-    also stops glibc raising the threshold after large frees); ``False`` where there is no glibc.
-
-    Every CPU worker pins the threshold at :data:`EXACT_HEAP_THRESHOLD`, so that its private
-    memory is the memory its tensors hold, the quantity the cost model predicts. Under glibc's
-    adaptive threshold a freed tensor below 32 MiB stays in the heap, resident, and the next
-    layer's differently sized tensors do not fit the holes: measured on the fidelity benchmark's
-    FSDP2 plan (2026-12-05, four runs of 3 steps), the ZeRO-3 workers' private peaks were
-    1.9–3.8× their live tensors (206–321 MiB against 85 for a frozen copy, 599–763 against
-    316–322 for a trainer) and 0.97–1.02× with the threshold pinned. The price is a page fault
-    per fresh mapping: the same plan's step took 20.8 s against 15.5–18.5 s (a ZeRO-3 layer's
-    gather is allocated and freed at every layer of every pass), the colocated plan's 11.4 s
-    against 11.2–11.4 s (docs/runtime.md, "Memory per worker").
-
-    Raises
-    ------
-    ValueError
-        If ``threshold`` is not a positive integer.
-    """
-    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
-        raise ValueError(f"map_large_blocks: threshold must be a positive integer, got {threshold!r}")
-    lib = _libc()
-    return lib is not None and bool(lib.mallopt(_M_MMAP_THRESHOLD, threshold))
-
-
-class PrivatePeak:
-    """The peaks of :func:`private_bytes` and :func:`heap_live_bytes` while it samples: a daemon
-    thread samples both every ``interval_s`` seconds (the kernel keeps a peak of the whole
-    resident set only, ``VmHWM``, which counts shared pages too, and glibc keeps no peak at all).
-    :meth:`peak` and :meth:`live_peak` also sample once more.
-
-    Sampling costs CPU: about 5.5% of a core at 5 ms on this machine, which a run with a dozen
-    worker processes on two cores cannot spare while most of them wait. So the thread samples
-    only inside :meth:`sampling` (or between :meth:`resume` and :meth:`pause`): a worker samples
-    while it serves a call, the only time its memory changes, and sleeps between calls.
-
-    Parameters
-    ----------
-    interval_s
-        Seconds between samples (default 5 ms: a 50 MB allocation on this runtime lives longer).
-    active
-        Whether the thread samples from the start (default ``True``).
-
-    Raises
-    ------
-    ValueError
-        If ``interval_s`` is not positive.
-    """
-
-    def __init__(self, interval_s: float = 0.005, active: bool = True) -> None:
-        import threading
-
-        if not interval_s > 0:
-            raise ValueError(f"PrivatePeak: interval_s must be positive, got {interval_s!r}")
-        self.interval_s = float(interval_s)
-        self._peak = private_bytes()
-        self._live = heap_live_bytes()
-        self.samples = 0  # how many samples the thread, resume() and pause() have taken
-        self._stop = threading.Event()
-        self._active = threading.Event()
-        if active:
-            self._active.set()
-        self._thread = threading.Thread(target=self._run, name="rpeg-private-peak", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self._active.is_set():
-                self._active.wait()  # set again by resume() or stop()
-                continue
-            if self._stop.wait(self.interval_s):
-                break
-            if self._active.is_set():  # not paused meanwhile
-                self._sample()
-
-    def _sample(self) -> None:
-        self.samples += 1
-        self._peak = max(self._peak, private_bytes())
-        self._live = max(self._live, heap_live_bytes())
-
-    @property
-    def active(self) -> bool:
-        """Whether the thread samples now."""
-        return self._active.is_set() and not self._stop.is_set()
-
-    def resume(self) -> None:
-        """Sample again (one sample now, then every ``interval_s``)."""
-        self._sample()
-        self._active.set()
-
-    def pause(self) -> None:
-        """Stop sampling until :meth:`resume`, after one last sample (the peaks are kept)."""
-        self._active.clear()
-        self._sample()
-
-    @contextlib.contextmanager
-    def sampling(self) -> Iterator[None]:
-        """Sample for the ``with`` block, then return to the state before it."""
-        was = self._active.is_set()
-        self.resume()
-        try:
-            yield
-        finally:
-            if not was:
-                self.pause()
-
-    def peak(self) -> int:
-        """The largest private resident set sampled so far, bytes (this call samples too)."""
-        self._peak = max(self._peak, private_bytes())
-        return self._peak
-
-    def live_peak(self) -> int:
-        """The largest live C heap (:func:`heap_live_bytes`) sampled so far, bytes (this call
-        samples too)."""
-        self._live = max(self._live, heap_live_bytes())
-        return self._live
-
-    def stop(self) -> None:
-        """End the sampling thread (idempotent)."""
-        self._stop.set()
-        self._active.set()  # wake a paused thread so that it sees the stop
-        if self._thread.is_alive():
-            self._thread.join(timeout=1.0)
-
-
-def peak_resident_bytes() -> int:
-    """This process's peak resident set so far, bytes: ``getrusage``'s ``ru_maxrss`` (KiB on
-    Linux), or the resident set now where the kernel has not updated the peak yet."""
-    import resource
-    import sys
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return max(int(peak) if sys.platform == "darwin" else int(peak) * 1024, resident_bytes())
-
-
 def worker_peaks(records: Sequence[Any], kind: str = "memory") -> dict[str, float]:
     """Per worker (``"g{group}/r{rank}"``), the largest figure of field ``kind`` its OP records
     report, bytes (a record's figure is the peak so far, so the largest is the run's):
     ``"memory"``, the process's private-memory peak less its footprint before the model, or
     ``"memory_live"``, its live-C-heap peak less the live heap before the model
-    (:class:`~rpeg.runtime.trace.TraceRecord`).
+    (:class:`~rpeg.runtime.trace.records.TraceRecord`).
 
     Raises
     ------

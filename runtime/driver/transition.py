@@ -7,7 +7,7 @@ the target plan's, which the caller has already started on the same devices:
 1. **weight synchronisation**: every serving group of a trained model installs its training
    group's current weights, so every model-stage of one model holds the same version;
 2. **export**: every current worker hands its state to the transition as EMU cells (one per
-   unit and rank, :mod:`~rpeg.runtime.state`); training workers first all-gather their ZeRO
+   unit and rank, :mod:`~rpeg.runtime.worker.state`); training workers first all-gather their ZeRO
    slices of the Adam moments over their DP group (an EMU carries a full optimizer copy);
 3. **primitives**: the transition DAG's Split / Merge / Extend / Destroy run in dependency
    order, each on the workers that hold its units — a target cell receives exactly the slices of
@@ -39,9 +39,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ir.emu import EMU, Destroy, Extend, Merge, Split
-from ..ir.types import Role
-from .state import cell_names, cell_pieces, full_shapes, piece_shapes
+from ...ir.emu import EMU, Destroy, Extend, Merge, Split
+from ...ir.types import Role
+from ..cells import cell_names, cell_pieces, piece_shapes
+from .group import call_worker
 
 __all__ = ["TransitionRecord", "check_compatible", "execute_transition", "physical_units"]
 
@@ -143,7 +144,7 @@ class _Holders:
 
     Device ids are physical (``plan device + controller.device_base``); lost workers
     (``controller.dead``) take no part; ``alias`` maps a re-seeded vertex to the training vertex
-    whose current workers hold its cells (:mod:`~rpeg.runtime.recovery`).
+    whose current workers hold its cells (:mod:`~rpeg.runtime.driver.recovery`).
     """
 
     def __init__(self, old: Any, new: Any, current_uids: set[int], alias: dict[str, str]) -> None:
@@ -191,7 +192,7 @@ def execute_transition(
     Parameters
     ----------
     old, new
-        Started :class:`~rpeg.runtime.controller.Controller` of the current and the target plan
+        Started :class:`~rpeg.runtime.driver.controller.Controller` of the current and the target plan
         (``old`` has finished executing).
     tplan
         The scheduled transition (:func:`~rpeg.solvers.transition.plan_transition`) between the
@@ -228,7 +229,7 @@ def execute_transition(
     live = {(gid, r) for gid, r, _ in old.live_actors()}
 
     t0 = time.perf_counter()
-    _synchronise_weights(old, live, calls)
+    _synchronise_weights(old, calls)
     rec.sync_s = time.perf_counter() - t0
 
     # the transition group: every worker of both plans; rank 0 opens the group's store on a
@@ -249,7 +250,7 @@ def execute_transition(
     _export(dag, holders, live, alias, calls)
     rec.export_s = time.perf_counter() - t0
 
-    shapes = _shapes(old)
+    shapes = _shapes(old, new, calls)
     tags = iter(range(1, 1 << 30))
     t0 = time.perf_counter()
     rec.primitives = _run_primitives(tplan, holders, shapes, tags, calls, t0)
@@ -257,7 +258,7 @@ def execute_transition(
 
     t0 = time.perf_counter()
     rec.handover_bytes = _hand_over(dag, new, holders, shapes, tags, calls)
-    _past_versions(old, new, old.b.steps if old_steps is None else old_steps, calls.get, calls.call)
+    _past_versions(old, new, old.b.steps if old_steps is None else old_steps, calls)
     rec.handover_s = time.perf_counter() - t0
     rec.total_s = time.perf_counter() - t_start
     return rec
@@ -265,7 +266,7 @@ def execute_transition(
 
 class _Calls:
     """Worker calls of one transition, each remembered with its worker so that every wait is
-    progress-checked (:class:`~rpeg.runtime.liveness.Watchdog`) and a failure names the phase,
+    progress-checked (:class:`~rpeg.runtime.driver.liveness.Watchdog`) and a failure names the phase,
     the worker and its device."""
 
     def __init__(self, watch: Any, step: int) -> None:
@@ -273,30 +274,36 @@ class _Calls:
         self.ref_owner: dict[Any, Any] = {}
 
     def call(self, owner: Any, method: str, *args: Any) -> Any:
-        """Submit ``owner``'s ``worker.<method>(*args)``; returns the ref."""
-        ref = owner.actor.call.remote(method, *args)
+        """Submit ``owner``'s ``worker.<method>(*args)`` (a rank method,
+        :func:`~rpeg.runtime.driver.group.call_worker`); returns the ref."""
+        ref = call_worker(owner, method, *args)
         self.ref_owner[ref] = owner
         return ref
+
+    def group(self, ctl: Any, gid: int, method: str, *args: Any) -> list:
+        """Submit ``method(*args)`` to every live rank of ``ctl``'s group ``gid``
+        (:meth:`~rpeg.runtime.driver.group.WorkerGroup.all`); returns the refs."""
+        refs = []
+        for key, ref in ctl.groups[gid].all(method, *args):
+            self.ref_owner[ref] = ctl.owners[key]
+            refs.append(ref)
+        return refs
 
     def get(self, refs: list, what: str) -> list:
         """Results by progress; a failure names the phase, the worker and its device."""
         return self.watch.get_all(refs, self.ref_owner.__getitem__, f"transition at step {self.step}: {what}")
 
 
-def _synchronise_weights(old: Any, live: set[tuple[int, int]], calls: _Calls) -> None:
+def _synchronise_weights(old: Any, calls: _Calls) -> None:
     """Step 1: every live serving worker of a trained model installs its training group's
     current weights (version ``old.b.steps``), so every model-stage holds the same version."""
     refs = []
     for g in old.b.groups:
         if g.trains:
-            pubs = [calls.call(old.owners[(g.gid, r)], "publish") for r in range(g.size)]
+            pubs = calls.group(old, g.gid, "publish")
             for other in old.b.groups:
                 if other.model == g.model and not other.trains:
-                    refs += [
-                        calls.call(old.owners[(other.gid, r)], "install", pubs, old.b.steps)
-                        for r in range(other.size)
-                        if (other.gid, r) in live
-                    ]
+                    refs += calls.group(old, other.gid, "install", pubs, old.b.steps)
     calls.get(refs, "weight synchronisation")
 
 
@@ -430,7 +437,7 @@ def _hand_over(dag: Any, new: Any, holders: _Holders, shapes: dict, tags: Any, c
     return sum(o["sent"] for o in outs)
 
 
-def _past_versions(old: Any, new: Any, done: int, get: Any, call: Any) -> None:
+def _past_versions(old: Any, new: Any, done: int, calls: _Calls) -> None:
     """Hand the target the weight versions it reads before its own first update.
 
     An asynchronous target (``τ(m) > 0``) reads, at its step ``s ≤ τ``, version
@@ -459,25 +466,21 @@ def _past_versions(old: Any, new: Any, done: int, get: Any, call: Any) -> None:
                 if pub is None:
                     raise RuntimeError(f"version {v_old} of {m} is not available to the transition target")
             else:  # fetched now and re-put by the driver: the old workers stop after the transition
-                got = get(
-                    [
-                        call(old.owners[(trainer.gid, r)], "publish_version", v_old)
-                        for r in range(trainer.size)
-                    ],
-                    "publish",
-                )
+                got = calls.get(calls.group(old, trainer.gid, "publish_version", v_old), "publish")
                 pub = [ray.put(x) for x in got]
             new.initial_pubs[(m, v)] = pub
             for g in new.b.groups:
                 serves = any(graph.vertices[graph.index[n]].role is not Role.TRAINING for n in g.vertices)
                 if g.model == m and serves:
-                    refs += [call(new.owners[(g.gid, r)], "install_snapshot", pub, v) for r in range(g.size)]
-    get(refs, "handing over past weight versions")
+                    refs += [
+                        calls.call(new.owners[(g.gid, r)], "install_snapshot", pub, v) for r in range(g.size)
+                    ]
+    calls.get(refs, "handing over past weight versions")
 
 
 def physical_units(result: Any, graph: Any, base: int) -> list[EMU]:
     """The EMU collection of ``result``'s plan on physical devices ``base + d``."""
-    from ..ir.emu import emus_of
+    from ...ir.emu import emus_of
 
     units = emus_of(result.plan, result.cluster, graph=graph)
     return units if base == 0 else [u.sub_unit(u.tp, u.pp, tuple(d + base for d in u.gpus)) for u in units]
@@ -494,16 +497,22 @@ def _final_units(dag: Any) -> list[EMU]:
     return list(alive.values())
 
 
-def _shapes(ctl: Any) -> dict[str, tuple[dict[str, tuple[int, ...]], int]]:
-    """Full parameter shapes and layer count per vertex."""
+def _shapes(old: Any, new: Any, calls: _Calls) -> dict[str, tuple[dict[str, tuple[int, ...]], int]]:
+    """Full parameter shapes and layer count per vertex of ``old``'s groups. Each distinct model
+    is asked of rank 0 of a group of ``new`` — the target's workers, all just started, hold every
+    model of the same graph — (:meth:`~rpeg.runtime.worker.core.Worker.full_shapes`): the driver
+    builds no model."""
+    asked: dict[tuple, Any] = {}
+    for g in new.b.groups:
+        if (g.spec, g.head) not in asked:
+            asked[(g.spec, g.head)] = calls.call(new.owners[(g.gid, 0)], "full_shapes")
+    got = dict(zip(asked, calls.get(list(asked.values()), "reading the models' parameter shapes")))
     out = {}
-    cache: dict[tuple, dict] = {}
-    for g in ctl.b.groups:
-        key = (g.spec, g.head)
-        if key not in cache:
-            cache[key] = full_shapes(g.spec, g.head)
+    for g in old.b.groups:
+        if (g.spec, g.head) not in got:
+            raise ValueError(f"transition: the target plan holds no copy of {g.model} (group g{g.gid})")
         for v in g.vertices:
-            out[v] = (cache[key], g.spec.layers)
+            out[v] = (got[(g.spec, g.head)], g.spec.layers)
     return out
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
-from ..ir.errors import Strict
+from ...ir.errors import Strict
 
 __all__ = [
     "CHECKPOINT_FORMAT",

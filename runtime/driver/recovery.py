@@ -4,7 +4,7 @@ When a worker's process disappears (its device is gone) the controller stops dis
 :func:`urgent_replan` decides, from what survives, whether the job can go on:
 
 1. **lost devices**: the failed worker's device and that of every worker that is dead or no
-   longer answers (alive but silent for the stall window, :mod:`~rpeg.runtime.liveness`);
+   longer answers (alive but silent for the stall window, :mod:`~rpeg.runtime.driver.liveness`);
    every worker on a lost device is treated as lost (killed if still running);
 2. **drain and roll back**: in-flight nodes are awaited by progress (they finish or fail), then every
    survivor returns to the boundary before the failed step (segment-local ``s``): data and
@@ -21,9 +21,9 @@ When a worker's process disappears (its device is gone) the controller stops dis
 4. **replan** on the largest aligned block of surviving devices (:func:`surviving_pools`) with
    ``method`` (default ``"greedy"``) — a smaller block when no plan fits or the run's scaled
    models cannot take the plan's layouts — and hand the survivors' units, the re-seeded units and the
-   new plan to :func:`~rpeg.runtime.transition.execute_transition`.
+   new plan to :func:`~rpeg.runtime.driver.transition.execute_transition`.
 
-Every stop is a :class:`~rpeg.runtime.controller.RunError` that names the lost device(s) and the
+Every stop is a :class:`~rpeg.runtime.driver.controller.RunError` that names the lost device(s) and the
 state whose last copy was there.
 """
 
@@ -34,10 +34,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ir.cluster import Cluster
-from ..ir.emu import EMU, Stage
-from ..ir.types import Role
-from ..solvers.result import Result
+from ...ir.cluster import Cluster
+from ...ir.emu import EMU, Stage
+from ...ir.types import Role
+from ...solvers.result import Result
 
 __all__ = ["Recovery", "surviving_pools", "urgent_replan"]
 
@@ -84,7 +84,7 @@ def surviving_pools(cluster: Cluster, lost: set[int]) -> list[tuple[int, Cluster
     list[tuple[int, Cluster]]
         ``(first device, cluster of the pool)`` pairs; empty when every device is lost.
     """
-    from ..ir.cluster import pool_cluster
+    from ...ir.cluster import pool_cluster
 
     n_all, ng = cluster.num_devices, cluster.gpus_per_node
     out = []
@@ -116,7 +116,7 @@ def urgent_replan(
     Parameters
     ----------
     ctl
-        The stopped :class:`~rpeg.runtime.controller.Controller` (its ``failure`` says what was
+        The stopped :class:`~rpeg.runtime.driver.controller.Controller` (its ``failure`` says what was
         lost).
     result
         The plan ``ctl`` ran.
@@ -136,7 +136,7 @@ def urgent_replan(
     RunError
         When the last copy of some state is gone, no plan fits the surviving devices, or the
         survivors cannot return to the boundary; the message names the devices and the state.
-        Survivors are waited for by progress (:class:`~rpeg.runtime.liveness.Watchdog`): one
+        Survivors are waited for by progress (:class:`~rpeg.runtime.driver.liveness.Watchdog`): one
         that is alive and computing is waited for, one that is dead or silent for the stall
         window counts as lost.
     """
@@ -148,7 +148,7 @@ def urgent_replan(
     where = f"device(s) {sorted(lost)}"
     _check_trainers(ctl, step, where)
     # return to the boundary before the failed step
-    survivors = [((gid, r), a.call.remote("rollback", step)) for gid, r, a in ctl.live_actors()]
+    survivors = [call for grp in ctl.groups.values() for call in grp.all("rollback", step)]
     try:
         ctl.get(survivors, f"returning to step {step}'s boundary")
     except RunError as exc:
@@ -194,7 +194,7 @@ def _lost_devices(ctl: Any) -> set[int]:
     in_flight = [r for r in ctl.in_flight if r in ctl.ref_owner]
     dead, stuck = ctl.watch.settle(in_flight, ctl.ref_owner.__getitem__)
     lose(dead + stuck)
-    probes = {a.call.remote("info"): ctl.owners[(gid, r)] for gid, r, a in ctl.live_actors()}
+    probes = {ref: ctl.owners[key] for grp in ctl.groups.values() for key, ref in grp.all("info")}
     dead, stuck = ctl.watch.settle(list(probes), probes.__getitem__)
     lose(dead + stuck)
     return lost
@@ -277,7 +277,7 @@ def _replan(
     RunError
         When no pool has such a plan (the message lists why each was refused).
     """
-    from ..solvers import solve
+    from ...solvers import solve
     from .controller import RunError
 
     refused = []

@@ -1,7 +1,7 @@
 """Checking a run's trace against the plan it claims to follow (SPEC §11).
 
 :func:`verify` re-derives the executable graph ``Ĝ`` of the result's plan over the trace's number
-of steps (:func:`~rpeg.runtime.trace.expected_graph`) and checks, in this order:
+of steps (:func:`~rpeg.runtime.trace.records.expected_graph`) and checks, in this order:
 
 1. identity: the trace's plan hash and staleness budgets are the result's;
 2. bindings: one record per node of ``Ĝ`` (same id, kind, vertex, source, step, phase), on the
@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..ir.cluster import mask_devices
-from ..ir.errors import require_file
-from ..ir.graph import RPEG
-from ..ir.lower import OP, ExecGraph
-from ..ir.types import Role
-from ..solvers.result import Result
-from .trace import Trace, TraceRecord, expected_graph, expected_versions, plan_hash
+from ...ir.cluster import mask_devices
+from ...ir.errors import require_file
+from ...ir.graph import RPEG
+from ...ir.lower import OP, ExecGraph
+from ...ir.types import Role
+from ...solvers.result import Result
+from .records import Trace, TraceRecord, expected_graph, expected_versions, plan_hash
 
 __all__ = ["TOLERANCE", "TraceError", "read_result", "register_cli", "verify", "verify_or_raise"]
 
@@ -277,7 +277,7 @@ def _check_dependencies(matched: dict[int, TraceRecord], plan: _Plan, problems: 
 def _check_versions(
     matched: dict[int, TraceRecord], plan: _Plan, problems: list[str], offset: int = 0
 ) -> None:
-    """Check 5: versions read and produced are exactly :func:`~rpeg.runtime.trace.expected_versions`
+    """Check 5: versions read and produced are exactly :func:`~rpeg.runtime.trace.records.expected_versions`
     (with ``offset`` updates before the run when it continues a job, ``trace.meta["version_offset"]``).
 
     Also, for a trainable model, ``k − version ≤ τ(m)`` (the staleness bound of SPEC §11) and
@@ -421,7 +421,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     The handler prints ``trace valid: N records, S steps`` and returns 0, or prints the first
     20 problems and returns 1 (``trace INCOMPLETE: …`` first for the trace of a failed run);
     either way it ends with the trace's fidelity line (predicted against measured times,
-    :func:`~rpeg.runtime.fidelity.trace_fidelity`). A
+    :func:`~rpeg.runtime.trace.fidelity.trace_fidelity`). A
     missing or malformed file raises :class:`~rpeg.ir.errors.InputError` (the CLI's bad-input
     exit, 2).
     """
@@ -458,7 +458,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _print_fidelity(trace: Trace) -> None:
-    """The trace's predicted-against-measured figures (:mod:`~rpeg.runtime.fidelity`), recomputed
+    """The trace's predicted-against-measured figures (:mod:`~rpeg.runtime.trace.fidelity`), recomputed
     from its records; one line saying why when it has no predictions."""
     from .fidelity import trace_fidelity
 

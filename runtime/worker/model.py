@@ -26,43 +26,29 @@ was made for, not this stand-in).
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint as layer_checkpoint
 
-from ..ir.errors import check_positive_int
-from ..ir.models import ModelSpec
-from ..ir.types import Head
+from ...ir.errors import check_positive_int
+from ...ir.models import ModelSpec
+from ...ir.types import Head
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
 __all__ = [
-    "SCALES",
     "KVCache",
     "StageModel",
     "generate",
     "in_token_chunks",
     "sample_token",
-    "scale_spec",
     "stable_seed",
     "token_logprobs",
 ]
-
-#: Named scales of :func:`scale_spec`: layers, query heads and head width before TP adjustment.
-SCALES: dict[str, dict[str, int]] = {
-    "tiny": {"layers": 2, "heads": 4, "head_dim": 16},
-    "small": {"layers": 4, "heads": 8, "head_dim": 16},
-    # vLLM-CPU's attention kernels need head sizes of 32 and more (RolloutEngine refuses 16)
-    "base": {"layers": 2, "heads": 4, "head_dim": 32},
-    # about 21M parameters (8 × (4·512² + 3·512·1024)): the demo's model
-    "medium": {"layers": 8, "heads": 8, "head_dim": 64},
-}
 
 _INIT_STD = 0.02  # normal(0, 0.02) for matrices and embeddings (GPT-2 / Llama convention)
 _VALUE_STD = 0.002  # value head starts small so early critic values sit near zero
@@ -78,82 +64,6 @@ def stable_seed(*parts: object) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- specs
-def scale_spec(
-    spec: ModelSpec,
-    scale: str | dict[str, int] = "tiny",
-    *,
-    vocab: int,
-    min_layers: int = 1,
-    tp: int = 1,
-) -> ModelSpec:
-    """A scaled-down copy of ``spec`` that runs on CPUs and splits evenly over ``tp`` ranks.
-
-    Named scales (:data:`SCALES`): ``"tiny"`` has ``max(2, min_layers)`` layers and 4 heads of
-    width 16, ``"small"`` ``max(4, min_layers)`` layers and 8 heads of 16, ``"base"`` 2 layers and
-    4 heads of 32 (the smallest that vLLM-CPU runs), ``"medium"`` 8 layers and 8 heads of 64 (about
-    21M parameters). The head count is raised to the smallest multiple of ``tp`` not below that
-    (``max(4, tp)`` for ``tp`` a power of two), ``hidden = heads·head_dim`` (64 for tiny, 128 for
-    small and base, 512 for medium), ``kv_heads = heads`` and
-    ``ffn_hidden = 2·hidden``. The FFN is the family's SiLU-gated one (``ffn_projections = 3``, also
-    for a two-projection shape such as GPT-3's: the runtime's architectures are gated);
-    ``family`` and ``tied_embeddings`` are those of ``spec``, ``vocab`` is the task's.
-
-    A dict starts from ``"tiny"`` and overrides the given :class:`ModelSpec` fields; fields derived
-    from an overridden one follow it unless given too (``head_dim = hidden/heads``,
-    ``kv_heads = heads``, ``ffn_hidden = 2·hidden``).
-
-    Raises
-    ------
-    ValueError
-        For an unknown scale name (listing the known ones), an unknown dict field, or a layout that
-        ``tp`` cannot shard: ``heads``, ``kv_heads`` or ``ffn_hidden`` not divisible by ``tp``, or an
-        odd ``head_dim`` (RoPE rotates pairs). Messages name the field and the value.
-    """
-    if not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"scale_spec: tp must be a positive integer, got {tp!r}")
-    base = "tiny" if isinstance(scale, dict) else scale
-    if base not in SCALES:
-        raise ValueError(f"scale_spec: unknown scale={scale!r}; known scales: {', '.join(SCALES)}")
-    named = SCALES[base]
-    heads = tp * math.ceil(named["heads"] / tp)
-    hidden = heads * named["head_dim"]
-    fields: dict[str, object] = {
-        "name": f"{spec.name}-{base}",
-        "layers": max(named["layers"], min_layers),
-        "hidden": hidden,
-        "heads": heads,
-        "kv_heads": heads,
-        "head_dim": named["head_dim"],
-        "ffn_hidden": 2 * hidden,
-        "ffn_projections": 3,
-        "vocab": vocab,
-        "checkpoint": "",  # a scaled model has seeded weights, whatever the plan's model was
-    }
-    if isinstance(scale, dict):
-        known = set(ModelSpec.__dataclass_fields__)
-        for key in scale:
-            if key not in known:
-                raise ValueError(
-                    f"scale_spec: unknown field {key!r} in scale={scale!r}; fields: {', '.join(sorted(known))}"
-                )
-        if ("hidden" in scale or "heads" in scale) and "head_dim" not in scale:
-            fields["head_dim"] = 0  # ModelSpec derives hidden // heads
-        if "heads" in scale and "kv_heads" not in scale:
-            fields["kv_heads"] = scale["heads"]
-        if "hidden" in scale and "ffn_hidden" not in scale:
-            fields["ffn_hidden"] = 2 * scale["hidden"]
-        fields.update(scale)
-        fields["name"] = f"{spec.name}-custom"
-    out = replace(spec, **fields)
-    for field in ("heads", "kv_heads", "ffn_hidden"):
-        value = getattr(out, field)
-        if value % tp:
-            raise ValueError(f"scale_spec: {field}={value} is not divisible by tp={tp}")
-    if out.head_dim % 2:
-        raise ValueError(f"scale_spec: head_dim={out.head_dim} must be even for rotary embeddings")
-    return out
-
-
 # ---------------------------------------------------------------------------------------------- cache
 class KVCache:
     """Keys and values of the layers of one model (or one pipeline stage) for incremental decoding.
@@ -258,7 +168,7 @@ class StageModel(nn.Module):
         last: bool = True,
         recompute: str = "none",
     ) -> None:
-        from .engines.hf_models import family_modules, hf_config
+        from ..engines.hf_models import family_modules, hf_config
 
         super().__init__()
         if recompute not in ("none", "full"):

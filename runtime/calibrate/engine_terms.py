@@ -1,13 +1,13 @@
 """Calibration through the engines the runtime runs: the engine terms of a hardware file.
 
-The microbenchmarks of :mod:`rpeg.runtime.measure` time bare GEMMs, copies and collectives. What a
+The microbenchmarks of :mod:`rpeg.runtime.calibrate.measure` time bare GEMMs, copies and collectives. What a
 plan's nodes take on a real engine also holds fixed costs the roofline has no term for — Python
 and kernel launches per layer, the decode loop's scheduler and sampler per step, the engine's
 entry per call — and kernels that reach only part of the roofline. This module times the
 runtime's own operations and fits, per engine and operation class, the :class:`~rpeg.ir.hardware.
 OpTerms` the cost model adds (docs/cost-model.md §2 "Engine terms"):
 
-* **torch engine** — the runtime's :class:`~rpeg.runtime.worker.Worker` in this process (one
+* **torch engine** — the runtime's :class:`~rpeg.runtime.worker.core.Worker` in this process (one
   device, one thread, as a worker runs), on a one-device PPO plan, over a grid of model sizes and
   run shapes: generation nodes (prefill + decode), inference nodes (reference, reward and critic)
   and training nodes (actor and critic).
@@ -15,7 +15,7 @@ OpTerms` the cost model adds (docs/cost-model.md §2 "Engine terms"):
   generations of ``max_tokens = N`` responses over a grid of batches, prompt lengths and ``N``,
   and the weight pushes of each model size (the sync link ``α + bytes·β``).
 * **torch engine, data parallel** — two gloo ranks of the runtime's FSDP2 optimizer
-  (:class:`~rpeg.runtime.parallel.FSDPAdam`) per model size: the gradient ReduceScatter (a
+  (:class:`~rpeg.runtime.worker.parallel.FSDPAdam`) per model size: the gradient ReduceScatter (a
   backward that reduces less one that does not) and the parameter AllGather (``reshard`` +
   ``unshard``, what each update ends with), as FSDP2 runs them on this host. They give the
   engine's ``data_parallel`` link (``T_dp``'s ``α``, ``β``).
@@ -51,11 +51,12 @@ from typing import Any
 
 import numpy as np
 
-from ..costmodel.layout import Layout
-from ..costmodel.time import op_time
-from ..ir.hardware import FIGURE_RANGES, EngineTerms, Hardware, Link, OpTerms
-from ..ir.models import ModelSpec
-from ..ir.types import Head, Recompute, Role
+from ...costmodel.layout import Layout
+from ...costmodel.time import op_time
+from ...ir.hardware import FIGURE_RANGES, EngineTerms, Hardware, Link, OpTerms
+from ...ir.models import ModelSpec
+from ...ir.types import Head, Recompute, Role
+from ..protocol import NodeCall
 
 __all__ = [
     "CALIBRATION_SCALES",
@@ -181,6 +182,13 @@ class EngineCalibration:
             )
         return "\n".join(lines)
 
+    def summary(self) -> str:
+        """The fits' MAPE per engine and class on one line (:meth:`table` has the terms)."""
+        engines: dict[str, list[str]] = {}
+        for f in self.fits:
+            engines.setdefault(f.engine, []).append(f"{f.op_class} {f.mape:.1f}%")
+        return "engine terms fitted, MAPE: " + "; ".join(f"{e} {', '.join(c)}" for e, c in engines.items())
+
     def to_dict(self) -> dict[str, Any]:
         """Every sample and fit (``rpeg.engine-calibration/1``)."""
         return {
@@ -229,7 +237,7 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _one_device() -> Layout:
-    from ..ir.plan import Strategy
+    from ...ir.plan import Strategy
 
     return Layout(Strategy((1, 1, 1), 1, 1, 1, 1))
 
@@ -251,7 +259,7 @@ def _generation_features(s: EngineSample, hw: Hardware) -> list[float]:
 def _tp_generation(s: EngineSample, hw: Hardware, link: Link) -> float:
     """A ``tp``-rank generation sample's predicted seconds on ``hw`` with the generation engine's
     tensor-parallel link set to ``link``."""
-    from ..ir.plan import Strategy
+    from ...ir.plan import Strategy
 
     eng = hw.engine("generation")
     assert eng is not None
@@ -274,7 +282,7 @@ def _tp_features(s: EngineSample, hw: Hardware) -> tuple[list[float], float]:
 
 def _op_features(s: EngineSample, hw: Hardware) -> tuple[list[float], float]:
     """``([G, 1, f·L], T_rest)`` of an inference or training sample (module docstring)."""
-    from ..costmodel.flops import training_passes
+    from ...costmodel.flops import training_passes
 
     role = Role.TRAINING if s.op_class == "training" else Role.INFERENCE
     lay, head = _one_device(), Head(s.head)
@@ -299,7 +307,7 @@ def _dp_features(s: EngineSample) -> list[float]:
     """``[∂t/∂α, ∂t/∂β]`` of a data-parallel sample: the ReduceScatter + AllGather that ``T_dp``
     charges (:mod:`rpeg.costmodel.collectives`) over ``ranks`` ranks of ``nbytes``, at unit
     ``α`` and at unit ``β`` — the cost model's own formula, which is linear in both."""
-    from ..costmodel.collectives import allgather_time, reduce_scatter_time
+    from ...costmodel.collectives import allgather_time, reduce_scatter_time
 
     def update(link: Link) -> float:
         return reduce_scatter_time(s.ranks, s.nbytes, link) + allgather_time(s.ranks, s.nbytes, link)
@@ -442,7 +450,7 @@ def fit_engine_terms(
 # ---------------------------------------------------------------------------------------------- workers
 @contextlib.contextmanager
 def local_worker(binding: Any, vertex: str, **kwargs: Any) -> Iterator[Any]:
-    """The :class:`~rpeg.runtime.worker.Worker` (rank 0 of a one-rank gloo group, in this process,
+    """The :class:`~rpeg.runtime.worker.core.Worker` (rank 0 of a one-rank gloo group, in this process,
     no Ray) of ``vertex``'s group of a one-device plan; it leaves its process group afterwards and
     torch's thread count is restored (a worker sets it to 1).
 
@@ -454,8 +462,8 @@ def local_worker(binding: Any, vertex: str, **kwargs: Any) -> Iterator[Any]:
     import torch
     import torch.distributed as dist
 
-    from .rl import RLConfig
-    from .worker import Worker
+    from ..config import RLConfig
+    from ..worker.core import Worker
 
     group = next(g for g in binding.groups if vertex in g.vertices)
     if group.size != 1:
@@ -472,26 +480,12 @@ def local_worker(binding: Any, vertex: str, **kwargs: Any) -> Iterator[Any]:
         torch.set_num_threads(threads)
 
 
-def op_node(binding: Any, vertex: str, step: int = 0, **extra: Any) -> dict[str, Any]:
-    """The OP node description the controller sends for ``vertex`` at ``step`` (phase 0)."""
-    g = binding.graph
-    v = g.vertices[g.index[vertex]]
-    outs = [c for c in v.outputs if not c.startswith("W_") and g.containers[c].weights_of is None]
-    desc = {
-        "vertex": vertex,
-        "role": v.role.value,
-        "step": step,
-        "phase": 0,
-        "version": binding.version(g.index[vertex], step),
-        "output": outs[0] if outs else "",
-        "algorithm": g.algorithm,
-        "publish": False,
-        "keep_previous": False,
-        "tau": 0,
-        "keep": 0,
-        **binding.node_choices(g.index[vertex]),
-    }
-    return desc | extra
+def op_node(binding: Any, vertex: str, step: int = 0, **extra: Any) -> NodeCall:
+    """The OP node the controller sends for ``vertex`` at ``step`` (phase 0), with the group's
+    microbatches and no logits chunk (what the engine terms are timed with), and ``extra``
+    fields replaced (:class:`~rpeg.runtime.protocol.NodeCall`)."""
+    node = binding.node_call(binding.graph.index[vertex], step)
+    return replace(node, **({"mb": None, "logits_chunk": 0} | extra))
 
 
 #: The recomputation mode the timed training nodes run with.
@@ -502,11 +496,11 @@ _PPO_VERTICES = ("actor_gen", "ref_inf", "reward_inf", "critic_inf", "actor_trai
 
 def _binding(scale: dict[str, int], batch: int, prompt_len: int, response_len: int, seed: int) -> Any:
     """A one-device PPO plan's one-step binding at the given model scale and run shape."""
-    from ..costmodel import hardware_preset
-    from ..ir import Cluster, Structure, Workload
-    from ..solvers.result import result_for_plan
-    from .binding import bind
-    from .trace import expected_graph
+    from ...costmodel import hardware_preset
+    from ...ir import Cluster, Structure, Workload
+    from ...solvers.result import result_for_plan
+    from ..binding import bind
+    from ..trace.records import expected_graph
 
     toy = ModelSpec("calibration-1b", 16, 2048, 5504, 32000, 16, 16)
     wl = Workload("ppo", {"actor": toy, "critic": toy, "reward": toy}, 64, 1, 256, 256)
@@ -540,8 +534,8 @@ def _time_op(w: Any, binding: Any, vertex: str, inbox: dict[str, Any], repeats: 
         for src, part in inbox.items():
             w.inbox[(vertex, 0, src, 0)] = [part]
         node = op_node(binding, vertex)
-        if node["role"] == "training":  # each update moves the worker one version on
-            node |= {"version": w.version, "rollout_version": w.version}
+        if node.role is Role.TRAINING:  # each update moves the worker one version on
+            node = replace(node, version=w.version, rollout_version=w.version)
         meta, out, _ = w.op(node, {src: [] for src in inbox})
         times.append(meta["worker_time"])
     return statistics.median(times[1:]), out
@@ -678,8 +672,8 @@ def measure_vllm_tp(
     import tempfile
     from pathlib import Path
 
-    from .engines.hf_models import save_checkpoint
-    from .engines.vllm_engine import RolloutEngine
+    from ..engines.hf_models import save_checkpoint
+    from ..engines.vllm_engine import RolloutEngine
 
     if len(os.sched_getaffinity(0)) < tp:
         return []
@@ -745,8 +739,8 @@ def _dp_rank(
     import torch
     import torch.distributed as dist
 
-    from .model import StageModel
-    from .parallel import FSDPAdam, make_mesh
+    from ..worker.model import StageModel
+    from ..worker.parallel import FSDPAdam, make_mesh
 
     try:
         cores = sorted(os.sched_getaffinity(0))
@@ -973,7 +967,7 @@ def calibrate_engines(
     Parameters
     ----------
     hw
-        The microbenchmarked hardware (:func:`rpeg.runtime.measure.calibrate`); its roofline gives
+        The microbenchmarked hardware (:func:`rpeg.runtime.calibrate.measure.calibrate`); its roofline gives
         the fits' GEMM features.
     engines
         ``"torch"`` and/or ``"vllm"``.

@@ -3,7 +3,7 @@
 Placement: one placement group per cluster node with one bundle per device — ``{"GPU": 1}``
 when the cluster has GPUs, otherwise ``{"rpeg_device": 1}``, a custom resource standing for a
 reserved CPU slot (a local instance is started with as many as the plan has devices). Inside a
-:class:`~rpeg.runtime.pool.WorkerPool` on a one-node Ray instance the devices are one group
+:class:`~rpeg.runtime.driver.pool.WorkerPool` on a one-node Ray instance the devices are one group
 instead, which the pool keeps for plans of any node shape (their node boundaries are on the same
 machine anyway). Each physical device is a *slot*, ``(placement group, bundle)``; the worker of
 rank ``r`` of a group runs in the slot of the group's ``r``-th device, so two groups that share
@@ -16,7 +16,7 @@ calls are submitted asynchronously and the controller sleeps in ``ray.wait`` unt
 completes. Containers and published weight versions are released as soon as no remaining node
 reads them.
 
-Every wait is progress-checked (:mod:`~rpeg.runtime.liveness`): no fixed deadline; a worker
+Every wait is progress-checked (:mod:`~rpeg.runtime.driver.liveness`): no fixed deadline; a worker
 whose process is gone stops the run at once with a :class:`RunError` naming the node, its step,
 the worker and its device; a run in which nothing arrives and no worker computes for the stall
 window stops too. Each group's rendezvous store is opened by its rank 0 on a port the OS picks.
@@ -28,26 +28,25 @@ import contextlib
 import heapq
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ir.cluster import mask_devices
-from ..ir.lower import COMM, OP, RESHARD
-from ..ir.types import Role
-from .binding import Binding, GroupSpec, consumed_version, recompute_note
-from .checkpoint import step_dir_name
+from ...ir.cluster import mask_devices
+from ...ir.lower import COMM, OP, RESHARD
+from ...ir.types import Role
+from ..binding import Binding, GroupSpec, recompute_note
+from ..trace.checkpoint import step_dir_name
+from ..trace.records import TraceRecord
+from ..worker.process import WorkerProcess
+from .group import Call, WorkerGroup
 from .liveness import DEFAULT_STALL_S, Owner, RunError, Watchdog, cause
-from .pool import WorkerProcess, active_pool, one_node
-from .trace import TraceRecord
+from .pool import active_pool, one_node
 
 __all__ = ["Controller", "RunError"]
 
 _KIND = {OP: "op", COMM: "comm", RESHARD: "reshard"}
-
-
-#: Generation vertices that decode greedily (temperature 0): ReMax's baseline rollout.
-GREEDY_VERTICES = frozenset({"actor_greedy_gen"})
 
 
 #: Worker slots per device: each worker reserves ``1/WORKERS_PER_DEVICE`` of its device's bundle,
@@ -126,9 +125,12 @@ class Controller:
     config
         ``RunConfig``-like object with ``seed``, ``rl``, ``backend``, ``use_gpu``,
         ``devices_per_node``, ``checkpoint_dir``, ``fail_at``, ``step_offset`` and ``stall_s``
-        (the stall window of every wait, :mod:`~rpeg.runtime.liveness`).
+        (the stall window of every wait, :mod:`~rpeg.runtime.driver.liveness`).
     progress
-        Called with ``(event, payload)`` for ``"setup"``, ``"node"`` and ``"step"`` events.
+        Called with ``(event, payload)`` for ``"node"`` events (payload ``record``, the node's
+        :class:`~rpeg.runtime.trace.records.TraceRecord`) and ``"step"`` events, when a step's last
+        node completes (payload ``step``, the run's step number; ``seconds`` since the DAG
+        started; ``reward``, the step's mean reward or ``None``).
     """
 
     def __init__(self, binding: Binding, config: Any, progress: Callable[[str, dict], None] | None = None):
@@ -137,6 +139,8 @@ class Controller:
         self.progress = progress or (lambda event, payload: None)
         self.watch = Watchdog(float(getattr(config, "stall_s", DEFAULT_STALL_S)))
         self.actors: dict[int, list[Any]] = {}
+        self.groups: dict[int, WorkerGroup] = {}  # gid → the group's handle: every call to a worker
+        self.node_ips: dict[tuple[int, int], str] = {}  # (gid, rank) → its Ray node's address
         self.owners: dict[tuple[int, int], Owner] = {}  # (gid, rank) → the worker
         self.ref_owner: dict[Any, Owner] = {}  # submitted node call → its worker
         self.placement: list[Any] = []  # the placement groups
@@ -245,7 +249,7 @@ class Controller:
     def _spawn_actors(self) -> None:
         """One actor per rank in the bundle of its physical device (``device + device_base``),
         reserving ``1/WORKERS_PER_DEVICE`` of it — an idle process of that bundle from the
-        active :class:`~rpeg.runtime.pool.WorkerPool` when there is one; fills :attr:`actors`,
+        active :class:`~rpeg.runtime.driver.pool.WorkerPool` when there is one; fills :attr:`actors`,
         :attr:`owners` and :attr:`bundles`."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -273,49 +277,55 @@ class Controller:
                 actors.append(actor)
                 self.owners[(g.gid, rank)] = Owner(g.worker(rank), dev, actor, g.gid, rank)
             self.actors[g.gid] = actors
+            owners = [self.owners[(g.gid, r)] for r in range(g.size)]
+            self.groups[g.gid] = WorkerGroup(g, actors, owners, self.dead)
 
     def _hello(self, torch_s: float) -> dict[int, str]:
         """Every process answers (registered with the watchdog by ``pid`` and ``host``); rank 0
         of each group opens the group's store. Returns ``gid → master address``."""
-        hellos = {
-            a.hello.remote(g.size if rank == 0 else 0, torch_s): self.owners[(g.gid, rank)]
-            for g in self.b.groups
-            for rank, a in enumerate(self.actors[g.gid])
-        }
+        hellos: dict[Any, Owner] = {}
+        for g in self.b.groups:
+            hellos.update(self.groups[g.gid].hello(torch_s))
         answers = self.watch.get_all(list(hellos), hellos.__getitem__, "starting the worker processes")
         masters: dict[int, str] = {}
         for owner, ans in zip(hellos.values(), answers):
             self.watch.register(owner, ans["pid"], ans["host"])
+            self.node_ips[(owner.gid, owner.rank)] = ans["node_ip"]
             if ans["master"]:
                 masters[owner.gid] = ans["master"]
         return masters
 
     def _setup_groups(self, masters: dict[int, str], torch_s: float) -> None:
-        """Every rank builds its :class:`~rpeg.runtime.worker.Worker` (joining its group's process
+        """Every rank builds its :class:`~rpeg.runtime.worker.core.Worker` (joining its group's process
         group, all ranks at once); fills :attr:`group_info` for the trace."""
         setups: dict[Any, Owner] = {}
         order = []
         for g in self.b.groups:
-            for rank, a in enumerate(self.actors[g.gid]):
+            rank_args = []
+            for rank in range(g.size):
                 fail = None
                 if self.cfg.fail_at and self.cfg.fail_at[0] == g.worker(rank):
                     fail = tuple(self.cfg.fail_at[1:])
-                ref = a.setup.remote(
-                    g,
-                    rank,
+                rank_args.append(
+                    (
+                        self.b.shape,
+                        self.cfg.rl,
+                        self.cfg.seed,
+                        "nccl" if self.cfg.use_gpu else "gloo",
+                        fail,
+                        self.cfg.step_offset,
+                        bool(getattr(self.cfg, "recover", False)),
+                    )
+                )
+                order.append((g, rank))
+            setups.update(
+                self.groups[g.gid].setup(
                     masters[g.gid],
-                    self.b.shape,
-                    self.cfg.rl,
-                    self.cfg.seed,
-                    "nccl" if self.cfg.use_gpu else "gloo",
-                    fail,
-                    self.cfg.step_offset,
-                    bool(getattr(self.cfg, "recover", False)),
+                    rank_args,
                     timeout_s=torch_s,
                     rollout_engine=getattr(self.cfg, "rollout_engine", "torch"),
                 )
-                setups[ref] = self.owners[(g.gid, rank)]
-                order.append((g, rank))
+            )
         infos = self.watch.get_all(list(setups), setups.__getitem__, "setting up the worker groups")
         for (g, rank), info in zip(order, infos):
             entry = self.group_info.setdefault(
@@ -339,12 +349,30 @@ class Controller:
             entry["ranks"].append({"rank": rank, **{k: v for k, v in info.items() if k != "coords"}})
 
     def workers(self) -> dict[str, dict[str, Any]]:
-        """Worker id → ``{"pid", "host", "device"}`` of every started worker."""
-        return {o.worker: {"pid": o.pid, "host": o.host, "device": o.device} for o in self.owners.values()}
+        """Worker id → ``{"pid", "host", "node_ip", "device"}`` of every started worker."""
+        return {
+            o.worker: {
+                "pid": o.pid,
+                "host": o.host,
+                "node_ip": self.node_ips.get((o.gid, o.rank)),
+                "device": o.device,
+            }
+            for o in self.owners.values()
+        }
+
+    def placement_nodes(self) -> list[list[str]]:
+        """Per plan node, the addresses of the Ray nodes its workers run on (one each, with one
+        Ray node per plan node; a plan node whose devices hold no worker has none)."""
+        per_node = self.b.result.cluster.gpus_per_node
+        nodes: list[set[str]] = [set() for _ in range(self.b.result.cluster.num_devices // per_node)]
+        for key, owner in self.owners.items():
+            if key in self.node_ips:
+                nodes[owner.device // per_node].add(self.node_ips[key])
+        return [sorted(ips) for ips in nodes]
 
     def get(self, calls: list[tuple[tuple[int, int], Any]], what: str) -> list[Any]:
         """Results of ``(worker key (gid, rank), ref)`` calls, waited for by progress
-        (:meth:`~rpeg.runtime.liveness.Watchdog.get_all`); a failure is a :class:`RunError`
+        (:meth:`~rpeg.runtime.driver.liveness.Watchdog.get_all`); a failure is a :class:`RunError`
         naming ``what``, the worker and its device."""
         owner = {ref: self.owners[key] for key, ref in calls}
         return self.watch.get_all([ref for _, ref in calls], owner.__getitem__, what)
@@ -417,6 +445,7 @@ class Controller:
                 d.version_readers[key] = d.version_readers.get(key, 0) + 1
         self._publishes = {m for m, _ in d.version_readers}
         self._wait_refs: dict[int, list] = {}
+        self._left_in_step = Counter(nd.step for nd in nodes)  # nodes not completed, per step
         d.serves = {
             g.gid: any(verts[b.graph.index[name]].role is not Role.TRAINING for name in g.vertices)
             for g in b.groups
@@ -426,7 +455,7 @@ class Controller:
         d.pubs.update(self.initial_pubs)
         for g in b.groups:
             if g.trains and (g.model, 0) in d.version_readers:
-                d.pubs[(g.model, 0)] = [a.call.remote("publish") for a in self.actors[g.gid]]
+                d.pubs[(g.model, 0)] = self.groups[g.gid].publish()
         for i in range(n):
             if d.indeg[i] == 0:
                 heapq.heappush(d.ready, (nodes[i].step, 0 if nodes[i].kind != OP else 1, i))
@@ -451,15 +480,16 @@ class Controller:
                 continue
             d.busy.update(nd.devices)
             d.starts[nd.id] = time.perf_counter() - d.t_run
-            refs, more = self._submit(
+            calls, more = self._submit(
                 nd, d.artifacts, d.pubs, self._publishes, d.serves, self.b.graph.staleness
             )
+            refs = [r for _, r in calls]
             d.pending[nd.id] = list(refs)
             self._wait_refs[nd.id] = list(refs)
             d.extra[nd.id] = more
-            for rank, r in enumerate(refs):
+            for key, r in calls:
                 d.running[r] = nd.id
-                self.ref_owner[r] = self.owners[(nd.group, rank)]
+                self.ref_owner[r] = self.owners[key]
         for item in kept:
             heapq.heappush(d.ready, item)
 
@@ -523,10 +553,10 @@ class Controller:
         self.wall_s = time.perf_counter() - d.t_run
         self.overhead_s = self.wall_s - d.waited
 
-    def _submit(self, nd: _Node, artifacts, pubs, publishes, serves, tau) -> tuple[list, list]:
-        """Submit node ``nd`` to its group's workers; returns (refs to wait on, other refs)."""
+    def _submit(self, nd: _Node, artifacts, pubs, publishes, serves, tau) -> tuple[list[Call], list]:
+        """Submit node ``nd`` to its group's workers; returns (the calls to wait on, other refs)."""
         b = self.b
-        actors = self.actors[nd.group]
+        grp = self.groups[nd.group]
         verts = b.graph.vertices
         vname = verts[nd.vertex].name
         if nd.role == "data":
@@ -536,8 +566,7 @@ class Controller:
                 phases.get(nd.phase, []) if nd.phase > 0 else [r for p in sorted(phases) for r in phases[p]]
             )
             key = (vname, nd.step, src, nd.phase)
-            out = [a.call.remote("fetch", key, refs) for a in actors]
-            return out, []
+            return grp.all("fetch", key, refs), []
         if nd.role == "weights":
             src_refs = pubs.get((nd.model, nd.version))
             if src_refs is None:
@@ -545,8 +574,7 @@ class Controller:
                     f"node {nd.id} ({_KIND[nd.kind]} → {vname} step {nd.step}) needs version {nd.version} "
                     f"of {nd.model}, which no group published"
                 )
-            out = [a.call.remote("install", src_refs, nd.version) for a in actors]
-            return out, []
+            return grp.install(src_refs, nd.version), []
         vert = verts[nd.vertex]
         group = b.groups[nd.group]
         inputs: dict[str, list] = {}
@@ -556,47 +584,27 @@ class Controller:
             inputs[verts[u].name] = (
                 phases.get(own_phase, []) if own_phase else [r for p in sorted(phases) for r in phases[p]]
             )
-        outs = [
-            c for c in vert.outputs if not c.startswith("W_") and b.graph.containers[c].weights_of is None
-        ]
         keep = int(getattr(self.cfg, "keep_versions", 0))  # versions a later plan of the run may read
-        desc = {
-            "vertex": vname,
-            "role": vert.role.value,
-            "mb": b.result.plan.choices[nd.vertex].strategy.mb,  # per vertex (SPEC §14.2)
-            "logits_chunk": b.result.plan.choices[nd.vertex].strategy.logits_chunk,  # SPEC §14.6
-            "step": nd.step,
-            "phase": nd.phase,
-            "version": nd.version,
-            "output": outs[0] if outs else "",
-            "algorithm": b.graph.algorithm,
-            "publish": vert.role is Role.TRAINING and vert.model in publishes,
-            "keep_previous": vert.role is Role.TRAINING
-            and ((serves[group.gid] and tau.get(vert.model, 0) > 0) or keep > 0),
-            "tau": tau.get(vert.model, 0),
-            # the version this step's rollouts were sampled with (a training node trains on them)
-            "rollout_version": consumed_version(
-                Role.GENERATION, nd.step, tau.get(vert.model, 0), b.version_offset
+        tau_v = tau.get(vert.model, 0)
+        training = vert.role is Role.TRAINING
+        node = b.node_call(
+            nd.vertex,
+            nd.step,
+            phase=nd.phase,
+            version=nd.version,
+            reads=[u for _, u in nd.reads],
+            publish=training and vert.model in publishes,
+            keep_previous=training and ((serves[group.gid] and tau_v > 0) or keep > 0),
+            tau=tau_v,
+            keep=max(tau_v, keep),
+            save=(
+                os.path.join(self.cfg.checkpoint_dir, step_dir_name(nd.step + self.cfg.step_offset))
+                if training and self.cfg.checkpoint_dir
+                else None
             ),
-            "keep": max(tau.get(vert.model, 0), keep),
-            # ReMax: its baseline rollout decodes greedily, and a consumer of both rollouts keeps
-            # the greedy sequences apart from the sampled ones (keys prefixed "greedy_")
-            "greedy": vname in GREEDY_VERTICES,
-            "prefix": {verts[u].name: "greedy_" for _, u in nd.reads if verts[u].name in GREEDY_VERTICES},
-            # the workload's reward, reference, log-prob source and updates per step (SPEC §14)
-            **b.node_choices(nd.vertex),
-        }
-        if vert.role is Role.TRAINING and self.cfg.checkpoint_dir:
-            desc["save"] = os.path.join(
-                self.cfg.checkpoint_dir, step_dir_name(nd.step + self.cfg.step_offset)
-            )
-        metas, datas, publs = [], [], []
-        for a in actors:
-            m, d, p = a.op.options(num_returns=3).remote(desc, inputs)
-            metas.append(m)
-            datas.append(d)
-            publs.append(p)
-        return metas, [datas, publs]
+        )
+        metas, datas, publs = grp.op(node, inputs)
+        return [((nd.group, r), m) for r, m in enumerate(metas)], [datas, publs]
 
     def _complete(self, nd: _Node, start: float, end: float, extra: list, artifacts, pubs) -> None:
         import ray
@@ -671,6 +679,19 @@ class Controller:
             )
         )
         self.progress("node", {"record": self.records[-1]})
+        self._left_in_step[nd.step] -= 1
+        if self._left_in_step[nd.step] == 0:  # the step's last node
+            parts = self.rewards.get(nd.step, [])
+            count = sum(c for _, c in parts)
+            reward = sum(r for r, _ in parts) / count if count else None
+            self.progress(
+                "step",
+                {
+                    "step": nd.step + int(getattr(self.cfg, "step_offset", 0)),
+                    "seconds": end,
+                    "reward": reward,
+                },
+            )
 
     def _saved(self, global_step: int, files: list[dict[str, Any]]) -> None:
         """Note checkpoint files written for ``global_step``; once every training rank's file is
@@ -766,23 +787,20 @@ class Controller:
         ]
 
     def final_weights(self) -> dict[str, dict[str, Any]]:
-        """Full weights of every trained model, assembled from its training group's shards."""
-
-        from .parallel import assemble
-
+        """Full weights of every trained model, assembled by its training group's rank 0 from every
+        rank's shards (:meth:`~rpeg.runtime.worker.transfers.WorkerTransfers.assembled`)."""
         out = {}
         for g in self.b.groups:
             if g.trains:
-                calls = [((g.gid, r), a.call.remote("publish")) for r, a in enumerate(self.actors[g.gid])]
-                got = [x for x in self.get(calls, f"gathering {g.model}'s final weights") if x]
-                full = assemble([(coords[1], pub) for coords, pub in got])
-                out[g.model] = {k: v.clone() for k, v in full.items()}  # owned, writable
+                grp = self.groups[g.gid]
+                what = f"gathering {g.model}'s final weights"
+                (out[g.model],) = self.get([grp.rank(0, "assembled", grp.publish())], what)
         return out
 
     def stop(self) -> None:
         """Kill the workers and release the placement groups (unless borrowed, see :meth:`start`).
 
-        Inside a :class:`~rpeg.runtime.pool.WorkerPool`, the workers of a controller whose DAG
+        Inside a :class:`~rpeg.runtime.driver.pool.WorkerPool`, the workers of a controller whose DAG
         completed (:attr:`finished`) and that lost none go back to the pool instead, with the
         placement groups it owns; a failed run's workers are killed (a rank may still sit in a
         collective). Stopping again does nothing."""

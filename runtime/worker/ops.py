@@ -26,7 +26,7 @@ Execution per role (``B'·R'`` sequences of one step, global order = sample id):
   pair count), then one Adam step (FSDP2 when ``Pd > 1``). The version counts RL steps: it
   moves once per training node, whatever ``U``.
 
-:class:`WorkerOps` is a part of :class:`~rpeg.runtime.worker.Worker`, which owns the state it
+:class:`WorkerOps` is a part of :class:`~rpeg.runtime.worker.core.Worker`, which owns the state it
 uses (model, mesh, optimizer, task, version and snapshots).
 """
 
@@ -41,12 +41,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..ir.types import Head, Role
-from .binding import GroupSpec, RunShape, mini_batch_bounds, update_microbatches
+from ...ir.types import Head, Role
+from ..binding import GroupSpec, RunShape, mini_batch_bounds, update_microbatches
+from ..config import RLConfig
+from ..protocol import NodeCall
 from .model import KVCache, StageModel, in_token_chunks, sample_token, token_logprobs
 from .parallel import FSDPAdam, FSDPShards
 from .rl import (
-    RLConfig,
     behavior_weight,
     dpo_batch,
     dpo_margins,
@@ -73,7 +74,7 @@ _TOK, _OLD, _ADV, _MASK, _REF, _RET, _VAL = range(7)
 def rule_reward(
     target: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, prompt_len: int
 ) -> torch.Tensor:
-    """The synthetic task's rule (:class:`~rpeg.runtime.task.SyntheticTask`) of each sequence: the
+    """The synthetic task's rule (:class:`~rpeg.runtime.worker.task.SyntheticTask`) of each sequence: the
     fraction of its valid response tokens in the target set.
 
     Parameters
@@ -121,7 +122,7 @@ class PackedOutput(torch.nn.Module):
 class WorkerOps:
     """OP nodes of one rank (:meth:`op`) and the pipeline plumbing they share.
 
-    Uses the :class:`~rpeg.runtime.worker.Worker`'s state below, its ``_check_fault`` and
+    Uses the :class:`~rpeg.runtime.worker.core.Worker`'s state below, its ``_check_fault`` and
     ``_emits``, the transfers' ``_inputs`` and ``publish`` and the checkpoints' ``_snapshot``,
     ``_keep_boundary``, ``full_weights`` and ``save``.
     """
@@ -199,18 +200,18 @@ class WorkerOps:
         return torch.arange(self.mesh.d, n, self.group.dp)
 
     # ------------------------------------------------------------------ OP nodes
-    def op(self, node: dict[str, Any], inputs: dict[str, list]) -> tuple[dict[str, Any], Any, Any]:
+    def op(self, node: NodeCall, inputs: dict[str, list]) -> tuple[dict[str, Any], Any, Any]:
         """Execute one OP node; returns ``(meta, containers or None, publication or None)``."""
         t0 = time.perf_counter()
-        self._check_fault(node["vertex"], node["step"])
-        role = Role(node["role"])
-        version = node["version"]
+        self._check_fault(node.vertex, node.step)
+        role = node.role
+        version = node.version
         swapped = None
         if role is not Role.TRAINING and version != self.version:
             if version not in self.snapshots:
                 raise RuntimeError(
                     f"worker {self.group.worker(self.rank)} holds version {self.version} of "
-                    f"{self.group.model} but {node['vertex']} step {node['step']} needs {version}"
+                    f"{self.group.model} but {node.vertex} step {node.step} needs {version}"
                 )
             swapped = self._swap(self.snapshots[version])
         try:
@@ -222,7 +223,7 @@ class WorkerOps:
             else:
                 if version != self.version:
                     raise RuntimeError(
-                        f"{node['vertex']} step {node['step']} must train version {version}, "
+                        f"{node.vertex} step {node.step} must train version {version}, "
                         f"worker {self.group.worker(self.rank)} holds {self.version}"
                     )
                 out, meta = self._train(node, self._inputs(node, inputs))
@@ -230,7 +231,7 @@ class WorkerOps:
             if swapped is not None:
                 self._swap(swapped)
         t_pub = time.perf_counter()
-        pub = self.publish() if node.get("publish") and role is Role.TRAINING else None
+        pub = self.publish() if node.publish and role is Role.TRAINING else None
         meta["publish_s"] = time.perf_counter() - t_pub if pub is not None else 0.0
         meta["worker_time"] = time.perf_counter() - t0
         meta["version_used"] = version if role is not Role.TRAINING else meta["version"] - 1
@@ -245,10 +246,10 @@ class WorkerOps:
         self._write_weights(weights, master=False)  # serving only: the trained version stays put
         return current
 
-    def _temperature(self, node: dict[str, Any]) -> float:
+    def _temperature(self, node: NodeCall) -> float:
         """Sampling temperature of a generation node: 0 (greedy) for a node marked ``greedy``
         (ReMax's baseline rollout), the run's ``temperature`` otherwise."""
-        return 0.0 if node.get("greedy") else self.cfg.temperature
+        return 0.0 if node.greedy else self.cfg.temperature
 
     def _rollout_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This DP rank's rollouts of ``step``: global sample ids ``k·n + i`` (``n = B'·R'``, ``k``
@@ -272,7 +273,7 @@ class WorkerOps:
         return lengths == self._phase_end(phase)
 
     def _rollout_outputs(
-        self, node: dict[str, Any], out: dict[str, torch.Tensor] | None, meta: dict[str, Any]
+        self, node: NodeCall, out: dict[str, torch.Tensor] | None, meta: dict[str, Any]
     ) -> dict[str, torch.Tensor] | None:
         """What a generation node emits (SPEC §14.8): without its log-prob output (``gen_logp``
         false: the ``actor_logp`` inference computes them, or ReMax's greedy rollout) no ``logp``;
@@ -282,27 +283,27 @@ class WorkerOps:
         greedy baseline's rewards are not)."""
         if out is None or not self._emits():
             return out
-        if not node.get("gen_logp", True):
+        if not node.gen_logp:
             out = {k: v for k, v in out.items() if k != "logp"}
-        if node.get("reward") == "rule":
+        if node.reward == "rule":
             score = rule_reward(self.target, out["tokens"], out["mask"], self.shape.prompt_len)
             out = {**out, "rewards": score}
-            if not node.get("greedy"):
+            if not node.greedy:
                 meta.update(reward_sum=float(score.sum()), reward_count=len(score))
         return out
 
     @torch.no_grad()
-    def _generate(self, node: dict[str, Any]) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
+    def _generate(self, node: NodeCall) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
         if self.rollout_engine == "vllm":
             return self._generate_vllm(node, self._temperature(node))
-        sh, step = self.shape, node["step"]
-        key = (node["vertex"], step)
-        phase = node["phase"]
+        sh, step = self.shape, node.step
+        key = (node.vertex, step)
+        phase = node.phase
         if phase <= 1:
             ids, mine, prompts = self._rollout_batch(step)
             tokens = torch.zeros(len(mine), sh.prompt_len + sh.response_len, dtype=torch.int64)
             tokens[:, : sh.prompt_len] = prompts
-            mb = int(node.get("mb", self.group.mb))  # the vertex's microbatches (SPEC §14.2)
+            mb = self.group.mb if node.mb is None else node.mb  # the vertex's microbatches (SPEC §14.2)
             chunks = [c for c in torch.tensor_split(torch.arange(len(mine)), mb) if len(c)]
             self.gen_state[key] = {
                 "ids": ids,
@@ -345,19 +346,17 @@ class WorkerOps:
         return out, {"sequences": int(done.sum())}
 
     @torch.no_grad()
-    def _infer(
-        self, node: dict[str, Any], batch: dict[str, torch.Tensor]
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _infer(self, node: NodeCall, batch: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, Any]]:
         """One inference node over this rank's DP slice of the batch, in ``mb`` microbatches:
         log-probs, values, or rewards (task reward and reward-model score; ReMax adds the greedy
         rollout's as ``baseline`` and ``rm_baseline``). DPO builds its batch, the step's
-        preference pairs (:func:`~rpeg.runtime.rl.dpo_batch`), itself."""
+        preference pairs (:func:`~rpeg.runtime.worker.rl.dpo_batch`), itself."""
         sh = self.shape
         Lp, Lr = sh.prompt_len, sh.response_len
         sl = response_slice(Lp, Lr)
-        kind = node["output"]
-        if node["algorithm"] == "dpo":  # offline: the preference pairs are a graph input, built here
-            batch = dpo_batch(self.task, node["step"] + self.step_offset, sh.batch)
+        kind = node.output
+        if node.algorithm == "dpo":  # offline: the preference pairs are a graph input, built here
+            batch = dpo_batch(self.task, node.step + self.step_offset, sh.batch)
         if "greedy_ids" in batch:  # ReMax: score the sampled sequences whose greedy rollout is here
             # (a phase node may get one generation's phase and the other's whole step)
             keep = torch.isin(batch["ids"], batch["greedy_ids"])
@@ -367,8 +366,8 @@ class WorkerOps:
         tokens, mask = batch["tokens"][mine], batch["mask"][mine]
         meta: dict[str, Any] = {"sequences": len(mine)}
 
-        mb = int(node.get("mb", self.group.mb))  # the vertex's microbatches (SPEC §14.2)
-        chunk = int(node.get("logits_chunk", 0))  # a chunked loss (SPEC §14.6)
+        mb = self.group.mb if node.mb is None else node.mb  # the vertex's microbatches (SPEC §14.2)
+        chunk = node.logits_chunk  # a chunked loss (SPEC §14.6)
         chunked = chunk > 0 and kind in ("ref_logp", "logp") and self.group.head is Head.LM
 
         # ZeRO-3 gathers each layer in every forward (collectives over the DP group): every rank
@@ -442,9 +441,9 @@ class WorkerOps:
             return out, meta
         return {"ids": ids, kind: torch.cat(results) if results else torch.zeros(0, Lr)}, meta
 
-    def _train(self, node: dict[str, Any], batch: dict[str, torch.Tensor]) -> tuple[None, dict[str, Any]]:
+    def _train(self, node: NodeCall, batch: dict[str, torch.Tensor]) -> tuple[None, dict[str, Any]]:
         """One training node: targets of the whole step's batch (:meth:`_targets`), then ``U =
-        node["updates"]`` optimizer updates (SPEC §14.2). The step's samples split into ``U``
+        node.updates`` optimizer updates (SPEC §14.2). The step's samples split into ``U``
         contiguous mini-batches in sample order (:func:`~rpeg.runtime.binding.mini_batch_bounds`);
         for each, this rank's DP slice of it runs forward and backward in ``⌈mb/U⌉`` microbatches
         (:meth:`_backward`; ``mb`` for ``U = 1``) and one optimizer step follows. The version,
@@ -459,12 +458,12 @@ class WorkerOps:
         reference's and the actor's log-probs); its rank 0 reports the step's metric, the mean
         implicit reward margin ``β·(h_w − h_l)`` of the pairs under the version ``actor_inf`` read.
         """
-        algorithm = node["algorithm"]
+        algorithm = node.algorithm
         if algorithm == "dpo":
-            pairs = dpo_batch(self.task, node["step"] + self.step_offset, self.shape.batch)
+            pairs = dpo_batch(self.task, node.step + self.step_offset, self.shape.batch)
             if not torch.equal(pairs["ids"], batch["ids"]):
                 raise RuntimeError(
-                    f"{node['vertex']} step {node['step']}: the log-probs of the inputs are not those of "
+                    f"{node.vertex} step {node.step}: the log-probs of the inputs are not those of "
                     "the step's preference pairs"
                 )
             batch = {**batch, **pairs}
@@ -473,17 +472,19 @@ class WorkerOps:
         target = self._targets(node, batch)
         # were the rollouts sampled with the weights trained here? (τ = 0, or the run's first
         # version; not the first step after a transition, whose rollouts read the version before it)
-        same_weights = node.get("rollout_version", node["version"]) == node["version"]
+        same_weights = (
+            node.version if node.rollout_version is None else node.rollout_version
+        ) == node.version
         gaps: list[float] | None = [] if algorithm != "dpo" and same_weights else None
         # stale rollouts: PPO/GRPO/ReMax train with the decoupled objective (RLConfig.stale_objective)
         decoupled = not same_weights and algorithm != "dpo" and self.cfg.stale_objective == "decoupled"
-        reference = bool(node.get("reference", True))
-        updates = int(node.get("updates", 1))
+        reference = node.reference
+        updates = node.updates
         # the vertex's microbatches (SPEC §14.2), formed within each update
-        micro = update_microbatches(int(node.get("mb", self.group.mb)), updates)
+        micro = update_microbatches(self.group.mb if node.mb is None else node.mb, updates)
         # a chunked loss (SPEC §14.6): the stage returns hidden states, the loss applies the
         # heads to `chunk` response tokens at a time and recomputes them in the backward
-        chunk = int(node.get("logits_chunk", 0)) if self.group.head is not Head.SCALAR else 0
+        chunk = node.logits_chunk if self.group.head is not Head.SCALAR else 0
         if self.packed.hidden != bool(chunk):
             self.packed.hidden = bool(chunk)
             self.schedule = None  # a pipeline's last stage now returns another shape
@@ -493,7 +494,7 @@ class WorkerOps:
         for j, (lo, hi) in enumerate(mini_batch_bounds(len(batch["ids"]), updates)):
             if hi == lo:
                 raise RuntimeError(
-                    f"{node['vertex']} step {node['step']}: {len(batch['ids'])} sequences cannot fill "
+                    f"{node.vertex} step {node.step}: {len(batch['ids'])} sequences cannot fill "
                     f"{updates} mini-batches"
                 )
             total = (hi - lo) / 2 if algorithm == "dpo" else float(batch["mask"][lo:hi].sum())
@@ -520,16 +521,15 @@ class WorkerOps:
         return None, meta
 
     @staticmethod
-    def _needs(node: dict[str, Any], batch: dict[str, torch.Tensor], key: str, what: str) -> torch.Tensor:
+    def _needs(node: NodeCall, batch: dict[str, torch.Tensor], key: str, what: str) -> torch.Tensor:
         """``batch[key]``, or a ``RuntimeError`` naming the node and ``what`` the key holds."""
         if key not in batch:
             raise RuntimeError(
-                f"{node['vertex']} step {node['step']}: its inputs lack {key!r} ({what}); they hold "
-                f"{sorted(batch)}"
+                f"{node.vertex} step {node.step}: its inputs lack {key!r} ({what}); they hold {sorted(batch)}"
             )
         return batch[key]
 
-    def _greedy_baseline(self, node: dict[str, Any], batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _greedy_baseline(self, node: NodeCall, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """ReMax with a rule reward: the baseline of each sampled sequence is the rule reward of
         its greedy rollout, the greedy generation's sequence with the same sample id (inputs
         prefixed ``greedy_``), matched as the reward inference matches them."""
@@ -538,12 +538,12 @@ class WorkerOps:
         pos = torch.searchsorted(gids, batch["ids"].contiguous()).clamp(max=max(0, len(gids) - 1))
         if len(gids) == 0 or not torch.equal(gids[pos], batch["ids"]):
             raise RuntimeError(
-                f"{node['vertex']} step {node['step']}: the greedy rollouts do not cover the sampled "
+                f"{node.vertex} step {node.step}: the greedy rollouts do not cover the sampled "
                 "sequences (no greedy rollout with the same sample id)"
             )
         return rewards[pos]
 
-    def _targets(self, node: dict[str, Any], batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _targets(self, node: NodeCall, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The packed per-token target ``[n, Lr, 7]`` of the step's batch (columns ``_TOK`` …).
 
         GRPO: group-relative advantages ``A_i = (r_i − mean_g) / (std_g + 1e-6)`` broadcast over
@@ -551,16 +551,16 @@ class WorkerOps:
         prompt)`` broadcast over the tokens. DPO: ``_ADV`` holds the sign ``s_i`` (+1 chosen, −1
         rejected), ``_RET`` the partner's sequence log-ratio ``h̄_j`` from the actor's inference
         (both constant over the tokens), ``_REF`` the reference's log-probs
-        (:func:`~rpeg.runtime.rl.dpo_sequence_loss`). PPO: KL-shaped rewards
+        (:func:`~rpeg.runtime.worker.rl.dpo_sequence_loss`). PPO: KL-shaped rewards
         ``r_t = −β·(log π − log π_ref)_t + [t = last]·score`` and GAE ``(γ, λ)`` advantages and
-        returns over the critic's values (:mod:`~rpeg.runtime.rl`); the critic's own training
+        returns over the critic's values (:mod:`~rpeg.runtime.worker.rl`); the critic's own training
         node (a value head) regresses on the task reward alone (``β = 0``). Without a reference
-        (``node["reference"]`` false: ``kl_coef = 0``) there is no KL term and ``_REF`` stays 0;
+        (``node.reference`` false: ``kl_coef = 0``) there is no KL term and ``_REF`` stays 0;
         with one, missing reference log-probs are an error, never a silent ``β = 0``.
         """
         sh, cfg = self.shape, self.cfg
-        algorithm = node["algorithm"]
-        reference = bool(node.get("reference", True))
+        algorithm = node.algorithm
+        reference = node.reference
         Lp, Lr = sh.prompt_len, sh.response_len
         n = len(batch["ids"])
         mask = batch["mask"]
@@ -625,7 +625,7 @@ class WorkerOps:
         one (the value part weighted by ``value_coef``). With ``decoupled`` (rollouts sampled by
         older weights than those trained), the policy terms take the decoupled form: PPO's ratio
         against this step's own first-forward log-probs ``π_prox``, each token weighted by
-        ``w_t = π_prox/μ`` (:func:`~rpeg.runtime.rl.behavior_weight`), ReMax's REINFORCE by
+        ``w_t = π_prox/μ`` (:func:`~rpeg.runtime.worker.rl.behavior_weight`), ReMax's REINFORCE by
         ``w_t``. With several updates per step, ``π_prox`` is the weights each update starts
         from (the first forward of its own mini-batch).
 
@@ -761,19 +761,19 @@ class WorkerOps:
         self.metadata_probe = False
         return losses
 
-    def _begin_update(self, node: dict[str, Any]) -> dict[str, torch.Tensor] | None:
+    def _begin_update(self, node: NodeCall) -> dict[str, torch.Tensor] | None:
         """Before a training node's first optimizer step: a copy of the version it trains when a
         serving vertex of this group (or a later plan) still reads it (``keep_previous``), and the
         boundary copy when the run recovers from worker loss. Returns the copy (or ``None``)."""
         with self.full_weights():  # ZeRO-3: gathered on every DP rank for the copies
-            old = self._snapshot() if node.get("keep_previous") else None
+            old = self._snapshot() if node.keep_previous else None
             self._keep_boundary(old)
         self.mid_update = True  # a rollback before _finish_update restores the boundary copy
         return old
 
     def _finish_update(
         self,
-        node: dict[str, Any],
+        node: NodeCall,
         old: dict[str, torch.Tensor] | None,
         losses: list[torch.Tensor],
         updates: int = 1,
@@ -784,20 +784,18 @@ class WorkerOps:
         Returns the node's meta; its ``loss`` is this rank's share of the mean over the updates."""
         if old is not None:
             self.snapshots[self.version] = old
-            for v in [
-                v for v in self.snapshots if v < self.version + 1 - node.get("keep", node.get("tau", 0))
-            ]:
+            for v in [v for v in self.snapshots if v < self.version + 1 - node.keep]:
                 del self.snapshots[v]
         self.version += 1
         self.mid_update = False
         # every TP rank of the last stage computes the same loss: rank t = 0 reports it
         loss = float(sum(losses)) / updates if losses and self.mesh.t == 0 else None
         meta: dict[str, Any] = {"loss": loss, "version": self.version}
-        if node.get("save"):
-            os.makedirs(node["save"], exist_ok=True)
+        if node.save:
+            os.makedirs(node.save, exist_ok=True)
             name = f"g{self.group.gid}-r{self.rank}.pt"
-            path = self.save(os.path.join(node["save"], name))
-            from .checkpoint import file_digest
+            path = self.save(os.path.join(node.save, name))
+            from ..trace.checkpoint import file_digest
 
             meta["checkpoint"] = {"name": name, **file_digest(path)}
         return meta

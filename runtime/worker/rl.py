@@ -17,20 +17,19 @@ slices ``[:, Lp − 1 : Lp − 1 + Lr]`` (:func:`response_slice`).
 from __future__ import annotations
 
 import copy
-import math
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from ..ir.models import ModelSpec, model_preset
-from ..ir.types import Head
-from .model import StageModel, generate, scale_spec, token_logprobs
+from ...ir.models import ModelSpec, model_preset
+from ...ir.types import Head
+from ..binding import scale_spec
+from ..config import RLConfig
+from .model import StageModel, generate, token_logprobs
 from .task import SyntheticTask
 
 __all__ = [
-    "RLConfig",
     "behavior_weight",
     "dpo_batch",
     "dpo_loss",
@@ -50,90 +49,6 @@ __all__ = [
     "train_reference",
     "value_loss",
 ]
-
-
-@dataclass(frozen=True)
-class RLConfig:
-    """Hyper-parameters of PPO/GRPO/ReMax/DPO (defaults from SPEC §11 where it fixes them).
-
-    Parameters
-    ----------
-    gamma, lam
-        GAE discount ``γ`` and ``λ`` (``γ = 1``, ``λ = 0.95``), both in ``[0, 1]``.
-    clip
-        PPO ratio clip ``ε = 0.2`` (positive).
-    kl_coef
-        KL coefficient ``β = 0.01`` (non-negative): a per-token reward penalty in PPO, a loss term in
-        GRPO.
-    lr, critic_lr
-        Adam learning rates of the actor and the critic (positive).
-    value_clip
-        Clip range of the clipped value loss, or ``None`` for the plain squared error.
-    temperature
-        Sampling temperature ``T`` (positive); log-probs are under ``softmax(logits/T)``.
-    dpo_beta
-        DPO's ``β = 0.1`` (positive), the weight of the implicit reward ``β·log(π/π_ref)``.
-    value_coef
-        Weight ``c_v = 0.1`` of the value loss where one backbone carries the policy and the
-        value head (actor–critic sharing): that model minimises ``L_policy + c_v·L_value``
-        (positive; a separate critic minimises ``L_value`` alone, which Adam's step does not scale
-        with). Measured on the synthetic task (``benchmarks/value_coef.py``, 8 seeds × 5 steps):
-        on a synchronous shared plan the reward fell by more than 0.1 in some step in 5 of 8 runs
-        with ``c_v = 1`` and in none with 0.1 (final reward 0.82 → 0.94); with staleness 1 (the
-        decoupled objective below) in 6 of 8 at 1 and 1 of 8 at 0.1 (final reward 0.41 → 0.83).
-    stale_objective
-        How PPO, GRPO and ReMax train on rollouts sampled by weights older than the trained ones
-        (staleness ``τ > 0``): ``"decoupled"`` (default) takes PPO's ratio against the trained
-        weights before the update ``π_prox`` and weights each token by ``w_t = π_prox/μ`` back to
-        the sampling policy ``μ`` (:func:`policy_loss`, :func:`reinforce_loss`); ``"coupled"``
-        takes the ratio against ``μ`` as if the rollouts were fresh. Synchronous steps (and a
-        stale plan's first) are the same under both. Measured on SA's ``τ = 1`` plans of the
-        synthetic task (8 seeds × 5 steps, ``benchmarks/stale_objective.py``), mean final reward
-        coupled → decoupled: PPO with a shared backbone 0.51 → 0.83 (runs with a step falling by
-        more than 0.1: 4/8 → 1/8), GRPO 0.73 → 0.96 (3/8 → 0/8), ReMax 0.88 → 0.95.
-    behavior_weight_cap
-        Truncation ``w̄ ≥ 1`` of the decoupled weights ``w_t``, or ``None`` (default: none; on the
-        runs above ``w̄ = 5`` and ``2`` learnt no better, PPO 0.81 and 0.75).
-
-    Raises
-    ------
-    ValueError
-        If a field is out of range; the message names the field and its value.
-    """
-
-    gamma: float = 1.0
-    lam: float = 0.95
-    clip: float = 0.2
-    kl_coef: float = 0.01
-    lr: float = 1e-2
-    critic_lr: float = 1e-2
-    value_clip: float | None = None
-    temperature: float = 1.0
-    dpo_beta: float = 0.1
-    value_coef: float = 0.1
-    stale_objective: str = "decoupled"
-    behavior_weight_cap: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("gamma", "lam"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"RLConfig: {name} must be in [0, 1], got {value!r}")
-        for name in ("clip", "lr", "critic_lr", "temperature", "dpo_beta", "value_coef"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"RLConfig: {name} must be a positive number, got {value!r}")
-        if not (math.isfinite(self.kl_coef) and self.kl_coef >= 0):
-            raise ValueError(f"RLConfig: kl_coef must be non-negative, got {self.kl_coef!r}")
-        if self.value_clip is not None and not self.value_clip > 0:
-            raise ValueError(f"RLConfig: value_clip must be positive or None, got {self.value_clip!r}")
-        if self.stale_objective not in ("decoupled", "coupled"):
-            raise ValueError(
-                f"RLConfig: stale_objective must be 'decoupled' or 'coupled', got {self.stale_objective!r}"
-            )
-        cap = self.behavior_weight_cap
-        if cap is not None and not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap >= 1):
-            raise ValueError(f"RLConfig: behavior_weight_cap must be a number ≥ 1 or None, got {cap!r}")
 
 
 # ---------------------------------------------------------------------------------------------- rewards
@@ -455,7 +370,7 @@ def rollout_sample_ids(step: int, n: int) -> Tensor:
     """Global sample ids of the ``n = B·R`` rollouts of RL step ``step``: ``step·n + i``.
 
     Rollout ``i`` is rollout ``i mod R`` of prompt ``i // R``. Together with the run's seed these key
-    the sampling noise (:func:`~rpeg.runtime.model.sample_token`), so every placement generates the
+    the sampling noise (:func:`~rpeg.runtime.worker.model.sample_token`), so every placement generates the
     same tokens.
     """
     return torch.arange(step * n, (step + 1) * n, dtype=torch.int64)

@@ -1,7 +1,7 @@
 """One persistent worker: a rank of a worker group (SPEC §11).
 
 A worker holds its pipeline stage of one model, tensor-parallel over its TP group (DTensor),
-and — in a training group — its optimizer (:class:`~rpeg.runtime.parallel.FSDPAdam`, FSDP2 shards
+and — in a training group — its optimizer (:class:`~rpeg.runtime.worker.parallel.FSDPAdam`, FSDP2 shards
 of the masters and moments, when ``Pd > 1``; a plain Adam otherwise). The
 controller calls the same method on every rank of a group for each node of the executable
 DAG; ranks talk to each other with ``torch.distributed`` (gloo on CPU, NCCL on GPU) and never
@@ -13,13 +13,13 @@ published parameter version in the destination layout (:meth:`Worker.install`).
 :class:`Worker` owns the rank's state (this module: the process group, mesh, model, optimizer,
 task); what it does with it lives in four parts, each a mixin of its own module:
 
-* :mod:`~rpeg.runtime.worker_ops` — the model invocations: OP nodes of generation, inference and
+* :mod:`~rpeg.runtime.worker.ops` — the model invocations: OP nodes of generation, inference and
   training (the execution per role is described there);
-* :mod:`~rpeg.runtime.worker_rollouts` — the vLLM engine of a generating replica and its weight
+* :mod:`~rpeg.runtime.worker.rollouts` — the vLLM engine of a generating replica and its weight
   sync (``rollout_engine="vllm"``);
-* :mod:`~rpeg.runtime.worker_transfers` — weight publication and installation, data fetches,
+* :mod:`~rpeg.runtime.worker.transfers` — weight publication and installation, data fetches,
   snapshots of past versions and the transition's cell moves;
-* :mod:`~rpeg.runtime.worker_checkpoints` — boundary copies, rollback, checkpoint files.
+* :mod:`~rpeg.runtime.worker.checkpoints` — boundary copies, rollback, checkpoint files.
 
 The controller's Ray actor calls every method by name on the :class:`Worker`.
 """
@@ -32,18 +32,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..ir.plan import stage_layer_ranges
-from ..ir.types import Head
-from .binding import GroupSpec, RunShape
-from .fidelity import EXACT_HEAP_THRESHOLD, PrivatePeak, heap_live_bytes, map_large_blocks, private_bytes
+from ...ir.plan import stage_layer_ranges
+from ...ir.types import Head
+from ..binding import GroupSpec, RunShape
+from ..config import RLConfig
+from .checkpoints import WorkerCheckpoints
+from .memory import EXACT_HEAP_THRESHOLD, PrivatePeak, heap_live_bytes, map_large_blocks, private_bytes
 from .model import StageModel
+from .ops import PackedOutput, WorkerOps
 from .parallel import FSDPAdam, FSDPShards, local, make_mesh
-from .rl import RLConfig
+from .rollouts import WorkerRollouts
 from .task import SyntheticTask
-from .worker_checkpoints import WorkerCheckpoints
-from .worker_ops import PackedOutput, WorkerOps
-from .worker_rollouts import WorkerRollouts
-from .worker_transfers import WorkerTransfers
+from .transfers import WorkerTransfers
 
 __all__ = ["Worker"]
 
@@ -54,8 +54,8 @@ def _footprint_before_model(group: GroupSpec, rollout_engine: str, hosts_engine:
     ``transformers`` modules; for a vLLM-generating group ``vllm``, and on a rank that hosts the
     replica's engine the engine client's modules, ``vllm.LLM`` and ``vllm.SamplingParams``: about
     115 MiB beyond ``import vllm``, which loads them lazily) — what a node's ``memory_bytes`` is
-    measured against (:func:`~rpeg.runtime.fidelity.private_bytes`)."""
-    from .engines.hf_models import family_modules
+    measured against (:func:`~rpeg.runtime.worker.memory.private_bytes`)."""
+    from ..engines.hf_models import family_modules
 
     family_modules(group.spec.family)
     if rollout_engine == "vllm" and group.generates:
@@ -67,7 +67,7 @@ def _footprint_before_model(group: GroupSpec, rollout_engine: str, hosts_engine:
 
 
 class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
-    """Rank ``rank`` of worker group ``group`` (inside a Ray actor of :mod:`~rpeg.runtime.controller`).
+    """Rank ``rank`` of worker group ``group`` (inside a Ray actor of :mod:`~rpeg.runtime.driver.controller`).
 
     Parameters
     ----------
@@ -98,7 +98,7 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         torch.distributed's rendezvous and collective timeout.
     rollout_engine
         ``"torch"``: generation runs on this group's torch model; ``"vllm"``: each DP replica of a
-        generating group starts a vLLM engine (:mod:`~rpeg.runtime.worker_rollouts`).
+        generating group starts a vLLM engine (:mod:`~rpeg.runtime.worker.rollouts`).
     """
 
     def __init__(
@@ -128,6 +128,12 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         self.mid_update = False  # between a training node's first optimizer step and its end
         self.metadata_probe = False  # the next loss call is torch.distributed.pipelining's probe
         self.step_offset = step_offset
+        if backend == "nccl" and not torch.cuda.is_available():
+            raise RuntimeError(
+                f"worker {group.worker(rank)}: Ray placed it on a GPU, but this process's torch "
+                f"{torch.__version__} sees no CUDA device (a CPU build?); install a CUDA build of torch "
+                "on the GPU nodes, or run on a Ray cluster without GPUs"
+            )
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
         timeout = datetime.timedelta(seconds=timeout_s)
         if store is None:  # rank 0 opened the store on a port the OS picked (pool.WorkerProcess.hello)
@@ -138,7 +144,7 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         lo, hi = stage_layer_ranges(group.spec.layers, group.pp)[self.mesh.p]
         self.layer_range = (lo, hi)
         # a CPU worker's private memory is then the memory its tensors hold, which the cost model
-        # counts (fidelity.map_large_blocks); a GPU worker's tensors are on the device
+        # counts (memory.map_large_blocks); a GPU worker's tensors are on the device
         self.mmap_threshold = EXACT_HEAP_THRESHOLD if backend != "nccl" and map_large_blocks() else None
         self.rss_base = _footprint_before_model(
             group, rollout_engine, hosts_engine=self.mesh.p == 0 and self.mesh.t == 0
@@ -155,7 +161,7 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
             recompute=group.recompute_run,
         )
         if group.spec.checkpoint:  # the plan's model, with the user's weights (full size)
-            from .engines.hf_models import load_stage_weights
+            from ..engines.hf_models import load_stage_weights
 
             load_stage_weights(model, group.spec.checkpoint)
         if group.tp > 1:
@@ -208,9 +214,13 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         """Where this worker runs (for the trace)."""
         import socket
 
+        import ray
+
         return {
             "pid": os.getpid(),
             "host": socket.gethostname(),
+            # the Ray node the process runs on (several may share a host: nodes started on one machine)
+            "node": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
             "coords": (self.mesh.d, self.mesh.p, self.mesh.t),
             "layers": self.layer_range,
             "params": sum(local(p).numel() for p in self.model.parameters()),
@@ -219,6 +229,13 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
             **({"zero": self.sharding.zero} if self.sharding is not None and self.sharding.sharded else {}),
             **({"rollout_engine": self.engine_info} if self.engine_info else {}),
         }
+
+    def full_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shape of every parameter of this group's whole model (:func:`~rpeg.runtime.worker.state.full_shapes`),
+        for the driver's transition planning."""
+        from .state import full_shapes
+
+        return full_shapes(self.group.spec, self.group.head)
 
     def _emits(self) -> bool:
         return self.mesh.last and self.mesh.t == 0

@@ -15,7 +15,7 @@ and still waits ``N`` seconds for a dead one. The runtime waits instead with :cl
   :data:`DEFAULT_STALL_S`, ``run(..., stall_timeout_s=...)``, CLI ``--stall-timeout``): the
   workers are then alive but stuck (a deadlock), and the :class:`RunError` says so.
 
-:class:`RunError` (re-exported by :mod:`rpeg.runtime.controller`) is the runtime's one failure
+:class:`RunError` (re-exported by :mod:`rpeg.runtime.driver.controller`) is the runtime's one failure
 type: a worker raised, died or stalled. Its message names the node, the step, the worker and
 the device when they are known, and it carries them as attributes.
 """
@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import DEFAULT_STALL_S
+
 __all__ = [
     "BUSY_FRACTION",
     "DEFAULT_STALL_S",
@@ -43,9 +45,6 @@ __all__ = [
     "interrupt_on_sigterm",
 ]
 
-#: Seconds without any progress after which a wait gives up (a generous default: a stuck worker
-#: of the tiny runtime models is a deadlock, not slowness).
-DEFAULT_STALL_S = 600.0
 #: Seconds between liveness checks while nothing arrives.
 POLL_S = 1.0
 #: Share of a poll's wall time a local worker process must spend on CPU to count as progressing.

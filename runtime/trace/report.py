@@ -3,7 +3,7 @@
 
 :func:`predict` re-scores the plan with the shared evaluator on the problem the runtime actually
 executes (:func:`scaled_problem`); :func:`segment_trace` turns one controller's records into a
-:class:`~rpeg.runtime.trace.Trace` with per-step rewards, measured and predicted step times.
+:class:`~rpeg.runtime.trace.records.Trace` with per-step rewards, measured and predicted step times.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..ir.cluster import Cluster
-from ..ir.hardware import Hardware
-from ..ir.plan import Plan
-from ..ir.types import Role
-from ..ir.workload import Workload
-from ..solvers.result import Result
-from .binding import Binding
+from ...ir.cluster import Cluster
+from ...ir.hardware import Hardware
+from ...ir.plan import Plan
+from ...ir.types import Role
+from ...ir.workload import Workload
+from ...solvers.result import Result
+from ..binding import Binding
 from .fidelity import Fidelity, fidelity, trace_fidelity
-from .trace import Trace, expected_graph, plan_hash
+from .records import Trace, expected_graph, plan_hash
 
 __all__ = ["RunReport", "predict", "scaled_problem", "segment_trace"]
 
@@ -54,7 +54,7 @@ class RunReport:
         One verified trace per plan the run executed (``trace`` is the first); a run without
         transitions has one.
     transitions
-        A :class:`~rpeg.runtime.transition.TransitionRecord` per executed transition (planned
+        A :class:`~rpeg.runtime.driver.transition.TransitionRecord` per executed transition (planned
         ones and those of the urgent path).
     recoveries
         One line per worker loss the run survived (lost devices, intact units, the replan).
@@ -97,9 +97,9 @@ class RunReport:
 
     @property
     def fidelity(self) -> Fidelity | None:
-        """Predicted against measured times over all segments (:mod:`~rpeg.runtime.fidelity`):
+        """Predicted against measured times over all segments (:mod:`~rpeg.runtime.trace.fidelity`):
         each segment's first step is left out of the operator and makespan figures, and its last
-        step of the makespan figures (:func:`~rpeg.runtime.fidelity.compared_steps`)."""
+        step of the makespan figures (:func:`~rpeg.runtime.trace.fidelity.compared_steps`)."""
         parts = [f for f in (trace_fidelity(t) for t in (self.segments or [self.trace])) if f is not None]
         if len(parts) <= 1:
             return parts[0] if parts else None
@@ -203,7 +203,7 @@ def predict(binding: Binding, hardware: Hardware) -> tuple[list[float], list[flo
     allocations, strategies and phase count. Step ``k``'s time is the finish of its last node
     minus that of step ``k − 1``.
     """
-    from ..scoring.evaluator import Evaluator
+    from ...scoring.evaluator import Evaluator
 
     workload, cluster = scaled_problem(binding, hardware)
     r = binding.result
@@ -262,7 +262,7 @@ def runtime_activation_width(model: Any, tp: int) -> float:
     stage terms of :func:`runtime_training_activation_bytes` (``2·h_d + 3d + 1 = 1665``) over its
     8 layers.
     """
-    from ..costmodel.memory import stored_activation_width
+    from ...costmodel.memory import stored_activation_width
 
     return stored_activation_width(model, tp) + 2.0 * model.hidden + math.ceil(model.heads / tp) + 2.0
 
@@ -287,8 +287,8 @@ def runtime_training_activation_bytes(
     own layers (:func:`~rpeg.ir.plan.stage_layer_ranges`), ``min(mb, Pp − p)`` microbatches alive
     in 1F1B's warm-up, and the final norm and the logits on the last stage only.
     """
-    from ..costmodel.memory import LOGIT_BYTES, training_activation_bytes
-    from ..ir.types import Head, Recompute
+    from ...costmodel.memory import LOGIT_BYTES, training_activation_bytes
+    from ...ir.types import Head, Recompute
 
     s = layout.strategy
     b = sequences / (s.dp * s.mb)
@@ -311,7 +311,7 @@ def runtime_training_activation_bytes(
 def _stage_layers(model: Any, pp: int, stage: int | None) -> float:
     """Decoder layers of pipeline stage ``stage`` (:func:`~rpeg.ir.plan.stage_layer_ranges`);
     ``L/Pp`` for ``None``, the worst stage as SPEC counts it."""
-    from ..ir.plan import stage_layer_ranges
+    from ...ir.plan import stage_layer_ranges
 
     if stage is None:
         return model.layers / pp
@@ -326,7 +326,7 @@ def stage_params(model: Any, pp: int, tp: int, head: Any, stage: int) -> float:
     :func:`~rpeg.costmodel.memory.weight_shard_params` is the largest of these over the stages
     when the layers split evenly. ``Pp = 1`` is :func:`~rpeg.costmodel.memory.weight_shard_params`
     (a tied LM head stored once)."""
-    from ..costmodel.memory import head_params, weight_shard_params
+    from ...costmodel.memory import head_params, weight_shard_params
 
     if pp == 1:
         return weight_shard_params(model, 1, tp, head)
@@ -350,7 +350,7 @@ def training_transient_bytes(
     """A training node's tensors alive at once on the runtime (CPU torch engine, gloo), over its
     persistent parameters and optimizer state, bytes: what ``torch.cuda.max_memory_allocated``
     counts on a GPU, and on the CPU runtime the worker's private memory, since its workers serve
-    every allocation of 128 KiB and more by ``mmap`` (:func:`~rpeg.runtime.fidelity.
+    every allocation of 128 KiB and more by ``mmap`` (:func:`~rpeg.runtime.trace.fidelity.
     map_large_blocks`). ``G = W·sb`` are the stage's (TP-local) gradients, ``A``
     :func:`runtime_training_activation_bytes`.
 
@@ -380,7 +380,7 @@ def training_transient_bytes(
     ``stage`` asks for one pipeline stage's figure (its parameters, :func:`stage_params`, and
     activations, :func:`runtime_training_activation_bytes`) instead of the worst stage's.
     """
-    from ..costmodel.memory import weight_shard_params
+    from ...costmodel.memory import weight_shard_params
 
     s = layout.strategy
     sb = model.dtype_bytes
@@ -450,7 +450,7 @@ def predicted_memory(
       gradients (full and unsharded while the update's microbatches accumulate them) and one
       unit's ReduceScatter (:func:`training_transient_bytes`); gathering the stage for a
       publication, snapshot or checkpoint holds ``W·sb`` at once;
-    * a frozen ZeRO-3 model (``Pd > 1``, :class:`~rpeg.runtime.parallel.FSDPShards`) registers
+    * a frozen ZeRO-3 model (``Pd > 1``, :class:`~rpeg.runtime.worker.parallel.FSDPShards`) registers
       ``W·sb/Pd``; each forward pass adds the gathered root and two layers (``sb·N_g``,
       :func:`~rpeg.costmodel.memory.zero_state_bytes`) to its activations, and a third layer,
       ``sb·N_ℓ/Pt``: FSDP2 over gloo frees a layer's flat all-gather output only after the layer
@@ -478,7 +478,7 @@ def predicted_memory(
     With ``live`` ``μ`` is not applied: SPEC's own count, which the fidelity benchmark compares
     with the workers' live C heap (``TraceRecord.memory_live``), the CPU analogue of a GPU's
     ``max_memory_allocated``. Everything else is the same: a CPU worker's private memory is the
-    memory its tensors hold (:func:`~rpeg.runtime.fidelity.map_large_blocks`).
+    memory its tensors hold (:func:`~rpeg.runtime.worker.memory.map_large_blocks`).
 
     Raises
     ------
@@ -491,8 +491,8 @@ def predicted_memory(
         raise ValueError(
             f"predicted_memory: forward_factor must be positive and finite, got {forward_factor!r}"
         )
-    from ..costmodel.layout import Layout
-    from ..costmodel.memory import (
+    from ...costmodel.layout import Layout
+    from ...costmodel.memory import (
         inference_activation_bytes,
         kv_cache_bytes,
         model_params,
@@ -500,7 +500,7 @@ def predicted_memory(
         weight_shard_params,
         zero_state_bytes,
     )
-    from ..ir.plan import Strategy
+    from ...ir.plan import Strategy
 
     sh = binding.shape
     n, lp, lr = sh.sequences, sh.prompt_len, sh.response_len
@@ -617,7 +617,7 @@ def segment_trace(
     to the ``steps``-step graph). With ``failure`` the segment stopped: the trace keeps every
     record completed before it (node ids of the segment's graph), ``status`` (``"failed"``, or
     ``"interrupted"`` by a signal), and step metrics for the steps before ``failure["step"]``."""
-    import torch
+    from importlib.metadata import version
 
     binding = ctl.b
     durations, _, predicted_steps = predict(binding, hw)
@@ -666,7 +666,7 @@ def segment_trace(
             "version_offset": binding.version_offset,
             "host": platform.node(),
             "ray_address": address or "local",
-            "torch": torch.__version__,
+            "torch": version("torch"),  # the installed distribution (the driver imports no torch)
             "backend": "nccl" if use_gpu else "gloo",
             "hardware": hw.name,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -696,7 +696,7 @@ def _renumber(records: list[Any], result: Result, steps: int) -> list[Any]:
     """Records of the first ``steps`` steps with the node ids of the ``steps``-step graph."""
     from dataclasses import replace as copy_with
 
-    from ..ir.lower import OP
+    from ...ir.lower import OP
 
     g = expected_graph(result, steps)
     names = [v.name for v in result.graph.vertices]

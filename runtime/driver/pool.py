@@ -11,7 +11,7 @@ next run takes them on the same devices.
 What a pooled process keeps and what it does not:
 
 * A run that finishes cleanly returns its workers. Each leaves its process group and drops its
-  model, optimizer and task (:meth:`WorkerProcess.reset`); nothing of the run stays but imported
+  model, optimizer and task (:meth:`~rpeg.runtime.worker.process.WorkerProcess.reset`); nothing of the run stays but imported
   modules. Every random choice of a worker comes from generators seeded from the run's ``seed``,
   never from process state, so a pooled process computes bit for bit what a fresh one does
   (tests/runtime/test_pool.py compares the final weights).
@@ -36,72 +36,14 @@ down.
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
-import sys
 from collections import OrderedDict
 from typing import Any
 
-__all__ = ["WorkerPool", "WorkerProcess", "active_pool", "one_node", "start_local_ray"]
+__all__ = ["WorkerPool", "active_pool", "one_node", "start_local_ray"]
 
 #: Seconds a returned worker may take to leave its run before it is killed instead of kept.
 RESET_S = 120.0
-
-
-class WorkerProcess:
-    """Ray actor shell around :class:`~rpeg.runtime.worker.Worker`: created cheaply, answers
-    :meth:`hello` (rank 0 also opens the group's rendezvous store), then :meth:`setup` joins the
-    group's process group (all ranks at once); :meth:`reset` leaves it again so that the process
-    can serve another run (:class:`WorkerPool`)."""
-
-    def __init__(self) -> None:
-        self.worker = None
-        self.store = None
-
-    def hello(self, world: int = 0, timeout_s: float = 1800.0) -> dict[str, Any]:
-        """``pid`` and ``host`` of this process; with ``world > 0`` also open a TCPStore for a
-        group of ``world`` ranks on a port the OS picks (port 0: no pick-then-bind race) and
-        return its ``master`` address."""
-        import datetime
-        import socket
-
-        import ray
-
-        out: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "master": None}
-        if world > 0:
-            import torch.distributed as dist
-
-            host = ray.util.get_node_ip_address()
-            timeout = datetime.timedelta(seconds=timeout_s)
-            self.store = dist.TCPStore(host, 0, world, True, timeout, wait_for_workers=False)
-            out["master"] = f"{host}:{self.store.port}"
-        return out
-
-    def setup(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        from .worker import Worker
-
-        self.worker = Worker(*args, store=self.store, **kwargs)
-        self.store = None  # the process group holds it now
-        return self.worker.info()
-
-    def call(self, method: str, *args: Any) -> Any:
-        with self.worker.memory_peak.sampling():
-            return getattr(self.worker, method)(*args)
-
-    def op(self, node: dict[str, Any], inputs: dict[str, list]) -> tuple[Any, Any, Any]:
-        with self.worker.memory_peak.sampling():
-            return self.worker.op(node, inputs)
-
-    def reset(self) -> bool:
-        """Leave the run: stop the rollout engine, leave the process group, drop the worker and
-        everything it held. Returns whether the process may serve another run (``False`` once
-        it has started a vLLM engine)."""
-        worker, self.worker, self.store = self.worker, None, None
-        if worker is not None:
-            worker.shutdown()
-        del worker
-        gc.collect()
-        return "vllm" not in sys.modules
 
 
 _ACTIVE: WorkerPool | None = None
@@ -259,7 +201,7 @@ class WorkerPool:
         placement: tuple[list[Any], list[tuple[Any, int]], tuple[str, int, int]] | None = None,
     ) -> None:
         """Take back the processes of a cleanly finished run: ``(placement group, bundle,
-        actor)`` each; every one leaves its run (:meth:`WorkerProcess.reset`) and is kept if it
+        actor)`` each; every one leaves its run (:meth:`~rpeg.runtime.worker.process.WorkerProcess.reset`) and is kept if it
         answers within :data:`RESET_S` and may be reused, else killed. ``placement``, ``(groups,
         slots, shape)`` as :meth:`take_placement` returns it, is kept for the next run it fits."""
         import ray
@@ -317,7 +259,7 @@ def _remove(pgs: list[Any]) -> None:
             remove_placement_group(pg)
 
 
-def start_local_ray(devices: int, num_cpus: int | None = None) -> None:
+def start_local_ray(devices: int, num_cpus: int | None = None) -> str | None:
     """Start a local Ray instance for a run on ``devices`` devices: one ``rpeg_device`` resource
     per device, no dashboard, and worker processes at the driver's priority.
 
@@ -332,10 +274,15 @@ def start_local_ray(devices: int, num_cpus: int | None = None) -> None:
         Devices of the plan (``rpeg_device`` resources).
     num_cpus
         CPUs Ray may schedule (default: the machine's, at least 2).
+
+    Returns
+    -------
+    str or None
+        The Ray session's directory (its processes' logs are under ``logs/``), when Ray says.
     """
     import ray
 
-    ray.init(
+    context = ray.init(
         num_cpus=num_cpus or max(2, os.cpu_count() or 2),
         resources={"rpeg_device": devices},
         include_dashboard=False,
@@ -343,3 +290,4 @@ def start_local_ray(devices: int, num_cpus: int | None = None) -> None:
         configure_logging=False,
         _system_config={"worker_niceness": 0},
     )
+    return context.address_info.get("session_dir")

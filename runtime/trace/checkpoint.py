@@ -2,7 +2,7 @@
 
 Layout of ``checkpoint_dir``::
 
-    manifest.json              rpeg.checkpoint/1 (schema: runtime/schema.py::ManifestDoc)
+    manifest.json              rpeg.checkpoint/1 (schema: runtime/trace/schema.py::ManifestDoc)
     step00002/g3-r0.pt         one file per training rank and global step (Worker.save)
     step00002/g3-r1.pt
 
@@ -14,7 +14,7 @@ presence, size and SHA-256 of every file of the step a run resumes from: a corru
 checkpoint is an :class:`~rpeg.ir.errors.InputError` naming the file, not a failure on a worker.
 
 A manifest without a ``format`` key (written before checksums existed) is accepted: its schema
-is checked (:class:`~rpeg.runtime.schema.LegacyManifestDoc`) and its files must be present and
+is checked (:class:`~rpeg.runtime.trace.schema.LegacyManifestDoc`) and its files must be present and
 non-empty, but their contents can only be checked when the workers load them.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..ir.errors import InputError, read_json, validate
+from ...ir.errors import InputError, read_json, validate
 from .schema import (
     CHECKPOINT_FORMAT,
     LegacyManifestDoc,
@@ -126,7 +126,7 @@ def check_checkpoint(root: str | os.PathLike, plan_hash: str, trainers: dict[int
     root
         The ``resume_from`` directory.
     plan_hash
-        :func:`~rpeg.runtime.trace.plan_hash` of the plan to resume (must be the manifest's).
+        :func:`~rpeg.runtime.trace.records.plan_hash` of the plan to resume (must be the manifest's).
     trainers
         Training group id → number of ranks, of the plan's binding: every rank's file must be
         there.
