@@ -4,9 +4,9 @@
 Ray node mid-run, which takes the urgent path (replan on the surviving node).
 
 Each node is a ``ray start --block`` process in its own session under one temporary directory
-(the GCS port is picked by the OS: ``--port=0``); the test stops exactly those processes at the
-end — never ``ray stop``, which would stop every Ray instance of the user, the test session's
-included.
+(the GCS port is picked by the OS: ``--port=0``); the test kills exactly those nodes' processes
+at the end — never ``ray stop``, which would stop every Ray instance of the user, the test
+session's included.
 """
 
 from __future__ import annotations
@@ -72,16 +72,15 @@ def _start_node(
     raise RuntimeError(f"ray start ({ip}) exited {proc.returncode}:\n{log.read_text()}")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop one node: SIGTERM to its process group (``ray start --block`` stops what it started),
-    then SIGKILL to whatever is left of it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=60)  # then killed whatever it is doing
+def _stop(proc: subprocess.Popen, ip: str | None) -> None:
+    """Kill one node at once, as a lost machine goes: its ``ray start`` process group, then, for a
+    device node (``ip`` given: an address nothing else here uses), every process whose command
+    line names its address (raylet, workers)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    if ip is not None:
+        subprocess.run(["pkill", "-9", "-f", rf"node.ip.address={re.escape(ip)}( |$)"], check=False)
 
 
 #: The device nodes' loopback addresses (the head, without devices, is 127.0.0.1).
@@ -101,8 +100,8 @@ def two_nodes() -> Iterator[tuple[str, dict[str, subprocess.Popen]]]:
             nodes[ip], _ = _start_node(temp, ip, head_address=address, devices=1)
         yield address, {ip: nodes[ip] for ip in NODE_IPS}
     finally:
-        for proc in reversed(nodes.values()):
-            _stop(proc)
+        for ip, proc in reversed(nodes.items()):
+            _stop(proc, ip if ip in NODE_IPS else None)
         # anything of this cluster still running (its sockets and logs are under temp)
         subprocess.run(["pkill", "-9", "-f", temp], check=False)
         time.sleep(0.5)
@@ -141,7 +140,7 @@ def test_a_two_node_plan_runs_on_two_ray_nodes_and_survives_losing_one(two_nodes
                 f"rpeg run ended before its first step was done (exit {proc.wait()}): {''.join(seen)}"
             )
         assert placement and {placement[1], placement[2]} == set(NODE_IPS), "".join(seen)
-        _stop(device_nodes[placement[2]])  # plan node 1's Ray node and every process on it
+        _stop(device_nodes[placement[2]], placement[2])  # plan node 1's Ray node, every process on it
         out, err = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:
