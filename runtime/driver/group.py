@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..binding import GroupSpec
-from ..protocol import NodeCall, check_call
+from ..protocol import NodeCall, ProtocolError, check_call
 from .liveness import Owner
 
 __all__ = ["Call", "WorkerGroup", "call_worker"]
@@ -79,8 +79,12 @@ class WorkerGroup:
     # ------------------------------------------------------------------ the protocol
     def all(self, method: str, *args: Any) -> list[Call]:
         """``method(*args)`` on every live rank (a :attr:`~rpeg.runtime.protocol.Dispatch.GROUP`
-        or :attr:`~rpeg.runtime.protocol.Dispatch.RANK` method), in rank order."""
-        check_call(method, whole_group=True)
+        or :attr:`~rpeg.runtime.protocol.Dispatch.RANK` method), in rank order; OP nodes go
+        through :meth:`op` (three results per call)."""
+        if check_call(method, whole_group=True).returns != 1:
+            raise ProtocolError(
+                f"worker method {method!r} returns several results: call WorkerGroup.{method}()"
+            )
         return [((self.gid, r), self.actors[r].call.remote(method, *args)) for r in self.live()]
 
     def rank(self, rank: int, method: str, *args: Any) -> Call:

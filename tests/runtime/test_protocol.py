@@ -88,6 +88,8 @@ def test_a_group_call_goes_to_its_live_ranks_keyed_by_worker(small):
     assert grp.rank(1, "load", "f.pt")[0] == (g.gid, 1)
     with pytest.raises(ProtocolError):
         grp.rank(1, "publish")
+    with pytest.raises(ProtocolError, match=r"call WorkerGroup.op\(\)"):
+        grp.all("op")  # three results per call: only WorkerGroup.op sends it
     with pytest.raises(ProtocolError):
         call_worker(owners[1], "install", [], 0)
     assert call_worker(owners[1], "xfer_drop", []).startswith("ref-1")
