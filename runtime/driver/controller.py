@@ -138,7 +138,6 @@ class Controller:
         self.cfg = config
         self.progress = progress or (lambda event, payload: None)
         self.watch = Watchdog(float(getattr(config, "stall_s", DEFAULT_STALL_S)))
-        self.actors: dict[int, list[Any]] = {}
         self.groups: dict[int, WorkerGroup] = {}  # gid → the group's handle: every call to a worker
         self.node_ips: dict[tuple[int, int], str] = {}  # (gid, rank) → its Ray node's address
         self.owners: dict[tuple[int, int], Owner] = {}  # (gid, rank) → the worker
@@ -166,6 +165,11 @@ class Controller:
         self.bundles: dict[tuple[int, int], tuple[Any, int]] = {}  # (gid, rank) → (placement group, bundle)
         self.shape: tuple[str, int, int] = ("", 0, 0)  # (resource, bundles per group, groups)
         self.finished = False  # the DAG ran to its end (stop() may then pool the workers)
+
+    @property
+    def actors(self) -> dict[int, list[Any]]:
+        """gid → the group's actors in rank order (held by :attr:`groups`)."""
+        return {gid: grp.actors for gid, grp in self.groups.items()}
 
     # ------------------------------------------------------------------ setup
     def start(self, beside: Controller | None = None, device_base: int = 0) -> None:
@@ -276,7 +280,6 @@ class Controller:
                 self.bundles[(g.gid, rank)] = (pg, bundle)
                 actors.append(actor)
                 self.owners[(g.gid, rank)] = Owner(g.worker(rank), dev, actor, g.gid, rank)
-            self.actors[g.gid] = actors
             owners = [self.owners[(g.gid, r)] for r in range(g.size)]
             self.groups[g.gid] = WorkerGroup(g, actors, owners, self.dead)
 
@@ -827,5 +830,5 @@ class Controller:
             for pg in self.placement if self.owns_placement else []:
                 with contextlib.suppress(Exception):
                     remove_placement_group(pg)
-        self.actors.clear()
+        self.groups.clear()
         self.placement, self.slots = [], []
