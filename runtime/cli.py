@@ -213,7 +213,11 @@ def _progress(console: Any) -> Any:
         if event == "ray":
             print(f"Ray session logs (the workers' output): {payload['logs']}", file=console)
         elif event == "setup":
-            print(f"workers up: {payload['groups']} groups in {payload['seconds']:.1f} s", file=console)
+            print(
+                f"workers up: {payload['groups']} groups in {payload['processes']} processes "
+                f"(one per device) in {payload['seconds']:.1f} s",
+                file=console,
+            )
             nodes = payload["nodes"]
             if len({ip for ips in nodes for ip in ips}) > 1:  # the plan spans several Ray nodes
                 where = ", ".join(

@@ -147,8 +147,9 @@ class RunConfig:
     progress
         Callback ``(event, payload)``; events ``"ray"`` (payload ``session_dir``, ``logs``: the
         Ray session this run started or joined, whose ``logs`` hold the workers' output),
-        ``"setup"`` (payload ``seconds``, ``groups``, ``segment``, ``workers``: worker id →
-        ``pid``, ``host``, ``node_ip``, ``device``; ``nodes``: per plan node, the addresses of the
+        ``"setup"`` (payload ``seconds``, ``groups``, ``processes`` (one per device the plan
+        uses), ``segment``, ``workers``: worker id → ``pid`` (its device's process), ``host``,
+        ``node_ip``, ``device``; ``nodes``: per plan node, the addresses of the
         Ray nodes its workers run on), ``"node"`` (``record``: the node's trace record),
         ``"step"`` (``step``: the run's step number, counted from a resumed checkpoint's;
         ``seconds`` since the segment's DAG started; ``reward``: the step's mean reward or

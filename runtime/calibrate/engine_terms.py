@@ -464,6 +464,8 @@ def local_worker(binding: Any, vertex: str, **kwargs: Any) -> Iterator[Any]:
 
     from ..config import RLConfig
     from ..worker.core import Worker
+    from ..worker.memory import PrivatePeak
+    from ..worker.parallel import plan_groups
 
     group = next(g for g in binding.groups if vertex in g.vertices)
     if group.size != 1:
@@ -471,12 +473,20 @@ def local_worker(binding: Any, vertex: str, **kwargs: Any) -> Iterator[Any]:
             f"local_worker: {vertex!r}'s group has {group.size} ranks; it runs one-rank groups only"
         )
     threads = torch.get_num_threads()
-    store = dist.TCPStore("127.0.0.1", 0, 1, True, datetime.timedelta(seconds=60), wait_for_workers=False)
-    worker = Worker(group, 0, "", binding.shape, RLConfig(), 0, store=store, timeout_s=60.0, **kwargs)
+    timeout = datetime.timedelta(seconds=60)
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timeout)
+    sampler = PrivatePeak(active=False)
     try:
-        yield worker
+        groups = plan_groups([(group.gid, [0], 1, 1, 1)], 0)[group.gid]
+        worker = Worker(group, 0, groups, binding.shape, RLConfig(), 0, sampler=sampler, **kwargs)
+        try:
+            yield worker
+        finally:
+            worker.shutdown()
     finally:
-        worker.shutdown()
+        sampler.stop()
+        dist.destroy_process_group()
         torch.set_num_threads(threads)
 
 
@@ -740,7 +750,7 @@ def _dp_rank(
     import torch.distributed as dist
 
     from ..worker.model import StageModel
-    from ..worker.parallel import FSDPAdam, make_mesh
+    from ..worker.parallel import FSDPAdam, world_mesh
 
     try:
         cores = sorted(os.sched_getaffinity(0))
@@ -753,7 +763,7 @@ def _dp_rank(
             world_size=world,
             timeout=datetime.timedelta(seconds=600),
         )
-        mesh = make_mesh(rank, world, 1, 1, "cpu")
+        mesh = world_mesh(rank, world, 1, 1, "cpu")
         out = []
         for spec in specs:
             model = StageModel(spec, Head.LM, seed=seed)

@@ -5,9 +5,12 @@ when the cluster has GPUs, otherwise ``{"rpeg_device": 1}``, a custom resource s
 reserved CPU slot (a local instance is started with as many as the plan has devices). Inside a
 :class:`~rpeg.runtime.driver.pool.WorkerPool` on a one-node Ray instance the devices are one group
 instead, which the pool keeps for plans of any node shape (their node boundaries are on the same
-machine anyway). Each physical device is a *slot*, ``(placement group, bundle)``; the worker of
-rank ``r`` of a group runs in the slot of the group's ``r``-th device, so two groups that share
-devices share bundles, exactly as the plan time-shares them.
+machine anyway). Each physical device is a *slot*, ``(placement group, bundle)``. One process
+runs in the slot of each device the plan uses (:class:`~rpeg.runtime.worker.process.WorkerProcess`)
+and holds every worker placed there: rank ``r`` of a group is a worker in the process of the
+group's ``r``-th device, so two groups that share devices share processes, exactly as the plan
+time-shares them. The processes form the run's ``torch.distributed`` world (one rank each, in
+device order); every group's process groups are subgroups of it.
 
 Dispatch is Algorithm 2 of the RPEG paper over the lowered DAG: a node becomes *ready* when all
 its predecessors completed, and *starts* when its resource set (the devices it reserves) is
@@ -19,7 +22,8 @@ reads them.
 Every wait is progress-checked (:mod:`~rpeg.runtime.driver.liveness`): no fixed deadline; a worker
 whose process is gone stops the run at once with a :class:`RunError` naming the node, its step,
 the worker and its device; a run in which nothing arrives and no worker computes for the stall
-window stops too. Each group's rendezvous store is opened by its rank 0 on a port the OS picks.
+window stops too. The world's rendezvous store is opened by its first process on a port the OS
+picks.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from ...ir.types import Role
 from ..binding import Binding, GroupSpec, recompute_note
 from ..trace.checkpoint import step_dir_name
 from ..trace.records import TraceRecord
-from ..worker.process import WorkerProcess
+from ..worker.process import TRANSITION_THREADS, WorkerProcess
 from .group import Call, WorkerGroup
 from .liveness import DEFAULT_STALL_S, Owner, RunError, Watchdog, cause
 from .pool import active_pool, one_node
@@ -49,9 +53,10 @@ __all__ = ["Controller", "RunError"]
 _KIND = {OP: "op", COMM: "comm", RESHARD: "reshard"}
 
 
-#: Worker slots per device: each worker reserves ``1/WORKERS_PER_DEVICE`` of its device's bundle,
-#: so a plan (at most half the slots) and a transition target fit side by side.
-WORKERS_PER_DEVICE = 32
+#: Process slots per device: each device process reserves ``1/PROCESSES_PER_DEVICE`` of its
+#: device's bundle, so that a transition target's processes start beside the current plan's (and
+#: idle ones a :class:`~rpeg.runtime.driver.pool.WorkerPool` keeps beside both).
+PROCESSES_PER_DEVICE = 32
 
 
 def _engine_facts(metas: list[dict[str, Any]]) -> dict[str, Any]:
@@ -162,7 +167,8 @@ class Controller:
         self.gaps: dict[int, float] = {}
         self.t0 = 0.0
         self.pool = active_pool()  # idle worker processes to start in, and to return them to
-        self.bundles: dict[tuple[int, int], tuple[Any, int]] = {}  # (gid, rank) → (placement group, bundle)
+        self.procs: dict[int, Any] = {}  # plan device → its process (WorkerProcess actor)
+        self.bundles: dict[int, tuple[Any, int]] = {}  # plan device → its (placement group, bundle)
         self.shape: tuple[str, int, int] = ("", 0, 0)  # (resource, bundles per group, groups)
         self.finished = False  # the DAG ran to its end (stop() may then pool the workers)
 
@@ -191,8 +197,8 @@ class Controller:
         # every process answers first (rank 0 opening its group's store on a port the OS picks),
         # then all ranks rendezvous at once
         torch_s = torch_timeout_s(self.watch.stall_s)
-        masters = self._hello(torch_s)
-        self._setup_groups(masters, torch_s)
+        master = self._hello(torch_s)
+        self._setup_groups(master, torch_s)
         self.setup_s = time.perf_counter() - t0
 
     def _reserve(self, beside: Controller | None, device_base: int) -> None:
@@ -237,119 +243,145 @@ class Controller:
         self.shape = (resource, per_node, len(pgs))
 
     def _check_sharing(self) -> None:
-        """Refuse a plan with more workers on one device than half its slots (the other half is
-        for a transition target)."""
+        """Refuse a plan with two ranks of a group on one device, or more workers on one device
+        than its process's transition threads (:data:`~rpeg.runtime.worker.process.TRANSITION_THREADS`:
+        a transition calls every worker of a process at once)."""
         sharing = [0] * self.b.result.cluster.num_devices
         for g in self.b.groups:
+            if len(set(g.devices)) != len(g.devices):
+                raise ValueError(f"group g{g.gid} places two of its ranks on one device: {list(g.devices)}")
             for d in g.devices:
                 sharing[d] += 1
-        if max(sharing) > WORKERS_PER_DEVICE // 2:
+        if max(sharing) > TRANSITION_THREADS:
             raise ValueError(
                 f"the plan puts {max(sharing)} workers on device {sharing.index(max(sharing))}; at most "
-                f"{WORKERS_PER_DEVICE // 2} per device (half of a device's slots, the other half is for a "
-                "transition target)"
+                f"{TRANSITION_THREADS} per device (a device's process serves a transition's calls to all "
+                "of them at once)"
             )
 
     def _spawn_actors(self) -> None:
-        """One actor per rank in the bundle of its physical device (``device + device_base``),
-        reserving ``1/WORKERS_PER_DEVICE`` of it — an idle process of that bundle from the
-        active :class:`~rpeg.runtime.driver.pool.WorkerPool` when there is one; fills :attr:`actors`,
-        :attr:`owners` and :attr:`bundles`."""
+        """One process per device the plan uses, in the bundle of its physical device (``device +
+        device_base``), reserving ``1/PROCESSES_PER_DEVICE`` of it — an idle process of that bundle
+        from the active :class:`~rpeg.runtime.driver.pool.WorkerPool` when there is one; fills
+        :attr:`procs`, :attr:`bundles`, :attr:`owners` and :attr:`groups` (every rank's actor is
+        its device's process)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        remote = ray.remote(WorkerProcess)
-        for g in self.b.groups:
-            actors = []
-            for rank, dev in enumerate(g.devices):
-                pg, bundle = self.slots[dev + self.device_base]
-                actor = self.pool.take_worker(pg, bundle) if self.pool is not None else None
-                if actor is None:
-                    opts: dict[str, Any] = {
-                        "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                            pg, placement_group_bundle_index=bundle
-                        ),
-                        "num_cpus": 0,
-                        "max_restarts": 0,
-                    }
-                    if self.cfg.use_gpu:
-                        opts["num_gpus"] = 1.0 / WORKERS_PER_DEVICE
-                    else:
-                        opts["resources"] = {"rpeg_device": 1.0 / WORKERS_PER_DEVICE}
-                    actor = remote.options(**opts).remote()
-                self.bundles[(g.gid, rank)] = (pg, bundle)
-                actors.append(actor)
-                self.owners[(g.gid, rank)] = Owner(g.worker(rank), dev, actor, g.gid, rank)
-            owners = [self.owners[(g.gid, r)] for r in range(g.size)]
-            self.groups[g.gid] = WorkerGroup(g, actors, owners, self.dead)
-
-    def _hello(self, torch_s: float) -> dict[int, str]:
-        """Every process answers (registered with the watchdog by ``pid`` and ``host``); rank 0
-        of each group opens the group's store. Returns ``gid → master address``."""
-        hellos: dict[Any, Owner] = {}
-        for g in self.b.groups:
-            hellos.update(self.groups[g.gid].hello(torch_s))
-        answers = self.watch.get_all(list(hellos), hellos.__getitem__, "starting the worker processes")
-        masters: dict[int, str] = {}
-        for owner, ans in zip(hellos.values(), answers):
-            self.watch.register(owner, ans["pid"], ans["host"])
-            self.node_ips[(owner.gid, owner.rank)] = ans["node_ip"]
-            if ans["master"]:
-                masters[owner.gid] = ans["master"]
-        return masters
-
-    def _setup_groups(self, masters: dict[int, str], torch_s: float) -> None:
-        """Every rank builds its :class:`~rpeg.runtime.worker.core.Worker` (joining its group's process
-        group, all ranks at once); fills :attr:`group_info` for the trace."""
-        setups: dict[Any, Owner] = {}
-        order = []
-        for g in self.b.groups:
-            rank_args = []
-            for rank in range(g.size):
-                fail = None
-                if self.cfg.fail_at and self.cfg.fail_at[0] == g.worker(rank):
-                    fail = tuple(self.cfg.fail_at[1:])
-                rank_args.append(
-                    (
-                        self.b.shape,
-                        self.cfg.rl,
-                        self.cfg.seed,
-                        "nccl" if self.cfg.use_gpu else "gloo",
-                        fail,
-                        self.cfg.step_offset,
-                        bool(getattr(self.cfg, "recover", False)),
-                    )
-                )
-                order.append((g, rank))
-            setups.update(
-                self.groups[g.gid].setup(
-                    masters[g.gid],
-                    rank_args,
-                    timeout_s=torch_s,
-                    rollout_engine=getattr(self.cfg, "rollout_engine", "torch"),
-                )
-            )
-        infos = self.watch.get_all(list(setups), setups.__getitem__, "setting up the worker groups")
-        for (g, rank), info in zip(order, infos):
-            entry = self.group_info.setdefault(
-                f"g{g.gid}",
-                {
-                    "model": g.model,
-                    "vertices": list(g.vertices),
-                    "devices": list(g.devices),
-                    "layout": g.layout(),
-                    "workers": g.workers(),
-                    "spec": {"layers": g.spec.layers, "hidden": g.spec.hidden, "heads": g.spec.heads},
-                    "ranks": [],
-                },
-            )
-            if g.trains:  # the plan's recomputation mode, as run (docs/runtime.md)
-                entry["recompute"] = {
-                    "planned": g.recompute,
-                    "run": g.recompute_run,
-                    "note": recompute_note(g.recompute),
+        remote = ray.remote(concurrency_groups={"transition": TRANSITION_THREADS})(WorkerProcess)
+        for dev in sorted({d for g in self.b.groups for d in g.devices}):
+            pg, bundle = self.slots[dev + self.device_base]
+            actor = self.pool.take_worker(pg, bundle) if self.pool is not None else None
+            if actor is None:
+                opts: dict[str, Any] = {
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        pg, placement_group_bundle_index=bundle
+                    ),
+                    "num_cpus": 0,
+                    "max_restarts": 0,
                 }
-            entry["ranks"].append({"rank": rank, **{k: v for k, v in info.items() if k != "coords"}})
+                if self.cfg.use_gpu:
+                    opts["num_gpus"] = 1.0 / PROCESSES_PER_DEVICE
+                else:
+                    opts["resources"] = {"rpeg_device": 1.0 / PROCESSES_PER_DEVICE}
+                actor = remote.options(**opts).remote()
+            self.procs[dev], self.bundles[dev] = actor, (pg, bundle)
+        for g in self.b.groups:
+            for rank, dev in enumerate(g.devices):
+                self.owners[(g.gid, rank)] = Owner(g.worker(rank), dev, self.procs[dev], g.gid, rank)
+            owners = [self.owners[(g.gid, r)] for r in range(g.size)]
+            self.groups[g.gid] = WorkerGroup(g, [self.procs[d] for d in g.devices], owners, self.dead)
+
+    def _on_device(self, dev: int) -> list[Owner]:
+        """The workers placed on plan device ``dev``, in gid order."""
+        return [o for key, o in sorted(self.owners.items()) if o.device == dev]
+
+    def _hello(self, torch_s: float) -> str:
+        """Every process answers (each of its workers registered with the watchdog by the
+        process's ``pid`` and ``host``); the first also opens the world's store. Returns the
+        store's address."""
+        devices = sorted(self.procs)
+        hellos = {
+            self.procs[dev].hello.remote(len(devices) if i == 0 else 0, torch_s): dev
+            for i, dev in enumerate(devices)
+        }
+        answers = self.watch.get_all(
+            list(hellos), lambda ref: self._on_device(hellos[ref])[0], "starting the worker processes"
+        )
+        master = ""
+        for dev, ans in zip(hellos.values(), answers):
+            for owner in self._on_device(dev):
+                self.watch.register(owner, ans["pid"], ans["host"])
+                self.node_ips[(owner.gid, owner.rank)] = ans["node_ip"]
+            master = ans["master"] or master
+        return master
+
+    def _setup_groups(self, master: str, torch_s: float) -> None:
+        """Every process joins the run's world and builds its device's workers (all processes at
+        once; every group's process groups are subgroups of the world,
+        :func:`~rpeg.runtime.worker.parallel.plan_groups`); fills :attr:`group_info` for the
+        trace."""
+        devices = sorted(self.procs)
+        world_rank = {dev: i for i, dev in enumerate(devices)}
+        layouts = [(g.gid, [world_rank[d] for d in g.devices], g.dp, g.pp, g.tp) for g in self.b.groups]
+        backend = "nccl" if self.cfg.use_gpu else "gloo"
+        setups: dict[Any, int] = {}
+        for dev in devices:
+            local = []
+            for owner in self._on_device(dev):
+                g = self.b.groups[owner.gid]
+                fail = None
+                if self.cfg.fail_at and self.cfg.fail_at[0] == owner.worker:
+                    fail = tuple(self.cfg.fail_at[1:])
+                args = (
+                    self.b.shape,
+                    self.cfg.rl,
+                    self.cfg.seed,
+                    backend,
+                    fail,
+                    self.cfg.step_offset,
+                    bool(getattr(self.cfg, "recover", False)),
+                )
+                local.append((g, owner.rank, args))
+            ref = self.procs[dev].setup.remote(
+                master,
+                (world_rank[dev], len(devices)),
+                layouts,
+                local,
+                backend,
+                timeout_s=torch_s,
+                rollout_engine=getattr(self.cfg, "rollout_engine", "torch"),
+            )
+            setups[ref] = dev
+        answers = self.watch.get_all(
+            list(setups), lambda ref: self._on_device(setups[ref])[0], "setting up the worker groups"
+        )
+        infos = {}
+        for dev, per_gid in zip(setups.values(), answers):
+            for gid, info in per_gid.items():
+                infos[(gid, self.b.groups[gid].devices.index(dev))] = info
+        for g in self.b.groups:
+            for rank in range(g.size):
+                info = infos[(g.gid, rank)]
+                entry = self.group_info.setdefault(
+                    f"g{g.gid}",
+                    {
+                        "model": g.model,
+                        "vertices": list(g.vertices),
+                        "devices": list(g.devices),
+                        "layout": g.layout(),
+                        "workers": g.workers(),
+                        "spec": {"layers": g.spec.layers, "hidden": g.spec.hidden, "heads": g.spec.heads},
+                        "ranks": [],
+                    },
+                )
+                if g.trains and "recompute" not in entry:  # the plan's recomputation mode, as run
+                    entry["recompute"] = {
+                        "planned": g.recompute,
+                        "run": g.recompute_run,
+                        "note": recompute_note(g.recompute),
+                    }
+                entry["ranks"].append({"rank": rank, **{k: v for k, v in info.items() if k != "coords"}})
 
     def workers(self) -> dict[str, dict[str, Any]]:
         """Worker id → ``{"pid", "host", "node_ip", "device"}`` of every started worker."""
@@ -810,25 +842,21 @@ class Controller:
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        if not self.actors and not self.placement:
+        if not self.procs and not self.placement:
             return
         pooled = self.pool is not None and self.finished and not self.dead and self.pool.connected()
         if pooled:
             self.pool.give_back(
-                [
-                    (*self.bundles[(gid, r)], a)
-                    for gid, actors in self.actors.items()
-                    for r, a in enumerate(actors)
-                ],
+                [(*self.bundles[dev], a) for dev, a in self.procs.items()],
                 (self.placement, self.slots, self.shape) if self.owns_placement else None,
             )
         else:
-            for actors in self.actors.values():
-                for a in actors:
-                    with contextlib.suppress(Exception):  # already dead
-                        ray.kill(a)
+            for a in self.procs.values():
+                with contextlib.suppress(Exception):  # already dead
+                    ray.kill(a)
             for pg in self.placement if self.owns_placement else []:
                 with contextlib.suppress(Exception):
                     remove_placement_group(pg)
         self.groups.clear()
+        self.procs.clear()
         self.placement, self.slots = [], []

@@ -7,9 +7,12 @@ every live rank of the group with the same arguments (:meth:`WorkerGroup.all`), 
 :attr:`~rpeg.runtime.protocol.Dispatch.RANK` method to the ranks the caller names, each with its
 own arguments (:meth:`WorkerGroup.rank`). Each call comes back keyed by its worker,
 ``(gid, rank)``, so that every wait can name the worker and its device
-(:mod:`~rpeg.runtime.driver.liveness`). The process lifecycle — :meth:`hello`, :meth:`setup` —
-is here too: the controller, recovery, transitions and checkpoint restore hold groups, not
-actors.
+(:mod:`~rpeg.runtime.driver.liveness`). The controller, recovery, transitions and checkpoint
+restore hold groups, not actors.
+
+A rank's actor is the process of its device
+(:class:`~rpeg.runtime.worker.process.WorkerProcess`), which holds every worker placed on the
+device: two groups that share devices share actors, and each call names its group (``gid``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ class WorkerGroup:
     spec
         The group.
     actors
-        Rank ``r``'s :class:`~rpeg.runtime.worker.process.WorkerProcess` actor at ``actors[r]``.
+        Rank ``r``'s device process (a :class:`~rpeg.runtime.worker.process.WorkerProcess` actor)
+        at ``actors[r]``.
     owners
         Rank ``r``'s :class:`~rpeg.runtime.driver.liveness.Owner` at ``owners[r]``.
     dead
@@ -58,24 +62,6 @@ class WorkerGroup:
         """Ranks not known lost, in order."""
         return [r for r in range(self.spec.size) if (self.gid, r) not in self._dead]
 
-    # ------------------------------------------------------------------ lifecycle
-    def hello(self, torch_s: float) -> dict[Any, Owner]:
-        """Every rank answers ``pid`` and ``host``; rank 0 also opens the group's rendezvous store
-        (:meth:`~rpeg.runtime.worker.process.WorkerProcess.hello`). Returns ref → owner."""
-        return {
-            a.hello.remote(self.spec.size if r == 0 else 0, torch_s): self.owners[r]
-            for r, a in enumerate(self.actors)
-        }
-
-    def setup(self, master: str, rank_args: list[tuple[Any, ...]], **kwargs: Any) -> dict[Any, Owner]:
-        """Every rank builds its :class:`~rpeg.runtime.worker.core.Worker` (joining the group's
-        process group at ``master``, all ranks at once): rank ``r`` with ``(self.spec, r, master,
-        *rank_args[r])`` and ``kwargs``. Returns ref → owner."""
-        return {
-            a.setup.remote(self.spec, r, master, *rank_args[r], **kwargs): self.owners[r]
-            for r, a in enumerate(self.actors)
-        }
-
     # ------------------------------------------------------------------ the protocol
     def all(self, method: str, *args: Any) -> list[Call]:
         """``method(*args)`` on every live rank (a :attr:`~rpeg.runtime.protocol.Dispatch.GROUP`
@@ -85,20 +71,20 @@ class WorkerGroup:
             raise ProtocolError(
                 f"worker method {method!r} returns several results: call WorkerGroup.{method}()"
             )
-        return [((self.gid, r), self.actors[r].call.remote(method, *args)) for r in self.live()]
+        return [((self.gid, r), self.actors[r].call.remote(self.gid, method, *args)) for r in self.live()]
 
     def rank(self, rank: int, method: str, *args: Any) -> Call:
         """``method(*args)`` on rank ``rank`` alone (a
         :attr:`~rpeg.runtime.protocol.Dispatch.RANK` method)."""
         check_call(method, whole_group=False)
-        return (self.gid, rank), self.actors[rank].call.remote(method, *args)
+        return (self.gid, rank), self.actors[rank].call.remote(self.gid, method, *args)
 
     def op(self, node: NodeCall, inputs: dict[str, list]) -> tuple[list[Any], list[Any], list[Any]]:
         """One OP node on every rank: per rank, refs of ``(meta, containers, publication)``."""
         check_call("op", whole_group=True)
         metas, datas, publs = [], [], []
         for a in self.actors:
-            m, d, p = a.op.options(num_returns=3).remote(node, inputs)
+            m, d, p = a.op.options(num_returns=3).remote(self.gid, node, inputs)
             metas.append(m)
             datas.append(d)
             publs.append(p)
@@ -116,6 +102,10 @@ class WorkerGroup:
 def call_worker(owner: Owner, method: str, *args: Any) -> Any:
     """``method(*args)`` on the one worker ``owner`` (a
     :attr:`~rpeg.runtime.protocol.Dispatch.RANK` method; a transition addresses workers of both
-    plans by their place in its own group). Returns the ref."""
+    plans by their place in its own group). The call runs at once with the transition's calls to
+    the other workers of its process (:meth:`~rpeg.runtime.worker.process.WorkerProcess.call_concurrent`:
+    two workers of a device exchange cells with each other), and after this worker's earlier
+    ones: each carries its turn, ``owner.turns``. Returns the ref."""
     check_call(method, whole_group=False)
-    return owner.actor.call.remote(method, *args)
+    turn, owner.turns = owner.turns, owner.turns + 1
+    return owner.actor.call_concurrent.remote(owner.gid, turn, method, *args)

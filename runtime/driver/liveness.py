@@ -164,6 +164,9 @@ class Owner:
         Its group and rank (``-1`` when it belongs to none).
     pid, host
         Its process and host, once it answered (see :meth:`Watchdog.register`).
+    turns
+        Concurrent calls made to it so far (:func:`~rpeg.runtime.driver.group.call_worker`
+        numbers them; its process serves them in that order).
     """
 
     worker: str
@@ -173,6 +176,7 @@ class Owner:
     rank: int = -1
     pid: int | None = None
     host: str | None = None
+    turns: int = 0
     _proc: Any = field(default=None, repr=False)
     _cpu: float | None = field(default=None, repr=False)
 

@@ -549,6 +549,7 @@ def _start_segment(
             {
                 "seconds": ctl.setup_s,
                 "groups": len(binding.groups),
+                "processes": len(ctl.procs),
                 "segment": seg,
                 "workers": ctl.workers(),
                 "nodes": ctl.placement_nodes(),

@@ -7,7 +7,7 @@ What is here, and what has run where (``docs/megatron.md``):
   plan layout ``(dp, pp, tp, mb)`` onto Megatron-core 0.16.1 settings;
   :func:`initialize_parallel` creates Megatron's process groups with the rank order
   :data:`MEGATRON_ORDER`, under which Megatron's ``(d, p, t)`` equal rpeg's
-  ``rank = d·(Pp·Pt) + p·Pt + t`` (:func:`rpeg.runtime.worker.parallel.make_mesh`). Run on CPU (gloo).
+  ``rank = d·(Pp·Pt) + p·Pt + t`` (:func:`rpeg.runtime.worker.parallel.world_mesh`). Run on CPU (gloo).
 * :func:`build_gpt_model` builds ``GPTModel`` with the local (Transformer-Engine-free) layer spec.
   Run on CPU (``use_cpu_initialization=True``).
 * :func:`hf_to_megatron` / :func:`megatron_to_hf` convert a Llama-architecture Hugging Face state

@@ -10,8 +10,8 @@ by the ranks that hold them (last pipeline stage, TP rank 0); a COMM node copies
 destination ranks' memory (:meth:`Worker.fetch`); weight COMM/RESHARD nodes install a
 published parameter version in the destination layout (:meth:`Worker.install`).
 
-:class:`Worker` owns the rank's state (this module: the process group, mesh, model, optimizer,
-task); what it does with it lives in four parts, each a mixin of its own module:
+:class:`Worker` owns the rank's state (this module: the mesh over the rank's process groups,
+model, optimizer, task); what it does with it lives in four parts, each a mixin of its own module:
 
 * :mod:`~rpeg.runtime.worker.ops` — the model invocations: OP nodes of generation, inference and
   training (the execution per role is described there);
@@ -21,7 +21,9 @@ task); what it does with it lives in four parts, each a mixin of its own module:
   snapshots of past versions and the transition's cell moves;
 * :mod:`~rpeg.runtime.worker.checkpoints` — boundary copies, rollback, checkpoint files.
 
-The controller's Ray actor calls every method by name on the :class:`Worker`.
+Several workers share a process: the process of a device
+(:class:`~rpeg.runtime.worker.process.WorkerProcess`) holds every worker placed on it — one per
+group with a rank there — and serves the driver's calls to each by group id.
 """
 
 from __future__ import annotations
@@ -30,17 +32,16 @@ import os
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ...ir.plan import stage_layer_ranges
 from ...ir.types import Head
 from ..binding import GroupSpec, RunShape
 from ..config import RLConfig
 from .checkpoints import WorkerCheckpoints
-from .memory import EXACT_HEAP_THRESHOLD, PrivatePeak, heap_live_bytes, map_large_blocks, private_bytes
+from .memory import EXACT_HEAP_THRESHOLD, PrivatePeak, WorkerMemory, map_large_blocks
 from .model import StageModel
 from .ops import PackedOutput, WorkerOps
-from .parallel import FSDPAdam, FSDPShards, local, make_mesh
+from .parallel import FSDPAdam, FSDPShards, RankGroups, local, make_mesh
 from .rollouts import WorkerRollouts
 from .task import SyntheticTask
 from .transfers import WorkerTransfers
@@ -48,13 +49,13 @@ from .transfers import WorkerTransfers
 __all__ = ["Worker"]
 
 
-def _footprint_before_model(group: GroupSpec, rollout_engine: str, hosts_engine: bool) -> int:
-    """The process's private resident memory once everything but the model is there — the process
-    group, and the libraries the worker's model and engine import (the model family's
+def _import_before_model(group: GroupSpec, rollout_engine: str, hosts_engine: bool) -> None:
+    """Import the libraries the worker's model and engine need — the model family's
     ``transformers`` modules; for a vLLM-generating group ``vllm``, and on a rank that hosts the
     replica's engine the engine client's modules, ``vllm.LLM`` and ``vllm.SamplingParams``: about
-    115 MiB beyond ``import vllm``, which loads them lazily) — what a node's ``memory_bytes`` is
-    measured against (:func:`~rpeg.runtime.worker.memory.private_bytes`)."""
+    115 MiB beyond ``import vllm``, which loads them lazily — so that the process's private
+    resident memory after this, what a node's ``memory_bytes`` is measured against
+    (:class:`~rpeg.runtime.worker.memory.WorkerMemory`), holds everything but the worker's state."""
     from ..engines.hf_models import family_modules
 
     family_modules(group.spec.family)
@@ -63,11 +64,12 @@ def _footprint_before_model(group: GroupSpec, rollout_engine: str, hosts_engine:
 
         if hosts_engine:
             _ = (vllm.LLM, vllm.SamplingParams)  # the lazy attributes import the engine client
-    return private_bytes()
 
 
 class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
-    """Rank ``rank`` of worker group ``group`` (inside a Ray actor of :mod:`~rpeg.runtime.driver.controller`).
+    """Rank ``rank`` of worker group ``group``, inside the process of its device
+    (:class:`~rpeg.runtime.worker.process.WorkerProcess`, which holds every worker placed on the
+    device and the run's process groups).
 
     Parameters
     ----------
@@ -75,8 +77,8 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         The group's model, layout and devices.
     rank
         This worker's rank ``d·(Pp·Pt) + p·Pt + t``.
-    master
-        ``host:port`` of the group's rendezvous.
+    groups
+        This rank's process groups in the group (:func:`~rpeg.runtime.worker.parallel.plan_groups`).
     shape
         The scaled run shape.
     config
@@ -91,11 +93,9 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
     keep_boundary
         Training workers keep their parameters and optimizer slice from before each update, so a
         run can roll back to the last step boundary after losing another worker mid-step.
-    store
-        Rank 0: the group's ``TCPStore``, already listening on a port the OS picked (``master``
-        names it); other ranks connect to ``master``.
-    timeout_s
-        torch.distributed's rendezvous and collective timeout.
+    sampler
+        The process's private-memory sampler, shared by its workers (each counts its own share,
+        :class:`~rpeg.runtime.worker.memory.WorkerMemory`).
     rollout_engine
         ``"torch"``: generation runs on this group's torch model; ``"vllm"``: each DP replica of a
         generating group starts a vLLM engine (:mod:`~rpeg.runtime.worker.rollouts`).
@@ -105,7 +105,7 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         self,
         group: GroupSpec,
         rank: int,
-        master: str,
+        groups: RankGroups,
         shape: RunShape,
         config: RLConfig,
         seed: int,
@@ -114,12 +114,9 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         step_offset: int = 0,
         keep_boundary: bool = False,
         *,
-        store: Any = None,
-        timeout_s: float = 1800.0,
+        sampler: PrivatePeak,
         rollout_engine: str = "torch",
     ) -> None:
-        import datetime
-
         torch.set_num_threads(1)
         self.group, self.rank, self.shape, self.cfg, self.seed = group, rank, shape, config, seed
         self.fail_at = fail_at
@@ -135,22 +132,20 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
                 "on the GPU nodes, or run on a Ray cluster without GPUs"
             )
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
-        timeout = datetime.timedelta(seconds=timeout_s)
-        if store is None:  # rank 0 opened the store on a port the OS picked (pool.WorkerProcess.hello)
-            host, port = master.rsplit(":", 1)
-            store = dist.TCPStore(host, int(port), group.size, False, timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=group.size, timeout=timeout)
-        self.mesh = make_mesh(rank, group.dp, group.pp, group.tp, "cuda" if backend == "nccl" else "cpu")
+        if groups.rank != rank:
+            raise RuntimeError(
+                f"worker {group.worker(rank)}: its process holds rank {groups.rank} of the group"
+            )
+        self.mesh = make_mesh(groups, group.dp, group.pp, group.tp, "cuda" if backend == "nccl" else "cpu")
         lo, hi = stage_layer_ranges(group.spec.layers, group.pp)[self.mesh.p]
         self.layer_range = (lo, hi)
         # a CPU worker's private memory is then the memory its tensors hold, which the cost model
         # counts (memory.map_large_blocks); a GPU worker's tensors are on the device
         self.mmap_threshold = EXACT_HEAP_THRESHOLD if backend != "nccl" and map_large_blocks() else None
-        self.rss_base = _footprint_before_model(
-            group, rollout_engine, hosts_engine=self.mesh.p == 0 and self.mesh.t == 0
-        )
-        self.heap_base = heap_live_bytes()
-        self.memory_peak = PrivatePeak()
+        _import_before_model(group, rollout_engine, hosts_engine=self.mesh.p == 0 and self.mesh.t == 0)
+        # from here on the process's memory grows by what this worker holds (WorkerMemory)
+        self.memory = WorkerMemory(sampler)
+        self.memory.begin()
         model = StageModel(
             group.spec,
             group.head,
@@ -205,9 +200,7 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         self.lengths = torch.tensor(shape.response_lengths())
         self.rollout_engine = rollout_engine
         self.engine_info = self._start_rollouts()
-        # between calls the memory does not change: sample only while serving one
-        # (WorkerProcess.call and .op resume it)
-        self.memory_peak.pause()
+        self.memory.end()  # WorkerProcess.call and .op count each call again
 
     # ------------------------------------------------------------------ small queries
     def info(self) -> dict[str, Any]:
@@ -248,10 +241,6 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         raise RuntimeError(f"injected fault in worker {self.group.worker(self.rank)} at {vertex} step {step}")
 
     def shutdown(self) -> None:
-        """Stop the rollout engine and the memory sampler, and leave the process group."""
+        """Stop the rollout engine (the process leaves the process groups,
+        :meth:`~rpeg.runtime.worker.process.WorkerProcess.reset`)."""
         self._stop_rollouts()
-        peak = getattr(self, "memory_peak", None)
-        if peak is not None:
-            peak.stop()
-        if dist.is_initialized():
-            dist.destroy_process_group()

@@ -4,7 +4,9 @@ allocator setting that makes the first the memory its tensors hold (SPEC §11, d
 
 The trace records, per OP node, the worker's peak private resident set (:class:`PrivatePeak`)
 less the footprint it had before its model was built; :mod:`~rpeg.runtime.trace.fidelity`
-compares those peaks with the cost model's. Nothing here imports torch.
+compares those peaks with the cost model's. Several workers share a process (one per device,
+every role placed on it): :class:`WorkerMemory` gives each its own figure, what the process would
+hold for it alone. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 __all__ = [
     "EXACT_HEAP_THRESHOLD",
     "PrivatePeak",
+    "WorkerMemory",
     "heap_live_bytes",
     "map_large_blocks",
     "peak_resident_bytes",
@@ -249,6 +252,12 @@ class PrivatePeak:
             if not was:
                 self.pause()
 
+    def restart(self) -> tuple[int, int]:
+        """Forget the peaks: start them again from the private resident set and live heap now,
+        which are returned ``(private, live)``."""
+        self._peak, self._live = private_bytes(), heap_live_bytes()
+        return self._peak, self._live
+
     def peak(self) -> int:
         """The largest private resident set sampled so far, bytes (this call samples too)."""
         self._peak = max(self._peak, private_bytes())
@@ -266,6 +275,78 @@ class PrivatePeak:
         self._active.set()  # wake a paused thread so that it sees the stop
         if self._thread.is_alive():
             self._thread.join(timeout=1.0)
+
+
+class WorkerMemory:
+    """One worker's share of its process's private memory, where several workers share the
+    process (one process per device holds every role placed on it).
+
+    The worker *holds* ``H`` bytes between its calls: what its construction left (the private
+    resident set after it less the footprint before its model, ``rss_base``) plus, for each of its
+    calls since, the private set after the call less the one before it. While a call runs, the
+    worker's figure is ``H + (peak of the call − private set before the call)``, and :meth:`peak`
+    the largest such figure so far: what a process of its own would report as its peak less its
+    footprint before the model, as long as the other workers' memory does not change during the
+    call — true of OP nodes and transfers, which one process serves one at a time. The same
+    arithmetic over glibc's live heap gives :meth:`live_peak`.
+
+    A transition's calls run concurrently (several workers of a process exchange cells at once)
+    and are not counted (:meth:`counting` is not entered): the cells they build are handed to the
+    new plan's workers and dropped.
+
+    Parameters
+    ----------
+    sampler
+        The process's :class:`PrivatePeak` (paused between calls).
+    """
+
+    def __init__(self, sampler: PrivatePeak) -> None:
+        self.sampler = sampler
+        self.held = 0
+        self.held_live = 0
+        self._peak = 0
+        self._live = 0
+        self._before: tuple[int, int] | None = None
+
+    def begin(self) -> None:
+        """Start counting a call (or the worker's construction): restart the sampler's peaks."""
+        self._before = self.sampler.restart()
+        self.sampler.resume()
+
+    def end(self) -> None:
+        """End the call: fold its peak into :meth:`peak`, add what it left to ``H``, pause the
+        sampler."""
+        if self._before is None:
+            return
+        self.peak()
+        self.live_peak()
+        before, before_live = self._before
+        self.held += private_bytes() - before
+        self.held_live += heap_live_bytes() - before_live
+        self._before = None
+        self.sampler.pause()
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        """Count the ``with`` block as one of the worker's calls (:meth:`begin`, :meth:`end`)."""
+        self.begin()
+        try:
+            yield
+        finally:
+            self.end()
+
+    def peak(self) -> int:
+        """The worker's largest figure so far, bytes: ``max`` over its calls of ``H + peak of the
+        call − private set before it`` (the call in progress included)."""
+        if self._before is not None:
+            self._peak = max(self._peak, self.held + self.sampler.peak() - self._before[0])
+        return self._peak
+
+    def live_peak(self) -> int:
+        """:meth:`peak` over glibc's live heap (:func:`heap_live_bytes`), bytes."""
+        if self._before is not None:
+            self._live = max(self._live, self.held_live + self.sampler.live_peak() - self._before[1])
+        return self._live
 
 
 def peak_resident_bytes() -> int:

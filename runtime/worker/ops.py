@@ -45,6 +45,7 @@ from ...ir.types import Head, Role
 from ..binding import GroupSpec, RunShape, mini_batch_bounds, update_microbatches
 from ..config import RLConfig
 from ..protocol import NodeCall
+from .memory import WorkerMemory, heap_live_bytes
 from .model import KVCache, StageModel, in_token_chunks, sample_token, token_logprobs
 from .parallel import FSDPAdam, FSDPShards
 from .rl import (
@@ -133,9 +134,7 @@ class WorkerOps:
     cfg: RLConfig
     seed: int
     step_offset: int
-    rss_base: int
-    heap_base: int
-    memory_peak: Any
+    memory: WorkerMemory
     mesh: Any
     model: StageModel
     packed: PackedOutput
@@ -165,12 +164,12 @@ class WorkerOps:
         m = self.mesh
         if not m.first:
             x = torch.empty(b, s, self.group.spec.hidden)
-            dist.recv(x, src=m.prev_rank())
+            dist.recv(x, group=m.group, group_src=m.prev_rank())
         if m.last and not heads:
             return self.model(x, cache=cache, heads=False)
         out = self.model(x, cache=cache)
         if not m.last:
-            dist.send(out.contiguous(), dst=m.next_rank())
+            dist.send(out.contiguous(), group=m.group, group_dst=m.next_rank())
             return None
         return out
 
@@ -235,9 +234,9 @@ class WorkerOps:
         meta["publish_s"] = time.perf_counter() - t_pub if pub is not None else 0.0
         meta["worker_time"] = time.perf_counter() - t0
         meta["version_used"] = version if role is not Role.TRAINING else meta["version"] - 1
-        meta["memory_bytes"] = max(0, self.memory_peak.peak() - self.rss_base)
-        if self.heap_base:  # 0 where the C library has no mallinfo2: nothing to report
-            meta["memory_live_bytes"] = max(0, self.memory_peak.live_peak() - self.heap_base)
+        meta["memory_bytes"] = max(0, self.memory.peak())
+        if heap_live_bytes():  # 0 where the C library has no mallinfo2: nothing to report
+            meta["memory_live_bytes"] = max(0, self.memory.live_peak())
         return meta, (out if self._emits() else None), pub
 
     @torch.no_grad()
@@ -329,9 +328,9 @@ class WorkerOps:
                     tok, lp = sample_token(logits[:, -1], self.seed, st["ids"][c], t, self._temperature(node))
                     st["logp"][c, t] = lp
                     if self.group.pp > 1:
-                        dist.send(tok, dst=self.mesh.first_rank())
+                        dist.send(tok, group=self.mesh.group, group_dst=self.mesh.first_rank())
                 elif self.mesh.first:
-                    dist.recv(tok, src=self.mesh.last_rank())
+                    dist.recv(tok, group=self.mesh.group, group_src=self.mesh.last_rank())
                 if self.mesh.first or self.mesh.last:
                     st["tokens"][c, Lp + t] = tok
         st["pos"] = hi

@@ -17,7 +17,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["FSDPAdam", "FSDPShards", "Mesh", "assemble", "local", "publication", "shard_of", "shareable"]
+__all__ = [
+    "FSDPAdam",
+    "FSDPShards",
+    "Mesh",
+    "RankGroups",
+    "assemble",
+    "local",
+    "make_mesh",
+    "plan_groups",
+    "publication",
+    "shard_of",
+    "shareable",
+    "world_mesh",
+]
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -38,8 +51,11 @@ def shard_dim(p: torch.Tensor) -> int | None:
 class Mesh:
     """This rank's coordinates and process groups in a ``(dp, pp, tp)`` group.
 
-    ``rank = d·(Pp·Pt) + p·Pt + t``; :attr:`tp_mesh` is the DTensor device mesh of the TP
-    dimension, :attr:`dp_group` the gloo/NCCL group of the ranks holding the same shard.
+    ``rank = d·(Pp·Pt) + p·Pt + t`` is the rank in the group (:attr:`group`); the group is a
+    subgroup of the run's world (one rank per device process, :func:`plan_groups`).
+    :attr:`tp_mesh` is the DTensor device mesh of the TP dimension, :attr:`dp_group` the gloo/NCCL
+    group of the ranks holding the same shard. :meth:`next_rank` and the others name ranks of
+    :attr:`group` (``group_dst``/``group_src`` of a point-to-point send).
     """
 
     rank: int
@@ -53,9 +69,10 @@ class Mesh:
     dp_group: object
     pp_group: object
     dp_mesh: object = None
+    group: object = None
 
     def global_rank(self, d: int, p: int, t: int) -> int:
-        """Rank of coordinates ``(d, p, t)``."""
+        """Rank of coordinates ``(d, p, t)`` in the group."""
         return d * self.pp * self.tp + p * self.tp + t
 
     @property
@@ -85,13 +102,102 @@ class Mesh:
         return self.global_rank(self.d, self.pp - 1, self.t)
 
 
-def make_mesh(rank: int, dp: int, pp: int, tp: int, device_type: str) -> Mesh:
-    """Create the ``(dp, pp, tp)`` device mesh of an initialised default process group."""
-    from torch.distributed.device_mesh import init_device_mesh
+@dataclass
+class RankGroups:
+    """One rank's process groups in one worker group (:func:`plan_groups`): the whole group and,
+    per mesh dimension ``dp``, ``pp``, ``tp``, the subgroup of the ranks that differ from it in
+    that coordinate only; ``mesh`` is the group's world ranks as a ``(dp, pp, tp)`` tensor."""
 
-    mesh = init_device_mesh(device_type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
+    rank: int
+    whole: object
+    dims: dict[str, object]
+    mesh: torch.Tensor
+
+
+def plan_groups(
+    layouts: list[tuple[int, list[int], int, int, int]], world_rank: int, timeout: Any = None
+) -> dict[int, RankGroups]:
+    """Create the process groups of every worker group of a run, as subgroups of its world.
+
+    The world is one rank per device process; a worker group with world ranks ``ranks`` (rank
+    ``r`` of the group runs in the process of world rank ``ranks[r]``) and degrees ``(dp, pp, tp)``
+    gets a group of all its ranks and one subgroup per line of its ``(dp, pp, tp)`` rank tensor
+    along each dimension. ``torch.distributed.new_group`` needs every process of the world to call
+    it for every group, in the same order, members or not (a non-member's call only counts the
+    group; no barrier is taken): every process calls this with the same ``layouts``, ``(gid,
+    ranks, dp, pp, tp)`` in gid order. ``timeout`` (a ``datetime.timedelta``; ``None``: the
+    world's) bounds the groups' rendezvous and collectives.
+
+    Returns
+    -------
+    dict
+        gid → :class:`RankGroups` of the groups this process (``world_rank``) belongs to.
+
+    A group's ranks must be increasing world ranks: ``new_group`` numbers a group's members in
+    world order, and rank ``r`` of the group must be member ``r`` (a plan's allocations are
+    ascending device ids, and the world ranks follow the devices).
+
+    Raises
+    ------
+    ValueError
+        A group whose ranks are not ``dp·pp·tp`` distinct, increasing world ranks.
+    """
+    out: dict[int, RankGroups] = {}
+    for gid, ranks, dp, pp, tp in layouts:
+        if len(ranks) != dp * pp * tp or list(ranks) != sorted(set(ranks)):
+            raise ValueError(
+                f"group g{gid}: world ranks {list(ranks)} are not {dp}·{pp}·{tp} distinct ranks in increasing "
+                "order (torch.distributed numbers a group's ranks in world order)"
+            )
+        whole = dist.new_group(list(ranks), timeout=timeout)
+        mesh = torch.tensor(ranks, dtype=torch.int).view(dp, pp, tp)
+        dims: dict[str, object] = {}
+        for dim, name in enumerate(("dp", "pp", "tp")):
+            lines = mesh.movedim(dim, -1).reshape(-1, mesh.shape[dim]).tolist()
+            for line in lines:
+                sub = dist.new_group(line, timeout=timeout)
+                if world_rank in line:
+                    dims[name] = sub
+        if world_rank in ranks:
+            out[gid] = RankGroups(list(ranks).index(world_rank), whole, dims, mesh)
+    return out
+
+
+def make_mesh(groups: RankGroups, dp: int, pp: int, tp: int, device_type: str) -> Mesh:
+    """The ``(dp, pp, tp)`` device mesh of one rank of a worker group, over the process groups
+    :func:`plan_groups` made (``DeviceMesh.from_group``: no group is created here)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    mesh = DeviceMesh.from_group(
+        [groups.dims["dp"], groups.dims["pp"], groups.dims["tp"]],
+        device_type,
+        mesh=groups.mesh,
+        mesh_dim_names=("dp", "pp", "tp"),
+    )
+    rank = groups.rank
     d, p, t = rank // (pp * tp), (rank // tp) % pp, rank % tp
-    return Mesh(rank, dp, pp, tp, d, p, t, mesh["tp"], mesh.get_group("dp"), mesh.get_group("pp"), mesh["dp"])
+    return Mesh(
+        rank,
+        dp,
+        pp,
+        tp,
+        d,
+        p,
+        t,
+        mesh["tp"],
+        mesh.get_group("dp"),
+        mesh.get_group("pp"),
+        mesh["dp"],
+        groups.whole,
+    )
+
+
+def world_mesh(rank: int, dp: int, pp: int, tp: int, device_type: str) -> Mesh:
+    """The mesh of rank ``rank`` of one group spanning the whole world (``dp·pp·tp`` processes):
+    :func:`plan_groups` of that one group, then :func:`make_mesh`. Every rank of the world must
+    call it (it creates the groups)."""
+    groups = plan_groups([(0, list(range(dp * pp * tp)), dp, pp, tp)], rank)[0]
+    return make_mesh(groups, dp, pp, tp, device_type)
 
 
 def _dim0_chunk(full: torch.Tensor, parts: int, index: int) -> torch.Tensor:

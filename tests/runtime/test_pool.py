@@ -1,5 +1,5 @@
-"""WorkerPool: a cleanly finished run's worker processes serve the next run — and compute what
-fresh processes compute; a failed run's workers are not kept."""
+"""WorkerPool: a cleanly finished run's worker processes (one per device) serve the next run — and
+compute what fresh processes compute; a failed run's processes are not kept."""
 
 from __future__ import annotations
 
@@ -50,15 +50,13 @@ def test_pooled_processes_compute_what_fresh_ones_do():
     with WorkerPool() as pool:  # a pool of its own: no idle processes yet
         assert active_pool() is pool
         fresh = run(small, steps=2, seed=3, return_weights=True)
-        assert pool.reused == 0 and pool.idle == len(pids(fresh)) == 7
-        first = run(other, steps=2, seed=5)
-        # on each device, as many of ``other``'s workers as ``small`` left there took one
-        have, want = per_device(fresh), per_device(first)
-        taken = sum(min(have[d], want[d]) for d in want)
-        assert taken >= 6 and pool.reused == taken == len(pids(first) & pids(fresh))
-        again = run(small, steps=2, seed=3, return_weights=True)
-        # ``small``'s leftovers first (the oldest idle), then ``other``'s: ``taken`` of those
-        assert pool.reused == taken + len(pids(again)) and len(pids(again) & pids(first)) == taken
+        # seven workers, one process per device holding them
+        assert sum(per_device(fresh).values()) == 7 and len(per_device(fresh)) == 2
+        assert pool.reused == 0 and pool.idle == len(pids(fresh)) == 2
+        first = run(other, steps=2, seed=5)  # another layout of the job on each device's process
+        assert pids(first) == pids(fresh) and pool.reused == 2
+        again = run(small, steps=2, seed=3, return_weights=True)  # on processes that served ``other``
+        assert pids(again) == pids(fresh) and pool.reused == 4
     assert pool.idle == 0  # leaving the block killed them
     assert again.problems == [] and again.rewards == fresh.rewards
     for model, weights in fresh.weights.items():
@@ -81,12 +79,12 @@ def test_a_failed_run_keeps_no_workers_and_kept_ones_serve_every_node_shape():
         with pytest.raises(RunError, match="injected fault"):
             run(one, steps=2, fail_at=(worker, "actor_train", 0))
         assert pool.idle == 0
-        first = run(hand(grpo, "1x1x2", ONE_DEVICE, sync), steps=1)  # new processes
-        assert first.problems == [] and pool.reused == 0 and pool.idle == len(pids(first)) == 3
+        first = run(hand(grpo, "1x1x2", ONE_DEVICE, sync), steps=1)  # a new process (one device used)
+        assert first.problems == [] and pool.reused == 0 and pool.idle == len(pids(first)) == 1
         again = run(one, steps=1)
-        assert pids(again) == pids(first) and pool.reused == 3
+        assert pids(again) == pids(first) and pool.reused == 1
         nodes = run(hand(grpo, "1x2x1", ONE_DEVICE, sync), steps=1)
-        assert pids(nodes) == pids(first) and pool.reused == 6
+        assert pids(nodes) == pids(first) and pool.reused == 2
     assert again.problems == nodes.problems == []
 
 

@@ -48,9 +48,48 @@ def test_the_worker_process_serves_only_the_protocol():
 
     proc = WorkerProcess()  # no worker built: the name is refused before it is looked up
     with pytest.raises(ProtocolError, match="'shutdown'"):
-        proc.call("shutdown")
+        proc.call(0, "shutdown")
     with pytest.raises(ProtocolError, match="'op'"):
-        proc.call("op")  # OP nodes come through op(), with three results
+        proc.call(0, "op")  # OP nodes come through op(), with three results
+    with pytest.raises(ProtocolError, match="no worker of group g3 on this device"):
+        proc.call(3, "info")
+    with pytest.raises(ProtocolError, match="no worker of group g0"):
+        proc.op(0, None, {})
+
+
+def test_one_workers_concurrent_calls_run_in_turn_and_others_at_once():
+    """A transition's calls to one worker run in the driver's order whatever order the threads
+    start in; a call to another worker of the process is not held up by them; a refused call still
+    passes its turn on."""
+    import threading
+    import time
+
+    from rpeg.runtime.worker.process import WorkerProcess
+
+    class Fake:
+        def __init__(self, log: list) -> None:
+            self.log = log
+
+        def xfer_drop(self, keys: list) -> int:
+            self.log.append(keys[0])
+            return keys[0]
+
+    proc, log = WorkerProcess(), []
+    proc.workers = {0: Fake(log), 1: Fake(log)}
+    threads = [
+        threading.Thread(target=proc.call_concurrent, args=(0, turn, "xfer_drop", [f"a{turn}"]))
+        for turn in (2, 1)  # started out of turn: they wait for turn 0
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    assert proc.call_concurrent(1, 0, "xfer_drop", ["b0"]) == "b0"  # another worker: not held up
+    assert log == ["b0"]
+    with pytest.raises(ProtocolError):
+        proc.call_concurrent(0, 0, "shutdown")  # refused, and turn 0 is passed on
+    for t in threads:
+        t.join(timeout=10)
+    assert log == ["b0", "a1", "a2"]
 
 
 class _Remote:
@@ -65,6 +104,7 @@ class _Remote:
 class _Actor:
     def __init__(self, log: list, rank: int) -> None:
         self.call = _Remote(log, rank)
+        self.call_concurrent = _Remote(log, rank)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +122,7 @@ def test_a_group_call_goes_to_its_live_ranks_keyed_by_worker(small):
     grp = WorkerGroup(g, actors, owners, dead)
     calls = grp.all("fetch", ("k",), [])
     assert [key for key, _ in calls] == [(g.gid, 0), (g.gid, 1)]
-    assert log == [(0, ("fetch", ("k",), [])), (1, ("fetch", ("k",), []))]
+    assert log == [(0, (g.gid, "fetch", ("k",), [])), (1, (g.gid, "fetch", ("k",), []))]
     dead.add((g.gid, 0))  # the controller's set, shared: rank 0 is lost
     assert [key for key, _ in grp.all("rollback", 3)] == [(g.gid, 1)]
     assert grp.rank(1, "load", "f.pt")[0] == (g.gid, 1)
@@ -93,6 +133,9 @@ def test_a_group_call_goes_to_its_live_ranks_keyed_by_worker(small):
     with pytest.raises(ProtocolError):
         call_worker(owners[1], "install", [], 0)
     assert call_worker(owners[1], "xfer_drop", []).startswith("ref-1")
+    call_worker(owners[1], "xfer_drop", [1])
+    # through call_concurrent, naming the group and the worker's turn (its calls keep their order)
+    assert log[-2:] == [(1, (g.gid, 0, "xfer_drop", [])), (1, (g.gid, 1, "xfer_drop", [1]))]
     with pytest.raises(ValueError, match="1 actors"):
         WorkerGroup(g, actors[:1], owners, dead)
 

@@ -222,7 +222,7 @@ def _rank_main(rank: int, port: int, workdir: Path) -> None:
     """One of the :data:`WORLD` ranks: every layout of :data:`LAYOUTS` in turn."""
     import torch.distributed as dist
 
-    from rpeg.runtime.worker.parallel import make_mesh
+    from rpeg.runtime.worker.parallel import world_mesh
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, WORLD, False, datetime.timedelta(seconds=120))
@@ -237,7 +237,7 @@ def _rank_main(rank: int, port: int, workdir: Path) -> None:
         t_init = time.perf_counter() - t_layout
         from megatron.core import parallel_state as ps
 
-        mesh = make_mesh(rank, dp, pp, tp, "cpu")
+        mesh = world_mesh(rank, dp, pp, tp, "cpu")
         ranks = dist.get_process_group_ranks
         r: dict[str, Any] = {
             "megatron": list(me.coordinates()),
@@ -347,7 +347,7 @@ def test_layout_mapping_is_rpegs_rank_formula():
     assert layout.world == 12
     for rank in range(layout.world):
         d, p, t = layout.coordinates(rank)
-        assert (d, p, t) == (rank // 4, (rank // 2) % 2, rank % 2)  # make_mesh's formula
+        assert (d, p, t) == (rank // 4, (rank // 2) % 2, rank % 2)  # world_mesh's formula
         assert layout.rank(d, p, t) == rank
     with pytest.raises(ValueError, match=re.escape("rank=12 must be in 0..11")):
         layout.coordinates(12)
