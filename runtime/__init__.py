@@ -1,20 +1,21 @@
 """Runtime: execute a plan on persistent Ray workers with real PyTorch models (SPEC §11).
 
-* :func:`run` (``rpeg.run``) binds a :class:`~rpeg.solvers.result.Result` to worker groups
-  (``binding``), starts them on Ray with placement groups (``controller``), runs the lowered DAG
-  completion-driven and returns a :class:`~rpeg.runtime.driver.runner.RunReport` with the trace;
+* :func:`run` (``rpeg.run``, :mod:`~rpeg.runtime.driver.runner`) binds a
+  :class:`~rpeg.solvers.result.Result` to worker groups (:mod:`~rpeg.runtime.binding`), starts one
+  process per device holding the device's workers (:mod:`~rpeg.runtime.driver.controller`,
+  :mod:`~rpeg.runtime.worker.process`), runs the lowered DAG completion-driven and returns a
+  :class:`~rpeg.runtime.trace.report.RunReport` with the trace;
 * ``rpeg.verify`` (:func:`rpeg.runtime.trace.verify.verify`) checks a trace against the plan;
-* ``model``, ``task``, ``rl``: the Hugging Face decoder stages, the synthetic task and the
-  PPO/GRPO/ReMax/DPO math;
-* ``worker`` (with ``worker_ops``, ``worker_rollouts``, ``worker_transfers``,
-  ``worker_checkpoints``), ``parallel``: one rank of a group — DTensor TP, pipelined stages,
-  FSDP2 data parallelism, vLLM rollouts; ``engines``: the Hugging Face, vLLM and Megatron-core adapters;
-* ``pool``: the worker processes' Ray actor and :class:`WorkerPool`, which keeps them between
-  runs;
-* ``transition``, ``state``, ``recovery``: changing plans mid-run with real state, and the
-  urgent path after a lost worker;
-* ``measure``: the calibration microbenchmarks behind ``rpeg calibrate`` (fitted by
-  :mod:`rpeg.costmodel.fit`).
+* ``driver/``: what runs where ``run`` is called — placement and dispatch, the
+  :class:`~rpeg.runtime.driver.group.WorkerGroup` every remote call goes through, the
+  :class:`WorkerPool` that keeps processes between runs, progress-checked waits, transitions
+  and the urgent path after a lost worker; it never imports torch;
+* ``worker/``: what runs in a device's process — one rank of a group (``core.Worker``) with its
+  OP nodes, rollouts, transfers and checkpoints, the Hugging Face decoder stages, DTensor TP and
+  FSDP2, the RL math, the synthetic task, memory probes;
+* ``trace/``: the trace, checkpoints, the verifier, the report and the fidelity comparison;
+  ``calibrate/``: ``rpeg calibrate``; ``engines/``: the Hugging Face, vLLM and Megatron-core
+  adapters.
 
 Importing this package does not import torch or Ray; :func:`run` does.
 """

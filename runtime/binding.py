@@ -20,15 +20,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..ir.graph import RPEG
 from ..ir.lower import ExecGraph
 from ..ir.models import ModelSpec
 from ..ir.plan import Plan
 from ..ir.types import Head, Role
-from ..solvers.result import Result
 from .protocol import NodeCall
+
+if TYPE_CHECKING:  # the type only: a worker process, which imports this module, runs no planner
+    from ..solvers.result import Result
 
 __all__ = [
     "GREEDY_VERTICES",

@@ -27,6 +27,7 @@ module and nothing else of the worker package).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -49,6 +50,19 @@ __all__ = ["TRANSITION_THREADS", "WorkerProcess"]
 TRANSITION_THREADS = 16
 
 
+def _preload() -> None:
+    """Import what :meth:`WorkerProcess.setup` needs — torch, the worker and ``transformers``'
+    model code, about 5 CPU-seconds, most of a process's start-up — while the process waits
+    for its first call: a plan's processes start a few at a time (Ray's start-up concurrency is
+    the node's CPUs), so the first ones import while the last ones boot. A failed import is not
+    reported here: ``setup`` imports the same modules and raises it."""
+    with contextlib.suppress(Exception):
+        import torch.distributed  # noqa: F401
+        import transformers.modeling_utils  # noqa: F401
+
+        from . import core  # noqa: F401
+
+
 class WorkerProcess:
     """Ray actor of one device: created cheaply, answers :meth:`hello` (the run's first process
     also opens the world's rendezvous store), then :meth:`setup` joins the world and builds the
@@ -61,6 +75,8 @@ class WorkerProcess:
         self.sampler = None
         self.turns: dict[int, int] = {}  # gid → the next concurrent call its worker serves
         self.turn_taken = threading.Condition()
+        self.preload = threading.Thread(target=_preload, name="rpeg-preload", daemon=True)
+        self.preload.start()
 
     def hello(self, world: int = 0, timeout_s: float = 1800.0) -> dict[str, Any]:
         """``pid`` and ``host`` of this process and ``node_ip``, its Ray node's address; with
@@ -120,9 +136,14 @@ class WorkerProcess:
         Returns
         -------
         dict
-            gid → the worker's :meth:`~rpeg.runtime.worker.core.Worker.info`.
+            gid → the worker's :meth:`~rpeg.runtime.worker.core.Worker.info`, with ``setup_s``:
+            the seconds the process waited for its imports (``imports``, :func:`_preload`), took
+            to join the world (``world``) and to create every
+            group's process groups (``groups``), and this worker's own construction
+            (``worker``: model, optimizer, rollout engine).
         """
         import datetime
+        import time
 
         import torch.distributed as dist
 
@@ -130,6 +151,9 @@ class WorkerProcess:
         from .memory import PrivatePeak
         from .parallel import plan_groups
 
+        t_in = time.perf_counter()
+        self.preload.join()
+        t0 = time.perf_counter()
         rank, size = world
         timeout = datetime.timedelta(seconds=timeout_s)
         store, self.store = self.store, None  # world rank 0 opened it; the process group holds it now
@@ -137,15 +161,24 @@ class WorkerProcess:
             host, port = master.rsplit(":", 1)
             store = dist.TCPStore(host, int(port), size, False, timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+        t1 = time.perf_counter()
         groups = plan_groups(layouts, rank, timeout)
+        t2 = time.perf_counter()
         self.turns = {}
         self.sampler = PrivatePeak(active=False)  # sampled only while a worker serves a call
         infos = {}
         for spec, r, args in local:
+            t3 = time.perf_counter()
             self.workers[spec.gid] = Worker(
                 spec, r, groups[spec.gid], *args, sampler=self.sampler, rollout_engine=rollout_engine
             )
-            infos[spec.gid] = self.workers[spec.gid].info()
+            times = {
+                "imports": t0 - t_in,
+                "world": t1 - t0,
+                "groups": t2 - t1,
+                "worker": time.perf_counter() - t3,
+            }
+            infos[spec.gid] = {**self.workers[spec.gid].info(), "setup_s": times}
         return infos
 
     def _worker(self, gid: int, method: str) -> Any:
