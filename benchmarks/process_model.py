@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--before", type=Path, help="rows of an older tree (--json of that run)")
     ap.add_argument("--before-label", default="before", help="what the --before rows were run on")
     ap.add_argument("--no-write", action="store_true", help="do not write RESULTS.md")
+    ap.add_argument("--note", default="", help="a sentence added under the table (what was not run, and why)")
     args = ap.parse_args(argv)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     rows = []
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"{', '.join(f'{v:.3f}' for v in x['rewards'])} | {x['problems']} |"
             )
     lines.append("")
+    if args.note:
+        lines += [args.note, ""]
     write_section("process-model", lines)
 
 
