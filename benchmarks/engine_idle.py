@@ -31,7 +31,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     with local_worker(b, "actor_gen", rollout_engine="vllm") as w:
         for tp in (1, 2):
-            engine = w.engine if tp == 1 else RolloutEngine(w.engine_dir, tp=2, max_model_len=w._max_len())
+            engine = (
+                w.rollouts.engine
+                if tp == 1
+                else RolloutEngine(w.rollouts.engine_dir, tp=2, max_model_len=w.rollouts.max_len())
+            )
             try:
                 engine.generate([[1] * 32] * 4, max_tokens=[16] * 4, seeds=list(range(4)))
                 procs = [psutil.Process(p) for p in engine.pids]

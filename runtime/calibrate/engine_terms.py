@@ -650,8 +650,10 @@ def measure_vllm(
         say(f"vLLM: starting an engine for {scale}")
         with local_worker(b, "actor_gen", rollout_engine="vllm") as w:
             grid = (batches, prompts, lengths)
-            out += _time_grid(w.engine, spec, b.shape.vocab, grid, repeats, seed, say, f"vLLM: {scale}")
-            pushes = [w._sync_rollouts(version) for version in range(1, repeats + 2)]
+            out += _time_grid(
+                w.rollouts.engine, spec, b.shape.vocab, grid, repeats, seed, say, f"vLLM: {scale}"
+            )
+            pushes = [w.rollouts.sync(version) for version in range(1, repeats + 2)]
             t = statistics.median(p["weight_sync_s"] for p in pushes[1:])
             out.append(EngineSample("vllm", "sync", spec, "lm", 0, 0, 0, t, nbytes=int(pushes[-1]["bytes"])))
     return out
@@ -695,7 +697,9 @@ def measure_vllm_tp(
         spec = _group_spec(b, "actor_gen")
         say(f"vLLM TP {tp}: starting an engine for {scale}")
         with local_worker(b, "actor_gen") as w, tempfile.TemporaryDirectory(prefix="rpeg-vllm-tp-") as d:
-            save_checkpoint(w._full_state(), w.group.spec, Path(d), max_positions=max(prompts) + max(lengths))
+            save_checkpoint(
+                w.rollouts.full_state(), w.group.spec, Path(d), max_positions=max(prompts) + max(lengths)
+            )
             engine = RolloutEngine(d, tp=tp, max_model_len=max(prompts) + max(lengths), seed=seed)
             try:
                 grid = (batches, prompts, lengths)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,6 +22,7 @@ import torch
 from ..binding import GroupSpec
 from .model import StageModel
 from .parallel import FSDPAdam, FSDPShards, local
+from .rollouts import Rollouts
 
 __all__ = ["WorkerCheckpoints"]
 
@@ -44,7 +44,7 @@ class WorkerCheckpoints:
     mid_update: bool
     inbox: dict[tuple, list[dict[str, torch.Tensor]]]
     gen_state: dict[tuple[str, int], dict[str, Any]]
-    _weights_replaced: Callable[[], None]
+    rollouts: Rollouts
 
     def full_weights(self) -> contextlib.AbstractContextManager[None]:
         """A block in which :meth:`_weights` gives the full weights: with ZeRO stage 3 every
@@ -130,7 +130,7 @@ class WorkerCheckpoints:
                     "from before it (run with worker-loss recovery to keep one)"
                 )
             self._write_weights(b["params"])
-            self._weights_replaced()
+            self.rollouts.weights_replaced()
             self.optimizer.load_state(b["optimizer"])
             self.snapshots = dict(b["snapshots"])
             self.version = step
@@ -173,7 +173,7 @@ class WorkerCheckpoints:
                 f"is {self.group.layout()} rank {(self.mesh.d, self.mesh.p, self.mesh.t)}"
             )
         self._write_weights(state["params"])
-        self._weights_replaced()
+        self.rollouts.weights_replaced()
         if self.optimizer and state["optimizer"] is not None:
             self.optimizer.load_state(state["optimizer"])
         self.version = 0

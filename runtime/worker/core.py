@@ -15,8 +15,9 @@ model, optimizer, task); what it does with it lives in four parts, each a mixin 
 
 * :mod:`~rpeg.runtime.worker.ops` — the model invocations: OP nodes of generation, inference and
   training (the execution per role is described there);
-* :mod:`~rpeg.runtime.worker.rollouts` — the vLLM engine of a generating replica and its weight
-  sync (``rollout_engine="vllm"``);
+* :mod:`~rpeg.runtime.worker.rollouts` — the rank's rollout engine behind one interface
+  (:class:`~rpeg.runtime.worker.rollouts.Rollouts`: the torch model itself, or a replica's vLLM
+  engine and its weight sync), held as :attr:`Worker.rollouts`;
 * :mod:`~rpeg.runtime.worker.transfers` — weight publication and installation, data fetches,
   snapshots of past versions and the transition's cell moves;
 * :mod:`~rpeg.runtime.worker.checkpoints` — boundary copies, rollback, checkpoint files.
@@ -42,7 +43,7 @@ from .memory import EXACT_HEAP_THRESHOLD, PrivatePeak, WorkerMemory, map_large_b
 from .model import StageModel
 from .ops import PackedOutput, WorkerOps
 from .parallel import FSDPAdam, FSDPShards, RankGroups, local, make_mesh
-from .rollouts import WorkerRollouts
+from .rollouts import make_rollouts
 from .task import SyntheticTask
 from .transfers import WorkerTransfers
 
@@ -66,7 +67,7 @@ def _import_before_model(group: GroupSpec, rollout_engine: str, hosts_engine: bo
             _ = (vllm.LLM, vllm.SamplingParams)  # the lazy attributes import the engine client
 
 
-class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
+class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
     """Rank ``rank`` of worker group ``group``, inside the process of its device
     (:class:`~rpeg.runtime.worker.process.WorkerProcess`, which holds every worker placed on the
     device and the run's process groups).
@@ -199,7 +200,8 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
         self.schedule = None
         self.lengths = torch.tensor(shape.response_lengths())
         self.rollout_engine = rollout_engine
-        self.engine_info = self._start_rollouts()
+        self.rollouts = make_rollouts(self, rollout_engine)
+        self.engine_info = self.rollouts.start()
         self.memory.end()  # WorkerProcess.call and .op count each call again
 
     # ------------------------------------------------------------------ small queries
@@ -243,4 +245,4 @@ class Worker(WorkerOps, WorkerRollouts, WorkerTransfers, WorkerCheckpoints):
     def shutdown(self) -> None:
         """Stop the rollout engine (the process leaves the process groups,
         :meth:`~rpeg.runtime.worker.process.WorkerProcess.reset`)."""
-        self._stop_rollouts()
+        self.rollouts.stop()

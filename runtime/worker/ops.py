@@ -46,7 +46,7 @@ from ..binding import GroupSpec, RunShape, mini_batch_bounds, update_microbatche
 from ..config import RLConfig
 from ..protocol import NodeCall
 from .memory import WorkerMemory, heap_live_bytes
-from .model import KVCache, StageModel, in_token_chunks, sample_token, token_logprobs
+from .model import KVCache, StageModel, in_token_chunks, token_logprobs
 from .parallel import FSDPAdam, FSDPShards
 from .rl import (
     behavior_weight,
@@ -64,6 +64,7 @@ from .rl import (
     token_rewards,
     value_loss,
 )
+from .rollouts import Rollouts
 from .task import SyntheticTask
 
 __all__ = ["PackedOutput", "WorkerOps", "rule_reward"]
@@ -150,7 +151,7 @@ class WorkerOps:
     mid_update: bool
     metadata_probe: bool
     rollout_engine: str
-    _generate_vllm: Callable[..., tuple[dict[str, torch.Tensor] | None, dict[str, Any]]]
+    rollouts: Rollouts
     _write_weights: Callable[..., None]
     full_weights: Callable[[], contextlib.AbstractContextManager[None]]
 
@@ -291,58 +292,9 @@ class WorkerOps:
                 meta.update(reward_sum=float(score.sum()), reward_count=len(score))
         return out
 
-    @torch.no_grad()
     def _generate(self, node: NodeCall) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
-        if self.rollout_engine == "vllm":
-            return self._generate_vllm(node, self._temperature(node))
-        sh, step = self.shape, node.step
-        key = (node.vertex, step)
-        phase = node.phase
-        if phase <= 1:
-            ids, mine, prompts = self._rollout_batch(step)
-            tokens = torch.zeros(len(mine), sh.prompt_len + sh.response_len, dtype=torch.int64)
-            tokens[:, : sh.prompt_len] = prompts
-            mb = self.group.mb if node.mb is None else node.mb  # the vertex's microbatches (SPEC §14.2)
-            chunks = [c for c in torch.tensor_split(torch.arange(len(mine)), mb) if len(c)]
-            self.gen_state[key] = {
-                "ids": ids,
-                "mine": mine,
-                "tokens": tokens,
-                "logp": torch.zeros(len(mine), sh.response_len),
-                "chunks": chunks,
-                "caches": [KVCache() for _ in chunks],
-                "pos": 0,
-            }
-        st = self.gen_state[key]
-        hi = self._phase_end(phase)
-        lo = st["pos"]
-        Lp = sh.prompt_len
-        for t in range(lo, hi):
-            for c, cache in zip(st["chunks"], st["caches"]):
-                b = len(c)
-                x = st["tokens"][c, :Lp] if t == 0 else st["tokens"][c, Lp + t - 1 : Lp + t]
-                out = self._stage(x if self.mesh.first else None, b, Lp if t == 0 else 1, cache)
-                tok = torch.empty(b, dtype=torch.int64)
-                if self.mesh.last:
-                    logits = out[0] if isinstance(out, tuple) else out
-                    tok, lp = sample_token(logits[:, -1], self.seed, st["ids"][c], t, self._temperature(node))
-                    st["logp"][c, t] = lp
-                    if self.group.pp > 1:
-                        dist.send(tok, group=self.mesh.group, group_dst=self.mesh.first_rank())
-                elif self.mesh.first:
-                    dist.recv(tok, group=self.mesh.group, group_src=self.mesh.last_rank())
-                if self.mesh.first or self.mesh.last:
-                    st["tokens"][c, Lp + t] = tok
-        st["pos"] = hi
-        lengths = self.lengths[st["mine"]]
-        done = self._ends_in_phase(phase, lengths)
-        if phase == 0 or hi == sh.response_len:
-            del self.gen_state[key]
-        mask = (torch.arange(sh.response_len)[None, :] < lengths[done][:, None]).float()
-        tokens = st["tokens"][done].clone()
-        tokens[:, Lp:] *= mask.long()
-        out = {"ids": st["ids"][done], "tokens": tokens, "logp": st["logp"][done] * mask, "mask": mask}
-        return out, {"sequences": int(done.sum())}
+        """One generation node on the rank's rollout engine (:mod:`~rpeg.runtime.worker.rollouts`)."""
+        return self.rollouts.generate(node, self._temperature(node))
 
     @torch.no_grad()
     def _infer(self, node: NodeCall, batch: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -9,6 +9,7 @@ pipeline stages.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -106,12 +107,19 @@ class Mesh:
 class RankGroups:
     """One rank's process groups in one worker group (:func:`plan_groups`): the whole group and,
     per mesh dimension ``dp``, ``pp``, ``tp``, the subgroup of the ranks that differ from it in
-    that coordinate only; ``mesh`` is the group's world ranks as a ``(dp, pp, tp)`` tensor."""
+    that coordinate only; ``mesh`` is the group's world ranks as a ``(dp, pp, tp)`` tensor and
+    ``tag`` names the group's mesh dimensions apart from every other mesh of the process
+    (:func:`make_mesh`)."""
 
     rank: int
     whole: object
     dims: dict[str, object]
     mesh: torch.Tensor
+    tag: str = ""
+
+
+#: Worlds this process has made process groups in (:func:`plan_groups`), for :attr:`RankGroups.tag`.
+_WORLDS = itertools.count()
 
 
 def plan_groups(
@@ -143,6 +151,7 @@ def plan_groups(
         A group whose ranks are not ``dp·pp·tp`` distinct, increasing world ranks.
     """
     out: dict[int, RankGroups] = {}
+    world = next(_WORLDS)
     for gid, ranks, dp, pp, tp in layouts:
         if len(ranks) != dp * pp * tp or list(ranks) != sorted(set(ranks)):
             raise ValueError(
@@ -159,23 +168,35 @@ def plan_groups(
                 if world_rank in line:
                     dims[name] = sub
         if world_rank in ranks:
-            out[gid] = RankGroups(list(ranks).index(world_rank), whole, dims, mesh)
+            out[gid] = RankGroups(list(ranks).index(world_rank), whole, dims, mesh, f"g{gid}w{world}")
     return out
 
 
 def make_mesh(groups: RankGroups, dp: int, pp: int, tp: int, device_type: str) -> Mesh:
     """The ``(dp, pp, tp)`` device mesh of one rank of a worker group, over the process groups
-    :func:`plan_groups` made (``DeviceMesh.from_group``: no group is created here)."""
+    :func:`plan_groups` made (``DeviceMesh.from_group``: no group is created here).
+
+    The mesh dimensions are named ``dp.<tag>``, ``pp.<tag>``, ``tp.<tag>`` with the group's
+    :attr:`RankGroups.tag`: ``DeviceMesh`` compares equal by ranks, layout and dimension names
+    alone, and DTensor caches sharding decisions — output specs holding a mesh, whose groups are
+    found by name — under meshes so compared. Two groups on the same devices, or a group of an
+    earlier run in the same process (a :class:`~rpeg.runtime.driver.pool.WorkerPool`'s), would
+    otherwise share cache entries, and a collective would go to another group's process group
+    (seen in the suite: a pooled process's tensor-parallel generation hung in its first
+    all-reduce after a transition).
+    """
     from torch.distributed.device_mesh import DeviceMesh
 
+    names = tuple(f"{dim}.{groups.tag}" for dim in ("dp", "pp", "tp"))
     mesh = DeviceMesh.from_group(
         [groups.dims["dp"], groups.dims["pp"], groups.dims["tp"]],
         device_type,
         mesh=groups.mesh,
-        mesh_dim_names=("dp", "pp", "tp"),
+        mesh_dim_names=names,
     )
     rank = groups.rank
     d, p, t = rank // (pp * tp), (rank // tp) % pp, rank % tp
+    tp_mesh, dp_mesh = mesh[names[2]], mesh[names[0]]
     return Mesh(
         rank,
         dp,
@@ -184,10 +205,10 @@ def make_mesh(groups: RankGroups, dp: int, pp: int, tp: int, device_type: str) -
         d,
         p,
         t,
-        mesh["tp"],
-        mesh.get_group("dp"),
-        mesh.get_group("pp"),
-        mesh["dp"],
+        tp_mesh,
+        mesh.get_group(names[0]),
+        mesh.get_group(names[1]),
+        dp_mesh,
         groups.whole,
     )
 

@@ -1,29 +1,43 @@
-"""A worker's vLLM rollouts: generation replicas as vLLM engines (SPEC §11, docs/engines.md).
+"""Rollout engines: how a generating rank produces its replica's sequences (SPEC §11,
+docs/engines.md), behind one interface, :class:`Rollouts`.
 
-With ``rollout_engine="vllm"`` every DP replica of a group that holds a generation vertex
-generates on its own vLLM engine (:class:`~rpeg.runtime.engines.vllm_engine.RolloutEngine`),
-started by the replica's rank ``(d, 0, 0)`` with the replica's tensor parallelism
-(``tensor_parallel_size = Pt``; vLLM starts its own ``Pt`` processes; pipeline parallelism is
-refused before any worker starts, see :func:`~rpeg.runtime.engines.checks.check_rollout_layout`). The group's torch model
-stays where it was — it is what weight transfers, snapshots, checkpoints and transitions move —
-and the engine holds a copy of it:
+A worker of a group that holds a generation vertex drives one rollout engine, chosen by the run's
+``rollout_engine``; the OP node, the weight installs and the transitions talk to it through the
+same methods whatever the engine: :meth:`~Rollouts.start`, :meth:`~Rollouts.sync` (a new weight
+version), :meth:`~Rollouts.weights_replaced`, :meth:`~Rollouts.generate` (one generation node, a
+response-length phase at a time) and :meth:`~Rollouts.stop`.
 
-* **Weight sync.** When the group installs a new version (a weight COMM/RESHARD node) every rank
-  gathers the full tensors of the replica (``DTensor.full_tensor`` over the TP group) and rank
-  ``(d, 0, 0)`` pushes them into its engine (a safetensors file under ``/dev/shm``, reloaded by
-  every vLLM rank, :meth:`RolloutEngine.update_weights`). The push's time, bytes and the
-  checksums of what every vLLM rank loaded versus what the trainer sent are recorded on that node
-  (``engine`` in the trace record). A generation node whose version differs from the engine's
-  (a colocated group serving a stale version from a snapshot) syncs first and records it there.
-* **Phases.** The replica's sequences are submitted at phase 1 with per-request seeds
-  ``stable_seed(seed, "vllm", sample_id)`` and ``max_tokens`` = the sequence's response length
-  (``ignore_eos``: exactly that many tokens); the engine is stepped until every sequence that ends in the node's phase has
-  finished (vLLM's step API, :meth:`RolloutEngine.stream`), and the rest stay in flight for the
-  next phase node, paused (:meth:`RolloutEngine.pause`: vLLM V1's engine core would otherwise
-  decode them between the nodes, beside whatever the plan runs on the device then). Sequences
-  are released to inference as they finish, so the plan's gen–inf overlap happens on the engine.
+* :class:`TorchRollouts` (``"torch"``) generates on the group's own torch model: prefill, then
+  one token per position with a KV cache, microbatch by microbatch, pipeline stages passing hidden
+  states and the last stage sampling with Gumbel noise keyed by ``(seed, sample id, position)``.
+  The model is the engine, so there is nothing to start or sync.
+* :class:`VllmRollouts` (``"vllm"``): every DP replica generates on its own vLLM engine
+  (:class:`~rpeg.runtime.engines.vllm_engine.RolloutEngine`), started by the replica's rank
+  ``(d, 0, 0)`` with the replica's tensor parallelism (``tensor_parallel_size = Pt``; vLLM starts
+  its own ``Pt`` processes; pipeline parallelism is refused before any worker starts, see
+  :func:`~rpeg.runtime.engines.checks.check_rollout_layout`). The group's torch model stays where
+  it was — it is what weight transfers, snapshots, checkpoints and transitions move — and the
+  engine holds a copy of it:
 
-:class:`WorkerRollouts` is a part of :class:`~rpeg.runtime.worker.core.Worker`.
+  * **Weight sync.** When the group installs a new version (a weight COMM/RESHARD node) every rank
+    gathers the full tensors of the replica (``DTensor.full_tensor`` over the TP group) and rank
+    ``(d, 0, 0)`` pushes them into its engine (a safetensors file under ``/dev/shm``, reloaded by
+    every vLLM rank, :meth:`RolloutEngine.update_weights`). The push's time, bytes and the
+    checksums of what every vLLM rank loaded versus what the trainer sent are recorded on that
+    node (``engine`` in the trace record). A generation node whose version differs from the
+    engine's (a colocated group serving a stale version from a snapshot) syncs first and records
+    it there.
+  * **Phases.** The replica's sequences are submitted at phase 1 with per-request seeds
+    ``stable_seed(seed, "vllm", sample_id)`` and ``max_tokens`` = the sequence's response length
+    (``ignore_eos``: exactly that many tokens); the engine is stepped until every sequence that
+    ends in the node's phase has finished (vLLM's step API, :meth:`RolloutEngine.stream`), and
+    the rest stay in flight for the next phase node, paused (:meth:`RolloutEngine.pause`: vLLM
+    V1's engine core would otherwise decode them between the nodes, beside whatever the plan runs
+    on the device then). Sequences are released to inference as they finish, so the plan's
+    gen–inf overlap happens on the engine.
+
+Both emit the same containers (``ids``, ``tokens``, ``logp``, ``mask`` of the sequences that end
+in the node's phase) from the same prompts, so a plan's trace verifies whatever the engine.
 """
 
 from __future__ import annotations
@@ -33,18 +47,18 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from ..binding import GroupSpec, RunShape
 from ..protocol import NodeCall
 from .memory import release_freed_memory
-from .model import stable_seed
+from .model import KVCache, sample_token, stable_seed
 
-__all__ = ["WorkerRollouts"]
+__all__ = ["ROLLOUT_ENGINES", "Rollouts", "TorchRollouts", "VllmRollouts", "make_rollouts"]
 
 _SEED_MOD = 2**31 - 1  # vLLM request seeds are 32-bit
 #: ``engine_version`` after the torch weights were replaced by anything but an install (a
@@ -75,42 +89,144 @@ def _inherited_affinity(core: str | None) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-class WorkerRollouts:
-    """vLLM engine of this rank's replica (rank ``(d, 0, 0)`` holds it) and its weight sync.
+class Rollouts:
+    """The rollout engine of one rank of a worker group (the module docstring): the interface
+    every engine implements. This base class is the group that generates nothing — it starts,
+    syncs and stops nothing, and refuses a generation node.
 
-    Uses the :class:`~rpeg.runtime.worker.core.Worker`'s ``group``, ``mesh``, ``model``, ``shape``,
-    ``seed``, ``lengths``, ``gen_state`` and the ops' batch and phase helpers (``_rollout_batch``,
-    ``_phase_end``, ``_ends_in_phase``).
+    Parameters
+    ----------
+    worker
+        The :class:`~rpeg.runtime.worker.core.Worker` whose rollouts these are (its group,
+        mesh, model, run shape, seed, response lengths and the ops' batch and phase helpers).
     """
 
-    group: GroupSpec
-    mesh: Any
-    model: Any
-    shape: RunShape
-    seed: int
-    lengths: torch.Tensor
-    gen_state: dict[tuple[str, int], dict[str, Any]]
-    _rollout_batch: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-    _phase_end: Callable[[int], int]
-    _weights: Callable[[], dict[str, torch.Tensor]]
-    _ends_in_phase: Callable[[int, torch.Tensor], torch.Tensor]
-    rollout_engine: str
-    device: Any
-    engine: Any
-    engine_version: int | None
-    engine_dir: Path | None
+    #: The engine's name (``rollout_engine``).
+    name = "none"
 
-    def _start_rollouts(self) -> dict[str, Any]:
+    def __init__(self, worker: Any) -> None:
+        self.w = worker
+
+    def start(self) -> dict[str, Any]:
+        """Start the engine from the group's current weights; the engine's facts for the trace
+        (empty when nothing started on this rank)."""
+        return {}
+
+    @property
+    def takes_weights(self) -> bool:
+        """Whether an install must hand the engine the new full weights (:meth:`sync`)."""
+        return False
+
+    def sync(self, version: int, full: dict[str, torch.Tensor] | None = None) -> dict[str, Any] | None:
+        """Give the engine the model's current weights, version ``version`` (``full``: the
+        replica's full tensors when the caller has them). The push's facts on the rank that
+        pushed, ``None`` elsewhere or when the engine needs no push."""
+        return None
+
+    def weights_replaced(self) -> None:
+        """The torch weights changed outside an install (a transition's hand-over, a checkpoint, a
+        rollback): the engine's copy, if it keeps one, is stale."""
+
+    def generate(
+        self, node: NodeCall, temperature: float
+    ) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
+        """One generation node (a response-length phase of it): ``(containers of the sequences
+        that end in the node's phase — on the ranks that emit them —, meta)``."""
+        raise RuntimeError(
+            f"worker {self.w.group.worker(self.w.rank)}: group g{self.w.group.gid} generates nothing, "
+            f"asked for {node.vertex} step {node.step}"
+        )
+
+    def stop(self) -> None:
+        """Shut the engine down (idempotent)."""
+
+
+class TorchRollouts(Rollouts):
+    """Generation on the group's own torch model (the module docstring)."""
+
+    name = "torch"
+
+    @torch.no_grad()
+    def generate(
+        self, node: NodeCall, temperature: float
+    ) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
+        w = self.w
+        sh, step = w.shape, node.step
+        key = (node.vertex, step)
+        phase = node.phase
+        if phase <= 1:
+            ids, mine, prompts = w._rollout_batch(step)
+            tokens = torch.zeros(len(mine), sh.prompt_len + sh.response_len, dtype=torch.int64)
+            tokens[:, : sh.prompt_len] = prompts
+            mb = w.group.mb if node.mb is None else node.mb  # the vertex's microbatches (SPEC §14.2)
+            chunks = [c for c in torch.tensor_split(torch.arange(len(mine)), mb) if len(c)]
+            w.gen_state[key] = {
+                "ids": ids,
+                "mine": mine,
+                "tokens": tokens,
+                "logp": torch.zeros(len(mine), sh.response_len),
+                "chunks": chunks,
+                "caches": [KVCache() for _ in chunks],
+                "pos": 0,
+            }
+        st = w.gen_state[key]
+        hi = w._phase_end(phase)
+        lo = st["pos"]
+        Lp = sh.prompt_len
+        m = w.mesh
+        for t in range(lo, hi):
+            for c, cache in zip(st["chunks"], st["caches"]):
+                b = len(c)
+                x = st["tokens"][c, :Lp] if t == 0 else st["tokens"][c, Lp + t - 1 : Lp + t]
+                out = w._stage(x if m.first else None, b, Lp if t == 0 else 1, cache)
+                tok = torch.empty(b, dtype=torch.int64)
+                if m.last:
+                    logits = out[0] if isinstance(out, tuple) else out
+                    tok, lp = sample_token(logits[:, -1], w.seed, st["ids"][c], t, temperature)
+                    st["logp"][c, t] = lp
+                    if w.group.pp > 1:
+                        dist.send(tok, group=m.group, group_dst=m.first_rank())
+                elif m.first:
+                    dist.recv(tok, group=m.group, group_src=m.last_rank())
+                if m.first or m.last:
+                    st["tokens"][c, Lp + t] = tok
+        st["pos"] = hi
+        lengths = w.lengths[st["mine"]]
+        done = w._ends_in_phase(phase, lengths)
+        if phase == 0 or hi == sh.response_len:
+            del w.gen_state[key]
+        mask = (torch.arange(sh.response_len)[None, :] < lengths[done][:, None]).float()
+        tokens = st["tokens"][done].clone()
+        tokens[:, Lp:] *= mask.long()
+        out = {"ids": st["ids"][done], "tokens": tokens, "logp": st["logp"][done] * mask, "mask": mask}
+        return out, {"sequences": int(done.sum())}
+
+
+class VllmRollouts(Rollouts):
+    """A replica's vLLM engine (rank ``(d, 0, 0)`` holds it) and its weight sync (the module
+    docstring). ``engine_version`` is the version the engine holds (``None``: no engine in the
+    replica)."""
+
+    name = "vllm"
+
+    def __init__(self, worker: Any) -> None:
+        super().__init__(worker)
+        self.engine: Any = None
+        self.engine_version: int | None = None
+        self.engine_dir: Path | None = None
+
+    def start(self) -> dict[str, Any]:
         """Start the replica's vLLM engine from the group's current weights (every rank of the
         replica takes part in the gather). Returns the engine's facts (empty on other ranks)."""
+        w = self.w
         self.engine, self.engine_version, self.engine_dir = None, None, None
-        if self.rollout_engine != "vllm" or not self.group.generates:
+        if not w.group.generates:
             return {}
         from ..engines.hf_models import save_checkpoint
         from ..engines.vllm_engine import RolloutEngine
 
-        state = self._full_state()
-        if not self._hosts_engine():
+        state = self.full_state()
+        if not self.hosts_engine():
             del state
             release_freed_memory()
             self.engine_version = 0
@@ -118,66 +234,75 @@ class WorkerRollouts:
         shm = Path("/dev/shm")
         self.engine_dir = Path(
             tempfile.mkdtemp(
-                prefix=f"rpeg-vllm-g{self.group.gid}-d{self.mesh.d}-", dir=shm if shm.is_dir() else None
+                prefix=f"rpeg-vllm-g{w.group.gid}-d{w.mesh.d}-", dir=shm if shm.is_dir() else None
             )
         )
-        save_checkpoint(state, self.group.spec, self.engine_dir, max_positions=self._max_len())
+        save_checkpoint(state, w.group.spec, self.engine_dir, max_positions=self.max_len())
         del state
         release_freed_memory()
-        env = self._engine_cores()
+        env = self.engine_cores()
         with _inherited_affinity(env.get("VLLM_CPU_OMP_THREADS_BIND")):
             self.engine = RolloutEngine(
                 self.engine_dir,
-                tp=self.group.tp,
-                max_model_len=self._max_len(),
-                seed=self.seed,
+                tp=w.group.tp,
+                max_model_len=self.max_len(),
+                seed=w.seed,
                 env=env,
             )
         self.engine_version = 0
-        return {"engine": "vllm", "start_s": self.engine.start_seconds, "tp": self.group.tp}
+        return {"engine": "vllm", "start_s": self.engine.start_seconds, "tp": w.group.tp}
 
-    def _weights_replaced(self) -> None:
+    def weights_replaced(self) -> None:
         """The torch weights changed outside an install: the engine's copy is stale whatever the
         version numbers say (they restart in a new plan segment); the next generation syncs."""
-        if getattr(self, "engine_version", None) is not None:
+        if self.engine_version is not None:
             self.engine_version = _UNSYNCED
 
-    def _engine_cores(self) -> dict[str, str]:
+    def engine_cores(self) -> dict[str, str]:
         """On a CPU "device" (one core), a one-rank engine computes on that core:
         ``VLLM_CPU_OMP_THREADS_BIND`` = the device's core (device id modulo the cores this process
         may use). Without it vLLM-CPU binds every engine to all the host's cores, so engines and
         trainers of different devices oversubscribe them. The engine's scheduler process is
         started on that core too (:func:`_inherited_affinity`). Multi-rank engines keep
         :func:`~rpeg.runtime.engines.vllm_engine.omp_threads_bind`'s split; GPU runs bind nothing."""
-        if self.device is not None or self.group.tp * self.group.pp > 1:
+        w = self.w
+        if w.device is not None or w.group.tp * w.group.pp > 1:
             return {}
         cores = sorted(os.sched_getaffinity(0))
-        return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[self.group.devices[self.rank] % len(cores)])}
+        return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[w.group.devices[w.rank] % len(cores)])}
 
-    def _max_len(self) -> int:
-        return self.shape.prompt_len + self.shape.response_len
+    def max_len(self) -> int:
+        """The engine's longest sequence: prompt and response, ``Lp + Lr``."""
+        w = self.w
+        return w.shape.prompt_len + w.shape.response_len
 
-    def _hosts_engine(self) -> bool:
-        return self.mesh.p == 0 and self.mesh.t == 0
+    def hosts_engine(self) -> bool:
+        """Whether this rank, ``(d, 0, 0)`` of its replica, starts the replica's engine."""
+        w = self.w
+        return w.mesh.p == 0 and w.mesh.t == 0
 
     @torch.no_grad()
-    def _full_state(self) -> dict[str, torch.Tensor]:
+    def full_state(self) -> dict[str, torch.Tensor]:
         """The replica's full tensors (collective over the TP group for sharded parameters), as
         copies: serialising a tensor through numpy marks its storage non-resizable, and FSDP2
         frees its unsharded parameters by resizing their storage (a replicated DTensor's
         ``full_tensor`` may return its local tensor)."""
+        w = self.w
         out = {}
-        for name, p in self._weights().items():
+        for name, p in w._weights().items():
             out[name] = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
         return out
 
-    def _sync_rollouts(
-        self, version: int, full: dict[str, torch.Tensor] | None = None
-    ) -> dict[str, Any] | None:
+    @property
+    def takes_weights(self) -> bool:
+        """Whether the replica has an engine (every rank of it takes part in a push)."""
+        return self.engine_version is not None
+
+    def sync(self, version: int, full: dict[str, torch.Tensor] | None = None) -> dict[str, Any] | None:
         """Push the model's current weights (version ``version``) into the replica's engine.
 
         ``full`` are the replica's full tensors when the caller has them (an install received
-        them); otherwise every rank gathers them (:meth:`_full_state`, collective over the TP
+        them); otherwise every rank gathers them (:meth:`full_state`, collective over the TP
         group). Returns, on the engine's rank, ``{"weight_sync_s", "gathered", "gather_s",
         "checksum_s", "engine_s", "write_s", "bytes", "checksum", "rank_checksums",
         "checksums_match"}``:
@@ -190,7 +315,7 @@ class WorkerRollouts:
         from ..engines.vllm_engine import state_checksum
 
         t0 = time.perf_counter()
-        state = self._full_state() if full is None else full
+        state = self.full_state() if full is None else full
         gathered = time.perf_counter()
         self.engine_version = version
         if self.engine is None:
@@ -218,35 +343,36 @@ class WorkerRollouts:
             "checksums_match": all(c == sent for c in res["rank_checksums"]),
         }
 
-    def _generate_vllm(self, node: NodeCall, temperature: float) -> tuple[dict | None, dict[str, Any]]:
+    def generate(self, node: NodeCall, temperature: float) -> tuple[dict | None, dict[str, Any]]:
         """One generation node on the replica's engine (phases as in the module docstring)."""
-        sh, step = self.shape, node.step
+        w = self.w
+        sh, step = w.shape, node.step
         key = (node.vertex, step)
         phase = node.phase
         meta: dict[str, Any] = {}
         if self.engine_version != node.version:
-            sync = self._sync_rollouts(node.version)
+            sync = self.sync(node.version)
             if sync is not None:
                 meta["engine"] = sync
         if phase <= 1:
-            ids, mine, prompts = self._rollout_batch(step)
-            lengths = self.lengths[mine]
+            ids, mine, prompts = w._rollout_batch(step)
+            lengths = w.lengths[mine]
             st: dict[str, Any] = {"ids": ids, "prompts": prompts, "lengths": lengths, "got": {}}
             if self.engine is not None:
                 st["stream"] = self.engine.stream(
                     prompts.tolist(),
                     max_tokens=lengths.tolist(),
-                    seeds=[stable_seed(self.seed, "vllm", int(i)) % _SEED_MOD for i in ids],
+                    seeds=[stable_seed(w.seed, "vllm", int(i)) % _SEED_MOD for i in ids],
                     temperature=temperature,
                 )
                 st["t0"] = time.perf_counter()
-            self.gen_state[key] = st
-        st = self.gen_state[key]
-        last = phase == 0 or self._phase_end(phase) == sh.response_len
+            w.gen_state[key] = st
+        st = w.gen_state[key]
+        last = phase == 0 or w._phase_end(phase) == sh.response_len
         lengths = st["lengths"]
-        done = self._ends_in_phase(phase, lengths)
+        done = w._ends_in_phase(phase, lengths)
         if last:
-            del self.gen_state[key]
+            del w.gen_state[key]
         if self.engine is None:
             return None, {**meta, "sequences": int(done.sum())}
         want = set(torch.nonzero(done).flatten().tolist())
@@ -277,11 +403,29 @@ class WorkerRollouts:
         out = {"ids": st["ids"][rows], "tokens": tokens, "logp": logp * mask, "mask": mask}
         return out, {**meta, "sequences": len(rows)}
 
-    def _stop_rollouts(self) -> None:
+    def stop(self) -> None:
         """Shut the engine down and remove its checkpoint directory."""
-        if getattr(self, "engine", None) is not None:
+        if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
-        if getattr(self, "engine_dir", None) is not None:
+        if self.engine_dir is not None:
             shutil.rmtree(self.engine_dir, ignore_errors=True)
             self.engine_dir = None
+
+
+#: The rollout engines by ``rollout_engine`` name.
+ROLLOUT_ENGINES: dict[str, type[Rollouts]] = {"torch": TorchRollouts, "vllm": VllmRollouts}
+
+
+def make_rollouts(worker: Any, engine: str) -> Rollouts:
+    """The rollout engine of ``worker``: ``engine``'s (:data:`ROLLOUT_ENGINES`) for a group that
+    generates, the :class:`Rollouts` that generates nothing otherwise.
+
+    Raises
+    ------
+    ValueError
+        For an engine not in :data:`ROLLOUT_ENGINES`.
+    """
+    if engine not in ROLLOUT_ENGINES:
+        raise ValueError(f"rollout_engine must be one of {', '.join(ROLLOUT_ENGINES)}, got {engine!r}")
+    return ROLLOUT_ENGINES[engine](worker) if worker.group.generates else Rollouts(worker)

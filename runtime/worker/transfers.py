@@ -32,6 +32,7 @@ from ..protocol import NodeCall
 from .memory import release_freed_memory
 from .model import StageModel
 from .parallel import FSDPAdam, assemble, local, publication, shard_of, shareable
+from .rollouts import Rollouts
 
 __all__ = ["WorkerTransfers"]
 
@@ -51,8 +52,7 @@ class WorkerTransfers:
     version: int
     snapshots: dict[int, dict[str, torch.Tensor]]
     inbox: dict[tuple, list[dict[str, torch.Tensor]]]
-    _sync_rollouts: Callable[[int], dict[str, Any] | None]
-    _weights_replaced: Callable[[], None]
+    rollouts: Rollouts
     _weights: Callable[[], dict[str, torch.Tensor]]
     _write_weights: Callable[..., None]
     full_weights: Callable[[], contextlib.AbstractContextManager[None]]
@@ -138,7 +138,7 @@ class WorkerTransfers:
         with self.full_weights():  # ZeRO-3: the names and TP layout of the full weights
             shards, nbytes, full = self._shards_of(pubs, version)
             self._write_weights(shards)
-        push = full if self.engine_version is not None else None  # only an engine needs them
+        push = full if self.rollouts.takes_weights else None  # only an engine needs them
         del shards, full
         release_freed_memory()
         self.version = version
@@ -148,7 +148,7 @@ class WorkerTransfers:
         # a generating group's vLLM engine takes the new weights: the full tensors just received
         # (views of the object store, or a TP trainer's concatenated shards), which are exactly
         # what the parameters now hold — no gather over the replica's TP ranks
-        sync = self._sync_rollouts(version, push) if push is not None else None
+        sync = self.rollouts.sync(version, push) if push is not None else None
         del push
         if sync is not None:
             out["engine"] = sync
@@ -360,7 +360,7 @@ class WorkerTransfers:
                     f"the layout needs {tuple(local(p).shape)}"
                 )
         self._write_weights(main.params)
-        self._weights_replaced()
+        self.rollouts.weights_replaced()
         if self.optimizer is not None:
             if main.m is None or main.v is None:
                 raise RuntimeError(f"worker {self.group.worker(self.rank)}: no optimizer state arrived")

@@ -74,3 +74,24 @@ def test_a_group_with_two_ranks_on_one_device_or_out_of_order_is_refused():
         plan_groups([(5, [0, 0], 1, 1, 2)], 0)
     with pytest.raises(ValueError, match="in increasing order"):  # group rank r must be member r
         plan_groups([(5, [1, 0], 1, 1, 2)], 0)
+
+
+def test_meshes_of_groups_on_the_same_devices_or_of_earlier_worlds_never_compare_equal(tmp_path):
+    """DTensor caches sharding decisions under meshes compared by ranks, layout and dimension
+    names; a mesh equal to another group's (same devices) or to an earlier run's in a pooled
+    process would hand its ops that mesh's process groups. Every group's mesh is told apart."""
+    from rpeg.runtime.worker.parallel import make_mesh, plan_groups
+
+    def world(n: int) -> list:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / f'w{n}'}", rank=0, world_size=1)
+        try:
+            groups = plan_groups([(0, [0], 1, 1, 1), (1, [0], 1, 1, 1)], 0)
+            return [make_mesh(groups[g], 1, 1, 1, "cpu") for g in (0, 1)]
+        finally:
+            dist.destroy_process_group()
+
+    first, second = world(0), world(1)
+    meshes = [m for pair in (first, second) for m in pair]
+    for i, a in enumerate(meshes):
+        for b in meshes[i + 1 :]:
+            assert a.tp_mesh != b.tp_mesh and a.dp_mesh != b.dp_mesh

@@ -116,17 +116,13 @@ def test_replaced_weights_make_the_engine_sync_at_its_next_generation():
     next plan segment renumbers versions from 0: the engine's copy must not be taken for them.
     (Measured before the fix: after a gen-TP 1 → 2 transition the new engine generated from its
     seeded start-up weights, and the reward fell back to the initial policy's.)"""
-    from rpeg.runtime.worker.rollouts import WorkerRollouts
+    from rpeg.runtime.worker.rollouts import VllmRollouts
 
-    class Replica(WorkerRollouts):
-        def __init__(self):
-            self.engine_version, self.engine = 0, None
-
-    r = Replica()
-    r._weights_replaced()
+    r = VllmRollouts(worker=None)
+    r.engine_version = 0
+    r.weights_replaced()
     assert r.engine_version != 0
-    assert r.engine_version is not None  # an engine is still there to sync
-    none = Replica()
-    none.engine_version = None  # a group without an engine stays without one
-    none._weights_replaced()
-    assert none.engine_version is None
+    assert r.engine_version is not None and r.takes_weights  # an engine is still there to sync
+    none = VllmRollouts(worker=None)  # a replica without an engine stays without one
+    none.weights_replaced()
+    assert none.engine_version is None and not none.takes_weights
