@@ -5,7 +5,8 @@ A worker of a group that holds a generation vertex drives one rollout engine, ch
 ``rollout_engine``; the OP node, the weight installs and the transitions talk to it through the
 same methods whatever the engine: :meth:`~Rollouts.start`, :meth:`~Rollouts.sync` (a new weight
 version), :meth:`~Rollouts.weights_replaced`, :meth:`~Rollouts.generate` (one generation node, a
-response-length phase at a time) and :meth:`~Rollouts.stop`.
+response-length phase at a time) and :meth:`~Rollouts.stop`; :meth:`~Rollouts.full_state`
+gathers the replica's full tensors for any of them.
 
 * :class:`TorchRollouts` (``"torch"``) generates on the group's own torch model: prefill, then
   one token per position with a KV cache, microbatch by microbatch, pipeline stages passing hidden
@@ -136,6 +137,18 @@ class Rollouts:
             f"worker {self.w.group.worker(self.w.rank)}: group g{self.w.group.gid} generates nothing, "
             f"asked for {node.vertex} step {node.step}"
         )
+
+    @torch.no_grad()
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The replica's full tensors (collective over the TP group for sharded parameters), as
+        copies: serialising a tensor through numpy marks its storage non-resizable, and FSDP2
+        frees its unsharded parameters by resizing their storage (a replicated DTensor's
+        ``full_tensor`` may return its local tensor)."""
+        w = self.w
+        out = {}
+        for name, p in w._weights().items():
+            out[name] = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        return out
 
     def stop(self) -> None:
         """Shut the engine down (idempotent)."""
@@ -280,18 +293,6 @@ class VllmRollouts(Rollouts):
         """Whether this rank, ``(d, 0, 0)`` of its replica, starts the replica's engine."""
         w = self.w
         return w.mesh.p == 0 and w.mesh.t == 0
-
-    @torch.no_grad()
-    def full_state(self) -> dict[str, torch.Tensor]:
-        """The replica's full tensors (collective over the TP group for sharded parameters), as
-        copies: serialising a tensor through numpy marks its storage non-resizable, and FSDP2
-        frees its unsharded parameters by resizing their storage (a replicated DTensor's
-        ``full_tensor`` may return its local tensor)."""
-        w = self.w
-        out = {}
-        for name, p in w._weights().items():
-            out[name] = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-        return out
 
     @property
     def takes_weights(self) -> bool:
