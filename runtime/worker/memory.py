@@ -204,6 +204,7 @@ class PrivatePeak:
         self._peak = private_bytes()
         self._live = heap_live_bytes()
         self.samples = 0  # how many samples the thread, resume() and pause() have taken
+        self.unsettled: WorkerMemory | None = None  # the last counted call, ended, not settled
         self._stop = threading.Event()
         self._active = threading.Event()
         if active:
@@ -283,12 +284,18 @@ class WorkerMemory:
 
     The worker *holds* ``H`` bytes between its calls: what its construction left (the private
     resident set after it less the footprint before its model, ``rss_base``) plus, for each of its
-    calls since, the private set after the call less the one before it. While a call runs, the
-    worker's figure is ``H + (peak of the call − private set before the call)``, and :meth:`peak`
-    the largest such figure so far: what a process of its own would report as its peak less its
-    footprint before the model, as long as the other workers' memory does not change during the
-    call — true of OP nodes and transfers, which one process serves one at a time. The same
-    arithmetic over glibc's live heap gives :meth:`live_peak`.
+    calls since, the private set once the call is over less the one before it. While a call runs,
+    the worker's figure is ``H + (peak of the call − private set before the call)``, and
+    :meth:`peak` the largest such figure so far: what a process of its own would report as its
+    peak less its footprint before the model, as long as the other workers' memory does not
+    change during the call — true of OP nodes and transfers, which one process serves one at a
+    time. The same arithmetic over glibc's live heap gives :meth:`live_peak`.
+
+    *Once the call is over* is when the process's next counted call begins (any worker's): a
+    call's return value — a weight publication, a node's containers — is alive when the method
+    returns and freed only after Ray has put it in the object store; measured at the return, it
+    would stay in ``H`` for good (seen: a trainer's figure grew by its publication's size every
+    step). :meth:`end` leaves the call open in the sampler and the next :meth:`begin` settles it.
 
     A transition's calls run concurrently (several workers of a process exchange cells at once)
     and are not counted (:meth:`counting` is not entered): the cells they build are handed to the
@@ -297,7 +304,7 @@ class WorkerMemory:
     Parameters
     ----------
     sampler
-        The process's :class:`PrivatePeak` (paused between calls).
+        The process's :class:`PrivatePeak` (paused between calls), shared by its workers.
     """
 
     def __init__(self, sampler: PrivatePeak) -> None:
@@ -306,25 +313,39 @@ class WorkerMemory:
         self.held_live = 0
         self._peak = 0
         self._live = 0
-        self._before: tuple[int, int] | None = None
+        self._before: tuple[int, int] | None = None  # the call in progress
+        self._closing: tuple[int, int] | None = None  # the call ended, not settled
 
     def begin(self) -> None:
-        """Start counting a call (or the worker's construction): restart the sampler's peaks."""
+        """Start counting a call (or the worker's construction): settle the process's last
+        ended call (:meth:`settle`), restart the sampler's peaks."""
+        last = getattr(self.sampler, "unsettled", None)
+        if last is not None:
+            last.settle()
         self._before = self.sampler.restart()
         self.sampler.resume()
 
     def end(self) -> None:
-        """End the call: fold its peak into :meth:`peak`, add what it left to ``H``, pause the
-        sampler."""
+        """End the call: fold its peak into :meth:`peak`, pause the sampler; what the call left
+        is added to ``H`` when the process's next counted call begins (:meth:`settle`)."""
         if self._before is None:
             return
         self.peak()
         self.live_peak()
-        before, before_live = self._before
-        self.held += private_bytes() - before
-        self.held_live += heap_live_bytes() - before_live
-        self._before = None
+        self._closing, self._before = self._before, None
+        self.sampler.unsettled = self
         self.sampler.pause()
+
+    def settle(self) -> None:
+        """Add what the ended call left to ``H``: the private set (and live heap) now less before
+        the call. Idempotent."""
+        if self._closing is not None:
+            before, before_live = self._closing
+            self.held += private_bytes() - before
+            self.held_live += heap_live_bytes() - before_live
+            self._closing = None
+        if getattr(self.sampler, "unsettled", None) is self:
+            self.sampler.unsettled = None
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[None]:

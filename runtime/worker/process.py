@@ -172,6 +172,7 @@ class WorkerProcess:
             self.workers[spec.gid] = Worker(
                 spec, r, groups[spec.gid], *args, sampler=self.sampler, rollout_engine=rollout_engine
             )
+            self.workers[spec.gid].memory.settle()  # before the next worker's imports
             times = {
                 "imports": t0 - t_in,
                 "world": t1 - t0,
