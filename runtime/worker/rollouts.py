@@ -59,7 +59,15 @@ from ..protocol import NodeCall
 from .memory import release_freed_memory
 from .model import KVCache, sample_token, stable_seed
 
-__all__ = ["ROLLOUT_ENGINES", "Rollouts", "TorchRollouts", "VllmRollouts", "make_rollouts"]
+__all__ = [
+    "ENGINE_DIR_PREFIX",
+    "ROLLOUT_ENGINES",
+    "Rollouts",
+    "TorchRollouts",
+    "VllmRollouts",
+    "make_rollouts",
+    "remove_orphaned_engine_dirs",
+]
 
 _SEED_MOD = 2**31 - 1  # vLLM request seeds are 32-bit
 #: ``engine_version`` after the torch weights were replaced by anything but an install (a
@@ -88,6 +96,39 @@ def _inherited_affinity(core: str | None) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
+
+
+#: Name prefix of a vLLM replica's weight directory, followed by the owning process's pid.
+ENGINE_DIR_PREFIX = "rpeg-vllm-"
+
+
+def remove_orphaned_engine_dirs(root: Path) -> list[Path]:
+    """Remove the vLLM weight directories under ``root`` whose process is gone; return them.
+
+    A replica's directory (a model-sized safetensors file in ``/dev/shm``, RAM) is removed by
+    :meth:`VllmRollouts.stop`, but a process that is killed — a failed run's, or any run's outside
+    a :class:`~rpeg.runtime.driver.pool.WorkerPool`, whose processes the driver kills at the end
+    — never gets there: 192 such directories, 13 GB of RAM, had piled up on the development
+    machine until Ray's memory monitor killed a run's workers. Every engine start sweeps them.
+    Directories of live processes, and names without a pid, are left alone."""
+    removed = []
+    for path in root.glob(f"{ENGINE_DIR_PREFIX}*"):
+        pid = path.name[len(ENGINE_DIR_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 class Rollouts:
@@ -245,10 +286,10 @@ class VllmRollouts(Rollouts):
             self.engine_version = 0
             return {}
         shm = Path("/dev/shm")
+        root = shm if shm.is_dir() else Path(tempfile.gettempdir())
+        remove_orphaned_engine_dirs(root)
         self.engine_dir = Path(
-            tempfile.mkdtemp(
-                prefix=f"rpeg-vllm-g{w.group.gid}-d{w.mesh.d}-", dir=shm if shm.is_dir() else None
-            )
+            tempfile.mkdtemp(prefix=f"{ENGINE_DIR_PREFIX}{os.getpid()}-g{w.group.gid}-d{w.mesh.d}-", dir=root)
         )
         save_checkpoint(state, w.group.spec, self.engine_dir, max_positions=self.max_len())
         del state

@@ -126,3 +126,25 @@ def test_replaced_weights_make_the_engine_sync_at_its_next_generation():
     none = VllmRollouts(worker=None)  # a replica without an engine stays without one
     none.weights_replaced()
     assert none.engine_version is None and not none.takes_weights
+
+
+def test_an_engine_start_removes_weight_directories_of_dead_processes(tmp_path):
+    """A killed process never removes its replica's weight directory (RAM under /dev/shm): every
+    engine start sweeps those of processes that are gone, and only those."""
+    import os
+    import subprocess
+    import sys
+
+    from rpeg.runtime.worker.rollouts import ENGINE_DIR_PREFIX, remove_orphaned_engine_dirs
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead = tmp_path / f"{ENGINE_DIR_PREFIX}{int(gone.stdout)}-g0-d0-abc"
+    mine = tmp_path / f"{ENGINE_DIR_PREFIX}{os.getpid()}-g0-d0-def"
+    other = tmp_path / f"{ENGINE_DIR_PREFIX}g0-d0-old"  # no pid in the name: not ours to judge
+    for d in (dead, mine, other):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"x")
+    assert remove_orphaned_engine_dirs(tmp_path) == [dead]
+    assert not dead.exists() and mine.exists() and other.exists()
