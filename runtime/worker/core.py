@@ -199,7 +199,6 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
         self.gen_state: dict[tuple[str, int], dict[str, Any]] = {}
         self.schedule = None
         self.lengths = torch.tensor(shape.response_lengths())
-        self.rollout_engine = rollout_engine
         self.rollouts = make_rollouts(self, rollout_engine)
         self.engine_info = self.rollouts.start()
         self.memory.end()  # WorkerProcess.call and .op count each call again

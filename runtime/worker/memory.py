@@ -179,8 +179,9 @@ class PrivatePeak:
 
     Sampling costs CPU: about 5.5% of a core at 5 ms on this machine, which a run with a dozen
     worker processes on two cores cannot spare while most of them wait. So the thread samples
-    only inside :meth:`sampling` (or between :meth:`resume` and :meth:`pause`): a worker samples
-    while it serves a call, the only time its memory changes, and sleeps between calls.
+    only between :meth:`resume` and :meth:`pause`: a process samples while one of its workers
+    serves a call (:class:`WorkerMemory`), the only time its memory changes, and sleeps between
+    calls.
 
     Parameters
     ----------
@@ -241,17 +242,6 @@ class PrivatePeak:
         """Stop sampling until :meth:`resume`, after one last sample (the peaks are kept)."""
         self._active.clear()
         self._sample()
-
-    @contextlib.contextmanager
-    def sampling(self) -> Iterator[None]:
-        """Sample for the ``with`` block, then return to the state before it."""
-        was = self._active.is_set()
-        self.resume()
-        try:
-            yield
-        finally:
-            if not was:
-                self.pause()
 
     def restart(self) -> tuple[int, int]:
         """Forget the peaks: start them again from the private resident set and live heap now,
@@ -319,9 +309,8 @@ class WorkerMemory:
     def begin(self) -> None:
         """Start counting a call (or the worker's construction): settle the process's last
         ended call (:meth:`settle`), restart the sampler's peaks."""
-        last = getattr(self.sampler, "unsettled", None)
-        if last is not None:
-            last.settle()
+        if self.sampler.unsettled is not None:
+            self.sampler.unsettled.settle()
         self._before = self.sampler.restart()
         self.sampler.resume()
 
@@ -344,7 +333,7 @@ class WorkerMemory:
             self.held += private_bytes() - before
             self.held_live += heap_live_bytes() - before_live
             self._closing = None
-        if getattr(self.sampler, "unsettled", None) is self:
+        if self.sampler.unsettled is self:
             self.sampler.unsettled = None
 
     @contextlib.contextmanager

@@ -150,7 +150,6 @@ class WorkerOps:
     version: int
     mid_update: bool
     metadata_probe: bool
-    rollout_engine: str
     rollouts: Rollouts
     _write_weights: Callable[..., None]
     full_weights: Callable[[], contextlib.AbstractContextManager[None]]

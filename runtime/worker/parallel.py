@@ -115,7 +115,7 @@ class RankGroups:
     whole: object
     dims: dict[str, object]
     mesh: torch.Tensor
-    tag: str = ""
+    tag: str
 
 
 #: Worlds this process has made process groups in (:func:`plan_groups`), for :attr:`RankGroups.tag`.
@@ -178,12 +178,13 @@ def make_mesh(groups: RankGroups, dp: int, pp: int, tp: int, device_type: str) -
 
     The mesh dimensions are named ``dp.<tag>``, ``pp.<tag>``, ``tp.<tag>`` with the group's
     :attr:`RankGroups.tag`: ``DeviceMesh`` compares equal by ranks, layout and dimension names
-    alone, and DTensor caches sharding decisions — output specs holding a mesh, whose groups are
-    found by name — under meshes so compared. Two groups on the same devices, or a group of an
-    earlier run in the same process (a :class:`~rpeg.runtime.driver.pool.WorkerPool`'s), would
-    otherwise share cache entries, and a collective would go to another group's process group
-    (seen in the suite: a pooled process's tensor-parallel generation hung in its first
-    all-reduce after a transition).
+    alone, and DTensor caches sharding decisions (its sharding propagator's ``lru_cache``) under
+    specs that hold such meshes, whose process groups are found by name. Without the tag, two
+    groups on the same devices, or a group of an earlier run in the same process (a
+    :class:`~rpeg.runtime.driver.pool.WorkerPool`'s), have equal meshes, and a cached decision
+    can hand one group's ops the other's groups. Seen in the suite before the tag, twice: a
+    pooled process's tensor-parallel generation hung in its first all-reduce after a transition;
+    with it, two full runs of the runtime tests did not hang.
     """
     from torch.distributed.device_mesh import DeviceMesh
 

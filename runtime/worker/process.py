@@ -4,8 +4,9 @@ device (SPEC §11).
 A plan places several roles on one device — colocated generation and training, the frozen
 reference and reward models beside them — and each role's rank of its group is a
 :class:`~rpeg.runtime.worker.core.Worker`. They share the device's one process, as verl's fused
-workers, NeMo-RL and OpenRLHF's hybrid engine do on GPUs (one CUDA context, one allocator, weights
-handed over in place): the process joins the run's ``torch.distributed`` world (one rank per
+workers, NeMo-RL and OpenRLHF's hybrid engine do on GPUs (one CUDA context, one allocator; those
+frameworks also hand weights over in place, which this runtime does not yet: its weight versions
+still move through Ray's object store): the process joins the run's ``torch.distributed`` world (one rank per
 device process), creates the process groups of every worker group as subgroups of it
 (:func:`~rpeg.runtime.worker.parallel.plan_groups`), and builds its workers in group order.
 

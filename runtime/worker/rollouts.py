@@ -60,8 +60,8 @@ from .memory import release_freed_memory
 from .model import KVCache, sample_token, stable_seed
 
 __all__ = [
+    "ENGINE_CLASSES",
     "ENGINE_DIR_PREFIX",
-    "ROLLOUT_ENGINES",
     "Rollouts",
     "TorchRollouts",
     "VllmRollouts",
@@ -455,19 +455,13 @@ class VllmRollouts(Rollouts):
             self.engine_dir = None
 
 
-#: The rollout engines by ``rollout_engine`` name.
-ROLLOUT_ENGINES: dict[str, type[Rollouts]] = {"torch": TorchRollouts, "vllm": VllmRollouts}
+#: The rollout engine of each ``rollout_engine`` name
+#: (:data:`~rpeg.runtime.engines.checks.ROLLOUT_ENGINES`, which ``RunConfig`` checks a run's
+#: choice against before any worker starts).
+ENGINE_CLASSES: dict[str, type[Rollouts]] = {"torch": TorchRollouts, "vllm": VllmRollouts}
 
 
 def make_rollouts(worker: Any, engine: str) -> Rollouts:
-    """The rollout engine of ``worker``: ``engine``'s (:data:`ROLLOUT_ENGINES`) for a group that
-    generates, the :class:`Rollouts` that generates nothing otherwise.
-
-    Raises
-    ------
-    ValueError
-        For an engine not in :data:`ROLLOUT_ENGINES`.
-    """
-    if engine not in ROLLOUT_ENGINES:
-        raise ValueError(f"rollout_engine must be one of {', '.join(ROLLOUT_ENGINES)}, got {engine!r}")
-    return ROLLOUT_ENGINES[engine](worker) if worker.group.generates else Rollouts(worker)
+    """The rollout engine of ``worker``: ``engine``'s (:data:`ENGINE_CLASSES`) for a group that
+    generates, the :class:`Rollouts` that generates nothing otherwise."""
+    return ENGINE_CLASSES[engine](worker) if worker.group.generates else Rollouts(worker)

@@ -313,7 +313,8 @@ n = sampler.samples
 time.sleep(0.2)
 assert sampler.samples == n, ("sampled while paused", n, sampler.samples)
 before = sampler.peak()
-with sampler.sampling():
+sampler.resume()
+try:
     assert sampler.active
     buf = np.ones(64 * 2**20, dtype=np.uint8)
     deadline = time.monotonic() + 30
@@ -321,6 +322,8 @@ with sampler.sampling():
         time.sleep(0.01)
     assert sampler.samples >= n + 20, ("the thread took no samples", n, sampler.samples)
     del buf
+finally:
+    sampler.pause()
 assert not sampler.active
 time.sleep(0.05)  # a sample the thread had begun as the pause came
 seen, n = sampler._peak, sampler.samples
@@ -335,7 +338,7 @@ print("ok")
 
 def test_a_paused_sampler_takes_no_samples_until_it_samples_again():
     """Paused, the thread sleeps (a worker between calls: a dozen samplers at 5 ms took most of
-    a core from the trainers on two cores); inside ``sampling()`` it samples, and a pause keeps
+    a core from the trainers on two cores); resumed it samples, and a pause keeps
     the peak it saw. In its own process: in the test process other threads free memory while
     the probe's 64 MiB buffer lives (a full run once saw the private set fall by 33 MiB)."""
     import subprocess

@@ -148,3 +148,11 @@ def test_an_engine_start_removes_weight_directories_of_dead_processes(tmp_path):
         (d / "model.safetensors").write_bytes(b"x")
     assert remove_orphaned_engine_dirs(tmp_path) == [dead]
     assert not dead.exists() and mine.exists() and other.exists()
+
+
+def test_every_rollout_engine_a_run_accepts_has_a_class():
+    from rpeg.runtime.engines.checks import ROLLOUT_ENGINES
+    from rpeg.runtime.worker.rollouts import ENGINE_CLASSES
+
+    assert set(ENGINE_CLASSES) == set(ROLLOUT_ENGINES)
+    assert all(cls.name == name for name, cls in ENGINE_CLASSES.items())
