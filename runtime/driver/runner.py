@@ -68,6 +68,7 @@ class _Settings:
     keep_versions: int = 0
     stall_s: float = DEFAULT_STALL_S
     rollout_engine: str = "torch"
+    weight_handover: str = "auto"
 
 
 def run(
@@ -138,6 +139,7 @@ def run(
         recover=opts.on_worker_lost == "replan",
         stall_s=float(opts.stall_timeout_s),
         rollout_engine=opts.rollout_engine,
+        weight_handover=opts.weight_handover,
     )
     plan = _prepare(
         result,

@@ -185,6 +185,12 @@ class TraceRecord:
         Training nodes: model name → the new version; empty otherwise.
     bytes
         Bytes moved (COMM/RESHARD); 0 for OP.
+    in_place_bytes
+        A weight COMM/RESHARD between groups on the same devices, handed over in place (the
+        trainer keeps its shares in its device's process, :class:`~rpeg.runtime.config.RunConfig`
+        ``weights_in_place``): the most bytes one reading rank took from its own process without
+        a copy (the rest of ``bytes`` came over the trainer's process group). 0 for a transfer
+        through the object store, for OP nodes, and in traces written before rpeg recorded it.
     worker_time
         Seconds the workers spent on it (maximum over ranks).
     engine
@@ -225,6 +231,7 @@ class TraceRecord:
     versions_consumed: dict[str, int] = field(default_factory=dict)
     version_produced: dict[str, int] = field(default_factory=dict)
     bytes: int = 0
+    in_place_bytes: int = 0
     worker_time: float = 0.0
     engine: dict[str, Any] = field(default_factory=dict)
     memory: dict[str, float] = field(default_factory=dict)
@@ -248,6 +255,7 @@ class TraceRecord:
             "versions_consumed": dict(self.versions_consumed),
             "version_produced": dict(self.version_produced),
             "bytes": self.bytes,
+            "in_place_bytes": self.in_place_bytes,
             "worker_time": self.worker_time,
             "publish_s": self.publish_s,
             "engine": dict(self.engine),
@@ -284,6 +292,7 @@ class TraceRecord:
             versions_consumed=dict(d.versions_consumed),
             version_produced=dict(d.version_produced),
             bytes=d.bytes,
+            in_place_bytes=d.in_place_bytes,
             worker_time=float(d.worker_time),
             publish_s=float(d.publish_s),
             engine=dict(d.engine),

@@ -82,6 +82,7 @@ class RecordDoc(Strict):
     versions_consumed: dict[str, int]
     version_produced: dict[str, int]
     bytes: NonNegInt
+    in_place_bytes: NonNegInt = 0
     worker_time: Seconds
     publish_s: Seconds = 0.0
     engine: dict[str, Any] = Field(default_factory=dict)

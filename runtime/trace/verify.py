@@ -358,7 +358,8 @@ def _check_exclusive(records: list[TraceRecord], problems: list[str]) -> None:
 
 
 def _check_sanity(trace: Trace, matched: dict[int, TraceRecord], plan: _Plan, problems: list[str]) -> None:
-    """Check 7: finite times, ``0 ≤ start ≤ end``, ``bytes ≥ 0``, ``worker_time ≥ 0``, bytes as lowered.
+    """Check 7: finite times, ``0 ≤ start ≤ end``, ``bytes ≥ 0``, ``0 ≤ in_place_bytes ≤ bytes``,
+    ``worker_time ≥ 0``, bytes as lowered.
 
     An OP moves no bytes. A COMM/RESHARD moves ``round(nbytes)`` of its lowered node, unless
     ``trace.meta["scaled"]`` is true (scaled-down models): then any positive count is accepted.
@@ -378,6 +379,8 @@ def _check_sanity(trace: Trace, matched: dict[int, TraceRecord], plan: _Plan, pr
             problems.append(f"{_at(r)}: end {r.end!r} before start {r.start!r} (negative duration)")
         if r.bytes < 0:
             problems.append(f"{_at(r)}: bytes {r.bytes} is negative")
+        if not 0 <= r.in_place_bytes <= max(r.bytes, 0):
+            problems.append(f"{_at(r)}: in_place_bytes {r.in_place_bytes} is not within 0..bytes ({r.bytes})")
         if r.worker_time < 0:
             problems.append(f"{_at(r)}: worker_time {r.worker_time!r} is negative")
     for i in sorted(matched):

@@ -21,7 +21,7 @@ import torch
 
 from ..binding import GroupSpec
 from .model import StageModel
-from .parallel import FSDPAdam, FSDPShards, local
+from .parallel import FSDPAdam, FSDPShards, PackedShare, local
 from .rollouts import Rollouts
 
 __all__ = ["WorkerCheckpoints"]
@@ -38,6 +38,7 @@ class WorkerCheckpoints:
     optimizer: FSDPAdam | None
     sharding: FSDPShards | None
     version: int
+    published: dict[int, PackedShare]
     snapshots: dict[int, dict[str, torch.Tensor]]
     keep_boundary: bool
     boundary: dict[str, Any] | None
@@ -139,6 +140,8 @@ class WorkerCheckpoints:
                 f"worker {self.group.worker(self.rank)} holds version {self.version}; the boundary before "
                 f"step {step} needs {step}"
             )
+        # a kept publication of a version past the boundary is of an update now undone
+        self.published = {v: pub for v, pub in self.published.items() if v <= self.version}
         return self.version
 
     # ------------------------------------------------------------------ checkpoints

@@ -42,7 +42,7 @@ from .checkpoints import WorkerCheckpoints
 from .memory import EXACT_HEAP_THRESHOLD, PrivatePeak, WorkerMemory, map_large_blocks
 from .model import StageModel
 from .ops import PackedOutput, WorkerOps
-from .parallel import FSDPAdam, FSDPShards, RankGroups, local, make_mesh
+from .parallel import FSDPAdam, FSDPShards, PackedShare, RankGroups, local, make_mesh
 from .rollouts import make_rollouts
 from .task import SyntheticTask
 from .transfers import WorkerTransfers
@@ -100,6 +100,10 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
     rollout_engine
         ``"torch"``: generation runs on this group's torch model; ``"vllm"``: each DP replica of a
         generating group starts a vLLM engine (:mod:`~rpeg.runtime.worker.rollouts`).
+    siblings
+        The workers of this worker's process by group id (the process's own dictionary, so it
+        includes workers built later): an install in place reads the producing group's rank
+        here (:meth:`~rpeg.runtime.worker.transfers.WorkerTransfers.install_in_place`).
     """
 
     def __init__(
@@ -117,6 +121,7 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
         *,
         sampler: PrivatePeak,
         rollout_engine: str = "torch",
+        siblings: dict[int, Any] | None = None,
     ) -> None:
         torch.set_num_threads(1)
         self.group, self.rank, self.shape, self.cfg, self.seed = group, rank, shape, config, seed
@@ -168,6 +173,8 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
         self.packed = PackedOutput(model)
         self.version = 0
         self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        self.published: dict[int, PackedShare] = {}  # kept shares (publish(keep=True))
+        self.siblings: dict[int, Any] = siblings if siblings is not None else {group.gid: self}
         self.optimizer = None
         self.sharding: FSDPShards | None = None  # the FSDP2 wrapper of the weights, when any
         if group.trains:

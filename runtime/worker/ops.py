@@ -230,8 +230,9 @@ class WorkerOps:
             if swapped is not None:
                 self._swap(swapped)
         t_pub = time.perf_counter()
-        pub = self.publish() if node.publish and role is Role.TRAINING else None
-        meta["publish_s"] = time.perf_counter() - t_pub if pub is not None else 0.0
+        publishes = node.publish and role is Role.TRAINING
+        pub = self.publish(keep=node.publish_in_place) if publishes else None
+        meta["publish_s"] = time.perf_counter() - t_pub if publishes else 0.0
         meta["worker_time"] = time.perf_counter() - t0
         meta["version_used"] = version if role is not Role.TRAINING else meta["version"] - 1
         meta["memory_bytes"] = max(0, self.memory.peak())

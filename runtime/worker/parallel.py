@@ -22,6 +22,7 @@ __all__ = [
     "FSDPAdam",
     "FSDPShards",
     "Mesh",
+    "PackedShare",
     "RankGroups",
     "assemble",
     "local",
@@ -521,6 +522,71 @@ def publication(
             continue
         out[name] = ((local(p).detach() if weights is None else weights[name]).clone(), dim)
     return out
+
+
+@dataclass
+class PackedShare:
+    """A rank's publication packed into one flat buffer per dtype, so that it crosses a process
+    group in one broadcast per dtype (:meth:`~rpeg.runtime.worker.transfers.WorkerTransfers.shares_in_place`).
+
+    ``entries`` are ``(name, shape, dtype, TP shard dim or None, offset)`` in parameter order;
+    ``sizes`` the elements of each dtype's buffer; ``flats`` the buffers (on a receiving rank,
+    empty until they arrive).
+    """
+
+    entries: list[tuple[str, tuple[int, ...], torch.dtype, int | None, int]]
+    sizes: dict[torch.dtype, int]
+    flats: dict[torch.dtype, torch.Tensor]
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, *, include_replicated: bool) -> PackedShare:
+        """This rank's weights as :func:`publication` selects them, copied once into the buffers."""
+        items = [
+            (name, local(p).detach(), shard_dim(p))
+            for name, p in model.named_parameters()
+            if include_replicated or shard_dim(p) is not None
+        ]
+        sizes: dict[torch.dtype, int] = {}
+        entries = []
+        for name, t, dim in items:
+            entries.append((name, tuple(t.shape), t.dtype, dim, sizes.get(t.dtype, 0)))
+            sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
+        device = items[0][1].device if items else None
+        flats = {dt: torch.empty(n, dtype=dt, device=device) for dt, n in sizes.items()}
+        for (_, _, dt, _, off), (_, t, _) in zip(entries, items, strict=True):
+            flats[dt][off : off + t.numel()].copy_(t.reshape(-1))
+        return cls(entries, sizes, flats)
+
+    @classmethod
+    def receiving(
+        cls, header: tuple[list, dict[torch.dtype, int]], device: torch.device | None
+    ) -> PackedShare:
+        """Empty buffers for a share described by ``header`` (another rank's :attr:`header`)."""
+        entries, sizes = header
+        return cls(entries, sizes, {dt: torch.empty(n, dtype=dt, device=device) for dt, n in sizes.items()})
+
+    @property
+    def header(self) -> tuple[list, dict[torch.dtype, int]]:
+        """What a receiver needs to allocate the buffers: ``(entries, sizes)``."""
+        return self.entries, self.sizes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the buffers."""
+        return sum(t.nbytes for t in self.flats.values())
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The buffers in one order every rank agrees on (by dtype name)."""
+        return [self.flats[dt] for dt in sorted(self.flats, key=str)]
+
+    def pieces(self, wanted: set[str] | None = None) -> dict[str, tuple[torch.Tensor, int | None]]:
+        """``name → (tensor, TP shard dim)`` as views of the buffers (no copy), for the names in
+        ``wanted`` (``None``: all)."""
+        return {
+            name: (self.flats[dt][off : off + math.prod(shape)].view(shape), dim)
+            for name, shape, dt, dim, off in self.entries
+            if wanted is None or name in wanted
+        }
 
 
 #: Tensor dtypes a publication ships as numpy arrays (:func:`shareable`).

@@ -4,9 +4,11 @@ device (SPEC §11).
 A plan places several roles on one device — colocated generation and training, the frozen
 reference and reward models beside them — and each role's rank of its group is a
 :class:`~rpeg.runtime.worker.core.Worker`. They share the device's one process, as verl's fused
-workers, NeMo-RL and OpenRLHF's hybrid engine do on GPUs (one CUDA context, one allocator; those
-frameworks also hand weights over in place, which this runtime does not yet: its weight versions
-still move through Ray's object store): the process joins the run's ``torch.distributed`` world (one rank per
+workers, NeMo-RL and OpenRLHF's hybrid engine do on GPUs (one CUDA context, one allocator), and
+a weight version moves between two groups on the same devices in place: the trainer keeps its
+share in the process, and the other group's rank reads it there and the other shares over the
+trainer's process group, not through Ray's object store
+(:meth:`~rpeg.runtime.worker.transfers.WorkerTransfers.install_in_place`): the process joins the run's ``torch.distributed`` world (one rank per
 device process), creates the process groups of every worker group as subgroups of it
 (:func:`~rpeg.runtime.worker.parallel.plan_groups`), and builds its workers in group order.
 
@@ -171,7 +173,13 @@ class WorkerProcess:
         for spec, r, args in local:
             t3 = time.perf_counter()
             self.workers[spec.gid] = Worker(
-                spec, r, groups[spec.gid], *args, sampler=self.sampler, rollout_engine=rollout_engine
+                spec,
+                r,
+                groups[spec.gid],
+                *args,
+                sampler=self.sampler,
+                rollout_engine=rollout_engine,
+                siblings=self.workers,
             )
             self.workers[spec.gid].memory.settle()  # before the next worker's imports
             times = {

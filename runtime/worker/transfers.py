@@ -31,7 +31,7 @@ from ..binding import GroupSpec
 from ..protocol import NodeCall
 from .memory import release_freed_memory
 from .model import StageModel
-from .parallel import FSDPAdam, assemble, local, publication, shard_of, shareable
+from .parallel import FSDPAdam, PackedShare, assemble, local, publication, shard_of, shareable
 from .rollouts import Rollouts
 
 __all__ = ["WorkerTransfers"]
@@ -51,6 +51,9 @@ class WorkerTransfers:
     optimizer: FSDPAdam | None
     version: int
     snapshots: dict[int, dict[str, torch.Tensor]]
+    published: dict[int, PackedShare]
+    siblings: dict[int, Any]
+    device: torch.device | None
     inbox: dict[tuple, list[dict[str, torch.Tensor]]]
     rollouts: Rollouts
     _weights: Callable[[], dict[str, torch.Tensor]]
@@ -58,16 +61,35 @@ class WorkerTransfers:
     full_weights: Callable[[], contextlib.AbstractContextManager[None]]
 
     # ------------------------------------------------------------------ weights
-    def publish(self) -> tuple[tuple[int, int], dict[str, tuple[torch.Tensor, int | None]]] | None:
+    def publish(
+        self, keep: bool = False
+    ) -> tuple[tuple[int, int], dict[str, tuple[torch.Tensor, int | None]]] | None:
         """This rank's share of the current weights (DP replica 0 only; replicated tensors from
         TP rank 0 only) as ``((p, t), publication)``, or ``None``. Every rank of the group calls
-        it: with ZeRO stage 3 they all take part in gathering the weights."""
+        it: with ZeRO stage 3 they all take part in gathering the weights.
+
+        With ``keep`` the share stays in this process as :attr:`published` of the current
+        version, for the groups on the same devices to read in place
+        (:meth:`install_in_place`), and ``None`` is returned: nothing enters the object store. A
+        group without pipeline and tensor parallelism keeps it on every DP rank (each holds the
+        whole model, gathered here at ZeRO stage 3), so that each device's readers find all of
+        it in their own process.
+        """
+        replicas = self.group.pp * self.group.tp == 1
         with self.full_weights():
-            if self.mesh.d != 0:
+            if keep and (self.mesh.d == 0 or replicas):
+                self.published[self.version] = PackedShare.of(self.model, include_replicated=self.mesh.t == 0)
+                return None
+            if keep or self.mesh.d != 0:
                 return None
             return (self.mesh.p, self.mesh.t), shareable(
                 publication(self.model, include_replicated=self.mesh.t == 0)
             )
+
+    def drop_published(self, version: int) -> None:
+        """Release the kept publication of ``version`` (its last in-place reader has installed
+        it)."""
+        self.published.pop(version, None)
 
     def publish_version(
         self, version: int
@@ -92,7 +114,8 @@ class WorkerTransfers:
     def install_snapshot(self, pubs: list, version: int) -> dict[str, Any]:
         """Keep published weights of ``version`` as a snapshot in this rank's layout (a serving
         vertex on this training group reads it, see :meth:`op`)."""
-        self.snapshots[version] = {k: t.clone() for k, t in self._shards_of(pubs, version)[0].items()}
+        shards, _ = self._stage_shards(self._received(pubs)[0], f"published weights of version {version}")
+        self.snapshots[version] = {k: t.clone() for k, t in shards.items()}
         return {"version": version}
 
     def assembled(self, pubs: list) -> dict[str, torch.Tensor]:
@@ -104,26 +127,27 @@ class WorkerTransfers:
         got = [x for x in ray.get(list(pubs)) if x is not None]
         return {k: v.clone() for k, v in assemble([(coords[1], pub) for coords, pub in got]).items()}
 
-    def _shards_of(
-        self, pubs: list, version: int
-    ) -> tuple[dict[str, torch.Tensor], int, dict[str, torch.Tensor]]:
-        """This rank's shard of every tensor in the publications ``pubs`` (object refs of
-        :meth:`publish` results) of ``version``, the bytes received, and the full tensors of this
-        rank's stage (views of the object store where a piece arrived whole)."""
+    def _received(self, pubs: list) -> tuple[dict[str, torch.Tensor], int]:
+        """The full tensors of the publications ``pubs`` (object refs of :meth:`publish` results;
+        views of the object store where a piece arrived whole) and the bytes received."""
         import ray
 
         got = [x for x in ray.get(list(pubs)) if x is not None]
         nbytes = sum(t.nbytes for _, pub in got for t, _ in pub.values())
-        full = assemble([(coords[1], pub) for coords, pub in got])
+        return assemble([(coords[1], pub) for coords, pub in got]), nbytes
+
+    def _stage_shards(
+        self, full: dict[str, torch.Tensor], source: str
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """This rank's TP shard of every tensor of its stage from the full tensors ``full`` (of
+        ``source``, named in the error when one is missing), and the stage's full tensors. Inside
+        :meth:`full_weights` for ZeRO-3 (the full weights' names and TP layout)."""
         state = self._weights()
         missing = [name for name in state if name not in full]
         if missing:
-            raise RuntimeError(
-                f"worker {self.group.worker(self.rank)}: published weights of version {version} lack "
-                f"{missing[:3]}"
-            )
+            raise RuntimeError(f"worker {self.group.worker(self.rank)}: {source} lack {missing[:3]}")
         shards = {name: shard_of(full[name], p, self.group.tp, self.mesh.t) for name, p in state.items()}
-        return shards, nbytes, {name: full[name] for name in state}
+        return shards, {name: full[name] for name in state}
 
     @torch.no_grad()
     def install(self, pubs: list, version: int) -> dict[str, Any]:
@@ -135,25 +159,96 @@ class WorkerTransfers:
         received and the time spent.
         """
         t0 = time.perf_counter()
-        with self.full_weights():  # ZeRO-3: the names and TP layout of the full weights
-            shards, nbytes, full = self._shards_of(pubs, version)
+        with self.full_weights():
+            full, nbytes = self._received(pubs)
+            shards, stage = self._stage_shards(full, f"published weights of version {version}")
             self._write_weights(shards)
+        del full, shards
+        return self._installed(version, stage, {"bytes": nbytes, "version": version}, t0)
+
+    @torch.no_grad()
+    def install_in_place(self, producer: int, version: int) -> dict[str, Any]:
+        """Install ``version`` from the training group ``producer`` on the same devices, in place:
+        a weight COMM/RESHARD node between colocated roles (SPEC §14.4), without the object store.
+
+        This process's rank of ``producer`` kept its share of the version (:meth:`publish` with
+        ``keep``); the shares of the producer's other ranks arrive over the producer's process
+        group (:meth:`shares_in_place`, called here on the producer's worker: every process of
+        the producer's group runs this call, since the two groups span the same devices). The own
+        share is read without a copy; the rest is as :meth:`install`. Returns the bytes of the
+        whole publication, those read in place (``in_place_bytes``) and the time spent.
+        """
+        t0 = time.perf_counter()
+        src = self.siblings.get(producer)
+        if src is None:
+            raise RuntimeError(
+                f"worker {self.group.worker(self.rank)}: its process holds no worker of group "
+                f"g{producer}, so {self.group.model} version {version} cannot be installed in place"
+            )
+        with self.full_weights():
+            full, nbytes, mine = src.shares_in_place(version, set(self._weights()))
+            shards, stage = self._stage_shards(full, f"group g{producer}'s weights of version {version}")
+            self._write_weights(shards)
+        del full, shards
+        out = {"bytes": nbytes, "in_place_bytes": mine, "version": version}
+        return self._installed(version, stage, out, t0)
+
+    def _installed(
+        self, version: int, full: dict[str, torch.Tensor], out: dict[str, Any], t0: float
+    ) -> dict[str, Any]:
+        """The end of an install: hold ``version``, hand the full tensors to a rollout engine
+        that takes weights, and return ``out`` with the engine's report and ``worker_time``."""
         push = full if self.rollouts.takes_weights else None  # only an engine needs them
-        del shards, full
+        del full
         release_freed_memory()
         self.version = version
         if self.optimizer is None:  # a training group prunes its own snapshots (see _train)
             self.snapshots.clear()
-        out: dict[str, Any] = {"bytes": nbytes, "version": version}
         # a generating group's vLLM engine takes the new weights: the full tensors just received
-        # (views of the object store, or a TP trainer's concatenated shards), which are exactly
-        # what the parameters now hold — no gather over the replica's TP ranks
+        # (views of the object store or of the producer's kept share, or a TP trainer's
+        # concatenated shards), which are exactly what the parameters now hold — no gather over
+        # the replica's TP ranks
         sync = self.rollouts.sync(version, push) if push is not None else None
         del push
         if sync is not None:
             out["engine"] = sync
         out["worker_time"] = time.perf_counter() - t0
         return out
+
+    def shares_in_place(self, version: int, wanted: set[str]) -> tuple[dict[str, torch.Tensor], int, int]:
+        """The full tensors named in ``wanted`` of the kept publication of ``version``, assembled
+        from every share of this group. A group without pipeline and tensor parallelism kept the
+        whole model on every rank: its own share is the answer, and nothing crosses a process.
+        Otherwise the ranks exchange the shares' headers (one ``all_gather_object``), then each
+        DP-replica-0 rank ``q`` broadcasts its packed share
+        (:class:`~rpeg.runtime.worker.parallel.PackedShare`, one buffer per dtype) over the group
+        and the others receive it; every rank of this group must call it at once.
+
+        Returns the tensors (views of this rank's own share where it holds one whole), the bytes
+        of every share, and the bytes of this rank's own share (read in place).
+        """
+        sources = range(self.group.pp * self.group.tp)  # rank d·Pp·Pt + p·Pt + t with d = 0
+        keeps = self.mesh.d == 0 or len(sources) == 1  # see publish(keep=True)
+        own = self.published.get(version) if keeps else None
+        if keeps and own is None:
+            raise RuntimeError(
+                f"worker {self.group.worker(self.rank)} keeps publications of versions "
+                f"{sorted(self.published)} of {self.group.model}, not version {version}"
+            )
+        if len(sources) == 1:  # every rank holds the whole model: nothing crosses a process
+            assert own is not None
+            return assemble([(0, own.pieces(wanted))]), own.nbytes, own.nbytes
+        headers: list[Any] = [None] * self.group.size
+        dist.all_gather_object(headers, own.header if own is not None else None, group=self.mesh.group)
+        shares = {
+            q: own if q == self.rank else PackedShare.receiving(headers[q], self.device) for q in sources
+        }
+        for q in sources:
+            for buf in shares[q].buffers():
+                dist.broadcast(buf, group=self.mesh.group, group_src=q)
+        pieces = [(q % self.group.tp, shares[q].pieces(wanted)) for q in sources]
+        nbytes = sum(shares[q].nbytes for q in sources)
+        return assemble(pieces), nbytes, own.nbytes if own is not None else 0
 
     # ------------------------------------------------------------------ data movement
     def fetch(self, key: tuple, refs: list) -> dict[str, Any]:

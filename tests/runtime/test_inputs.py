@@ -269,6 +269,12 @@ def test_run_arguments_are_checked_by_name(result):
         ({"steps": 1, "return_weights": 1}, TypeError, "return_weights must be bool"),
         ({"steps": 1, "transitions": "2:x.json"}, TypeError, "transitions must be a sequence"),
         ({"steps": 1, "on_worker_lost": "retry"}, ValueError, "on_worker_lost must be"),
+        (
+            {"steps": 1, "weight_handover": "nccl"},
+            ValueError,
+            "weight_handover must be one of 'auto', 'in_place', 'store', got 'nccl'",
+        ),
+        ({"steps": 1, "weight_handover": True}, TypeError, "weight_handover must be str"),
         ({"steps": 1, "stall_timeout_s": 0}, ValueError, "stall_timeout_s must be a positive"),
         ({"steps": 1, "stall_timeout_s": float("inf")}, ValueError, "stall_timeout_s must be a positive"),
     ):

@@ -415,6 +415,14 @@ def test_negative_duration_and_bytes(result, trace):
     problems_naming(trace, result, op.node, "moves no bytes")
 
 
+def test_bytes_read_in_place_are_part_of_the_bytes_moved(result, trace):
+    c = next(x for x in trace.records if x.kind != "op")
+    c.in_place_bytes = c.bytes  # all of it read in place: fine
+    assert verify(trace, result) == []
+    c.in_place_bytes = c.bytes + 1
+    problems_naming(trace, result, c.node, "in_place_bytes", "not within 0..bytes")
+
+
 def test_scaled_runs_need_only_positive_bytes(result, trace):
     trace.meta["scaled"] = True
     transfers = [r for r in trace.records if r.kind != "op"]

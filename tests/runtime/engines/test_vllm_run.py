@@ -90,6 +90,25 @@ def test_a_generation_group_fed_by_another_pushes_what_it_received(clean_run):
     assert all(g is not None for g in gaps) and max(gaps) <= GAP_MAX, gaps
 
 
+def test_a_colocated_engine_takes_its_versions_in_place(clean_run):
+    """A data-parallel trainer and a TP-2 engine on the same two devices: each version reaches the
+    engine from the trainer's share kept in the device's process (``in_place_bytes`` is the whole
+    publication, nothing through the object store), checksums match, and the engine generates
+    with exactly the trainer's weights."""
+    from tests.runtime.test_handover import DP_TRAINER
+
+    result = hand(workload("grpo"), "1x1x2", DP_TRAINER, (("actor", 0),))
+    report = clean_run(result, steps=STEPS, scale="base", rollout_engine="vllm")
+    assert report.problems == []
+    transfers = [r for r in report.trace.records if r.kind != "op" and r.vertex == "actor_gen"]
+    assert transfers and all(r.in_place_bytes == r.bytes > 0 for r in transfers)
+    pushes = [f for r in transfers for f in _facts(r) if "weight_sync_s" in f]
+    assert sorted(f["version"] for f in pushes) == list(range(1, STEPS))
+    assert all(f["checksums_match"] and not f["gathered"] for f in pushes)
+    gaps = report.logprob_gaps
+    assert all(g is not None for g in gaps) and max(gaps) <= GAP_MAX, gaps
+
+
 def test_vllm_refuses_pipelined_generation_before_any_worker_starts(ray_session):
     from rpeg.runtime.driver.runner import run
 
