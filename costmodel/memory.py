@@ -144,7 +144,7 @@ def weight_shard_params(model: ModelSpec, pp: int, tp: int, head: Head = Head.LM
 def _shard_params(model: ModelSpec, pp: int, tp: int, head: Head) -> float:
     """:func:`weight_shard_params` after its checks (memoised: a directory asks for each
     ``(model, Pp, Pt, head)`` thousands of times)."""
-    layers = model.layers / pp * model.layer_params / tp
+    layers = model.layers / pp * model.layer_weights / tp
     embedding = model.embedding_params
     head_w = head_params(model, head)
     if pp == 1:
@@ -224,9 +224,10 @@ def kv_width_per_device(model: ModelSpec, tp: int) -> int:
 
 
 def _layer_buffer_width(model: ModelSpec, tp: int) -> float:
-    """Per-token scalars of one block's largest intermediate: ``max(2d + 6d/Pt, 2d + 2dff/Pt)``."""
+    """Per-token scalars of one block's largest intermediate: ``max(2d + 6d/Pt, 2d + 2dff/Pt)``
+    (a MoE block: ``dff`` is the token's width in its experts, :attr:`~rpeg.ir.models.ModelSpec.ffn_width`)."""
     d = model.hidden
-    return max(2.0 * d + 6.0 * d / tp, 2.0 * d + 2.0 * model.ffn_hidden / tp)
+    return max(2.0 * d + 6.0 * d / tp, 2.0 * d + 2.0 * model.ffn_width / tp)
 
 
 def stored_activation_width(model: ModelSpec, tp: int) -> float:
@@ -240,6 +241,13 @@ def stored_activation_width(model: ModelSpec, tp: int) -> float:
     projection; ``2·dff/Pt`` ungated — the activation's input and output). For a GPT block
     (``d_q = d_kv = d``, ``dff = 4d``, 2 bytes) this is Korthikanti et al. (2022)'s
     ``sbh(10 + 24/t)`` without its two 1-byte dropout masks (RL post-training runs without dropout).
+
+    Mixture of experts (SPEC §15.1): ``dff`` is the token's width in its ``k`` routed and ``S``
+    shared experts (:attr:`~rpeg.ir.models.ModelSpec.ffn_width`), and a MoE block also keeps the
+    ``k`` dispatched copies of the token, ``k·d``, which the expert GEMMs' backward reads
+    (:attr:`~rpeg.ir.models.ModelSpec.routed_width`, replicated over the TP ranks; averaged over
+    the blocks with the dense ones):
+    ``a = 4d + routed + (2·d_q + 2·d_kv + 2·(n_ffn − 1)·ffn_width)/Pt``.
 
     Parameters
     ----------
@@ -255,10 +263,8 @@ def stored_activation_width(model: ModelSpec, tp: int) -> float:
     """
     _check_degree("tp", tp)
     d = model.hidden
-    sharded = (
-        2.0 * model.q_width + 2.0 * model.kv_width + 2.0 * (model.ffn_projections - 1) * model.ffn_hidden
-    )
-    return 4.0 * d + sharded / tp
+    sharded = 2.0 * model.q_width + 2.0 * model.kv_width + 2.0 * (model.ffn_projections - 1) * model.ffn_width
+    return 4.0 * d + model.routed_width + sharded / tp
 
 
 def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: float, tokens: float) -> float:
@@ -396,8 +402,8 @@ def _gathered_params(model: ModelSpec, pp: int, tp: int, head: Head) -> float:
     one computing and the one prefetched) plus the root unit, the stage's embedding and head
     (``W_shard − (L/Pp)·N_ℓ/Pt``), which FSDP2 keeps gathered through the pass."""
     shard = weight_shard_params(model, pp, tp, head)
-    root = shard - model.layers / pp * model.layer_params / tp
-    return 2.0 * model.layer_params / tp + root
+    root = shard - model.layers / pp * model.layer_weights / tp
+    return 2.0 * model.layer_weights / tp + root
 
 
 def zero_state_bytes(model: ModelSpec, role: Role, layout: Layout, head: Head = Head.LM) -> ZeroState:

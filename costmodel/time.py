@@ -103,28 +103,45 @@ class _Roofline:
     """``F_eff = min(F_peak·η, I·BW_mem)`` for one invocation (SPEC §6, paper Appendix D-A).
 
     ``η = (b·ℓ/(b·ℓ + γM))·(k/(k + γK))`` with ``k = min(d, dff)/Pt``; the intensity
-    ``I = W_dev/(Ω_W + Ω_A)`` with ``Ω_W = (L/Pp)·W_layer·sb/Pt`` and
-    ``Ω_A = 2·b·ℓ·d·sb·L/Pp`` (+ KV-cache reads for decode) per device and microbatch.
+    ``I = W_dev/(Ω_W + Ω_A)`` with ``Ω_W = (L/Pp)·W_read·sb/Pt`` and
+    ``Ω_A = 2·b·ℓ·d·sb·L/Pp`` (+ KV-cache reads for decode) per device and microbatch, where
+    ``W_read`` is :attr:`ModelSpec.layer_params` for a dense model.
+
+    Mixture of experts (SPEC §15.1, ``docs/cost-model.md`` §3): the routed experts' share ``φ``
+    of the FLOPs (:attr:`~rpeg.ir.models.ModelSpec.expert_flop_share`) runs at the expert GEMMs'
+    efficiency ``η_e = (r_e/(r_e + γM))·(k_e/(k_e + γK))``, with ``r_e = b·ℓ·k/E`` rows per expert
+    and ``k_e = min(d, d_e)/Pt``, the rest at ``η``: ``η_MoE = 1/((1 − φ)/η + φ/η_e)`` (the two
+    kinds of GEMM take their times one after the other). ``W_read`` counts the experts the
+    microbatch's ``b·ℓ`` tokens touch (:meth:`~rpeg.ir.models.ModelSpec.layer_weights_read`).
     """
 
-    __slots__ = ("b", "eta_k", "hw", "layers", "model", "omega_w")
+    __slots__ = ("b", "eta_e", "eta_k", "hw", "layers", "model", "tp")
 
     def __init__(self, model: ModelSpec, layout: Layout, hw: Hardware, b: float) -> None:
         self.model = model
         self.hw = hw
         self.b = b
         s = layout.strategy
+        self.tp = s.tp
         self.layers = model.layers / s.pp
         k = min(model.hidden, model.ffn_hidden) / s.tp
         self.eta_k = k / (k + hw.gamma_k)
-        self.omega_w = self.layers * model.layer_params * model.dtype_bytes / s.tp
+        k_e = min(model.hidden, model.expert_ffn) / s.tp if model.is_moe else 0.0
+        self.eta_e = k_e / (k_e + hw.gamma_k) if model.is_moe else 0.0
 
     def flops(self, work_per_device: float, tokens: float, extra_bytes: float = 0.0) -> float:
         """``F_eff`` for ``work_per_device`` FLOPs per microbatch over ``ℓ = tokens``."""
+        m = self.model
         rows = self.b * tokens
         eta = rows / (rows + self.hw.gamma_m) * self.eta_k
-        omega_a = 2.0 * rows * self.model.hidden * self.model.dtype_bytes * self.layers
-        intensity = work_per_device / (self.omega_w + omega_a + extra_bytes)
+        if m.is_moe:
+            phi = m.expert_flop_share
+            r_e = rows * m.experts_active / m.experts
+            eta_e = r_e / (r_e + self.hw.gamma_m) * self.eta_e
+            eta = 1.0 / ((1.0 - phi) / eta + phi / eta_e)
+        omega_w = self.layers * m.layer_weights_read(rows) * m.dtype_bytes / self.tp
+        omega_a = 2.0 * rows * m.hidden * m.dtype_bytes * self.layers
+        intensity = work_per_device / (omega_w + omega_a + extra_bytes)
         return min(self.hw.peak_flops * eta, intensity * self.hw.mem_bandwidth)
 
 

@@ -3,7 +3,9 @@
 A :class:`ModelSpec` is everything the cost model and the runtime need to know about a model:
 layers ``L``, hidden size ``d``, FFN width ``dff``, vocabulary ``V``, attention heads and KV heads
 (grouped-query attention), head dimension, number of FFN projections (2 for a plain MLP, 3 for a
-gated/SwiGLU one), tied embeddings and the bytes per scalar (SPEC §2).
+gated/SwiGLU one), tied embeddings and the bytes per scalar (SPEC §2); for a mixture-of-experts
+model also its routed and shared experts, the experts active per token and which layers keep a
+dense FFN (SPEC §15.1).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from .errors import InputError, Strict, read_json
 __all__ = [
     "FAMILIES",
     "HF_ARCHITECTURES",
+    "MAX_EXPERTS",
     "MAX_FFN_HIDDEN",
     "MAX_HEADS",
     "MAX_HEAD_DIM",
@@ -56,6 +59,8 @@ MAX_VOCAB = 2**24
 MAX_HEADS = 2**14
 #: Widest head (32× the widest published, 512).
 MAX_HEAD_DIM = 2**14
+#: Most routed experts per layer (64× DeepSeek-V3's 256; Qwen3-MoE has 128, Mixtral 8).
+MAX_EXPERTS = 2**14
 
 #: ``ModelSpec`` field → its bound (``head_dim`` may also be 0: derived from ``hidden // heads``).
 _LIMITS = {
@@ -66,7 +71,17 @@ _LIMITS = {
     "heads": ("MAX_HEADS", MAX_HEADS),
     "kv_heads": ("MAX_HEADS", MAX_HEADS),
     "head_dim": ("MAX_HEAD_DIM", MAX_HEAD_DIM),
+    "experts": ("MAX_EXPERTS", MAX_EXPERTS),
+    "experts_active": ("MAX_EXPERTS", MAX_EXPERTS),
+    "expert_ffn": ("MAX_FFN_HIDDEN", MAX_FFN_HIDDEN),
+    "shared_experts": ("MAX_EXPERTS", MAX_EXPERTS),
+    "shared_ffn": ("MAX_FFN_HIDDEN", MAX_FFN_HIDDEN),
 }
+
+#: ``ModelSpec`` figures that may be 0 (``head_dim``: derived; the expert figures: a dense model).
+_ZERO_ALLOWED = frozenset(
+    {"head_dim", "experts", "experts_active", "expert_ffn", "shared_experts", "shared_ffn"}
+)
 
 
 def _show(value: object) -> str:
@@ -82,7 +97,7 @@ def _show(value: object) -> str:
 
 
 #: ``model_type`` values of Hugging Face mixture-of-experts architectures; :meth:`ModelSpec.from_hf_config`
-#: refuses them (as it does any ``model_type`` containing ``moe``) until MoE models are supported.
+#: refuses those (and any ``model_type`` containing ``moe``) that :data:`HF_ARCHITECTURES` does not read.
 _MOE_MODEL_TYPES = frozenset(
     {
         "arctic",
@@ -120,6 +135,14 @@ _MOE_MODEL_TYPES = frozenset(
         "switch_transformers",
     }
 )
+
+#: Why a mixture-of-experts architecture outside :data:`HF_ARCHITECTURES` is refused, where more
+#: than "not read" is known (SPEC §15.1 names them; the next pieces of issue 30 add them).
+_UNREAD_MOE = {
+    "deepseek_v2": "its multi-head latent attention (kv_lora_rank, q_lora_rank) is not modelled yet",
+    "deepseek_v3": "its multi-head latent attention (kv_lora_rank, q_lora_rank) is not modelled yet",
+    "gpt_oss": "its sliding-window attention layers (layer_types, sliding_window) are not modelled yet",
+}
 
 #: ``config.json`` fields that count experts (in total, then per token); a value above 1 marks a
 #: mixture-of-experts model whatever its ``model_type``.
@@ -170,6 +193,10 @@ class HFArchitecture:
     family
         :attr:`ModelSpec.family` (the runtime builds only :data:`FAMILIES`; others read as
         ``"llama"``).
+    experts
+        How the mixture-of-experts fields are read (:func:`_read_experts`): ``"qwen"``
+        (Qwen2-MoE, Qwen3-MoE), ``"mixtral"`` (Mixtral), ``"glm"`` (GLM-4.5); ``""``: a dense
+        architecture.
     """
 
     source: str
@@ -185,10 +212,12 @@ class HFArchitecture:
     gated: bool = True
     tied: bool = False
     family: str = "llama"
+    experts: str = ""
 
 
-#: The dense ``model_type`` values :meth:`ModelSpec.from_hf_config` reads, each as its
-#: ``transformers`` (5.x) config class and MLP define it. Any other ``model_type`` is refused.
+#: The ``model_type`` values :meth:`ModelSpec.from_hf_config` reads, each as its ``transformers``
+#: (5.x) config class and MLP define it: dense ones and (``experts`` set) mixture-of-experts ones.
+#: Any other ``model_type`` is refused.
 HF_ARCHITECTURES: dict[str, HFArchitecture] = {
     "llama": HFArchitecture(
         "LlamaConfig (num_key_value_heads None → heads, head_dim None → d/heads, "
@@ -250,6 +279,38 @@ HF_ARCHITECTURES: dict[str, HFArchitecture] = {
         head_dim="",
         gated=False,
     ),
+    "qwen2_moe": HFArchitecture(
+        "Qwen2MoeConfig (num_key_value_heads 16, tie_word_embeddings False); Qwen2MoeSparseMoeBlock: "
+        "router d×E, num_experts Qwen2MoeMLP experts of moe_intermediate_size, one shared expert of "
+        "shared_expert_intermediate_size (and its d×1 gate); dense Qwen2MoeMLP (intermediate_size) on "
+        "mlp_only_layers and where (i + 1) % decoder_sparse_step ≠ 0",
+        kv_default=16,
+        experts="qwen",
+    ),
+    "qwen3_moe": HFArchitecture(
+        "Qwen3MoeConfig (num_key_value_heads 4, head_dim 128 as Qwen3Attention reads it, "
+        "tie_word_embeddings False); Qwen3MoeSparseMoeBlock: router d×E, num_experts experts of "
+        "moe_intermediate_size, no shared expert; dense layers as Qwen2-MoE",
+        kv_default=4,
+        head_dim_default=128,
+        experts="qwen",
+    ),
+    "mixtral": HFArchitecture(
+        "MixtralConfig (num_key_value_heads 8, head_dim None → d/heads, tie_word_embeddings False); "
+        "MixtralSparseMoeBlock: router d×E, num_local_experts experts of intermediate_size; no dense "
+        "layer",
+        kv_default=8,
+        experts="mixtral",
+    ),
+    "glm4_moe": HFArchitecture(
+        "Glm4MoeConfig (num_key_value_heads 8, head_dim 128, tie_word_embeddings False); "
+        "Glm4MoeMoE: router d×E, n_routed_experts experts and n_shared_experts shared ones of "
+        "moe_intermediate_size; dense Glm4MoeMLP (intermediate_size) on the first "
+        "first_k_dense_replace layers",
+        kv_default=8,
+        head_dim_default=128,
+        experts="glm",
+    ),
 }
 
 #: Dense architectures with interleaved sliding-window attention layers (whose attention FLOPs and
@@ -301,6 +362,20 @@ class ModelSpec:
         weights the runtime runs this model with, at full size; ``""``: none (the runtime builds a
         scaled model with seeded weights). Set by :meth:`from_hf_config` when the directory holds
         safetensors files; the cost model does not read it.
+    experts
+        Routed experts ``E`` of each mixture-of-experts layer (SPEC §15.1); ``0``: a dense model
+        (the expert fields below are then 0 and ``dense_layers`` empty).
+    experts_active
+        Routed experts ``k`` each token goes through (``1 ≤ k ≤ E``).
+    expert_ffn
+        FFN width ``d_e`` of one routed expert (same projections as the dense FFN).
+    shared_experts, shared_ffn
+        Shared experts ``S`` every token goes through, and the FFN width ``d_s`` of each
+        (``0, 0``: none).
+    dense_layers
+        Layer indices (0-based, increasing) whose FFN is the dense one (``ffn_hidden``) in a
+        mixture-of-experts model: DeepSeek's and GLM-4.5's first ``k`` layers, Qwen-MoE's
+        ``mlp_only_layers``. The other layers are MoE layers.
 
     Raises
     ------
@@ -323,6 +398,12 @@ class ModelSpec:
     dtype_bytes: int = 2
     family: str = "llama"
     checkpoint: str = ""
+    experts: int = 0
+    experts_active: int = 0
+    expert_ffn: int = 0
+    shared_experts: int = 0
+    shared_ffn: int = 0
+    dense_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -334,8 +415,14 @@ class ModelSpec:
         # integers (NumPy's too, stored as int; never bool or float such as 2.0), within bounds
         for field, (bound, limit) in _LIMITS.items():
             value = getattr(self, field)
-            low = 0 if field == "head_dim" else 1
-            what = "a non-negative integer (0: hidden // heads)" if low == 0 else "a positive integer"
+            low = 0 if field in _ZERO_ALLOWED else 1
+            what = (
+                "a positive integer"
+                if low
+                else "a non-negative integer (0: hidden // heads)"
+                if field == "head_dim"
+                else "a non-negative integer (0: a dense model)"
+            )
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise ValueError(f"ModelSpec {self.name!r}: {field} must be {what}, got {_show(value)}")
             value = int(value)
@@ -380,6 +467,54 @@ class ModelSpec:
             raise ValueError(
                 f"ModelSpec {self.name!r}: family must be one of {', '.join(FAMILIES)}, got {self.family!r}"
             )
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        """The mixture-of-experts fields agree with each other and with ``layers`` (SPEC §15.1)."""
+        where = f"ModelSpec {self.name!r}"
+        dense = self.dense_layers
+        if isinstance(dense, list):
+            dense = tuple(dense)
+        if not isinstance(dense, tuple) or any(
+            isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in dense
+        ):
+            raise ValueError(
+                f"{where}: dense_layers must be a tuple of layer indices, got {_show(self.dense_layers)}"
+            )
+        dense = tuple(int(i) for i in dense)
+        object.__setattr__(self, "dense_layers", dense)
+        if self.experts == 0:
+            extra = [
+                f"{f} = {getattr(self, f)!r}"
+                for f in ("experts_active", "expert_ffn", "shared_experts", "shared_ffn", "dense_layers")
+                if getattr(self, f)
+            ]
+            if extra:
+                raise ValueError(
+                    f"{where}: {', '.join(extra)} but experts = 0 (a dense model has no experts)"
+                )
+            return
+        if self.experts < 2:
+            raise ValueError(f"{where}: experts must be 0 (dense) or at least 2, got {self.experts}")
+        if not 1 <= self.experts_active <= self.experts:
+            raise ValueError(
+                f"{where}: experts_active must be between 1 and experts = {self.experts}, got {self.experts_active}"
+            )
+        if self.expert_ffn < 1:
+            raise ValueError(
+                f"{where}: expert_ffn must be a positive integer for a model with experts, got 0"
+            )
+        if (self.shared_experts == 0) != (self.shared_ffn == 0):
+            raise ValueError(
+                f"{where}: shared_experts = {self.shared_experts} and shared_ffn = {self.shared_ffn} must be "
+                "both 0 (no shared expert) or both positive"
+            )
+        if list(dense) != sorted(set(dense)) or any(not 0 <= i < self.layers for i in dense):
+            raise ValueError(
+                f"{where}: dense_layers must be increasing layer indices in 0..{self.layers - 1}, got {list(dense)}"
+            )
+        if len(dense) == self.layers:
+            raise ValueError(f"{where}: every layer is in dense_layers, so no layer has experts")
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -393,31 +528,143 @@ class ModelSpec:
         return self.kv_heads * self.head_dim
 
     @property
-    def layer_params(self) -> int:
-        """Matmul parameters of one block, ``W_layer``.
+    def is_moe(self) -> bool:
+        """Whether the model has mixture-of-experts layers (``E > 0``)."""
+        return self.experts > 0
 
-        ``W_layer = 2·d·d_q + 2·d·d_kv + n_ffn·d·dff``; without GQA (``d_kv = d_q = d``) this is the
-        SPEC §6 form ``4d² + n_ffn·d·dff``. Norm weights (``2d``) are not matmul work and are
-        counted only in :attr:`params`.
+    @property
+    def moe_layers(self) -> int:
+        """Layers with experts, ``L_moe = L − |dense_layers|`` (0 for a dense model)."""
+        return self.layers - len(self.dense_layers) if self.experts else 0
+
+    @property
+    def attention_params(self) -> int:
+        """Matmul parameters of one block's attention, ``2·d·d_q + 2·d·d_kv``."""
+        return 2 * self.hidden * self.q_width + 2 * self.hidden * self.kv_width
+
+    @property
+    def dense_ffn_params(self) -> int:
+        """Matmul parameters of one dense FFN, ``n_ffn·d·dff``."""
+        return self.ffn_projections * self.hidden * self.ffn_hidden
+
+    @property
+    def expert_params(self) -> int:
+        """Matmul parameters of one routed expert, ``n_ffn·d·d_e`` (0 for a dense model)."""
+        return self.ffn_projections * self.hidden * self.expert_ffn
+
+    @property
+    def _moe_fixed_params(self) -> int:
+        """Parameters every token of a MoE layer uses besides its routed experts: the shared
+        experts ``S·n_ffn·d·d_s`` and the router ``d·E``."""
+        return (
+            self.shared_experts * self.ffn_projections * self.hidden * self.shared_ffn
+            + self.hidden * self.experts
+        )
+
+    @property
+    def _ffn_weights_sum(self) -> int:
+        """FFN weights of all blocks: ``(L − L_moe)·n_ffn·d·dff + L_moe·(E·n_ffn·d·d_e + S·n_ffn·d·d_s + d·E)``."""
+        dense = (self.layers - self.moe_layers) * self.dense_ffn_params
+        return dense + self.moe_layers * (self.experts * self.expert_params + self._moe_fixed_params)
+
+    @property
+    def _ffn_active_sum(self) -> int:
+        """FFN parameters all blocks apply to one token: routed experts count ``k``, not ``E``."""
+        dense = (self.layers - self.moe_layers) * self.dense_ffn_params
+        return dense + self.moe_layers * (self.experts_active * self.expert_params + self._moe_fixed_params)
+
+    @property
+    def layer_params(self) -> float:
+        """Matmul parameters one token goes through in a block, ``W_layer`` (per block, averaged
+        over the blocks), which every FLOP count multiplies.
+
+        Dense: ``W_layer = 2·d·d_q + 2·d·d_kv + n_ffn·d·dff``; without GQA (``d_kv = d_q = d``) this
+        is the SPEC §6 form ``4d² + n_ffn·d·dff``. Mixture of experts (SPEC §15.1): the attention
+        plus ``(1/L)·[(L − L_moe)·n_ffn·d·dff + L_moe·(k·n_ffn·d·d_e + S·n_ffn·d·d_s + d·E)]``: each
+        token goes through ``k`` routed experts, the shared ones and the router. Norm weights
+        (``2d``) are not matmul work and are counted only in :attr:`params`. An integer for a
+        dense model.
         """
-        d = self.hidden
-        return 2 * d * self.q_width + 2 * d * self.kv_width + self.ffn_projections * d * self.ffn_hidden
+        if not self.experts:
+            return self.attention_params + self.dense_ffn_params
+        return self.attention_params + self._ffn_active_sum / self.layers
+
+    @property
+    def layer_weights(self) -> float:
+        """Matmul parameters a block stores, per block averaged over the blocks: for a mixture of
+        experts the attention plus ``(1/L)·[(L − L_moe)·n_ffn·d·dff + L_moe·(E·n_ffn·d·d_e +
+        S·n_ffn·d·d_s + d·E)]`` — every routed expert; :attr:`layer_params` for a dense model.
+        Weight memory, gradients and optimizer state multiply this."""
+        if not self.experts:
+            return self.layer_params
+        return self.attention_params + self._ffn_weights_sum / self.layers
+
+    def layer_weights_read(self, tokens: float) -> float:
+        """Matmul weights a pass of ``tokens`` tokens reads from memory per block (averaged): a
+        dense block all of :attr:`layer_params`; a MoE block its attention, shared experts and
+        router, and of its ``E`` routed experts the ``E·(1 − (1 − k/E)^n)`` that ``n = tokens``
+        tokens touch in expectation under uniform routing (each token picks ``k`` of ``E``) — a
+        decode step of a few sequences reads a fraction of the experts, a training microbatch all
+        of them."""
+        if not self.experts:
+            return self.layer_params
+        n = max(float(tokens), 0.0)
+        touched = self.experts * (1.0 - (1.0 - self.experts_active / self.experts) ** n)
+        dense = (self.layers - self.moe_layers) * self.dense_ffn_params
+        moe = self.moe_layers * (touched * self.expert_params + self._moe_fixed_params)
+        return self.attention_params + (dense + moe) / self.layers
+
+    @property
+    def ffn_width(self) -> float:
+        """Intermediate FFN width one token has in a block, averaged over the blocks: ``dff`` for a
+        dense block, ``k·d_e + S·d_s`` for a MoE block (the token's copies in its ``k`` routed
+        experts and the shared ones). The activation and buffer terms multiply it."""
+        if not self.experts:
+            return float(self.ffn_hidden)
+        moe = self.experts_active * self.expert_ffn + self.shared_experts * self.shared_ffn
+        return ((self.layers - self.moe_layers) * self.ffn_hidden + self.moe_layers * moe) / self.layers
+
+    @property
+    def routed_width(self) -> float:
+        """Token copies a MoE block dispatches, per token averaged over the blocks: ``k·d`` for a
+        MoE block (each of the ``k`` routed experts gets the token's ``d`` hidden values), 0 for a
+        dense one."""
+        return self.moe_layers * self.experts_active * self.hidden / self.layers
+
+    @property
+    def expert_flop_share(self) -> float:
+        """``φ``: the routed experts' share of a token's matmul FLOPs,
+        ``L_moe·k·n_ffn·d·d_e / (L·W_layer)`` (0 for a dense model); their GEMMs run at the expert
+        shape's efficiency (``docs/cost-model.md``)."""
+        if not self.experts:
+            return 0.0
+        return self.moe_layers * self.experts_active * self.expert_params / (self.layers * self.layer_params)
 
     @property
     def embedding_params(self) -> int:
         """Input embedding ``V·d``."""
         return self.vocab * self.hidden
 
+    def _total(self, ffn: int) -> int:
+        d = self.hidden
+        head = 0 if self.tied_embeddings else self.vocab * d
+        return self.layers * (self.attention_params + 2 * d) + ffn + self.embedding_params + d + head
+
     @property
     def params(self) -> int:
         """Total parameter count ``N_m``.
 
         ``N = L·(W_layer + 2d) + V·d + d + (0 if tied else V·d)``: blocks with their two norms,
-        the input embedding, the final norm and an untied LM head.
+        the input embedding, the final norm and an untied LM head; with experts every routed
+        expert counts (``L·W_layer`` is then ``L·``:attr:`layer_weights`).
         """
-        d = self.hidden
-        head = 0 if self.tied_embeddings else self.vocab * d
-        return self.layers * (self.layer_params + 2 * d) + self.embedding_params + d + head
+        return self._total(self._ffn_weights_sum)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token goes through, as :attr:`params` with ``k`` routed experts per MoE
+        layer instead of ``E`` (the published "active" count); :attr:`params` for a dense model."""
+        return self._total(self._ffn_active_sum)
 
     @property
     def weight_bytes(self) -> int:
@@ -436,9 +683,12 @@ class ModelSpec:
     ) -> ModelSpec:
         """A smaller model of the same family (for CPU runs and tests).
 
-        ``ffn_hidden`` defaults to the original ratio ``dff/d`` applied to the new ``hidden``.
+        ``ffn_hidden`` defaults to the original ratio ``dff/d`` applied to the new ``hidden``; a
+        mixture of experts keeps its expert counts, scales the expert widths by ``hidden``'s ratio
+        and keeps the dense layers that still exist.
         """
         ratio = self.ffn_hidden / self.hidden
+        scale = hidden / self.hidden
         return replace(
             self,
             name=f"{self.name}-scaled",
@@ -450,6 +700,9 @@ class ModelSpec:
             ffn_hidden=ffn_hidden if ffn_hidden is not None else max(1, round(hidden * ratio)),
             vocab=vocab if vocab is not None else self.vocab,
             checkpoint="",
+            expert_ffn=max(1, round(self.expert_ffn * scale)) if self.experts else 0,
+            shared_ffn=max(1, round(self.shared_ffn * scale)) if self.shared_experts else 0,
+            dense_layers=tuple(i for i in self.dense_layers if i < min(layers, self.layers) - 1),
         )
 
     # ------------------------------------------------------------------ constructors
@@ -463,9 +716,11 @@ class ModelSpec:
         """Read a Hugging Face ``config.json`` from disk (nothing is downloaded).
 
         The file is read as ``transformers`` reads it, per architecture: ``model_type`` picks an
-        entry of :data:`HF_ARCHITECTURES` (``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma``,
-        ``phi3``, ``gpt2``, ``opt``, ``gpt_neox``), which names the fields and gives the config
-        class's defaults:
+        entry of :data:`HF_ARCHITECTURES` (dense: ``llama``, ``mistral``, ``qwen2``, ``qwen3``,
+        ``gemma``, ``phi3``, ``gpt2``, ``opt``, ``gpt_neox``; mixture of experts: ``qwen2_moe``,
+        ``qwen3_moe``, ``mixtral``, ``glm4_moe``, whose expert fields are required and read as
+        :func:`_read_experts` says), which names the fields and gives the config class's
+        defaults:
 
         * the shape fields are required: layers, width and query heads (``num_hidden_layers``,
           ``hidden_size``, ``num_attention_heads``; GPT-2: ``n_layer``, ``n_embd``, ``n_head``),
@@ -498,10 +753,12 @@ class ModelSpec:
         sliding-window layers); a quantized checkpoint (``quantization_config``: AWQ, GPTQ,
         bitsandbytes, FP8, ...; quantized weights are not modelled); OPT with a
         ``word_embed_proj_dim`` other than ``hidden_size``; a figure above its ``MAX_*`` bound;
-        mixture-of-experts and multi-head-latent-attention models (not supported yet: read as
-        dense models their parameters, FLOPs and KV cache would be wrong): a ``model_type`` of
-        a known MoE architecture (or one containing ``moe``), an expert count above 1
-        (``num_experts``, ``num_local_experts``, ``n_routed_experts``, ``moe_num_experts``,
+        a missing or out-of-range expert field; mixture-of-experts architectures not in the table
+        and multi-head-latent-attention models (read as dense models their parameters, FLOPs and
+        KV cache would be wrong): a ``model_type`` of a known MoE architecture (or one containing
+        ``moe``) without an expert reader (DeepSeek-V2/V3: MLA; gpt-oss: sliding-window layers;
+        OLMoE, DBRX, ...), an expert count above 1 under such a ``model_type`` (``num_experts``,
+        ``num_local_experts``, ``n_routed_experts``, ``moe_num_experts``,
         ``num_experts_per_tok``, ...; also inside a nested table such as DBRX's ``ffn_config``),
         or a non-null ``kv_lora_rank``/``q_lora_rank``.
 
@@ -515,7 +772,7 @@ class ModelSpec:
         Returns
         -------
         ModelSpec
-            The dense model the file describes.
+            The model the file describes.
 
         Raises
         ------
@@ -609,6 +866,8 @@ class ModelSpec:
             "family": arch.family,
             "checkpoint": str(path.parent.resolve()) if any(path.parent.glob("*.safetensors")) else "",
         }
+        if arch.experts:
+            fields.update(_read_experts(cfg, arch.experts, int(fields["layers"]), path))
         try:
             return cls(**fields)
         except ValueError as exc:
@@ -616,20 +875,136 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, object]:
         """Plain-data form (inverse of ``ModelSpec(**d)``)."""
+        return (
+            {
+                "name": self.name,
+                "layers": self.layers,
+                "hidden": self.hidden,
+                "ffn_hidden": self.ffn_hidden,
+                "vocab": self.vocab,
+                "heads": self.heads,
+                "kv_heads": self.kv_heads,
+                "head_dim": self.head_dim,
+                "ffn_projections": self.ffn_projections,
+                "tied_embeddings": self.tied_embeddings,
+                "dtype_bytes": self.dtype_bytes,
+                "family": self.family,
+            }
+            | ({"checkpoint": self.checkpoint} if self.checkpoint else {})
+            | self._expert_fields()
+        )
+
+    def _expert_fields(self) -> dict[str, object]:
+        """The mixture-of-experts fields, for :meth:`to_dict` (none for a dense model, whose plain
+        data is as before)."""
+        if not self.experts:
+            return {}
         return {
-            "name": self.name,
-            "layers": self.layers,
-            "hidden": self.hidden,
-            "ffn_hidden": self.ffn_hidden,
-            "vocab": self.vocab,
-            "heads": self.heads,
-            "kv_heads": self.kv_heads,
-            "head_dim": self.head_dim,
-            "ffn_projections": self.ffn_projections,
-            "tied_embeddings": self.tied_embeddings,
-            "dtype_bytes": self.dtype_bytes,
-            "family": self.family,
-        } | ({"checkpoint": self.checkpoint} if self.checkpoint else {})
+            "experts": self.experts,
+            "experts_active": self.experts_active,
+            "expert_ffn": self.expert_ffn,
+            "shared_experts": self.shared_experts,
+            "shared_ffn": self.shared_ffn,
+            "dense_layers": list(self.dense_layers),
+        }
+
+
+def _expert_figure(cfg: dict, key: str, path: Path, *, low: int = 1) -> int:
+    """``cfg[key]``, required, an integer ``≥ low`` within :data:`MAX_EXPERTS` (counts) or
+    :data:`MAX_FFN_HIDDEN` (widths); otherwise :class:`InputError` naming the file and field."""
+    value = cfg.get(key)
+    if value is None:
+        raise InputError(
+            f"{path}: missing config field {key!r} (rpeg reads a mixture-of-experts model's expert "
+            "fields from the file, not from a config class's defaults)",
+            source=str(path),
+            field=key,
+        )
+    limit = MAX_FFN_HIDDEN if "size" in key else MAX_EXPERTS
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= limit:
+        raise InputError(
+            f"{path}: field {key!r} must be an integer from {low} to {limit:,}, got {_show(value)}",
+            source=str(path),
+            field=key,
+        )
+    return value
+
+
+def _read_experts(cfg: dict, kind: str, layers: int, path: Path) -> dict[str, object]:
+    """The :class:`ModelSpec` expert fields of a mixture-of-experts ``config.json`` (SPEC §15.1),
+    read as the ``transformers`` model of ``kind`` builds its layers (:data:`HF_ARCHITECTURES`).
+
+    * ``"qwen"`` (Qwen2-MoE, Qwen3-MoE): ``num_experts``, ``num_experts_per_tok``,
+      ``moe_intermediate_size``; Qwen2-MoE's one shared expert of
+      ``shared_expert_intermediate_size`` (its ``d×1`` gate is not counted); layer ``i`` is dense
+      when it is in ``mlp_only_layers`` or ``(i + 1) % decoder_sparse_step ≠ 0`` (both optional:
+      ``[]`` and 1);
+    * ``"mixtral"``: ``num_local_experts``, ``num_experts_per_tok``, experts of
+      ``intermediate_size``; no dense layer;
+    * ``"glm"`` (GLM-4.5): ``n_routed_experts``, ``num_experts_per_tok``,
+      ``moe_intermediate_size``, ``n_shared_experts`` shared experts of the same width, the first
+      ``first_k_dense_replace`` layers dense. The multi-token-prediction layer
+      (``num_nextn_predict_layers``) is not part of the model RL trains and is not counted.
+
+    The expert fields are required (none is taken from a config class's default), and a field
+    out of range is refused, named.
+    """
+    source = str(path)
+    out: dict[str, object] = {}
+    if kind == "qwen":
+        out["experts"] = _expert_figure(cfg, "num_experts", path)
+        out["experts_active"] = _expert_figure(cfg, "num_experts_per_tok", path)
+        out["expert_ffn"] = _expert_figure(cfg, "moe_intermediate_size", path)
+        if cfg.get("model_type") == "qwen2_moe":
+            out["shared_experts"] = 1
+            out["shared_ffn"] = _expert_figure(cfg, "shared_expert_intermediate_size", path)
+        step = cfg.get("decoder_sparse_step", 1)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise InputError(
+                f"{path}: field 'decoder_sparse_step' must be a positive integer, got {_show(step)}",
+                source=source,
+                field="decoder_sparse_step",
+            )
+        only = cfg.get("mlp_only_layers") or []
+        if not isinstance(only, list) or any(
+            isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers for i in only
+        ):
+            raise InputError(
+                f"{path}: field 'mlp_only_layers' must be a list of layer indices in 0..{layers - 1}, "
+                f"got {_show(only)}",
+                source=source,
+                field="mlp_only_layers",
+            )
+        out["dense_layers"] = tuple(i for i in range(layers) if i in only or (i + 1) % step)
+    elif kind == "mixtral":
+        out["experts"] = _expert_figure(cfg, "num_local_experts", path)
+        out["experts_active"] = _expert_figure(cfg, "num_experts_per_tok", path)
+        out["expert_ffn"] = _expert_figure(cfg, "intermediate_size", path)
+    elif kind == "glm":
+        out["experts"] = _expert_figure(cfg, "n_routed_experts", path)
+        out["experts_active"] = _expert_figure(cfg, "num_experts_per_tok", path)
+        out["expert_ffn"] = _expert_figure(cfg, "moe_intermediate_size", path)
+        shared = _expert_figure(cfg, "n_shared_experts", path, low=0)
+        out["shared_experts"], out["shared_ffn"] = shared, out["expert_ffn"] if shared else 0
+        first = _expert_figure(cfg, "first_k_dense_replace", path, low=0)
+        if first >= layers:
+            raise InputError(
+                f"{path}: field 'first_k_dense_replace' = {first} makes every one of the {layers} layers "
+                "dense: no layer has experts",
+                source=source,
+                field="first_k_dense_replace",
+            )
+        out["dense_layers"] = tuple(range(first))
+    else:  # pragma: no cover - HF_ARCHITECTURES names only the kinds above
+        raise ValueError(f"unknown expert reader {kind!r}")
+    if int(out["experts_active"]) > int(out["experts"]):  # type: ignore[call-overload]
+        key = "num_experts_per_tok"
+        raise InputError(
+            f"{path}: field {key!r} = {out['experts_active']} is above the {out['experts']} routed experts",
+            source=source,
+            field=key,
+        )
+    return out
 
 
 def _many_experts(value: object) -> bool:
@@ -640,31 +1015,43 @@ def _many_experts(value: object) -> bool:
 
 
 def _refuse_unsupported(cfg: dict, path: Path) -> None:
-    """Raise :class:`InputError` if ``cfg`` is a mixture-of-experts or an MLA model.
+    """Raise :class:`InputError` if ``cfg`` is a mixture-of-experts model rpeg does not read, or an
+    MLA model.
 
     Checked in order: ``model_type``, the expert counts, the MLA ranks; at the top level, then in
-    each nested table (``text_config``, ``ffn_config``, ...). The message names the file, the
-    field and its value.
+    each nested table (``text_config``, ``ffn_config``, ...). A top-level ``model_type`` whose
+    :data:`HF_ARCHITECTURES` entry reads experts passes the first two checks (its reader takes
+    its own fields). The message names the file, the field and its value.
     """
     tables = [("", cfg)] + [(f"{key}.", value) for key, value in cfg.items() if isinstance(value, dict)]
+    top = cfg.get("model_type")
+    read = isinstance(top, str) and top in HF_ARCHITECTURES and bool(HF_ARCHITECTURES[top].experts)
+    readers = ", ".join(sorted(k for k, a in HF_ARCHITECTURES.items() if a.experts))
     dense = "it would otherwise be misread as a dense model, with wrong parameters, FLOPs and memory"
     for prefix, table in tables:
         model_type = table.get("model_type")
+        if prefix == "" and read:
+            continue
         if isinstance(model_type, str) and (
             model_type.lower() in _MOE_MODEL_TYPES or "moe" in model_type.lower()
         ):
+            why = _UNREAD_MOE.get(
+                model_type.lower(), f"rpeg reads the mixture-of-experts architectures {readers}"
+            )
             raise InputError(
                 f"{path}: field '{prefix}model_type' = {model_type!r} is a mixture-of-experts "
-                f"architecture; mixture-of-experts models are not supported yet ({dense})",
+                f"architecture rpeg does not read yet: {why} ({dense})",
                 source=str(path),
                 field=f"{prefix}model_type",
             )
     for prefix, table in tables:
+        if prefix == "" and read:
+            continue
         for key in _EXPERT_FIELDS:
             if _many_experts(table.get(key)):
                 raise InputError(
-                    f"{path}: field '{prefix}{key}' = {table[key]!r} marks a mixture-of-experts model; "
-                    f"mixture-of-experts models are not supported yet ({dense})",
+                    f"{path}: field '{prefix}{key}' = {table[key]!r} marks a mixture-of-experts model, "
+                    f"but its model_type is not one rpeg reads experts of ({readers}; {dense})",
                     source=str(path),
                     field=prefix + key,
                 )
@@ -767,6 +1154,12 @@ class ModelSpecFile(Strict):
     dtype_bytes: Literal[1, 2, 4] = 2
     family: Literal["llama", "qwen2", "mistral"] = "llama"
     checkpoint: str = ""
+    experts: Annotated[int, Field(ge=0)] = 0
+    experts_active: Annotated[int, Field(ge=0)] = 0
+    expert_ffn: Annotated[int, Field(ge=0)] = 0
+    shared_experts: Annotated[int, Field(ge=0)] = 0
+    shared_ffn: Annotated[int, Field(ge=0)] = 0
+    dense_layers: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
 
 
 def _llama(name: str, L: int, d: int, dff: int, heads: int, kv: int, vocab: int) -> ModelSpec:
@@ -776,6 +1169,35 @@ def _llama(name: str, L: int, d: int, dff: int, heads: int, kv: int, vocab: int)
 def _qwen2(name: str, L: int, d: int, dff: int, heads: int, kv: int, vocab: int) -> ModelSpec:
     return ModelSpec(
         name=name, layers=L, hidden=d, ffn_hidden=dff, vocab=vocab, heads=heads, kv_heads=kv, family="qwen2"
+    )
+
+
+def _moe(
+    name: str,
+    L: int,
+    d: int,
+    dff: int,
+    heads: int,
+    kv: int,
+    vocab: int,
+    *,
+    experts: int,
+    active: int,
+    d_e: int,
+    head_dim: int = 128,
+) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        layers=L,
+        hidden=d,
+        ffn_hidden=dff,
+        vocab=vocab,
+        heads=heads,
+        kv_heads=kv,
+        head_dim=head_dim,
+        experts=experts,
+        experts_active=active,
+        expert_ffn=d_e,
     )
 
 
@@ -793,6 +1215,17 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "qwen2.5-7b": _qwen2("qwen2.5-7b", 28, 3584, 18944, 28, 4, 152064),  # 7.62B
     "qwen2.5-math-7b": _qwen2("qwen2.5-math-7b", 28, 3584, 18944, 28, 4, 152064),  # 7.62B
     "qwen2.5-32b": _qwen2("qwen2.5-32b", 64, 5120, 27648, 40, 8, 152064),  # 32.8B
+    # Mixture of experts (SPEC §15.1; the shapes of the config.json files of Qwen/Qwen3-30B-A3B,
+    # Qwen/Qwen3-235B-A22B and mistralai/Mixtral-8x7B-v0.1; the Qwen3 QK-norms, 256 weights per
+    # layer, are left out like the other norms). Published: 30.5B total / 3.3B active, 235B / 22B,
+    # 46.7B / 12.9B (checked to 1% in tests/ir/test_models.py).
+    "qwen3-30b-a3b": _moe("qwen3-30b-a3b", 48, 2048, 6144, 32, 4, 151936, experts=128, active=8, d_e=768),
+    "qwen3-235b-a22b": _moe(
+        "qwen3-235b-a22b", 94, 4096, 12288, 64, 4, 151936, experts=128, active=8, d_e=1536
+    ),
+    "mixtral-8x7b": _moe(
+        "mixtral-8x7b", 32, 4096, 14336, 32, 8, 32000, experts=8, active=2, d_e=14336, head_dim=0
+    ),
     # 175B-class (GPT-3 shape) for the RPEG paper's 1,024-GPU configuration.
     "gpt3-175b": ModelSpec(
         name="gpt3-175b",

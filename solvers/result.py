@@ -255,6 +255,7 @@ class Result:
                 "layers": inst.spec.layers,
                 "hidden": inst.spec.hidden,
                 "params": inst.spec.params,
+                "active_params": inst.spec.active_params,
                 "trainable": inst.trainable,
                 "head": inst.head.value,
                 "spec": inst.spec.to_dict(),

@@ -355,12 +355,24 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
     and the vLLM CPU build has no sleep mode (``ModelConfig``: "Sleep mode is not supported on
     current platform").
 
+    Mixture-of-experts models (SPEC §15) are refused, naming the model: the runtime builds dense
+    Hugging Face models, and running such a plan as one would be the silent misreading the
+    planner no longer does (expert parallelism on the torch engine is issue 30's next piece).
+
     Raises
     ------
     ValueError
-        Naming the vertex, the choice and what to plan instead.
+        Naming the vertex (or model), the choice and what to plan instead.
     """
     assert result.plan is not None
+    for name, inst in result.graph.models.items():
+        spec = inst.spec
+        if spec.is_moe:
+            raise ValueError(
+                f"model {name!r} ({spec.name}) is a mixture-of-experts model ({spec.experts} experts, "
+                f"{spec.experts_active} per token): the bundled runtime builds dense models only and "
+                "does not run it (plans for it are made and scored; docs/runtime.md)"
+            )
     U = result.workload.mini_batches
     for v, c in zip(result.graph.vertices, result.plan.choices):
         s = c.strategy

@@ -186,9 +186,15 @@ class LayoutMapping:
 
         Megatron splits query heads, key/value groups and FFN columns over ``Pt`` and layers over
         ``Pp``: ``Pt | heads``, ``Pt | kv_heads`` (rpeg's converter keeps whole query groups per
-        rank), ``Pt | ffn_hidden`` and ``Pp ≤ layers``.
+        rank), ``Pt | ffn_hidden`` and ``Pp ≤ layers``. A mixture-of-experts spec is refused (its
+        experts are not mapped yet).
         """
         owner = f"ModelSpec {spec.name!r} with tp={self.tp}, pp={self.pp}"
+        if spec.is_moe:
+            raise ValueError(
+                f"{owner}: a mixture-of-experts model ({spec.experts} experts); its experts are not "
+                "mapped onto Megatron-core's MoE layers yet (num_moe_experts, expert parallelism)"
+            )
         for field in ("heads", "kv_heads", "ffn_hidden"):
             value = getattr(spec, field)
             if value % self.tp:

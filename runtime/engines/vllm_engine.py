@@ -250,21 +250,21 @@ def write_weights(state: Mapping[str, torch.Tensor], directory: str | Path | Non
 
     The file is ``rpeg-weights-<random>.safetensors`` in ``directory`` (default ``/dev/shm`` when it
     exists — memory, not disk — else the temporary directory); the caller removes it. Tensors are
-    detached, moved to the CPU and made contiguous; tensors sharing storage (tied embeddings) are
-    copied, as safetensors stores each tensor once.
+    detached, moved to the CPU and made contiguous; a tensor whose memory another name already
+    holds (tied embeddings) is copied, as safetensors stores each tensor once, while disjoint views
+    of one buffer (a publication kept in place, ``PackedShare``) are written as they are.
     """
     safetensors_torch = require("safetensors.torch", purpose=_PURPOSE)
     if directory is None:
         directory = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     tensors: dict[str, torch.Tensor] = {}
-    storages: set[int] = set()
+    held: set[tuple[int, int]] = set()
     nbytes = 0
     for name, value in state.items():
         t = value.detach().to("cpu").contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in storages:
+        if (t.data_ptr(), t.nbytes) in held:  # the same memory under another name
             t = t.clone()
-        storages.add(t.untyped_storage().data_ptr())
+        held.add((t.data_ptr(), t.nbytes))
         tensors[name] = t
         nbytes += t.numel() * t.element_size()
     fd, name = tempfile.mkstemp(prefix="rpeg-weights-", suffix=".safetensors", dir=directory)

@@ -33,6 +33,20 @@ PUBLISHED = {
     "qwen2.5-7b": 7.61e9,
     "qwen2.5-math-7b": 7.61e9,
     "qwen2.5-32b": 32.5e9,
+    # mixture of experts, model cards (totals; the active counts: MOE_PUBLISHED)
+    "qwen3-30b-a3b": 30.5e9,
+    "qwen3-235b-a22b": 235e9,
+    "mixtral-8x7b": 46.7e9,
+}
+
+#: Published (total, active) parameters of the MoE presets and the tolerance of the active count:
+#: Qwen3 model cards (30.5B / 3.3B, 235B / 22B) and Mistral's Mixtral announcement (46.7B /
+#: 12.9B). 1%, except Qwen3-30B-A3B's "3.3B", given to two digits: the count is 3.353B (2.730B in
+#: the blocks, 0.622B in the untied embeddings), which the card truncates; 2% covers that digit.
+MOE_PUBLISHED = {
+    "qwen3-30b-a3b": (30.5e9, 3.3e9, 0.02),
+    "qwen3-235b-a22b": (235e9, 22e9, 0.01),
+    "mixtral-8x7b": (46.7e9, 12.9e9, 0.01),
 }
 
 # config.json of meta-llama/Llama-3.1-8B (field values as published).
@@ -298,17 +312,16 @@ GPT_OSS_20B_CONFIG = {
     "vocab_size": 201088,
 }
 
-MOE_CONFIGS = {
-    "qwen3-30b-a3b": (QWEN3_30B_A3B_CONFIG, "num_experts", 128),
-    "mixtral-8x7b": (MIXTRAL_8X7B_CONFIG, "num_local_experts", 8),
-    "deepseek-v3": (DEEPSEEK_V3_CONFIG, "n_routed_experts", 256),
-    "gpt-oss-20b": (GPT_OSS_20B_CONFIG, "num_local_experts", 32),
+#: MoE architectures rpeg does not read yet: config, the field that counts experts and its value.
+UNREAD_MOE_CONFIGS = {
+    "deepseek-v3": (DEEPSEEK_V3_CONFIG, "n_routed_experts", 256, "multi-head latent attention"),
+    "gpt-oss-20b": (GPT_OSS_20B_CONFIG, "num_local_experts", 32, "sliding-window attention layers"),
 }
 
 
 def _refused(tmp_path, cfg) -> InputError:
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(InputError, match="mixture-of-experts models are not supported yet") as info:
+    with pytest.raises(InputError, match="mixture-of-experts") as info:
         ModelSpec.from_hf_config(tmp_path)
     assert str(tmp_path / "config.json") in str(info.value)  # the file is named
     assert "misread as a dense model" in str(info.value)
@@ -316,18 +329,27 @@ def _refused(tmp_path, cfg) -> InputError:
     return info.value
 
 
-@pytest.mark.parametrize("family", sorted(MOE_CONFIGS))
-def test_from_hf_config_refuses_moe_model_type(tmp_path, family):
-    cfg, _, _ = MOE_CONFIGS[family]
+@pytest.mark.parametrize("family", sorted(UNREAD_MOE_CONFIGS))
+def test_from_hf_config_refuses_moe_architectures_it_does_not_read(tmp_path, family):
+    cfg, _, _, why = UNREAD_MOE_CONFIGS[family]
     err = _refused(tmp_path, cfg)
     assert f"field 'model_type' = {cfg['model_type']!r}" in str(err)
+    assert why in str(err) and "not modelled yet" in str(err)
     assert err.field == "model_type"
+    err = _refused(tmp_path, dict(QWEN3_30B_A3B_CONFIG, model_type="olmoe"))
+    assert "rpeg reads the mixture-of-experts architectures glm4_moe, mixtral, qwen2_moe, qwen3_moe" in str(
+        err
+    )
 
 
-@pytest.mark.parametrize("family", sorted(MOE_CONFIGS))
+@pytest.mark.parametrize("family", [*sorted(UNREAD_MOE_CONFIGS), "qwen3-30b-a3b", "mixtral-8x7b"])
 def test_from_hf_config_refuses_experts_under_any_model_type(tmp_path, family):
     # an unknown (or dense-looking) model_type does not hide the experts
-    cfg, field, value = MOE_CONFIGS[family]
+    cfg, field, value = {
+        **{k: v[:3] for k, v in UNREAD_MOE_CONFIGS.items()},
+        "qwen3-30b-a3b": (QWEN3_30B_A3B_CONFIG, "num_experts", 128),
+        "mixtral-8x7b": (MIXTRAL_8X7B_CONFIG, "num_local_experts", 8),
+    }[family]
     for model_type in ("my_new_arch", "llama"):
         err = _refused(tmp_path, dict(cfg, model_type=model_type))
         assert f"field {field!r} = {value}" in str(err)
@@ -654,8 +676,8 @@ REFUSED = [
     ("gptq", dict(LLAMA31_8B_CONFIG, quantization_config=GPTQ), "quantization_config", r"quant_method 'gptq', bits 4"),
     ("bitsandbytes", dict(LLAMA31_8B_CONFIG, quantization_config=BNB), "quantization_config", r"quant_method 'bitsandbytes', bits 4"),
     ("fp8", dict(QWEN3_8B_CONFIG, quantization_config=FP8), "quantization_config", r"quant_method 'fp8'\)"),
-    ("no model_type", {k: v for k, v in LLAMA31_8B_CONFIG.items() if k != "model_type"}, "model_type", r"missing config field 'model_type'.*gemma, gpt2, gpt_neox, llama, mistral, opt, phi3, qwen2, qwen3"),
-    ("unknown model_type", dict(LLAMA31_8B_CONFIG, model_type="falcon"), "model_type", r"field 'model_type' = 'falcon' is not an architecture rpeg reads; known: gemma, gpt2"),
+    ("no model_type", {k: v for k, v in LLAMA31_8B_CONFIG.items() if k != "model_type"}, "model_type", r"missing config field 'model_type'.*gemma, glm4_moe, gpt2, gpt_neox, llama, mistral, mixtral, opt, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe"),
+    ("unknown model_type", dict(LLAMA31_8B_CONFIG, model_type="falcon"), "model_type", r"field 'model_type' = 'falcon' is not an architecture rpeg reads; known: gemma, glm4_moe, gpt2"),
     ("model_type not a string", dict(LLAMA31_8B_CONFIG, model_type=3), "model_type", r"field 'model_type' must be a string, got 3"),
     ("gemma2", dict(GEMMA_2B_CONFIG, model_type="gemma2", sliding_window=4096), "model_type", r"'model_type' = 'gemma2' interleaves sliding-window attention layers \(field 'sliding_window' = 4096\)"),
     ("gemma3_text", dict(GEMMA_2B_CONFIG, model_type="gemma3_text", sliding_window=1024), "model_type", r"'gemma3_text' interleaves sliding-window"),
@@ -671,3 +693,196 @@ def test_from_hf_config_refuses_what_it_would_misread(tmp_path, cfg, field, patt
         ModelSpec.from_hf_config(tmp_path)
     assert str(tmp_path / "config.json") in str(info.value)
     assert info.value.field == field
+
+
+# ---------------------------------------------------------------------------- mixture of experts
+# config.json of Qwen/Qwen1.5-MoE-A2.7B (qwen2_moe: one shared expert; 14.3B total, 2.7B active)
+QWEN15_MOE_CONFIG = {
+    "architectures": ["Qwen2MoeForCausalLM"],
+    "decoder_sparse_step": 1,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "model_type": "qwen2_moe",
+    "moe_intermediate_size": 1408,
+    "num_attention_heads": 16,
+    "num_experts": 60,
+    "num_experts_per_tok": 4,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 16,
+    "shared_expert_intermediate_size": 5632,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 151936,
+}
+
+# config.json of zai-org/GLM-4.5-Air (glm4_moe: first layer dense, one shared expert; 106B total)
+GLM45_AIR_CONFIG = {
+    "architectures": ["Glm4MoeForCausalLM"],
+    "first_k_dense_replace": 1,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 10944,
+    "model_type": "glm4_moe",
+    "moe_intermediate_size": 1408,
+    "n_routed_experts": 128,
+    "n_shared_experts": 1,
+    "num_attention_heads": 96,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 46,
+    "num_key_value_heads": 8,
+    "num_nextn_predict_layers": 1,
+    "partial_rotary_factor": 0.5,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 151552,
+}
+
+
+@pytest.mark.parametrize(("name", "published"), sorted(MOE_PUBLISHED.items()))
+def test_moe_presets_count_every_expert_and_the_active_ones(name, published):
+    """Totals count every routed expert, active counts ``k`` of them: both within 1% of the
+    published figures (embeddings included, as those figures do)."""
+    spec = model_preset(name)
+    total, active, tolerance = published
+    assert spec.is_moe
+    assert spec.params == pytest.approx(total, rel=0.01)
+    assert spec.active_params == pytest.approx(active, rel=tolerance)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "preset"), [(QWEN3_30B_A3B_CONFIG, "qwen3-30b-a3b"), (MIXTRAL_8X7B_CONFIG, "mixtral-8x7b")]
+)
+def test_from_hf_config_reads_moe_models_as_their_presets(tmp_path, cfg, preset):
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = ModelSpec.from_hf_config(tmp_path, name=preset)
+    assert spec == model_preset(preset)
+
+
+def test_from_hf_config_reads_a_shared_expert_and_dense_layers(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN15_MOE_CONFIG))
+    spec = ModelSpec.from_hf_config(tmp_path)
+    assert (spec.experts, spec.experts_active, spec.expert_ffn) == (60, 4, 1408)
+    assert (spec.shared_experts, spec.shared_ffn, spec.dense_layers) == (1, 5632, ())
+    assert spec.params == pytest.approx(14.3e9, rel=0.01)
+    assert spec.active_params == pytest.approx(2.7e9, rel=0.01)
+    # Qwen-MoE's dense layers: mlp_only_layers, and the layers off the decoder_sparse_step
+    (tmp_path / "config.json").write_text(
+        json.dumps(dict(QWEN15_MOE_CONFIG, decoder_sparse_step=2, mlp_only_layers=[1, 4]))
+    )
+    spec = ModelSpec.from_hf_config(tmp_path)
+    assert spec.dense_layers == (0, 1, 2, 4, *range(6, 24, 2))
+    assert spec.moe_layers == 24 - len(spec.dense_layers)
+    # GLM-4.5's first k layers are dense; its shared experts have the routed width
+    (tmp_path / "config.json").write_text(json.dumps(GLM45_AIR_CONFIG))
+    glm = ModelSpec.from_hf_config(tmp_path)
+    assert (glm.dense_layers, glm.shared_experts, glm.shared_ffn) == ((0,), 1, 1408)
+    assert glm.params == pytest.approx(106e9, rel=0.01)  # the MTP layer is not counted
+
+
+@pytest.mark.parametrize(
+    ("cfg", "change", "field", "message"),
+    [
+        (
+            QWEN3_30B_A3B_CONFIG,
+            {"moe_intermediate_size": None},
+            "moe_intermediate_size",
+            "missing config field",
+        ),
+        (
+            QWEN3_30B_A3B_CONFIG,
+            {"num_experts_per_tok": 129},
+            "num_experts_per_tok",
+            "above the 128 routed experts",
+        ),
+        (QWEN3_30B_A3B_CONFIG, {"num_experts": 2.5}, "num_experts", "must be an integer"),
+        (QWEN3_30B_A3B_CONFIG, {"mlp_only_layers": [48]}, "mlp_only_layers", "layer indices in 0..47"),
+        (QWEN3_30B_A3B_CONFIG, {"decoder_sparse_step": 0}, "decoder_sparse_step", "positive integer"),
+        (MIXTRAL_8X7B_CONFIG, {"num_local_experts": None}, "num_local_experts", "missing config field"),
+        (GLM45_AIR_CONFIG, {"first_k_dense_replace": 46}, "first_k_dense_replace", "no layer has experts"),
+        (GLM45_AIR_CONFIG, {"n_shared_experts": -1}, "n_shared_experts", "from 0 to"),
+    ],
+)
+def test_from_hf_config_names_a_bad_expert_field(tmp_path, cfg, change, field, message):
+    doc = {k: v for k, v in {**cfg, **change}.items() if v is not None}
+    (tmp_path / "config.json").write_text(json.dumps(doc))
+    with pytest.raises(InputError, match=message) as info:
+        ModelSpec.from_hf_config(tmp_path)
+    assert info.value.field == field and str(tmp_path / "config.json") in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"experts": 1, "experts_active": 1, "expert_ffn": 8}, "experts must be 0 .dense. or at least 2"),
+        (
+            {"experts": 4, "experts_active": 0, "expert_ffn": 8},
+            "experts_active must be between 1 and experts = 4",
+        ),
+        ({"experts": 4, "experts_active": 5, "expert_ffn": 8}, "experts_active must be between 1"),
+        ({"experts": 4, "experts_active": 2}, "expert_ffn must be a positive integer"),
+        ({"experts": 4, "experts_active": 2, "expert_ffn": 8, "shared_experts": 1}, "both 0"),
+        (
+            {"experts": 4, "experts_active": 2, "expert_ffn": 8, "dense_layers": (1, 0)},
+            "increasing layer indices",
+        ),
+        (
+            {"experts": 4, "experts_active": 2, "expert_ffn": 8, "dense_layers": (0, 1)},
+            "no layer has experts",
+        ),
+        ({"experts_active": 2}, "experts_active = 2 but experts = 0"),
+        ({"dense_layers": (0,)}, "dense_layers = .0,. but experts = 0"),
+        ({"experts": 4, "experts_active": 2, "expert_ffn": 8, "dense_layers": "0"}, "tuple of layer indices"),
+    ],
+)
+def test_inconsistent_expert_fields_are_named(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ModelSpec(**{**SMALL, **fields})
+
+
+def test_a_moe_spec_round_trips_and_a_dense_one_writes_no_expert_fields():
+    spec = ModelSpec(
+        **SMALL,
+        experts=4,
+        experts_active=2,
+        expert_ffn=32,
+        shared_experts=1,
+        shared_ffn=16,
+        dense_layers=(0,),
+    )
+    doc = spec.to_dict()
+    assert doc["dense_layers"] == [0]
+    assert ModelSpec(**doc) == spec
+    assert "experts" not in model_preset("llama2-7b").to_dict()
+
+
+def test_moe_sizes_by_hand():
+    """A two-layer toy with one dense layer, by hand: what a token goes through (``k`` routed
+    experts, the shared one, the router) and what is stored (every expert)."""
+    d, dff, de, ds = 64, 128, 32, 16
+    spec = ModelSpec(
+        **SMALL,
+        experts=4,
+        experts_active=2,
+        expert_ffn=de,
+        shared_experts=1,
+        shared_ffn=ds,
+        dense_layers=(0,),
+    )
+    attn = 4 * d * d
+    moe_fixed = 3 * d * ds + d * 4
+    assert spec.layer_params == attn + (3 * d * dff + 2 * 3 * d * de + moe_fixed) / 2
+    assert spec.layer_weights == attn + (3 * d * dff + 4 * 3 * d * de + moe_fixed) / 2
+    head = embed = 100 * d
+    assert spec.params == 2 * (attn + 2 * d) + 3 * d * dff + 4 * 3 * d * de + moe_fixed + embed + d + head
+    assert spec.active_params == spec.params - 2 * 3 * d * de
+    assert spec.ffn_width == (dff + 2 * de + ds) / 2
+    assert spec.routed_width == 2 * d / 2
+    # one token reads its k experts; a long pass touches them all
+    assert spec.layer_weights_read(1) == pytest.approx(spec.layer_params)
+    assert spec.layer_weights_read(10_000) == pytest.approx(spec.layer_weights)
+    assert spec.expert_flop_share == pytest.approx(2 * 3 * d * de / (2 * spec.layer_params))
+    # scaled keeps the experts and scales their widths
+    small = spec.scaled(layers=2, hidden=32, heads=2)
+    assert (small.experts, small.experts_active, small.expert_ffn, small.shared_ffn) == (4, 2, 16, 8)

@@ -34,6 +34,10 @@ WORKLOADS = {
     "grpo": Workload("grpo", {"actor": SEVEN, "reward": ONE}, 32, 4, 128, 256, quantiles=Q3),
     "remax": Workload("remax", {"actor": SEVEN, "reward": ONE}, 64, 1, 128, 256, quantiles=Q3),
     "dpo": Workload("dpo", {"actor": SEVEN}, 64, 2, 128, 256),
+    # a mixture of experts: the MoE FLOP, weight and roofline terms (SPEC §15.1)
+    "grpo-moe": Workload(
+        "grpo", {"actor": model_preset("qwen3-30b-a3b"), "reward": ONE}, 32, 4, 128, 256, quantiles=Q3
+    ),
 }
 CASES = [  # (workload, cluster shape, split_phases, plans per structure)
     ("ppo", "1x2x4", True, 120),
@@ -43,6 +47,7 @@ CASES = [  # (workload, cluster shape, split_phases, plans per structure)
     ("grpo", "1x2x4", True, 100),
     ("remax", "1x4x4", True, 80),
     ("dpo", "1x2x4", True, 60),
+    ("grpo-moe", "1x2x4", True, 60),
     ("ppo", "2x4x8", True, 60),
 ]
 

@@ -129,6 +129,16 @@ def test_state_checksum_is_bitwise_and_survives_the_weights_file(tiny_llama):
         assert ve.state_checksum(load_file(path)) == ve.state_checksum(tied)
     finally:
         path.unlink()
+    # disjoint views of one buffer (a publication kept in place) are written without a copy
+    flat = torch.arange(12.0)
+    views = {"a": flat[:4].view(2, 2), "b": flat[4:].view(2, 4)}
+    path, nbytes = ve.write_weights(views)
+    try:
+        assert nbytes == flat.nbytes
+        loaded = load_file(path)
+        assert torch.equal(loaded["a"], views["a"]) and torch.equal(loaded["b"], views["b"])
+    finally:
+        path.unlink()
 
 
 def test_engine_refuses_what_vllm_cpu_cannot_run_before_starting(tiny_llama, tmp_path):

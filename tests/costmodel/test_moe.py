@@ -1,0 +1,103 @@
+"""The cost model on mixture-of-experts shapes (SPEC §15.1, docs/cost-model.md §9): FLOPs count
+the active experts, memory every expert, a pass reads the experts its tokens touch, and the
+expert GEMMs run at their own efficiency. A dense model's figures are unchanged (the rest of the
+suite pins them)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rpeg import Cluster, Workload, hardware_preset, model_preset, solve
+from rpeg.costmodel.flops import decode_flops_at, prefill_flops
+from rpeg.costmodel.layout import Layout
+from rpeg.costmodel.memory import stored_activation_width, training_state_bytes, weight_shard_params
+from rpeg.costmodel.time import _Roofline
+from rpeg.ir import Strategy
+from rpeg.ir.types import Head
+
+QWEN3_MOE = model_preset("qwen3-30b-a3b")
+MIXTRAL = model_preset("mixtral-8x7b")
+
+
+def _dense_reading(spec):
+    """What the dense reader made of a MoE config.json: one FFN of the dense width, no experts."""
+    return dataclasses.replace(
+        spec, experts=0, experts_active=0, expert_ffn=0, shared_experts=0, shared_ffn=0, dense_layers=()
+    )
+
+
+def test_flops_count_the_active_experts():
+    """Forward FLOPs per token (short prompt: the attention scores vanish) are twice the active
+    non-embedding parameters plus the head: Mixtral's 2 of 8 experts, not one dense FFN."""
+    per_token = prefill_flops(MIXTRAL, sequences=1, prompt_len=1, head=Head.LM)
+    matmuls = MIXTRAL.active_params - 2 * MIXTRAL.embedding_params - (2 * MIXTRAL.layers + 1) * MIXTRAL.hidden
+    head = 2 * MIXTRAL.hidden * MIXTRAL.vocab
+    assert per_token == pytest.approx(2 * matmuls + head + 2 * MIXTRAL.layers * MIXTRAL.q_width, rel=1e-9)
+    dense = prefill_flops(_dense_reading(MIXTRAL), sequences=1, prompt_len=1, head=Head.LM)
+    assert dense / per_token == pytest.approx(0.56, abs=0.01)  # the issue's misreading
+    # a decode step: the same weights per token
+    step = decode_flops_at(MIXTRAL, sequences=1, steps=1, context=0, head=Head.LM)
+    assert step == pytest.approx(per_token - 2 * MIXTRAL.layers * MIXTRAL.q_width)
+
+
+def test_memory_counts_every_expert():
+    """Weights and optimizer state hold all 128 experts: Qwen3-30B-A3B's shard on one device is
+    its 30.5B parameters (norms aside), nine times what the dense reading held."""
+    shard = weight_shard_params(QWEN3_MOE, 1, 1)
+    assert shard == pytest.approx(QWEN3_MOE.params, rel=1e-3)
+    assert shard / weight_shard_params(_dense_reading(QWEN3_MOE), 1, 1) > 9
+    lay = Layout(Strategy((1, 1, 8), 8, 1, 1, 1))
+    assert training_state_bytes(QWEN3_MOE, lay) == pytest.approx(12 * shard / 8)
+    # activations: the token's k expert widths and its k dispatched copies
+    k, d, de = QWEN3_MOE.experts_active, QWEN3_MOE.hidden, QWEN3_MOE.expert_ffn
+    a = stored_activation_width(QWEN3_MOE, 1)
+    assert a == pytest.approx(4 * d + k * d + 2 * QWEN3_MOE.q_width + 2 * QWEN3_MOE.kv_width + 4 * k * de)
+
+
+def test_a_decode_step_reads_the_experts_its_tokens_touch():
+    """Ω_W: one sequence's decode step reads its 8 experts; 8 sequences about 52 of 128; a
+    prefill microbatch all of them."""
+    m = QWEN3_MOE
+    expert = m.expert_params
+    fixed = m.attention_params + m.hidden * m.experts
+    assert m.layer_weights_read(1) == pytest.approx(fixed + 8 * expert)
+    assert (m.layer_weights_read(8) - fixed) / expert == pytest.approx(51.6, abs=0.1)
+    assert m.layer_weights_read(4096) == pytest.approx(m.layer_weights)
+
+
+def test_expert_gemms_run_at_their_own_efficiency():
+    """With few rows per expert (b·ℓ·k/E) the expert GEMMs are less efficient than the dense ones:
+    the MoE model's compute-bound F_eff is below the dense reading's, by the harmonic blend of the
+    two efficiencies; a dense model is unchanged (φ = 0)."""
+    hw = hardware_preset("h100")
+    lay = Layout(Strategy((1, 1, 1), 1, 1, 1, 1))
+    moe, dense = _Roofline(QWEN3_MOE, lay, hw, 1.0), _Roofline(_dense_reading(QWEN3_MOE), lay, hw, 1.0)
+    work, tokens = 1e18, 512.0  # huge work per byte: compute-bound
+    rows = tokens
+    eta = rows / (rows + hw.gamma_m) * dense.eta_k
+    r_e = rows * 8 / 128
+    eta_e = r_e / (r_e + hw.gamma_m) * moe.eta_e
+    phi = QWEN3_MOE.expert_flop_share
+    assert moe.flops(work, tokens) == pytest.approx(hw.peak_flops / ((1 - phi) / eta + phi / eta_e))
+    assert moe.flops(work, tokens) < dense.flops(work, tokens)
+    assert dense.flops(work, tokens) == pytest.approx(hw.peak_flops * eta)
+
+
+def test_a_moe_grpo_job_plans_with_its_true_memory():
+    """GRPO of Qwen3-30B-A3B on 8 H100: the plan holds the optimizer state of 30.5B parameters
+    (at least ``12·N/8`` bytes on the busiest device, whatever sharding greedy picks), where the
+    dense reading held 3.3B; with the same active FLOPs it is predicted slower than that reading,
+    because its passes move every expert's weights."""
+    wl = Workload("grpo", {"actor": QWEN3_MOE}, 64, 8, 512, 2048, reward="rule", kl_coef=0.0)
+    cluster = Cluster.from_shape("1x1x8", hardware_preset("h100"))
+    result = solve(wl, cluster, "greedy", seed=0)
+    assert result.plan is not None and result.feasible
+    assert max(result.evaluation.memory.peak) >= 12 * QWEN3_MOE.params / 8
+    doc = result.to_dict()["models"]["actor"]
+    assert (doc["params"], doc["active_params"]) == (QWEN3_MOE.params, QWEN3_MOE.active_params)
+    dense = solve(
+        dataclasses.replace(wl, models={"actor": _dense_reading(QWEN3_MOE)}), cluster, "greedy", seed=0
+    )
+    assert result.evaluation.makespan > dense.evaluation.makespan
