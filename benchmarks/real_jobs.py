@@ -9,7 +9,12 @@ Workloads are files in ``benchmarks/real_jobs/`` (one TOML each, every field a r
 4. GRPO Qwen2.5-32B, 512 × 8, Lr 8,192 on 4 nodes of 8 H100;
 5. GRPO Llama-3.3-70B (the Llama-3.1-70B shape), 256 × 8, Lr 4,096 on 8 nodes of 8 H100;
 6. DAPO-style GRPO (no reference, rule reward, old log-probs on the trainer, 16 mini-batches)
-   Qwen2.5-Math-7B, 512 × 16, Lp 2,048, Lr 28,672 on 32, 64 and 128 H20.
+   Qwen2.5-Math-7B, 512 × 16, Lp 2,048, Lr 28,672 on 32, 64 and 128 H20;
+7. (issue 30, section ``real-jobs-moe``) GRPO Qwen3-30B-A3B, 512 × 8, Lr 8,192 on 2 nodes of 8
+   H100; GRPO Qwen3-235B-A22B, 512 × 8, Lr 8,192 on 8 nodes; GRPO DeepSeek-V3, 512 × 4,
+   Lr 2,048 on 64 nodes; GRPO Qwen2.5-7B at Lr 32,768 and 65,536 on 4 nodes. Planned without
+   expert or context parallelism (not in the plan space yet): the baseline those will be
+   measured against.
 
 For each: greedy, concurrent and sa (``--time-limit`` seconds, default 60, seed 0): status,
 predicted step time, real-token throughput, peak memory against ``M_eff`` and the chosen
@@ -34,6 +39,7 @@ strategies. Then the public layouts, written as plans (``result_for_plan``) and 
 Run from the repository root::
 
     python benchmarks/real_jobs.py [--time-limit 60] [--only NAME,...] [--no-write]
+    python benchmarks/real_jobs.py --moe [--time-limit 60]      # the jobs of 7
 """
 
 from __future__ import annotations
@@ -65,6 +71,15 @@ JOBS = [
     ("grpo-qwen2.5-32b", ["1x4x8"]),
     ("grpo-llama3.3-70b", ["1x8x8"]),
     ("dapo-qwen2.5-math-7b", ["1x4x8", "1x8x8", "2x8x8"]),
+]
+
+#: Issue 30's jobs (mixture of experts, long responses), written to their own section
+MOE_JOBS = [
+    ("grpo-qwen3-30b-a3b", ["1x2x8"]),
+    ("grpo-qwen3-235b-a22b", ["1x8x8"]),
+    ("grpo-deepseek-v3", ["8x8x8"]),
+    ("grpo-qwen2.5-7b-32k", ["1x4x8"]),
+    ("grpo-qwen2.5-7b-64k", ["1x4x8"]),
 ]
 
 #: verl's published colocated synchronous step of job (6) on H20, seconds per step:
@@ -118,6 +133,21 @@ def _row(job: str, shape: str, method: str, result: rpeg.Result, seconds: float)
         _strategies(result),
         seconds,
     )
+
+
+def _table(rows: list[Row]) -> list[str]:
+    """The rows as a Markdown table: job, cluster, method, status, step, throughput, memory,
+    strategies, solve time."""
+    out = [
+        "| job | cluster | method | status | step s | tokens/s | peak / M_eff GiB | strategies | solve s |",
+        "|---|---|---|---|---:|---:|---|---|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r.job} | {r.shape} | {r.method} | {r.status} | {r.step_s:,.1f} | {r.throughput:,.0f} | "
+            f"{r.peak_gib:.1f} / {r.m_eff_gib:.1f} | {r.strategies} | {r.seconds:.1f} |"
+        )
+    return out
 
 
 def run_job(stem: str, shape: str, time_limit: float) -> list[Row]:
@@ -244,7 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=60.0, help="SA seconds per job and cluster")
     ap.add_argument("--only", default="", help="comma-separated workload names")
     ap.add_argument("--no-write", action="store_true", help="print only; do not update RESULTS.md")
+    ap.add_argument(
+        "--moe", action="store_true", help="issue 30's MoE and long-response jobs (section real-jobs-moe)"
+    )
     args = ap.parse_args(argv)
+    if args.moe:
+        return moe_jobs(args, argv)
     only = {s for s in args.only.split(",") if s}
     rows: list[Row] = []
     for stem, shapes in JOBS:
@@ -265,14 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Every job and cluster with a memory-feasible sa plan: **{feasible}/{len(sa_ok)}**. Step time is "
         "predicted (`makespan/k_eval`); throughput counts real tokens, `B·R·(Lp + Ē)` per step.",
         "",
-        "| job | cluster | method | status | step s | tokens/s | peak / M_eff GiB | strategies | solve s |",
-        "|---|---|---|---|---:|---:|---|---|---:|",
+        *_table(rows),
     ]
-    for r in rows:
-        out.append(
-            f"| {r.job} | {r.shape} | {r.method} | {r.status} | {r.step_s:,.1f} | {r.throughput:,.0f} | "
-            f"{r.peak_gib:.1f} / {r.m_eff_gib:.1f} | {r.strategies} | {r.seconds:.1f} |"
-        )
     if public:
         out += [
             "",
@@ -304,6 +333,37 @@ def main(argv: list[str] | None = None) -> int:
         ]
     if not args.no_write:
         write_section("real-jobs", out)
+    print("\n".join(out))
+    return 0
+
+
+def moe_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """Issue 30's jobs, planned by greedy, concurrent and sa, into the section ``real-jobs-moe``."""
+    rows: list[Row] = []
+    for stem, shapes in MOE_JOBS:
+        for shape in shapes:
+            rows.extend(run_job(stem, shape, args.time_limit))
+    feasible = sum(
+        r.status in ("feasible", "optimal", "time_limit") and r.throughput > 0
+        for r in rows
+        if r.method == "sa"
+    )
+    out = [
+        "## Mixture-of-experts and long-response jobs, before expert and context parallelism (issue 30)",
+        "",
+        f"Command: `{command('real_jobs.py', argv)}`. Machine: {machine()}.",
+        "",
+        "The models as their config.json files describe them (`docs/cost-model.md` §9: FLOPs count the "
+        "active experts, memory every expert, DeepSeek-V3's KV cache its latent); the plan space has "
+        "no expert or context parallelism yet, so every rank holds all the experts of its stage and "
+        "every sequence whole. These are the plans such parallelism will be measured against. "
+        f"Memory-feasible sa plans: **{feasible}/{sum(r.method == 'sa' for r in rows)}**. Step time "
+        "is predicted (`makespan/k_eval`); throughput counts real tokens.",
+        "",
+        *_table(rows),
+    ]
+    if not args.no_write:
+        write_section("real-jobs-moe", out)
     print("\n".join(out))
     return 0
 

@@ -39,6 +39,7 @@ from .layout import Layout
 from .memory import (
     inference_activation_bytes,
     kv_cache_bytes,
+    kv_scalars_per_device,
     kv_width_per_device,
     model_params,
     stored_activation_width,
@@ -69,6 +70,7 @@ __all__ = [
     "inference_activation_bytes",
     "inference_flops",
     "kv_cache_bytes",
+    "kv_scalars_per_device",
     "kv_width_per_device",
     "load_hardware",
     "model_params",

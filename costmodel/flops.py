@@ -99,7 +99,7 @@ def forward_flops(
     """
     ell = float(tokens)
     sq = ell * ell if tokens_sq is None else float(tokens_sq)
-    per_layer = 2.0 * model.layer_params * ell + 2.0 * model.q_width * sq
+    per_layer = 2.0 * model.layer_params * ell + 2.0 * model.attention_width * sq
     return model.layers * per_layer + head_flops_per_token(model, head) * ell
 
 
@@ -159,7 +159,7 @@ def attention_core_flops(model: ModelSpec, tokens: float, tokens_sq: float | Non
     """
     ell = float(tokens)
     sq = ell * ell if tokens_sq is None else float(tokens_sq)
-    return model.layers * 2.0 * model.q_width * sq
+    return model.layers * 2.0 * model.attention_width * sq
 
 
 def training_passes(
@@ -276,7 +276,7 @@ def prefill_flops(model: ModelSpec, *, sequences: float, prompt_len: int, head: 
         FLOPs.
     """
     ell = float(prompt_len)
-    layers = model.layers * (2.0 * model.layer_params * ell + 2.0 * model.q_width * ell * ell)
+    layers = model.layers * (2.0 * model.layer_params * ell + 2.0 * model.attention_width * ell * ell)
     return sequences * (layers + head_flops_per_token(model, head))
 
 
@@ -345,7 +345,7 @@ def decode_flops_at(
         FLOPs.
     """
     per_token = model.layers * (
-        2.0 * model.layer_params + 4.0 * model.q_width * context
+        2.0 * model.layer_params + 4.0 * model.decode_attention_width * context
     ) + head_flops_per_token(model, head)
     return sequences * steps * per_token
 

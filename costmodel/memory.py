@@ -39,6 +39,7 @@ __all__ = [
     "kv_budget_tokens",
     "kv_bytes_per_token",
     "kv_cache_bytes",
+    "kv_scalars_per_device",
     "kv_width_per_device",
     "logits_bytes",
     "memory_fraction",
@@ -223,6 +224,30 @@ def kv_width_per_device(model: ModelSpec, tp: int) -> int:
     return math.ceil(model.kv_heads / tp) * model.head_dim
 
 
+def kv_scalars_per_device(model: ModelSpec, tp: int) -> float:
+    """Scalars one token caches per block on one TP rank: ``2·d_kv,local`` (K and V,
+    :func:`kv_width_per_device`); with multi-head latent attention ``r_kv + rope`` — the latent and
+    the shared rotary key, which every TP rank holds whole (vLLM's MLA backends shard heads, not
+    the latent; SPEC §15.1).
+
+    Parameters
+    ----------
+    model
+        The model.
+    tp
+        Tensor-parallel degree ``Pt``.
+
+    Returns
+    -------
+    float
+        Scalars per token and block.
+    """
+    _check_degree("tp", tp)
+    if model.is_mla:
+        return float(model.kv_cache_width)
+    return 2.0 * kv_width_per_device(model, tp)
+
+
 def _layer_buffer_width(model: ModelSpec, tp: int) -> float:
     """Per-token scalars of one block's largest intermediate: ``max(2d + 6d/Pt, 2d + 2dff/Pt)``
     (a MoE block: ``dff`` is the token's width in its experts, :attr:`~rpeg.ir.models.ModelSpec.ffn_width`)."""
@@ -263,7 +288,7 @@ def stored_activation_width(model: ModelSpec, tp: int) -> float:
     """
     _check_degree("tp", tp)
     d = model.hidden
-    sharded = 2.0 * model.q_width + 2.0 * model.kv_width + 2.0 * (model.ffn_projections - 1) * model.ffn_width
+    sharded = model.attention_activation_width + 2.0 * (model.ffn_projections - 1) * model.ffn_width
     return 4.0 * d + model.routed_width + sharded / tp
 
 
@@ -350,9 +375,10 @@ def inference_activation_bytes(
 def kv_cache_bytes(
     model: ModelSpec, layout: Layout, *, sequences: float, prompt_len: int, response_len: int
 ) -> float:
-    """Generation KV cache at full length: ``2·sb·(n/Pd)·(Lp + Lr)·(L/Pp)·d_kv,local`` (SPEC §6).
+    """Generation KV cache at full length: ``sb·(n/Pd)·(Lp + Lr)·(L/Pp)·c_local`` (SPEC §6).
 
-    ``d_kv,local`` is :func:`kv_width_per_device` (``d_kv/Pt``, at least one head); all ``n/Pd``
+    ``c_local`` is :func:`kv_scalars_per_device`: ``2·d_kv,local`` (``d_kv/Pt``, at least one
+    head, :func:`kv_width_per_device`), or with latent attention ``r_kv + rope``; all ``n/Pd``
     local sequences are cached, not a microbatch.
 
     Parameters
@@ -372,9 +398,8 @@ def kv_cache_bytes(
         Bytes per device.
     """
     s = layout.strategy
-    width = kv_width_per_device(model, s.tp)
-    per_seq = (prompt_len + response_len) * model.layers / s.pp * width
-    return 2.0 * model.dtype_bytes * sequences / s.dp * per_seq
+    per_seq = (prompt_len + response_len) * model.layers / s.pp * kv_scalars_per_device(model, s.tp)
+    return model.dtype_bytes * sequences / s.dp * per_seq
 
 
 #: Rollout-engine settings that size its workspace and bound its running batch (SPEC §14.5):
@@ -480,10 +505,11 @@ def logits_bytes(
 
 
 def kv_bytes_per_token(model: ModelSpec, layout: Layout) -> float:
-    """``κ = 2·sb·(L/Pp)·d_kv,local``: KV-cache bytes one token takes on each device of a
-    replica (SPEC §14.5; ``d_kv,local`` = :func:`kv_width_per_device`)."""
+    """``κ = sb·(L/Pp)·c_local``: KV-cache bytes one token takes on each device of a replica
+    (SPEC §14.5), ``c_local`` = :func:`kv_scalars_per_device` (``2·d_kv,local``; latent attention:
+    ``r_kv + rope``)."""
     s = layout.strategy
-    return 2.0 * model.dtype_bytes * model.layers / s.pp * kv_width_per_device(model, s.tp)
+    return model.dtype_bytes * model.layers / s.pp * kv_scalars_per_device(model, s.tp)
 
 
 def memory_fraction(layout: Layout, hw: Hardware) -> float:

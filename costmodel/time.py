@@ -27,7 +27,7 @@ from .collectives import (
 )
 from .flops import decode_flops_at, inference_flops, prefill_flops, training_flops, training_passes
 from .layout import Layout, check_tier, positive_int
-from .memory import ROLLOUT_MAX_SEQS, kv_budget_tokens, kv_width_per_device, model_params
+from .memory import ROLLOUT_MAX_SEQS, kv_budget_tokens, kv_scalars_per_device, model_params
 
 __all__ = [
     "OPTIMIZER_TRAFFIC_BYTES",
@@ -443,7 +443,7 @@ def _decode_terms(
     sb, d, layers = model.dtype_bytes, model.hidden, node.layers
     dec = hw.terms("decode")
     w = decode_flops_at(model, sequences=sequences, steps=steps, context=context, head=head)
-    kv_reads = node.b * context * 2 * kv_width_per_device(model, tp) * sb * layers
+    kv_reads = node.b * context * kv_scalars_per_device(model, tp) * sb * layers
     t_gemm = node.gemm(w, w / (P * mb * steps), 1, kv_reads) / dec.efficiency
     t_over = steps * node.slots * (dec.per_step_s + layers * dec.per_layer_s)
     t_tp = node.tp_rounds(2 * layers * rounds, sequences * d * sb / dp, hw.tensor_parallel())

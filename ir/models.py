@@ -76,12 +76,31 @@ _LIMITS = {
     "expert_ffn": ("MAX_FFN_HIDDEN", MAX_FFN_HIDDEN),
     "shared_experts": ("MAX_EXPERTS", MAX_EXPERTS),
     "shared_ffn": ("MAX_FFN_HIDDEN", MAX_FFN_HIDDEN),
+    "q_lora_rank": ("MAX_HIDDEN", MAX_HIDDEN),
+    "kv_lora_rank": ("MAX_HIDDEN", MAX_HIDDEN),
+    "qk_nope_head_dim": ("MAX_HEAD_DIM", MAX_HEAD_DIM),
+    "qk_rope_head_dim": ("MAX_HEAD_DIM", MAX_HEAD_DIM),
+    "v_head_dim": ("MAX_HEAD_DIM", MAX_HEAD_DIM),
 }
 
 #: ``ModelSpec`` figures that may be 0 (``head_dim``: derived; the expert figures: a dense model).
 _ZERO_ALLOWED = frozenset(
-    {"head_dim", "experts", "experts_active", "expert_ffn", "shared_experts", "shared_ffn"}
+    {
+        "head_dim",
+        "experts",
+        "experts_active",
+        "expert_ffn",
+        "shared_experts",
+        "shared_ffn",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+    }
 )
+#: The multi-head latent attention fields of :class:`ModelSpec` (all 0: standard attention).
+_MLA_SPEC_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 def _show(value: object) -> str:
@@ -139,8 +158,6 @@ _MOE_MODEL_TYPES = frozenset(
 #: Why a mixture-of-experts architecture outside :data:`HF_ARCHITECTURES` is refused, where more
 #: than "not read" is known (SPEC §15.1 names them; the next pieces of issue 30 add them).
 _UNREAD_MOE = {
-    "deepseek_v2": "its multi-head latent attention (kv_lora_rank, q_lora_rank) is not modelled yet",
-    "deepseek_v3": "its multi-head latent attention (kv_lora_rank, q_lora_rank) is not modelled yet",
     "gpt_oss": "its sliding-window attention layers (layer_types, sliding_window) are not modelled yet",
 }
 
@@ -158,8 +175,8 @@ _EXPERT_FIELDS = (
     "moe_k",  # ERNIE-4.5-MoE
 )
 
-#: Multi-head latent attention (DeepSeek-V2/V3, MiniCPM3): compressed K/V and Q, whose KV cache
-#: and parameters the dense formulas would get wrong.
+#: Multi-head latent attention fields: read for DeepSeek-V2/V3 (:func:`_read_latent`), refused under
+#: any other ``model_type`` (MiniCPM3), whose KV cache and parameters the dense formulas would get wrong.
 _MLA_FIELDS = ("kv_lora_rank", "q_lora_rank")
 
 
@@ -195,8 +212,12 @@ class HFArchitecture:
         ``"llama"``).
     experts
         How the mixture-of-experts fields are read (:func:`_read_experts`): ``"qwen"``
-        (Qwen2-MoE, Qwen3-MoE), ``"mixtral"`` (Mixtral), ``"glm"`` (GLM-4.5); ``""``: a dense
-        architecture.
+        (Qwen2-MoE, Qwen3-MoE), ``"mixtral"`` (Mixtral), ``"glm"`` (GLM-4.5), ``"deepseek"``
+        (DeepSeek-V2/V3); ``""``: a dense architecture.
+    latent
+        Whether attention is multi-head latent attention, read from ``q_lora_rank``,
+        ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim`` and ``v_head_dim``
+        (:func:`_read_latent`).
     """
 
     source: str
@@ -213,6 +234,7 @@ class HFArchitecture:
     tied: bool = False
     family: str = "llama"
     experts: str = ""
+    latent: bool = False
 
 
 #: The ``model_type`` values :meth:`ModelSpec.from_hf_config` reads, each as its ``transformers``
@@ -311,6 +333,21 @@ HF_ARCHITECTURES: dict[str, HFArchitecture] = {
         head_dim_default=128,
         experts="glm",
     ),
+    "deepseek_v3": HFArchitecture(
+        "DeepseekV3Config (tie_word_embeddings False); DeepseekV3Attention: q_a_proj d×q_lora_rank "
+        "(none when q_lora_rank is null), q_b_proj, kv_a_proj_with_mqa d×(kv_lora_rank + "
+        "qk_rope_head_dim), kv_b_proj kv_lora_rank×H·(qk_nope_head_dim + v_head_dim), o_proj; "
+        "DeepseekV3MoE: router d×E, n_routed_experts experts and n_shared_experts shared ones of "
+        "moe_intermediate_size; dense DeepseekV3MLP (intermediate_size) below first_k_dense_replace "
+        "and off moe_layer_freq",
+        experts="deepseek",
+        latent=True,
+    ),
+    "deepseek_v2": HFArchitecture(
+        "DeepseekV2Config (tie_word_embeddings False); attention and MoE as DeepSeek-V3's",
+        experts="deepseek",
+        latent=True,
+    ),
 }
 
 #: Dense architectures with interleaved sliding-window attention layers (whose attention FLOPs and
@@ -376,6 +413,12 @@ class ModelSpec:
         Layer indices (0-based, increasing) whose FFN is the dense one (``ffn_hidden``) in a
         mixture-of-experts model: DeepSeek's and GLM-4.5's first ``k`` layers, Qwen-MoE's
         ``mlp_only_layers``. The other layers are MoE layers.
+    q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+        Multi-head latent attention (DeepSeek-V2/V3; SPEC §15.1), all 0 for standard attention:
+        the query's low-rank width (0: no query compression), the compressed K/V latent's width,
+        each head's query/key width without and with rotary embedding (the rotary key is one
+        shared head), each head's value width. ``kv_lora_rank > 0`` makes the model MLA, and then
+        the last three are required; ``head_dim`` and ``kv_heads`` are not used for attention.
 
     Raises
     ------
@@ -404,6 +447,11 @@ class ModelSpec:
     shared_experts: int = 0
     shared_ffn: int = 0
     dense_layers: tuple[int, ...] = ()
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -468,6 +516,24 @@ class ModelSpec:
                 f"ModelSpec {self.name!r}: family must be one of {', '.join(FAMILIES)}, got {self.family!r}"
             )
         self._check_experts()
+        self._check_mla()
+
+    def _check_mla(self) -> None:
+        """The MLA fields are all 0, or describe a latent attention (SPEC §15.1)."""
+        if not self.kv_lora_rank:
+            extra = [f"{f} = {getattr(self, f)}" for f in _MLA_SPEC_FIELDS if getattr(self, f)]
+            if extra:
+                raise ValueError(
+                    f"ModelSpec {self.name!r}: {', '.join(extra)} but kv_lora_rank = 0 (standard attention "
+                    "has no latent-attention fields)"
+                )
+            return
+        missing = [f for f in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if not getattr(self, f)]
+        if missing:
+            raise ValueError(
+                f"ModelSpec {self.name!r}: multi-head latent attention (kv_lora_rank = {self.kv_lora_rank}) "
+                f"needs {', '.join(missing)} > 0"
+            )
 
     def _check_experts(self) -> None:
         """The mixture-of-experts fields agree with each other and with ``layers`` (SPEC §15.1)."""
@@ -538,9 +604,63 @@ class ModelSpec:
         return self.layers - len(self.dense_layers) if self.experts else 0
 
     @property
+    def is_mla(self) -> bool:
+        """Whether attention is multi-head latent attention (``kv_lora_rank > 0``)."""
+        return self.kv_lora_rank > 0
+
+    @property
     def attention_params(self) -> int:
-        """Matmul parameters of one block's attention, ``2·d·d_q + 2·d·d_kv``."""
-        return 2 * self.hidden * self.q_width + 2 * self.hidden * self.kv_width
+        """Matmul parameters of one block's attention: ``2·d·d_q + 2·d·d_kv``; with latent
+        attention (``H`` heads, query/key width ``d_qk = nope + rope``, value width ``d_v``)
+        ``[d·r_q + r_q·H·d_qk or d·H·d_qk] + d·(r_kv + rope) + r_kv·H·(nope + d_v) + H·d_v·d``:
+        the query's down and up projections (or one projection without ``r_q``), the joint K/V
+        down projection with the shared rotary key, its up projection to every head's key and
+        value, and the output."""
+        d = self.hidden
+        if not self.is_mla:
+            return 2 * d * self.q_width + 2 * d * self.kv_width
+        h, nope, rope, dv = self.heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
+        r_q, r_kv = self.q_lora_rank, self.kv_lora_rank
+        query = d * r_q + r_q * h * (nope + rope) if r_q else d * h * (nope + rope)
+        return query + d * (r_kv + rope) + r_kv * h * (nope + dv) + h * dv * d
+
+    @property
+    def attention_width(self) -> float:
+        """``d_att``, the per-token width of the attention core, so that its FLOPs at context
+        ``c`` are ``4·d_att·c``: ``d_q`` for standard attention (scores and the sum over ``V`` each
+        ``2·d_q·c``); with latent attention, as trained and prefilled (keys and values expanded per
+        head), ``H·(d_qk + d_v)/2``."""
+        if not self.is_mla:
+            return float(self.q_width)
+        return self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim) / 2
+
+    @property
+    def decode_attention_width(self) -> float:
+        """``d_att`` of one decode step: ``d_q``; with latent attention as engines decode it (the
+        key and value up-projections absorbed into the query and output, attention over the
+        cached latent), ``H·(2·r_kv + rope)/2``: scores over ``r_kv + rope``, the sum over
+        ``r_kv``."""
+        if not self.is_mla:
+            return float(self.q_width)
+        return self.heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim) / 2
+
+    @property
+    def kv_cache_width(self) -> int:
+        """Scalars one token caches per block: ``2·d_kv`` (K and V); with latent attention
+        ``r_kv + rope`` (the latent and the shared rotary key)."""
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.kv_width
+
+    @property
+    def attention_activation_width(self) -> float:
+        """Scalars a block's attention keeps per token for its backward, sharded over TP: ``Q``,
+        ``K``, ``V`` and the output's input, ``2·d_q + 2·d_kv``; with latent attention
+        ``2·H·d_qk + 2·H·d_v`` (the expanded per-head ones) plus the latents ``r_q + r_kv + rope``."""
+        if not self.is_mla:
+            return float(2 * self.q_width + 2 * self.kv_width)
+        h, qk, dv = self.heads, self.qk_nope_head_dim + self.qk_rope_head_dim, self.v_head_dim
+        return 2.0 * h * qk + 2.0 * h * dv + self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim
 
     @property
     def dense_ffn_params(self) -> int:
@@ -648,7 +768,8 @@ class ModelSpec:
     def _total(self, ffn: int) -> int:
         d = self.hidden
         head = 0 if self.tied_embeddings else self.vocab * d
-        return self.layers * (self.attention_params + 2 * d) + ffn + self.embedding_params + d + head
+        norms = 2 * d + self.q_lora_rank + self.kv_lora_rank  # latent attention normalises its latents
+        return self.layers * (self.attention_params + norms) + ffn + self.embedding_params + d + head
 
     @property
     def params(self) -> int:
@@ -718,9 +839,10 @@ class ModelSpec:
         The file is read as ``transformers`` reads it, per architecture: ``model_type`` picks an
         entry of :data:`HF_ARCHITECTURES` (dense: ``llama``, ``mistral``, ``qwen2``, ``qwen3``,
         ``gemma``, ``phi3``, ``gpt2``, ``opt``, ``gpt_neox``; mixture of experts: ``qwen2_moe``,
-        ``qwen3_moe``, ``mixtral``, ``glm4_moe``, whose expert fields are required and read as
-        :func:`_read_experts` says), which names the fields and gives the config class's
-        defaults:
+        ``qwen3_moe``, ``mixtral``, ``glm4_moe``, ``deepseek_v2``, ``deepseek_v3``, whose expert
+        fields — and DeepSeek's latent-attention fields — are required and read as
+        :func:`_read_experts` and :func:`_read_latent` say), which names the fields and gives the
+        config class's defaults:
 
         * the shape fields are required: layers, width and query heads (``num_hidden_layers``,
           ``hidden_size``, ``num_attention_heads``; GPT-2: ``n_layer``, ``n_embd``, ``n_head``),
@@ -756,11 +878,10 @@ class ModelSpec:
         a missing or out-of-range expert field; mixture-of-experts architectures not in the table
         and multi-head-latent-attention models (read as dense models their parameters, FLOPs and
         KV cache would be wrong): a ``model_type`` of a known MoE architecture (or one containing
-        ``moe``) without an expert reader (DeepSeek-V2/V3: MLA; gpt-oss: sliding-window layers;
-        OLMoE, DBRX, ...), an expert count above 1 under such a ``model_type`` (``num_experts``,
+        ``moe``) without an expert reader (gpt-oss: sliding-window layers; OLMoE, DBRX, ...), an expert count above 1 under such a ``model_type`` (``num_experts``,
         ``num_local_experts``, ``n_routed_experts``, ``moe_num_experts``,
         ``num_experts_per_tok``, ...; also inside a nested table such as DBRX's ``ffn_config``),
-        or a non-null ``kv_lora_rank``/``q_lora_rank``.
+        or a non-null ``kv_lora_rank``/``q_lora_rank`` under a ``model_type`` other than DeepSeek's.
 
         Parameters
         ----------
@@ -868,6 +989,8 @@ class ModelSpec:
         }
         if arch.experts:
             fields.update(_read_experts(cfg, arch.experts, int(fields["layers"]), path))
+        if arch.latent:
+            fields.update(_read_latent(cfg, path))
         try:
             return cls(**fields)
         except ValueError as exc:
@@ -892,6 +1015,7 @@ class ModelSpec:
             }
             | ({"checkpoint": self.checkpoint} if self.checkpoint else {})
             | self._expert_fields()
+            | ({f: getattr(self, f) for f in _MLA_SPEC_FIELDS} if self.is_mla else {})
         )
 
     def _expert_fields(self) -> dict[str, object]:
@@ -915,8 +1039,8 @@ def _expert_figure(cfg: dict, key: str, path: Path, *, low: int = 1) -> int:
     value = cfg.get(key)
     if value is None:
         raise InputError(
-            f"{path}: missing config field {key!r} (rpeg reads a mixture-of-experts model's expert "
-            "fields from the file, not from a config class's defaults)",
+            f"{path}: missing config field {key!r} (rpeg reads the expert and latent-attention fields "
+            "from the file, not from a config class's defaults)",
             source=str(path),
             field=key,
         )
@@ -941,9 +1065,10 @@ def _read_experts(cfg: dict, kind: str, layers: int, path: Path) -> dict[str, ob
       ``[]`` and 1);
     * ``"mixtral"``: ``num_local_experts``, ``num_experts_per_tok``, experts of
       ``intermediate_size``; no dense layer;
-    * ``"glm"`` (GLM-4.5): ``n_routed_experts``, ``num_experts_per_tok``,
-      ``moe_intermediate_size``, ``n_shared_experts`` shared experts of the same width, the first
-      ``first_k_dense_replace`` layers dense. The multi-token-prediction layer
+    * ``"glm"`` (GLM-4.5) and ``"deepseek"`` (DeepSeek-V2/V3): ``n_routed_experts``,
+      ``num_experts_per_tok``, ``moe_intermediate_size``, ``n_shared_experts`` shared experts of
+      the same width, the first ``first_k_dense_replace`` layers dense (DeepSeek: and those off
+      ``moe_layer_freq``, optional, 1). The multi-token-prediction layer
       (``num_nextn_predict_layers``) is not part of the model RL trains and is not counted.
 
     The expert fields are required (none is taken from a config class's default), and a field
@@ -980,21 +1105,28 @@ def _read_experts(cfg: dict, kind: str, layers: int, path: Path) -> dict[str, ob
         out["experts"] = _expert_figure(cfg, "num_local_experts", path)
         out["experts_active"] = _expert_figure(cfg, "num_experts_per_tok", path)
         out["expert_ffn"] = _expert_figure(cfg, "intermediate_size", path)
-    elif kind == "glm":
+    elif kind in ("deepseek", "glm"):
         out["experts"] = _expert_figure(cfg, "n_routed_experts", path)
         out["experts_active"] = _expert_figure(cfg, "num_experts_per_tok", path)
         out["expert_ffn"] = _expert_figure(cfg, "moe_intermediate_size", path)
         shared = _expert_figure(cfg, "n_shared_experts", path, low=0)
         out["shared_experts"], out["shared_ffn"] = shared, out["expert_ffn"] if shared else 0
         first = _expert_figure(cfg, "first_k_dense_replace", path, low=0)
-        if first >= layers:
+        freq = cfg.get("moe_layer_freq", 1) if kind == "deepseek" else 1  # GLM-4.5 has no such field
+        if isinstance(freq, bool) or not isinstance(freq, int) or freq < 1:
             raise InputError(
-                f"{path}: field 'first_k_dense_replace' = {first} makes every one of the {layers} layers "
-                "dense: no layer has experts",
+                f"{path}: field 'moe_layer_freq' must be a positive integer, got {_show(freq)}",
+                source=source,
+                field="moe_layer_freq",
+            )
+        out["dense_layers"] = tuple(i for i in range(layers) if i < first or i % freq)
+        if len(out["dense_layers"]) == layers:  # type: ignore[arg-type]
+            raise InputError(
+                f"{path}: field 'first_k_dense_replace' = {first} (with moe_layer_freq = {freq}) makes every "
+                f"one of the {layers} layers dense: no layer has experts",
                 source=source,
                 field="first_k_dense_replace",
             )
-        out["dense_layers"] = tuple(range(first))
     else:  # pragma: no cover - HF_ARCHITECTURES names only the kinds above
         raise ValueError(f"unknown expert reader {kind!r}")
     if int(out["experts_active"]) > int(out["experts"]):  # type: ignore[call-overload]
@@ -1004,6 +1136,20 @@ def _read_experts(cfg: dict, kind: str, layers: int, path: Path) -> dict[str, ob
             source=source,
             field=key,
         )
+    return out
+
+
+def _read_latent(cfg: dict, path: Path) -> dict[str, int]:
+    """The :class:`ModelSpec` latent-attention fields of a DeepSeek-V2/V3 ``config.json`` (SPEC
+    §15.1): ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim`` and ``v_head_dim``
+    required; ``q_lora_rank`` null or absent for no query compression (DeepSeek-V2-Lite)."""
+    out = {
+        "kv_lora_rank": _expert_figure(cfg, "kv_lora_rank", path),
+        "qk_nope_head_dim": _expert_figure(cfg, "qk_nope_head_dim", path),
+        "qk_rope_head_dim": _expert_figure(cfg, "qk_rope_head_dim", path),
+        "v_head_dim": _expert_figure(cfg, "v_head_dim", path),
+    }
+    out["q_lora_rank"] = _expert_figure(cfg, "q_lora_rank", path) if cfg.get("q_lora_rank") is not None else 0
     return out
 
 
@@ -1055,7 +1201,10 @@ def _refuse_unsupported(cfg: dict, path: Path) -> None:
                     source=str(path),
                     field=prefix + key,
                 )
+    latent = isinstance(top, str) and top in HF_ARCHITECTURES and HF_ARCHITECTURES[top].latent
     for prefix, table in tables:
+        if prefix == "" and latent:
+            continue
         for key in _MLA_FIELDS:
             if table.get(key) is not None:
                 raise InputError(
@@ -1160,6 +1309,11 @@ class ModelSpecFile(Strict):
     shared_experts: Annotated[int, Field(ge=0)] = 0
     shared_ffn: Annotated[int, Field(ge=0)] = 0
     dense_layers: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    q_lora_rank: Annotated[int, Field(ge=0)] = 0
+    kv_lora_rank: Annotated[int, Field(ge=0)] = 0
+    qk_nope_head_dim: Annotated[int, Field(ge=0)] = 0
+    qk_rope_head_dim: Annotated[int, Field(ge=0)] = 0
+    v_head_dim: Annotated[int, Field(ge=0)] = 0
 
 
 def _llama(name: str, L: int, d: int, dff: int, heads: int, kv: int, vocab: int) -> ModelSpec:
@@ -1225,6 +1379,29 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     ),
     "mixtral-8x7b": _moe(
         "mixtral-8x7b", 32, 4096, 14336, 32, 8, 32000, experts=8, active=2, d_e=14336, head_dim=0
+    ),
+    # config.json of deepseek-ai/DeepSeek-V3: latent attention, 256 routed experts and one shared,
+    # the first three layers dense; published 671B total / 37B active (the multi-token-prediction
+    # module, 14B more in the checkpoint, is not counted).
+    "deepseek-v3": ModelSpec(
+        name="deepseek-v3",
+        layers=61,
+        hidden=7168,
+        ffn_hidden=18432,
+        vocab=129280,
+        heads=128,
+        kv_heads=128,
+        experts=256,
+        experts_active=8,
+        expert_ffn=2048,
+        shared_experts=1,
+        shared_ffn=2048,
+        dense_layers=(0, 1, 2),
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
     ),
     # 175B-class (GPT-3 shape) for the RPEG paper's 1,024-GPU configuration.
     "gpt3-175b": ModelSpec(

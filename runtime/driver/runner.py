@@ -355,8 +355,8 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
     and the vLLM CPU build has no sleep mode (``ModelConfig``: "Sleep mode is not supported on
     current platform").
 
-    Mixture-of-experts models (SPEC §15) are refused, naming the model: the runtime builds dense
-    Hugging Face models, and running such a plan as one would be the silent misreading the
+    Mixture-of-experts and latent-attention models (SPEC §15) are refused, naming the model: the
+    runtime builds dense Hugging Face models with standard attention, and running such a plan as one would be the silent misreading the
     planner no longer does (expert parallelism on the torch engine is issue 30's next piece).
 
     Raises
@@ -372,6 +372,12 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
                 f"model {name!r} ({spec.name}) is a mixture-of-experts model ({spec.experts} experts, "
                 f"{spec.experts_active} per token): the bundled runtime builds dense models only and "
                 "does not run it (plans for it are made and scored; docs/runtime.md)"
+            )
+        if spec.is_mla:
+            raise ValueError(
+                f"model {name!r} ({spec.name}) has multi-head latent attention (kv_lora_rank = "
+                f"{spec.kv_lora_rank}): the bundled runtime builds standard attention only and does not "
+                "run it (plans for it are made and scored; docs/runtime.md)"
             )
     U = result.workload.mini_batches
     for v, c in zip(result.graph.vertices, result.plan.choices):

@@ -190,10 +190,11 @@ class LayoutMapping:
         experts are not mapped yet).
         """
         owner = f"ModelSpec {spec.name!r} with tp={self.tp}, pp={self.pp}"
-        if spec.is_moe:
+        if spec.is_moe or spec.is_mla:
             raise ValueError(
-                f"{owner}: a mixture-of-experts model ({spec.experts} experts); its experts are not "
-                "mapped onto Megatron-core's MoE layers yet (num_moe_experts, expert parallelism)"
+                f"{owner}: a mixture-of-experts or latent-attention model (experts {spec.experts}, "
+                f"kv_lora_rank {spec.kv_lora_rank}); neither is mapped onto Megatron-core yet "
+                "(num_moe_experts and expert parallelism, multi_latent_attention)"
             )
         for field in ("heads", "kv_heads", "ffn_hidden"):
             value = getattr(spec, field)

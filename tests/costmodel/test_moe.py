@@ -12,7 +12,13 @@ import pytest
 from rpeg import Cluster, Workload, hardware_preset, model_preset, solve
 from rpeg.costmodel.flops import decode_flops_at, prefill_flops
 from rpeg.costmodel.layout import Layout
-from rpeg.costmodel.memory import stored_activation_width, training_state_bytes, weight_shard_params
+from rpeg.costmodel.memory import (
+    kv_bytes_per_token,
+    kv_scalars_per_device,
+    stored_activation_width,
+    training_state_bytes,
+    weight_shard_params,
+)
 from rpeg.costmodel.time import _Roofline
 from rpeg.ir import Strategy
 from rpeg.ir.types import Head
@@ -101,3 +107,15 @@ def test_a_moe_grpo_job_plans_with_its_true_memory():
         dataclasses.replace(wl, models={"actor": _dense_reading(QWEN3_MOE)}), cluster, "greedy", seed=0
     )
     assert result.evaluation.makespan > dense.evaluation.makespan
+
+
+def test_latent_attention_caches_its_latent_on_every_tp_rank():
+    """DeepSeek-V3 caches 576 scalars per token and block on every TP rank (the latent is not
+    split over heads), against 2·⌈kv_heads/Pt⌉·head_dim for standard attention; the KV bytes of a
+    generation replica follow."""
+    ds = model_preset("deepseek-v3")
+    assert [kv_scalars_per_device(ds, tp) for tp in (1, 8)] == [576.0, 576.0]
+    llama = model_preset("llama3.1-8b")
+    assert [kv_scalars_per_device(llama, tp) for tp in (1, 8, 16)] == [2048.0, 256.0, 256.0]
+    lay = Layout(Strategy((1, 1, 8), 1, 1, 8, 1))
+    assert kv_bytes_per_token(ds, lay) == pytest.approx(ds.dtype_bytes * 61 * 576)

@@ -37,6 +37,7 @@ PUBLISHED = {
     "qwen3-30b-a3b": 30.5e9,
     "qwen3-235b-a22b": 235e9,
     "mixtral-8x7b": 46.7e9,
+    "deepseek-v3": 671e9,
 }
 
 #: Published (total, active) parameters of the MoE presets and the tolerance of the active count:
@@ -47,6 +48,9 @@ MOE_PUBLISHED = {
     "qwen3-30b-a3b": (30.5e9, 3.3e9, 0.02),
     "qwen3-235b-a22b": (235e9, 22e9, 0.01),
     "mixtral-8x7b": (46.7e9, 12.9e9, 0.01),
+    # DeepSeek-V3 report: 671B / "37B activated", two digits: the count is 37.55B (1.85B of it the
+    # embedding and the head), truncated by the report as Qwen3-30B-A3B's is
+    "deepseek-v3": (671e9, 37e9, 0.02),
 }
 
 # config.json of meta-llama/Llama-3.1-8B (field values as published).
@@ -314,7 +318,6 @@ GPT_OSS_20B_CONFIG = {
 
 #: MoE architectures rpeg does not read yet: config, the field that counts experts and its value.
 UNREAD_MOE_CONFIGS = {
-    "deepseek-v3": (DEEPSEEK_V3_CONFIG, "n_routed_experts", 256, "multi-head latent attention"),
     "gpt-oss-20b": (GPT_OSS_20B_CONFIG, "num_local_experts", 32, "sliding-window attention layers"),
 }
 
@@ -337,18 +340,22 @@ def test_from_hf_config_refuses_moe_architectures_it_does_not_read(tmp_path, fam
     assert why in str(err) and "not modelled yet" in str(err)
     assert err.field == "model_type"
     err = _refused(tmp_path, dict(QWEN3_30B_A3B_CONFIG, model_type="olmoe"))
-    assert "rpeg reads the mixture-of-experts architectures glm4_moe, mixtral, qwen2_moe, qwen3_moe" in str(
-        err
+    assert (
+        "rpeg reads the mixture-of-experts architectures deepseek_v2, deepseek_v3, glm4_moe, mixtral, "
+        "qwen2_moe, qwen3_moe" in str(err)
     )
 
 
-@pytest.mark.parametrize("family", [*sorted(UNREAD_MOE_CONFIGS), "qwen3-30b-a3b", "mixtral-8x7b"])
+@pytest.mark.parametrize(
+    "family", [*sorted(UNREAD_MOE_CONFIGS), "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3"]
+)
 def test_from_hf_config_refuses_experts_under_any_model_type(tmp_path, family):
     # an unknown (or dense-looking) model_type does not hide the experts
     cfg, field, value = {
         **{k: v[:3] for k, v in UNREAD_MOE_CONFIGS.items()},
         "qwen3-30b-a3b": (QWEN3_30B_A3B_CONFIG, "num_experts", 128),
         "mixtral-8x7b": (MIXTRAL_8X7B_CONFIG, "num_local_experts", 8),
+        "deepseek-v3": (DEEPSEEK_V3_CONFIG, "n_routed_experts", 256),
     }[family]
     for model_type in ("my_new_arch", "llama"):
         err = _refused(tmp_path, dict(cfg, model_type=model_type))
@@ -677,7 +684,7 @@ REFUSED = [
     ("bitsandbytes", dict(LLAMA31_8B_CONFIG, quantization_config=BNB), "quantization_config", r"quant_method 'bitsandbytes', bits 4"),
     ("fp8", dict(QWEN3_8B_CONFIG, quantization_config=FP8), "quantization_config", r"quant_method 'fp8'\)"),
     ("no model_type", {k: v for k, v in LLAMA31_8B_CONFIG.items() if k != "model_type"}, "model_type", r"missing config field 'model_type'.*gemma, glm4_moe, gpt2, gpt_neox, llama, mistral, mixtral, opt, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe"),
-    ("unknown model_type", dict(LLAMA31_8B_CONFIG, model_type="falcon"), "model_type", r"field 'model_type' = 'falcon' is not an architecture rpeg reads; known: gemma, glm4_moe, gpt2"),
+    ("unknown model_type", dict(LLAMA31_8B_CONFIG, model_type="falcon"), "model_type", r"field 'model_type' = 'falcon' is not an architecture rpeg reads; known: deepseek_v2, deepseek_v3, gemma, glm4_moe, gpt2"),
     ("model_type not a string", dict(LLAMA31_8B_CONFIG, model_type=3), "model_type", r"field 'model_type' must be a string, got 3"),
     ("gemma2", dict(GEMMA_2B_CONFIG, model_type="gemma2", sliding_window=4096), "model_type", r"'model_type' = 'gemma2' interleaves sliding-window attention layers \(field 'sliding_window' = 4096\)"),
     ("gemma3_text", dict(GEMMA_2B_CONFIG, model_type="gemma3_text", sliding_window=1024), "model_type", r"'gemma3_text' interleaves sliding-window"),
@@ -752,7 +759,12 @@ def test_moe_presets_count_every_expert_and_the_active_ones(name, published):
 
 
 @pytest.mark.parametrize(
-    ("cfg", "preset"), [(QWEN3_30B_A3B_CONFIG, "qwen3-30b-a3b"), (MIXTRAL_8X7B_CONFIG, "mixtral-8x7b")]
+    ("cfg", "preset"),
+    [
+        (QWEN3_30B_A3B_CONFIG, "qwen3-30b-a3b"),
+        (MIXTRAL_8X7B_CONFIG, "mixtral-8x7b"),
+        (DEEPSEEK_V3_CONFIG, "deepseek-v3"),
+    ],
 )
 def test_from_hf_config_reads_moe_models_as_their_presets(tmp_path, cfg, preset):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
@@ -886,3 +898,46 @@ def test_moe_sizes_by_hand():
     # scaled keeps the experts and scales their widths
     small = spec.scaled(layers=2, hidden=32, heads=2)
     assert (small.experts, small.experts_active, small.expert_ffn, small.shared_ffn) == (4, 2, 16, 8)
+
+
+def test_latent_attention_by_hand():
+    """DeepSeek-V3's attention: its weights, the 576 scalars a token caches per block (the 512-wide
+    latent and the 64-wide rotary key; the dense reading cached 2·128·56 = 14,336, 25× more), and
+    the core's width trained (keys and values expanded per head) and decoded (absorbed, over the
+    latent)."""
+    m = model_preset("deepseek-v3")
+    d, h = 7168, 128
+    query = d * 1536 + 1536 * h * 192
+    kv = d * (512 + 64) + 512 * h * (128 + 128)
+    assert m.attention_params == query + kv + h * 128 * d
+    assert m.kv_cache_width == 576
+    assert 2 * m.kv_heads * m.head_dim / m.kv_cache_width == pytest.approx(24.9, abs=0.1)
+    assert m.attention_width == h * (192 + 128) / 2
+    assert m.decode_attention_width == h * (2 * 512 + 64) / 2
+    assert model_preset("llama3.1-8b").kv_cache_width == 2 * 8 * 128
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4}, "needs v_head_dim > 0"),
+        ({"q_lora_rank": 16}, "q_lora_rank = 16 but kv_lora_rank = 0"),
+    ],
+)
+def test_inconsistent_latent_attention_fields_are_named(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ModelSpec(**{**SMALL, **fields})
+
+
+def test_from_hf_config_reads_deepseek_without_query_compression_and_names_a_missing_field(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(dict(DEEPSEEK_V3_CONFIG, q_lora_rank=None)))
+    spec = ModelSpec.from_hf_config(tmp_path)
+    assert spec.q_lora_rank == 0 and spec.kv_lora_rank == 512
+    assert spec.attention_params == 7168 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168
+    doc = {k: v for k, v in DEEPSEEK_V3_CONFIG.items() if k != "v_head_dim"}
+    (tmp_path / "config.json").write_text(json.dumps(doc))
+    with pytest.raises(InputError, match="missing config field 'v_head_dim'") as info:
+        ModelSpec.from_hf_config(tmp_path)
+    assert info.value.field == "v_head_dim"
+    (tmp_path / "config.json").write_text(json.dumps(dict(DEEPSEEK_V3_CONFIG, moe_layer_freq=2)))
+    assert ModelSpec.from_hf_config(tmp_path).dense_layers == (0, 1, 2, *range(3, 61, 2))

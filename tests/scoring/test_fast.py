@@ -16,7 +16,7 @@ from functools import cache
 import numpy as np
 import pytest
 
-from rpeg import Cluster, Workload, hardware_preset, model_preset
+from rpeg import Cluster, ModelSpec, Workload, hardware_preset, model_preset
 from rpeg.ir import Plan, structures
 from rpeg.ir.lower import apply_rules, lower
 from rpeg.scoring import fast
@@ -35,6 +35,37 @@ WORKLOADS = {
     "remax": Workload("remax", {"actor": SEVEN, "reward": ONE}, 64, 1, 128, 256, quantiles=Q3),
     "dpo": Workload("dpo", {"actor": SEVEN}, 64, 2, 128, 256),
     # a mixture of experts: the MoE FLOP, weight and roofline terms (SPEC §15.1)
+    # latent attention and shared experts (DeepSeek-V2-Lite's shape): the MLA KV and attention terms
+    "grpo-mla": Workload(
+        "grpo",
+        {
+            "actor": ModelSpec(
+                "deepseek-v2-lite",
+                27,
+                2048,
+                10944,
+                102400,
+                16,
+                16,
+                experts=64,
+                experts_active=6,
+                expert_ffn=1408,
+                shared_experts=2,
+                shared_ffn=1408,
+                dense_layers=(0,),
+                kv_lora_rank=512,
+                qk_nope_head_dim=128,
+                qk_rope_head_dim=64,
+                v_head_dim=128,
+            ),
+            "reward": ONE,
+        },
+        32,
+        4,
+        128,
+        256,
+        quantiles=Q3,
+    ),
     "grpo-moe": Workload(
         "grpo", {"actor": model_preset("qwen3-30b-a3b"), "reward": ONE}, 32, 4, 128, 256, quantiles=Q3
     ),
@@ -48,6 +79,7 @@ CASES = [  # (workload, cluster shape, split_phases, plans per structure)
     ("remax", "1x4x4", True, 80),
     ("dpo", "1x2x4", True, 60),
     ("grpo-moe", "1x2x4", True, 60),
+    ("grpo-mla", "1x2x4", True, 40),
     ("ppo", "2x4x8", True, 60),
 ]
 
