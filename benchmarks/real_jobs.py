@@ -120,7 +120,8 @@ def _row(job: str, shape: str, method: str, result: rpeg.Result, seconds: float)
     ev = result.evaluation
     m_eff = result.cluster.hardware.m_eff / GIB
     if ev is None:
-        return Row(job, shape, method, result.status.value, math.inf, 0.0, math.nan, m_eff, "—", seconds)
+        why = (result.message or "—").replace("|", "/")  # what the planner says, in the table
+        return Row(job, shape, method, result.status.value, math.inf, 0.0, math.nan, m_eff, why, seconds)
     return Row(
         job,
         shape,
@@ -356,7 +357,8 @@ def moe_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
         "The models as their config.json files describe them (`docs/cost-model.md` §9: FLOPs count the "
         "active experts, memory every expert, DeepSeek-V3's KV cache its latent); the plan space has "
         "no expert or context parallelism yet, so every rank holds all the experts of its stage and "
-        "every sequence whole. These are the plans such parallelism will be measured against. "
+        "every sequence whole. These are the plans such parallelism will be measured against. An "
+        "infeasible row's strategies column holds the planner's reason. "
         f"Memory-feasible sa plans: **{feasible}/{sum(r.method == 'sa' for r in rows)}**. Step time "
         "is predicted (`makespan/k_eval`); throughput counts real tokens.",
         "",
