@@ -500,8 +500,8 @@ class Controller:
         d.pubs.update(self.initial_pubs)
         for g in b.groups:
             if g.trains and (g.model, 0) in d.version_readers:
-                if g.model in self._in_place:
-                    self.groups[g.gid].all("publish", True)  # kept in place; the FIFO orders it
+                if g.model in self._in_place:  # kept in the trainer's processes; a failure is named here
+                    self.get(self.groups[g.gid].all("publish", True), f"keeping {g.model} version 0 in place")
                     d.pubs[(g.model, 0)] = InPlace(g.gid)
                 else:
                     d.pubs[(g.model, 0)] = self.groups[g.gid].publish()
