@@ -52,6 +52,14 @@ GIB = 2**30
 PLAN_STATUSES = (Status.OPTIMAL, Status.FEASIBLE, Status.TIME_LIMIT)
 
 
+def _count(n: int) -> str:
+    """A parameter count for a summary: ``30.5B``, ``125M``, ``393K``."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}" if unit == "B" else f"{n / scale:.0f}{unit}"
+    return str(n)
+
+
 @dataclass
 class Result:
     """A plan, its score and how it was found.
@@ -420,8 +428,27 @@ class Result:
         return plot_gantt(self, path, **kwargs)
 
     # ------------------------------------------------------------------ text
+    def _models_line(self) -> str:
+        """``models`` line of :meth:`summary`: each model's name and parameters; a mixture of
+        experts also its active parameters and experts per token, latent attention said."""
+        parts = []
+        for m, inst in self.graph.models.items():
+            spec = inst.spec
+            text = f"{m} {spec.name} {_count(spec.params)}"
+            if spec.is_moe:
+                text += (
+                    f" ({_count(spec.active_params)} active: {spec.experts_active} of {spec.experts} "
+                    "experts per token)"
+                )
+            if spec.is_mla:
+                text += " latent attention"
+            parts.append(text)
+        return "models     " + "; ".join(parts)
+
     def summary(self) -> str:
-        """A readable report: throughput, makespan, peak memory vs capacity, and per invocation
+        """A readable report: the workload, its models (parameters; a mixture of experts also
+        its active parameters and experts per token), throughput, makespan, peak memory vs
+        capacity, and per invocation
         its allocation, ``(dp, pp, tp)``, ``mb``, tokens per microbatch (``tok/mb``), the engine
         choices (SPEC §14: recomputation and ZeRO stage, loss chunking, padding, a rollout
         engine's memory fraction) and time; without a plan, a headline saying
@@ -430,6 +457,7 @@ class Result:
         lines = [
             f"workload   {self.workload.name} ({self.workload.algorithm}, B={self.workload.batch}, "
             f"R={self.workload.rollouts}, Lp={self.workload.prompt_len}, Lr={self.workload.response_len})",
+            self._models_line(),
             f"cluster    {self.cluster.shape_str} × {self.cluster.hardware.name} "
             f"({self.cluster.num_devices} GPUs, {self.cluster.hardware.gpu_memory_bytes / GIB:.1f} GiB each)",
             f"method     {self.method}   status {self.status.value}   "

@@ -653,3 +653,22 @@ def test_a_plan_that_does_not_fit_may_be_scored_infeasible(tiny_ppo, cluster_1x2
     ev = Evaluator(tiny_ppo, small)
     r = Result.scored(ev, concurrent.plan, Status.INFEASIBLE, "evaluate", runtime_s=0.0)
     assert r.plan is not None and not r.feasible and "DOES NOT FIT" in r.summary()
+
+
+def test_summary_names_each_model_with_its_experts():
+    """The summary's models line: parameters of each model; a mixture of experts also its active
+    parameters and experts per token, latent attention said (SPEC §15.1)."""
+    from rpeg import Cluster, Workload, hardware_preset, model_preset, solve
+
+    moe, mla = model_preset("qwen3-30b-a3b"), model_preset("deepseek-v3")
+    wl = Workload("grpo", {"actor": moe, "reward": model_preset("llama3.1-8b")}, 64, 8, 512, 2048)
+    lines = solve(wl, Cluster.from_shape("1x1x8", hardware_preset("h100")), "greedy").summary().splitlines()
+    (line,) = [x for x in lines if x.startswith("models")]
+    assert "actor qwen3-30b-a3b 30.5B (3.4B active: 8 of 128 experts per token)" in line
+    assert "reward llama3.1-8b 8.0B;" in line or line.endswith("reward llama3.1-8b 8.0B")
+    dsv3 = Workload("grpo", {"actor": mla}, 64, 4, 512, 1024, reward="rule", kl_coef=0.0)
+    planless = solve(dsv3, Cluster.from_shape("1x1x8", hardware_preset("h100")), "greedy")
+    assert (
+        "actor deepseek-v3 671.0B (37.6B active: 8 of 256 experts per token) latent attention"
+        in planless.summary()
+    )
