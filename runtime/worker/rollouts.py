@@ -67,6 +67,7 @@ __all__ = [
     "VllmRollouts",
     "make_rollouts",
     "remove_orphaned_engine_dirs",
+    "remove_orphaned_shared_memory",
 ]
 
 _SEED_MOD = 2**31 - 1  # vLLM request seeds are 32-bit
@@ -118,6 +119,51 @@ def remove_orphaned_engine_dirs(root: Path) -> list[Path]:
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
+    return removed
+
+
+#: Shared-memory segments vLLM's CPU build creates under ``/dev/shm`` and unlinks only when the
+#: creating process ends cleanly: a TP group's ``vllm_dist_<id>-tp:…-cpushm_<rank>`` buffers and
+#: the engine's message queues (Python ``SharedMemory``, ``psm_<hex>``, unlinked in its creator's
+#: ``__del__``).
+VLLM_SHM_PATTERNS = ("vllm_dist_*cpushm*", "psm_*")
+
+
+def mapped_shared_memory(proc: Path = Path("/proc")) -> set[str]:
+    """The ``/dev/shm`` paths some live process maps (every ``/proc/<pid>/maps`` readable)."""
+    mapped: set[str] = set()
+    for maps in proc.glob("[0-9]*/maps"):
+        with contextlib.suppress(OSError):  # a process that ended, or another user's
+            for line in maps.read_text(errors="replace").splitlines():
+                at = line.find("/dev/shm/")
+                if at >= 0:
+                    mapped.add(line[at:].removesuffix(" (deleted)"))
+    return mapped
+
+
+def remove_orphaned_shared_memory(
+    root: Path, mapped: set[str] | None = None, *, min_age_s: float = 60.0
+) -> list[Path]:
+    """Remove vLLM's shared-memory segments under ``root`` (:data:`VLLM_SHM_PATTERNS`) that no
+    live process maps and that are older than ``min_age_s``; return them.
+
+    An engine process that is killed leaves them behind (a TP-2 engine two 4 MiB buffers, its
+    queues up to 250 MiB of address space each): 252 ``cpushm`` buffers and a few hundred queues,
+    about 530 MB of RAM, had piled up on the development machine over several sessions. A live
+    segment is mapped by its creator from the moment it exists, so "mapped by nobody" means
+    orphaned; the age guards the microseconds between a creator's ``shm_open`` and its ``mmap``.
+    ``mapped`` defaults to :func:`mapped_shared_memory` (``root``-relative paths are matched by
+    name)."""
+    names = {Path(p).name for p in (mapped_shared_memory() if mapped is None else mapped)}
+    now = time.time()
+    removed = []
+    for pattern in VLLM_SHM_PATTERNS:
+        for path in root.glob(pattern):
+            with contextlib.suppress(OSError):
+                if path.name in names or now - path.stat().st_mtime < min_age_s or not path.is_file():
+                    continue
+                path.unlink()
+                removed.append(path)
     return removed
 
 
@@ -288,6 +334,8 @@ class VllmRollouts(Rollouts):
         shm = Path("/dev/shm")
         root = shm if shm.is_dir() else Path(tempfile.gettempdir())
         remove_orphaned_engine_dirs(root)
+        if root == shm:
+            remove_orphaned_shared_memory(shm)
         self.engine_dir = Path(
             tempfile.mkdtemp(prefix=f"{ENGINE_DIR_PREFIX}{os.getpid()}-g{w.group.gid}-d{w.mesh.d}-", dir=root)
         )

@@ -5,6 +5,7 @@ one run), and plans vLLM cannot run are refused before any worker starts."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -167,6 +168,36 @@ def test_an_engine_start_removes_weight_directories_of_dead_processes(tmp_path):
         (d / "model.safetensors").write_bytes(b"x")
     assert remove_orphaned_engine_dirs(tmp_path) == [dead]
     assert not dead.exists() and mine.exists() and other.exists()
+
+
+def test_an_engine_start_removes_shared_memory_no_process_maps(tmp_path):
+    """vLLM's shared-memory segments of killed engines (TP buffers, message queues) are swept:
+    only those no live process maps, older than a minute, of vLLM's names."""
+    import mmap
+    import os
+    import time
+
+    from rpeg.runtime.worker.rollouts import mapped_shared_memory, remove_orphaned_shared_memory
+
+    old = time.time() - 3600
+    names = ["psm_dead", "vllm_dist_ab12-tp:0-[0-1]-cpushm_0", "psm_young", "psm_mapped", "sem.mp-x", "other"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+        if name != "psm_young":
+            os.utime(tmp_path / name, (old, old))
+    removed = remove_orphaned_shared_memory(tmp_path, {"/dev/shm/psm_mapped"})
+    assert sorted(p.name for p in removed) == ["psm_dead", "vllm_dist_ab12-tp:0-[0-1]-cpushm_0"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "psm_mapped", "psm_young", "sem.mp-x"]
+    # a segment this process maps is found mapped
+    shm = Path("/dev/shm")
+    if shm.is_dir():
+        path = shm / f"psm_rpegtest{os.getpid()}"
+        path.write_bytes(b"\0" * 4096)
+        try:
+            with path.open("r+b") as f, mmap.mmap(f.fileno(), 4096):
+                assert str(path) in mapped_shared_memory()
+        finally:
+            path.unlink()
 
 
 def test_every_rollout_engine_a_run_accepts_has_a_class():
