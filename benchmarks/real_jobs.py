@@ -136,6 +136,12 @@ def _row(job: str, shape: str, method: str, result: rpeg.Result, seconds: float)
     )
 
 
+def _sa_feasible(rows: list[Row]) -> tuple[int, int]:
+    """sa's memory-feasible plans among ``rows``, and sa's runs."""
+    sa = [r for r in rows if r.method == "sa"]
+    return sum(r.status in ("feasible", "optimal", "time_limit") and r.throughput > 0 for r in sa), len(sa)
+
+
 def _table(rows: list[Row]) -> list[str]:
     """The rows as a Markdown table: job, cluster, method, status, step, throughput, memory,
     strategies, solve time."""
@@ -291,14 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     public = verl_fsdp_recipe(args.time_limit) if not only or "grpo-qwen2.5-7b-8k" in only else []
     dapo = verl_dapo_colocated() if not only or "dapo-qwen2.5-math-7b" in only else []
 
-    sa_ok = [r for r in rows if r.method == "sa"]
-    feasible = sum(r.status in ("feasible", "optimal", "time_limit") and r.throughput > 0 for r in sa_ok)
+    feasible, sa_runs = _sa_feasible(rows)
     out = [
         "## Real job shapes (SPEC §14)",
         "",
         f"Command: `{command('real_jobs.py', argv)}`. Machine: {machine()}.",
         "",
-        f"Every job and cluster with a memory-feasible sa plan: **{feasible}/{len(sa_ok)}**. Step time is "
+        f"Every job and cluster with a memory-feasible sa plan: **{feasible}/{sa_runs}**. Step time is "
         "predicted (`makespan/k_eval`); throughput counts real tokens, `B·R·(Lp + Ē)` per step.",
         "",
         *_table(rows),
@@ -344,11 +349,7 @@ def moe_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
     for stem, shapes in MOE_JOBS:
         for shape in shapes:
             rows.extend(run_job(stem, shape, args.time_limit))
-    feasible = sum(
-        r.status in ("feasible", "optimal", "time_limit") and r.throughput > 0
-        for r in rows
-        if r.method == "sa"
-    )
+    feasible, sa_runs = _sa_feasible(rows)
     out = [
         "## Mixture-of-experts and long-response jobs, before expert and context parallelism (issue 30)",
         "",
@@ -359,7 +360,7 @@ def moe_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
         "no expert or context parallelism yet, so every rank holds all the experts of its stage and "
         "every sequence whole. These are the plans such parallelism will be measured against. An "
         "infeasible row's strategies column holds the planner's reason. "
-        f"Memory-feasible sa plans: **{feasible}/{sum(r.method == 'sa' for r in rows)}**. Step time "
+        f"Memory-feasible sa plans: **{feasible}/{sa_runs}**. Step time "
         "is predicted (`makespan/k_eval`); throughput counts real tokens.",
         "",
         *_table(rows),

@@ -7,8 +7,8 @@ Two hand-written plans, each run once per route on the same machine, one after t
 * ``dp-trainer``: GRPO on 2 devices, the actor trainer data-parallel (DP 2) and its generation
   tensor-parallel (TP 2) on the same devices — each device holds the whole model, so in place
   nothing crosses a process;
-* ``pp-trainer``: PPO on 4 devices, the actor trainer pipelined (PP 2) under its TP-2 generation
-  on devices 0–1 — in place, one stage's share crosses the trainer's process group (gloo); the
+* ``pp-trainer``: PPO on 4 devices (the runtime tests' DISAGG plan), the actor trainer pipelined
+  (PP 2) under its TP-2 generation on devices 0–1 — in place, one stage's share crosses the trainer's process group (gloo); the
   critic's copy on another device reads the object store on every route.
 
 Per run: the actor's weight transfers (count, bytes, bytes read in place), the install's worker
@@ -26,42 +26,26 @@ import argparse
 import json
 import os
 import statistics
+import sys
+from pathlib import Path
 from typing import Any
 
 from _bench import command, load, machine, write_section
 
-#: vertex → (origin, extent, dp, pp, tp, mb), as ``result_for_plan`` takes them.
-DP_TRAINER = {
-    "actor_gen": ((0, 0, 0), (1, 1, 2), 1, 1, 2, 1),
-    "ref_inf": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
-    "reward_inf": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
-    "actor_train": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
-}
-PP_TRAINER = {  # the runtime tests' DISAGG plan
-    "actor_gen": ((0, 0, 0), (1, 1, 2), 1, 1, 2, 1),
-    "ref_inf": ((0, 0, 2), (1, 1, 1), 1, 1, 1, 1),
-    "reward_inf": ((0, 0, 3), (1, 1, 1), 1, 1, 1, 1),
-    "critic_inf": ((0, 0, 3), (1, 1, 1), 1, 1, 1, 1),
-    "actor_train": ((0, 0, 0), (1, 1, 2), 1, 2, 1, 2),
-    "critic_train": ((0, 0, 2), (1, 1, 2), 2, 1, 1, 1),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the hand-written test plans
+
 PLANS = ("dp-trainer", "pp-trainer")
 MODES = ("store", "in_place", "auto")
 
 
 def _result(name: str) -> Any:
-    from rpeg import Cluster, ModelSpec, Structure, Workload, hardware_preset
-    from rpeg.solvers.result import result_for_plan
+    """The runtime tests' plans (``tests/runtime/plans.py``): ``DP_TRAINER`` for GRPO on 2
+    devices, ``DISAGG`` for PPO on 4."""
+    from tests.runtime.plans import DISAGG, DP_TRAINER, hand, workload
 
-    toy = ModelSpec("toy-1b", 16, 2048, 5504, 32000, 16, 16)
     if name == "dp-trainer":
-        wl = Workload("grpo", {"actor": toy, "reward": toy}, 64, 4, 256, 256)
-        shape, table, tau = "1x1x2", DP_TRAINER, (("actor", 0),)
-    else:
-        wl = Workload("ppo", {"actor": toy, "reward": toy, "critic": toy}, 64, 1, 256, 256)
-        shape, table, tau = "1x1x4", PP_TRAINER, (("actor", 0), ("critic", 0))
-    cluster = Cluster.from_shape(shape, hardware_preset("gh200"), max_zero_stage=2)
-    return result_for_plan(wl, cluster, Structure(wl.algorithm, False, tau), table)
+        return hand(workload("grpo"), "1x1x2", DP_TRAINER, (("actor", 0),))
+    return hand(workload("ppo"), "1x1x4", DISAGG, (("actor", 0), ("critic", 0)))
 
 
 def measure(name: str, mode: str, steps: int, scale: str) -> tuple[dict[str, Any], Any]:

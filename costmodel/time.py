@@ -115,7 +115,7 @@ class _Roofline:
     microbatch's ``b·ℓ`` tokens touch (:meth:`~rpeg.ir.models.ModelSpec.layer_weights_read`).
     """
 
-    __slots__ = ("b", "eta_e", "eta_k", "hw", "layers", "model", "tp")
+    __slots__ = ("b", "eta_e", "eta_k", "hw", "layers", "model", "omega_w", "phi", "route", "tp")
 
     def __init__(self, model: ModelSpec, layout: Layout, hw: Hardware, b: float) -> None:
         self.model = model
@@ -126,7 +126,12 @@ class _Roofline:
         self.layers = model.layers / s.pp
         k = min(model.hidden, model.ffn_hidden) / s.tp
         self.eta_k = k / (k + hw.gamma_k)
-        k_e = min(model.hidden, model.expert_ffn) / s.tp if model.is_moe else 0.0
+        # what does not depend on the microbatch's rows: a dense model's weights read per pass,
+        # a MoE model's expert FLOP share, routing fraction k/E and expert-GEMM width factor
+        self.phi = model.expert_flop_share
+        self.omega_w = None if model.is_moe else self.layers * model.layer_params * model.dtype_bytes / s.tp
+        self.route = model.experts_active / model.experts if model.is_moe else 0.0
+        k_e = min(model.hidden, model.expert_ffn) / s.tp
         self.eta_e = k_e / (k_e + hw.gamma_k) if model.is_moe else 0.0
 
     def flops(self, work_per_device: float, tokens: float, extra_bytes: float = 0.0) -> float:
@@ -134,12 +139,12 @@ class _Roofline:
         m = self.model
         rows = self.b * tokens
         eta = rows / (rows + self.hw.gamma_m) * self.eta_k
-        if m.is_moe:
-            phi = m.expert_flop_share
-            r_e = rows * m.experts_active / m.experts
+        omega_w = self.omega_w
+        if omega_w is None:  # a mixture of experts: the expert GEMMs' efficiency, the experts touched
+            r_e = rows * self.route
             eta_e = r_e / (r_e + self.hw.gamma_m) * self.eta_e
-            eta = 1.0 / ((1.0 - phi) / eta + phi / eta_e)
-        omega_w = self.layers * m.layer_weights_read(rows) * m.dtype_bytes / self.tp
+            eta = 1.0 / ((1.0 - self.phi) / eta + self.phi / eta_e)
+            omega_w = self.layers * m.layer_weights_read(rows) * m.dtype_bytes / self.tp
         omega_a = 2.0 * rows * m.hidden * m.dtype_bytes * self.layers
         intensity = work_per_device / (omega_w + omega_a + extra_bytes)
         return min(self.hw.peak_flops * eta, intensity * self.hw.mem_bandwidth)

@@ -5,11 +5,12 @@ A plan places several roles on one device — colocated generation and training,
 reference and reward models beside them — and each role's rank of its group is a
 :class:`~rpeg.runtime.worker.core.Worker`. They share the device's one process, as verl's fused
 workers, NeMo-RL and OpenRLHF's hybrid engine do on GPUs (one CUDA context, one allocator), and
-a weight version moves between two groups on the same devices in place: the trainer keeps its
-share in the process, and the other group's rank reads it there and the other shares over the
-trainer's process group, not through Ray's object store
-(:meth:`~rpeg.runtime.worker.transfers.WorkerTransfers.install_in_place`): the process joins the run's ``torch.distributed`` world (one rank per
-device process), creates the process groups of every worker group as subgroups of it
+a weight version can move between two groups on the same devices in place: the trainer keeps
+its share in the process, and the other group's rank reads it there and the other shares over
+the trainer's process group, not through Ray's object store
+(:meth:`~rpeg.runtime.worker.transfers.WorkerTransfers.install_in_place`; whether it does is
+``RunConfig.weight_handover``'s choice). The process joins the run's ``torch.distributed`` world
+(one rank per device process), creates the process groups of every worker group as subgroups of it
 (:func:`~rpeg.runtime.worker.parallel.plan_groups`), and builds its workers in group order.
 
 The driver calls a worker through its process by group id (:meth:`WorkerProcess.call`,

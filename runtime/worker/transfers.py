@@ -75,12 +75,15 @@ class WorkerTransfers:
         whole model, gathered here at ZeRO stage 3), so that each device's readers find all of
         it in their own process.
         """
-        replicas = self.group.pp * self.group.tp == 1
+        whole = self.group.pp * self.group.tp == 1  # every DP rank holds the whole model
         with self.full_weights():
-            if keep and (self.mesh.d == 0 or replicas):
-                self.published[self.version] = PackedShare.of(self.model, include_replicated=self.mesh.t == 0)
+            if keep:
+                if self.mesh.d == 0 or whole:
+                    self.published[self.version] = PackedShare.of(
+                        self.model, include_replicated=self.mesh.t == 0
+                    )
                 return None
-            if keep or self.mesh.d != 0:
+            if self.mesh.d != 0:
                 return None
             return (self.mesh.p, self.mesh.t), shareable(
                 publication(self.model, include_replicated=self.mesh.t == 0)
@@ -122,10 +125,7 @@ class WorkerTransfers:
         """The whole model's full tensors from the publications ``pubs`` (object refs of every
         rank's :meth:`publish`), owned and writable — what the driver's
         :meth:`~rpeg.runtime.driver.controller.Controller.final_weights` returns."""
-        import ray
-
-        got = [x for x in ray.get(list(pubs)) if x is not None]
-        return {k: v.clone() for k, v in assemble([(coords[1], pub) for coords, pub in got]).items()}
+        return {k: v.clone() for k, v in self._received(pubs)[0].items()}
 
     def _received(self, pubs: list) -> tuple[dict[str, torch.Tensor], int]:
         """The full tensors of the publications ``pubs`` (object refs of :meth:`publish` results;

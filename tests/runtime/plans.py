@@ -43,6 +43,17 @@ RELAID = {
 }
 
 
+#: GRPO on two devices: the trainer data-parallel (each device holds the whole model), the
+#: generation tensor-parallel over the same two devices — the hybrid-engine layout, whose weights
+#: move in place (tests/runtime/test_handover.py, benchmarks/weight_handover.py).
+DP_TRAINER = {
+    "actor_gen": ((0, 0, 0), (1, 1, 2), 1, 1, 2, 1),
+    "ref_inf": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
+    "reward_inf": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
+    "actor_train": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
+}
+
+
 #: Prompts per step of the runs that check learning or compare two runs' weights: with 8
 #: sequences a step's mean reward is too noisy to show learning within two updates.
 BATCH = 32

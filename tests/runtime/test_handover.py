@@ -17,18 +17,9 @@ from rpeg.runtime.driver.runner import run  # noqa: E402
 from rpeg.runtime.trace.verify import verify  # noqa: E402
 from rpeg.runtime.worker.model import StageModel  # noqa: E402
 from rpeg.runtime.worker.parallel import PackedShare, assemble, publication  # noqa: E402
-from tests.runtime.plans import DISAGG, hand, workload  # noqa: E402
+from tests.runtime.plans import DISAGG, DP_TRAINER, hand, workload  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_session")
-
-#: GRPO on two devices: the trainer data-parallel (each device holds the whole model), the
-#: generation tensor-parallel over the same two devices — the hybrid-engine layout.
-DP_TRAINER = {
-    "actor_gen": ((0, 0, 0), (1, 1, 2), 1, 1, 2, 1),
-    "ref_inf": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
-    "reward_inf": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
-    "actor_train": ((0, 0, 0), (1, 1, 2), 2, 1, 1, 1),
-}
 
 
 def _weight_records(report, model: str) -> list:

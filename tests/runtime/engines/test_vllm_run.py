@@ -96,7 +96,7 @@ def test_a_colocated_engine_takes_its_versions_in_place(clean_run):
     engine from the trainer's share kept in the device's process (``in_place_bytes`` is the whole
     publication, nothing through the object store), checksums match, and the engine generates
     with exactly the trainer's weights."""
-    from tests.runtime.test_handover import DP_TRAINER
+    from tests.runtime.plans import DP_TRAINER
 
     result = hand(workload("grpo"), "1x1x2", DP_TRAINER, (("actor", 0),))
     report = clean_run(result, steps=STEPS, scale="base", rollout_engine="vllm")
