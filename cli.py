@@ -43,7 +43,7 @@ from typing import Any
 from .costmodel.hardware import load_hardware
 from .examples import example_names, example_path
 from .heuristics.search import ABLATIONS
-from .ir.cluster import Cluster, parse_shape
+from .ir.cluster import PARALLELISM_SWITCHES, Cluster, parse_shape
 from .ir.errors import InputError, check_output, read_json, require_file, seed_flag, writing_output
 from .ir.workload import WorkloadFile, load_workload
 from .scoring.evaluator import Evaluator
@@ -119,16 +119,12 @@ def _workload_file(arg: str) -> WorkloadFile:
         raise InputError(f"workload {arg!r} is neither a TOML file nor a bundled example ({exc})") from None
 
 
-def _cluster(
-    wf: WorkloadFile,
-    shape: str | None,
-    hardware: str | None,
-    generation_max_pp: int | None = None,
-    max_zero_stage: int | None = None,
-    host_offload: bool = True,
-) -> Cluster:
-    shape = shape if shape is not None else wf.cluster_shape
-    hardware = hardware if hardware is not None else wf.hardware
+def _cluster(wf: WorkloadFile, args: argparse.Namespace) -> Cluster:
+    """The cluster of ``solve``/``evaluate``: ``--cluster`` and ``--hardware`` (else the workload
+    file's), with the engine limits ``--generation-max-pp``, ``--max-zero-stage``,
+    ``--no-host-offload`` and the parallelism switches ``--no-…-parallel``."""
+    shape = args.cluster if args.cluster is not None else wf.cluster_shape
+    hardware = args.hardware if args.hardware is not None else wf.hardware
     if shape is None:
         raise InputError("no cluster shape: pass --cluster RxNxG (the workload file names none)")
     if hardware is None:
@@ -140,9 +136,10 @@ def _cluster(
     return Cluster.from_shape(
         dims,
         load_hardware(hardware),
-        generation_max_pp=generation_max_pp,
-        max_zero_stage=max_zero_stage,
-        host_offload=host_offload,
+        generation_max_pp=args.generation_max_pp,
+        max_zero_stage=args.max_zero_stage,
+        host_offload=args.host_offload,
+        **{name: getattr(args, name) for name in PARALLELISM_SWITCHES},
     )
 
 
@@ -357,9 +354,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     for flag, given in (("--no-progress", args.no_progress), ("--no-compare", args.no_compare)):
         _only_with(flag, given, args.method == "sa", "--method sa", f"--method {args.method}")
     wf = _workload_file(args.workload)
-    cluster = _cluster(
-        wf, args.cluster, args.hardware, args.generation_max_pp, args.max_zero_stage, args.host_offload
-    )
+    cluster = _cluster(wf, args)
     options = _method_options(args)
     searching = args.method == "sa"
     with _live_progress(searching and not args.no_progress and sys.stderr.isatty()) as progress:
@@ -425,9 +420,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             f"got {doc['format']!r}"
         )
     check_plan_document(doc, f"--plan {args.plan}")  # its blocks' form, before _mismatch reads them
-    cluster = _cluster(
-        wf, args.cluster, args.hardware, args.generation_max_pp, args.max_zero_stage, args.host_offload
-    )
+    cluster = _cluster(wf, args)
     why = _mismatch(doc, wf, cluster)
     if why:
         raise InputError(
@@ -707,6 +700,17 @@ def _parser() -> argparse.ArgumentParser:
             action="store_false",
             help="the engines cannot keep state in host memory between runs (the bundled CPU engines: rpeg run)",
         )
+        for name, what in (
+            ("sequence", "split the non-tensor-parallel regions over the TP ranks (Megatron SP)"),
+            ("context", "split sequences over ranks (ring or Ulysses attention)"),
+            ("expert", "shard a mixture of experts' routed experts over ranks"),
+        ):
+            sp.add_argument(
+                f"--no-{name}-parallel",
+                dest=f"{name}_parallel",
+                action="store_false",
+                help=f"the engines do not {what} (the bundled torch engine: rpeg run)",
+            )
 
     s = sub.add_parser("solve", help="plan a workload")
     common(s)

@@ -95,6 +95,17 @@ def write_section(name: str, lines: list[str]) -> None:
     print(f"\nwrote {RESULTS} (section {name})")
 
 
+def plan_labels(result: Any) -> str:
+    """``vertex GPUs strategy`` of each vertex of a :class:`rpeg.Result`'s plan (``—`` without
+    one)."""
+    if result.plan is None:
+        return "—"
+    return "; ".join(
+        f"{v.name} {c.allocation.size} GPUs {c.strategy.label()}"
+        for v, c in zip(result.graph.vertices, result.plan.choices)
+    )
+
+
 def fmt_tp(tp: float | None) -> str:
     """Throughput in tokens/s, or ``OOM`` for no memory-feasible plan."""
     return "OOM" if not tp else f"{tp:,.0f}"

@@ -96,7 +96,7 @@ def acceptance(steps: int, methods: list[str], algorithms: list[str]) -> list[st
     """Plans from ``solve()`` run on vLLM + torch."""
     from rpeg import Workload, solve
     from rpeg.costmodel import hardware_preset
-    from rpeg.ir.cluster import Cluster
+    from rpeg.ir.cluster import NO_SPLITS, Cluster
     from rpeg.runtime.driver.runner import run
     from tests.runtime.plans import TOY, workload
 
@@ -115,7 +115,12 @@ def acceptance(steps: int, methods: list[str], algorithms: list[str]) -> list[st
     ]
     # generation without pipelining: vLLM's CPU build cannot run it (rule P9)
     cluster = Cluster.from_shape(
-        "1x1x2", hardware_preset("gh200"), generation_max_pp=1, max_zero_stage=2, host_offload=False
+        "1x1x2",
+        hardware_preset("gh200"),
+        generation_max_pp=1,
+        max_zero_stage=2,
+        host_offload=False,
+        **NO_SPLITS,
     )
     for algo in algorithms:
         for method in methods:

@@ -11,6 +11,11 @@ Instance sets (``--set``):
     ``base`` plus other models (Llama-3.1 8B, a 13B actor with 7B critic/reward), hardware (H100
     and A100-40GB nodes of 8 GPUs), algorithms (ReMax, DPO besides PPO and GRPO) and 2-rack
     shapes, named ``{algo}-{model}-{hardware}-{shape}-K{Keval}-Q{Q}``.
+``splits`` (issue 30; its own section ``exact-splits``)
+    Mixture-of-experts and long-response instances, where expert, context and sequence
+    parallelism are in the plan space (SPEC §15): GRPO of Qwen3-30B-A3B and of Mixtral-8x7B
+    (rule reward) on H100 nodes, and GRPO of Qwen2.5-7B with 16k and 32k-token responses,
+    named ``{algo}-{model}-{hardware}-{shape}-K{Keval}-Q{Q}[-Lr{Lr}]``.
 
 Every method sees the same restriction: the ``k`` fastest strategies per invocation
 (``--candidates``, default 2) and the strategies of the concurrent and the greedy plans, at every
@@ -40,7 +45,7 @@ import argparse
 import sys
 import time
 
-from _bench import command, machine, write_section
+from _bench import command, machine, plan_labels, write_section
 
 import rpeg
 from rpeg import Cluster, Workload, hardware_preset, model_preset
@@ -80,6 +85,27 @@ EXTENDED = [
 ]
 
 
+#: ``(algorithm, model, hardware, shape, Keval, Q, B, R, Lp, Lr)`` of the ``splits`` set: a
+#: mixture of experts or long responses, every model its own reward-free rule task (SPEC §14.8)
+SPLITS = [
+    ("grpo", "qwen3-30b-a3b", "h100", "1x1x8", 2, 3, 64, 4, 512, 2048),
+    ("grpo", "qwen3-30b-a3b", "h100", "1x2x8", 2, 3, 64, 8, 512, 4096),
+    ("grpo", "mixtral-8x7b", "h100", "1x2x8", 2, 3, 64, 4, 512, 2048),
+    ("grpo", "qwen2.5-7b", "h100", "1x1x8", 2, 3, 16, 8, 1024, 16384),
+    ("grpo", "qwen2.5-7b", "h100", "1x2x8", 2, 3, 16, 8, 1024, 32768),
+]
+
+
+def _split_workload(
+    algo: str, model: str, k: int, q: int, b: int, r: int, lp: int, lr: int, name: str
+) -> Workload:
+    """A ``splits`` instance: the model alone with a rule reward, ``Q`` length phases up to ``Lr``."""
+    quantiles = ((0.5, lr // 4), (0.85, lr // 2), (1.0, lr)) if q == 3 else ((1.0, lr),)
+    return Workload(
+        algo, {"actor": model_preset(model)}, b, r, lp, lr, quantiles=quantiles, name=name, reward="rule"
+    )
+
+
 def _workload(algo: str, model: str, k: int, q: int, name: str) -> Workload:
     big = model_preset(model)
     small = SEVEN if model == "13b" else big
@@ -93,6 +119,16 @@ def _workload(algo: str, model: str, k: int, q: int, name: str) -> Workload:
 
 def instances(which: str = "extended", quick: bool = False) -> list[tuple[str, Workload, Cluster, int]]:
     """The instances of set ``which`` (``quick``: five small ones of the base set)."""
+    if which == "splits":
+        return [
+            (
+                name := f"{a}-{m}-{hw}-{shape}-K{k}-Q{q}-Lr{lr}",
+                _split_workload(a, m, k, q, b, r, lp, lr, name),
+                Cluster.from_shape(shape, hardware_preset(hw)),
+                k,
+            )
+            for a, m, hw, shape, k, q, b, r, lp, lr in SPLITS
+        ]
     grid = [(a, "7b", "gh200", shape, k, q) for a, shape, k, q in BASE]
     if quick:
         grid = grid[:3] + grid[7:9]
@@ -116,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--limit-large", type=float, default=60.0, help="at least this many seconds on 64 GPUs or more"
     )
-    ap.add_argument("--set", dest="which", choices=("base", "extended"), default="extended")
+    ap.add_argument("--set", dest="which", choices=("base", "extended", "splits"), default="extended")
     ap.add_argument("--only", default="", help="comma-separated instance names (a subset of --set)")
     ap.add_argument("--candidates", type=int, default=2)
     ap.add_argument("--engines", default="cpsat,milp")
@@ -128,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = [e for e in args.engines.split(",") if e]
     only = {n for n in args.only.split(",") if n}
     sa_gaps: list[tuple[str, float]] = []  # (instance, SA / best proven optimum)
+    plans_used: list[str] = []  # each instance's SA and exact plans, per vertex
     sa_above: list[str] = []  # instances where SA beats a proven lower bound
     largest: dict[str, tuple[int, str] | None] = {e: None for e in engines}
     header = (
@@ -157,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             cells[m] = f"{r.throughput:,.0f}" if r.feasible else "OOM"
         sa = rpeg.solve(w, cluster, method="sa", time_limit=limit, candidates=args.candidates, **common)
         cells["sa"] = f"{sa.throughput:,.0f}" if sa.feasible else "none"
+        plans_used.append(f"{name}: SA {plan_labels(sa)}")
         exact_cells = []
         vs_cells = []
         proven: dict[str, float] = {}  # engine → model makespan, where proven optimal
@@ -171,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                 exact_cells += ["—", "—", "—", "—", "—", r.status.value]
                 vs_cells += [r.status.value, f"{took:.1f}", "—", bound_s]
                 continue
+            plans_used.append(f"{name}: {e} {plan_labels(r)}")
             model_tp = r.extra["model_throughput"]
             bound = r.objective_bound  # None where the engine proved no bound
             firsts = [
@@ -243,11 +282,23 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(summary))
     print("\n".join(vs_lines))
     if not args.no_write:
+        splits = args.which == "splits"
         write_section(
-            "exact",
+            "exact-splits" if splits else "exact",
             [
-                "## Exact vs heuristic plans",
+                "## Exact vs heuristic plans"
+                + (" with expert, context and sequence parallelism (issue 30)" if splits else ""),
                 "",
+                *(
+                    [
+                        "Mixture-of-experts and long-response instances (the `splits` set): every "
+                        "method's plan space holds SPEC §15's expert, context (ring, Ulysses) and "
+                        "sequence parallelism; the strategies the plans use are listed below.",
+                        "",
+                    ]
+                    if splits
+                    else []
+                ),
                 f"Command: `{command('exact_vs_heuristic.py', argv)}` — {machine()}; {args.limit:.0f} s per "
                 f"exact engine and for SA ({max(args.limit, args.limit_large):.0f} s on 64 GPUs or more; "
                 "column 'limit s'); engines on their default threads (CP-SAT: one worker per core; HiGHS), "
@@ -260,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                 "",
                 *lines,
                 "",
+                *([*(f"- {p}" for p in plans_used), ""] if splits else []),
                 "MILP vs CP-SAT on the same instances: status, seconds for the whole method (all "
                 "structures), the model's makespan and the smallest lower bound over the structures "
                 "(seconds for Keval steps; CP-SAT's durations are rounded up to its time unit, the MILP's "

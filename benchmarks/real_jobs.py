@@ -12,9 +12,8 @@ Workloads are files in ``benchmarks/real_jobs/`` (one TOML each, every field a r
    Qwen2.5-Math-7B, 512 × 16, Lp 2,048, Lr 28,672 on 32, 64 and 128 H20;
 7. (issue 30, section ``real-jobs-moe``) GRPO Qwen3-30B-A3B, 512 × 8, Lr 8,192 on 2 nodes of 8
    H100; GRPO Qwen3-235B-A22B, 512 × 8, Lr 8,192 on 8 nodes; GRPO DeepSeek-V3, 512 × 4,
-   Lr 2,048 on 64 nodes; GRPO Qwen2.5-7B at Lr 32,768 and 65,536 on 4 nodes. Planned without
-   expert or context parallelism (not in the plan space yet): the baseline those will be
-   measured against.
+   Lr 2,048 on 64 nodes; GRPO Qwen2.5-7B at Lr 32,768 and 65,536 on 4 nodes. Planned with
+   expert, context and sequence parallelism (SPEC §15) and, in the same run, without them.
 
 For each: greedy, concurrent and sa (``--time-limit`` seconds, default 60, seed 0): status,
 predicted step time, real-token throughput, peak memory against ``M_eff`` and the chosen
@@ -51,9 +50,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _bench import command, machine, write_section
+from _bench import command, machine, plan_labels, write_section
 
 import rpeg
+from rpeg.ir.cluster import NO_SPLITS
 from rpeg.ir.templates import Structure
 from rpeg.solvers.result import result_for_plan
 
@@ -107,15 +107,6 @@ class Row:
     seconds: float
 
 
-def _strategies(result: rpeg.Result) -> str:
-    if result.plan is None:
-        return "—"
-    return "; ".join(
-        f"{v.name} {c.allocation.size} GPUs {c.strategy.label()}"
-        for v, c in zip(result.graph.vertices, result.plan.choices)
-    )
-
-
 def _row(job: str, shape: str, method: str, result: rpeg.Result, seconds: float) -> Row:
     ev = result.evaluation
     m_eff = result.cluster.hardware.m_eff / GIB
@@ -131,7 +122,7 @@ def _row(job: str, shape: str, method: str, result: rpeg.Result, seconds: float)
         ev.throughput,
         ev.memory.max_peak / GIB,
         m_eff,
-        _strategies(result),
+        plan_labels(result),
         seconds,
     )
 
@@ -157,10 +148,13 @@ def _table(rows: list[Row]) -> list[str]:
     return out
 
 
-def run_job(stem: str, shape: str, time_limit: float) -> list[Row]:
-    """greedy, concurrent and sa on one workload file and cluster shape."""
+def run_job(stem: str, shape: str, time_limit: float, splits: bool = True) -> list[Row]:
+    """greedy, concurrent and sa on one workload file and cluster shape (``splits``: with SPEC
+    §15's expert, context and sequence parallelism in the plan space)."""
     wf = rpeg.load_workload(HERE / f"{stem}.toml")
-    cluster = rpeg.Cluster.from_shape(shape, rpeg.hardware_preset(wf.hardware or "h100"))
+    cluster = rpeg.Cluster.from_shape(
+        shape, rpeg.hardware_preset(wf.hardware or "h100"), **({} if splits else NO_SPLITS)
+    )
     rows = []
     for method, kwargs in (
         ("greedy", {}),
@@ -169,7 +163,8 @@ def run_job(stem: str, shape: str, time_limit: float) -> list[Row]:
     ):
         t0 = time.perf_counter()
         result = rpeg.solve(wf.workload, cluster, method=method, k_eval=wf.k_eval, **kwargs)
-        rows.append(_row(stem, shape, method, result, time.perf_counter() - t0))
+        label = method if splits else f"{method}, no EP/CP/SP"
+        rows.append(_row(stem, shape, label, result, time.perf_counter() - t0))
         r = rows[-1]
         print(
             f"{stem:<22} {shape:<6} {method:<10} {r.status:<10} step {r.step_s:9.1f} s  "
@@ -211,7 +206,7 @@ def verl_fsdp_recipe(time_limit: float) -> list[str]:
             f"| (1) 1x1x8 verl FSDP recipe, {'chunked loss' if chunk else 'whole-microbatch logits'} | "
             f"{'fits' if ev.feasible else 'DOES NOT FIT'} | {ev.makespan / res.k_eval:,.1f} | "
             f"{ev.throughput:,.0f} | {ev.memory.max_peak / GIB:.1f} / {ev.memory.m_eff / GIB:.1f} | "
-            f"{_strategies(res)} |"
+            f"{plan_labels(res)} |"
         )
         print(lines[-1], flush=True)
     return lines
@@ -349,19 +344,27 @@ def moe_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
     for stem, shapes in MOE_JOBS:
         for shape in shapes:
             rows.extend(run_job(stem, shape, args.time_limit))
-    feasible, sa_runs = _sa_feasible(rows)
+            rows.extend(run_job(stem, shape, args.time_limit, splits=False))
+    with_splits = [r for r in rows if "no EP" not in r.method]
+    feasible, sa_runs = _sa_feasible(with_splits)
+    before, _ = _sa_feasible([r for r in rows if "no EP" in r.method])
+    used = [
+        r for r in with_splits if r.method == "sa" and any(w in r.strategies for w in (" ep=", " cp=", " sp"))
+    ]
     out = [
-        "## Mixture-of-experts and long-response jobs, before expert and context parallelism (issue 30)",
+        "## Mixture-of-experts and long-response jobs, with and without expert and context parallelism (issue 30)",
         "",
         f"Command: `{command('real_jobs.py', argv)}`. Machine: {machine()}.",
         "",
         "The models as their config.json files describe them (`docs/cost-model.md` §9: FLOPs count the "
-        "active experts, memory every expert, DeepSeek-V3's KV cache its latent); the plan space has "
-        "no expert or context parallelism yet, so every rank holds all the experts of its stage and "
-        "every sequence whole. These are the plans such parallelism will be measured against. An "
-        "infeasible row's strategies column holds the planner's reason. "
-        f"Memory-feasible sa plans: **{feasible}/{sa_runs}**. Step time "
-        "is predicted (`makespan/k_eval`); throughput counts real tokens.",
+        "active experts, memory every expert, DeepSeek-V3's KV cache its latent). Each job is planned "
+        "twice in the same run: with SPEC §15's expert, context (ring, Ulysses) and sequence "
+        "parallelism in the plan space (`docs/cost-model.md` §10), and without them (`no EP/CP/SP`: "
+        "every rank holds all the experts of its stage and every sequence whole). An infeasible "
+        "row's strategies column holds the planner's reason. "
+        f"Memory-feasible sa plans: **{feasible}/{sa_runs}** with the splits, {before}/{sa_runs} "
+        f"without; sa plans that use one of them: {len(used)}. Step time is predicted "
+        "(`makespan/k_eval`); throughput counts real tokens.",
         "",
         *_table(rows),
     ]

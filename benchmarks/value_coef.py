@@ -33,14 +33,19 @@ def main(argv: list[str] | None = None) -> None:
 
     from rpeg import solve
     from rpeg.costmodel import hardware_preset
-    from rpeg.ir.cluster import Cluster
+    from rpeg.ir.cluster import NO_SPLITS, Cluster
     from rpeg.runtime.config import RLConfig
     from rpeg.runtime.driver.pool import WorkerPool
     from rpeg.runtime.driver.runner import run
     from tests.runtime.plans import workload
 
     cluster = Cluster.from_shape(
-        "1x1x2", hardware_preset("gh200"), generation_max_pp=1, max_zero_stage=2, host_offload=False
+        "1x1x2",
+        hardware_preset("gh200"),
+        generation_max_pp=1,
+        max_zero_stage=2,
+        host_offload=False,
+        **NO_SPLITS,
     )
     plans = {
         "cpsat": solve(workload("ppo"), cluster, "cpsat", time_limit=20, seed=0, candidates=2, k_eval=2),

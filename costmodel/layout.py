@@ -71,7 +71,7 @@ class Layout:
         for name in ("dp", "pp", "tp", "mb"):
             positive_int("Layout", name, getattr(s, name))
         positive_int("Layout", "gpus_per_node", self.gpus_per_node)
-        for name in ("pp_tier", "dp_tier"):
+        for name in ("pp_tier", "dp_tier", "cp_tier", "ep_tier"):
             check_tier("Layout", name, getattr(s, name))
         if s.tp > self.gpus_per_node:
             raise ValueError(
@@ -83,9 +83,11 @@ class Layout:
     def pp_boundaries(self) -> tuple[int, int]:
         """``(n_intra, n_inter)`` pipeline stage boundaries inside / between nodes.
 
-        ``n_inter = max(0, ⌈Pp/⌊Ng/Pt⌋⌉ − 1)`` and ``n_intra = Pp − 1 − n_inter`` (SPEC §6).
+        ``n_inter = max(0, ⌈Pp/s⌉ − 1)`` and ``n_intra = Pp − 1 − n_inter`` with
+        ``s = max(1, ⌊Ng/(Pt·Pc)⌋)`` stages per node (SPEC §6; a stage's ``Pt·Pc`` tensor- and
+        context-parallel ranks are consecutive, SPEC §15.3).
         """
         s = self.strategy
-        stages_per_node = self.gpus_per_node // s.tp
+        stages_per_node = max(1, self.gpus_per_node // (s.tp * s.cp))
         n_inter = max(0, math.ceil(s.pp / stages_per_node) - 1)
         return s.pp - 1 - n_inter, n_inter

@@ -41,6 +41,7 @@ __all__ = [
     "kv_cache_bytes",
     "kv_scalars_per_device",
     "kv_width_per_device",
+    "layout_shard",
     "logits_bytes",
     "memory_fraction",
     "model_params",
@@ -50,6 +51,7 @@ __all__ = [
     "transient_bytes",
     "weight_bytes",
     "weight_shard_params",
+    "zero_shard_params",
     "zero_state_bytes",
 ]
 
@@ -113,14 +115,16 @@ def _check_degree(name: str, value: int) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def weight_shard_params(model: ModelSpec, pp: int, tp: int, head: Head = Head.LM) -> float:
-    """Worst-stage parameter shard per GPU, ``W_shard`` (SPEC §6, paper Appendix D-H).
+def weight_shard_params(model: ModelSpec, pp: int, tp: int, head: Head = Head.LM, ep: int = 1) -> float:
+    """Worst-stage parameter shard per GPU, ``W_shard`` (SPEC §6, paper Appendix D-H; §15.2).
 
-    ``W_shard = max_p [ (L/Pp)·W_layer/Pt + [p = 1]·V·d + [p = Pp]·H ]`` with ``H = V·d`` (LM),
-    ``d`` (scalar) or ``V·d + d`` (both). Block weights are split over the ``Pt`` TP ranks; the
-    embedding and the heads are replicated on every TP rank. Norm weights (``2d`` per block)
-    are left out, as in SPEC. With tied embeddings and ``Pp = 1`` the LM head *is* the input
-    embedding and is stored once.
+    ``W_shard = max_p [ (L/Pp)·(W_block/Pt + W_exp/(Pt·Pe)) + [p = 1]·V·d + [p = Pp]·H ]`` with
+    ``W_exp`` a block's routed experts (:attr:`~rpeg.ir.models.ModelSpec.expert_weights`, 0 for
+    a dense model), ``W_block`` the rest of its weights and ``H = V·d`` (LM), ``d`` (scalar) or
+    ``V·d + d`` (both). Block weights are split over the ``Pt`` TP ranks, routed experts also
+    over the ``Pe`` expert-parallel ranks; the embedding and the heads are replicated on every
+    TP rank. Norm weights (``2d`` per block) are left out, as in SPEC. With tied embeddings and
+    ``Pp = 1`` the LM head *is* the input embedding and is stored once.
 
     Parameters
     ----------
@@ -130,6 +134,8 @@ def weight_shard_params(model: ModelSpec, pp: int, tp: int, head: Head = Head.LM
         Pipeline and tensor parallel degrees ``Pp``, ``Pt``.
     head
         Output head(s).
+    ep
+        Expert-parallel degree ``Pe``.
 
     Returns
     -------
@@ -138,14 +144,21 @@ def weight_shard_params(model: ModelSpec, pp: int, tp: int, head: Head = Head.LM
     """
     _check_degree("pp", pp)
     _check_degree("tp", tp)
-    return _shard_params(model, pp, tp, Head(head))
+    _check_degree("ep", ep)
+    return _shard_params(model, pp, tp, Head(head), ep)
+
+
+def _block_params(model: ModelSpec, tp: int, ep: int) -> float:
+    """One block's parameters on one device, ``W_block/Pt + W_exp/(Pt·Pe)`` (averaged)."""
+    experts = model.expert_weights
+    return (model.layer_weights - experts) / tp + experts / (tp * ep)
 
 
 @functools.lru_cache(maxsize=4096)
-def _shard_params(model: ModelSpec, pp: int, tp: int, head: Head) -> float:
+def _shard_params(model: ModelSpec, pp: int, tp: int, head: Head, ep: int = 1) -> float:
     """:func:`weight_shard_params` after its checks (memoised: a directory asks for each
-    ``(model, Pp, Pt, head)`` thousands of times)."""
-    layers = model.layers / pp * model.layer_weights / tp
+    ``(model, Pp, Pt, head, Pe)`` thousands of times)."""
+    layers = model.layers / pp * _block_params(model, tp, ep)
     embedding = model.embedding_params
     head_w = head_params(model, head)
     if pp == 1:
@@ -155,11 +168,32 @@ def _shard_params(model: ModelSpec, pp: int, tp: int, head: Head) -> float:
     return layers + max(embedding, head_w)
 
 
+def layout_shard(model: ModelSpec, layout: Layout, head: Head = Head.LM) -> float:
+    """``W_shard`` of a layout's degrees (:func:`weight_shard_params` with its ``Pp, Pt, Pe``)."""
+    s = layout.strategy
+    return _shard_params(model, s.pp, s.tp, Head(head), s.ep)
+
+
+def zero_shard_params(model: ModelSpec, layout: Layout, head: Head = Head.LM) -> float:
+    """Parameters whose state one device owns under ZeRO (SPEC §14.3, §15.2):
+    ``(W_shard − X)/(Pd·Pc) + X/(Pd·Pc/Pe)`` with ``X = (L/Pp)·W_exp/(Pt·Pe)`` the device's
+    routed-expert share. The rest of the shard is replicated over the ``Pd·Pc`` data- and
+    context-parallel ranks (Megatron's distributed optimizer shards over both), an expert's
+    over the ``Pd·Pc/Pe`` ranks that hold it; ``W_shard/Pd`` for a dense model without
+    context parallelism."""
+    s = layout.strategy
+    shard = layout_shard(model, layout, head)
+    experts = model.layers / s.pp * model.expert_weights / (s.tp * s.ep)
+    group = s.dp * s.cp
+    return (shard - experts) / group + experts * s.ep / group
+
+
 def training_state_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM) -> float:
-    """Persistent optimizer state of a training device: ``12·W_shard/Pd`` bytes (SPEC §6).
+    """Persistent optimizer state of a training device: ``12·N_z`` bytes (SPEC §6), ``N_z`` =
+    :func:`zero_shard_params` (``W_shard/Pd`` for a dense model without context parallelism).
 
     FP32 master weights and two FP32 Adam moments (12 bytes per parameter), ZeRO-2 sharded over
-    the ``Pd`` data-parallel ranks.
+    the data-parallel ranks (and the context-parallel ones).
 
     Parameters
     ----------
@@ -175,9 +209,7 @@ def training_state_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM)
     float
         Bytes per device.
     """
-    s = layout.strategy
-    shard = weight_shard_params(model, s.pp, s.tp, head)
-    return OPTIMIZER_BYTES_PER_PARAM * shard / s.dp
+    return OPTIMIZER_BYTES_PER_PARAM * zero_shard_params(model, layout, head)
 
 
 def weight_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM) -> float:
@@ -199,7 +231,7 @@ def weight_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM) -> floa
     float
         Bytes per device.
     """
-    return weight_shard_params(model, layout.strategy.pp, layout.strategy.tp, head) * model.dtype_bytes
+    return layout_shard(model, layout, head) * model.dtype_bytes
 
 
 def kv_width_per_device(model: ModelSpec, tp: int) -> int:
@@ -248,14 +280,16 @@ def kv_scalars_per_device(model: ModelSpec, tp: int) -> float:
     return 2.0 * kv_width_per_device(model, tp)
 
 
-def _layer_buffer_width(model: ModelSpec, tp: int) -> float:
+def _layer_buffer_width(model: ModelSpec, tp: int, sp: bool = False) -> float:
     """Per-token scalars of one block's largest intermediate: ``max(2d + 6d/Pt, 2d + 2dff/Pt)``
-    (a MoE block: ``dff`` is the token's width in its experts, :attr:`~rpeg.ir.models.ModelSpec.ffn_width`)."""
+    (a MoE block: ``dff`` is the token's width in its experts, :attr:`~rpeg.ir.models.ModelSpec.ffn_width`);
+    with sequence parallelism the replicated ``2d`` is split too, ``2d/Pt``."""
     d = model.hidden
-    return max(2.0 * d + 6.0 * d / tp, 2.0 * d + 2.0 * model.ffn_width / tp)
+    replicated = 2.0 * d / tp if sp else 2.0 * d
+    return max(replicated + 6.0 * d / tp, replicated + 2.0 * model.ffn_width / tp)
 
 
-def stored_activation_width(model: ModelSpec, tp: int) -> float:
+def stored_activation_width(model: ModelSpec, tp: int, sp: bool = False) -> float:
     """Scalars one layer keeps per token for its backward, attention scores aside:
     ``a = 4d + (2·d_q + 2·d_kv)/Pt + 2·(n_ffn − 1)·dff/Pt`` (``docs/cost-model.md`` §4).
 
@@ -274,12 +308,17 @@ def stored_activation_width(model: ModelSpec, tp: int) -> float:
     the blocks with the dense ones):
     ``a = 4d + routed + (2·d_q + 2·d_kv + 2·(n_ffn − 1)·ffn_width)/Pt``.
 
+    Sequence parallelism (Megatron SP, SPEC §15.3) splits the replicated part by sequence over
+    the TP ranks: ``a = (4d + routed)/Pt + (…)/Pt`` (Korthikanti et al.'s ``sbh·34/t``).
+
     Parameters
     ----------
     model
         The model.
     tp
         Tensor-parallel degree ``Pt``.
+    sp
+        Sequence parallelism.
 
     Returns
     -------
@@ -289,7 +328,8 @@ def stored_activation_width(model: ModelSpec, tp: int) -> float:
     _check_degree("tp", tp)
     d = model.hidden
     sharded = model.attention_activation_width + 2.0 * (model.ffn_projections - 1) * model.ffn_width
-    return 4.0 * d + model.routed_width + sharded / tp
+    replicated = 4.0 * d + model.routed_width
+    return (replicated / tp if sp else replicated) + sharded / tp
 
 
 def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: float, tokens: float) -> float:
@@ -307,6 +347,10 @@ def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: fl
     Attention is fused (FlashAttention, SDPA; SPEC §14.7): no mode keeps or recomputes into an
     ``ℓ²`` buffer, so ``selective`` (recompute the attention core) keeps what ``none`` keeps
     (the core's inputs, ``Q, K, V``, are part of ``a``) and differs only in time.
+
+    SPEC §15.3: context parallelism splits each microbatch's tokens over ``Pc`` ranks,
+    ``T_mb/Pc`` per device; sequence parallelism splits the replicated widths (the checkpoint's
+    ``d``, the buffer's ``2d``, :func:`stored_activation_width`'s ``4d + routed``) over ``Pt``.
 
     Parameters
     ----------
@@ -326,14 +370,15 @@ def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: fl
     """
     s = layout.strategy
     layers = model.layers / s.pp
-    b = sequences / (s.dp * s.mb)
+    b = sequences / (s.dp * s.mb * s.cp)  # a microbatch's sequences' share on one CP rank
     alive = min(s.mb, s.pp)
     mode = s.recompute
     if mode is Recompute.FULL:
         c = max(1, math.isqrt(int(layers)))
-        per_token = layers / c * model.hidden + c * _layer_buffer_width(model, s.tp)
+        checkpoint = model.hidden / s.tp if s.sp else model.hidden
+        per_token = layers / c * checkpoint + c * _layer_buffer_width(model, s.tp, s.sp)
         return model.dtype_bytes * alive * b * tokens * per_token
-    stored = layers * tokens * stored_activation_width(model, s.tp)
+    stored = layers * tokens * stored_activation_width(model, s.tp, s.sp)
     return model.dtype_bytes * alive * b * stored
 
 
@@ -367,8 +412,8 @@ def inference_activation_bytes(
     d = model.hidden
     head_width = d + (1 if head is Head.SCALAR else model.vocab)
     s = layout.strategy
-    width = max(_layer_buffer_width(model, s.tp), float(head_width))
-    b = sequences / (s.dp * s.mb)
+    width = max(_layer_buffer_width(model, s.tp, s.sp), float(head_width))
+    b = sequences / (s.dp * s.mb * s.cp)
     return model.dtype_bytes * b * tokens * width
 
 
@@ -422,13 +467,15 @@ class ZeroState:
     transient: float
 
 
-def _gathered_params(model: ModelSpec, pp: int, tp: int, head: Head) -> float:
-    """Parameters a ZeRO-3 rank holds gathered at once: two decoder layers ``2·N_ℓ/Pt`` (the
-    one computing and the one prefetched) plus the root unit, the stage's embedding and head
-    (``W_shard − (L/Pp)·N_ℓ/Pt``), which FSDP2 keeps gathered through the pass."""
-    shard = weight_shard_params(model, pp, tp, head)
-    root = shard - model.layers / pp * model.layer_weights / tp
-    return 2.0 * model.layer_weights / tp + root
+def _gathered_params(model: ModelSpec, layout: Layout, head: Head) -> float:
+    """Parameters a ZeRO-3 rank holds gathered at once: two decoder layers ``2·N_ℓ`` (the one
+    computing and the one prefetched; ``N_ℓ = W_block/Pt + W_exp/(Pt·Pe)`` per device) plus the
+    root unit, the stage's embedding and head (``W_shard − (L/Pp)·N_ℓ``), which FSDP2 keeps
+    gathered through the pass."""
+    s = layout.strategy
+    block = _block_params(model, s.tp, s.ep)
+    root = layout_shard(model, layout, head) - model.layers / s.pp * block
+    return 2.0 * block + root
 
 
 def zero_state_bytes(model: ModelSpec, role: Role, layout: Layout, head: Head = Head.LM) -> ZeroState:
@@ -446,6 +493,10 @@ def zero_state_bytes(model: ModelSpec, role: Role, layout: Layout, head: Head = 
       rank), nothing transient;
     * inference, ``z = 3``: persistent ``sb·N_s/Pd``, transient ``sb·N_g``.
 
+    With context or expert parallelism (SPEC §15) every ``N_s/Pd`` above is the owned share
+    :func:`zero_shard_params` (sharded over ``Pd·Pc``, an expert over ``Pd·Pc/Pe``) and
+    ``W_shard`` counts the routed experts ``/Pe``.
+
     Parameters
     ----------
     model, role, layout, head
@@ -458,17 +509,18 @@ def zero_state_bytes(model: ModelSpec, role: Role, layout: Layout, head: Head = 
     """
     s = layout.strategy
     sb = model.dtype_bytes
-    shard = weight_shard_params(model, s.pp, s.tp, head)
-    gathered = _gathered_params(model, s.pp, s.tp, head) if s.zero == 3 else 0.0
+    shard = layout_shard(model, layout, head)
+    owned = zero_shard_params(model, layout, head)
+    gathered = _gathered_params(model, layout, head) if s.zero == 3 else 0.0
     if Role(role) is Role.TRAINING:
         state = training_state_bytes(model, layout, head)
         if s.zero == 1:
             return ZeroState(state, 2.0 * sb * shard)
         if s.zero == 2:
-            return ZeroState(state, sb * shard + sb * shard / s.dp)
-        return ZeroState(state, 2.0 * sb * shard / s.dp + sb * gathered)
+            return ZeroState(state, sb * shard + sb * owned)
+        return ZeroState(state, 2.0 * sb * owned + sb * gathered)
     if s.zero == 3:
-        return ZeroState(sb * shard / s.dp, sb * gathered)
+        return ZeroState(sb * owned, sb * gathered)
     return ZeroState(sb * shard, 0.0)
 
 
@@ -595,7 +647,8 @@ def transient_bytes(
     """Peak transient memory ``A(v)`` of one invocation on one device (SPEC §6, §14).
 
     With ``ℓ = tokens`` (the mean length of packed sequences, SPEC §14.1; ``Lp + Lr`` when
-    ``None``: padded) and ``T_mb = b·ℓ``, ``b = n/(Pd·mb)``:
+    ``None``: padded) and ``T_mb = b·ℓ/Pc``, ``b = n/(Pd·mb)`` (a microbatch's tokens on one
+    context-parallel rank, SPEC §15.3):
 
     * training: :func:`training_activation_bytes` + :func:`logits_bytes` (and their gradient)
       + the ZeRO stage's transient state (:func:`zero_state_bytes`: BF16 weights and gradients,
@@ -651,13 +704,13 @@ def transient_bytes(
     role = Role(role)
     ell = float(prompt_len + response_len) if tokens is None else tokens
     s = layout.strategy
-    t_mb = sequences / (s.dp * s.mb) * ell
+    t_mb = sequences / (s.dp * s.mb * s.cp) * ell  # a microbatch's tokens on one CP rank
     state = zero_state_bytes(model, role, layout, head)
     if role is Role.TRAINING:
         activations = training_activation_bytes(model, layout, sequences=sequences, tokens=ell)
         return activations + logits_bytes(model, role, layout, tokens=t_mb, head=head) + state.transient
     if role is Role.INFERENCE:
-        total = model.dtype_bytes * t_mb * _layer_buffer_width(model, s.tp)
+        total = model.dtype_bytes * t_mb * _layer_buffer_width(model, s.tp, s.sp)
         total += logits_bytes(model, role, layout, tokens=t_mb, head=head) + state.transient
     elif hardware is not None:
         engine = generation_engine_bytes(

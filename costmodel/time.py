@@ -25,7 +25,15 @@ from .collectives import (
     p2p_time,
     reduce_scatter_time,
 )
-from .flops import decode_flops_at, inference_flops, prefill_flops, training_flops, training_passes
+from .flops import (
+    attention_core_flops,
+    decode_flops_at,
+    forward_flops,
+    inference_flops,
+    prefill_flops,
+    training_flops,
+    training_passes,
+)
 from .layout import Layout, check_tier, positive_int
 from .memory import ROLLOUT_MAX_SEQS, kv_budget_tokens, kv_scalars_per_device, model_params
 
@@ -66,6 +74,10 @@ class TimeBreakdown:
         ``T_over``, the engine's fixed costs (docs/cost-model.md §2 "Engine terms"): per call,
         per layer pass, per decode step, the weight sync into a generation engine, and the
         controller's dispatch; 0 with a preset's neutral terms.
+    ep_comm
+        ``T_ep``, expert parallelism's dispatch and combine AlltoAlls (SPEC §15.2).
+    cp_comm
+        ``T_cp``, context parallelism's exposed ring transfers or Ulysses AlltoAlls (SPEC §15.3).
     """
 
     gemm: float
@@ -76,11 +88,13 @@ class TimeBreakdown:
     nongemm: float
     opt: float
     overhead: float = 0.0
+    ep_comm: float = 0.0
+    cp_comm: float = 0.0
 
     @property
     def comm(self) -> float:
-        """``T_comm = T_tp + T_pp + T_dp``."""
-        return self.tp_comm + self.pp_comm + self.dp_comm
+        """``T_comm = T_tp + T_pp + T_dp + T_ep + T_cp``."""
+        return self.tp_comm + self.pp_comm + self.dp_comm + self.ep_comm + self.cp_comm
 
     @property
     def total(self) -> float:
@@ -96,7 +110,23 @@ class TimeBreakdown:
         return TimeBreakdown(*(getattr(self, f) * k for f in _TERMS))
 
 
-_TERMS = ("gemm", "bubble", "tp_comm", "pp_comm", "dp_comm", "nongemm", "opt", "overhead")
+_TERMS = (
+    "gemm",
+    "bubble",
+    "tp_comm",
+    "pp_comm",
+    "dp_comm",
+    "nongemm",
+    "opt",
+    "overhead",
+    "ep_comm",
+    "cp_comm",
+)
+
+#: Load imbalance ``λ`` of expert-parallel MoE layers (SPEC §15.2's default): the busiest of the
+#: ``Pe`` ranks receives ``λ`` times the mean tokens, and everyone waits for it. Not measured
+#: here (no MoE model runs on these engines yet); SPEC's figure.
+MOE_LOAD_IMBALANCE = 1.2
 
 
 class _Roofline:
@@ -113,24 +143,45 @@ class _Roofline:
     and ``k_e = min(d, d_e)/Pt``, the rest at ``η``: ``η_MoE = 1/((1 − φ)/η + φ/η_e)`` (the two
     kinds of GEMM take their times one after the other). ``W_read`` counts the experts the
     microbatch's ``b·ℓ`` tokens touch (:meth:`~rpeg.ir.models.ModelSpec.layer_weights_read`).
+
+    SPEC §15: a context-parallel rank holds ``b·ℓ/Pc`` of the microbatch's rows. With ``Pe``
+    expert-parallel ranks each expert receives the tokens of all of them, ``r_e = b·ℓ·k·Pe/E``
+    per device (the ``T_mb·k·Pe/E`` tokens per local expert), a rank reads its ``E/Pe`` experts,
+    and the busiest rank's expert GEMMs take ``λ`` times the mean (:data:`MOE_LOAD_IMBALANCE`):
+    ``η_MoE = 1/((1 − φ)/η + λ·φ/η_e)``.
     """
 
-    __slots__ = ("b", "eta_e", "eta_k", "hw", "layers", "model", "omega_w", "phi", "route", "tp")
+    __slots__ = (
+        "b",
+        "ep",
+        "eta_e",
+        "eta_k",
+        "hw",
+        "imbalance",
+        "layers",
+        "model",
+        "omega_w",
+        "phi",
+        "route",
+        "tp",
+    )
 
     def __init__(self, model: ModelSpec, layout: Layout, hw: Hardware, b: float) -> None:
         self.model = model
         self.hw = hw
-        self.b = b
         s = layout.strategy
+        self.b = b / s.cp  # a context-parallel rank's share of each sequence
         self.tp = s.tp
+        self.ep = s.ep
         self.layers = model.layers / s.pp
         k = min(model.hidden, model.ffn_hidden) / s.tp
         self.eta_k = k / (k + hw.gamma_k)
         # what does not depend on the microbatch's rows: a dense model's weights read per pass,
-        # a MoE model's expert FLOP share, routing fraction k/E and expert-GEMM width factor
+        # a MoE model's expert FLOP share, routing fraction k·Pe/E and expert-GEMM width factor
         self.phi = model.expert_flop_share
         self.omega_w = None if model.is_moe else self.layers * model.layer_params * model.dtype_bytes / s.tp
-        self.route = model.experts_active / model.experts if model.is_moe else 0.0
+        self.route = model.experts_active * s.ep / model.experts if model.is_moe else 0.0
+        self.imbalance = MOE_LOAD_IMBALANCE if s.ep > 1 else 1.0
         k_e = min(model.hidden, model.expert_ffn) / s.tp
         self.eta_e = k_e / (k_e + hw.gamma_k) if model.is_moe else 0.0
 
@@ -143,8 +194,8 @@ class _Roofline:
         if omega_w is None:  # a mixture of experts: the expert GEMMs' efficiency, the experts touched
             r_e = rows * self.route
             eta_e = r_e / (r_e + self.hw.gamma_m) * self.eta_e
-            eta = 1.0 / ((1.0 - self.phi) / eta + self.phi / eta_e)
-            omega_w = self.layers * m.layer_weights_read(rows) * m.dtype_bytes / self.tp
+            eta = 1.0 / ((1.0 - self.phi) / eta + self.imbalance * self.phi / eta_e)
+            omega_w = self.layers * m.layer_weights_read(rows, self.ep) * m.dtype_bytes / self.tp
         omega_a = 2.0 * rows * m.hidden * m.dtype_bytes * self.layers
         intensity = work_per_device / (omega_w + omega_a + extra_bytes)
         return min(self.hw.peak_flops * eta, intensity * self.hw.mem_bandwidth)
@@ -284,7 +335,8 @@ def op_time(
                 f"op_time: decode window must satisfy 0 ≤ t0 ≤ t1 ≤ response_len={response_len}, "
                 f"got {decode!r}"
             )
-        t_gemm, t_tp, t_pp, t_over = _generation_terms(node, prompt_len, (t0, t1), prefill, head)
+        t_gemm, t_tp, t_pp, t_over, t_ep = _generation_terms(node, prompt_len, (t0, t1), prefill, head)
+        t_cp = 0.0
     else:
         ell = float(prompt_len + response_len) if tokens is None else float(tokens)
         lengths = {
@@ -307,7 +359,10 @@ def op_time(
         )
         terms = hw.terms(role.value)
         t_gemm /= terms.efficiency
-        t_nongemm = passes * node.layers * hw.c_nongemm * (1.0 - 1.0 / s.tp) * node.nongemm_scale(ell)
+        t_ep, t_cp = _split_terms(node, role, lengths, head, t_gemm, passes)
+        # sequence parallelism splits the non-TP regions over the TP ranks: nothing stays replicated
+        replicated = 0.0 if s.sp else 1.0 - 1.0 / s.tp
+        t_nongemm = passes * node.layers * hw.c_nongemm * replicated * node.nongemm_scale(ell)
         t_over = terms.per_call_s + passes * node.slots * node.layers * terms.per_layer_s
 
     return TimeBreakdown(
@@ -319,7 +374,47 @@ def op_time(
         nongemm=t_nongemm,
         opt=t_opt,
         overhead=t_over + hw.dispatch_s,
+        ep_comm=t_ep,
+        cp_comm=t_cp,
     )
+
+
+def _split_terms(
+    node: _Node, role: Role, lengths: dict[str, float], head: Head, t_gemm: float, forward_passes: float
+) -> tuple[float, float]:
+    """``(T_ep, T_cp)`` of a training or inference node (SPEC §15.2–15.3).
+
+    ``T_ep``: per MoE layer and microbatch 2 AlltoAlls in the forward (dispatch, combine), 2 in
+    the backward and, under ``full`` recomputation, 2 more (:meth:`_Node.ep_rounds`). ``T_cp``
+    (:meth:`_Node.cp_rounds`): a ring passes KV chunks in the forward (1), keys, values and
+    their gradients in the backward (2) and again where the core is recomputed (``full`` or
+    ``selective``: 1), overlapped
+    with the attention core, whose time is ``T_gemm`` times the core's share of the work
+    (``L·2·d_q·E[ℓ²]/W_fwd`` per forward-equivalent, :func:`~.flops.attention_core_flops`; 3
+    of the ``f = forward_passes`` forward-equivalents in training, 4 with recomputation);
+    Ulysses runs its 4 AlltoAlls per layer in the forward,
+    the backward and a ``full`` recomputation."""
+    s, model = node.s, node.model
+    if s.ep == 1 and s.cp == 1:
+        return 0.0, 0.0
+    ell = lengths["tokens"]
+    tokens = node.rank_tokens(ell)
+    training = role is Role.TRAINING
+    again = 1 if training and s.recompute is Recompute.FULL else 0
+    t_ep = node.ep_rounds((4 + 2 * again if training else 2) * s.mb, tokens)
+    t_cp = 0.0
+    if s.cp > 1:
+        if s.cp_kind == "ulysses":  # the core's inputs are kept: only a full recomputation repeats them
+            passes = 2 + again if training else 1
+        else:  # recomputing the core (full or selective) passes the KV chunks round again
+            core_again = 0 if s.recompute is Recompute.NONE else 1
+            passes = 3 + core_again if training else 1
+        core_passes = 3 + (0 if s.recompute is Recompute.NONE else 1) if training else 1
+        share = attention_core_flops(model, ell, lengths["tokens_sq"]) / forward_flops(
+            model, ell, head, lengths["tokens_sq"]
+        )
+        t_cp = node.cp_rounds(passes, tokens, t_gemm * min(1.0, share * core_passes / forward_passes))
+    return t_ep, t_cp
 
 
 def _check_op_args(
@@ -363,10 +458,15 @@ class _Node:
         self.slots = s.mb + s.pp - 1  # stage-microbatch slots on the 1F1B critical path
 
     def nongemm_scale(self, tokens: float) -> float:
-        """``mb·b·ℓ·d/(B_cal·ℓ_cal·d_cal)``: the tokens·width one device's non-GEMM work covers,
-        relative to the calibration's."""
+        """``mb·b·ℓ·d/(Pc·B_cal·ℓ_cal·d_cal)``: the tokens·width one device's non-GEMM work
+        covers, relative to the calibration's (a context-parallel rank's share of each sequence)."""
         hw = self.hw
-        return self.s.mb * self.b * tokens * self.model.hidden / (hw.b_cal * hw.l_cal * hw.d_cal)
+        return self.s.mb * self.b * tokens * self.model.hidden / (self.s.cp * hw.b_cal * hw.l_cal * hw.d_cal)
+
+    def rank_tokens(self, tokens: float) -> float:
+        """``T = b·ℓ/Pc``: one microbatch's tokens on one device (a context-parallel rank's
+        share of each sequence)."""
+        return self.b * tokens / self.s.cp
 
     def gemm(self, work: float, work_per_device: float, tokens: float, extra: float = 0.0) -> float:
         """``T_gemm = W/(P·F_eff)`` of ``work`` FLOPs (0 for no work)."""
@@ -376,23 +476,75 @@ class _Node:
 
     def tp_rounds(self, count: float, nbytes: float, link: Link | None = None) -> float:
         """``count`` tensor-parallel AllReduces of ``nbytes`` over ``Pt`` at tier 0 (on ``link``
-        when given: an engine's own; else the tier-0 collective link)."""
-        return count * allreduce_time(self.s.tp, nbytes, link or self.hw.collective[0])
+        when given: an engine's own; else the tier-0 collective link); with sequence
+        parallelism each is a ReduceScatter plus an AllGather of the same buffer (SPEC §15.3)."""
+        link = link or self.hw.collective[0]
+        tp = self.s.tp
+        if self.s.sp:
+            return count * (reduce_scatter_time(tp, nbytes, link) + allgather_time(tp, nbytes, link))
+        return count * allreduce_time(tp, nbytes, link)
 
     def pp_rounds(self, count: float, tokens: float) -> float:
-        """``count`` pipeline steps of ``n·tokens·d·sb/(Pd·Pt·mb)`` bytes (0 without pipelining)."""
+        """``count`` pipeline steps of ``n·tokens·d·sb/(Pd·Pt·Pc·mb)`` bytes (0 without pipelining)."""
         s = self.s
         if s.pp == 1 or count <= 0:
             return 0.0
-        nbytes = self.sequences * tokens * self.model.hidden * self.model.dtype_bytes / (s.dp * s.tp * s.mb)
+        nbytes = (
+            self.sequences * tokens * self.model.hidden * self.model.dtype_bytes / (s.dp * s.tp * s.cp * s.mb)
+        )
         return count * _pp_step_time(nbytes, self.layout, self.hw)
+
+    def ep_rounds(self, per_layer: float, tokens: float) -> float:
+        """``T_ep`` (SPEC §15.2): ``per_layer`` AlltoAlls per MoE layer of the stage, each of
+        ``T·k·d·sb·(Pe − 1)/Pe`` bytes per rank, ``T`` = ``tokens`` dispatched by one device
+        (``/Pt`` under sequence parallelism: each TP rank dispatches its share), over ``Pe`` ranks
+        at ``ep_tier``; 0 with ``Pe = 1``."""
+        s, m = self.s, self.model
+        if s.ep == 1 or per_layer <= 0 or not m.is_moe:
+            return 0.0
+        dispatched = tokens / s.tp if s.sp else tokens
+        nbytes = dispatched * m.experts_active * m.hidden * m.dtype_bytes * (s.ep - 1) / s.ep
+        moe_layers = m.moe_layers / s.pp
+        return per_layer * moe_layers * alltoall_time(s.ep, nbytes, self.hw.collective[s.ep_tier])
+
+    def cp_rounds(self, passes: float, tokens: float, core: float) -> float:
+        """``T_cp`` (SPEC §15.3) of ``passes`` forward-equivalents of attention over the stage's
+        layers and the node's microbatches, with ``T = tokens`` per device and microbatch.
+
+        Ring: ``Pc − 1`` P2P steps per layer and pass of the KV chunk, ``T·c_kv·sb`` bytes
+        (``c_kv`` the local K and V widths, :func:`_ring_kv_scalars`), at ``cp_tier``,
+        overlapped with the attention core's ``core`` seconds: only ``max(0, comm − core)`` is
+        exposed. Ulysses: four AlltoAlls per layer and pass of ``T·d·sb/Pt`` bytes over ``Pc``
+        ranks, not overlapped. 0 with ``Pc = 1``."""
+        s, m = self.s, self.model
+        if s.cp == 1 or passes <= 0:
+            return 0.0
+        rounds = passes * self.layers * s.mb
+        if s.cp_kind == "ulysses":
+            nbytes = tokens * m.hidden * m.dtype_bytes / s.tp
+            return 4.0 * rounds * alltoall_time(s.cp, nbytes, self.hw.collective[s.cp_tier])
+        nbytes = tokens * _ring_kv_scalars(m, s.tp) * m.dtype_bytes
+        ring = rounds * (s.cp - 1) * p2p_time(nbytes, self.hw.p2p[s.cp_tier])
+        return max(0.0, ring - core)
+
+
+def _ring_kv_scalars(model: ModelSpec, tp: int) -> float:
+    """Scalars per token and layer a ring-attention step passes on: the local keys and values,
+    ``2·d_kv,local`` (:func:`~.memory.kv_scalars_per_device`); with latent attention the
+    up-projected heads, ``heads·(qk_nope + qk_rope + v_head)/Pt`` (Megatron-core's MLA passes
+    whole keys and values round the ring, not the latent)."""
+    if model.is_mla:
+        return model.heads * (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim) / tp
+    return kv_scalars_per_device(model, tp)
 
 
 def _generation_terms(
     node: _Node, prompt_len: int, window: tuple[int, int], prefill: bool, head: Head
-) -> tuple[float, float, float, float]:
-    """``(T_gemm, T_tp, T_pp, T_over)`` of a generation node: the prefill over ``Lp`` (when
-    ``prefill``) plus the decode steps ``t0..t1`` (:func:`op_time`'s docstring has the formulas).
+) -> tuple[float, float, float, float, float]:
+    """``(T_gemm, T_tp, T_pp, T_over, T_ep)`` of a generation node: the prefill over ``Lp`` (when
+    ``prefill``) plus the decode steps ``t0..t1`` (:func:`op_time`'s docstring has the formulas);
+    with expert parallelism one dispatch and one combine AlltoAll per MoE layer and microbatch
+    in the prefill and in each decode step that decodes a decoded token (SPEC §15.2).
 
     With the engine's prefill and decode terms ``e_p, e_d`` (neutral in presets), prefill GEMMs
     run at ``η_p·F_eff`` and decode GEMMs at ``η_d·F_eff``; ``T_over`` is one call
@@ -403,11 +555,13 @@ def _generation_terms(
     hw = node.hw
     pre, dec = hw.terms("prefill"), hw.terms("decode")
     t0, t1 = window
-    t_gemm = t_tp = t_pp = 0.0
+    t_gemm = t_tp = t_pp = t_ep = 0.0
     t_over = pre.per_call_s if prefill else dec.per_call_s
+    mb = node.s.mb
     if prefill and prompt_len > 0:
         t_gemm, t_tp, t_pp, over = _prefill_terms(node, prompt_len, head)
         t_over += over
+        t_ep = node.ep_rounds(2 * mb, node.rank_tokens(prompt_len))
     if t1 - t0 > 0:
         rounds = max(0, t1 - max(t0, 1))  # decode steps whose input token is a decoded one
         d_gemm, d_tp, d_pp, d_over = _decode_terms(node, prompt_len + 0.5 * (t0 + t1), t1 - t0, rounds, head)
@@ -415,7 +569,8 @@ def _generation_terms(
         t_tp += d_tp
         t_pp += d_pp
         t_over += d_over
-    return t_gemm, t_tp, t_pp, t_over
+        t_ep += node.ep_rounds(2 * mb * rounds, node.rank_tokens(1))
+    return t_gemm, t_tp, t_pp, t_over, t_ep
 
 
 def _prefill_terms(node: _Node, prompt_len: int, head: Head) -> tuple[float, float, float, float]:
@@ -458,26 +613,52 @@ def _decode_terms(
 
 def _dp_link(node: _Node) -> Link:
     """The data-parallel link: the training engine's own (measured between one host's ranks)
-    for intra-node data parallelism where the hardware has one, else the tier's collective."""
-    engine_dp = node.hw.data_parallel() if node.s.dp_tier == 0 else None
-    return engine_dp or node.hw.collective[node.s.dp_tier]
+    for intra-node data parallelism where the hardware has one, else the tier's collective; the
+    tier is the slower of the data- and the context-parallel group's (ZeRO shards over both)."""
+    tier = max(node.s.dp_tier, node.s.cp_tier)
+    engine_dp = node.hw.data_parallel() if tier == 0 else None
+    return engine_dp or node.hw.collective[tier]
+
+
+def _zero_groups(node: _Node, head: Head) -> list[tuple[int, float]]:
+    """``(ranks, bytes)`` of each group ZeRO's collectives run over (SPEC §14.3, §15.2): the
+    non-expert weights ``(N_m − N_e)·sb/(Pp·Pt)`` over the ``Pd·Pc`` data- and context-parallel
+    ranks, and a mixture of experts' routed experts ``N_e·sb/(Pp·Pt·Pe)`` over the ``Pd·Pc/Pe``
+    ranks holding the same experts (``N_e = L·W_exp``)."""
+    s, model = node.s, node.model
+    sb = model.dtype_bytes
+    experts = model.layers * model.expert_weights
+    group = s.dp * s.cp
+    out = [(group, (model_params(model, head) - experts) * sb / (s.pp * s.tp))]
+    if experts:
+        out.append((group // s.ep, experts * sb / (s.pp * s.tp * s.ep)))
+    return out
+
+
+def _gathers(node: _Node, head: Head, count: float) -> float:
+    """``count`` ZeRO AllGathers of the weight shards (:func:`_zero_groups`)."""
+    link = _dp_link(node)
+    return count * sum(allgather_time(p, nbytes, link) for p, nbytes in _zero_groups(node, head))
+
+
+def _scatters(node: _Node, head: Head, count: float) -> float:
+    """``count`` ZeRO ReduceScatters of the gradient shards (:func:`_zero_groups`)."""
+    link = _dp_link(node)
+    return count * sum(reduce_scatter_time(p, nbytes, link) for p, nbytes in _zero_groups(node, head))
 
 
 def _inference_terms(node: _Node, lengths: dict[str, float], head: Head) -> tuple[float, float, float, float]:
     """``(T_gemm, T_tp, T_pp, T_dp)`` of a teacher-forced inference node over ``ℓ = E[ℓ]``
     (``Lp + Lr`` padded); ``T_dp`` is ZeRO-3's AllGather of ``N_m·sb/(Pp·Pt)`` per microbatch."""
-    model, s, sequences = node.model, node.s, node.sequences
+    model, s = node.model, node.s
     ell = lengths["tokens"]
     w = inference_flops(model, head=head, **lengths)  # type: ignore[arg-type]
     t_gemm = node.gemm(w, w / (node.n_devices * s.mb), ell)
-    t_tp = node.tp_rounds(
-        2 * node.layers * s.mb, sequences * ell * model.hidden * model.dtype_bytes / (s.dp * s.mb)
-    )
+    t_tp = node.tp_rounds(2 * node.layers * s.mb, node.rank_tokens(ell) * model.hidden * model.dtype_bytes)
     t_pp = node.pp_rounds(s.mb + s.pp - 2, ell)
     t_dp = 0.0
     if s.zero == 3:
-        shard = model_params(model, head) * model.dtype_bytes / (s.pp * s.tp)
-        t_dp = _exposed(s.mb * allgather_time(s.dp, shard, _dp_link(node)), t_gemm)
+        t_dp = _exposed(_gathers(node, head, s.mb), t_gemm)
     return t_gemm, t_tp, t_pp, t_dp
 
 
@@ -500,7 +681,7 @@ def _training_terms(
     needs no collective).
     """
     model, s, sequences, hw = node.model, node.s, node.sequences, node.hw
-    P, mb, pp, tp, dp = node.n_devices, s.mb, s.pp, s.tp, s.dp
+    P, mb, pp = node.n_devices, s.mb, s.pp
     sb = model.dtype_bytes
     ell = lengths["tokens"]
     passes = training_passes(model, s.recompute, ell, head, lengths["tokens_sq"])
@@ -509,17 +690,14 @@ def _training_terms(
         w += sequences * ell * 2.0 * model.hidden * model.vocab
     t_gemm = node.gemm(w, w / (passes * P * mb), ell)
     rounds = 6 if s.recompute is Recompute.FULL else 4
-    t_tp = node.tp_rounds(rounds * node.layers * mb, sequences * ell * model.hidden * sb / (dp * mb))
+    t_tp = node.tp_rounds(rounds * node.layers * mb, node.rank_tokens(ell) * model.hidden * sb)
     t_pp = node.pp_rounds(mb + 2 * pp - 3, ell)
     n_params = model_params(model, head)
-    shard = n_params * sb / (pp * tp)
-    dp_link = _dp_link(node)
     if s.zero == 3:  # FSDP: gather per microbatch in the forward, the backward (and recompute)
         gathers = mb * (3 if s.recompute is Recompute.FULL else 2)
-        exposed = _exposed(gathers * allgather_time(dp, shard, dp_link), t_gemm)
-        t_dp = updates * reduce_scatter_time(dp, shard, dp_link) + exposed
+        t_dp = updates * _scatters(node, head, 1) + _exposed(_gathers(node, head, gathers), t_gemm)
     else:
-        t_dp = updates * (reduce_scatter_time(dp, shard, dp_link) + allgather_time(dp, shard, dp_link))
+        t_dp = updates * (_scatters(node, head, 1) + _gathers(node, head, 1))
     t_opt = updates * OPTIMIZER_TRAFFIC_BYTES * n_params / (P * hw.mem_bandwidth)
     return t_gemm, t_tp, t_pp, t_dp, t_opt
 

@@ -25,6 +25,8 @@ from .hardware import Hardware
 
 __all__ = [
     "MAX_DEVICES",
+    "NO_SPLITS",
+    "PARALLELISM_SWITCHES",
     "TIER_CLUSTER",
     "TIER_NODE",
     "TIER_RACK",
@@ -134,6 +136,13 @@ def parse_shape(shape: str) -> tuple[int, int, int]:
     return r, n, g
 
 
+#: The engine switches of :class:`Cluster` for SPEC §15's parallelisms (rules S1, C1, E1).
+PARALLELISM_SWITCHES = ("sequence_parallel", "context_parallel", "expert_parallel")
+#: Every SPEC §15 switch off, as keyword arguments of :class:`Cluster`: the plan space of engines
+#: that run none of them (the bundled torch engine; ``Cluster.from_shape(..., **NO_SPLITS)``).
+NO_SPLITS: dict[str, bool] = dict.fromkeys(PARALLELISM_SWITCHES, False)
+
+
 @dataclass(frozen=True)
 class Cluster:
     """A homogeneous GPU cluster of ``racks × nodes_per_rack × gpus_per_node`` devices.
@@ -158,13 +167,22 @@ class Cluster:
         its runs (rule Z4, SPEC §14.4: verl's parameter and optimizer offload, vLLM's sleep
         mode); default ``True`` (both do on GPUs). ``False`` plans for the bundled CPU engines,
         whose host and device memory are one (``rpeg solve --no-host-offload``).
+    sequence_parallel, context_parallel, expert_parallel
+        Whether the training and inference engines split the non-tensor-parallel regions over the
+        TP ranks (Megatron's sequence parallelism), split sequences over ranks (ring or Ulysses
+        context parallelism) and shard a mixture of experts' routed experts over ranks (expert
+        parallelism; for generation, vLLM's experts over the engine's ranks with data-parallel
+        attention) — rules S1, C1 and E1 of :func:`~rpeg.ir.plan.check_strategy`, SPEC §15.2–15.3.
+        Default ``True`` (Megatron-core and vLLM do on GPUs). ``False`` plans without it: for the
+        bundled torch engine, which runs none of them (``rpeg solve --no-sequence-parallel
+        --no-context-parallel --no-expert-parallel``), or to compare with the best plan without.
 
     Raises
     ------
     ValueError
         If a dimension or ``generation_max_pp`` is not a positive integer, or
-        ``max_zero_stage`` is not 1, 2, 3 or ``None``, or ``host_offload`` is not a boolean
-        (the message names it).
+        ``max_zero_stage`` is not 1, 2, 3 or ``None``, or ``host_offload`` or a parallelism switch
+        is not a boolean (the message names it).
     """
 
     racks: int
@@ -174,6 +192,9 @@ class Cluster:
     generation_max_pp: int | None = None
     max_zero_stage: int | None = None
     host_offload: bool = True
+    sequence_parallel: bool = True
+    context_parallel: bool = True
+    expert_parallel: bool = True
 
     def __post_init__(self) -> None:
         for name in ("racks", "nodes_per_rack", "gpus_per_node"):
@@ -195,8 +216,9 @@ class Cluster:
         for name, value in (("generation_max_pp", g), ("max_zero_stage", z)):
             if value is not None:
                 object.__setattr__(self, name, int(value))
-        if not isinstance(self.host_offload, bool):
-            raise ValueError(f"Cluster: host_offload must be True or False, got {self.host_offload!r}")
+        for name in ("host_offload", *PARALLELISM_SWITCHES):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Cluster: {name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.hardware, Hardware):
             raise TypeError(f"Cluster: hardware must be a Hardware, got {type(self.hardware).__name__}")
 
@@ -209,6 +231,9 @@ class Cluster:
         generation_max_pp: int | None = None,
         max_zero_stage: int | None = None,
         host_offload: bool = True,
+        sequence_parallel: bool = True,
+        context_parallel: bool = True,
+        expert_parallel: bool = True,
     ) -> Cluster:
         """Build from ``"RxNxG"`` (e.g. ``"2x8x4"``) or a ``(R, N, G)`` tuple (or list).
 
@@ -237,7 +262,18 @@ class Cluster:
             r, n, g = shape
         else:
             raise TypeError(f"Cluster.from_shape: shape must be {form}, got {type(shape).__name__} {shape!r}")
-        return cls(r, n, g, hardware, generation_max_pp, max_zero_stage, host_offload)
+        return cls(
+            r,
+            n,
+            g,
+            hardware,
+            generation_max_pp,
+            max_zero_stage,
+            host_offload,
+            sequence_parallel,
+            context_parallel,
+            expert_parallel,
+        )
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -378,6 +414,7 @@ class Cluster:
             **({"generation_max_pp": self.generation_max_pp} if self.generation_max_pp is not None else {}),
             **({"max_zero_stage": self.max_zero_stage} if self.max_zero_stage is not None else {}),
             **({} if self.host_offload else {"host_offload": False}),
+            **{name: False for name in PARALLELISM_SWITCHES if not getattr(self, name)},
         }
 
 
@@ -411,4 +448,5 @@ def pool_cluster(full: Cluster, devices: int) -> Cluster:
         generation_max_pp=full.generation_max_pp,
         max_zero_stage=full.max_zero_stage,
         host_offload=full.host_offload,
+        **{name: getattr(full, name) for name in PARALLELISM_SWITCHES},
     )

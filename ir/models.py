@@ -719,20 +719,29 @@ class ModelSpec:
             return self.layer_params
         return self.attention_params + self._ffn_weights_sum / self.layers
 
-    def layer_weights_read(self, tokens: float) -> float:
+    def layer_weights_read(self, tokens: float, ep: int = 1) -> float:
         """Matmul weights a pass of ``tokens`` tokens reads from memory per block (averaged): a
         dense block all of :attr:`layer_params`; a MoE block its attention, shared experts and
         router, and of its ``E`` routed experts the ``E·(1 − (1 − k/E)^n)`` that ``n = tokens``
         tokens touch in expectation under uniform routing (each token picks ``k`` of ``E``) — a
         decode step of a few sequences reads a fraction of the experts, a training microbatch all
-        of them."""
+        of them. With ``ep = Pe`` expert-parallel ranks (SPEC §15.2) one rank holds ``E/Pe`` of
+        the experts and receives the tokens of all ``Pe`` ranks: it reads
+        ``(E/Pe)·(1 − (1 − k/E)^(n·Pe))`` experts."""
         if not self.experts:
             return self.layer_params
-        n = max(float(tokens), 0.0)
-        touched = self.experts * (1.0 - (1.0 - self.experts_active / self.experts) ** n)
+        n = max(float(tokens), 0.0) * ep
+        touched = self.experts / ep * (1.0 - (1.0 - self.experts_active / self.experts) ** n)
         dense = (self.layers - self.moe_layers) * self.dense_ffn_params
         moe = self.moe_layers * (touched * self.expert_params + self._moe_fixed_params)
         return self.attention_params + (dense + moe) / self.layers
+
+    @property
+    def expert_weights(self) -> float:
+        """Routed-expert parameters a block stores, averaged over the blocks,
+        ``L_moe·E·n_ffn·d·d_e/L`` (0 for a dense model): the part of :attr:`layer_weights` that
+        expert parallelism shards (SPEC §15.2)."""
+        return self.moe_layers * self.experts * self.expert_params / self.layers if self.experts else 0.0
 
     @property
     def ffn_width(self) -> float:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .graph import RPEG
 
 __all__ = [
+    "CP_KINDS",
     "ENGINES",
     "HEAD_RULES",
     "ZERO_STAGES",
@@ -45,6 +46,10 @@ ENGINES: dict[Role, str] = {
     Role.INFERENCE: "Megatron-core",
     Role.TRAINING: "Megatron-core",
 }
+
+#: How context parallelism crosses the sequence split (SPEC §15.3): ring attention (Megatron-core)
+#: or DeepSpeed-Ulysses AlltoAlls (verl's sequence parallelism).
+CP_KINDS = ("ring", "ulysses")
 
 #: Rule tags of the attention-head checks (:func:`check_heads`), in the order they are tested.
 HEAD_RULES = ("H1", "H2")
@@ -103,6 +108,33 @@ class Strategy:
         weights) lives in host memory between its runs and is loaded before each run and
         offloaded after it — verl's ``optimizer_offload``/``param_offload`` and the rollout
         engine's sleep mode. Time and memory only: :meth:`same_layout` ignores it.
+    cp
+        Context-parallel degree ``Pc`` (SPEC §15.3): training and inference split each sequence
+        over ``Pc`` ranks; the allocation holds ``Pd·Pp·Pt·Pc`` devices, ranks ordered
+        tensor-parallel innermost, then context-parallel, pipeline, data-parallel. Generation
+        keeps ``1``.
+    cp_kind
+        How attention crosses the sequence split (:data:`CP_KINDS`): ``ring`` (Megatron-core's
+        ring attention, KV chunks passed round the ``Pc`` ranks) or ``ulysses`` (DeepSpeed-Ulysses,
+        verl's sequence parallelism: AlltoAlls that trade the sequence split for a head split).
+        ``ring`` while ``cp = 1``.
+    ep
+        Expert-parallel degree ``Pe`` of a mixture of experts (SPEC §15.2): training and
+        inference shard the routed experts over ``Pe`` ranks of the ``Pd·Pc`` data- and
+        context-parallel group, each expert tensor-parallel over the ``Pt`` ranks (Megatron's
+        default expert-TP); a generation's ``Pe = Pd`` makes its data-parallel replicas one
+        engine whose ranks share the experts, attention data-parallel (vLLM's expert
+        parallelism over ``Pd·Pt`` ranks; the cost model splits each expert over ``Pt`` as for
+        training, the same bytes per device). ``1``: every rank holds every expert
+        (tensor-parallel like a dense FFN).
+    sp
+        Megatron's sequence parallelism (SPEC §15.3): the regions outside the tensor-parallel
+        GEMMs (norms, residuals, dispatch) are split over the ``Pt`` ranks by sequence and each
+        AllReduce becomes a ReduceScatter and an AllGather. Training and inference with
+        ``Pt > 1`` only.
+    cp_tier, ep_tier
+        Link tiers the context-parallel group and the expert-parallel group span
+        (0 while the degree is 1).
 
     Raises
     ------
@@ -125,6 +157,12 @@ class Strategy:
     logits_chunk: int = 0
     packing: bool = True
     offload: bool = False
+    cp: int = 1
+    cp_kind: str = "ring"
+    ep: int = 1
+    sp: bool = False
+    cp_tier: int = 0
+    ep_tier: int = 0
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -141,6 +179,16 @@ class Strategy:
             raise ValueError(f"Strategy.packing must be True or False, got {self.packing!r}")
         if not isinstance(self.offload, bool):
             raise ValueError(f"Strategy.offload must be True or False, got {self.offload!r}")
+        for name in ("cp", "ep"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Strategy.{name} must be a positive integer, got {value!r}")
+        if self.cp_kind not in CP_KINDS:
+            raise ValueError(f"Strategy.cp_kind must be one of {', '.join(CP_KINDS)}, got {self.cp_kind!r}")
+        if self.cp == 1 and self.cp_kind != "ring":
+            raise ValueError(f"Strategy.cp_kind={self.cp_kind!r} needs cp > 1 (cp=1 keeps 'ring')")
+        if not isinstance(self.sp, bool):
+            raise ValueError(f"Strategy.sp must be True or False, got {self.sp!r}")
         if type(self.recompute) is not Recompute:
             try:
                 mode = Recompute(self.recompute)
@@ -169,6 +217,12 @@ class Strategy:
             self.logits_chunk,
             self.packing,
             self.offload,
+            self.cp,
+            self.cp_kind,
+            self.ep,
+            self.sp,
+            self.cp_tier,
+            self.ep_tier,
         )
 
     def __hash__(self) -> int:
@@ -180,14 +234,20 @@ class Strategy:
 
     @property
     def size(self) -> int:
-        """``|σ| = Pd·Pp·Pt``."""
-        return self.dp * self.pp * self.tp
+        """``|σ| = Pd·Pp·Pt·Pc``."""
+        return self.dp * self.pp * self.tp * self.cp
 
     def label(self) -> str:
-        """``(dp,pp,tp) mb=…`` for tables, with ``rc=…`` when the recomputation is not ``full``,
-        ``z=…`` when the ZeRO stage is not 2, ``u=…``, ``chunk=…``, ``padded`` and ``offload`` when
-        set."""
+        """``(dp,pp,tp) mb=…`` for tables, with ``cp=…`` (and ``ulysses``), ``ep=…`` and ``sp``
+        when set, ``rc=…`` when the recomputation is not ``full``, ``z=…`` when the ZeRO stage is
+        not 2, ``u=…``, ``chunk=…``, ``padded`` and ``offload`` when set."""
         text = f"({self.dp},{self.pp},{self.tp}) mb={self.mb}"
+        if self.cp > 1:
+            text += f" cp={self.cp}" + (" ulysses" if self.cp_kind == "ulysses" else "")
+        if self.ep > 1:
+            text += f" ep={self.ep}"
+        if self.sp:
+            text += " sp"
         if self.recompute is not Recompute.FULL:
             text += f" rc={self.recompute.value}"
         if self.zero != 2:
@@ -203,22 +263,36 @@ class Strategy:
         return text
 
     def same_layout(self, other: Strategy) -> bool:
-        """Whether ``other`` holds the model's weights the same way: equal shape, degrees and
-        ZeRO stage, whatever either's microbatches, :attr:`recompute`, memory fraction, loss
-        chunking, packing or host offload (none of them moves a weight between devices)."""
+        """Whether ``other`` holds the model's weights the same way: equal shape, degrees
+        (context- and expert-parallel too) and ZeRO stage, whatever either's microbatches,
+        :attr:`recompute`, memory fraction, loss chunking, packing, host offload, sequence
+        parallelism or ring/Ulysses attention (none of them moves a weight between devices)."""
         return self is other or (
             self.dp == other.dp
             and self.pp == other.pp
             and self.tp == other.tp
+            and self.cp == other.cp
+            and self.ep == other.ep
             and self.zero == other.zero
             and self.extent == other.extent
         )
 
     def layout_key(self) -> tuple:
-        """``(extent, dp, pp, tp, mb, zero)``: what the variants of one layout share (they differ
-        in recomputation, memory fraction, loss chunking, packing or host offload: time and memory
-        only)."""
-        return (self.extent, self.dp, self.pp, self.tp, self.mb, self.zero)
+        """``(extent, dp, pp, tp, cp, cp_kind, ep, sp, mb, zero)``: what the variants of one
+        layout share (they differ in recomputation, memory fraction, loss chunking, packing or
+        host offload: time and memory only)."""
+        return (
+            self.extent,
+            self.dp,
+            self.pp,
+            self.tp,
+            self.cp,
+            self.cp_kind,
+            self.ep,
+            self.sp,
+            self.mb,
+            self.zero,
+        )
 
     def with_recompute(self, mode: Recompute | str) -> Strategy:
         """A copy with :attr:`recompute` set to ``mode``."""
@@ -351,6 +425,10 @@ def check_strategy(
     logits_chunk: int = 0,
     packing: bool = True,
     offload: bool = False,
+    cp: int = 1,
+    cp_kind: str = "ring",
+    ep: int = 1,
+    sp: bool = False,
 ) -> str | None:
     """Check P1–P8 (SPEC §4, with §14.2's microbatches), the head rules H1–H2 and the engine
     choices Z1–Z2 (SPEC §14) for one choice; return why not (the message starts with the rule's
@@ -372,6 +450,20 @@ def check_strategy(
     cluster's ``max_zero_stage`` (the engines' limit, when set); Z4 host offload (SPEC §14.4)
     only where the cluster's engines offer it (``host_offload``).
 
+    SPEC §15's parallelisms (P6 and P8 then count a replica as ``Pp·Pt·Pc`` devices, stages
+    per node ``max(1, ⌊Ng/(Pt·Pc)⌋)``, and ``|σ| = Pd·Pp·Pt·Pc``): S1 sequence parallelism
+    only for training and inference with ``Pt > 1``, where the cluster's engines run it
+    (``sequence_parallel``); C1 ``Pc > 1`` only for training and inference, where the engines
+    run it (``context_parallel``); C2 Ulysses needs ``Pc | heads/Pt`` and, of the local KV
+    heads ``g = kv_heads/Pt``, ``Pc | g`` or ``g | Pc`` (verl's Ulysses check: KV heads are
+    repeated up to ``Pc``); C3 the ``Pt·Pc`` ranks of a context-parallel group divide ``Ng``
+    or span whole nodes; E1 ``Pe > 1`` only for a mixture of experts, where the engines run it
+    (``expert_parallel``), with ``Pe | E``; E2 training and inference ``Pe | Pd·Pc`` (experts
+    inside the data- and context-parallel group), generation ``Pe = Pd`` (vLLM's experts over
+    all the engine's ranks, attention data-parallel); E3 training and inference with ``Pe > 1`` and ``Pt > 1``
+    need sequence parallelism (Megatron-core's ``TransformerConfig``: "When using expert
+    parallelism and tensor parallelism, sequence parallelism must be used").
+
     Parameters
     ----------
     cluster
@@ -387,6 +479,9 @@ def check_strategy(
         The choice's shape, degrees and microbatches.
     zero, mem_fraction, logits_chunk, packing, offload
         The engine choices of :class:`Strategy` (SPEC §14).
+    cp, cp_kind, ep, sp
+        Context parallelism and its kind, expert parallelism and sequence parallelism
+        (SPEC §15).
 
     Raises
     ------
@@ -398,12 +493,15 @@ def check_strategy(
             f"check_strategy: model must be a ModelSpec (its layers and heads), got {type(model).__name__}"
         )
     Ng = cluster.gpus_per_node
-    for name, value in (("dp", dp), ("pp", pp), ("tp", tp), ("mb", mb)):
+    for name, value in (("dp", dp), ("pp", pp), ("tp", tp), ("mb", mb), ("cp", cp), ("ep", ep)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             return f"{name}={value!r} must be a positive integer"
     if Ng % tp:
         return f"P1: tp={tp} does not divide gpus_per_node={Ng}"
     why = check_heads(model, role, tp)
+    if why is not None:
+        return why
+    why = _check_parallelisms(cluster, model, role, dp, tp, cp, cp_kind, ep, sp)
     if why is not None:
         return why
     layers = model.layers
@@ -437,15 +535,77 @@ def check_strategy(
             f"Z3: zero={zero} exceeds the engines' max_zero_stage={cluster.max_zero_stage} "
             "(the bundled torch engine: 2)"
         )
-    size = dp * pp * tp
+    size = dp * pp * tp * cp
+    what = "dp·pp·tp·cp" if cp > 1 else "dp·pp·tp"
     if cluster.shape_for_size(size) != tuple(extent):
-        return f"P6: extent {list(extent)} is not the legal shape for dp·pp·tp={size} devices"
-    rep = pp * tp
+        return f"P6: extent {list(extent)} is not the legal shape for {what}={size} devices"
+    rep = pp * tp * cp
     if (rep <= Ng and Ng % rep) or (rep > Ng and rep % Ng):
-        return f"P6: a replica of pp·tp={rep} GPUs must fit one node evenly or span whole nodes (Ng={Ng})"
-    s = min(pp, Ng // tp)
+        what = "pp·tp·cp" if cp > 1 else "pp·tp"
+        return f"P6: a replica of {what}={rep} GPUs must fit one node evenly or span whole nodes (Ng={Ng})"
+    s = min(pp, max(1, Ng // (tp * cp)))
     if pp % s:
         return f"P8: s=min(pp, Ng/tp)={s} does not divide pp={pp}"
+    return None
+
+
+def _check_parallelisms(
+    cluster: Cluster,
+    model: ModelSpec,
+    role: Role | None,
+    dp: int,
+    tp: int,
+    cp: int,
+    cp_kind: str,
+    ep: int,
+    sp: bool,
+) -> str | None:
+    """S1, C1–C3 and E1–E3 of :func:`check_strategy` (SPEC §15.2–15.3)."""
+    generation = role is Role.GENERATION
+    if not isinstance(sp, bool):
+        return f"S1: sp={sp!r} must be true or false"
+    if sp and (generation or tp == 1):
+        return (
+            "S1: sequence parallelism splits the tensor-parallel regions of training and inference (tp > 1)"
+        )
+    if sp and not cluster.sequence_parallel:
+        return (
+            "S1: sp=true but the cluster's engines do not run sequence parallelism (sequence_parallel=false)"
+        )
+    if cp_kind not in CP_KINDS:
+        return f"C1: cp_kind={cp_kind!r} must be one of {', '.join(CP_KINDS)}"
+    if cp > 1:
+        if generation:
+            return f"C1: cp={cp} on a generation (the rollout engine does not split sequences)"
+        if not cluster.context_parallel:
+            return f"C1: cp={cp} but the cluster's engines do not run context parallelism (context_parallel=false)"
+        if cp_kind == "ulysses":
+            heads, kv = model.heads // tp, max(1, model.kv_heads // tp)
+            if heads % cp or (kv % cp and cp % kv):
+                return (
+                    f"C2: Ulysses cp={cp} must divide the local heads heads/tp={heads} and divide or be a "
+                    f"multiple of the local KV heads {kv}"
+                )
+        Ng, group = cluster.gpus_per_node, tp * cp
+        if (group <= Ng and Ng % group) or (group > Ng and group % Ng):
+            return f"C3: a context-parallel group of tp·cp={group} GPUs must fit one node evenly or span whole nodes (Ng={Ng})"
+    elif cp_kind != "ring":
+        return f"C1: cp_kind={cp_kind!r} needs cp > 1"
+    if ep > 1:
+        if not model.is_moe:
+            return f"E1: ep={ep} but {model.name} has no routed experts"
+        if not cluster.expert_parallel:
+            return (
+                f"E1: ep={ep} but the cluster's engines do not run expert parallelism (expert_parallel=false)"
+            )
+        if model.experts % ep:
+            return f"E1: ep={ep} does not divide experts={model.experts}"
+        if generation and ep != dp:
+            return f"E2: a generation's ep={ep} must equal dp={dp} (vLLM: the engine's data-parallel ranks share the experts)"
+        if not generation and (dp * cp) % ep:
+            return f"E2: ep={ep} does not divide dp·cp={dp * cp} (experts inside the data- and context-parallel group)"
+        if not generation and tp > 1 and not sp:
+            return f"E3: ep={ep} with tp={tp} needs sequence parallelism (Megatron-core)"
     return None
 
 
@@ -470,6 +630,10 @@ def check_strategy_of(
         logits_chunk=s.logits_chunk,
         packing=s.packing,
         offload=s.offload,
+        cp=s.cp,
+        cp_kind=s.cp_kind,
+        ep=s.ep,
+        sp=s.sp,
     )
 
 

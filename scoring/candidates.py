@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..ir.cluster import Allocation, Cluster
 from ..ir.models import ModelSpec
-from ..ir.plan import Choice, Strategy, check_heads, check_strategy, engine_of
+from ..ir.plan import CP_KINDS, Choice, Strategy, check_heads, check_strategy, engine_of
 from ..ir.types import Recompute, Role
 from .costs import Costs
 
@@ -27,6 +27,7 @@ __all__ = [
     "aligned_allocations",
     "build_directories",
     "enumerate_strategies",
+    "expert_degrees",
     "explain_illegal",
     "head_exclusions",
     "make_strategy",
@@ -103,7 +104,7 @@ def engine_variants(
     """The engine choices a directory lists for one layout (SPEC §14): per training layout
     every recomputation mode × ZeRO stage 2 or 3 × whole or chunked loss
     (:data:`SEARCHED_TRAINING_STAGES`, :data:`LOSS_CHUNK`); per inference layout ZeRO stage 2
-    or 3 × whole or chunked loss (stage 3 only with ``Pd > 1``: one rank shards nothing); per
+    or 3 × whole or chunked loss (stage 3 only with ``Pd·Pc > 1``: one rank shards nothing); per
     generation layout each memory fraction of :data:`MEMORY_FRACTIONS` up to ``max_fraction``
     (and ``max_fraction`` itself). With ``offload`` (the engines offload to the host, SPEC
     §14.4) each of them also with host offload."""
@@ -122,7 +123,7 @@ def _engine_variants(base: Strategy, role: Role | None, max_fraction: float) -> 
         return [base]
     out = []
     stages = SEARCHED_TRAINING_STAGES if role is Role.TRAINING else (2, 3)
-    if base.dp == 1:  # one data-parallel rank shards nothing
+    if base.dp * base.cp == 1:  # one data- and context-parallel rank shards nothing
         stages = (2,)
     for z in stages:
         for chunk in (0, LOSS_CHUNK):
@@ -183,27 +184,96 @@ def enumerate_strategies(
     Ng = cluster.gpus_per_node
     tps = [t for t in _divisors(Ng) if check_heads(spec, role, t) is None]
     pps = [p for p in _divisors(spec.layers) if p == 1 or p % 2 == 0]
+    generation = role is Role.GENERATION
+    splits_sequences = cluster.context_parallel and not generation
     out: list[Strategy] = []
     for size in cluster.legal_sizes:
         extent = cluster.shape_for_size(size)
         assert extent is not None
         for tp in tps:
+            # sequence parallelism is never worse where it is legal (docs/cost-model.md §10)
+            sp = tp > 1 and not generation and cluster.sequence_parallel
             for pp in pps:
                 if size % (tp * pp):
                     continue
-                dp = size // (tp * pp)
-                if sequences % dp:
-                    continue
-                b_local = sequences // dp
-                for mb in microbatch_counts(role, pp, b_local):
-                    if check_strategy(cluster, spec, role, sequences, extent, dp, pp, tp, mb) is None:
-                        base = make_strategy(cluster, extent, dp, pp, tp, mb)
-                        out.extend(
-                            s
-                            for s in engine_variants(base, role, max_fraction, offload)
-                            if cluster.max_zero_stage is None or s.zero <= cluster.max_zero_stage
-                        )
+                for cp in _divisors(size // (tp * pp)) if splits_sequences else [1]:
+                    dp = size // (tp * pp * cp)
+                    if sequences % dp:
+                        continue
+                    b_local = sequences // dp
+                    layouts = [
+                        (kind, ep)
+                        for kind in (CP_KINDS if cp > 1 else ("ring",))
+                        for ep in expert_degrees(cluster, spec, role, dp, cp)
+                    ]
+                    twin_mbs = _twin_microbatches(cluster, spec, role, sequences, extent, dp, pp, tp, cp, sp)
+                    for mb in microbatch_counts(role, pp, b_local):
+                        for kind, ep in layouts:
+                            if ep == 1 and mb in twin_mbs:
+                                continue  # its data-parallel twin is listed, never worse
+                            why = check_strategy(
+                                cluster, spec, role, sequences, extent, dp, pp, tp, mb,
+                                cp=cp, cp_kind=kind, ep=ep, sp=sp,
+                            )  # fmt: skip
+                            if why is not None:
+                                continue
+                            base = make_strategy(
+                                cluster, extent, dp, pp, tp, mb, cp=cp, cp_kind=kind, ep=ep, sp=sp
+                            )
+                            out.extend(
+                                s
+                                for s in engine_variants(base, role, max_fraction, offload)
+                                if cluster.max_zero_stage is None or s.zero <= cluster.max_zero_stage
+                            )
     return out
+
+
+def _twin_microbatches(
+    cluster: Cluster,
+    model: ModelSpec,
+    role: Role | None,
+    sequences: int,
+    extent: tuple[int, int, int],
+    dp: int,
+    pp: int,
+    tp: int,
+    cp: int,
+    sp: bool,
+) -> set[int]:
+    """The microbatch counts ``mb`` at which a context-parallel layout ``(Pd, Pp, Pt, Pc)``
+    without expert parallelism is dominated by its data-parallel twin ``(Pd·Pc, Pp, Pt, 1)``
+    at the same ``mb``, which the directory lists: the twin's legal counts when ``Pd > 1`` or
+    ``Pp = 1`` (empty for ``Pc = 1``).
+
+    Both put ``n·ℓ/(Pd·Pc·mb)`` tokens of each microbatch on a device, so their GEMMs, attention
+    cores, TP and PP messages, non-GEMM work, activations and logits are equal, and ZeRO shards
+    over the same ``Pd·Pc`` ranks; context parallelism adds its ring or Ulysses traffic
+    (``T_cp ≥ 0``). With ``Pd > 1`` or ``Pp = 1`` the twin's groups span no slower tiers (its
+    replicas of ``Pp·Pt`` devices sit inside the context-parallel one's ``Pp·Pt·Pc``, its
+    data-parallel group spans the allocation either way). So context parallelism is listed only
+    where it buys something: fewer sequences per microbatch than ``Pc`` (``mb > n/(Pd·Pc)``),
+    where no data-parallel layout reaches as few tokens per device (``docs/cost-model.md`` §10).
+    """
+    if cp == 1 or (dp == 1 and pp > 1) or sequences % (dp * cp):
+        return set()
+    twin_local = sequences // (dp * cp)
+    return {
+        mb
+        for mb in microbatch_counts(role, pp, twin_local)
+        if check_strategy(cluster, model, role, sequences, extent, dp * cp, pp, tp, mb, sp=sp) is None
+    }
+
+
+def expert_degrees(cluster: Cluster, model: ModelSpec, role: Role | None, dp: int, cp: int) -> list[int]:
+    """The expert-parallel degrees a directory lists for one layout (SPEC §15.2, rules E1–E2):
+    ``1``, and for a mixture of experts on engines that run expert parallelism every ``Pe > 1``
+    dividing both ``E`` and ``Pd·Pc`` (training, inference), or ``Pe = Pd`` when it divides
+    ``E`` (generation: the engine's data-parallel ranks share the experts)."""
+    if not (model.is_moe and cluster.expert_parallel):
+        return [1]
+    if role is Role.GENERATION:
+        return [1] + ([dp] if dp > 1 and model.experts % dp == 0 else [])
+    return [e for e in _divisors(dp * cp) if e == 1 or model.experts % e == 0]
 
 
 def head_exclusions(cluster: Cluster, model: ModelSpec, role: Role | None) -> list[str]:
@@ -295,18 +365,49 @@ def make_strategy(
     tp: int,
     mb: int,
     recompute: Recompute | str = Recompute.FULL,
+    *,
+    cp: int = 1,
+    cp_kind: str = "ring",
+    ep: int = 1,
+    sp: bool = False,
 ) -> Strategy:
-    """A :class:`Strategy` with its link tiers: the pipeline's inter-node boundaries span the
-    tier of one replica's ``Pp·Pt`` consecutive devices; the DP group spans the allocation's tier.
-    (Tiers depend only on the shape, so the first aligned origin stands for all.) ``recompute``
-    is the activation recomputation (default the neutral ``full``)."""
-    first = aligned_allocations(cluster, dp * pp * tp)[0]
-    rep_mask = 0
-    for d in first.devices()[: pp * tp]:
-        rep_mask |= 1 << d
-    pp_tier = cluster.tier_of_mask(rep_mask)
+    """A :class:`Strategy` with its link tiers. Ranks are ordered tensor-parallel innermost,
+    then context-parallel, pipeline and data-parallel (device ``t + Pt·(c + Pc·(p + Pp·d))`` of
+    the allocation): the pipeline's inter-node boundaries span the tier of one replica's
+    ``Pp·Pt·Pc`` consecutive devices; the DP group spans the allocation's tier; the CP group
+    the tier of ``Pt·Pc`` consecutive devices; the EP group its ``Pe`` ranks of the ``Pd·Pc``
+    group (context-parallel ones first). (Tiers depend only on the shape, so the first aligned
+    origin stands for all.) ``recompute`` is the activation recomputation (default the neutral
+    ``full``); ``cp``, ``cp_kind``, ``ep`` and ``sp`` are SPEC §15's parallelisms."""
+    first = aligned_allocations(cluster, dp * pp * tp * cp)[0]
+    devices = first.devices()
+
+    def tier(indices: Iterable[int]) -> int:
+        mask = 0
+        for i in indices:
+            mask |= 1 << devices[i]
+        return cluster.tier_of_mask(mask)
+
+    pp_tier = tier(range(pp * tp * cp))
     dp_tier = first.tier if dp > 1 else 0
-    return Strategy(tuple(extent), dp, pp, tp, mb, pp_tier, dp_tier, Recompute(recompute))  # type: ignore[arg-type]
+    cp_tier = tier(range(tp * cp)) if cp > 1 else 0
+    ep_tier = tier(tp * (j % cp + cp * pp * (j // cp)) for j in range(ep)) if ep > 1 else 0
+    return Strategy(
+        tuple(extent),  # type: ignore[arg-type]
+        dp,
+        pp,
+        tp,
+        mb,
+        pp_tier,
+        dp_tier,
+        Recompute(recompute),
+        cp=cp,
+        cp_kind=cp_kind,
+        ep=ep,
+        sp=sp,
+        cp_tier=cp_tier,
+        ep_tier=ep_tier,
+    )
 
 
 @dataclass
@@ -414,12 +515,20 @@ def build_directories(costs: Costs) -> list[Directory]:
     cluster = costs.cluster
     m_eff = cluster.hardware.m_eff
     out = []
-    by_shape: dict[tuple[int, int, int, str, int, bool], list[Strategy]] = {}
+    by_shape: dict[tuple[int, int, int, int, str, int, bool], list[Strategy]] = {}
     for vi, v in enumerate(costs.graph.vertices):
         spec = costs.graph.models[v.model].spec
         engine = engine_of(v.role)
         # inference and training share an engine but not the recomputation modes
-        key = (spec.layers, spec.heads, spec.kv_heads, engine, v.sequences, v.role is Role.TRAINING)
+        key = (
+            spec.layers,
+            spec.heads,
+            spec.kv_heads,
+            spec.experts,
+            engine,
+            v.sequences,
+            v.role is Role.TRAINING,
+        )
         if key not in by_shape:
             by_shape[key] = enumerate_strategies(cluster, spec, v.sequences, v.role, offload=False)
         kept: list[tuple[float, int, Strategy]] = []
@@ -450,19 +559,20 @@ def _undominated_modes(
     """``kept`` without the variants another variant of the same degrees, ZeRO stage and host
     offload dominates in ``(time, transient memory)``, and how many were removed.
 
-    Variants of one ``(extent, Pd, Pp, Pt, z, offload)`` (microbatches, recomputation, loss
+    Variants of one ``(extent, Pd, Pp, Pt, Pc, Pe, z, offload)`` (microbatches, recomputation,
+    ring or Ulysses attention, loss
     chunking, memory fraction, packing) hold the same persistent state, so the one with no more
     time and no more transient memory is never the worse pick wherever it sits; of variants
     equal in both, the first listed stays."""
     by_group: dict[tuple, list[tuple[float, float, int]]] = {}
     for t, j, s in kept:
-        key = (s.extent, s.dp, s.pp, s.tp, s.zero, s.offload)
+        key = (s.extent, s.dp, s.pp, s.tp, s.cp, s.ep, s.zero, s.offload)
         by_group.setdefault(key, []).append((t, costs.memory(vertex, s).transient, j))
     out = []
     for item in kept:
         t, j, s = item
         m = costs.memory(vertex, s).transient
-        rivals = by_group[(s.extent, s.dp, s.pp, s.tp, s.zero, s.offload)]
+        rivals = by_group[(s.extent, s.dp, s.pp, s.tp, s.cp, s.ep, s.zero, s.offload)]
         if any(t2 <= t and m2 <= m and (t2 < t or m2 < m or j2 < j) for t2, m2, j2 in rivals if j2 != j):
             continue
         out.append(item)

@@ -487,9 +487,10 @@ class Result:
         if self.message:
             lines.append(f"note       {self.message}")
         lines.append("")
+        width = max([16, *(len(_degrees(c.strategy)) for c in self.plan.choices)])
         header = (
             f"{'invocation':<20} {'role':<10} {'GPUs':>5} {'allocation (origin+extent)':<28} "
-            f"{'(dp,pp,tp)':<12} {'mb':>4} {'tok/mb':>7} {'engine choices':<26} {'time/step s':>11}"
+            f"{'(dp,pp,tp) split':<{width}} {'mb':>4} {'tok/mb':>7} {'engine choices':<26} {'time/step s':>11}"
         )
         lines.append(header)
         lines.append("-" * len(header))
@@ -499,7 +500,7 @@ class Result:
             alloc = f"{list(a.origin)}+{list(a.extent)}"
             lines.append(
                 f"{v.name:<20} {v.role.value:<10} {a.size:>5} {alloc:<28} "
-                f"({s.dp},{s.pp},{s.tp}){'':<4} {s.mb:>4} {_tokens_per_mb(self.workload, v, s):>7} "
+                f"{_degrees(s):<{width}} {s.mb:>4} {_tokens_per_mb(self.workload, v, s):>7} "
                 f"{_engine_choices(self.cluster, v, s):<26} {times[i]:>11.3f}"
             )
         return "\n".join(lines)
@@ -520,6 +521,19 @@ def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
         if found is not None:
             return found
     return None
+
+
+def _degrees(s: Strategy) -> str:
+    """The summary's degrees: ``(dp,pp,tp)`` and SPEC §15's splits when set — ``sp``,
+    ``cp=… ring|ulysses``, ``ep=…``."""
+    words = [f"({s.dp},{s.pp},{s.tp})"]
+    if s.sp:
+        words.append("sp")
+    if s.cp > 1:
+        words.append(f"cp={s.cp} {s.cp_kind}")
+    if s.ep > 1:
+        words.append(f"ep={s.ep}")
+    return " ".join(words)
 
 
 def _tokens_per_mb(workload: Workload, vertex: Vertex, s: Strategy) -> str:
@@ -636,6 +650,9 @@ class _ClusterBlock(Strict):
     generation_max_pp: Annotated[int, Field(ge=1)] | None = None
     max_zero_stage: Literal[1, 2, 3] | None = None
     host_offload: bool = True
+    sequence_parallel: bool = True
+    context_parallel: bool = True
+    expert_parallel: bool = True
 
 
 class _StructureBlock(Strict):
@@ -739,6 +756,9 @@ def _problem(doc: _ResultFile, source: str) -> tuple[Workload, Cluster, Structur
             c.generation_max_pp,
             c.max_zero_stage,
             c.host_offload,
+            c.sequence_parallel,
+            c.context_parallel,
+            c.expert_parallel,
         )
     except ValueError as exc:
         raise InputError(f"{source}: field 'cluster': {exc}", source=source, field="cluster") from None
@@ -867,12 +887,14 @@ def plan_from_entries(ev: Evaluator, entries: list[dict[str, Any]]) -> Plan:
         extent = _int_triple(e["extent"], v.name, "extent")
         dp, pp, tp, mb = (_int_field(e[k], v.name, k) for k in ("dp", "pp", "tp", "mb"))
         recompute = _recompute_field(e.get("recompute"), v)
-        engine = _engine_fields(e, v)
+        engine = _engine_fields(e, v, _ENGINE_FIELDS)
+        parallel = _engine_fields(e, v, _PARALLEL_FIELDS)
         try:
             alloc = ev.cluster.allocation(origin, extent)
         except ValueError as exc:
             raise ValueError(f"plan entry for {v.name!r}: {exc}") from None
-        choices.append(Choice(_legal_strategy(ev, v, extent, dp, pp, tp, mb, recompute, engine), alloc))
+        strategy = _legal_strategy(ev, v, extent, dp, pp, tp, mb, recompute, engine, parallel)
+        choices.append(Choice(strategy, alloc))
     return Plan(tuple(choices))
 
 
@@ -886,9 +908,11 @@ def _legal_strategy(
     mb: int,
     recompute: Recompute,
     engine: dict[str, Any],
+    parallel: dict[str, Any] | None = None,
 ) -> Strategy:
     """The strategy of one plan entry after the one legality check every reader and builder
-    applies (:func:`~rpeg.ir.plan.check_strategy`: P1–P8, H1–H2, Z1–Z2).
+    applies (:func:`~rpeg.ir.plan.check_strategy`: P1–P8, H1–H2, Z1–Z4, S1, C1–C3, E1–E3);
+    ``parallel`` holds SPEC §15's ``cp``, ``cp_kind``, ``ep`` and ``sp``.
 
     Raises
     ------
@@ -896,10 +920,11 @@ def _legal_strategy(
         Naming the vertex and the rule it breaks.
     """
     spec = ev.graph.models[v.model].spec
-    why = check_strategy(ev.cluster, spec, v.role, v.sequences, extent, dp, pp, tp, mb, **engine)
+    parallel = parallel or {}
+    why = check_strategy(ev.cluster, spec, v.role, v.sequences, extent, dp, pp, tp, mb, **engine, **parallel)
     if why:
         raise ValueError(f"plan entry for {v.name!r} is illegal: {why}")
-    base = make_strategy(ev.cluster, extent, dp, pp, tp, mb, recompute)
+    base = make_strategy(ev.cluster, extent, dp, pp, tp, mb, recompute, **parallel)
     return base.variant(**engine) if engine else base
 
 
@@ -911,6 +936,15 @@ _ENGINE_FIELDS: dict[str, tuple[type, Any]] = {
     "logits_chunk": (int, 0),
     "packing": (bool, True),
     "offload": (bool, False),
+}
+
+#: SPEC §15's parallelisms of a plan entry with their types and defaults (files written before
+#: them have none: no context, expert or sequence parallelism).
+_PARALLEL_FIELDS: dict[str, tuple[type, Any]] = {
+    "cp": (int, 1),
+    "cp_kind": (str, "ring"),
+    "ep": (int, 1),
+    "sp": (bool, False),
 }
 
 #: The keys of a ``plan`` entry (:func:`_plan_entry` writes them all; a ``/1`` entry lacks the
@@ -925,23 +959,29 @@ PLAN_KEYS: tuple[str, ...] = (
     "mb",
     "recompute",
     *_ENGINE_FIELDS,
+    *_PARALLEL_FIELDS,
 )
 
 
-def _engine_fields(entry: dict[str, Any], vertex: Vertex) -> dict[str, Any]:
-    """The ``zero``, ``mem_fraction``, ``logits_chunk``, ``packing`` and ``offload`` of a plan
-    entry, each absent or ``null`` read as its default (:data:`_ENGINE_FIELDS`); a wrong type is an error."""
+def _engine_fields(
+    entry: dict[str, Any], vertex: Vertex, fields: dict[str, tuple[type, Any]]
+) -> dict[str, Any]:
+    """The ``fields`` of a plan entry — the engine choices (``zero``, ``mem_fraction``,
+    ``logits_chunk``, ``packing``, ``offload``: :data:`_ENGINE_FIELDS`) or the parallelisms
+    (``cp``, ``cp_kind``, ``ep``, ``sp``: :data:`_PARALLEL_FIELDS`) — each absent or ``null``
+    read as its default; a wrong type is an error."""
     out = {}
-    for key, (kind, default) in _ENGINE_FIELDS.items():
+    for key, (kind, default) in fields.items():
         value = entry.get(key)
         if value is None:
             out[key] = default
             continue
-        ok = (
-            isinstance(value, bool)
-            if kind is bool
-            else not isinstance(value, bool) and isinstance(value, (kind, int))
-        )
+        if kind is bool:
+            ok = isinstance(value, bool)
+        elif kind is str:
+            ok = isinstance(value, str)
+        else:
+            ok = not isinstance(value, bool) and isinstance(value, (kind, int))
         if not ok:
             raise ValueError(
                 f"plan entry for {vertex.name!r}: field {key!r} must be {kind.__name__}, got {value!r}"
@@ -953,7 +993,8 @@ def _engine_fields(entry: dict[str, Any], vertex: Vertex) -> dict[str, Any]:
 def _plan_entry(vertex: Vertex, choice: Choice) -> dict[str, Any]:
     """A ``plan`` entry: :meth:`Choice.to_dict` plus ``recompute`` — the training invocation's
     mode, ``null`` for the others (they have no backward pass) — and the engine choices of
-    SPEC §14 (``zero``, ``mem_fraction``, ``logits_chunk``, ``packing``, ``offload``)."""
+    SPEC §14 (``zero``, ``mem_fraction``, ``logits_chunk``, ``packing``, ``offload``) and the
+    parallelisms of SPEC §15 (``cp``, ``cp_kind``, ``ep``, ``sp``)."""
     s = choice.strategy
     entry = choice.to_dict(vertex.name)
     entry["recompute"] = s.recompute.value if vertex.role is Role.TRAINING else None
@@ -962,6 +1003,10 @@ def _plan_entry(vertex: Vertex, choice: Choice) -> dict[str, Any]:
     entry["logits_chunk"] = s.logits_chunk
     entry["packing"] = s.packing
     entry["offload"] = s.offload
+    entry["cp"] = s.cp
+    entry["cp_kind"] = s.cp_kind
+    entry["ep"] = s.ep
+    entry["sp"] = s.sp
     return entry
 
 
@@ -1020,7 +1065,8 @@ def result_for_plan(
         ``(r, n, g)`` triples, optionally followed by a training vertex's recomputation mode
         (``"none"``, ``"selective"``, ``"full"``; default ``"full"``; ``None`` for any other
         vertex) and a mapping of engine choices (``zero``, ``mem_fraction``, ``logits_chunk``,
-        ``packing``, ``offload``; SPEC §14).
+        ``packing``, ``offload``; SPEC §14) and parallelisms (``cp``, ``cp_kind``, ``ep``,
+        ``sp``; SPEC §15).
     k_eval
         Steps to unroll when scoring.
     method
@@ -1057,13 +1103,15 @@ def result_for_plan(
         dp, pp, tp, mb = (_int_field(x, v.name, k) for x, k in zip(row[2:6], ("dp", "pp", "tp", "mb")))
         recompute = _recompute_field(row[6] if len(row) > 6 else None, v)
         choices_of = dict(row[7]) if len(row) > 7 else {}
-        bad = [str(k) for k in choices_of if k not in _ENGINE_FIELDS]
+        known = (*_ENGINE_FIELDS, *_PARALLEL_FIELDS)
+        bad = [str(k) for k in choices_of if k not in known]
         if bad:
             raise ValueError(
-                f"table entry for {v.name!r}: unknown engine choice {bad[0]!r}{key_hint(bad[0], tuple(_ENGINE_FIELDS))}"
+                f"table entry for {v.name!r}: unknown engine choice {bad[0]!r}{key_hint(bad[0], known)}"
             )
-        engine = _engine_fields(choices_of, v)
-        strategy = _legal_strategy(ev, v, extent, dp, pp, tp, mb, recompute, engine)
+        engine = _engine_fields(choices_of, v, _ENGINE_FIELDS)
+        parallel = _engine_fields(choices_of, v, _PARALLEL_FIELDS)
+        strategy = _legal_strategy(ev, v, extent, dp, pp, tp, mb, recompute, engine, parallel)
         try:
             alloc = cluster.allocation(origin, extent)
         except ValueError as exc:

@@ -114,6 +114,34 @@ def test_no_host_offload_plans_for_engines_that_cannot_offload(capsys, tmp_path)
     assert doc["cluster"]["host_offload"] is False
 
 
+def test_the_parallelism_switches_plan_without_the_splits(capsys, tmp_path, checker):
+    """``--no-sequence-parallel --no-context-parallel --no-expert-parallel`` (SPEC §15, the
+    bundled torch engine) reach the result file's cluster and leave no split in the plan; the
+    default plan of the same job uses one."""
+    flags = ("--no-sequence-parallel", "--no-context-parallel", "--no-expert-parallel")
+    docs = {}
+    for off in (False, True):
+        path = tmp_path / f"off-{off}.json"
+        status, _, err = run(
+            capsys,
+            "solve",
+            "grpo-8b-16gpu",
+            "--method",
+            "greedy",
+            *(flags if off else ()),
+            "--json",
+            str(path),
+        )
+        assert status == 0, err
+        docs[off] = json.loads(path.read_text())
+        assert checker.check(docs[off]) == []
+    cluster = docs[True]["cluster"]
+    assert [cluster[k] for k in ("sequence_parallel", "context_parallel", "expert_parallel")] == [False] * 3
+    assert all(e["cp"] == 1 and e["ep"] == 1 and not e["sp"] for e in docs[True]["plan"])
+    assert "sequence_parallel" not in docs[False]["cluster"]  # the default is written by omission
+    assert any(e["sp"] or e["cp"] > 1 for e in docs[False]["plan"])  # greedy's trainer splits sequences
+
+
 def test_evaluate_with_other_hardware_rescores_the_same_plan(capsys, tmp_path, checker):
     # --cluster/--hardware replace the result file's cluster: same plan, other figures
     path = tmp_path / "r.json"

@@ -377,7 +377,7 @@ def flat_dag_of_plans(
     status, t, stage, n_cur = kernel.build_from_vertices(
         nv,
         np.array(rank + rank, np.int64),
-        np.array([s.dp for _, s, *_ in rows], np.int64),
+        np.array([s.dp * s.cp for _, s, *_ in rows], np.int64),  # weight replicas
         np.array([s.tp for _, s, *_ in rows], np.int64),
         np.array([s.pp for _, s, *_ in rows], np.int64),
         np.array([pb + ob for _, _, _, pb, ob in rows]),  # |θ| + |ω|

@@ -285,11 +285,27 @@ def emus_of(
     for ms, s, devices, pb, ob in plan_vertices(plan, cluster, graph=graph, workload=workload):
         tp, pp = s.tp, s.pp
         rep = tp * pp
-        for j in range(s.dp):
+        for j in range(s.dp * s.cp):  # context-parallel ranks hold whole replicas, as data-parallel ones
             gpus = tuple(devices[j * rep : (j + 1) * rep])
             # checked once per vertex: positive degrees, distinct ascending devices
             out.append(_trusted(ms, tp, pp, gpus, pb, ob, len(out), _sorted_mask(gpus)))
     return out
+
+
+def replica_order(devices: Sequence[int], s: Strategy) -> tuple[int, ...]:
+    """``devices`` (in rank order ``t + Pt·(c + Pc·(p + Pp·d))``, SPEC §15.3) regrouped so that
+    each of the ``Pd·Pc`` weight replicas' ``Pp·Pt`` devices are consecutive: replica ``(d, c)``
+    holds ``t + Pt·(c + Pc·(p + Pp·d))`` for its stages ``p`` and TP ranks ``t``. A
+    context-parallel rank holds the same weights as a data-parallel one, so transitions treat
+    both alike."""
+    tp, cp, pp = s.tp, s.cp, s.pp
+    return tuple(
+        devices[t + tp * (c + cp * (p + pp * d))]
+        for d in range(s.dp)
+        for c in range(cp)
+        for p in range(pp)
+        for t in range(tp)
+    )
 
 
 def plan_vertices(
@@ -300,8 +316,13 @@ def plan_vertices(
     workload: object | None = None,
 ) -> list[tuple[ModelStage, Strategy, Sequence[int], float, float]]:
     """Per vertex of ``plan``: its model-stage, strategy, devices in rank order (a ``range`` when
-    they are contiguous, as every legal allocation's are), ``|θ|`` and ``|ω|`` — what
-    :func:`emus_of` cuts into units, checked once per vertex.
+    they are contiguous, as every legal allocation's are; with context parallelism regrouped by
+    weight replica, :func:`replica_order`), ``|θ|`` and ``|ω|`` — what :func:`emus_of` cuts into
+    units, checked once per vertex.
+
+    A mixture of experts' expert-parallel layout (``ep > 1``) is cut like any other: each unit
+    is priced as holding its stage's every expert, an upper bound on the bytes a transition
+    moves (``docs/decisions.md``, "Expert and context parallelism").
 
     Vertex ``i`` = ``v`` becomes ``ModelStage(µ(v), stage(r(v)), v, i)``; ``|θ| = N_m·sb`` (the
     weight container ``W_m``), ``|ω| = 12·N_m`` for a training vertex and 0 otherwise.
@@ -328,11 +349,13 @@ def plan_vertices(
             raise ValueError(
                 f"plan: vertex {v.name!r} uses device {devices[-1]} outside cluster {cluster.shape_str}"
             )
-        if len(devices) != s.dp * s.pp * s.tp:
+        if len(devices) != s.size:
             raise ValueError(
                 f"plan: vertex {v.name!r} has {len(devices)} devices but its strategy "
-                f"{s.label()} needs dp·pp·tp = {s.dp * s.pp * s.tp}"
+                f"{s.label()} needs {'dp·pp·tp·cp' if s.cp > 1 else 'dp·pp·tp'} = {s.size}"
             )
+        if s.cp > 1:
+            devices = replica_order(devices, s)
         w = graph.containers[RPEG.weights_container(v.model)]
         # a graph's vertex names and models are checked strings: the model-stage goes together
         # past its __post_init__ (this runs per vertex of every planned transition)

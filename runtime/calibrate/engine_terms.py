@@ -53,6 +53,7 @@ import numpy as np
 
 from ...costmodel.layout import Layout
 from ...costmodel.time import op_time
+from ...ir.cluster import NO_SPLITS
 from ...ir.hardware import FIGURE_RANGES, EngineTerms, Hardware, Link, OpTerms
 from ...ir.models import ModelSpec
 from ...ir.types import Head, Recompute, Role
@@ -518,7 +519,9 @@ def _binding(scale: dict[str, int], batch: int, prompt_len: int, response_len: i
     table = {v: one + ((RECOMPUTE,) if v.endswith("_train") else ()) for v in _PPO_VERTICES}
     result = result_for_plan(
         wl,
-        Cluster.from_shape("1x1x1", hardware_preset("cpu"), max_zero_stage=2, host_offload=False),
+        Cluster.from_shape(
+            "1x1x1", hardware_preset("cpu"), max_zero_stage=2, host_offload=False, **NO_SPLITS
+        ),
         Structure("ppo", False, (("actor", 0), ("critic", 0))),
         table,
         k_eval=1,

@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from ...ir.cluster import NO_SPLITS
 from ...ir.hardware import Hardware, Link, OpTerms
 from .engine_terms import nnls
 
@@ -299,7 +300,7 @@ def insitu_plan(name: str, devices: int = 2) -> Any:
     spec = ModelSpec("calibration-1b", 16, 2048, 5504, 32000, 16, 16)  # scaled by INSITU_SHAPE
     wl = Workload("ppo", {"actor": spec, "critic": spec, "reward": spec}, 64, 1, 256, 256)
     cluster = Cluster.from_shape(
-        f"1x1x{devices}", hardware_preset("cpu"), max_zero_stage=2, host_offload=False
+        f"1x1x{devices}", hardware_preset("cpu"), max_zero_stage=2, host_offload=False, **NO_SPLITS
     )
     return result_for_plan(wl, cluster, Structure("ppo", False, (("actor", 0), ("critic", 0))), table)
 

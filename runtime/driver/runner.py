@@ -358,6 +358,9 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
     Mixture-of-experts and latent-attention models (SPEC §15) are refused, naming the model: the
     runtime builds dense Hugging Face models with standard attention, and running such a plan as one would be the silent misreading the
     planner no longer does (expert parallelism on the torch engine is issue 30's next piece).
+    So are SPEC §15's splits of a dense model — sequence parallelism, context parallelism (ring or
+    Ulysses) and expert parallelism — which the bundled engines do not run yet: the message names
+    the ``rpeg solve`` switch that plans without them.
 
     Raises
     ------
@@ -391,6 +394,22 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
             raise ValueError(
                 f"vertex {v.name!r}: host offload (offload=true) is planned but {what}; plan for the "
                 "bundled engines with Cluster(..., host_offload=False) (rpeg solve --no-host-offload)"
+            )
+        split = [
+            (flag, what)
+            for flag, what, planned in (
+                ("--no-sequence-parallel", f"sequence parallelism (sp, tp={s.tp})", s.sp),
+                ("--no-context-parallel", f"context parallelism (cp={s.cp}, {s.cp_kind})", s.cp > 1),
+                ("--no-expert-parallel", f"expert parallelism (ep={s.ep})", s.ep > 1),
+            )
+            if planned
+        ]
+        if split:
+            flag, what = split[0]
+            raise ValueError(
+                f"vertex {v.name!r}: {what} is planned but the bundled engines do not run it yet "
+                f"(docs/runtime.md); plan for them with rpeg solve {flag} (Cluster(..., "
+                f"{flag[5:].replace('-', '_')}=False))"
             )
         runs = (2, 3) if v.role is not Role.GENERATION and not moves_state else (2,)
         if s.zero not in runs:

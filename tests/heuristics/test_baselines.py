@@ -17,7 +17,8 @@ from rpeg.heuristics.baselines import (
     levels,
     repair_memory,
 )
-from rpeg.ir import Choice, Plan, check_strategy
+from rpeg.ir import Choice, Plan
+from rpeg.ir.plan import check_strategy_of
 from rpeg.scoring.candidates import build_directories, enumerate_strategies
 from rpeg.scoring.evaluator import Evaluator
 
@@ -39,7 +40,7 @@ def _assert_legal(ev, plan):
     for v, c in zip(ev.graph.vertices, plan.choices):
         s = c.strategy
         spec = ev.graph.models[v.model].spec
-        assert check_strategy(ev.cluster, spec, v.role, v.sequences, s.extent, s.dp, s.pp, s.tp, s.mb) is None
+        assert check_strategy_of(ev.cluster, spec, v.role, v.sequences, s) is None
         assert ev.cluster.allocation(c.allocation.origin, s.extent) == c.allocation
 
 

@@ -29,7 +29,7 @@ from rpeg.heuristics.dp_planner import (
     solve_dp,
 )
 from rpeg.ir import Structure
-from rpeg.ir.plan import check_strategy
+from rpeg.ir.plan import check_strategy_of
 from rpeg.scoring import Evaluator
 from rpeg.scoring.candidates import enumerate_strategies
 from rpeg.solvers import Status
@@ -165,10 +165,7 @@ def test_frontier_is_legal_feasible_and_pareto(name):
                 vert = g.vertices[v]
                 s = q.strategy
                 spec = g.models[vert.model].spec
-                assert (
-                    check_strategy(c, spec, vert.role, vert.sequences, s.extent, s.dp, s.pp, s.tp, s.mb)
-                    is None
-                )
+                assert check_strategy_of(c, spec, vert.role, vert.sequences, s) is None
         # every legal, memory-feasible strategy an engine can start is dominated by a kept point
         v0 = f.stage.vertices[0]
         spec = g.models[g.vertices[v0].model].spec

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rpeg.costmodel import hardware_preset
 from rpeg.ir import Cluster, ModelSpec, Structure, Workload
+from rpeg.ir.cluster import NO_SPLITS
 from rpeg.solvers.result import Result, result_for_plan
 
 TOY = ModelSpec("toy-1b", 16, 2048, 5504, 32000, 16, 16)
@@ -66,7 +67,7 @@ def workload(algorithm: str = "ppo") -> Workload:
 
 def hand(wl: Workload, shape: str, table: dict, staleness: tuple) -> Result:
     """A result for a hand-written plan ``vertex → (origin, extent, dp, pp, tp, mb)``."""
-    cluster = Cluster.from_shape(shape, hardware_preset("gh200"), max_zero_stage=2)
+    cluster = Cluster.from_shape(shape, hardware_preset("gh200"), max_zero_stage=2, **NO_SPLITS)
     return result_for_plan(wl, cluster, Structure(wl.algorithm, False, staleness), table)
 
 

@@ -21,6 +21,7 @@ ray = pytest.importorskip("ray")
 from rpeg import solve  # noqa: E402
 from rpeg.costmodel import hardware_preset  # noqa: E402
 from rpeg.ir import Cluster, Workload  # noqa: E402
+from rpeg.ir.cluster import NO_SPLITS  # noqa: E402
 from rpeg.runtime.binding import bind  # noqa: E402
 from rpeg.runtime.config import RLConfig  # noqa: E402
 from rpeg.runtime.driver.runner import run  # noqa: E402
@@ -44,7 +45,7 @@ def ray_instance(ray_session):
 
 
 def cluster(shape: str) -> Cluster:
-    return Cluster.from_shape(shape, hardware_preset("gh200"), max_zero_stage=2)
+    return Cluster.from_shape(shape, hardware_preset("gh200"), max_zero_stage=2, **NO_SPLITS)
 
 
 def reference(result, *, batch: int, config: RLConfig | None = None) -> list[float]:

@@ -9,12 +9,13 @@ import pytest
 
 from rpeg.costmodel import hardware_preset
 from rpeg.ir import Cluster, Structure, Workload
+from rpeg.ir.cluster import NO_SPLITS
 from rpeg.runtime.driver.runner import check_engine_choices
 from rpeg.solvers import solve
 from rpeg.solvers.result import result_for_plan
 from tests.runtime.plans import TOY
 
-CLUSTER = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2)
+CLUSTER = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2, **NO_SPLITS)
 WHOLE = ((0, 0, 0), (1, 1, 2))
 
 
@@ -46,7 +47,7 @@ def test_the_workload_choices_of_spec_14_run(fields):
 def test_pipelined_training_needs_pp_microbatches_in_every_update():
     """1F1B runs one schedule of ⌈mb/U⌉ microbatches per update: fewer than pp is refused."""
     w = _grpo(reward="rule", kl_coef=0.0, mini_batches=2)
-    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2)
+    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2, **NO_SPLITS)
 
     def plan(mb: int):
         table = {"actor_gen": (*WHOLE, 2, 1, 1, 1), "actor_train": (*WHOLE, 1, 2, 1, mb)}
@@ -108,7 +109,7 @@ def test_a_run_shape_gives_every_update_equal_pipelined_microbatches():
     from rpeg.runtime.binding import bind
     from rpeg.runtime.trace.records import expected_graph
 
-    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2)
+    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2, **NO_SPLITS)
     w = _grpo(reward="rule", kl_coef=0.0, mini_batches=3)
     table = {"actor_gen": (*WHOLE, 2, 1, 1, 1), "actor_train": (*WHOLE, 1, 2, 1, 6)}
     result = result_for_plan(w, cluster, Structure.synchronous(w), table)
@@ -132,7 +133,7 @@ def test_host_offload_is_refused_naming_the_vertex_and_the_switch(vertex):
     """SPEC §14.4: a CPU worker's device memory is host memory and the vLLM CPU build has no
     sleep mode, so any vertex that offloads is refused; ``host_offload=False`` plans without."""
     w = _grpo(reward="rule")
-    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2)
+    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2, **NO_SPLITS)
     table = {
         "actor_gen": (*WHOLE, 2, 1, 1, 1, None, {}),
         "ref_inf": (*WHOLE, 2, 1, 1, 1, None, {}),
@@ -145,7 +146,9 @@ def test_host_offload_is_refused_naming_the_vertex_and_the_switch(vertex):
         check_engine_choices(plan)
     planned = solve(
         w,
-        Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2, host_offload=False),
+        Cluster.from_shape(
+            "1x1x2", hardware_preset("gh200"), max_zero_stage=2, host_offload=False, **NO_SPLITS
+        ),
         "sa",
         max_evaluations=200,
         seed=0,

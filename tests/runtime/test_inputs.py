@@ -15,6 +15,7 @@ import rpeg
 import rpeg.cli
 from rpeg import Cluster, solve
 from rpeg.costmodel import hardware_preset
+from rpeg.ir.cluster import NO_SPLITS
 from rpeg.ir.errors import InputError
 from rpeg.runtime.driver.liveness import RunError
 from rpeg.runtime.trace.checkpoint import check_checkpoint, file_digest, write_manifest
@@ -26,7 +27,9 @@ from tests.runtime.plans import workload
 @pytest.fixture(scope="module")
 def result():
     return solve(
-        workload("ppo"), Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2), "greedy"
+        workload("ppo"),
+        Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2, **NO_SPLITS),
+        "greedy",
     )
 
 
@@ -394,7 +397,7 @@ def test_run_refuses_transition_arguments_before_any_work(result, no_workers, mo
     from rpeg.runtime.driver import runner
 
     monkeypatch.setattr(runner, "_prepare", lambda *_, **__: pytest.fail("run() went on to prepare the run"))
-    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2)
+    cluster = Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2, **NO_SPLITS)
     other = solve(workload("grpo"), cluster, "greedy")
     for kwargs, match in (
         ({"transition_method": "foo"}, r"transition_method must be one of 'greedy', 'cpsat', 'milp', got 'foo'"),

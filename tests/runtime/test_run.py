@@ -17,6 +17,7 @@ ray = pytest.importorskip("ray")
 from rpeg import solve  # noqa: E402
 from rpeg.costmodel import hardware_preset  # noqa: E402
 from rpeg.ir import Cluster  # noqa: E402
+from rpeg.ir.cluster import NO_SPLITS  # noqa: E402
 from rpeg.runtime.driver.controller import RunError  # noqa: E402
 from rpeg.runtime.driver.runner import run  # noqa: E402
 from rpeg.runtime.trace.records import Trace  # noqa: E402
@@ -39,7 +40,9 @@ def colocated_ppo(clean_run):
     updates: the single-process reference rises by 0.05 on 2 of 8 seeds at batch 8, on 8 of 8 at
     batch 32.)"""
     result = solve(
-        workload("ppo"), Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2), "greedy"
+        workload("ppo"),
+        Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2, **NO_SPLITS),
+        "greedy",
     )
     return result, clean_run(result, steps=3, batch=BATCH, return_weights=True)
 
@@ -99,7 +102,11 @@ def test_ppo_disaggregated_stale_runs_verifies_and_learns_like_synchronous():
 
 def test_grpo_runs_and_learns():
     wl = workload("grpo")
-    result = solve(wl, Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2), "greedy")
+    result = solve(
+        wl,
+        Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2, **NO_SPLITS),
+        "greedy",
+    )
     report = run(result, steps=3)
     assert report.problems == []
     assert rising(report.rewards), report.rewards
@@ -123,7 +130,9 @@ def test_same_seed_two_layouts_same_weights(colocated_ppo, clean_run):
 
 def test_worker_fault_names_node_step_and_worker():
     result = solve(
-        workload("ppo"), Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2), "greedy"
+        workload("ppo"),
+        Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2, **NO_SPLITS),
+        "greedy",
     )
     with pytest.raises(RunError, match=r"actor_train step 1.*worker g\d+/r1"):
         worker = None
@@ -149,7 +158,9 @@ def test_checkpoint_resume_matches_uninterrupted_run(colocated_ppo, tmp_path):
 
 def test_bad_inputs_are_named():
     result = solve(
-        workload("ppo"), Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2), "greedy"
+        workload("ppo"),
+        Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2, **NO_SPLITS),
+        "greedy",
     )
     with pytest.raises(ValueError, match="steps must be a positive integer"):
         run(result, steps=0)

@@ -17,6 +17,7 @@ pytest.importorskip("ray")
 from rpeg import solve  # noqa: E402
 from rpeg.costmodel import hardware_preset  # noqa: E402
 from rpeg.ir import Cluster  # noqa: E402
+from rpeg.ir.cluster import NO_SPLITS  # noqa: E402
 from rpeg.ir.errors import InputError  # noqa: E402
 from rpeg.ir.workload import load_workload  # noqa: E402
 from rpeg.runtime.config import RLConfig  # noqa: E402
@@ -64,7 +65,11 @@ def workload_file(tmp_path: Path, algorithm: str, models: dict[str, str]) -> Pat
 
 def plan(tmp_path: Path, algorithm: str, models: dict[str, str], shape: str = "1x1x2") -> Result:
     wl = load_workload(workload_file(tmp_path, algorithm, models)).workload
-    return solve(wl, Cluster.from_shape(shape, hardware_preset("gh200"), max_zero_stage=2), "greedy")
+    return solve(
+        wl,
+        Cluster.from_shape(shape, hardware_preset("gh200"), max_zero_stage=2, **NO_SPLITS),
+        "greedy",
+    )
 
 
 def test_the_workload_keeps_the_checkpoint_and_the_result_file_too(checkpoint, tmp_path):

@@ -7,6 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from rpeg.ir.cluster import NO_SPLITS  # noqa: E402
 from rpeg.runtime.binding import bind  # noqa: E402
 from rpeg.runtime.trace.records import expected_graph  # noqa: E402
 from tests.runtime.plans import ONE_DEVICE, hand, workload  # noqa: E402
@@ -124,7 +125,7 @@ def test_a_shared_backbone_weights_its_value_loss_by_value_coef():
     vertices = ("actor_gen", "ref_inf", "reward_inf", "critic_inf", "actor_critic_train")
     result = result_for_plan(
         workload("ppo"),
-        Cluster.from_shape("1x1x1", hardware_preset("gh200"), max_zero_stage=2),
+        Cluster.from_shape("1x1x1", hardware_preset("gh200"), max_zero_stage=2, **NO_SPLITS),
         Structure("ppo", True, (("actor_critic", 0),)),
         dict.fromkeys(vertices, one),
     )

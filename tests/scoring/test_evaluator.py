@@ -303,12 +303,12 @@ def test_vertex_memory_follows_the_engine_choices(ev, dirs):
                 assert m.transient == pytest.approx(kept.transient + moved, rel=1e-12)
                 assert m.isolated == pytest.approx(kept.isolated, rel=1e-12)  # alone: no saving
                 continue
-            if v.role.value == "training":  # Adam state over Pd whatever the stage; a BF16 copy
-                assert m.train_state == pytest.approx(12 * n_s / s.dp, rel=1e-12)
+            if v.role.value == "training":  # Adam state over Pd·Pc whatever the stage; a BF16 copy
+                assert m.train_state == pytest.approx(12 * n_s / (s.dp * s.cp), rel=1e-12)
                 assert m.weights == pytest.approx(2 * n_s, rel=1e-12)
             elif v.role.value == "inference":  # a replica (z = 2) or a shard (z = 3) per rank
                 assert m.train_state == 0.0
-                assert m.weights == pytest.approx(2 * n_s / (s.dp if s.zero == 3 else 1), rel=1e-12)
+                assert m.weights == pytest.approx(2 * n_s / (s.dp * s.cp if s.zero == 3 else 1), rel=1e-12)
             else:  # the rollout engine holds u·M_GPU, weights included, when a sequence fits
                 assert m.weights == pytest.approx(2 * n_s, rel=1e-12)
                 u = s.mem_fraction or hw.kv_memory_fraction

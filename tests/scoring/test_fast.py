@@ -153,6 +153,7 @@ def _kernel_schedule(f: fast.FastLowering, plan: Plan):
 def test_compiled_equals_reference_on_random_plans(name, shape, split, count):
     rng = random.Random(f"{name}-{shape}-{split}")
     checked = split_seen = shared = 0
+    splits: set[str] = set()
     for ref, compiled, dirs in _evaluators(name, shape, split):
         for plan in _plans(ref, dirs, rng, count):
             g = lower(ref.unrolled, plan, ref.workload.quantiles, ref.costs, split_phases=split)
@@ -184,8 +185,12 @@ def test_compiled_equals_reference_on_random_plans(name, shape, split, count):
             split_seen += any(g.phase)
             masks = [c.allocation.mask for c in plan.choices]
             shared += len(set(masks)) < len(masks)
+            for c in plan.choices:  # SPEC §15's splits, in both evaluators' cost tables
+                splits.update(k for k, on in (("ep", c.strategy.ep > 1), ("cp", c.strategy.cp > 1)) if on)
     assert checked >= count * 2
     assert shared >= checked // 3  # colocated placements were exercised
+    if name == "grpo-moe":  # expert and context parallelism were exercised
+        assert splits == {"ep", "cp"}
     if split and name not in ("ppo-q1", "dpo"):  # DPO generates nothing; Q = 1 never splits
         assert split_seen > 0  # the phase-wise lowering was exercised
     else:

