@@ -128,8 +128,8 @@ def _row(job: str, shape: str, method: str, result: rpeg.Result, seconds: float)
 
 
 def _sa_feasible(rows: list[Row]) -> tuple[int, int]:
-    """sa's memory-feasible plans among ``rows``, and sa's runs."""
-    sa = [r for r in rows if r.method == "sa"]
+    """sa's memory-feasible plans among ``rows``, and sa's runs (``sa`` with or without the splits)."""
+    sa = [r for r in rows if r.method.split(",")[0] == "sa"]
     return sum(r.status in ("feasible", "optimal", "time_limit") and r.throughput > 0 for r in sa), len(sa)
 
 
@@ -349,7 +349,9 @@ def moe_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
     feasible, sa_runs = _sa_feasible(with_splits)
     before, _ = _sa_feasible([r for r in rows if "no EP" in r.method])
     used = [
-        r for r in with_splits if r.method == "sa" and any(w in r.strategies for w in (" ep=", " cp=", " sp"))
+        r.job
+        for r in with_splits
+        if r.method == "sa" and any(w in r.strategies for w in (" ep=", " cp=", " sp"))
     ]
     out = [
         "## Mixture-of-experts and long-response jobs, with and without expert and context parallelism (issue 30)",
@@ -363,7 +365,8 @@ def moe_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
         "every rank holds all the experts of its stage and every sequence whole). An infeasible "
         "row's strategies column holds the planner's reason. "
         f"Memory-feasible sa plans: **{feasible}/{sa_runs}** with the splits, {before}/{sa_runs} "
-        f"without; sa plans that use one of them: {len(used)}. Step time is predicted "
+        f"without; sa plans that use one of them: {len(used)}/{sa_runs} ({', '.join(used) or 'none'}). "
+        "Step time is predicted "
         "(`makespan/k_eval`); throughput counts real tokens.",
         "",
         *_table(rows),

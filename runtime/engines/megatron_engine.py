@@ -4,7 +4,8 @@ Hugging Face ↔ Megatron weights and distributed checkpoints (extra ``megatron`
 What is here, and what has run where (``docs/megatron.md``):
 
 * :class:`LayoutMapping` / :func:`transformer_config` map a :class:`~rpeg.ir.models.ModelSpec` and a
-  plan layout ``(dp, pp, tp, mb)`` onto Megatron-core 0.16.1 settings;
+  plan layout ``(dp, pp, tp, mb)``, with context (ring or Ulysses) and sequence parallelism,
+  onto Megatron-core 0.16.1 settings (expert parallelism is not mapped);
   :func:`initialize_parallel` creates Megatron's process groups with the rank order
   :data:`MEGATRON_ORDER`, under which Megatron's ``(d, p, t)`` equal rpeg's
   ``rank = d·(Pp·Pt) + p·Pt + t`` (:func:`rpeg.runtime.worker.parallel.world_mesh`). Run on CPU (gloo).
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from ...ir.plan import Strategy
 
 __all__ = [
+    "CP_COMM_TYPES",
     "MEGATRON_ORDER",
     "VOCAB_DIVISIBLE_BY",
     "LayoutMapping",
@@ -76,6 +78,9 @@ __all__ = [
 #: ``rank = d·(Pp·Pt) + p·Pt + t`` as in rpeg. Megatron's default ``"tp-cp-ep-dp-pp"`` would put
 #: ``dp`` inside ``pp`` (``rank = p·(Pd·Pt) + d·Pt + t``). ``cp`` and ``ep`` are 1 in rpeg plans.
 MEGATRON_ORDER = "tp-cp-ep-pp-dp"
+#: Megatron-core's ``cp_comm_type`` of each of rpeg's context-parallel kinds: ring attention's
+#: P2P exchange of KV chunks, and the all-to-all that trades the sequence split for a head split.
+CP_COMM_TYPES = {"ring": "p2p", "ulysses": "a2a"}
 
 #: Megatron-LM's default ``--make-vocab-size-divisible-by``.
 VOCAB_DIVISIBLE_BY = 128
@@ -134,10 +139,14 @@ def stage_layers(layers: int, pp: int, p: int) -> range:
 
 @dataclass(frozen=True, slots=True)
 class LayoutMapping:
-    """A plan group's layout ``(Pd, Pp, Pt, mb)`` as Megatron-core parallel settings.
+    """A plan group's layout ``(Pd, Pp, Pt, Pc, mb)`` as Megatron-core parallel settings.
 
-    Ranks follow ``rank = d·(Pp·Pt) + p·Pt + t`` in rpeg and, with :data:`MEGATRON_ORDER`, in
-    Megatron; context and expert parallelism are 1.
+    Ranks follow ``rank = t + Pt·(c + Pc·(p + Pp·d))`` in rpeg (tensor-parallel innermost, then
+    context-parallel, pipeline, data-parallel; ``d·(Pp·Pt) + p·Pt + t`` without context
+    parallelism) and, with :data:`MEGATRON_ORDER`, in Megatron. Context parallelism maps to
+    ``context_parallel_size`` with ``cp_comm_type`` ``"p2p"`` (rpeg's ring) or ``"a2a"`` (its
+    Ulysses), sequence parallelism to ``sequence_parallel``; expert parallelism is not mapped
+    (mixture-of-experts models are refused, :meth:`check`).
 
     Parameters
     ----------
@@ -145,51 +154,98 @@ class LayoutMapping:
         Data-, pipeline- and tensor-parallel degrees ``Pd, Pp, Pt``.
     microbatches
         Microbatches per step ``mb`` (``num_microbatches`` of the forward-backward schedule).
+    cp, cp_kind, sp
+        Context-parallel degree ``Pc``, ``"ring"`` or ``"ulysses"``, and sequence parallelism
+        (SPEC §15.3).
 
     Raises
     ------
     ValueError
-        If a degree or ``microbatches`` is not a positive integer.
+        If a degree or ``microbatches`` is not a positive integer, ``cp_kind`` is neither kind
+        (or ``ulysses`` with ``cp = 1``), or ``sp`` is not a boolean.
     """
 
     dp: int
     pp: int
     tp: int
     microbatches: int = 1
+    cp: int = 1
+    cp_kind: str = "ring"
+    sp: bool = False
 
     def __post_init__(self) -> None:
-        for field in ("dp", "pp", "tp", "microbatches"):
+        for field in ("dp", "pp", "tp", "microbatches", "cp"):
             _positive("LayoutMapping", field, getattr(self, field))
+        if self.cp_kind not in CP_COMM_TYPES or (self.cp == 1 and self.cp_kind != "ring"):
+            raise ValueError(
+                f"LayoutMapping: cp_kind must be 'ring' or (with cp > 1) 'ulysses', got {self.cp_kind!r}"
+            )
+        if not isinstance(self.sp, bool):
+            raise ValueError(f"LayoutMapping: sp must be True or False, got {self.sp!r}")
 
     @classmethod
     def from_strategy(cls, strategy: Strategy) -> LayoutMapping:
-        """The layout of a plan's :class:`~rpeg.ir.plan.Strategy` (``dp, pp, tp, mb``)."""
-        return cls(dp=strategy.dp, pp=strategy.pp, tp=strategy.tp, microbatches=strategy.mb)
+        """The layout of a plan's :class:`~rpeg.ir.plan.Strategy` (``dp, pp, tp, mb, cp,
+        cp_kind, sp``).
+
+        Raises
+        ------
+        ValueError
+            If the strategy shards experts (``ep > 1``): expert parallelism is not mapped.
+        """
+        if strategy.ep > 1:
+            raise ValueError(
+                f"LayoutMapping: ep={strategy.ep}: expert parallelism is not mapped onto Megatron-core yet "
+                "(expert_model_parallel_size; mixture-of-experts models are refused)"
+            )
+        return cls(
+            dp=strategy.dp,
+            pp=strategy.pp,
+            tp=strategy.tp,
+            microbatches=strategy.mb,
+            cp=strategy.cp,
+            cp_kind=strategy.cp_kind,
+            sp=strategy.sp,
+        )
 
     @property
     def world(self) -> int:
-        """``Pd·Pp·Pt`` ranks."""
-        return self.dp * self.pp * self.tp
+        """``Pd·Pp·Pt·Pc`` ranks."""
+        return self.dp * self.pp * self.tp * self.cp
 
-    def rank(self, d: int, p: int, t: int) -> int:
-        """``rank = d·(Pp·Pt) + p·Pt + t``."""
-        return d * self.pp * self.tp + p * self.tp + t
+    def rank(self, d: int, p: int, t: int, c: int = 0) -> int:
+        """``rank = t + Pt·(c + Pc·(p + Pp·d))``."""
+        return t + self.tp * (c + self.cp * (p + self.pp * d))
 
     def coordinates(self, rank: int) -> tuple[int, int, int]:
-        """``(d, p, t) = (rank // (Pp·Pt), (rank // Pt) mod Pp, rank mod Pt)``."""
+        """``(d, p, t) = (rank // (Pp·Pt·Pc), (rank // (Pt·Pc)) mod Pp, rank mod Pt)``; the
+        context-parallel index is :meth:`context_rank`."""
         if not 0 <= rank < self.world:
             raise ValueError(f"LayoutMapping: rank={rank} must be in 0..{self.world - 1}")
-        return rank // (self.pp * self.tp), (rank // self.tp) % self.pp, rank % self.tp
+        return rank // (self.pp * self.tp * self.cp), (rank // (self.tp * self.cp)) % self.pp, rank % self.tp
+
+    def context_rank(self, rank: int) -> int:
+        """``c = (rank // Pt) mod Pc``."""
+        self.coordinates(rank)  # the range check
+        return (rank // self.tp) % self.cp
 
     def check(self, spec: ModelSpec) -> None:
         """Raise ``ValueError`` if ``spec`` cannot be split by this layout.
 
         Megatron splits query heads, key/value groups and FFN columns over ``Pt`` and layers over
         ``Pp``: ``Pt | heads``, ``Pt | kv_heads`` (rpeg's converter keeps whole query groups per
-        rank), ``Pt | ffn_hidden`` and ``Pp ≤ layers``. A mixture-of-experts spec is refused (its
-        experts are not mapped yet).
+        rank), ``Pt | ffn_hidden`` and ``Pp ≤ layers``; Ulysses needs ``Pc | heads/Pt``, sequence
+        parallelism ``Pt > 1``. A mixture-of-experts spec is refused (its experts are not mapped
+        yet).
         """
         owner = f"ModelSpec {spec.name!r} with tp={self.tp}, pp={self.pp}"
+        if self.cp_kind == "ulysses" and (spec.heads // self.tp) % self.cp:
+            raise ValueError(
+                f"{owner}: cp={self.cp} (Ulysses, cp_comm_type 'a2a') does not divide the "
+                f"heads per rank {spec.heads // self.tp}"
+            )
+        if self.sp and self.tp == 1:
+            raise ValueError(f"{owner}: sequence parallelism needs tp > 1")
         if spec.is_moe or spec.is_mla:
             raise ValueError(
                 f"{owner}: a mixture-of-experts or latent-attention model (experts {spec.experts}, "
@@ -219,7 +275,7 @@ class LayoutMapping:
         """Megatron-core settings of this layout for ``spec``, as plain data (docs and traces).
 
         Keys: ``tensor_model_parallel_size``, ``pipeline_model_parallel_size``,
-        ``data_parallel_size``, ``num_microbatches``, ``world_size``, ``order``
+        ``context_parallel_size``, ``cp_comm_type``, ``sequence_parallel``, ``data_parallel_size``, ``num_microbatches``, ``world_size``, ``order``
         (:data:`MEGATRON_ORDER`), ``stage_layers`` (``[start, stop)`` per stage),
         ``pipeline_model_parallel_layout`` (``None`` for an even split), ``padded_vocab_size``,
         ``heads_per_rank``, ``query_groups_per_rank``, ``ffn_hidden_per_rank``.
@@ -228,6 +284,9 @@ class LayoutMapping:
         return {
             "tensor_model_parallel_size": self.tp,
             "pipeline_model_parallel_size": self.pp,
+            "context_parallel_size": self.cp,
+            "cp_comm_type": CP_COMM_TYPES[self.cp_kind],
+            "sequence_parallel": self.sp,
             "data_parallel_size": self.dp,
             "num_microbatches": self.microbatches,
             "world_size": self.world,
@@ -252,6 +311,9 @@ def transformer_config(
     microbatches: int,
     dtype: torch.dtype = torch.float32,
     norm_epsilon: float = 1e-5,
+    cp: int = 1,
+    cp_kind: str = "ring",
+    sp: bool = False,
     **overrides: Any,
 ) -> TransformerConfig:
     """Megatron-core ``TransformerConfig`` of ``spec`` on the layout ``(dp, pp, tp, microbatches)``.
@@ -272,6 +334,9 @@ def transformer_config(
     ``hidden/attention_dropout``   ``0.0`` (Llama has none)
     ``tensor/pipeline_model_...``  ``tp``, ``pp``; ``pipeline_model_parallel_layout`` when
                                    ``pp ∤ layers`` (:meth:`LayoutMapping.pipeline_layout`)
+    ``context_parallel_size``      ``cp``; ``cp_comm_type`` ``"p2p"`` (ring) or ``"a2a"``
+                                   (Ulysses, :data:`CP_COMM_TYPES`)
+    ``sequence_parallel``          ``sp``
     ``params_dtype``               ``dtype``; ``bf16``/``fp16`` set to match; ``pipeline_dtype``
                                    ``= dtype`` when ``pp > 1``
     ``use_cpu_initialization``     ``True`` when CUDA is unavailable
@@ -286,6 +351,8 @@ def transformer_config(
         The model.
     tp, pp, dp, microbatches
         The plan group's layout.
+    cp, cp_kind, sp
+        Context parallelism (degree and kind) and sequence parallelism (SPEC §15.3).
     dtype
         Parameter dtype (``float32``, ``bfloat16`` or ``float16``).
     norm_epsilon
@@ -302,7 +369,7 @@ def transformer_config(
     EngineMissing
         If megatron-core is not installed.
     """
-    layout = LayoutMapping(dp=dp, pp=pp, tp=tp, microbatches=microbatches)
+    layout = LayoutMapping(dp=dp, pp=pp, tp=tp, microbatches=microbatches, cp=cp, cp_kind=cp_kind, sp=sp)
     layout.check(spec)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"transformer_config: dtype={dtype} must be float32, bfloat16 or float16")
@@ -329,6 +396,9 @@ def transformer_config(
         "attention_dropout": 0.0,
         "tensor_model_parallel_size": tp,
         "pipeline_model_parallel_size": pp,
+        "context_parallel_size": cp,
+        "cp_comm_type": CP_COMM_TYPES[cp_kind],
+        "sequence_parallel": sp,
         "pipeline_model_parallel_layout": layout.pipeline_layout(spec),
         "params_dtype": dtype,
         "bf16": dtype == torch.bfloat16,
@@ -341,12 +411,14 @@ def transformer_config(
 
 
 # ---------------------------------------------------------------------------------------------- ranks
-def initialize_parallel(tp: int, pp: int, **kwargs: Any) -> LayoutMapping:
+def initialize_parallel(tp: int, pp: int, cp: int = 1, **kwargs: Any) -> LayoutMapping:
     """Create Megatron-core's process groups on the initialised default group, in rpeg's rank order.
 
-    Calls ``parallel_state.initialize_model_parallel(tp, pp, order=MEGATRON_ORDER, **kwargs)``;
-    ``Pd = world / (Pp·Pt)``. Afterwards :func:`coordinates` on rank ``r`` equals
-    ``(r // (Pp·Pt), (r // Pt) mod Pp, r mod Pt)``. On CPU the default group is gloo.
+    Calls ``parallel_state.initialize_model_parallel(tp, pp, context_parallel_size=cp,
+    order=MEGATRON_ORDER, **kwargs)``; ``Pd = world / (Pp·Pt·Pc)``. Afterwards
+    :func:`coordinates` on rank ``r`` equals :meth:`LayoutMapping.coordinates` (``(r // (Pp·Pt),
+    (r // Pt) mod Pp, r mod Pt)`` without context parallelism) and Megatron's context-parallel
+    rank :meth:`LayoutMapping.context_rank`. On CPU the default group is gloo.
 
     Returns
     -------
@@ -367,13 +439,20 @@ def initialize_parallel(tp: int, pp: int, **kwargs: Any) -> LayoutMapping:
     world = dist.get_world_size()
     _positive("initialize_parallel", "tp", tp)
     _positive("initialize_parallel", "pp", pp)
-    if world % (tp * pp):
-        raise ValueError(f"initialize_parallel: world size {world} is not divisible by pp·tp = {pp * tp}")
+    _positive("initialize_parallel", "cp", cp)
+    if world % (tp * pp * cp):
+        raise ValueError(
+            f"initialize_parallel: world size {world} is not divisible by pp·tp·cp = {pp * tp * cp}"
+        )
     ps = _mcore("megatron.core.parallel_state")
     ps.initialize_model_parallel(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, order=MEGATRON_ORDER, **kwargs
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,
+        order=MEGATRON_ORDER,
+        **kwargs,
     )
-    return LayoutMapping(dp=world // (tp * pp), pp=pp, tp=tp)
+    return LayoutMapping(dp=world // (tp * pp * cp), pp=pp, tp=tp, cp=cp)
 
 
 def coordinates() -> tuple[int, int, int]:

@@ -299,8 +299,48 @@ def _rank_main(rank: int, port: int, workdir: Path) -> None:
         me.destroy_parallel()
         r["init_s"], r["layout_s"] = t_init, time.perf_counter() - t_layout
         res["layouts"][key] = r
+    res["context"] = _context_parallel(rank, hf["llama"])
     (workdir / f"rank{rank}.json").write_text(json.dumps(res))
     dist.destroy_process_group()
+
+
+def _context_parallel(rank: int, hf: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """SPEC §15.3 on the four ranks: ``tp = 2``, ``cp = 2`` (ring) with sequence parallelism —
+    Megatron's groups against :class:`LayoutMapping`'s formula, the mapped config, and what the
+    GPTModel's CPU (local, Transformer-Engine-free) layers say of both: its attention refuses
+    ``cp = 2`` and its torch norm sequence parallelism."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    ranks = dist.get_process_group_ranks
+    layout = me.initialize_parallel(2, 1, cp=2)
+    d, _, t = layout.coordinates(rank)
+    cfg = me.transformer_config(LLAMA, tp=2, pp=1, dp=1, microbatches=2, norm_epsilon=EPS, cp=2, sp=True)
+    out: dict[str, Any] = {
+        "megatron": [
+            ps.get_data_parallel_rank(),
+            ps.get_context_parallel_rank(),
+            ps.get_tensor_model_parallel_rank(),
+        ],
+        "layout": [d, layout.context_rank(rank), t],
+        "cp_group": ranks(ps.get_context_parallel_group()),
+        "tp_group": ranks(ps.get_tensor_model_parallel_group()),
+        "dp_cp_group": ranks(ps.get_data_parallel_group(with_context_parallel=True)),
+        "config": [cfg.context_parallel_size, cfg.cp_comm_type, cfg.sequence_parallel],
+    }
+    cp_cfg = me.transformer_config(LLAMA, tp=2, pp=1, dp=1, microbatches=2, norm_epsilon=EPS, cp=2)
+    try:
+        me.build_gpt_model(LLAMA, cp_cfg, pre_process=True, post_process=True, vocab_divisible_by=DIV)
+    except AssertionError as exc:
+        out["cp_build"] = str(exc)
+    sp_cfg = me.transformer_config(LLAMA, tp=2, pp=1, dp=1, microbatches=2, norm_epsilon=EPS, cp=1, sp=True)
+    try:
+        me.build_gpt_model(LLAMA, sp_cfg, pre_process=True, post_process=True, vocab_divisible_by=DIV)
+    except AssertionError as exc:
+        out["sp_build"] = str(exc)
+    dist.barrier()
+    me.destroy_parallel()
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -360,6 +400,9 @@ def test_layout_settings_and_vocab_padding():
     assert settings == {
         "tensor_model_parallel_size": 2,
         "pipeline_model_parallel_size": 2,
+        "context_parallel_size": 1,
+        "cp_comm_type": "p2p",
+        "sequence_parallel": False,
         "data_parallel_size": 2,
         "num_microbatches": 4,
         "world_size": 8,
@@ -459,6 +502,51 @@ def test_megatron_rank_coordinates_are_rpegs(ranks, layout):
         want = [rank // (pp * tp), (rank // tp) % pp, rank % tp]
         assert r["megatron"] == r["rpeg"] == r["layout"] == want, (rank, r)
         assert r["groups_megatron"] == r["groups_rpeg"], (rank, r)
+
+
+def test_context_and_sequence_parallelism_map_onto_megatron(ranks):
+    """SPEC §15.3 (ranks tp, cp, pp, dp: Megatron's tp-cp-ep-pp-dp): Megatron's context- and
+    tensor-parallel groups are :class:`LayoutMapping`'s and the config carries ``cp``, its comm
+    type and ``sp``. Neither builds a GPTModel on CPU: Megatron's local layers refuse both
+    (Transformer Engine's attention and norms run them, on GPUs); the weight conversion is per
+    ``(p, t)`` and the same with them (a context- or sequence-parallel rank holds its TP shard)."""
+    layout = me.LayoutMapping(dp=1, pp=1, tp=2, cp=2, sp=True)
+    for rank, res in enumerate(ranks["ranks"]):
+        r = res["context"]
+        assert r["megatron"] == r["layout"] == [0, rank // 2, rank % 2], (rank, r)
+        assert r["cp_group"] == [rank % 2, rank % 2 + 2]  # stride Pt
+        assert r["tp_group"] == [rank - rank % 2, rank - rank % 2 + 1]
+        assert r["dp_cp_group"] == r["cp_group"]  # Pd = 1
+        assert r["config"] == [2, "p2p", True]
+        assert "only supported by TEDotProductAttention" in r["cp_build"]
+        assert "sequence parallel not supported by torch LayerNorm" in r["sp_build"]
+        assert layout.rank(0, 0, rank % 2, rank // 2) == rank
+    settings = layout.settings(LLAMA, vocab_divisible_by=DIV)
+    assert (settings["context_parallel_size"], settings["cp_comm_type"], settings["sequence_parallel"]) == (
+        2,
+        "p2p",
+        True,
+    )
+    assert (
+        me.LayoutMapping(dp=1, pp=1, tp=1, cp=2, cp_kind="ulysses").settings(LLAMA, vocab_divisible_by=DIV)[
+            "cp_comm_type"
+        ]
+        == "a2a"
+    )
+    with pytest.raises(ValueError, match="sequence parallelism needs tp > 1"):
+        me.LayoutMapping(dp=1, pp=1, tp=1, sp=True).check(LLAMA)
+    with pytest.raises(ValueError, match="cp_kind must be"):
+        me.LayoutMapping(dp=1, pp=1, tp=1, cp_kind="ulysses")
+
+
+def test_expert_parallel_strategies_are_not_mapped():
+    from rpeg.ir import Strategy
+
+    s = Strategy((1, 1, 4), 4, 1, 1, 1, ep=4)
+    with pytest.raises(ValueError, match="ep=4: expert parallelism is not mapped onto Megatron-core"):
+        me.LayoutMapping.from_strategy(s)
+    cp = me.LayoutMapping.from_strategy(Strategy((1, 1, 4), 1, 1, 2, 2, cp=2, cp_kind="ulysses", sp=True))
+    assert (cp.world, cp.cp, cp.cp_kind, cp.sp) == (4, 2, "ulysses", True)
 
 
 def test_converted_weights_load_strictly_and_compute_the_hf_maps(ranks):
