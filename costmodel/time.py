@@ -275,6 +275,12 @@ def op_time(
     * ``U = updates`` optimizer updates per step (PPO mini-batches, SPEC §14.2): training pays
       ``T_dp``'s per-step collectives and ``T_opt`` once per update, and with pipelining one
       fill and drain per update, ``T_bubble = T_gemm·(Pp − 1)·min(U, mb)/mb``.
+    * Expert, context and sequence parallelism (SPEC §15, ``docs/cost-model.md`` §10):
+      ``P = Pd·Pp·Pt·Pc`` and every per-token term uses a device's ``b·ℓ/Pc`` tokens; ``T_ep``
+      the dispatch and combine AlltoAlls of the MoE layers, ``T_cp`` a ring's exposed KV
+      transfers or Ulysses' AlltoAlls (``_split_terms``); sequence parallelism runs each TP
+      AllReduce as a ReduceScatter and an AllGather and leaves no replicated non-GEMM work;
+      ZeRO's collectives run over ``Pd·Pc`` ranks (routed experts over ``Pd·Pc/Pe``).
     * ``T_over`` — the engine terms ``e`` of the node's class (:meth:`Hardware.terms
       <rpeg.ir.hardware.Hardware.terms>`; neutral in presets, so ``T_over = 0`` there):
       ``T_gemm`` is divided by ``η_e``, and inference and training add

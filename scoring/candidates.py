@@ -206,11 +206,16 @@ def enumerate_strategies(
                         for kind in (CP_KINDS if cp > 1 else ("ring",))
                         for ep in expert_degrees(cluster, spec, role, dp, cp)
                     ]
-                    twin_mbs = _twin_microbatches(cluster, spec, role, sequences, extent, dp, pp, tp, cp, sp)
+                    twins = {
+                        kind: _twin_microbatches(
+                            cluster, spec, role, sequences, extent, dp, pp, tp, cp, kind, sp
+                        )
+                        for kind in {kind for kind, _ in layouts}
+                    }
                     for mb in microbatch_counts(role, pp, b_local):
                         for kind, ep in layouts:
-                            if ep == 1 and mb in twin_mbs:
-                                continue  # its data-parallel twin is listed, never worse
+                            if ep == 1 and mb in twins[kind]:
+                                continue  # a twin with less context parallelism is listed, never worse
                             why = check_strategy(
                                 cluster, spec, role, sequences, extent, dp, pp, tp, mb,
                                 cp=cp, cp_kind=kind, ep=ep, sp=sp,
@@ -238,30 +243,55 @@ def _twin_microbatches(
     pp: int,
     tp: int,
     cp: int,
+    kind: str,
     sp: bool,
 ) -> set[int]:
-    """The microbatch counts ``mb`` at which a context-parallel layout ``(Pd, Pp, Pt, Pc)``
-    without expert parallelism is dominated by its data-parallel twin ``(Pd·Pc, Pp, Pt, 1)``
-    at the same ``mb``, which the directory lists: the twin's legal counts when ``Pd > 1`` or
-    ``Pp = 1`` (empty for ``Pc = 1``).
+    """The microbatch counts ``mb`` at which a context-parallel layout ``(Pd, Pp, Pt, Pc)`` of
+    ``kind`` without expert parallelism is dominated by a twin the directory lists:
+    ``(Pd·k, Pp, Pt, Pc/k)`` of the same kind (plain data parallelism for ``k = Pc``), ``k > 1``,
+    legal at the same ``mb``. Empty for ``Pc = 1``, and for ``Pd = 1`` with ``Pp > 1``.
 
-    Both put ``n·ℓ/(Pd·Pc·mb)`` tokens of each microbatch on a device, so their GEMMs, attention
-    cores, TP and PP messages, non-GEMM work, activations and logits are equal, and ZeRO shards
-    over the same ``Pd·Pc`` ranks; context parallelism adds its ring or Ulysses traffic
-    (``T_cp ≥ 0``). With ``Pd > 1`` or ``Pp = 1`` the twin's groups span no slower tiers (its
-    replicas of ``Pp·Pt`` devices sit inside the context-parallel one's ``Pp·Pt·Pc``, its
-    data-parallel group spans the allocation either way). So context parallelism is listed only
-    where it buys something: fewer sequences per microbatch than ``Pc`` (``mb > n/(Pd·Pc)``),
-    where no data-parallel layout reaches as few tokens per device (``docs/cost-model.md`` §10).
+    Both put ``T = n·ℓ/(Pd·Pc·mb)`` tokens of each microbatch on a device, so their GEMMs, TP
+    and PP messages, non-GEMM work, activations and logits are equal, and so is each device's
+    attention core (``T·ℓ``-proportional: a CP rank computes ``1/Pc`` of the core of its
+    ``n/(Pd·mb)`` sequences); ZeRO shards over the same ``Pd·Pc`` ranks. The context-parallel
+    traffic grows with the degree (a ring's ``Pc − 1`` steps of ``T·c_kv`` bytes, Ulysses'
+    latency ``(Pc − 1)·α`` at equal bytes; none without). With ``Pd > 1`` or ``Pp = 1`` the
+    twin's groups span no slower tiers (its replicas of ``Pp·Pt·Pc/k`` devices sit inside the
+    ``Pp·Pt·Pc`` ones, its data-parallel group spans the allocation either way). So each
+    microbatch count keeps its least context parallelism, and context parallelism is listed only
+    where it buys something: fewer sequences per microbatch than ``Pc`` ranks, where no layout
+    with less reaches as few tokens per device (``docs/cost-model.md`` §10).
     """
-    if cp == 1 or (dp == 1 and pp > 1) or sequences % (dp * cp):
+    if cp == 1 or (dp == 1 and pp > 1):
         return set()
-    twin_local = sequences // (dp * cp)
-    return {
-        mb
-        for mb in microbatch_counts(role, pp, twin_local)
-        if check_strategy(cluster, model, role, sequences, extent, dp * cp, pp, tp, mb, sp=sp) is None
-    }
+    out: set[int] = set()
+    for k in _divisors(cp)[1:]:
+        twin_dp, twin_cp = dp * k, cp // k
+        if sequences % twin_dp:
+            continue
+        twin_kind = kind if twin_cp > 1 else "ring"
+        out.update(
+            mb
+            for mb in microbatch_counts(role, pp, sequences // twin_dp)
+            if mb not in out
+            and check_strategy(
+                cluster,
+                model,
+                role,
+                sequences,
+                extent,
+                twin_dp,
+                pp,
+                tp,
+                mb,
+                cp=twin_cp,
+                cp_kind=twin_kind,
+                sp=sp,
+            )
+            is None
+        )
+    return out
 
 
 def expert_degrees(cluster: Cluster, model: ModelSpec, role: Role | None, dp: int, cp: int) -> list[int]:

@@ -248,9 +248,15 @@ def test_directories_list_the_splits_where_they_can_pay():
     assert any(s.cp > 1 for s in train.strategies)
     assert {s.cp_kind for s in train.strategies if s.cp > 1} <= {"ring", "ulysses"}
     assert all(s.sp == (s.tp > 1) for s in train.strategies)  # SP wherever TP (never worse)
-    for s in enumerate_strategies(TWO_NODES, DENSE, 32, Role.TRAINING):
-        if s.cp > 1:  # only where no data-parallel twin reaches as few tokens per device
-            assert s.mb > 32 // (s.dp * s.cp) or (s.dp == 1 and s.pp > 1)
+    legal = enumerate_strategies(TWO_NODES, DENSE, 32, Role.TRAINING)
+    listed = {(s.extent, s.dp, s.pp, s.tp, s.cp, s.cp_kind, s.mb) for s in legal}
+    for s in legal:
+        if s.cp > 1 and (s.dp > 1 or s.pp == 1):  # only where no layout with less CP is listed
+            assert s.mb > 32 // (s.dp * s.cp)
+            for k in (2, 4, 8, 16):
+                if s.cp % k == 0:
+                    kind = s.cp_kind if s.cp > k else "ring"
+                    assert (s.extent, s.dp * k, s.pp, s.tp, s.cp // k, kind, s.mb) not in listed, s.label()
     moe = Workload("grpo", {"actor": QWEN3_MOE}, 32, 8, 512, 1536, reward="rule")
     legal = enumerate_strategies(TWO_NODES, QWEN3_MOE, 256, Role.TRAINING)
     assert {s.ep for s in legal} >= {1, 2, 4, 8, 16}

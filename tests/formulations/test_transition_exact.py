@@ -14,13 +14,14 @@ from rpeg.costmodel.transition import gpu_capacities, primitive_times
 from rpeg.formulations.status import Status
 from rpeg.heuristics.transition import greedy_schedule
 from rpeg.ir import build_graph
+from rpeg.ir.cluster import NO_SPLITS
 from rpeg.ir.emu import EMU, ModelStage, Stage, TransitionInfeasible, emus_of, transition_dag
 from rpeg.ir.plan import Choice, Plan
 from rpeg.scoring.candidates import aligned_allocations, enumerate_strategies
 from rpeg.solvers.transition import TRANSITION_METHODS, plan_transition
 
 GIB = 2.0**30
-CLUSTER = Cluster.from_shape("1x2x4", hardware_preset("h200"))
+CLUSTER = Cluster.from_shape("1x2x4", hardware_preset("h200"), **NO_SPLITS)
 TINY = model_preset("7b").scaled(layers=4, hidden=256, heads=4, vocab=1000)
 GRPO = Workload("grpo", {"actor": TINY, "reward": TINY}, 8, 2, 32, 32)  # GRPO needs R ≥ 2
 GRAPH = build_graph(GRPO)

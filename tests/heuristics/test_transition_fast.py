@@ -26,12 +26,13 @@ from rpeg.costmodel.transition import (
 from rpeg.heuristics import _transition_kernel
 from rpeg.heuristics import transition as transition_module
 from rpeg.heuristics.transition import greedy_schedule, greedy_schedule_reference, warm_up
+from rpeg.ir.cluster import NO_SPLITS
 from rpeg.ir.emu import _build_kernel, emus_of, transition_dag, transition_dag_reference
 from rpeg.ir.emu.flat import ready as builder_ready
 from rpeg.solvers.transition import plan_transition
 from tests.ir.emu.test_flat import GRAPH, plan_pair, plans, raw_pair
 
-BIG = Cluster.from_shape("2x2x8", hardware_preset("h200"))
+BIG = Cluster.from_shape("2x2x8", hardware_preset("h200"), **NO_SPLITS)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -179,7 +180,7 @@ def test_warm_up_compiles_the_specialisations_real_calls_use():
         for d in (dur, [math.ceil(x / 1e-3 - 1e-9) for x in dur]):
             scheduled += not isinstance(outcome(greedy_schedule, dag, d, caps), tuple)
         if seed % 2:
-            c = rng.choice([BIG, Cluster.from_shape("1x4x8", hardware_preset("h200"))])
+            c = rng.choice([BIG, Cluster.from_shape("1x4x8", hardware_preset("h200"), **NO_SPLITS)])
             outcome(plan_transition, cur, tgt, c)
         c, a, b = plans(rng)  # two plans: the DAG is built from their vertices
         outcome(lambda x, y, c=c: plan_transition(x, y, c, graph=GRAPH), a, b)

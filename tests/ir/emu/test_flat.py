@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from rpeg import Cluster, Workload, hardware_preset, model_preset
 from rpeg.ir import build_graph
+from rpeg.ir.cluster import NO_SPLITS
 from rpeg.ir.emu import (
     EMU,
     ModelStage,
@@ -42,22 +43,28 @@ def compiled_core():
 TINY = model_preset("7b").scaled(layers=4, hidden=256, heads=4, vocab=1000)
 PPO = Workload("ppo", {"actor": TINY, "critic": TINY, "reward": TINY}, 16, 1, 32, 32)
 GRAPH = build_graph(PPO)
-CLUSTERS = [Cluster.from_shape(s, hardware_preset("h200")) for s in ("1x1x4", "1x2x4", "1x4x8", "2x2x8")]
+# plans of SPEC §4 and §14 (the seeded draws of the transition tests); SPEC §15's splits below
+CLUSTERS = [
+    Cluster.from_shape(s, hardware_preset("h200"), **NO_SPLITS) for s in ("1x1x4", "1x2x4", "1x4x8", "2x2x8")
+]
+#: with context parallelism (and sequence parallelism): a CP rank holds a weight replica
+SPLIT_CLUSTERS = [Cluster.from_shape(s, hardware_preset("h200")) for s in ("1x2x4", "1x4x8")]
 STRATEGIES = {
-    c.shape_str: [
+    (c.shape_str, c.context_parallel): [
         enumerate_strategies(c, GRAPH.models[v.model].spec, v.sequences, v.role) for v in GRAPH.vertices
     ]
-    for c in CLUSTERS
+    for c in CLUSTERS + SPLIT_CLUSTERS
 }
 
 
-def plans(rng: random.Random) -> tuple[Cluster, Plan, Plan]:
-    """Two legal rpeg plans (a strategy per vertex at a random aligned origin) on a random cluster."""
-    c = rng.choice(CLUSTERS)
+def plans(rng: random.Random, clusters: list[Cluster] = CLUSTERS) -> tuple[Cluster, Plan, Plan]:
+    """Two legal rpeg plans (a strategy per vertex at a random aligned origin) on a random cluster
+    of ``clusters``."""
+    c = rng.choice(clusters)
 
     def plan() -> Plan:
         choices = []
-        for strats in STRATEGIES[c.shape_str]:
+        for strats in STRATEGIES[c.shape_str, c.context_parallel]:
             s = rng.choice(strats)
             choices.append(Choice(s, rng.choice(aligned_allocations(c, s.size))))
         return Plan(tuple(choices))
@@ -216,11 +223,12 @@ def assert_same_tables(a: FlatDAG, b: FlatDAG) -> None:
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**31 - 1))
-def test_the_dag_of_two_plans_is_the_dag_of_their_units(seed):
+@given(seed=st.integers(0, 2**31 - 1), splits=st.booleans())
+def test_the_dag_of_two_plans_is_the_dag_of_their_units(seed, splits):
     """``transition_dag_of_plans`` reads the plans per vertex; its tables are ``flat_dag``'s on the
-    two EMU collections, its DAG the reference's, its errors the reference's."""
-    c, a, b = plans(random.Random(seed))
+    two EMU collections, its DAG the reference's, its errors the reference's — with context
+    parallelism too (``dp·cp`` replicas, :func:`~rpeg.ir.emu.units.replica_order`)."""
+    c, a, b = plans(random.Random(seed), SPLIT_CLUSTERS if splits else CLUSTERS)
     cur, tgt = emus_of(a, c, graph=GRAPH), emus_of(b, c, graph=GRAPH)
     fast = outcome(lambda x, y: transition_dag_of_plans(x, y, c, graph=GRAPH), a, b)
     ref = outcome(transition_dag_reference, cur, tgt)
@@ -282,3 +290,12 @@ def test_the_kernels_order_is_an_argsort(shape):
         assert kernel._order(keys).tolist() == np.argsort(keys).tolist(), keys
         idx = rng.permutation(n).astype(np.int64)
         assert kernel._sorted_by_min(idx, keys).tolist() == idx[np.argsort(keys[idx])].tolist()
+
+
+def test_the_split_plans_hold_context_parallel_layouts():
+    """The pool of the property above holds context-parallel strategies of every role that may
+    split sequences (the training and inference vertices)."""
+    for c in SPLIT_CLUSTERS:
+        pools = STRATEGIES[c.shape_str, True]
+        for v, pool in zip(GRAPH.vertices, pools):
+            assert any(s.cp > 1 for s in pool) == (v.role.value != "generation"), (c.shape_str, v.name)
