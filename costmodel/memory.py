@@ -309,7 +309,8 @@ def stored_activation_width(model: ModelSpec, tp: int, sp: bool = False) -> floa
     ``a = 4d + routed + (2·d_q + 2·d_kv + 2·(n_ffn − 1)·ffn_width)/Pt``.
 
     Sequence parallelism (Megatron SP, SPEC §15.3) splits the replicated part by sequence over
-    the TP ranks: ``a = (4d + routed)/Pt + (…)/Pt`` (Korthikanti et al.'s ``sbh·34/t``).
+    the TP ranks: ``a = (4d + routed)/Pt + (…)/Pt`` (Korthikanti et al.'s ``sbh·34/t`` without
+    its two dropout masks).
 
     Parameters
     ----------

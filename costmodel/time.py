@@ -641,16 +641,11 @@ def _zero_groups(node: _Node, head: Head) -> list[tuple[int, float]]:
     return out
 
 
-def _gathers(node: _Node, head: Head, count: float) -> float:
-    """``count`` ZeRO AllGathers of the weight shards (:func:`_zero_groups`)."""
+def _zero_collective(node: _Node, head: Head) -> float:
+    """One ZeRO AllGather of the weight shards over their groups (:func:`_zero_groups`); a
+    ReduceScatter of the gradient shards takes as long (the ring moves the same bytes)."""
     link = _dp_link(node)
-    return count * sum(allgather_time(p, nbytes, link) for p, nbytes in _zero_groups(node, head))
-
-
-def _scatters(node: _Node, head: Head, count: float) -> float:
-    """``count`` ZeRO ReduceScatters of the gradient shards (:func:`_zero_groups`)."""
-    link = _dp_link(node)
-    return count * sum(reduce_scatter_time(p, nbytes, link) for p, nbytes in _zero_groups(node, head))
+    return sum(allgather_time(p, nbytes, link) for p, nbytes in _zero_groups(node, head))
 
 
 def _inference_terms(node: _Node, lengths: dict[str, float], head: Head) -> tuple[float, float, float, float]:
@@ -664,7 +659,7 @@ def _inference_terms(node: _Node, lengths: dict[str, float], head: Head) -> tupl
     t_pp = node.pp_rounds(s.mb + s.pp - 2, ell)
     t_dp = 0.0
     if s.zero == 3:
-        t_dp = _exposed(_gathers(node, head, s.mb), t_gemm)
+        t_dp = _exposed(s.mb * _zero_collective(node, head), t_gemm)
     return t_gemm, t_tp, t_pp, t_dp
 
 
@@ -699,11 +694,12 @@ def _training_terms(
     t_tp = node.tp_rounds(rounds * node.layers * mb, node.rank_tokens(ell) * model.hidden * sb)
     t_pp = node.pp_rounds(mb + 2 * pp - 3, ell)
     n_params = model_params(model, head)
+    one = _zero_collective(node, head)
     if s.zero == 3:  # FSDP: gather per microbatch in the forward, the backward (and recompute)
         gathers = mb * (3 if s.recompute is Recompute.FULL else 2)
-        t_dp = updates * _scatters(node, head, 1) + _exposed(_gathers(node, head, gathers), t_gemm)
+        t_dp = updates * one + _exposed(gathers * one, t_gemm)
     else:
-        t_dp = updates * (_scatters(node, head, 1) + _gathers(node, head, 1))
+        t_dp = updates * 2.0 * one  # a ReduceScatter of the gradients and an AllGather of the weights
     t_opt = updates * OPTIMIZER_TRAFFIC_BYTES * n_params / (P * hw.mem_bandwidth)
     return t_gemm, t_tp, t_pp, t_dp, t_opt
 

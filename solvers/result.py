@@ -887,8 +887,8 @@ def plan_from_entries(ev: Evaluator, entries: list[dict[str, Any]]) -> Plan:
         extent = _int_triple(e["extent"], v.name, "extent")
         dp, pp, tp, mb = (_int_field(e[k], v.name, k) for k in ("dp", "pp", "tp", "mb"))
         recompute = _recompute_field(e.get("recompute"), v)
-        engine = _engine_fields(e, v, _ENGINE_FIELDS)
-        parallel = _engine_fields(e, v, _PARALLEL_FIELDS)
+        engine = _typed_fields(e, v, _ENGINE_FIELDS)
+        parallel = _typed_fields(e, v, _PARALLEL_FIELDS)
         try:
             alloc = ev.cluster.allocation(origin, extent)
         except ValueError as exc:
@@ -963,7 +963,7 @@ PLAN_KEYS: tuple[str, ...] = (
 )
 
 
-def _engine_fields(
+def _typed_fields(
     entry: dict[str, Any], vertex: Vertex, fields: dict[str, tuple[type, Any]]
 ) -> dict[str, Any]:
     """The ``fields`` of a plan entry — the engine choices (``zero``, ``mem_fraction``,
@@ -1109,8 +1109,8 @@ def result_for_plan(
             raise ValueError(
                 f"table entry for {v.name!r}: unknown engine choice {bad[0]!r}{key_hint(bad[0], known)}"
             )
-        engine = _engine_fields(choices_of, v, _ENGINE_FIELDS)
-        parallel = _engine_fields(choices_of, v, _PARALLEL_FIELDS)
+        engine = _typed_fields(choices_of, v, _ENGINE_FIELDS)
+        parallel = _typed_fields(choices_of, v, _PARALLEL_FIELDS)
         strategy = _legal_strategy(ev, v, extent, dp, pp, tp, mb, recompute, engine, parallel)
         try:
             alloc = cluster.allocation(origin, extent)

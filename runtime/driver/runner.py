@@ -395,22 +395,17 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
                 f"vertex {v.name!r}: host offload (offload=true) is planned but {what}; plan for the "
                 "bundled engines with Cluster(..., host_offload=False) (rpeg solve --no-host-offload)"
             )
-        split = [
-            (flag, what)
-            for flag, what, planned in (
-                ("--no-sequence-parallel", f"sequence parallelism (sp, tp={s.tp})", s.sp),
-                ("--no-context-parallel", f"context parallelism (cp={s.cp}, {s.cp_kind})", s.cp > 1),
-                ("--no-expert-parallel", f"expert parallelism (ep={s.ep})", s.ep > 1),
-            )
-            if planned
-        ]
-        if split:
-            flag, what = split[0]
-            raise ValueError(
-                f"vertex {v.name!r}: {what} is planned but the bundled engines do not run it yet "
-                f"(docs/runtime.md); plan for them with rpeg solve {flag} (Cluster(..., "
-                f"{flag[5:].replace('-', '_')}=False))"
-            )
+        for flag, what, planned in (
+            ("--no-sequence-parallel", f"sequence parallelism (sp, tp={s.tp})", s.sp),
+            ("--no-context-parallel", f"context parallelism (cp={s.cp}, {s.cp_kind})", s.cp > 1),
+            ("--no-expert-parallel", f"expert parallelism (ep={s.ep})", s.ep > 1),
+        ):
+            if planned:
+                raise ValueError(
+                    f"vertex {v.name!r}: {what} is planned but the bundled engines do not run it yet "
+                    f"(docs/runtime.md); plan for them with rpeg solve {flag} (Cluster(..., "
+                    f"{flag[5:].replace('-', '_')}=False))"
+                )
         runs = (2, 3) if v.role is not Role.GENERATION and not moves_state else (2,)
         if s.zero not in runs:
             what = (
