@@ -264,6 +264,12 @@ class GroupSpec:
     zero
         The ZeRO stage of the group's vertices (SPEC §14.3): 2, or 3 for a trainer whose FSDP2
         shards its parameters too (:class:`~rpeg.runtime.worker.parallel.FSDPAdam`).
+    cp, cp_kind
+        Context parallelism (SPEC §15.3): ``Pc`` ranks split each sequence's positions and
+        exchange keys and values by ``cp_kind`` (:mod:`~rpeg.runtime.worker.context`). They hold the
+        same weights: the group has :attr:`replicas` ``= Pd·Pc`` weight replicas, replica
+        ``r = d·Pc + c``, and rank ``r·(Pp·Pt) + p·Pt + t`` — the plan's rank order ``tp, cp, pp,
+        dp`` when ``Pp = 1``, the only pipeline depth the runtime runs with ``Pc > 1``.
     """
 
     gid: int
@@ -282,11 +288,18 @@ class GroupSpec:
     generates: bool = False
     recompute: str = "none"
     zero: int = 2
+    cp: int = 1
+    cp_kind: str = "ring"
 
     @property
     def size(self) -> int:
-        """Number of ranks ``Pd·Pp·Pt``."""
-        return self.dp * self.pp * self.tp
+        """Number of ranks ``Pd·Pp·Pt·Pc``."""
+        return self.dp * self.pp * self.tp * self.cp
+
+    @property
+    def replicas(self) -> int:
+        """Weight replicas ``Pd·Pc``: context-parallel ranks hold the same weights as data-parallel ones."""
+        return self.dp * self.cp
 
     @property
     def recompute_run(self) -> str:
@@ -303,8 +316,9 @@ class GroupSpec:
         return [self.worker(r) for r in range(self.size)]
 
     def layout(self) -> dict[str, int]:
-        """``{"dp", "pp", "tp", "mb"}``."""
-        return {"dp": self.dp, "pp": self.pp, "tp": self.tp, "mb": self.mb}
+        """``{"dp", "pp", "tp", "mb"}``, and ``"cp"`` where ``Pc > 1``."""
+        out = {"dp": self.dp, "pp": self.pp, "tp": self.tp, "mb": self.mb}
+        return out | ({"cp": self.cp} if self.cp > 1 else {})
 
 
 @dataclass
@@ -461,6 +475,15 @@ def run_shape(
     for name, value in (("prompt_len", prompt_len), ("response_len", response_len)):
         if value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    for v, c in zip(result.graph.vertices, plan.choices):
+        cp = c.strategy.cp
+        if cp > 1 and (prompt_len + response_len) % (2 * cp):
+            raise ValueError(
+                f"vertex {v.name!r} splits each sequence over cp={cp} context-parallel ranks in "
+                f"2·cp = {2 * cp} equal chunks (the load-balanced zigzag split), but the run's "
+                f"prompt_len + response_len = {prompt_len} + {response_len} = {prompt_len + response_len} "
+                f"is not a multiple of {2 * cp}; choose lengths whose sum is"
+            )
     quantiles = wl.quantiles or ((1.0, wl.response_len),)
     if response_len < len(quantiles):
         raise ValueError(
@@ -604,7 +627,7 @@ def bind(
         key = (
             vert.model,
             choice.allocation.mask,
-            (st.extent, st.dp, st.pp, st.tp, st.zero, st.pp_tier, st.dp_tier),
+            (st.extent, st.dp, st.pp, st.tp, st.cp, st.cp_kind, st.zero, st.pp_tier, st.dp_tier),
         )
         if key not in keys:
             keys[key] = len(members)
@@ -643,6 +666,8 @@ def bind(
                     "none",
                 ),
                 zero=s.zero,  # one stage per group: the stage is part of the layout key
+                cp=s.cp,
+                cp_kind=s.cp_kind,
             )
         )
     return Binding(result, g, exec_graph, groups, group_of, shape, specs, steps)
@@ -657,7 +682,8 @@ def run_specs(results: list[Result], *, scale: str | dict = "tiny", vocab: int =
     is scaled (:func:`scale_spec`) to ``scale`` with the run's vocabulary
     (:func:`run_vocab`; ``vocab`` when no model has a checkpoint), enough layers for the deepest
     pipeline and heads divisible by the least common multiple of the TP degrees of all the
-    model's vertices in all the plans.
+    model's vertices in all the plans (``Pt·Pc`` for Ulysses context parallelism, which splits the
+    local heads again).
 
     Raises
     ------
@@ -683,7 +709,8 @@ def run_specs(results: list[Result], *, scale: str | dict = "tiny", vocab: int =
             if v.model == name
         ]
         min_layers = max((s.pp for s in users), default=1)
-        tp = math.lcm(*[s.tp for s in users]) if users else 1
+        # Ulysses context parallelism splits each TP rank's heads over its Pc ranks
+        tp = math.lcm(*[s.tp * (s.cp if s.cp_kind == "ulysses" else 1) for s in users]) if users else 1
         specs[name] = scale_spec(inst.spec, scale, vocab=vocab, min_layers=min_layers, tp=tp)
     return specs
 

@@ -332,7 +332,9 @@ class Controller:
         trace."""
         devices = sorted(self.procs)
         world_rank = {dev: i for i, dev in enumerate(devices)}
-        layouts = [(g.gid, [world_rank[d] for d in g.devices], g.dp, g.pp, g.tp) for g in self.b.groups]
+        layouts = [
+            (g.gid, [world_rank[d] for d in g.devices], g.replicas, g.pp, g.tp, g.cp) for g in self.b.groups
+        ]
         backend = "nccl" if self.cfg.use_gpu else "gloo"
         setups: dict[Any, int] = {}
         for dev in devices:

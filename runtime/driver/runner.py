@@ -358,9 +358,10 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
     Mixture-of-experts and latent-attention models (SPEC §15) are refused, naming the model: the
     runtime builds dense Hugging Face models with standard attention, and running such a plan as one would be the silent misreading the
     planner no longer does (expert parallelism on the torch engine is issue 30's next piece).
-    So are SPEC §15's splits of a dense model — sequence parallelism, context parallelism (ring or
-    Ulysses) and expert parallelism — which the bundled engines do not run yet: the message names
-    the ``rpeg solve`` switch that plans without them.
+    So are sequence parallelism and expert parallelism, which the bundled engines do not run yet,
+    and context parallelism (ring or Ulysses) where the torch engine does not run it
+    (:func:`_context_parallel_refusal`): the message names the ``rpeg solve`` switch that plans
+    without them.
 
     Raises
     ------
@@ -395,16 +396,26 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
                 f"vertex {v.name!r}: host offload (offload=true) is planned but {what}; plan for the "
                 "bundled engines with Cluster(..., host_offload=False) (rpeg solve --no-host-offload)"
             )
-        for flag, what, planned in (
-            ("--no-sequence-parallel", f"sequence parallelism (sp, tp={s.tp})", s.sp),
-            ("--no-context-parallel", f"context parallelism (cp={s.cp}, {s.cp_kind})", s.cp > 1),
-            ("--no-expert-parallel", f"expert parallelism (ep={s.ep})", s.ep > 1),
+        cp_why = _context_parallel_refusal(result, s, moves_state=moves_state)
+        for flag, what, planned, why in (
+            (
+                "--no-sequence-parallel",
+                f"sequence parallelism (sp, tp={s.tp})",
+                s.sp,
+                "the bundled engines do not run it yet",
+            ),
+            ("--no-context-parallel", f"context parallelism (cp={s.cp}, {s.cp_kind})", s.cp > 1, cp_why),
+            (
+                "--no-expert-parallel",
+                f"expert parallelism (ep={s.ep})",
+                s.ep > 1,
+                "the bundled engines do not run it yet",
+            ),
         ):
-            if planned:
+            if planned and why:
                 raise ValueError(
-                    f"vertex {v.name!r}: {what} is planned but the bundled engines do not run it yet "
-                    f"(docs/runtime.md); plan for them with rpeg solve {flag} (Cluster(..., "
-                    f"{flag[5:].replace('-', '_')}=False))"
+                    f"vertex {v.name!r}: {what} is planned but {why} (docs/runtime.md); plan for "
+                    f"them with rpeg solve {flag} (Cluster(..., {flag[5:].replace('-', '_')}=False))"
                 )
         runs = (2, 3) if v.role is not Role.GENERATION and not moves_state else (2,)
         if s.zero not in runs:
@@ -425,6 +436,24 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
                 f"⌈mb/U⌉ = {update_microbatches(s.mb, U)} per update, fewer than pp={s.pp}; plan "
                 f"mb >= {s.pp * U} or fewer mini_batches"
             )
+
+
+def _context_parallel_refusal(result: Result, s: Any, *, moves_state: bool) -> str:
+    """Why the torch engine cannot run strategy ``s``'s context parallelism in ``result`` (``""``:
+    it can). It runs ring and Ulysses attention for training and log-prob or value passes
+    (:mod:`~rpeg.runtime.worker.context`) of one pipeline stage, with token-summed losses; not
+    with pipeline stages (a stage would pass split hidden states), DPO (its loss is a nonlinear
+    function of each sequence's summed log-ratio, which a rank holding part of the positions
+    cannot form alone) or a move between plans (untested)."""
+    if s.cp == 1:
+        return ""
+    if s.pp > 1:
+        return f"the torch engine runs it with one pipeline stage only (pp={s.pp})"
+    if result.workload.algorithm == "dpo":
+        return "DPO's sequence-level loss needs each sequence's whole log-ratio on one rank"
+    if moves_state:
+        return "moving a context-parallel group's state between plans is not run yet"
+    return ""
 
 
 def rl_config(result: Result, rl: RLConfig | None) -> RLConfig:

@@ -273,7 +273,8 @@ def runtime_training_activation_bytes(
     """Activations a training microbatch keeps on the runtime's torch engine, bytes.
 
     Recomputation ``none``: ``sb·min(mb, Pp)·b·ℓ·((L/Pp)·a_run + 2·h_d + 3d + 1)``
-    (:func:`runtime_activation_width`; ``b = n/(Pd·mb)``, ``ℓ = tokens``) — per stage the rotary
+    (:func:`runtime_activation_width`; ``b = n/(Pd·mb)``, ``ℓ = tokens/Pc``, a context-parallel
+    rank's positions; ``ℓ = tokens`` for the logits, which it scatters to full length) — per stage the rotary
     embedding's ``cos`` and ``sin`` (``2·h_d``, shared by its layers) and, on the last stage, the
     final RMSNorm's input (the last layer's output), ``x̂``, output and ``rsqrt`` (``3d + 1``;
     charged to the worst stage) — plus, with an LM head, the float32 logits and their gradient,
@@ -292,6 +293,7 @@ def runtime_training_activation_bytes(
 
     s = layout.strategy
     b = sequences / (s.dp * s.mb)
+    own = tokens / s.cp  # a context-parallel rank's positions (its logits are scattered to full length)
     last = stage is None or stage == s.pp - 1
     alive = min(s.mb, s.pp if stage is None else s.pp - stage)
     if s.recompute is Recompute.NONE:
@@ -300,7 +302,7 @@ def runtime_training_activation_bytes(
             + 2.0 * model.head_dim
             + (3.0 * model.hidden + 1.0 if last else 0.0)
         )
-        act = model.dtype_bytes * alive * b * tokens * per_token
+        act = model.dtype_bytes * alive * b * own * per_token
     else:  # SPEC's count: uniform L/Pp, linear in the microbatches alive
         worst = training_activation_bytes(model, layout, sequences=sequences, tokens=tokens)
         act = worst * alive / min(s.mb, s.pp)
@@ -393,16 +395,17 @@ def training_transient_bytes(
     act = runtime_training_activation_bytes(
         model, layout, sequences=sequences, tokens=tokens, head=head, stage=stage
     )
-    if s.dp == 1:
+    replicas = s.dp * s.cp  # FSDP2 shards over the data- and context-parallel ranks
+    if replicas == 1:
         return act + grads
     if s.zero != 3:
-        return max(act + grads, (2.0 + 1.0 / s.dp) * grads)
+        return max(act + grads, (2.0 + 1.0 / replicas) * grads)
     layer = model.layer_params / s.tp
     root = w - _stage_layers(model, s.pp, stage) * layer
     gathered = (2.0 * layer + root) * sb
     unit = max(layer, root) * sb
-    held = grads if s.mb > 1 else grads / s.dp
-    return act + gathered + held + (1.0 + 1.0 / s.dp) * unit
+    held = grads if s.mb > 1 else grads / replicas
+    return act + gathered + held + (1.0 + 1.0 / replicas) * unit
 
 
 def node_sequences(binding: Binding) -> dict[str, int]:
@@ -511,16 +514,26 @@ def predicted_memory(
     for g in binding.groups:
         spec = replace(g.spec, dtype_bytes=4)  # the CPU runtime computes in float32
         sb = spec.dtype_bytes
-        sharded = g.zero == 3 and g.dp > 1
+        sharded = g.zero == 3 and g.replicas > 1
         lay = Layout(
             Strategy(
-                (1, 1, g.size), g.dp, g.pp, g.tp, g.mb, recompute=g.recompute_run, zero=3 if sharded else 2
+                (1, 1, g.size),
+                g.dp,
+                g.pp,
+                g.tp,
+                g.mb,
+                recompute=g.recompute_run,
+                zero=3 if sharded else 2,
+                cp=g.cp,
+                cp_kind=g.cp_kind,
             )
         )
         w = weight_shard_params(spec, g.pp, g.tp, g.head)
         persistent = w * sb
         if g.trains:
-            persistent += training_state_bytes(spec, lay, g.head) - (MASTER_BYTES * w if g.dp == 1 else 0.0)
+            persistent += training_state_bytes(spec, lay, g.head) - (
+                MASTER_BYTES * w if g.replicas == 1 else 0.0
+            )
         role = Role.TRAINING if g.trains else Role.INFERENCE
         zero3 = zero_state_bytes(spec, role, lay, g.head) if sharded else None
         if zero3 is not None:  # the registered shards (a trainer's masters): SPEC's state alone

@@ -42,7 +42,7 @@ TOLERANCE = 1e-9
 #: Problems the CLI prints before summarising the rest.
 CLI_SHOWN = 20
 _KIND_NAMES = ("op", "comm", "reshard")
-_LAYOUT_KEYS = ("dp", "pp", "tp", "mb")
+_LAYOUT_KEYS = ("dp", "pp", "tp", "mb", "cp")
 
 
 class TraceError(ValueError):
@@ -123,7 +123,13 @@ def verify(trace: Trace | str | os.PathLike, result: Result | str | os.PathLike)
         tau=dict(rg.staleness),
         sizes=[c.allocation.size for c in result.plan.choices],
         layouts=[
-            {"dp": c.strategy.dp, "pp": c.strategy.pp, "tp": c.strategy.tp, "mb": c.strategy.mb}
+            {
+                "dp": c.strategy.dp,
+                "pp": c.strategy.pp,
+                "tp": c.strategy.tp,
+                "mb": c.strategy.mb,
+                "cp": c.strategy.cp,
+            }
             for c in result.plan.choices
         ],
     )
@@ -245,19 +251,20 @@ def _check_bindings(
 
 
 def _check_layouts(matched: dict[int, TraceRecord], plan: _Plan, problems: list[str]) -> None:
-    """Check 3: each record's ``layout`` has the planned ``(dp, pp, tp, mb)`` of its vertex.
+    """Check 3: each record's ``layout`` has the planned ``(dp, pp, tp, mb, cp)`` of its vertex
+    (a record without ``cp``, as every trace before context parallelism, has ``Pc = 1``).
 
     For COMM/RESHARD records the vertex is the consumer, so this is the destination layout.
-    Keys other than these four are ignored.
+    Other keys are ignored.
     """
     for i in sorted(matched):
         r = matched[i]
         v = plan.graph.vertex[i]
         want = plan.layouts[v]
-        got = {k: r.layout.get(k) for k in _LAYOUT_KEYS}
+        got = {k: r.layout.get(k, 1 if k == "cp" else None) for k in _LAYOUT_KEYS}
         if got != want:
             what = "layout" if plan.graph.kind[i] == OP else "destination layout"
-            found = {k: r.layout.get(k, "missing") for k in _LAYOUT_KEYS}
+            found = {k: r.layout.get(k, 1 if k == "cp" else "missing") for k in _LAYOUT_KEYS}
             problems.append(f"{_at(r)}: {what} {found} but the plan has {want} for {plan.names[v]}")
 
 

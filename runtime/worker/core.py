@@ -39,6 +39,7 @@ from ...ir.types import Head
 from ..binding import GroupSpec, RunShape
 from ..config import RLConfig
 from .checkpoints import WorkerCheckpoints
+from .context import ContextParallel
 from .memory import EXACT_HEAP_THRESHOLD, PrivatePeak, WorkerMemory, map_large_blocks
 from .model import StageModel
 from .ops import PackedOutput, WorkerOps
@@ -142,7 +143,9 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
             raise RuntimeError(
                 f"worker {group.worker(rank)}: its process holds rank {groups.rank} of the group"
             )
-        self.mesh = make_mesh(groups, group.dp, group.pp, group.tp, "cuda" if backend == "nccl" else "cpu")
+        self.mesh = make_mesh(
+            groups, group.replicas, group.pp, group.tp, "cuda" if backend == "nccl" else "cpu", cp=group.cp
+        )
         lo, hi = stage_layer_ranges(group.spec.layers, group.pp)[self.mesh.p]
         self.layer_range = (lo, hi)
         # a CPU worker's private memory is then the memory its tensors hold, which the cost model
@@ -160,6 +163,11 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
             first=self.mesh.first,
             last=self.mesh.last,
             recompute=group.recompute_run,
+            context=(
+                ContextParallel(self.mesh.cp_group, group.cp, self.mesh.c, group.cp_kind)
+                if group.cp > 1
+                else None
+            ),
         )
         if group.spec.checkpoint:  # the plan's model, with the user's weights (full size)
             from ..engines.hf_models import load_stage_weights
@@ -223,6 +231,11 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
             # the Ray node the process runs on (several may share a host: nodes started on one machine)
             "node": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
             "coords": (self.mesh.d, self.mesh.p, self.mesh.t),
+            **(
+                {"context": {"cp": self.group.cp, "c": self.mesh.c, "kind": self.group.cp_kind}}
+                if self.group.cp > 1
+                else {}
+            ),
             "layers": self.layer_range,
             "params": sum(local(p).numel() for p in self.model.parameters()),
             "optimizer": None if self.optimizer is None else ("fsdp2" if self.optimizer.sharded else "adam"),
@@ -239,7 +252,10 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
         return full_shapes(self.group.spec, self.group.head)
 
     def _emits(self) -> bool:
-        return self.mesh.last and self.mesh.t == 0
+        """Whether this rank hands its node's outputs on: the last stage's first TP rank of each
+        data-parallel rank (context-parallel ranks, which all end with the whole output, leave it
+        to CP rank 0)."""
+        return self.mesh.last and self.mesh.t == 0 and self.mesh.c == 0
 
     def _check_fault(self, vertex: str, step: int) -> None:
         if self.fail_at is None or tuple(self.fail_at[:2]) != (vertex, step):

@@ -40,6 +40,8 @@ from ...ir.types import Head
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
+    from .context import ContextParallel
+
 __all__ = [
     "KVCache",
     "StageModel",
@@ -167,6 +169,7 @@ class StageModel(nn.Module):
         first: bool = True,
         last: bool = True,
         recompute: str = "none",
+        context: ContextParallel | None = None,
     ) -> None:
         from ..engines.hf_models import family_modules, hf_config
 
@@ -184,6 +187,12 @@ class StageModel(nn.Module):
         self.spec, self.head, self.seed = spec, Head(head), seed
         self.layer_range, self.first, self.last = (start, stop), first, last
         self.config = hf_config(spec)
+        self.context = context
+        if context is not None and context.size > 1:  # the layers' attention exchanges over the CP group
+            from .context import ATTENTION, register
+
+            register()
+            self.config._attn_implementation = ATTENTION  # attach() below gives each layer the group
         hf = family_modules(spec.family)
         self.model = _Backbone()
         if first:
@@ -199,6 +208,8 @@ class StageModel(nn.Module):
             if self.head in (Head.SCALAR, Head.BOTH):
                 self.value_head = nn.Linear(spec.hidden, 1)
         self._init_weights()
+        if self.context is not None and self.context.size > 1:
+            self.context.attach(self)
 
     @torch.no_grad()
     def _init_weights(self) -> None:
@@ -299,9 +310,42 @@ class StageModel(nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """``heads(forward_hidden(x))`` on the last stage, ``forward_hidden(x)`` on the others
         and with ``heads=False`` (a caller that applies :meth:`heads` in chunks; through the
-        module call, so FSDP2 gathers the root's parameters for it as for a whole pass)."""
+        module call, so FSDP2 gathers the root's parameters for it as for a whole pass).
+
+        With a context-parallel group (``context``, ``Pc > 1``) a pass without a cache takes the
+        whole sequences ``x`` (``[b, S]``), runs this rank's positions of them
+        (:func:`~rpeg.runtime.worker.context.zigzag_positions`) and returns the full-length output
+        with zeros at the other ranks' positions: summed over the CP group it is the unsplit
+        model's output (:meth:`own_positions` names the rank's)."""
+        if self.context is not None and self.context.size > 1:
+            if cache is not None or positions is not None:
+                raise ValueError(
+                    "StageModel: a context-parallel model runs whole sequences without a cache or "
+                    "positions (its generation runs on another layout)"
+                )
+            length = x.shape[1]
+            pos = self.context.positions(length).to(x.device)
+            h = self.forward_hidden(x[:, pos], positions=pos)
+            return _scatter_positions(self.heads(h) if self.last and heads else h, pos, length)
         h = self.forward_hidden(x, positions=positions, cache=cache)
         return self.heads(h) if self.last and heads else h
+
+    def own_positions(self, length: int) -> Tensor:
+        """Whether each of ``length`` positions is computed on this rank (all of them without
+        context parallelism), as a bool ``[length]``."""
+        own = torch.ones(length, dtype=torch.bool)
+        if self.context is not None and self.context.size > 1:
+            own = torch.zeros(length, dtype=torch.bool)
+            own[self.context.positions(length)] = True
+        return own
+
+
+def _scatter_positions(out: Tensor | tuple[Tensor, Tensor], pos: Tensor, length: int) -> Tensor | tuple:
+    """Outputs at positions ``pos`` placed in zeros of ``length`` positions (dim 1; autograd-aware)."""
+    if isinstance(out, tuple):
+        return tuple(_scatter_positions(o, pos, length) for o in out)
+    full = out.new_zeros((out.shape[0], length, *out.shape[2:]))
+    return full.index_copy(1, pos.to(out.device), out)
 
 
 # ---------------------------------------------------------------------------------------------- sampling

@@ -160,8 +160,16 @@ class WorkerOps:
     ) -> torch.Tensor | None:
         """Run this stage on ``b × s`` positions; hidden states travel stage to stage by P2P.
         Returns the last stage's output (heads applied; its hidden states before the final norm
-        with ``heads=False``), ``None`` on other stages."""
+        with ``heads=False``), ``None`` on other stages. With context parallelism (``Pc > 1``, one
+        stage, no cache: a log-prob or value pass) every CP rank computes its positions and one
+        AllReduce over the CP group gives each the whole output (the others' positions are zeros,
+        so the sum is exact)."""
         m = self.mesh
+        if m.cp > 1:  # one stage: each CP rank computes its positions, the sum is the whole output
+            out = self.model(x, heads=heads)
+            for t in out if isinstance(out, tuple) else (out,):
+                dist.all_reduce(t, group=m.cp_group)
+            return out
         if not m.first:
             x = torch.empty(b, s, self.group.spec.hidden)
             dist.recv(x, group=m.group, group_src=m.prev_rank())
@@ -190,13 +198,14 @@ class WorkerOps:
 
     def _my_slice(self, n: int) -> torch.Tensor:
         """Indices of this DP rank's sequences among ``n``: every ``Pd``-th from its DP rank
-        ``d`` (``d, d + Pd, d + 2·Pd, …``; ``⌈n/Pd⌉`` or ``⌊n/Pd⌋`` of them).
+        ``d`` (``d, d + Pd, d + 2·Pd, …``; ``⌈n/Pd⌉`` or ``⌊n/Pd⌋`` of them). The context-parallel
+        ranks of a DP rank share its sequences (:attr:`~rpeg.runtime.worker.parallel.Mesh.data_rank`).
 
         Strided, not contiguous: a step's sequences are indexed by response length (shortest
         first, :meth:`RunShape.response_lengths`), so contiguous blocks gave the last DP rank every
         long response — its replica generated 1.9–2.9× longer than the first — where the cost
         model splits each length phase evenly over the ``Pd`` ranks."""
-        return torch.arange(self.mesh.d, n, self.group.dp)
+        return torch.arange(self.mesh.data_rank, n, self.group.dp)
 
     # ------------------------------------------------------------------ OP nodes
     def op(self, node: NodeCall, inputs: dict[str, list]) -> tuple[dict[str, Any], Any, Any]:
@@ -421,6 +430,10 @@ class WorkerOps:
         elif algorithm == "remax" and "baseline" not in batch:
             batch = {**batch, "baseline": self._greedy_baseline(node, batch)}
         target = self._targets(node, batch)
+        if self.mesh.cp > 1:  # each CP rank's loss counts the response tokens its positions predict
+            sh = self.shape
+            own = self.model.own_positions(sh.prompt_len + sh.response_len)
+            target[..., _MASK] *= own[response_slice(sh.prompt_len, sh.response_len)].float()
         # were the rollouts sampled with the weights trained here? (τ = 0, or the run's first
         # version; not the first step after a transition, whose rollouts read the version before it)
         same_weights = (

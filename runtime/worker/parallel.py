@@ -72,6 +72,19 @@ class Mesh:
     pp_group: object
     dp_mesh: object = None
     group: object = None
+    cp: int = 1
+    cp_group: object = None
+
+    @property
+    def data_rank(self) -> int:
+        """The rank's data-parallel index ``d // Pc``: context-parallel ranks (``cp > 1``) count
+        as weight replicas in :attr:`d` (replica ``d = data_rank·Pc + c``) but share sequences."""
+        return self.d // self.cp
+
+    @property
+    def c(self) -> int:
+        """The rank's context-parallel index ``d mod Pc``."""
+        return self.d % self.cp
 
     def global_rank(self, d: int, p: int, t: int) -> int:
         """Rank of coordinates ``(d, p, t)`` in the group."""
@@ -124,7 +137,7 @@ _WORLDS = itertools.count()
 
 
 def plan_groups(
-    layouts: list[tuple[int, list[int], int, int, int]], world_rank: int, timeout: Any = None
+    layouts: list[tuple[int, ...]], world_rank: int, timeout: Any = None
 ) -> dict[int, RankGroups]:
     """Create the process groups of every worker group of a run, as subgroups of its world.
 
@@ -136,6 +149,11 @@ def plan_groups(
     group; no barrier is taken): every process calls this with the same ``layouts``, ``(gid,
     ranks, dp, pp, tp)`` in gid order. ``timeout`` (a ``datetime.timedelta``; ``None``: the
     world's) bounds the groups' rendezvous and collectives.
+
+    A sixth element ``cp`` (context parallelism, 1 by default) makes the group's ``dp`` weight
+    replicas ``dp/cp`` data-parallel ranks of ``cp`` context-parallel ones each (replica
+    ``d·cp + c``): a subgroup ``"cp"`` per line of the ``(dp/cp, cp, pp, tp)`` rank tensor along
+    its second dimension is made too.
 
     Returns
     -------
@@ -153,7 +171,10 @@ def plan_groups(
     """
     out: dict[int, RankGroups] = {}
     world = next(_WORLDS)
-    for gid, ranks, dp, pp, tp in layouts:
+    for gid, ranks, dp, pp, tp, *rest in layouts:
+        cp = rest[0] if rest else 1
+        if dp % cp:
+            raise ValueError(f"group g{gid}: {dp} weight replicas are not a multiple of cp={cp}")
         if len(ranks) != dp * pp * tp or list(ranks) != sorted(set(ranks)):
             raise ValueError(
                 f"group g{gid}: world ranks {list(ranks)} are not {dp}·{pp}·{tp} distinct ranks in increasing "
@@ -168,12 +189,17 @@ def plan_groups(
                 sub = dist.new_group(line, timeout=timeout)
                 if world_rank in line:
                     dims[name] = sub
+        if cp > 1:
+            for line in mesh.view(dp // cp, cp, pp, tp).movedim(1, -1).reshape(-1, cp).tolist():
+                sub = dist.new_group(line, timeout=timeout)
+                if world_rank in line:
+                    dims["cp"] = sub
         if world_rank in ranks:
             out[gid] = RankGroups(list(ranks).index(world_rank), whole, dims, mesh, f"g{gid}w{world}")
     return out
 
 
-def make_mesh(groups: RankGroups, dp: int, pp: int, tp: int, device_type: str) -> Mesh:
+def make_mesh(groups: RankGroups, dp: int, pp: int, tp: int, device_type: str, cp: int = 1) -> Mesh:
     """The ``(dp, pp, tp)`` device mesh of one rank of a worker group, over the process groups
     :func:`plan_groups` made (``DeviceMesh.from_group``: no group is created here).
 
@@ -212,6 +238,8 @@ def make_mesh(groups: RankGroups, dp: int, pp: int, tp: int, device_type: str) -
         mesh.get_group(names[1]),
         dp_mesh,
         groups.whole,
+        cp,
+        groups.dims.get("cp"),
     )
 
 

@@ -108,7 +108,7 @@ class WorkerProcess:
         self,
         master: str,
         world: tuple[int, int],
-        layouts: list[tuple[int, list[int], int, int, int]],
+        layouts: list[tuple[int, ...]],
         local: list[tuple[GroupSpec, int, tuple[Any, ...]]],
         backend: str = "gloo",
         *,
