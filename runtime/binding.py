@@ -74,6 +74,7 @@ def scale_spec(
     vocab: int,
     min_layers: int = 1,
     tp: int = 1,
+    ep: int = 1,
 ) -> ModelSpec:
     """A scaled-down copy of ``spec`` that runs on CPUs and splits evenly over ``tp`` ranks.
 
@@ -86,6 +87,11 @@ def scale_spec(
     ``ffn_hidden = 2·hidden``. The FFN is the family's SiLU-gated one (``ffn_projections = 3``, also
     for a two-projection shape such as GPT-3's: the runtime's architectures are gated);
     ``family`` and ``tied_embeddings`` are those of ``spec``, ``vocab`` is the task's.
+
+    A mixture-of-experts spec keeps its kind with ``E = Pe·⌈8/Pe⌉`` experts (at least 8, a
+    multiple of ``ep``), ``k = min(k, 2)`` per token, expert FFN width ``hidden/2`` and, where the
+    model has dense layers, layer 0 dense; its shared experts and latent attention are kept (the
+    runtime refuses them, :func:`~rpeg.runtime.driver.runner.check_engine_choices`).
 
     A dict starts from ``"tiny"`` and overrides the given :class:`ModelSpec` fields; fields derived
     from an overridden one follow it unless given too (``head_dim = hidden/heads``,
@@ -118,6 +124,14 @@ def scale_spec(
         "vocab": vocab,
         "checkpoint": "",  # a scaled model has seeded weights, whatever the plan's model was
     }
+    if spec.is_moe:
+        layers = int(fields["layers"])  # type: ignore[call-overload]
+        fields |= {
+            "experts": ep * math.ceil(8 / ep),
+            "experts_active": min(spec.experts_active, 2),
+            "expert_ffn": hidden // 2,
+            "dense_layers": (0,) if spec.dense_layers and layers > 1 else (),
+        }
     if isinstance(scale, dict):
         known = set(ModelSpec.__dataclass_fields__)
         for key in scale:
@@ -270,6 +284,10 @@ class GroupSpec:
         same weights: the group has :attr:`replicas` ``= Pd·Pc`` weight replicas, replica
         ``r = d·Pc + c``, and rank ``r·(Pp·Pt) + p·Pt + t`` — the plan's rank order ``tp, cp, pp,
         dp`` when ``Pp = 1``, the only pipeline depth the runtime runs with ``Pc > 1``.
+    ep
+        Expert parallelism (SPEC §15.2): blocks of ``Pe`` consecutive weight replicas each hold
+        all experts of a mixture-of-experts model between them, ``E/Pe`` per rank
+        (:mod:`~rpeg.runtime.worker.experts`).
     """
 
     gid: int
@@ -290,6 +308,7 @@ class GroupSpec:
     zero: int = 2
     cp: int = 1
     cp_kind: str = "ring"
+    ep: int = 1
 
     @property
     def size(self) -> int:
@@ -316,9 +335,9 @@ class GroupSpec:
         return [self.worker(r) for r in range(self.size)]
 
     def layout(self) -> dict[str, int]:
-        """``{"dp", "pp", "tp", "mb"}``, and ``"cp"`` where ``Pc > 1``."""
+        """``{"dp", "pp", "tp", "mb"}``, and ``"cp"``, ``"ep"`` where above 1."""
         out = {"dp": self.dp, "pp": self.pp, "tp": self.tp, "mb": self.mb}
-        return out | ({"cp": self.cp} if self.cp > 1 else {})
+        return out | {k: v for k, v in (("cp", self.cp), ("ep", self.ep)) if v > 1}
 
 
 @dataclass
@@ -627,7 +646,7 @@ def bind(
         key = (
             vert.model,
             choice.allocation.mask,
-            (st.extent, st.dp, st.pp, st.tp, st.cp, st.cp_kind, st.zero, st.pp_tier, st.dp_tier),
+            (st.extent, st.dp, st.pp, st.tp, st.cp, st.cp_kind, st.ep, st.zero, st.pp_tier, st.dp_tier),
         )
         if key not in keys:
             keys[key] = len(members)
@@ -668,6 +687,7 @@ def bind(
                 zero=s.zero,  # one stage per group: the stage is part of the layout key
                 cp=s.cp,
                 cp_kind=s.cp_kind,
+                ep=s.ep,
             )
         )
     return Binding(result, g, exec_graph, groups, group_of, shape, specs, steps)
@@ -683,7 +703,7 @@ def run_specs(results: list[Result], *, scale: str | dict = "tiny", vocab: int =
     (:func:`run_vocab`; ``vocab`` when no model has a checkpoint), enough layers for the deepest
     pipeline and heads divisible by the least common multiple of the TP degrees of all the
     model's vertices in all the plans (``Pt·Pc`` for Ulysses context parallelism, which splits the
-    local heads again).
+    local heads again), and a mixture-of-experts model's experts divisible by their EP degrees.
 
     Raises
     ------
@@ -711,7 +731,8 @@ def run_specs(results: list[Result], *, scale: str | dict = "tiny", vocab: int =
         min_layers = max((s.pp for s in users), default=1)
         # Ulysses context parallelism splits each TP rank's heads over its Pc ranks
         tp = math.lcm(*[s.tp * (s.cp if s.cp_kind == "ulysses" else 1) for s in users]) if users else 1
-        specs[name] = scale_spec(inst.spec, scale, vocab=vocab, min_layers=min_layers, tp=tp)
+        ep = math.lcm(*[s.ep for s in users]) if users else 1
+        specs[name] = scale_spec(inst.spec, scale, vocab=vocab, min_layers=min_layers, tp=tp, ep=ep)
     return specs
 
 

@@ -333,7 +333,8 @@ class Controller:
         devices = sorted(self.procs)
         world_rank = {dev: i for i, dev in enumerate(devices)}
         layouts = [
-            (g.gid, [world_rank[d] for d in g.devices], g.replicas, g.pp, g.tp, g.cp) for g in self.b.groups
+            (g.gid, [world_rank[d] for d in g.devices], g.replicas, g.pp, g.tp, g.cp, g.ep)
+            for g in self.b.groups
         ]
         backend = "nccl" if self.cfg.use_gpu else "gloo"
         setups: dict[Any, int] = {}
@@ -532,6 +533,8 @@ class Controller:
             if not g.trains:
                 continue
             if handover == "auto" and g.pp * g.tp > 1 and not getattr(self.cfg, "use_gpu", False):
+                continue
+            if g.ep > 1:  # an expert-parallel replica holds only its experts: no whole model per device
                 continue
             reads = [
                 nd

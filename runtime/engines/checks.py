@@ -109,14 +109,27 @@ def check_rollout_layout(groups: list[GroupSpec], engine: str) -> None:
 
 
 def _expected_names(spec: ModelSpec) -> list[str]:
+    """The checkpoint tensor names of ``spec`` as the runtime builds it (a mixture-of-experts
+    spec as Qwen3-MoE, with per-expert names: ``hf_models.checkpoint_state``)."""
     names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
-    bias = spec.family == "qwen2"
+    bias = spec.family == "qwen2" and not spec.is_moe
+    dense = set(spec.dense_layers)
     for i in range(spec.layers):
         pre = f"model.layers.{i}."
         names += [f"{pre}self_attn.{p}_proj.weight" for p in "qkvo"]
         if bias:
             names += [f"{pre}self_attn.{p}_proj.bias" for p in "qkv"]
-        names += [f"{pre}mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
+        if spec.is_moe:
+            names += [f"{pre}self_attn.q_norm.weight", f"{pre}self_attn.k_norm.weight"]
+        if spec.is_moe and i not in dense:
+            names.append(f"{pre}mlp.gate.weight")
+            names += [
+                f"{pre}mlp.experts.{e}.{p}_proj.weight"
+                for e in range(spec.experts)
+                for p in ("gate", "up", "down")
+            ]
+        else:
+            names += [f"{pre}mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
         names += [f"{pre}input_layernorm.weight", f"{pre}post_attention_layernorm.weight"]
     return names
 

@@ -27,20 +27,32 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKPOINT_FILE",
+    "MOE_FAMILY",
     "FamilyModules",
     "causal_lm",
+    "checkpoint_state",
     "family_modules",
     "hf_config",
     "load_checkpoint",
     "load_stage_weights",
+    "runtime_family",
     "save_checkpoint",
 ]
 
 
+#: The ``transformers`` architecture the runtime builds a mixture-of-experts model of (SPEC §15.1):
+#: Qwen3-MoE's decoder layer — attention with per-head RMSNorm on queries and keys, a top-``k``
+#: softmax router with the chosen weights renormalised, ``E`` SiLU-gated experts stored as two
+#: stacked tensors (``mlp.experts.gate_up_proj`` ``[E, 2·d_e, d]``, ``mlp.experts.down_proj``
+#: ``[E, d, d_e]``) and dense layers where ``dense_layers`` says (``mlp_only_layers``). Every
+#: MoE spec without shared experts or latent attention runs as this class (Mixtral's layer is the
+#: same but for the query/key norms).
+MOE_FAMILY = "qwen3_moe"
+
 #: The weights file of a checkpoint written by :func:`save_checkpoint`.
 CHECKPOINT_FILE = "model.safetensors"
 
-_PREFIX = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}
+_PREFIX = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", MOE_FAMILY: "Qwen3Moe"}
 _RMS_EPS = 1e-5
 _ROPE_THETA = 10000.0
 
@@ -55,6 +67,37 @@ class FamilyModules:
     ForCausalLM: type
 
 
+def runtime_family(spec: ModelSpec) -> str:
+    """The ``transformers`` family the runtime builds ``spec`` as: :data:`MOE_FAMILY` for a
+    mixture-of-experts spec, ``spec.family`` otherwise."""
+    return MOE_FAMILY if spec.is_moe else spec.family
+
+
+def checkpoint_state(state: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """``state`` under the checkpoint names vLLM and the Hugging Face hub use: a
+    mixture-of-experts layer's stacked experts split into ``mlp.experts.{e}.gate_proj.weight``
+    (rows ``0 … d_e − 1`` of ``gate_up_proj[e]``), ``….up_proj.weight`` (rows ``d_e … 2·d_e − 1``)
+    and ``….down_proj.weight`` (``down_proj[e]``), as ``transformers``' ``save_pretrained``
+    writes them. A dense spec's state is returned as it is."""
+    if not spec.is_moe:
+        return state
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            pre = name[: -len("gate_up_proj")]
+            gate, up = t.chunk(2, dim=1)
+            for e in range(t.shape[0]):
+                out[f"{pre}{e}.gate_proj.weight"] = gate[e]
+                out[f"{pre}{e}.up_proj.weight"] = up[e]
+        elif name.endswith("mlp.experts.down_proj"):
+            pre = name[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{pre}{e}.down_proj.weight"] = t[e]
+        else:
+            out[name] = t
+    return out
+
+
 def family_modules(family: str) -> FamilyModules:
     """``transformers.models.<family>.modeling_<family>``'s decoder layer, RMSNorm, rotary
     embedding and causal-LM classes.
@@ -67,7 +110,7 @@ def family_modules(family: str) -> FamilyModules:
         If ``transformers`` is not installed.
     """
     if family not in _PREFIX:
-        raise ValueError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}")
+        raise ValueError(f"unknown model family {family!r}; known: {', '.join((*FAMILIES, MOE_FAMILY))}")
     mod = require(f"transformers.models.{family}.modeling_{family}", purpose="the runtime's models")
     p = _PREFIX[family]
     return FamilyModules(
@@ -86,6 +129,10 @@ def hf_config(spec: ModelSpec, *, max_positions: int = 4096) -> Any:
     θ = 10⁴, SiLU-gated FFN, float32, untied embeddings (a tie across pipeline stages would couple
     two stages' updates: see :class:`~rpeg.runtime.worker.model.StageModel`), no sliding window, SDPA
     attention (causal without a mask). Qwen2 keeps its q/k/v biases.
+
+    A mixture-of-experts spec gets Qwen3-MoE's config (:data:`MOE_FAMILY`): ``num_experts = E``,
+    ``num_experts_per_tok = k``, ``moe_intermediate_size = d_e``, ``intermediate_size = dff``
+    (its dense layers'), ``mlp_only_layers`` its ``dense_layers``, the chosen weights renormalised.
 
     A spec with a :attr:`~rpeg.ir.models.ModelSpec.checkpoint` gets that directory's own
     ``config.json`` instead (its RoPE θ and scaling, norm ε, positions), with the same
@@ -106,8 +153,18 @@ def hf_config(spec: ModelSpec, *, max_positions: int = 4096) -> Any:
         extra["use_sliding_window"] = False
     if spec.family == "mistral":
         extra["sliding_window"] = None
+    if spec.is_moe:
+        extra |= {
+            "num_experts": spec.experts,
+            "num_experts_per_tok": spec.experts_active,
+            "moe_intermediate_size": spec.expert_ffn,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": list(spec.dense_layers),
+            "norm_topk_prob": True,
+            "use_sliding_window": False,
+        }
     config = transformers.AutoConfig.for_model(
-        spec.family,
+        runtime_family(spec),
         vocab_size=spec.vocab,
         hidden_size=spec.hidden,
         intermediate_size=spec.ffn_hidden,
@@ -124,6 +181,8 @@ def hf_config(spec: ModelSpec, *, max_positions: int = 4096) -> Any:
         **extra,
     )
     config._attn_implementation = "sdpa"
+    if spec.is_moe:
+        config._experts_implementation = "eager"  # the experts' own loop (no grouped-GEMM kernel on CPU)
     return config
 
 
@@ -146,9 +205,11 @@ def save_checkpoint(
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     config = hf_config(spec, max_positions=max_positions)
-    config.architectures = [family_modules(spec.family).ForCausalLM.__name__]
+    config.architectures = [family_modules(runtime_family(spec)).ForCausalLM.__name__]
     weights = {
-        k: v.detach().float().contiguous() for k, v in state.items() if not k.startswith("value_head.")
+        k: v.detach().float().contiguous()
+        for k, v in checkpoint_state(state, spec).items()
+        if not k.startswith("value_head.")
     }
     expected = set(_expected_names(spec))
     missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
@@ -251,7 +312,7 @@ def causal_lm(spec: ModelSpec, state: dict[str, torch.Tensor]) -> Any:
     RuntimeError
         If ``state`` does not fit the model (``load_state_dict(strict=True)``).
     """
-    model = family_modules(spec.family).ForCausalLM(hf_config(spec))
+    model = family_modules(runtime_family(spec)).ForCausalLM(hf_config(spec))
     lm = {k: v for k, v in state.items() if not k.startswith("value_head.")}
     model.load_state_dict(lm, strict=True)
     return model.float().eval()

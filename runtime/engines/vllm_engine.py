@@ -347,13 +347,56 @@ class WeightSyncExtension:
                     yield name, t
 
         self.reload_weights(weights_iterator=tensors())  # type: ignore[attr-defined]
+        repacked = _prepack_cpu_experts(self.model_runner.get_model())  # type: ignore[attr-defined]
         return {
+            "repacked_moe_layers": repacked,
             "rank": int(getattr(self, "rank", 0)),
             "checksum": digest.hexdigest() if checksum else None,
             "tensors": seen[0],
             "bytes": seen[1],
             "seconds": time.perf_counter() - start,
         }
+
+
+def _prepack_cpu_experts(model: torch.nn.Module) -> int:
+    """Redo the CPU build's expert prepacking after an in-place reload; returns the layers redone.
+
+    vLLM 0.32's unquantized MoE method sets its kernel up once: on a weight update
+    (``UnquantizedFusedMoEMethod._setup_kernel`` with a kernel already there) it copies the new
+    weights into the parameters but skips the experts' ``process_weights_after_loading``, which on
+    CPU packs ``w13``/``w2`` into the grouped-GEMM layout (``cpu_prepack_moe_weight``). The kernel
+    then reads unpacked weights as packed ones: measured on a tiny Qwen3-MoE, the log-prob gap to
+    ``transformers`` was 0.45 after an update of the experts alone (4.8e-7 before it), with every
+    checksum matching. Running the experts' own step again on the updated weights brings it back
+    to 4.8e-7 (``tests/runtime/test_expert_parallel.py`` checks every step's gap of an MoE run). Layers whose expert width vLLM pads are
+    refused: their parameters would not hold the checkpoint's layout to repack.
+    """
+    redone = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is None or type(experts).__name__ not in _CPU_EXPERTS:
+            continue
+        moe = experts.moe_config
+        if experts._padded_intermediate_size(moe) != moe.intermediate_size_per_partition:
+            raise RuntimeError(
+                f"vLLM pads this MoE layer's expert width {moe.intermediate_size_per_partition}; "
+                "rpeg cannot repack its experts after a weight update (use the torch rollout engine)"
+            )
+        experts.process_weights_after_loading(module)
+        redone += 1
+    return redone
+
+
+#: vLLM 0.32's CPU expert classes whose weights are prepacked (:func:`_prepack_cpu_experts`).
+_CPU_EXPERTS = frozenset(
+    {
+        "CPUUnquantizedExperts",
+        "X86CPUUnquantizedExperts",
+        "ArmCPUUnquantizedExperts",
+        "PowerCPUUnquantizedExperts",
+    }
+)
 
 
 # -------------------------------------------------------------------------------------------- engine

@@ -387,7 +387,7 @@ def training_transient_bytes(
     s = layout.strategy
     sb = model.dtype_bytes
     w = (
-        weight_shard_params(model, s.pp, s.tp, head)
+        weight_shard_params(model, s.pp, s.tp, head, s.ep)
         if stage is None
         else stage_params(model, s.pp, s.tp, head, stage)
     )
@@ -526,9 +526,10 @@ def predicted_memory(
                 zero=3 if sharded else 2,
                 cp=g.cp,
                 cp_kind=g.cp_kind,
+                ep=g.ep,
             )
         )
-        w = weight_shard_params(spec, g.pp, g.tp, g.head)
+        w = weight_shard_params(spec, g.pp, g.tp, g.head, g.ep)
         persistent = w * sb
         if g.trains:
             persistent += training_state_bytes(spec, lay, g.head) - (

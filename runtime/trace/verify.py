@@ -42,7 +42,9 @@ TOLERANCE = 1e-9
 #: Problems the CLI prints before summarising the rest.
 CLI_SHOWN = 20
 _KIND_NAMES = ("op", "comm", "reshard")
-_LAYOUT_KEYS = ("dp", "pp", "tp", "mb", "cp")
+_LAYOUT_KEYS = ("dp", "pp", "tp", "mb", "cp", "ep")
+#: Layout keys older traces lack: they ran without the split (degree 1).
+_SPLIT_KEYS = ("cp", "ep")
 
 
 class TraceError(ValueError):
@@ -129,6 +131,7 @@ def verify(trace: Trace | str | os.PathLike, result: Result | str | os.PathLike)
                 "tp": c.strategy.tp,
                 "mb": c.strategy.mb,
                 "cp": c.strategy.cp,
+                "ep": c.strategy.ep,
             }
             for c in result.plan.choices
         ],
@@ -251,8 +254,8 @@ def _check_bindings(
 
 
 def _check_layouts(matched: dict[int, TraceRecord], plan: _Plan, problems: list[str]) -> None:
-    """Check 3: each record's ``layout`` has the planned ``(dp, pp, tp, mb, cp)`` of its vertex
-    (a record without ``cp``, as every trace before context parallelism, has ``Pc = 1``).
+    """Check 3: each record's ``layout`` has the planned ``(dp, pp, tp, mb, cp, ep)`` of its vertex
+    (a record without ``cp`` or ``ep``, as every trace before those splits, has degree 1).
 
     For COMM/RESHARD records the vertex is the consumer, so this is the destination layout.
     Other keys are ignored.
@@ -261,10 +264,10 @@ def _check_layouts(matched: dict[int, TraceRecord], plan: _Plan, problems: list[
         r = matched[i]
         v = plan.graph.vertex[i]
         want = plan.layouts[v]
-        got = {k: r.layout.get(k, 1 if k == "cp" else None) for k in _LAYOUT_KEYS}
+        got = {k: r.layout.get(k, 1 if k in _SPLIT_KEYS else None) for k in _LAYOUT_KEYS}
         if got != want:
             what = "layout" if plan.graph.kind[i] == OP else "destination layout"
-            found = {k: r.layout.get(k, 1 if k == "cp" else "missing") for k in _LAYOUT_KEYS}
+            found = {k: r.layout.get(k, 1 if k in _SPLIT_KEYS else "missing") for k in _LAYOUT_KEYS}
             problems.append(f"{_at(r)}: {what} {found} but the plan has {want} for {plan.names[v]}")
 
 

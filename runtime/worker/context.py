@@ -30,7 +30,8 @@ The attention function is registered with ``transformers``' attention interface 
 run it unmodified, in the forward and in a recomputing backward alike. The causal
 mask is built from the positions, not from the layout of the local tensor. Collectives are
 ``torch.distributed``'s (gloo on CPU, NCCL on GPU); the autograd-aware AlltoAll is
-``torch.distributed.nn.functional.all_to_all_single``.
+``torch.distributed._functional_collectives.all_to_all_single_autograd`` (the public
+``torch.distributed.nn.functional.all_to_all_single`` is deprecated in its favour).
 """
 
 from __future__ import annotations
@@ -202,9 +203,9 @@ class ContextParallel:
 
 def _all_to_all(x: Tensor, group: Any) -> Tensor:
     """AlltoAll of the dim-0 blocks of ``x`` (block ``r`` to rank ``r``), with autograd."""
-    from torch.distributed.nn.functional import all_to_all_single
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
 
-    return all_to_all_single(torch.empty_like(x), x, group=group)
+    return all_to_all_single_autograd(x, None, None, group)
 
 
 def _exchange(x: Tensor, group: Any, shift: int) -> Tensor:

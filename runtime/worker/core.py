@@ -40,6 +40,7 @@ from ..binding import GroupSpec, RunShape
 from ..config import RLConfig
 from .checkpoints import WorkerCheckpoints
 from .context import ContextParallel
+from .experts import ExpertGroup, ParallelExperts
 from .memory import EXACT_HEAP_THRESHOLD, PrivatePeak, WorkerMemory, map_large_blocks
 from .model import StageModel
 from .ops import PackedOutput, WorkerOps
@@ -58,9 +59,9 @@ def _import_before_model(group: GroupSpec, rollout_engine: str, hosts_engine: bo
     115 MiB beyond ``import vllm``, which loads them lazily — so that the process's private
     resident memory after this, what a node's ``memory_bytes`` is measured against
     (:class:`~rpeg.runtime.worker.memory.WorkerMemory`), holds everything but the worker's state."""
-    from ..engines.hf_models import family_modules
+    from ..engines.hf_models import family_modules, runtime_family
 
-    family_modules(group.spec.family)
+    family_modules(runtime_family(group.spec))
     if rollout_engine == "vllm" and group.generates:
         import vllm  # imported for its footprint; the engine imports it again
 
@@ -144,7 +145,13 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
                 f"worker {group.worker(rank)}: its process holds rank {groups.rank} of the group"
             )
         self.mesh = make_mesh(
-            groups, group.replicas, group.pp, group.tp, "cuda" if backend == "nccl" else "cpu", cp=group.cp
+            groups,
+            group.replicas,
+            group.pp,
+            group.tp,
+            "cuda" if backend == "nccl" else "cpu",
+            cp=group.cp,
+            ep=group.ep,
         )
         lo, hi = stage_layer_ranges(group.spec.layers, group.pp)[self.mesh.p]
         self.layer_range = (lo, hi)
@@ -166,6 +173,11 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
             context=(
                 ContextParallel(self.mesh.cp_group, group.cp, self.mesh.c, group.cp_kind)
                 if group.cp > 1
+                else None
+            ),
+            experts=(
+                ExpertGroup(self.mesh.ep_group, group.ep, self.mesh.e, self.mesh.ep_replicas_group)
+                if group.ep > 1
                 else None
             ),
         )
@@ -196,6 +208,7 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
                 lr=lr,
                 zero=group.zero,
                 units=tuple(model.model.layers.values()) if group.zero == 3 else (),
+                experts=tuple(m for m in model.modules() if isinstance(m, ParallelExperts)),
             )
             self.sharding = self.optimizer
         else:
@@ -236,6 +249,7 @@ class Worker(WorkerOps, WorkerTransfers, WorkerCheckpoints):
                 if self.group.cp > 1
                 else {}
             ),
+            **({"experts": {"ep": self.group.ep, "e": self.mesh.e}} if self.group.ep > 1 else {}),
             "layers": self.layer_range,
             "params": sum(local(p).numel() for p in self.model.parameters()),
             "optimizer": None if self.optimizer is None else ("fsdp2" if self.optimizer.sharded else "adam"),

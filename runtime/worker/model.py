@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
     from .context import ContextParallel
+    from .experts import ExpertGroup
 
 __all__ = [
     "KVCache",
@@ -170,8 +171,9 @@ class StageModel(nn.Module):
         last: bool = True,
         recompute: str = "none",
         context: ContextParallel | None = None,
+        experts: ExpertGroup | None = None,
     ) -> None:
-        from ..engines.hf_models import family_modules, hf_config
+        from ..engines.hf_models import family_modules, hf_config, runtime_family
 
         super().__init__()
         if recompute not in ("none", "full"):
@@ -193,13 +195,19 @@ class StageModel(nn.Module):
 
             register()
             self.config._attn_implementation = ATTENTION  # attach() below gives each layer the group
-        hf = family_modules(spec.family)
+        hf = family_modules(runtime_family(spec))
         self.model = _Backbone()
         if first:
             self.model.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
         self.model.layers = nn.ModuleDict(
             {str(i): hf.DecoderLayer(self.config, i) for i in range(start, stop)}
         )
+        if experts is not None and experts.size > 1:  # each rank holds E/Pe experts of each MoE layer
+            from .experts import ParallelExperts
+
+            for layer in self.model.layers.values():
+                if hasattr(layer.mlp, "experts"):
+                    layer.mlp.experts = ParallelExperts(layer.mlp.experts, experts)
         self.model.rotary_emb = hf.RotaryEmbedding(self.config)
         if last:
             self.model.norm = hf.RMSNorm(spec.hidden, eps=self.config.rms_norm_eps)
@@ -213,11 +221,20 @@ class StageModel(nn.Module):
 
     @torch.no_grad()
     def _init_weights(self) -> None:
+        from .experts import expert_shard
+
         for name, param in self.named_parameters():
             tied = name == "lm_head.weight" and self.spec.tied_embeddings
             key = "model.embed_tokens.weight" if tied else name
             gen = torch.Generator().manual_seed(stable_seed(self.seed, key))
-            if name.endswith("norm.weight"):
+            if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+                # stacked experts: expert e from its own key, whichever EP rank holds it
+                shard = expert_shard(param)
+                first = shard[1] * param.shape[0] if shard is not None else 0
+                for j in range(param.shape[0]):
+                    g = torch.Generator().manual_seed(stable_seed(self.seed, f"{name}.{first + j}"))
+                    param[j].copy_(torch.randn(param.shape[1:], generator=g) * _INIT_STD)
+            elif name.endswith("norm.weight"):
                 param.fill_(1.0)
             elif name == "value_head.bias":
                 param.zero_()

@@ -331,8 +331,9 @@ class WorkerOps:
         chunked = chunk > 0 and kind in ("ref_logp", "logp") and self.group.head is Head.LM
 
         # ZeRO-3 gathers each layer in every forward (collectives over the DP group): every rank
-        # runs all mb passes, an empty microbatch as a one-sequence pass whose output is dropped
-        gathers = self.sharding is not None and self.sharding.resharded
+        # runs all mb passes, an empty microbatch as a one-sequence pass whose output is dropped;
+        # so do expert-parallel ranks, which exchange tokens in every MoE layer (AlltoAll)
+        gathers = (self.sharding is not None and self.sharding.resharded) or self.mesh.ep > 1
 
         def forward(tokens: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
             results: list[torch.Tensor] = []
@@ -687,8 +688,9 @@ class WorkerOps:
             assert self.optimizer is not None
             chunks = [c for c in torch.tensor_split(torch.arange(len(tokens)), mb) if len(c)]
             # ZeRO-3 gathers each layer in every forward and backward (collectives over the DP
-            # group): every rank runs all mb passes, an empty microbatch as a zero one
-            passes = mb if self.optimizer.zero == 3 else len(chunks)
+            # group), expert parallelism exchanges tokens in every MoE layer: every rank runs all
+            # mb passes, an empty microbatch as a zero one
+            passes = mb if self.optimizer.zero == 3 or self.mesh.ep > 1 else len(chunks)
             for i in range(passes):
                 self.optimizer.sync_gradients(i == passes - 1)  # FSDP2: one reduction per update
                 if i < len(chunks):

@@ -41,7 +41,10 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 
 def shard_dim(p: torch.Tensor) -> int | None:
-    """Dimension a DTensor parameter is sharded on over the TP mesh (``None``: replicated)."""
+    """Dimension a DTensor parameter is sharded on over the TP mesh (``None``: replicated); 0 for
+    stacked experts an EP rank holds a block of (:func:`~rpeg.runtime.worker.experts.expert_shard`)."""
+    if getattr(p, "_rpeg_expert_shard", None) is not None:
+        return 0
     placements = getattr(p, "placements", None)
     if not placements:
         return None
@@ -74,6 +77,15 @@ class Mesh:
     group: object = None
     cp: int = 1
     cp_group: object = None
+    ep: int = 1
+    ep_group: object = None
+    ep_replicas_group: object = None
+
+    @property
+    def e(self) -> int:
+        """The rank's expert-parallel index ``d mod Pe`` (EP groups are blocks of ``Pe``
+        consecutive weight replicas)."""
+        return self.d % self.ep
 
     @property
     def data_rank(self) -> int:
@@ -153,7 +165,10 @@ def plan_groups(
     A sixth element ``cp`` (context parallelism, 1 by default) makes the group's ``dp`` weight
     replicas ``dp/cp`` data-parallel ranks of ``cp`` context-parallel ones each (replica
     ``d·cp + c``): a subgroup ``"cp"`` per line of the ``(dp/cp, cp, pp, tp)`` rank tensor along
-    its second dimension is made too.
+    its second dimension is made too. A seventh, ``ep`` (expert parallelism), groups the replicas
+    in blocks of ``ep`` consecutive ones, each holding all experts between them: subgroups
+    ``"ep"`` along the second dimension of the ``(dp/ep, ep, pp, tp)`` rank tensor and
+    ``"ep_replicas"`` (the ranks holding the same experts) along its first, where longer than 1.
 
     Returns
     -------
@@ -173,8 +188,9 @@ def plan_groups(
     world = next(_WORLDS)
     for gid, ranks, dp, pp, tp, *rest in layouts:
         cp = rest[0] if rest else 1
-        if dp % cp:
-            raise ValueError(f"group g{gid}: {dp} weight replicas are not a multiple of cp={cp}")
+        ep = rest[1] if len(rest) > 1 else 1
+        if dp % cp or dp % ep:
+            raise ValueError(f"group g{gid}: {dp} weight replicas are not a multiple of cp={cp} and ep={ep}")
         if len(ranks) != dp * pp * tp or list(ranks) != sorted(set(ranks)):
             raise ValueError(
                 f"group g{gid}: world ranks {list(ranks)} are not {dp}·{pp}·{tp} distinct ranks in increasing "
@@ -194,12 +210,23 @@ def plan_groups(
                 sub = dist.new_group(line, timeout=timeout)
                 if world_rank in line:
                     dims["cp"] = sub
+        if ep > 1:  # EP groups: blocks of ep replicas; their "replicas" lines hold the same experts
+            blocks = mesh.view(dp // ep, ep, pp, tp)
+            for dim, name in ((1, "ep"), (0, "ep_replicas")):
+                if blocks.shape[dim] == 1:
+                    continue
+                for line in blocks.movedim(dim, -1).reshape(-1, blocks.shape[dim]).tolist():
+                    sub = dist.new_group(line, timeout=timeout)
+                    if world_rank in line:
+                        dims[name] = sub
         if world_rank in ranks:
             out[gid] = RankGroups(list(ranks).index(world_rank), whole, dims, mesh, f"g{gid}w{world}")
     return out
 
 
-def make_mesh(groups: RankGroups, dp: int, pp: int, tp: int, device_type: str, cp: int = 1) -> Mesh:
+def make_mesh(
+    groups: RankGroups, dp: int, pp: int, tp: int, device_type: str, cp: int = 1, ep: int = 1
+) -> Mesh:
     """The ``(dp, pp, tp)`` device mesh of one rank of a worker group, over the process groups
     :func:`plan_groups` made (``DeviceMesh.from_group``: no group is created here).
 
@@ -240,6 +267,9 @@ def make_mesh(groups: RankGroups, dp: int, pp: int, tp: int, device_type: str, c
         groups.whole,
         cp,
         groups.dims.get("cp"),
+        ep,
+        groups.dims.get("ep"),
+        groups.dims.get("ep_replicas"),
     )
 
 
@@ -287,6 +317,12 @@ class FSDPShards:
         ZeRO stage: 2 or 3.
     units
         ``zero = 3``: the modules sharded as units of their own (the decoder layers).
+    experts
+        Expert-parallel experts (:class:`~rpeg.runtime.worker.experts.ParallelExperts`, stage 2
+        only): FSDP2 leaves their parameters alone (``ignored_params``) — each EP rank holds its
+        own experts, the ranks holding the same ones sum their gradients
+        (:meth:`~rpeg.runtime.worker.experts.ParallelExperts.sum_gradients`) — and Adam updates
+        them whole.
 
     Raises
     ------
@@ -302,9 +338,14 @@ class FSDPShards:
         *,
         zero: int = 2,
         units: tuple[torch.nn.Module, ...] = (),
+        experts: tuple[Any, ...] = (),
     ) -> None:
         if zero not in (2, 3):
             raise ValueError(f"{type(self).__name__}: zero={zero!r} must be 2 or 3")
+        if experts and zero == 3:
+            raise ValueError(f"{type(self).__name__}: expert-parallel experts run at ZeRO stage 2 only")
+        self.experts = experts
+        ignored = {p for m in experts for p in m.parameters()}
         self.model = model
         self.group = group
         self.world = dist.get_world_size(group)
@@ -318,8 +359,13 @@ class FSDPShards:
 
             if self.zero == 3:
                 self.units = [fully_shard(u, mesh=mesh, reshard_after_forward=True) for u in units]
-            self.units.append(fully_shard(model, mesh=mesh, reshard_after_forward=self.zero == 3))
+            self.units.append(
+                fully_shard(
+                    model, mesh=mesh, reshard_after_forward=self.zero == 3, ignored_params=ignored or None
+                )
+            )
         self.masters = dict(model.named_parameters())  # the dim-0 shards (DTensors) under FSDP2
+        self._ignored = {name for name, p in self.masters.items() if p in ignored}
 
     @property
     def resharded(self) -> bool:
@@ -361,7 +407,8 @@ class FSDPShards:
         if not self.sharded:
             return
         for name, master in self.masters.items():
-            local(master).copy_(_dim0_chunk(weights[name], self.world, self.index))
+            if name not in self._ignored:  # an EP rank's experts are their own masters
+                local(master).copy_(_dim0_chunk(weights[name], self.world, self.index))
 
 
 class FSDPAdam(FSDPShards):
@@ -388,7 +435,7 @@ class FSDPAdam(FSDPShards):
 
     Parameters
     ----------
-    model, mesh, group, zero, units
+    model, mesh, group, zero, units, experts
         As :class:`FSDPShards`.
     lr, betas, eps
         Adam hyper-parameters.
@@ -410,8 +457,9 @@ class FSDPAdam(FSDPShards):
         eps: float = 1e-8,
         zero: int = 2,
         units: tuple[torch.nn.Module, ...] = (),
+        experts: tuple[Any, ...] = (),
     ) -> None:
-        super().__init__(model, mesh, group, zero=zero, units=units)
+        super().__init__(model, mesh, group, zero=zero, units=units, experts=experts)
         if self.sharded:
             if self.zero == 2:
                 model.set_reshard_after_backward(False)
@@ -432,7 +480,10 @@ class FSDPAdam(FSDPShards):
     @torch.no_grad()
     def step(self) -> None:
         """One Adam update of the shards, then (stage 2) one AllGather of the updated full
-        parameters; under stage 3 the next forward gathers them layer by layer."""
+        parameters; under stage 3 the next forward gathers them layer by layer. Expert-parallel
+        experts first sum their gradients over the ranks holding the same experts."""
+        for experts in self.experts:
+            experts.sum_gradients()
         self.adam.step()
         self.adam.zero_grad(set_to_none=True)
         self.t += 1
@@ -674,6 +725,9 @@ def assemble(pubs: list[tuple[int, dict[str, tuple[Any, int | None]]]]) -> dict[
 
 def shard_of(full: torch.Tensor, p: torch.Tensor, tp: int, t: int) -> torch.Tensor:
     """The slice of ``full`` that parameter ``p`` holds on TP rank ``t`` (``torch.chunk``
-    semantics, as DTensor's ``Shard``)."""
+    semantics, as DTensor's ``Shard``); for stacked experts, EP rank ``e``'s block of ``Pe``."""
+    expert = getattr(p, "_rpeg_expert_shard", None)
+    if expert is not None:
+        return torch.chunk(full, expert[0], dim=0)[expert[1]]
     dim = shard_dim(p)
     return full if dim is None else torch.chunk(full, tp, dim=dim)[t]

@@ -412,7 +412,12 @@ class VllmRollouts(Rollouts):
             del state
             release_freed_memory()
             return None
-        lm = {k: v for k, v in state.items() if not k.startswith("value_head.")}
+        from ..engines.hf_models import checkpoint_state
+
+        # the checkpoint's names (a MoE model's experts one by one), as vLLM reads them
+        lm = checkpoint_state(
+            {k: v for k, v in state.items() if not k.startswith("value_head.")}, self.w.group.spec
+        )
         sent = state_checksum(lm)
         summed = time.perf_counter()
         res = self.engine.update_weights(lm)

@@ -83,11 +83,22 @@ class WorkerTransfers:
                         self.model, include_replicated=self.mesh.t == 0
                     )
                 return None
-            if self.mesh.d != 0:
+            if not self._publishes():
                 return None
-            return (self.mesh.p, self.mesh.t), shareable(
-                publication(self.model, include_replicated=self.mesh.t == 0)
+            return self._share_coords(), shareable(
+                publication(self.model, include_replicated=self.mesh.t == 0 and self.mesh.d == 0)
             )
+
+    def _publishes(self) -> bool:
+        """Whether this rank's weights are part of a publication: replica 0's ranks, and with
+        expert parallelism the first EP group's (replicas ``0 … Pe − 1``: each holds other experts;
+        replicas above 0 add their expert blocks alone)."""
+        return self.mesh.d < self.mesh.ep
+
+    def _share_coords(self) -> tuple[int, int]:
+        """``(p, key)`` of this rank's publication; :func:`~rpeg.runtime.worker.parallel.assemble`
+        concatenates a sharded tensor's pieces in ``key`` order: ``e·Pt + t`` (EP rank ``e``)."""
+        return self.mesh.p, self.mesh.e * self.group.tp + self.mesh.t
 
     def drop_published(self, version: int) -> None:
         """Release the kept publication of ``version`` (its last in-place reader has installed
@@ -99,7 +110,7 @@ class WorkerTransfers:
     ) -> tuple[tuple[int, int], dict[str, tuple[torch.Tensor, int | None]]] | None:
         """Like :meth:`publish` for ``version``: the current weights or a kept snapshot (a
         transition hands the versions an asynchronous target still reads to its workers)."""
-        if self.mesh.d != 0:
+        if not self._publishes():
             return None
         if version == self.version:
             return self.publish()
@@ -109,8 +120,8 @@ class WorkerTransfers:
                 f"worker {self.group.worker(self.rank)} holds version {self.version} and snapshots "
                 f"{sorted(self.snapshots)} of {self.group.model}, not version {version}"
             )
-        return (self.mesh.p, self.mesh.t), shareable(
-            publication(self.model, include_replicated=self.mesh.t == 0, weights=snap)
+        return self._share_coords(), shareable(
+            publication(self.model, include_replicated=self.mesh.t == 0 and self.mesh.d == 0, weights=snap)
         )
 
     @torch.no_grad()
