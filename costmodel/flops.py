@@ -17,6 +17,12 @@ context ``Lp + t``; a window of steps ``[t0, t1)`` costs ``(t1 − t0)`` tokens 
 ``Lp + (t0 + t1)/2``. Prefill plus decode over the whole response therefore adds up to the
 attention of a teacher-forced pass over ``Lp + Lr`` tokens, ``2·d_q·(Lp + Lr)²``.
 
+A block with a sliding window ``W`` (SPEC §15.1) attends to ``min(c, W)`` keys at context ``c``:
+its pass costs ``2·d_q·s_W(ℓ)``, ``s_W(ℓ) = ℓ² − (ℓ − W)₊²``, and a decode step ``4·d_q·min(c, W)``.
+The formulas below average the blocks: ``ℓ²`` becomes
+:meth:`~rpeg.ir.models.ModelSpec.attended_square` and ``c``
+:meth:`~rpeg.ir.models.ModelSpec.attended` (both the plain figure for a model without a window).
+
 Training is ``f`` forward-equivalents (:func:`training_passes`), ``f`` set by the invocation's
 activation recomputation: ``4`` (``full``), ``3`` (``none``) or ``3`` plus the attention core's
 share of a forward (``selective``).
@@ -71,7 +77,11 @@ def head_flops_per_token(model: ModelSpec, head: Head = Head.LM) -> float:
 
 
 def forward_flops(
-    model: ModelSpec, tokens: float, head: Head = Head.LM, tokens_sq: float | None = None
+    model: ModelSpec,
+    tokens: float,
+    head: Head = Head.LM,
+    tokens_sq: float | None = None,
+    window_sq: float | None = None,
 ) -> float:
     """One teacher-forced forward pass of one sequence over ``ℓ = tokens`` tokens.
 
@@ -79,7 +89,8 @@ def forward_flops(
     (:func:`head_flops_per_token`): matmuls, causally averaged attention, head on every position.
     For packed sequences of varying length (SPEC §14.1) the mean over them is
     ``L·(2·W_layer·E[ℓ] + 2·d_q·E[ℓ²]) + h·E[ℓ]``: pass ``tokens = E[ℓ]`` and
-    ``tokens_sq = E[ℓ²]``.
+    ``tokens_sq = E[ℓ²]``. With sliding-window blocks ``ℓ²`` is their average
+    ``((L − L_s)·E[ℓ²] + L_s·E[s_W(ℓ)])/L`` (:meth:`~rpeg.ir.models.ModelSpec.attended_square`).
 
     Parameters
     ----------
@@ -91,6 +102,9 @@ def forward_flops(
         Output head(s).
     tokens_sq
         ``E[ℓ²]``; ``None`` for ``ℓ²`` (one length).
+    window_sq
+        ``E[s_W(ℓ)]`` of the windowed blocks; ``None``: from ``tokens`` and ``tokens_sq`` (exact
+        for one length, an upper bound otherwise). Ignored without a window.
 
     Returns
     -------
@@ -99,6 +113,7 @@ def forward_flops(
     """
     ell = float(tokens)
     sq = ell * ell if tokens_sq is None else float(tokens_sq)
+    sq = model.attended_square(sq, window_sq)
     per_layer = 2.0 * model.layer_params * ell + 2.0 * model.attention_width * sq
     return model.layers * per_layer + head_flops_per_token(model, head) * ell
 
@@ -112,6 +127,7 @@ def inference_flops(
     head: Head = Head.LM,
     tokens: float | None = None,
     tokens_sq: float | None = None,
+    window_sq: float | None = None,
 ) -> float:
     """Teacher-forced inference: ``W_I = n·W_fwd(Lp + Lr)`` for ``n`` sequences (SPEC §6), or
     ``n·W_fwd(E[ℓ], E[ℓ²])`` for packed sequences of varying length (SPEC §14.1).
@@ -128,6 +144,8 @@ def inference_flops(
         Output head(s).
     tokens, tokens_sq
         ``E[ℓ]`` and ``E[ℓ²]`` of the sequences; ``None``: every one has ``Lp + Lr`` tokens.
+    window_sq
+        ``E[s_W(ℓ)]`` for sliding-window blocks (:func:`forward_flops`).
 
     Returns
     -------
@@ -135,11 +153,14 @@ def inference_flops(
         FLOPs.
     """
     ell = prompt_len + response_len if tokens is None else tokens
-    return sequences * forward_flops(model, ell, head, tokens_sq)
+    return sequences * forward_flops(model, ell, head, tokens_sq, window_sq)
 
 
-def attention_core_flops(model: ModelSpec, tokens: float, tokens_sq: float | None = None) -> float:
-    """The attention core of one teacher-forced forward of one sequence: ``L·2·d_q·ℓ²``.
+def attention_core_flops(
+    model: ModelSpec, tokens: float, tokens_sq: float | None = None, window_sq: float | None = None
+) -> float:
+    """The attention core of one teacher-forced forward of one sequence: ``L·2·d_q·ℓ²``
+    (sliding-window blocks: ``ℓ²`` averaged with their ``s_W(ℓ)``, as in :func:`forward_flops`).
 
     The score product ``QKᵀ`` and the weighted sum over ``V`` (``4·d_q·c`` per token at context
     ``c``, causally averaged to ``2·d_q·ℓ`` per token): the ``ℓ²`` term of
@@ -151,6 +172,8 @@ def attention_core_flops(model: ModelSpec, tokens: float, tokens_sq: float | Non
         The model.
     tokens
         ``ℓ``, tokens of the sequence.
+    tokens_sq, window_sq
+        ``E[ℓ²]`` and ``E[s_W(ℓ)]`` of packed sequences (:func:`forward_flops`).
 
     Returns
     -------
@@ -159,6 +182,7 @@ def attention_core_flops(model: ModelSpec, tokens: float, tokens_sq: float | Non
     """
     ell = float(tokens)
     sq = ell * ell if tokens_sq is None else float(tokens_sq)
+    sq = model.attended_square(sq, window_sq)
     return model.layers * 2.0 * model.attention_width * sq
 
 
@@ -168,6 +192,7 @@ def training_passes(
     tokens: float,
     head: Head = Head.LM,
     tokens_sq: float | None = None,
+    window_sq: float | None = None,
 ) -> float:
     """Forward-equivalents ``f`` of one training step over ``ℓ = tokens`` (``W_T = f·W_I``).
 
@@ -190,6 +215,8 @@ def training_passes(
         Output head(s) (part of ``W_fwd``).
     tokens_sq
         ``E[ℓ²]`` for packed sequences; ``None`` for ``ℓ²``.
+    window_sq
+        ``E[s_W(ℓ)]`` for sliding-window blocks (:func:`forward_flops`).
 
     Returns
     -------
@@ -201,8 +228,8 @@ def training_passes(
         return float(TRAINING_PASSES)
     if mode is Recompute.NONE:
         return 3.0
-    core = attention_core_flops(model, tokens, tokens_sq)
-    return 3.0 + core / forward_flops(model, tokens, head, tokens_sq)
+    core = attention_core_flops(model, tokens, tokens_sq, window_sq)
+    return 3.0 + core / forward_flops(model, tokens, head, tokens_sq, window_sq)
 
 
 def training_flops(
@@ -215,6 +242,7 @@ def training_flops(
     recompute: Recompute | str = Recompute.FULL,
     tokens: float | None = None,
     tokens_sq: float | None = None,
+    window_sq: float | None = None,
 ) -> float:
     """Training: ``W_T = f·W_I`` with ``f`` the forward-equivalents of the recomputation mode
     (:func:`training_passes`): ``4·W_I`` for ``full`` (SPEC §6), ``3·W_I`` for ``none``,
@@ -234,6 +262,8 @@ def training_flops(
         Activation recomputation (default ``full``, SPEC's 4 forward-equivalents).
     tokens, tokens_sq
         ``E[ℓ]`` and ``E[ℓ²]`` of packed sequences (SPEC §14.1); ``None``: ``Lp + Lr`` each.
+    window_sq
+        ``E[s_W(ℓ)]`` for sliding-window blocks (:func:`forward_flops`).
 
     Returns
     -------
@@ -241,7 +271,7 @@ def training_flops(
         FLOPs.
     """
     ell = prompt_len + response_len if tokens is None else tokens
-    passes = training_passes(model, recompute, ell, head, tokens_sq)
+    passes = training_passes(model, recompute, ell, head, tokens_sq, window_sq)
     return passes * inference_flops(
         model,
         sequences=sequences,
@@ -250,11 +280,13 @@ def training_flops(
         head=head,
         tokens=tokens,
         tokens_sq=tokens_sq,
+        window_sq=window_sq,
     )
 
 
 def prefill_flops(model: ModelSpec, *, sequences: float, prompt_len: int, head: Head = Head.LM) -> float:
-    """Generation prefill over the prompt: ``n·(L·(2·W_layer·Lp + 2·d_q·Lp²) + h)``.
+    """Generation prefill over the prompt: ``n·(L·(2·W_layer·Lp + 2·d_q·Lp²) + h)``
+    (sliding-window blocks: ``Lp²`` averaged with their ``s_W(Lp) = Lp² − (Lp − W)₊²``).
 
     The blocks run over all ``Lp`` prompt tokens; the head runs on the last prompt position only
     (the one whose logits give the first response token), as generation engines do.
@@ -276,7 +308,11 @@ def prefill_flops(model: ModelSpec, *, sequences: float, prompt_len: int, head: 
         FLOPs.
     """
     ell = float(prompt_len)
-    layers = model.layers * (2.0 * model.layer_params * ell + 2.0 * model.attention_width * ell * ell)
+    if model.is_windowed:
+        core = 2.0 * model.attention_width * model.attended_square(ell * ell)
+    else:  # the product in this order: costs without a window stay what they were, bit for bit
+        core = 2.0 * model.attention_width * ell * ell
+    layers = model.layers * (2.0 * model.layer_params * ell + core)
     return sequences * (layers + head_flops_per_token(model, head))
 
 
@@ -291,7 +327,9 @@ def decode_flops(
     """Decode steps ``t0 ≤ t < t1`` of one token each at context ``Lp + t``.
 
     ``n·(t1 − t0)·(L·(2·W_layer + 4·d_q·c̄) + h)`` with the mean context
-    ``c̄ = Lp + (t0 + t1)/2``.
+    ``c̄ = Lp + (t0 + t1)/2``; sliding-window blocks attend to ``E[min(c, W)]`` over the
+    window's contexts (:meth:`~rpeg.ir.models.ModelSpec.windowed_mean`), averaged with the
+    others' ``c̄`` (:meth:`~rpeg.ir.models.ModelSpec.attended`).
 
     Parameters
     ----------
@@ -316,15 +354,27 @@ def decode_flops(
     if steps <= 0:
         return 0.0
     context = prompt_len + 0.5 * (t0 + t1)
-    return decode_flops_at(model, sequences=sequences, steps=steps, context=context, head=head)
+    windowed = model.windowed_mean(prompt_len + t0, prompt_len + t1) if model.is_windowed else None
+    return decode_flops_at(
+        model, sequences=sequences, steps=steps, context=context, head=head, windowed=windowed
+    )
 
 
 def decode_flops_at(
-    model: ModelSpec, *, sequences: float, steps: float, context: float, head: Head = Head.LM
+    model: ModelSpec,
+    *,
+    sequences: float,
+    steps: float,
+    context: float,
+    head: Head = Head.LM,
+    windowed: float | None = None,
 ) -> float:
     """``steps`` decode steps of ``n`` running sequences at mean context ``c̄``:
     ``n·steps·(L·(2·W_layer + 4·d_q·c̄) + h)`` (SPEC §14.5's continuous batching evaluates
-    each stretch of steps at its running batch and mean context).
+    each stretch of steps at its running batch and mean context). With sliding-window blocks
+    ``c̄`` is the blocks' average ``((L − L_s)·c̄ + L_s·c̄_W)/L``
+    (:meth:`~rpeg.ir.models.ModelSpec.attended`), ``c̄_W = E[min(c, W)]`` the windowed blocks'
+    mean context.
 
     Parameters
     ----------
@@ -338,6 +388,8 @@ def decode_flops_at(
         ``c̄``, their mean context in tokens.
     head
         Output head(s).
+    windowed
+        ``c̄_W``; ``None``: ``min(c̄, W)`` (exact for one context, an upper bound for a stretch).
 
     Returns
     -------
@@ -345,7 +397,7 @@ def decode_flops_at(
         FLOPs.
     """
     per_token = model.layers * (
-        2.0 * model.layer_params + 4.0 * model.decode_attention_width * context
+        2.0 * model.layer_params + 4.0 * model.decode_attention_width * model.attended(context, windowed)
     ) + head_flops_per_token(model, head)
     return sequences * steps * per_token
 

@@ -425,7 +425,10 @@ def kv_cache_bytes(
 
     ``c_local`` is :func:`kv_scalars_per_device`: ``2·d_kv,local`` (``d_kv/Pt``, at least one
     head, :func:`kv_width_per_device`), or with latent attention ``r_kv + rope``; all ``n/Pd``
-    local sequences are cached, not a microbatch.
+    local sequences are cached, not a microbatch. A sliding-window block caches
+    ``min(Lp + Lr, W)`` tokens of each sequence: ``Lp + Lr`` is the blocks' average
+    ``((L − L_s)·(Lp + Lr) + L_s·min(Lp + Lr, W))/L``
+    (:meth:`~rpeg.ir.models.ModelSpec.attended`; SPEC §15.1).
 
     Parameters
     ----------
@@ -444,7 +447,8 @@ def kv_cache_bytes(
         Bytes per device.
     """
     s = layout.strategy
-    per_seq = (prompt_len + response_len) * model.layers / s.pp * kv_scalars_per_device(model, s.tp)
+    held = model.attended(prompt_len + response_len)
+    per_seq = held * model.layers / s.pp * kv_scalars_per_device(model, s.tp)
     return model.dtype_bytes * sequences / s.dp * per_seq
 
 
@@ -560,7 +564,8 @@ def logits_bytes(
 def kv_bytes_per_token(model: ModelSpec, layout: Layout) -> float:
     """``κ = sb·(L/Pp)·c_local``: KV-cache bytes one token takes on each device of a replica
     (SPEC §14.5), ``c_local`` = :func:`kv_scalars_per_device` (``2·d_kv,local``; latent attention:
-    ``r_kv + rope``)."""
+    ``r_kv + rope``). A token of every block: with sliding-window blocks a sequence at context
+    ``c`` holds :meth:`~rpeg.ir.models.ModelSpec.attended` ``(c)`` such tokens, not ``c``."""
     s = layout.strategy
     return model.dtype_bytes * model.layers / s.pp * kv_scalars_per_device(model, s.tp)
 
@@ -587,7 +592,9 @@ def kv_budget_tokens(model: ModelSpec, layout: Layout, hw: Hardware, head: Head 
     """Tokens the paged KV cache of one replica holds (SPEC §14.5):
     ``K/κ`` with ``K = u·M_GPU − W_shard·sb − workspace`` (:func:`memory_fraction`,
     :func:`weight_bytes`, :func:`engine_workspace_bytes`, :func:`kv_bytes_per_token`);
-    may be 0 or negative when the fraction leaves no room."""
+    may be 0 or negative when the fraction leaves no room. Tokens of every block: a sequence
+    at context ``c`` takes :meth:`~rpeg.ir.models.ModelSpec.attended` ``(c)`` of them (``c``
+    without sliding-window blocks)."""
     budget = (
         memory_fraction(layout, hw) * hw.gpu_memory_bytes
         - weight_bytes(model, layout, head)
@@ -608,7 +615,9 @@ def generation_engine_bytes(
     """What a rollout engine holds per device (SPEC §14.5): ``u·M_GPU`` (weights, workspace and
     the paged KV cache), or, when that leaves the cache less than one sequence at full length,
     the least it can run with, ``W_shard·sb + workspace + κ·(Lp + Lr)`` (the engine would
-    refuse to start with less; the candidate directories drop such a fraction).
+    refuse to start with less; the candidate directories drop such a fraction). With
+    sliding-window blocks the sequence holds ``κ``·:meth:`~rpeg.ir.models.ModelSpec.attended`
+    ``(Lp + Lr)``: a windowed block caches at most ``W`` of its tokens (SPEC §15.1).
 
     Parameters
     ----------
@@ -627,7 +636,7 @@ def generation_engine_bytes(
     least = (
         weight_bytes(model, layout, head)
         + engine_workspace_bytes(model, layout, head)
-        + kv_bytes_per_token(model, layout) * (prompt_len + response_len)
+        + kv_bytes_per_token(model, layout) * model.attended(prompt_len + response_len)
     )
     return max(memory_fraction(layout, hw) * hw.gpu_memory_bytes, least)
 

@@ -229,6 +229,7 @@ def op_time(
     tokens: float | None = None,
     tokens_sq: float | None = None,
     updates: int = 1,
+    window_sq: float | None = None,
 ) -> TimeBreakdown:
     """Predicted time of one OP node (SPEC §6, with SPEC §14's engine choices).
 
@@ -270,6 +271,9 @@ def op_time(
     * Packed sequences (SPEC §14.1): with ``tokens = E[ℓ]`` and ``tokens_sq = E[ℓ²]`` the work
       is ``n·W_fwd(E[ℓ], E[ℓ²])`` and every per-token term (``η``'s rows ``b·E[ℓ] = T_mb``,
       the TP and PP messages, the non-GEMM work) uses ``E[ℓ]``; ``None`` pads to ``Lp + Lr``.
+    * Sliding-window blocks (SPEC §15.1, ``docs/cost-model.md`` §9): the attention core's
+      ``ℓ²`` and decode contexts ``c̄`` are the blocks' averages with ``s_W(ℓ)`` and
+      ``E[min(c, W)]`` (:mod:`.flops`), and so are the decode steps' KV-cache reads.
     * A chunked loss (``logits_chunk > 0``, SPEC §14.6) recomputes the LM head's forward per
       chunk in the backward: training adds ``n·E[ℓ]·2·d·V`` FLOPs.
     * ``U = updates`` optimizer updates per step (PPO mini-batches, SPEC §14.2): training pays
@@ -316,6 +320,10 @@ def op_time(
         ``None`` pads each to ``Lp + Lr``.
     updates
         Training: optimizer updates per step ``U`` (default 1).
+    window_sq
+        Inference and training with sliding-window blocks: ``E[s_W(ℓ)] = E[ℓ² − (ℓ − W)₊²]`` of
+        the packed sequences; ``None``: from ``tokens`` and ``tokens_sq``
+        (:meth:`~rpeg.ir.models.ModelSpec.attended_square`: exact for one length).
 
     Returns
     -------
@@ -351,6 +359,7 @@ def op_time(
             "response_len": response_len,
             "tokens": ell,
             "tokens_sq": ell * ell if tokens_sq is None else float(tokens_sq),
+            "window_sq": window_sq,
         }
         if role is Role.TRAINING:
             t_gemm, t_tp, t_pp, t_dp, t_opt = _training_terms(node, lengths, head, updates)
@@ -359,7 +368,7 @@ def op_time(
             t_gemm, t_tp, t_pp, t_dp = _inference_terms(node, lengths, head)
         s = layout.strategy
         passes = (
-            training_passes(model, s.recompute, ell, head, lengths["tokens_sq"])
+            training_passes(model, s.recompute, ell, head, lengths["tokens_sq"], window_sq)
             if role is Role.TRAINING
             else 1.0
         )
@@ -386,7 +395,12 @@ def op_time(
 
 
 def _split_terms(
-    node: _Node, role: Role, lengths: dict[str, float], head: Head, t_gemm: float, forward_passes: float
+    node: _Node,
+    role: Role,
+    lengths: dict[str, float | None],
+    head: Head,
+    t_gemm: float,
+    forward_passes: float,
 ) -> tuple[float, float]:
     """``(T_ep, T_cp)`` of a training or inference node (SPEC §15.2–15.3).
 
@@ -416,8 +430,9 @@ def _split_terms(
             core_again = 0 if s.recompute is Recompute.NONE else 1
             passes = 3 + core_again if training else 1
         core_passes = 3 + (0 if s.recompute is Recompute.NONE else 1) if training else 1
-        share = attention_core_flops(model, ell, lengths["tokens_sq"]) / forward_flops(
-            model, ell, head, lengths["tokens_sq"]
+        sq, window_sq = lengths["tokens_sq"], lengths["window_sq"]
+        share = attention_core_flops(model, ell, sq, window_sq) / forward_flops(
+            model, ell, head, sq, window_sq
         )
         t_cp = node.cp_rounds(passes, tokens, t_gemm * min(1.0, share * core_passes / forward_passes))
     return t_ep, t_cp
@@ -570,7 +585,10 @@ def _generation_terms(
         t_ep = node.ep_rounds(2 * mb, node.rank_tokens(prompt_len))
     if t1 - t0 > 0:
         rounds = max(0, t1 - max(t0, 1))  # decode steps whose input token is a decoded one
-        d_gemm, d_tp, d_pp, d_over = _decode_terms(node, prompt_len + 0.5 * (t0 + t1), t1 - t0, rounds, head)
+        model = node.model
+        windowed = model.windowed_mean(prompt_len + t0, prompt_len + t1) if model.is_windowed else None
+        context = prompt_len + 0.5 * (t0 + t1)
+        d_gemm, d_tp, d_pp, d_over = _decode_terms(node, context, t1 - t0, rounds, head, windowed)
         t_gemm += d_gemm
         t_tp += d_tp
         t_pp += d_pp
@@ -598,18 +616,23 @@ def _prefill_terms(node: _Node, prompt_len: int, head: Head) -> tuple[float, flo
 
 
 def _decode_terms(
-    node: _Node, context: float, steps: float, rounds: float, head: Head
+    node: _Node, context: float, steps: float, rounds: float, head: Head, windowed: float | None = None
 ) -> tuple[float, float, float, float]:
     """``(T_gemm, T_tp, T_pp, T_over)`` of ``steps`` decode steps of the node's sequences at
     mean context ``c̄ = context``: one token per sequence and step, KV-cache reads
     ``b·c̄·2·d_kv,local·sb·L/Pp`` per step; ``rounds`` of the steps decode a decoded token (TP
-    AllReduces and PP transfers; the first response token comes out of the prefill)."""
+    AllReduces and PP transfers; the first response token comes out of the prefill). With
+    sliding-window blocks ``c̄`` in the attention FLOPs and the KV reads is the blocks' average
+    (:meth:`~rpeg.ir.models.ModelSpec.attended`), ``windowed`` the windowed blocks' mean context
+    ``E[min(c, W)]`` (``None``: ``min(c̄, W)``)."""
     model, s, sequences, hw = node.model, node.s, node.sequences, node.hw
     P, mb, pp, dp, tp = node.n_devices, s.mb, s.pp, s.dp, s.tp
     sb, d, layers = model.dtype_bytes, model.hidden, node.layers
     dec = hw.terms("decode")
-    w = decode_flops_at(model, sequences=sequences, steps=steps, context=context, head=head)
-    kv_reads = node.b * context * kv_scalars_per_device(model, tp) * sb * layers
+    w = decode_flops_at(
+        model, sequences=sequences, steps=steps, context=context, head=head, windowed=windowed
+    )
+    kv_reads = node.b * model.attended(context, windowed) * kv_scalars_per_device(model, tp) * sb * layers
     t_gemm = node.gemm(w, w / (P * mb * steps), 1, kv_reads) / dec.efficiency
     t_over = steps * node.slots * (dec.per_step_s + layers * dec.per_layer_s)
     t_tp = node.tp_rounds(2 * layers * rounds, sequences * d * sb / dp, hw.tensor_parallel())
@@ -648,7 +671,9 @@ def _zero_collective(node: _Node, head: Head) -> float:
     return sum(allgather_time(p, nbytes, link) for p, nbytes in _zero_groups(node, head))
 
 
-def _inference_terms(node: _Node, lengths: dict[str, float], head: Head) -> tuple[float, float, float, float]:
+def _inference_terms(
+    node: _Node, lengths: dict[str, float | None], head: Head
+) -> tuple[float, float, float, float]:
     """``(T_gemm, T_tp, T_pp, T_dp)`` of a teacher-forced inference node over ``ℓ = E[ℓ]``
     (``Lp + Lr`` padded); ``T_dp`` is ZeRO-3's AllGather of ``N_m·sb/(Pp·Pt)`` per microbatch."""
     model, s = node.model, node.s
@@ -671,7 +696,7 @@ def _exposed(gathers: float, compute: float) -> float:
 
 
 def _training_terms(
-    node: _Node, lengths: dict[str, float], head: Head, updates: int = 1
+    node: _Node, lengths: dict[str, float | None], head: Head, updates: int = 1
 ) -> tuple[float, float, float, float, float]:
     """``(T_gemm, T_tp, T_pp, T_dp, T_opt)`` of a training node over ``ℓ = Lp + Lr``.
 
@@ -867,6 +892,9 @@ class DecodeSegment:
         Mean context of the running sequences, tokens.
     done
         The share of all the invocation's sequences that finish during the stretch.
+    windowed
+        With sliding-window blocks, their mean context ``E[min(c, W)]`` over the running
+        sequences; ``None`` without a window.
     """
 
     running: float
@@ -874,10 +902,17 @@ class DecodeSegment:
     rounds: float
     context: float
     done: float
+    windowed: float | None = None
 
 
 def decode_schedule(
-    *, sequences: float, dp: int, prompt_len: int, buckets: Sequence[LengthBucket], kv_tokens: float
+    *,
+    sequences: float,
+    dp: int,
+    prompt_len: int,
+    buckets: Sequence[LengthBucket],
+    kv_tokens: float,
+    model: ModelSpec | None = None,
 ) -> list[DecodeSegment]:
     """A continuous-batching engine's decode schedule as stretches of constant running batch
     (SPEC §14.5), per data-parallel replica of ``n_r = n/Pd`` sequences whose cache holds
@@ -898,6 +933,15 @@ def decode_schedule(
 
     The number of steps therefore exceeds ``Lr`` exactly when the cache bounds the batch.
 
+    Sliding-window blocks (``model`` with a window ``W``; SPEC §15.1) cache at most ``W`` tokens
+    of a sequence, so a running sequence at context ``c`` takes ``attended(c)`` of the cache's
+    tokens (:meth:`~rpeg.ir.models.ModelSpec.attended`), and each stretch carries the windowed
+    blocks' mean context ``E[min(c, W)]``: in steady state ``c̄_ss,W = c̄_ss − (E[(r − u)₊²] −
+    (−u)₊²)/(2·Ē)`` with ``u = W − Lp`` (a running sequence's age ``a`` has density
+    ``P(r > a)/Ē``, and ``∫₀^r (a − u)₊ da = ((r − u)₊² − (−u)₊²)/2``), so
+    ``b_cap = max(1, min(S, C/attended(c̄_ss)))``; a drain stretch's is
+    :meth:`~rpeg.ir.models.ModelSpec.windowed_mean` over its contexts.
+
     Parameters
     ----------
     sequences
@@ -910,6 +954,9 @@ def decode_schedule(
         The response-length distribution (:attr:`~rpeg.ir.workload.Workload.buckets`).
     kv_tokens
         ``C``, tokens one replica's KV cache holds (:func:`~.memory.kv_budget_tokens`).
+    model
+        The generated model, for its sliding-window blocks; ``None`` (or a model without a
+        window): every block caches the whole context.
 
     Returns
     -------
@@ -920,20 +967,36 @@ def decode_schedule(
     mean = sum(b.share * b.mean for b in buckets)
     mean_sq = sum(b.share * b.mean_square for b in buckets)
     c_ss = prompt_len + (mean_sq / (2.0 * mean) if mean > 0 else 0.0)
-    b_cap = max(1.0, min(float(ROLLOUT_MAX_SEQS), kv_tokens / c_ss))
+    windowed = model is not None and model.is_windowed
+    c_ss_w = held = None
+    if windowed:
+        u = model.sliding_window - prompt_len
+        before = max(0.0, -u) ** 2
+        excess = sum(b.share * b.mean_excess_square(u) for b in buckets)
+        c_ss_w = (
+            c_ss - (excess - before) / (2.0 * mean)
+            if mean > 0
+            else float(min(prompt_len, model.sliding_window))
+        )
+        held = model.attended(c_ss, c_ss_w)
+    b_cap = max(1.0, min(float(ROLLOUT_MAX_SEQS), kv_tokens / (c_ss if held is None else held)))
     out: list[DecodeSegment] = []
     b0 = n_r
     if n_r > b_cap:
         steps = (n_r - b_cap) * mean / b_cap
-        out.append(DecodeSegment(b_cap * dp, steps, steps, c_ss, 1.0 - b_cap / n_r))
+        out.append(DecodeSegment(b_cap * dp, steps, steps, c_ss, 1.0 - b_cap / n_r, c_ss_w))
         b0 = b_cap
     below = 0.0
     for b in buckets:
         steps = b.hi - b.lo
         rounds = max(0, b.hi - max(b.lo, 1))
         running = b0 * (1.0 - below - 0.5 * b.share) * dp
+        lo, hi = prompt_len + b.lo, prompt_len + b.hi
+        drain_w = model.windowed_mean(lo, hi) if windowed else None
         out.append(
-            DecodeSegment(running, steps, rounds, prompt_len + 0.5 * (b.lo + b.hi), b0 / n_r * b.share)
+            DecodeSegment(
+                running, steps, rounds, prompt_len + 0.5 * (b.lo + b.hi), b0 / n_r * b.share, drain_w
+            )
         )
         below += b.share
     return out
@@ -992,7 +1055,7 @@ def generation_times(
     pre, dec = hw.terms("prefill"), hw.terms("decode")
     kv = kv_budget_tokens(model, layout, hw, head)
     segments = decode_schedule(
-        sequences=sequences, dp=s.dp, prompt_len=prompt_len, buckets=buckets, kv_tokens=kv
+        sequences=sequences, dp=s.dp, prompt_len=prompt_len, buckets=buckets, kv_tokens=kv, model=model
     )
     prefill = _ZERO
     if prompt_len > 0:
@@ -1004,7 +1067,10 @@ def generation_times(
             continue
         node = _Node(model, layout, hw, seg.running)
         parts.append(
-            (_engine_part(_decode_terms(node, seg.context, seg.steps, seg.rounds, head), s), seg.done)
+            (
+                _engine_part(_decode_terms(node, seg.context, seg.steps, seg.rounds, head, seg.windowed), s),
+                seg.done,
+            )
         )
     call = _overhead(pre.per_call_s + hw.dispatch_s)
     host = _overhead(host_s)

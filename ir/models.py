@@ -5,11 +5,13 @@ layers ``L``, hidden size ``d``, FFN width ``dff``, vocabulary ``V``, attention 
 (grouped-query attention), head dimension, number of FFN projections (2 for a plain MLP, 3 for a
 gated/SwiGLU one), tied embeddings and the bytes per scalar (SPEC §2); for a mixture-of-experts
 model also its routed and shared experts, the experts active per token and which layers keep a
-dense FFN (SPEC §15.1).
+dense FFN, and for a model with sliding-window attention its window and the layers that use it
+(SPEC §15.1).
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,6 +31,7 @@ __all__ = [
     "MAX_HIDDEN",
     "MAX_LAYERS",
     "MAX_VOCAB",
+    "MAX_WINDOW",
     "MODEL_PRESETS",
     "OPTIMIZER_BYTES_PER_PARAM",
     "HFArchitecture",
@@ -61,6 +64,8 @@ MAX_HEADS = 2**14
 MAX_HEAD_DIM = 2**14
 #: Most routed experts per layer (64× DeepSeek-V3's 256; Qwen3-MoE has 128, Mixtral 8).
 MAX_EXPERTS = 2**14
+#: Widest attention window in tokens (4,096× Gemma-2's 4,096; gpt-oss has 128, Gemma-3 512 and 1,024).
+MAX_WINDOW = 2**24
 
 #: ``ModelSpec`` field → its bound (``head_dim`` may also be 0: derived from ``hidden // heads``).
 _LIMITS = {
@@ -81,9 +86,11 @@ _LIMITS = {
     "qk_nope_head_dim": ("MAX_HEAD_DIM", MAX_HEAD_DIM),
     "qk_rope_head_dim": ("MAX_HEAD_DIM", MAX_HEAD_DIM),
     "v_head_dim": ("MAX_HEAD_DIM", MAX_HEAD_DIM),
+    "sliding_window": ("MAX_WINDOW", MAX_WINDOW),
 }
 
-#: ``ModelSpec`` figures that may be 0 (``head_dim``: derived; the expert figures: a dense model).
+#: ``ModelSpec`` figures that may be 0 (``head_dim``: derived; the expert figures: a dense model;
+#: the latent-attention ranks: standard attention; ``sliding_window``: no window).
 _ZERO_ALLOWED = frozenset(
     {
         "head_dim",
@@ -97,6 +104,7 @@ _ZERO_ALLOWED = frozenset(
         "qk_nope_head_dim",
         "qk_rope_head_dim",
         "v_head_dim",
+        "sliding_window",
     }
 )
 #: The multi-head latent attention fields of :class:`ModelSpec` (all 0: standard attention).
@@ -156,9 +164,10 @@ _MOE_MODEL_TYPES = frozenset(
 )
 
 #: Why a mixture-of-experts architecture outside :data:`HF_ARCHITECTURES` is refused, where more
-#: than "not read" is known (SPEC §15.1 names them; the next pieces of issue 30 add them).
+#: than "not read" is known.
 _UNREAD_MOE = {
-    "gpt_oss": "its sliding-window attention layers (layer_types, sliding_window) are not modelled yet",
+    "llama4": "its chunked-attention layers (attention_chunk_size) are not modelled yet",
+    "llama4_text": "its chunked-attention layers (attention_chunk_size) are not modelled yet",
 }
 
 #: ``config.json`` fields that count experts (in total, then per token); a value above 1 marks a
@@ -218,6 +227,19 @@ class HFArchitecture:
         Whether attention is multi-head latent attention, read from ``q_lora_rank``,
         ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim`` and ``v_head_dim``
         (:func:`_read_latent`).
+    window_period
+        Whether some layers attend through a sliding window, read from ``sliding_window`` and
+        ``layer_types`` (:func:`_read_window`); when ``layer_types`` is absent, layer ``i`` is
+        windowed unless ``(i + 1) % window_period = 0`` (the config class's default pattern:
+        2 for gpt-oss and Gemma-2, 6 for Gemma-3). ``0``: every layer is read as full attention
+        (Mistral's, Qwen2's and Phi-3's windows too: conservative).
+    window_period_field
+        The field that overrides ``window_period`` (Gemma-3's ``sliding_window_pattern``); ``""``:
+        none.
+    dequantized
+        The ``quantization_config.quant_method`` read as the unquantized model it dequantizes to
+        (gpt-oss's ``"mxfp4"``, whose published checkpoint stores its experts so); ``""``: a
+        quantized checkpoint is refused.
     """
 
     source: str
@@ -235,6 +257,9 @@ class HFArchitecture:
     family: str = "llama"
     experts: str = ""
     latent: bool = False
+    window_period: int = 0
+    window_period_field: str = ""
+    dequantized: str = ""
 
 
 #: The ``model_type`` values :meth:`ModelSpec.from_hf_config` reads, each as its ``transformers``
@@ -348,11 +373,49 @@ HF_ARCHITECTURES: dict[str, HFArchitecture] = {
         experts="deepseek",
         latent=True,
     ),
+    "gemma2": HFArchitecture(
+        "Gemma2Config (num_key_value_heads 4, head_dim 256, tie_word_embeddings True; layer_types "
+        "None → sliding_window on the layers i with (i + 1) % 2 ≠ 0); Gemma2MLP gate/up/down (GeGLU)",
+        kv_default=4,
+        head_dim_default=256,
+        tied=True,
+        window_period=2,
+    ),
+    "gemma3_text": HFArchitecture(
+        "Gemma3TextConfig (num_key_value_heads 4, head_dim 256, tie_word_embeddings True; layer_types "
+        "None → sliding_window on the layers i with (i + 1) % sliding_window_pattern ≠ 0, pattern 6); "
+        "Gemma3MLP gate/up/down (GeGLU)",
+        kv_default=4,
+        head_dim_default=256,
+        tied=True,
+        window_period=6,
+        window_period_field="sliding_window_pattern",
+    ),
+    "gpt_oss": HFArchitecture(
+        "GptOssConfig (num_key_value_heads 8, head_dim 64, tie_word_embeddings False; layer_types None "
+        "→ sliding_window on the layers i with (i + 1) % 2 ≠ 0); GptOssAttention q/k/v/o with biases "
+        "and one sink per head; GptOssMLP: router d×E with bias, num_local_experts GptOssExperts of "
+        "intermediate_size (gate_up_proj d×2·dff, down_proj, with biases); no dense layer",
+        kv_default=8,
+        head_dim_default=64,
+        experts="gpt_oss",
+        window_period=2,
+        dequantized="mxfp4",
+    ),
 }
 
-#: Dense architectures with interleaved sliding-window attention layers (whose attention FLOPs and
-#: KV cache the full-attention formulas would over-count), refused until that is modelled.
-_SLIDING_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text"})
+#: ``model_type`` values refused with a reason beyond "not read": architectures next to one that
+#: is read.
+_REFUSED_MODEL_TYPES = {
+    "gemma3": "Gemma-3's image-text model (Gemma3ForConditionalGeneration: a SigLIP vision tower and "
+    "a projector beside the language model, not modelled); rpeg reads its language model, "
+    "model_type 'gemma3_text': give its text_config table as a config.json of that model_type "
+    "(with the shape fields: num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, "
+    "vocab_size, sliding_window)",
+}
+
+#: ``layer_types`` entries: the attention kinds :func:`_read_window` reads.
+_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 #: FP32 master weights + two FP32 Adam moments: 3 × 4 bytes per trained parameter (SPEC §6); the
 #: cost model's optimizer state (:mod:`rpeg.costmodel.memory`) and a training EMU's ``ω``.
@@ -419,6 +482,15 @@ class ModelSpec:
         each head's query/key width without and with rotary embedding (the rotary key is one
         shared head), each head's value width. ``kv_lora_rank > 0`` makes the model MLA, and then
         the last three are required; ``head_dim`` and ``kv_heads`` are not used for attention.
+    sliding_window
+        Attention window ``W`` in tokens of the layers in ``sliding_layers`` (SPEC §15.1): a query
+        attends to the last ``min(c, W)`` of its ``c`` context tokens, and the KV cache of such a
+        layer holds ``min(c, W)`` tokens per sequence (gpt-oss 128, Gemma-2 4,096, Gemma-3 512 or
+        1,024); at most :data:`MAX_WINDOW`. ``0``: every layer attends in full.
+    sliding_layers
+        Layer indices (0-based, increasing) that attend through the window: gpt-oss's and
+        Gemma-2's even layers, five of every six of Gemma-3's. Given exactly when
+        ``sliding_window > 0``.
 
     Raises
     ------
@@ -452,6 +524,8 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    sliding_window: int = 0
+    sliding_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -469,6 +543,8 @@ class ModelSpec:
                 if low
                 else "a non-negative integer (0: hidden // heads)"
                 if field == "head_dim"
+                else "a non-negative integer (0: no window)"
+                if field == "sliding_window"
                 else "a non-negative integer (0: a dense model)"
             )
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -517,6 +593,39 @@ class ModelSpec:
             )
         self._check_experts()
         self._check_mla()
+        self._check_window()
+
+    def _check_window(self) -> None:
+        """``sliding_layers`` are increasing layer indices, given exactly when ``sliding_window > 0``."""
+        where = f"ModelSpec {self.name!r}"
+        layers = self.sliding_layers
+        if isinstance(layers, list):
+            layers = tuple(layers)
+        if not isinstance(layers, tuple) or any(
+            isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in layers
+        ):
+            raise ValueError(
+                f"{where}: sliding_layers must be a tuple of layer indices, got {_show(self.sliding_layers)}"
+            )
+        layers = tuple(int(i) for i in layers)
+        object.__setattr__(self, "sliding_layers", layers)
+        if not self.sliding_window:
+            if layers:
+                raise ValueError(
+                    f"{where}: sliding_layers = {_show(list(layers))} but sliding_window = 0 (no layer "
+                    "has a window)"
+                )
+            return
+        if not layers:
+            raise ValueError(
+                f"{where}: sliding_window = {self.sliding_window} but sliding_layers is empty (name the "
+                "layers that attend through the window)"
+            )
+        if list(layers) != sorted(set(layers)) or any(not 0 <= i < self.layers for i in layers):
+            raise ValueError(
+                f"{where}: sliding_layers must be increasing layer indices in 0..{self.layers - 1}, "
+                f"got {_show(list(layers))}"
+            )
 
     def _check_mla(self) -> None:
         """The MLA fields are all 0, or describe a latent attention (SPEC §15.1)."""
@@ -661,6 +770,81 @@ class ModelSpec:
             return float(2 * self.q_width + 2 * self.kv_width)
         h, qk, dv = self.heads, self.qk_nope_head_dim + self.qk_rope_head_dim, self.v_head_dim
         return 2.0 * h * qk + 2.0 * h * dv + self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def is_windowed(self) -> bool:
+        """Whether some layers attend through a sliding window (``sliding_window > 0``)."""
+        return self.sliding_window > 0
+
+    def attended(self, context: float, windowed: float | None = None) -> float:
+        """Keys one query attends to at context ``c``, averaged over the blocks: ``c`` for a
+        full-attention block, ``c_W = min(c, W)`` for a windowed one,
+        ``((L − L_s)·c + L_s·c_W)/L`` with ``L_s`` = ``len(sliding_layers)``.
+
+        The same figure is what a sequence at context ``c`` keeps in the blocks' KV caches, in
+        full-attention tokens (a windowed block caches ``min(c, W)``). ``c`` itself for a model
+        without a window.
+
+        Parameters
+        ----------
+        context
+            ``c``, or the mean context ``c̄`` of a stretch of decode steps.
+        windowed
+            The windowed blocks' mean ``E[min(c, W)]`` over that stretch (at most
+            ``min(c̄, W)``); ``None``: ``min(c, W)``, exact for one context.
+
+        Returns
+        -------
+        float
+            Keys per query (tokens per sequence), averaged over the blocks.
+        """
+        if not self.sliding_window:
+            return context
+        c_w = min(context, self.sliding_window) if windowed is None else windowed
+        n = len(self.sliding_layers)
+        return ((self.layers - n) * context + n * c_w) / self.layers
+
+    def windowed_mean(self, lo: float, hi: float) -> float:
+        """``E[min(c, W)]`` for a context ``c`` uniform on ``[lo, hi]``,
+        ``(lo + hi)/2 − ((hi − W)₊² − (lo − W)₊²)/(2·(hi − lo))`` (``min(lo, W)`` when
+        ``hi = lo``): the windowed blocks' mean context over a stretch of decode steps (a model
+        with a window)."""
+        w = self.sliding_window
+        if hi <= lo:
+            return float(min(lo, w))
+        excess = max(0.0, hi - w) ** 2 - max(0.0, lo - w) ** 2
+        return 0.5 * (lo + hi) - excess / (2.0 * (hi - lo))
+
+    def attended_square(self, tokens_sq: float, window_sq: float | None = None) -> float:
+        """The ``ℓ²`` of the attention core, averaged over the blocks:
+        ``((L − L_s)·E[ℓ²] + L_s·E[s_W(ℓ)])/L`` with ``s_W(ℓ) = ℓ² − (ℓ − W)₊²``.
+
+        Under the causal mask a full-attention block does ``Σ_{c ≤ ℓ} 4·d_att·c ≈ 2·d_att·ℓ²``
+        over a sequence of ``ℓ`` tokens, a windowed block ``Σ_{c ≤ ℓ} 4·d_att·min(c, W) ≈
+        2·d_att·s_W(ℓ)``: ``ℓ²`` up to ``ℓ = W``, then ``2·W`` more per token. ``tokens_sq``
+        itself for a model without a window.
+
+        Parameters
+        ----------
+        tokens_sq
+            ``E[ℓ²]`` (``ℓ²`` for one length).
+        window_sq
+            ``E[s_W(ℓ)]`` of the sequences' lengths; ``None``: ``s_W(√E[ℓ²])``, exact for one
+            length and where no length exceeds ``W``, an upper bound otherwise (``s_W(√y)`` is
+            concave in ``y``, so ``E[s_W(ℓ)] ≤ s_W(√E[ℓ²])`` by Jensen's inequality).
+
+        Returns
+        -------
+        float
+            Squared tokens per sequence, averaged over the blocks.
+        """
+        if not self.sliding_window:
+            return tokens_sq
+        if window_sq is None:
+            excess = max(0.0, math.sqrt(tokens_sq) - self.sliding_window)
+            window_sq = tokens_sq - excess * excess
+        n = len(self.sliding_layers)
+        return ((self.layers - n) * tokens_sq + n * window_sq) / self.layers
 
     @property
     def dense_ffn_params(self) -> int:
@@ -815,7 +999,8 @@ class ModelSpec:
 
         ``ffn_hidden`` defaults to the original ratio ``dff/d`` applied to the new ``hidden``; a
         mixture of experts keeps its expert counts, scales the expert widths by ``hidden``'s ratio
-        and keeps the dense layers that still exist.
+        and keeps the dense layers that still exist; a sliding window stays on the windowed layers
+        that still exist (none left: no window).
         """
         ratio = self.ffn_hidden / self.hidden
         scale = hidden / self.hidden
@@ -833,6 +1018,8 @@ class ModelSpec:
             expert_ffn=max(1, round(self.expert_ffn * scale)) if self.experts else 0,
             shared_ffn=max(1, round(self.shared_ffn * scale)) if self.shared_experts else 0,
             dense_layers=tuple(i for i in self.dense_layers if i < min(layers, self.layers) - 1),
+            sliding_window=self.sliding_window if any(i < layers for i in self.sliding_layers) else 0,
+            sliding_layers=tuple(i for i in self.sliding_layers if i < layers),
         )
 
     # ------------------------------------------------------------------ constructors
@@ -847,47 +1034,62 @@ class ModelSpec:
 
         The file is read as ``transformers`` reads it, per architecture: ``model_type`` picks an
         entry of :data:`HF_ARCHITECTURES` (dense: ``llama``, ``mistral``, ``qwen2``, ``qwen3``,
-        ``gemma``, ``phi3``, ``gpt2``, ``opt``, ``gpt_neox``; mixture of experts: ``qwen2_moe``,
-        ``qwen3_moe``, ``mixtral``, ``glm4_moe``, ``deepseek_v2``, ``deepseek_v3``, whose expert
-        fields — and DeepSeek's latent-attention fields — are required and read as
-        :func:`_read_experts` and :func:`_read_latent` say), which names the fields and gives the
+        ``gemma``, ``phi3``, ``gpt2``, ``opt``, ``gpt_neox``, and with sliding-window layers
+        ``gemma2`` and ``gemma3_text``; mixture of experts: ``qwen2_moe``, ``qwen3_moe``,
+        ``mixtral``, ``glm4_moe``, ``deepseek_v2``, ``deepseek_v3`` and, with sliding-window
+        layers, ``gpt_oss``, whose expert fields — and DeepSeek's latent-attention fields,
+        and the windows' width — are required and read as :func:`_read_experts`,
+        :func:`_read_latent` and :func:`_read_window` say), which names the fields and gives the
         config class's defaults:
 
         * the shape fields are required: layers, width and query heads (``num_hidden_layers``,
           ``hidden_size``, ``num_attention_heads``; GPT-2: ``n_layer``, ``n_embd``, ``n_head``),
           ``vocab_size`` and the FFN width (``intermediate_size``; OPT: ``ffn_dim``; GPT-2's
           ``n_inner`` may be absent or ``null``: ``4·n_embd``);
-        * ``num_key_value_heads`` absent: the class default (Mistral 8, Qwen2/Qwen3 32, Gemma 16;
-          Llama, Phi-3: the query heads); ``null``, or an architecture without the field: the
-          query heads;
-        * ``head_dim`` absent or ``null``: the class default (Qwen3 128, Gemma 256; others
-          ``hidden // heads``); GPT-2, OPT and GPT-NeoX have none;
+        * ``num_key_value_heads`` absent: the class default (Mistral 8, Qwen2/Qwen3 32, Gemma 16,
+          Gemma-2/3 4, gpt-oss 8; Llama, Phi-3: the query heads); ``null``, or an architecture
+          without the field: the query heads;
+        * ``head_dim`` absent or ``null``: the class default (Qwen3 128, Gemma, Gemma-2/3 256,
+          gpt-oss 64; others ``hidden // heads``); GPT-2, OPT and GPT-NeoX have none;
         * ``tie_word_embeddings`` absent or ``null``: the class default (tied for GPT-2, OPT and
-          Gemma; untied for the others);
+          Gemma-1/2/3; untied for the others);
         * the FFN is gated (3 projections: ``gate, up, down``) for Llama, Mistral, Qwen2, Qwen3,
-          Gemma and Phi-3 whatever ``hidden_act`` says (Gemma's GeGLU has ``gelu``), and has 2
-          (``up, down``) for GPT-2, OPT and GPT-NeoX;
+          Gemma-1/2/3, Phi-3 and gpt-oss's experts whatever ``hidden_act`` says (Gemma's GeGLU
+          has ``gelu``), and has 2 (``up, down``) for GPT-2, OPT and GPT-NeoX;
+        * sliding-window layers (gpt-oss, Gemma-2, Gemma-3): those ``layer_types`` calls
+          ``"sliding_attention"``, else the config class's pattern (every other layer from the
+          first; Gemma-3 five of six, ``sliding_window_pattern``), with the required
+          ``sliding_window``; a ``layer_types`` entry other than ``"full_attention"`` and
+          ``"sliding_attention"`` is refused under any ``model_type``;
         * ``torch_dtype`` (or ``dtype``; default ``bfloat16``) gives the bytes per scalar.
 
         Biases, learned position embeddings and LayerNorm biases are not counted (as the norms,
         they are not matmul work): GPT-2 small reads as 123.6M parameters against its 124.4M.
-        Mistral's ``sliding_window`` (and Qwen2/Qwen3's with ``use_sliding_window``, Phi-3's) is
-        not modelled: a window at least as long as the sequences changes nothing, a shorter one
-        is over-counted (attention FLOPs and KV cache as full attention: conservative).
+        Nor are gpt-oss's attention sinks (one scalar per head and layer), Gemma-2/3's two extra
+        norms per block and Gemma-3's QK-norms (two norms per block count, ``2d``, for every
+        architecture). Mistral's ``sliding_window`` (and Qwen2/Qwen3's with
+        ``use_sliding_window``, Phi-3's) is not modelled: a window at least as long as the
+        sequences changes nothing, a shorter one is over-counted (attention FLOPs and KV cache as
+        full attention: conservative). gpt-oss's published ``quantization_config``
+        (``quant_method`` ``"mxfp4"``: its experts stored in MXFP4) is read as the BF16 model it
+        dequantizes to, the model RL trains.
         ``ModelSpec.family`` is the ``model_type`` for the runtime's :data:`FAMILIES` and
         ``"llama"`` for the others: they plan as themselves and run as a scaled Llama model (the
         runtime refuses their checkpoints' weights). When the directory also holds
         ``*.safetensors`` weights, :attr:`checkpoint` is its absolute path.
 
         Refused, naming the field and its value: a missing ``model_type`` or one outside
-        :data:`HF_ARCHITECTURES`; Gemma-2/3 (``gemma2``, ``gemma3``, ``gemma3_text``: interleaved
-        sliding-window layers); a quantized checkpoint (``quantization_config``: AWQ, GPTQ,
-        bitsandbytes, FP8, ...; quantized weights are not modelled); OPT with a
+        :data:`HF_ARCHITECTURES` (Gemma-3's image-text ``gemma3``: its vision tower); a quantized
+        checkpoint (``quantization_config``: AWQ, GPTQ, bitsandbytes, FP8, ..., and MXFP4 outside
+        gpt-oss; quantized weights are not modelled); bidirectional attention
+        (``use_bidirectional_attention``); a missing ``sliding_window`` where layers are
+        windowed, a ``layer_types`` of the wrong length or with another kind; OPT with a
         ``word_embed_proj_dim`` other than ``hidden_size``; a figure above its ``MAX_*`` bound;
         a missing or out-of-range expert field; mixture-of-experts architectures not in the table
         and multi-head-latent-attention models (read as dense models their parameters, FLOPs and
         KV cache would be wrong): a ``model_type`` of a known MoE architecture (or one containing
-        ``moe``) without an expert reader (gpt-oss: sliding-window layers; OLMoE, DBRX, ...), an expert count above 1 under such a ``model_type`` (``num_experts``,
+        ``moe``) without an expert reader (Llama 4: chunked attention; OLMoE, DBRX, ...), an
+        expert count above 1 under such a ``model_type`` (``num_experts``,
         ``num_local_experts``, ``n_routed_experts``, ``moe_num_experts``,
         ``num_experts_per_tok``, ...; also inside a nested table such as DBRX's ``ffn_config``),
         or a non-null ``kv_lora_rank``/``q_lora_rank`` under a ``model_type`` other than DeepSeek's.
@@ -1000,6 +1202,10 @@ class ModelSpec:
             fields.update(_read_experts(cfg, arch.experts, int(fields["layers"]), path))
         if arch.latent:
             fields.update(_read_latent(cfg, path))
+        if arch.window_period:
+            fields.update(_read_window(cfg, arch, int(fields["layers"]), path))
+        else:  # the kinds must be known; a window of Mistral, Qwen2 or Phi-3 reads as full attention
+            _layer_types(cfg, int(fields["layers"]), path)
         try:
             return cls(**fields)
         except ValueError as exc:
@@ -1025,6 +1231,11 @@ class ModelSpec:
             | ({"checkpoint": self.checkpoint} if self.checkpoint else {})
             | self._expert_fields()
             | ({f: getattr(self, f) for f in _MLA_SPEC_FIELDS} if self.is_mla else {})
+            | (
+                {"sliding_window": self.sliding_window, "sliding_layers": list(self.sliding_layers)}
+                if self.sliding_window
+                else {}
+            )
         )
 
     def _expert_fields(self) -> dict[str, object]:
@@ -1072,8 +1283,9 @@ def _read_experts(cfg: dict, kind: str, layers: int, path: Path) -> dict[str, ob
       ``shared_expert_intermediate_size`` (its ``d×1`` gate is not counted); layer ``i`` is dense
       when it is in ``mlp_only_layers`` or ``(i + 1) % decoder_sparse_step ≠ 0`` (both optional:
       ``[]`` and 1);
-    * ``"mixtral"``: ``num_local_experts``, ``num_experts_per_tok``, experts of
-      ``intermediate_size``; no dense layer;
+    * ``"mixtral"`` and ``"gpt_oss"``: ``num_local_experts``, ``num_experts_per_tok``, experts of
+      ``intermediate_size``; no dense layer (gpt-oss: an ``experts_per_token`` that differs from
+      ``num_experts_per_tok`` is refused);
     * ``"glm"`` (GLM-4.5) and ``"deepseek"`` (DeepSeek-V2/V3): ``n_routed_experts``,
       ``num_experts_per_tok``, ``moe_intermediate_size``, ``n_shared_experts`` shared experts of
       the same width, the first ``first_k_dense_replace`` layers dense (DeepSeek: and those off
@@ -1110,10 +1322,18 @@ def _read_experts(cfg: dict, kind: str, layers: int, path: Path) -> dict[str, ob
                 field="mlp_only_layers",
             )
         out["dense_layers"] = tuple(i for i in range(layers) if i in only or (i + 1) % step)
-    elif kind == "mixtral":
+    elif kind in ("mixtral", "gpt_oss"):
         out["experts"] = _expert_figure(cfg, "num_local_experts", path)
         out["experts_active"] = _expert_figure(cfg, "num_experts_per_tok", path)
         out["expert_ffn"] = _expert_figure(cfg, "intermediate_size", path)
+        alias = cfg.get("experts_per_token")  # gpt-oss's files carry OpenAI's name too
+        if kind == "gpt_oss" and alias is not None and alias != out["experts_active"]:
+            raise InputError(
+                f"{path}: field 'experts_per_token' = {_show(alias)} differs from 'num_experts_per_tok' = "
+                f"{out['experts_active']} (GptOssConfig reads the latter; the file contradicts itself)",
+                source=source,
+                field="experts_per_token",
+            )
     elif kind in ("deepseek", "glm"):
         out["experts"] = _expert_figure(cfg, "n_routed_experts", path)
         out["experts_active"] = _expert_figure(cfg, "num_experts_per_tok", path)
@@ -1160,6 +1380,75 @@ def _read_latent(cfg: dict, path: Path) -> dict[str, int]:
     }
     out["q_lora_rank"] = _expert_figure(cfg, "q_lora_rank", path) if cfg.get("q_lora_rank") is not None else 0
     return out
+
+
+def _layer_types(cfg: dict, layers: int, path: Path) -> list[str] | None:
+    """``cfg['layer_types']`` (``None`` when absent or null): one entry per layer, each one of
+    :data:`_LAYER_TYPES`; anything else is refused, named (an attention kind rpeg does not model,
+    such as ``chunked_attention`` or ``linear_attention``, would be misread as full attention)."""
+    types = cfg.get("layer_types")
+    if types is None:
+        return None
+    if not isinstance(types, list) or len(types) != layers:
+        raise InputError(
+            f"{path}: field 'layer_types' must be a list of {layers} layer kinds (one per layer of "
+            f"num_hidden_layers), got {_show(types)}",
+            source=str(path),
+            field="layer_types",
+        )
+    for i, kind in enumerate(types):
+        if kind not in _LAYER_TYPES:
+            raise InputError(
+                f"{path}: field 'layer_types'[{i}] = {_show(kind)} is not a layer kind rpeg models "
+                f"({', '.join(map(repr, _LAYER_TYPES))}; another would be misread as full attention)",
+                source=str(path),
+                field="layer_types",
+            )
+    return types
+
+
+def _read_window(cfg: dict, arch: HFArchitecture, layers: int, path: Path) -> dict[str, object]:
+    """The :class:`ModelSpec` sliding-window fields of a gpt-oss, Gemma-2 or Gemma-3 ``config.json``
+    (SPEC §15.1), read as the ``transformers`` config class does: the windowed layers are those
+    ``layer_types`` calls ``"sliding_attention"``; when ``layer_types`` is absent or null, the
+    layers ``i`` with ``(i + 1) % p ≠ 0``, ``p`` the class's pattern (:attr:`HFArchitecture.window_period`,
+    or Gemma-3's ``sliding_window_pattern``). ``sliding_window`` is required when some layer is
+    windowed (a missing window is refused, named, not taken from a class default). No windowed
+    layer: no fields (every layer attends in full)."""
+    source = str(path)
+    types = _layer_types(cfg, layers, path)
+    if types is None:
+        period = arch.window_period
+        key = arch.window_period_field
+        if key and cfg.get(key) is not None:
+            period = cfg[key]
+            if isinstance(period, bool) or not isinstance(period, int) or not 1 <= period <= MAX_LAYERS:
+                raise InputError(
+                    f"{path}: field {key!r} must be an integer from 1 to {MAX_LAYERS:,}, got {_show(period)}",
+                    source=source,
+                    field=key,
+                )
+        sliding = tuple(i for i in range(layers) if (i + 1) % period)
+    else:
+        sliding = tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
+    if not sliding:
+        return {}
+    window = cfg.get("sliding_window")
+    if window is None:
+        raise InputError(
+            f"{path}: missing config field 'sliding_window' ({len(sliding)} of the {layers} layers attend "
+            "through a sliding window; rpeg reads its width from the file, not from a config class's "
+            "default)",
+            source=source,
+            field="sliding_window",
+        )
+    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
+        raise InputError(
+            f"{path}: field 'sliding_window' must be an integer from 1 to {MAX_WINDOW:,}, got {_show(window)}",
+            source=source,
+            field="sliding_window",
+        )
+    return {"sliding_window": window, "sliding_layers": sliding}
 
 
 def _many_experts(value: object) -> bool:
@@ -1229,8 +1518,11 @@ def _architecture(cfg: dict, path: Path) -> HFArchitecture:
     """The :data:`HF_ARCHITECTURES` entry of ``cfg``'s ``model_type``, or :class:`InputError`.
 
     Refused, naming the file, the field and its value: a missing or unknown ``model_type``
-    (listing the known ones), Gemma-2/3 (sliding-window layers), a quantized checkpoint
-    (``quantization_config``) and an OPT ``word_embed_proj_dim`` other than ``hidden_size``.
+    (listing the known ones; Gemma-3's image-text ``gemma3`` with what to give instead), a
+    quantized checkpoint (``quantization_config``; but for the method an architecture reads as the
+    unquantized model, :attr:`HFArchitecture.dequantized`: gpt-oss's ``mxfp4``), bidirectional
+    attention (``use_bidirectional_attention``) and an OPT ``word_embed_proj_dim`` other than
+    ``hidden_size``.
     """
     source = str(path)
     known = ", ".join(sorted(HF_ARCHITECTURES))
@@ -1248,14 +1540,9 @@ def _architecture(cfg: dict, path: Path) -> HFArchitecture:
             source=source,
             field="model_type",
         )
-    if model_type in _SLIDING_MODEL_TYPES:
-        text_config = cfg.get("text_config")
-        nested = text_config.get("sliding_window") if isinstance(text_config, dict) else None
-        window = cfg.get("sliding_window", nested)
+    if model_type in _REFUSED_MODEL_TYPES:
         raise InputError(
-            f"{path}: field 'model_type' = {model_type!r} interleaves sliding-window attention layers "
-            f"(field 'sliding_window' = {window!r}); sliding-window attention is not modelled yet (its "
-            "FLOPs and KV cache would be misread as full attention's)",
+            f"{path}: field 'model_type' = {model_type!r} is {_REFUSED_MODEL_TYPES[model_type]}",
             source=source,
             field="model_type",
         )
@@ -1266,23 +1553,37 @@ def _architecture(cfg: dict, path: Path) -> HFArchitecture:
             source=source,
             field="model_type",
         )
+    arch = HF_ARCHITECTURES[model_type]
     quant = cfg.get("quantization_config")
     if quant is not None:
         table = quant if isinstance(quant, dict) else {}
-        bits = table.get("bits", table.get("w_bit"))  # AWQ, GPTQ (AutoAWQ: w_bit)
-        if bits is None and (table.get("load_in_4bit") or table.get("load_in_8bit")):  # bitsandbytes
-            bits = 4 if table.get("load_in_4bit") else 8
-        what = f"quant_method {_show(table.get('quant_method'))}" + (
-            f", bits {_show(bits)}" if bits is not None else ""
-        )
+        method = table.get("quant_method")
+        if not (arch.dequantized and method == arch.dequantized):
+            bits = table.get("bits", table.get("w_bit"))  # AWQ, GPTQ (AutoAWQ: w_bit)
+            if bits is None and (table.get("load_in_4bit") or table.get("load_in_8bit")):  # bitsandbytes
+                bits = 4 if table.get("load_in_4bit") else 8
+            what = f"quant_method {_show(method)}" + (f", bits {_show(bits)}" if bits is not None else "")
+            read = (
+                f" (of {model_type!r} checkpoints rpeg reads quant_method {arch.dequantized!r}, as the "
+                "unquantized model it dequantizes to)"
+                if arch.dequantized
+                else ""
+            )
+            raise InputError(
+                f"{path}: field 'quantization_config' ({what}) marks a "
+                "quantized checkpoint; quantized weights are not modelled (they would be read as "
+                f"unquantized, with wrong weight memory){read}; give the unquantized model's config.json",
+                source=source,
+                field="quantization_config",
+            )
+    if cfg.get("use_bidirectional_attention"):
         raise InputError(
-            f"{path}: field 'quantization_config' ({what}) marks a "
-            "quantized checkpoint; quantized weights are not modelled (they would be read as "
-            "unquantized, with wrong weight memory); give the unquantized model's config.json",
+            f"{path}: field 'use_bidirectional_attention' = "
+            f"{_show(cfg['use_bidirectional_attention'])} makes attention bidirectional (an encoder, "
+            "such as EmbeddingGemma); rpeg models causal decoders",
             source=source,
-            field="quantization_config",
+            field="use_bidirectional_attention",
         )
-    arch = HF_ARCHITECTURES[model_type]
     if model_type == "opt":
         proj = cfg.get("word_embed_proj_dim")
         if proj is not None and proj != cfg.get("hidden_size"):
@@ -1323,6 +1624,8 @@ class ModelSpecFile(Strict):
     qk_nope_head_dim: Annotated[int, Field(ge=0)] = 0
     qk_rope_head_dim: Annotated[int, Field(ge=0)] = 0
     v_head_dim: Annotated[int, Field(ge=0)] = 0
+    sliding_window: Annotated[int, Field(ge=0)] = 0
+    sliding_layers: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
 
 
 def _llama(name: str, L: int, d: int, dff: int, heads: int, kv: int, vocab: int) -> ModelSpec:
@@ -1361,6 +1664,27 @@ def _moe(
         experts=experts,
         experts_active=active,
         expert_ffn=d_e,
+    )
+
+
+def _gpt_oss(name: str, L: int, experts: int) -> ModelSpec:
+    """gpt-oss (config.json of openai/gpt-oss-20b and -120b): ``d = dff = d_e = 2880``, 64 query
+    heads and 8 KV heads of 64, 4 routed experts per token, untied embeddings of 201,088 tokens,
+    a 128-token window on the even layers (``layer_types``: sliding, full, sliding, ...)."""
+    return ModelSpec(
+        name=name,
+        layers=L,
+        hidden=2880,
+        ffn_hidden=2880,
+        vocab=201088,
+        heads=64,
+        kv_heads=8,
+        head_dim=64,
+        experts=experts,
+        experts_active=4,
+        expert_ffn=2880,
+        sliding_window=128,
+        sliding_layers=tuple(range(0, L, 2)),
     )
 
 
@@ -1412,6 +1736,13 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         qk_rope_head_dim=64,
         v_head_dim=128,
     ),
+    # gpt-oss: sliding-window attention on every other layer (SPEC §15.1). OpenAI's model card:
+    # 20.91B total / 3.61B active, 116.83B / 5.13B; its active counts hold the blocks' active
+    # weights and one V·d matrix (the unembedding: an embedding lookup is no matmul). The attention
+    # and expert biases and the 64 attention sinks per layer (0.03% of the weights) are left out
+    # like the other biases.
+    "gpt-oss-20b": _gpt_oss("gpt-oss-20b", 24, 32),
+    "gpt-oss-120b": _gpt_oss("gpt-oss-120b", 36, 128),
     # 175B-class (GPT-3 shape) for the RPEG paper's 1,024-GPU configuration.
     "gpt3-175b": ModelSpec(
         name="gpt3-175b",

@@ -105,6 +105,15 @@ class LengthBucket:
         """``E[r²] = (lo² + lo·hi + hi²)/3`` of the uniform law on ``(lo, hi]``."""
         return (self.lo * self.lo + self.lo * self.hi + self.hi * self.hi) / 3.0
 
+    def mean_excess_square(self, u: float) -> float:
+        """``E[(r − u)₊²] = ((hi − u)₊³ − (lo − u)₊³)/(3·(hi − lo))`` of the uniform law on
+        ``(lo, hi]`` (``(hi − u)₊²`` when ``lo = hi``): what a sliding window ``W`` takes off
+        ``E[ℓ²]`` of ``ℓ = Lp + r`` tokens at ``u = W − Lp`` (SPEC §15.1)."""
+        a, b = max(0.0, self.lo - u), max(0.0, self.hi - u)
+        if self.hi <= self.lo:
+            return b * b
+        return (b * b * b - a * a * a) / (3.0 * (self.hi - self.lo))
+
 
 def default_quantiles(response_len: int) -> tuple[tuple[float, int], ...]:
     """SPEC §2 default: ``[(0.50, Lr/4), (0.85, Lr/2), (1.0, Lr)]`` (lengths rounded, ≥ 1)."""

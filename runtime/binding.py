@@ -86,7 +86,8 @@ def scale_spec(
     small and base, 512 for medium), ``kv_heads = heads`` and
     ``ffn_hidden = 2·hidden``. The FFN is the family's SiLU-gated one (``ffn_projections = 3``, also
     for a two-projection shape such as GPT-3's: the runtime's architectures are gated);
-    ``family`` and ``tied_embeddings`` are those of ``spec``, ``vocab`` is the task's.
+    ``family`` and ``tied_embeddings`` are those of ``spec``, ``vocab`` is the task's; no sliding
+    window (the runtime's models attend in full, :mod:`~rpeg.runtime.engines.hf_models`).
 
     A mixture-of-experts spec keeps its kind with ``E = Pe·⌈8/Pe⌉`` experts (at least 8, a
     multiple of ``ep``), ``k = min(k, 2)`` per token, expert FFN width ``hidden/2`` and, where the
@@ -123,6 +124,8 @@ def scale_spec(
         "ffn_projections": 3,
         "vocab": vocab,
         "checkpoint": "",  # a scaled model has seeded weights, whatever the plan's model was
+        "sliding_window": 0,  # Gemma-2/3's windowed layers run as full attention
+        "sliding_layers": (),
     }
     if spec.is_moe:
         layers = int(fields["layers"])  # type: ignore[call-overload]

@@ -97,6 +97,7 @@ class Costs:
         self._model_heads = [graph.models[v.model].head for v in graph.vertices]
         self._buckets = workload.buckets
         self._stats: dict[LengthBucket | None, tuple[float, float]] = {}
+        self._window_stats: dict[tuple[LengthBucket | None, int], float] = {}
 
     def layout(self, s: Strategy) -> Layout:
         """The cost model's :class:`Layout` of a strategy."""
@@ -143,7 +144,8 @@ class Costs:
         """Generation: the continuous-batching engine (:func:`~rpeg.costmodel.time.generation_times`,
         SPEC §14.5) with a rule reward's host time after the last token (SPEC §14.8); inference
         and training: packed sequences at their ``E[ℓ]``, ``E[ℓ²]`` (all of them, or phase
-        ``q``'s bucket; SPEC §14.1), or padded to ``Lp + Lr`` (``packing=False``). With host
+        ``q``'s bucket; SPEC §14.1) and, for a model with sliding-window blocks, ``E[s_W(ℓ)]``
+        (:meth:`_window_square`), or padded to ``Lp + Lr`` (``packing=False``). With host
         offload (SPEC §14.4) the first node also loads the offloaded state and the last one
         offloads it again (:func:`~rpeg.costmodel.time.host_offload_time`)."""
         if s.offload:
@@ -178,6 +180,9 @@ class Costs:
         for bucket in buckets:
             share = 1.0 if bucket is None else bucket.share
             stats = self._token_stats(bucket) if s.packing else (None, None)
+            window_sq = (
+                self._window_square(bucket, spec.sliding_window) if s.packing and spec.is_windowed else None
+            )
             bd = op_time(
                 spec,
                 v.role,
@@ -187,6 +192,7 @@ class Costs:
                 tokens=stats[0],
                 tokens_sq=stats[1],
                 updates=w.mini_batches if v.role is Role.TRAINING else 1,
+                window_sq=window_sq,
                 **common,
             )
             out.append(bd.total)
@@ -203,6 +209,22 @@ class Costs:
             mean = sum(b.share * b.mean for b in buckets) / total
             mean_sq = sum(b.share * b.mean_square for b in buckets) / total
             hit = self._stats[bucket] = (lp + mean, lp * lp + 2.0 * lp * mean + mean_sq)
+        return hit
+
+    def _window_square(self, bucket: LengthBucket | None, window: int) -> float:
+        """``E[s_W(ℓ)] = E[ℓ²] − E[(ℓ − W)₊²]`` of packed sequences ``ℓ = Lp + r`` (over every
+        bucket, or one), the attention core's ``ℓ²`` in a block with a sliding window ``W``
+        (SPEC §15.1): ``(ℓ − W)₊ = (r − u)₊`` with ``u = W − Lp``, whose square's mean each
+        bucket gives in closed form (:meth:`~rpeg.ir.workload.LengthBucket.mean_excess_square`;
+        cached)."""
+        key = (bucket, window)
+        hit = self._window_stats.get(key)
+        if hit is None:
+            u = window - self.workload.prompt_len
+            buckets = self._buckets if bucket is None else (bucket,)
+            total = sum(b.share for b in buckets)
+            excess = sum(b.share * b.mean_excess_square(u) for b in buckets) / total
+            hit = self._window_stats[key] = self._token_stats(bucket)[1] - excess
         return hit
 
     def comm(self, nbytes: float, src: Choice, dst: Choice) -> float:
@@ -231,13 +253,16 @@ class Costs:
     def runnable(self, vertex: int, s: Strategy) -> bool:
         """Whether the engine can start with strategy ``s`` (SPEC §14.5): a generation's cache
         must hold one sequence at full length, ``K/κ ≥ Lp + Lr``
-        (:func:`~rpeg.costmodel.memory.kv_budget_tokens`); every other strategy can."""
+        (:func:`~rpeg.costmodel.memory.kv_budget_tokens`; with sliding-window blocks the
+        sequence's :meth:`~rpeg.ir.models.ModelSpec.attended` ``(Lp + Lr)`` tokens); every other
+        strategy can."""
         v = self.graph.vertices[vertex]
         if v.role is not Role.GENERATION:
             return True
         w = self.workload
-        tokens = kv_budget_tokens(self._specs[vertex], self.layout(s), self.hw, self._model_heads[vertex])
-        return tokens >= w.prompt_len + w.response_len
+        spec = self._specs[vertex]
+        tokens = kv_budget_tokens(spec, self.layout(s), self.hw, self._model_heads[vertex])
+        return tokens >= spec.attended(w.prompt_len + w.response_len)
 
     def offloaded_bytes(self, vertex: int, s: Strategy) -> float:
         """Bytes per device that host offload keeps in host memory between the vertex's runs

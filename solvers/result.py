@@ -430,7 +430,8 @@ class Result:
     # ------------------------------------------------------------------ text
     def _models_line(self) -> str:
         """``models`` line of :meth:`summary`: each model's name and parameters; a mixture of
-        experts also its active parameters and experts per token, latent attention said."""
+        experts also its active parameters and experts per token, latent attention said, and a
+        sliding window's width and layers."""
         parts = []
         for m, inst in self.graph.models.items():
             spec = inst.spec
@@ -442,6 +443,8 @@ class Result:
                 )
             if spec.is_mla:
                 text += " latent attention"
+            if spec.is_windowed:
+                text += f" {spec.sliding_window}-token window on {len(spec.sliding_layers)} of {spec.layers} layers"
             parts.append(text)
         return "models     " + "; ".join(parts)
 

@@ -15,8 +15,10 @@ from rpeg.ir.models import (
     MAX_HIDDEN,
     MAX_LAYERS,
     MAX_VOCAB,
+    MAX_WINDOW,
     MODEL_PRESETS,
     ModelSpec,
+    ModelSpecFile,
     model_preset,
 )
 
@@ -38,6 +40,9 @@ PUBLISHED = {
     "qwen3-235b-a22b": 235e9,
     "mixtral-8x7b": 46.7e9,
     "deepseek-v3": 671e9,
+    # OpenAI's gpt-oss model card (Table 1): 20.91B and 116.83B total
+    "gpt-oss-20b": 20.91e9,
+    "gpt-oss-120b": 116.83e9,
 }
 
 #: Published (total, active) parameters of the MoE presets and the tolerance of the active count:
@@ -296,29 +301,70 @@ DEEPSEEK_V3_CONFIG = {
     "vocab_size": 129280,
 }
 
+# config.json of openai/gpt-oss-20b (no torch_dtype: bfloat16; the experts stored in MXFP4)
 GPT_OSS_20B_CONFIG = {
     "architectures": ["GptOssForCausalLM"],
+    "attention_bias": True,
+    "attention_dropout": 0.0,
     "experts_per_token": 4,
     "head_dim": 64,
     "hidden_act": "silu",
     "hidden_size": 2880,
+    "initial_context_length": 4096,
     "intermediate_size": 2880,
     "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072,
     "model_type": "gpt_oss",
     "num_attention_heads": 64,
     "num_experts_per_tok": 4,
     "num_hidden_layers": 24,
     "num_key_value_heads": 8,
     "num_local_experts": 32,
-    "quantization_config": {"quant_method": "mxfp4"},
+    "quantization_config": {
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+        "quant_method": "mxfp4",
+    },
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 150000,
+    "router_aux_loss_coef": 0.9,
     "sliding_window": 128,
+    "swiglu_limit": 7.0,
     "tie_word_embeddings": False,
     "vocab_size": 201088,
+}
+# openai/gpt-oss-120b: 36 layers of 128 experts, the rest as the 20b's
+GPT_OSS_120B_CONFIG = dict(
+    GPT_OSS_20B_CONFIG,
+    layer_types=["sliding_attention", "full_attention"] * 18,
+    num_hidden_layers=36,
+    num_local_experts=128,
+)
+
+# the text model of meta-llama/Llama-4-Scout-17B-16E (its text_config): chunked attention
+LLAMA4_SCOUT_TEXT_CONFIG = {
+    "attention_chunk_size": 8192,
+    "head_dim": 128,
+    "hidden_size": 5120,
+    "interleave_moe_layer_step": 1,
+    "intermediate_size": 8192,
+    "intermediate_size_mlp": 16384,
+    "model_type": "llama4_text",
+    "num_attention_heads": 40,
+    "num_experts_per_tok": 1,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 8,
+    "num_local_experts": 16,
+    "vocab_size": 202048,
 }
 
 #: MoE architectures rpeg does not read yet: config, the field that counts experts and its value.
 UNREAD_MOE_CONFIGS = {
-    "gpt-oss-20b": (GPT_OSS_20B_CONFIG, "num_local_experts", 32, "sliding-window attention layers"),
+    "llama4-scout": (LLAMA4_SCOUT_TEXT_CONFIG, "num_local_experts", 16, "chunked-attention layers"),
 }
 
 
@@ -341,13 +387,13 @@ def test_from_hf_config_refuses_moe_architectures_it_does_not_read(tmp_path, fam
     assert err.field == "model_type"
     err = _refused(tmp_path, dict(QWEN3_30B_A3B_CONFIG, model_type="olmoe"))
     assert (
-        "rpeg reads the mixture-of-experts architectures deepseek_v2, deepseek_v3, glm4_moe, mixtral, "
-        "qwen2_moe, qwen3_moe" in str(err)
+        "rpeg reads the mixture-of-experts architectures deepseek_v2, deepseek_v3, glm4_moe, gpt_oss, "
+        "mixtral, qwen2_moe, qwen3_moe" in str(err)
     )
 
 
 @pytest.mark.parametrize(
-    "family", [*sorted(UNREAD_MOE_CONFIGS), "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3"]
+    "family", [*sorted(UNREAD_MOE_CONFIGS), "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3", "gpt-oss-20b"]
 )
 def test_from_hf_config_refuses_experts_under_any_model_type(tmp_path, family):
     # an unknown (or dense-looking) model_type does not hide the experts
@@ -356,6 +402,7 @@ def test_from_hf_config_refuses_experts_under_any_model_type(tmp_path, family):
         "qwen3-30b-a3b": (QWEN3_30B_A3B_CONFIG, "num_experts", 128),
         "mixtral-8x7b": (MIXTRAL_8X7B_CONFIG, "num_local_experts", 8),
         "deepseek-v3": (DEEPSEEK_V3_CONFIG, "n_routed_experts", 256),
+        "gpt-oss-20b": (GPT_OSS_20B_CONFIG, "num_local_experts", 32),
     }[family]
     for model_type in ("my_new_arch", "llama"):
         err = _refused(tmp_path, dict(cfg, model_type=model_type))
@@ -597,6 +644,82 @@ PHI3_MINI_CONFIG = {  # microsoft/Phi-3-mini-4k-instruct
     "torch_dtype": "bfloat16",
     "vocab_size": 32064,
 }
+# Gemma-2 and Gemma-3: sliding-window layers (abridged to the fields read and those that reveal
+# the architecture; no torch_dtype: bfloat16). google/gemma-2-2b, -9b, -27b: a 4,096-token window
+# on every other layer (Gemma2Config's default layer_types), tied embeddings.
+GEMMA2_2B_CONFIG = {
+    "architectures": ["Gemma2ForCausalLM"],
+    "attn_logit_softcapping": 50.0,
+    "cache_implementation": "hybrid",
+    "final_logit_softcapping": 30.0,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "model_type": "gemma2",
+    "num_attention_heads": 8,
+    "num_hidden_layers": 26,
+    "num_key_value_heads": 4,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "vocab_size": 256000,
+}
+GEMMA2_9B_CONFIG = dict(
+    GEMMA2_2B_CONFIG, hidden_size=3584, intermediate_size=14336, num_attention_heads=16,
+    num_hidden_layers=42, num_key_value_heads=8,
+)  # fmt: skip
+GEMMA2_27B_CONFIG = dict(
+    GEMMA2_2B_CONFIG, head_dim=128, hidden_size=4608, intermediate_size=36864, num_attention_heads=32,
+    num_hidden_layers=46, num_key_value_heads=16, query_pre_attn_scalar=144,
+)  # fmt: skip
+# google/gemma-3-1b-pt: a 512-token window on five layers of six (sliding_window_pattern)
+GEMMA3_1B_CONFIG = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "cache_implementation": "hybrid",
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 1152,
+    "intermediate_size": 6912,
+    "model_type": "gemma3_text",
+    "num_attention_heads": 4,
+    "num_hidden_layers": 26,
+    "num_key_value_heads": 1,
+    "query_pre_attn_scalar": 256,
+    "rope_local_base_freq": 10000,
+    "sliding_window": 512,
+    "sliding_window_pattern": 6,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 262144,
+}
+# google/gemma-3-27b-it: the image-text model, its language model in text_config (the fields that
+# differ from Gemma3TextConfig's defaults)
+GEMMA3_27B_CONFIG = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "mm_tokens_per_image": 256,
+    "model_type": "gemma3",
+    "text_config": {
+        "head_dim": 128,
+        "hidden_size": 5376,
+        "intermediate_size": 21504,
+        "model_type": "gemma3_text",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 62,
+        "num_key_value_heads": 16,
+        "query_pre_attn_scalar": 168,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+    },
+    "torch_dtype": "bfloat16",
+    "vision_config": {
+        "hidden_size": 1152,
+        "image_size": 896,
+        "intermediate_size": 4304,
+        "model_type": "siglip_vision_model",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
+    },
+}
 
 # (config, read shape (projections, tied, head_dim, kv_heads), exact count by the ModelSpec
 # formula, published total, tolerance): biases and learned position embeddings are not counted
@@ -610,6 +733,12 @@ HF_CASES = {
     "opt-125m": (OPT_125M_CONFIG, (2, True, 64, 12), 123_562_752, 125_239_296, 0.015),
     "pythia-160m": (PYTHIA_160M_CONFIG, (2, False, 64, 12), 162_220_800, 162_322_944, 0.001),
     "phi-3-mini": (PHI3_MINI_CONFIG, (3, False, 96, 32), 3_821_079_552, 3.82e9, 0.001),
+    # published: the safetensors totals, which count Gemma-2/3's four norms per block (and
+    # Gemma-3's QK-norms): 2d (+ 2·head_dim) per block more than the two norms counted here
+    "gemma-2-2b": (GEMMA2_2B_CONFIG, (3, True, 256, 4), 2_614_222_080, 2_614_341_888, 1e-4),
+    "gemma-2-9b": (GEMMA2_9B_CONFIG, (3, True, 256, 8), 9_241_404_928, 9_241_705_984, 1e-4),
+    "gemma-2-27b": (GEMMA2_27B_CONFIG, (3, True, 128, 16), 27_226_704_384, 27_227_128_320, 1e-4),
+    "gemma-3-1b": (GEMMA3_1B_CONFIG, (3, True, 256, 1), 999_812_736, 999_885_952, 1e-4),
 }  # fmt: skip
 
 
@@ -683,11 +812,21 @@ REFUSED = [
     ("gptq", dict(LLAMA31_8B_CONFIG, quantization_config=GPTQ), "quantization_config", r"quant_method 'gptq', bits 4"),
     ("bitsandbytes", dict(LLAMA31_8B_CONFIG, quantization_config=BNB), "quantization_config", r"quant_method 'bitsandbytes', bits 4"),
     ("fp8", dict(QWEN3_8B_CONFIG, quantization_config=FP8), "quantization_config", r"quant_method 'fp8'\)"),
-    ("no model_type", {k: v for k, v in LLAMA31_8B_CONFIG.items() if k != "model_type"}, "model_type", r"missing config field 'model_type'.*gemma, glm4_moe, gpt2, gpt_neox, llama, mistral, mixtral, opt, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe"),
-    ("unknown model_type", dict(LLAMA31_8B_CONFIG, model_type="falcon"), "model_type", r"field 'model_type' = 'falcon' is not an architecture rpeg reads; known: deepseek_v2, deepseek_v3, gemma, glm4_moe, gpt2"),
+    ("no model_type", {k: v for k, v in LLAMA31_8B_CONFIG.items() if k != "model_type"}, "model_type", r"missing config field 'model_type'.*gemma, gemma2, gemma3_text, glm4_moe, gpt2, gpt_neox, gpt_oss, llama, mistral, mixtral, opt, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe"),
+    ("unknown model_type", dict(LLAMA31_8B_CONFIG, model_type="falcon"), "model_type", r"field 'model_type' = 'falcon' is not an architecture rpeg reads; known: deepseek_v2, deepseek_v3, gemma, gemma2"),
     ("model_type not a string", dict(LLAMA31_8B_CONFIG, model_type=3), "model_type", r"field 'model_type' must be a string, got 3"),
-    ("gemma2", dict(GEMMA_2B_CONFIG, model_type="gemma2", sliding_window=4096), "model_type", r"'model_type' = 'gemma2' interleaves sliding-window attention layers \(field 'sliding_window' = 4096\)"),
-    ("gemma3_text", dict(GEMMA_2B_CONFIG, model_type="gemma3_text", sliding_window=1024), "model_type", r"'gemma3_text' interleaves sliding-window"),
+    ("gemma3 image-text", GEMMA3_27B_CONFIG, "model_type", r"field 'model_type' = 'gemma3' is Gemma-3's image-text model .*SigLIP vision tower.* give its text_config table as a config.json of that model_type"),
+    ("mxfp4 outside gpt-oss", dict(LLAMA31_8B_CONFIG, quantization_config={"quant_method": "mxfp4"}), "quantization_config", r"field 'quantization_config' \(quant_method 'mxfp4'\) marks a quantized checkpoint"),
+    ("gpt-oss, another quantization", dict(GPT_OSS_20B_CONFIG, quantization_config=AWQ), "quantization_config", r"quant_method 'awq', bits 4\) marks a quantized checkpoint.*\(of 'gpt_oss' checkpoints rpeg reads quant_method 'mxfp4', as the unquantized model it dequantizes to\)"),
+    ("gpt-oss, top-k twice", dict(GPT_OSS_20B_CONFIG, experts_per_token=2), "experts_per_token", r"field 'experts_per_token' = 2 differs from 'num_experts_per_tok' = 4"),
+    ("window missing", {k: v for k, v in GEMMA2_9B_CONFIG.items() if k != "sliding_window"}, "sliding_window", r"missing config field 'sliding_window' \(21 of the 42 layers attend through a sliding window"),
+    ("window null", dict(GPT_OSS_20B_CONFIG, sliding_window=None), "sliding_window", r"missing config field 'sliding_window' \(12 of the 24 layers"),
+    ("window not a count", dict(GEMMA2_9B_CONFIG, sliding_window=4096.0), "sliding_window", r"field 'sliding_window' must be an integer from 1 to 16,777,216, got 4096.0"),
+    ("pattern zero", dict(GEMMA3_1B_CONFIG, sliding_window_pattern=0), "sliding_window_pattern", r"field 'sliding_window_pattern' must be an integer from 1 to 4,096, got 0"),
+    ("layer_types too short", dict(GPT_OSS_20B_CONFIG, layer_types=["sliding_attention", "full_attention"] * 11), "layer_types", r"field 'layer_types' must be a list of 24 layer kinds"),
+    ("a chunked layer", dict(GEMMA2_9B_CONFIG, layer_types=["sliding_attention", "full_attention"] * 20 + ["chunked_attention", "full_attention"]), "layer_types", r"field 'layer_types'\[40\] = 'chunked_attention' is not a layer kind rpeg models"),
+    ("a linear layer under llama", dict(LLAMA31_8B_CONFIG, layer_types=["full_attention"] * 31 + ["linear_attention"]), "layer_types", r"field 'layer_types'\[31\] = 'linear_attention' is not a layer kind"),
+    ("bidirectional", dict(GEMMA3_1B_CONFIG, use_bidirectional_attention=True), "use_bidirectional_attention", r"field 'use_bidirectional_attention' = True makes attention bidirectional"),
     ("opt-350m projections", dict(OPT_125M_CONFIG, hidden_size=1024, word_embed_proj_dim=512), "word_embed_proj_dim", r"field 'word_embed_proj_dim' = 512 differs from 'hidden_size' = 1024"),
     ("missing FFN width", {k: v for k, v in OPT_125M_CONFIG.items() if k != "ffn_dim"}, "ffn_dim", r"missing config field 'ffn_dim'"),
 ]  # fmt: skip
@@ -941,3 +1080,121 @@ def test_from_hf_config_reads_deepseek_without_query_compression_and_names_a_mis
     assert info.value.field == "v_head_dim"
     (tmp_path / "config.json").write_text(json.dumps(dict(DEEPSEEK_V3_CONFIG, moe_layer_freq=2)))
     assert ModelSpec.from_hf_config(tmp_path).dense_layers == (0, 1, 2, *range(3, 61, 2))
+
+
+# ---------------------------------------------------------------------------- sliding windows
+#: OpenAI's gpt-oss model card (Table 1): (total, active). Its active counts hold the blocks'
+#: active weights and one V·d matrix, the unembedding (an embedding lookup is no matmul), where
+#: Qwen's and Mistral's (MOE_PUBLISHED) hold both embedding matrices.
+GPT_OSS_PUBLISHED = {"gpt-oss-20b": (20.91e9, 3.61e9), "gpt-oss-120b": (116.83e9, 5.13e9)}
+
+
+@pytest.mark.parametrize(("name", "published"), sorted(GPT_OSS_PUBLISHED.items()))
+def test_gpt_oss_presets_match_the_model_card(name, published):
+    spec = model_preset(name)
+    total, active = published
+    # biases and attention sinks left out: 20.908B and 116.789B
+    assert spec.params == pytest.approx(total, rel=0.001)
+    assert spec.active_params - spec.embedding_params == pytest.approx(active, rel=0.001)
+    assert (spec.sliding_window, spec.sliding_layers) == (128, tuple(range(0, spec.layers, 2)))
+    assert (spec.experts_active, spec.expert_ffn, spec.head_dim, spec.kv_heads) == (4, 2880, 64, 8)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "preset"), [(GPT_OSS_20B_CONFIG, "gpt-oss-20b"), (GPT_OSS_120B_CONFIG, "gpt-oss-120b")]
+)
+def test_from_hf_config_reads_gpt_oss_as_its_presets(tmp_path, cfg, preset):
+    """The published config.json (MXFP4 experts) reads as the BF16 model it dequantizes to; the
+    window's layers come from layer_types, or GptOssConfig's default pattern without it."""
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = ModelSpec.from_hf_config(tmp_path, name=preset)
+    assert spec == model_preset(preset)
+    assert spec.dtype_bytes == 2
+    unquantized = {k: v for k, v in cfg.items() if k not in ("quantization_config", "layer_types")}
+    (tmp_path / "config.json").write_text(json.dumps(unquantized))
+    assert ModelSpec.from_hf_config(tmp_path, name=preset) == spec
+    # layer_types decides: a full first layer moves the window to the odd layers
+    shifted = dict(cfg, layer_types=["full_attention", "sliding_attention"] * (spec.layers // 2))
+    (tmp_path / "config.json").write_text(json.dumps(shifted))
+    assert ModelSpec.from_hf_config(tmp_path).sliding_layers == tuple(range(1, spec.layers, 2))
+
+
+def test_from_hf_config_reads_gemma_windows(tmp_path):
+    def read(cfg):
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        return ModelSpec.from_hf_config(tmp_path)
+
+    # Gemma-2: every other layer from the first (Gemma2Config's default), or layer_types
+    gemma2 = read(GEMMA2_9B_CONFIG)
+    assert (gemma2.sliding_window, gemma2.sliding_layers) == (4096, tuple(range(0, 42, 2)))
+    assert gemma2.tied_embeddings and gemma2.ffn_projections == 3
+    types = ["sliding_attention", "full_attention"] * 21
+    assert read(dict(GEMMA2_9B_CONFIG, layer_types=types)) == gemma2
+    # Gemma-3: five layers of six (layers 5, 11, 17, 23 attend in full); the pattern's default is 6
+    gemma3 = read(GEMMA3_1B_CONFIG)
+    assert gemma3.sliding_window == 512
+    assert gemma3.sliding_layers == tuple(i for i in range(26) if i not in (5, 11, 17, 23))
+    assert read({k: v for k, v in GEMMA3_1B_CONFIG.items() if k != "sliding_window_pattern"}) == gemma3
+    assert read(dict(GEMMA3_1B_CONFIG, sliding_window_pattern=2)).sliding_layers == tuple(range(0, 26, 2))
+    # every layer in full: no window, whatever sliding_window says
+    dense = read(dict(GEMMA3_1B_CONFIG, layer_types=["full_attention"] * 26))
+    assert (dense.sliding_window, dense.sliding_layers) == (0, ())
+    # Gemma-3-27B's language model, as the refusal of its image-text config.json says to give it
+    text = read(dict(GEMMA3_27B_CONFIG["text_config"], vocab_size=262208))
+    assert (text.layers, text.head_dim, text.kv_heads, text.sliding_window) == (62, 128, 16, 1024)
+    assert len(text.sliding_layers) == 52 and 59 not in text.sliding_layers
+    d, dq, dkv, dff = 5376, 32 * 128, 16 * 128, 21504
+    assert text.params == 62 * (2 * d * dq + 2 * d * dkv + 3 * d * dff + 2 * d) + 262208 * d + d
+
+
+def test_from_hf_config_reads_other_windows_as_full_attention(tmp_path):
+    """Mistral's, Qwen2's and Phi-3's windows are read as full attention (conservative), as
+    before; their sliding layer_types too."""
+    cfg = dict(
+        LLAMA31_8B_CONFIG,
+        model_type="qwen2",
+        sliding_window=4096,
+        use_sliding_window=True,
+        layer_types=["full_attention"] * 28 + ["sliding_attention"] * 4,
+    )
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = ModelSpec.from_hf_config(tmp_path)
+    assert (spec.sliding_window, spec.sliding_layers) == (0, ())
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"sliding_window": 4}, "sliding_window = 4 but sliding_layers is empty"),
+        ({"sliding_layers": (0,)}, r"sliding_layers = \[0\] but sliding_window = 0"),
+        ({"sliding_window": 4, "sliding_layers": (1, 0)}, "increasing layer indices in 0..1"),
+        ({"sliding_window": 4, "sliding_layers": (0, 0)}, "increasing layer indices in 0..1"),
+        ({"sliding_window": 4, "sliding_layers": (2,)}, "increasing layer indices in 0..1"),
+        ({"sliding_window": 4, "sliding_layers": "0"}, "sliding_layers must be a tuple of layer indices"),
+        ({"sliding_window": 4, "sliding_layers": (True,)}, "sliding_layers must be a tuple of layer indices"),
+        ({"sliding_window": -1, "sliding_layers": (0,)}, r"sliding_window must be a non-negative integer \(0: no window\)"),
+        ({"sliding_window": 4.0, "sliding_layers": (0,)}, "sliding_window must be a non-negative integer"),
+        ({"sliding_window": MAX_WINDOW + 1, "sliding_layers": (0,)}, "sliding_window = 16777217 is above MAX_WINDOW"),
+    ],
+)  # fmt: skip
+def test_inconsistent_window_fields_are_named(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ModelSpec(**{**SMALL, **fields})
+
+
+def test_a_windowed_spec_round_trips_as_data_and_scales():
+    spec = ModelSpec(**SMALL, sliding_window=8, sliding_layers=[0])
+    assert spec.sliding_layers == (0,) and spec.is_windowed
+    doc = spec.to_dict()
+    assert (doc["sliding_window"], doc["sliding_layers"]) == (8, [0])
+    assert ModelSpec(**doc) == spec
+    assert ModelSpec(**ModelSpecFile(**doc).model_dump()) == spec  # a workload's inline table
+    assert "sliding_window" not in model_preset("llama3.1-8b").to_dict()
+    oss = model_preset("gpt-oss-20b")
+    assert ModelSpec(**oss.to_dict()) == oss
+    small = oss.scaled(layers=4, hidden=256, heads=4)
+    assert (small.sliding_window, small.sliding_layers) == (128, (0, 2))
+    # no windowed layer left: no window
+    odd = ModelSpec(**dict(SMALL, layers=4), sliding_window=8, sliding_layers=(3,))
+    cut = odd.scaled(layers=2, hidden=64, heads=4)
+    assert (cut.sliding_window, cut.sliding_layers) == (0, ())

@@ -69,6 +69,34 @@ WORKLOADS = {
     "grpo-moe": Workload(
         "grpo", {"actor": model_preset("qwen3-30b-a3b"), "reward": ONE}, 32, 4, 128, 256, quantiles=Q3
     ),
+    # sliding-window layers (gpt-oss-20b: W = 128 on half the blocks) beside a Gemma-2-like dense
+    # critic whose 192-token window falls inside the responses (contexts 128..384): the windowed
+    # FLOP, packed-moment, KV-budget and decode-schedule terms (SPEC §15.1)
+    "ppo-swa": Workload(
+        "ppo",
+        {
+            "actor": model_preset("gpt-oss-20b"),
+            "critic": ModelSpec(
+                "gemma2-like",
+                26,
+                2304,
+                9216,
+                256000,
+                8,
+                4,
+                head_dim=256,
+                tied_embeddings=True,
+                sliding_window=192,
+                sliding_layers=tuple(range(0, 26, 2)),
+            ),
+            "reward": ONE,
+        },
+        32,
+        2,
+        128,
+        256,
+        quantiles=Q3,
+    ),
 }
 CASES = [  # (workload, cluster shape, split_phases, plans per structure)
     ("ppo", "1x2x4", True, 120),
@@ -80,6 +108,7 @@ CASES = [  # (workload, cluster shape, split_phases, plans per structure)
     ("dpo", "1x2x4", True, 60),
     ("grpo-moe", "1x2x4", True, 60),
     ("grpo-mla", "1x2x4", True, 40),
+    ("ppo-swa", "1x2x4", True, 40),
     ("ppo", "2x4x8", True, 60),
 ]
 

@@ -657,7 +657,8 @@ def test_a_plan_that_does_not_fit_may_be_scored_infeasible(tiny_ppo, cluster_1x2
 
 def test_summary_names_each_model_with_its_experts():
     """The summary's models line: parameters of each model; a mixture of experts also its active
-    parameters and experts per token, latent attention said (SPEC §15.1)."""
+    parameters and experts per token, latent attention said, a sliding window's width and layers
+    (SPEC §15.1)."""
     from rpeg import Cluster, Workload, hardware_preset, model_preset, solve
 
     moe, mla = model_preset("qwen3-30b-a3b"), model_preset("deepseek-v3")
@@ -671,4 +672,12 @@ def test_summary_names_each_model_with_its_experts():
     assert (
         "actor deepseek-v3 671.0B (37.6B active: 8 of 256 experts per token) latent attention"
         in planless.summary()
+    )
+    oss = Workload(
+        "grpo", {"actor": model_preset("gpt-oss-20b")}, 16, 4, 512, 1024, reward="rule", kl_coef=0.0
+    )
+    summary = solve(oss, Cluster.from_shape("1x1x8", hardware_preset("h100")), "greedy").summary()
+    assert (
+        "actor gpt-oss-20b 20.9B (4.2B active: 4 of 32 experts per token) 128-token window on 12 of 24 layers"
+        in summary
     )
