@@ -6,7 +6,9 @@ with ``save_pretrained`` and started in ``vllm.LLM`` (eager, ``skip_tokenizer_in
 process of its own; 8 tokens are sampled from a 5-token prompt and their log-probs compared with a
 float32 ``transformers`` forward pass of the same weights. Configurations: Qwen3-MoE at TP 1, at
 TP 2 (experts split over the TP ranks) and at TP 2 with ``enable_expert_parallel`` (EP 2);
-Mixtral at TP 1. A failure is reported with the engine's last error line.
+Mixtral at TP 1. A failure is reported with the engine's last error line. Then a weight update of
+the Qwen3-MoE model on rpeg's ``RolloutEngine``: the log-prob gap after vLLM's own in-place reload
+and after rpeg's push, which repacks the experts.
 
 Run from the repository root::
 
@@ -92,11 +94,66 @@ def probe(kind: str, tp: int, ep: bool) -> dict:
         return {"start_s": start, "gap": max(abs(a - b) for a, b in zip(got, want)), "tokens": len(tokens)}
 
 
+def update_probe() -> dict:
+    """A weight update of a tiny Qwen3-MoE on rpeg's ``RolloutEngine`` (TP 1): the log-prob gap to
+    ``transformers`` before, after vLLM's own in-place reload of new expert weights, and after
+    rpeg's push of the same weights (reload, then the experts' repacking,
+    ``vllm_engine._prepack_cpu_experts``)."""
+    import torch
+
+    from rpeg.runtime.engines import vllm_engine as ve
+    from rpeg.runtime.engines.hf_models import checkpoint_state
+
+    def gap(engine, model) -> float:
+        prompts = [[1, 5, 9, 17, 33], [2, 4, 8, 16, 32]]
+        out = engine.generate(prompts, max_tokens=[8, 8], seeds=[3, 4])
+        return ve.logprob_gap(out, model, prompts)
+
+    with tempfile.TemporaryDirectory() as path, tempfile.TemporaryDirectory() as new_dir:
+        model = _model("qwen3_moe", path)
+        engine = ve.RolloutEngine(path, max_model_len=128)
+        try:
+            before = gap(engine, model)
+            g = torch.Generator().manual_seed(1)
+            state = {
+                k: v + 0.05 * torch.randn(v.shape, generator=g) if ".experts." in k else v
+                for k, v in model.state_dict().items()
+            }
+            model.load_state_dict(state)
+            model.save_pretrained(new_dir, safe_serialization=True)
+            engine._llm.collective_rpc(  # vLLM's own reload, as RL frameworks call it
+                "reload_weights", kwargs={"weights_path": new_dir, "is_checkpoint_format": True}
+            )
+            plain = gap(engine, model)
+            moe = type("Spec", (), {"is_moe": True})()  # checkpoint_state only asks this
+            pushed = engine.update_weights(checkpoint_state(state, moe))
+            fixed = gap(engine, model)
+        finally:
+            engine.shutdown()
+    return {"before": before, "vllm_reload": plain, "rpeg_push": fixed, "match": pushed["checksums_match"]}
+
+
+def _child(args: list[str], tp: int) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """Run this script with ``args`` in a process of its own (one engine each); its result line."""
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
+    if tp > 1:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(tp))
+    proc = subprocess.run(
+        [sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    return proc, (json.loads(found[-1][7:]) if found else None)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "TP", "EP"), help=argparse.SUPPRESS)
+    ap.add_argument("--child-update", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child_update:
+        print("RESULT " + json.dumps(update_probe()), flush=True)
+        return 0
     if args.child:
         kind, tp, ep = args.child
         print("RESULT " + json.dumps(probe(kind, int(tp), ep == "1")), flush=True)
@@ -106,20 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---:|---:|---:|---|",
     ]
     for label, kind, tp, ep in CONFIGS:
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
-        if tp > 1:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(tp))
-        proc = subprocess.run(
-            [sys.executable, __file__, "--child", kind, str(tp), "1" if ep else "0"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if found:
-            r = json.loads(found[-1][7:])
+        proc, r = _child(["--child", kind, str(tp), "1" if ep else "0"], tp)
+        if r is not None:
             rows.append(f"| {label} | yes | {r['start_s']:.1f} | {r['tokens']} | {r['gap']:.1e} | |")
         else:
             lines = (proc.stdout + proc.stderr).splitlines()
@@ -127,6 +172,18 @@ def main(argv: list[str] | None = None) -> int:
             why = (died or [ln for ln in lines if "Error:" in ln] or ["no result"])[-1]
             rows.append(f"| {label} | **no** | – | – | – | {why.split(']')[-1].strip()[:160]} |")
         print(rows[-1], flush=True)
+    proc, u = _child(["--child-update"], 1)
+    if u is not None:
+        update = [
+            "| Qwen3-MoE, TP 1 | before any update | after vLLM's `reload_weights` | after rpeg's push "
+            "(reload + expert repack) | checksums |",
+            "|---|---:|---:|---:|---|",
+            f"| max log-prob gap | {u['before']:.1e} | {u['vllm_reload']:.1e} | {u['rpeg_push']:.1e} | "
+            f"{'match' if u['match'] else 'differ'} |",
+        ]
+    else:
+        update = [f"The update probe gave no result: {(proc.stdout + proc.stderr).strip().splitlines()[-1:]}"]
+    print("\n".join(update), flush=True)
     out = [
         "## The vLLM CPU build on mixture-of-experts models (issue 30)",
         "",
@@ -137,6 +194,13 @@ def main(argv: list[str] | None = None) -> int:
         "`transformers` forward pass of the same weights.",
         "",
         *rows,
+        "",
+        "A weight update (the experts of the same Qwen3-MoE perturbed by N(0, 0.05²)) on rpeg's "
+        "`RolloutEngine`: vLLM 0.32's in-place reload copies the new experts into the parameters but "
+        "does not repack them into the CPU grouped-GEMM layout; rpeg's weight push repacks them "
+        "(`vllm_engine._prepack_cpu_experts`).",
+        "",
+        *update,
     ]
     if not args.no_write:
         write_section("vllm-moe", out)

@@ -5,7 +5,7 @@ What is here, and what has run where (``docs/megatron.md``):
 
 * :class:`LayoutMapping` / :func:`transformer_config` map a :class:`~rpeg.ir.models.ModelSpec` and a
   plan layout ``(dp, pp, tp, mb)``, with context (ring or Ulysses) and sequence parallelism,
-  onto Megatron-core 0.16.1 settings (expert parallelism is not mapped);
+  onto Megatron-core 0.16.1 settings (expert parallelism too, for the runtime's Qwen3-MoE models);
   :func:`initialize_parallel` creates Megatron's process groups with the rank order
   :data:`MEGATRON_ORDER`, under which Megatron's ``(d, p, t)`` equal rpeg's
   ``rank = d·(Pp·Pt) + p·Pt + t`` (:func:`rpeg.runtime.worker.parallel.world_mesh`). Run on CPU (gloo).
@@ -15,6 +15,10 @@ What is here, and what has run where (``docs/megatron.md``):
   dict to the state dict of one ``(p, t)`` rank of the GPTModel and back, exactly. Run on CPU:
   ``load_state_dict(strict=True)`` per rank, and Megatron's own QKV split and MLP compared with the
   Hugging Face projections.
+* Mixture-of-experts models (the runtime's Qwen3-MoE) map to Megatron's MoE settings with expert
+  parallelism, and their experts convert to and from each EP rank's local experts. Run on CPU:
+  expert groups, strict loading and the local experts' FFN; a MoE layer's forward (router,
+  alltoall dispatcher) needs CUDA (docs/megatron.md).
 * :func:`save_checkpoint` / :func:`load_checkpoint` write and read Megatron ``dist_checkpointing``
   checkpoints (format ``torch_dist``), resharding on load (TP=2 → TP=1, PP=1 → PP=2). Run on CPU.
   Megatron's own ``torch_dist`` save strategy calls ``torch.cuda.synchronize()``; saving goes
@@ -76,7 +80,7 @@ __all__ = [
 
 #: Megatron's rank order, innermost first: ``tp`` varies fastest, then ``pp``, then ``dp``, so
 #: ``rank = d·(Pp·Pt) + p·Pt + t`` as in rpeg. Megatron's default ``"tp-cp-ep-dp-pp"`` would put
-#: ``dp`` inside ``pp`` (``rank = p·(Pd·Pt) + d·Pt + t``). ``cp`` and ``ep`` are 1 in rpeg plans.
+#: ``dp`` inside ``pp`` (``rank = p·(Pd·Pt) + d·Pt + t``). ``ep`` groups lie inside ``dp``.
 MEGATRON_ORDER = "tp-cp-ep-pp-dp"
 #: Megatron-core's ``cp_comm_type`` of each of rpeg's context-parallel kinds: ring attention's
 #: P2P exchange of KV chunks, and the all-to-all that trades the sequence split for a head split.
@@ -145,8 +149,11 @@ class LayoutMapping:
     context-parallel, pipeline, data-parallel; ``d·(Pp·Pt) + p·Pt + t`` without context
     parallelism) and, with :data:`MEGATRON_ORDER`, in Megatron. Context parallelism maps to
     ``context_parallel_size`` with ``cp_comm_type`` ``"p2p"`` (rpeg's ring) or ``"a2a"`` (its
-    Ulysses), sequence parallelism to ``sequence_parallel``; expert parallelism is not mapped
-    (mixture-of-experts models are refused, :meth:`check`).
+    Ulysses), sequence parallelism to ``sequence_parallel``, expert parallelism to
+    ``expert_model_parallel_size`` with ``expert_tensor_parallel_size = Pt`` (rpeg's expert-TP,
+    Megatron's default): EP groups are ``Pe`` consecutive data-parallel ranks of each
+    ``(p, t, c)`` coordinate, inside the ``Pd·Pc`` ranks as :data:`MEGATRON_ORDER` puts ``ep``
+    inside ``dp``.
 
     Parameters
     ----------
@@ -157,12 +164,14 @@ class LayoutMapping:
     cp, cp_kind, sp
         Context-parallel degree ``Pc``, ``"ring"`` or ``"ulysses"``, and sequence parallelism
         (SPEC §15.3).
+    ep
+        Expert-parallel degree ``Pe`` (SPEC §15.2), dividing ``Pd·Pc``.
 
     Raises
     ------
     ValueError
         If a degree or ``microbatches`` is not a positive integer, ``cp_kind`` is neither kind
-        (or ``ulysses`` with ``cp = 1``), or ``sp`` is not a boolean.
+        (or ``ulysses`` with ``cp = 1``), ``sp`` is not a boolean, or ``Pe ∤ Pd·Pc``.
     """
 
     dp: int
@@ -172,10 +181,16 @@ class LayoutMapping:
     cp: int = 1
     cp_kind: str = "ring"
     sp: bool = False
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        for field in ("dp", "pp", "tp", "microbatches", "cp"):
+        for field in ("dp", "pp", "tp", "microbatches", "cp", "ep"):
             _positive("LayoutMapping", field, getattr(self, field))
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(
+                f"LayoutMapping: ep={self.ep} must divide the data- and context-parallel ranks "
+                f"dp·cp = {self.dp * self.cp} (Megatron's expert groups lie inside them)"
+            )
         if self.cp_kind not in CP_COMM_TYPES or (self.cp == 1 and self.cp_kind != "ring"):
             raise ValueError(
                 f"LayoutMapping: cp_kind must be 'ring' or (with cp > 1) 'ulysses', got {self.cp_kind!r}"
@@ -186,18 +201,7 @@ class LayoutMapping:
     @classmethod
     def from_strategy(cls, strategy: Strategy) -> LayoutMapping:
         """The layout of a plan's :class:`~rpeg.ir.plan.Strategy` (``dp, pp, tp, mb, cp,
-        cp_kind, sp``).
-
-        Raises
-        ------
-        ValueError
-            If the strategy shards experts (``ep > 1``): expert parallelism is not mapped.
-        """
-        if strategy.ep > 1:
-            raise ValueError(
-                f"LayoutMapping: ep={strategy.ep}: expert parallelism is not mapped onto Megatron-core yet "
-                "(expert_model_parallel_size; mixture-of-experts models are refused)"
-            )
+        cp_kind, sp, ep``)."""
         return cls(
             dp=strategy.dp,
             pp=strategy.pp,
@@ -206,6 +210,7 @@ class LayoutMapping:
             cp=strategy.cp,
             cp_kind=strategy.cp_kind,
             sp=strategy.sp,
+            ep=strategy.ep,
         )
 
     @property
@@ -229,14 +234,23 @@ class LayoutMapping:
         self.coordinates(rank)  # the range check
         return (rank // self.tp) % self.cp
 
+    def expert_rank(self, rank: int) -> int:
+        """EP rank ``e = (d·Pc + c) mod Pe``: Megatron's expert groups are ``Pe`` consecutive
+        ranks of the ``Pd·Pc`` data- and context-parallel ones (rpeg's runtime numbers its replicas
+        the same way, ``worker/experts.py``)."""
+        d, _, _ = self.coordinates(rank)
+        return (d * self.cp + self.context_rank(rank)) % self.ep
+
     def check(self, spec: ModelSpec) -> None:
         """Raise ``ValueError`` if ``spec`` cannot be split by this layout.
 
         Megatron splits query heads, key/value groups and FFN columns over ``Pt`` and layers over
         ``Pp``: ``Pt | heads``, ``Pt | kv_heads`` (rpeg's converter keeps whole query groups per
         rank), ``Pt | ffn_hidden`` and ``Pp ≤ layers``; Ulysses needs ``Pc | heads/Pt``, sequence
-        parallelism ``Pt > 1``. A mixture-of-experts spec is refused (its experts are not mapped
-        yet).
+        parallelism ``Pt > 1``. A mixture-of-experts spec is mapped as the runtime builds it
+        (Qwen3-MoE, :data:`~rpeg.runtime.engines.hf_models.MOE_FAMILY`): it needs ``Pe | E`` and
+        ``Pt | d_e``; shared experts and latent attention are refused (not mapped). Expert
+        parallelism needs a mixture-of-experts spec.
         """
         owner = f"ModelSpec {spec.name!r} with tp={self.tp}, pp={self.pp}"
         if self.cp_kind == "ulysses" and (spec.heads // self.tp) % self.cp:
@@ -246,11 +260,18 @@ class LayoutMapping:
             )
         if self.sp and self.tp == 1:
             raise ValueError(f"{owner}: sequence parallelism needs tp > 1")
-        if spec.is_moe or spec.is_mla:
+        if spec.is_mla or spec.shared_experts:
             raise ValueError(
-                f"{owner}: a mixture-of-experts or latent-attention model (experts {spec.experts}, "
-                f"kv_lora_rank {spec.kv_lora_rank}); neither is mapped onto Megatron-core yet "
-                "(num_moe_experts and expert parallelism, multi_latent_attention)"
+                f"{owner}: latent attention (kv_lora_rank {spec.kv_lora_rank}) or shared experts "
+                f"({spec.shared_experts}) are not mapped onto Megatron-core "
+                "(multi_latent_attention, moe_shared_expert_intermediate_size)"
+            )
+        if self.ep > 1 and not spec.is_moe:
+            raise ValueError(f"{owner}: ep={self.ep} but the model has no experts")
+        if spec.is_moe and (spec.experts % self.ep or spec.expert_ffn % self.tp):
+            raise ValueError(
+                f"{owner}: ep={self.ep} must divide the {spec.experts} experts and tp={self.tp} "
+                f"the expert FFN width {spec.expert_ffn}"
             )
         for field in ("heads", "kv_heads", "ffn_hidden"):
             value = getattr(spec, field)
@@ -275,7 +296,9 @@ class LayoutMapping:
         """Megatron-core settings of this layout for ``spec``, as plain data (docs and traces).
 
         Keys: ``tensor_model_parallel_size``, ``pipeline_model_parallel_size``,
-        ``context_parallel_size``, ``cp_comm_type``, ``sequence_parallel``, ``data_parallel_size``, ``num_microbatches``, ``world_size``, ``order``
+        ``context_parallel_size``, ``cp_comm_type``, ``sequence_parallel``,
+        ``expert_model_parallel_size``, ``expert_tensor_parallel_size``,
+        ``data_parallel_size``, ``num_microbatches``, ``world_size``, ``order``
         (:data:`MEGATRON_ORDER`), ``stage_layers`` (``[start, stop)`` per stage),
         ``pipeline_model_parallel_layout`` (``None`` for an even split), ``padded_vocab_size``,
         ``heads_per_rank``, ``query_groups_per_rank``, ``ffn_hidden_per_rank``.
@@ -287,6 +310,8 @@ class LayoutMapping:
             "context_parallel_size": self.cp,
             "cp_comm_type": CP_COMM_TYPES[self.cp_kind],
             "sequence_parallel": self.sp,
+            "expert_model_parallel_size": self.ep,
+            "expert_tensor_parallel_size": self.tp,
             "data_parallel_size": self.dp,
             "num_microbatches": self.microbatches,
             "world_size": self.world,
@@ -314,6 +339,7 @@ def transformer_config(
     cp: int = 1,
     cp_kind: str = "ring",
     sp: bool = False,
+    ep: int = 1,
     **overrides: Any,
 ) -> TransformerConfig:
     """Megatron-core ``TransformerConfig`` of ``spec`` on the layout ``(dp, pp, tp, microbatches)``.
@@ -337,6 +363,14 @@ def transformer_config(
     ``context_parallel_size``      ``cp``; ``cp_comm_type`` ``"p2p"`` (ring) or ``"a2a"``
                                    (Ulysses, :data:`CP_COMM_TYPES`)
     ``sequence_parallel``          ``sp``
+    ``expert_model_parallel_size`` ``ep``; ``expert_tensor_parallel_size = tp``
+    ``num_moe_experts``            MoE only: ``E``; ``moe_router_topk = k``,
+                                   ``moe_ffn_hidden_size = d_e``, ``moe_layer_freq`` 0 on
+                                   ``dense_layers`` and 1 elsewhere, ``qk_layernorm`` (Qwen3-MoE),
+                                   softmax router renormalised over the top ``k`` (``pre_softmax``
+                                   off: Qwen3's ``norm_topk_prob``), no load-balancing loss,
+                                   ``moe_token_dispatcher_type = "alltoall"`` (the dispatch the
+                                   cost model prices; its constructor needs CUDA in 0.16.1)
     ``params_dtype``               ``dtype``; ``bf16``/``fp16`` set to match; ``pipeline_dtype``
                                    ``= dtype`` when ``pp > 1``
     ``use_cpu_initialization``     ``True`` when CUDA is unavailable
@@ -353,6 +387,8 @@ def transformer_config(
         The plan group's layout.
     cp, cp_kind, sp
         Context parallelism (degree and kind) and sequence parallelism (SPEC §15.3).
+    ep
+        Expert parallelism (SPEC §15.2).
     dtype
         Parameter dtype (``float32``, ``bfloat16`` or ``float16``).
     norm_epsilon
@@ -369,7 +405,9 @@ def transformer_config(
     EngineMissing
         If megatron-core is not installed.
     """
-    layout = LayoutMapping(dp=dp, pp=pp, tp=tp, microbatches=microbatches, cp=cp, cp_kind=cp_kind, sp=sp)
+    layout = LayoutMapping(
+        dp=dp, pp=pp, tp=tp, microbatches=microbatches, cp=cp, cp_kind=cp_kind, sp=sp, ep=ep
+    )
     layout.check(spec)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"transformer_config: dtype={dtype} must be float32, bfloat16 or float16")
@@ -405,17 +443,35 @@ def transformer_config(
         "fp16": dtype == torch.float16,
         "pipeline_dtype": dtype if pp > 1 else None,
         "use_cpu_initialization": not torch.cuda.is_available(),
+        "expert_model_parallel_size": ep,
+        "expert_tensor_parallel_size": tp,
     }
+    if spec.is_moe:
+        dense = set(spec.dense_layers)
+        fields |= {
+            "num_moe_experts": spec.experts,
+            "moe_router_topk": spec.experts_active,
+            "moe_ffn_hidden_size": spec.expert_ffn,
+            "moe_layer_freq": [0 if i in dense else 1 for i in range(spec.layers)],
+            "qk_layernorm": True,
+            "moe_router_pre_softmax": False,
+            "moe_router_score_function": "softmax",
+            "moe_router_load_balancing_type": "none",
+            "moe_aux_loss_coeff": 0.0,
+            "moe_token_dispatcher_type": "alltoall",
+        }
     fields.update(overrides)
     return tc.TransformerConfig(**fields)
 
 
 # ---------------------------------------------------------------------------------------------- ranks
-def initialize_parallel(tp: int, pp: int, cp: int = 1, **kwargs: Any) -> LayoutMapping:
+def initialize_parallel(tp: int, pp: int, cp: int = 1, ep: int = 1, **kwargs: Any) -> LayoutMapping:
     """Create Megatron-core's process groups on the initialised default group, in rpeg's rank order.
 
     Calls ``parallel_state.initialize_model_parallel(tp, pp, context_parallel_size=cp,
-    order=MEGATRON_ORDER, **kwargs)``; ``Pd = world / (Pp·Pt·Pc)``. Afterwards
+    expert_model_parallel_size=ep, expert_tensor_parallel_size=tp, order=MEGATRON_ORDER,
+    **kwargs)``; ``Pd = world / (Pp·Pt·Pc)``. Megatron's expert-parallel rank then equals
+    :meth:`LayoutMapping.expert_rank`. Afterwards
     :func:`coordinates` on rank ``r`` equals :meth:`LayoutMapping.coordinates` (``(r // (Pp·Pt),
     (r // Pt) mod Pp, r mod Pt)`` without context parallelism) and Megatron's context-parallel
     rank :meth:`LayoutMapping.context_rank`. On CPU the default group is gloo.
@@ -440,6 +496,7 @@ def initialize_parallel(tp: int, pp: int, cp: int = 1, **kwargs: Any) -> LayoutM
     _positive("initialize_parallel", "tp", tp)
     _positive("initialize_parallel", "pp", pp)
     _positive("initialize_parallel", "cp", cp)
+    _positive("initialize_parallel", "ep", ep)
     if world % (tp * pp * cp):
         raise ValueError(
             f"initialize_parallel: world size {world} is not divisible by pp·tp·cp = {pp * tp * cp}"
@@ -449,10 +506,12 @@ def initialize_parallel(tp: int, pp: int, cp: int = 1, **kwargs: Any) -> LayoutM
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         context_parallel_size=cp,
+        expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=tp,
         order=MEGATRON_ORDER,
         **kwargs,
     )
-    return LayoutMapping(dp=world // (tp * pp * cp), pp=pp, tp=tp, cp=cp)
+    return LayoutMapping(dp=world // (tp * pp * cp), pp=pp, tp=tp, cp=cp, ep=ep)
 
 
 def coordinates() -> tuple[int, int, int]:
@@ -487,7 +546,10 @@ def build_gpt_model(
     """This rank's stage of ``GPTModel`` with the local layer spec and rotary position embeddings.
 
     ``GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=Vp,
-    position_embedding_type="rope", share_embeddings_and_output_weights=spec.tied_embeddings)``
+    position_embedding_type="rope", share_embeddings_and_output_weights=spec.tied_embeddings)``;
+    a mixture-of-experts spec gets ``get_gpt_decoder_block_spec(config, use_transformer_engine=False)``
+    — the same local modules per layer, with a router and Megatron's ``SequentialMLP`` of local
+    experts where ``moe_layer_freq`` is 1, and query/key norms.
     with ``Vp = padded_vocab_size(spec.vocab, Pt, vocab_divisible_by)``. The local spec uses
     Megatron's own linear layers and torch's RMSNorm (no Transformer Engine, no Apex).
     ``parallel_state`` must be initialised (:func:`initialize_parallel`).
@@ -531,9 +593,15 @@ def build_gpt_model(
     gpt = _mcore("megatron.core.models.gpt")
     specs = _mcore("megatron.core.models.gpt.gpt_layer_specs")
     vocab = padded_vocab_size(spec.vocab, config.tensor_model_parallel_size, vocab_divisible_by)
+    layer_spec = (
+        # per layer: dense where moe_layer_freq says 0, this stage's layers only
+        specs.get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+        if spec.is_moe
+        else specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+    )
     return gpt.GPTModel(
         config,
-        specs.get_gpt_layer_local_spec(normalization="RMSNorm"),
+        layer_spec,
         vocab_size=vocab,
         max_sequence_length=max_sequence_length,
         pre_process=pre_process,
@@ -607,9 +675,12 @@ def hf_to_megatron(
     t: int,
     pp: int = 1,
     p: int = 0,
+    ep: int = 1,
+    e: int = 0,
     vocab_divisible_by: int = VOCAB_DIVISIBLE_BY,
 ) -> dict[str, Tensor | None]:
-    """State dict of TP rank ``t`` of pipeline stage ``p`` of :func:`build_gpt_model`'s GPTModel.
+    """State dict of TP rank ``t`` of pipeline stage ``p`` (and EP rank ``e``) of
+    :func:`build_gpt_model`'s GPTModel.
 
     ================================================ ==============================================
     Hugging Face ``…ForCausalLM`` (:func:`hf_shapes`) Megatron local spec, rank ``(p, t)``
@@ -638,14 +709,20 @@ def hf_to_megatron(
     ``load_state_dict(strict=True)`` expects the key). Megatron's ``glu`` applies the activation to
     the first half of ``linear_fc1``'s output, hence gate first.
 
+    A mixture-of-experts layer (Qwen3-MoE names, :func:`hf_shapes`) maps ``mlp.gate.weight`` to
+    ``mlp.router.weight`` (replicated), ``self_attn.{q,k}_norm.weight`` to
+    ``self_attention.{q,k}_layernorm.weight``, and expert ``g = e·E/Pe + j`` of EP rank ``e`` to
+    ``mlp.experts.local_experts.{j}.linear_fc1.weight`` (``[gate rows of t; up rows of t]``) and
+    ``….linear_fc2.weight`` (its ``down_proj`` columns of ``t``): expert-TP is ``Pt``.
+
     Parameters
     ----------
     hf_state
         Full (unsharded) Hugging Face state dict; ``lm_head.weight`` is ignored when tied.
     spec
         The model (``ffn_projections`` must be 3: the Hugging Face Llama MLP is gated).
-    tp, t, pp, p
-        TP size and rank, PP size and stage.
+    tp, t, pp, p, ep, e
+        TP size and rank, PP size and stage, EP size and rank.
     vocab_divisible_by
         ``m`` of :func:`padded_vocab_size`.
 
@@ -655,9 +732,9 @@ def hf_to_megatron(
         If a rank is out of range, the layout does not divide the model, or a weight is missing,
         has the wrong shape or is not one of ``spec``'s family (:func:`hf_shapes`).
     """
-    LayoutMapping(dp=1, pp=pp, tp=tp).check(spec)
-    if not 0 <= t < tp or not 0 <= p < pp:
-        raise ValueError(f"hf_to_megatron: rank (p={p}, t={t}) is outside pp={pp}, tp={tp}")
+    LayoutMapping(dp=ep, pp=pp, tp=tp, ep=ep).check(spec)
+    if not 0 <= t < tp or not 0 <= p < pp or not 0 <= e < ep:
+        raise ValueError(f"hf_to_megatron: rank (p={p}, t={t}, e={e}) is outside pp={pp}, tp={tp}, ep={ep}")
     if spec.ffn_projections != 3:
         raise ValueError(
             f"hf_to_megatron: ModelSpec {spec.name!r} has ffn_projections={spec.ffn_projections}; "
@@ -685,10 +762,25 @@ def hf_to_megatron(
             )
         out[dst + "self_attention.linear_proj.weight"] = _cols(hf_state[attn + "o_proj.weight"], tp, t)
         out[dst + "pre_mlp_layernorm.weight"] = hf_state[src + "post_attention_layernorm.weight"].clone()
-        gate, up = hf_state[src + "mlp.gate_proj.weight"], hf_state[src + "mlp.up_proj.weight"]
-        out[dst + "mlp.linear_fc1.weight"] = torch.cat([_rows(gate, tp, t), _rows(up, tp, t)])
-        out[dst + "mlp.linear_fc2.weight"] = _cols(hf_state[src + "mlp.down_proj.weight"], tp, t)
-        for name in _LAYER_LINEARS:
+        if spec.is_moe:
+            for x in "qk":
+                out[f"{dst}self_attention.{x}_layernorm.weight"] = hf_state[f"{attn}{x}_norm.weight"].clone()
+        linears = _LAYER_LINEARS[:2]
+        if _moe_layer(spec, i):
+            out[dst + "mlp.router.weight"] = hf_state[src + "mlp.gate.weight"].clone()
+            local = spec.experts // ep
+            for j in range(local):
+                ex, mx = f"{src}mlp.experts.{e * local + j}.", f"mlp.experts.local_experts.{j}."
+                gate, up = hf_state[ex + "gate_proj.weight"], hf_state[ex + "up_proj.weight"]
+                out[dst + mx + "linear_fc1.weight"] = torch.cat([_rows(gate, tp, t), _rows(up, tp, t)])
+                out[dst + mx + "linear_fc2.weight"] = _cols(hf_state[ex + "down_proj.weight"], tp, t)
+                linears += (mx + "linear_fc1", mx + "linear_fc2")
+        else:
+            gate, up = hf_state[src + "mlp.gate_proj.weight"], hf_state[src + "mlp.up_proj.weight"]
+            out[dst + "mlp.linear_fc1.weight"] = torch.cat([_rows(gate, tp, t), _rows(up, tp, t)])
+            out[dst + "mlp.linear_fc2.weight"] = _cols(hf_state[src + "mlp.down_proj.weight"], tp, t)
+            linears = _LAYER_LINEARS
+        for name in linears:
             out[f"{dst}{name}._extra_state"] = None
     if last:
         out["decoder.final_layernorm.weight"] = hf_state["model.norm.weight"].clone()
@@ -699,10 +791,17 @@ def hf_to_megatron(
     return out
 
 
+def _moe_layer(spec: ModelSpec, layer: int) -> bool:
+    """Whether global layer ``layer`` of ``spec`` is a mixture-of-experts layer."""
+    return spec.is_moe and layer not in spec.dense_layers
+
+
 def hf_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """Names and shapes of the Hugging Face ``…ForCausalLM`` state dict of ``spec``: the Llama
     names (Mistral's are the same), q/k/v biases for ``family == "qwen2"``, ``lm_head.weight``
-    only when untied."""
+    only when untied; a mixture-of-experts spec as Qwen3-MoE's checkpoint names it (query/key
+    norms, ``mlp.gate`` router, ``mlp.experts.{e}.{gate,up,down}_proj``; the runtime's
+    ``hf_models.checkpoint_state``)."""
     hd, _, _ = _dims(spec)
     d, f, v = spec.hidden, spec.ffn_hidden, spec.vocab
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, d)}
@@ -715,11 +814,26 @@ def hf_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
             a + "self_attn.v_proj.weight": (spec.kv_heads * hd, d),
             a + "self_attn.o_proj.weight": (d, spec.heads * hd),
             a + "post_attention_layernorm.weight": (d,),
-            a + "mlp.gate_proj.weight": (f, d),
-            a + "mlp.up_proj.weight": (f, d),
-            a + "mlp.down_proj.weight": (d, f),
         }
-        if spec.family == "qwen2":
+        if spec.is_moe:
+            shapes |= {a + "self_attn.q_norm.weight": (hd,), a + "self_attn.k_norm.weight": (hd,)}
+        if _moe_layer(spec, i):
+            de = spec.expert_ffn
+            shapes[a + "mlp.gate.weight"] = (spec.experts, d)
+            for x in range(spec.experts):
+                ex = f"{a}mlp.experts.{x}."
+                shapes |= {
+                    ex + "gate_proj.weight": (de, d),
+                    ex + "up_proj.weight": (de, d),
+                    ex + "down_proj.weight": (d, de),
+                }
+        else:
+            shapes |= {
+                a + "mlp.gate_proj.weight": (f, d),
+                a + "mlp.up_proj.weight": (f, d),
+                a + "mlp.down_proj.weight": (d, f),
+            }
+        if spec.family == "qwen2" and not spec.is_moe:
             shapes |= {
                 a + "self_attn.q_proj.bias": (spec.heads * hd,),
                 a + "self_attn.k_proj.bias": (spec.kv_heads * hd,),
@@ -756,30 +870,33 @@ def megatron_to_hf(
     *,
     tp: int,
     pp: int = 1,
+    ep: int = 1,
 ) -> dict[str, Tensor]:
     """Inverse of :func:`hf_to_megatron`: the full Hugging Face state dict from all ranks' shards.
 
     Parameters
     ----------
     shards
-        ``pp·tp`` state dicts in rank order ``p·Pt + t`` (one list), or one list of ``tp`` per stage.
-        ``_extra_state`` entries are ignored; vocabulary padding rows are dropped.
+        ``ep·pp·tp`` state dicts in rank order ``e·(Pp·Pt) + p·Pt + t`` (one list), or one list
+        of ``tp`` per stage (``ep = 1``). ``_extra_state`` entries are ignored; vocabulary padding
+        rows are dropped; the dense weights are read from EP rank 0, expert ``e·E/Pe + j`` from
+        EP rank ``e``'s local expert ``j``.
     spec
         The model.
-    tp, pp
-        TP and PP sizes of the shards.
+    tp, pp, ep
+        TP, PP and EP sizes of the shards.
 
     Raises
     ------
     ValueError
-        If the number of shards is not ``pp·tp`` or a stage lacks a weight.
+        If the number of shards is not ``ep·pp·tp`` or a stage lacks a weight.
     """
     flat = [s for stage in shards for s in stage] if shards and not isinstance(shards[0], Mapping) else shards
-    if len(flat) != pp * tp:
-        raise ValueError(f"megatron_to_hf: {len(flat)} shards given, pp·tp = {pp * tp} expected")
+    if len(flat) != ep * pp * tp:
+        raise ValueError(f"megatron_to_hf: {len(flat)} shards given, ep·pp·tp = {ep * pp * tp} expected")
 
-    def cat(p: int, name: str, dim: int) -> Tensor:
-        parts = [flat[p * tp + t].get(name) for t in range(tp)]
+    def cat(p: int, name: str, dim: int, e: int = 0) -> Tensor:
+        parts = [flat[(e * pp + p) * tp + t].get(name) for t in range(tp)]
         if any(x is None for x in parts):
             raise ValueError(f"megatron_to_hf: {name} is missing from a shard of stage {p}")
         return torch.cat(parts, dim=dim)  # type: ignore[arg-type]
@@ -802,10 +919,28 @@ def megatron_to_hf(
             out[dst + "post_attention_layernorm.weight"] = flat[p * tp][
                 src + "pre_mlp_layernorm.weight"
             ].clone()
-            fc1 = [flat[p * tp + t][src + "mlp.linear_fc1.weight"].chunk(2, dim=0) for t in range(tp)]
-            out[dst + "mlp.gate_proj.weight"] = torch.cat([g for g, _ in fc1])
-            out[dst + "mlp.up_proj.weight"] = torch.cat([u for _, u in fc1])
-            out[dst + "mlp.down_proj.weight"] = cat(p, src + "mlp.linear_fc2.weight", 1)
+            if spec.is_moe:
+                for x in "qk":
+                    out[f"{dst}self_attn.{x}_norm.weight"] = flat[p * tp][
+                        f"{src}self_attention.{x}_layernorm.weight"
+                    ].clone()
+            mlps = [(f"{src}mlp.", f"{dst}mlp.", 0)]
+            if _moe_layer(spec, i):
+                out[dst + "mlp.gate.weight"] = flat[p * tp][src + "mlp.router.weight"].clone()
+                local = spec.experts // ep
+                mlps = [
+                    (f"{src}mlp.experts.local_experts.{j}.", f"{dst}mlp.experts.{e * local + j}.", e)
+                    for e in range(ep)
+                    for j in range(local)
+                ]
+            for mg, hf, e in mlps:
+                fc1 = [
+                    flat[(e * pp + p) * tp + t][mg + "linear_fc1.weight"].chunk(2, dim=0) for t in range(tp)
+                ]
+                suffix = "_proj.weight"
+                out[hf + "gate" + suffix] = torch.cat([g for g, _ in fc1])
+                out[hf + "up" + suffix] = torch.cat([u for _, u in fc1])
+                out[hf + "down" + suffix] = cat(p, mg + "linear_fc2.weight", 1, e)
     out["model.norm.weight"] = flat[(pp - 1) * tp]["decoder.final_layernorm.weight"].clone()
     if not spec.tied_embeddings:
         out["lm_head.weight"] = cat(pp - 1, "output_layer.weight", 0)[: spec.vocab]

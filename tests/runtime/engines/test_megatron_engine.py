@@ -10,6 +10,7 @@ and :func:`train_step` need CUDA and are not run: only the refusal is tested.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -42,6 +43,20 @@ QWEN = ModelSpec(
     kv_heads=2,
     tied_embeddings=True,
     family="qwen2",
+)
+#: Qwen3-MoE-like (the runtime's MoE architecture): 4 experts, 2 per token, layer 0 dense.
+MOE = ModelSpec(
+    name="tiny-moe",
+    layers=2,
+    hidden=64,
+    ffn_hidden=128,
+    vocab=100,
+    heads=4,
+    kv_heads=2,
+    experts=4,
+    experts_active=2,
+    expert_ffn=32,
+    dense_layers=(0,),
 )
 DIV = 64  # vocab 100 pads to 128 at TP=1 and at TP=2, so checkpoints reshard between them
 EPS = 1e-5  # rms_norm_eps of the runtime's models (engines/hf_models.py)
@@ -80,8 +95,25 @@ def hf_states() -> dict[str, dict[str, torch.Tensor]]:
             **common,
         )
     )
+    moe = tf.Qwen3MoeForCausalLM(
+        tf.Qwen3MoeConfig(
+            vocab_size=MOE.vocab,
+            hidden_size=MOE.hidden,
+            intermediate_size=MOE.ffn_hidden,
+            num_hidden_layers=MOE.layers,
+            num_attention_heads=MOE.heads,
+            num_key_value_heads=MOE.kv_heads,
+            head_dim=MOE.hidden // MOE.heads,
+            num_experts=MOE.experts,
+            num_experts_per_tok=MOE.experts_active,
+            moe_intermediate_size=MOE.expert_ffn,
+            mlp_only_layers=list(MOE.dense_layers),
+            tie_word_embeddings=False,
+            **common,
+        )
+    )
     out = {}
-    for name, model in (("llama", llama), ("qwen", qwen)):
+    for name, model in (("llama", llama), ("qwen", qwen), ("moe", moe)):
         # Random norm weights (HF initialises them to 1), so a swapped norm would show.
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         for k in state:
@@ -89,6 +121,9 @@ def hf_states() -> dict[str, dict[str, torch.Tensor]]:
                 state[k] = 1.0 + 0.1 * torch.randn_like(state[k])
         out[name] = state
     out["qwen"].pop("lm_head.weight", None)  # tied: the same tensor as the embedding
+    from rpeg.runtime.engines.hf_models import checkpoint_state
+
+    out["moe"] = checkpoint_state(out["moe"], MOE)  # the checkpoint's per-expert names
     return out
 
 
@@ -300,6 +335,7 @@ def _rank_main(rank: int, port: int, workdir: Path) -> None:
         r["init_s"], r["layout_s"] = t_init, time.perf_counter() - t_layout
         res["layouts"][key] = r
     res["context"] = _context_parallel(rank, hf["llama"])
+    res["experts"] = _expert_parallel(rank, torch.load(workdir / "moe.pt"))
     (workdir / f"rank{rank}.json").write_text(json.dumps(res))
     dist.destroy_process_group()
 
@@ -338,6 +374,72 @@ def _context_parallel(rank: int, hf: dict[str, torch.Tensor]) -> dict[str, Any]:
         me.build_gpt_model(LLAMA, sp_cfg, pre_process=True, post_process=True, vocab_divisible_by=DIV)
     except AssertionError as exc:
         out["sp_build"] = str(exc)
+    dist.barrier()
+    me.destroy_parallel()
+    return out
+
+
+def _expert_parallel(rank: int, hf: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """SPEC §15.2 on the four ranks: ``Pd = 4``, ``Pe = 2`` — Megatron's expert groups against
+    :meth:`LayoutMapping.expert_rank`, the mapped MoE config, and the converted weights of EP rank
+    ``e`` loaded strictly into Megatron's MoE GPTModel, its local experts computing the Hugging
+    Face experts' FFN on CPU. The alltoall dispatcher's constructor needs CUDA (a
+    ``torch.cuda.Stream``), so the CPU model is built with the allgather one (same weights)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    ranks = dist.get_process_group_ranks
+    layout = me.initialize_parallel(1, 1, ep=2)
+    e = layout.expert_rank(rank)
+    cfg = me.transformer_config(MOE, tp=1, pp=1, dp=4, microbatches=1, norm_epsilon=EPS, ep=2)
+    out: dict[str, Any] = {
+        "megatron": ps.get_expert_model_parallel_rank(),
+        "layout": e,
+        "ep_group": ranks(ps.get_expert_model_parallel_group()),
+        "expert_dp_group": ranks(ps.get_expert_data_parallel_group()),
+        "config": [
+            cfg.num_moe_experts,
+            cfg.moe_router_topk,
+            cfg.moe_ffn_hidden_size,
+            list(cfg.moe_layer_freq),
+            cfg.expert_model_parallel_size,
+            cfg.expert_tensor_parallel_size,
+            cfg.moe_token_dispatcher_type,
+            cfg.qk_layernorm,
+        ],
+    }
+    try:
+        me.build_gpt_model(MOE, cfg, pre_process=True, post_process=True, vocab_divisible_by=DIV)
+    except RuntimeError as exc:
+        out["alltoall_build"] = str(exc)
+    cpu = me.transformer_config(
+        MOE, tp=1, pp=1, dp=4, microbatches=1, norm_epsilon=EPS, ep=2, moe_token_dispatcher_type="allgather"
+    )
+    model = me.build_gpt_model(MOE, cpu, pre_process=True, post_process=True, vocab_divisible_by=DIV)
+    loaded = model.load_state_dict(
+        me.hf_to_megatron(hf, MOE, tp=1, t=0, ep=2, e=e, vocab_divisible_by=DIV), strict=True
+    )
+    out["strict"] = [list(loaded.missing_keys), list(loaded.unexpected_keys)]
+    out["mlp_kinds"] = [type(layer.mlp).__name__ for layer in model.decoder.layers]
+    mlp = model.decoder.layers[1].mlp
+    x = torch.randn(5, MOE.hidden, generator=torch.Generator().manual_seed(2))
+    diffs = []
+    with torch.no_grad():
+        for j, expert in enumerate(mlp.experts.local_experts):
+            a = f"model.layers.1.mlp.experts.{e * 2 + j}."
+            h = torch.nn.functional.silu(x @ hf[a + "gate_proj.weight"].T) * (x @ hf[a + "up_proj.weight"].T)
+            diffs.append(_max_diff(expert(x)[0], h @ hf[a + "down_proj.weight"].T))
+    out["experts"] = diffs
+    out["router"] = torch.equal(mlp.router.weight.detach(), hf["model.layers.1.mlp.gate.weight"])
+    back = me.megatron_to_hf([model.state_dict()] * 2, MOE, tp=1, ep=2)  # both EP ranks' shards alike
+    out["own_experts_back"] = all(
+        torch.equal(
+            back[f"model.layers.1.mlp.experts.{e * 2 + j}.{x}_proj.weight"],
+            hf[f"model.layers.1.mlp.experts.{e * 2 + j}.{x}_proj.weight"],
+        )
+        for j in range(2)
+        for x in ("gate", "up", "down")
+    )
     dist.barrier()
     me.destroy_parallel()
     return out
@@ -403,6 +505,8 @@ def test_layout_settings_and_vocab_padding():
         "context_parallel_size": 1,
         "cp_comm_type": "p2p",
         "sequence_parallel": False,
+        "expert_model_parallel_size": 1,
+        "expert_tensor_parallel_size": 2,
         "data_parallel_size": 2,
         "num_microbatches": 4,
         "world_size": 8,
@@ -539,14 +643,60 @@ def test_context_and_sequence_parallelism_map_onto_megatron(ranks):
         me.LayoutMapping(dp=1, pp=1, tp=1, cp_kind="ulysses")
 
 
-def test_expert_parallel_strategies_are_not_mapped():
+def test_expert_parallelism_maps_onto_megatron(ranks):
+    """SPEC §15.2 (EP inside the data-parallel ranks, Megatron's tp-cp-ep-pp-dp): Megatron's
+    expert groups are :meth:`LayoutMapping.expert_rank`'s (2 consecutive ranks; the ranks holding
+    the same experts stride 2), the config carries the MoE shape, and EP rank ``e``'s converted
+    weights load strictly into Megatron's MoE GPTModel (layer 0 dense, layer 1 a router and 2 local
+    experts) whose experts compute the Hugging Face experts. The alltoall dispatcher is GPU-only."""
+    for rank, res in enumerate(ranks["ranks"]):
+        r = res["experts"]
+        assert r["megatron"] == r["layout"] == rank % 2, (rank, r)
+        assert r["ep_group"] == [rank - rank % 2, rank - rank % 2 + 1]
+        assert r["expert_dp_group"] == [rank % 2, rank % 2 + 2]
+        assert r["config"] == [4, 2, 32, [0, 1], 2, 1, "alltoall", True]
+        assert "torch.cuda.Stream requires CUDA" in r["alltoall_build"]
+        assert r["strict"] == [[], []]
+        assert r["mlp_kinds"] == ["MLP", "MoELayer"]
+        assert max(r["experts"]) < TOL and r["router"] and r["own_experts_back"], r
+
+
+def test_moe_strategies_map_and_what_is_not_mapped_is_refused():
     from rpeg.ir import Strategy
 
-    s = Strategy((1, 1, 4), 4, 1, 1, 1, ep=4)
-    with pytest.raises(ValueError, match="ep=4: expert parallelism is not mapped onto Megatron-core"):
-        me.LayoutMapping.from_strategy(s)
+    ep = me.LayoutMapping.from_strategy(Strategy((1, 1, 4), 4, 1, 1, 1, ep=4))
+    assert (ep.world, ep.ep) == (4, 4)
+    settings = me.LayoutMapping(dp=4, pp=1, tp=1, ep=2).settings(MOE, vocab_divisible_by=DIV)
+    assert (settings["expert_model_parallel_size"], settings["expert_tensor_parallel_size"]) == (2, 1)
     cp = me.LayoutMapping.from_strategy(Strategy((1, 1, 4), 1, 1, 2, 2, cp=2, cp_kind="ulysses", sp=True))
     assert (cp.world, cp.cp, cp.cp_kind, cp.sp) == (4, 2, "ulysses", True)
+    with pytest.raises(ValueError, match=r"ep=3 must divide the data- and context-parallel ranks dp·cp = 4"):
+        me.LayoutMapping(dp=4, pp=1, tp=1, ep=3)
+    with pytest.raises(ValueError, match="ep=2 but the model has no experts"):
+        me.LayoutMapping(dp=2, pp=1, tp=1, ep=2).check(LLAMA)
+    with pytest.raises(ValueError, match="ep=8 must divide the 4 experts"):
+        me.LayoutMapping(dp=8, pp=1, tp=1, ep=8).check(MOE)
+    shared = dataclasses.replace(MOE, shared_experts=1, shared_ffn=32)
+    with pytest.raises(ValueError, match=r"shared experts \(1\) are not mapped"):
+        me.LayoutMapping(dp=1, pp=1, tp=1).check(shared)
+
+
+@pytest.mark.parametrize(("ep", "tp", "pp"), [(1, 1, 1), (2, 2, 1), (4, 1, 2)])
+def test_moe_round_trip_is_exact(sources, ep, tp, pp):
+    hf = sources["moe"]
+    assert sorted(me.hf_shapes(MOE)) == sorted(hf)
+    shards = [
+        me.hf_to_megatron(hf, MOE, tp=tp, t=t, pp=pp, p=p, ep=ep, e=e, vocab_divisible_by=DIV)
+        for e in range(ep)
+        for p in range(pp)
+        for t in range(tp)
+    ]
+    back = me.megatron_to_hf(shards, MOE, tp=tp, pp=pp, ep=ep)
+    assert sorted(back) == sorted(hf)
+    assert all(torch.equal(back[k], hf[k]) for k in hf)
+    layer = 1 - (pp - 1)  # layer 1 is stage 1's first when pp = 2
+    local = shards[-1][f"decoder.layers.{layer}.mlp.experts.local_experts.0.linear_fc1.weight"]
+    assert tuple(local.shape) == (2 * MOE.expert_ffn // tp, MOE.hidden)
 
 
 def test_converted_weights_load_strictly_and_compute_the_hf_maps(ranks):
@@ -669,7 +819,7 @@ def test_qkv_rows_interleave_query_groups(sources):
 
 def test_conversion_errors(sources):
     hf = dict(sources["llama"])
-    with pytest.raises(ValueError, match=r"rank \(p=0, t=2\) is outside pp=1, tp=2"):
+    with pytest.raises(ValueError, match=r"rank \(p=0, t=2, e=0\) is outside pp=1, tp=2, ep=1"):
         me.hf_to_megatron(hf, LLAMA, tp=2, t=2)
     with pytest.raises(ValueError, match="ffn_projections=2"):
         me.hf_to_megatron(hf, ModelSpec("g", 3, 64, 128, 100, 4, 2, ffn_projections=2), tp=1, t=0)
@@ -687,7 +837,7 @@ def test_conversion_errors(sources):
     hf["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(64)
     with pytest.raises(ValueError, match="are not weights of a llama model"):
         me.hf_to_megatron(hf, LLAMA, tp=1, t=0)
-    with pytest.raises(ValueError, match="3 shards given, pp·tp = 4 expected"):
+    with pytest.raises(ValueError, match="3 shards given, ep·pp·tp = 4 expected"):
         me.megatron_to_hf([{}, {}, {}], LLAMA, tp=2, pp=2)
 
 
