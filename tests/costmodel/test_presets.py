@@ -22,6 +22,24 @@ PUBLISHED = {
         "nvlink": 300e9,
         "nics": (8, 200e9),
     },
+    # DGX A100 (80 GB): the same node with the 80 GB HBM2e GPU
+    "a100-80gb": {
+        "dense": 312e12,
+        "hbm": 2039e9,
+        "memory": 80e9,
+        "gpus": 8,
+        "nvlink": 300e9,
+        "nics": (8, 200e9),
+    },
+    # DGX B200: NVLink 5 1.8 TB/s bidirectional through NVSwitch; 8 × 400 Gb/s NDR ConnectX-7
+    "b200": {
+        "dense": 2250e12,
+        "hbm": 8e12,
+        "memory": 180e9,
+        "gpus": 8,
+        "nvlink": 900e9,
+        "nics": (8, 400e9),
+    },
     # DGX H100 / H200: NVLink 4 900 GB/s bidirectional through NVSwitch; 8 × 400 Gb/s NDR ConnectX-7
     "h100": {
         "dense": 989.4e12,
@@ -71,7 +89,7 @@ def test_every_preset_says_where_each_figure_comes_from(name):
         assert "assumption" in sources[f"{kind}.inter-rack"]
 
 
-@pytest.mark.parametrize("name", sorted(PUBLISHED))
+@pytest.mark.parametrize("name", [*sorted(PUBLISHED), "gb200-nvl72"])
 def test_gpu_sources_cite_a_document(name):
     sources = dict(hardware_preset(name).sources)
     for key in FIGURES + tuple(k for k in LINKS if not k.endswith("inter-rack")):
@@ -87,12 +105,18 @@ def test_cpu_sources_say_the_figures_are_nominal():
         assert "nominal assumption" in text, key
 
 
-@pytest.mark.parametrize("name", ["h100", "h200", "h20", "a100-40gb", "gh200"])
+@pytest.mark.parametrize(
+    "name", ["h100", "h200", "h20", "a100-40gb", "a100-80gb", "gh200", "b200", "gb200-nvl72"]
+)
 def test_host_bandwidth_is_the_host_links_line_rate_derated(name):
-    """``BW_host`` (SPEC §14.4): PCIe 5.0 ×16 for Hopper boards, PCIe 4.0 ×16 for A100,
-    NVLink-C2C for GH200, each at 0.8 of its per-direction line rate, with its document."""
+    """``BW_host`` (SPEC §14.4): PCIe 5.0 ×16 for Hopper boards and DGX B200 (Gen5 hosts),
+    PCIe 4.0 ×16 for A100, NVLink-C2C for GH200 and (shared by a superchip's two GPUs) GB200,
+    each at 0.8 of its per-direction line rate, with its document."""
     hw = hardware_preset(name)
-    line = {"a100-40gb": 16e9 * 16 * 128 / 130 / 8, "gh200": 450e9}.get(name, 32e9 * 16 * 128 / 130 / 8)
+    pcie4 = 16e9 * 16 * 128 / 130 / 8
+    line = {"a100-40gb": pcie4, "a100-80gb": pcie4, "gh200": 450e9, "gb200-nvl72": 450e9 / 2}.get(
+        name, 32e9 * 16 * 128 / 130 / 8
+    )
     assert hw.host_bandwidth == pytest.approx(0.8 * line, rel=0.01)
     text = dict(hw.sources)["host_bandwidth"]
     assert "https://" in text and "derated" in text
@@ -141,3 +165,46 @@ def test_h20_is_the_h100_node_with_the_h20_gpu():
     sources = dict(h20.sources)
     for kind in ("collective", "p2p"):
         assert "assumption" in sources[f"{kind}.inter-node"]  # no vendor figure for the H20 node's NICs
+
+
+def test_a100_80gb_is_the_40gb_node_with_the_80gb_gpu():
+    """DGX A100 80GB keeps the 40 GB node's links, alphas and GEMM constants; only the memory
+    (80 GB HBM2e) and its bandwidth (0.85 × 2,039 GB/s = 1.733 TB/s) differ."""
+    a80, a40 = hardware_preset("a100-80gb"), hardware_preset("a100-40gb")
+    assert a80.mem_bandwidth == pytest.approx(1.73315e12)
+    assert a80.collective == a40.collective and a80.p2p == a40.p2p
+    assert a80.peak_flops == a40.peak_flops == pytest.approx(218.4e12)
+    for field in ("gpus_per_node", "gamma_m", "gamma_k", "b_cal", "memory_headroom", "host_bandwidth"):
+        assert getattr(a80, field) == getattr(a40, field), field
+
+
+def test_gb200_nvl72_is_a_rack_wide_nvlink_domain_of_four_gpu_trays():
+    """GB200 NVL72 as rpeg's three tiers: a node is one compute tray of 4 GPUs; the inter-node
+    tier is the rest of the rack's NVLink 5 domain (900 GB/s per direction, 720 GB/s derated,
+    as inside a tray); the inter-rack tier is each GPU's share of its tray's 4 × 400 Gb/s
+    ConnectX-7 NICs (50 GB/s line rate, 40 GB/s derated, no 0.6 factor: that is the
+    assumption its source states). 0.70 × 2,500 TFLOP/s dense BF16, 0.85 × 8 TB/s, 186 GB."""
+    hw = hardware_preset("gb200-nvl72")
+    assert hw.gpus_per_node == 4
+    assert hw.gpu_memory_bytes == 186e9
+    assert hw.peak_flops == pytest.approx(0.70 * 2500e12)
+    assert hw.mem_bandwidth == pytest.approx(0.85 * 8e12)
+    nic_share = 4 * 400e9 / 8 / 4
+    for links in (hw.collective, hw.p2p):
+        assert 1.0 / links[0].beta == pytest.approx(0.8 * 900e9)
+        assert 1.0 / links[1].beta == pytest.approx(0.8 * 900e9)  # NVLink between trays of a rack
+        assert 1.0 / links[2].beta == pytest.approx(0.8 * nic_share) == pytest.approx(40e9)
+        assert links[0].alpha <= links[1].alpha < links[2].alpha
+    sources = dict(hw.sources)
+    assert "NVLink" in sources["collective.inter-node"] and "ConnectX-7" in sources["collective.inter-rack"]
+    assert "72" in hw.notes and "nodes_per_rack = 18" in hw.notes
+
+
+def test_blackwell_presets_outrun_hopper():
+    """The Blackwell GPUs' derated figures sit above H100's: 2.27x (B200) and 2.53x (GB200)
+    the dense BF16 rate, 2.39x the HBM bandwidth, twice the NVLink rate."""
+    h100, b200, gb200 = (hardware_preset(n) for n in ("h100", "b200", "gb200-nvl72"))
+    assert b200.peak_flops / h100.peak_flops == pytest.approx(2250 / 989.4)
+    assert gb200.peak_flops / h100.peak_flops == pytest.approx(2500 / 989.4)
+    assert b200.mem_bandwidth / h100.mem_bandwidth == pytest.approx(8 / 3.35)
+    assert h100.collective[0].beta / b200.collective[0].beta == pytest.approx(2.0)

@@ -1,0 +1,391 @@
+"""Published pre-training throughput against rpeg's prediction of the same layout (issue 31).
+
+The rows are NVIDIA's Megatron-Bridge performance summaries (``docs/performance-summary.md``
+and ``docs/performance-summary-archive.md`` of NVIDIA-NeMo/Megatron-Bridge, copied with every
+configuration field into ``benchmarks/data/megatron_bridge_performance.json`` with the commit
+and path they came from). For each row rpeg can express, a pre-training step is one training
+vertex: :func:`rpeg.costmodel.time.op_time` with ``Role.TRAINING`` prices the row's exact
+layout on the matching hardware preset, and
+
+    predicted tokens/s/GPU = GBS·ℓ / (T_step · N_GPU),
+
+``T_step`` the op's total, ``GBS`` the global batch in sequences, ``ℓ`` the sequence length.
+The layout (:func:`row_strategy`): ``Pt = TP``, ``Pp = PP``, ``Pc = CP``, ``Pe = EP``,
+``Pd = N_GPU/(TP·PP·CP)``, ``mb = GBS/(Pd·MBS)`` microbatches of ``MBS`` sequences, ZeRO stage 1
+(Megatron's distributed optimizer; stage 3 where the row publishes FSDP), sequence parallelism
+when ``TP > 1``, no activation recomputation, full-length unpacked sequences (the tables do not
+publish the recomputation or sequence-parallel settings: these are Megatron-Bridge's usual
+performance settings, an assumption). Link tiers follow rpeg's rank order (tensor innermost,
+then context, pipeline, data) on nodes of the preset's ``gpus_per_node`` and "racks" of
+32 DGX nodes (a DGX SuperPOD scalable unit) or 18 GB200 compute trays (one NVL72 rack).
+
+No term is fitted to these rows: this is the baseline of the presets as they are.
+
+Rows it cannot express are listed with the reason: a precision other than BF16 (rpeg has no
+FP8/MXFP8/NVFP4 setting), a system without a preset (DGX-GB300, DGX-B300), an interleaved
+virtual pipeline (``VP`` > 1), a cell that publishes two configurations, a layout that does not
+divide. ``--refresh GIT_DIR`` rebuilds the data file from a Megatron-Bridge git directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data" / "megatron_bridge_performance.json"
+REPO = "NVIDIA-NeMo/Megatron-Bridge"
+DOCS = ("docs/performance-summary.md", "docs/performance-summary-archive.md")
+
+#: Published model name → rpeg model preset (``None``: built here, :func:`model_spec`).
+MODELS = {
+    "LLAMA3_70B": "llama3.3-70b",  # Llama-3 70B and 3.3 70B share the shape
+    "LLAMA3.1_405B": None,
+    "Qwen3_30B_a3B": "qwen3-30b-a3b",
+    "Qwen3_235B_a22B": "qwen3-235b-a22b",
+    "DeepSeekV3": "deepseek-v3",
+    "GPT OSS 120B": "gpt-oss-120b",
+}
+#: Published system → (rpeg hardware preset, nodes per "rack" for the link tiers).
+SYSTEMS = {"DGX-H100": ("h100", 32), "DGX-B200": ("b200", 32), "DGX-GB200": ("gb200-nvl72", 18)}
+REQUIRED = ("release", "model", "system", "gpus", "precision", "gbs", "mbs", "seq_len", "tp", "pp")
+REQUIRED += ("cp", "vp", "ep", "tokens_per_s_per_gpu", "source")
+
+_COLUMNS = {
+    "System": "system",
+    "Model": "model",
+    "#-GPUs": "gpus",
+    "Precision": "precision",
+    "GBS": "gbs",
+    "MBS": "mbs",
+    "Sequence Length": "seq_len",
+    "FSDP": "fsdp",
+    "TP": "tp",
+    "PP": "pp",
+    "CP": "cp",
+    "VP": "vp",
+    "EP": "ep",
+    "ETP": "etp",
+    "GA": "ga",
+    "Tokens / sec / GPU": "tokens_per_s_per_gpu",
+    "Model TFLOP / sec / GPU": "model_tflops_per_gpu",
+}
+
+
+def _cell(text: str) -> int | float | str | None:
+    """A table cell: an int or float when it is one plain number, ``None`` for ``n/a``, else the
+    text as published (``"37556 (36108)"``: two configurations in one cell)."""
+    text = text.strip()
+    if text.lower() == "n/a":
+        return None
+    text = re.sub(r"\[\^[^\]]*\]", "", text).strip()  # footnote markers
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    if re.fullmatch(r"-?\d+\.\d*", text):
+        return float(text)
+    return text
+
+
+def _canonical_model(name: str) -> str | None:
+    """The :data:`MODELS` key a published model name (``"DeepSeekV3 (w/o MTP)"``) is, or ``None``."""
+    base = name.split("(")[0].strip()
+    return base if base in MODELS else None
+
+
+def parse_summary(text: str, path: str, commit: str) -> list[dict[str, Any]]:
+    """The pre-training rows of one performance-summary markdown file, every column kept.
+
+    Tables sit under ``## <release> NeMo Container`` / ``### Pre-Training Performance`` and a
+    ``#### Model: <name>`` or ``#### System: <name>`` heading; SFT and LoRA tables are skipped,
+    and so are models outside :data:`MODELS`.
+    """
+    rows: list[dict[str, Any]] = []
+    release = section = heading = None
+    header: list[str] | None = None
+    for line in text.splitlines():
+        if m := re.match(r"^## (.+?) NeMo Container", line):
+            release, section, header = m.group(1), None, None
+        elif m := re.match(r"^### (.+)", line):
+            section, header = m.group(1).strip(), None
+        elif m := re.match(r"^#### (Model|System): (.+)", line):
+            heading, header = (m.group(1).lower(), m.group(2).strip()), None
+        elif line.startswith("|") and section == "Pre-Training Performance" and heading:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if header is None:
+                header = cells
+                unknown = [c for c in cells if c not in _COLUMNS]
+                if unknown:
+                    raise ValueError(f"{path}: unknown column(s) {unknown} in release {release}")
+                continue
+            if set(line) <= set("|- "):
+                continue
+            row: dict[str, Any] = {"release": release}
+            row[heading[0]] = heading[1]
+            for name, value in zip(header, cells, strict=True):
+                row[_COLUMNS[name]] = _cell(value)
+            model = _canonical_model(str(row["model"]))
+            if model is None:
+                continue
+            row["model_key"] = model
+            row.setdefault("precision", None)  # 25.09's tables have no precision column
+            row.setdefault("etp", None)  # no table publishes ETP
+            row["source"] = {
+                "repo": REPO,
+                "commit": commit,
+                "path": path,
+                "table": f"{release} / {heading[1]}",
+            }
+            rows.append(row)
+    return rows
+
+
+def refresh(git_dir: str) -> None:
+    """Rebuild :data:`DATA` from the ``HEAD`` of a Megatron-Bridge git directory."""
+    git = ["git", "-C", git_dir]
+    commit = subprocess.run(
+        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    rows = []
+    for path in DOCS:
+        text = subprocess.run(
+            [*git, "show", f"HEAD:{path}"], check=True, capture_output=True, text=True
+        ).stdout
+        rows += parse_summary(text, path, commit)
+    doc = {
+        "source": f"https://github.com/{REPO}/blob/{commit}/ ({', '.join(DOCS)})",
+        "commit": commit,
+        "note": "Pre-training rows of the listed models, every column as published; n/a is null; a cell "
+        "with two configurations is kept as text. precision is null where the table has no column for it.",
+        "rows": rows,
+    }
+    DATA.parent.mkdir(exist_ok=True)
+    DATA.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {len(rows)} rows to {DATA}")
+
+
+def load_rows(path: Path = DATA) -> list[dict[str, Any]]:
+    """The data file's rows, each checked for :data:`REQUIRED` fields.
+
+    Raises
+    ------
+    ValueError
+        Naming the row and the missing field.
+    """
+    doc = json.loads(path.read_text())
+    for i, row in enumerate(doc["rows"]):
+        missing = [f for f in REQUIRED if f not in row]
+        if missing:
+            raise ValueError(f"{path.name}: row {i} lacks {missing}")
+    return doc["rows"]
+
+
+def model_spec(key: str) -> Any:
+    """The rpeg :class:`~rpeg.ir.models.ModelSpec` of a :data:`MODELS` key. Llama 3.1 405B has
+    no preset: its shape is the published config (meta-llama/Llama-3.1-405B config.json: 126
+    layers, hidden 16384, FFN 53248, 128 heads, 8 KV heads, vocabulary 128256)."""
+    from rpeg.ir.models import ModelSpec, model_preset
+
+    name = MODELS[key]
+    if name is not None:
+        return model_preset(name)
+    return ModelSpec(
+        name="llama3.1-405b", layers=126, hidden=16384, ffn_hidden=53248, vocab=128256, heads=128, kv_heads=8
+    )
+
+
+def _tier(ranks: list[int], gpus_per_node: int, nodes_per_rack: int) -> int:
+    """0 when the ranks share a node, 1 a rack, else 2 (ranks laid out node by node)."""
+    nodes = {r // gpus_per_node for r in ranks}
+    if len(nodes) <= 1:
+        return 0
+    return 1 if len({n // nodes_per_rack for n in nodes}) == 1 else 2
+
+
+def why_not(row: dict[str, Any]) -> str | None:
+    """Why rpeg cannot express ``row``, or ``None`` when it can."""
+    if row["precision"] is None:
+        return "precision not published in its table"
+    if row["precision"] != "BF16":
+        return f"precision {row['precision']}: rpeg has no FP8/FP4 setting"
+    if row["system"] not in SYSTEMS:
+        return f"no hardware preset for {row['system']}"
+    fields = ("gpus", "gbs", "mbs", "seq_len", "tp", "pp", "cp", "ep", "vp", "fsdp", "tokens_per_s_per_gpu")
+    if any(isinstance(row.get(f), str) for f in fields):
+        return "a cell publishes two configurations"
+    if row["vp"] not in (None, 1):
+        return f"interleaved virtual pipeline VP={row['vp']} not modelled"
+    tp, pp, cp = row["tp"], row["pp"], row["cp"] or 1
+    if row["gpus"] % (tp * pp * cp):
+        return "GPUs not divisible by TP·PP·CP"
+    dp = row["gpus"] // (tp * pp * cp)
+    if row["gbs"] % (dp * row["mbs"]):
+        return "GBS not divisible by DP·MBS"
+    if (dp * cp) % (row["ep"] or 1):
+        return "EP does not divide DP·CP"
+    return None
+
+
+def row_strategy(row: dict[str, Any]) -> tuple[Any, int]:
+    """The :class:`~rpeg.ir.plan.Strategy` of an expressible row and its hardware's
+    ``gpus_per_node`` (module docstring's translation)."""
+    from rpeg.costmodel.hardware import hardware_preset
+    from rpeg.ir.plan import Strategy
+
+    preset, per_rack = SYSTEMS[row["system"]]
+    g = hardware_preset(preset).gpus_per_node
+    n = row["gpus"]
+    tp, pp, cp, ep = row["tp"], row["pp"], row["cp"] or 1, row["ep"] or 1
+    dp = n // (tp * pp * cp)
+
+    def rank(d: int, p: int, c: int, t: int) -> int:
+        return ((d * pp + p) * cp + c) * tp + t
+
+    def tier(ranks: list[int]) -> int:
+        return _tier(ranks, g, per_rack)
+
+    dp_cp = [rank(d, 0, c, 0) for d in range(dp) for c in range(cp)]  # context fastest
+    nodes = math.ceil(n / g)
+    extent = (1, 1, n) if n <= g else (math.ceil(nodes / per_rack), min(nodes, per_rack), g)
+    strategy = Strategy(
+        extent,
+        dp=dp,
+        pp=pp,
+        tp=tp,
+        mb=row["gbs"] // (dp * row["mbs"]),
+        pp_tier=tier([rank(0, p, 0, 0) for p in range(pp)]),
+        dp_tier=tier([rank(d, 0, 0, 0) for d in range(dp)]),
+        recompute="none",
+        zero=3 if (row.get("fsdp") or 0) > 0 else 1,
+        cp=cp,
+        ep=ep,
+        sp=tp > 1,
+        cp_tier=tier([rank(0, 0, c, 0) for c in range(cp)]),
+        ep_tier=tier(dp_cp[:ep]),
+    )
+    return strategy, g
+
+
+def predict(row: dict[str, Any]) -> float:
+    """rpeg's tokens/s/GPU for an expressible row: ``GBS·ℓ/(T_step·N_GPU)``."""
+    from rpeg.costmodel.hardware import hardware_preset
+    from rpeg.costmodel.layout import Layout
+    from rpeg.costmodel.time import op_time
+    from rpeg.ir.types import Role
+
+    strategy, g = row_strategy(row)
+    hw = hardware_preset(SYSTEMS[row["system"]][0])
+    ell = row["seq_len"]
+    t = op_time(
+        model_spec(row["model_key"]),
+        Role.TRAINING,
+        Layout(strategy, gpus_per_node=g),
+        hw,
+        sequences=row["gbs"],
+        prompt_len=ell // 2,
+        response_len=ell - ell // 2,
+        tokens=float(ell),
+        tokens_sq=float(ell * ell),
+    )
+    return row["gbs"] * ell / (t.total * row["gpus"])
+
+
+def _ranks(xs: list[float]) -> list[float]:
+    """Ranks 1..n, ties given their average rank."""
+    order = sorted(range(len(xs)), key=xs.__getitem__)
+    out = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's ρ: Pearson's correlation of the ranks (``nan`` for fewer than 2 rows or a
+    constant column)."""
+    if len(a) < 2:
+        return float("nan")
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    va = math.sqrt(sum((x - ma) ** 2 for x in ra))
+    vb = math.sqrt(sum((y - mb) ** 2 for y in rb))
+    return cov / (va * vb) if va and vb else float("nan")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--refresh", metavar="GIT_DIR", help="rebuild the data file from a Megatron-Bridge git dir"
+    )
+    ap.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = ap.parse_args(argv)
+    if args.refresh:
+        refresh(args.refresh)
+        return
+    sys.path.insert(0, str(HERE))
+    import _bench
+
+    doc = json.loads(DATA.read_text())
+    rows = load_rows()
+    head = "| release | model | system | GPUs | prec | GBS | MBS | ℓ | TP | PP | CP | EP | published | rpeg | rpeg/pub |"
+    table = [head, "|" + "---|" * 15]
+    skipped: dict[str, int] = {}
+    by_prec: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        reason = why_not(row)
+        if reason:
+            skipped[reason] = skipped.get(reason, 0) + 1
+            continue
+        pub, pred = float(row["tokens_per_s_per_gpu"]), predict(row)
+        by_prec.setdefault(row["precision"], []).append((pub, pred))
+        table.append(
+            f"| {row['release']} | {row['model']} | {row['system']} | {row['gpus']} | {row['precision']} | "
+            f"{row['gbs']} | {row['mbs']} | {row['seq_len']} | {row['tp']} | {row['pp']} | {row['cp']} | "
+            f"{row['ep'] or 1} | {pub:,.0f} | {pred:,.0f} | {pred / pub:.2f} |"
+        )
+    stats = []
+    for prec, pairs in sorted(by_prec.items()):
+        pub, pred = [p for p, _ in pairs], [q for _, q in pairs]
+        mape = 100 * sum(abs(q - p) / p for p, q in pairs) / len(pairs)
+        stats.append(
+            f"- {prec}: {len(pairs)} rows, MAPE {mape:.1f} %, Spearman ρ {spearman(pub, pred):.2f}, "
+            f"rpeg/published median {sorted(q / p for p, q in pairs)[len(pairs) // 2]:.2f}"
+        )
+    n_ok = sum(len(v) for v in by_prec.values())
+    lines = [
+        "## GPU fidelity: Megatron-Bridge pre-training throughput vs rpeg (issue 31)",
+        "",
+        f"Command: `{_bench.command('gpu_fidelity.py', argv)}`. Machine: {_bench.machine()}.",
+        "",
+        f"Published rows: {doc['source']}. Each expressible row's layout is priced as one training "
+        "vertex (`op_time`, Role.TRAINING) on the matching preset (DGX-H100 → h100, DGX-B200 → b200, "
+        "DGX-GB200 → gb200-nvl72); predicted tokens/s/GPU = GBS·ℓ/(T_step·GPUs). ZeRO-1, SP when TP > 1, "
+        "no recomputation, expert-TP = TP are assumptions (the tables do not publish them). "
+        "**No term is fitted to these rows: this is the baseline of the current presets.**",
+        "",
+        f"{len(rows)} rows of the six models; {n_ok} expressible, {len(rows) - n_ok} not:",
+        "",
+        *[f"- {n} × {reason}" for reason, n in sorted(skipped.items(), key=lambda kv: -kv[1])],
+        "",
+        *table,
+        "",
+        *stats,
+    ]
+    print("\n".join(lines))
+    if not args.no_write:
+        _bench.write_section("gpu-fidelity", lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The published Megatron-Bridge rows of ``benchmarks/gpu_fidelity.py`` (issue 31): the data file
+parses, every row carries its configuration and its source, and a row's layout translates to the
+Strategy the benchmark prices."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from rpeg.ir.plan import Strategy
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_fidelity.py"
+
+
+@pytest.fixture(scope="module")
+def fid():
+    spec = importlib.util.spec_from_file_location("gpu_fidelity", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_row_has_its_fields_and_a_source(fid):
+    rows = fid.load_rows()
+    assert len(rows) > 100
+    for row in rows:
+        src = row["source"]
+        assert src["repo"] == "NVIDIA-NeMo/Megatron-Bridge" and len(src["commit"]) == 40
+        assert src["path"] in fid.DOCS and src["table"]
+        assert row["model_key"] in fid.MODELS
+        for f in ("gpus", "gbs", "mbs", "seq_len", "tp", "pp"):
+            assert isinstance(row[f], (int, str)), (f, row)
+    # every model the issue names is present, and some BF16 rows exist for each DGX/GB200 preset
+    assert {r["model_key"] for r in rows} == set(fid.MODELS)
+    bf16 = {r["system"] for r in rows if r["precision"] == "BF16"}
+    assert {"DGX-H100", "DGX-B200", "DGX-GB200"} <= bf16
+
+
+def test_a_missing_field_is_named(fid, tmp_path):
+    bad = tmp_path / "rows.json"
+    bad.write_text('{"rows": [{"release": "x"}]}')
+    with pytest.raises(ValueError, match=r"row 0 lacks \['model'"):
+        fid.load_rows(bad)
+
+
+def test_parser_keeps_every_column_and_the_alternatives_as_text(fid):
+    text = "\n".join(
+        [
+            "## 25.11 NeMo Container",
+            "### Pre-Training Performance",
+            "#### System: DGX-H100",
+            "| Model | #-GPUs | Precision | GBS | MBS | Sequence Length | FSDP | TP | PP | CP | VP | EP | GA"
+            " | Tokens / sec / GPU | Model TFLOP / sec / GPU |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| GPT OSS 120B | 64 | BF16 | 512 | 4 | 4096 | 0 | 1 | 4 | 1 | 1 | 8 | 2 | 5630 | 153 |",
+            "| LLAMA3_8B | 8 | FP8-CS | 128 | 1 | 8192 | 8 | 1 | 1 | 1 | n/a | 1 | 16 | 14451 | 744 |",
+            "| LLAMA3.1_405B | 128 | FP8-CS (FP8-MX) | 64 | 1 | 8192 | 0 | 4 | 8 | 2 | 8 | 1 | 32"
+            " | 661 (624) | 1667 (1576) |",
+            "### SFT Performance",
+            "#### Model: LLAMA3_70B",
+            "| System | #-GPUs | Precision | GBS | MBS | Sequence Length | TP | PP | CP | VP | EP"
+            " | Tokens / sec / GPU | Model TFLOP / sec / GPU |",
+            "| DGX-H100 | 32 | FP8 | 32 | 1 | 4096 | 4 | 4 | 1 | 5 | n/a | 1638 | 710 |",
+        ]
+    )
+    rows = fid.parse_summary(text, "docs/x.md", "0" * 40)
+    assert [r["model"] for r in rows] == ["GPT OSS 120B", "LLAMA3.1_405B"]  # 8B and SFT skipped
+    oss, big = rows
+    assert (oss["system"], oss["ga"], oss["fsdp"], oss["vp"], oss["tokens_per_s_per_gpu"]) == (
+        "DGX-H100",
+        2,
+        0,
+        1,
+        5630,
+    )
+    assert big["tokens_per_s_per_gpu"] == "661 (624)"
+    assert fid.why_not(big) == "precision FP8-CS (FP8-MX): rpeg has no FP8/FP4 setting"
+    assert fid.why_not(oss) is None
+
+
+def test_a_rows_layout_is_the_strategy_the_benchmark_prices(fid):
+    # 26.04 GPT-OSS-120B on 64 DGX-H100 GPUs: TP 1, PP 4, EP 8, GBS 1280, MBS 1 -> Pd = 16,
+    # 80 microbatches; 8 GPUs per node, stages one node apart (4 consecutive GPUs would hold
+    # them, so the pipeline stays in a node), DP over 8 nodes of one 32-node unit, EP inside it
+    row = {
+        "system": "DGX-H100",
+        "precision": "BF16",
+        "gpus": 64,
+        "gbs": 1280,
+        "mbs": 1,
+        "seq_len": 4096,
+        "tp": 1,
+        "pp": 4,
+        "cp": 1,
+        "vp": None,
+        "ep": 8,
+        "fsdp": 0,
+        "model_key": "GPT OSS 120B",
+        "tokens_per_s_per_gpu": 5810,
+    }
+    assert fid.why_not(row) is None
+    strategy, g = fid.row_strategy(row)
+    assert g == 8
+    assert strategy == Strategy(
+        (1, 8, 8), dp=16, pp=4, tp=1, mb=80, pp_tier=0, dp_tier=1, recompute="none", zero=1, ep=8, ep_tier=1
+    )
+    assert fid.predict(row) > 0
+    assert fid.why_not({**row, "vp": 4}) == "interleaved virtual pipeline VP=4 not modelled"
+    assert fid.why_not({**row, "system": "DGX-GB300"}) == "no hardware preset for DGX-GB300"
+
+
+def test_spearman_is_rank_correlation(fid):
+    assert fid.spearman([1, 2, 3, 4], [10, 20, 30, 400]) == pytest.approx(1.0)
+    assert fid.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert fid.spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(0.9486832980505138)
