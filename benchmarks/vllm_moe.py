@@ -126,11 +126,13 @@ def update_probe() -> dict:
             )
             plain = gap(engine, model)
             moe = type("Spec", (), {"is_moe": True})()  # checkpoint_state only asks this
-            pushed = engine.update_weights(checkpoint_state(state, moe))
+            sent = checkpoint_state(state, moe)
+            pushed = engine.update_weights(sent)
             fixed = gap(engine, model)
         finally:
             engine.shutdown()
-    return {"before": before, "vllm_reload": plain, "rpeg_push": fixed, "match": pushed["checksums_match"]}
+    match = pushed["rank_checksums"] == [ve.state_checksum(sent)] * len(pushed["rank_checksums"])
+    return {"before": before, "vllm_reload": plain, "rpeg_push": fixed, "match": match}
 
 
 def _child(args: list[str], tp: int) -> tuple[subprocess.CompletedProcess, dict | None]:

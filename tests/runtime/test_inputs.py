@@ -467,17 +467,28 @@ def test_cli_run_failure_is_one_line_and_names_the_trace(result, tmp_path, capsy
     assert err[1].endswith(str(tmp_path / "t.json")) and len(err) == 2
 
 
-def test_a_mixture_of_experts_plan_is_refused_before_any_worker_starts():
-    """The runtime builds dense models: a MoE plan is refused, naming the model, before Ray starts
-    (running it as a scaled dense model would misread it)."""
+def test_a_moe_plan_with_shared_experts_is_refused_before_any_worker_starts():
+    """The runtime builds MoE models as Qwen3-MoE, which has no shared experts: such a plan is
+    refused, naming the model, before Ray starts (running it without them would misread it)."""
     from rpeg.ir import ModelSpec, Workload
     from tests.runtime.plans import ONE_DEVICE, hand
 
-    moe = ModelSpec("toy-moe", 4, 256, 512, 1000, 4, 4, experts=4, experts_active=2, expert_ffn=128)
+    moe = ModelSpec(
+        "toy-moe",
+        4,
+        256,
+        512,
+        1000,
+        4,
+        4,
+        experts=4,
+        experts_active=2,
+        expert_ffn=128,
+        shared_experts=1,
+        shared_ffn=128,
+    )
     result = hand(
         Workload("grpo", {"actor": moe, "reward": moe}, 8, 4, 64, 64), "1x1x1", ONE_DEVICE, (("actor", 0),)
     )
-    with pytest.raises(
-        ValueError, match=r"model 'actor' \(toy-moe\) is a mixture-of-experts model \(4 experts"
-    ):
+    with pytest.raises(ValueError, match=r"model 'actor' \(toy-moe\) has 1 shared expert\(s\)"):
         rpeg.run(result, 1)
