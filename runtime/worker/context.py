@@ -44,9 +44,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ...ir.plan import CP_KINDS  # the exchanges ContextParallel runs (Strategy.cp_kind)
+
 __all__ = [
     "ATTENTION",
-    "CP_KINDS",
     "ContextParallel",
     "register",
     "zigzag_positions",
@@ -55,8 +56,6 @@ __all__ = [
 #: Name of the attention implementation in ``transformers``' ``AttentionInterface``.
 ATTENTION = "rpeg_context_parallel"
 
-#: The exchanges :class:`ContextParallel` runs (``Strategy.cp_kind``).
-CP_KINDS = ("ring", "ulysses")
 
 #: Attribute of an attention module that holds its :class:`ContextParallel`.
 _ATTR = "rpeg_context"
