@@ -25,6 +25,12 @@ Rows it cannot express are listed with the reason: a precision other than BF16 (
 FP8/MXFP8/NVFP4 setting), a system without a preset (DGX-GB300, DGX-B300), an interleaved
 virtual pipeline (``VP`` > 1), a cell that publishes two configurations, a layout that does not
 divide. ``--refresh GIT_DIR`` rebuilds the data file from a Megatron-Bridge git directory.
+
+``--generation`` is the generation half: GPUStack's performance-lab vLLM serving results
+(``benchmarks/data/vllm_serving.json``, rebuilt by ``--refresh-vllm GIT_DIR`` from a
+gpustack/gpustack git directory) against :func:`rpeg.costmodel.time.generation_times` of the
+same run (:func:`vllm_predict`), section ``gpu-fidelity-generation``; nothing is fitted there
+either.
 """
 
 from __future__ import annotations
@@ -323,17 +329,435 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / (va * vb) if va and vb else float("nan")
 
 
+# ---------------------------------------------------------------------------------------------
+# Generation: GPUStack performance-lab vLLM serving benchmarks (issue 31, the generation half)
+# ---------------------------------------------------------------------------------------------
+
+VLLM_DATA = HERE / "data" / "vllm_serving.json"
+VLLM_REPO = "gpustack/gpustack"
+VLLM_DOCS_DIR = "docs/performance-lab"
+#: Published GPU (``8 × NVIDIA H100 SXM``, or the page's file name) → rpeg hardware preset.
+VLLM_GPUS = {"H100": "h100", "H200": "h200", "A100": "a100-80gb"}
+#: vLLM's default ``--gpu-memory-utilization``.
+VLLM_MEMORY_FRACTION = 0.9
+#: Served model (quantization suffix removed) → rpeg model preset, or ``None``: built here
+#: (:func:`vllm_model_spec`). Models outside this table have no rpeg model.
+VLLM_MODELS = {
+    "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3-235b-a22b",
+    "Qwen/Qwen3-32B": None,
+    "Qwen/Qwen3-14B": None,
+    "openai/gpt-oss-20b": "gpt-oss-20b",
+    "openai/gpt-oss-120b": "gpt-oss-120b",
+    "deepseek-ai/DeepSeek-R1-0528": "deepseek-v3",
+}
+#: Checkpoints whose published weights are not BF16 whatever their name says.
+_NATIVE_PRECISION = {
+    "openai/gpt-oss-20b": "MXFP4 (native MoE weights)",
+    "openai/gpt-oss-120b": "MXFP4 (native MoE weights)",
+    "deepseek-ai/DeepSeek-R1-0528": "FP8 (native block-scaled weights)",
+    "deepseek-ai/DeepSeek-V3.2": "FP8 (native block-scaled weights)",
+}
+VLLM_REQUIRED = (
+    "model",
+    "precision",
+    "gpu",
+    "gpus",
+    "tp",
+    "pp",
+    "dp",
+    "expert_parallel",
+    "engine",
+    "engine_version",
+    "serve_command",
+    "dataset",
+    "input_len",
+    "output_len",
+    "requests",
+    "total_input_tokens",
+    "total_generated_tokens",
+    "duration_s",
+    "output_tokens_per_s",
+    "total_tokens_per_s",
+    "source",
+)
+_RESULT_FIELDS = {
+    "Successful requests": "requests",
+    "Benchmark duration (s)": "duration_s",
+    "Total input tokens": "total_input_tokens",
+    "Total generated tokens": "total_generated_tokens",
+    "Output token throughput (tok/s)": "output_tokens_per_s",
+    "Total Token throughput (tok/s)": "total_tokens_per_s",
+    "Peak concurrent requests": "peak_concurrent_requests",
+    "Mean TTFT (ms)": "mean_ttft_ms",
+    "Mean TPOT (ms)": "mean_tpot_ms",
+}
+#: ``# random 32K input`` labels → the "Benchmark Dataset" line that defines the case.
+_RANDOM_LABELS = {"32K": "Very long", "4K": "Long", "2K": "Medium", "128": "Short"}
+
+
+def _serve_flags(command: str) -> dict[str, Any]:
+    """Parallel degrees and the flags that matter to the comparison, from a ``vllm serve`` line."""
+
+    def value(*names: str) -> str | None:
+        for name in names:
+            if m := re.search(rf"(?:^|\s){re.escape(name)}[ =](\S+)", command):
+                return m.group(1)
+        return None
+
+    return {
+        "tp": int(value("-tp", "--tensor-parallel-size") or 1),
+        "pp": int(value("-pp", "--pipeline-parallel-size") or 1),
+        "dp": int(value("-dp", "--data-parallel-size") or 1),
+        "expert_parallel": "--enable-expert-parallel" in command,
+        "gpu_memory_utilization": float(value("--gpu-memory-utilization") or VLLM_MEMORY_FRACTION),
+        "speculative": "--speculative-config" in command or "speculative" in command,
+        "kv_cache_dtype": value("--kv-cache-dtype"),
+    }
+
+
+def _precision(model: str) -> str:
+    """The served checkpoint's weight precision."""
+    if model.endswith("-FP8"):
+        return "FP8"
+    if model.endswith("-AWQ"):
+        return "AWQ (INT4 weights)"
+    return _NATIVE_PRECISION.get(model, "BF16")
+
+
+def parse_perf_lab(text: str, path: str, commit: str) -> list[dict[str, Any]]:
+    """The vLLM serving results of one GPUStack performance-lab page, every figure kept.
+
+    A result is a ``Serving Benchmark Result`` block; its server is the last ``vllm serve``
+    command above it (blocks under an SGLang or TensorRT-LLM command are skipped). A block
+    labelled ``# random 32K input`` (``4K``, ``2K``, ``128``) is the random-dataset case the
+    page's "Benchmark Dataset" list defines; an unlabelled one is the ShareGPT run of the page's
+    benchmark script (``vllm bench serve``, all requests sent at once); any other label (``# ShareGPT
+    batch size 4``, ``# --max-num-batched-tokens 4096``) is kept as ``result_label`` with
+    ``dataset`` null. A label is a ``# ...`` line right above a result block.
+    """
+    gpu_file = re.search(r"/(h100|h200|a100)[^/]*\.md$", path)
+    hw = re.search(r"^(\d+) × NVIDIA (\S+)(.*)$", text, re.M)
+    version = re.search(r"^- vLLM: (\S+)", text, re.M)
+    cases = {
+        m.group(1): (int(m.group(2)), int(m.group(3)))
+        for m in re.finditer(
+            r"^\s*- (Very long|Long|Medium|Short) prompt: (\d+) input tokens, (\d+) output tokens", text, re.M
+        )
+    }
+    lines = text.splitlines()
+    rows: list[dict[str, Any]] = []
+    serve = heading = label = None
+    i = 0
+    while i < len(lines):
+        s = lines[i].strip()
+        if re.match(r"^#{1,6} ", lines[i]):
+            heading, label = s.lstrip("#").strip(), None
+        elif s.startswith("# ") and lines[i].startswith(" "):
+            after = next((x for x in lines[i + 1 :] if x.strip()), "")
+            label = s[2:].strip() if "Serving Benchmark Result" in after else None
+        if s.startswith("vllm serve") or "sglang" in s or s.startswith("trtllm-serve"):
+            command = s
+            while command.endswith("\\") and i + 1 < len(lines):
+                i += 1
+                command = command[:-1].rstrip() + " " + lines[i].strip()
+            serve = command if command.startswith("vllm serve") else None
+        if "Serving Benchmark Result" in s and serve:
+            block: dict[str, Any] = {}
+            for line in lines[i + 1 : i + 40]:
+                if line.strip().startswith("=" * 10):
+                    break
+                m = re.match(r"\s*(.+?):\s+(-?[\d.]+)\s*$", line)
+                if m and m.group(1) in _RESULT_FIELDS:
+                    block[_RESULT_FIELDS[m.group(1)]] = float(m.group(2))
+            model = serve.split()[2]
+            dataset, in_len, out_len = "sharegpt", None, None
+            if label:
+                m = re.fullmatch(r"random (\S+) input", label)
+                case = cases.get(_RANDOM_LABELS.get(m.group(1).upper(), "")) if m else None
+                dataset, (in_len, out_len) = ("random", case) if case else (None, (None, None))
+            flags = _serve_flags(serve)
+            row = {
+                "model": model,
+                "precision": _precision(model),
+                "gpu": (hw.group(2) if hw else gpu_file.group(1).upper()) if gpu_file else None,
+                "gpu_text": hw.group(0).strip() if hw else None,
+                "gpus": flags["tp"] * flags["pp"] * flags["dp"],
+                **flags,
+                "engine": "vllm",
+                "engine_version": version.group(1) if version else None,
+                "serve_command": serve,
+                "dataset": dataset,
+                "input_len": in_len,
+                "output_len": out_len,
+                "result_label": label,
+                "request_rate": "inf (vllm bench serve default: every request sent at once)",
+                **{
+                    k: (int(v) if float(v).is_integer() and k != "duration_s" else v)
+                    for k, v in block.items()
+                },
+                "source": {"repo": VLLM_REPO, "commit": commit, "path": path, "section": heading},
+            }
+            rows.append(row)
+            label = None
+        i += 1
+    return rows
+
+
+def refresh_vllm(git_dir: str) -> None:
+    """Rebuild :data:`VLLM_DATA` from the ``HEAD`` of a gpustack git directory: every H100, H200
+    and A100 throughput page (``*/h100.md``, ``h200.md``, ``a100.md``; the ``-latency`` pages
+    run at limited concurrency and are left out)."""
+    git = ["git", "-C", git_dir]
+    commit = subprocess.run(
+        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    names = subprocess.run(
+        [*git, "ls-tree", "-r", "--name-only", "HEAD", VLLM_DOCS_DIR],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    pages = sorted(p for p in names if re.search(r"/(h100|h200|a100)\.md$", p))
+    rows = []
+    for path in pages:
+        text = subprocess.run(
+            [*git, "show", f"HEAD:{path}"], check=True, capture_output=True, text=True
+        ).stdout
+        rows += parse_perf_lab(text, path, commit)
+    doc = {
+        "source": f"https://github.com/{VLLM_REPO}/tree/{commit}/{VLLM_DOCS_DIR} ({len(pages)} pages)",
+        "commit": commit,
+        "pages": pages,
+        "note": "Every vLLM 'Serving Benchmark Result' block of GPUStack's H100/H200/A100 throughput pages, "
+        "figures as published (vllm bench serve, request rate inf). requests = successful requests; "
+        "output_tokens_per_s = total_generated_tokens / duration_s, total_tokens_per_s adds the input "
+        "tokens. input_len/output_len are the random dataset's requested lengths (null for ShareGPT); "
+        "generation may stop early at EOS, so total_generated_tokens can be below requests x output_len.",
+        "rows": rows,
+    }
+    VLLM_DATA.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {len(rows)} rows from {len(pages)} pages to {VLLM_DATA}")
+
+
+def load_vllm_rows(path: Path = VLLM_DATA) -> list[dict[str, Any]]:
+    """The vLLM data file's rows, each checked for :data:`VLLM_REQUIRED` fields.
+
+    Raises
+    ------
+    ValueError
+        Naming the row and the missing field.
+    """
+    doc = json.loads(path.read_text())
+    for i, row in enumerate(doc["rows"]):
+        missing = [f for f in VLLM_REQUIRED if f not in row]
+        if missing:
+            raise ValueError(f"{path.name}: row {i} lacks {missing}")
+    return doc["rows"]
+
+
+def _base_model(model: str) -> str:
+    return re.sub(r"-(FP8|AWQ)$", "", model)
+
+
+def vllm_model_spec(model: str) -> Any:
+    """The rpeg :class:`~rpeg.ir.models.ModelSpec` of a served model in :data:`VLLM_MODELS`.
+    Qwen3-32B and Qwen3-14B have no preset: their shapes are the published ``config.json``
+    (Qwen/Qwen3-32B: 64 layers, hidden 5120, FFN 25600, 64 heads, 8 KV heads of 128, vocabulary
+    151936, untied; Qwen/Qwen3-14B: 40 layers, hidden 5120, FFN 17408, 40 heads, 8 KV heads of
+    128, vocabulary 151936, untied)."""
+    from rpeg.ir.models import ModelSpec, model_preset
+
+    base = _base_model(model)
+    name = VLLM_MODELS[base]
+    if name is not None:
+        return model_preset(name)
+    if base == "Qwen/Qwen3-32B":
+        return ModelSpec(
+            name="qwen3-32b",
+            layers=64,
+            hidden=5120,
+            ffn_hidden=25600,
+            vocab=151936,
+            heads=64,
+            kv_heads=8,
+            head_dim=128,
+        )
+    return ModelSpec(
+        name="qwen3-14b",
+        layers=40,
+        hidden=5120,
+        ffn_hidden=17408,
+        vocab=151936,
+        heads=40,
+        kv_heads=8,
+        head_dim=128,
+    )
+
+
+def vllm_why_not(row: dict[str, Any]) -> str | None:
+    """Why rpeg cannot express a vLLM row, or ``None`` when it can."""
+    base = _base_model(row["model"])
+    if base not in VLLM_MODELS:
+        return f"no rpeg model for {base}"
+    if row["precision"] != "BF16":
+        return f"{row['precision'].split(' (')[0]} weights: rpeg has no quantized-weight setting"
+    if row["gpu"] not in VLLM_GPUS:
+        return f"no hardware preset for {row['gpu']}"
+    if row["speculative"]:
+        return "speculative decoding not modelled"
+    if row["kv_cache_dtype"] not in (None, "auto"):
+        return f"KV cache dtype {row['kv_cache_dtype']} not modelled"
+    if row["pp"] > 1 or row["dp"] > 1 or row["expert_parallel"]:
+        return "pipeline-, data- or expert-parallel serving not translated"
+    if row["dataset"] is None:
+        return "result labelled with a case or flag its page does not define"
+    peak = row.get("peak_concurrent_requests")
+    if peak is not None and peak < row["requests"]:
+        return "concurrency-limited run (peak concurrent requests below requests)"
+    return None
+
+
+def vllm_lengths(row: dict[str, Any]) -> tuple[int, int]:
+    """``(Lp, Lr)``: the published mean input and generated tokens per request."""
+    n = row["requests"]
+    return max(1, round(row["total_input_tokens"] / n)), max(1, round(row["total_generated_tokens"] / n))
+
+
+def vllm_predict(row: dict[str, Any]) -> tuple[float, float]:
+    """rpeg's ``(T_gen, output tokens/s)`` of an expressible row.
+
+    The run is one generation on a continuously batching engine
+    (:func:`rpeg.costmodel.time.generation_times`): ``n`` = the requests (all sent at once),
+    prompt ``Lp`` and a response of exactly ``Lr`` tokens (the published means; a point mass,
+    the buckets ``(0, Lr−1]`` with share 0 and ``(Lr−1, Lr]`` with share 1), tensor parallelism
+    ``TP`` on one node of the GPU's preset, memory fraction ``--gpu-memory-utilization``
+    (vLLM's 0.9 unless the command sets it). Predicted output tokens/s =
+    published generated tokens / ``T_gen``, so rpeg/published is the published duration over
+    ``T_gen`` and the same for total tokens/s.
+    """
+    from rpeg.costmodel.hardware import hardware_preset
+    from rpeg.costmodel.layout import Layout
+    from rpeg.costmodel.time import generation_times
+    from rpeg.ir.plan import Strategy
+    from rpeg.ir.workload import LengthBucket
+
+    hw = hardware_preset(VLLM_GPUS[row["gpu"]])
+    tp = row["tp"]
+    strategy = Strategy((1, 1, tp), dp=1, pp=1, tp=tp, mb=1, mem_fraction=row["gpu_memory_utilization"])
+    lp, lr = vllm_lengths(row)
+    buckets = (
+        (LengthBucket(0.0, 0, lr - 1), LengthBucket(1.0, lr - 1, lr))
+        if lr > 1
+        else (LengthBucket(1.0, 0, 1),)
+    )
+    (t,) = generation_times(
+        vllm_model_spec(row["model"]),
+        Layout(strategy, gpus_per_node=hw.gpus_per_node),
+        hw,
+        sequences=row["requests"],
+        prompt_len=lp,
+        buckets=buckets,
+    )
+    return t.total, row["total_generated_tokens"] / t.total
+
+
+def _mape(pairs: list[tuple[float, float]]) -> float:
+    return 100 * sum(abs(q - p) / p for p, q in pairs) / len(pairs)
+
+
+def generation_report(argv: list[str] | None, write: bool) -> None:
+    """Predict every expressible vLLM row, print the side-by-side table and the MAPE, and write
+    the ``gpu-fidelity-generation`` section of RESULTS.md (unless ``write`` is false)."""
+    import _bench
+
+    doc = json.loads(VLLM_DATA.read_text())
+    rows = load_vllm_rows()
+    head = (
+        "| page | model | GPU | TP | dataset | n | Lp | Lr | published out tok/s | rpeg out tok/s "
+        "| published s | rpeg T_gen s | rpeg/pub |"
+    )
+    table = [head, "|" + "---|" * 13]
+    skipped: dict[str, int] = {}
+    by_set: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        reason = vllm_why_not(row)
+        if reason:
+            skipped[reason] = skipped.get(reason, 0) + 1
+            continue
+        t, pred = vllm_predict(row)
+        pub = float(row["output_tokens_per_s"])
+        by_set.setdefault(row["dataset"], []).append((pub, pred))
+        if row["dataset"] == "random":
+            by_set.setdefault(f"random {row['input_len']}/{row['output_len']}", []).append((pub, pred))
+        lp, lr = vllm_lengths(row)
+        page = row["source"]["path"].removeprefix(VLLM_DOCS_DIR + "/")
+        table.append(
+            f"| {page} | {row['model']} | {row['gpu']} | {row['tp']} | {row['dataset']} | {row['requests']} | "
+            f"{lp} | {lr} | {pub:,.1f} | {pred:,.1f} | {row['duration_s']:.2f} | {t:.2f} | {pred / pub:.2f} |"
+        )
+    stats = []
+    every = [pair for key, pairs in by_set.items() if "/" not in key for pair in pairs]
+    for name, pairs in [*sorted(by_set.items()), ("all", every)]:
+        if not pairs:
+            continue
+        pub, pred = [p for p, _ in pairs], [q for _, q in pairs]
+        stats.append(
+            f"- {name}: {len(pairs)} rows, MAPE {_mape(pairs):.1f} %, Spearman ρ {spearman(pub, pred):.2f}, "
+            f"rpeg/published median {sorted(q / p for p, q in pairs)[len(pairs) // 2]:.2f}"
+        )
+    lines = [
+        "## GPU fidelity: vLLM serving throughput (GPUStack performance lab) vs rpeg generation (issue 31)",
+        "",
+        f"Command: `{_bench.command('gpu_fidelity.py', argv)}`. Machine: {_bench.machine()}.",
+        "",
+        f"Published rows: {doc['source']}, `benchmarks/data/vllm_serving.json` (every vLLM result block of "
+        "the H100/H200/A100 throughput pages, figures as published: `vllm bench serve`, request rate inf, "
+        "so all requests are queued at once). Each expressible row is one generation on rpeg's continuously "
+        "batching engine (`generation_times`, SPEC §14.5): n = the successful requests, prompt Lp and a "
+        "response of exactly Lr tokens (the published means per request), TP on one node of the GPU's "
+        "preset (H100 → h100, H200 → h200, A100 → a100-80gb), memory fraction 0.9 (vLLM's default "
+        "`--gpu-memory-utilization`); predicted output tokens/s = published generated tokens / T_gen, so "
+        "rpeg/published is the same for output and total tokens/s. ShareGPT rows have variable lengths "
+        "and are priced at their means (an approximation); the random rows have fixed requested lengths. "
+        "**No term is fitted to these rows: this is the baseline of the current presets.** "
+        "Acceptance target of issue 31: MAPE ≤ 20 %.",
+        "",
+        f"{len(rows)} rows; {len(every)} expressible, {len(rows) - len(every)} not:",
+        "",
+        *[f"- {n} × {reason}" for reason, n in sorted(skipped.items(), key=lambda kv: -kv[1])],
+        "",
+        *table,
+        "",
+        *stats,
+    ]
+    print("\n".join(lines))
+    if write:
+        _bench.write_section("gpu-fidelity-generation", lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--refresh", metavar="GIT_DIR", help="rebuild the data file from a Megatron-Bridge git dir"
     )
     ap.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    ap.add_argument(
+        "--generation", action="store_true", help="the vLLM serving rows (generation) instead of training"
+    )
+    ap.add_argument(
+        "--refresh-vllm", metavar="GIT_DIR", help="rebuild the vLLM data file from a gpustack git dir"
+    )
     args = ap.parse_args(argv)
     if args.refresh:
         refresh(args.refresh)
         return
+    if args.refresh_vllm:
+        refresh_vllm(args.refresh_vllm)
+        return
     sys.path.insert(0, str(HERE))
+    if args.generation:
+        generation_report(argv, not args.no_write)
+        return
     import _bench
 
     doc = json.loads(DATA.read_text())

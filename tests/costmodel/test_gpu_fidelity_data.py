@@ -113,3 +113,79 @@ def test_spearman_is_rank_correlation(fid):
     assert fid.spearman([1, 2, 3, 4], [10, 20, 30, 400]) == pytest.approx(1.0)
     assert fid.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     assert fid.spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(0.9486832980505138)
+
+
+def test_every_vllm_row_has_its_fields_and_a_source(fid):
+    rows = fid.load_vllm_rows()
+    assert len(rows) > 100
+    for row in rows:
+        src = row["source"]
+        assert src["repo"] == "gpustack/gpustack" and len(src["commit"]) == 40
+        assert src["path"].startswith(fid.VLLM_DOCS_DIR + "/") and src["section"]
+        assert row["engine"] == "vllm" and row["serve_command"].startswith("vllm serve " + row["model"])
+        assert row["gpu"] in fid.VLLM_GPUS and row["gpus"] == row["tp"] * row["pp"] * row["dp"]
+        for f in ("requests", "total_input_tokens", "total_generated_tokens"):
+            assert isinstance(row[f], int) and row[f] > 0, (f, row)
+        assert row["duration_s"] > 0
+        # the rows rpeg prices: the published output throughput is the generated tokens over
+        # the duration (the comparison rests on it)
+        if fid.vllm_why_not(row) is None:
+            rate = row["total_generated_tokens"] / row["duration_s"]
+            assert row["output_tokens_per_s"] == pytest.approx(rate, rel=0.01)
+        assert row["dataset"] in ("random", "sharegpt", None)
+        if row["dataset"] == "random":
+            assert row["input_len"] > 0 and row["output_len"] > 0
+    assert sum(fid.vllm_why_not(r) is None for r in rows) >= 20
+
+
+def test_a_missing_vllm_field_is_named(fid, tmp_path):
+    bad = tmp_path / "rows.json"
+    bad.write_text('{"rows": [{"model": "x"}]}')
+    with pytest.raises(ValueError, match=r"row 0 lacks \['precision'"):
+        fid.load_vllm_rows(bad)
+
+
+def test_perf_lab_parser_reads_server_case_and_figures(fid):
+    text = "\n".join(
+        [
+            "# Optimizing X",
+            "8 × NVIDIA H100 SXM GPUs on a single node.",
+            "- vLLM: v0.11.0",
+            "    - Long prompt: 4000 input tokens, 200 output tokens",
+            "### Other Benchmark Cases",
+            "    ```bash",
+            "    vllm serve Qwen/Qwen3-235B-A22B-Instruct-2507-FP8 -tp 4 \\",
+            "      --enable-expert-parallel",
+            "    ```",
+            "    # random 4K input",
+            "    ============ Serving Benchmark Result ============",
+            "    Successful requests:                     500",
+            "    Benchmark duration (s):                  98.99",
+            "    Total input tokens:                      1997942",
+            "    Total generated tokens:                  92185",
+            "    Output token throughput (tok/s):         931.21",
+            "    Total Token throughput (tok/s):          21113.53",
+            "    ==================================================",
+            "    python3 -m sglang.launch_server --model-path X --tp-size 8",
+            "    ============ Serving Benchmark Result ============",
+            "    Successful requests:                     1",
+            "    ==================================================",
+        ]
+    )
+    (row,) = fid.parse_perf_lab(text, "docs/performance-lab/x/h100.md", "0" * 40)
+    assert (row["gpu"], row["tp"], row["expert_parallel"], row["precision"]) == ("H100", 4, True, "FP8")
+    assert (row["dataset"], row["input_len"], row["output_len"], row["requests"]) == (
+        "random",
+        4000,
+        200,
+        500,
+    )
+    assert row["total_generated_tokens"] == 92185 and row["duration_s"] == 98.99
+    assert row["source"]["section"] == "Other Benchmark Cases"
+    assert fid.vllm_why_not(row) == "FP8 weights: rpeg has no quantized-weight setting"
+    bf16 = {**row, "model": "Qwen/Qwen3-235B-A22B-Instruct-2507", "precision": "BF16", "tp": 8, "gpus": 8}
+    bf16["expert_parallel"] = False
+    assert fid.vllm_why_not(bf16) is None
+    assert fid.vllm_lengths(bf16) == (3996, 184)
+    t, tokens_per_s = fid.vllm_predict(bf16)
+    assert t > 0 and tokens_per_s == pytest.approx(92185 / t)
