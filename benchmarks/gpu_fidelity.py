@@ -175,8 +175,8 @@ def refresh(git_dir: str) -> None:
     print(f"wrote {len(rows)} rows to {DATA}")
 
 
-def load_rows(path: Path = DATA) -> list[dict[str, Any]]:
-    """The data file's rows, each checked for :data:`REQUIRED` fields.
+def _load(path: Path, required: tuple[str, ...] | list[str]) -> list[dict[str, Any]]:
+    """A data file's rows, each checked for the ``required`` fields.
 
     Raises
     ------
@@ -185,10 +185,15 @@ def load_rows(path: Path = DATA) -> list[dict[str, Any]]:
     """
     doc = json.loads(path.read_text())
     for i, row in enumerate(doc["rows"]):
-        missing = [f for f in REQUIRED if f not in row]
+        missing = [f for f in required if f not in row]
         if missing:
             raise ValueError(f"{path.name}: row {i} lacks {missing}")
     return doc["rows"]
+
+
+def load_rows(path: Path = DATA) -> list[dict[str, Any]]:
+    """The training data file's rows, each checked for :data:`REQUIRED` fields (:func:`_load`)."""
+    return _load(path, REQUIRED)
 
 
 def model_spec(key: str) -> Any:
@@ -540,19 +545,8 @@ def refresh_vllm(git_dir: str) -> None:
 
 
 def load_vllm_rows(path: Path = VLLM_DATA) -> list[dict[str, Any]]:
-    """The vLLM data file's rows, each checked for :data:`VLLM_REQUIRED` fields.
-
-    Raises
-    ------
-    ValueError
-        Naming the row and the missing field.
-    """
-    doc = json.loads(path.read_text())
-    for i, row in enumerate(doc["rows"]):
-        missing = [f for f in VLLM_REQUIRED if f not in row]
-        if missing:
-            raise ValueError(f"{path.name}: row {i} lacks {missing}")
-    return doc["rows"]
+    """The vLLM data file's rows, each checked for :data:`VLLM_REQUIRED` fields (:func:`_load`)."""
+    return _load(path, VLLM_REQUIRED)
 
 
 def _base_model(model: str) -> str:

@@ -595,20 +595,25 @@ class ModelSpec:
         self._check_mla()
         self._check_window()
 
-    def _check_window(self) -> None:
-        """``sliding_layers`` are increasing layer indices, given exactly when ``sliding_window > 0``."""
-        where = f"ModelSpec {self.name!r}"
-        layers = self.sliding_layers
-        if isinstance(layers, list):
-            layers = tuple(layers)
+    def _layer_indices(self, field: str) -> tuple[int, ...]:
+        """Field ``field`` (``dense_layers``, ``sliding_layers``) as a tuple of ints, stored back;
+        a list is accepted, anything else but integers refused, naming the field."""
+        value = getattr(self, field)
+        layers = tuple(value) if isinstance(value, list) else value
         if not isinstance(layers, tuple) or any(
             isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in layers
         ):
             raise ValueError(
-                f"{where}: sliding_layers must be a tuple of layer indices, got {_show(self.sliding_layers)}"
+                f"ModelSpec {self.name!r}: {field} must be a tuple of layer indices, got {_show(value)}"
             )
         layers = tuple(int(i) for i in layers)
-        object.__setattr__(self, "sliding_layers", layers)
+        object.__setattr__(self, field, layers)
+        return layers
+
+    def _check_window(self) -> None:
+        """``sliding_layers`` are increasing layer indices, given exactly when ``sliding_window > 0``."""
+        where = f"ModelSpec {self.name!r}"
+        layers = self._layer_indices("sliding_layers")
         if not self.sliding_window:
             if layers:
                 raise ValueError(
@@ -647,17 +652,7 @@ class ModelSpec:
     def _check_experts(self) -> None:
         """The mixture-of-experts fields agree with each other and with ``layers`` (SPEC §15.1)."""
         where = f"ModelSpec {self.name!r}"
-        dense = self.dense_layers
-        if isinstance(dense, list):
-            dense = tuple(dense)
-        if not isinstance(dense, tuple) or any(
-            isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in dense
-        ):
-            raise ValueError(
-                f"{where}: dense_layers must be a tuple of layer indices, got {_show(self.dense_layers)}"
-            )
-        dense = tuple(int(i) for i in dense)
-        object.__setattr__(self, "dense_layers", dense)
+        dense = self._layer_indices("dense_layers")
         if self.experts == 0:
             extra = [
                 f"{f} = {getattr(self, f)!r}"

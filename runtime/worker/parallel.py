@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .experts import expert_shard
+
 __all__ = [
     "FSDPAdam",
     "FSDPShards",
@@ -43,7 +45,7 @@ def local(t: torch.Tensor) -> torch.Tensor:
 def shard_dim(p: torch.Tensor) -> int | None:
     """Dimension a DTensor parameter is sharded on over the TP mesh (``None``: replicated); 0 for
     stacked experts an EP rank holds a block of (:func:`~rpeg.runtime.worker.experts.expert_shard`)."""
-    if getattr(p, "_rpeg_expert_shard", None) is not None:
+    if expert_shard(p) is not None:
         return 0
     placements = getattr(p, "placements", None)
     if not placements:
@@ -726,7 +728,7 @@ def assemble(pubs: list[tuple[int, dict[str, tuple[Any, int | None]]]]) -> dict[
 def shard_of(full: torch.Tensor, p: torch.Tensor, tp: int, t: int) -> torch.Tensor:
     """The slice of ``full`` that parameter ``p`` holds on TP rank ``t`` (``torch.chunk``
     semantics, as DTensor's ``Shard``); for stacked experts, EP rank ``e``'s block of ``Pe``."""
-    expert = getattr(p, "_rpeg_expert_shard", None)
+    expert = expert_shard(p)
     if expert is not None:
         return torch.chunk(full, expert[0], dim=0)[expert[1]]
     dim = shard_dim(p)
