@@ -15,8 +15,10 @@ The layout (:func:`row_strategy`): ``Pt = TP``, ``Pp = PP``, ``Pc = CP``, ``Pe =
 (Megatron's distributed optimizer; stage 3 where the row publishes FSDP), sequence parallelism
 when ``TP > 1``, no activation recomputation, full-length unpacked sequences (the tables do not
 publish the recomputation or sequence-parallel settings: these are Megatron-Bridge's usual
-performance settings, an assumption). Link tiers follow rpeg's rank order (tensor innermost,
-then context, pipeline, data) on nodes of the preset's ``gpus_per_node`` and "racks" of
+performance settings, an assumption). Link tiers follow Megatron-core's rank order, as the
+published runs laid their ranks out (``parallel_state``'s default ``order="tp-cp-ep-dp-pp"``:
+tensor innermost, then context, data, pipeline outermost; expert groups ``etp-ep-dp-pp`` with
+``ETP`` the row's expert-TP, Megatron's default ``TP``) on nodes of the preset's ``gpus_per_node`` and "racks" of
 32 DGX nodes (a DGX SuperPOD scalable unit) or 18 GB200 compute trays (one NVL72 rack).
 
 No term is fitted to these rows: this is the baseline of the presets as they are.
@@ -254,13 +256,14 @@ def row_strategy(row: dict[str, Any]) -> tuple[Any, int]:
     tp, pp, cp, ep = row["tp"], row["pp"], row["cp"] or 1, row["ep"] or 1
     dp = n // (tp * pp * cp)
 
-    def rank(d: int, p: int, c: int, t: int) -> int:
-        return ((d * pp + p) * cp + c) * tp + t
+    def rank(d: int, p: int, c: int, t: int) -> int:  # Megatron's order tp-cp-dp-pp: pipeline outermost
+        return ((p * dp + d) * cp + c) * tp + t
 
     def tier(ranks: list[int]) -> int:
         return _tier(ranks, g, per_rack)
 
-    dp_cp = [rank(d, 0, c, 0) for d in range(dp) for c in range(cp)]  # context fastest
+    etp = row.get("etp") or tp  # expert-TP (Megatron's default: TP); expert ranks ordered etp-ep-dp-pp
+    experts = [e * etp for e in range(ep)]
     nodes = math.ceil(n / g)
     extent = (1, 1, n) if n <= g else (math.ceil(nodes / per_rack), min(nodes, per_rack), g)
     strategy = Strategy(
@@ -277,7 +280,7 @@ def row_strategy(row: dict[str, Any]) -> tuple[Any, int]:
         ep=ep,
         sp=tp > 1,
         cp_tier=tier([rank(0, 0, c, 0) for c in range(cp)]),
-        ep_tier=tier(dp_cp[:ep]),
+        ep_tier=tier(experts),
     )
     return strategy, g
 

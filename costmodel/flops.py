@@ -40,11 +40,19 @@ __all__ = [
     "forward_flops",
     "generation_flops",
     "head_flops_per_token",
+    "head_nongemm_scalars",
     "inference_flops",
+    "layer_nongemm_scalars",
     "prefill_flops",
+    "reference_nongemm_scalars",
     "training_flops",
     "training_passes",
 ]
+
+#: FFN width over hidden width of the layer whose non-GEMM work a hardware file's ``c_ng`` times
+#: (both calibration layers of :mod:`rpeg.runtime.calibrate.measure`: 11,008/4,096 on a GPU,
+#: 688/256 on a CPU, a Llama-7B-shaped SwiGLU layer).
+REFERENCE_FFN_RATIO = 11008 / 4096
 
 #: Forward-equivalent passes of one training step under full recomputation: forward, recompute
 #: of the checkpointed forward and a backward pass that costs two forwards (SPEC §6).
@@ -439,3 +447,110 @@ def generation_flops(
     if prefill:
         work += prefill_flops(model, sequences=sequences, prompt_len=prompt_len, head=head)
     return work
+
+
+def _activation_scalars(width: int, projections: int) -> float:
+    """Scalars the FFN activation of one token moves at FFN width ``width``: the gated
+    ``act(gate)·up`` reads two inputs and writes one (``3·w``), a plain ``act(x)`` reads and
+    writes one (``2·w``)."""
+    return (3.0 if projections == 3 else 2.0) * width
+
+
+def layer_nongemm_scalars(model: ModelSpec, tp: int = 1, sp: bool = False) -> float:
+    """Scalars one device's memory-bound (non-GEMM) kernels read and write per token and block in
+    one forward, averaged over the blocks (``docs/cost-model.md`` §2 "Non-GEMM work").
+
+    Counted as Megatron-core with Transformer Engine runs a block (fused kernels: each reads its
+    inputs and writes its outputs once; the attention softmax lives inside the fused attention
+    core and is not counted here):
+
+    * replicated on every tensor-parallel rank unless sequence parallelism splits it
+      (``/Pt`` under SP): two norms (read and write ``d`` each, ``4d``), two fused residual adds
+      (read ``2d``, write ``d`` each, ``6d``); a MoE block adds the router's probabilities
+      (``2E``) and the token permutation around the experts (dispatch copies ``k`` rows,
+      ``2kd``; the weighted combine reads ``k`` rows and writes one, ``kd + d``); latent
+      attention adds its two latent norms (``2·(r_q + r_kv)``);
+    * split over the ``Pt`` ranks: rotary embedding of queries and keys (read and write,
+      ``2·(d_q + d_kv)``; latent attention rotates ``H·rope + rope``) and the FFN activation
+      (gated ``3·w``, plain ``2·w``; a MoE block ``k·act(d_e) + S·act(d_s)``).
+
+    So ``σ = ρ·(10d + σ_rep) + (σ_rot + σ_act)/Pt`` with ``ρ = 1/Pt`` under SP, else 1; dense
+    and MoE blocks are averaged by their counts.
+
+    Parameters
+    ----------
+    model
+        The model.
+    tp
+        Tensor-parallel degree ``Pt``.
+    sp
+        Whether sequence parallelism splits the replicated work.
+
+    Returns
+    -------
+    float
+        Scalars per token and block (multiply by the bytes per scalar for bytes).
+    """
+    d = model.hidden
+    rho = 1.0 / tp if sp else 1.0
+    if model.is_mla:
+        rot = 2.0 * (model.heads * model.qk_rope_head_dim + model.qk_rope_head_dim)
+        rep = 10.0 * d + 2.0 * (model.q_lora_rank + model.kv_lora_rank)
+    else:
+        rot = 2.0 * (model.q_width + model.kv_width)
+        rep = 10.0 * d
+    dense = rho * rep + (rot + _activation_scalars(model.ffn_hidden, model.ffn_projections)) / tp
+    if not model.is_moe:
+        return dense
+    k, proj = model.experts_active, model.ffn_projections
+    act = k * _activation_scalars(model.expert_ffn, proj)
+    if model.shared_experts:
+        act += model.shared_experts * _activation_scalars(model.shared_ffn, proj)
+    route = 2.0 * model.experts + 3.0 * k * d + d
+    moe = rho * (rep + route) + (rot + act) / tp
+    n_moe = model.moe_layers
+    return (n_moe * moe + (model.layers - n_moe) * dense) / model.layers
+
+
+def head_nongemm_scalars(model: ModelSpec, head: Head = Head.LM, tp: int = 1, sp: bool = False) -> float:
+    """Scalars the output head's memory-bound kernels move per token in one forward: the final
+    norm (``2d``, replicated unless SP) and, for an LM head, the vocabulary-parallel softmax over
+    the token's ``V/Pt`` logits (read twice: its maximum, then the exponentials' sum and the
+    target's log-probability, ``2V/Pt``); a scalar head adds nothing beyond the norm.
+
+    Parameters
+    ----------
+    model
+        The model.
+    head
+        Which head(s) the invocation evaluates.
+    tp, sp
+        Tensor-parallel degree and sequence parallelism, as in :func:`layer_nongemm_scalars`.
+
+    Returns
+    -------
+    float
+        Scalars per token.
+    """
+    norm = 2.0 * model.hidden / (tp if sp else 1)
+    if head in (Head.LM, Head.BOTH):
+        return norm + 2.0 * model.vocab / tp
+    return norm
+
+
+def reference_nongemm_scalars(hidden: float) -> float:
+    """:func:`layer_nongemm_scalars` of the reference block a hardware file's ``c_ng`` times, at
+    width ``d = hidden``: dense, ``d_q = d_kv = d``, SwiGLU of width ``(11,008/4,096)·d``, one
+    device: ``10d + 4d + 3·(11,008/4,096)·d ≈ 22.06·d``.
+
+    Parameters
+    ----------
+    hidden
+        The reference width ``d_cal``.
+
+    Returns
+    -------
+    float
+        Scalars per token.
+    """
+    return (14.0 + 3.0 * REFERENCE_FFN_RATIO) * hidden

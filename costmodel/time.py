@@ -29,8 +29,11 @@ from .flops import (
     attention_core_flops,
     decode_flops_at,
     forward_flops,
+    head_nongemm_scalars,
     inference_flops,
+    layer_nongemm_scalars,
     prefill_flops,
+    reference_nongemm_scalars,
     training_flops,
     training_passes,
 )
@@ -375,9 +378,7 @@ def op_time(
         terms = hw.terms(role.value)
         t_gemm /= terms.efficiency
         t_ep, t_cp = _split_terms(node, role, lengths, head, t_gemm, passes)
-        # sequence parallelism splits the non-TP regions over the TP ranks: nothing stays replicated
-        replicated = 0.0 if s.sp else 1.0 - 1.0 / s.tp
-        t_nongemm = passes * node.layers * hw.c_nongemm * replicated * node.nongemm_scale(ell)
+        t_nongemm = passes * node.nongemm(ell, head)
         t_over = terms.per_call_s + passes * node.slots * node.layers * terms.per_layer_s
 
     return TimeBreakdown(
@@ -434,7 +435,12 @@ def _split_terms(
         share = attention_core_flops(model, ell, sq, window_sq) / forward_flops(
             model, ell, head, sq, window_sq
         )
-        t_cp = node.cp_rounds(passes, tokens, t_gemm * min(1.0, share * core_passes / forward_passes))
+        core = (
+            node.core_s
+            if node.core_s is not None
+            else t_gemm * min(1.0, share * core_passes / forward_passes)
+        )
+        t_cp = node.cp_rounds(passes, tokens, core)
     return t_ep, t_cp
 
 
@@ -463,7 +469,19 @@ class _Node:
     :meth:`pp_rounds` ``count`` pipeline P2P steps of ``n·ℓ·d·sb/(Pd·Pt·mb)``.
     """
 
-    __slots__ = ("b", "hw", "layers", "layout", "model", "n_devices", "roof", "s", "sequences", "slots")
+    __slots__ = (
+        "b",
+        "core_s",
+        "hw",
+        "layers",
+        "layout",
+        "model",
+        "n_devices",
+        "roof",
+        "s",
+        "sequences",
+        "slots",
+    )
 
     def __init__(self, model: ModelSpec, layout: Layout, hw: Hardware, sequences: float) -> None:
         s = layout.strategy
@@ -477,12 +495,20 @@ class _Node:
         self.b = sequences / (s.dp * s.mb)
         self.roof = _Roofline(model, layout, hw, self.b)
         self.slots = s.mb + s.pp - 1  # stage-microbatch slots on the 1F1B critical path
+        self.core_s: float | None = None  # the attention core's seconds, where the hardware rates it
 
-    def nongemm_scale(self, tokens: float) -> float:
-        """``mb·b·ℓ·d/(Pc·B_cal·ℓ_cal·d_cal)``: the tokens·width one device's non-GEMM work
-        covers, relative to the calibration's (a context-parallel rank's share of each sequence)."""
-        hw = self.hw
-        return self.s.mb * self.b * tokens * self.model.hidden / (self.s.cp * hw.b_cal * hw.l_cal * hw.d_cal)
+    def nongemm(self, tokens: float, head: Head) -> float:
+        """One forward-equivalent's non-GEMM time on one device (``docs/cost-model.md`` §2):
+        ``T·((L/Pp)·σ_layer + σ_head)·κ`` with ``T = mb·b·ℓ/Pc`` the tokens the device
+        processes over all its microbatches, ``σ`` the scalars the memory-bound kernels move per
+        token (:func:`~.flops.layer_nongemm_scalars`, :func:`~.flops.head_nongemm_scalars`: what
+        tensor parallelism splits and what it replicates unless sequence parallelism splits it
+        too) and ``κ = c_ng/(B_cal·ℓ_cal·σ_ref(d_cal))`` the hardware's seconds per scalar: its
+        ``c_ng`` timed the reference block (:func:`~.flops.reference_nongemm_scalars`) over
+        ``B_cal·ℓ_cal`` tokens."""
+        s = self.s
+        per_token = _nongemm_seconds(self.model, self.hw, s.tp, s.pp, s.sp, head)
+        return s.mb * self.b * tokens / s.cp * per_token
 
     def rank_tokens(self, tokens: float) -> float:
         """``T = b·ℓ/Pc``: one microbatch's tokens on one device (a context-parallel rank's
@@ -547,6 +573,16 @@ class _Node:
         nbytes = tokens * _ring_kv_scalars(m, s.tp) * m.dtype_bytes
         ring = rounds * (s.cp - 1) * p2p_time(nbytes, self.hw.p2p[s.cp_tier])
         return max(0.0, ring - core)
+
+
+def _nongemm_seconds(model: ModelSpec, hw: Hardware, tp: int, pp: int, sp: bool, head: Head) -> float:
+    """``((L/Pp)·σ_layer + σ_head)·κ``: one device's non-GEMM seconds per token and forward
+    (:meth:`_Node.nongemm`)."""
+    kappa = hw.c_nongemm / (hw.b_cal * hw.l_cal * reference_nongemm_scalars(hw.d_cal))
+    sigma = model.layers / pp * layer_nongemm_scalars(model, tp, sp) + head_nongemm_scalars(
+        model, head, tp, sp
+    )
+    return sigma * kappa
 
 
 def _ring_kv_scalars(model: ModelSpec, tp: int) -> float:
@@ -671,6 +707,37 @@ def _zero_collective(node: _Node, head: Head) -> float:
     return sum(allgather_time(p, nbytes, link) for p, nbytes in _zero_groups(node, head))
 
 
+def _gemm_and_core(
+    node: _Node,
+    work: float,
+    passes: float,
+    tokens: float,
+    lengths: dict[str, float | None],
+    forwards: int,
+    backwards: int,
+) -> float:
+    """``T_gemm`` of ``work`` FLOPs, ``passes`` forward-equivalents per microbatch, whose attention
+    core runs ``forwards`` forward and ``backwards`` backward passes (``docs/cost-model.md`` §2
+    "The attention core").
+
+    Where the hardware rates its fused attention kernel (:meth:`Hardware.attention_rates
+    <rpeg.ir.hardware.Hardware.attention_rates>` at the head width ``d_att/H``), the core runs at
+    those rates and the rest at the roofline:
+    ``T = (W − (n_f + 2·n_b)·n·A)/(P·F_eff) + (n·A/P)·(n_f/r_fwd + 2.5·n_b/r_bwd)``, ``A`` one
+    sequence's forward core (:func:`~.flops.attention_core_flops`; rpeg counts a backward as two
+    forwards, the kernel benchmarks' ``r_bwd`` as 2.5); ``node.core_s`` keeps the core's
+    seconds. Otherwise the whole work runs at the roofline (SPEC's model)."""
+    model, s = node.model, node.s
+    per_device = node.n_devices * s.mb
+    rates = node.hw.attention_rates(model.attention_width / model.heads) if node.hw.attention else None
+    if rates is None:
+        return node.gemm(work, work / (passes * per_device), tokens)
+    core = node.sequences * attention_core_flops(model, tokens, lengths["tokens_sq"], lengths["window_sq"])
+    rest = max(0.0, work - (forwards + 2 * backwards) * core)
+    node.core_s = core / node.n_devices * (forwards / rates[0] + 2.5 * backwards / rates[1])
+    return node.gemm(rest, rest / (passes * per_device), tokens) + node.core_s
+
+
 def _inference_terms(
     node: _Node, lengths: dict[str, float | None], head: Head
 ) -> tuple[float, float, float, float]:
@@ -679,7 +746,7 @@ def _inference_terms(
     model, s = node.model, node.s
     ell = lengths["tokens"]
     w = inference_flops(model, head=head, **lengths)  # type: ignore[arg-type]
-    t_gemm = node.gemm(w, w / (node.n_devices * s.mb), ell)
+    t_gemm = _gemm_and_core(node, w, 1.0, ell, lengths, 1, 0)
     t_tp = node.tp_rounds(2 * node.layers * s.mb, node.rank_tokens(ell) * model.hidden * model.dtype_bytes)
     t_pp = node.pp_rounds(s.mb + s.pp - 2, ell)
     t_dp = 0.0
@@ -714,7 +781,8 @@ def _training_terms(
     w = training_flops(model, head=head, recompute=s.recompute, **lengths)  # type: ignore[arg-type]
     if s.logits_chunk and head is not Head.SCALAR:  # the chunked loss recomputes the LM head
         w += sequences * ell * 2.0 * model.hidden * model.vocab
-    t_gemm = node.gemm(w, w / (passes * P * mb), ell)
+    core_forwards = 1 if s.recompute is Recompute.NONE else 2  # selective and full recompute the core
+    t_gemm = _gemm_and_core(node, w, passes, ell, lengths, core_forwards, 1)
     rounds = 6 if s.recompute is Recompute.FULL else 4
     t_tp = node.tp_rounds(rounds * node.layers * mb, node.rank_tokens(ell) * model.hidden * sb)
     t_pp = node.pp_rounds(mb + 2 * pp - 3, ell)

@@ -42,6 +42,7 @@ __all__ = [
     "FORMAT",
     "OP_CLASSES",
     "TIER_NAMES",
+    "AttentionRate",
     "EngineTerms",
     "Hardware",
     "Link",
@@ -108,6 +109,11 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     # an engine's share of the roofline, and its forward memory per byte of SPEC's activations
     "efficiency": (1e-6, 1e9, ""),
     "memory_factor": (1e-3, 1e3, ""),
+    # a fused attention kernel's sustained FLOP/s (forward, backward), and the head width it was
+    # measured at
+    "forward": (1e9, 1e18, "FLOP/s"),
+    "backward": (1e9, 1e18, "FLOP/s"),
+    "head_dim": (1.0, 4096.0, ""),
 }
 
 #: The largest node :attr:`Hardware.gpus_per_node` describes.
@@ -220,6 +226,34 @@ NEUTRAL = OpTerms()
 
 
 @dataclass(frozen=True)
+class AttentionRate:
+    """The sustained rate of the fused attention kernel the engines run (FlashAttention, cuDNN's
+    fused attention through Transformer Engine) on one GPU, at one head width
+    (``docs/cost-model.md`` §2 "The attention core").
+
+    Parameters
+    ----------
+    head_dim
+        The head width the rates were measured at.
+    forward
+        FLOP/s of the forward kernel, counting ``4·d_head·c`` per query and head at context ``c``
+        (halved by a causal mask), as the kernel benchmarks count.
+    backward
+        FLOP/s of the backward kernel, counting 2.5 times the forward's FLOPs (its five matmuls
+        against the forward's two), as the kernel benchmarks count.
+    """
+
+    head_dim: int
+    forward: float
+    backward: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 1:
+            raise ValueError(f"AttentionRate head_dim must be a positive integer, got {self.head_dim!r}")
+        _check_figures("AttentionRate ", self, ("forward", "backward"))
+
+
+@dataclass(frozen=True)
 class EngineTerms:
     """One engine's measured terms: an :class:`OpTerms` per operation class it was measured for,
     the link weights take into it (``α + bytes·β`` per weight sync; generation engines) and the
@@ -313,6 +347,9 @@ class Hardware:
         ``(generation, inference, training)`` engine names; ``""`` for SPEC's terms.
     sources
         Where each figure comes from (``"collective.inter-node": "NVIDIA DGX A100 user guide …"``).
+    attention
+        Measured :class:`AttentionRate` of the fused attention kernel at one or more head widths
+        (increasing); empty: the attention core runs at the GEMM roofline.
     """
 
     name: str
@@ -336,9 +373,22 @@ class Hardware:
     engines: tuple[EngineTerms, ...] = ()
     engine_for: tuple[str, str, str] = ("", "", "")
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    attention: tuple[AttentionRate, ...] = ()
 
     def __post_init__(self) -> None:
         _check_figures(f"Hardware {self.name!r}: ", self, _HARDWARE_FIGURES)
+        rates = []
+        for i, r in enumerate(self.attention):
+            try:
+                rates.append(r if isinstance(r, AttentionRate) else AttentionRate(*r))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"Hardware {self.name!r}: attention[{i}]: {exc}") from None
+        widths = [r.head_dim for r in rates]
+        if widths != sorted(set(widths)):
+            raise ValueError(
+                f"Hardware {self.name!r}: attention rates must have increasing, distinct head_dim, got {widths}"
+            )
+        object.__setattr__(self, "attention", tuple(rates))
         n = self.gpus_per_node
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GPUS_PER_NODE:
             raise ValueError(
@@ -455,6 +505,26 @@ class Hardware:
             chosen[ENGINE_ROLES.index(role)] = engine if engine in names else ""
         return replace(self, engine_for=tuple(chosen))  # type: ignore[arg-type]
 
+    def attention_rates(self, head_dim: float) -> tuple[float, float] | None:
+        """``(r_fwd, r_bwd)``, the fused attention kernel's FLOP/s at head width ``head_dim``:
+        linear in the head width between the two measured widths around it, the nearest one's
+        outside them; ``None`` when the hardware has no measured rates (the attention core then
+        runs at the GEMM roofline, SPEC's model).
+        """
+        rates = self.attention
+        if not rates:
+            return None
+        if head_dim <= rates[0].head_dim:
+            return rates[0].forward, rates[0].backward
+        for lo, hi in zip(rates, rates[1:]):
+            if head_dim <= hi.head_dim:
+                w = (head_dim - lo.head_dim) / (hi.head_dim - lo.head_dim)
+                return (
+                    lo.forward + w * (hi.forward - lo.forward),
+                    lo.backward + w * (hi.backward - lo.backward),
+                )
+        return rates[-1].forward, rates[-1].backward
+
     @property
     def m_eff(self) -> float:
         """Usable memory per GPU, ``M_eff = (1 − ε)·M_GPU`` (SPEC §6)."""
@@ -477,6 +547,7 @@ class Hardware:
         d["engines"] = engines
         d["engine_for"] = dict(zip(ENGINE_ROLES, self.engine_for))
         d["sources"] = dict(self.sources)
+        d["attention"] = [asdict(a) for a in self.attention]
         return d
 
     @classmethod
@@ -541,6 +612,7 @@ class Hardware:
                 ),
                 engine_for=(doc.engine_for.generation, doc.engine_for.inference, doc.engine_for.training),
                 sources=tuple(doc.sources.items()),
+                attention=tuple(AttentionRate(a.head_dim, a.forward, a.backward) for a in doc.attention),
             )
         except ValueError as exc:
             raise InputError(f"{source}: {exc}", source=source) from None
@@ -623,6 +695,12 @@ class _EngineFor(Strict):
     training: str = ""
 
 
+class _AttentionEntry(Strict):
+    head_dim: Annotated[int, Field(ge=1, le=4096)]
+    forward: _figure("forward")  # type: ignore[valid-type]
+    backward: _figure("backward")  # type: ignore[valid-type]
+
+
 class _HardwareFile(Strict):
     """Schema of ``rpeg.hardware/2``: every figure a finite number in its plausible range
     (:data:`FIGURE_RANGES`)."""
@@ -649,3 +727,4 @@ class _HardwareFile(Strict):
     engines: dict[str, _EngineEntry] = Field(default_factory=dict)
     engine_for: _EngineFor = _EngineFor()
     sources: dict[str, str] = Field(default_factory=dict)
+    attention: list[_AttentionEntry] = Field(default_factory=list)

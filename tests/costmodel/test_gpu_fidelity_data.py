@@ -80,8 +80,9 @@ def test_parser_keeps_every_column_and_the_alternatives_as_text(fid):
 
 def test_a_rows_layout_is_the_strategy_the_benchmark_prices(fid):
     # 26.04 GPT-OSS-120B on 64 DGX-H100 GPUs: TP 1, PP 4, EP 8, GBS 1280, MBS 1 -> Pd = 16,
-    # 80 microbatches; 8 GPUs per node, stages one node apart (4 consecutive GPUs would hold
-    # them, so the pipeline stays in a node), DP over 8 nodes of one 32-node unit, EP inside it
+    # 80 microbatches; 8 GPUs per node. Megatron's rank order (tp-cp-ep-dp-pp, pipeline
+    # outermost): a stage holds 16 consecutive GPUs, so stages are two nodes apart (inter-node
+    # pipeline), DP spans the stage's two nodes, and the EP group is 8 consecutive GPUs: one node
     row = {
         "system": "DGX-H100",
         "precision": "BF16",
@@ -102,8 +103,10 @@ def test_a_rows_layout_is_the_strategy_the_benchmark_prices(fid):
     strategy, g = fid.row_strategy(row)
     assert g == 8
     assert strategy == Strategy(
-        (1, 8, 8), dp=16, pp=4, tp=1, mb=80, pp_tier=0, dp_tier=1, recompute="none", zero=1, ep=8, ep_tier=1
+        (1, 8, 8), dp=16, pp=4, tp=1, mb=80, pp_tier=1, dp_tier=1, recompute="none", zero=1, ep=8, ep_tier=0
     )
+    # an expert-TP of 2 spreads the EP group over two nodes
+    assert fid.row_strategy({**row, "etp": 2})[0].ep_tier == 1
     assert fid.predict(row) > 0
     assert fid.why_not({**row, "vp": 4}) == "interleaved virtual pipeline VP=4 not modelled"
     assert fid.why_not({**row, "system": "DGX-GB300"}) == "no hardware preset for DGX-GB300"

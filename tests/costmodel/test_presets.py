@@ -160,7 +160,7 @@ def test_h20_is_the_h100_node_with_the_h20_gpu():
     assert 1.0 / h20.collective[1].beta == pytest.approx(40e9)
     assert 1.0 / h20.collective[2].beta == pytest.approx(24e9)
     assert h20.collective == h100.collective and h20.p2p == h100.p2p
-    for field in ("gpus_per_node", "gamma_m", "gamma_k", "c_nongemm", "b_cal", "memory_headroom"):
+    for field in ("gpus_per_node", "gamma_m", "gamma_k", "b_cal", "memory_headroom"):
         assert getattr(h20, field) == getattr(h100, field), field
     sources = dict(h20.sources)
     for kind in ("collective", "p2p"):

@@ -66,6 +66,9 @@ HW = Hardware(
     d_cal=64.0,
 )
 SLOW_HBM = dataclasses.replace(HW, name="slow-hbm", mem_bandwidth=1e9)
+#: HW's seconds per non-GEMM scalar: c_ng over the reference block's scalars at its calibration,
+#: κ = c_ng/(B_cal·ℓ_cal·σ_ref(d_cal)), σ_ref(d) = (14 + 3·11008/4096)·d (flops.reference_nongemm_scalars)
+KAPPA = 1e-3 / (4 * 32 * (14 + 3 * 11008 / 4096) * 64)
 SEQ = {"sequences": 8, "prompt_len": 24, "response_len": 8}  # ℓ = 32
 
 
@@ -117,8 +120,9 @@ def test_inference_tp2_by_hand():
     # 2·L·mb = 8 AllReduces of 8·32·64·2 = 32768 B over 2 ranks: 2α + M·β
     assert t.tp_comm == pytest.approx(8 * (2e-5 + 32768 * 1e-10))
     assert t.pp_comm == 0.0 and t.dp_comm == 0.0 and t.opt == 0.0
-    # L·c_ng·(1 − 1/2)·(mb·b·ℓ·d)/(B_cal·ℓ_cal·d_cal) = 4·1e-3·0.5·(8·32·64)/(4·32·64)
-    assert t.nongemm == pytest.approx(4 * 1e-3 * 0.5 * 2)
+    # T·(L·σ_layer + σ_head)·κ, T = mb·b·ℓ = 256 tokens (docs/cost-model.md §2 "Non-GEMM work"):
+    # σ_layer = 10d + (2·(d_q + d_kv) + 2·dff)/Pt = 640 + 512/2, σ_head = 2d + 2V/Pt = 128 + 1000
+    assert t.nongemm == pytest.approx(256 * (4 * (640 + 512 / 2) + 1128) * KAPPA)
     assert t.total == pytest.approx(t.gemm + t.tp_comm + t.nongemm)
 
 
@@ -140,9 +144,9 @@ def test_inference_pipeline_by_hand():
     assert t.pp_comm == pytest.approx(2 * (1e-5 + 8192 * 5e-10))
     # 2·(L/Pp)·mb = 8 AllReduces of 8·32·64·2/2 = 16384 B
     assert t.tp_comm == pytest.approx(8 * (2e-5 + 16384 * 1e-10))
-    # (L/Pp)·c_ng·(1/2)·(mb·b·ℓ·d)/(B_cal·ℓ_cal·d_cal): both microbatches of b = 4 count, 8/4
-    # (SPEC's (b/B_cal) charged one microbatch: 2·1e-3·0.5·1)
-    assert t.nongemm == pytest.approx(2 * 1e-3 * 0.5 * 2)
+    # T·((L/Pp)·σ_layer + σ_head)·κ: both microbatches of b = 4 count, T = 2·4·32 = 256
+    # (SPEC's (b/B_cal) charged one microbatch)
+    assert t.nongemm == pytest.approx(256 * (2 * (640 + 512 / 2) + 1128) * KAPPA)
 
 
 def test_pipeline_boundaries_split_by_tier():
@@ -175,7 +179,10 @@ def test_training_dp2_by_hand():
     t = op_time(TINY, Role.TRAINING, layout, HW, **SEQ)
     # W = 4·104071168; b = 4, rows = 128, k = 64: η = (128/192)·(64/128) = 1/3
     assert t.gemm == pytest.approx(4 * 104_071_168 / (2 * 1e12 / 3))
-    assert t.tp_comm == 0.0 and t.pp_comm == 0.0 and t.nongemm == 0.0
+    assert t.tp_comm == 0.0 and t.pp_comm == 0.0
+    # non-GEMM work at Pt = 1 too: 4 forward-equivalents of T = 128 tokens, σ_layer = 640 + 512,
+    # σ_head = 128 + 2000
+    assert t.nongemm == pytest.approx(4 * 128 * (4 * 1152 + 2128) * KAPPA)
     # ReduceScatter + AllGather of N_m·sb = 519296 B over 2 ranks at tier 1
     assert t.dp_comm == pytest.approx(2 * (2e-5 + 0.5 * 519_296 * 1e-9))
     # 18·N_m/(P·BW_mem)
@@ -201,8 +208,8 @@ def test_training_tp2_by_hand():
     t = op_time(TINY, Role.TRAINING, make_layout(dp=1, pp=1, tp=2, mb=1), HW, **SEQ)
     # 6·L·mb = 24 AllReduces of 32768 B over 2 ranks
     assert t.tp_comm == pytest.approx(24 * (2e-5 + 32768 * 1e-10))
-    # ×4 forward-equivalents (full recomputation): 4·(4·1e-3·0.5·(8·32·64)/(4·32·64))
-    assert t.nongemm == pytest.approx(0.016)
+    # ×4 forward-equivalents (full recomputation) of the inference's
+    assert t.nongemm == pytest.approx(4 * 256 * (4 * (640 + 512 / 2) + 1128) * KAPPA)
     # intensity per forward-equivalent equals inference's: the same η = 0.8/3 bound
     assert t.gemm == pytest.approx(4 * 104_071_168 / (2 * 1e12 * 0.8 / 3))
 
@@ -324,8 +331,9 @@ def test_time_breakdown_total_and_comm():
 
 
 def test_nongemm_scales_with_the_tokens_and_width_a_device_processes():
-    """Doubling the microbatches at a fixed microbatch size, the sequence length or the width
-    doubles the non-GEMM term; halving it over twice the data-parallel ranks halves it."""
+    """Doubling the microbatches at a fixed microbatch size or the sequence length doubles the
+    non-GEMM term; halving it over twice the data-parallel ranks halves it; a wider model moves
+    more scalars per token (its blocks' share doubles with the width, the head's norm too)."""
     layout = make_layout(dp=1, pp=1, tp=2, mb=1)
     base = op_time(TINY, Role.INFERENCE, layout, HW, **SEQ).nongemm
     more_mb = op_time(
@@ -342,7 +350,10 @@ def test_nongemm_scales_with_the_tokens_and_width_a_device_processes():
     dp2 = op_time(TINY, Role.INFERENCE, make_layout(dp=2, pp=1, tp=2, mb=1), HW, **SEQ)
     assert more_mb.nongemm == pytest.approx(2 * base)
     assert longer.nongemm == pytest.approx(2 * base)
-    assert wider.nongemm == pytest.approx(2 * base)
+    # σ = L·(10d + (2·(d_q + d_kv) + 2·dff)/Pt) + 2d + 2V/Pt at d = d_q = d_kv = 64 → 128, dff = 128
+    assert wider.nongemm / base == pytest.approx(
+        (4 * (1280 + 768 / 2) + 256 + 1000) / (4 * (640 + 512 / 2) + 1128)
+    )
     assert dp2.nongemm == pytest.approx(base / 2)
 
 
