@@ -24,10 +24,28 @@ which is what the test suite does)
        Hugging Face weights converted by ``hf_to_megatron``, its token log-probabilities against
        the Hugging Face model's on the same GPU, then six steps of Adam on one batch of two
        microbatches (the loss must fall).
+    5. (GPU only, ``--megatron``; **has never run on a GPU**) A GRPO-like loop on stage 4's two
+       models (:func:`_megatron_rl`): the Hugging Face model samples rollouts, a rule reward
+       scores them, Megatron-core's ``train_step`` takes an Adam step on the clipped surrogate
+       with group-normalised advantages, the weights are pushed back into the Hugging Face model
+       (``megatron_to_hf``), and the two sides' log-probs are compared before each update and
+       after each push. Its helpers (rollout, reward, advantages, loss) are tested on CPU.
+    6. A decode sweep (**has never run on a GPU**; runs on CPU with the tiny model): tokens/s of
+       batched greedy decode at the batch sizes and contexts of :data:`DECODE_ROWS_GPU` with the
+       stage-2 model, a transformers ``StaticCache`` and eager PyTorch (:func:`_decode_row`).
+       This is a torch decode loop, not vLLM: no CUDA graphs, paged attention or continuous
+       batching.
+
+Time on one H200: stages 1–4 took 138 s there (2026-12-04). Stage 6 adds, on rpeg's own h200
+prediction of its work, about 13 s of prefill and 4 s of decode (eager HF decode is slower than
+that roofline: allow 60 s), stage 5 a few seconds (a 4-layer model): about 4 minutes in all,
+well inside 10.
 
 ``report`` (here)
     rpeg's predictions for each measured row on the ``h200`` preset and on the calibrated
-    figures, side by side with the measurements; writes the ``gpu-check`` section of
+    figures, side by side with the measurements; the decode sweep beside rpeg's prefill,
+    decode (``op_time``) and whole-generation (``generation_times``) times on the preset
+    (:func:`predict_decode`); stage 5 in words; writes the ``gpu-check`` section of
     ``benchmarks/RESULTS.md``.
 
 Prediction terms compared (``docs/cost-model.md`` §1, §4): time ``op_time(...).total`` with
@@ -37,7 +55,7 @@ Prediction terms compared (``docs/cost-model.md`` §1, §4): time ``op_time(...)
 without the ZeRO state); optimizer ``18·N/BW_mem``.
 
 What this does not measure: vLLM (no wheel for the GPU machine fits the 64 MiB it can be sent,
-and it cannot download), so no decode sweep; collectives (one GPU). Megatron-core is not on the
+and it cannot download), so the decode sweep is a torch decode loop; collectives (one GPU). Megatron-core is not on the
 GPU machine's image: it travels as its wheel, and ``--megatron`` runs stage 4.
 
 Run::
@@ -79,6 +97,23 @@ CHUNK_TINY = 16
 GPU_MODEL = "qwen2.5-7b"
 ADAM_PARAMS_GPU = 1 << 30
 ADAM_PARAMS_TINY = 1 << 16
+#: Decode sweep rows ``(b, c)``: ``b`` sequences decoding at context ``c`` (the prompt length),
+#: ``DECODE_STEPS`` response tokens each; on the GPU (Qwen2.5-7B) and on CPU (tiny model).
+#: ``b·c`` stays ≤ 256 Ki tokens so that the prefill of every row takes seconds on an H200.
+DECODE_ROWS_GPU: list[tuple[int, int]] = [
+    (1, 512),
+    (1, 8192),
+    (8, 2048),
+    (32, 2048),
+    (64, 1024),
+    (128, 512),
+    (16, 8192),
+    (128, 2048),
+]
+DECODE_ROWS_TINY: list[tuple[int, int]] = [(1, 16), (4, 32)]
+DECODE_STEPS_GPU, DECODE_STEPS_TINY = 64, 8
+#: Decode steps run before the timed ones (kernel selection, allocator warm-up).
+DECODE_WARMUP = 2
 
 
 def _tiny_spec() -> Any:
@@ -190,6 +225,200 @@ def _adam(torch: Any, n: int, device: str) -> dict[str, Any]:
     return {"params": n, "seconds": statistics.median(times), "times": times}
 
 
+def _decode_row(torch: Any, model: Any, b: int, c: int, steps: int, device: str, seed: int) -> dict[str, Any]:
+    """One decode-sweep row: ``b`` random prompts of ``c`` tokens prefilled into a static KV cache
+    of ``c + steps`` positions (transformers' ``StaticCache``), then ``steps − 1`` greedy decode
+    steps of one token per sequence (the prefill yields the first response token). Times the
+    prefill and each decode step (synchronised); the first :data:`DECODE_WARMUP` steps are
+    not counted in ``decode_s``. Eager PyTorch: no CUDA graphs, no paged attention, no
+    continuous batching — what vLLM adds is not in these figures."""
+    from transformers import StaticCache
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (b, c), generator=g).to(device)
+    row: dict[str, Any] = {"b": b, "c": c, "steps": steps, "warmup": DECODE_WARMUP}
+    cache = None
+    try:
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        model.eval()
+        cache = StaticCache(config=model.config, max_cache_len=c + steps)
+        with torch.no_grad():
+            _sync(torch, device)
+            t0 = time.perf_counter()
+            out = model(
+                input_ids=ids,
+                past_key_values=cache,
+                cache_position=torch.arange(c, device=device),
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            _sync(torch, device)
+            prefill = time.perf_counter() - t0
+            times = []
+            for i in range(steps - 1):
+                t0 = time.perf_counter()
+                out = model(
+                    input_ids=nxt,
+                    past_key_values=cache,
+                    cache_position=torch.tensor([c + i], device=device),
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+                _sync(torch, device)
+                times.append(time.perf_counter() - t0)
+        timed = times[DECODE_WARMUP:]
+        row.update(
+            prefill_s=prefill,
+            step_times=times,
+            decode_s=sum(timed),
+            timed_steps=len(timed),
+            tokens_per_s=b * len(timed) / sum(timed),
+        )
+    except torch.OutOfMemoryError as exc:
+        row.update(oom=str(exc).splitlines()[0][:200])
+    finally:
+        del cache
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+def rollout(torch: Any, model: Any, prompts: Any, group: int, length: int, generator: Any) -> Any:
+    """``group`` sampled responses of ``length`` tokens per prompt (temperature 1, the HF model's
+    KV cache): ``[P·group, Lp + length]`` token ids, prompt ``i``'s samples in rows
+    ``i·group … i·group + group − 1``. The rollout engine of the RL stage."""
+    ids = prompts.repeat_interleave(group, dim=0)
+    past = None
+    step_in = ids
+    with torch.no_grad():
+        for _ in range(length):
+            out = model(input_ids=step_in, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            probs = torch.softmax(out.logits[:, -1].float(), dim=-1)
+            nxt = torch.multinomial(probs.cpu(), 1, generator=generator).to(ids.device)
+            ids = torch.cat([ids, nxt], dim=1)
+            step_in = nxt
+    return ids
+
+
+def rule_reward(torch: Any, responses: Any, vocab: int) -> Any:
+    """The RL stage's rule reward: the share of a response's tokens in the lower half of the
+    vocabulary (``id < V/2``), in ``[0, 1]`` per row — learnable, and checkable without a model."""
+    return (responses < vocab // 2).float().mean(dim=1)
+
+
+def grpo_advantages(torch: Any, rewards: Any, group: int) -> Any:
+    """GRPO's group-normalised advantages: ``A_i = (r_i − mean_g r)/(std_g r + 1e−6)`` over each
+    prompt's ``group`` samples (rows laid out as :func:`rollout` does)."""
+    r = rewards.view(-1, group)
+    return ((r - r.mean(dim=1, keepdim=True)) / (r.std(dim=1, keepdim=True) + 1e-6)).reshape(-1)
+
+
+def grpo_loss(torch: Any, logprobs: Any, batch: dict[str, Any], clip: float = 0.2) -> Any:
+    """PPO's clipped surrogate with GRPO advantages over the response tokens:
+    ``−Σ m·min(ρ·A, clip(ρ, 1 − ε, 1 + ε)·A) / Σ m``, ``ρ = exp(log p − log p_old)``, ``m`` the
+    batch's ``loss_mask``, ``A`` its per-sequence ``advantages`` and ``log p_old`` its
+    ``old_logprobs`` (the rollout engine's), ``ε = clip``. The ``loss_fn`` of
+    :func:`~rpeg.runtime.engines.megatron_engine.train_step`."""
+    dev = logprobs.device
+    old = batch["old_logprobs"].to(dev)
+    adv = batch["advantages"].to(dev)[:, None]
+    mask = batch["loss_mask"].to(dev, torch.float32)
+    ratio = torch.exp(logprobs.float() - old)
+    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv)
+    return -(surrogate * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+#: The RL stage: prompts, samples per prompt, prompt and response lengths, iterations, and
+#: the sequences per Megatron microbatch (two microbatches per step).
+RL_PROMPTS, RL_GROUP, RL_PROMPT_LEN, RL_RESPONSE_LEN, RL_ITERS = 4, 4, 16, 16, 8
+RL_MBS = RL_PROMPTS * RL_GROUP // 2
+
+
+def _megatron_rl(torch: Any, me: Any, hf: Any, model: Any, spec: Any, seed: int) -> dict[str, Any]:
+    """Stage 5 (GPU only, never run): a GRPO-like loop on the stage-4 models. Per iteration the
+    Hugging Face model (the rollout engine) samples :data:`RL_GROUP` responses per prompt
+    (:func:`rollout`), :func:`rule_reward` scores them, :func:`grpo_advantages` normalises per
+    group, the engine computes the old log-probs, Megatron-core's ``train_step`` takes one Adam
+    step on :func:`grpo_loss` (two microbatches), the Megatron weights are pushed back into the
+    engine (``megatron_to_hf`` → ``load_state_dict``), and both sides' log-probs on the
+    iteration's sequences are compared before the update and after the push."""
+    from rpeg.runtime.worker.model import token_logprobs
+
+    g = torch.Generator(device="cpu").manual_seed(seed + 1)
+    n, width = RL_PROMPTS * RL_GROUP, RL_PROMPT_LEN + RL_RESPONSE_LEN
+    pos = torch.arange(width - 1, device="cuda").expand(n, width - 1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    iters: list[dict[str, Any]] = []
+
+    def trainer_logprobs(inputs: Any, labels: Any) -> Any:
+        model.eval()
+        with torch.no_grad():
+            return -model(inputs, pos, None, labels=labels)
+
+    for _ in range(RL_ITERS):
+        it: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        prompts = torch.randint(0, spec.vocab, (RL_PROMPTS, RL_PROMPT_LEN), generator=g).cuda()
+        seqs = rollout(torch, hf, prompts, RL_GROUP, RL_RESPONSE_LEN, g)
+        torch.cuda.synchronize()
+        it["generate_s"] = time.perf_counter() - t0
+        rewards = rule_reward(torch, seqs[:, RL_PROMPT_LEN:], spec.vocab)
+        adv = grpo_advantages(torch, rewards, RL_GROUP)
+        inputs, labels = seqs[:, :-1].contiguous(), seqs[:, 1:].contiguous()
+        mask = torch.zeros_like(labels, dtype=torch.float32)
+        mask[:, RL_PROMPT_LEN - 1 :] = 1.0  # labels that are response tokens
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            old = token_logprobs(hf(input_ids=inputs, use_cache=False).logits, labels)
+        torch.cuda.synchronize()
+        it["old_logprob_s"] = time.perf_counter() - t0
+        it["gap_engine_vs_trainer"] = float((trainer_logprobs(inputs, labels).float() - old).abs().max())
+        micro = [
+            {
+                "tokens": inputs[i : i + RL_MBS].cpu(),
+                "labels": labels[i : i + RL_MBS].cpu(),
+                "loss_mask": mask[i : i + RL_MBS].cpu(),
+                "old_logprobs": old[i : i + RL_MBS],
+                "advantages": adv[i : i + RL_MBS],
+            }
+            for i in range(0, n, RL_MBS)
+        ]
+        model.train()
+        t0 = time.perf_counter()
+        losses = me.train_step(
+            model,
+            opt,
+            micro,
+            seq_length=width - 1,
+            micro_batch_size=RL_MBS,
+            loss_fn=lambda lp, batch: grpo_loss(torch, lp, batch),
+        )
+        torch.cuda.synchronize()
+        it["train_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        state = me.megatron_to_hf([{k: v for k, v in model.state_dict().items()}], spec, tp=1)
+        hf.load_state_dict(state, strict=True)
+        torch.cuda.synchronize()
+        it["push_s"] = time.perf_counter() - t0
+        with torch.no_grad():
+            engine = token_logprobs(hf(input_ids=inputs, use_cache=False).logits, labels)
+        it["gap_after_push"] = float((trainer_logprobs(inputs, labels).float() - engine).abs().max())
+        it["moved"] = float((engine - old).abs().max())  # the update changed the policy
+        it.update(reward=float(rewards.mean()), losses=losses)
+        iters.append(it)
+    return {
+        "prompts": RL_PROMPTS,
+        "group": RL_GROUP,
+        "prompt_len": RL_PROMPT_LEN,
+        "response_len": RL_RESPONSE_LEN,
+        "iterations": iters,
+    }
+
+
 #: The Megatron stage's model: vocabulary a multiple of 128, so that Megatron pads nothing and its
 #: softmax is the Hugging Face model's.
 MEGATRON_SPEC = dict(
@@ -238,13 +467,20 @@ def _megatron(torch: Any, out: Path, seed: int) -> dict[str, Any]:
         for _ in range(6):
             losses.append(me.train_step(model, opt, micro, seq_length=64, micro_batch_size=2))
         torch.cuda.synchronize()
-        return {
+        result = {
             "spec": MEGATRON_SPEC,
             "logprob_gap_vs_hf": gap,
             "mean_logprob_hf": float(ref.mean()),
             "losses": losses,
             "seconds_6_steps": time.perf_counter() - t0,
         }
+        try:  # stage 5: its failure must not lose stage 4's figures
+            result["rl"] = _megatron_rl(torch, me, hf, model, spec, seed)
+        except Exception as exc:
+            import traceback
+
+            result["rl"] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-3000:]}
+        return result
     finally:
         with contextlib.suppress(Exception):
             me.destroy_parallel()
@@ -252,7 +488,8 @@ def _megatron(torch: Any, out: Path, seed: int) -> dict[str, Any]:
 
 
 def measure(out: Path, device: str, tiny: bool, seed: int = 0, megatron: bool = False) -> Path:
-    """Run the three stages (module docstring); write ``out/gpu_measured.json``; return its path."""
+    """Run the stages (module docstring; 4 and 5 only with ``megatron``); write
+    ``out/gpu_measured.json``; return its path."""
     import torch
     import transformers
 
@@ -309,6 +546,13 @@ def measure(out: Path, device: str, tiny: bool, seed: int = 0, megatron: bool = 
             log(json.dumps({k: v for k, v in row.items() if k != "times"}))
             result["rows"].append(row)
             (out / "gpu_measured.json").write_text(json.dumps(result, indent=1))
+    steps = DECODE_STEPS_TINY if tiny else DECODE_STEPS_GPU
+    result["decode"] = []
+    for b, c in DECODE_ROWS_TINY if tiny else DECODE_ROWS_GPU:
+        row = _decode_row(torch, model, b, c, steps, device, seed)
+        log("decode " + json.dumps({k: v for k, v in row.items() if k != "step_times"}))
+        result["decode"].append(row)
+        (out / "gpu_measured.json").write_text(json.dumps(result, indent=1))
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -390,6 +634,75 @@ def predict(row: dict[str, Any], spec: Any, hw: Any) -> dict[str, float]:
         "logits": logits,
         "act": act,
     }
+
+
+def predict_decode(row: dict[str, Any], spec: Any, hw: Any) -> dict[str, float]:
+    """rpeg's figures for one decode-sweep row (``b`` sequences, prompt ``c``, ``steps`` response
+    tokens, the first :data:`DECODE_WARMUP` decode steps not timed) on one GPU,
+    ``Strategy(dp = pp = tp = 1)``:
+
+    * prefill: ``op_time`` of the generation role with ``decode = (0, 0)`` (the prefill alone);
+    * timed decode: ``op_time`` with ``prefill = False`` and ``decode = (1 + w, steps)``: the
+      ``steps − 1 − w`` decode steps measured, at contexts ``c + 1 + w …``, and
+      ``tokens/s = b·(steps − 1 − w)/T``;
+    * the whole generation: :func:`~rpeg.costmodel.time.generation_times` of ``b`` prompts of
+      ``c`` tokens and responses of exactly ``steps`` tokens, against the measured prefill plus
+      every decode step. SPEC §14.1's buckets partition ``(0, t_Q]``, so "exactly ``steps``" is
+      the buckets ``(0, steps − 1]`` with share 0 and ``(steps − 1, steps]`` with share 1 (the
+      drain then runs ``steps − 1/2`` steps on average). rpeg charges a decode step per
+      response token; the measured loop runs one fewer (the prefill's logits give the first).
+    """
+    from rpeg.costmodel.layout import Layout
+    from rpeg.costmodel.time import generation_times, op_time
+    from rpeg.ir.plan import Strategy
+    from rpeg.ir.types import Role
+    from rpeg.ir.workload import LengthBucket
+
+    b, c, steps, w = row["b"], row["c"], row["steps"], row["warmup"]
+    layout = Layout(Strategy((1, 1, 1), dp=1, pp=1, tp=1, mb=1), gpus_per_node=1)
+    common = dict(sequences=b, prompt_len=c, response_len=steps)
+    prefill = op_time(spec, Role.GENERATION, layout, hw, decode=(0, 0), **common).total
+    decode = op_time(spec, Role.GENERATION, layout, hw, decode=(1 + w, steps), prefill=False, **common).total
+    buckets = [LengthBucket(0.0, 0, steps - 1), LengthBucket(1.0, steps - 1, steps)]
+    (whole,) = generation_times(spec, layout, hw, sequences=b, prompt_len=c, buckets=buckets)
+    return {
+        "prefill_s": prefill,
+        "decode_s": decode,
+        "tokens_per_s": b * (steps - 1 - w) / decode,
+        "generation_s": whole.total,
+    }
+
+
+def decode_lines(data: dict[str, Any], spec: Any, preset: Any) -> list[str]:
+    """The decode sweep beside rpeg's :func:`predict_decode` on the ``preset`` figures."""
+    rows = data.get("decode")
+    if not rows:
+        return ["Decode sweep: not in this measurement file (it predates the sweep)."]
+    lines = [
+        "Decode sweep (transformers `StaticCache`, eager PyTorch, greedy, no CUDA graphs, no paged "
+        f"attention or continuous batching; {rows[0]['steps']} response tokens per sequence, the first "
+        f"{rows[0]['warmup']} decode steps untimed); rpeg on the {preset.name} preset:",
+        "",
+        "| b | context c | measured prefill s | rpeg prefill s | measured decode tok/s | rpeg decode tok/s "
+        "| rpeg / measured | measured prefill + decode s | rpeg generation_times s | rpeg / measured |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        pred = predict_decode(row, spec, preset)
+        if "oom" in row:
+            lines.append(
+                f"| {row['b']} | {row['c']} | out of memory | {pred['prefill_s']:.3g} | — | "
+                f"{pred['tokens_per_s']:,.0f} | — | — | {pred['generation_s']:.3g} | — |"
+            )
+            continue
+        total = row["prefill_s"] + sum(row["step_times"])
+        lines.append(
+            f"| {row['b']} | {row['c']} | {row['prefill_s']:.3g} | {pred['prefill_s']:.3g} | "
+            f"{row['tokens_per_s']:,.0f} | {pred['tokens_per_s']:,.0f} | "
+            f"{pred['tokens_per_s'] / row['tokens_per_s']:.2f} | {total:.3g} | {pred['generation_s']:.3g} | "
+            f"{pred['generation_s'] / total:.2f} |"
+        )
+    return lines
 
 
 def report(measured_path: Path, write: bool = True, section: str = "gpu-check", title: str = "") -> list[str]:
@@ -497,7 +810,9 @@ def report(measured_path: Path, write: bool = True, section: str = "gpu-check", 
                 f"AdamW (fused, {adam['params'] / 1e9:.2f}B float32 parameters): measured {adam['seconds']:.4f} s; "
                 f"rpeg `18·N/BW_mem` on the {k} figures {pred:.4f} s ({pred / adam['seconds']:.2f} × measured)."
             )
+    lines += ["", *decode_lines(data, spec, preset)]
     lines += ["", *megatron_lines(data.get("megatron"))]
+    lines += [*rl_lines((data.get("megatron") or {}).get("rl"))]
     print("\n".join(lines))
     if write:
         write_section(section, lines)
@@ -519,6 +834,37 @@ def megatron_lines(mc: dict[str, Any] | None) -> list[str]:
         f"{mc['logprob_gap_vs_hf']:.2e} (mean log-prob {mc['mean_logprob_hf']:.3f}); the loss over six Adam "
         f"steps on one batch of two microbatches {verdict}, {first:.4f} → {last:.4f} "
         f"({mc['seconds_6_steps']:.2f} s)."
+    ]
+
+
+def rl_lines(rl: dict[str, Any] | None) -> list[str]:
+    """Stage 5's outcome (the GRPO-like loop, :func:`_megatron_rl`) in words: rewards, the
+    log-prob agreement of engine and trainer before each update and after each weight push,
+    and the phase times."""
+    if not rl:
+        return [
+            "Megatron-core RL loop (stage 5): not run (`--megatron` not given, no GPU, or stage 4 failed)."
+        ]
+    if "error" in rl:
+        return [f"Megatron-core RL loop (stage 5) failed: {rl['error']}"]
+    its = rl["iterations"]
+    rewards = ", ".join(f"{it['reward']:.3f}" for it in its)
+
+    def worst(key: str) -> float:
+        return max(it[key] for it in its)
+
+    def total(key: str) -> float:
+        return sum(it[key] for it in its)
+
+    return [
+        f"Megatron-core RL loop (stage 5: {len(its)} iterations, {rl['prompts']} prompts × {rl['group']} "
+        f"samples, prompt {rl['prompt_len']} and response {rl['response_len']} tokens; rollouts from the "
+        "Hugging Face model, rule reward, GRPO advantages, one `train_step` on the clipped surrogate, "
+        f"weights pushed back by `megatron_to_hf`): mean reward per iteration {rewards}; largest log-prob "
+        f"gap engine vs trainer before an update {worst('gap_engine_vs_trainer'):.2e}, after a push "
+        f"{worst('gap_after_push'):.2e}; largest policy change per update {worst('moved'):.2e}; seconds in "
+        f"all: generate {total('generate_s'):.2f}, old log-probs {total('old_logprob_s'):.2f}, train "
+        f"{total('train_s'):.2f}, push {total('push_s'):.2f}."
     ]
 
 

@@ -45,6 +45,18 @@ def test_measure_runs_every_stage_and_row(gpu_check, measured):
     assert "megatron" not in data  # CUDA only
 
 
+def test_measure_runs_the_decode_sweep(gpu_check, measured):
+    data = json.loads(Path(measured).read_text())
+    assert [(r["b"], r["c"]) for r in data["decode"]] == gpu_check.DECODE_ROWS_TINY
+    steps = gpu_check.DECODE_STEPS_TINY
+    for row in data["decode"]:
+        assert "oom" not in row and row["steps"] == steps and len(row["step_times"]) == steps - 1
+        assert row["timed_steps"] == steps - 1 - gpu_check.DECODE_WARMUP
+        assert row["prefill_s"] > 0 and row["tokens_per_s"] == pytest.approx(
+            row["b"] * row["timed_steps"] / row["decode_s"]
+        )
+
+
 def test_report_predicts_every_row(gpu_check, measured):
     lines = gpu_check.report(measured, write=False)
     table = [line for line in lines if line.startswith(("| train", "| logprob"))]
@@ -57,6 +69,9 @@ def test_report_predicts_every_row(gpu_check, measured):
         assert float(cells[3]) > 0 and float(cells[5]) > 0
     assert any(line.startswith("| peak_flops") for line in lines)
     assert sum("AdamW" in line for line in lines) == 2
+    decode = [line for line in lines if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert len(decode) == len(data["decode"])
+    assert any(line.startswith("Megatron-core RL loop (stage 5): not run") for line in lines)
 
 
 def test_predictions_follow_the_recomputation_mode(gpu_check):
