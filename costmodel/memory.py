@@ -34,6 +34,7 @@ __all__ = [
     "OPTIMIZER_BYTES_PER_PARAM",
     "ZeroState",
     "engine_workspace_bytes",
+    "fp8_saved_widths",
     "generation_engine_bytes",
     "head_params",
     "inference_activation_bytes",
@@ -360,6 +361,38 @@ def stored_activation_width(model: ModelSpec, tp: int, sp: bool = False) -> floa
     return (replicated / tp if sp else replicated) + sharded / tp
 
 
+def fp8_saved_widths(model: ModelSpec, tp: int, sp: bool = False) -> tuple[float, float]:
+    """``(a_8, a_+)``: scalars per token and layer that a layer keeps in FP8 instead of BF16 under
+    ``precision = "fp8"``, and the FP8 copies it keeps in addition (``docs/cost-model.md`` §11).
+
+    Transformer Engine saves each FP8 GEMM's quantized input for the weight-gradient GEMM. Where
+    no other operation keeps the BF16 tensor, that replaces it: the two norms' outputs
+    (``LayerNormLinear`` emits them in FP8), a MoE block's dispatched copies and the FFN's
+    down-projection input, ``a_8 = 2d + routed + ffn_width/Pt`` (the replicated ``2d + routed``
+    over ``Pt`` too under sequence parallelism). The attention output is also kept in BF16 by the
+    attention core (its backward reads it), so the output projection's FP8 copy is an addition:
+    ``a_+ = d_o/Pt``, ``d_o = heads·head_dim`` (latent attention: ``heads·v_head_dim``).
+
+    Parameters
+    ----------
+    model
+        The model.
+    tp
+        Tensor-parallel degree ``Pt``.
+    sp
+        Sequence parallelism.
+
+    Returns
+    -------
+    tuple of float
+        ``(a_8, a_+)``, scalars per token and layer.
+    """
+    _check_degree("tp", tp)
+    replicated = 2.0 * model.hidden + model.routed_width
+    out_width = model.heads * model.v_head_dim if model.is_mla else model.q_width
+    return (replicated / tp if sp else replicated) + model.ffn_width / tp, out_width / tp
+
+
 def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: float, tokens: float) -> float:
     """Training activations under the strategy's recomputation mode (SPEC §6, §14.7, paper
     Appendix D-I; Korthikanti et al. 2022), with ``b = n/(Pd·mb)``, ``ℓ = tokens`` (the mean
@@ -379,6 +412,9 @@ def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: fl
     SPEC §15.3: context parallelism splits each microbatch's tokens over ``Pc`` ranks,
     ``T_mb/Pc`` per device; sequence parallelism splits the replicated widths (the checkpoint's
     ``d``, the buffer's ``2d``, :func:`stored_activation_width`'s ``4d + routed``) over ``Pt``.
+
+    ``precision = "fp8"`` (``none``, ``selective``): ``min(mb, Pp)·T_mb·(L/Pp)·(sb·a − (sb − 1)·a_8
+    + a_+)`` with :func:`fp8_saved_widths`; ``full`` keeps its BF16 checkpoints and buffer.
 
     Parameters
     ----------
@@ -407,6 +443,10 @@ def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: fl
         per_token = layers / c * checkpoint + c * _layer_buffer_width(model, s.tp, s.sp)
         return model.dtype_bytes * alive * b * tokens * per_token
     stored = layers * tokens * stored_activation_width(model, s.tp, s.sp)
+    if model.is_fp8:
+        a8, extra = fp8_saved_widths(model, s.tp, s.sp)
+        sb = model.dtype_bytes
+        return alive * b * (sb * stored - layers * tokens * ((sb - FP8_BYTES) * a8 - FP8_BYTES * extra))
     return model.dtype_bytes * alive * b * stored
 
 

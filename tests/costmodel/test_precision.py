@@ -13,6 +13,7 @@ from rpeg.costmodel.memory import (
     kv_budget_tokens,
     kv_bytes_per_token,
     served_weight_bytes,
+    training_activation_bytes,
     training_state_bytes,
     transient_bytes,
     weight_bytes,
@@ -177,10 +178,29 @@ def test_vllm_fp8_block_weights_take_half_the_memory_and_the_head_stays_bf16():
 
 def test_trainer_and_teacher_forced_memory_stay_bf16():
     """Megatron-core keeps BF16 weights and FP32 master weights and moments under FP8 (no
-    ``fp8_param_gather``): a trainer's and a forward pass's memory do not change."""
+    ``fp8_param_gather``): a trainer's and a forward pass's memory do not change (under full
+    recomputation the kept activations are BF16 checkpoints)."""
     lay = _layout(tp=2, dp=4, mb=2)
     for role in (Role.TRAINING, Role.INFERENCE):
         assert zero_state_bytes(M8, role, lay) == zero_state_bytes(M, role, lay)
         kw = {"sequences": 64, "prompt_len": 512, "response_len": 512}
         assert transient_bytes(M8, role, lay, **kw) == transient_bytes(M, role, lay, **kw)
     assert training_state_bytes(M8, lay) == training_state_bytes(M, lay)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_fp8_training_keeps_the_gemm_inputs_te_saves_in_one_byte(sp):
+    """Without recomputation a layer keeps ``a`` scalars per token (:func:`stored_activation_width`);
+    under FP8 the norm outputs and the down projection's input are saved in FP8 (1 byte instead
+    of 2) and the output projection adds an FP8 copy of the attention output, by hand for
+    Llama-3.1-8B (d = 4096, dff = 14336, d_q = 4096) at Pt = 2."""
+    lay = _layout(tp=2, dp=4, mb=2, recompute="none", sp=sp)
+    kw = {"sequences": 64, "tokens": 1024.0}
+    b16 = training_activation_bytes(M, lay, **kw)
+    b8 = training_activation_bytes(M8, lay, **kw)
+    per_token_layer = 1 * (64 / (4 * 2)) * 1024 * 32  # min(mb, Pp) · b · ℓ · L, b = n/(Pd·mb)
+    replicated = 2 * 4096 / (2 if sp else 1)
+    saved = (replicated + 14336 / 2) * (2 - 1) - 4096 / 2
+    assert b16 - b8 == pytest.approx(per_token_layer * saved)
+    full = _layout(tp=2, dp=4, mb=2)
+    assert training_activation_bytes(M8, full, **kw) == training_activation_bytes(M, full, **kw)
