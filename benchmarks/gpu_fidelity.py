@@ -23,10 +23,16 @@ tensor innermost, then context, data, pipeline outermost; expert groups ``etp-ep
 
 No term is fitted to these rows: this is the baseline of the presets as they are.
 
-Rows it cannot express are listed with the reason: a precision other than BF16 (rpeg has no
-FP8/MXFP8/NVFP4 setting), a system without a preset (DGX-GB300, DGX-B300), an interleaved
-virtual pipeline (``VP`` > 1), a cell that publishes two configurations, a layout that does not
-divide. ``--refresh GIT_DIR`` rebuilds the data file from a Megatron-Bridge git directory.
+Precision (:data:`PRECISIONS`): BF16 rows run with ``precision = "bf16"``; the FP8 recipes
+(``FP8`` delayed scaling, ``FP8-CS`` current scaling, ``FP8-MX``/``MXFP8`` block scaling on
+Blackwell) are all Transformer Engine FP8 GEMMs and run with ``precision = "fp8"``
+(``docs/cost-model.md`` §11: the FP8 peak for the blocks' weight GEMMs, 1-byte weights and
+inputs in the roofline, BF16 weights and optimizer state). Statistics are reported per
+precision and per published recipe.
+
+Rows it cannot express are listed with the reason: NVFP4 (rpeg has no FP4 setting), a system
+without a preset (DGX-GB300, DGX-B300), an interleaved virtual pipeline (``VP`` > 1), a cell that
+publishes two configurations, a layout that does not divide. ``--refresh GIT_DIR`` rebuilds the data file from a Megatron-Bridge git directory.
 
 ``--generation`` is the generation half: GPUStack's performance-lab vLLM serving results
 (``benchmarks/data/vllm_serving.json``, rebuilt by ``--refresh-vllm GIT_DIR`` from a
@@ -69,6 +75,17 @@ MODELS = {
 }
 #: Published system → (rpeg hardware preset, nodes per "rack" for the link tiers).
 SYSTEMS = {"DGX-H100": ("h100", 32), "DGX-B200": ("b200", 32), "DGX-GB200": ("gb200-nvl72", 18)}
+#: Published training precision → rpeg's :attr:`~rpeg.ir.models.ModelSpec.precision`. Megatron-Bridge's
+#: FP8 recipes (``--fp8-recipe`` delayed, tensorwise = "CS" current scaling, mxfp8 = "MX" block
+#: scaling) differ in their scaling factors, not in what runs in FP8 (TE's linear layers' GEMMs).
+PRECISIONS = {
+    "BF16": "bf16",
+    "FP8": "fp8",
+    "FP8-CS": "fp8",
+    "FP8-MX": "fp8",
+    "MXFP8": "fp8",
+    "FP8-CS (FP8-MX)": "fp8",
+}
 REQUIRED = ("release", "model", "system", "gpus", "precision", "gbs", "mbs", "seq_len", "tp", "pp")
 REQUIRED += ("cp", "vp", "ep", "tokens_per_s_per_gpu", "source")
 
@@ -231,8 +248,9 @@ def why_not(row: dict[str, Any]) -> str | None:
     """Why rpeg cannot express ``row``, or ``None`` when it can."""
     if row["precision"] is None:
         return "precision not published in its table"
-    if row["precision"] != "BF16":
-        return f"precision {row['precision']}: rpeg has no FP8/FP4 setting"
+    if row["precision"] not in PRECISIONS:
+        what = "FP4" if "FP4" in row["precision"] else row["precision"]
+        return f"precision {row['precision']}: rpeg has no {what} setting (its precisions: BF16, FP8)"
     if row["system"] not in SYSTEMS:
         return f"no hardware preset for {row['system']}"
     fields = ("gpus", "gbs", "mbs", "seq_len", "tp", "pp", "cp", "ep", "vp", "fsdp", "tokens_per_s_per_gpu")
@@ -293,7 +311,10 @@ def row_strategy(row: dict[str, Any]) -> tuple[Any, int]:
 
 
 def predict(row: dict[str, Any]) -> float:
-    """rpeg's tokens/s/GPU for an expressible row: ``GBS·ℓ/(T_step·N_GPU)``."""
+    """rpeg's tokens/s/GPU for an expressible row: ``GBS·ℓ/(T_step·N_GPU)``, the model run at the
+    row's precision (:data:`PRECISIONS`)."""
+    from dataclasses import replace
+
     from rpeg.costmodel.hardware import hardware_preset
     from rpeg.costmodel.layout import Layout
     from rpeg.costmodel.time import op_time
@@ -303,7 +324,7 @@ def predict(row: dict[str, Any]) -> float:
     hw = hardware_preset(SYSTEMS[row["system"]][0])
     ell = row["seq_len"]
     t = op_time(
-        model_spec(row["model_key"]),
+        replace(model_spec(row["model_key"]), precision=PRECISIONS[row["precision"]]),
         Role.TRAINING,
         Layout(strategy, gpus_per_node=g),
         hw,
@@ -598,15 +619,30 @@ def vllm_model_spec(model: str) -> Any:
     )
 
 
+def vllm_precision(row: dict[str, Any]) -> str | None:
+    """rpeg's precision of a served checkpoint: ``"bf16"`` for BF16 weights, ``"fp8"`` for FP8
+    ones (a ``-FP8`` checkpoint's per-tensor or block-scaled weights, or DeepSeek's native
+    block-scaled FP8: vLLM runs each as W8A8 FP8 GEMMs on Hopper, weights stored in 1 byte);
+    ``None`` for the others (AWQ INT4, MXFP4)."""
+    prec = row["precision"].split(" (")[0]
+    return {"BF16": "bf16", "FP8": "fp8"}.get(prec)
+
+
 def vllm_why_not(row: dict[str, Any]) -> str | None:
     """Why rpeg cannot express a vLLM row, or ``None`` when it can."""
     base = _base_model(row["model"])
     if base not in VLLM_MODELS:
         return f"no rpeg model for {base}"
-    if row["precision"] != "BF16":
-        return f"{row['precision'].split(' (')[0]} weights: rpeg has no quantized-weight setting"
+    prec = vllm_precision(row)
+    if prec is None:
+        return f"{row['precision'].split(' (')[0]} weights: rpeg has no such quantized-weight setting"
     if row["gpu"] not in VLLM_GPUS:
         return f"no hardware preset for {row['gpu']}"
+    if prec == "fp8" and hardware_has_no_fp8(VLLM_GPUS[row["gpu"]]):
+        return (
+            f"FP8 weights on {row['gpu']}: no FP8 tensor cores (vLLM runs them as weight-only W8A16 "
+            "Marlin GEMMs there; rpeg refuses precision fp8 on such hardware)"
+        )
     if row["speculative"]:
         return "speculative decoding not modelled"
     if row["kv_cache_dtype"] not in (None, "auto"):
@@ -619,6 +655,13 @@ def vllm_why_not(row: dict[str, Any]) -> str | None:
     if peak is not None and peak < row["requests"]:
         return "concurrency-limited run (peak concurrent requests below requests)"
     return None
+
+
+def hardware_has_no_fp8(preset: str) -> bool:
+    """Whether the hardware preset has no FP8 peak (``peak_flops_fp8`` is ``None``)."""
+    from rpeg.costmodel.hardware import hardware_preset
+
+    return hardware_preset(preset).peak_flops_fp8 is None
 
 
 def vllm_lengths(row: dict[str, Any]) -> tuple[int, int]:
@@ -635,10 +678,12 @@ def vllm_predict(row: dict[str, Any]) -> tuple[float, float]:
     prompt ``Lp`` and a response of exactly ``Lr`` tokens (the published means; a point mass,
     the buckets ``(0, Lr−1]`` with share 0 and ``(Lr−1, Lr]`` with share 1), tensor parallelism
     ``TP`` on one node of the GPU's preset, memory fraction ``--gpu-memory-utilization``
-    (vLLM's 0.9 unless the command sets it). Predicted output tokens/s =
+    (vLLM's 0.9 unless the command sets it), the checkpoint's precision (:func:`vllm_precision`). Predicted output tokens/s =
     published generated tokens / ``T_gen``, so rpeg/published is the published duration over
     ``T_gen`` and the same for total tokens/s.
     """
+    from dataclasses import replace
+
     from rpeg.costmodel.hardware import hardware_preset
     from rpeg.costmodel.layout import Layout
     from rpeg.costmodel.time import generation_times
@@ -655,7 +700,7 @@ def vllm_predict(row: dict[str, Any]) -> tuple[float, float]:
         else (LengthBucket(1.0, 0, 1),)
     )
     (t,) = generation_times(
-        vllm_model_spec(row["model"]),
+        replace(vllm_model_spec(row["model"]), precision=vllm_precision(row)),
         Layout(strategy, gpus_per_node=hw.gpus_per_node),
         hw,
         sequences=row["requests"],
@@ -677,10 +722,10 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
     doc = json.loads(VLLM_DATA.read_text())
     rows = load_vllm_rows()
     head = (
-        "| page | model | GPU | TP | dataset | n | Lp | Lr | published out tok/s | rpeg out tok/s "
+        "| page | model | GPU | TP | prec | dataset | n | Lp | Lr | published out tok/s | rpeg out tok/s "
         "| published s | rpeg T_gen s | rpeg/pub |"
     )
-    table = [head, "|" + "---|" * 13]
+    table = [head, "|" + "---|" * 14]
     skipped: dict[str, int] = {}
     by_set: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
@@ -691,16 +736,20 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         t, pred = vllm_predict(row)
         pub = float(row["output_tokens_per_s"])
         by_set.setdefault(row["dataset"], []).append((pub, pred))
+        by_set.setdefault(f"precision {vllm_precision(row).upper()}", []).append((pub, pred))  # type: ignore[union-attr]
         if row["dataset"] == "random":
             by_set.setdefault(f"random {row['input_len']}/{row['output_len']}", []).append((pub, pred))
         lp, lr = vllm_lengths(row)
         page = row["source"]["path"].removeprefix(VLLM_DOCS_DIR + "/")
         table.append(
-            f"| {page} | {row['model']} | {row['gpu']} | {row['tp']} | {row['dataset']} | {row['requests']} | "
+            f"| {page} | {row['model']} | {row['gpu']} | {row['tp']} | {vllm_precision(row)} | "
+            f"{row['dataset']} | {row['requests']} | "
             f"{lp} | {lr} | {pub:,.1f} | {pred:,.1f} | {row['duration_s']:.2f} | {t:.2f} | {pred / pub:.2f} |"
         )
     stats = []
-    every = [pair for key, pairs in by_set.items() if "/" not in key for pair in pairs]
+    every = [
+        pair for key, pairs in by_set.items() if "/" not in key and "precision" not in key for pair in pairs
+    ]
     for name, pairs in [*sorted(by_set.items()), ("all", every)]:
         if not pairs:
             continue
@@ -720,7 +769,9 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         "batching engine (`generation_times`, SPEC §14.5): n = the successful requests, prompt Lp and a "
         "response of exactly Lr tokens (the published means per request), TP on one node of the GPU's "
         "preset (H100 → h100, H200 → h200, A100 → a100-80gb), memory fraction 0.9 (vLLM's default "
-        "`--gpu-memory-utilization`); predicted output tokens/s = published generated tokens / T_gen, so "
+        "`--gpu-memory-utilization`); FP8 checkpoints run with precision fp8 (FP8 GEMMs for the blocks, "
+        "their weights in 1 byte, BF16 KV cache: docs/cost-model.md §11); "
+        "predicted output tokens/s = published generated tokens / T_gen, so "
         "rpeg/published is the same for output and total tokens/s. ShareGPT rows have variable lengths "
         "and are priced at their means (an approximation); the random rows have fixed requested lengths. "
         "**No term is fitted to these rows: this is the baseline of the current presets.** "
@@ -785,6 +836,8 @@ def main(argv: list[str] | None = None) -> None:
             continue
         pub, pred = float(row["tokens_per_s_per_gpu"]), predict(row)
         by_prec.setdefault(row["precision"], []).append((pub, pred))
+        if PRECISIONS[row["precision"]] != row["precision"].lower():  # an FP8 recipe: also pooled
+            by_prec.setdefault(f"all {PRECISIONS[row['precision']].upper()} recipes", []).append((pub, pred))
         table.append(
             f"| {row['release']} | {row['model']} | {row['system']} | {row['gpus']} | {row['precision']} | "
             f"{row['gbs']} | {row['mbs']} | {row['seq_len']} | {row['tp']} | {row['pp']} | {row['cp']} | "
@@ -798,7 +851,7 @@ def main(argv: list[str] | None = None) -> None:
             f"- {prec}: {len(pairs)} rows, MAPE {mape:.1f} %, Spearman ρ {spearman(pub, pred):.2f}, "
             f"rpeg/published median {sorted(q / p for p, q in pairs)[len(pairs) // 2]:.2f}"
         )
-    n_ok = sum(len(v) for v in by_prec.values())
+    n_ok = sum(len(v) for k, v in by_prec.items() if not k.startswith("all "))
     lines = [
         "## GPU fidelity: Megatron-Bridge pre-training throughput vs rpeg (issue 31)",
         "",
@@ -808,6 +861,9 @@ def main(argv: list[str] | None = None) -> None:
         "vertex (`op_time`, Role.TRAINING) on the matching preset (DGX-H100 → h100, DGX-B200 → b200, "
         "DGX-GB200 → gb200-nvl72); predicted tokens/s/GPU = GBS·ℓ/(T_step·GPUs). ZeRO-1, SP when TP > 1, "
         "no recomputation, expert-TP = TP are assumptions (the tables do not publish them). "
+        "The FP8 recipes (FP8, FP8-CS, FP8-MX, MXFP8) run with precision fp8 (docs/cost-model.md §11: "
+        "the presets' FP8 peak for the blocks' weight GEMMs, attention core and LM head at the BF16 peak, "
+        "1-byte weights and GEMM inputs in the roofline); statistics per published precision and pooled. "
         "**No term is fitted to these rows: this is the baseline of the current presets.**",
         "",
         f"{len(rows)} rows of the six models; {n_ok} expressible, {len(rows) - n_ok} not:",

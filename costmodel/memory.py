@@ -27,12 +27,14 @@ from ..ir.hardware import Hardware
 from ..ir.models import OPTIMIZER_BYTES_PER_PARAM, ModelSpec
 from ..ir.types import Head, Recompute, Role
 from .layout import Layout
+from .precision import FP8_BYTES
 
 __all__ = [
     "LOGIT_BYTES",
     "OPTIMIZER_BYTES_PER_PARAM",
     "ZeroState",
     "engine_workspace_bytes",
+    "fp8_saved_widths",
     "generation_engine_bytes",
     "head_params",
     "inference_activation_bytes",
@@ -45,6 +47,7 @@ __all__ = [
     "logits_bytes",
     "memory_fraction",
     "model_params",
+    "served_weight_bytes",
     "stored_activation_width",
     "training_activation_bytes",
     "training_state_bytes",
@@ -280,6 +283,31 @@ def kv_scalars_per_device(model: ModelSpec, tp: int) -> float:
     return 2.0 * kv_width_per_device(model, tp)
 
 
+def served_weight_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM) -> float:
+    """A generation engine's resident weights per device: :func:`weight_bytes`, except that under
+    ``precision = "fp8"`` vLLM (``quantization="fp8"``) stores the blocks' weights in FP8:
+    ``W_shard·sb − (sb − 1)·(L/Pp)·N_ℓ`` with ``N_ℓ = W_block/Pt + W_exp/(Pt·Pe)`` one block's
+    parameters on the device; the embedding and the LM head stay BF16 (vLLM quantizes every
+    ``Linear`` module but ``lm_head``; ``docs/cost-model.md`` §11).
+
+    Parameters
+    ----------
+    model, layout, head
+        The generated model, its layout and output head(s).
+
+    Returns
+    -------
+    float
+        Bytes per device.
+    """
+    full = weight_bytes(model, layout, head)
+    if not model.is_fp8:
+        return full
+    s = layout.strategy
+    blocks = model.layers / s.pp * _block_params(model, s.tp, s.ep)
+    return full - (model.dtype_bytes - FP8_BYTES) * blocks
+
+
 def _layer_buffer_width(model: ModelSpec, tp: int, sp: bool = False) -> float:
     """Per-token scalars of one block's largest intermediate: ``max(2d + 6d/Pt, 2d + 2dff/Pt)``
     (a MoE block: ``dff`` is the token's width in its experts, :attr:`~rpeg.ir.models.ModelSpec.ffn_width`);
@@ -333,6 +361,38 @@ def stored_activation_width(model: ModelSpec, tp: int, sp: bool = False) -> floa
     return (replicated / tp if sp else replicated) + sharded / tp
 
 
+def fp8_saved_widths(model: ModelSpec, tp: int, sp: bool = False) -> tuple[float, float]:
+    """``(a_8, a_+)``: scalars per token and layer that a layer keeps in FP8 instead of BF16 under
+    ``precision = "fp8"``, and the FP8 copies it keeps in addition (``docs/cost-model.md`` §11).
+
+    Transformer Engine saves each FP8 GEMM's quantized input for the weight-gradient GEMM. Where
+    no other operation keeps the BF16 tensor, that replaces it: the two norms' outputs
+    (``LayerNormLinear`` emits them in FP8), a MoE block's dispatched copies and the FFN's
+    down-projection input, ``a_8 = 2d + routed + ffn_width/Pt`` (the replicated ``2d + routed``
+    over ``Pt`` too under sequence parallelism). The attention output is also kept in BF16 by the
+    attention core (its backward reads it), so the output projection's FP8 copy is an addition:
+    ``a_+ = d_o/Pt``, ``d_o = heads·head_dim`` (latent attention: ``heads·v_head_dim``).
+
+    Parameters
+    ----------
+    model
+        The model.
+    tp
+        Tensor-parallel degree ``Pt``.
+    sp
+        Sequence parallelism.
+
+    Returns
+    -------
+    tuple of float
+        ``(a_8, a_+)``, scalars per token and layer.
+    """
+    _check_degree("tp", tp)
+    replicated = 2.0 * model.hidden + model.routed_width
+    out_width = model.heads * model.v_head_dim if model.is_mla else model.q_width
+    return (replicated / tp if sp else replicated) + model.ffn_width / tp, out_width / tp
+
+
 def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: float, tokens: float) -> float:
     """Training activations under the strategy's recomputation mode (SPEC §6, §14.7, paper
     Appendix D-I; Korthikanti et al. 2022), with ``b = n/(Pd·mb)``, ``ℓ = tokens`` (the mean
@@ -352,6 +412,9 @@ def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: fl
     SPEC §15.3: context parallelism splits each microbatch's tokens over ``Pc`` ranks,
     ``T_mb/Pc`` per device; sequence parallelism splits the replicated widths (the checkpoint's
     ``d``, the buffer's ``2d``, :func:`stored_activation_width`'s ``4d + routed``) over ``Pt``.
+
+    ``precision = "fp8"`` (``none``, ``selective``): ``min(mb, Pp)·T_mb·(L/Pp)·(sb·a − (sb − 1)·a_8
+    + a_+)`` with :func:`fp8_saved_widths`; ``full`` keeps its BF16 checkpoints and buffer.
 
     Parameters
     ----------
@@ -380,6 +443,10 @@ def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: fl
         per_token = layers / c * checkpoint + c * _layer_buffer_width(model, s.tp, s.sp)
         return model.dtype_bytes * alive * b * tokens * per_token
     stored = layers * tokens * stored_activation_width(model, s.tp, s.sp)
+    if model.is_fp8:
+        a8, extra = fp8_saved_widths(model, s.tp, s.sp)
+        sb = model.dtype_bytes
+        return alive * b * (sb * stored - layers * tokens * ((sb - FP8_BYTES) * a8 - FP8_BYTES * extra))
     return model.dtype_bytes * alive * b * stored
 
 
@@ -496,7 +563,9 @@ def zero_state_bytes(model: ModelSpec, role: Role, layout: Layout, head: Head = 
       weight and gradient shards) ``+ sb·N_g``;
     * inference and generation, ``z = 2``: persistent ``sb·N_s`` (a full copy per data-parallel
       rank), nothing transient;
-    * inference, ``z = 3``: persistent ``sb·N_s/Pd``, transient ``sb·N_g``.
+    * inference, ``z = 3``: persistent ``sb·N_s/Pd``, transient ``sb·N_g``;
+    * generation with ``precision = "fp8"``: persistent :func:`served_weight_bytes` (the
+      blocks' weights in FP8), nothing transient.
 
     With context or expert parallelism (SPEC §15) every ``N_s/Pd`` above is the owned share
     :func:`zero_shard_params` (sharded over ``Pd·Pc``, an expert over ``Pd·Pc/Pe``) and
@@ -526,6 +595,8 @@ def zero_state_bytes(model: ModelSpec, role: Role, layout: Layout, head: Head = 
         return ZeroState(state, 2.0 * sb * owned + sb * gathered)
     if s.zero == 3:
         return ZeroState(sb * owned, sb * gathered)
+    if model.is_fp8 and Role(role) is Role.GENERATION:  # vLLM stores the blocks' weights in FP8
+        return ZeroState(served_weight_bytes(model, layout, head), 0.0)
     return ZeroState(sb * shard, 0.0)
 
 
@@ -591,13 +662,14 @@ def engine_workspace_bytes(model: ModelSpec, layout: Layout, head: Head = Head.L
 def kv_budget_tokens(model: ModelSpec, layout: Layout, hw: Hardware, head: Head = Head.LM) -> float:
     """Tokens the paged KV cache of one replica holds (SPEC §14.5):
     ``K/κ`` with ``K = u·M_GPU − W_shard·sb − workspace`` (:func:`memory_fraction`,
-    :func:`weight_bytes`, :func:`engine_workspace_bytes`, :func:`kv_bytes_per_token`);
+    :func:`served_weight_bytes`: FP8 blocks under ``precision = "fp8"``,
+    :func:`engine_workspace_bytes`, :func:`kv_bytes_per_token`);
     may be 0 or negative when the fraction leaves no room. Tokens of every block: a sequence
     at context ``c`` takes :meth:`~rpeg.ir.models.ModelSpec.attended` ``(c)`` of them (``c``
     without sliding-window blocks)."""
     budget = (
         memory_fraction(layout, hw) * hw.gpu_memory_bytes
-        - weight_bytes(model, layout, head)
+        - served_weight_bytes(model, layout, head)
         - engine_workspace_bytes(model, layout, head)
     )
     return budget / kv_bytes_per_token(model, layout)
@@ -614,7 +686,8 @@ def generation_engine_bytes(
 ) -> float:
     """What a rollout engine holds per device (SPEC §14.5): ``u·M_GPU`` (weights, workspace and
     the paged KV cache), or, when that leaves the cache less than one sequence at full length,
-    the least it can run with, ``W_shard·sb + workspace + κ·(Lp + Lr)`` (the engine would
+    the least it can run with, ``W_shard·sb + workspace + κ·(Lp + Lr)`` (``W_shard·sb`` the
+    :func:`served_weight_bytes`, FP8 blocks under ``precision = "fp8"``; the engine would
     refuse to start with less; the candidate directories drop such a fraction). With
     sliding-window blocks the sequence holds ``κ``·:meth:`~rpeg.ir.models.ModelSpec.attended`
     ``(Lp + Lr)``: a windowed block caches at most ``W`` of its tokens (SPEC §15.1).
@@ -634,7 +707,7 @@ def generation_engine_bytes(
         Bytes per device, weights included.
     """
     least = (
-        weight_bytes(model, layout, head)
+        served_weight_bytes(model, layout, head)
         + engine_workspace_bytes(model, layout, head)
         + kv_bytes_per_token(model, layout) * model.attended(prompt_len + response_len)
     )
@@ -726,7 +799,7 @@ def transient_bytes(
         engine = generation_engine_bytes(
             model, layout, hardware, prompt_len=prompt_len, response_len=response_len, head=head
         )
-        total = engine - weight_bytes(model, layout, head)
+        total = engine - served_weight_bytes(model, layout, head)
     else:
         total = inference_activation_bytes(
             model, layout, sequences=sequences, tokens=prompt_len, head=head

@@ -26,6 +26,7 @@ from .collectives import (
     reduce_scatter_time,
 )
 from .flops import (
+    TRAINING_PASSES,
     attention_core_flops,
     decode_flops_at,
     forward_flops,
@@ -39,6 +40,7 @@ from .flops import (
 )
 from .layout import Layout, check_tier, positive_int
 from .memory import ROLLOUT_MAX_SEQS, kv_budget_tokens, kv_scalars_per_device, model_params
+from .precision import block_gemm_flops, gemm_activation_bytes, gemm_peaks, gemm_weight_bytes, mixed_peak
 
 __all__ = [
     "OPTIMIZER_TRAFFIC_BYTES",
@@ -152,9 +154,16 @@ class _Roofline:
     per device (the ``T_mb·k·Pe/E`` tokens per local expert), a rank reads its ``E/Pe`` experts,
     and the busiest rank's expert GEMMs take ``λ`` times the mean (:data:`MOE_LOAD_IMBALANCE`):
     ``η_MoE = 1/((1 − φ)/η + λ·φ/η_e)``.
+
+    FP8 (``docs/cost-model.md`` §11, :mod:`.precision`): with ``precision = "fp8"`` the share
+    ``ψ`` of the work in the blocks' weight GEMMs runs at ``F_peak,8`` and the rest (attention
+    core, LM head) at ``F_peak``, ``F_peak → F_mix = 1/(ψ/F_peak,8 + (1 − ψ)/F_peak)``; the
+    GEMMs read 1-byte weights, ``Ω_W = (L/Pp)·W_read·1/Pt``, and move FP8 inputs and BF16
+    outputs, ``Ω_A = b·ℓ·d·(1 + sb)·L/Pp``.
     """
 
     __slots__ = (
+        "act_bytes",
         "b",
         "ep",
         "eta_e",
@@ -164,14 +173,19 @@ class _Roofline:
         "layers",
         "model",
         "omega_w",
+        "peak_fp8",
         "phi",
         "route",
         "tp",
+        "w_bytes",
     )
 
     def __init__(self, model: ModelSpec, layout: Layout, hw: Hardware, b: float) -> None:
         self.model = model
         self.hw = hw
+        self.peak_fp8 = gemm_peaks(model, hw)[1]  # None for BF16; refuses FP8 without an FP8 peak
+        self.w_bytes = gemm_weight_bytes(model)
+        self.act_bytes = gemm_activation_bytes(model)
         s = layout.strategy
         self.b = b / s.cp  # a context-parallel rank's share of each sequence
         self.tp = s.tp
@@ -182,14 +196,17 @@ class _Roofline:
         # what does not depend on the microbatch's rows: a dense model's weights read per pass,
         # a MoE model's expert FLOP share, routing fraction k·Pe/E and expert-GEMM width factor
         self.phi = model.expert_flop_share
-        self.omega_w = None if model.is_moe else self.layers * model.layer_params * model.dtype_bytes / s.tp
+        self.omega_w = None if model.is_moe else self.layers * model.layer_params * self.w_bytes / s.tp
         self.route = model.experts_active * s.ep / model.experts if model.is_moe else 0.0
         self.imbalance = MOE_LOAD_IMBALANCE if s.ep > 1 else 1.0
         k_e = min(model.hidden, model.expert_ffn) / s.tp
         self.eta_e = k_e / (k_e + hw.gamma_k) if model.is_moe else 0.0
 
-    def flops(self, work_per_device: float, tokens: float, extra_bytes: float = 0.0) -> float:
-        """``F_eff`` for ``work_per_device`` FLOPs per microbatch over ``ℓ = tokens``."""
+    def flops(
+        self, work_per_device: float, tokens: float, extra_bytes: float = 0.0, fp8_share: float = 0.0
+    ) -> float:
+        """``F_eff`` for ``work_per_device`` FLOPs per microbatch over ``ℓ = tokens``; ``fp8_share``
+        is ``ψ``, the FP8 GEMMs' share of the work (ignored for a BF16 model)."""
         m = self.model
         rows = self.b * tokens
         eta = rows / (rows + self.hw.gamma_m) * self.eta_k
@@ -198,10 +215,13 @@ class _Roofline:
             r_e = rows * self.route
             eta_e = r_e / (r_e + self.hw.gamma_m) * self.eta_e
             eta = 1.0 / ((1.0 - self.phi) / eta + self.imbalance * self.phi / eta_e)
-            omega_w = self.layers * m.layer_weights_read(rows, self.ep) * m.dtype_bytes / self.tp
-        omega_a = 2.0 * rows * m.hidden * m.dtype_bytes * self.layers
+            omega_w = self.layers * m.layer_weights_read(rows, self.ep) * self.w_bytes / self.tp
+        omega_a = self.act_bytes * rows * m.hidden * self.layers  # 2·sb·b·ℓ·d·L/Pp in BF16
         intensity = work_per_device / (omega_w + omega_a + extra_bytes)
-        return min(self.hw.peak_flops * eta, intensity * self.hw.mem_bandwidth)
+        peak = self.hw.peak_flops
+        if self.peak_fp8 is not None:
+            peak = mixed_peak(peak, self.peak_fp8, fp8_share)
+        return min(peak * eta, intensity * self.hw.mem_bandwidth)
 
 
 def _pp_step_time(nbytes: float, layout: Layout, hw: Hardware) -> float:
@@ -515,11 +535,14 @@ class _Node:
         share of each sequence)."""
         return self.b * tokens / self.s.cp
 
-    def gemm(self, work: float, work_per_device: float, tokens: float, extra: float = 0.0) -> float:
-        """``T_gemm = W/(P·F_eff)`` of ``work`` FLOPs (0 for no work)."""
+    def gemm(
+        self, work: float, work_per_device: float, tokens: float, extra: float = 0.0, fp8_work: float = 0.0
+    ) -> float:
+        """``T_gemm = W/(P·F_eff)`` of ``work`` FLOPs (0 for no work), ``fp8_work`` of them in the
+        blocks' weight GEMMs (FP8 for an FP8 model: ``ψ = fp8_work/work``)."""
         if work <= 0.0:
             return 0.0
-        return work / (self.n_devices * self.roof.flops(work_per_device, tokens, extra))
+        return work / (self.n_devices * self.roof.flops(work_per_device, tokens, extra, fp8_work / work))
 
     def tp_rounds(self, count: float, nbytes: float, link: Link | None = None) -> float:
         """``count`` tensor-parallel AllReduces of ``nbytes`` over ``Pt`` at tier 0 (on ``link``
@@ -641,7 +664,8 @@ def _prefill_terms(node: _Node, prompt_len: int, head: Head) -> tuple[float, flo
     sb, d, layers = model.dtype_bytes, model.hidden, node.layers
     pre = hw.terms("prefill")
     w = prefill_flops(model, sequences=sequences, prompt_len=prompt_len, head=head)
-    t_gemm = node.gemm(w, w / (P * mb), prompt_len) / pre.efficiency
+    fp8 = block_gemm_flops(model, sequences * prompt_len)
+    t_gemm = node.gemm(w, w / (P * mb), prompt_len, fp8_work=fp8) / pre.efficiency
     t_over = node.slots * (pre.per_step_s + layers * pre.per_layer_s)
     sync = hw.weight_sync()
     if sync is not None:
@@ -669,7 +693,8 @@ def _decode_terms(
         model, sequences=sequences, steps=steps, context=context, head=head, windowed=windowed
     )
     kv_reads = node.b * model.attended(context, windowed) * kv_scalars_per_device(model, tp) * sb * layers
-    t_gemm = node.gemm(w, w / (P * mb * steps), 1, kv_reads) / dec.efficiency
+    fp8 = block_gemm_flops(model, sequences * steps)
+    t_gemm = node.gemm(w, w / (P * mb * steps), 1, kv_reads, fp8) / dec.efficiency
     t_over = steps * node.slots * (dec.per_step_s + layers * dec.per_layer_s)
     t_tp = node.tp_rounds(2 * layers * rounds, sequences * d * sb / dp, hw.tensor_parallel())
     t_pp = node.pp_rounds(rounds * (mb + pp - 2), 1)
@@ -715,10 +740,12 @@ def _gemm_and_core(
     lengths: dict[str, float | None],
     forwards: int,
     backwards: int,
+    fp8_work: float = 0.0,
 ) -> float:
     """``T_gemm`` of ``work`` FLOPs, ``passes`` forward-equivalents per microbatch, whose attention
     core runs ``forwards`` forward and ``backwards`` backward passes (``docs/cost-model.md`` §2
-    "The attention core").
+    "The attention core"); ``fp8_work`` of the FLOPs are the blocks' weight GEMMs, FP8 for an FP8
+    model (:meth:`_Node.gemm`; the core stays BF16).
 
     Where the hardware rates its fused attention kernel (:meth:`Hardware.attention_rates
     <rpeg.ir.hardware.Hardware.attention_rates>` at the head width ``d_att/H``), the core runs at
@@ -731,11 +758,11 @@ def _gemm_and_core(
     per_device = node.n_devices * s.mb
     rates = node.hw.attention_rates(model.attention_width / model.heads) if node.hw.attention else None
     if rates is None:
-        return node.gemm(work, work / (passes * per_device), tokens)
+        return node.gemm(work, work / (passes * per_device), tokens, fp8_work=fp8_work)
     core = node.sequences * attention_core_flops(model, tokens, lengths["tokens_sq"], lengths["window_sq"])
     rest = max(0.0, work - (forwards + 2 * backwards) * core)
     node.core_s = core / node.n_devices * (forwards / rates[0] + 2.5 * backwards / rates[1])
-    return node.gemm(rest, rest / (passes * per_device), tokens) + node.core_s
+    return node.gemm(rest, rest / (passes * per_device), tokens, fp8_work=fp8_work) + node.core_s
 
 
 def _inference_terms(
@@ -746,7 +773,8 @@ def _inference_terms(
     model, s = node.model, node.s
     ell = lengths["tokens"]
     w = inference_flops(model, head=head, **lengths)  # type: ignore[arg-type]
-    t_gemm = _gemm_and_core(node, w, 1.0, ell, lengths, 1, 0)
+    fp8 = block_gemm_flops(model, lengths["sequences"] * ell)  # type: ignore[operator]
+    t_gemm = _gemm_and_core(node, w, 1.0, ell, lengths, 1, 0, fp8_work=fp8)
     t_tp = node.tp_rounds(2 * node.layers * s.mb, node.rank_tokens(ell) * model.hidden * model.dtype_bytes)
     t_pp = node.pp_rounds(s.mb + s.pp - 2, ell)
     t_dp = 0.0
@@ -781,8 +809,11 @@ def _training_terms(
     w = training_flops(model, head=head, recompute=s.recompute, **lengths)  # type: ignore[arg-type]
     if s.logits_chunk and head is not Head.SCALAR:  # the chunked loss recomputes the LM head
         w += sequences * ell * 2.0 * model.hidden * model.vocab
+    # the weight GEMMs run in the forward, the backward's two (and a full recomputation's forward)
+    gemm_passes = TRAINING_PASSES if s.recompute is Recompute.FULL else 3
+    fp8 = gemm_passes * block_gemm_flops(model, sequences * ell)
     core_forwards = 1 if s.recompute is Recompute.NONE else 2  # selective and full recompute the core
-    t_gemm = _gemm_and_core(node, w, passes, ell, lengths, core_forwards, 1)
+    t_gemm = _gemm_and_core(node, w, passes, ell, lengths, core_forwards, 1, fp8_work=fp8)
     rounds = 6 if s.recompute is Recompute.FULL else 4
     t_tp = node.tp_rounds(rounds * node.layers * mb, node.rank_tokens(ell) * model.hidden * sb)
     t_pp = node.pp_rounds(mb + 2 * pp - 3, ell)

@@ -88,6 +88,7 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     # core) .. 1 EFLOP/s (400x a B200's dense BF16); 1 MB/s .. 1 PB/s (over 100x HBM3e)
     "gpu_memory_bytes": (1e6, 1e14, "bytes"),
     "peak_flops": (1e9, 1e18, "FLOP/s"),
+    "peak_flops_fp8": (1e9, 1e18, "FLOP/s"),
     "mem_bandwidth": (1e6, 1e15, "bytes/s"),
     "host_bandwidth": (1e6, 1e15, "bytes/s"),
     # GEMM-shape constants (tokens, width; 0: no shape loss); the calibration fit's grid ends at 1e7
@@ -309,6 +310,11 @@ class Hardware:
         ``M_GPU``, bytes of device memory per GPU.
     peak_flops
         ``F_peak``, dense BF16 FLOP/s per GPU the GEMMs can reach (already derated).
+    peak_flops_fp8
+        ``F_peak,8``, dense FP8 FLOP/s per GPU the GEMMs can reach, derated by the rule of
+        ``peak_flops`` (``docs/cost-model.md`` §5, §11); ``None`` (the default, and A100's and the
+        CPU's): no FP8 tensor cores, and a model with ``precision = "fp8"`` is refused
+        (:func:`~rpeg.costmodel.precision.gemm_peaks`).
     mem_bandwidth
         ``BW_mem``, HBM bytes/s per GPU.
     gamma_m, gamma_k
@@ -374,9 +380,12 @@ class Hardware:
     engine_for: tuple[str, str, str] = ("", "", "")
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     attention: tuple[AttentionRate, ...] = ()
+    peak_flops_fp8: float | None = None
 
     def __post_init__(self) -> None:
         _check_figures(f"Hardware {self.name!r}: ", self, _HARDWARE_FIGURES)
+        if self.peak_flops_fp8 is not None:
+            _check_figures(f"Hardware {self.name!r}: ", self, ("peak_flops_fp8",))
         rates = []
         for i, r in enumerate(self.attention):
             try:
@@ -548,6 +557,10 @@ class Hardware:
         d["engine_for"] = dict(zip(ENGINE_ROLES, self.engine_for))
         d["sources"] = dict(self.sources)
         d["attention"] = [asdict(a) for a in self.attention]
+        if not self.attention:  # no measured attention kernel: the file says nothing (as before)
+            del d["attention"]
+        if self.peak_flops_fp8 is None:  # no FP8 tensor cores: the file says nothing (as before)
+            del d["peak_flops_fp8"]
         return d
 
     @classmethod
@@ -613,6 +626,7 @@ class Hardware:
                 engine_for=(doc.engine_for.generation, doc.engine_for.inference, doc.engine_for.training),
                 sources=tuple(doc.sources.items()),
                 attention=tuple(AttentionRate(a.head_dim, a.forward, a.backward) for a in doc.attention),
+                peak_flops_fp8=doc.peak_flops_fp8,
             )
         except ValueError as exc:
             raise InputError(f"{source}: {exc}", source=source) from None
@@ -709,6 +723,7 @@ class _HardwareFile(Strict):
     name: Annotated[str, Field(min_length=1)]
     gpu_memory_bytes: _figure("gpu_memory_bytes")  # type: ignore[valid-type]
     peak_flops: _figure("peak_flops")  # type: ignore[valid-type]
+    peak_flops_fp8: _figure("peak_flops_fp8") | None = None  # type: ignore[valid-type]
     mem_bandwidth: _figure("mem_bandwidth")  # type: ignore[valid-type]
     gamma_m: _figure("gamma_m")  # type: ignore[valid-type]
     gamma_k: _figure("gamma_k")  # type: ignore[valid-type]

@@ -34,6 +34,7 @@ __all__ = [
     "MAX_WINDOW",
     "MODEL_PRESETS",
     "OPTIMIZER_BYTES_PER_PARAM",
+    "PRECISIONS",
     "HFArchitecture",
     "ModelSpec",
     "ModelSpecFile",
@@ -42,6 +43,12 @@ __all__ = [
 
 #: Hugging Face architectures (``config.json``'s ``model_type``) the runtime builds and loads.
 FAMILIES = ("llama", "qwen2", "mistral")
+
+#: GEMM precisions a model runs with (:attr:`ModelSpec.precision`; ``docs/decisions.md``,
+#: "The precision setting"): ``"bf16"`` everywhere, or ``"fp8"`` — the transformer blocks'
+#: weight GEMMs in FP8 as Transformer Engine runs them for Megatron-core (training, teacher-forced
+#: inference) and as vLLM's ``quantization="fp8"`` runs them (generation, weights stored in FP8).
+PRECISIONS = ("bf16", "fp8")
 
 # Upper bounds on a model's figures. Each is far above the largest published model's, so no real
 # model is refused: Llama-3.1-405B has 126 layers, d = 16,384, dff = 53,248 and 128 heads;
@@ -491,6 +498,14 @@ class ModelSpec:
         Layer indices (0-based, increasing) that attend through the window: gpt-oss's and
         Gemma-2's even layers, five of every six of Gemma-3's. Given exactly when
         ``sliding_window > 0``.
+    precision
+        The GEMM precision the engines run this model with, one of :data:`PRECISIONS`:
+        ``"bf16"`` (default) or ``"fp8"``. With ``"fp8"`` the transformer blocks' weight GEMMs
+        (QKV, output projection, FFN and experts) run at the hardware's FP8 peak and read FP8
+        weights and inputs; the attention core and the LM head stay BF16; a generation engine
+        (vLLM ``quantization="fp8"``) stores the blocks' weights in 1 byte, a trainer keeps
+        BF16 weights with FP32 master copies (``docs/cost-model.md`` §11). Needs
+        ``dtype_bytes = 2`` (FP8 GEMMs of a BF16 model) and hardware with an FP8 peak.
 
     Raises
     ------
@@ -526,6 +541,7 @@ class ModelSpec:
     v_head_dim: int = 0
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] = ()
+    precision: str = "bf16"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -594,6 +610,25 @@ class ModelSpec:
         self._check_experts()
         self._check_mla()
         self._check_window()
+        self._check_precision()
+
+    def _check_precision(self) -> None:
+        """``precision`` is one of :data:`PRECISIONS`; ``"fp8"`` only for a BF16 model."""
+        if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
+            raise ValueError(
+                f"ModelSpec {self.name!r}: precision must be one of "
+                f"{', '.join(map(repr, PRECISIONS))}, got {_show(self.precision)}"
+            )
+        if self.precision == "fp8" and self.dtype_bytes != 2:
+            raise ValueError(
+                f"ModelSpec {self.name!r}: precision 'fp8' runs the FP8 GEMMs of a BF16 model "
+                f"(dtype_bytes = 2), got dtype_bytes = {self.dtype_bytes}"
+            )
+
+    @property
+    def is_fp8(self) -> bool:
+        """Whether the blocks' weight GEMMs run in FP8 (``precision == "fp8"``)."""
+        return self.precision == "fp8"
 
     def _layer_indices(self, field: str) -> tuple[int, ...]:
         """Field ``field`` (``dense_layers``, ``sliding_layers``) as a tuple of ints, stored back;
@@ -1231,6 +1266,7 @@ class ModelSpec:
                 if self.sliding_window
                 else {}
             )
+            | ({"precision": self.precision} if self.precision != "bf16" else {})
         )
 
     def _expert_fields(self) -> dict[str, object]:
@@ -1621,6 +1657,7 @@ class ModelSpecFile(Strict):
     v_head_dim: Annotated[int, Field(ge=0)] = 0
     sliding_window: Annotated[int, Field(ge=0)] = 0
     sliding_layers: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    precision: Literal["bf16", "fp8"] = "bf16"
 
 
 def _llama(name: str, L: int, d: int, dff: int, heads: int, kv: int, vocab: int) -> ModelSpec:

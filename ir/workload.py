@@ -565,6 +565,7 @@ class _WorkloadFileSchema(Strict):
     kl_coef: Annotated[float, Field(ge=0.0)] | None = None
     old_logprob: Literal["rollout", "trainer"] = "rollout"
     mini_batches: Annotated[int, Field(ge=1)] = 1
+    precision: Literal["bf16", "fp8"] | None = None
     batch: _BatchTable
     models: _ModelsTable
     structure: _StructureTable = Field(default_factory=_StructureTable)
@@ -597,6 +598,32 @@ def _model(value: str | ModelSpecFile, where: str, base: Path | None) -> ModelSp
         raise InputError(f"{where}: {exc}") from None
 
 
+def _with_precision(
+    models: dict[str, ModelSpec], entries: _ModelsTable, precision: str, where: str
+) -> dict[str, ModelSpec]:
+    """The workload file's top-level ``precision`` given to every model; an inline table that
+    names another precision is an error naming the file, the field and both values."""
+    out = {}
+    for role, spec in models.items():
+        entry = getattr(entries, role)
+        if (
+            isinstance(entry, ModelSpecFile)
+            and "precision" in entry.model_fields_set
+            and entry.precision != precision
+        ):
+            raise InputError(
+                f"{where}: field 'models.{role}.precision' = {entry.precision!r} contradicts the "
+                f"top-level 'precision' = {precision!r}; give one of them",
+                source=where,
+                field=f"models.{role}.precision",
+            )
+        try:
+            out[role] = replace(spec, precision=precision)
+        except ValueError as exc:
+            raise InputError(f"{where}: models.{role}: {exc}", source=where, field="precision") from None
+    return out
+
+
 def _toml_error(path: Path, text: str, exc: Exception) -> InputError:
     """An :class:`InputError` for a TOML syntax error naming the file, the line and, for a key
     given twice, the key (``tomllib`` says only "Cannot overwrite a value (at line 6, column 14)")."""
@@ -624,7 +651,9 @@ def load_workload(path: str | Path) -> WorkloadFile:
     The file has top-level ``name``, ``description``, ``algorithm``, optional ``reward``
     (``"model"`` or ``"rule"``), ``reward_cost_s`` (host seconds per sequence of a rule reward)
     , ``kl_coef`` (0 drops the reference), ``old_logprob`` (``"rollout"`` or ``"trainer"``)
-    and ``mini_batches`` (optimizer updates per step); a ``[batch]`` table with
+    , ``mini_batches`` (optimizer updates per step) and ``precision`` (``"bf16"`` or
+    ``"fp8"``, given to every model: :attr:`~rpeg.ir.models.ModelSpec.precision`; an inline
+    model table may set its own instead); a ``[batch]`` table with
     ``prompts``, ``rollouts``, ``prompt_len``, ``response_len`` and optional ``quantiles``
     (a list of ``[fraction, length]``); a ``[models]`` table mapping roles to preset names,
     ``config.json`` paths (or folders holding one) or inline tables; an optional
@@ -665,6 +694,8 @@ def load_workload(path: str | Path) -> WorkloadFile:
         for role in ROLES
         if (entry := getattr(doc.models, role)) is not None
     }
+    if doc.precision is not None:
+        models = _with_precision(models, doc.models, doc.precision, where)
     batch = doc.batch
     rollouts = batch.rollouts if batch.rollouts is not None else (2 if doc.algorithm == "dpo" else 1)
     try:

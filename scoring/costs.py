@@ -18,6 +18,7 @@ from ..costmodel.memory import (
     weight_bytes,
     zero_state_bytes,
 )
+from ..costmodel.precision import check_precision
 from ..costmodel.time import comm_time, generation_times, host_offload_time, op_time, reshard_time
 from ..ir.cluster import Cluster
 from ..ir.graph import RPEG
@@ -80,6 +81,12 @@ class Costs:
         Supplies ``Lp``, ``Lr`` and the response-length quantiles.
     cluster
         Supplies the hardware figures and the tier of a device set.
+
+    Raises
+    ------
+    ValueError
+        For a model whose precision the hardware cannot run (``"fp8"`` without an FP8 peak,
+        :func:`~rpeg.costmodel.precision.check_precision`).
     """
 
     def __init__(self, graph: RPEG, workload: Workload, cluster: Cluster) -> None:
@@ -94,6 +101,8 @@ class Costs:
         self._layout: dict[Strategy, Layout] = {}
         self._resident: dict[Strategy, Strategy] = {}
         self._specs = [graph.models[v.model].spec for v in graph.vertices]
+        for spec in self._specs:
+            check_precision(spec, self.hw)
         self._model_heads = [graph.models[v.model].head for v in graph.vertices]
         self._buckets = workload.buckets
         self._stats: dict[LengthBucket | None, tuple[float, float]] = {}

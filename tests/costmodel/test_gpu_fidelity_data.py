@@ -74,7 +74,7 @@ def test_parser_keeps_every_column_and_the_alternatives_as_text(fid):
         5630,
     )
     assert big["tokens_per_s_per_gpu"] == "661 (624)"
-    assert fid.why_not(big) == "precision FP8-CS (FP8-MX): rpeg has no FP8/FP4 setting"
+    assert fid.why_not(big) == "a cell publishes two configurations"  # both FP8: the cell refuses it
     assert fid.why_not(oss) is None
 
 
@@ -185,7 +185,8 @@ def test_perf_lab_parser_reads_server_case_and_figures(fid):
     )
     assert row["total_generated_tokens"] == 92185 and row["duration_s"] == 98.99
     assert row["source"]["section"] == "Other Benchmark Cases"
-    assert fid.vllm_why_not(row) == "FP8 weights: rpeg has no quantized-weight setting"
+    # FP8 weights are expressible (precision fp8); this run's expert parallelism is not
+    assert fid.vllm_why_not(row) == "pipeline-, data- or expert-parallel serving not translated"
     bf16 = {**row, "model": "Qwen/Qwen3-235B-A22B-Instruct-2507", "precision": "BF16", "tp": 8, "gpus": 8}
     bf16["expert_parallel"] = False
     assert fid.vllm_why_not(bf16) is None
