@@ -10,6 +10,7 @@ a weight publication between two allocations. Every formula is derived in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -315,6 +316,11 @@ def op_time(
       (c_step + (L/Pp)·c_layer)`` per prefill and per decode step, and a weight sync
       ``α_sync + N_m·sb·β_sync`` with the prefill. Every node adds the controller's
       ``dispatch_s``.
+    * The rollout engine's step (a GPU preset's :class:`~rpeg.ir.hardware.EngineStep`;
+      ``docs/cost-model.md`` §8, "The engine step"): the prefill runs in ``k_p = ⌈b·Lp/B⌉``
+      chunks of the token budget ``B``, each at its own roofline, and every prefill chunk and
+      decode step adds ``(mb + Pp − 1)·c_step`` (a decode step without CUDA graphs also
+      ``(L/Pp)·c_launch``); none without one (``k_p = 1``).
 
     Parameters
     ----------
@@ -656,21 +662,49 @@ def _generation_terms(
     return t_gemm, t_tp, t_pp, t_over, t_ep
 
 
+def _prefill_chunks(node: _Node, prompt_len: int) -> int:
+    """``k_p``: the scheduler steps one microbatch's prefill takes on one replica. With the
+    hardware's :class:`~rpeg.ir.hardware.EngineStep` of token budget ``B``,
+    ``k_p = ⌈b·Lp/B⌉`` (``b = n/(Pd·mb)``; vLLM's chunked prefill fills each step up to ``B``
+    tokens); without one, 1 (the calibrated CPU meaning: the prefill is one step)."""
+    step = node.hw.rollout_step
+    if step is None:
+        return 1
+    return max(1, math.ceil(node.b * prompt_len / step.token_budget - 1e-9))
+
+
 def _prefill_terms(node: _Node, prompt_len: int, head: Head) -> tuple[float, float, float, float]:
     """``(T_gemm, T_tp, T_pp, T_over)`` of a generation's prefill over ``Lp`` for the node's
-    sequences (the call overhead aside; the weight sync into the engine included)."""
+    sequences (the call overhead aside; the weight sync into the engine included).
+
+    The prefill runs in ``k_p`` steps (:func:`_prefill_chunks`) of ``b·Lp/k_p`` tokens per
+    replica and microbatch: each step's GEMMs run at the roofline of its own rows and read the
+    weights once (``F_eff`` of a microbatch of ``b/k_p`` sequences), each step's tensor-parallel
+    AllReduces carry its tokens (``2·(L/Pp)·mb·k_p`` of ``n·Lp·d·sb/(Pd·mb·k_p)``), and each
+    step pays the engine step's ``c_step`` (``T_over += (mb + Pp − 1)·k_p·c_step``). With
+    ``k_p = 1`` (no :class:`~rpeg.ir.hardware.EngineStep`, or ``b·Lp ≤ B``) this is the whole
+    prefill as one pass."""
     model, s, sequences, hw = node.model, node.s, node.sequences, node.hw
     P, mb, pp, dp = node.n_devices, s.mb, s.pp, s.dp
     sb, d, layers = model.dtype_bytes, model.hidden, node.layers
     pre = hw.terms("prefill")
     w = prefill_flops(model, sequences=sequences, prompt_len=prompt_len, head=head)
     fp8 = block_gemm_flops(model, sequences * prompt_len)
-    t_gemm = node.gemm(w, w / (P * mb), prompt_len, fp8_work=fp8) / pre.efficiency
+    chunks = _prefill_chunks(node, prompt_len)
+    if w <= 0.0:
+        t_gemm = 0.0
+    else:
+        roof = node.roof if chunks == 1 else _Roofline(model, node.layout, hw, node.b / chunks)
+        t_gemm = w / (P * roof.flops(w / (P * mb * chunks), prompt_len, fp8_share=fp8 / w)) / pre.efficiency
     t_over = node.slots * (pre.per_step_s + layers * pre.per_layer_s)
+    if hw.rollout_step is not None:
+        t_over += node.slots * chunks * hw.rollout_step.step_s
     sync = hw.weight_sync()
     if sync is not None:
         t_over += sync.alpha + model_params(model, head) * sb * sync.beta
-    t_tp = node.tp_rounds(2 * layers * mb, sequences * prompt_len * d * sb / (dp * mb), hw.tensor_parallel())
+    t_tp = node.tp_rounds(
+        2 * layers * mb * chunks, sequences * prompt_len * d * sb / (dp * mb * chunks), hw.tensor_parallel()
+    )
     t_pp = node.pp_rounds(mb + pp - 2, prompt_len)
     return t_gemm, t_tp, t_pp, t_over
 
@@ -684,7 +718,9 @@ def _decode_terms(
     AllReduces and PP transfers; the first response token comes out of the prefill). With
     sliding-window blocks ``c̄`` in the attention FLOPs and the KV reads is the blocks' average
     (:meth:`~rpeg.ir.models.ModelSpec.attended`), ``windowed`` the windowed blocks' mean context
-    ``E[min(c, W)]`` (``None``: ``min(c̄, W)``)."""
+    ``E[min(c, W)]`` (``None``: ``min(c̄, W)``). With the hardware's
+    :class:`~rpeg.ir.hardware.EngineStep` every step also pays its fixed seconds,
+    ``T_over += steps·(mb + Pp − 1)·(c_step + [no CUDA graphs] (L/Pp)·c_launch)``."""
     model, s, sequences, hw = node.model, node.s, node.sequences, node.hw
     P, mb, pp, dp, tp = node.n_devices, s.mb, s.pp, s.dp, s.tp
     sb, d, layers = model.dtype_bytes, model.hidden, node.layers
@@ -696,6 +732,8 @@ def _decode_terms(
     fp8 = block_gemm_flops(model, sequences * steps)
     t_gemm = node.gemm(w, w / (P * mb * steps), 1, kv_reads, fp8) / dec.efficiency
     t_over = steps * node.slots * (dec.per_step_s + layers * dec.per_layer_s)
+    if hw.rollout_step is not None:
+        t_over += steps * node.slots * hw.rollout_step.decode_step_s(layers)
     t_tp = node.tp_rounds(2 * layers * rounds, sequences * d * sb / dp, hw.tensor_parallel())
     t_pp = node.pp_rounds(rounds * (mb + pp - 2), 1)
     return t_gemm, t_tp, t_pp, t_over
@@ -1012,6 +1050,7 @@ def decode_schedule(
     buckets: Sequence[LengthBucket],
     kv_tokens: float,
     model: ModelSpec | None = None,
+    max_seqs: int = ROLLOUT_MAX_SEQS,
 ) -> list[DecodeSegment]:
     """A continuous-batching engine's decode schedule as stretches of constant running batch
     (SPEC §14.5), per data-parallel replica of ``n_r = n/Pd`` sequences whose cache holds
@@ -1056,6 +1095,9 @@ def decode_schedule(
     model
         The generated model, for its sliding-window blocks; ``None`` (or a model without a
         window): every block caches the whole context.
+    max_seqs
+        ``S``, the engine's sequences per step (default :data:`~.memory.ROLLOUT_MAX_SEQS`, verl's
+        ``max_num_seqs``; a hardware's :class:`~rpeg.ir.hardware.EngineStep` names its own).
 
     Returns
     -------
@@ -1078,7 +1120,7 @@ def decode_schedule(
             else float(min(prompt_len, model.sliding_window))
         )
         held = model.attended(c_ss, c_ss_w)
-    b_cap = max(1.0, min(float(ROLLOUT_MAX_SEQS), kv_tokens / (c_ss if held is None else held)))
+    b_cap = max(1.0, min(float(max_seqs), kv_tokens / (c_ss if held is None else held)))
     out: list[DecodeSegment] = []
     b0 = n_r
     if n_r > b_cap:
@@ -1127,6 +1169,13 @@ def generation_times(
     call each, and the last phase ``host_s``. With an unbounded cache the phases are the
     buckets' stretches exactly.
 
+    With the hardware's :class:`~rpeg.ir.hardware.EngineStep` (GPU presets) the prefill runs in
+    ``k_p`` chunks of the token budget and every chunk and decode step pays ``c_step``
+    (:func:`_prefill_terms`, :func:`_decode_terms`); the running batch is capped at its
+    ``max_seqs``; and the capped stretch, which admits the share ``1 − b_cap/n_r`` of the
+    sequences, carries their chunks in ``min(S_c, k_p·(1 − b_cap/n_r))`` of its steps, which pay
+    one ``c_step`` (and no eager launches), not two (``docs/cost-model.md`` §8).
+
     Parameters
     ----------
     model, layout, hw
@@ -1152,25 +1201,36 @@ def generation_times(
     """
     s = layout.strategy
     pre, dec = hw.terms("prefill"), hw.terms("decode")
+    step = hw.rollout_step
     kv = kv_budget_tokens(model, layout, hw, head)
     segments = decode_schedule(
-        sequences=sequences, dp=s.dp, prompt_len=prompt_len, buckets=buckets, kv_tokens=kv, model=model
+        sequences=sequences,
+        dp=s.dp,
+        prompt_len=prompt_len,
+        buckets=buckets,
+        kv_tokens=kv,
+        model=model,
+        max_seqs=ROLLOUT_MAX_SEQS if step is None else step.max_seqs,
     )
     prefill = _ZERO
+    chunks = 0
     if prompt_len > 0:
-        prefill = _engine_part(_prefill_terms(_Node(model, layout, hw, sequences), prompt_len, head), s)
+        whole = _Node(model, layout, hw, sequences)
+        prefill = _engine_part(_prefill_terms(whole, prompt_len, head), s)
+        chunks = _prefill_chunks(whole, prompt_len)
     parts = []
-    for seg in segments:
+    for i, seg in enumerate(segments):
         if seg.steps <= 0 or seg.running <= 0:
             parts.append((_ZERO, seg.done))
             continue
         node = _Node(model, layout, hw, seg.running)
-        parts.append(
-            (
-                _engine_part(_decode_terms(node, seg.context, seg.steps, seg.rounds, head, seg.windowed), s),
-                seg.done,
-            )
-        )
+        bd = _engine_part(_decode_terms(node, seg.context, seg.steps, seg.rounds, head, seg.windowed), s)
+        if step is not None and i == 0 and len(segments) > len(buckets):
+            # the capped stretch admits the other sequences: their prefill chunks ride in its
+            # decode steps (one step, one c_step; the chunk hides an eager step's launches)
+            shared = min(seg.steps, chunks * seg.done)
+            bd = bd + _overhead(-shared * node.slots * step.decode_step_s(node.layers))
+        parts.append((bd, seg.done))
     call = _overhead(pre.per_call_s + hw.dispatch_s)
     host = _overhead(host_s)
     if not split:

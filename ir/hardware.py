@@ -43,6 +43,7 @@ __all__ = [
     "OP_CLASSES",
     "TIER_NAMES",
     "AttentionRate",
+    "EngineStep",
     "EngineTerms",
     "Hardware",
     "Link",
@@ -115,6 +116,9 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "forward": (1e9, 1e18, "FLOP/s"),
     "backward": (1e9, 1e18, "FLOP/s"),
     "head_dim": (1.0, 4096.0, ""),
+    # a rollout engine's scheduler step (EngineStep): tokens and sequences per step
+    "token_budget": (1.0, 1e8, "tokens"),
+    "max_seqs": (1.0, 1e7, "sequences"),
 }
 
 #: The largest node :attr:`Hardware.gpus_per_node` describes.
@@ -279,6 +283,68 @@ class EngineTerms:
         return tuple(c for c in OP_CLASSES if getattr(self, c) is not None)
 
 
+@dataclass(frozen=True)
+class EngineStep:
+    """A continuously batching rollout engine's scheduler step on a GPU (docs/cost-model.md §8,
+    "The engine step"): what every step of vLLM V1's engine loop costs besides the roofline of
+    its tokens, and how many tokens and sequences one step takes.
+
+    A step processes at most ``B = token_budget`` tokens of at most ``S = max_seqs`` running
+    sequences (one token per decoding sequence, the rest prefill chunks, vLLM's chunked prefill)
+    and takes the roofline of those tokens plus ``c_step = step_s`` (scheduling, input
+    preparation, sampling and output processing on the host, which the engine loop does not
+    overlap with the GPU by default) plus, without CUDA graphs, ``(L/Pp)·eager_layer_s`` of
+    kernel launches on a decode-only step (a step with a prefill chunk hides them behind its
+    GEMMs).
+
+    Parameters
+    ----------
+    token_budget
+        ``B``: tokens per step (vLLM ``max_num_batched_tokens``).
+    max_seqs
+        ``S``: sequences per step (vLLM ``max_num_seqs``).
+    step_s
+        ``c_step``: fixed seconds per step with CUDA graphs.
+    eager_layer_s
+        ``c_launch``: seconds of kernel launches per layer on a decode-only step without CUDA
+        graphs (vLLM ``enforce_eager``).
+    cuda_graphs
+        Whether decode steps replay CUDA graphs (vLLM's default) or run eagerly.
+    """
+
+    token_budget: int = 8192
+    max_seqs: int = 1024
+    step_s: float = 0.0
+    eager_layer_s: float = 0.0
+    cuda_graphs: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("token_budget", "max_seqs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EngineStep {name} must be a positive integer, got {value!r}")
+        for name in ("step_s", "eager_layer_s"):
+            value = getattr(self, name)
+            if not (_is_number(value) and value >= 0):
+                raise ValueError(f"EngineStep {name} must be non-negative, got {value!r}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"EngineStep cuda_graphs must be true or false, got {self.cuda_graphs!r}")
+
+    def decode_step_s(self, layers: float) -> float:
+        """Fixed seconds of one decode-only step over ``layers = L/Pp`` layers:
+        ``c_step`` with CUDA graphs, ``c_step + (L/Pp)·c_launch`` without."""
+        return self.step_s + (0.0 if self.cuda_graphs else layers * self.eager_layer_s)
+
+
+#: Each :class:`EngineStep` figure and the :data:`FIGURE_RANGES` entry that bounds it.
+_STEP_FIGURES = {
+    "token_budget": "token_budget",
+    "max_seqs": "max_seqs",
+    "step_s": "per_step_s",
+    "eager_layer_s": "per_layer_s",
+}
+
+
 #: The :class:`Hardware` fields checked against :data:`FIGURE_RANGES`.
 _HARDWARE_FIGURES = (
     "gpu_memory_bytes",
@@ -351,6 +417,10 @@ class Hardware:
         Measured :class:`EngineTerms` (none in presets).
     engine_for
         ``(generation, inference, training)`` engine names; ``""`` for SPEC's terms.
+    rollout_step
+        The rollout engine's scheduler step (:class:`EngineStep`) on this GPU: its token budget,
+        sequence cap and fixed seconds per step. ``None`` (the CPU preset, calibrated files):
+        the prefill is one step and the per-step costs are the calibrated engine terms alone.
     sources
         Where each figure comes from (``"collective.inter-node": "NVIDIA DGX A100 user guide …"``).
     attention
@@ -381,11 +451,20 @@ class Hardware:
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     attention: tuple[AttentionRate, ...] = ()
     peak_flops_fp8: float | None = None
+    rollout_step: EngineStep | None = None
 
     def __post_init__(self) -> None:
         _check_figures(f"Hardware {self.name!r}: ", self, _HARDWARE_FIGURES)
         if self.peak_flops_fp8 is not None:
             _check_figures(f"Hardware {self.name!r}: ", self, ("peak_flops_fp8",))
+        if self.rollout_step is not None:
+            step = self.rollout_step
+            for key, figure in _STEP_FIGURES.items():
+                why = figure_problem(figure, getattr(step, key))
+                if why:
+                    raise ValueError(
+                        f"Hardware {self.name!r}: rollout_step.{key} {why}, got {getattr(step, key)!r}"
+                    )
         rates = []
         for i, r in enumerate(self.attention):
             try:
@@ -561,6 +640,8 @@ class Hardware:
             del d["attention"]
         if self.peak_flops_fp8 is None:  # no FP8 tensor cores: the file says nothing (as before)
             del d["peak_flops_fp8"]
+        if self.rollout_step is None:
+            del d["rollout_step"]
         return d
 
     @classmethod
@@ -627,6 +708,9 @@ class Hardware:
                 sources=tuple(doc.sources.items()),
                 attention=tuple(AttentionRate(a.head_dim, a.forward, a.backward) for a in doc.attention),
                 peak_flops_fp8=doc.peak_flops_fp8,
+                rollout_step=None
+                if doc.rollout_step is None
+                else EngineStep(**doc.rollout_step.model_dump()),
             )
         except ValueError as exc:
             raise InputError(f"{source}: {exc}", source=source) from None
@@ -703,6 +787,14 @@ class _EngineEntry(Strict):
     tensor_parallel: _SyncEntry | None = None
 
 
+class _RolloutStepEntry(Strict):
+    token_budget: Annotated[int, Field(ge=1, le=10**8)]
+    max_seqs: Annotated[int, Field(ge=1, le=10**7)]
+    step_s: _figure("per_step_s")  # type: ignore[valid-type]
+    eager_layer_s: _figure("per_layer_s")  # type: ignore[valid-type]
+    cuda_graphs: bool = True
+
+
 class _EngineFor(Strict):
     generation: str = ""
     inference: str = ""
@@ -743,3 +835,4 @@ class _HardwareFile(Strict):
     engine_for: _EngineFor = _EngineFor()
     sources: dict[str, str] = Field(default_factory=dict)
     attention: list[_AttentionEntry] = Field(default_factory=list)
+    rollout_step: _RolloutStepEntry | None = None

@@ -137,11 +137,13 @@ def test_a_plan_exactly_at_m_eff_is_feasible_and_unpenalised(tiny_ppo, cluster_1
 
 # ---------------------------------------------------------------------------- util objective
 def test_throughput_util_objective(tiny_ppo, cluster_1x2x4, plans):
-    ev = Evaluator(tiny_ppo, cluster_1x2x4, objective="throughput-util")
+    # δ = 0.05: the two fixture plans are 9 % apart on the presets (the GPU presets' engine step
+    # narrowed the gap from 10 %+); the premise below checks they are more than δ apart
+    ev = Evaluator(tiny_ppo, cluster_1x2x4, objective="throughput-util", delta=0.05)
     plain = Evaluator(tiny_ppo, cluster_1x2x4)
     slow, fast = plans["greedy"], plans["concurrent"]
     es, ef = plain.evaluate(slow), plain.evaluate(fast)
-    assert es.throughput < 0.9 * ef.throughput  # premise: the plans differ by more than δ
+    assert es.throughput < 0.95 * ef.throughput  # premise: the plans differ by more than δ
 
     # the first plan is the best raw score so far: score·Util
     e1 = ev.evaluate(slow)

@@ -1,0 +1,211 @@
+"""The rollout engine's step on a GPU (issue 31): fixed seconds per step with and without CUDA
+graphs, the token budget's prefill chunks, the prefill chunks riding in the capped stretch's
+decode steps, and neutrality where the hardware names no step (docs/cost-model.md §8, "The
+engine step")."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from rpeg import hardware_preset, model_preset
+from rpeg.costmodel.hardware import HARDWARE_PRESETS
+from rpeg.costmodel.layout import Layout
+from rpeg.costmodel.memory import kv_budget_tokens
+from rpeg.costmodel.time import _Node, _prefill_chunks, decode_schedule, generation_times, op_time
+from rpeg.ir import Strategy
+from rpeg.ir.errors import InputError
+from rpeg.ir.hardware import EngineStep, Hardware
+from rpeg.ir.types import Role
+from rpeg.ir.workload import LengthBucket
+
+MODEL = model_preset("qwen2.5-7b")
+H100 = hardware_preset("h100")
+LAYOUT = Layout(Strategy((1, 1, 1), 1, 1, 1, 1), 8)
+#: one response length of 64 tokens (a point mass)
+BUCKETS = (LengthBucket(0.0, 0, 63), LengthBucket(1.0, 63, 64))
+
+
+def _with_step(hw: Hardware, **figures: object) -> Hardware:
+    return dataclasses.replace(hw, rollout_step=dataclasses.replace(hw.rollout_step, **figures))
+
+
+def _total(hw: Hardware, *, sequences: float, prompt_len: int, layout: Layout = LAYOUT) -> float:
+    (bd,) = generation_times(MODEL, layout, hw, sequences=sequences, prompt_len=prompt_len, buckets=BUCKETS)
+    return bd.total
+
+
+def _uncapped(hw: Hardware, sequences: float, prompt_len: int) -> None:
+    """The cases below must not hit the KV cap (one stretch per bucket, no capped stretch)."""
+    kv = kv_budget_tokens(MODEL, LAYOUT, hw)
+    segs = decode_schedule(
+        sequences=sequences, dp=1, prompt_len=prompt_len, buckets=BUCKETS, kv_tokens=kv, model=MODEL
+    )
+    assert len(segs) == len(BUCKETS)
+
+
+def test_every_gpu_preset_names_a_cited_engine_step_and_the_cpu_preset_none() -> None:
+    for name in HARDWARE_PRESETS:
+        hw = hardware_preset(name)
+        if name == "cpu":
+            assert hw.rollout_step is None
+            continue
+        step = hw.rollout_step
+        assert step is not None, name
+        assert (step.token_budget, step.max_seqs, step.cuda_graphs) == (8192, 1024, True)
+        assert step.step_s == pytest.approx(5.5e-3)
+        assert step.eager_layer_s == pytest.approx((1 / 30 - 1 / 69) / 32, rel=1e-3)
+        sources = dict(hw.sources)
+        for key in ("token_budget", "max_seqs", "step_s", "eager_layer_s"):
+            assert "http" in sources[f"rollout_step.{key}"] or "verl" in sources[f"rollout_step.{key}"], key
+
+
+def test_a_decode_step_pays_c_step_once_per_step() -> None:
+    n, lp = 64, 256  # 16k prompt tokens: 2 prefill chunks of 8192; 64 decode steps
+    _uncapped(H100, n, lp)
+    base = _total(_with_step(H100, step_s=0.0), sequences=n, prompt_len=lp)
+    c = 0.01
+    got = _total(_with_step(H100, step_s=c), sequences=n, prompt_len=lp)
+    steps = 64 + math.ceil(n * lp / 8192)
+    assert got - base == pytest.approx(steps * c, rel=1e-9)
+
+
+def test_the_step_cost_counts_per_pipeline_slot() -> None:
+    lay = Layout(Strategy((1, 1, 2), 1, 2, 1, 3), 8)  # Pp = 2, mb = 3: 4 slots per step
+    n, lp = 48, 128
+    kw = {"sequences": n, "prompt_len": lp, "layout": lay}
+    base = _total(_with_step(H100, step_s=0.0), **kw)
+    got = _total(_with_step(H100, step_s=0.01), **kw)
+    chunks = math.ceil((n / 3) * lp / 8192)
+    assert got - base == pytest.approx((3 + 2 - 1) * (64 + chunks) * 0.01, rel=1e-9)
+
+
+def test_without_cuda_graphs_a_decode_step_pays_the_launches_of_its_layers() -> None:
+    n, lp = 64, 256
+    graphs = _total(H100, sequences=n, prompt_len=lp)
+    eager = _total(_with_step(H100, cuda_graphs=False), sequences=n, prompt_len=lp)
+    # decode-only steps pay L·c_launch; the prefill chunks hide their launches behind their GEMMs
+    assert eager - graphs == pytest.approx(64 * MODEL.layers * H100.rollout_step.eager_layer_s, rel=1e-9)
+    assert eager > graphs
+
+
+def test_a_long_prompt_takes_ceil_lp_over_budget_prefill_steps() -> None:
+    for n, lp, budget in [(1, 20000, 8192), (3, 1000, 2048), (1, 8192, 8192), (2, 100, 8192)]:
+        hw = _with_step(H100, token_budget=budget)
+        node = _Node(MODEL, LAYOUT, hw, n)
+        assert _prefill_chunks(node, lp) == math.ceil(n * lp / budget)
+        # the chunks' c_step, and nothing else, is what the step seconds add to the prefill
+        kw = {"sequences": n, "prompt_len": lp, "response_len": 1, "decode": (0, 0)}
+        with_c = op_time(MODEL, Role.GENERATION, LAYOUT, _with_step(hw, step_s=0.02), **kw)
+        without = op_time(MODEL, Role.GENERATION, LAYOUT, _with_step(hw, step_s=0.0), **kw)
+        assert with_c.overhead - without.overhead == pytest.approx(math.ceil(n * lp / budget) * 0.02)
+
+
+def test_chunking_reads_the_weights_once_per_chunk() -> None:
+    """A prefill split into more chunks reads the weights more often: with a small budget on a
+    memory-bound prompt the GEMM time grows; a budget above the prompt changes nothing."""
+    kw = {"sequences": 1, "prompt_len": 64, "response_len": 1, "decode": (0, 0)}
+    whole = op_time(MODEL, Role.GENERATION, LAYOUT, _with_step(H100, token_budget=8192), **kw)
+    none = op_time(MODEL, Role.GENERATION, LAYOUT, dataclasses.replace(H100, rollout_step=None), **kw)
+    assert whole.gemm == pytest.approx(none.gemm)
+    split = op_time(MODEL, Role.GENERATION, LAYOUT, _with_step(H100, token_budget=8), **kw)
+    assert split.gemm > 4 * whole.gemm
+
+
+def test_the_capped_stretch_carries_the_admitted_prompts_chunks_in_its_steps() -> None:
+    lay = Layout(Strategy((1, 1, 1), 1, 1, 1, 1, mem_fraction=0.3), 8)
+    n, lp = 400, 2048
+    hw = _with_step(H100, step_s=0.0)
+    kv = kv_budget_tokens(MODEL, lay, hw)
+    segs = decode_schedule(sequences=n, dp=1, prompt_len=lp, buckets=BUCKETS, kv_tokens=kv, model=MODEL)
+    capped = segs[0]
+    assert len(segs) == len(BUCKETS) + 1 and capped.steps > 0
+    chunks = math.ceil(n * lp / 8192)
+    shared = min(capped.steps, chunks * capped.done)
+    assert 0 < shared < chunks
+    base = _total(hw, sequences=n, prompt_len=lp, layout=lay)
+    got = _total(_with_step(H100, step_s=0.01), sequences=n, prompt_len=lp, layout=lay)
+    steps = chunks + sum(s.steps for s in segs) - shared
+    assert got - base == pytest.approx(steps * 0.01, rel=1e-9)
+
+
+def test_the_sequence_cap_bounds_the_running_batch() -> None:
+    n, lp = 600, 16
+    few = _with_step(H100, max_seqs=100)
+    kv = kv_budget_tokens(MODEL, LAYOUT, few)
+    segs = decode_schedule(
+        sequences=n, dp=1, prompt_len=lp, buckets=BUCKETS, kv_tokens=kv, model=MODEL, max_seqs=100
+    )
+    assert segs[0].running == pytest.approx(100)
+    assert _total(few, sequences=n, prompt_len=lp) > _total(H100, sequences=n, prompt_len=lp)
+
+
+def test_hardware_without_a_step_is_unchanged() -> None:
+    """No EngineStep (the CPU preset, calibrated files): the prefill is one step, the per-step
+    costs are the calibrated engine terms alone, and S is ROLLOUT_MAX_SEQS."""
+    bare = dataclasses.replace(H100, rollout_step=None)
+    zero = _with_step(H100, step_s=0.0, eager_layer_s=0.0, token_budget=10**8)
+    for n, lp in [(64, 256), (400, 2048), (2000, 16)]:
+        assert _total(bare, sequences=n, prompt_len=lp) == pytest.approx(
+            _total(zero, sequences=n, prompt_len=lp)
+        )
+    cpu = hardware_preset("cpu")
+    assert cpu.rollout_step is None
+    node = _Node(MODEL, LAYOUT, cpu, 1000)
+    assert _prefill_chunks(node, 4096) == 1
+    calibrated = Path(__file__).resolve().parents[2] / "benchmarks" / "hw-this-machine.json"
+    assert Hardware.load(calibrated).rollout_step is None
+
+
+def test_a_hardware_file_round_trips_its_step_and_names_a_bad_field(tmp_path: Path) -> None:
+    hw = _with_step(H100, cuda_graphs=False, token_budget=2048)
+    path = tmp_path / "gpu.json"
+    hw.save(path)
+    assert Hardware.load(path).rollout_step == hw.rollout_step
+    doc = json.loads(path.read_text())
+    doc["rollout_step"]["step_s"] = "5ms"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match=r"gpu\.json.*rollout_step\.step_s"):
+        Hardware.load(path)
+    doc["rollout_step"]["step_s"] = 0.005
+    doc["rollout_step"]["token_budget"] = 0
+    path.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match=r"rollout_step\.token_budget.*0"):
+        Hardware.load(path)
+    with pytest.raises(ValueError, match="token_budget"):
+        EngineStep(token_budget=0)
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        EngineStep(cuda_graphs="no")  # type: ignore[arg-type]
+
+
+def _fidelity_script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_fidelity.py"
+    spec = importlib.util.spec_from_file_location("gpu_fidelity_gen", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_prices_each_row_with_vllm_serves_budget_and_lists_the_front_end_case_apart() -> None:
+    fid = _fidelity_script()
+    rows = [r for r in fid.load_vllm_rows() if fid.vllm_why_not(r) is None]
+    a100 = next(r for r in rows if r["gpu"] == "A100")
+    h100 = next(r for r in rows if r["gpu"] == "H100")
+    step = fid.vllm_engine_step(a100, hardware_preset("a100-80gb"))
+    assert (step.token_budget, step.max_seqs, step.cuda_graphs) == (2048, 256, True)
+    step = fid.vllm_engine_step(h100, hardware_preset("h100"))
+    assert (step.token_budget, step.max_seqs) == (8192, 1024)
+    flagged = dict(
+        h100, serve_command=h100["serve_command"] + " --max-num-batched-tokens 512 --enforce-eager"
+    )
+    step = fid.vllm_engine_step(flagged, hardware_preset("h100"))
+    assert (step.token_budget, step.cuda_graphs) == (512, False)
+    apart = [r for r in rows if fid.vllm_front_end_bound(r)]
+    assert apart and all((r["input_len"], r["output_len"]) == (128, 4) for r in apart)
+    assert all(not fid.vllm_front_end_bound(r) for r in rows if r["dataset"] == "sharegpt")
