@@ -896,7 +896,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         pub, pred = float(row["tokens_per_s_per_gpu"]), predict(row)
         by_prec.setdefault(row["precision"], []).append((pub, pred))
-        if PRECISIONS[row["precision"]] != row["precision"].lower():  # an FP8 recipe: also pooled
+        if PRECISIONS[row["precision"]] != "bf16":  # an FP8 recipe (plain FP8 too): also pooled
             by_prec.setdefault(f"all {PRECISIONS[row['precision']].upper()} recipes", []).append((pub, pred))
         table.append(
             f"| {row['release']} | {row['model']} | {row['system']} | {row['gpus']} | {row['precision']} | "

@@ -20,6 +20,7 @@ from .collectives import (
     allgather_time,
     allreduce_time,
     alltoall_time,
+    hierarchical_alltoall_time,
     p2p_time,
     reduce_scatter_time,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "generation_flops",
     "hardware_preset",
     "head_flops_per_token",
+    "hierarchical_alltoall_time",
     "inference_activation_bytes",
     "inference_flops",
     "kv_cache_bytes",

@@ -18,6 +18,7 @@ __all__ = [
     "allgather_time",
     "allreduce_time",
     "alltoall_time",
+    "hierarchical_alltoall_time",
     "p2p_time",
     "reduce_scatter_time",
 ]
@@ -118,6 +119,43 @@ def alltoall_time(p: int, nbytes: float, link: Link) -> float:
     if p == 1:
         return 0.0
     return (p - 1) * link.alpha + nbytes * link.beta
+
+
+def hierarchical_alltoall_time(p: int, local: int, nbytes: float, intra: Link, inter: Link) -> float:
+    """AlltoAll over ``p`` ranks, ``local`` of them on each node: every rank sends its ``M``
+    bytes to the ``p − 1`` others in equal parts, ``(local − 1)/(p − 1)`` of them over the node's
+    own link and ``(p − local)/(p − 1)`` over the link between nodes, both at once (NCCL posts every
+    send and receive together; the two go over different wires):
+
+        max((g − 1)·α₀ + M·(g − 1)/(p − 1)·β₀,  (p − g)·α + M·(p − g)/(p − 1)·β)
+
+    with ``g = local``. ``g = 1`` is :func:`alltoall_time` on the inter-node link; ``g = p``
+    on the intra-node one (``docs/cost-model.md`` §10 "Time").
+
+    Parameters
+    ----------
+    p
+        Number of participating ranks.
+    local
+        Ranks of the group on each node, ``1 ≤ g ≤ p``.
+    nbytes
+        ``M``, bytes each rank sends to the others.
+    intra, inter
+        ``(α, β)`` of the collective inside a node and at the tier the group spans.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    _check(p, nbytes)
+    if not 1 <= local <= p:
+        raise ValueError(f"hierarchical_alltoall_time: local must be in [1, p={p}], got {local!r}")
+    if p == 1:
+        return 0.0
+    near = (local - 1) * intra.alpha + nbytes * (local - 1) / (p - 1) * intra.beta
+    far = (p - local) * inter.alpha + nbytes * (p - local) / (p - 1) * inter.beta
+    return max(near, far)
 
 
 def p2p_time(nbytes: float, link: Link) -> float:

@@ -80,6 +80,23 @@ class Layout:
             )
 
     @property
+    def ep_ranks_per_node(self) -> int:
+        """``g_e``: the expert-parallel group's ranks on one node. The group is the first ``Pe``
+        ranks of the ``Pd·Pc`` group, context-parallel ones first (``docs/cost-model.md`` §10):
+        rank ``i`` sits on device ``Pt·(c + Pc·Pp·d)``, ``c = i mod Pc``, ``d = ⌊i/Pc⌋``; the
+        count of those on the first node (allocations start on a node boundary)."""
+        s = self.strategy
+        devices = (s.tp * (i % s.cp + s.cp * s.pp * (i // s.cp)) for i in range(s.ep))
+        return max(1, sum(1 for dev in devices if dev < self.gpus_per_node))
+
+    @property
+    def cp_ranks_per_node(self) -> int:
+        """``g_c``: the context-parallel group's ranks on one node, ``min(Pc, max(1, ⌊Ng/Pt⌋))``
+        (the group is ``Pc`` ranks ``Pt`` devices apart, SPEC §15.3)."""
+        s = self.strategy
+        return min(s.cp, max(1, self.gpus_per_node // s.tp))
+
+    @property
     def pp_boundaries(self) -> tuple[int, int]:
         """``(n_intra, n_inter)`` pipeline stage boundaries inside / between nodes.
 

@@ -23,6 +23,7 @@ from .collectives import (
     allgather_time,
     allreduce_time,
     alltoall_time,
+    hierarchical_alltoall_time,
     p2p_time,
     reduce_scatter_time,
 )
@@ -574,14 +575,25 @@ class _Node:
         """``T_ep`` (SPEC §15.2): ``per_layer`` AlltoAlls per MoE layer of the stage, each of
         ``T·k·d·sb·(Pe − 1)/Pe`` bytes per rank, ``T`` = ``tokens`` dispatched by one device
         (``/Pt`` under sequence parallelism: each TP rank dispatches its share), over ``Pe`` ranks
-        at ``ep_tier``; 0 with ``Pe = 1``."""
+        at ``ep_tier``, the ``g_e − 1`` peers on the rank's own node over the intra-node link
+        (:func:`~.collectives.hierarchical_alltoall_time`, ``g_e`` =
+        :attr:`Layout.ep_ranks_per_node <rpeg.costmodel.layout.Layout.ep_ranks_per_node>`);
+        0 with ``Pe = 1``."""
         s, m = self.s, self.model
         if s.ep == 1 or per_layer <= 0 or not m.is_moe:
             return 0.0
         dispatched = tokens / s.tp if s.sp else tokens
         nbytes = dispatched * m.experts_active * m.hidden * m.dtype_bytes * (s.ep - 1) / s.ep
         moe_layers = m.moe_layers / s.pp
-        return per_layer * moe_layers * alltoall_time(s.ep, nbytes, self.hw.collective[s.ep_tier])
+        return per_layer * moe_layers * self._alltoall(s.ep, s.ep_tier, self.layout.ep_ranks_per_node, nbytes)
+
+    def _alltoall(self, p: int, tier: int, local: int, nbytes: float) -> float:
+        """One AlltoAll of ``nbytes`` per rank over ``p`` ranks at ``tier``, ``local`` of them per
+        node: all over tier 0 inside a node, else split between the node's link and the tier's."""
+        links = self.hw.collective
+        if tier == 0:
+            return alltoall_time(p, nbytes, links[0])
+        return hierarchical_alltoall_time(p, min(p, local), nbytes, links[0], links[tier])
 
     def cp_rounds(self, passes: float, tokens: float, core: float) -> float:
         """``T_cp`` (SPEC §15.3) of ``passes`` forward-equivalents of attention over the stage's
@@ -591,14 +603,15 @@ class _Node:
         (``c_kv`` the local K and V widths, :func:`_ring_kv_scalars`), at ``cp_tier``,
         overlapped with the attention core's ``core`` seconds: only ``max(0, comm − core)`` is
         exposed. Ulysses: four AlltoAlls per layer and pass of ``T·d·sb/Pt`` bytes over ``Pc``
-        ranks, not overlapped. 0 with ``Pc = 1``."""
+        ranks, not overlapped, split between the node's link and ``cp_tier``'s like the EP
+        group's (:meth:`_alltoall`). 0 with ``Pc = 1``."""
         s, m = self.s, self.model
         if s.cp == 1 or passes <= 0:
             return 0.0
         rounds = passes * self.layers * s.mb
         if s.cp_kind == "ulysses":
             nbytes = tokens * m.hidden * m.dtype_bytes / s.tp
-            return 4.0 * rounds * alltoall_time(s.cp, nbytes, self.hw.collective[s.cp_tier])
+            return 4.0 * rounds * self._alltoall(s.cp, s.cp_tier, self.layout.cp_ranks_per_node, nbytes)
         nbytes = tokens * _ring_kv_scalars(m, s.tp) * m.dtype_bytes
         ring = rounds * (s.cp - 1) * p2p_time(nbytes, self.hw.p2p[s.cp_tier])
         return max(0.0, ring - core)

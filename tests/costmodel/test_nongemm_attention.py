@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from rpeg.costmodel.collectives import alltoall_time, hierarchical_alltoall_time
 from rpeg.costmodel.flops import (
     REFERENCE_FFN_RATIO,
     attention_core_flops,
@@ -22,7 +23,7 @@ from rpeg.costmodel.hardware import hardware_preset
 from rpeg.costmodel.layout import Layout
 from rpeg.costmodel.time import op_time
 from rpeg.ir.errors import InputError
-from rpeg.ir.hardware import AttentionRate, Hardware
+from rpeg.ir.hardware import AttentionRate, Hardware, Link
 from rpeg.ir.models import ModelSpec, model_preset
 from rpeg.ir.plan import Strategy
 from rpeg.ir.types import Head, Role
@@ -176,3 +177,43 @@ def test_attention_rates_round_trip_and_bad_entries_are_named(tmp_path):
         Hardware.load(path)
     with pytest.raises(ValueError, match="head_dim must be a positive integer"):
         AttentionRate(0, 1e14, 1e14)
+
+
+# ------------------------------------------------------------------ an AlltoAll across nodes
+def test_an_alltoall_across_nodes_sends_only_the_off_node_share_between_them():
+    intra, inter = Link(1e-6, 1e-11), Link(1e-5, 1e-10)
+    m = 1e9
+    # 16 ranks, 8 per node: 7/15 of the bytes inside the node, 8/15 between nodes, at once
+    near = 7 * 1e-6 + m * 7 / 15 * 1e-11
+    far = 8 * 1e-5 + m * 8 / 15 * 1e-10
+    assert hierarchical_alltoall_time(16, 8, m, intra, inter) == pytest.approx(max(near, far))
+    assert hierarchical_alltoall_time(16, 1, m, intra, inter) == pytest.approx(alltoall_time(16, m, inter))
+    assert hierarchical_alltoall_time(16, 16, m, intra, inter) == pytest.approx(alltoall_time(16, m, intra))
+    with pytest.raises(ValueError, match="local must be in"):
+        hierarchical_alltoall_time(4, 5, m, intra, inter)
+
+
+def test_the_expert_groups_ranks_per_node_follow_the_rank_order():
+    def lay(**kw: int) -> Layout:
+        ep, dp = kw.pop("ep"), kw.pop("dp")
+        s = Strategy((1, 2, 8), dp=dp, ep=ep, **kw)
+        return Layout(s, gpus_per_node=8)
+
+    assert lay(dp=16, pp=1, tp=1, mb=1, ep=16).ep_ranks_per_node == 8  # consecutive devices
+    assert lay(dp=4, pp=4, tp=1, mb=4, ep=4).ep_ranks_per_node == 2  # DP ranks 4 devices apart
+    assert lay(dp=2, pp=1, tp=2, mb=1, cp=2, ep=4).ep_ranks_per_node == 4  # devices 0, 2, 4, 6
+    assert Layout(Strategy((1, 2, 8), dp=1, pp=1, tp=2, mb=1, cp=8), 8).cp_ranks_per_node == 4
+
+
+def test_expert_parallelism_over_two_nodes_pays_the_nic_for_half_its_peers():
+    hw = hardware_preset("h100")
+    m = model_preset("qwen3-30b-a3b")
+    s = Strategy((1, 2, 8), dp=16, pp=1, tp=1, mb=8, ep=16, ep_tier=1, recompute="none")
+    args = {"sequences": 128, "prompt_len": 2048, "response_len": 2048}
+    t = op_time(m, Role.TRAINING, Layout(s, gpus_per_node=8), hw, **args).ep_comm
+    tokens = 128 / (16 * 8) * 4096
+    nbytes = tokens * m.experts_active * m.hidden * m.dtype_bytes * 15 / 16
+    one = hierarchical_alltoall_time(16, 8, nbytes, hw.collective[0], hw.collective[1])
+    assert t == pytest.approx(4 * m.moe_layers * 8 * one)  # 2 forward + 2 backward per layer and microbatch
+    flat = 4 * m.moe_layers * 8 * alltoall_time(16, nbytes, hw.collective[1])
+    assert t < 0.6 * flat  # half the bytes stay on NVLink

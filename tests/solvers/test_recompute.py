@@ -17,7 +17,8 @@ from rpeg.solvers.result import result_for_plan
 
 TINY = model_preset("7b").scaled(layers=4, hidden=1024, heads=8, vocab=8000)
 OPTIONS = {"sa": {"max_evaluations": 200}, "cpsat": {"time_limit": 20}, "milp": {"time_limit": 5}}
-TIGHT = 0.5e9  # GPU bytes where the plans that fit 100 GB do not
+TIGHT = 0.36e9  # GPU bytes where the plans that fit 100 GB do not, and every method recomputes in full
+# (M_eff = 0.324 GB; at 0.5 GB, under issue 31's GPU terms, the fastest plan that fits recomputes nothing)
 
 
 def dpo(memory: float) -> tuple[Workload, Cluster]:
@@ -54,7 +55,7 @@ def test_every_method_returns_a_valid_mode_per_invocation(results, method):
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_none_wins_with_room_and_memory_pressure_changes_the_plan(results, method):
-    # With room nothing is recomputed. On 0.5 GB GPUs the roomy plan does not fit, and every
+    # With room nothing is recomputed. On 0.36 GB GPUs the roomy plan does not fit, and every
     # method finds another that does: full recomputation, more microbatches (gradient
     # accumulation, SPEC §14.2) or sharded weights, whichever the cost model finds faster.
     from rpeg.scoring import Evaluator

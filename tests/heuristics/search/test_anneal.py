@@ -108,7 +108,9 @@ def test_sa_improves_on_the_baseline_with_a_real_budget(example):
     base = solve(w, cluster, method="concurrent")
     # 3,000 evaluations: SPEC §14's engine variants make every directory about 4x larger
     r = solve(w, cluster, method="sa", max_evaluations=3000, seed=0)
-    assert r.throughput > 1.2 * base.throughput
+    # measured 1.17x under issue 31's GPU terms (non-GEMM work at TP 1, the engine step's host
+    # time), above 1.2x before them: the gain is the search's, the margin the instance's
+    assert r.throughput > 1.1 * base.throughput
 
 
 def test_same_seed_and_budget_give_the_same_plan(example):
