@@ -430,8 +430,8 @@ class Result:
     # ------------------------------------------------------------------ text
     def _models_line(self) -> str:
         """``models`` line of :meth:`summary`: each model's name and parameters; a mixture of
-        experts also its active parameters and experts per token, latent attention said, and a
-        sliding window's width and layers."""
+        experts also its active parameters and experts per token, latent attention said, a
+        sliding window's width and layers, and a precision other than BF16."""
         parts = []
         for m, inst in self.graph.models.items():
             spec = inst.spec
@@ -445,6 +445,8 @@ class Result:
                 text += " latent attention"
             if spec.is_windowed:
                 text += f" {spec.sliding_window}-token window on {len(spec.sliding_layers)} of {spec.layers} layers"
+            if spec.precision != "bf16":
+                text += f" {spec.precision.upper()} GEMMs"
             parts.append(text)
         return "models     " + "; ".join(parts)
 

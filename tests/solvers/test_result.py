@@ -681,3 +681,8 @@ def test_summary_names_each_model_with_its_experts():
         "actor gpt-oss-20b 20.9B (4.2B active: 4 of 32 experts per token) 128-token window on 12 of 24 layers"
         in summary
     )
+    # a precision other than BF16 is said; BF16, the default, is not
+    fp8 = dataclasses.replace(model_preset("llama3.1-8b"), precision="fp8")
+    wl8 = Workload("grpo", {"actor": fp8}, 16, 4, 512, 1024, reward="rule", kl_coef=0.0)
+    summary8 = solve(wl8, Cluster.from_shape("1x1x8", hardware_preset("h100")), "greedy").summary()
+    assert "actor llama3.1-8b 8.0B FP8 GEMMs" in summary8 and "GEMMs" not in summary
