@@ -759,6 +759,15 @@ def _mape(pairs: list[tuple[float, float]]) -> float:
     return 100 * sum(abs(q - p) / p for p, q in pairs) / len(pairs)
 
 
+def _summary(name: str, pairs: list[tuple[float, float]]) -> str:
+    """One summary line of ``(published, predicted)`` pairs: rows, MAPE, Spearman ρ, median ratio."""
+    pub, pred = [p for p, _ in pairs], [q for _, q in pairs]
+    return (
+        f"- {name}: {len(pairs)} rows, MAPE {_mape(pairs):.1f} %, Spearman ρ {spearman(pub, pred):.2f}, "
+        f"rpeg/published median {sorted(q / p for p, q in pairs)[len(pairs) // 2]:.2f}"
+    )
+
+
 def generation_report(argv: list[str] | None, write: bool) -> None:
     """Predict every expressible vLLM row, print the side-by-side table and the MAPE, and write
     the ``gpu-fidelity-generation`` section of RESULTS.md (unless ``write`` is false)."""
@@ -805,11 +814,7 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
     for name, pairs in groups:
         if not pairs:
             continue
-        pub, pred = [p for p, _ in pairs], [q for _, q in pairs]
-        stats.append(
-            f"- {name}: {len(pairs)} rows, MAPE {_mape(pairs):.1f} %, Spearman ρ {spearman(pub, pred):.2f}, "
-            f"rpeg/published median {sorted(q / p for p, q in pairs)[len(pairs) // 2]:.2f}"
-        )
+        stats.append(_summary(name, pairs))
     lines = [
         "## GPU fidelity: vLLM serving throughput (GPUStack performance lab) vs rpeg generation (issue 31)",
         "",
@@ -905,12 +910,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     stats = []
     for prec, pairs in sorted(by_prec.items()):
-        pub, pred = [p for p, _ in pairs], [q for _, q in pairs]
-        mape = 100 * sum(abs(q - p) / p for p, q in pairs) / len(pairs)
-        stats.append(
-            f"- {prec}: {len(pairs)} rows, MAPE {mape:.1f} %, Spearman ρ {spearman(pub, pred):.2f}, "
-            f"rpeg/published median {sorted(q / p for p, q in pairs)[len(pairs) // 2]:.2f}"
-        )
+        stats.append(_summary(prec, pairs))
     n_ok = sum(len(v) for k, v in by_prec.items() if not k.startswith("all "))
     lines = [
         "## GPU fidelity: Megatron-Bridge pre-training throughput vs rpeg (issue 31)",
@@ -1121,11 +1121,7 @@ def megatron_lm_report(argv: list[str] | None, write: bool) -> list[str]:
     for name, ps in pairs.items():
         if not ps:
             continue
-        pub, pred = [p for p, _ in ps], [q for _, q in ps]
-        stats.append(
-            f"- {name}: {len(ps)} rows, MAPE {_mape(ps):.1f} %, Spearman ρ {spearman(pub, pred):.2f}, "
-            f"rpeg/published median {sorted(q / p for p, q in ps)[len(ps) // 2]:.2f}"
-        )
+        stats.append(_summary(name, ps))
     lines = [
         "## GPU fidelity, held out: Megatron-LM Table 1 on A100 (Narayanan et al., SC'21) vs rpeg (issue 31)",
         "",
