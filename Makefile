@@ -35,7 +35,7 @@ $(VENV)/.dev: $(VENV)/.base
 demo: $(VENV)/.base
 	@mkdir -p out
 	$(RPEG) solve ppo-7b-16gpu --method concurrent --json out/ppo-7b-16gpu.json
-	$(RPEG) solve ppo-1b-4gpu --cluster 1x1x2 --method sa --max-evaluations 3000 --seed 0 --time-limit 60 --generation-max-pp 1 --max-zero-stage 2 --no-host-offload --no-sequence-parallel --no-context-parallel --no-progress --no-compare --json out/ppo-1b-2dev.json
+	$(RPEG) solve ppo-1b-4gpu --cluster 1x1x2 --method sa --max-evaluations 3000 --seed 0 --time-limit 60 --generation-max-pp 1 --max-zero-stage 2 --no-host-offload --no-sequence-parallel --no-context-parallel --no-virtual-pipeline-parallel --no-progress --no-compare --json out/ppo-1b-2dev.json
 	$(RPEG) calibrate --quick --max-ranks 2 --in-situ --in-situ-steps 2 --no-progress --brief --out out/hw-this-machine.json
 	$(RPEG) run out/ppo-1b-2dev.json --steps 3 --scale medium --prompt-len 64 --response-len 64 --rollout-engine vllm --hardware out/hw-this-machine.json --trace out/ppo-1b-2dev.trace.json
 	$(RPEG) verify out/ppo-1b-2dev.trace.json out/ppo-1b-2dev.json

@@ -704,10 +704,11 @@ def _parser() -> argparse.ArgumentParser:
             ("sequence", "split the non-tensor-parallel regions over the TP ranks (Megatron SP)"),
             ("context", "split sequences over ranks (ring or Ulysses attention)"),
             ("expert", "shard a mixture of experts' routed experts over ranks"),
+            ("virtual-pipeline", "interleave the pipeline (vp model chunks per stage, Megatron-core)"),
         ):
             sp.add_argument(
                 f"--no-{name}-parallel",
-                dest=f"{name}_parallel",
+                dest=f"{name.replace('-', '_')}_parallel",
                 action="store_false",
                 help=f"the engines do not {what} (the bundled torch engine: rpeg run)",
             )

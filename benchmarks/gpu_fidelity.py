@@ -31,8 +31,10 @@ inputs in the roofline, BF16 weights and optimizer state). Statistics are report
 precision and per published recipe.
 
 Rows it cannot express are listed with the reason: NVFP4 (rpeg has no FP4 setting), a system
-without a preset (DGX-GB300, DGX-B300), an interleaved virtual pipeline (``VP`` > 1), a cell that
-publishes two configurations, a layout that does not divide. ``--refresh GIT_DIR`` rebuilds the data file from a Megatron-Bridge git directory.
+without a preset (DGX-GB300, DGX-B300), a cell that publishes two configurations, a layout that
+does not divide. An interleaved virtual pipeline (``VP`` > 1) is priced with rpeg's ``vp``
+(``docs/cost-model.md`` §12), also where the row's layer count needs Megatron's custom pipeline
+layout (DeepSeek-V3's 61 layers, Qwen3-235B's 94): ``L/Pp`` layers per stage in ``vp`` chunks. ``--refresh GIT_DIR`` rebuilds the data file from a Megatron-Bridge git directory.
 
 ``--generation`` is the generation half: GPUStack's performance-lab vLLM serving results
 (``benchmarks/data/vllm_serving.json``, rebuilt by ``--refresh-vllm GIT_DIR`` from a
@@ -256,8 +258,6 @@ def why_not(row: dict[str, Any]) -> str | None:
     fields = ("gpus", "gbs", "mbs", "seq_len", "tp", "pp", "cp", "ep", "vp", "fsdp", "tokens_per_s_per_gpu")
     if any(isinstance(row.get(f), str) for f in fields):
         return "a cell publishes two configurations"
-    if row["vp"] not in (None, 1):
-        return f"interleaved virtual pipeline VP={row['vp']} not modelled"
     tp, pp, cp = row["tp"], row["pp"], row["cp"] or 1
     if row["gpus"] % (tp * pp * cp):
         return "GPUs not divisible by TP·PP·CP"
@@ -267,6 +267,40 @@ def why_not(row: dict[str, Any]) -> str | None:
     if (dp * cp) % (row["ep"] or 1):
         return "EP does not divide DP·CP"
     return None
+
+
+def release_key(release: str) -> tuple[int, ...]:
+    """``"26.06.01"`` → ``(26, 6, 1)``: releases in the order NVIDIA published them."""
+    return tuple(int(part) for part in release.split("."))
+
+
+def configuration(row: dict[str, Any]) -> tuple:
+    """What one configuration is across releases: model, system, published precision, GPUs,
+    batch, sequence length and every parallel degree."""
+    keys = ("model_key", "system", "precision", "gpus", "gbs", "mbs", "seq_len", "tp", "pp", "vp", "cp", "ep")
+    return tuple(row.get(k) or 1 if k in ("vp", "cp", "ep") else row.get(k) for k in keys)
+
+
+def breakdown(rows: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """``(published, predicted)`` pairs of the expressible rows by model kind (dense, mixture of
+    experts), each also restricted to the newest release of every configuration (the same
+    layout re-measured by a later Megatron-Bridge release replaces the earlier row: the software
+    changed, the hardware did not)."""
+    newest: dict[tuple, dict[str, Any]] = {}
+    ok = [r for r in rows if why_not(r) is None]
+    for r in ok:
+        key = configuration(r)
+        if key not in newest or release_key(r["release"]) > release_key(newest[key]["release"]):
+            newest[key] = r
+    out: dict[str, list[tuple[float, float]]] = {}
+    for kind, moe in (("dense", False), ("mixture of experts", True)):
+        mine = [r for r in ok if model_spec(r["model_key"]).is_moe == moe]
+        out[kind] = [(float(r["tokens_per_s_per_gpu"]), predict(r)) for r in mine]
+        latest = [r for r in mine if newest[configuration(r)] is r]
+        out[f"{kind}, newest release of each configuration"] = [
+            (float(r["tokens_per_s_per_gpu"]), predict(r)) for r in latest
+        ]
+    return out
 
 
 def row_strategy(row: dict[str, Any]) -> tuple[Any, int]:
@@ -306,6 +340,7 @@ def row_strategy(row: dict[str, Any]) -> tuple[Any, int]:
         sp=tp > 1,
         cp_tier=tier([rank(0, 0, c, 0) for c in range(cp)]),
         ep_tier=tier(experts),
+        vp=row["vp"] or 1,
     )
     return strategy, g
 
@@ -890,8 +925,8 @@ def main(argv: list[str] | None = None) -> None:
 
     doc = json.loads(DATA.read_text())
     rows = load_rows()
-    head = "| release | model | system | GPUs | prec | GBS | MBS | ℓ | TP | PP | CP | EP | published | rpeg | rpeg/pub |"
-    table = [head, "|" + "---|" * 15]
+    head = "| release | model | system | GPUs | prec | GBS | MBS | ℓ | TP | PP | VP | CP | EP | published | rpeg | rpeg/pub |"
+    table = [head, "|" + "---|" * 16]
     skipped: dict[str, int] = {}
     by_prec: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
@@ -905,12 +940,14 @@ def main(argv: list[str] | None = None) -> None:
             by_prec.setdefault(f"all {PRECISIONS[row['precision']].upper()} recipes", []).append((pub, pred))
         table.append(
             f"| {row['release']} | {row['model']} | {row['system']} | {row['gpus']} | {row['precision']} | "
-            f"{row['gbs']} | {row['mbs']} | {row['seq_len']} | {row['tp']} | {row['pp']} | {row['cp']} | "
+            f"{row['gbs']} | {row['mbs']} | {row['seq_len']} | {row['tp']} | {row['pp']} | {row['vp'] or 1} | {row['cp']} | "
             f"{row['ep'] or 1} | {pub:,.0f} | {pred:,.0f} | {pred / pub:.2f} |"
         )
     stats = []
     for prec, pairs in sorted(by_prec.items()):
         stats.append(_summary(prec, pairs))
+    stats += ["", "By model kind and release (both precisions' recipes, the same rows as above):", ""]
+    stats += [_summary(name, pairs) for name, pairs in breakdown(rows).items() if pairs]
     n_ok = sum(len(v) for k, v in by_prec.items() if not k.startswith("all "))
     lines = [
         "## GPU fidelity: Megatron-Bridge pre-training throughput vs rpeg (issue 31)",
@@ -996,8 +1033,8 @@ def megatron_lm_spec(row: dict[str, Any]) -> Any:
 
 
 def megatron_lm_why_not(row: dict[str, Any]) -> str | None:
-    """Why rpeg cannot express a Table 1 row, or ``None`` when it can (the interleaved schedule of
-    ``vp > 1`` is priced as plain 1F1B and flagged in the table, not refused)."""
+    """Why rpeg cannot express a Table 1 row, or ``None`` when it can (``vp > 1``: Megatron's
+    interleaved schedule, :attr:`Strategy.vp <rpeg.ir.plan.Strategy.vp>`)."""
     tp, pp = row["tp"], row["pp"]
     if row["gpus"] % (tp * pp):
         return "GPUs not divisible by TP·PP"
@@ -1049,6 +1086,7 @@ def megatron_lm_strategy(row: dict[str, Any], nodes_per_rack: int = MLM_NODES_PE
         recompute=row["recompute"],
         zero=1,
         sp=False,
+        vp=row.get("vp") or 1,
     )
     return strategy, g
 
@@ -1133,8 +1171,8 @@ def megatron_lm_report(argv: list[str] | None, write: bool) -> list[str]:
         f"Megatron's rank order (tensor, data, pipeline outermost) on 8-GPU nodes and {MLM_NODES_PER_RACK}-node "
         "racks (tier 0 node, 1 rack, 2 beyond). rpeg's teraFLOP/s per GPU = the paper's eq. (3) FLOPs "
         "96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) / (T_step·GPUs), so both sides count the same FLOPs. "
-        "vp > 1 rows ran Megatron's interleaved schedule, which rpeg does not model: they are priced as "
-        "plain 1F1B (bubble (PP−1)/mb instead of (PP−1)/(vp·mb)). "
+        "vp > 1 rows ran Megatron's interleaved schedule and are priced with it (docs/cost-model.md §12: "
+        "bubble (PP−1)/(vp·mb), vp times the pipeline's messages). "
         "**Held out: no term is fitted to these rows.**",
         "",
         *(["Not expressible:", "", *skipped, ""] if skipped else []),

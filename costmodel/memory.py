@@ -47,6 +47,7 @@ __all__ = [
     "logits_bytes",
     "memory_fraction",
     "model_params",
+    "pipeline_alive",
     "served_weight_bytes",
     "stored_activation_width",
     "training_activation_bytes",
@@ -393,11 +394,38 @@ def fp8_saved_widths(model: ModelSpec, tp: int, sp: bool = False) -> tuple[float
     return (replicated / tp if sp else replicated) + model.ffn_width / tp, out_width / tp
 
 
+def pipeline_alive(mb: int, pp: int, vp: int = 1) -> float:
+    """Microbatches whose activations the first pipeline stage holds at once, in units of a
+    whole stage's ``L/Pp`` layers.
+
+    Plain 1F1B (``Pv = 1``): ``min(mb, Pp)``, the warm-up forwards plus the one in flight.
+    Megatron-core's interleaved schedule (``Pv > 1`` chunks of ``L/(Pp·Pv)`` layers) warms the
+    first rank up with ``2(Pp − 1) + (Pv − 1)·Pp`` chunk forwards (all ``Pv·mb`` when
+    ``mb = Pp``; ``schedules.py``, ``get_pp_rank_microbatches``), so
+    ``min(Pv·mb, (Pv + 1)·Pp − 1)/Pv`` — at ``mb ≥ Pp + 1`` the factor
+    ``Pp·(1 + (Pp − 1)/(Pp·Pv))`` of Korthikanti et al. (2022, §4.2.3).
+
+    Parameters
+    ----------
+    mb, pp, vp
+        Microbatches, pipeline stages and chunks per stage.
+
+    Returns
+    -------
+    float
+        Stage-equivalents of activations alive.
+    """
+    if vp == 1:
+        return float(min(mb, pp))
+    return min(vp * mb, (vp + 1) * pp - 1) / vp
+
+
 def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: float, tokens: float) -> float:
     """Training activations under the strategy's recomputation mode (SPEC §6, §14.7, paper
     Appendix D-I; Korthikanti et al. 2022), with ``b = n/(Pd·mb)``, ``ℓ = tokens`` (the mean
     length of packed sequences), ``T_mb = b·ℓ`` tokens per microbatch and ``min(mb, Pp)``
-    microbatches alive during 1F1B warm-up:
+    microbatches alive during 1F1B warm-up (:func:`pipeline_alive`: with ``Pv > 1`` chunks per
+    stage, Megatron's interleaved warm-up):
 
     * ``full`` (SPEC's formula): ``sb·min(mb, Pp)·T_mb·((L/Pp)/c·d + c·max(2d + 6d/Pt,
       2d + 2dff/Pt))`` with checkpoint interval ``c = max(1, ⌊√(L/Pp)⌋)`` — one checkpoint of
@@ -435,7 +463,7 @@ def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: fl
     s = layout.strategy
     layers = model.layers / s.pp
     b = sequences / (s.dp * s.mb * s.cp)  # a microbatch's sequences' share on one CP rank
-    alive = min(s.mb, s.pp)
+    alive = pipeline_alive(s.mb, s.pp, s.vp)
     mode = s.recompute
     if mode is Recompute.FULL:
         c = max(1, math.isqrt(int(layers)))

@@ -70,7 +70,7 @@ class TimeBreakdown:
     gemm
         ``T_gemm = W/(P·F_eff)`` (prefill and decode summed for generation).
     bubble
-        ``T_bubble = T_gemm·(mb + Pp − 1)/mb − T_gemm``, the 1F1B fill and drain.
+        ``T_bubble = T_gemm·(mb + (Pp − 1)/Pv)/mb − T_gemm``, the (interleaved) 1F1B fill and drain.
     tp_comm, pp_comm, dp_comm
         Tensor-parallel AllReduces, pipeline P2P transfers, ZeRO-2 ReduceScatter + AllGather.
     nongemm
@@ -268,14 +268,17 @@ def op_time(
       ``selective``). Generation sums prefill (``ℓ = Lp``) and decode (``ℓ = 1``, KV-cache
       reads ``b·c̄·2·d_kv,local·sb·L/Pp`` per step at mean context ``c̄``), each with its own
       ``F_eff``.
-    * ``T_bubble = T_gemm·(Pp − 1)/mb`` (the 1F1B multiplier ``(mb + Pp − 1)/mb`` minus one).
+    * ``T_bubble = T_gemm·(Pp − 1)/(Pv·mb)`` (the 1F1B multiplier ``(mb + Pp − 1)/mb`` minus one;
+      Megatron's interleaved schedule with ``Pv`` chunks per stage fills and drains in chunk
+      slots of ``1/Pv`` of a stage, Narayanan et al. SC'21 §2.2.2: ``Pv = 1`` is plain 1F1B).
     * ``T_tp``: ``2·(L/Pp)·mb`` AllReduces (training ``6·(L/Pp)·mb`` under
       ``full`` recomputation, ``4·(L/Pp)·mb`` under ``none``/``selective``) of ``n·ℓ·d·sb/(Pd·mb)``
       over ``Pt`` at tier 0; generation: prefill as inference at ``ℓ = Lp`` plus
       ``2·(L/Pp)·r`` decode AllReduces of ``n·d·sb/Pd``, ``r = t1 − max(t0, 1)`` (``Lr − 1`` for
       the whole response: the first response token comes out of the prefill).
-    * ``T_pp`` (``Pp > 1``): ``mb + Pp − 2`` (inference, prefill) or ``mb + 2Pp − 3`` (training)
-      P2P steps of ``n·ℓ·d·sb/(Pd·Pt·mb)``, each apportioned between the ``n_intra`` intra-node
+    * ``T_pp`` (``Pp > 1``): ``Pv·mb + Pp − 2`` (inference, prefill) or ``Pv·mb + 2Pp − 3``
+      (training) P2P steps of ``n·ℓ·d·sb/(Pd·Pt·mb)`` (an interleaved stage sends each
+      microbatch on once per chunk, ``Pv`` times), each apportioned between the ``n_intra`` intra-node
       boundaries (tier 0) and the ``n_inter`` inter-node ones (tier ``max(pp_tier, 1)``);
       decode adds ``r·(mb + Pp − 2)`` steps at ``ℓ = 1``.
     * ``T_dp`` (SPEC §14.3), over ``Pd`` at ``dp_tier``: training with ZeRO stage 1 or 2, one
@@ -303,7 +306,7 @@ def op_time(
       chunk in the backward: training adds ``n·E[ℓ]·2·d·V`` FLOPs.
     * ``U = updates`` optimizer updates per step (PPO mini-batches, SPEC §14.2): training pays
       ``T_dp``'s per-step collectives and ``T_opt`` once per update, and with pipelining one
-      fill and drain per update, ``T_bubble = T_gemm·(Pp − 1)·min(U, mb)/mb``.
+      fill and drain per update, ``T_bubble = T_gemm·(Pp − 1)·min(U, mb)/(Pv·mb)``.
     * Expert, context and sequence parallelism (SPEC §15, ``docs/cost-model.md`` §10):
       ``P = Pd·Pp·Pt·Pc`` and every per-token term uses a device's ``b·ℓ/Pc`` tokens; ``T_ep``
       the dispatch and combine AlltoAlls of the MoE layers, ``T_cp`` a ring's exposed KV
@@ -313,7 +316,7 @@ def op_time(
     * ``T_over`` — the engine terms ``e`` of the node's class (:meth:`Hardware.terms
       <rpeg.ir.hardware.Hardware.terms>`; neutral in presets, so ``T_over = 0`` there):
       ``T_gemm`` is divided by ``η_e``, and inference and training add
-      ``c_call + f·(mb + Pp − 1)·(L/Pp)·c_layer``; generation adds a call, ``(mb + Pp − 1)·
+      ``c_call + f·(mb + (Pp − 1)/Pv)·(L/Pp)·c_layer``; generation adds a call, ``(mb + Pp − 1)·
       (c_step + (L/Pp)·c_layer)`` per prefill and per decode step, and a weight sync
       ``α_sync + N_m·sb·β_sync`` with the prefill. Every node adds the controller's
       ``dispatch_s``.
@@ -410,7 +413,7 @@ def op_time(
 
     return TimeBreakdown(
         gemm=t_gemm,
-        bubble=t_gemm * (layout.strategy.pp - 1) * flushes / layout.strategy.mb,
+        bubble=t_gemm * (layout.strategy.pp - 1) * flushes / (layout.strategy.vp * layout.strategy.mb),
         tp_comm=t_tp,
         pp_comm=t_pp,
         dp_comm=t_dp,
@@ -521,7 +524,9 @@ class _Node:
         self.layers = model.layers / s.pp
         self.b = sequences / (s.dp * s.mb)
         self.roof = _Roofline(model, layout, hw, self.b)
-        self.slots = s.mb + s.pp - 1  # stage-microbatch slots on the 1F1B critical path
+        # stage-microbatch slots on the 1F1B critical path; interleaved, vp·mb + Pp − 1 chunk slots
+        # of 1/vp of a stage each
+        self.slots = s.mb + (s.pp - 1) / s.vp
         self.core_s: float | None = None  # the attention core's seconds, where the hardware rates it
 
     def nongemm(self, tokens: float, head: Head) -> float:
@@ -827,7 +832,7 @@ def _inference_terms(
     fp8 = block_gemm_flops(model, lengths["sequences"] * ell)  # type: ignore[operator]
     t_gemm = _gemm_and_core(node, w, 1.0, ell, lengths, 1, 0, fp8_work=fp8)
     t_tp = node.tp_rounds(2 * node.layers * s.mb, node.rank_tokens(ell) * model.hidden * model.dtype_bytes)
-    t_pp = node.pp_rounds(s.mb + s.pp - 2, ell)
+    t_pp = node.pp_rounds(s.vp * s.mb + s.pp - 2, ell)
     t_dp = 0.0
     if s.zero == 3:
         t_dp = _exposed(s.mb * _zero_collective(node, head), t_gemm)
@@ -867,7 +872,7 @@ def _training_terms(
     t_gemm = _gemm_and_core(node, w, passes, ell, lengths, core_forwards, 1, fp8_work=fp8)
     rounds = 6 if s.recompute is Recompute.FULL else 4
     t_tp = node.tp_rounds(rounds * node.layers * mb, node.rank_tokens(ell) * model.hidden * sb)
-    t_pp = node.pp_rounds(mb + 2 * pp - 3, ell)
+    t_pp = node.pp_rounds(s.vp * mb + 2 * pp - 3, ell)
     n_params = model_params(model, head)
     one = _zero_collective(node, head)
     if s.zero == 3:  # FSDP: gather per microbatch in the forward, the backward (and recompute)

@@ -61,7 +61,7 @@ import dataclasses
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,7 +70,13 @@ from ..ir.cluster import Allocation, Cluster
 from ..ir.graph import RPEG
 from ..ir.plan import Choice, Plan, Strategy
 from ..ir.types import Role
-from ..scoring.candidates import aligned_allocations, enumerate_strategies, explain_illegal, head_exclusions
+from ..scoring.candidates import (
+    aligned_allocations,
+    enumerate_strategies,
+    explain_illegal,
+    head_exclusions,
+    interleavings,
+)
 from ..scoring.costs import Costs
 from .baselines import Infeasible
 
@@ -428,7 +434,12 @@ def build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int
         ss = [
             s
             for s in enumerate_strategies(
-                costs.cluster, g.models[vert.model].spec, vert.sequences, vert.role, offload=False
+                costs.cluster,
+                g.models[vert.model].spec,
+                vert.sequences,
+                vert.role,
+                offload=False,
+                interleave=False,
             )
             if s.size in allowed
         ]
@@ -464,19 +475,54 @@ def build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int
             s, round(lat / LAT_UNIT), s.size, math.ceil(p / MEM_UNIT), math.ceil(t / MEM_UNIT)
         )
 
-    for s in legal:
-        if not all(costs.runnable(v, s) for v in ms.vertices):  # an engine that cannot start
-            continue
-        # with its host-offload twin (SPEC §14.4), as legal and runnable as ``s``
-        twins = (s, s.variant(offload=True)) if costs.cluster.host_offload else (s,)
-        for point in map(point_of, twins):
+    def with_offload(listed: list[Strategy]) -> list[Strategy]:
+        """Each with its host-offload twin (SPEC §14.4), as legal and runnable as it."""
+        if not costs.cluster.host_offload:
+            return listed
+        return [t for c in listed for t in (c, c.variant(offload=True))]
+
+    def admit(strategies: list[Strategy]) -> None:
+        nonlocal leanest, dropped_memory
+        for point in map(point_of, strategies):
             leanest = min(leanest, point.footprint)
             if point.footprint > m_eff:
                 dropped_memory += 1
                 continue
             raw.append(point)
-    # Pareto filter: sort so that a dominating point always comes first, then sweep
-    raw.sort(key=lambda q: (q.gpus, q.latency, q.persistent, q.transient))
+
+    admit(with_offload([s for s in legal if all(costs.runnable(v, s) for v in ms.vertices)]))
+    kept = _pareto(raw)
+    dominated = len(raw) - len(kept)
+    # the fastest interleaved twin (vp > 1) of each plain-1F1B point kept, then the filter again
+    interleaved = [
+        fast
+        for q in kept
+        if not q.strategy.offload and (fast := _fastest_interleaving(costs, ms, q.strategy, point_of, m_eff))
+    ]
+    if interleaved:
+        raw = kept[:]
+        admit(with_offload(interleaved))
+        kept = _pareto(raw)
+        dominated += len(raw) - len(kept)
+    first = g.vertices[ms.vertices[0]]
+    excluded = tuple(head_exclusions(costs.cluster, g.models[first.model].spec, first.role))
+    return Frontier(
+        ms,
+        kept,
+        (len(legal) + len(interleaved)) * (2 if costs.cluster.host_offload else 1),  # with the twins
+        dropped_memory,
+        dominated,
+        leanest,
+        why_illegal,
+        excluded,
+    )
+
+
+def _pareto(raw: list[FrontierPoint]) -> list[FrontierPoint]:
+    """The points of ``raw`` no other one dominates (:func:`dominates` on ``(latency, gpus,
+    persistent, transient)``): sorted so that a dominating point always comes first, then one
+    sweep; of equal keys the first stays."""
+    raw = sorted(raw, key=lambda q: (q.gpus, q.latency, q.persistent, q.transient))
     kept: list[FrontierPoint] = []
     keys = np.empty((len(raw), 4), dtype=np.int64)  # the kept points' keys, one row each
     for q in raw:
@@ -484,18 +530,30 @@ def build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int
         if not (keys[: len(kept)] <= key).all(axis=1).any():  # `dominates`, vectorised
             keys[len(kept)] = key
             kept.append(q)
+    return kept
+
+
+def _fastest_interleaving(
+    costs: Costs, ms: StageUnit, plain: Strategy, point_of: Callable[[Strategy], FrontierPoint], m_eff: int
+) -> Strategy | None:
+    """The interleaved twin (``vp > 1``) of ``plain`` a frontier considers: the one of least
+    latency summed over the model-stage's vertices that fits ``M_eff`` and starts — as
+    :func:`~rpeg.scoring.candidates.fastest_interleaving` picks for one vertex (the latency is
+    convex in ``vp``: the scan of ascending ``vp`` stops at the first that is not faster)."""
+    g = costs.graph
     first = g.vertices[ms.vertices[0]]
-    excluded = tuple(head_exclusions(costs.cluster, g.models[first.model].spec, first.role))
-    return Frontier(
-        ms,
-        kept,
-        len(legal) * (2 if costs.cluster.host_offload else 1),  # with the offload twins
-        dropped_memory,
-        len(raw) - len(kept),
-        leanest,
-        why_illegal,
-        excluded,
-    )
+    best: FrontierPoint | None = None
+    for vp in interleavings(costs.cluster, g.models[first.model].spec, first.role, plain.pp, plain.mb)[1:]:
+        s = plain.variant(vp=vp)
+        if not all(costs.runnable(v, s) for v in ms.vertices):
+            continue
+        point = point_of(s)
+        if point.footprint > m_eff:
+            continue  # a larger vp keeps no more activations
+        if best is not None and point.latency >= best.latency:
+            break
+        best = point
+    return best.strategy if best is not None else None
 
 
 def build_dp_instance(costs: Costs, budget: int | None = None) -> DPInstance:

@@ -136,8 +136,14 @@ def parse_shape(shape: str) -> tuple[int, int, int]:
     return r, n, g
 
 
-#: The engine switches of :class:`Cluster` for SPEC §15's parallelisms (rules S1, C1, E1).
-PARALLELISM_SWITCHES = ("sequence_parallel", "context_parallel", "expert_parallel")
+#: The engine switches of :class:`Cluster` for SPEC §15's parallelisms (rules S1, C1, E1) and the
+#: interleaved pipeline (rule V1).
+PARALLELISM_SWITCHES = (
+    "sequence_parallel",
+    "context_parallel",
+    "expert_parallel",
+    "virtual_pipeline_parallel",
+)
 #: Every SPEC §15 switch off, as keyword arguments of :class:`Cluster`: the plan space of engines
 #: that run none of them (the bundled torch engine; ``Cluster.from_shape(..., **NO_SPLITS)``).
 NO_SPLITS: dict[str, bool] = dict.fromkeys(PARALLELISM_SWITCHES, False)
@@ -176,6 +182,11 @@ class Cluster:
         Default ``True`` (Megatron-core and vLLM do on GPUs). ``False`` plans without it: for the
         bundled torch engine, which runs none of them (``rpeg solve --no-sequence-parallel
         --no-context-parallel --no-expert-parallel``), or to compare with the best plan without.
+    virtual_pipeline_parallel
+        Whether the training and inference engines interleave the pipeline, ``vp`` model chunks
+        per stage (Megatron-core's virtual pipeline, rule V1 of
+        :func:`~rpeg.ir.plan.check_strategy`); default ``True`` (Megatron-core does). ``False``
+        for the bundled torch engine (``rpeg solve --no-virtual-pipeline-parallel``).
 
     Raises
     ------
@@ -195,6 +206,7 @@ class Cluster:
     sequence_parallel: bool = True
     context_parallel: bool = True
     expert_parallel: bool = True
+    virtual_pipeline_parallel: bool = True
 
     def __post_init__(self) -> None:
         for name in ("racks", "nodes_per_rack", "gpus_per_node"):
@@ -234,6 +246,7 @@ class Cluster:
         sequence_parallel: bool = True,
         context_parallel: bool = True,
         expert_parallel: bool = True,
+        virtual_pipeline_parallel: bool = True,
     ) -> Cluster:
         """Build from ``"RxNxG"`` (e.g. ``"2x8x4"``) or a ``(R, N, G)`` tuple (or list).
 
@@ -273,6 +286,7 @@ class Cluster:
             sequence_parallel,
             context_parallel,
             expert_parallel,
+            virtual_pipeline_parallel,
         )
 
     @property

@@ -135,6 +135,14 @@ class Strategy:
     cp_tier, ep_tier
         Link tiers the context-parallel group and the expert-parallel group span
         (0 while the degree is 1).
+    vp
+        Model chunks per pipeline stage ``Pv`` of Megatron's interleaved 1F1B schedule
+        (``virtual_pipeline_model_parallel_size``; Narayanan et al., SC'21, §2.2.2): the
+        ``L/Pp`` layers of a stage are ``Pv`` chunks of ``L/(Pp·Pv)``, stage ``p`` holding
+        chunks ``p, p + Pp, …``, which cuts the pipeline's fill and drain ``Pv``-fold and
+        multiplies its point-to-point messages by ``Pv``. Training and inference with
+        ``Pp > 1`` only (rules V1–V3 of :func:`check_strategy`); ``1`` is the plain 1F1B
+        schedule. Part of the layout (:meth:`same_layout`: a stage holds other layers).
 
     Raises
     ------
@@ -163,6 +171,7 @@ class Strategy:
     sp: bool = False
     cp_tier: int = 0
     ep_tier: int = 0
+    vp: int = 1
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -179,7 +188,7 @@ class Strategy:
             raise ValueError(f"Strategy.packing must be True or False, got {self.packing!r}")
         if not isinstance(self.offload, bool):
             raise ValueError(f"Strategy.offload must be True or False, got {self.offload!r}")
-        for name in ("cp", "ep"):
+        for name in ("cp", "ep", "vp"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Strategy.{name} must be a positive integer, got {value!r}")
@@ -223,6 +232,7 @@ class Strategy:
             self.sp,
             self.cp_tier,
             self.ep_tier,
+            self.vp,
         )
 
     def __hash__(self) -> int:
@@ -238,10 +248,12 @@ class Strategy:
         return self.dp * self.pp * self.tp * self.cp
 
     def label(self) -> str:
-        """``(dp,pp,tp) mb=…`` for tables, with ``cp=…`` (and ``ulysses``), ``ep=…`` and ``sp``
-        when set, ``rc=…`` when the recomputation is not ``full``, ``z=…`` when the ZeRO stage is
+        """``(dp,pp,tp) mb=…`` for tables, with ``vp=…``, ``cp=…`` (and ``ulysses``), ``ep=…``
+        and ``sp`` when set, ``rc=…`` when the recomputation is not ``full``, ``z=…`` when the ZeRO stage is
         not 2, ``u=…``, ``chunk=…``, ``padded`` and ``offload`` when set."""
         text = f"({self.dp},{self.pp},{self.tp}) mb={self.mb}"
+        if self.vp > 1:
+            text += f" vp={self.vp}"
         if self.cp > 1:
             text += f" cp={self.cp}" + (" ulysses" if self.cp_kind == "ulysses" else "")
         if self.ep > 1:
@@ -264,7 +276,7 @@ class Strategy:
 
     def same_layout(self, other: Strategy) -> bool:
         """Whether ``other`` holds the model's weights the same way: equal shape, degrees
-        (context- and expert-parallel too) and ZeRO stage, whatever either's microbatches,
+        (context- and expert-parallel too, and the pipeline's chunks ``vp``) and ZeRO stage, whatever either's microbatches,
         :attr:`recompute`, memory fraction, loss chunking, packing, host offload, sequence
         parallelism or ring/Ulysses attention (none of them moves a weight between devices)."""
         return self is other or (
@@ -273,12 +285,13 @@ class Strategy:
             and self.tp == other.tp
             and self.cp == other.cp
             and self.ep == other.ep
+            and self.vp == other.vp
             and self.zero == other.zero
             and self.extent == other.extent
         )
 
     def layout_key(self) -> tuple:
-        """``(extent, dp, pp, tp, cp, cp_kind, ep, sp, mb, zero)``: what the variants of one
+        """``(extent, dp, pp, tp, cp, cp_kind, ep, sp, mb, zero, vp)``: what the variants of one
         layout share (they differ in recomputation, memory fraction, loss chunking, packing or
         host offload: time and memory only)."""
         return (
@@ -292,6 +305,7 @@ class Strategy:
             self.sp,
             self.mb,
             self.zero,
+            self.vp,
         )
 
     def with_recompute(self, mode: Recompute | str) -> Strategy:
@@ -429,6 +443,7 @@ def check_strategy(
     cp_kind: str = "ring",
     ep: int = 1,
     sp: bool = False,
+    vp: int = 1,
 ) -> str | None:
     """Check P1–P8 (SPEC §4, with §14.2's microbatches), the head rules H1–H2 and the engine
     choices Z1–Z2 (SPEC §14) for one choice; return why not (the message starts with the rule's
@@ -464,6 +479,12 @@ def check_strategy(
     need sequence parallelism (Megatron-core's ``TransformerConfig``: "When using expert
     parallelism and tensor parallelism, sequence parallelism must be used").
 
+    The interleaved pipeline (``vp > 1``, Megatron-core's virtual pipeline): V1 training and
+    inference with ``Pp > 1`` only, where the engines run it (``virtual_pipeline_parallel``);
+    V2 ``vp | L/Pp`` (Megatron-core splits a stage's layers into ``vp`` equal chunks); V3
+    ``Pp | mb`` (its schedule runs the microbatches in groups of ``Pp`` and refuses a last
+    group of fewer: ``schedules.py``, ``microbatch_group_size_per_vp_stage``).
+
     Parameters
     ----------
     cluster
@@ -482,6 +503,8 @@ def check_strategy(
     cp, cp_kind, ep, sp
         Context parallelism and its kind, expert parallelism and sequence parallelism
         (SPEC §15).
+    vp
+        Model chunks per pipeline stage of the interleaved schedule (:attr:`Strategy.vp`).
 
     Raises
     ------
@@ -493,7 +516,7 @@ def check_strategy(
             f"check_strategy: model must be a ModelSpec (its layers and heads), got {type(model).__name__}"
         )
     Ng = cluster.gpus_per_node
-    for name, value in (("dp", dp), ("pp", pp), ("tp", tp), ("mb", mb), ("cp", cp), ("ep", ep)):
+    for name, value in (("dp", dp), ("pp", pp), ("tp", tp), ("mb", mb), ("cp", cp), ("ep", ep), ("vp", vp)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             return f"{name}={value!r} must be a positive integer"
     if Ng % tp:
@@ -523,6 +546,9 @@ def check_strategy(
             return f"P4: mb={mb} exceeds B_local={b_local} sequences (a microbatch holds one at least)"
         if pp > 1 and mb < pp:
             return f"P5: mb={mb} must be ≥ pp={pp} (1F1B keeps every stage busy)"
+    why = _check_interleaving(cluster, role, layers, pp, mb, vp)
+    if why is not None:
+        return why
     why = _check_engine_choices(role, zero, mem_fraction, logits_chunk, packing)
     if why is not None:
         return why
@@ -609,6 +635,27 @@ def _check_parallelisms(
     return None
 
 
+def _check_interleaving(
+    cluster: Cluster, role: Role | None, layers: int, pp: int, mb: int, vp: int
+) -> str | None:
+    """V1–V3 of :func:`check_strategy`: the interleaved pipeline's chunks ``vp``."""
+    if vp == 1:
+        return None
+    if role is Role.GENERATION:
+        return f"V1: vp={vp} on a generation (the rollout engine does not interleave its pipeline)"
+    if pp == 1:
+        return f"V1: vp={vp} needs pipelining (pp > 1), got pp=1"
+    if not cluster.virtual_pipeline_parallel:
+        return f"V1: vp={vp} but the cluster's engines do not interleave the pipeline (virtual_pipeline_parallel=false)"
+    if (layers // pp) % vp:
+        return f"V2: vp={vp} must divide the {layers // pp} layers of a stage (layers={layers}, pp={pp})"
+    if mb % pp:
+        return (
+            f"V3: mb={mb} must be a multiple of pp={pp} with vp={vp} (Megatron-core's interleaved schedule)"
+        )
+    return None
+
+
 def check_strategy_of(
     cluster: Cluster, model: ModelSpec, role: Role | None, sequences: int, strategy: Strategy
 ) -> str | None:
@@ -634,6 +681,7 @@ def check_strategy_of(
         cp_kind=s.cp_kind,
         ep=s.ep,
         sp=s.sp,
+        vp=s.vp,
     )
 
 

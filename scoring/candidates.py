@@ -29,7 +29,9 @@ __all__ = [
     "enumerate_strategies",
     "expert_degrees",
     "explain_illegal",
+    "fastest_interleaving",
     "head_exclusions",
+    "interleavings",
     "make_strategy",
     "recompute_modes",
 ]
@@ -151,10 +153,11 @@ def enumerate_strategies(
     role: Role | None = None,
     *,
     offload: bool | None = None,
+    interleave: bool = True,
 ) -> list[Strategy]:
-    """All strategies passing P1–P8, H1–H2 and Z1–Z2 for ``model`` and ``sequences`` = B·R,
-    each layout with its engine choices (:func:`engine_variants`: recomputation, ZeRO stage,
-    loss chunking, memory fraction).
+    """All strategies passing P1–P8, H1–H2, Z1–Z2 and V1–V3 for ``model`` and ``sequences`` =
+    B·R, each layout with its engine choices (:func:`engine_variants`: recomputation, ZeRO stage,
+    loss chunking, memory fraction) and its interleavings (:func:`interleavings`).
 
     For each legal allocation size, every ``Pt | Ng`` that shards the heads on the engine of
     ``role`` (H1 ``Pt | heads``; H2 ``Pt | kv_heads`` on Megatron-core, ``Pt | kv_heads`` or
@@ -177,6 +180,9 @@ def enumerate_strategies(
         stricter Megatron-core head rules.
     offload
         Whether to list the host-offload variants too (default ``cluster.host_offload``).
+    interleave
+        Whether to list the interleaved twins (``vp > 1``) too; ``False`` lists plain 1F1B only
+        (:func:`build_directories` adds each one's fastest twin, :func:`fastest_interleaving`).
     """
     spec = _as_model(cluster, model)
     offload = cluster.host_offload if offload is None else offload
@@ -225,12 +231,25 @@ def enumerate_strategies(
                             base = make_strategy(
                                 cluster, extent, dp, pp, tp, mb, cp=cp, cp_kind=kind, ep=ep, sp=sp
                             )
-                            out.extend(
-                                s
-                                for s in engine_variants(base, role, max_fraction, offload)
-                                if cluster.max_zero_stage is None or s.zero <= cluster.max_zero_stage
-                            )
+                            for vp in interleavings(cluster, spec, role, pp, mb) if interleave else [1]:
+                                out.extend(
+                                    s
+                                    for s in engine_variants(base.variant(vp=vp), role, max_fraction, offload)
+                                    if cluster.max_zero_stage is None or s.zero <= cluster.max_zero_stage
+                                )
     return out
+
+
+def interleavings(cluster: Cluster, model: ModelSpec, role: Role | None, pp: int, mb: int) -> list[int]:
+    """The chunks per stage ``vp`` a directory lists for one layout (rules V1–V3): ``1``, and
+    for training and inference with ``Pp > 1`` on engines that interleave the pipeline, every
+    ``vp > 1`` dividing the ``L/Pp`` layers of a stage when ``Pp | mb``. None is dominated:
+    a larger ``vp`` shortens the fill and drain ``(Pp − 1)/(vp·mb)`` but sends ``vp`` times the
+    point-to-point messages and keeps ``1 + (Pp − 1)/(Pp·vp)`` stages' activations alive
+    (``docs/cost-model.md`` §12)."""
+    if pp == 1 or role is Role.GENERATION or not cluster.virtual_pipeline_parallel or mb % pp:
+        return [1]
+    return _divisors(model.layers // pp)
 
 
 def _twin_microbatches(
@@ -400,6 +419,7 @@ def make_strategy(
     cp_kind: str = "ring",
     ep: int = 1,
     sp: bool = False,
+    vp: int = 1,
 ) -> Strategy:
     """A :class:`Strategy` with its link tiers. Ranks are ordered tensor-parallel innermost,
     then context-parallel, pipeline and data-parallel (device ``t + Pt·(c + Pc·(p + Pp·d))`` of
@@ -408,7 +428,8 @@ def make_strategy(
     the tier of ``Pt·Pc`` consecutive devices; the EP group its ``Pe`` ranks of the ``Pd·Pc``
     group (context-parallel ones first). (Tiers depend only on the shape, so the first aligned
     origin stands for all.) ``recompute`` is the activation recomputation (default the neutral
-    ``full``); ``cp``, ``cp_kind``, ``ep`` and ``sp`` are SPEC §15's parallelisms."""
+    ``full``); ``cp``, ``cp_kind``, ``ep`` and ``sp`` are SPEC §15's parallelisms, ``vp`` the
+    interleaved pipeline's chunks per stage."""
     first = aligned_allocations(cluster, dp * pp * tp * cp)[0]
     devices = first.devices()
 
@@ -437,6 +458,7 @@ def make_strategy(
         sp=sp,
         cp_tier=cp_tier,
         ep_tier=ep_tier,
+        vp=vp,
     )
 
 
@@ -529,7 +551,9 @@ def build_directories(costs: Costs) -> list[Directory]:
     :meth:`~rpeg.scoring.costs.Costs.runnable`) or whose isolated memory exceeds ``M_eff``
     (joint infeasibility is left to the penalty); then every variant another variant of the
     same degrees and ZeRO stage dominates (time ``≤`` and transient memory ``≤``, one strictly
-    or listed first: it can never be the better pick); and sorts the rest by the unsplit OP time
+    or listed first: it can never be the better pick); adds, for each plain-1F1B strategy kept,
+    its fastest interleaved twin (:func:`fastest_interleaving`, ``vp > 1``; the twins of one
+    ``vp`` filtered the same way among themselves); and sorts the rest by the unsplit OP time
     of the cost model. A slower variant that needs less memory is kept: whether it is needed
     depends on what else shares the devices.
 
@@ -560,7 +584,9 @@ def build_directories(costs: Costs) -> list[Directory]:
             v.role is Role.TRAINING,
         )
         if key not in by_shape:
-            by_shape[key] = enumerate_strategies(cluster, spec, v.sequences, v.role, offload=False)
+            by_shape[key] = enumerate_strategies(
+                cluster, spec, v.sequences, v.role, offload=False, interleave=False
+            )
         kept: list[tuple[float, int, Strategy]] = []
         smallest = float("inf")
         dropped = 0
@@ -568,10 +594,18 @@ def build_directories(costs: Costs) -> list[Directory]:
             iso = costs.memory(vi, s).isolated
             smallest = min(smallest, iso)
             if iso > m_eff or not costs.runnable(vi, s):
-                dropped += 1
+                dropped += 1  # its interleaved twins keep at least its activations
                 continue
-            kept.append((costs.op_time(vi, s), j, s))
+            kept.append((costs.op_time(vi, s), 2 * j, s))
         kept, dominated = _undominated_modes(costs, vi, kept)
+        # each undominated plain-1F1B strategy's fastest interleaved twin, listed after it
+        twins = [
+            (twin[0], j + 1, twin[1]) for _, j, s in kept if (twin := fastest_interleaving(costs, vi, s))
+        ]
+        if twins:
+            twins, more = _undominated_modes(costs, vi, twins)
+            kept += twins
+            dominated += more
         if cluster.host_offload:
             dropped, dominated = 2 * dropped, 2 * dominated
             twins = [(j, s.variant(offload=True)) for _, j, s in kept]
@@ -583,26 +617,55 @@ def build_directories(costs: Costs) -> list[Directory]:
     return out
 
 
+def fastest_interleaving(costs: Costs, vertex: int, plain: Strategy) -> tuple[float, Strategy] | None:
+    """The interleaved twin (``vp > 1``, :func:`interleavings`) of a plain-1F1B strategy that a
+    directory lists: the fastest that fits ``M_eff`` alone and starts, with its time; ``None``
+    when none does (or the layout has no interleaving).
+
+    The twins of one strategy hold the same weights; with ``Pv`` chunks per stage the time is
+    ``A + B/Pv + C·Pv`` (the fill and drain and the per-layer slots shrink, the pipeline's
+    messages grow), convex in ``Pv``, so the scan of ascending divisors stops at the first that
+    is not faster. Their activations, ``min(Pv·mb, (Pv + 1)·Pp − 1)/Pv`` stages' worth
+    (:func:`~rpeg.costmodel.memory.pipeline_alive`), do not grow with ``Pv``: a larger ``Pv``
+    than the fastest saves at most ``(Pp − 1)/(Pp·Pv)`` of a stage's activations for more time,
+    and is not listed (``docs/cost-model.md`` §12).
+    """
+    v = costs.graph.vertices[vertex]
+    spec = costs.graph.models[v.model].spec
+    best: tuple[float, Strategy] | None = None
+    m_eff = costs.cluster.hardware.m_eff
+    for vp in interleavings(costs.cluster, spec, v.role, plain.pp, plain.mb)[1:]:
+        s = plain.variant(vp=vp)
+        if costs.memory(vertex, s).isolated > m_eff or not costs.runnable(vertex, s):
+            continue  # a larger vp keeps no more activations
+        t = costs.op_time(vertex, s)
+        if best is not None and t >= best[0]:
+            break
+        best = (t, s)
+    return best
+
+
 def _undominated_modes(
     costs: Costs, vertex: int, kept: list[tuple[float, int, Strategy]]
 ) -> tuple[list[tuple[float, int, Strategy]], int]:
     """``kept`` without the variants another variant of the same degrees, ZeRO stage and host
     offload dominates in ``(time, transient memory)``, and how many were removed.
 
-    Variants of one ``(extent, Pd, Pp, Pt, Pc, Pe, z, offload)`` (microbatches, recomputation,
+    Variants of one ``(extent, Pd, Pp, Pt, Pc, Pe, Pv, z, offload)`` (microbatches, recomputation,
     ring or Ulysses attention, loss
-    chunking, memory fraction, packing) hold the same persistent state, so the one with no more
+    chunking, memory fraction, packing) hold the same persistent state and layers (``Pv`` is part
+    of the layout: two vertices of one model at different ``Pv`` reshard), so the one with no more
     time and no more transient memory is never the worse pick wherever it sits; of variants
     equal in both, the first listed stays."""
     by_group: dict[tuple, list[tuple[float, float, int]]] = {}
     for t, j, s in kept:
-        key = (s.extent, s.dp, s.pp, s.tp, s.cp, s.ep, s.zero, s.offload)
+        key = (s.extent, s.dp, s.pp, s.tp, s.cp, s.ep, s.vp, s.zero, s.offload)
         by_group.setdefault(key, []).append((t, costs.memory(vertex, s).transient, j))
     out = []
     for item in kept:
         t, j, s = item
         m = costs.memory(vertex, s).transient
-        rivals = by_group[(s.extent, s.dp, s.pp, s.tp, s.cp, s.ep, s.zero, s.offload)]
+        rivals = by_group[(s.extent, s.dp, s.pp, s.tp, s.cp, s.ep, s.vp, s.zero, s.offload)]
         if any(t2 <= t and m2 <= m and (t2 < t or m2 < m or j2 < j) for t2, m2, j2 in rivals if j2 != j):
             continue
         out.append(item)

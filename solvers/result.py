@@ -529,9 +529,12 @@ def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
 
 
 def _degrees(s: Strategy) -> str:
-    """The summary's degrees: ``(dp,pp,tp)`` and SPEC §15's splits when set — ``sp``,
+    """The summary's degrees: ``(dp,pp,tp)``, the interleaved pipeline's ``vp=…`` and SPEC
+    §15's splits when set — ``sp``,
     ``cp=… ring|ulysses``, ``ep=…``."""
     words = [f"({s.dp},{s.pp},{s.tp})"]
+    if s.vp > 1:
+        words.append(f"vp={s.vp}")
     if s.sp:
         words.append("sp")
     if s.cp > 1:
@@ -658,6 +661,7 @@ class _ClusterBlock(Strict):
     sequence_parallel: bool = True
     context_parallel: bool = True
     expert_parallel: bool = True
+    virtual_pipeline_parallel: bool = True
 
 
 class _StructureBlock(Strict):
@@ -764,6 +768,7 @@ def _problem(doc: _ResultFile, source: str) -> tuple[Workload, Cluster, Structur
             c.sequence_parallel,
             c.context_parallel,
             c.expert_parallel,
+            c.virtual_pipeline_parallel,
         )
     except ValueError as exc:
         raise InputError(f"{source}: field 'cluster': {exc}", source=source, field="cluster") from None
@@ -916,8 +921,8 @@ def _legal_strategy(
     parallel: dict[str, Any] | None = None,
 ) -> Strategy:
     """The strategy of one plan entry after the one legality check every reader and builder
-    applies (:func:`~rpeg.ir.plan.check_strategy`: P1–P8, H1–H2, Z1–Z4, S1, C1–C3, E1–E3);
-    ``parallel`` holds SPEC §15's ``cp``, ``cp_kind``, ``ep`` and ``sp``.
+    applies (:func:`~rpeg.ir.plan.check_strategy`: P1–P8, H1–H2, Z1–Z4, S1, C1–C3, E1–E3, V1–V3);
+    ``parallel`` holds SPEC §15's ``cp``, ``cp_kind``, ``ep`` and ``sp`` and the interleaving ``vp``.
 
     Raises
     ------
@@ -950,6 +955,7 @@ _PARALLEL_FIELDS: dict[str, tuple[type, Any]] = {
     "cp_kind": (str, "ring"),
     "ep": (int, 1),
     "sp": (bool, False),
+    "vp": (int, 1),
 }
 
 #: The keys of a ``plan`` entry (:func:`_plan_entry` writes them all; a ``/1`` entry lacks the
@@ -1012,6 +1018,7 @@ def _plan_entry(vertex: Vertex, choice: Choice) -> dict[str, Any]:
     entry["cp_kind"] = s.cp_kind
     entry["ep"] = s.ep
     entry["sp"] = s.sp
+    entry["vp"] = s.vp
     return entry
 
 

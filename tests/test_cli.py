@@ -115,10 +115,16 @@ def test_no_host_offload_plans_for_engines_that_cannot_offload(capsys, tmp_path)
 
 
 def test_the_parallelism_switches_plan_without_the_splits(capsys, tmp_path, checker):
-    """``--no-sequence-parallel --no-context-parallel --no-expert-parallel`` (SPEC §15, the
-    bundled torch engine) reach the result file's cluster and leave no split in the plan; the
-    default plan of the same job uses one."""
-    flags = ("--no-sequence-parallel", "--no-context-parallel", "--no-expert-parallel")
+    """``--no-sequence-parallel --no-context-parallel --no-expert-parallel
+    --no-virtual-pipeline-parallel`` (SPEC §15, the interleaved pipeline; the bundled torch
+    engine) reach the result file's cluster and leave no split in the plan; the default plan of
+    the same job uses one."""
+    flags = (
+        "--no-sequence-parallel",
+        "--no-context-parallel",
+        "--no-expert-parallel",
+        "--no-virtual-pipeline-parallel",
+    )
     docs = {}
     for off in (False, True):
         path = tmp_path / f"off-{off}.json"
@@ -136,10 +142,11 @@ def test_the_parallelism_switches_plan_without_the_splits(capsys, tmp_path, chec
         docs[off] = json.loads(path.read_text())
         assert checker.check(docs[off]) == []
     cluster = docs[True]["cluster"]
-    assert [cluster[k] for k in ("sequence_parallel", "context_parallel", "expert_parallel")] == [False] * 3
-    assert all(e["cp"] == 1 and e["ep"] == 1 and not e["sp"] for e in docs[True]["plan"])
+    switches = ("sequence_parallel", "context_parallel", "expert_parallel", "virtual_pipeline_parallel")
+    assert [cluster[k] for k in switches] == [False] * 4
+    assert all(e["cp"] == 1 and e["ep"] == 1 and not e["sp"] and e["vp"] == 1 for e in docs[True]["plan"])
     assert "sequence_parallel" not in docs[False]["cluster"]  # the default is written by omission
-    assert any(e["sp"] or e["cp"] > 1 for e in docs[False]["plan"])  # greedy's trainer splits sequences
+    assert any(e["sp"] or e["cp"] > 1 or e["vp"] > 1 for e in docs[False]["plan"])  # greedy's trainer splits
 
 
 def test_evaluate_with_other_hardware_rescores_the_same_plan(capsys, tmp_path, checker):

@@ -359,7 +359,8 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
     model: shared experts (Qwen3-MoE has none), latent attention (the runtime builds standard
     attention) and, for a MoE model, a move of state between plans; tensor parallelism of a MoE
     model outside generation (the torch engine does not split experts). Sequence parallelism is
-    refused, and context and expert parallelism where the engines do not run them
+    refused, and so is an interleaved pipeline (``vp > 1``: the engines run plain 1F1B), and
+    context and expert parallelism where the engines do not run them
     (:func:`_context_parallel_refusal`, :func:`_expert_parallel_refusal`): the message names the
     ``rpeg solve`` switch that plans without them.
 
@@ -418,6 +419,12 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
             ),
             ("--no-context-parallel", f"context parallelism (cp={s.cp}, {s.cp_kind})", s.cp > 1, cp_why),
             ("--no-expert-parallel", f"expert parallelism (ep={s.ep})", s.ep > 1, ep_why),
+            (
+                "--no-virtual-pipeline-parallel",
+                f"an interleaved pipeline (vp={s.vp}, pp={s.pp})",
+                s.vp > 1,
+                "the bundled engines run plain 1F1B",
+            ),
         ):
             if planned and why:
                 raise ValueError(

@@ -2,6 +2,7 @@
 parses, every row carries its configuration and its source, and a row's layout translates to the
 Strategy the benchmark prices."""
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -108,7 +109,8 @@ def test_a_rows_layout_is_the_strategy_the_benchmark_prices(fid):
     # an expert-TP of 2 spreads the EP group over two nodes
     assert fid.row_strategy({**row, "etp": 2})[0].ep_tier == 1
     assert fid.predict(row) > 0
-    assert fid.why_not({**row, "vp": 4}) == "interleaved virtual pipeline VP=4 not modelled"
+    assert fid.why_not({**row, "vp": 4}) is None  # Megatron's interleaved schedule, priced with vp
+    assert fid.row_strategy({**row, "vp": 4})[0] == dataclasses.replace(strategy, vp=4)
     assert fid.why_not({**row, "system": "DGX-GB300"}) == "no hardware preset for DGX-GB300"
 
 

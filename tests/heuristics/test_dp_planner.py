@@ -31,7 +31,7 @@ from rpeg.heuristics.dp_planner import (
 from rpeg.ir import Structure
 from rpeg.ir.plan import check_strategy_of
 from rpeg.scoring import Evaluator
-from rpeg.scoring.candidates import enumerate_strategies
+from rpeg.scoring.candidates import enumerate_strategies, interleavings
 from rpeg.solvers import Status
 from tests.conftest import example_problem, ppo_70b_workload, tiny_ppo_workload
 
@@ -169,9 +169,26 @@ def test_frontier_is_legal_feasible_and_pareto(name):
         # every legal, memory-feasible strategy an engine can start is dominated by a kept point
         v0 = f.stage.vertices[0]
         spec = g.models[g.vertices[v0].model].spec
-        listed = enumerate_strategies(c, spec, g.vertices[v0].sequences, g.vertices[v0].role)
+        listed = enumerate_strategies(
+            c, spec, g.vertices[v0].sequences, g.vertices[v0].role, interleave=False
+        )
         if len(f.stage.vertices) == 1:  # host-offload variants count as legal, as listed
-            assert f.legal == sum(s.size in size_chain(c) for s in listed)
+            plain = sum(s.size in size_chain(c) for s in listed)
+            twins = sum(q.strategy.vp > 1 for q in f.points)  # the interleaved twins scored besides
+            assert plain + twins <= f.legal <= 2 * plain
+        for q in f.points:  # an interleaved point is its plain twin's fastest interleaving that fits
+            if q.strategy.vp > 1:
+                s = q.strategy.variant(vp=1)
+                assert s in listed
+                lats = []
+                for vp in interleavings(c, spec, g.vertices[v0].role, s.pp, s.mb)[1:]:
+                    terms = [_memory_terms(ev.costs, v, s.variant(vp=vp)) for v in f.stage.vertices]
+                    per = math.ceil(max(p for p, _ in terms) / MEM_UNIT)
+                    tra = math.ceil(max(t for _, t in terms) / MEM_UNIT)
+                    if per + tra <= inst.m_eff:
+                        lat = sum(ev.costs.op_time(v, s.variant(vp=vp)) for v in f.stage.vertices)
+                        lats.append((round(lat / LAT_UNIT), vp))
+                assert min(lats)[1] == q.strategy.vp, (f.stage.label, q.strategy)
         for s in listed:
             if not all(ev.costs.runnable(v, s) for v in f.stage.vertices):
                 continue  # a rollout engine whose cache holds no full-length sequence

@@ -18,6 +18,7 @@ from rpeg.scoring.candidates import (
     build_directories,
     engine_variants,
     enumerate_strategies,
+    fastest_interleaving,
     make_strategy,
     microbatch_counts,
 )
@@ -106,9 +107,25 @@ def test_directories_are_sorted_by_time_and_times_are_op_times(directories):
 
 
 def _group(s):
-    """What dominance compares within: the degrees, the ZeRO stage and host offload (same
-    persistent state)."""
-    return (s.extent, s.dp, s.pp, s.tp, s.zero, s.offload)
+    """What dominance compares within: the degrees (the interleaving too), the ZeRO stage and
+    host offload (same persistent state)."""
+    return (s.extent, s.dp, s.pp, s.tp, s.vp, s.zero, s.offload)
+
+
+def _fastest_twin(ev, vertex, s):
+    """The fastest interleaved twin of ``s`` that fits alone and starts, by brute force over
+    every legal ``vp > 1`` (the directory scans them in order and stops early)."""
+    from rpeg.scoring.candidates import interleavings
+
+    v = ev.graph.vertices[vertex]
+    spec = ev.graph.models[v.model].spec
+    twins = [s.variant(vp=vp) for vp in interleavings(ev.cluster, spec, v.role, s.pp, s.mb)[1:]]
+    fits = [
+        (ev.costs.op_time(vertex, t), k, t)
+        for k, t in enumerate(twins)
+        if ev.costs.memory(vertex, t).isolated <= ev.cluster.hardware.m_eff and ev.costs.runnable(vertex, t)
+    ]
+    return min(fits)[2] if fits else None
 
 
 def _undominated(feasible, time, transient):
@@ -143,7 +160,9 @@ def test_directories_keep_only_isolated_memory_feasible_undominated_strategies(d
         for d in dirs:
             v = ev.graph.vertices[d.vertex]
             spec = ev.graph.models[v.model].spec
-            legal = enumerate_strategies(ev.cluster, spec, v.sequences, v.role, offload=False)
+            legal = enumerate_strategies(
+                ev.cluster, spec, v.sequences, v.role, offload=False, interleave=False
+            )
             mem = {s: ev.costs.memory(d.vertex, s) for s in legal}
             feasible = [
                 (j, s)
@@ -153,11 +172,19 @@ def test_directories_keep_only_isolated_memory_feasible_undominated_strategies(d
             time = {s: ev.costs.op_time(d.vertex, s) for _, s in feasible}
             transient = {s: mem[s].transient for _, s in feasible}
             undominated = _undominated(feasible, time, transient)
-            assert {s for s in d.strategies if not s.offload} == undominated, v.name
-            twins = {s.variant(offload=True) for s in undominated} if n == 2 else set()
+            # each kept plain-1F1B strategy's fastest interleaved twin, filtered among themselves
+            found = [
+                tw for s in sorted(undominated, key=legal.index) if (tw := _fastest_twin(ev, d.vertex, s))
+            ]
+            time |= {tw: ev.costs.op_time(d.vertex, tw) for tw in found}
+            transient |= {tw: ev.costs.memory(d.vertex, tw).transient for tw in found}
+            kept_twins = _undominated(list(enumerate(found)), time, transient)
+            assert {s for s in d.strategies if not s.offload} == undominated | kept_twins, v.name
+            resident = undominated | kept_twins
+            twins = {s.variant(offload=True) for s in resident} if n == 2 else set()
             assert {s for s in d.strategies if s.offload} == twins, v.name
             assert d.dropped == n * (len(legal) - len(feasible))
-            assert d.dominated == n * (len(feasible) - len(undominated))
+            assert d.dominated == n * (len(feasible) - len(undominated) + len(found) - len(kept_twins))
             assert d.smallest_isolated == min(m.isolated for m in mem.values())
             dominated_somewhere += d.dominated
             # nothing is lost: what was left out has a kept rival at least as fast and as lean,
@@ -396,15 +423,24 @@ def test_layouts_come_in_every_engine_variant(directories):
                 assert {(s.zero, s.logits_chunk, s.packing) for s in d.strategies} == {(2, 0, True)}
             else:
                 assert {s.mem_fraction for s in d.strategies} == {0.0}
-            legal = enumerate_strategies(ev.cluster, ev.graph.models[v.model].spec, v.sequences, v.role)
+            spec = ev.graph.models[v.model].spec
+            legal = enumerate_strategies(ev.cluster, spec, v.sequences, v.role)
             by_layout: dict[tuple, set] = {}
             for s in legal:
-                key = (s.extent, s.dp * s.cp, s.pp, s.tp, s.cp, s.cp_kind, s.ep, s.sp, s.mb)
+                key = (s.extent, s.dp * s.cp, s.pp, s.tp, s.cp, s.cp_kind, s.ep, s.sp, s.mb, s.vp)
                 by_layout.setdefault(key, set()).add(_variant(s))
             assert all(vs == _variants(v.role, key[1]) for key, vs in by_layout.items()), v.name
             assert len(legal) == sum(len(_variants(v.role, key[1])) for key in by_layout)
-            # what the directory left out was either over M_eff or dominated by a variant
-            assert len(d) + d.dropped + d.dominated == len(legal)
+            # what the directory left out was either over M_eff or dominated by a variant; of the
+            # interleavings only each kept plain strategy's fastest twin was considered
+            plain = enumerate_strategies(ev.cluster, spec, v.sequences, v.role, interleave=False)
+            found = sum(
+                fastest_interleaving(ev.costs, d.vertex, s) is not None
+                for s in d.strategies
+                if s.vp == 1 and not s.offload
+            )
+            n = 2 if ev.cluster.host_offload else 1
+            assert len(d) + d.dropped + d.dominated == len(plain) + n * found
 
 
 def test_a_variant_no_faster_and_no_leaner_than_another_is_dominated(gh200):
@@ -449,10 +485,10 @@ def test_a_variant_no_faster_and_no_leaner_than_another_is_dominated(gh200):
 
 
 def test_fastest_layouts_keep_every_variant_of_a_layout(directories):
-    # a layout is (extent, Pd, Pp, Pt, Pc, kind, Pe, sp, mb, z); its variants differ in recomputation, loss
-    # chunking or memory fraction only
+    # a layout is (extent, Pd, Pp, Pt, Pc, kind, Pe, sp, mb, z, Pv); its variants differ in recomputation,
+    # loss chunking or memory fraction only
     def layout(s):
-        return (s.extent, s.dp, s.pp, s.tp, s.cp, s.cp_kind, s.ep, s.sp, s.mb, s.zero)
+        return (s.extent, s.dp, s.pp, s.tp, s.cp, s.cp_kind, s.ep, s.sp, s.mb, s.zero, s.vp)
 
     for _, dirs in directories:
         for d in dirs:

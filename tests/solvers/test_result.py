@@ -32,7 +32,10 @@ TINY_REAL_TOKENS = 64 * (128 + 78.4)
 
 @pytest.fixture(scope="module")
 def concurrent(tiny_ppo, cluster_1x2x4):
-    return solve(tiny_ppo, cluster_1x2x4, method="concurrent")
+    # plain 1F1B: the tests below take the trainer's data-parallel plan (pp = 1) as their premise
+    return solve(
+        tiny_ppo, dataclasses.replace(cluster_1x2x4, virtual_pipeline_parallel=False), method="concurrent"
+    )
 
 
 # ---------------------------------------------------------------------------- JSON
@@ -151,8 +154,8 @@ def entries(concurrent):
 
 
 @pytest.fixture(scope="module")
-def ev(tiny_ppo, cluster_1x2x4):
-    return Evaluator(tiny_ppo, cluster_1x2x4)
+def ev(concurrent):
+    return Evaluator(concurrent.workload, concurrent.cluster)
 
 
 def _entry(entries, name):

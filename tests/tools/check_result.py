@@ -856,6 +856,17 @@ def _check_entry(
         errors.append(f"{who}: S1 sp needs tp > 1 on a training or inference vertex")
     if ep > 1 and ((forward_only and ep != dp) or (not forward_only and (dp * cp) % ep)):
         errors.append(f"{who}: E2 ep={ep} must divide dp·cp (training, inference) or equal dp (generation)")
+    # the interleaved pipeline (absent in files before it): vp chunks per stage
+    vp = entry.get("vp", 1)
+    if not _pos_int(vp):
+        errors.append(f"{who}: vp={vp!r} must be a positive integer")
+    elif vp > 1:
+        if forward_only or pp == 1:
+            errors.append(f"{who}: V1 vp={vp} needs pp > 1 on a training or inference vertex")
+        elif L is not None and L % pp == 0 and (L // pp) % vp:
+            errors.append(f"{who}: V2 vp={vp} does not divide the {L // pp} layers of a stage")
+        if pp > 1 and mb % pp:
+            errors.append(f"{who}: V3 mb={mb} is not a multiple of pp={pp} (interleaved schedule)")
     # P1: tensor parallelism stays inside a node.
     if Ng % tp:
         errors.append(f"{who}: P1 tp={tp} does not divide gpus_per_node={Ng}")
@@ -981,6 +992,8 @@ def check_plan_legality(result: Result) -> list[str]:
       a replica ``pp·tp·cp`` and ``s = min(pp, max(1, ⌊Ng/(tp·cp)⌋))``; C1 ``cp > 1`` and S1
       ``sp`` only on training and inference (``sp`` with ``tp > 1``); E2 ``ep | dp·cp``
       (training, inference) or ``ep = dp`` (generation);
+    - the interleaved pipeline (``vp``, absent in older files): V1 ``vp > 1`` only on training
+      and inference with ``pp > 1``, V2 ``vp | L/pp``, V3 ``pp | mb``;
     - ``recompute`` (optional): one of ``none``, ``selective``, ``full`` for a training vertex,
       ``null`` for the others (:func:`_check_recompute`);
     - H1 ``tp | heads``; H2 ``tp | kv_heads`` for inference and training (Megatron-core),
