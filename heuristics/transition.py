@@ -459,8 +459,8 @@ def check_transition_schedule(
 
 
 def _key_str(u) -> str:
-    ms, tp, pp, gpus = u.key()
-    return f"{ms}|{tp}|{pp}|{sorted(gpus)}"
+    ms, tp, pp, gpus, vp = u.key()
+    return f"{ms}|{tp}|{pp}|{vp}|{sorted(gpus)}"
 
 
 # ---------------------------------------------------------------------------- warm-up

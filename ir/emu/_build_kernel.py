@@ -103,12 +103,22 @@ def _add_unit(
 
 
 @njit(cache=True)
-def build(n_stages, n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg):
+def _sub_pp(pa, pb, va, vb):
+    """Pipeline stages of ``T_sub`` (:func:`rpeg.ir.emu.units.sub_layout`): ``gcd(pp, pp*)``
+    when both sides interleave alike, else 1 (the whole pipeline)."""
+    if va != vb:
+        return 1
+    return _gcd(pa, pb)
+
+
+@njit(cache=True)
+def build(n_stages, n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg, vp):
     """Flat transition DAG of the input units ``0..n_cur−1`` (current) and ``n_cur..`` (target),
     which :func:`validate` accepted.
 
     ``stage`` is each unit's model-stage in diff order, ``gptr``/``gpus`` its GPUs in rank order,
-    ``sub_bpg[s]`` the bytes per GPU of a ``T_sub`` unit of stage ``s``. Returns the status and
+    ``sub_bpg[s]`` the bytes per GPU of a ``T_sub`` unit of stage ``s``, ``vp`` each unit's chunks
+    per pipeline stage (:func:`_sub_pp`). Returns the status and
     the tables :class:`rpeg.ir.emu.flat.FlatDAG` holds (meaningless unless the status is 0).
     """
     n_in = stage.shape[0]
@@ -156,7 +166,7 @@ def build(n_stages, n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg):
     tot_blk = 0  # target blocks
     for s in range(n_stages):
         a, b = cur_sorted[s][0], tgt_sorted[s][0]
-        sz = _gcd(tp[a], tp[b]) * _gcd(pp[a], pp[b])
+        sz = _gcd(tp[a], tp[b]) * _sub_pp(pp[a], pp[b], vp[a], vp[b])
         tot_sub += cur_sorted[s].shape[0] * tp[a] * pp[a] // sz
         tot_blk += tgt_sorted[s].shape[0] * tp[b] * pp[b] // sz
     max_units = n_in + tot_sub + tot_blk  # current, parts, copies, merge results
@@ -219,7 +229,7 @@ def build(n_stages, n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg):
         uid0 += cur.shape[0]
         a, b = cur[0], tgt[0]
         # unchanged: same layout and the same GPU sets
-        same = cur.shape[0] == tgt.shape[0] and tp[a] == tp[b] and pp[a] == pp[b]
+        same = cur.shape[0] == tgt.shape[0] and tp[a] == tp[b] and pp[a] == pp[b] and vp[a] == vp[b]
         if same:
             seen[:] = -1
             for j in range(tgt.shape[0]):
@@ -243,7 +253,7 @@ def build(n_stages, n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg):
                 n_final += 1
             continue
         stp = _gcd(tp[a], tp[b])
-        spp = _gcd(pp[a], pp[b])
+        spp = _sub_pp(pp[a], pp[b], vp[a], vp[b])
         sz = stp * spp
         # 1. Split down to T_sub
         n_sub = 0
@@ -723,10 +733,11 @@ def build(n_stages, n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg):
 
 
 @njit(cache=True)
-def build_from_vertices(n_stages, v_stage, v_dp, v_tp, v_pp, v_state, v_gpus):
+def build_from_vertices(n_stages, v_stage, v_dp, v_tp, v_pp, v_vp, v_state, v_gpus):
     """:func:`build` on the units of two plans given per vertex: rows ``0..n_stages−1`` are the
     current plan's vertices, the next ``n_stages`` the target's; vertex ``v`` has model-stage
-    ``v_stage[v]`` (diff order), ``v_dp[v]`` replicas of layout ``v_tp[v]×v_pp[v]`` holding
+    ``v_stage[v]`` (diff order), ``v_dp[v]`` replicas of layout ``v_tp[v]×v_pp[v]`` (``v_vp[v]``
+    chunks per stage) holding
     ``v_state[v] = |θ|+|ω|`` bytes, and ``v_gpus`` holds every vertex's devices in turn (replica
     ``j`` of ``v`` takes the next ``tp·pp``). Returns :func:`build`'s status and tables and the
     units' model-stages."""
@@ -740,6 +751,7 @@ def build_from_vertices(n_stages, v_stage, v_dp, v_tp, v_pp, v_state, v_gpus):
     stage = np.empty(n_in, np.int64)
     tp = np.empty(n_in, np.int64)
     pp = np.empty(n_in, np.int64)
+    vp = np.empty(n_in, np.int64)
     bpg = np.empty(n_in, np.float64)
     gptr = np.empty(n_in + 1, np.int64)
     gptr[0] = 0
@@ -751,14 +763,17 @@ def build_from_vertices(n_stages, v_stage, v_dp, v_tp, v_pp, v_state, v_gpus):
             stage[r] = v_stage[v]
             tp[r] = v_tp[v]
             pp[r] = v_pp[v]
+            vp[r] = v_vp[v]
             bpg[r] = b
             gptr[r + 1] = gptr[r] + size
             r += 1
     sub_bpg = np.empty(n_stages, np.float64)  # a T_sub unit holds (|θ| + |ω|)/|T_sub|
     for v in range(n_stages):
         w = v + n_stages
-        sub_bpg[v_stage[v]] = v_state[v] / (_gcd(v_tp[v], v_tp[w]) * _gcd(v_pp[v], v_pp[w]))
-    status, t = build(n_stages, n_cur, stage, tp, pp, bpg, gptr, v_gpus, sub_bpg)
+        sub_bpg[v_stage[v]] = v_state[v] / (
+            _gcd(v_tp[v], v_tp[w]) * _sub_pp(v_pp[v], v_pp[w], v_vp[v], v_vp[w])
+        )
+    status, t = build(n_stages, n_cur, stage, tp, pp, bpg, gptr, v_gpus, sub_bpg, vp)
     return status, t, stage, n_cur
 
 

@@ -4,7 +4,8 @@
 :func:`transition_dag` compiles the difference into the global transition DAG:
 
 1. **Local DAG** per model-stage, in the order Split → Destroy → Extend → Merge through the
-   largest common layout ``T_sub = (gcd(tp, tp*), gcd(pp, pp*))``. Units are aligned contiguous
+   largest common layout ``T_sub = (gcd(tp, tp*), gcd(pp, pp*))`` (the whole pipeline, ``pp = 1``,
+   when the two sides interleave their stages differently: :func:`~.units.sub_layout`). Units are aligned contiguous
    device ranges, so the ``|T_sub|``-blocks of the current and target units either coincide or are
    disjoint: a sub-unit on a target block is kept, the others are destroyed, the missing target
    blocks are filled by Extend (a binomial broadcast tree: each copy can serve as a source once it
@@ -25,7 +26,6 @@ Scheduling (release-before-acquire, per-GPU exclusivity and memory) is left to
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -37,7 +37,7 @@ from ..graph import RPEG
 from ..plan import Plan
 from .flat import DESTROY, EXTEND, MERGE, SPLIT, FlatDAG, flat_dag, flat_dag_of_plans, ready, warm_up
 from .primitives import Destroy, Extend, Merge, Primitive, Split
-from .units import EMU, ModelStage, _sorted_mask, _trusted, emus_of
+from .units import EMU, ModelStage, _sorted_mask, _trusted, emus_of, sub_layout
 
 __all__ = [
     "StageDiff",
@@ -89,10 +89,11 @@ class StageDiff:
     target: tuple[EMU, ...]
 
     @property
-    def t_sub(self) -> tuple[int, int]:
-        """The largest layout both sides split into: ``(gcd(tp, tp*), gcd(pp, pp*))``."""
-        a, b = self.current[0], self.target[0]
-        return (math.gcd(a.tp, b.tp), math.gcd(a.pp, b.pp))
+    def t_sub(self) -> tuple[int, int, int]:
+        """The largest layout both sides split into, ``(tp, pp, vp)``: ``(gcd(tp, tp*),
+        gcd(pp, pp*), vp)`` when both sides interleave alike, else the whole pipeline
+        (:func:`~rpeg.ir.emu.units.sub_layout`)."""
+        return sub_layout(self.current[0], self.target[0])
 
     @property
     def dp(self) -> tuple[int, int]:
@@ -106,7 +107,7 @@ class StageDiff:
         a, b = self.current, self.target
         if len(a) != len(b) or not a:
             return len(a) == len(b)
-        if (a[0].tp, a[0].pp) != (b[0].tp, b[0].pp):
+        if (a[0].tp, a[0].pp, a[0].vp) != (b[0].tp, b[0].pp, b[0].vp):
             return False
         return {u.mask for u in a} == {u.mask for u in b}
 
@@ -136,8 +137,9 @@ def _check_collection(units: Sequence[EMU], name: str) -> dict[ModelStage, list[
             us = by_object[id(u.stage)] = by.setdefault(u.stage, [])
         us.append(u)
     for ms, us in by.items():
-        if len({(u.tp, u.pp) for u in us}) != 1:
-            raise ValueError(f"{name}: model-stage {ms} mixes layouts {sorted({u.layout for u in us})}")
+        if len({(u.tp, u.pp, u.vp) for u in us}) != 1:
+            layouts = sorted({(u.tp, u.pp, u.vp) for u in us})
+            raise ValueError(f"{name}: model-stage {ms} mixes layouts (tp, pp, vp) {layouts}")
         if len({(u.param_bytes, u.optim_bytes) for u in us}) != 1:
             raise ValueError(f"{name}: model-stage {ms} has units of different state sizes")
         seen = 0
@@ -541,16 +543,16 @@ class _Builder:
         if d.unchanged:
             self.final.extend(current)
             return
-        stp, spp = d.t_sub
+        stp, spp, svp = d.t_sub
         s = stp * spp
         # 1. Split every current unit down to T_sub; sub-units keyed by their block's mask
         subs: dict[int, tuple[EMU, int | None]] = {}
         for u in current:
-            if u.tp == stp and u.pp == spp:
+            if u.tp == stp and u.pp == spp:  # (then u.vp == svp: sub_layout)
                 subs[u.mask] = (u, None)
                 continue
             parts = tuple(
-                u.sub_unit(stp, spp, u.gpus[j * s : (j + 1) * s], self.uid()) for j in range(u.size // s)
+                u.sub_unit(stp, spp, u.gpus[j * s : (j + 1) * s], self.uid(), svp) for j in range(u.size // s)
             )
             i = self.add(_trusted_primitive(Split, source=u, parts=parts))
             for p in parts:
@@ -596,7 +598,7 @@ class _Builder:
             k += 1
             if isinstance(bl, EMU):
                 bl = tuple(sorted(bl.gpus))
-            new = _trusted(src.stage, stp, spp, bl, src.param_bytes, src.optim_bytes, self.uid(), m)
+            new = _trusted(src.stage, stp, spp, bl, src.param_bytes, src.optim_bytes, self.uid(), m, svp)
             i = self.add(_trusted_primitive(Extend, source=src, result=new), (c,))
             feeds.setdefault(src.uid, []).append(i)
             self.extends.append((i, d.stage))

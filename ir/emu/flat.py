@@ -59,6 +59,7 @@ _stage_of = attrgetter("stage")
 _gpus_of = attrgetter("gpus")
 _tp = attrgetter("tp")
 _pp = attrgetter("pp")
+_vp = attrgetter("vp")
 _pb = attrgetter("param_bytes")
 _ob = attrgetter("optim_bytes")
 
@@ -242,11 +243,13 @@ class FlatDAG:
             elif o == _MERGED:
                 out.append(inputs[src[uid]].with_uid(uid))
             else:
-                # a part takes its GPUs in the split unit's rank order, a copy its block sorted
+                # a part takes its GPUs in the split unit's rank order, a copy its block sorted; a
+                # T_sub unit interleaves as its source while it keeps several stages (sub_layout)
                 s = out[src[uid]]
                 g = tuple(gpus[ptr[uid] : ptr[uid + 1]])
+                vp = s.vp if pp[uid] > 1 else 1
                 out.append(
-                    _trusted(s.stage, tp[uid], pp[uid], g, s.param_bytes, s.optim_bytes, uid, _mask(g))
+                    _trusted(s.stage, tp[uid], pp[uid], g, s.param_bytes, s.optim_bytes, uid, _mask(g), vp)
                 )
         return out
 
@@ -292,19 +295,19 @@ def flat_dag(current: Sequence[EMU], target: Sequence[EMU]) -> FlatDAG | None:
     runs = _runs(current, 0, False) + _runs(target, n_cur, True)  # (model-stage, rows a:b, side)
     stage_objs = [ms for ms, _, _, _ in runs]
     lens = [b - a for _, a, b, _ in runs]
-    layouts = [list(map(get, units)) for get in (_tp, _pp, _pb, _ob)]
+    layouts = [list(map(get, units)) for get in (_tp, _pp, _pb, _ob, _vp)]
     # per run one layout and state size (compared in C), then per model-stage and side
     for values in layouts:
         for _, a, b, _ in runs:
             if values[a:b].count(values[a]) != b - a:
                 return None
-    tp_l, pp_l, pb_l, ob_l = layouts
+    tp_l, pp_l, pb_l, ob_l, vp_l = layouts
     number: dict[ModelStage, int] = {}  # model-stage → first-appearance number
     first_of: dict[tuple[int, bool], int] = {}  # (model-stage, side) → a row
     for ms, a, _, side in runs:
         k = number.setdefault(ms, len(number))
         r = first_of.setdefault((k, side), a)
-        if (tp_l[r], pp_l[r], pb_l[r], ob_l[r]) != (tp_l[a], pp_l[a], pb_l[a], ob_l[a]):
+        if (tp_l[r], pp_l[r], pb_l[r], ob_l[r], vp_l[r]) != (tp_l[a], pp_l[a], pb_l[a], ob_l[a], vp_l[a]):
             return None
     by_number = list(number)
     if any((k, side) not in first_of for k in range(len(by_number)) for side in (False, True)):
@@ -320,12 +323,14 @@ def flat_dag(current: Sequence[EMU], target: Sequence[EMU]) -> FlatDAG | None:
     starts = [a for _, a, _, _ in runs]
     tp = np.repeat(np.array([tp_l[a] for a in starts], np.int64), lens)
     pp = np.repeat(np.array([pp_l[a] for a in starts], np.int64), lens)
+    vp = np.repeat(np.array([vp_l[a] for a in starts], np.int64), lens)
     # bytes per GPU exactly as EMU computes them, (|θ| + |ω|)/(tp·pp); a T_sub unit of
-    # model-stage s holds (|θ| + |ω|)/|T_sub|
+    # model-stage s holds (|θ| + |ω|)/|T_sub| (sub_layout)
     bpg = np.repeat(np.array([(pb_l[a] + ob_l[a]) / (tp_l[a] * pp_l[a]) for a in starts]), lens)
     sub_bpg = np.array(
         [
-            (pb_l[a] + ob_l[a]) / (math.gcd(tp_l[a], tp_l[b]) * math.gcd(pp_l[a], pp_l[b]))
+            (pb_l[a] + ob_l[a])
+            / (math.gcd(tp_l[a], tp_l[b]) * (math.gcd(pp_l[a], pp_l[b]) if vp_l[a] == vp_l[b] else 1))
             for a, b in zip(cur_row, tgt_row)
         ]
     )
@@ -334,7 +339,7 @@ def flat_dag(current: Sequence[EMU], target: Sequence[EMU]) -> FlatDAG | None:
     gpus = np.fromiter(chain.from_iterable(map(_gpus_of, units)), np.int64, int(gptr[-1]))
     if kernel.validate(len(stages), n_cur, stage, gptr, gpus):
         return None  # units of one model-stage and side share a GPU
-    status, t = kernel.build(len(stages), n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg)
+    status, t = kernel.build(len(stages), n_cur, stage, tp, pp, bpg, gptr, gpus, sub_bpg, vp)
     if status:
         return None
     return FlatDAG(units, n_cur, stages, *t, stage)
@@ -380,6 +385,7 @@ def flat_dag_of_plans(
         np.array([s.dp * s.cp for _, s, *_ in rows], np.int64),  # weight replicas
         np.array([s.tp for _, s, *_ in rows], np.int64),
         np.array([s.pp for _, s, *_ in rows], np.int64),
+        np.array([s.vp for _, s, *_ in rows], np.int64),
         np.array([pb + ob for _, _, _, pb, ob in rows]),  # |θ| + |ω|
         np.concatenate(
             [
@@ -423,7 +429,7 @@ def _compile() -> bool:
     i64 = np.int64
     one = kernel.build_from_vertices(
         1, np.zeros(2, i64), np.array([2, 2], i64), np.array([2, 4], i64), np.ones(2, i64),
-        np.array([8e9, 8e9]), np.concatenate((np.arange(4), np.arange(8))),
+        np.ones(2, i64), np.array([8e9, 8e9]), np.concatenate((np.arange(4), np.arange(8))),
     )  # fmt: skip
     if one[0] or one[3] != 2:
         raise RuntimeError("the warm-up transition did not build from its vertices")

@@ -229,7 +229,8 @@ class Extend(Primitive):
     kind: ClassVar[str] = "extend"
 
     def __post_init__(self) -> None:
-        if self.source.layout != self.result.layout or self.source.stage != self.result.stage:
+        a, b = self.source, self.result
+        if (a.layout, a.vp) != (b.layout, b.vp) or a.stage != b.stage:
             raise ValueError(f"Extend copies a unit unchanged: source {self.source}, result {self.result}")
         if self.source.mask & self.result.mask:
             raise ValueError(

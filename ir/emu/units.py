@@ -12,6 +12,7 @@ an rpeg plan.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -22,7 +23,15 @@ from ..models import OPTIMIZER_BYTES_PER_PARAM
 from ..plan import Plan, Strategy
 from ..types import Role
 
-__all__ = ["EMU", "OPTIMIZER_BYTES_PER_PARAM", "ModelStage", "Stage", "emus_of", "plan_vertices"]
+__all__ = [
+    "EMU",
+    "OPTIMIZER_BYTES_PER_PARAM",
+    "ModelStage",
+    "Stage",
+    "emus_of",
+    "plan_vertices",
+    "sub_layout",
+]
 
 
 class Stage(str, Enum):
@@ -123,6 +132,11 @@ class EMU:
         ``|ω|``, bytes of one full copy of the optimizer state (``12·N_m`` for training, else 0).
     uid
         Identity inside a :class:`TransitionDAG` (not part of equality).
+    vp
+        Model chunks per pipeline stage (Megatron-core's interleaved pipeline,
+        :attr:`Strategy.vp <rpeg.ir.plan.Strategy.vp>`): stage ``p`` holds chunks
+        ``p, p + pp, …`` of ``pp·vp``, so two units of one ``tp×pp`` hold other layers per GPU
+        when their ``vp`` differ (:func:`sub_layout`). ``1`` (plain) when ``pp = 1``.
 
     Attributes
     ----------
@@ -148,14 +162,17 @@ class EMU:
     param_bytes: float
     optim_bytes: float = 0.0
     uid: int = field(default=-1, compare=False)
+    vp: int = 1
     mask: int = field(init=False, compare=False, repr=False)
     bytes_per_gpu: float = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         tp, pp, pb, ob = self.tp, self.pp, self.param_bytes, self.optim_bytes
-        for name, v in (("tp", tp), ("pp", pp)):
+        for name, v in (("tp", tp), ("pp", pp), ("vp", self.vp)):
             if not _is_pos_int(v):
                 raise ValueError(f"EMU {name} must be a positive integer, got {v!r}")
+        if self.vp > 1 and pp == 1:
+            raise ValueError(f"EMU vp={self.vp} needs pipeline stages to interleave (pp > 1), got pp=1")
         gpus = tuple(self.gpus)
         if len(gpus) != tp * pp:
             raise ValueError(f"EMU gpus must hold tp·pp = {tp * pp} GPUs, got {len(gpus)}: {list(gpus)}")
@@ -198,22 +215,33 @@ class EMU:
         """Optimizer bytes per GPU, ``|ω|/(tp·pp)``."""
         return self.optim_bytes / self.size
 
-    def key(self) -> tuple[ModelStage, int, int, frozenset[int]]:
-        """``(M, tp, pp, R as a set)``: what a collection comparison looks at (rank order within a
-        unit is a relabelling the runtime chooses)."""
-        return (self.stage, self.tp, self.pp, frozenset(self.gpus))
+    def key(self) -> tuple[ModelStage, int, int, frozenset[int], int]:
+        """``(M, tp, pp, R as a set, vp)``: what a collection comparison looks at (rank order
+        within a unit is a relabelling the runtime chooses)."""
+        return (self.stage, self.tp, self.pp, frozenset(self.gpus), self.vp)
 
     def with_uid(self, uid: int) -> EMU:
         """A copy carrying ``uid``."""
         return _trusted(
-            self.stage, self.tp, self.pp, self.gpus, self.param_bytes, self.optim_bytes, uid, self.mask
+            self.stage,
+            self.tp,
+            self.pp,
+            self.gpus,
+            self.param_bytes,
+            self.optim_bytes,
+            uid,
+            self.mask,
+            self.vp,
         )
 
-    def sub_unit(self, tp: int, pp: int, gpus: Sequence[int], uid: int = -1) -> EMU:
-        """A unit of the same model-stage and state with layout ``tp×pp`` on ``gpus``."""
+    def sub_unit(self, tp: int, pp: int, gpus: Sequence[int], uid: int = -1, vp: int = 1) -> EMU:
+        """A unit of the same model-stage and state with layout ``tp×pp`` (``vp`` chunks per
+        stage) on ``gpus``."""
         if tp * pp != len(gpus):
             raise ValueError(f"EMU gpus must hold tp·pp = {tp * pp} GPUs, got {len(gpus)}: {list(gpus)}")
-        return _trusted(self.stage, tp, pp, tuple(gpus), self.param_bytes, self.optim_bytes, uid, _mask(gpus))
+        return _trusted(
+            self.stage, tp, pp, tuple(gpus), self.param_bytes, self.optim_bytes, uid, _mask(gpus), vp
+        )
 
     def __str__(self) -> str:
         lo, hi = min(self.gpus), max(self.gpus)
@@ -224,11 +252,37 @@ class EMU:
             if hi - lo + 1 == self.size
             else f"GPUs {sorted(self.gpus)}"
         )
-        return f"{self.stage} tp={self.tp} pp={self.pp} on {where}"
+        vp = f" vp={self.vp}" if self.vp > 1 else ""
+        return f"{self.stage} tp={self.tp} pp={self.pp}{vp} on {where}"
+
+
+def sub_layout(a: EMU, b: EMU) -> tuple[int, int, int]:
+    """``T_sub = (tp, pp, vp)``, the largest layout both ``a`` and ``b`` split into: each of its
+    shards holds the shards of the ``a`` and ``b`` ranks on its GPUs.
+
+    ``(gcd(tp_a, tp_b), gcd(pp_a, pp_b), vp)`` when both interleave alike (``vp_a = vp_b``:
+    consecutive stages of either side hold the chunks of one coarser stage), and ``vp = 1`` once
+    ``gcd(pp) = 1``; ``(gcd(tp_a, tp_b), 1, 1)`` when they interleave differently — a stage of
+    one side holds layers of every stage of the other, so only the whole pipeline contains both
+    (``docs/cost-model.md`` §12).
+    """
+    tp = math.gcd(a.tp, b.tp)
+    if a.vp != b.vp:
+        return tp, 1, 1
+    pp = math.gcd(a.pp, b.pp)
+    return tp, pp, a.vp if pp > 1 else 1
 
 
 def _trusted(
-    stage: ModelStage, tp: int, pp: int, gpus: tuple[int, ...], pb: float, ob: float, uid: int, mask: int
+    stage: ModelStage,
+    tp: int,
+    pp: int,
+    gpus: tuple[int, ...],
+    pb: float,
+    ob: float,
+    uid: int,
+    mask: int,
+    vp: int = 1,
 ) -> EMU:
     """An EMU built from already-validated parts (the DAG builder creates thousands): the fields
     go straight into the instance dictionary, past the frozen ``__setattr__``."""
@@ -241,6 +295,7 @@ def _trusted(
     d["param_bytes"] = pb
     d["optim_bytes"] = ob
     d["uid"] = uid
+    d["vp"] = vp
     d["mask"] = mask
     d["bytes_per_gpu"] = (pb + ob) / (tp * pp)
     return u
@@ -288,7 +343,7 @@ def emus_of(
         for j in range(s.dp * s.cp):  # context-parallel ranks hold whole replicas, as data-parallel ones
             gpus = tuple(devices[j * rep : (j + 1) * rep])
             # checked once per vertex: positive degrees, distinct ascending devices
-            out.append(_trusted(ms, tp, pp, gpus, pb, ob, len(out), _sorted_mask(gpus)))
+            out.append(_trusted(ms, tp, pp, gpus, pb, ob, len(out), _sorted_mask(gpus), s.vp))
     return out
 
 

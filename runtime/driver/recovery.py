@@ -255,7 +255,7 @@ def _surviving_units(
         alias[stage.vertex] = train
         for u in intact:
             if u.stage.vertex == train:
-                seeded = EMU(stage, u.tp, u.pp, u.gpus, u.param_bytes, 0.0)
+                seeded = EMU(stage, u.tp, u.pp, u.gpus, u.param_bytes, 0.0, vp=u.vp)
                 current.append(seeded)
     return units, intact, current, alias
 

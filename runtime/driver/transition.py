@@ -414,7 +414,7 @@ def _hand_over(dag: Any, new: Any, holders: _Holders, shapes: dict, tags: Any, c
             for d in range(g.dp):
                 devs = [x + new.device_base for x in g.devices[d * rep : (d + 1) * rep]]
                 ms = next((u.stage for u in final.values() if u.stage.vertex == v), None)
-                key = (ms, g.tp, g.pp, frozenset(devs))
+                key = (ms, g.tp, g.pp, frozenset(devs), 1)  # the runtime runs plain 1F1B (vp = 1)
                 if ms is None or key not in final:
                     raise RuntimeError(
                         f"transition: no final unit of {v!r} on devices {list(devs)} (plan and DAG disagree)"
@@ -483,7 +483,11 @@ def physical_units(result: Any, graph: Any, base: int) -> list[EMU]:
     from ...ir.emu import emus_of
 
     units = emus_of(result.plan, result.cluster, graph=graph)
-    return units if base == 0 else [u.sub_unit(u.tp, u.pp, tuple(d + base for d in u.gpus)) for u in units]
+    return (
+        units
+        if base == 0
+        else [u.sub_unit(u.tp, u.pp, tuple(d + base for d in u.gpus), vp=u.vp) for u in units]
+    )
 
 
 def _final_units(dag: Any) -> list[EMU]:

@@ -13,6 +13,7 @@ from rpeg.ir.emu import (
     TransitionInfeasible,
     plan_diff,
     transition_dag,
+    transition_dag_reference,
 )
 
 GEN = ModelStage("actor", Stage.GEN, "actor_gen", 0)
@@ -22,8 +23,8 @@ P = 16e9  # |θ| of an 8B model in BF16
 OPT = 96e9  # |ω| = 12·N
 
 
-def unit(ms, tp, pp, first, optim=0.0):
-    return EMU(ms, tp, pp, tuple(range(first, first + tp * pp)), P, optim)
+def unit(ms, tp, pp, first, optim=0.0, vp=1):
+    return EMU(ms, tp, pp, tuple(range(first, first + tp * pp)), P, optim, vp=vp)
 
 
 def kinds(dag):
@@ -36,7 +37,7 @@ def test_plan_diff_pairs_model_stages_and_rejects_mismatch():
     tgt = [unit(GEN, 2, 4, 0), unit(TRAIN, 1, 4, 8, OPT), unit(TRAIN, 1, 4, 12, OPT)]
     d = plan_diff(cur, tgt)
     assert list(d) == [GEN, TRAIN]
-    assert d[GEN].t_sub == (1, 4) and d[TRAIN].dp == (1, 2)
+    assert d[GEN].t_sub == (1, 4, 1) and d[TRAIN].dp == (1, 2)
     assert d[TRAIN].acquired == frozenset(range(8, 16)) and d[TRAIN].released == frozenset(range(4, 8))
     with pytest.raises(ValueError, match="same model-stages"):
         plan_diff(cur, tgt[:1])
@@ -158,3 +159,29 @@ def test_apply_refuses_to_destroy_the_last_copy():
         dag2.apply([d, e])
     with pytest.raises(ValueError, match="before its predecessor"):
         dag.apply([d, e])
+
+
+# ------------------------------------------------------------------ the interleaved pipeline
+def test_a_change_of_interleaving_alone_reshards_through_the_whole_pipeline():
+    # (tp 1, pp 4, vp 1) → (tp 1, pp 4, vp 2) on the same GPUs: stage p held layers [p·L/4, …)
+    # and now holds chunks p and p + 4 of 8, so T_sub is the whole pipeline (1, 1, 1)
+    cur, tgt = [unit(TRAIN, 1, 4, 0, OPT)], [unit(TRAIN, 1, 4, 0, OPT, vp=2)]
+    d = plan_diff(cur, tgt)[TRAIN]
+    assert not d.unchanged and d.t_sub == (1, 1, 1)
+    dag = transition_dag(cur, tgt)
+    assert kinds(dag) == ["merge", "split"]
+    (split,) = [p for p in dag.primitives if p.kind == "split"]
+    assert [(u.tp, u.pp, u.vp) for u in split.parts] == [(1, 1, 1)] * 4
+    assert {u.key() for u in dag.apply()} == {u.key() for u in tgt}
+    assert dag == transition_dag_reference(cur, tgt)
+    # alike interleavings nest: (1, 4, 2) → (1, 2, 2) keeps the coarser stages' chunks
+    d = plan_diff([unit(TRAIN, 1, 4, 0, OPT, vp=2)], [unit(TRAIN, 1, 2, 0, OPT, vp=2)])[TRAIN]
+    assert d.t_sub == (1, 2, 2)
+    # and an unchanged one is unchanged
+    assert plan_diff([unit(TRAIN, 1, 4, 0, OPT, vp=2)], [unit(TRAIN, 1, 4, 0, OPT, vp=2)])[TRAIN].unchanged
+
+
+def test_an_emu_interleaves_only_a_pipeline():
+    with pytest.raises(ValueError, match=r"vp=2 needs pipeline stages"):
+        unit(TRAIN, 2, 1, 0, vp=2)
+    assert str(unit(TRAIN, 1, 2, 0, vp=2)).endswith("pp=2 vp=2 on GPUs 0-1")

@@ -102,6 +102,7 @@ def raw_pair(rng: random.Random) -> tuple[list[EMU], list[EMU]]:
             size = tp * pp
             if size > n_gpus:
                 tp, pp, size = 1, 1, 1
+            vp = rng.choice([1, 1, 2]) if pp > 1 else 1  # an interleaved pipeline now and then
             dp = rng.randint(1, n_gpus // size)
             free = rng.sample(range(n_gpus), dp * size)
             if rng.random() < 0.5:  # aligned contiguous blocks, as plans make them
@@ -112,7 +113,7 @@ def raw_pair(rng: random.Random) -> tuple[list[EMU], list[EMU]]:
                 gpus = free[j * size : (j + 1) * size]
                 if rng.random() < 0.3:
                     rng.shuffle(gpus)
-                out.append(EMU(twin if j % 2 else ms, tp, pp, tuple(gpus), nbytes[ms], optim[ms]))
+                out.append(EMU(twin if j % 2 else ms, tp, pp, tuple(gpus), nbytes[ms], optim[ms], vp=vp))
         if rng.random() < 0.5:
             rng.shuffle(out)
         return out
@@ -142,7 +143,13 @@ def assert_same_dag(fast: TransitionDAG, ref: TransitionDAG) -> None:
     for p, q in zip(fast.primitives, ref.primitives):
         assert type(p) is type(q)
         for u, v in zip(p.inputs + p.outputs, q.inputs + q.outputs):
-            assert (u.uid, u.gpus, u.mask, u.bytes_per_gpu) == (v.uid, v.gpus, v.mask, v.bytes_per_gpu)
+            assert (u.uid, u.gpus, u.mask, u.bytes_per_gpu, u.vp) == (
+                v.uid,
+                v.gpus,
+                v.mask,
+                v.bytes_per_gpu,
+                v.vp,
+            )
     for a, b in ((fast.current, ref.current), (fast.target, ref.target)):
         assert [(u.uid, u.gpus) for u in a] == [(u.uid, u.gpus) for u in b]
     assert list(fast.diffs) == list(ref.diffs)
