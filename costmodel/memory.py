@@ -402,8 +402,9 @@ def pipeline_alive(mb: int, pp: int, vp: int = 1) -> float:
     Megatron-core's interleaved schedule (``Pv > 1`` chunks of ``L/(Pp·Pv)`` layers) warms the
     first rank up with ``2(Pp − 1) + (Pv − 1)·Pp`` chunk forwards (all ``Pv·mb`` when
     ``mb = Pp``; ``schedules.py``, ``get_pp_rank_microbatches``), so
-    ``min(Pv·mb, (Pv + 1)·Pp − 1)/Pv`` — at ``mb ≥ Pp + 1`` the factor
-    ``Pp·(1 + (Pp − 1)/(Pp·Pv))`` of Korthikanti et al. (2022, §4.2.3).
+    ``min(Pv·mb, (Pv + 1)·Pp − 1)/Pv = min(mb, Pp + (Pp − 1)/Pv)`` — once
+    ``mb ≥ Pp + (Pp − 1)/Pv``, ``Pp·(1 + (Pp − 1)/(Pp·Pv))``, the factor Korthikanti et al. (2022,
+    "Reducing activation recomputation") give for the interleaved schedule.
 
     Parameters
     ----------

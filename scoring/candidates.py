@@ -245,8 +245,8 @@ def interleavings(cluster: Cluster, model: ModelSpec, role: Role | None, pp: int
     for training and inference with ``Pp > 1`` on engines that interleave the pipeline, every
     ``vp > 1`` dividing the ``L/Pp`` layers of a stage when ``Pp | mb``. None is dominated:
     a larger ``vp`` shortens the fill and drain ``(Pp − 1)/(vp·mb)`` but sends ``vp`` times the
-    point-to-point messages and keeps ``1 + (Pp − 1)/(Pp·vp)`` stages' activations alive
-    (``docs/cost-model.md`` §12)."""
+    point-to-point messages, and keeps ``min(mb, Pp + (Pp − 1)/vp)`` stages' activations alive
+    against plain 1F1B's ``min(mb, Pp)`` (``docs/cost-model.md`` §12)."""
     if pp == 1 or role is Role.GENERATION or not cluster.virtual_pipeline_parallel or mb % pp:
         return [1]
     return _divisors(model.layers // pp)
@@ -627,7 +627,8 @@ def fastest_interleaving(costs: Costs, vertex: int, plain: Strategy) -> tuple[fl
     messages grow), convex in ``Pv``, so the scan of ascending divisors stops at the first that
     is not faster. Their activations, ``min(Pv·mb, (Pv + 1)·Pp − 1)/Pv`` stages' worth
     (:func:`~rpeg.costmodel.memory.pipeline_alive`), do not grow with ``Pv``: a larger ``Pv``
-    than the fastest saves at most ``(Pp − 1)/(Pp·Pv)`` of a stage's activations for more time,
+    than the fastest saves at most ``(Pp − 1)/Pv`` stages' worth of activations (a fraction
+    ``(Pp − 1)/(Pp·Pv)`` of plain 1F1B's) for more time,
     and is not listed (``docs/cost-model.md`` §12).
     """
     v = costs.graph.vertices[vertex]

@@ -80,12 +80,21 @@ def test_fill_drain_and_messages_by_hand(pp, mb, vp):
 
 @pytest.mark.parametrize(
     "mb, pp, vp, alive",
-    [(8, 4, 1, 4), (2, 4, 1, 2), (8, 4, 2, 5.5), (4, 4, 2, 4), (16, 4, 5, (6 * 4 - 1) / 5), (2, 2, 3, 2)],
+    [
+        (8, 4, 1, 4),
+        (2, 4, 1, 2),
+        (8, 4, 2, 5.5),
+        (4, 4, 2, 4),
+        (16, 4, 5, (6 * 4 - 1) / 5),
+        (2, 2, 3, 2),
+        (9, 8, 2, 9),  # all 18 chunk forwards fit the 23-chunk warm-up
+    ],
 )
 def test_activations_alive_follow_megatrons_warm_up(mb, pp, vp, alive):
     # rank 0 warms up with 2(Pp − 1) + (Pv − 1)·Pp chunk forwards, all Pv·mb when mb = Pp
     assert pipeline_alive(mb, pp, vp) == pytest.approx(alive)
-    if vp > 1 and mb > pp:  # Korthikanti et al. (2022): Pp·(1 + (Pp − 1)/(Pp·Pv)) stages
+    assert pipeline_alive(mb, pp, vp) == pytest.approx(min(mb, pp + (pp - 1) / vp) if vp > 1 else min(mb, pp))
+    if vp > 1 and mb >= pp + (pp - 1) / vp:  # Korthikanti et al. (2022): Pp·(1 + (Pp − 1)/(Pp·Pv))
         assert alive == pytest.approx(pp * (1 + (pp - 1) / (pp * vp)))
 
 
