@@ -281,24 +281,22 @@ def configuration(row: dict[str, Any]) -> tuple:
     return tuple(row.get(k) or 1 if k in ("vp", "cp", "ep") else row.get(k) for k in keys)
 
 
-def breakdown(rows: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
-    """``(published, predicted)`` pairs of the expressible rows by model kind (dense, mixture of
-    experts), each also restricted to the newest release of every configuration (the same
-    layout re-measured by a later Megatron-Bridge release replaces the earlier row: the software
-    changed, the hardware did not)."""
+def breakdown(priced: list[tuple[dict[str, Any], float, float]]) -> dict[str, list[tuple[float, float]]]:
+    """``(published, predicted)`` pairs of the priced rows ``(row, published, predicted)`` by model
+    kind (dense, mixture of experts), each also restricted to the newest release of every
+    configuration (the same layout re-measured by a later Megatron-Bridge release replaces the
+    earlier row: the software changed, the hardware did not)."""
     newest: dict[tuple, dict[str, Any]] = {}
-    ok = [r for r in rows if why_not(r) is None]
-    for r in ok:
+    for r, _, _ in priced:
         key = configuration(r)
         if key not in newest or release_key(r["release"]) > release_key(newest[key]["release"]):
             newest[key] = r
     out: dict[str, list[tuple[float, float]]] = {}
     for kind, moe in (("dense", False), ("mixture of experts", True)):
-        mine = [r for r in ok if model_spec(r["model_key"]).is_moe == moe]
-        out[kind] = [(float(r["tokens_per_s_per_gpu"]), predict(r)) for r in mine]
-        latest = [r for r in mine if newest[configuration(r)] is r]
+        mine = [(r, pub, pred) for r, pub, pred in priced if model_spec(r["model_key"]).is_moe == moe]
+        out[kind] = [(pub, pred) for _, pub, pred in mine]
         out[f"{kind}, newest release of each configuration"] = [
-            (float(r["tokens_per_s_per_gpu"]), predict(r)) for r in latest
+            (pub, pred) for r, pub, pred in mine if newest[configuration(r)] is r
         ]
     return out
 
@@ -929,12 +927,14 @@ def main(argv: list[str] | None = None) -> None:
     table = [head, "|" + "---|" * 16]
     skipped: dict[str, int] = {}
     by_prec: dict[str, list[tuple[float, float]]] = {}
+    priced: list[tuple[dict[str, Any], float, float]] = []
     for row in rows:
         reason = why_not(row)
         if reason:
             skipped[reason] = skipped.get(reason, 0) + 1
             continue
         pub, pred = float(row["tokens_per_s_per_gpu"]), predict(row)
+        priced.append((row, pub, pred))
         by_prec.setdefault(row["precision"], []).append((pub, pred))
         if PRECISIONS[row["precision"]] != "bf16":  # an FP8 recipe (plain FP8 too): also pooled
             by_prec.setdefault(f"all {PRECISIONS[row['precision']].upper()} recipes", []).append((pub, pred))
@@ -947,8 +947,8 @@ def main(argv: list[str] | None = None) -> None:
     for prec, pairs in sorted(by_prec.items()):
         stats.append(_summary(prec, pairs))
     stats += ["", "By model kind and release (both precisions' recipes, the same rows as above):", ""]
-    stats += [_summary(name, pairs) for name, pairs in breakdown(rows).items() if pairs]
-    n_ok = sum(len(v) for k, v in by_prec.items() if not k.startswith("all "))
+    stats += [_summary(name, pairs) for name, pairs in breakdown(priced).items() if pairs]
+    n_ok = len(priced)
     lines = [
         "## GPU fidelity: Megatron-Bridge pre-training throughput vs rpeg (issue 31)",
         "",

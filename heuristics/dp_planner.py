@@ -75,7 +75,7 @@ from ..scoring.candidates import (
     enumerate_strategies,
     explain_illegal,
     head_exclusions,
-    interleavings,
+    scan_interleavings,
 )
 from ..scoring.costs import Costs
 from .baselines import Infeasible
@@ -537,23 +537,21 @@ def _fastest_interleaving(
     costs: Costs, ms: StageUnit, plain: Strategy, point_of: Callable[[Strategy], FrontierPoint], m_eff: int
 ) -> Strategy | None:
     """The interleaved twin (``vp > 1``) of ``plain`` a frontier considers: the one of least
-    latency summed over the model-stage's vertices that fits ``M_eff`` and starts — as
-    :func:`~rpeg.scoring.candidates.fastest_interleaving` picks for one vertex (the latency is
-    convex in ``vp``: the scan of ascending ``vp`` stops at the first that is not faster)."""
+    latency summed over the model-stage's vertices that fits ``M_eff`` and starts
+    (:func:`~rpeg.scoring.candidates.scan_interleavings`, as a directory picks one per vertex)."""
     g = costs.graph
     first = g.vertices[ms.vertices[0]]
-    best: FrontierPoint | None = None
-    for vp in interleavings(costs.cluster, g.models[first.model].spec, first.role, plain.pp, plain.mb)[1:]:
-        s = plain.variant(vp=vp)
+
+    def latency_if_it_fits(s: Strategy) -> float | None:
         if not all(costs.runnable(v, s) for v in ms.vertices):
-            continue
+            return None
         point = point_of(s)
-        if point.footprint > m_eff:
-            continue  # a larger vp keeps no more activations
-        if best is not None and point.latency >= best.latency:
-            break
-        best = point
-    return best.strategy if best is not None else None
+        return None if point.footprint > m_eff else point.latency
+
+    best = scan_interleavings(
+        costs.cluster, g.models[first.model].spec, first.role, plain, latency_if_it_fits
+    )
+    return best[1] if best is not None else None
 
 
 def build_dp_instance(costs: Costs, budget: int | None = None) -> DPInstance:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..ir.cluster import Allocation, Cluster
@@ -34,6 +34,7 @@ __all__ = [
     "interleavings",
     "make_strategy",
     "recompute_modes",
+    "scan_interleavings",
 ]
 
 #: Order of the legality rules as :func:`~rpeg.ir.plan.check_strategy` tests them.
@@ -620,26 +621,46 @@ def build_directories(costs: Costs) -> list[Directory]:
 def fastest_interleaving(costs: Costs, vertex: int, plain: Strategy) -> tuple[float, Strategy] | None:
     """The interleaved twin (``vp > 1``, :func:`interleavings`) of a plain-1F1B strategy that a
     directory lists: the fastest that fits ``M_eff`` alone and starts, with its time; ``None``
-    when none does (or the layout has no interleaving).
+    when none does (or the layout has no interleaving) — :func:`scan_interleavings` with the
+    vertex's OP time.
+    """
+    v = costs.graph.vertices[vertex]
+    m_eff = costs.cluster.hardware.m_eff
+
+    def time_if_it_fits(s: Strategy) -> float | None:
+        if costs.memory(vertex, s).isolated > m_eff or not costs.runnable(vertex, s):
+            return None
+        return costs.op_time(vertex, s)
+
+    return scan_interleavings(costs.cluster, costs.graph.models[v.model].spec, v.role, plain, time_if_it_fits)
+
+
+def scan_interleavings(
+    cluster: Cluster,
+    model: ModelSpec,
+    role: Role | None,
+    plain: Strategy,
+    time_of: Callable[[Strategy], float | None],
+) -> tuple[float, Strategy] | None:
+    """The interleaved twin of ``plain`` of least ``time_of`` (``None``: it does not fit or
+    start) and that time, scanning :func:`interleavings` in ascending ``vp``; ``None`` when none
+    fits.
 
     The twins of one strategy hold the same weights; with ``Pv`` chunks per stage the time is
     ``A + B/Pv + C·Pv`` (the fill and drain and the per-layer slots shrink, the pipeline's
-    messages grow), convex in ``Pv``, so the scan of ascending divisors stops at the first that
-    is not faster. Their activations, ``min(Pv·mb, (Pv + 1)·Pp − 1)/Pv`` stages' worth
-    (:func:`~rpeg.costmodel.memory.pipeline_alive`), do not grow with ``Pv``: a larger ``Pv``
-    than the fastest saves at most ``(Pp − 1)/Pv`` stages' worth of activations (a fraction
-    ``(Pp − 1)/(Pp·Pv)`` of plain 1F1B's) for more time,
-    and is not listed (``docs/cost-model.md`` §12).
+    messages grow), convex in ``Pv``, so the scan stops at the first that is not faster. Their
+    activations, ``min(Pv·mb, (Pv + 1)·Pp − 1)/Pv`` stages' worth
+    (:func:`~rpeg.costmodel.memory.pipeline_alive`), do not grow with ``Pv``, so a twin that does
+    not fit is skipped, not a stop; a larger ``Pv`` than the fastest saves at most
+    ``(Pp − 1)/Pv`` stages' worth of activations (a fraction ``(Pp − 1)/(Pp·Pv)`` of plain
+    1F1B's) for more time, and is not listed (``docs/cost-model.md`` §12).
     """
-    v = costs.graph.vertices[vertex]
-    spec = costs.graph.models[v.model].spec
     best: tuple[float, Strategy] | None = None
-    m_eff = costs.cluster.hardware.m_eff
-    for vp in interleavings(costs.cluster, spec, v.role, plain.pp, plain.mb)[1:]:
+    for vp in interleavings(cluster, model, role, plain.pp, plain.mb)[1:]:
         s = plain.variant(vp=vp)
-        if costs.memory(vertex, s).isolated > m_eff or not costs.runnable(vertex, s):
-            continue  # a larger vp keeps no more activations
-        t = costs.op_time(vertex, s)
+        t = time_of(s)
+        if t is None:
+            continue
         if best is not None and t >= best[0]:
             break
         best = (t, s)

@@ -105,6 +105,20 @@ def load_checker():
     return mod
 
 
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` imported from its path, once per process (the scripts are not a
+    package): for tests of what a benchmark can run on CPU."""
+    mod_name = f"rpeg_benchmark_{name}"
+    mod = sys.modules.get(mod_name)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(mod_name, TESTS.parent / "benchmarks" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
 def tiny_ppo_workload(**overrides) -> Workload:
     """PPO with Llama-2 7B actor/critic/reward/reference, B=64, R=1, Lp=128, Lr=256."""
     seven = model_preset("7b")

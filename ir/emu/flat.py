@@ -35,7 +35,7 @@ from ..graph import RPEG
 from ..plan import Plan
 from ..warmup import WarmUp
 from .primitives import Destroy, Extend, Merge, Primitive, Split
-from .units import EMU, ModelStage, Stage, _mask, _trusted, emus_of, plan_vertices
+from .units import EMU, ModelStage, Stage, _mask, _trusted, emus_of, plan_vertices, sub_layout
 
 __all__ = [
     "DESTROY",
@@ -329,8 +329,7 @@ def flat_dag(current: Sequence[EMU], target: Sequence[EMU]) -> FlatDAG | None:
     bpg = np.repeat(np.array([(pb_l[a] + ob_l[a]) / (tp_l[a] * pp_l[a]) for a in starts]), lens)
     sub_bpg = np.array(
         [
-            (pb_l[a] + ob_l[a])
-            / (math.gcd(tp_l[a], tp_l[b]) * (math.gcd(pp_l[a], pp_l[b]) if vp_l[a] == vp_l[b] else 1))
+            (pb_l[a] + ob_l[a]) / math.prod(sub_layout(units[a], units[b])[:2])
             for a, b in zip(cur_row, tgt_row)
         ]
     )

@@ -3,7 +3,6 @@ Megatron-LM's Table 1 (Narayanan et al., SC'21) loads with every configuration f
 source, every row is expressible and priced, the link tiers follow Megatron's rank order, and
 the FLOP count is the paper's eq. (3)."""
 
-import importlib.util
 import json
 import math
 import sys
@@ -11,15 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_benchmark
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def fid():
-    spec = importlib.util.spec_from_file_location("gpu_fidelity", BENCH / "gpu_fidelity.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_fidelity")
 
 
 def test_rows_load_with_their_configuration_and_source(fid):

@@ -22,6 +22,7 @@ from rpeg.ir.errors import InputError
 from rpeg.ir.hardware import EngineStep, Hardware
 from rpeg.ir.types import Role
 from rpeg.ir.workload import LengthBucket
+from tests.conftest import load_benchmark
 
 MODEL = model_preset("qwen2.5-7b")
 H100 = hardware_preset("h100")
@@ -183,13 +184,7 @@ def test_a_hardware_file_round_trips_its_step_and_names_a_bad_field(tmp_path: Pa
 
 
 def _fidelity_script():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_fidelity.py"
-    spec = importlib.util.spec_from_file_location("gpu_fidelity_gen", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_fidelity")
 
 
 def test_the_benchmark_prices_each_row_with_vllm_serves_budget_and_lists_the_front_end_case_apart() -> None:

@@ -3,22 +3,16 @@ parses, every row carries its configuration and its source, and a row's layout t
 Strategy the benchmark prices."""
 
 import dataclasses
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from rpeg.ir.plan import Strategy
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_fidelity.py"
+from tests.conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def fid():
-    spec = importlib.util.spec_from_file_location("gpu_fidelity", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_fidelity")
 
 
 def test_every_row_has_its_fields_and_a_source(fid):
