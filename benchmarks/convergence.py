@@ -43,6 +43,7 @@ import _bench
 
 import rpeg
 from rpeg.ir import structures
+from rpeg.solvers import clear_caches
 
 CONFIGS = [  # label, topology, size, B; Lp = 128, Lr = 384
     ("7B/256", "4x16x4", "7b", 1024),
@@ -82,6 +83,7 @@ def stability_target(evaluations: int) -> float:
 def stability_run(job: tuple[str, int, int, tuple[str, ...]]) -> tuple[int, float, float]:
     label, seed, evaluations, ablate = job
     w, cl = problem(label)
+    clear_caches()  # timed: as in a fresh process
     t0 = time.perf_counter()
     res = rpeg.solve(w, cl, method="sa", max_evaluations=evaluations, seed=seed, ablate=list(ablate))
     return seed, res.throughput if res.feasible else 0.0, time.perf_counter() - t0
@@ -164,9 +166,11 @@ def convergence(args, argv) -> None:
     for label in args.configs:
         w, cl = problem(label)
         horizon = args.long_horizon if (args.long_horizon and label == args.long_config) else args.horizon
+        clear_caches()  # time-limited: each search prepares its own candidates
         res = rpeg.solve(w, cl, method="sa", time_limit=horizon, seed=args.seed)
         load_long = _bench.load().split("/")[0]
         hist = res.extra["history"]
+        clear_caches()
         short = rpeg.solve(w, cl, method="sa", time_limit=args.checkpoint, seed=args.seed)
         row = {
             "label": label,

@@ -49,6 +49,7 @@ from _bench import command, machine, plan_labels, write_section
 
 import rpeg
 from rpeg import Cluster, Workload, hardware_preset, model_preset
+from rpeg.solvers import clear_caches
 
 SEVEN = model_preset("7b")
 
@@ -190,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         common = {"k_eval": k, "seed": 0}
         cells = {}
         for m in ("greedy", "concurrent"):
+            clear_caches()  # every method builds its own candidates (fair times and limits)
             r = rpeg.solve(w, cluster, method=m, **common)
             cells[m] = f"{r.throughput:,.0f}" if r.feasible else "OOM"
+        clear_caches()
         sa = rpeg.solve(w, cluster, method="sa", time_limit=limit, candidates=args.candidates, **common)
         cells["sa"] = f"{sa.throughput:,.0f}" if sa.feasible else "none"
         plans_used.append(f"{name}: SA {plan_labels(sa)}")
@@ -199,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         vs_cells = []
         proven: dict[str, float] = {}  # engine → model makespan, where proven optimal
         for e in engines:
+            clear_caches()
             t0 = time.perf_counter()
             opts = {"candidates": args.candidates, "warm_start": "concurrent"}
             r = rpeg.solve(w, cluster, method=e, time_limit=limit, **common, **opts)

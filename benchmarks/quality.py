@@ -31,6 +31,7 @@ from pathlib import Path
 import _bench
 
 import rpeg
+from rpeg.solvers import clear_caches
 
 SHAPES = {8: "1x2x4", 16: "1x4x4", 32: "1x8x4", 64: "2x8x4", 128: "2x16x4"}
 SIZES = ("7b", "13b", "34b", "70b")
@@ -66,8 +67,10 @@ def run_case(job: tuple[dict, int, int]) -> dict:
     out = dict(case)
     t0 = time.perf_counter()
     for method in ("greedy", "concurrent"):
+        clear_caches()  # timed: each method builds its own candidates
         res = rpeg.solve(w, cl, method=method)
         out[method] = res.throughput if res.feasible else None
+    clear_caches()
     res = rpeg.solve(w, cl, method="sa", max_evaluations=evaluations, seed=seed)
     out["sa"] = res.throughput if res.feasible else None
     out["structure"] = _label(res.structure)

@@ -55,6 +55,7 @@ from _bench import command, machine, plan_labels, write_section
 import rpeg
 from rpeg.ir.cluster import NO_SPLITS
 from rpeg.ir.templates import Structure
+from rpeg.solvers import clear_caches
 from rpeg.solvers.result import result_for_plan
 
 HERE = Path(__file__).resolve().parent / "real_jobs"
@@ -161,6 +162,7 @@ def run_job(stem: str, shape: str, time_limit: float, splits: bool = True) -> li
         ("concurrent", {}),
         ("sa", {"time_limit": time_limit, "seed": 0}),
     ):
+        clear_caches()  # each method builds its own candidates, as in a fresh process
         t0 = time.perf_counter()
         result = rpeg.solve(wf.workload, cluster, method=method, k_eval=wf.k_eval, **kwargs)
         label = method if splits else f"{method}, no EP/CP/SP"

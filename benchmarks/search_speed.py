@@ -32,6 +32,7 @@ import time
 import _bench
 
 import rpeg
+from rpeg.solvers import clear_caches
 
 CONFIGS = [  # (GPUs, topology, actor, critic, reward, B), RPEG paper Table X; Lp = 128, Lr = 384
     (64, "2x8x4", "13b", "13b", "7b", 1024),
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 for workers in args.workers:
                     for backend in backends:
                         os.environ["RPEG_EVALUATOR"] = backend  # read by every evaluator, workers too
+                        clear_caches()  # every run prepares its own search
                         cpu0 = cpu_seconds()
                         res = rpeg.solve(
                             w, cl, method="sa", time_limit=seconds, seed=args.seed, workers=workers

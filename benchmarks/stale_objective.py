@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     from rpeg.runtime.config import RLConfig
     from rpeg.runtime.driver.pool import WorkerPool
     from rpeg.runtime.driver.runner import run
+    from rpeg.solvers import clear_caches
     from tests.runtime.plans import workload
 
     cluster = Cluster.from_shape(
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     with WorkerPool(devices=cluster.num_devices):
         for algorithm in args.algorithms.split(","):
+            clear_caches()  # a time-limited search: each prepares its own candidates
             result = solve(workload(algorithm), cluster, "sa", time_limit=20, seed=0)
             st = result.structure
             where = f"ac={int(st.ac_sharing)} " + " ".join(f"τ({m})={t}" for m, t in st.staleness)

@@ -60,7 +60,9 @@ import bisect
 import dataclasses
 import math
 import sys
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -72,6 +74,7 @@ from ..ir.plan import Choice, Plan, Strategy
 from ..ir.types import Role
 from ..scoring.candidates import (
     aligned_allocations,
+    directory_key,
     enumerate_strategies,
     explain_illegal,
     head_exclusions,
@@ -90,6 +93,8 @@ __all__ = [
     "Selection",
     "StageUnit",
     "build_dp_instance",
+    "build_frontier",
+    "clear_frontier_cache",
     "dominates",
     "model_stages",
     "place",
@@ -414,6 +419,35 @@ def _memory_terms(costs: Costs, vertex: int, s: Strategy) -> tuple[float, float]
     return 0.0, mem.transient + mem.weights
 
 
+#: Model-stage frontiers :func:`build_frontier` keeps for the process (least recently used out).
+FRONTIER_CACHE = 64
+_FRONTIERS: OrderedDict[tuple, tuple] = OrderedDict()
+_FRONTIERS_LOCK = threading.Lock()
+
+
+def clear_frontier_cache() -> None:
+    """Forget the frontiers :func:`build_frontier` kept."""
+    with _FRONTIERS_LOCK:
+        _FRONTIERS.clear()
+
+
+def frontier_key(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int) -> tuple:
+    """What the frontier of ``ms`` depends on: per vertex its
+    :func:`~rpeg.scoring.candidates.directory_key`, name, whether its model trains and the
+    model's staleness (:func:`_memory_terms`); the allowed sizes and ``M_eff``."""
+    g = costs.graph
+    per_vertex = tuple(
+        (
+            directory_key(costs, v),
+            g.vertices[v].name,
+            g.models[g.vertices[v].model].trainable,
+            g.staleness.get(g.vertices[v].model, 0),
+        )
+        for v in ms.vertices
+    )
+    return (per_vertex, tuple(sorted(set(sizes))), m_eff)
+
+
 def build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int) -> Frontier:
     """The frontier of model-stage ``ms``: legal, memory-feasible, Pareto-optimal points.
 
@@ -425,7 +459,31 @@ def build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int
     excluded the candidates. Host-offload variants (SPEC §14.4) are each resident layout's twin,
     as legal and runnable as it: the resident layouts are enumerated and each is scored with its
     twin (as :func:`~rpeg.scoring.candidates.build_directories` lists them).
+
+    A frontier depends only on :func:`frontier_key` (each vertex's
+    :func:`~rpeg.scoring.candidates.directory_key`, whether its model trains and its
+    staleness, the sizes and ``M_eff``), so the last :data:`FRONTIER_CACHE` built are kept for
+    the process, as directories are: the structures of one plan and the re-plans of a
+    controller share model-stages.
     """
+    key = frontier_key(costs, ms, sizes, m_eff)
+    with _FRONTIERS_LOCK:
+        hit = _FRONTIERS.get(key)
+        if hit is not None:
+            _FRONTIERS.move_to_end(key)
+    if hit is None:
+        f = _build_frontier(costs, ms, sizes, m_eff)
+        hit = (tuple(f.points), *(getattr(f, x.name) for x in dataclasses.fields(f)[2:]))
+        with _FRONTIERS_LOCK:
+            _FRONTIERS[key] = hit
+            while len(_FRONTIERS) > FRONTIER_CACHE:
+                _FRONTIERS.popitem(last=False)
+    points, *rest = hit
+    return Frontier(ms, list(points), *rest)
+
+
+def _build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int) -> Frontier:
+    """:func:`build_frontier`, uncached."""
     g = costs.graph
     allowed = set(sizes)
     legal: list[Strategy] | None = None

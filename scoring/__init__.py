@@ -5,7 +5,7 @@ It sits between :mod:`rpeg.costmodel` (the formulas) and the planners (:mod:`rpe
 :mod:`rpeg.formulations`, :mod:`rpeg.solvers`); the runtime and the CLI reach it directly.
 """
 
-from .candidates import Directory, build_directories, enumerate_strategies
+from .candidates import Directory, build_directories, clear_directory_cache, enumerate_strategies
 from .check import check_schedule
 from .costs import Costs, VertexMemory
 from .evaluator import Evaluation, Evaluator, MemoryReport
@@ -21,6 +21,7 @@ __all__ = [
     "VertexMemory",
     "build_directories",
     "check_schedule",
+    "clear_directory_cache",
     "enumerate_strategies",
     "list_schedule",
 ]

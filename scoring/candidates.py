@@ -12,7 +12,8 @@ isolated time; each strategy can sit at any aligned origin of its shape (P7), wh
 from __future__ import annotations
 
 import math
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -23,9 +24,12 @@ from ..ir.types import Recompute, Role
 from .costs import Costs
 
 __all__ = [
+    "DIRECTORY_CACHE",
     "Directory",
     "aligned_allocations",
     "build_directories",
+    "clear_directory_cache",
+    "directory_key",
     "enumerate_strategies",
     "expert_degrees",
     "explain_illegal",
@@ -542,6 +546,44 @@ def aligned_allocations(cluster: Cluster, size: int) -> list[Allocation]:
     return hit
 
 
+#: Vertex directories :func:`build_directories` keeps for the process (least recently used out).
+DIRECTORY_CACHE = 64  # a vertex of a 64-GPU cluster lists about 4,000 strategies, ~1 MB
+_DIRECTORIES: OrderedDict[tuple, tuple[tuple[Strategy, ...], tuple[float, ...], int, float, int]] = (
+    OrderedDict()
+)
+_DIRECTORIES_LOCK = threading.Lock()
+
+
+def directory_key(costs: Costs, vertex: int) -> tuple:
+    """What the directory of ``vertex`` depends on: ``(cluster, model spec, model head, role,
+    head, sequences, Lp, Lr, quantiles, reward, c_r, U)`` — every input of the legality rules
+    (:func:`enumerate_strategies`) and of :class:`~rpeg.scoring.costs.Costs`' time, memory and
+    runnability of one vertex."""
+    v = costs.graph.vertices[vertex]
+    inst = costs.graph.models[v.model]
+    w = costs.workload
+    return (
+        costs.cluster,
+        inst.spec,
+        inst.head,
+        v.role,
+        v.head,
+        v.sequences,
+        w.prompt_len,
+        w.response_len,
+        w.quantiles,
+        w.reward,
+        w.reward_cost_s,
+        w.mini_batches,
+    )
+
+
+def clear_directory_cache() -> None:
+    """Forget the directories :func:`build_directories` kept."""
+    with _DIRECTORIES_LOCK:
+        _DIRECTORIES.clear()
+
+
 def build_directories(costs: Costs) -> list[Directory]:
     """Build ``Xcand(v)`` for every vertex of ``costs.graph`` (SPEC §4, §14).
 
@@ -566,56 +608,78 @@ def build_directories(costs: Costs) -> list[Directory]:
     every resident variant it keeps (``dropped`` and ``dominated`` count both): what enumerating
     both and filtering would keep, but for ties the rounding of the shifted sums could decide,
     for half the work.
+
+    A vertex's directory depends only on :func:`directory_key` (the cluster, the vertex's
+    model, role, head and sequences, and the workload's lengths, reward and updates), so the
+    last :data:`DIRECTORY_CACHE` built are kept for the process and every later call with the
+    same key gets a copy (the baselines, each structure of a search and the exact models of one
+    ``solve`` ask for the same vertices; :func:`clear_directory_cache` empties it).
     """
+    out = []
+    by_shape: dict[tuple, list[Strategy]] = {}
+    for vi in range(len(costs.graph.vertices)):
+        key = directory_key(costs, vi)
+        with _DIRECTORIES_LOCK:
+            hit = _DIRECTORIES.get(key)
+            if hit is not None:
+                _DIRECTORIES.move_to_end(key)
+        if hit is None:
+            d = _build_directory(costs, vi, by_shape)
+            hit = (tuple(d.strategies), tuple(d.times), d.dropped, d.smallest_isolated, d.dominated)
+            with _DIRECTORIES_LOCK:
+                _DIRECTORIES[key] = hit
+                while len(_DIRECTORIES) > DIRECTORY_CACHE:
+                    _DIRECTORIES.popitem(last=False)
+        strategies, times, dropped, smallest, dominated = hit
+        out.append(Directory(vi, list(strategies), list(times), dropped, smallest, dominated))
+    return out
+
+
+def _build_directory(costs: Costs, vi: int, by_shape: dict[tuple, list[Strategy]]) -> Directory:
+    """The directory of vertex ``vi`` (:func:`build_directories`, uncached); ``by_shape`` keeps
+    the legal strategies of each shape for the other vertices of the same call."""
     cluster = costs.cluster
     m_eff = cluster.hardware.m_eff
-    out = []
-    by_shape: dict[tuple[int, int, int, int, str, int, bool], list[Strategy]] = {}
-    for vi, v in enumerate(costs.graph.vertices):
-        spec = costs.graph.models[v.model].spec
-        engine = engine_of(v.role)
-        # inference and training share an engine but not the recomputation modes
-        key = (
-            spec.layers,
-            spec.heads,
-            spec.kv_heads,
-            spec.experts,
-            engine,
-            v.sequences,
-            v.role is Role.TRAINING,
+    v = costs.graph.vertices[vi]
+    spec = costs.graph.models[v.model].spec
+    engine = engine_of(v.role)
+    # inference and training share an engine but not the recomputation modes
+    key = (
+        spec.layers,
+        spec.heads,
+        spec.kv_heads,
+        spec.experts,
+        engine,
+        v.sequences,
+        v.role is Role.TRAINING,
+    )
+    if key not in by_shape:
+        by_shape[key] = enumerate_strategies(
+            cluster, spec, v.sequences, v.role, offload=False, interleave=False
         )
-        if key not in by_shape:
-            by_shape[key] = enumerate_strategies(
-                cluster, spec, v.sequences, v.role, offload=False, interleave=False
-            )
-        kept: list[tuple[float, int, Strategy]] = []
-        smallest = float("inf")
-        dropped = 0
-        for j, s in enumerate(by_shape[key]):
-            iso = costs.memory(vi, s).isolated
-            smallest = min(smallest, iso)
-            if iso > m_eff or not costs.runnable(vi, s):
-                dropped += 1  # its interleaved twins keep at least its activations
-                continue
-            kept.append((costs.op_time(vi, s), 2 * j, s))
-        kept, dominated = _undominated_modes(costs, vi, kept)
-        # each undominated plain-1F1B strategy's fastest interleaved twin, listed after it
-        twins = [
-            (twin[0], j + 1, twin[1]) for _, j, s in kept if (twin := fastest_interleaving(costs, vi, s))
-        ]
-        if twins:
-            twins, more = _undominated_modes(costs, vi, twins)
-            kept += twins
-            dominated += more
-        if cluster.host_offload:
-            dropped, dominated = 2 * dropped, 2 * dominated
-            twins = [(j, s.variant(offload=True)) for _, j, s in kept]
-            kept += [(costs.op_time(vi, s), j, s) for j, s in twins]
-        kept.sort(key=lambda x: (x[0], x[1], x[2].offload))
-        out.append(
-            Directory(vi, [s for _, _, s in kept], [t for t, _, _ in kept], dropped, smallest, dominated)
-        )
-    return out
+    kept: list[tuple[float, int, Strategy]] = []
+    smallest = float("inf")
+    dropped = 0
+    for j, s in enumerate(by_shape[key]):
+        iso = costs.memory(vi, s).isolated
+        smallest = min(smallest, iso)
+        if iso > m_eff or not costs.runnable(vi, s):
+            dropped += 1  # its interleaved twins keep at least its activations
+            continue
+        kept.append((costs.op_time(vi, s), 2 * j, s))
+    kept, dominated = _undominated_modes(costs, vi, kept)
+    # each undominated plain-1F1B strategy's fastest interleaved twin, listed after it
+    twins = [(twin[0], j + 1, twin[1]) for _, j, s in kept if (twin := fastest_interleaving(costs, vi, s))]
+    if twins:
+        twins, more = _undominated_modes(costs, vi, twins)
+        kept += twins
+        dominated += more
+    if cluster.host_offload:
+        dropped, dominated = 2 * dropped, 2 * dominated
+        twins = [(j, s.variant(offload=True)) for _, j, s in kept]
+        kept += [(costs.op_time(vi, s), j, s) for j, s in twins]
+    kept.sort(key=lambda x: (x[0], x[1], x[2].offload))
+    return Directory(vi, [s for _, _, s in kept], [t for t, _, _ in kept], dropped, smallest, dominated)
 
 
 def fastest_interleaving(costs: Costs, vertex: int, plain: Strategy) -> tuple[float, Strategy] | None:

@@ -11,6 +11,6 @@ from . import dp as _dp  # noqa: F401  (registers "dp")
 from . import exact as _exact  # noqa: F401  (registers "cpsat", "milp")
 from . import sa as _sa  # noqa: F401  (registers "sa")
 from .result import FORMAT, Result, Status
-from .solve import METHODS, Problem, register, solve
+from .solve import METHODS, Problem, clear_caches, register, solve
 
-__all__ = ["FORMAT", "METHODS", "Problem", "Result", "Status", "register", "solve"]
+__all__ = ["FORMAT", "METHODS", "Problem", "Result", "Status", "clear_caches", "register", "solve"]

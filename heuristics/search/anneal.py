@@ -236,26 +236,6 @@ def restrict(dirs: list[Directory], k: int, keep: list[Plan]) -> None:
         d.times = [d.times[i] for i in idx]
 
 
-def _directories(ev: Evaluator, built: dict[tuple, list[Directory]] | None) -> list[Directory]:
-    """``build_directories(ev.costs)``, shared between the structures whose graphs have the same
-    invocations (the staleness variants of one sharing choice: a directory depends only on its
-    vertex's role, model, head and sequences): built once per signature in ``built``, copied
-    for each structure (the copies are restricted independently)."""
-    if built is None:
-        return build_directories(ev.costs)
-    g = ev.graph
-    key = tuple(
-        (v.name, v.role, v.model, v.head, v.sequences, g.models[v.model].spec, g.models[v.model].head)
-        for v in g.vertices
-    )
-    if key not in built:
-        built[key] = build_directories(ev.costs)
-    return [
-        Directory(d.vertex, list(d.strategies), list(d.times), d.dropped, d.smallest_isolated, d.dominated)
-        for d in built[key]
-    ]
-
-
 class SearchSpace:
     """One structural candidate: its evaluator, directories, seed plan and evaluation cache."""
 
@@ -269,11 +249,13 @@ class SearchSpace:
         split_phases: bool,
         tune_microbatches: bool,
         candidates: int | None = None,
-        built: dict[tuple, list[Directory]] | None = None,
     ) -> None:
         self.structure = structure
         self.ev = Evaluator(workload, cluster, structure, k_eval=k_eval, split_phases=split_phases)
-        dirs = _directories(self.ev, built)
+        # the staleness variants of one sharing choice have the same vertices: the process's
+        # directory cache builds each once and hands every structure its own copy (restricted
+        # independently below)
+        dirs = build_directories(self.ev.costs)
         if not tune_microbatches:
             from ...ir.types import Role
 
@@ -451,7 +433,6 @@ class Anneal:
         ys = list(structures_) if structures_ is not None else structures(workload)
         if not ys:
             raise ValueError("no structural candidate to search")
-        built: dict[tuple, list[Directory]] = {}
         self.spaces: list[SearchSpace] = []
         for y in ys:
             # the first structure is always prepared (the synchronous one, whose baselines are
@@ -467,7 +448,6 @@ class Anneal:
                 split_phases=split_phases,
                 tune_microbatches=tune_microbatches,
                 candidates=candidates,
-                built=built,
             )
             self.spaces.append(space)
         #: structures left unprepared because the time limit ran out first

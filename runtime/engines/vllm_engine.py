@@ -168,6 +168,10 @@ def engine_env(*, tp: int = 1, pp: int = 1, kv_cache_gib: int = 1, cpu: bool = T
     before it terminates them; the default 5 s is pure waiting), ``VLLM_ENABLE_V1_MULTIPROCESSING
     = 1`` (engine core in its own process: the in-process engine is about 10× slower on CPU),
     ``VLLM_LOGGING_LEVEL = WARNING`` unless the caller's environment sets it,
+    ``TORCH_COMPILE_DISABLE = 1`` (CPU: with ``enforce_eager`` the model already runs eagerly,
+    and this makes vLLM's two compiled sampler helpers — the sampled token's rank among the
+    log-probs and the sampling of requests without a seed, which rpeg never sends — eager too:
+    compiling them was 2.0 s of every engine start here, the warm-up step 0.03 s without),
     ``RPEG_VLLM_IDLE_SPIN_S`` = :data:`IDLE_SPIN_S` (the engine's worker processes, which import
     this module for :class:`WeightSyncExtension`, spin at most that long when idle:
     :func:`_limit_idle_spin`), and no network:
@@ -188,6 +192,7 @@ def engine_env(*, tp: int = 1, pp: int = 1, kv_cache_gib: int = 1, cpu: bool = T
     if cpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
         env["VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"] = "1"
+        env["TORCH_COMPILE_DISABLE"] = "1"
         if tp * pp > 1:
             env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind(tp * pp)
     return env
@@ -497,7 +502,8 @@ class RolloutEngine:
         started = time.perf_counter()
         try:
             # The first step with log-probs compiles vLLM's rank counting (torch.compile,
-            # seconds); pay it here so the first real batch is not an outlier.
+            # seconds, where compiling is on: GPUs); pay it here so the first real batch is not
+            # an outlier.
             self.generate([[0]], max_tokens=[2], seeds=[0])
         except BaseException:
             self.shutdown()

@@ -173,8 +173,11 @@ def test_directories_keep_only_isolated_memory_feasible_undominated_strategies(d
             transient = {s: mem[s].transient for _, s in feasible}
             undominated = _undominated(feasible, time, transient)
             # each kept plain-1F1B strategy's fastest interleaved twin, filtered among themselves
+            position = {s: j for j, s in enumerate(legal)}
             found = [
-                tw for s in sorted(undominated, key=legal.index) if (tw := _fastest_twin(ev, d.vertex, s))
+                tw
+                for s in sorted(undominated, key=position.__getitem__)
+                if (tw := _fastest_twin(ev, d.vertex, s))
             ]
             time |= {tw: ev.costs.op_time(d.vertex, tw) for tw in found}
             transient |= {tw: ev.costs.memory(d.vertex, tw).transient for tw in found}

@@ -69,7 +69,9 @@ def test_engine_env_names_the_cpu_settings():
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
     if len(os.sched_getaffinity(0)) >= 2:
         assert ve.engine_env(tp=2)["VLLM_CPU_OMP_THREADS_BIND"] == ve.omp_threads_bind(2)
+    assert env["TORCH_COMPILE_DISABLE"] == "1"  # the sampler helpers run eagerly, as the model does
     assert "VLLM_CPU_KVCACHE_SPACE" not in ve.engine_env(cpu=False)
+    assert "TORCH_COMPILE_DISABLE" not in ve.engine_env(cpu=False)
     with pytest.raises(ValueError, match="kv_cache_gib"):
         ve.engine_env(kv_cache_gib=0.5)
 
