@@ -55,6 +55,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..engines.vllm_engine import mapped_shared_memory
 from ..protocol import NodeCall
 from .memory import release_freed_memory
 from .model import KVCache, sample_token, stable_seed
@@ -127,18 +128,6 @@ def remove_orphaned_engine_dirs(root: Path) -> list[Path]:
 #: the engine's message queues (Python ``SharedMemory``, ``psm_<hex>``, unlinked in its creator's
 #: ``__del__``).
 VLLM_SHM_PATTERNS = ("vllm_dist_*cpushm*", "psm_*")
-
-
-def mapped_shared_memory(proc: Path = Path("/proc")) -> set[str]:
-    """The ``/dev/shm`` paths some live process maps (every ``/proc/<pid>/maps`` readable)."""
-    mapped: set[str] = set()
-    for maps in proc.glob("[0-9]*/maps"):
-        with contextlib.suppress(OSError):  # a process that ended, or another user's
-            for line in maps.read_text(errors="replace").splitlines():
-                at = line.find("/dev/shm/")
-                if at >= 0:
-                    mapped.add(line[at:].removesuffix(" (deleted)"))
-    return mapped
 
 
 def remove_orphaned_shared_memory(

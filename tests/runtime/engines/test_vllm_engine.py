@@ -66,7 +66,10 @@ def test_engine_env_names_the_cpu_settings():
     env = ve.engine_env(tp=1, kv_cache_gib=2)
     assert env["RPEG_VLLM_IDLE_SPIN_S"] == str(ve.IDLE_SPIN_S)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and "VLLM_CPU_OMP_THREADS_BIND" not in env
-    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    assert env["HF_HUB_OFFLINE"] == "1"
+    # the engine core in this process on CPU, in its own on GPUs
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert ve.engine_env(cpu=False)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
     if len(os.sched_getaffinity(0)) >= 2:
         assert ve.engine_env(tp=2)["VLLM_CPU_OMP_THREADS_BIND"] == ve.omp_threads_bind(2)
     assert env["TORCH_COMPILE_DISABLE"] == "1"  # the sampler helpers run eagerly, as the model does
@@ -258,9 +261,12 @@ def test_two_open_streams_share_the_engine(engine):
 
 
 def test_a_paused_engine_decodes_nothing_until_a_stream_steps_it(engine):
-    """Between a generation's phase nodes the engine holds its requests (vLLM V1's engine core
-    would decode them in the background): while paused no engine step sends outputs, and the
-    next ``next()`` resumes and finishes them with the tokens an unpaused generation samples."""
+    """Between a generation's phase nodes the engine holds its requests: nothing decodes until a
+    stream steps it again, and the next ``next()`` finishes them with the tokens an unpaused
+    generation samples. On CPU the engine core runs in the actor's process and decodes only
+    inside a step, so :meth:`~RolloutEngine.pause` has nothing to hold (the requests' decoded
+    tokens stay where they are); where the core has a process of its own (GPUs) it would decode
+    in the background, and ``pause`` holds its scheduler (no engine step sends outputs)."""
     ray, actor, _ = engine
     prompts, seeds, max_tokens = PROMPTS[:2], [31, 32], [2, 240]
 
@@ -268,17 +274,25 @@ def test_a_paused_engine_decodes_nothing_until_a_stream_steps_it(engine):
         stream = eng.stream(prompts, max_tokens=max_tokens, seeds=seeds)
         first = next(stream)
         eng.pause()
-        queue = eng._engine.engine_core.outputs_queue  # the engine core's per-step outputs
+        client = eng._engine.engine_core
+        if hasattr(client, "outputs_queue"):  # the core in its own process: its per-step outputs
+            progress = client.outputs_queue.qsize
+        else:  # the core in this process: the tokens its scheduler's requests have decoded
+            requests = client.engine_core.scheduler.requests
+            progress = lambda: sum(r.num_output_tokens for r in requests.values())  # noqa: E731
         time.sleep(0.3)
-        before = queue.qsize()
-        time.sleep(1.5)  # unpaused, the tiny model decodes tens of tokens in this time
-        held = (eng.paused, queue.qsize() - before)
+        before = progress()
+        time.sleep(1.5)  # decoding, the tiny model would add tens of tokens in this time
+        held = (eng.paused, progress() - before, hasattr(client, "outputs_queue"))
         rest = list(stream)
         eng.pause()  # nothing in flight: nothing to hold
         return first, rest, held, eng.paused
 
-    first, rest, (was_paused, sent), after = ray.get(actor.apply.remote(paused, prompts, max_tokens, seeds))
-    assert was_paused and sent == 0
+    first, rest, (was_paused, sent, own_process), after = ray.get(
+        actor.apply.remote(paused, prompts, max_tokens, seeds)
+    )
+    assert sent == 0
+    assert was_paused == own_process  # on CPU (this machine) the core runs in the actor: nothing to hold
     assert not after
     alone = _generate(engine, prompts, max_tokens, seeds)
     assert [first.token_ids, rest[0].token_ids] == [r.token_ids for r in alone]
@@ -377,13 +391,30 @@ def test_shutdown_stops_the_engine_processes(engine):
 # ----------------------------------------------------------------------------- TP = 2 (second engine)
 @pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="TP = 2 on CPU needs a core per rank")
-def test_tensor_parallel_engine_samples_and_updates_on_both_ranks(tiny_llama):
+def test_tensor_parallel_engine_samples_and_updates_on_both_ranks(tiny_llama, tmp_path):
+    """Also: the engine core runs in this process (CPU) and leaves it as it was — torch's
+    threads, an unfrozen GC heap, and a ``torch.distributed`` world that outlives the engine's
+    shutdown (a worker process's run goes on after its engine stops) — and the TP group's
+    shared-memory buffers do not outlive the engine."""
+    import gc
+
+    import torch
+    import torch.distributed as dist
+
     directory, model = tiny_llama
     prompts, max_tokens, seeds = PROMPTS[:8], [16] * 8, list(range(60, 68))
     environ = dict(os.environ)
-    engine = ve.RolloutEngine(directory, tp=2, max_model_len=256)
+    threads = torch.get_num_threads()
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        engine = ve.RolloutEngine(directory, tp=2, max_model_len=256)
+    except BaseException:
+        dist.destroy_process_group()
+        raise
     try:
         assert dict(os.environ) == environ  # vLLM's LD_PRELOAD etc. reached the engine only
+        assert torch.get_num_threads() == threads and gc.get_freeze_count() == 0
         print(f"\nTP=2 engine start {engine.start_seconds:.1f} s")
         before = engine.generate(prompts, max_tokens=max_tokens, seeds=seeds)
         gap = ve.logprob_gap(before, model, prompts)
@@ -396,4 +427,13 @@ def test_tensor_parallel_engine_samples_and_updates_on_both_ranks(tiny_llama):
         engine.update_weights(original)
         assert _samples(engine.generate(prompts, max_tokens=max_tokens, seeds=seeds)) == _samples(before)
     finally:
-        assert engine.shutdown() == []
+        try:
+            assert engine.shutdown() == []
+            # the TP group's CPU buffers (two, 4 MiB each) go with the engine
+            assert len(engine._segments) == 2 and not any(os.path.exists(p) for p in engine._segments)
+            assert dist.is_initialized()  # the caller's world survived the engine core's teardown
+            ones = torch.ones(2)
+            dist.all_reduce(ones)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()

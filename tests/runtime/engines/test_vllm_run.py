@@ -181,7 +181,8 @@ def test_an_engine_start_removes_shared_memory_no_process_maps(tmp_path):
     import os
     import time
 
-    from rpeg.runtime.worker.rollouts import mapped_shared_memory, remove_orphaned_shared_memory
+    from rpeg.runtime.engines.vllm_engine import mapped_shared_memory
+    from rpeg.runtime.worker.rollouts import remove_orphaned_shared_memory
 
     old = time.time() - 3600
     names = ["psm_dead", "vllm_dist_ab12-tp:0-[0-1]-cpushm_0", "psm_young", "psm_mapped", "sem.mp-x", "other"]
