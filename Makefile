@@ -20,10 +20,15 @@ $(VENV)/.base: pyproject.toml
 	@$(UNPULL)
 	@touch $@
 
-$(VENV)/.dev: $(VENV)/.base
-	$(PY) -m pip install -q -e '.[dev,engines]'
-	$(UNPULL)
-	touch $@
+# make test installs everything in one pip run (a second run over .base re-resolved every
+# engine dependency); it marks .base done too, so a later make demo installs nothing
+$(VENV)/.dev: pyproject.toml
+	@echo "installing rpeg with its engines and the dev tools into $(VENV) (a few minutes on a fresh machine)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -qq --upgrade pip
+	@$(PY) -m pip install -qq -e '.[dev,engines]'
+	@$(UNPULL)
+	@touch $(VENV)/.base $@
 
 ## make demo: plan a bundled PPO example on 16 GPUs, search a plan for the small example on two devices (the
 ## 2-core machines this targets: one core per device), calibrate this machine through its engines (quick grid,
