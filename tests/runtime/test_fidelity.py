@@ -367,7 +367,9 @@ for _ in range(32):  # 2 MiB blocks with 256 KiB live ones between them, then th
     b = libc.malloc(2 << 20); libc.memset(b, 1, 2 << 20); blocks.append(b)
     k = libc.malloc(256 << 10); libc.memset(k, 1, 256 << 10); kept.append(k)
 during = heap_live_bytes() - live0
-time.sleep(0.05)  # the sampler's turn
+deadline = time.monotonic() + 5.0  # the sampler's turn (a loaded machine may hold it off)
+while sampler.live_peak() - live0 < during - (64 << 10) and time.monotonic() < deadline:
+    time.sleep(0.01)
 for b in blocks:
     libc.free(b)
 print(during, heap_live_bytes() - live0, private_bytes() - private0, sampler.live_peak() - live0)
@@ -393,7 +395,9 @@ def test_live_heap_counts_chunks_in_use_not_what_glibc_keeps():
     assert 72 * mib <= during <= 74 * mib  # 32 × (2 MiB + 256 KiB) in use, and their chunk headers
     assert 8 * mib <= after <= 8.5 * mib  # only the 256 KiB blocks
     assert private >= 56 * mib  # glibc keeps the freed blocks resident
-    assert live_peak >= during
+    # the peak saw the 2 MiB blocks; the interpreter's own small allocations between the
+    # sampler's last look and `during` may differ by a few KiB (8 KiB seen under load)
+    assert live_peak >= during - 64 * 1024
 
 
 def test_worker_peaks_reads_either_memory_field():
