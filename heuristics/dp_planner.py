@@ -60,9 +60,7 @@ import bisect
 import dataclasses
 import math
 import sys
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -81,6 +79,7 @@ from ..scoring.candidates import (
     scan_interleavings,
 )
 from ..scoring.costs import Costs
+from ..scoring.memo import KeyedCache
 from .baselines import Infeasible
 
 __all__ = [
@@ -421,14 +420,12 @@ def _memory_terms(costs: Costs, vertex: int, s: Strategy) -> tuple[float, float]
 
 #: Model-stage frontiers :func:`build_frontier` keeps for the process (least recently used out).
 FRONTIER_CACHE = 64
-_FRONTIERS: OrderedDict[tuple, tuple] = OrderedDict()
-_FRONTIERS_LOCK = threading.Lock()
+_FRONTIERS: KeyedCache[Frontier] = KeyedCache(FRONTIER_CACHE)
 
 
 def clear_frontier_cache() -> None:
     """Forget the frontiers :func:`build_frontier` kept."""
-    with _FRONTIERS_LOCK:
-        _FRONTIERS.clear()
+    _FRONTIERS.clear()
 
 
 def frontier_key(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int) -> tuple:
@@ -466,20 +463,10 @@ def build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int
     the process, as directories are: the structures of one plan and the re-plans of a
     controller share model-stages.
     """
-    key = frontier_key(costs, ms, sizes, m_eff)
-    with _FRONTIERS_LOCK:
-        hit = _FRONTIERS.get(key)
-        if hit is not None:
-            _FRONTIERS.move_to_end(key)
-    if hit is None:
-        f = _build_frontier(costs, ms, sizes, m_eff)
-        hit = (tuple(f.points), *(getattr(f, x.name) for x in dataclasses.fields(f)[2:]))
-        with _FRONTIERS_LOCK:
-            _FRONTIERS[key] = hit
-            while len(_FRONTIERS) > FRONTIER_CACHE:
-                _FRONTIERS.popitem(last=False)
-    points, *rest = hit
-    return Frontier(ms, list(points), *rest)
+    f = _FRONTIERS.get(
+        frontier_key(costs, ms, sizes, m_eff), lambda: _build_frontier(costs, ms, sizes, m_eff)
+    )
+    return dataclasses.replace(f, stage=ms, points=list(f.points))  # the caller's own copy
 
 
 def _build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int) -> Frontier:

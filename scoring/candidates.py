@@ -11,9 +11,9 @@ isolated time; each strategy can sit at any aligned origin of its shape (P7), wh
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import threading
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -22,6 +22,7 @@ from ..ir.models import ModelSpec
 from ..ir.plan import CP_KINDS, Choice, Strategy, check_heads, check_strategy, engine_of
 from ..ir.types import Recompute, Role
 from .costs import Costs
+from .memo import KeyedCache
 
 __all__ = [
     "DIRECTORY_CACHE",
@@ -546,12 +547,10 @@ def aligned_allocations(cluster: Cluster, size: int) -> list[Allocation]:
     return hit
 
 
-#: Vertex directories :func:`build_directories` keeps for the process (least recently used out).
-DIRECTORY_CACHE = 64  # a vertex of a 64-GPU cluster lists about 4,000 strategies, ~1 MB
-_DIRECTORIES: OrderedDict[tuple, tuple[tuple[Strategy, ...], tuple[float, ...], int, float, int]] = (
-    OrderedDict()
-)
-_DIRECTORIES_LOCK = threading.Lock()
+#: Vertex directories :func:`build_directories` keeps for the process (least recently used out):
+#: a vertex of a 64-GPU cluster lists about 4,000 strategies, about 1 MB (250 B a strategy).
+DIRECTORY_CACHE = 64
+_DIRECTORIES: KeyedCache[Directory] = KeyedCache(DIRECTORY_CACHE)
 
 
 def directory_key(costs: Costs, vertex: int) -> tuple:
@@ -580,8 +579,7 @@ def directory_key(costs: Costs, vertex: int) -> tuple:
 
 def clear_directory_cache() -> None:
     """Forget the directories :func:`build_directories` kept."""
-    with _DIRECTORIES_LOCK:
-        _DIRECTORIES.clear()
+    _DIRECTORIES.clear()
 
 
 def build_directories(costs: Costs) -> list[Directory]:
@@ -615,23 +613,12 @@ def build_directories(costs: Costs) -> list[Directory]:
     same key gets a copy (the baselines, each structure of a search and the exact models of one
     ``solve`` ask for the same vertices; :func:`clear_directory_cache` empties it).
     """
-    out = []
     by_shape: dict[tuple, list[Strategy]] = {}
+    out = []
     for vi in range(len(costs.graph.vertices)):
-        key = directory_key(costs, vi)
-        with _DIRECTORIES_LOCK:
-            hit = _DIRECTORIES.get(key)
-            if hit is not None:
-                _DIRECTORIES.move_to_end(key)
-        if hit is None:
-            d = _build_directory(costs, vi, by_shape)
-            hit = (tuple(d.strategies), tuple(d.times), d.dropped, d.smallest_isolated, d.dominated)
-            with _DIRECTORIES_LOCK:
-                _DIRECTORIES[key] = hit
-                while len(_DIRECTORIES) > DIRECTORY_CACHE:
-                    _DIRECTORIES.popitem(last=False)
-        strategies, times, dropped, smallest, dominated = hit
-        out.append(Directory(vi, list(strategies), list(times), dropped, smallest, dominated))
+        d = _DIRECTORIES.get(directory_key(costs, vi), lambda vi=vi: _build_directory(costs, vi, by_shape))
+        # the caller's own copy, for its vertex (the search restricts its lists in place)
+        out.append(dataclasses.replace(d, vertex=vi, strategies=list(d.strategies), times=list(d.times)))
     return out
 
 

@@ -173,9 +173,10 @@ def engine_env(*, tp: int = 1, pp: int = 1, kv_cache_gib: int = 1, cpu: bool = T
     caller's process, stepped only by :class:`RolloutStream`, with the model still on the
     multiprocessing executor's worker processes; on GPUs in a process of its own, vLLM's
     default, which overlaps scheduling with the GPU's work. Measured on the CPU build with the
-    test's tiny Llama, one after the other: start 9.3 s against 18.0 s, which spawned and
-    imported vLLM in one process more; 4,800–5,300 against 4,000–5,100 tokens/s; identical
-    tokens and log-probs; shutdown 1.5 s against 3.6 s. vLLM's in-process *executor*, the
+    test's tiny Llama on one core, one after the other: start 9.0–9.1 s against 15.2–17.2 s,
+    which spawned and imported vLLM in one process more; 5,900–7,500 against 4,600–7,200
+    tokens/s; identical tokens and log-probs; shutdown 1.5 s against 3.3–3.4 s (docs/vllm.md).
+    vLLM's in-process *executor*, the
     ``uni`` backend, is what ran about 10× slower here: the model's OpenMP threads are not bound
     in the caller's process),
     ``VLLM_LOGGING_LEVEL = WARNING`` unless the caller's environment sets it,
@@ -685,13 +686,14 @@ class RolloutEngine:
     def pause(self) -> None:
         """Hold the requests in flight where they are until a stream next steps the engine.
 
-        Where vLLM V1's engine core runs in its own process (GPUs, :func:`engine_env`), it decodes
-        its requests whether or not anyone calls ``step``; a plan's generation phase, though, owns its device only for the
-        phase's own decode steps (SPEC §7: an OP node reserves its allocation), and the device
-        runs other nodes in between. This pauses the engine core's scheduler with every request
-        kept (vLLM's ``pause_scheduler``, mode ``"keep"``, prefix cache kept), so nothing decodes
-        until :class:`RolloutStream` steps the engine again (it resumes first). Nothing to do when no request is in flight,
-        or when the engine core runs in this process (it decodes only inside ``step``).
+        Where vLLM V1's engine core runs in its own process (GPUs, :func:`engine_env`), it
+        decodes its requests whether or not anyone calls ``step``; a plan's generation phase,
+        though, owns its device only for the phase's own decode steps (SPEC §7: an OP node
+        reserves its allocation), and the device runs other nodes in between. This pauses the
+        engine core's scheduler with every request kept (vLLM's ``pause_scheduler``, mode
+        ``"keep"``, prefix cache kept), so nothing decodes until :class:`RolloutStream` steps the
+        engine again (it resumes first). Nothing to do when no request is in flight, or when the
+        engine core runs in this process (it decodes only inside ``step``).
         """
         engine = self._engine
         client = engine.engine_core
@@ -788,9 +790,9 @@ class RolloutEngine:
 
     def shutdown(self, timeout: float = 30.0) -> list[int]:
         """Stop the engine core and its workers (vLLM's ``engine_core.shutdown``: the core stops
-        its workers, after a SIGTERM where it runs in a process of its own); wait up to ``timeout`` seconds for every engine
-        process to exit, kill any left, and return their pids (``[]`` on a clean stop). Calling
-        it again does nothing."""
+        its workers, after a SIGTERM where it runs in a process of its own); wait up to
+        ``timeout`` seconds for every engine process to exit, kill any left, and return their
+        pids (``[]`` on a clean stop). Calling it again does nothing."""
         import psutil
 
         if self._llm is None:
@@ -805,10 +807,9 @@ class RolloutEngine:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
         psutil.wait_procs(alive, timeout=timeout)
-        # A TP group's CPU buffers are unlinked by whichever rank exits last and cleanly; with
-        # the engine core in this process its workers are terminated before that, and each
-        # stopped TP-2 engine left its two 4-MiB buffers in /dev/shm (2026-12-06). Whatever of
-        # them no live process maps any more is removed here.
+        # With the engine core in this process, each stopped TP-2 engine left its group's two
+        # 4-MiB CPU buffers in /dev/shm (2026-12-06): whatever of the engine's segments no live
+        # process maps any more is removed here.
         left = {p for p in self._segments if os.path.exists(p)}
         for path in left - (mapped_shared_memory() if left else set()):
             with contextlib.suppress(OSError):

@@ -141,3 +141,24 @@ def test_plans_are_the_same_with_the_caches_filled_or_empty(base):
             else solve(workload, cluster, method)
         )
         assert warm.plan == cold.plan and warm.evaluation.makespan == cold.evaluation.makespan, method
+
+
+def test_the_cache_keeps_the_most_recently_used_and_builds_each_key_once():
+    from rpeg.scoring.memo import KeyedCache
+
+    built: list[str] = []
+
+    def build(key: str):
+        return lambda: built.append(key) or key.upper()
+
+    cache: KeyedCache[str] = KeyedCache(2)
+    assert [cache.get(k, build(k)) for k in "aab"] == ["A", "A", "B"] and built == ["a", "b"]
+    cache.get("a", build("a"))  # a is now the most recent: c pushes b out
+    cache.get("c", build("c"))
+    assert len(cache) == 2 and cache.get("a", build("a")) == "A" and built == ["a", "b", "c"]
+    cache.get("b", build("b"))
+    assert built == ["a", "b", "c", "b"]
+    cache.clear()
+    assert len(cache) == 0
+    nothing: KeyedCache[str] = KeyedCache(0)
+    assert nothing.get("x", build("x")) == "X" and len(nothing) == 0
