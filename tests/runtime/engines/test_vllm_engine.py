@@ -395,22 +395,34 @@ def test_tensor_parallel_engine_samples_and_updates_on_both_ranks(tiny_llama, tm
     """Also: the engine core runs in this process (CPU) and leaves it as it was — torch's
     threads, an unfrozen GC heap, and a ``torch.distributed`` world that outlives the engine's
     shutdown (a worker process's run goes on after its engine stops) — and the TP group's
-    shared-memory buffers do not outlive the engine."""
+    shared-memory buffers do not outlive the engine. It starts after vLLM's settings were frozen
+    with a TP-1 engine's binding, as a TP-1 engine core started earlier in this process leaves
+    them (``vllm.envs.enable_envs_cache``): the engine reads its own."""
     import gc
+    import importlib
 
     import torch
     import torch.distributed as dist
 
     directory, model = tiny_llama
     prompts, max_tokens, seeds = PROMPTS[:8], [16] * 8, list(range(60, 68))
+    # importing vLLM's engine sets variables of its own, once per process (cv2's LD_LIBRARY_PATH)
+    vllm_envs = importlib.import_module("vllm.envs")
+    ve.engine_limits()
+    _ = importlib.import_module("vllm").LLM
     environ = dict(os.environ)
     threads = torch.get_num_threads()
     store = dist.FileStore(str(tmp_path / "store"), 1)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0"
+    vllm_envs.enable_envs_cache()  # what a TP-1 engine's core leaves behind
+    os.environ.clear()
+    os.environ.update(environ)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         engine = ve.RolloutEngine(directory, tp=2, max_model_len=256)
     except BaseException:
         dist.destroy_process_group()
+        vllm_envs.disable_envs_cache()
         raise
     try:
         assert dict(os.environ) == environ  # vLLM's LD_PRELOAD etc. reached the engine only
@@ -435,5 +447,6 @@ def test_tensor_parallel_engine_samples_and_updates_on_both_ranks(tiny_llama, tm
             ones = torch.ones(2)
             dist.all_reduce(ones)
         finally:
+            vllm_envs.disable_envs_cache()
             if dist.is_initialized():
                 dist.destroy_process_group()
