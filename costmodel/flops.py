@@ -35,6 +35,7 @@ from ..ir.types import Head, Recompute
 
 __all__ = [
     "attention_core_flops",
+    "decode_attention_flops",
     "decode_flops",
     "decode_flops_at",
     "forward_flops",
@@ -408,6 +409,36 @@ def decode_flops_at(
         2.0 * model.layer_params + 4.0 * model.decode_attention_width * model.attended(context, windowed)
     ) + head_flops_per_token(model, head)
     return sequences * steps * per_token
+
+
+def decode_attention_flops(
+    model: ModelSpec, *, sequences: float, steps: float, context: float, windowed: float | None = None
+) -> float:
+    """The attention core of ``steps`` decode steps of ``n`` running sequences at mean context
+    ``c̄``: ``n·steps·L·4·d_dec·c̄`` — each new token's scores against, and weighted sum over, the
+    ``c̄`` cached positions (``d_dec`` =
+    :attr:`~rpeg.ir.models.ModelSpec.decode_attention_width`; with sliding-window blocks ``c̄`` is
+    the blocks' average, :meth:`~rpeg.ir.models.ModelSpec.attended`). The part of
+    :func:`decode_flops_at` that is not a weight GEMM or the head.
+
+    Parameters
+    ----------
+    model, sequences, steps, context, windowed
+        As for :func:`decode_flops_at`.
+
+    Returns
+    -------
+    float
+        FLOPs.
+    """
+    return (
+        sequences
+        * steps
+        * model.layers
+        * 4.0
+        * model.decode_attention_width
+        * model.attended(context, windowed)
+    )
 
 
 def generation_flops(

@@ -30,6 +30,7 @@ from .collectives import (
 from .flops import (
     TRAINING_PASSES,
     attention_core_flops,
+    decode_attention_flops,
     decode_flops_at,
     forward_flops,
     head_nongemm_scalars,
@@ -144,18 +145,24 @@ class _Roofline:
     ``Ω_A = 2·b·ℓ·d·sb·L/Pp`` (+ KV-cache reads for decode) per device and microbatch, where
     ``W_read`` is :attr:`ModelSpec.layer_params` for a dense model.
 
-    Mixture of experts (SPEC §15.1, ``docs/cost-model.md`` §3): the routed experts' share ``φ``
-    of the FLOPs (:attr:`~rpeg.ir.models.ModelSpec.expert_flop_share`) runs at the expert GEMMs'
-    efficiency ``η_e = (r_e/(r_e + γM))·(k_e/(k_e + γK))``, with ``r_e = b·ℓ·k/E`` rows per expert
-    and ``k_e = min(d, d_e)/Pt``, the rest at ``η``: ``η_MoE = 1/((1 − φ)/η + φ/η_e)`` (the two
-    kinds of GEMM take their times one after the other). ``W_read`` counts the experts the
-    microbatch's ``b·ℓ`` tokens touch (:meth:`~rpeg.ir.models.ModelSpec.layer_weights_read`).
+    Mixture of experts (SPEC §15.1, ``docs/cost-model.md`` §9): the routed experts' share ``φ``
+    of the blocks' weight-GEMM FLOPs (:attr:`~rpeg.ir.models.ModelSpec.expert_flop_share`), which
+    are the share ``ψ`` of the work, runs at the expert GEMMs' efficiency
+    ``η_e = (r_e/(r_e + γM))·(k_e/(k_e + γK))`` with ``k_e = min(d, d_e)/Pt`` and ``r_e`` the rows
+    each expert the microbatch touches receives, ``r_e = b·ℓ·k/E_t``, ``E_t = E·(1 − (1 − k/E)^(b·ℓ))``
+    (:meth:`~rpeg.ir.models.ModelSpec.experts_touched`; ``b·ℓ·k/E`` once every expert is touched,
+    as in a training microbatch; about one row per touched expert in a decode step of a few
+    sequences, where an untouched expert runs no GEMM); the rest at ``η``:
+    ``η_MoE = 1/((1 − φψ)/η + φψ/η_e)`` (the two kinds of GEMM take their times one after the
+    other). ``W_read`` counts the experts the microbatch's ``b·ℓ`` tokens touch
+    (:meth:`~rpeg.ir.models.ModelSpec.layer_weights_read`).
 
     SPEC §15: a context-parallel rank holds ``b·ℓ/Pc`` of the microbatch's rows. With ``Pe``
-    expert-parallel ranks each expert receives the tokens of all of them, ``r_e = b·ℓ·k·Pe/E``
-    per device (the ``T_mb·k·Pe/E`` tokens per local expert), a rank reads its ``E/Pe`` experts,
-    and the busiest rank's expert GEMMs take ``λ`` times the mean (:data:`MOE_LOAD_IMBALANCE`):
-    ``η_MoE = 1/((1 − φ)/η + λ·φ/η_e)``.
+    expert-parallel ranks each expert receives the tokens of all of them: the rank's ``E/Pe``
+    experts get ``b·ℓ·k`` assignments, ``E_t = (E/Pe)·(1 − (1 − k/E)^(b·ℓ·Pe))`` of them touched
+    (``r_e = b·ℓ·k·Pe/E`` once all are), a rank reads its touched experts, and the busiest
+    rank's expert GEMMs take ``λ`` times the mean (:data:`MOE_LOAD_IMBALANCE`):
+    ``η_MoE = 1/((1 − φψ)/η + λ·φψ/η_e)``.
 
     FP8 (``docs/cost-model.md`` §11, :mod:`.precision`): with ``precision = "fp8"`` the share
     ``ψ`` of the work in the blocks' weight GEMMs runs at ``F_peak,8`` and the rest (attention
@@ -177,7 +184,6 @@ class _Roofline:
         "omega_w",
         "peak_fp8",
         "phi",
-        "route",
         "tp",
         "w_bytes",
     )
@@ -196,33 +202,38 @@ class _Roofline:
         k = min(model.hidden, model.ffn_hidden) / s.tp
         self.eta_k = k / (k + hw.gamma_k)
         # what does not depend on the microbatch's rows: a dense model's weights read per pass,
-        # a MoE model's expert FLOP share, routing fraction k·Pe/E and expert-GEMM width factor
+        # a MoE model's expert FLOP share and expert-GEMM width factor
         self.phi = model.expert_flop_share
         self.omega_w = None if model.is_moe else self.layers * model.layer_params * self.w_bytes / s.tp
-        self.route = model.experts_active * s.ep / model.experts if model.is_moe else 0.0
         self.imbalance = MOE_LOAD_IMBALANCE if s.ep > 1 else 1.0
         k_e = min(model.hidden, model.expert_ffn) / s.tp
         self.eta_e = k_e / (k_e + hw.gamma_k) if model.is_moe else 0.0
 
-    def flops(
-        self, work_per_device: float, tokens: float, extra_bytes: float = 0.0, fp8_share: float = 0.0
-    ) -> float:
-        """``F_eff`` for ``work_per_device`` FLOPs per microbatch over ``ℓ = tokens``; ``fp8_share``
-        is ``ψ``, the FP8 GEMMs' share of the work (ignored for a BF16 model)."""
+    def flops(self, work_per_device: float, tokens: float, extra_bytes: float, block_share: float) -> float:
+        """``F_eff`` for ``work_per_device`` FLOPs per microbatch over ``ℓ = tokens``;
+        ``block_share`` is ``ψ``, the share of the work in the blocks' weight GEMMs
+        (:func:`~.precision.block_gemm_flops`): the FP8 GEMMs of an FP8 model, and of a MoE
+        model the GEMMs whose routed-expert part ``φ`` runs at the expert efficiency — the
+        experts' share of the work is ``φ·ψ``, not ``φ``: the attention core and the head are
+        dense work whatever the blocks' FFN."""
         m = self.model
         rows = self.b * tokens
         eta = rows / (rows + self.hw.gamma_m) * self.eta_k
         omega_w = self.omega_w
         if omega_w is None:  # a mixture of experts: the expert GEMMs' efficiency, the experts touched
-            r_e = rows * self.route
+            # the rows each touched local expert receives: b·ℓ·k assignments reach the rank's
+            # experts, of which the b·ℓ·Pe tokens touch `experts_touched` (b·ℓ·k·Pe/E once all are)
+            touched = m.experts_touched(rows, self.ep)
+            r_e = rows * m.experts_active / touched if touched > 0.0 else 0.0
             eta_e = r_e / (r_e + self.hw.gamma_m) * self.eta_e
-            eta = 1.0 / ((1.0 - self.phi) / eta + self.imbalance * self.phi / eta_e)
+            phi = self.phi * min(1.0, max(0.0, block_share))
+            eta = 1.0 / ((1.0 - phi) / eta + self.imbalance * phi / eta_e)
             omega_w = self.layers * m.layer_weights_read(rows, self.ep) * self.w_bytes / self.tp
         omega_a = self.act_bytes * rows * m.hidden * self.layers  # 2·sb·b·ℓ·d·L/Pp in BF16
         intensity = work_per_device / (omega_w + omega_a + extra_bytes)
         peak = self.hw.peak_flops
         if self.peak_fp8 is not None:
-            peak = mixed_peak(peak, self.peak_fp8, fp8_share)
+            peak = mixed_peak(peak, self.peak_fp8, block_share)
         return min(peak * eta, intensity * self.hw.mem_bandwidth)
 
 
@@ -548,13 +559,14 @@ class _Node:
         return self.b * tokens / self.s.cp
 
     def gemm(
-        self, work: float, work_per_device: float, tokens: float, extra: float = 0.0, fp8_work: float = 0.0
+        self, work: float, work_per_device: float, tokens: float, extra: float, block_work: float
     ) -> float:
-        """``T_gemm = W/(P·F_eff)`` of ``work`` FLOPs (0 for no work), ``fp8_work`` of them in the
-        blocks' weight GEMMs (FP8 for an FP8 model: ``ψ = fp8_work/work``)."""
+        """``T_gemm = W/(P·F_eff)`` of ``work`` FLOPs (0 for no work), ``block_work`` of them in
+        the blocks' weight GEMMs (``ψ = block_work/work``: FP8 for an FP8 model, the routed
+        experts' share ``φ`` of them at the expert efficiency for a MoE model)."""
         if work <= 0.0:
             return 0.0
-        return work / (self.n_devices * self.roof.flops(work_per_device, tokens, extra, fp8_work / work))
+        return work / (self.n_devices * self.roof.flops(work_per_device, tokens, extra, block_work / work))
 
     def tp_rounds(self, count: float, nbytes: float, link: Link | None = None) -> float:
         """``count`` tensor-parallel AllReduces of ``nbytes`` over ``Pt`` at tier 0 (on ``link``
@@ -680,6 +692,20 @@ def _generation_terms(
     return t_gemm, t_tp, t_pp, t_over, t_ep
 
 
+def _engine_core_rate(node: _Node, intensity: float = math.inf) -> float:
+    """The FLOP/s of a GPU rollout engine's attention kernel (``docs/cost-model.md`` §8, "The
+    attention core on the engine"): the hardware's fused-attention forward rate at the model's
+    head width where it rates one (:meth:`~rpeg.ir.hardware.Hardware.attention_rates`), else
+    the BF16 ``F_peak``; capped by ``I·BW_mem`` for a kernel of intensity ``I`` FLOPs per byte
+    (a decode step's core reads the KV cache of its running sequences). No row efficiency
+    ``η``: the kernel's tiles are query positions (prefill) or the query heads sharing a KV
+    head (decode), not the step's sequences."""
+    hw, model = node.hw, node.model
+    rates = hw.attention_rates(model.attention_width / model.heads) if hw.attention else None
+    peak = rates[0] if rates is not None else hw.peak_flops
+    return min(peak, intensity * hw.mem_bandwidth)
+
+
 def _prefill_chunks(node: _Node, prompt_len: int) -> int:
     """``k_p``: the scheduler steps one microbatch's prefill takes on one replica. With the
     hardware's :class:`~rpeg.ir.hardware.EngineStep` of token budget ``B``,
@@ -707,13 +733,18 @@ def _prefill_terms(node: _Node, prompt_len: int, head: Head) -> tuple[float, flo
     sb, d, layers = model.dtype_bytes, model.hidden, node.layers
     pre = hw.terms("prefill")
     w = prefill_flops(model, sequences=sequences, prompt_len=prompt_len, head=head)
-    fp8 = block_gemm_flops(model, sequences * prompt_len)
+    blocks = block_gemm_flops(model, sequences * prompt_len)
     chunks = _prefill_chunks(node, prompt_len)
-    if w <= 0.0:
-        t_gemm = 0.0
+    # the GPU engine (an EngineStep) runs the attention core as a kernel of its own
+    core = sequences * attention_core_flops(model, prompt_len) if hw.rollout_step is not None else 0.0
+    t_core = core / (P * _engine_core_rate(node)) if core > 0.0 else 0.0
+    rest = w - core
+    if rest <= 0.0:
+        t_gemm = t_core / pre.efficiency
     else:
         roof = node.roof if chunks == 1 else _Roofline(model, node.layout, hw, node.b / chunks)
-        t_gemm = w / (P * roof.flops(w / (P * mb * chunks), prompt_len, fp8_share=fp8 / w)) / pre.efficiency
+        flops = roof.flops(rest / (P * mb * chunks), prompt_len, 0.0, blocks / rest)
+        t_gemm = (rest / (P * flops) + t_core) / pre.efficiency
     t_over = node.slots * (pre.per_step_s + layers * pre.per_layer_s)
     if hw.rollout_step is not None:
         t_over += node.slots * chunks * hw.rollout_step.step_s
@@ -747,8 +778,18 @@ def _decode_terms(
         model, sequences=sequences, steps=steps, context=context, head=head, windowed=windowed
     )
     kv_reads = node.b * model.attended(context, windowed) * kv_scalars_per_device(model, tp) * sb * layers
-    fp8 = block_gemm_flops(model, sequences * steps)
-    t_gemm = node.gemm(w, w / (P * mb * steps), 1, kv_reads, fp8) / dec.efficiency
+    blocks = block_gemm_flops(model, sequences * steps)
+    if hw.rollout_step is None:  # one roofline over all of it (SPEC §6; calibrated CPU files)
+        t_gemm = node.gemm(w, w / (P * mb * steps), 1, kv_reads, blocks) / dec.efficiency
+    else:  # the GPU engine: the weight GEMMs at the running batch, then the attention kernel
+        core = decode_attention_flops(
+            model, sequences=sequences, steps=steps, context=context, windowed=windowed
+        )
+        rest = w - core
+        per_step = core / (P * mb * steps)  # the core's FLOPs per device and step
+        rate = _engine_core_rate(node, per_step / kv_reads if kv_reads > 0.0 else math.inf)
+        t_core = core / (P * rate) if core > 0.0 else 0.0
+        t_gemm = (node.gemm(rest, rest / (P * mb * steps), 1, 0.0, blocks) + t_core) / dec.efficiency
     t_over = steps * node.slots * (dec.per_step_s + layers * dec.per_layer_s)
     if hw.rollout_step is not None:
         t_over += steps * node.slots * hw.rollout_step.decode_step_s(layers)
@@ -796,12 +837,12 @@ def _gemm_and_core(
     lengths: dict[str, float | None],
     forwards: int,
     backwards: int,
-    fp8_work: float = 0.0,
+    block_work: float,
 ) -> float:
     """``T_gemm`` of ``work`` FLOPs, ``passes`` forward-equivalents per microbatch, whose attention
     core runs ``forwards`` forward and ``backwards`` backward passes (``docs/cost-model.md`` §2
-    "The attention core"); ``fp8_work`` of the FLOPs are the blocks' weight GEMMs, FP8 for an FP8
-    model (:meth:`_Node.gemm`; the core stays BF16).
+    "The attention core"); ``block_work`` of the FLOPs are the blocks' weight GEMMs (FP8 for an FP8
+    model, the core staying BF16; a MoE model's experts among them: :meth:`_Node.gemm`).
 
     Where the hardware rates its fused attention kernel (:meth:`Hardware.attention_rates
     <rpeg.ir.hardware.Hardware.attention_rates>` at the head width ``d_att/H``), the core runs at
@@ -814,11 +855,11 @@ def _gemm_and_core(
     per_device = node.n_devices * s.mb
     rates = node.hw.attention_rates(model.attention_width / model.heads) if node.hw.attention else None
     if rates is None:
-        return node.gemm(work, work / (passes * per_device), tokens, fp8_work=fp8_work)
+        return node.gemm(work, work / (passes * per_device), tokens, 0.0, block_work)
     core = node.sequences * attention_core_flops(model, tokens, lengths["tokens_sq"], lengths["window_sq"])
     rest = max(0.0, work - (forwards + 2 * backwards) * core)
     node.core_s = core / node.n_devices * (forwards / rates[0] + 2.5 * backwards / rates[1])
-    return node.gemm(rest, rest / (passes * per_device), tokens, fp8_work=fp8_work) + node.core_s
+    return node.gemm(rest, rest / (passes * per_device), tokens, 0.0, block_work) + node.core_s
 
 
 def _inference_terms(
@@ -829,8 +870,8 @@ def _inference_terms(
     model, s = node.model, node.s
     ell = lengths["tokens"]
     w = inference_flops(model, head=head, **lengths)  # type: ignore[arg-type]
-    fp8 = block_gemm_flops(model, lengths["sequences"] * ell)  # type: ignore[operator]
-    t_gemm = _gemm_and_core(node, w, 1.0, ell, lengths, 1, 0, fp8_work=fp8)
+    blocks = block_gemm_flops(model, lengths["sequences"] * ell)  # type: ignore[operator]
+    t_gemm = _gemm_and_core(node, w, 1.0, ell, lengths, 1, 0, block_work=blocks)
     t_tp = node.tp_rounds(2 * node.layers * s.mb, node.rank_tokens(ell) * model.hidden * model.dtype_bytes)
     t_pp = node.pp_rounds(s.vp * s.mb + s.pp - 2, ell)
     t_dp = 0.0
@@ -867,9 +908,9 @@ def _training_terms(
         w += sequences * ell * 2.0 * model.hidden * model.vocab
     # the weight GEMMs run in the forward, the backward's two (and a full recomputation's forward)
     gemm_passes = TRAINING_PASSES if s.recompute is Recompute.FULL else 3
-    fp8 = gemm_passes * block_gemm_flops(model, sequences * ell)
+    blocks = gemm_passes * block_gemm_flops(model, sequences * ell)
     core_forwards = 1 if s.recompute is Recompute.NONE else 2  # selective and full recompute the core
-    t_gemm = _gemm_and_core(node, w, passes, ell, lengths, core_forwards, 1, fp8_work=fp8)
+    t_gemm = _gemm_and_core(node, w, passes, ell, lengths, core_forwards, 1, block_work=blocks)
     rounds = 6 if s.recompute is Recompute.FULL else 4
     t_tp = node.tp_rounds(rounds * node.layers * mb, node.rank_tokens(ell) * model.hidden * sb)
     t_pp = node.pp_rounds(s.vp * mb + 2 * pp - 3, ell)

@@ -933,6 +933,18 @@ class ModelSpec:
             return self.layer_params
         return self.attention_params + self._ffn_weights_sum / self.layers
 
+    def experts_touched(self, tokens: float, ep: int = 1) -> float:
+        """Routed experts of one rank a pass of ``tokens`` tokens per rank reaches in a MoE block,
+        in expectation under uniform routing (each token picks ``k`` of ``E``):
+        ``(E/Pe)·(1 − (1 − k/E)^(n·Pe))`` with ``n = tokens`` and ``Pe = ep`` expert-parallel
+        ranks, whose tokens all reach the rank's ``E/Pe`` experts (SPEC §15.2). All of them for a
+        training microbatch, a fraction for a decode step of a few sequences. 0 for a dense
+        model."""
+        if not self.experts:
+            return 0.0
+        n = max(float(tokens), 0.0) * ep
+        return self.experts / ep * (1.0 - (1.0 - self.experts_active / self.experts) ** n)
+
     def layer_weights_read(self, tokens: float, ep: int = 1) -> float:
         """Matmul weights a pass of ``tokens`` tokens reads from memory per block (averaged): a
         dense block all of :attr:`layer_params`; a MoE block its attention, shared experts and
@@ -944,8 +956,7 @@ class ModelSpec:
         ``(E/Pe)·(1 − (1 − k/E)^(n·Pe))`` experts."""
         if not self.experts:
             return self.layer_params
-        n = max(float(tokens), 0.0) * ep
-        touched = self.experts / ep * (1.0 - (1.0 - self.experts_active / self.experts) ** n)
+        touched = self.experts_touched(tokens, ep)
         dense = (self.layers - self.moe_layers) * self.dense_ffn_params
         moe = self.moe_layers * (touched * self.expert_params + self._moe_fixed_params)
         return self.attention_params + (dense + moe) / self.layers

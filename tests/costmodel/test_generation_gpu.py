@@ -13,14 +13,25 @@ from pathlib import Path
 import pytest
 
 from rpeg import hardware_preset, model_preset
+from rpeg.costmodel.flops import attention_core_flops, decode_attention_flops, decode_flops_at, prefill_flops
 from rpeg.costmodel.hardware import HARDWARE_PRESETS
 from rpeg.costmodel.layout import Layout
-from rpeg.costmodel.memory import kv_budget_tokens
-from rpeg.costmodel.time import _Node, _prefill_chunks, decode_schedule, generation_times, op_time
+from rpeg.costmodel.memory import kv_budget_tokens, kv_scalars_per_device
+from rpeg.costmodel.precision import block_gemm_flops
+from rpeg.costmodel.time import (
+    _decode_terms,
+    _Node,
+    _prefill_chunks,
+    _prefill_terms,
+    _Roofline,
+    decode_schedule,
+    generation_times,
+    op_time,
+)
 from rpeg.ir import Strategy
 from rpeg.ir.errors import InputError
 from rpeg.ir.hardware import EngineStep, Hardware
-from rpeg.ir.types import Role
+from rpeg.ir.types import Head, Role
 from rpeg.ir.workload import LengthBucket
 from tests.conftest import load_benchmark
 
@@ -111,8 +122,8 @@ def test_chunking_reads_the_weights_once_per_chunk() -> None:
     memory-bound prompt the GEMM time grows; a budget above the prompt changes nothing."""
     kw = {"sequences": 1, "prompt_len": 64, "response_len": 1, "decode": (0, 0)}
     whole = op_time(MODEL, Role.GENERATION, LAYOUT, _with_step(H100, token_budget=8192), **kw)
-    none = op_time(MODEL, Role.GENERATION, LAYOUT, dataclasses.replace(H100, rollout_step=None), **kw)
-    assert whole.gemm == pytest.approx(none.gemm)
+    exact = op_time(MODEL, Role.GENERATION, LAYOUT, _with_step(H100, token_budget=64), **kw)
+    assert whole.gemm == pytest.approx(exact.gemm)  # one chunk either way
     split = op_time(MODEL, Role.GENERATION, LAYOUT, _with_step(H100, token_budget=8), **kw)
     assert split.gemm > 4 * whole.gemm
 
@@ -147,12 +158,16 @@ def test_the_sequence_cap_bounds_the_running_batch() -> None:
 
 def test_hardware_without_a_step_is_unchanged() -> None:
     """No EngineStep (the CPU preset, calibrated files): the prefill is one step, the per-step
-    costs are the calibrated engine terms alone, and S is ROLLOUT_MAX_SEQS."""
+    costs are the calibrated engine terms alone, S is ROLLOUT_MAX_SEQS, and a decode stretch is
+    one roofline over its weight GEMMs, attention core and KV reads (SPEC §6), as calibrated."""
     bare = dataclasses.replace(H100, rollout_step=None)
-    zero = _with_step(H100, step_s=0.0, eager_layer_s=0.0, token_budget=10**8)
-    for n, lp in [(64, 256), (400, 2048), (2000, 16)]:
-        assert _total(bare, sequences=n, prompt_len=lp) == pytest.approx(
-            _total(zero, sequences=n, prompt_len=lp)
+    for n, context, steps in [(1, 32768, 3), (64, 2048, 5), (700, 300, 2)]:
+        node = _Node(MODEL, LAYOUT, bare, n)
+        w = decode_flops_at(MODEL, sequences=n, steps=steps, context=context)
+        kv = n * context * kv_scalars_per_device(MODEL, 1) * MODEL.dtype_bytes * MODEL.layers
+        one_roofline = node.gemm(w, w / steps, 1, kv, block_gemm_flops(MODEL, n * steps))
+        assert _decode_terms(node, context, steps, steps, Head.LM)[0] == pytest.approx(
+            one_roofline, rel=1e-12
         )
     cpu = hardware_preset("cpu")
     assert cpu.rollout_step is None
@@ -204,3 +219,43 @@ def test_the_benchmark_prices_each_row_with_vllm_serves_budget_and_lists_the_fro
     apart = [r for r in rows if fid.vllm_front_end_bound(r)]
     assert apart and all((r["input_len"], r["output_len"]) == (128, 4) for r in apart)
     assert all(not fid.vllm_front_end_bound(r) for r in rows if r["dataset"] == "sharegpt")
+
+
+def test_a_gpu_decode_prices_its_attention_core_as_a_kernel_of_its_own() -> None:
+    """On a GPU engine a decode stretch is its weight GEMMs at the running batch's η, then the
+    attention kernel: its FLOPs at F_peak capped by its KV reads over BW_mem, no row efficiency.
+    At 32k context a few sequences' core is bound by the KV reads: the step costs the weights'
+    time plus the reads', not the core's FLOPs at the η of a 7-row GEMM."""
+    for n, context, steps in [(7, 32768, 4), (256, 4096, 3), (1, 128, 2)]:
+        node = _Node(MODEL, LAYOUT, H100, n)
+        w = decode_flops_at(MODEL, sequences=n, steps=steps, context=context)
+        core = decode_attention_flops(MODEL, sequences=n, steps=steps, context=context)
+        kv = n * context * kv_scalars_per_device(MODEL, 1) * MODEL.dtype_bytes * MODEL.layers
+        rest = w - core
+        t_core = core / min(H100.peak_flops, core / steps / kv * H100.mem_bandwidth)
+        expect = node.gemm(rest, rest / steps, 1, 0.0, block_gemm_flops(MODEL, n * steps)) + t_core
+        assert _decode_terms(node, context, steps, steps, Head.LM)[0] == pytest.approx(expect, rel=1e-12)
+        if context == 32768:
+            assert t_core == pytest.approx(steps * kv / H100.mem_bandwidth, rel=1e-12)  # read-bound
+            one = node.gemm(w, w / steps, 1, kv, block_gemm_flops(MODEL, n * steps))
+            assert expect < one  # the single roofline charged the core's FLOPs at η(7 rows)
+
+
+def test_a_gpu_prefill_runs_its_attention_core_at_the_kernel_rate() -> None:
+    """The prompts' causal core (n·A(Lp)) runs at the preset's fused-attention forward rate (H100:
+    cuDNN's, at the model's head width); the rest of the prefill at the roofline of its chunks;
+    an unrated preset runs the core at F_peak."""
+    n, lp = 16, 4096
+    for hw in (H100, hardware_preset("b200")):
+        node = _Node(MODEL, LAYOUT, hw, n)
+        chunks = _prefill_chunks(node, lp)
+        assert chunks == 8
+        w = prefill_flops(MODEL, sequences=n, prompt_len=lp)
+        core = n * attention_core_flops(MODEL, lp)
+        rest = w - core
+        rates = hw.attention_rates(MODEL.attention_width / MODEL.heads) if hw.attention else None
+        rate = rates[0] if rates else hw.peak_flops
+        roof = _Roofline(MODEL, LAYOUT, hw, n / chunks)
+        f = roof.flops(rest / chunks, lp, 0.0, block_gemm_flops(MODEL, n * lp) / rest)
+        assert _prefill_terms(node, lp, Head.LM)[0] == pytest.approx(rest / f + core / rate, rel=1e-12)
+    assert H100.attention and not hardware_preset("b200").attention

@@ -76,19 +76,45 @@ def test_a_decode_step_reads_the_experts_its_tokens_touch():
 def test_expert_gemms_run_at_their_own_efficiency():
     """With few rows per expert (b·ℓ·k/E) the expert GEMMs are less efficient than the dense ones:
     the MoE model's compute-bound F_eff is below the dense reading's, by the harmonic blend of the
-    two efficiencies; a dense model is unchanged (φ = 0)."""
+    two efficiencies over the experts' share φ·ψ of the work; a dense model is unchanged (φ = 0)."""
     hw = hardware_preset("h100")
     lay = Layout(Strategy((1, 1, 1), 1, 1, 1, 1))
     moe, dense = _Roofline(QWEN3_MOE, lay, hw, 1.0), _Roofline(_dense_reading(QWEN3_MOE), lay, hw, 1.0)
     work, tokens = 1e18, 512.0  # huge work per byte: compute-bound
     rows = tokens
     eta = rows / (rows + hw.gamma_m) * dense.eta_k
-    r_e = rows * 8 / 128
+    r_e = rows * 8 / 128  # 512 tokens touch every expert: (1 − 8/128)^512 < 1e-14
     eta_e = r_e / (r_e + hw.gamma_m) * moe.eta_e
     phi = QWEN3_MOE.expert_flop_share
-    assert moe.flops(work, tokens) == pytest.approx(hw.peak_flops / ((1 - phi) / eta + phi / eta_e))
-    assert moe.flops(work, tokens) < dense.flops(work, tokens)
-    assert dense.flops(work, tokens) == pytest.approx(hw.peak_flops * eta)
+    for psi in (1.0, 0.6):  # all the work in the blocks' GEMMs; 40 % attention core and head
+        blend = hw.peak_flops / ((1 - phi * psi) / eta + phi * psi / eta_e)
+        assert moe.flops(work, tokens, 0.0, psi) == pytest.approx(blend, rel=1e-12)
+    assert moe.flops(work, tokens, 0.0, 0.6) > moe.flops(work, tokens, 0.0, 1.0)
+    assert moe.flops(work, tokens, 0.0, 1.0) < dense.flops(work, tokens, 0.0, 1.0)
+    assert dense.flops(work, tokens, 0.0, 1.0) == pytest.approx(hw.peak_flops * eta)
+
+
+def test_an_expert_gemm_gets_the_rows_of_the_experts_a_step_touches():
+    """A decode step of b sequences reaches E_t = E·(1 − (1 − k/E)^b) experts; each runs a GEMM of
+    b·k/E_t rows (one row per touched expert for b = 1), not b·k/E: an untouched expert runs
+    nothing. Expert parallelism: the rank's E/Pe experts receive the b·Pe tokens' b·k
+    assignments."""
+    hw = hardware_preset("h100")
+    work = 1e18  # compute-bound
+    for ep, b in [(1, 1.0), (1, 7.0), (4, 3.0)]:
+        lay = Layout(Strategy((1, 1, 1), 4 if ep > 1 else 1, 1, 1, 1, ep=ep))
+        roof = _Roofline(QWEN3_MOE, lay, hw, b)
+        touched = 128 / ep * (1 - (1 - 8 / 128) ** (b * ep))
+        assert QWEN3_MOE.experts_touched(b, ep) == pytest.approx(touched)
+        r_e = b * 8 / touched
+        eta = b / (b + hw.gamma_m) * roof.eta_k
+        eta_e = r_e / (r_e + hw.gamma_m) * roof.eta_e
+        phi = QWEN3_MOE.expert_flop_share
+        lam = 1.2 if ep > 1 else 1.0
+        expect = hw.peak_flops / ((1 - phi) / eta + lam * phi / eta_e)
+        assert roof.flops(work, 1.0, 0.0, 1.0) == pytest.approx(expect, rel=1e-12)
+    assert QWEN3_MOE.experts_touched(1.0) == pytest.approx(8.0)  # one token: its k experts
+    assert _dense_reading(QWEN3_MOE).experts_touched(100.0) == 0.0
 
 
 def test_a_moe_grpo_job_plans_with_its_true_memory():
