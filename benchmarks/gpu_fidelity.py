@@ -864,7 +864,9 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         "predicted output tokens/s = published generated tokens / T_gen, so "
         "rpeg/published is the same for output and total tokens/s. ShareGPT rows have variable lengths "
         "and are priced at their means (an approximation); the random rows have fixed requested lengths. "
-        "Each engine step costs the roofline of its tokens plus the preset's cited fixed seconds per step, "
+        "Each engine step costs the roofline of its weight GEMMs, then its attention kernel (the preset's "
+        "fused-attention rate or F_peak, a decode step's bound by its KV reads: docs/cost-model.md §8, "
+        '"The attention core on the engine"), plus the preset\'s cited fixed seconds per step, '
         "the prompts are prefilled in chunks of the token budget, and the budget and sequence cap are "
         "`vllm serve`'s defaults for the GPU (8192 tokens and 1024 sequences; 2048 and 256 on A100) unless "
         'the command sets them (`vllm_engine_step`; docs/cost-model.md §8, "The engine step"). '
