@@ -727,7 +727,8 @@ def _prefill_terms(node: _Node, prompt_len: int, head: Head) -> tuple[float, flo
     AllReduces carry its tokens (``2·(L/Pp)·mb·k_p`` of ``n·Lp·d·sb/(Pd·mb·k_p)``), and each
     step pays the engine step's ``c_step`` (``T_over += (mb + Pp − 1)·k_p·c_step``). With
     ``k_p = 1`` (no :class:`~rpeg.ir.hardware.EngineStep`, or ``b·Lp ≤ B``) this is the whole
-    prefill as one pass."""
+    prefill as one pass. With an ``EngineStep`` the prompts' causal attention core runs as a
+    kernel of its own (:func:`_engine_core_rate`), the roofline covering the rest."""
     model, s, sequences, hw = node.model, node.s, node.sequences, node.hw
     P, mb, pp, dp = node.n_devices, s.mb, s.pp, s.dp
     sb, d, layers = model.dtype_bytes, model.hidden, node.layers
@@ -769,7 +770,10 @@ def _decode_terms(
     (:meth:`~rpeg.ir.models.ModelSpec.attended`), ``windowed`` the windowed blocks' mean context
     ``E[min(c, W)]`` (``None``: ``min(c̄, W)``). With the hardware's
     :class:`~rpeg.ir.hardware.EngineStep` every step also pays its fixed seconds,
-    ``T_over += steps·(mb + Pp − 1)·(c_step + [no CUDA graphs] (L/Pp)·c_launch)``."""
+    ``T_over += steps·(mb + Pp − 1)·(c_step + [no CUDA graphs] (L/Pp)·c_launch)``, and the
+    attention core (:func:`~.flops.decode_attention_flops`) is a kernel of its own after the
+    weight GEMMs, bound by its KV reads (:func:`_engine_core_rate`); without one, one roofline
+    covers all the work and the KV reads (SPEC §6)."""
     model, s, sequences, hw = node.model, node.s, node.sequences, node.hw
     P, mb, pp, dp, tp = node.n_devices, s.mb, s.pp, s.dp, s.tp
     sb, d, layers = model.dtype_bytes, model.hidden, node.layers
