@@ -220,10 +220,7 @@ def _read_environ_afresh() -> None:
     number of CPU id list ['0'] doesn't match local world size 2", 2026-12-06). The new core
     freezes the new engine's settings in turn; an engine already running reads those from then
     on (it reads none of the two above after its start)."""
-    envs = importlib.import_module("vllm.envs")
-    disable = getattr(envs, "disable_envs_cache", None)
-    if disable is not None:
-        disable()
+    importlib.import_module("vllm.envs").disable_envs_cache()
 
 
 @contextlib.contextmanager
