@@ -667,6 +667,11 @@ def _message(
         statuses = ", ".join(search.engine_statuses()) or "no plan"
         return f"{engine} stopped without proving optimality over {cand_note} (status {statuses}); {what}"
     if source == 1:
+        if search.outcomes and all(o.get("status") == "skipped" for o in search.outcomes):
+            return (
+                f"the time limit ({limit:g} s) ran out while the structures were prepared, before "
+                f"{engine} built a model; returned the warm-start plan"
+            )
         return (
             f"{engine} found no better plan within the time limit ({limit:g} s); returned the warm-start plan"
         )

@@ -95,17 +95,36 @@ def run(problem, method: str, limit: float, **options):
     return r, time.monotonic() - t0
 
 
-def test_milp_returns_the_warm_start_in_time_when_its_models_are_too_large(ppo13b):
+def test_milp_returns_the_warm_start_in_time_from_a_cold_start(ppo13b):
+    """The limit counts everything from a fresh process's start: the solver libraries' import,
+    each structure's evaluator and directories (about 1 s apiece at 64 GPUs here) and the model.
+    Which of them the 4 s run out in depends on the machine's speed and load (on CI, a loaded
+    run spent them preparing the structure), so this test asks only for the warm start in time;
+    the next one makes the model the part that runs out."""
     from rpeg.ir.templates import structures
 
-    # one structure: preparing each of the six (evaluator, directories: about 1 s apiece at 64
-    # GPUs) would spend the whole limit before any model is built; the directories are built
-    # here, as in a fresh process, not taken from the process's cache
-    clear_caches()
+    clear_caches()  # directories built here, as in a fresh process, not from the process's cache
     r, elapsed = run(ppo13b, "milp", 4, structure=structures(ppo13b[0])[0])
     assert elapsed <= bound(4), f"milp took {elapsed:.2f} s on a 4-s limit"
     assert r.status is Status.TIME_LIMIT and r.plan is not None and r.evaluation.feasible
-    assert "model too large to build in" in r.message and "warm-start plan" in r.message
+    assert r.message.endswith("returned the warm-start plan") and r.extra["returned"] == "warm_start"
+
+
+def test_milp_returns_the_warm_start_in_time_when_its_model_is_too_large(ppo13b):
+    """With the solver libraries loaded and the structure's directories cached, the 4 s go to
+    the model, which is far too large for them (380,000 rows; 26 s to build on this machine):
+    the build stops at the deadline and the warm start is returned, saying so."""
+    import pyomo.contrib.appsi.solvers.highs  # what milp's loader waits for
+    import pyomo.environ  # noqa: F401
+
+    from rpeg.ir.templates import structures
+
+    structure = structures(ppo13b[0])[0]
+    run(ppo13b, "milp", 0.5, structure=structure)  # prepares and caches the directories
+    r, elapsed = run(ppo13b, "milp", 4, structure=structure)
+    assert elapsed <= bound(4), f"milp took {elapsed:.2f} s on a 4-s limit"
+    assert r.status is Status.TIME_LIMIT and r.plan is not None and r.evaluation.feasible
+    assert "model too large to build in" in r.message and "warm-start plan" in r.message, r.message
     assert r.extra["returned"] == "warm_start"
 
 
