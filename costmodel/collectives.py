@@ -19,6 +19,7 @@ __all__ = [
     "allreduce_time",
     "alltoall_time",
     "hierarchical_alltoall_time",
+    "one_kernel_allreduce_time",
     "p2p_time",
     "reduce_scatter_time",
 ]
@@ -52,6 +53,35 @@ def allreduce_time(p: int, nbytes: float, link: Link) -> float:
     if p == 1:
         return 0.0
     return 2.0 * (p - 1) * link.alpha + 2.0 * (p - 1) / p * nbytes * link.beta
+
+
+def one_kernel_allreduce_time(p: int, nbytes: float, link: Link) -> float:
+    """An inference engine's one-kernel AllReduce over NVLink (vLLM's custom all-reduce):
+    ``α + 2·((p−1)/p)·M·β``; ``0`` for ``p = 1`` (docs/cost-model.md §8, "The engine's
+    all-reduce").
+
+    One launch whose ranks read each other's buffers through peer-to-peer mappings: the start-up
+    cost is paid once, not once per ring step as in :func:`allreduce_time`, and the bytes are the
+    ring's at the kernel's own bus bandwidth ``1/β``.
+
+    Parameters
+    ----------
+    p
+        Number of participating ranks.
+    nbytes
+        ``M``, bytes of the buffer each rank contributes (and receives reduced).
+    link
+        ``(α, β)`` of the kernel (:attr:`rpeg.ir.hardware.EngineStep.allreduce`).
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    _check(p, nbytes)
+    if p == 1:
+        return 0.0
+    return link.alpha + 2.0 * (p - 1) / p * nbytes * link.beta
 
 
 def allgather_time(p: int, nbytes: float, link: Link) -> float:

@@ -24,6 +24,7 @@ from .collectives import (
     allreduce_time,
     alltoall_time,
     hierarchical_alltoall_time,
+    one_kernel_allreduce_time,
     p2p_time,
     reduce_scatter_time,
 )
@@ -578,6 +579,23 @@ class _Node:
             return count * (reduce_scatter_time(tp, nbytes, link) + allgather_time(tp, nbytes, link))
         return count * allreduce_time(tp, nbytes, link)
 
+    def engine_tp_rounds(self, count: float, nbytes: float) -> float:
+        """``count`` tensor-parallel AllReduces of ``nbytes`` inside a generation engine: on
+        the engine's measured link where the hardware has one (:meth:`Hardware.tensor_parallel
+        <rpeg.ir.hardware.Hardware.tensor_parallel>`, the ring formula), else on the engine
+        step's one-kernel all-reduce when the buffer fits it
+        (:meth:`EngineStep.allreduce_link <rpeg.ir.hardware.EngineStep.allreduce_link>`,
+        :func:`~.collectives.one_kernel_allreduce_time`), else as :meth:`tp_rounds` on the
+        tier-0 ring (docs/cost-model.md §8, "The engine's all-reduce")."""
+        measured = self.hw.tensor_parallel()
+        if measured is not None:
+            return self.tp_rounds(count, nbytes, measured)
+        step = self.hw.rollout_step
+        kernel = step.allreduce_link(self.s.tp, nbytes) if step is not None and not self.s.sp else None
+        if kernel is None:
+            return self.tp_rounds(count, nbytes)
+        return count * one_kernel_allreduce_time(self.s.tp, nbytes, kernel)
+
     def pp_rounds(self, count: float, tokens: float) -> float:
         """``count`` pipeline steps of ``n·tokens·d·sb/(Pd·Pt·Pc·mb)`` bytes (0 without pipelining)."""
         s = self.s
@@ -752,8 +770,8 @@ def _prefill_terms(node: _Node, prompt_len: int, head: Head) -> tuple[float, flo
     sync = hw.weight_sync()
     if sync is not None:
         t_over += sync.alpha + model_params(model, head) * sb * sync.beta
-    t_tp = node.tp_rounds(
-        2 * layers * mb * chunks, sequences * prompt_len * d * sb / (dp * mb * chunks), hw.tensor_parallel()
+    t_tp = node.engine_tp_rounds(
+        2 * layers * mb * chunks, sequences * prompt_len * d * sb / (dp * mb * chunks)
     )
     t_pp = node.pp_rounds(mb + pp - 2, prompt_len)
     return t_gemm, t_tp, t_pp, t_over
@@ -797,7 +815,7 @@ def _decode_terms(
     t_over = steps * node.slots * (dec.per_step_s + layers * dec.per_layer_s)
     if hw.rollout_step is not None:
         t_over += steps * node.slots * hw.rollout_step.decode_step_s(layers)
-    t_tp = node.tp_rounds(2 * layers * rounds, sequences * d * sb / dp, hw.tensor_parallel())
+    t_tp = node.engine_tp_rounds(2 * layers * rounds, sequences * d * sb / dp)
     t_pp = node.pp_rounds(rounds * (mb + pp - 2), 1)
     return t_gemm, t_tp, t_pp, t_over
 

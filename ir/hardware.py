@@ -37,6 +37,7 @@ from pydantic import AfterValidator, Field
 from .errors import InputError, Strict, read_json, validate
 
 __all__ = [
+    "ENGINE_ALLREDUCE_RANKS",
     "ENGINE_ROLES",
     "FIGURE_RANGES",
     "FORMAT",
@@ -63,6 +64,12 @@ DEFAULT_HOST_BANDWIDTH = 50.4e9
 #: Operation classes with their own engine terms: generation's prefill and decode, teacher-forced
 #: inference, training.
 OP_CLASSES = ("prefill", "decode", "inference", "training")
+
+#: The tensor-parallel degrees vLLM's custom all-reduce runs at (``CustomAllreduce.
+#: _SUPPORTED_WORLD_SIZES`` in ``vllm/distributed/device_communicators/custom_all_reduce.py``,
+#: 2, 4, 6 and 8 since the kernel was added; 16 is a later multi-node NVLink case rpeg does not
+#: place): any other degree, NCCL's ring (:meth:`EngineStep.allreduce_link`).
+ENGINE_ALLREDUCE_RANKS = (2, 4, 6, 8)
 
 #: The roles an engine is chosen for (:attr:`Hardware.engine_for`).
 ENGINE_ROLES = ("generation", "inference", "training")
@@ -310,6 +317,16 @@ class EngineStep:
         graphs (vLLM ``enforce_eager``).
     cuda_graphs
         Whether decode steps replay CUDA graphs (vLLM's default) or run eagerly.
+    allreduce
+        ``(α_ar, β_ar)`` of the engine's own one-kernel all-reduce between its tensor-parallel
+        ranks on one node (vLLM's custom all-reduce over NVLink): one AllReduce of ``M`` bytes
+        over ``p`` ranks takes ``α_ar + 2·((p − 1)/p)·M·β_ar`` (``None``: the tier-0
+        ``collective`` link's ring prices every AllReduce; docs/cost-model.md §8, "The engine's
+        all-reduce").
+    allreduce_max_bytes
+        The size of that kernel's buffer (vLLM's custom all-reduce ``max_size``): an AllReduce
+        of fewer bytes runs on it, one of as many or more goes to NCCL, the tier-0 ring
+        (``CustomAllreduce.should_custom_ar``: ``inp_size < self.max_size``).
     """
 
     token_budget: int = 8192
@@ -317,6 +334,8 @@ class EngineStep:
     step_s: float = 0.0
     eager_layer_s: float = 0.0
     cuda_graphs: bool = True
+    allreduce: Link | None = None
+    allreduce_max_bytes: int = 0
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_seqs"):
@@ -329,6 +348,26 @@ class EngineStep:
                 raise ValueError(f"EngineStep {name} must be non-negative, got {value!r}")
         if not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"EngineStep cuda_graphs must be true or false, got {self.cuda_graphs!r}")
+        if self.allreduce is not None and not isinstance(self.allreduce, Link):
+            raise ValueError(f"EngineStep allreduce must be a Link or None, got {self.allreduce!r}")
+        size = self.allreduce_max_bytes
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"EngineStep allreduce_max_bytes must be a non-negative integer, got {size!r}")
+        if (self.allreduce is None) != (size == 0):
+            raise ValueError(
+                "EngineStep allreduce and allreduce_max_bytes go together: an all-reduce link needs "
+                f"the largest buffer it takes and a buffer size needs the link, got allreduce="
+                f"{self.allreduce!r}, allreduce_max_bytes={size!r}"
+            )
+
+    def allreduce_link(self, ranks: int, nbytes: float) -> Link | None:
+        """The engine's one-kernel all-reduce link for an AllReduce of ``nbytes`` over
+        ``ranks``, or ``None`` (NCCL's ring then) when it has none, the buffer is not smaller
+        than ``allreduce_max_bytes`` or the kernel does not run at that rank count
+        (:data:`ENGINE_ALLREDUCE_RANKS`)."""
+        if self.allreduce is None or ranks not in ENGINE_ALLREDUCE_RANKS:
+            return None
+        return self.allreduce if nbytes < self.allreduce_max_bytes else None
 
     def decode_step_s(self, layers: float) -> float:
         """Fixed seconds of one decode-only step over ``layers = L/Pp`` layers:
@@ -465,6 +504,10 @@ class Hardware:
                     raise ValueError(
                         f"Hardware {self.name!r}: rollout_step.{key} {why}, got {getattr(step, key)!r}"
                     )
+            if step.allreduce is not None:
+                _check_figures(
+                    f"Hardware {self.name!r}: rollout_step.allreduce ", step.allreduce, _LINK_FIGURES
+                )
         rates = []
         for i, r in enumerate(self.attention):
             try:
@@ -642,6 +685,8 @@ class Hardware:
             del d["peak_flops_fp8"]
         if self.rollout_step is None:
             del d["rollout_step"]
+        elif self.rollout_step.allreduce is None:  # no engine all-reduce: the file says nothing
+            del d["rollout_step"]["allreduce"], d["rollout_step"]["allreduce_max_bytes"]
         return d
 
     @classmethod
@@ -708,9 +753,7 @@ class Hardware:
                 sources=tuple(doc.sources.items()),
                 attention=tuple(AttentionRate(a.head_dim, a.forward, a.backward) for a in doc.attention),
                 peak_flops_fp8=doc.peak_flops_fp8,
-                rollout_step=None
-                if doc.rollout_step is None
-                else EngineStep(**doc.rollout_step.model_dump()),
+                rollout_step=None if doc.rollout_step is None else _engine_step(doc.rollout_step),
             )
         except ValueError as exc:
             raise InputError(f"{source}: {exc}", source=source) from None
@@ -793,6 +836,16 @@ class _RolloutStepEntry(Strict):
     step_s: _figure("per_step_s")  # type: ignore[valid-type]
     eager_layer_s: _figure("per_layer_s")  # type: ignore[valid-type]
     cuda_graphs: bool = True
+    allreduce: _SyncEntry | None = None
+    allreduce_max_bytes: Annotated[int, Field(ge=0, le=2**40)] = 0
+
+
+def _engine_step(entry: _RolloutStepEntry) -> EngineStep:
+    """The :class:`EngineStep` of a file's ``rollout_step`` entry."""
+    fields = entry.model_dump()
+    link = entry.allreduce
+    fields["allreduce"] = None if link is None else Link(link.alpha, link.beta)
+    return EngineStep(**fields)
 
 
 class _EngineFor(Strict):
