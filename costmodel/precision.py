@@ -17,6 +17,9 @@ With :attr:`ModelSpec.precision <rpeg.ir.models.ModelSpec.precision>` ``= "fp8"`
   work-weighted harmonic mean :func:`mixed_peak`;
 * the GEMMs read FP8 weights and FP8 inputs (1 byte) and write BF16 outputs, which the roofline
   intensity uses (:func:`gemm_weight_bytes`, :func:`gemm_activation_bytes`);
+* Transformer Engine quantizes each FP8 GEMM's BF16 input and, in the backward, its BF16 output
+  gradient, in memory-bound kernels of their own (:func:`fp8_cast_scalars`, charged with the
+  non-GEMM work of a training or teacher-forced node; vLLM's are not modelled);
 * a generation engine stores the blocks' weights in FP8
   (:func:`~rpeg.costmodel.memory.served_weight_bytes`); a trainer
   and a teacher-forced pass keep BF16 weights (FP32 master copies and Adam moments unchanged:
@@ -35,6 +38,7 @@ __all__ = [
     "FP8_BYTES",
     "block_gemm_flops",
     "check_precision",
+    "fp8_cast_scalars",
     "gemm_activation_bytes",
     "gemm_peaks",
     "gemm_weight_bytes",
@@ -146,3 +150,97 @@ def gemm_activation_bytes(model: ModelSpec) -> int:
     ``1 + sb`` under FP8 (FP8 inputs, BF16 outputs), ``2·sb`` under BF16 (the roofline's
     ``Ω_A = 2·b·ℓ·d·sb·L/Pp``)."""
     return FP8_BYTES + model.dtype_bytes if model.is_fp8 else 2 * model.dtype_bytes
+
+
+def fp8_cast_scalars(
+    model: ModelSpec, tp: int = 1, sp: bool = False, *, training: bool = True, recomputed: bool = False
+) -> float:
+    """Scalar-equivalents (2 bytes each) Transformer Engine's FP8 quantize kernels move per token
+    and block of one device, averaged over the blocks (``docs/cost-model.md`` §11, "The quantize
+    kernels"); 0 for a BF16 model.
+
+    Counted as Megatron-core runs a block under ``fp8_autocast``. A ``Linear`` (``GroupedLinear``
+    for the experts) quantizes its BF16 input in a kernel of its own; with gradients enabled one
+    fused cast-transpose writes the FP8 copy and its transpose for the weight gradient (read 2,
+    write 1 + 1 bytes: 2 scalar-equivalents per element), without (a teacher-forced pass) only
+    the copy (read 2, write 1: 1.5). A ``LayerNormLinear`` (QKV and a dense FFN's first
+    projection) gets its FP8 input from the fused norm and pays only the transpose in the backward
+    (read 1, write 1: 1). The backward quantizes every GEMM's output gradient with a
+    cast-transpose (2 per element). Per token, with ``ρ = 1/Pt`` under sequence parallelism (else
+    1) for what tensor parallelism replicates:
+
+    * forward inputs ``x_f``: the output projection's ``d_q/Pt``; a dense FFN's second projection
+      ``dff/Pt``; a MoE block's dispatched rows ``k·d·ρ`` into the experts' first projection and
+      ``k·d_e/Pt`` into their second, a shared expert's ``d·ρ`` and ``d_s/Pt``; latent attention's
+      down projections (``2·d·ρ``, or ``d·ρ`` without a query latent) and output ``H·d_v/Pt``
+      (its latent norms fuse into the up projections);
+    * backward output gradients ``x_b``: QKV ``(d_q + 2·d_kv)/Pt`` (latent attention: the
+      latents ``(r_q + r_kv + rope)·ρ`` and the up projections ``H·(d_qk + nope + d_v)/Pt``), the
+      output projection ``d·ρ``, the FFN's ``(n_in·dff)/Pt + d·ρ`` (experts ``n_in·k·d_e/Pt +
+      k·d·ρ``, a shared expert ``n_in·d_s/Pt + d·ρ``), ``n_in`` = 2 for a gated FFN, else 1;
+    * norm transposes ``x_t``: QKV's and a dense FFN's ``d·ρ`` each (latent attention: its
+      latents' ``(r_q + r_kv)·ρ``).
+
+    So training moves ``2·x_f + 2·x_b + x_t`` (``4·x_f + 2·x_b + x_t`` under full recomputation,
+    whose second forward quantizes its inputs again) and a teacher-forced pass ``1.5·x_f``. The LM head
+    and the router stay BF16 and are not counted; TE's weight casts (once per step, not per
+    token) are not either.
+
+    Parameters
+    ----------
+    model
+        The model.
+    tp
+        Tensor-parallel degree ``Pt``.
+    sp
+        Whether sequence parallelism splits the replicated work.
+    training
+        Whether the pass computes gradients (training) or not (a teacher-forced forward).
+    recomputed
+        Whether a training step runs each block's forward twice (full recomputation).
+
+    Returns
+    -------
+    float
+        Scalar-equivalents per token and block.
+    """
+    if not model.is_fp8:
+        return 0.0
+    d = model.hidden
+    rho = 1.0 / tp if sp else 1.0
+    n_in = 2 if model.ffn_projections == 3 else 1
+    if model.is_mla:
+        h, rope = model.heads, model.qk_rope_head_dim
+        r_q, r_kv = model.q_lora_rank, model.kv_lora_rank
+        qk = model.qk_nope_head_dim + rope
+        att_f = (2.0 if r_q else 1.0) * d * rho + h * model.v_head_dim / tp
+        # the latents' and the heads' projections (without a query latent, r_q = 0: one query
+        # projection straight to the heads), and the output
+        att_b = (
+            (r_q + r_kv + rope) * rho + h * (qk + model.qk_nope_head_dim + model.v_head_dim) / tp + d * rho
+        )
+        att_t = (r_q + r_kv) * rho
+    else:
+        att_f = model.q_width / tp
+        att_b = (model.q_width + 2 * model.kv_width) / tp + d * rho
+        att_t = d * rho
+
+    def block(forward: float, backward: float, transposes: float) -> float:
+        if training:
+            return (4.0 if recomputed else 2.0) * forward + 2.0 * backward + transposes
+        return 1.5 * forward
+
+    dense_ffn = (model.ffn_hidden / tp, n_in * model.ffn_hidden / tp + d * rho, d * rho)
+    dense = block(att_f + dense_ffn[0], att_b + dense_ffn[1], att_t + dense_ffn[2])
+    if not model.is_moe:
+        return dense
+    k, de = model.experts_active, model.expert_ffn
+    moe_f = k * d * rho + k * de / tp
+    moe_b = n_in * k * de / tp + k * d * rho
+    if model.shared_experts:
+        ds = model.shared_experts * model.shared_ffn
+        moe_f += d * rho + ds / tp
+        moe_b += n_in * ds / tp + d * rho
+    moe = block(att_f + moe_f, att_b + moe_b, att_t)
+    n_moe = model.moe_layers
+    return (n_moe * moe + (model.layers - n_moe) * dense) / model.layers

@@ -44,7 +44,14 @@ from .flops import (
 )
 from .layout import Layout, check_tier, positive_int
 from .memory import ROLLOUT_MAX_SEQS, kv_budget_tokens, kv_scalars_per_device, model_params
-from .precision import block_gemm_flops, gemm_activation_bytes, gemm_peaks, gemm_weight_bytes, mixed_peak
+from .precision import (
+    block_gemm_flops,
+    fp8_cast_scalars,
+    gemm_activation_bytes,
+    gemm_peaks,
+    gemm_weight_bytes,
+    mixed_peak,
+)
 
 __all__ = [
     "OPTIMIZER_TRAFFIC_BYTES",
@@ -420,7 +427,7 @@ def op_time(
         terms = hw.terms(role.value)
         t_gemm /= terms.efficiency
         t_ep, t_cp = _split_terms(node, role, lengths, head, t_gemm, passes)
-        t_nongemm = passes * node.nongemm(ell, head)
+        t_nongemm = passes * node.nongemm(ell, head) + node.fp8_casts(ell, role is Role.TRAINING)
         t_over = terms.per_call_s + passes * node.slots * node.layers * terms.per_layer_s
 
     return TimeBreakdown(
@@ -553,6 +560,21 @@ class _Node:
         s = self.s
         per_token = _nongemm_seconds(self.model, self.hw, s.tp, s.pp, s.sp, head)
         return s.mb * self.b * tokens / s.cp * per_token
+
+    def fp8_casts(self, tokens: float, training: bool) -> float:
+        """The FP8 quantize kernels' time on one device (``docs/cost-model.md`` §11, "The
+        quantize kernels"): ``T·(L/Pp)·σ_cast·κ`` with ``T = mb·b·ℓ/Pc`` and ``σ_cast``
+        :func:`~.precision.fp8_cast_scalars` of a training step (twice the forward's under full
+        recomputation) or of a teacher-forced forward; 0 for a BF16 model."""
+        s = self.s
+        sigma = fp8_cast_scalars(
+            self.model, s.tp, s.sp, training=training, recomputed=training and s.recompute is Recompute.FULL
+        )
+        if sigma == 0.0:
+            return 0.0
+        hw = self.hw
+        kappa = hw.c_nongemm / (hw.b_cal * hw.l_cal * reference_nongemm_scalars(hw.d_cal))
+        return s.mb * self.b * tokens / s.cp * self.layers * sigma * kappa
 
     def rank_tokens(self, tokens: float) -> float:
         """``T = b·ℓ/Pc``: one microbatch's tokens on one device (a context-parallel rank's

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from rpeg.costmodel import Hardware, hardware_preset
+from rpeg.costmodel.flops import reference_nongemm_scalars
 from rpeg.costmodel.layout import Layout
 from rpeg.costmodel.memory import (
     kv_budget_tokens,
@@ -206,3 +207,63 @@ def test_fp8_training_keeps_the_gemm_inputs_te_saves_in_one_byte(sp):
     assert b16 - b8 == pytest.approx(per_token_layer * saved)
     full = _layout(tp=2, dp=4, mb=2)
     assert training_activation_bytes(M8, full, **kw) == training_activation_bytes(M, full, **kw)
+
+
+# ------------------------------------------------------------------- the quantize kernels
+def test_fp8_cast_scalars_of_a_dense_block_by_hand():
+    """Llama-3.1-8B (d 4096, d_q 4096, d_kv 1024, gated dff 14336) at Pt = 2: forward inputs
+    (output projection, second FFN projection), backward output gradients (QKV, output, both FFN
+    projections) and the two fused norms' transposes, with ρ = 1/Pt under SP."""
+    from rpeg.costmodel.precision import fp8_cast_scalars
+
+    d, dq, dkv, f = 4096, 4096, 1024, 14336
+    assert (M.hidden, M.q_width, M.kv_width, M.ffn_hidden, M.ffn_projections) == (d, dq, dkv, f, 3)
+    assert fp8_cast_scalars(M, 2) == 0.0  # BF16: nothing
+    for sp, rho in ((False, 1.0), (True, 0.5)):
+        x_f = dq / 2 + f / 2
+        x_b = (dq + 2 * dkv) / 2 + d * rho + 2 * f / 2 + d * rho
+        x_t = 2 * d * rho
+        assert fp8_cast_scalars(M8, 2, sp) == pytest.approx(2 * x_f + 2 * x_b + x_t)
+        assert fp8_cast_scalars(M8, 2, sp, training=False) == pytest.approx(1.5 * x_f)
+        assert fp8_cast_scalars(M8, 2, sp, recomputed=True) == pytest.approx(4 * x_f + 2 * x_b + x_t)
+
+
+def test_fp8_cast_scalars_of_a_moe_model_average_its_dense_and_expert_blocks():
+    """Qwen3-30B-A3B: every block has experts (k = 8 of width 768, no shared expert), so the
+    FFN's casts are the dispatched rows' and the experts' (no fused norm before the experts)."""
+    from rpeg.costmodel.precision import fp8_cast_scalars
+
+    m8 = replace(MOE, precision="fp8")
+    d, k, de = MOE.hidden, MOE.experts_active, MOE.expert_ffn
+    assert MOE.moe_layers == MOE.layers and not MOE.shared_experts
+    x_f = MOE.q_width + k * d + k * de
+    x_b = MOE.q_width + 2 * MOE.kv_width + d + 2 * k * de + k * d
+    x_t = d
+    assert fp8_cast_scalars(m8) == pytest.approx(2 * x_f + 2 * x_b + x_t)
+    # the expert work is most of it: a fine-grained MoE block casts far more than a dense one of
+    # the same width would at the same active FFN width
+    assert fp8_cast_scalars(m8) > 2 * (MOE.q_width + k * de)
+
+
+@pytest.mark.parametrize(
+    ("role", "recompute"), [(Role.TRAINING, "none"), (Role.TRAINING, "full"), (Role.INFERENCE, "full")]
+)
+def test_an_fp8_node_pays_the_quantize_kernels_at_hbm_speed_with_its_non_gemm_work(role, recompute):
+    """``T_nongemm(fp8) − T_nongemm(bf16) = mb·b·ℓ·(L/Pp)·σ_cast·κ``, ``κ = 2 bytes/BW_mem`` on a
+    GPU preset (its ``c_ng`` is derived that way), and nothing else in the breakdown but the GEMM
+    time changes."""
+    from rpeg.costmodel.precision import fp8_cast_scalars
+
+    hw = hardware_preset("h100")
+    lay = _layout(tp=2, pp=2, dp=2, mb=4, recompute=recompute, sp=True)
+    kw = {"sequences": 64, "prompt_len": 1024, "response_len": 1024}
+    a = op_time(M, role, lay, hw, **kw)
+    b = op_time(M8, role, lay, hw, **kw)
+    training = role is Role.TRAINING
+    sigma = fp8_cast_scalars(M8, 2, True, training=training, recomputed=training and recompute == "full")
+    tokens_per_device = 64 / 2 * 2048  # mb·b·ℓ = n/Pd·ℓ
+    kappa = hw.c_nongemm / (hw.b_cal * hw.l_cal * reference_nongemm_scalars(hw.d_cal))
+    assert kappa == pytest.approx(2 / hw.mem_bandwidth, rel=1e-3)  # c_ng is derived from BW_mem
+    expected = tokens_per_device * (M.layers / 2) * sigma * kappa
+    assert b.nongemm - a.nongemm == pytest.approx(expected, rel=1e-9)
+    assert (b.tp_comm, b.pp_comm, b.dp_comm, b.opt) == (a.tp_comm, a.pp_comm, a.dp_comm, a.opt)
