@@ -962,7 +962,8 @@ def main(argv: list[str] | None = None) -> None:
         "no recomputation, expert-TP = TP are assumptions (the tables do not publish them). "
         "The FP8 recipes (FP8, FP8-CS, FP8-MX, MXFP8) run with precision fp8 (docs/cost-model.md §11: "
         "the presets' FP8 peak for the blocks' weight GEMMs, attention core and LM head at the BF16 peak, "
-        "1-byte weights and GEMM inputs in the roofline); statistics per published precision and pooled. "
+        "1-byte weights and GEMM inputs in the roofline, Transformer Engine's quantize kernels as "
+        "memory-bound work); statistics per published precision and pooled. "
         "**No term is fitted to these rows: this is the baseline of the current presets.**",
         "",
         f"{len(rows)} rows of the six models; {n_ok} expressible, {len(rows) - n_ok} not:",
