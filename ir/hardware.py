@@ -506,7 +506,7 @@ class Hardware:
                     )
             if step.allreduce is not None:
                 _check_figures(
-                    f"Hardware {self.name!r}: rollout_step.allreduce ", step.allreduce, _LINK_FIGURES
+                    f"Hardware {self.name!r}: rollout_step.allreduce.", step.allreduce, _LINK_FIGURES
                 )
         rates = []
         for i, r in enumerate(self.attention):
