@@ -178,8 +178,9 @@ def fp8_cast_scalars(
       latents ``(r_q + r_kv + rope)·ρ`` and the up projections ``H·(d_qk + nope + d_v)/Pt``), the
       output projection ``d·ρ``, the FFN's ``(n_in·dff)/Pt + d·ρ`` (experts ``n_in·k·d_e/Pt +
       k·d·ρ``, a shared expert ``n_in·d_s/Pt + d·ρ``), ``n_in`` = 2 for a gated FFN, else 1;
-    * norm transposes ``x_t``: QKV's and a dense FFN's ``d·ρ`` each (latent attention: its
-      latents' ``(r_q + r_kv)·ρ``).
+    * norm transposes ``x_t``: QKV's and a dense FFN's ``d`` each (latent attention: its
+      latents' ``r_q + r_kv``), on every tensor-parallel rank even under sequence parallelism:
+      TE transposes the input it gathered over the sequence for the weight gradient.
 
     So training moves ``2·x_f + 2·x_b + x_t`` (``4·x_f + 2·x_b + x_t`` under full recomputation,
     whose second forward quantizes its inputs again) and a teacher-forced pass ``1.5·x_f``. The LM head
@@ -219,18 +220,18 @@ def fp8_cast_scalars(
         att_b = (
             (r_q + r_kv + rope) * rho + h * (qk + model.qk_nope_head_dim + model.v_head_dim) / tp + d * rho
         )
-        att_t = (r_q + r_kv) * rho
+        att_t = float(r_q + r_kv)
     else:
         att_f = model.q_width / tp
         att_b = (model.q_width + 2 * model.kv_width) / tp + d * rho
-        att_t = d * rho
+        att_t = float(d)
 
     def block(forward: float, backward: float, transposes: float) -> float:
         if training:
             return (4.0 if recomputed else 2.0) * forward + 2.0 * backward + transposes
         return 1.5 * forward
 
-    dense_ffn = (model.ffn_hidden / tp, n_in * model.ffn_hidden / tp + d * rho, d * rho)
+    dense_ffn = (model.ffn_hidden / tp, n_in * model.ffn_hidden / tp + d * rho, float(d))
     dense = block(att_f + dense_ffn[0], att_b + dense_ffn[1], att_t + dense_ffn[2])
     if not model.is_moe:
         return dense

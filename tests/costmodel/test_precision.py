@@ -213,7 +213,8 @@ def test_fp8_training_keeps_the_gemm_inputs_te_saves_in_one_byte(sp):
 def test_fp8_cast_scalars_of_a_dense_block_by_hand():
     """Llama-3.1-8B (d 4096, d_q 4096, d_kv 1024, gated dff 14336) at Pt = 2: forward inputs
     (output projection, second FFN projection), backward output gradients (QKV, output, both FFN
-    projections) and the two fused norms' transposes, with ρ = 1/Pt under SP."""
+    projections) and the two fused norms' transposes, with ρ = 1/Pt under SP for what TP
+    replicates (not the transposes: TE transposes the input it gathered over the sequence)."""
     from rpeg.costmodel.precision import fp8_cast_scalars
 
     d, dq, dkv, f = 4096, 4096, 1024, 14336
@@ -222,7 +223,7 @@ def test_fp8_cast_scalars_of_a_dense_block_by_hand():
     for sp, rho in ((False, 1.0), (True, 0.5)):
         x_f = dq / 2 + f / 2
         x_b = (dq + 2 * dkv) / 2 + d * rho + 2 * f / 2 + d * rho
-        x_t = 2 * d * rho
+        x_t = 2 * d  # transposed after the sequence-parallel gather: every rank, whole
         assert fp8_cast_scalars(M8, 2, sp) == pytest.approx(2 * x_f + 2 * x_b + x_t)
         assert fp8_cast_scalars(M8, 2, sp, training=False) == pytest.approx(1.5 * x_f)
         assert fp8_cast_scalars(M8, 2, sp, recomputed=True) == pytest.approx(4 * x_f + 2 * x_b + x_t)
