@@ -572,9 +572,7 @@ class _Node:
         )
         if sigma == 0.0:
             return 0.0
-        hw = self.hw
-        kappa = hw.c_nongemm / (hw.b_cal * hw.l_cal * reference_nongemm_scalars(hw.d_cal))
-        return s.mb * self.b * tokens / s.cp * self.layers * sigma * kappa
+        return s.mb * self.b * tokens / s.cp * self.layers * sigma * _nongemm_kappa(self.hw)
 
     def rank_tokens(self, tokens: float) -> float:
         """``T = b·ℓ/Pc``: one microbatch's tokens on one device (a context-parallel rank's
@@ -674,10 +672,16 @@ class _Node:
         return max(0.0, ring - core)
 
 
+def _nongemm_kappa(hw: Hardware) -> float:
+    """``κ = c_ng/(B_cal·ℓ_cal·σ_ref(d_cal))``: the hardware's seconds per scalar a memory-bound
+    kernel moves (its ``c_ng`` timed the reference block over ``B_cal·ℓ_cal`` tokens)."""
+    return hw.c_nongemm / (hw.b_cal * hw.l_cal * reference_nongemm_scalars(hw.d_cal))
+
+
 def _nongemm_seconds(model: ModelSpec, hw: Hardware, tp: int, pp: int, sp: bool, head: Head) -> float:
     """``((L/Pp)·σ_layer + σ_head)·κ``: one device's non-GEMM seconds per token and forward
-    (:meth:`_Node.nongemm`)."""
-    kappa = hw.c_nongemm / (hw.b_cal * hw.l_cal * reference_nongemm_scalars(hw.d_cal))
+    (:meth:`_Node.nongemm`, :func:`_nongemm_kappa`)."""
+    kappa = _nongemm_kappa(hw)
     sigma = model.layers / pp * layer_nongemm_scalars(model, tp, sp) + head_nongemm_scalars(
         model, head, tp, sp
     )
