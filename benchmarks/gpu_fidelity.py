@@ -30,9 +30,9 @@ Blackwell) are all Transformer Engine FP8 GEMMs and run with ``precision = "fp8"
 inputs in the roofline, BF16 weights and optimizer state). Statistics are reported per
 precision and per published recipe.
 
-Rows it cannot express are listed with the reason: NVFP4 (rpeg has no FP4 setting), a system
-without a preset (DGX-GB300, DGX-B300), a cell that publishes two configurations, a layout that
-does not divide. An interleaved virtual pipeline (``VP`` > 1) is priced with rpeg's ``vp``
+Rows it cannot express are listed with the reason: NVFP4 (rpeg has no FP4 setting), a cell that
+publishes two configurations, a layout that does not divide. Every published system has a preset
+(:data:`SYSTEMS`; DGX-B300 and DGX-GB300 since issue 31's Blackwell Ultra presets). An interleaved virtual pipeline (``VP`` > 1) is priced with rpeg's ``vp``
 (``docs/cost-model.md`` §12), also where the row's layer count needs Megatron's custom pipeline
 layout (DeepSeek-V3's 61 layers, Qwen3-235B's 94): ``L/Pp`` layers per stage in ``vp`` chunks. ``--refresh GIT_DIR`` rebuilds the data file from a Megatron-Bridge git directory.
 
@@ -76,7 +76,13 @@ MODELS = {
     "GPT OSS 120B": "gpt-oss-120b",
 }
 #: Published system → (rpeg hardware preset, nodes per "rack" for the link tiers).
-SYSTEMS = {"DGX-H100": ("h100", 32), "DGX-B200": ("b200", 32), "DGX-GB200": ("gb200-nvl72", 18)}
+SYSTEMS = {
+    "DGX-H100": ("h100", 32),
+    "DGX-B200": ("b200", 32),
+    "DGX-B300": ("b300", 32),
+    "DGX-GB200": ("gb200-nvl72", 18),
+    "DGX-GB300": ("gb300-nvl72", 18),
+}
 #: Published training precision → rpeg's :attr:`~rpeg.ir.models.ModelSpec.precision`. Megatron-Bridge's
 #: FP8 recipes (``--fp8-recipe`` delayed, tensorwise = "CS" current scaling, mxfp8 = "MX" block
 #: scaling) differ in their scaling factors, not in what runs in FP8 (TE's linear layers' GEMMs).
@@ -298,6 +304,21 @@ def breakdown(priced: list[tuple[dict[str, Any], float, float]]) -> dict[str, li
         out[f"{kind}, newest release of each configuration"] = [
             (pub, pred) for r, pub, pred in mine if newest[configuration(r)] is r
         ]
+    return out
+
+
+def release_breakdown(
+    priced: list[tuple[dict[str, Any], float, float]],
+) -> dict[str, list[tuple[float, float]]]:
+    """``(published, predicted)`` pairs of the priced rows by published table, newest release
+    first, and within it by precision (BF16; the FP8 recipes pooled). Each Megatron-Bridge
+    release publishes its own table, measured with that release's software: the same layout on
+    the same system runs up to 1.8x faster in a later release (Qwen3-30B-A3B, 16 H100), so a
+    table is the unit a fixed cost model is compared with."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for r, pub, pred in sorted(priced, key=lambda item: release_key(item[0]["release"]), reverse=True):
+        prec = "BF16" if PRECISIONS[r["precision"]] == "bf16" else "FP8 recipes"
+        out.setdefault(f"release {r['release']}, {prec}", []).append((pub, pred))
     return out
 
 
@@ -950,6 +971,8 @@ def main(argv: list[str] | None = None) -> None:
         stats.append(_summary(prec, pairs))
     stats += ["", "By model kind and release (both precisions' recipes, the same rows as above):", ""]
     stats += [_summary(name, pairs) for name, pairs in breakdown(priced).items() if pairs]
+    stats += ["", "By published table (one per release, newest first; the same rows as above):", ""]
+    stats += [_summary(name, pairs) for name, pairs in release_breakdown(priced).items()]
     n_ok = len(priced)
     lines = [
         "## GPU fidelity: Megatron-Bridge pre-training throughput vs rpeg (issue 31)",
@@ -958,7 +981,7 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"Published rows: {doc['source']}. Each expressible row's layout is priced as one training "
         "vertex (`op_time`, Role.TRAINING) on the matching preset (DGX-H100 → h100, DGX-B200 → b200, "
-        "DGX-GB200 → gb200-nvl72); predicted tokens/s/GPU = GBS·ℓ/(T_step·GPUs). ZeRO-1, SP when TP > 1, "
+        "DGX-B300 → b300, DGX-GB200 → gb200-nvl72, DGX-GB300 → gb300-nvl72); predicted tokens/s/GPU = GBS·ℓ/(T_step·GPUs). ZeRO-1, SP when TP > 1, "
         "no recomputation, expert-TP = TP are assumptions (the tables do not publish them). "
         "The FP8 recipes (FP8, FP8-CS, FP8-MX, MXFP8) run with precision fp8 (docs/cost-model.md §11: "
         "the presets' FP8 peak for the blocks' weight GEMMs, attention core and LM head at the BF16 peak, "

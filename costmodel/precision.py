@@ -72,7 +72,7 @@ def check_precision(model: ModelSpec, hw: Hardware) -> None:
         raise ValueError(
             f"model {model.name!r} has precision 'fp8', but hardware {hw.name!r} has no FP8 tensor "
             "cores (no peak_flops_fp8: A100 and the CPU runtime have none); use precision 'bf16' or "
-            "hardware with an FP8 peak (h100, h200, gh200, h20, b200, gb200-nvl72)"
+            "hardware with an FP8 peak (h100, h200, gh200, h20, b200, b300, gb200-nvl72, gb300-nvl72)"
         )
 
 

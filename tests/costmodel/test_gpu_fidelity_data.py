@@ -105,7 +105,9 @@ def test_a_rows_layout_is_the_strategy_the_benchmark_prices(fid):
     assert fid.predict(row) > 0
     assert fid.why_not({**row, "vp": 4}) is None  # Megatron's interleaved schedule, priced with vp
     assert fid.row_strategy({**row, "vp": 4})[0] == dataclasses.replace(strategy, vp=4)
-    assert fid.why_not({**row, "system": "DGX-GB300"}) == "no hardware preset for DGX-GB300"
+    assert fid.why_not({**row, "system": "DGX-GB300"}) is None  # the Blackwell Ultra presets
+    assert fid.why_not({**row, "system": "DGX-B300"}) is None
+    assert fid.why_not({**row, "system": "DGX-A100"}) == "no hardware preset for DGX-A100"
 
 
 def test_spearman_is_rank_correlation(fid):
@@ -189,3 +191,24 @@ def test_perf_lab_parser_reads_server_case_and_figures(fid):
     assert fid.vllm_lengths(bf16) == (3996, 184)
     t, tokens_per_s = fid.vllm_predict(bf16)
     assert t > 0 and tokens_per_s == pytest.approx(92185 / t)
+
+
+def test_rows_are_summarised_per_published_table_newest_first(fid):
+    """Each release's table is one group per precision (BF16; the FP8 recipes pooled), newest
+    release first by its numeric version (26.04.01 after 26.06, 26.10 after 26.08)."""
+    priced = [
+        ({"release": "26.04.01", "precision": "MXFP8"}, 100.0, 110.0),
+        ({"release": "26.10", "precision": "BF16"}, 50.0, 40.0),
+        ({"release": "26.04.01", "precision": "BF16"}, 80.0, 80.0),
+        ({"release": "26.06", "precision": "FP8-CS"}, 10.0, 12.0),
+        ({"release": "26.04.01", "precision": "FP8"}, 200.0, 180.0),
+    ]
+    groups = fid.release_breakdown(priced)
+    assert list(groups) == [
+        "release 26.10, BF16",
+        "release 26.06, FP8 recipes",
+        "release 26.04.01, FP8 recipes",
+        "release 26.04.01, BF16",
+    ]
+    assert groups["release 26.04.01, FP8 recipes"] == [(100.0, 110.0), (200.0, 180.0)]
+    assert sum(len(pairs) for pairs in groups.values()) == len(priced)

@@ -17,8 +17,10 @@ def test_bundled_presets_are_listed():
         "a100-40gb",
         "a100-80gb",
         "b200",
+        "b300",
         "cpu",
         "gb200-nvl72",
+        "gb300-nvl72",
         "gh200",
         "h100",
         "h20",
@@ -26,7 +28,9 @@ def test_bundled_presets_are_listed():
     }
 
 
-@pytest.mark.parametrize("name", ["a100-40gb", "a100-80gb", "b200", "gh200", "h100", "h20", "h200", "cpu"])
+@pytest.mark.parametrize(
+    "name", ["a100-40gb", "a100-80gb", "b200", "b300", "gh200", "h100", "h20", "h200", "cpu"]
+)
 def test_presets_load_and_are_sane(name):
     hw = hardware_preset(name)
     assert hw.name == name
@@ -45,7 +49,9 @@ def test_presets_load_and_are_sane(name):
         ("a100-40gb", 8, 40e9, 312e12),
         ("a100-80gb", 8, 80e9, 312e12),
         ("b200", 8, 180e9, 2250e12),
+        ("b300", 8, 288e9, 2250e12),
         ("gb200-nvl72", 4, 186e9, 2500e12),
+        ("gb300-nvl72", 4, 288e9, 2500e12),
         ("gh200", 4, 96e9, 990e12),
         ("h100", 8, 80e9, 990e12),
         ("h200", 8, 141e9, 990e12),

@@ -19,7 +19,7 @@ from rpeg.costmodel.flops import (
     reference_nongemm_scalars,
     training_flops,
 )
-from rpeg.costmodel.hardware import hardware_preset
+from rpeg.costmodel.hardware import HARDWARE_PRESETS, hardware_preset
 from rpeg.costmodel.layout import Layout
 from rpeg.costmodel.time import op_time
 from rpeg.ir.errors import InputError
@@ -28,7 +28,7 @@ from rpeg.ir.models import ModelSpec, model_preset
 from rpeg.ir.plan import Strategy
 from rpeg.ir.types import Head, Role
 
-GPU_PRESETS = ("a100-40gb", "a100-80gb", "b200", "gb200-nvl72", "gh200", "h100", "h20", "h200")
+GPU_PRESETS = tuple(name for name in HARDWARE_PRESETS if name != "cpu")
 
 #: d = 64, GQA (4 query heads, 2 KV heads of 16), SwiGLU of 160, V = 1000, 4 layers
 DENSE = ModelSpec("dense", layers=4, hidden=64, ffn_hidden=160, vocab=1000, heads=4, kv_heads=2)

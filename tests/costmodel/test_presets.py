@@ -40,6 +40,16 @@ PUBLISHED = {
         "nvlink": 900e9,
         "nics": (8, 400e9),
     },
+    # DGX B300: the same NVLink 5 node with the Blackwell Ultra GPU (288 GB, the B200's dense BF16
+    # rate) and 8 × 800 Gb/s ConnectX-8 SuperNICs (HGX AI Factory RA: "2-8-9-800")
+    "b300": {
+        "dense": 2250e12,
+        "hbm": 8e12,
+        "memory": 288e9,
+        "gpus": 8,
+        "nvlink": 900e9,
+        "nics": (8, 800e9),
+    },
     # DGX H100 / H200: NVLink 4 900 GB/s bidirectional through NVSwitch; 8 × 400 Gb/s NDR ConnectX-7
     "h100": {
         "dense": 989.4e12,
@@ -89,7 +99,7 @@ def test_every_preset_says_where_each_figure_comes_from(name):
         assert "assumption" in sources[f"{kind}.inter-rack"]
 
 
-@pytest.mark.parametrize("name", [*sorted(PUBLISHED), "gb200-nvl72"])
+@pytest.mark.parametrize("name", [*sorted(PUBLISHED), "gb200-nvl72", "gb300-nvl72"])
 def test_gpu_sources_cite_a_document(name):
     sources = dict(hardware_preset(name).sources)
     for key in FIGURES + tuple(k for k in LINKS if not k.endswith("inter-rack")):
@@ -106,17 +116,18 @@ def test_cpu_sources_say_the_figures_are_nominal():
 
 
 @pytest.mark.parametrize(
-    "name", ["h100", "h200", "h20", "a100-40gb", "a100-80gb", "gh200", "b200", "gb200-nvl72"]
+    "name",
+    ["h100", "h200", "h20", "a100-40gb", "a100-80gb", "gh200", "b200", "b300", "gb200-nvl72", "gb300-nvl72"],
 )
 def test_host_bandwidth_is_the_host_links_line_rate_derated(name):
-    """``BW_host`` (SPEC §14.4): PCIe 5.0 ×16 for Hopper boards and DGX B200 (Gen5 hosts),
-    PCIe 4.0 ×16 for A100, NVLink-C2C for GH200 and (shared by a superchip's two GPUs) GB200,
+    """``BW_host`` (SPEC §14.4): PCIe 5.0 ×16 for Hopper boards, DGX B200 and DGX B300 (Gen5
+    hosts), PCIe 4.0 ×16 for A100, NVLink-C2C for GH200 and (shared by a Grace CPU's two GPUs)
+    GB200 and GB300,
     each at 0.8 of its per-direction line rate, with its document."""
     hw = hardware_preset(name)
     pcie4 = 16e9 * 16 * 128 / 130 / 8
-    line = {"a100-40gb": pcie4, "a100-80gb": pcie4, "gh200": 450e9, "gb200-nvl72": 450e9 / 2}.get(
-        name, 32e9 * 16 * 128 / 130 / 8
-    )
+    c2c = {"gh200": 450e9, "gb200-nvl72": 450e9 / 2, "gb300-nvl72": 450e9 / 2}
+    line = {"a100-40gb": pcie4, "a100-80gb": pcie4, **c2c}.get(name, 32e9 * 16 * 128 / 130 / 8)
     assert hw.host_bandwidth == pytest.approx(0.8 * line, rel=0.01)
     text = dict(hw.sources)["host_bandwidth"]
     assert "https://" in text and "derated" in text
@@ -198,6 +209,36 @@ def test_gb200_nvl72_is_a_rack_wide_nvlink_domain_of_four_gpu_trays():
     sources = dict(hw.sources)
     assert "NVLink" in sources["collective.inter-node"] and "ConnectX-7" in sources["collective.inter-rack"]
     assert "72" in hw.notes and "nodes_per_rack = 18" in hw.notes
+
+
+@pytest.mark.parametrize(("ultra", "base"), [("b300", "b200"), ("gb300-nvl72", "gb200-nvl72")])
+def test_blackwell_ultra_is_its_blackwell_node_with_more_memory_and_faster_nics(ultra, base):
+    """Blackwell Ultra keeps the dense BF16 and FP8 tensor rates of the Blackwell part it replaces
+    (2,250 / 4,500 TFLOP/s in DGX B300, 2,500 / 5,000 in GB300 NVL72: the vendor adds dense NVFP4,
+    which rpeg does not model), its 8 TB/s HBM and NVLink 5; it carries 288 GB and each GPU's
+    compute NIC is an 800 Gb/s ConnectX-8 instead of a 400 Gb/s ConnectX-7, so the tier that
+    leaves the NVLink domain is twice as fast (80 GB/s derated per GPU; 48 GB/s between DGX B300
+    racks after the 0.6 factor)."""
+    new, old = hardware_preset(ultra), hardware_preset(base)
+    assert new.gpu_memory_bytes == 288e9 > old.gpu_memory_bytes
+    for field in (
+        "peak_flops",
+        "peak_flops_fp8",
+        "mem_bandwidth",
+        "c_nongemm",
+        "gpus_per_node",
+        "host_bandwidth",
+    ):
+        assert getattr(new, field) == getattr(old, field), field
+    assert new.rollout_step == old.rollout_step and new.attention == old.attention
+    out = 1 if ultra == "b300" else 2  # the first tier outside NVLink
+    for links, was in ((new.collective, old.collective), (new.p2p, old.p2p)):
+        assert links[:out] == was[:out]
+        assert 1.0 / links[out].beta == pytest.approx(80e9) == pytest.approx(2.0 / was[out].beta)
+        assert [link.alpha for link in links] == [link.alpha for link in was]
+    sources = dict(new.sources)
+    assert "ConnectX-8" in sources[f"collective.{TIER_NAMES[out]}"]
+    assert "Blackwell Ultra" in new.notes and "NVFP4" in new.notes
 
 
 def test_blackwell_presets_outrun_hopper():
