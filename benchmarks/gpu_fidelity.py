@@ -18,8 +18,13 @@ publish the recomputation or sequence-parallel settings: these are Megatron-Brid
 performance settings, an assumption). Link tiers follow Megatron-core's rank order, as the
 published runs laid their ranks out (``parallel_state``'s default ``order="tp-cp-ep-dp-pp"``:
 tensor innermost, then context, data, pipeline outermost; expert groups ``etp-ep-dp-pp`` with
-``ETP`` the row's expert-TP, Megatron's default ``TP``) on nodes of the preset's ``gpus_per_node`` and "racks" of
+``ETP`` the row's expert-TP) on nodes of the preset's ``gpus_per_node`` and "racks" of
 32 DGX nodes (a DGX SuperPOD scalable unit) or 18 GB200 compute trays (one NVL72 rack).
+
+A mixture of experts' routed experts run whole on one rank, ``etp = 1`` (:data:`RECIPE_ETP`:
+Megatron-Bridge's MoE recipes set ``expert_tensor_parallel_size = 1``; the tables do not
+publish it), so its ``Pe`` expert-parallel ranks are drawn from the ``TP·DP·CP`` ranks
+(Megatron-core's MoE parallel folding) and EP must divide ``TP·DP·CP``.
 
 No term is fitted to these rows: this is the baseline of the presets as they are.
 
@@ -83,6 +88,12 @@ SYSTEMS = {
     "DGX-GB200": ("gb200-nvl72", 18),
     "DGX-GB300": ("gb300-nvl72", 18),
 }
+#: The routed experts' tensor-parallel degree the rows ran with, which the tables do not publish:
+#: Megatron-Bridge's MoE recipes set ``expert_tensor_parallel_size = 1`` (at the data file's commit
+#: 067f987: ``src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py`` for every Qwen3-MoE layout,
+#: ``perf_recipes/deepseek/common.py`` for DeepSeek-V3, ``perf_recipes/gpt_oss/*/gpt_oss.py``), so
+#: each expert is whole on one rank and the EP group folds into the TP·DP·CP ranks.
+RECIPE_ETP = 1
 #: Published training precision → rpeg's :attr:`~rpeg.ir.models.ModelSpec.precision`. Megatron-Bridge's
 #: FP8 recipes (``--fp8-recipe`` delayed, tensorwise = "CS" current scaling, mxfp8 = "MX" block
 #: scaling) differ in their scaling factors, not in what runs in FP8 (TE's linear layers' GEMMs).
@@ -270,8 +281,10 @@ def why_not(row: dict[str, Any]) -> str | None:
     dp = row["gpus"] // (tp * pp * cp)
     if row["gbs"] % (dp * row["mbs"]):
         return "GBS not divisible by DP·MBS"
-    if (dp * cp) % (row["ep"] or 1):
-        return "EP does not divide DP·CP"
+    if row.get("etp") not in (None, 1, tp):
+        return f"ETP={row['etp']}: rpeg splits experts over 1 or TP={tp} ranks"
+    if (tp * dp * cp) % (row["ep"] or 1):
+        return "EP does not divide TP·DP·CP"
     return None
 
 
@@ -340,7 +353,8 @@ def row_strategy(row: dict[str, Any]) -> tuple[Any, int]:
     def tier(ranks: list[int]) -> int:
         return _tier(ranks, g, per_rack)
 
-    etp = row.get("etp") or tp  # expert-TP (Megatron's default: TP); expert ranks ordered etp-ep-dp-pp
+    is_moe = model_spec(row["model_key"]).is_moe
+    etp = row.get("etp") or (RECIPE_ETP if is_moe else tp)  # expert ranks ordered etp-ep-dp-pp
     experts = [e * etp for e in range(ep)]
     nodes = math.ceil(n / g)
     extent = (1, 1, n) if n <= g else (math.ceil(nodes / per_rack), min(nodes, per_rack), g)
@@ -360,6 +374,7 @@ def row_strategy(row: dict[str, Any]) -> tuple[Any, int]:
         cp_tier=tier([rank(0, 0, c, 0) for c in range(cp)]),
         ep_tier=tier(experts),
         vp=row["vp"] or 1,
+        etp=etp if is_moe else None,
     )
     return strategy, g
 
@@ -982,7 +997,9 @@ def main(argv: list[str] | None = None) -> None:
         f"Published rows: {doc['source']}. Each expressible row's layout is priced as one training "
         "vertex (`op_time`, Role.TRAINING) on the matching preset (DGX-H100 → h100, DGX-B200 → b200, "
         "DGX-B300 → b300, DGX-GB200 → gb200-nvl72, DGX-GB300 → gb300-nvl72); predicted tokens/s/GPU = GBS·ℓ/(T_step·GPUs). ZeRO-1, SP when TP > 1, "
-        "no recomputation, expert-TP = TP are assumptions (the tables do not publish them). "
+        "no recomputation are assumptions (the tables do not publish them); a mixture of experts' experts "
+        "run whole on one rank (etp = 1: Megatron-Bridge's MoE recipes set expert_tensor_parallel_size = 1), "
+        "their EP ranks folded into the TP·DP·CP ranks. "
         "The FP8 recipes (FP8, FP8-CS, FP8-MX, MXFP8) run with precision fp8 (docs/cost-model.md §11: "
         "the presets' FP8 peak for the blocks' weight GEMMs, attention core and LM head at the BF16 peak, "
         "1-byte weights and GEMM inputs in the roofline, Transformer Engine's quantize kernels as "

@@ -82,11 +82,11 @@ class Layout:
     @property
     def ep_ranks_per_node(self) -> int:
         """``g_e``: the expert-parallel group's ranks on one node. The group is the first ``Pe``
-        ranks of the ``Pd·Pc`` group, context-parallel ones first (``docs/cost-model.md`` §10):
-        rank ``i`` sits on device ``Pt·(c + Pc·Pp·d)``, ``c = i mod Pc``, ``d = ⌊i/Pc⌋``; the
-        count of those on the first node (allocations start on a node boundary)."""
-        s = self.strategy
-        devices = (s.tp * (i % s.cp + s.cp * s.pp * (i // s.cp)) for i in range(s.ep))
+        ranks of the ``Pd·Pc`` group, context-parallel ones first, and with ``etp = 1`` the
+        tensor-parallel ranks of each of them (``docs/cost-model.md`` §10,
+        :meth:`Strategy.expert_group_devices <rpeg.ir.plan.Strategy.expert_group_devices>`):
+        the count of those on the first node (allocations start on a node boundary)."""
+        devices = self.strategy.expert_group_devices()
         return max(1, sum(1 for dev in devices if dev < self.gpus_per_node))
 
     @property

@@ -119,14 +119,16 @@ def _check_degree(name: str, value: int) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def weight_shard_params(model: ModelSpec, pp: int, tp: int, head: Head = Head.LM, ep: int = 1) -> float:
+def weight_shard_params(
+    model: ModelSpec, pp: int, tp: int, head: Head = Head.LM, ep: int = 1, etp: int | None = None
+) -> float:
     """Worst-stage parameter shard per GPU, ``W_shard`` (SPEC §6, paper Appendix D-H; §15.2).
 
-    ``W_shard = max_p [ (L/Pp)·(W_block/Pt + W_exp/(Pt·Pe)) + [p = 1]·V·d + [p = Pp]·H ]`` with
+    ``W_shard = max_p [ (L/Pp)·(W_block/Pt + W_exp/(Pet·Pe)) + [p = 1]·V·d + [p = Pp]·H ]`` with
     ``W_exp`` a block's routed experts (:attr:`~rpeg.ir.models.ModelSpec.expert_weights`, 0 for
     a dense model), ``W_block`` the rest of its weights and ``H = V·d`` (LM), ``d`` (scalar) or
-    ``V·d + d`` (both). Block weights are split over the ``Pt`` TP ranks, routed experts also
-    over the ``Pe`` expert-parallel ranks; the embedding and the heads are replicated on every
+    ``V·d + d`` (both). Block weights are split over the ``Pt`` TP ranks, routed experts over
+    their ``Pet`` tensor-parallel ranks (``Pt`` by default) and the ``Pe`` expert-parallel ranks; the embedding and the heads are replicated on every
     TP rank. Norm weights (``2d`` per block) are left out, as in SPEC. With tied embeddings and
     ``Pp = 1`` the LM head *is* the input embedding and is stored once.
 
@@ -140,6 +142,9 @@ def weight_shard_params(model: ModelSpec, pp: int, tp: int, head: Head = Head.LM
         Output head(s).
     ep
         Expert-parallel degree ``Pe``.
+    etp
+        The routed experts' tensor-parallel degree ``Pet`` (``None``: ``Pt``; ``1``: each
+        expert whole on one rank, :attr:`Strategy.etp <rpeg.ir.plan.Strategy.etp>`).
 
     Returns
     -------
@@ -149,20 +154,25 @@ def weight_shard_params(model: ModelSpec, pp: int, tp: int, head: Head = Head.LM
     _check_degree("pp", pp)
     _check_degree("tp", tp)
     _check_degree("ep", ep)
-    return _shard_params(model, pp, tp, Head(head), ep)
+    if etp is not None:
+        _check_degree("etp", etp)
+    return _shard_params(model, pp, tp, Head(head), ep, None if etp == tp else etp)
 
 
-def _block_params(model: ModelSpec, tp: int, ep: int) -> float:
-    """One block's parameters on one device, ``W_block/Pt + W_exp/(Pt·Pe)`` (averaged)."""
+def _block_params(model: ModelSpec, tp: int, ep: int, etp: int | None = None) -> float:
+    """One block's parameters on one device, ``W_block/Pt + W_exp/(Pet·Pe)`` (averaged;
+    ``Pet = Pt`` when ``etp`` is ``None``)."""
     experts = model.expert_weights
-    return (model.layer_weights - experts) / tp + experts / (tp * ep)
+    return (model.layer_weights - experts) / tp + experts / ((tp if etp is None else etp) * ep)
 
 
 @functools.lru_cache(maxsize=4096)
-def _shard_params(model: ModelSpec, pp: int, tp: int, head: Head, ep: int = 1) -> float:
+def _shard_params(
+    model: ModelSpec, pp: int, tp: int, head: Head, ep: int = 1, etp: int | None = None
+) -> float:
     """:func:`weight_shard_params` after its checks (memoised: a directory asks for each
-    ``(model, Pp, Pt, head, Pe)`` thousands of times)."""
-    layers = model.layers / pp * _block_params(model, tp, ep)
+    ``(model, Pp, Pt, head, Pe, Pet)`` thousands of times)."""
+    layers = model.layers / pp * _block_params(model, tp, ep, etp)
     embedding = model.embedding_params
     head_w = head_params(model, head)
     if pp == 1:
@@ -173,23 +183,28 @@ def _shard_params(model: ModelSpec, pp: int, tp: int, head: Head, ep: int = 1) -
 
 
 def layout_shard(model: ModelSpec, layout: Layout, head: Head = Head.LM) -> float:
-    """``W_shard`` of a layout's degrees (:func:`weight_shard_params` with its ``Pp, Pt, Pe``)."""
+    """``W_shard`` of a layout's degrees (:func:`weight_shard_params` with its ``Pp, Pt, Pe, Pet``)."""
     s = layout.strategy
-    return _shard_params(model, s.pp, s.tp, Head(head), s.ep)
+    return _shard_params(model, s.pp, s.tp, Head(head), s.ep, s.etp)
 
 
 def zero_shard_params(model: ModelSpec, layout: Layout, head: Head = Head.LM) -> float:
     """Parameters whose state one device owns under ZeRO (SPEC §14.3, §15.2):
-    ``(W_shard − X)/(Pd·Pc) + X/(Pd·Pc/Pe)`` with ``X = (L/Pp)·W_exp/(Pt·Pe)`` the device's
-    routed-expert share. The rest of the shard is replicated over the ``Pd·Pc`` data- and
-    context-parallel ranks (Megatron's distributed optimizer shards over both), an expert's
-    over the ``Pd·Pc/Pe`` ranks that hold it; ``W_shard/Pd`` for a dense model without
-    context parallelism."""
+    ``(W_shard − X)/(Pd·Pc) + X/(Pt·Pd·Pc/(Pet·Pe))`` with ``X = (L/Pp)·W_exp/(Pet·Pe)`` the
+    device's routed-expert share. The rest of the shard is replicated over the ``Pd·Pc`` data-
+    and context-parallel ranks (Megatron's distributed optimizer shards over both), an expert's
+    shard over the ``Pt·Pd·Pc/(Pet·Pe)`` ranks that hold it (``Pd·Pc/Pe`` with the default
+    ``Pet = Pt``; Megatron's expert data-parallel group); ``W_shard/Pd`` for a dense model
+    without context parallelism."""
     s = layout.strategy
     shard = layout_shard(model, layout, head)
-    experts = model.layers / s.pp * model.expert_weights / (s.tp * s.ep)
-    group = s.dp * s.cp
-    return (shard - experts) / group + experts * s.ep / group
+    if s.etp is None:
+        experts = model.layers / s.pp * model.expert_weights / (s.tp * s.ep)
+        group = s.dp * s.cp
+        return (shard - experts) / group + experts * s.ep / group
+    experts = model.layers / s.pp * model.expert_weights / (s.etp * s.ep)
+    expert_group = s.tp * s.dp * s.cp // (s.etp * s.ep)
+    return (shard - experts) / (s.dp * s.cp) + experts / expert_group
 
 
 def training_state_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM) -> float:
@@ -305,7 +320,7 @@ def served_weight_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM) 
     if not model.is_fp8:
         return full
     s = layout.strategy
-    blocks = model.layers / s.pp * _block_params(model, s.tp, s.ep)
+    blocks = model.layers / s.pp * _block_params(model, s.tp, s.ep, s.etp)
     return full - (model.dtype_bytes - FP8_BYTES) * blocks
 
 
@@ -570,11 +585,11 @@ class ZeroState:
 
 def _gathered_params(model: ModelSpec, layout: Layout, head: Head) -> float:
     """Parameters a ZeRO-3 rank holds gathered at once: two decoder layers ``2·N_ℓ`` (the one
-    computing and the one prefetched; ``N_ℓ = W_block/Pt + W_exp/(Pt·Pe)`` per device) plus the
+    computing and the one prefetched; ``N_ℓ = W_block/Pt + W_exp/(Pet·Pe)`` per device) plus the
     root unit, the stage's embedding and head (``W_shard − (L/Pp)·N_ℓ``), which FSDP2 keeps
     gathered through the pass."""
     s = layout.strategy
-    block = _block_params(model, s.tp, s.ep)
+    block = _block_params(model, s.tp, s.ep, s.etp)
     root = layout_shard(model, layout, head) - model.layers / s.pp * block
     return 2.0 * block + root
 

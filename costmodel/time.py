@@ -172,6 +172,14 @@ class _Roofline:
     rank's expert GEMMs take ``λ`` times the mean (:data:`MOE_LOAD_IMBALANCE`):
     ``η_MoE = 1/((1 − φψ)/η + λ·φψ/η_e)``.
 
+    Experts whole on one rank (``etp = 1``, Megatron-core's MoE parallel folding; SPEC §15.2's
+    expert-TP ``Pet``): each tensor-parallel rank dispatches its own ``b·ℓ/Pt`` rows (sequence
+    parallelism splits them) instead of sharing the group's ``b·ℓ``, so ``b·ℓ`` becomes
+    ``b·ℓ·Pet/Pt`` in ``E_t`` and ``r_e``; the expert GEMMs' width is ``k_e = min(d, d_e)/Pet``
+    and the routed experts a rank reads are not split over ``Pt``:
+    ``Ω_W = (L/Pp)·((W_read − W_routed)/Pt + W_routed/Pet)·sb``. The FLOPs per device are the
+    same (``b·ℓ·k/Pt`` token-expert products at full width against ``b·ℓ·k`` at ``1/Pt``).
+
     FP8 (``docs/cost-model.md`` §11, :mod:`.precision`): with ``precision = "fp8"`` the share
     ``ψ`` of the work in the blocks' weight GEMMs runs at ``F_peak,8`` and the rest (attention
     core, LM head) at ``F_peak``, ``F_peak → F_mix = 1/(ψ/F_peak,8 + (1 − ψ)/F_peak)``; the
@@ -185,6 +193,7 @@ class _Roofline:
         "ep",
         "eta_e",
         "eta_k",
+        "etp",
         "hw",
         "imbalance",
         "layers",
@@ -206,6 +215,7 @@ class _Roofline:
         self.b = b / s.cp  # a context-parallel rank's share of each sequence
         self.tp = s.tp
         self.ep = s.ep
+        self.etp = s.expert_tp
         self.layers = model.layers / s.pp
         k = min(model.hidden, model.ffn_hidden) / s.tp
         self.eta_k = k / (k + hw.gamma_k)
@@ -214,7 +224,7 @@ class _Roofline:
         self.phi = model.expert_flop_share
         self.omega_w = None if model.is_moe else self.layers * model.layer_params * self.w_bytes / s.tp
         self.imbalance = MOE_LOAD_IMBALANCE if s.ep > 1 else 1.0
-        k_e = min(model.hidden, model.expert_ffn) / s.tp
+        k_e = min(model.hidden, model.expert_ffn) / self.etp
         self.eta_e = k_e / (k_e + hw.gamma_k) if model.is_moe else 0.0
 
     def flops(self, work_per_device: float, tokens: float, extra_bytes: float, block_share: float) -> float:
@@ -231,12 +241,19 @@ class _Roofline:
         if omega_w is None:  # a mixture of experts: the expert GEMMs' efficiency, the experts touched
             # the rows each touched local expert receives: b·ℓ·k assignments reach the rank's
             # experts, of which the b·ℓ·Pe tokens touch `experts_touched` (b·ℓ·k·Pe/E once all are)
-            touched = m.experts_touched(rows, self.ep)
-            r_e = rows * m.experts_active / touched if touched > 0.0 else 0.0
+            folded = self.etp != self.tp
+            sent = rows * self.etp / self.tp if folded else rows  # rows this rank dispatches
+            touched = m.experts_touched(sent, self.ep)
+            r_e = sent * m.experts_active / touched if touched > 0.0 else 0.0
             eta_e = r_e / (r_e + self.hw.gamma_m) * self.eta_e
             phi = self.phi * min(1.0, max(0.0, block_share))
             eta = 1.0 / ((1.0 - phi) / eta + self.imbalance * phi / eta_e)
-            omega_w = self.layers * m.layer_weights_read(rows, self.ep) * self.w_bytes / self.tp
+            if folded:  # the touched routed experts whole, the rest split over Pt
+                routed = m.moe_layers * touched * m.expert_params / m.layers
+                rest = m.layer_weights_read(sent, self.ep) - routed
+                omega_w = self.layers * (rest / self.tp + routed / self.etp) * self.w_bytes
+            else:
+                omega_w = self.layers * m.layer_weights_read(rows, self.ep) * self.w_bytes / self.tp
         omega_a = self.act_bytes * rows * m.hidden * self.layers  # 2·sb·b·ℓ·d·L/Pp in BF16
         intensity = work_per_device / (omega_w + omega_a + extra_bytes)
         peak = self.hw.peak_flops
@@ -574,6 +591,17 @@ class _Node:
             return 0.0
         return s.mb * self.b * tokens / s.cp * self.layers * sigma * _nongemm_kappa(self.hw)
 
+    @property
+    def tp_layers(self) -> float:
+        """The stage's layers as tensor-parallel collective pairs: ``L/Pp``, each block's
+        attention and FFN closing with one AllReduce (or ReduceScatter and AllGather) each; with
+        experts whole on one rank (``etp = 1``) a MoE block's FFN has none — its tokens reach
+        the experts by the AlltoAll — so ``(L/Pp)·(1 − L_moe/(2L))``."""
+        s, m = self.s, self.model
+        if s.etp is None:
+            return self.layers
+        return self.layers * (1.0 - m.moe_layers / (2.0 * m.layers))
+
     def rank_tokens(self, tokens: float) -> float:
         """``T = b·ℓ/Pc``: one microbatch's tokens on one device (a context-parallel rank's
         share of each sequence)."""
@@ -858,15 +886,18 @@ def _dp_link(node: _Node) -> Link:
 def _zero_groups(node: _Node, head: Head) -> list[tuple[int, float]]:
     """``(ranks, bytes)`` of each group ZeRO's collectives run over (SPEC §14.3, §15.2): the
     non-expert weights ``(N_m − N_e)·sb/(Pp·Pt)`` over the ``Pd·Pc`` data- and context-parallel
-    ranks, and a mixture of experts' routed experts ``N_e·sb/(Pp·Pt·Pe)`` over the ``Pd·Pc/Pe``
-    ranks holding the same experts (``N_e = L·W_exp``)."""
+    ranks, and a mixture of experts' routed experts ``N_e·sb/(Pp·Pet·Pe)`` over the
+    ``Pt·Pd·Pc/(Pet·Pe)`` ranks holding the same experts (``Pd·Pc/Pe`` with the default
+    ``Pet = Pt``; ``N_e = L·W_exp``)."""
     s, model = node.s, node.model
     sb = model.dtype_bytes
     experts = model.layers * model.expert_weights
     group = s.dp * s.cp
     out = [(group, (model_params(model, head) - experts) * sb / (s.pp * s.tp))]
-    if experts:
+    if experts and s.etp is None:
         out.append((group // s.ep, experts * sb / (s.pp * s.tp * s.ep)))
+    elif experts:
+        out.append((s.tp * group // (s.etp * s.ep), experts * sb / (s.pp * s.etp * s.ep)))
     return out
 
 
@@ -920,7 +951,7 @@ def _inference_terms(
     w = inference_flops(model, head=head, **lengths)  # type: ignore[arg-type]
     blocks = block_gemm_flops(model, lengths["sequences"] * ell)  # type: ignore[operator]
     t_gemm = _gemm_and_core(node, w, 1.0, ell, lengths, 1, 0, block_work=blocks)
-    t_tp = node.tp_rounds(2 * node.layers * s.mb, node.rank_tokens(ell) * model.hidden * model.dtype_bytes)
+    t_tp = node.tp_rounds(2 * node.tp_layers * s.mb, node.rank_tokens(ell) * model.hidden * model.dtype_bytes)
     t_pp = node.pp_rounds(s.vp * s.mb + s.pp - 2, ell)
     t_dp = 0.0
     if s.zero == 3:
@@ -960,7 +991,7 @@ def _training_terms(
     core_forwards = 1 if s.recompute is Recompute.NONE else 2  # selective and full recompute the core
     t_gemm = _gemm_and_core(node, w, passes, ell, lengths, core_forwards, 1, block_work=blocks)
     rounds = 6 if s.recompute is Recompute.FULL else 4
-    t_tp = node.tp_rounds(rounds * node.layers * mb, node.rank_tokens(ell) * model.hidden * sb)
+    t_tp = node.tp_rounds(rounds * node.tp_layers * mb, node.rank_tokens(ell) * model.hidden * sb)
     t_pp = node.pp_rounds(s.vp * mb + 2 * pp - 3, ell)
     n_params = model_params(model, head)
     one = _zero_collective(node, head)

@@ -135,6 +135,15 @@ class Strategy:
     cp_tier, ep_tier
         Link tiers the context-parallel group and the expert-parallel group span
         (0 while the degree is 1).
+    etp
+        Expert tensor-parallel degree ``Pet`` of a mixture of experts' routed experts in
+        training and inference (Megatron-core's ``expert_tensor_parallel_size``): ``None``, the
+        default, splits each expert over the ``Pt`` tensor-parallel ranks like the dense FFN
+        (``Pet = Pt``, Megatron's default); ``1`` keeps each expert whole on one rank and draws
+        the ``Pe`` expert-parallel ranks from the ``Pt·Pd·Pc`` tensor-, data- and
+        context-parallel ranks (Megatron's "MoE parallel folding", the layout Megatron-Bridge's
+        recipes for Qwen3-MoE, DeepSeek-V3 and gpt-oss use with ``Pt > 1``). ``etp = tp`` is
+        stored as ``None`` (one form per layout).
     vp
         Model chunks per pipeline stage ``Pv`` of Megatron's interleaved 1F1B schedule
         (``virtual_pipeline_model_parallel_size``; Narayanan et al., SC'21, §2.2.2): the
@@ -172,6 +181,7 @@ class Strategy:
     cp_tier: int = 0
     ep_tier: int = 0
     vp: int = 1
+    etp: int | None = None
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -198,6 +208,16 @@ class Strategy:
             raise ValueError(f"Strategy.cp_kind={self.cp_kind!r} needs cp > 1 (cp=1 keeps 'ring')")
         if not isinstance(self.sp, bool):
             raise ValueError(f"Strategy.sp must be True or False, got {self.sp!r}")
+        if self.etp is not None:
+            e = self.etp
+            if isinstance(e, bool) or not isinstance(e, int) or e < 1:
+                raise ValueError(f"Strategy.etp must be a positive integer or None, got {e!r}")
+            if e == self.tp:
+                object.__setattr__(self, "etp", None)  # the default: experts tensor-parallel like the FFN
+            elif e != 1:
+                raise ValueError(
+                    f"Strategy.etp must be 1 or tp={self.tp} (Megatron's default expert-TP), got {e!r}"
+                )
         if type(self.recompute) is not Recompute:
             try:
                 mode = Recompute(self.recompute)
@@ -233,6 +253,7 @@ class Strategy:
             self.cp_tier,
             self.ep_tier,
             self.vp,
+            self.etp,
         )
 
     def __hash__(self) -> int:
@@ -247,9 +268,30 @@ class Strategy:
         """``|σ| = Pd·Pp·Pt·Pc``."""
         return self.dp * self.pp * self.tp * self.cp
 
+    @property
+    def expert_tp(self) -> int:
+        """``Pet``: the tensor-parallel ranks each routed expert is split over (:attr:`etp`,
+        ``Pt`` by default)."""
+        return self.tp if self.etp is None else self.etp
+
+    def expert_group_devices(self) -> list[int]:
+        """The allocation indices of the first expert-parallel group's ``Pe`` ranks. Ranks sit
+        tensor-parallel innermost, then context-parallel, pipeline and data-parallel (device
+        ``t + Pt·(c + Pc·(p + Pp·d))``); the group takes its members from the ``Pt/Pet``
+        tensor-parallel ranks of each expert shard first (all ``Pt`` with ``etp = 1``, none by
+        default), then from the ``Pd·Pc`` group, context-parallel ones first: member ``j`` is
+        tensor rank ``j mod (Pt/Pet)`` of data/context rank ``i = ⌊j/(Pt/Pet)⌋``,
+        ``c = i mod Pc``, ``d = ⌊i/Pc⌋``."""
+        inner = self.tp // self.expert_tp
+        out = []
+        for j in range(self.ep):
+            i = j // inner
+            out.append(j % inner + self.tp * (i % self.cp + self.cp * self.pp * (i // self.cp)))
+        return out
+
     def label(self) -> str:
-        """``(dp,pp,tp) mb=…`` for tables, with ``vp=…``, ``cp=…`` (and ``ulysses``), ``ep=…``
-        and ``sp`` when set, ``rc=…`` when the recomputation is not ``full``, ``z=…`` when the ZeRO stage is
+        """``(dp,pp,tp) mb=…`` for tables, with ``vp=…``, ``cp=…`` (and ``ulysses``), ``ep=…``,
+        ``etp=…`` and ``sp`` when set, ``rc=…`` when the recomputation is not ``full``, ``z=…`` when the ZeRO stage is
         not 2, ``u=…``, ``chunk=…``, ``padded`` and ``offload`` when set."""
         text = f"({self.dp},{self.pp},{self.tp}) mb={self.mb}"
         if self.vp > 1:
@@ -258,6 +300,8 @@ class Strategy:
             text += f" cp={self.cp}" + (" ulysses" if self.cp_kind == "ulysses" else "")
         if self.ep > 1:
             text += f" ep={self.ep}"
+        if self.etp is not None:
+            text += f" etp={self.etp}"
         if self.sp:
             text += " sp"
         if self.recompute is not Recompute.FULL:
@@ -276,7 +320,8 @@ class Strategy:
 
     def same_layout(self, other: Strategy) -> bool:
         """Whether ``other`` holds the model's weights the same way: equal shape, degrees
-        (context- and expert-parallel too, and the pipeline's chunks ``vp``) and ZeRO stage, whatever either's microbatches,
+        (context- and expert-parallel too, the experts' tensor-parallel degree and the pipeline's
+        chunks ``vp``) and ZeRO stage, whatever either's microbatches,
         :attr:`recompute`, memory fraction, loss chunking, packing, host offload, sequence
         parallelism or ring/Ulysses attention (none of them moves a weight between devices)."""
         return self is other or (
@@ -285,13 +330,14 @@ class Strategy:
             and self.tp == other.tp
             and self.cp == other.cp
             and self.ep == other.ep
+            and self.etp == other.etp
             and self.vp == other.vp
             and self.zero == other.zero
             and self.extent == other.extent
         )
 
     def layout_key(self) -> tuple:
-        """``(extent, dp, pp, tp, cp, cp_kind, ep, sp, mb, zero, vp)``: what the variants of one
+        """``(extent, dp, pp, tp, cp, cp_kind, ep, sp, mb, zero, vp, etp)``: what the variants of one
         layout share (they differ in recomputation, memory fraction, loss chunking, packing or
         host offload: time and memory only)."""
         return (
@@ -306,6 +352,7 @@ class Strategy:
             self.mb,
             self.zero,
             self.vp,
+            self.etp,
         )
 
     def with_recompute(self, mode: Recompute | str) -> Strategy:
@@ -444,6 +491,7 @@ def check_strategy(
     ep: int = 1,
     sp: bool = False,
     vp: int = 1,
+    etp: int | None = None,
 ) -> str | None:
     """Check P1–P8 (SPEC §4, with §14.2's microbatches), the head rules H1–H2 and the engine
     choices Z1–Z2 (SPEC §14) for one choice; return why not (the message starts with the rule's
@@ -477,7 +525,12 @@ def check_strategy(
     inside the data- and context-parallel group), generation ``Pe = Pd`` (vLLM's experts over
     all the engine's ranks, attention data-parallel); E3 training and inference with ``Pe > 1`` and ``Pt > 1``
     need sequence parallelism (Megatron-core's ``TransformerConfig``: "When using expert
-    parallelism and tensor parallelism, sequence parallelism must be used").
+    parallelism and tensor parallelism, sequence parallelism must be used"); E4 the experts'
+    tensor-parallel degree ``etp`` is ``Pt`` (``None``, the default) or ``1``, and ``1 < Pt``
+    only for a mixture of experts in training and inference where the engines run expert
+    parallelism — then E2 reads ``Pe | Pt·Pd·Pc`` (Megatron-core's MoE parallel folding:
+    ``expert_tensor_parallel_size · expert_model_parallel_size`` divides the
+    ``tensor · context · data`` ranks, ``parallel_state.initialize_model_parallel``).
 
     The interleaved pipeline (``vp > 1``, Megatron-core's virtual pipeline): V1 training and
     inference with ``Pp > 1`` only, where the engines run it (``virtual_pipeline_parallel``);
@@ -524,7 +577,9 @@ def check_strategy(
     why = check_heads(model, role, tp)
     if why is not None:
         return why
-    why = _check_parallelisms(cluster, model, role, dp, tp, cp, cp_kind, ep, sp)
+    if etp is not None and (isinstance(etp, bool) or not isinstance(etp, int) or etp < 1):
+        return f"etp={etp!r} must be a positive integer or null"
+    why = _check_parallelisms(cluster, model, role, dp, tp, cp, cp_kind, ep, sp, etp)
     if why is not None:
         return why
     layers = model.layers
@@ -585,8 +640,9 @@ def _check_parallelisms(
     cp_kind: str,
     ep: int,
     sp: bool,
+    etp: int | None = None,
 ) -> str | None:
-    """S1, C1–C3 and E1–E3 of :func:`check_strategy` (SPEC §15.2–15.3)."""
+    """S1, C1–C3 and E1–E4 of :func:`check_strategy` (SPEC §15.2–15.3)."""
     generation = role is Role.GENERATION
     if not isinstance(sp, bool):
         return f"S1: sp={sp!r} must be true or false"
@@ -617,6 +673,18 @@ def _check_parallelisms(
             return f"C3: a context-parallel group of tp·cp={group} GPUs must fit one node evenly or span whole nodes (Ng={Ng})"
     elif cp_kind != "ring":
         return f"C1: cp_kind={cp_kind!r} needs cp > 1"
+    folded = etp is not None and etp != tp  # experts whole on a rank: Pet = 1 < Pt
+    if folded:
+        if etp != 1:
+            return f"E4: etp={etp} must be 1 or tp={tp} (an expert whole on one rank, or split like the FFN)"
+        if generation:
+            return (
+                "E4: etp=1 on a generation (vLLM splits the experts over the engine's tensor-parallel ranks)"
+            )
+        if not model.is_moe:
+            return f"E4: etp=1 but {model.name} has no routed experts"
+        if not cluster.expert_parallel:
+            return "E4: etp=1 but the cluster's engines do not run expert parallelism (expert_parallel=false)"
     if ep > 1:
         if not model.is_moe:
             return f"E1: ep={ep} but {model.name} has no routed experts"
@@ -628,8 +696,13 @@ def _check_parallelisms(
             return f"E1: ep={ep} does not divide experts={model.experts}"
         if generation and ep != dp:
             return f"E2: a generation's ep={ep} must equal dp={dp} (vLLM: the engine's data-parallel ranks share the experts)"
-        if not generation and (dp * cp) % ep:
+        if not generation and not folded and (dp * cp) % ep:
             return f"E2: ep={ep} does not divide dp·cp={dp * cp} (experts inside the data- and context-parallel group)"
+        if folded and (tp * dp * cp) % ep:
+            return (
+                f"E2: ep={ep} with etp=1 does not divide tp·dp·cp={tp * dp * cp} (experts folded into the "
+                "tensor-, data- and context-parallel ranks)"
+            )
         if not generation and tp > 1 and not sp:
             return f"E3: ep={ep} with tp={tp} needs sequence parallelism (Megatron-core)"
     return None
@@ -682,6 +755,7 @@ def check_strategy_of(
         ep=s.ep,
         sp=s.sp,
         vp=s.vp,
+        etp=s.etp,
     )
 
 

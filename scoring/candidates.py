@@ -33,6 +33,7 @@ __all__ = [
     "directory_key",
     "enumerate_strategies",
     "expert_degrees",
+    "expert_layouts",
     "explain_illegal",
     "fastest_interleaving",
     "head_exclusions",
@@ -214,28 +215,28 @@ def enumerate_strategies(
                         continue
                     b_local = sequences // dp
                     layouts = [
-                        (kind, ep)
+                        (kind, ep, etp)
                         for kind in (CP_KINDS if cp > 1 else ("ring",))
-                        for ep in expert_degrees(cluster, spec, role, dp, cp)
+                        for ep, etp in expert_layouts(cluster, spec, role, dp, cp, tp)
                     ]
                     twins = {
                         kind: _twin_microbatches(
                             cluster, spec, role, sequences, extent, dp, pp, tp, cp, kind, sp
                         )
-                        for kind in {kind for kind, _ in layouts}
+                        for kind in {kind for kind, _, _ in layouts}
                     }
                     for mb in microbatch_counts(role, pp, b_local):
-                        for kind, ep in layouts:
+                        for kind, ep, etp in layouts:
                             if ep == 1 and mb in twins[kind]:
                                 continue  # a twin with less context parallelism is listed, never worse
                             why = check_strategy(
                                 cluster, spec, role, sequences, extent, dp, pp, tp, mb,
-                                cp=cp, cp_kind=kind, ep=ep, sp=sp,
+                                cp=cp, cp_kind=kind, ep=ep, sp=sp, etp=etp,
                             )  # fmt: skip
                             if why is not None:
                                 continue
                             base = make_strategy(
-                                cluster, extent, dp, pp, tp, mb, cp=cp, cp_kind=kind, ep=ep, sp=sp
+                                cluster, extent, dp, pp, tp, mb, cp=cp, cp_kind=kind, ep=ep, sp=sp, etp=etp
                             )
                             for vp in interleavings(cluster, spec, role, pp, mb) if interleave else [1]:
                                 out.extend(
@@ -329,6 +330,23 @@ def expert_degrees(cluster: Cluster, model: ModelSpec, role: Role | None, dp: in
     if role is Role.GENERATION:
         return [1] + ([dp] if dp > 1 and model.experts % dp == 0 else [])
     return [e for e in _divisors(dp * cp) if e == 1 or model.experts % e == 0]
+
+
+def expert_layouts(
+    cluster: Cluster, model: ModelSpec, role: Role | None, dp: int, cp: int, tp: int
+) -> list[tuple[int, int | None]]:
+    """The ``(Pe, etp)`` pairs a directory lists for one layout (SPEC §15.2, rules E1–E4): every
+    degree of :func:`expert_degrees` with the experts split like the FFN (``etp`` ``None``), and
+    for a mixture of experts in training or inference with ``Pt > 1`` on engines that run expert
+    parallelism every ``Pe > 1`` dividing ``E`` and ``Pt·Pd·Pc`` with each expert whole on one
+    rank (``etp = 1``, Megatron-core's MoE parallel folding). ``etp = 1`` at ``Pe = 1`` is legal
+    (every tensor-parallel rank holds every expert whole) but not listed: it stores ``Pt`` times
+    the routed experts of the default for the MoE blocks' tensor-parallel collectives, which
+    ``Pe = Pt`` with ``etp = 1`` saves too at the default's expert memory."""
+    out: list[tuple[int, int | None]] = [(ep, None) for ep in expert_degrees(cluster, model, role, dp, cp)]
+    if tp == 1 or role is Role.GENERATION or not (model.is_moe and cluster.expert_parallel):
+        return out
+    return out + [(e, 1) for e in _divisors(tp * dp * cp) if e > 1 and model.experts % e == 0]
 
 
 def head_exclusions(cluster: Cluster, model: ModelSpec, role: Role | None) -> list[str]:
@@ -426,16 +444,18 @@ def make_strategy(
     ep: int = 1,
     sp: bool = False,
     vp: int = 1,
+    etp: int | None = None,
 ) -> Strategy:
     """A :class:`Strategy` with its link tiers. Ranks are ordered tensor-parallel innermost,
     then context-parallel, pipeline and data-parallel (device ``t + Pt·(c + Pc·(p + Pp·d))`` of
     the allocation): the pipeline's inter-node boundaries span the tier of one replica's
     ``Pp·Pt·Pc`` consecutive devices; the DP group spans the allocation's tier; the CP group
     the tier of ``Pt·Pc`` consecutive devices; the EP group its ``Pe`` ranks of the ``Pd·Pc``
-    group (context-parallel ones first). (Tiers depend only on the shape, so the first aligned
+    group (context-parallel ones first), with ``etp = 1`` each one's tensor-parallel ranks too
+    (:meth:`~rpeg.ir.plan.Strategy.expert_group_devices`). (Tiers depend only on the shape, so the first aligned
     origin stands for all.) ``recompute`` is the activation recomputation (default the neutral
-    ``full``); ``cp``, ``cp_kind``, ``ep`` and ``sp`` are SPEC §15's parallelisms, ``vp`` the
-    interleaved pipeline's chunks per stage."""
+    ``full``); ``cp``, ``cp_kind``, ``ep`` and ``sp`` are SPEC §15's parallelisms, ``etp`` the
+    experts' tensor-parallel degree, ``vp`` the interleaved pipeline's chunks per stage."""
     first = aligned_allocations(cluster, dp * pp * tp * cp)[0]
     devices = first.devices()
 
@@ -448,8 +468,7 @@ def make_strategy(
     pp_tier = tier(range(pp * tp * cp))
     dp_tier = first.tier if dp > 1 else 0
     cp_tier = tier(range(tp * cp)) if cp > 1 else 0
-    ep_tier = tier(tp * (j % cp + cp * pp * (j // cp)) for j in range(ep)) if ep > 1 else 0
-    return Strategy(
+    strategy = Strategy(
         tuple(extent),  # type: ignore[arg-type]
         dp,
         pp,
@@ -463,9 +482,12 @@ def make_strategy(
         ep=ep,
         sp=sp,
         cp_tier=cp_tier,
-        ep_tier=ep_tier,
         vp=vp,
+        etp=etp,
     )
+    if ep == 1:
+        return strategy
+    return dataclasses.replace(strategy, ep_tier=tier(strategy.expert_group_devices()))
 
 
 @dataclass

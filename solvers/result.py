@@ -531,7 +531,7 @@ def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
 def _degrees(s: Strategy) -> str:
     """The summary's degrees: ``(dp,pp,tp)``, the interleaved pipeline's ``vp=…`` and SPEC
     §15's splits when set — ``sp``,
-    ``cp=… ring|ulysses``, ``ep=…``."""
+    ``cp=… ring|ulysses``, ``ep=…``, ``etp=…``."""
     words = [f"({s.dp},{s.pp},{s.tp})"]
     if s.vp > 1:
         words.append(f"vp={s.vp}")
@@ -541,6 +541,8 @@ def _degrees(s: Strategy) -> str:
         words.append(f"cp={s.cp} {s.cp_kind}")
     if s.ep > 1:
         words.append(f"ep={s.ep}")
+    if s.etp is not None:
+        words.append(f"etp={s.etp}")
     return " ".join(words)
 
 
@@ -921,8 +923,8 @@ def _legal_strategy(
     parallel: dict[str, Any] | None = None,
 ) -> Strategy:
     """The strategy of one plan entry after the one legality check every reader and builder
-    applies (:func:`~rpeg.ir.plan.check_strategy`: P1–P8, H1–H2, Z1–Z4, S1, C1–C3, E1–E3, V1–V3);
-    ``parallel`` holds SPEC §15's ``cp``, ``cp_kind``, ``ep`` and ``sp`` and the interleaving ``vp``.
+    applies (:func:`~rpeg.ir.plan.check_strategy`: P1–P8, H1–H2, Z1–Z4, S1, C1–C3, E1–E4, V1–V3);
+    ``parallel`` holds SPEC §15's ``cp``, ``cp_kind``, ``ep``, ``sp`` and ``etp`` and the interleaving ``vp``.
 
     Raises
     ------
@@ -956,6 +958,7 @@ _PARALLEL_FIELDS: dict[str, tuple[type, Any]] = {
     "ep": (int, 1),
     "sp": (bool, False),
     "vp": (int, 1),
+    "etp": (int, None),
 }
 
 #: The keys of a ``plan`` entry (:func:`_plan_entry` writes them all; a ``/1`` entry lacks the
@@ -1019,6 +1022,7 @@ def _plan_entry(vertex: Vertex, choice: Choice) -> dict[str, Any]:
     entry["ep"] = s.ep
     entry["sp"] = s.sp
     entry["vp"] = s.vp
+    entry["etp"] = s.etp
     return entry
 
 

@@ -100,8 +100,16 @@ def test_a_rows_layout_is_the_strategy_the_benchmark_prices(fid):
     assert strategy == Strategy(
         (1, 8, 8), dp=16, pp=4, tp=1, mb=80, pp_tier=1, dp_tier=1, recompute="none", zero=1, ep=8, ep_tier=0
     )
-    # an expert-TP of 2 spreads the EP group over two nodes
-    assert fid.row_strategy({**row, "etp": 2})[0].ep_tier == 1
+    # the recipes' expert-TP of 1 (the tables do not publish it): EP ranks folded into TP·DP·CP
+    assert fid.RECIPE_ETP == 1 and strategy.expert_tp == 1
+    # a published expert-TP other than 1 or TP is not expressible (rpeg splits experts like the FFN or not at all)
+    assert fid.why_not({**row, "etp": 2}) == "ETP=2: rpeg splits experts over 1 or TP=1 ranks"
+    # TP 2 with EP 32 over 16 data-parallel ranks: the EP group folds into TP·DP
+    folded = {**row, "tp": 2, "pp": 2, "ep": 32}
+    assert fid.why_not(folded) is None
+    s, _ = fid.row_strategy(folded)
+    assert (s.tp, s.dp, s.ep, s.etp, s.sp) == (2, 16, 32, 1, True) and s.ep_tier == 1
+    assert fid.why_not({**folded, "ep": 64}) == "EP does not divide TP·DP·CP"
     assert fid.predict(row) > 0
     assert fid.why_not({**row, "vp": 4}) is None  # Megatron's interleaved schedule, priced with vp
     assert fid.row_strategy({**row, "vp": 4})[0] == dataclasses.replace(strategy, vp=4)

@@ -488,10 +488,10 @@ def test_a_variant_no_faster_and_no_leaner_than_another_is_dominated(gh200):
 
 
 def test_fastest_layouts_keep_every_variant_of_a_layout(directories):
-    # a layout is (extent, Pd, Pp, Pt, Pc, kind, Pe, sp, mb, z, Pv); its variants differ in recomputation,
-    # loss chunking or memory fraction only
+    # a layout is (extent, Pd, Pp, Pt, Pc, kind, Pe, sp, mb, z, Pv, etp); its variants differ in
+    # recomputation, loss chunking or memory fraction only
     def layout(s):
-        return (s.extent, s.dp, s.pp, s.tp, s.cp, s.cp_kind, s.ep, s.sp, s.mb, s.zero, s.vp)
+        return (s.extent, s.dp, s.pp, s.tp, s.cp, s.cp_kind, s.ep, s.sp, s.mb, s.zero, s.vp, s.etp)
 
     for _, dirs in directories:
         for d in dirs:
