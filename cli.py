@@ -122,7 +122,7 @@ def _workload_file(arg: str) -> WorkloadFile:
 def _cluster(wf: WorkloadFile, args: argparse.Namespace) -> Cluster:
     """The cluster of ``solve``/``evaluate``: ``--cluster`` and ``--hardware`` (else the workload
     file's), with the engine limits ``--generation-max-pp``, ``--max-zero-stage``,
-    ``--no-host-offload`` and the parallelism switches ``--no-…-parallel``."""
+    ``--no-host-offload`` and the parallelism switches ``--no-…-parallel``, ``--no-expert-overlap``."""
     shape = args.cluster if args.cluster is not None else wf.cluster_shape
     hardware = args.hardware if args.hardware is not None else wf.hardware
     if shape is None:
@@ -712,6 +712,13 @@ def _parser() -> argparse.ArgumentParser:
                 action="store_false",
                 help=f"the engines do not {what} (the bundled torch engine: rpeg run)",
             )
+        sp.add_argument(
+            "--no-expert-overlap",
+            dest="expert_overlap",
+            action="store_false",
+            help="the training engine runs the expert-parallel AlltoAlls in line, not under another "
+            "microbatch's compute (Megatron-core overlaps them; the bundled torch engine: rpeg run)",
+        )
 
     s = sub.add_parser("solve", help="plan a workload")
     common(s)

@@ -335,6 +335,62 @@ def release_breakdown(
     return out
 
 
+#: Megatron-Bridge's own measurement of the EP AlltoAll overlap
+#: (``docs/training/communication-overlap.md`` at the data file's commit 067f987): 16 H100,
+#: Qwen3-30B-A3B, EP 16, the ``alltoall`` dispatcher, steady-state step 41.25 s in line and
+#: 31.31 s overlapped. The page names neither batch nor precision: priced here with the H100
+#: 16-GPU recipe's (``qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config``, which enables the
+#: overlap: BF16, GBS 1024, MBS 1, sequence 4096, TP 1, PP 1, EP 16) — an assumption.
+BRIDGE_OVERLAP_CHECK = {
+    "release": "main 2026-05-18",
+    "model": "Qwen3-30B-A3B (EP overlap check)",
+    "model_key": "Qwen3_30B_a3B",
+    "system": "DGX-H100",
+    "gpus": 16,
+    "precision": "BF16",
+    "gbs": 1024,
+    "mbs": 1,
+    "seq_len": 4096,
+    "tp": 1,
+    "pp": 1,
+    "cp": 1,
+    "vp": None,
+    "ep": 16,
+    "fsdp": 0,
+    "in_line_s": 41.25,
+    "overlapped_s": 31.31,
+}
+
+
+def overlap_report(priced: list[tuple[dict[str, Any], float, float]]) -> list[str]:
+    """The summary lines of the AlltoAll overlap (``Strategy.ep_overlap``): the mixture-of-experts
+    rows again with their AlltoAlls overlapped where Megatron-core allows it (the tables do not
+    say which recipes enable it: some do, some do not), and Megatron-Bridge's own in-line
+    against overlapped measurement (:data:`BRIDGE_OVERLAP_CHECK`) beside rpeg's."""
+    moe = [(r, pub) for r, pub, _ in priced if model_spec(r["model_key"]).is_moe and overlappable(r)]
+    pairs = [(pub, predict(r, ep_overlap=True)) for r, pub in moe]
+    newest = max(release_key(r["release"]) for r, _, _ in priced)
+    latest = [(pub, predict(r, ep_overlap=True)) for r, pub in moe if release_key(r["release"]) == newest]
+    row = BRIDGE_OVERLAP_CHECK
+    step = row["gbs"] * row["seq_len"] / row["gpus"]  # tokens per GPU and step
+    in_line, overlapped = step / predict(row), step / predict(row, ep_overlap=True)
+    return [
+        "",
+        "The expert-parallel AlltoAlls overlapped with another microbatch's compute where Megatron-core "
+        "allows it (EP > 1, PP = 1 or VP > 1; `Strategy.ep_overlap`, docs/cost-model.md §10). The tables "
+        "do not say which recipes enable it (at the data file's commit some of Megatron-Bridge's MoE "
+        "recipes do, some do not), so the rows above are priced in line and these lines price the same "
+        "rows overlapped:",
+        "",
+        _summary("mixture of experts, AlltoAlls overlapped", pairs),
+        _summary("mixture of experts, AlltoAlls overlapped, newest table", latest) if len(latest) > 1 else "",
+        f"- Megatron-Bridge's own measurement (16 H100, Qwen3-30B-A3B, EP 16; the 16-GPU recipe's batch "
+        f"and BF16 assumed): step {row['in_line_s']:.2f} s in line → {row['overlapped_s']:.2f} s overlapped "
+        f"({row['overlapped_s'] / row['in_line_s'] - 1:+.1%}); rpeg {in_line:.2f} s → {overlapped:.2f} s "
+        f"({overlapped / in_line - 1:+.1%})",
+    ]
+
+
 def row_strategy(row: dict[str, Any]) -> tuple[Any, int]:
     """The :class:`~rpeg.ir.plan.Strategy` of an expressible row and its hardware's
     ``gpus_per_node`` (module docstring's translation)."""
@@ -379,9 +435,17 @@ def row_strategy(row: dict[str, Any]) -> tuple[Any, int]:
     return strategy, g
 
 
-def predict(row: dict[str, Any]) -> float:
+def overlappable(row: dict[str, Any]) -> bool:
+    """Whether Megatron-core can overlap the row's expert-parallel AlltoAlls
+    (``overlap_moe_expert_parallel_comm``; rule E5): EP > 1 with PP = 1 or an interleaved
+    pipeline (the rows recompute nothing)."""
+    return (row["ep"] or 1) > 1 and (row["pp"] == 1 or (row["vp"] or 1) > 1)
+
+
+def predict(row: dict[str, Any], ep_overlap: bool = False) -> float:
     """rpeg's tokens/s/GPU for an expressible row: ``GBS·ℓ/(T_step·N_GPU)``, the model run at the
-    row's precision (:data:`PRECISIONS`)."""
+    row's precision (:data:`PRECISIONS`); with ``ep_overlap`` (where :func:`overlappable`) its
+    AlltoAlls under another microbatch's compute."""
     from dataclasses import replace
 
     from rpeg.costmodel.hardware import hardware_preset
@@ -390,6 +454,8 @@ def predict(row: dict[str, Any]) -> float:
     from rpeg.ir.types import Role
 
     strategy, g = row_strategy(row)
+    if ep_overlap and overlappable(row):
+        strategy = replace(strategy, ep_overlap=True)
     hw = hardware_preset(SYSTEMS[row["system"]][0])
     ell = row["seq_len"]
     t = op_time(
@@ -988,6 +1054,7 @@ def main(argv: list[str] | None = None) -> None:
     stats += [_summary(name, pairs) for name, pairs in breakdown(priced).items() if pairs]
     stats += ["", "By published table (one per release, newest first; the same rows as above):", ""]
     stats += [_summary(name, pairs) for name, pairs in release_breakdown(priced).items()]
+    stats += overlap_report(priced)
     n_ok = len(priced)
     lines = [
         "## GPU fidelity: Megatron-Bridge pre-training throughput vs rpeg (issue 31)",

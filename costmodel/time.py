@@ -62,6 +62,7 @@ __all__ = [
     "generation_times",
     "host_offload_time",
     "op_time",
+    "overlapped_alltoall_time",
     "publication_bytes",
     "reshard_time",
 ]
@@ -446,6 +447,8 @@ def op_time(
         t_ep, t_cp = _split_terms(node, role, lengths, head, t_gemm, passes)
         t_nongemm = passes * node.nongemm(ell, head) + node.fp8_casts(ell, role is Role.TRAINING)
         t_over = terms.per_call_s + passes * node.slots * node.layers * terms.per_layer_s
+        if s.ep_overlap and role is Role.TRAINING:
+            t_ep = overlapped_alltoall_time(t_ep, t_gemm + t_nongemm, s.mb * s.vp)
 
     return TimeBreakdown(
         gemm=t_gemm,
@@ -459,6 +462,42 @@ def op_time(
         ep_comm=t_ep,
         cp_comm=t_cp,
     )
+
+
+def overlapped_alltoall_time(alltoall: float, compute: float, units: int) -> float:
+    """The exposed seconds of a training node's expert-parallel AlltoAlls run under another
+    microbatch's compute (``Strategy.ep_overlap``, Megatron-core's combined 1F1B;
+    ``docs/cost-model.md`` §10):
+
+    ``T_ep' = T_ep/n + (n − 1)/n·(max(0, T_ep/2 − 2C/3) + max(0, T_ep/2 − C/3))``
+
+    with ``T_ep`` the in-line AlltoAll time, ``C`` the node's compute (GEMMs and the
+    memory-bound work) and ``n = mb·vp`` the microbatch chunks. In the steady state one
+    microbatch's forward runs beside another's backward: the forward's dispatch and combine
+    (half of ``T_ep``) hide behind the backward's compute (two thirds of ``C``: a backward does
+    twice a forward's work), the backward's behind the forward's (one third); what does not fit
+    is exposed. The first forward and the last backward have no partner: one chunk's share
+    ``T_ep/n`` stays exposed. ``T_ep' ≤ T_ep`` always.
+
+    Parameters
+    ----------
+    alltoall
+        ``T_ep``, seconds.
+    compute
+        ``C``, seconds.
+    units
+        ``n = mb·vp``.
+
+    Returns
+    -------
+    float
+        Exposed seconds.
+    """
+    if alltoall <= 0.0:
+        return 0.0
+    half = alltoall / 2.0
+    hidden_past = max(0.0, half - 2.0 * compute / 3.0) + max(0.0, half - compute / 3.0)
+    return alltoall / units + (units - 1) / units * hidden_past
 
 
 def _split_terms(

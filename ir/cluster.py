@@ -136,13 +136,14 @@ def parse_shape(shape: str) -> tuple[int, int, int]:
     return r, n, g
 
 
-#: The engine switches of :class:`Cluster` for SPEC §15's parallelisms (rules S1, C1, E1) and the
-#: interleaved pipeline (rule V1).
+#: The engine switches of :class:`Cluster` for SPEC §15's parallelisms (rules S1, C1, E1), the
+#: interleaved pipeline (rule V1) and the overlapped expert-parallel AlltoAlls (rule E5).
 PARALLELISM_SWITCHES = (
     "sequence_parallel",
     "context_parallel",
     "expert_parallel",
     "virtual_pipeline_parallel",
+    "expert_overlap",
 )
 #: Every SPEC §15 switch off, as keyword arguments of :class:`Cluster`: the plan space of engines
 #: that run none of them (the bundled torch engine; ``Cluster.from_shape(..., **NO_SPLITS)``).
@@ -187,6 +188,12 @@ class Cluster:
         per stage (Megatron-core's virtual pipeline, rule V1 of
         :func:`~rpeg.ir.plan.check_strategy`); default ``True`` (Megatron-core does). ``False``
         for the bundled torch engine (``rpeg solve --no-virtual-pipeline-parallel``).
+    expert_overlap
+        Whether the training engine overlaps the expert-parallel AlltoAlls of one microbatch
+        with another microbatch's compute (Megatron-core's ``overlap_moe_expert_parallel_comm``,
+        rule E5 of :func:`~rpeg.ir.plan.check_strategy`); default ``True`` (Megatron-core does).
+        ``False`` for the bundled torch engine, which runs them in line (``rpeg solve
+        --no-expert-overlap``), or to compare with the best plan without.
 
     Raises
     ------
@@ -207,6 +214,7 @@ class Cluster:
     context_parallel: bool = True
     expert_parallel: bool = True
     virtual_pipeline_parallel: bool = True
+    expert_overlap: bool = True
 
     def __post_init__(self) -> None:
         for name in ("racks", "nodes_per_rack", "gpus_per_node"):
@@ -247,6 +255,7 @@ class Cluster:
         context_parallel: bool = True,
         expert_parallel: bool = True,
         virtual_pipeline_parallel: bool = True,
+        expert_overlap: bool = True,
     ) -> Cluster:
         """Build from ``"RxNxG"`` (e.g. ``"2x8x4"``) or a ``(R, N, G)`` tuple (or list).
 
@@ -287,6 +296,7 @@ class Cluster:
             context_parallel,
             expert_parallel,
             virtual_pipeline_parallel,
+            expert_overlap,
         )
 
     @property

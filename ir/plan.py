@@ -144,6 +144,14 @@ class Strategy:
         context-parallel ranks (Megatron's "MoE parallel folding", the layout Megatron-Bridge's
         recipes for Qwen3-MoE, DeepSeek-V3 and gpt-oss use with ``Pt > 1``). ``etp = tp`` is
         stored as ``None`` (one form per layout).
+    ep_overlap
+        Whether a training invocation's expert-parallel AlltoAlls run under another microbatch's
+        compute (Megatron-core's ``overlap_moe_expert_parallel_comm``: its combined 1F1B
+        schedule interleaves one microbatch's forward with another's backward so that each
+        side's dispatch and combine hide behind the other's compute). Training with ``Pe > 1``
+        only, not under full recomputation, and with ``Pp > 1`` only interleaved (``vp > 1``):
+        rule E5 of :func:`check_strategy`, Megatron-core's ``TransformerConfig`` checks. Not part
+        of the layout (no weight moves).
     vp
         Model chunks per pipeline stage ``Pv`` of Megatron's interleaved 1F1B schedule
         (``virtual_pipeline_model_parallel_size``; Narayanan et al., SC'21, §2.2.2): the
@@ -182,6 +190,7 @@ class Strategy:
     ep_tier: int = 0
     vp: int = 1
     etp: int | None = None
+    ep_overlap: bool = False
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -208,6 +217,8 @@ class Strategy:
             raise ValueError(f"Strategy.cp_kind={self.cp_kind!r} needs cp > 1 (cp=1 keeps 'ring')")
         if not isinstance(self.sp, bool):
             raise ValueError(f"Strategy.sp must be True or False, got {self.sp!r}")
+        if not isinstance(self.ep_overlap, bool):
+            raise ValueError(f"Strategy.ep_overlap must be True or False, got {self.ep_overlap!r}")
         if self.etp is not None:
             e = self.etp
             if isinstance(e, bool) or not isinstance(e, int) or e < 1:
@@ -254,6 +265,7 @@ class Strategy:
             self.ep_tier,
             self.vp,
             self.etp,
+            self.ep_overlap,
         )
 
     def __hash__(self) -> int:
@@ -291,7 +303,7 @@ class Strategy:
 
     def label(self) -> str:
         """``(dp,pp,tp) mb=…`` for tables, with ``vp=…``, ``cp=…`` (and ``ulysses``), ``ep=…``,
-        ``etp=…`` and ``sp`` when set, ``rc=…`` when the recomputation is not ``full``, ``z=…`` when the ZeRO stage is
+        ``etp=…``, ``a2a-overlap`` and ``sp`` when set, ``rc=…`` when the recomputation is not ``full``, ``z=…`` when the ZeRO stage is
         not 2, ``u=…``, ``chunk=…``, ``padded`` and ``offload`` when set."""
         text = f"({self.dp},{self.pp},{self.tp}) mb={self.mb}"
         if self.vp > 1:
@@ -302,6 +314,8 @@ class Strategy:
             text += f" ep={self.ep}"
         if self.etp is not None:
             text += f" etp={self.etp}"
+        if self.ep_overlap:
+            text += " a2a-overlap"
         if self.sp:
             text += " sp"
         if self.recompute is not Recompute.FULL:
@@ -356,8 +370,10 @@ class Strategy:
         )
 
     def with_recompute(self, mode: Recompute | str) -> Strategy:
-        """A copy with :attr:`recompute` set to ``mode``."""
-        return replace(self, recompute=Recompute(mode))
+        """A copy with :attr:`recompute` set to ``mode`` (and the AlltoAlls in line under ``full``,
+        which Megatron-core does not overlap: rule E5)."""
+        mode = Recompute(mode)
+        return replace(self, recompute=mode, ep_overlap=self.ep_overlap and mode is not Recompute.FULL)
 
     def variant(self, **fields: object) -> Strategy:
         """A copy with the given fields replaced (``zero``, ``mem_fraction``, ``logits_chunk``,
@@ -492,6 +508,8 @@ def check_strategy(
     sp: bool = False,
     vp: int = 1,
     etp: int | None = None,
+    ep_overlap: bool = False,
+    recompute: Recompute | str | None = None,
 ) -> str | None:
     """Check P1–P8 (SPEC §4, with §14.2's microbatches), the head rules H1–H2 and the engine
     choices Z1–Z2 (SPEC §14) for one choice; return why not (the message starts with the rule's
@@ -530,7 +548,13 @@ def check_strategy(
     only for a mixture of experts in training and inference where the engines run expert
     parallelism — then E2 reads ``Pe | Pt·Pd·Pc`` (Megatron-core's MoE parallel folding:
     ``expert_tensor_parallel_size · expert_model_parallel_size`` divides the
-    ``tensor · context · data`` ranks, ``parallel_state.initialize_model_parallel``).
+    ``tensor · context · data`` ranks, ``parallel_state.initialize_model_parallel``); E5 the
+    overlapped AlltoAlls (``ep_overlap``) only for training with ``Pe > 1`` where the engines
+    overlap them (``expert_overlap``), not under full recomputation (``recompute``, when given)
+    and with ``Pp > 1`` only interleaved (``vp > 1``; Megatron-core's ``TransformerConfig``:
+    "disable full recomputation when enabling overlap_moe_expert_parallel_comm", "If enabling EP
+    A2A overlap, virtual_pipeline_model_parallel_size must be specified when
+    pipeline_model_parallel_size > 1").
 
     The interleaved pipeline (``vp > 1``, Megatron-core's virtual pipeline): V1 training and
     inference with ``Pp > 1`` only, where the engines run it (``virtual_pipeline_parallel``);
@@ -602,6 +626,9 @@ def check_strategy(
         if pp > 1 and mb < pp:
             return f"P5: mb={mb} must be ≥ pp={pp} (1F1B keeps every stage busy)"
     why = _check_interleaving(cluster, role, layers, pp, mb, vp)
+    if why is not None:
+        return why
+    why = _check_ep_overlap(cluster, role, ep, pp, vp, ep_overlap, recompute)
     if why is not None:
         return why
     why = _check_engine_choices(role, zero, mem_fraction, logits_chunk, packing)
@@ -708,6 +735,31 @@ def _check_parallelisms(
     return None
 
 
+def _check_ep_overlap(
+    cluster: Cluster,
+    role: Role | None,
+    ep: int,
+    pp: int,
+    vp: int,
+    ep_overlap: bool,
+    recompute: Recompute | str | None,
+) -> str | None:
+    """E5 of :func:`check_strategy`: the overlapped expert-parallel AlltoAlls."""
+    if not isinstance(ep_overlap, bool):
+        return f"E5: ep_overlap={ep_overlap!r} must be true or false"
+    if not ep_overlap:
+        return None
+    if role is not Role.TRAINING or ep == 1:
+        return "E5: ep_overlap overlaps a training invocation's expert-parallel AlltoAlls (needs training, ep > 1)"
+    if not cluster.expert_overlap:
+        return "E5: ep_overlap but the cluster's training engine runs the AlltoAlls in line (expert_overlap=false)"
+    if recompute is not None and Recompute(recompute) is Recompute.FULL:
+        return "E5: ep_overlap with full recomputation (Megatron-core overlaps none then)"
+    if pp > 1 and vp == 1:
+        return f"E5: ep_overlap with pp={pp} needs the interleaved pipeline (vp > 1)"
+    return None
+
+
 def _check_interleaving(
     cluster: Cluster, role: Role | None, layers: int, pp: int, mb: int, vp: int
 ) -> str | None:
@@ -756,6 +808,8 @@ def check_strategy_of(
         sp=s.sp,
         vp=s.vp,
         etp=s.etp,
+        ep_overlap=s.ep_overlap,
+        recompute=s.recompute,
     )
 
 

@@ -108,7 +108,11 @@ def microbatch_counts(role: Role | None, pp: int, b_local: int) -> list[int]:
 
 
 def engine_variants(
-    base: Strategy, role: Role | None, max_fraction: float, offload: bool = False
+    base: Strategy,
+    role: Role | None,
+    max_fraction: float,
+    offload: bool = False,
+    ep_overlap: bool = False,
 ) -> list[Strategy]:
     """The engine choices a directory lists for one layout (SPEC §14): per training layout
     every recomputation mode × ZeRO stage 2 or 3 × whole or chunked loss
@@ -116,8 +120,15 @@ def engine_variants(
     or 3 × whole or chunked loss (stage 3 only with ``Pd·Pc > 1``: one rank shards nothing); per
     generation layout each memory fraction of :data:`MEMORY_FRACTIONS` up to ``max_fraction``
     (and ``max_fraction`` itself). With ``offload`` (the engines offload to the host, SPEC
-    §14.4) each of them also with host offload."""
+    §14.4) each of them also with host offload. With ``ep_overlap`` (the training engine
+    overlaps the expert-parallel AlltoAlls) a training layout with ``Pe > 1`` whose pipeline
+    allows it (``Pp = 1`` or ``vp > 1``, rule E5) lists its modes other than ``full`` with the
+    AlltoAlls overlapped only: the overlap never costs more in the model (the exposed AlltoAll
+    time is at most the in-line one, ``docs/cost-model.md`` §10), so the in-line twin is never
+    the better pick."""
     out = _engine_variants(base, role, max_fraction)
+    if ep_overlap and role is Role.TRAINING and base.ep > 1 and (base.pp == 1 or base.vp > 1):
+        out = [s if s.recompute is Recompute.FULL else s.variant(ep_overlap=True) for s in out]
     if offload and role is not None:
         out += [s.variant(offload=True) for s in out]
     return out
@@ -199,6 +210,7 @@ def enumerate_strategies(
     pps = [p for p in _divisors(spec.layers) if p == 1 or p % 2 == 0]
     generation = role is Role.GENERATION
     splits_sequences = cluster.context_parallel and not generation
+    overlap = cluster.expert_overlap
     out: list[Strategy] = []
     for size in cluster.legal_sizes:
         extent = cluster.shape_for_size(size)
@@ -241,7 +253,9 @@ def enumerate_strategies(
                             for vp in interleavings(cluster, spec, role, pp, mb) if interleave else [1]:
                                 out.extend(
                                     s
-                                    for s in engine_variants(base.variant(vp=vp), role, max_fraction, offload)
+                                    for s in engine_variants(
+                                        base.variant(vp=vp), role, max_fraction, offload, overlap
+                                    )
                                     if cluster.max_zero_stage is None or s.zero <= cluster.max_zero_stage
                                 )
     return out
@@ -445,6 +459,7 @@ def make_strategy(
     sp: bool = False,
     vp: int = 1,
     etp: int | None = None,
+    ep_overlap: bool = False,
 ) -> Strategy:
     """A :class:`Strategy` with its link tiers. Ranks are ordered tensor-parallel innermost,
     then context-parallel, pipeline and data-parallel (device ``t + Pt·(c + Pc·(p + Pp·d))`` of
@@ -455,7 +470,8 @@ def make_strategy(
     (:meth:`~rpeg.ir.plan.Strategy.expert_group_devices`). (Tiers depend only on the shape, so the first aligned
     origin stands for all.) ``recompute`` is the activation recomputation (default the neutral
     ``full``); ``cp``, ``cp_kind``, ``ep`` and ``sp`` are SPEC §15's parallelisms, ``etp`` the
-    experts' tensor-parallel degree, ``vp`` the interleaved pipeline's chunks per stage."""
+    experts' tensor-parallel degree, ``ep_overlap`` whether the AlltoAlls overlap compute, ``vp``
+    the interleaved pipeline's chunks per stage."""
     first = aligned_allocations(cluster, dp * pp * tp * cp)[0]
     devices = first.devices()
 
@@ -484,6 +500,7 @@ def make_strategy(
         cp_tier=cp_tier,
         vp=vp,
         etp=etp,
+        ep_overlap=ep_overlap,
     )
     if ep == 1:
         return strategy

@@ -531,7 +531,7 @@ def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
 def _degrees(s: Strategy) -> str:
     """The summary's degrees: ``(dp,pp,tp)``, the interleaved pipeline's ``vp=…`` and SPEC
     §15's splits when set — ``sp``,
-    ``cp=… ring|ulysses``, ``ep=…``, ``etp=…``."""
+    ``cp=… ring|ulysses``, ``ep=…``, ``etp=…``, ``a2a-overlap``."""
     words = [f"({s.dp},{s.pp},{s.tp})"]
     if s.vp > 1:
         words.append(f"vp={s.vp}")
@@ -543,6 +543,8 @@ def _degrees(s: Strategy) -> str:
         words.append(f"ep={s.ep}")
     if s.etp is not None:
         words.append(f"etp={s.etp}")
+    if s.ep_overlap:
+        words.append("a2a-overlap")
     return " ".join(words)
 
 
@@ -664,6 +666,7 @@ class _ClusterBlock(Strict):
     context_parallel: bool = True
     expert_parallel: bool = True
     virtual_pipeline_parallel: bool = True
+    expert_overlap: bool = True
 
 
 class _StructureBlock(Strict):
@@ -771,6 +774,7 @@ def _problem(doc: _ResultFile, source: str) -> tuple[Workload, Cluster, Structur
             c.context_parallel,
             c.expert_parallel,
             c.virtual_pipeline_parallel,
+            c.expert_overlap,
         )
     except ValueError as exc:
         raise InputError(f"{source}: field 'cluster': {exc}", source=source, field="cluster") from None
@@ -923,7 +927,7 @@ def _legal_strategy(
     parallel: dict[str, Any] | None = None,
 ) -> Strategy:
     """The strategy of one plan entry after the one legality check every reader and builder
-    applies (:func:`~rpeg.ir.plan.check_strategy`: P1–P8, H1–H2, Z1–Z4, S1, C1–C3, E1–E4, V1–V3);
+    applies (:func:`~rpeg.ir.plan.check_strategy`: P1–P8, H1–H2, Z1–Z4, S1, C1–C3, E1–E5, V1–V3);
     ``parallel`` holds SPEC §15's ``cp``, ``cp_kind``, ``ep``, ``sp`` and ``etp`` and the interleaving ``vp``.
 
     Raises
@@ -933,7 +937,20 @@ def _legal_strategy(
     """
     spec = ev.graph.models[v.model].spec
     parallel = parallel or {}
-    why = check_strategy(ev.cluster, spec, v.role, v.sequences, extent, dp, pp, tp, mb, **engine, **parallel)
+    why = check_strategy(
+        ev.cluster,
+        spec,
+        v.role,
+        v.sequences,
+        extent,
+        dp,
+        pp,
+        tp,
+        mb,
+        **engine,
+        **parallel,
+        recompute=recompute,
+    )
     if why:
         raise ValueError(f"plan entry for {v.name!r} is illegal: {why}")
     base = make_strategy(ev.cluster, extent, dp, pp, tp, mb, recompute, **parallel)
@@ -959,6 +976,7 @@ _PARALLEL_FIELDS: dict[str, tuple[type, Any]] = {
     "sp": (bool, False),
     "vp": (int, 1),
     "etp": (int, None),
+    "ep_overlap": (bool, False),
 }
 
 #: The keys of a ``plan`` entry (:func:`_plan_entry` writes them all; a ``/1`` entry lacks the
@@ -1023,6 +1041,7 @@ def _plan_entry(vertex: Vertex, choice: Choice) -> dict[str, Any]:
     entry["sp"] = s.sp
     entry["vp"] = s.vp
     entry["etp"] = s.etp
+    entry["ep_overlap"] = s.ep_overlap
     return entry
 
 

@@ -359,7 +359,8 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
     model: shared experts (Qwen3-MoE has none), latent attention (the runtime builds standard
     attention) and, for a MoE model, a move of state between plans; tensor parallelism of a MoE
     model outside generation (the torch engine does not split experts). Sequence parallelism is
-    refused, and so is an interleaved pipeline (``vp > 1``: the engines run plain 1F1B), and
+    refused, and so are an interleaved pipeline (``vp > 1``: the engines run plain 1F1B) and
+    overlapped expert-parallel AlltoAlls (``ep_overlap``: the torch engine runs them in line), and
     context and expert parallelism where the engines do not run them
     (:func:`_context_parallel_refusal`, :func:`_expert_parallel_refusal`): the message names the
     ``rpeg solve`` switch that plans without them.
@@ -424,6 +425,12 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
                 f"an interleaved pipeline (vp={s.vp}, pp={s.pp})",
                 s.vp > 1,
                 "the bundled engines run plain 1F1B",
+            ),
+            (
+                "--no-expert-overlap",
+                f"expert-parallel AlltoAlls under another microbatch's compute (ep_overlap, ep={s.ep})",
+                s.ep_overlap,
+                "the torch engine runs them in line",
             ),
         ):
             if planned and why:

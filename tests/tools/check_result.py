@@ -854,8 +854,25 @@ def _check_entry(
         errors.append(f"{who}: C1 cp={cp} on a {role} vertex (only training and inference split sequences)")
     if sp and (forward_only or tp == 1):
         errors.append(f"{who}: S1 sp needs tp > 1 on a training or inference vertex")
-    if ep > 1 and ((forward_only and ep != dp) or (not forward_only and (dp * cp) % ep)):
-        errors.append(f"{who}: E2 ep={ep} must divide dp·cp (training, inference) or equal dp (generation)")
+    # the experts' tensor-parallel degree (absent in files before it): null = tp, or 1
+    etp = entry.get("etp")
+    folded = etp is not None and etp != tp
+    if folded and (etp != 1 or forward_only):
+        errors.append(f"{who}: E4 etp={etp!r} must be null, tp or (training, inference) 1")
+    group = tp * dp * cp if folded else dp * cp
+    if ep > 1 and ((forward_only and ep != dp) or (not forward_only and group % ep)):
+        errors.append(
+            f"{who}: E2 ep={ep} must divide dp·cp (tp·dp·cp with etp=1; training, inference) or equal "
+            "dp (generation)"
+        )
+    # the overlapped expert-parallel AlltoAlls (absent in files before it)
+    if entry.get("ep_overlap", False):
+        if role != "training" or ep == 1:
+            errors.append(f"{who}: E5 ep_overlap needs a training vertex with ep > 1")
+        if entry.get("recompute") == "full":
+            errors.append(f"{who}: E5 ep_overlap with full recomputation")
+        if pp > 1 and entry.get("vp", 1) == 1:
+            errors.append(f"{who}: E5 ep_overlap with pp={pp} needs an interleaved pipeline (vp > 1)")
     # the interleaved pipeline (absent in files before it): vp chunks per stage
     vp = entry.get("vp", 1)
     if not _pos_int(vp):
