@@ -546,7 +546,8 @@ def check_strategy(
     parallelism and tensor parallelism, sequence parallelism must be used"); E4 the experts'
     tensor-parallel degree ``etp`` is ``Pt`` (``None``, the default) or ``1``, and ``1 < Pt``
     only for a mixture of experts in training and inference where the engines run expert
-    parallelism — then E2 reads ``Pe | Pt·Pd·Pc`` (Megatron-core's MoE parallel folding:
+    parallelism, with sequence parallelism (each TP rank dispatches its own share of the
+    tokens) — then E2 reads ``Pe | Pt·Pd·Pc`` (Megatron-core's MoE parallel folding:
     ``expert_tensor_parallel_size · expert_model_parallel_size`` divides the
     ``tensor · context · data`` ranks, ``parallel_state.initialize_model_parallel``); E5 the
     overlapped AlltoAlls (``ep_overlap``) only for training with ``Pe > 1`` where the engines
@@ -712,6 +713,10 @@ def _check_parallelisms(
             return f"E4: etp=1 but {model.name} has no routed experts"
         if not cluster.expert_parallel:
             return "E4: etp=1 but the cluster's engines do not run expert parallelism (expert_parallel=false)"
+        if not sp:
+            return (
+                f"E4: etp=1 with tp={tp} needs sequence parallelism (each TP rank dispatches its own tokens)"
+            )
     if ep > 1:
         if not model.is_moe:
             return f"E1: ep={ep} but {model.name} has no routed experts"

@@ -352,13 +352,15 @@ def expert_layouts(
     """The ``(Pe, etp)`` pairs a directory lists for one layout (SPEC §15.2, rules E1–E4): every
     degree of :func:`expert_degrees` with the experts split like the FFN (``etp`` ``None``), and
     for a mixture of experts in training or inference with ``Pt > 1`` on engines that run expert
-    parallelism every ``Pe > 1`` dividing ``E`` and ``Pt·Pd·Pc`` with each expert whole on one
+    and sequence parallelism every ``Pe > 1`` dividing ``E`` and ``Pt·Pd·Pc`` with each expert whole on one
     rank (``etp = 1``, Megatron-core's MoE parallel folding). ``etp = 1`` at ``Pe = 1`` is legal
     (every tensor-parallel rank holds every expert whole) but not listed: it stores ``Pt`` times
     the routed experts of the default for the MoE blocks' tensor-parallel collectives, which
     ``Pe = Pt`` with ``etp = 1`` saves too at the default's expert memory."""
     out: list[tuple[int, int | None]] = [(ep, None) for ep in expert_degrees(cluster, model, role, dp, cp)]
     if tp == 1 or role is Role.GENERATION or not (model.is_moe and cluster.expert_parallel):
+        return out
+    if not cluster.sequence_parallel:  # rule E4: folded experts need each TP rank's own tokens
         return out
     return out + [(e, 1) for e in _divisors(tp * dp * cp) if e > 1 and model.experts % e == 0]
 

@@ -61,8 +61,9 @@ def test_rules_e2_and_e4_fold_the_expert_group_into_the_tensor_parallel_ranks():
     assert _check(MOE, T, 4, 2, ep=8, etp=1) is None
     assert _check(MOE, I, 4, 2, ep=8, etp=1) is None
     assert _check(MOE, T, 2, 2, ep=8, etp=1).startswith("E2: ep=8 with etp=1 does not divide tp·dp·cp=4")
-    assert _check(MOE, T, 4, 2, ep=8, etp=1, sp=False).startswith("E3")  # EP with TP still needs SP
+    assert _check(MOE, T, 4, 2, ep=8, etp=1, sp=False).startswith("E4")  # folding needs SP (as EP with TP)
     assert _check(MOE, T, 4, 2, etp=1) is None  # legal at ep 1: every TP rank holds every expert
+    assert _check(MOE, T, 4, 2, etp=1, sp=False).startswith("E4: etp=1 with tp=2 needs sequence parallelism")
     assert _check(MOE, T, 2, 4, ep=8, etp=2).startswith("E4: etp=2 must be 1 or tp=4")
     assert _check(MOE, G, 4, 2, ep=4, etp=1).startswith("E4: etp=1 on a generation")
     assert _check(DENSE, T, 4, 2, etp=1).startswith("E4: etp=1 but qwen2.5-7b has no routed experts")
@@ -175,6 +176,8 @@ def test_directories_list_folded_layouts_for_moe_trainers_with_tensor_parallelis
     assert expert_layouts(NODE, MOE, T, 4, 1, 1) == [(1, None), (2, None), (4, None)]
     assert expert_layouts(NODE, MOE, G, 4, 1, 2) == [(1, None), (4, None)]
     assert expert_layouts(NODE, DENSE, T, 4, 1, 2) == [(1, None)]
+    no_sp = dataclasses.replace(NODE, sequence_parallel=False)
+    assert expert_layouts(no_sp, MOE, T, 4, 1, 2) == [(1, None), (2, None), (4, None)]
     legal = enumerate_strategies(TWO_NODES, MOE, 256, T)
     folded = [s for s in legal if s.etp == 1]
     assert folded and all(s.tp > 1 and s.ep > 1 and s.sp for s in folded)

@@ -857,8 +857,8 @@ def _check_entry(
     # the experts' tensor-parallel degree (absent in files before it): null = tp, or 1
     etp = entry.get("etp")
     folded = etp is not None and etp != tp
-    if folded and (etp != 1 or forward_only):
-        errors.append(f"{who}: E4 etp={etp!r} must be null, tp or (training, inference) 1")
+    if folded and (etp != 1 or forward_only or not sp):
+        errors.append(f"{who}: E4 etp={etp!r} must be null, tp or (training, inference, with sp) 1")
     group = tp * dp * cp if folded else dp * cp
     if ep > 1 and ((forward_only and ep != dp) or (not forward_only and group % ep)):
         errors.append(
