@@ -198,13 +198,9 @@ def zero_shard_params(model: ModelSpec, layout: Layout, head: Head = Head.LM) ->
     without context parallelism."""
     s = layout.strategy
     shard = layout_shard(model, layout, head)
-    if s.etp is None:
-        experts = model.layers / s.pp * model.expert_weights / (s.tp * s.ep)
-        group = s.dp * s.cp
-        return (shard - experts) / group + experts * s.ep / group
-    experts = model.layers / s.pp * model.expert_weights / (s.etp * s.ep)
-    expert_group = s.tp * s.dp * s.cp // (s.etp * s.ep)
-    return (shard - experts) / (s.dp * s.cp) + experts / expert_group
+    experts = model.layers / s.pp * model.expert_weights / (s.expert_tp * s.ep)
+    group = s.dp * s.cp
+    return (shard - experts) / group + experts * s.expert_tp * s.ep / (s.tp * group)
 
 
 def training_state_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM) -> float:

@@ -933,10 +933,9 @@ def _zero_groups(node: _Node, head: Head) -> list[tuple[int, float]]:
     experts = model.layers * model.expert_weights
     group = s.dp * s.cp
     out = [(group, (model_params(model, head) - experts) * sb / (s.pp * s.tp))]
-    if experts and s.etp is None:
-        out.append((group // s.ep, experts * sb / (s.pp * s.tp * s.ep)))
-    elif experts:
-        out.append((s.tp * group // (s.etp * s.ep), experts * sb / (s.pp * s.etp * s.ep)))
+    if experts:
+        pet = s.expert_tp
+        out.append((s.tp * group // (pet * s.ep), experts * sb / (s.pp * pet * s.ep)))
     return out
 
 

@@ -14,7 +14,7 @@ explain which invocation does not fit and by how much (:class:`Infeasible`).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..ir.cluster import Allocation, Cluster
 from ..ir.plan import Choice, Plan
@@ -86,8 +86,8 @@ def check_directories(ev: Evaluator, dirs: list[Directory], size: int | None = N
                 v.name,
             )
         smallest = min(ev.costs.memory(d.vertex, s).isolated for s in legal)
-        # a trainer's in every mode and ZeRO stage; an interleaved twin (vp) counts with its layout
-        layouts = len({s.layout_key()[:-2] + s.layout_key()[-1:] for s in legal})
+        # a trainer's in every mode and ZeRO stage; an interleaved twin counts with its layout
+        layouts = len({replace(s, vp=1).layout_key() for s in legal})
         excess = max(0.0, smallest - m_eff)
         hw = ev.cluster.hardware
         if excess > 0.0:

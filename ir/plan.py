@@ -294,12 +294,7 @@ class Strategy:
         default), then from the ``Pd·Pc`` group, context-parallel ones first: member ``j`` is
         tensor rank ``j mod (Pt/Pet)`` of data/context rank ``i = ⌊j/(Pt/Pet)⌋``,
         ``c = i mod Pc``, ``d = ⌊i/Pc⌋``."""
-        inner = self.tp // self.expert_tp
-        out = []
-        for j in range(self.ep):
-            i = j // inner
-            out.append(j % inner + self.tp * (i % self.cp + self.cp * self.pp * (i // self.cp)))
-        return out
+        return expert_group_devices(self.tp, self.expert_tp, self.cp, self.pp, self.ep)
 
     def label(self) -> str:
         """``(dp,pp,tp) mb=…`` for tables, with ``vp=…``, ``cp=…`` (and ``ulysses``), ``ep=…``,
@@ -379,6 +374,19 @@ class Strategy:
         """A copy with the given fields replaced (``zero``, ``mem_fraction``, ``logits_chunk``,
         ``packing``, ``offload``, ``recompute``, ``mb``), validated again."""
         return replace(self, **fields)  # type: ignore[arg-type]
+
+
+def expert_group_devices(tp: int, expert_tp: int, cp: int, pp: int, ep: int) -> list[int]:
+    """:meth:`Strategy.expert_group_devices` from the degrees alone (``Pt``, ``Pet``, ``Pc``,
+    ``Pp``, ``Pe``): member ``j`` of the first expert-parallel group sits on device
+    ``j mod (Pt/Pet) + Pt·(c + Pc·Pp·d)`` with ``i = ⌊j/(Pt/Pet)⌋``, ``c = i mod Pc``,
+    ``d = ⌊i/Pc⌋``."""
+    inner = tp // expert_tp
+    out = []
+    for j in range(ep):
+        i = j // inner
+        out.append(j % inner + tp * (i % cp + cp * pp * (i // cp)))
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,15 @@ from dataclasses import dataclass
 
 from ..ir.cluster import Allocation, Cluster
 from ..ir.models import ModelSpec
-from ..ir.plan import CP_KINDS, Choice, Strategy, check_heads, check_strategy, engine_of
+from ..ir.plan import (
+    CP_KINDS,
+    Choice,
+    Strategy,
+    check_heads,
+    check_strategy,
+    engine_of,
+    expert_group_devices,
+)
 from ..ir.types import Recompute, Role
 from .costs import Costs
 from .memo import KeyedCache
@@ -486,7 +494,8 @@ def make_strategy(
     pp_tier = tier(range(pp * tp * cp))
     dp_tier = first.tier if dp > 1 else 0
     cp_tier = tier(range(tp * cp)) if cp > 1 else 0
-    strategy = Strategy(
+    ep_tier = tier(expert_group_devices(tp, tp if etp is None else etp, cp, pp, ep)) if ep > 1 else 0
+    return Strategy(
         tuple(extent),  # type: ignore[arg-type]
         dp,
         pp,
@@ -500,13 +509,11 @@ def make_strategy(
         ep=ep,
         sp=sp,
         cp_tier=cp_tier,
+        ep_tier=ep_tier,
         vp=vp,
         etp=etp,
         ep_overlap=ep_overlap,
     )
-    if ep == 1:
-        return strategy
-    return dataclasses.replace(strategy, ep_tier=tier(strategy.expert_group_devices()))
 
 
 @dataclass
