@@ -26,17 +26,21 @@ Megatron-Bridge's MoE recipes set ``expert_tensor_parallel_size = 1``; the table
 publish it), so its ``Pe`` expert-parallel ranks are drawn from the ``TP·DP·CP`` ranks
 (Megatron-core's MoE parallel folding) and EP must divide ``TP·DP·CP``.
 
-No term is fitted to these rows: this is the baseline of the presets as they are.
+One figure is fitted to these rows, as issue 31 allows (one efficiency per operation class and
+GPU generation, fitted on one table and reported on the others): the NVFP4 GEMMs' efficiency on
+Blackwell (:data:`FP4_EFFICIENCY`, :func:`fit_fp4_efficiency`). The rest is the baseline of the
+presets as they are.
 
 Precision (:data:`PRECISIONS`): BF16 rows run with ``precision = "bf16"``; the FP8 recipes
 (``FP8`` delayed scaling, ``FP8-CS`` current scaling, ``FP8-MX``/``MXFP8`` block scaling on
 Blackwell) are all Transformer Engine FP8 GEMMs and run with ``precision = "fp8"``
 (``docs/cost-model.md`` §11: the FP8 peak for the blocks' weight GEMMs, 1-byte weights and
-inputs in the roofline, BF16 weights and optimizer state). Statistics are reported per
-precision and per published recipe.
+inputs in the roofline, BF16 weights and optimizer state); the NVFP4 recipe (TE's
+``NVFP4BlockScaling``) runs with ``precision = "nvfp4"`` (the same GEMMs at the presets' NVFP4
+peak with 0.5625-byte operands). Statistics are reported per precision and per published recipe.
 
-Rows it cannot express are listed with the reason: NVFP4 (rpeg has no FP4 setting), a cell that
-publishes two configurations, a layout that does not divide. Every published system has a preset
+Rows it cannot express are listed with the reason: a precision its table does not publish, a
+cell that publishes two configurations, a layout that does not divide. Every published system has a preset
 (:data:`SYSTEMS`; DGX-B300 and DGX-GB300 since issue 31's Blackwell Ultra presets). An interleaved virtual pipeline (``VP`` > 1) is priced with rpeg's ``vp``
 (``docs/cost-model.md`` §12), also where the row's layer count needs Megatron's custom pipeline
 layout (DeepSeek-V3's 61 layers, Qwen3-235B's 94): ``L/Pp`` layers per stage in ``vp`` chunks. ``--refresh GIT_DIR`` rebuilds the data file from a Megatron-Bridge git directory.
@@ -97,8 +101,11 @@ RECIPE_ETP = 1
 #: Published training precision → rpeg's :attr:`~rpeg.ir.models.ModelSpec.precision`. Megatron-Bridge's
 #: FP8 recipes (``--fp8-recipe`` delayed, tensorwise = "CS" current scaling, mxfp8 = "MX" block
 #: scaling) differ in their scaling factors, not in what runs in FP8 (TE's linear layers' GEMMs).
+#: NVFP4 is Megatron-Bridge's ``bf16_with_nvfp4_mixed`` (TE's ``NVFP4BlockScaling``: the same
+#: GEMMs in NVFP4), rpeg's ``"nvfp4"``.
 PRECISIONS = {
     "BF16": "bf16",
+    "NVFP4": "nvfp4",
     "FP8": "fp8",
     "FP8-CS": "fp8",
     "FP8-MX": "fp8",
@@ -268,8 +275,7 @@ def why_not(row: dict[str, Any]) -> str | None:
     if row["precision"] is None:
         return "precision not published in its table"
     if row["precision"] not in PRECISIONS:
-        what = "FP4" if "FP4" in row["precision"] else row["precision"]
-        return f"precision {row['precision']}: rpeg has no {what} setting (its precisions: BF16, FP8)"
+        return f"precision {row['precision']}: rpeg has no such setting (its precisions: BF16, FP8, NVFP4)"
     if row["system"] not in SYSTEMS:
         return f"no hardware preset for {row['system']}"
     fields = ("gpus", "gbs", "mbs", "seq_len", "tp", "pp", "cp", "ep", "vp", "fsdp", "tokens_per_s_per_gpu")
@@ -324,13 +330,13 @@ def release_breakdown(
     priced: list[tuple[dict[str, Any], float, float]],
 ) -> dict[str, list[tuple[float, float]]]:
     """``(published, predicted)`` pairs of the priced rows by published table, newest release
-    first, and within it by precision (BF16; the FP8 recipes pooled). Each Megatron-Bridge
+    first, and within it by precision (BF16; the FP8 recipes pooled; NVFP4). Each Megatron-Bridge
     release publishes its own table, measured with that release's software: the same layout on
     the same system runs up to 1.8x faster in a later release (Qwen3-30B-A3B, 16 H100), so a
     table is the unit a fixed cost model is compared with."""
     out: dict[str, list[tuple[float, float]]] = {}
     for r, pub, pred in sorted(priced, key=lambda item: release_key(item[0]["release"]), reverse=True):
-        prec = "BF16" if PRECISIONS[r["precision"]] == "bf16" else "FP8 recipes"
+        prec = {"bf16": "BF16", "fp8": "FP8 recipes", "nvfp4": "NVFP4"}[PRECISIONS[r["precision"]]]
         out.setdefault(f"release {r['release']}, {prec}", []).append((pub, pred))
     return out
 
@@ -442,10 +448,11 @@ def overlappable(row: dict[str, Any]) -> bool:
     return (row["ep"] or 1) > 1 and (row["pp"] == 1 or (row["vp"] or 1) > 1)
 
 
-def predict(row: dict[str, Any], ep_overlap: bool = False) -> float:
+def predict(row: dict[str, Any], ep_overlap: bool = False, fp4_scale: float = 1.0) -> float:
     """rpeg's tokens/s/GPU for an expressible row: ``GBS·ℓ/(T_step·N_GPU)``, the model run at the
     row's precision (:data:`PRECISIONS`); with ``ep_overlap`` (where :func:`overlappable`) its
-    AlltoAlls under another microbatch's compute."""
+    AlltoAlls under another microbatch's compute; ``fp4_scale`` multiplies the preset's NVFP4
+    peak (:func:`fit_fp4_efficiency`)."""
     from dataclasses import replace
 
     from rpeg.costmodel.hardware import hardware_preset
@@ -457,6 +464,8 @@ def predict(row: dict[str, Any], ep_overlap: bool = False) -> float:
     if ep_overlap and overlappable(row):
         strategy = replace(strategy, ep_overlap=True)
     hw = hardware_preset(SYSTEMS[row["system"]][0])
+    if fp4_scale != 1.0 and hw.peak_flops_fp4 is not None:
+        hw = replace(hw, peak_flops_fp4=hw.peak_flops_fp4 * fp4_scale)
     ell = row["seq_len"]
     t = op_time(
         replace(model_spec(row["model_key"]), precision=PRECISIONS[row["precision"]]),
@@ -470,6 +479,103 @@ def predict(row: dict[str, Any], ep_overlap: bool = False) -> float:
         tokens_sq=float(ell * ell),
     )
     return row["gbs"] * ell / (t.total * row["gpus"])
+
+
+#: The NVFP4 GEMMs' efficiency relative to the FP8 GEMMs' on Blackwell, which the Blackwell
+#: presets carry in ``peak_flops_fp4`` (0.70 × the dense FP4 peak × this): issue 31's "one
+#: efficiency per operation class per GPU generation, fitted on one table and reported on the
+#: others" — fitted (:func:`fit_fp4_efficiency`) on the NVFP4-over-FP8 speedups of
+#: :data:`FP4_FIT_RELEASE`'s same-layout pairs, reported on the other tables' pairs and rows.
+FP4_EFFICIENCY = 0.605
+#: The published table the NVFP4 efficiency is fitted on.
+FP4_FIT_RELEASE = "26.04.01"
+
+
+def nvfp4_pairs(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(FP8 row, NVFP4 row)`` pairs of expressible rows that one table publishes for the same
+    model, system, batch and layout (one of the FP8 recipes against NVFP4): the speedup NVFP4
+    gives over FP8 with everything else equal."""
+    keys = ("release", "model", "system", "gpus", "gbs", "mbs", "seq_len", "tp", "pp", "vp", "cp", "ep")
+    found: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        prec = PRECISIONS.get(r["precision"]) if why_not(r) is None else None
+        if prec in ("fp8", "nvfp4"):
+            found.setdefault(tuple(r.get(k) for k in keys), {})[prec] = r
+    return [(v["fp8"], v["nvfp4"]) for v in found.values() if len(v) == 2]
+
+
+def speedup_pairs(
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]], fp4_scale: float = 1.0
+) -> list[tuple[float, float]]:
+    """``(published, predicted)`` NVFP4-over-FP8 speedups, ``T_FP8/T_NVFP4``, of ``pairs``."""
+    out = []
+    for fp8, fp4 in pairs:
+        published = fp4["tokens_per_s_per_gpu"] / fp8["tokens_per_s_per_gpu"]
+        out.append((published, predict(fp4, fp4_scale=fp4_scale) / predict(fp8)))
+    return out
+
+
+def fit_fp4_efficiency(
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]], release: str = FP4_FIT_RELEASE
+) -> tuple[float, float]:
+    """``(r, MAPE)``: the multiplier ``r`` of the presets' NVFP4 peak that minimises the MAPE of
+    the predicted NVFP4-over-FP8 speedups of ``release``'s pairs (golden-section search on
+    ``log r`` over ``[1/2, 2]``, 60 steps). ``r = 1`` when the presets carry the fit."""
+    mine = [p for p in pairs if p[0]["release"] == release]
+    if not mine:
+        raise ValueError(f"no NVFP4/FP8 pair in release {release!r}")
+
+    def loss(log_r: float) -> float:
+        return _mape(speedup_pairs(mine, math.exp(log_r)))
+
+    lo, hi = -math.log(2.0), math.log(2.0)
+    phi = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = hi - phi * (hi - lo), lo + phi * (hi - lo)
+    fa, fb = loss(a), loss(b)
+    for _ in range(60):
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = hi - phi * (hi - lo)
+            fa = loss(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + phi * (hi - lo)
+            fb = loss(b)
+    r = math.exp((lo + hi) / 2.0)
+    return r, loss(math.log(r))
+
+
+def fp4_report(rows: list[dict[str, Any]]) -> list[str]:
+    """Summary lines of the NVFP4 efficiency: the refit on :data:`FP4_FIT_RELEASE`'s pairs
+    against the presets', the held-out pairs' speedups and the NVFP4 rows, fitted and unfitted."""
+    pairs = nvfp4_pairs(rows)
+    held = [p for p in pairs if p[0]["release"] != FP4_FIT_RELEASE]
+    r, fit_mape = fit_fp4_efficiency(pairs)
+    nvfp4 = [x for x in rows if why_not(x) is None and PRECISIONS[x["precision"]] == "nvfp4"]
+
+    def rows_mape(sel: list[dict[str, Any]], scale: float) -> str:
+        return f"{_mape([(x['tokens_per_s_per_gpu'], predict(x, fp4_scale=scale)) for x in sel]):.1f} %"
+
+    fit_rows = [x for x in nvfp4 if x["release"] == FP4_FIT_RELEASE]
+    other_rows = [x for x in nvfp4 if x["release"] != FP4_FIT_RELEASE]
+    shown = speedup_pairs(held)
+    unfit = 1.0 / FP4_EFFICIENCY
+    return [
+        "",
+        f"NVFP4 (the one fitted figure of this table): the Blackwell presets run NVFP4 GEMMs at 0.70 × the "
+        f"dense FP4 peak × {FP4_EFFICIENCY}, the NVFP4 GEMMs' efficiency relative to the FP8 ones, fitted on "
+        f"the NVFP4-over-FP8 speedups of release {FP4_FIT_RELEASE}'s same-layout pairs:",
+        "",
+        f"- refit now on release {FP4_FIT_RELEASE}'s {len(pairs) - len(held)} pairs: {r:.3f} × the presets' "
+        f"NVFP4 peak (1.000: the presets carry the fit); speedup MAPE {fit_mape:.1f} % there",
+        f"- held out, the other tables' {len(held)} pairs: speedup MAPE {_mape(shown):.1f} % "
+        f"(published {min(p for p, _ in shown):.2f}–{max(p for p, _ in shown):.2f} ×, "
+        f"rpeg {min(q for _, q in shown):.2f}–{max(q for _, q in shown):.2f} ×); "
+        f"unfitted (0.70 × the dense FP4 peak) {_mape(speedup_pairs(held, unfit)):.1f} %",
+        f"- NVFP4 rows: release {FP4_FIT_RELEASE}'s {len(fit_rows)} MAPE {rows_mape(fit_rows, 1.0)}, "
+        f"the other tables' {len(other_rows)} {rows_mape(other_rows, 1.0)} "
+        f"(unfitted: {rows_mape(fit_rows, unfit)} and {rows_mape(other_rows, unfit)})",
+    ]
 
 
 def _ranks(xs: list[float]) -> list[float]:
@@ -1040,8 +1146,8 @@ def main(argv: list[str] | None = None) -> None:
         pub, pred = float(row["tokens_per_s_per_gpu"]), predict(row)
         priced.append((row, pub, pred))
         by_prec.setdefault(row["precision"], []).append((pub, pred))
-        if PRECISIONS[row["precision"]] != "bf16":  # an FP8 recipe (plain FP8 too): also pooled
-            by_prec.setdefault(f"all {PRECISIONS[row['precision']].upper()} recipes", []).append((pub, pred))
+        if PRECISIONS[row["precision"]] == "fp8":  # an FP8 recipe (plain FP8 too): also pooled
+            by_prec.setdefault("all FP8 recipes", []).append((pub, pred))
         table.append(
             f"| {row['release']} | {row['model']} | {row['system']} | {row['gpus']} | {row['precision']} | "
             f"{row['gbs']} | {row['mbs']} | {row['seq_len']} | {row['tp']} | {row['pp']} | {row['vp'] or 1} | {row['cp']} | "
@@ -1050,11 +1156,12 @@ def main(argv: list[str] | None = None) -> None:
     stats = []
     for prec, pairs in sorted(by_prec.items()):
         stats.append(_summary(prec, pairs))
-    stats += ["", "By model kind and release (both precisions' recipes, the same rows as above):", ""]
+    stats += ["", "By model kind and release (every precision's recipes, the same rows as above):", ""]
     stats += [_summary(name, pairs) for name, pairs in breakdown(priced).items() if pairs]
     stats += ["", "By published table (one per release, newest first; the same rows as above):", ""]
     stats += [_summary(name, pairs) for name, pairs in release_breakdown(priced).items()]
     stats += overlap_report(priced)
+    stats += fp4_report(rows)
     n_ok = len(priced)
     lines = [
         "## GPU fidelity: Megatron-Bridge pre-training throughput vs rpeg (issue 31)",
@@ -1070,8 +1177,11 @@ def main(argv: list[str] | None = None) -> None:
         "The FP8 recipes (FP8, FP8-CS, FP8-MX, MXFP8) run with precision fp8 (docs/cost-model.md §11: "
         "the presets' FP8 peak for the blocks' weight GEMMs, attention core and LM head at the BF16 peak, "
         "1-byte weights and GEMM inputs in the roofline, Transformer Engine's quantize kernels as "
-        "memory-bound work); statistics per published precision and pooled. "
-        "**No term is fitted to these rows: this is the baseline of the current presets.**",
+        "memory-bound work); NVFP4 rows run with precision nvfp4 (the same GEMMs at the presets' NVFP4 peak, "
+        "0.5625-byte operands); statistics per published precision and pooled. "
+        "**One figure is fitted to this table, on one release and reported on the others: the NVFP4 GEMMs' "
+        "efficiency on Blackwell (the last lines). Nothing else is fitted: the rest is the baseline of the "
+        "current presets.**",
         "",
         f"{len(rows)} rows of the six models; {n_ok} expressible, {len(rows) - n_ok} not:",
         "",

@@ -27,14 +27,12 @@ from ..ir.hardware import Hardware
 from ..ir.models import OPTIMIZER_BYTES_PER_PARAM, ModelSpec
 from ..ir.types import Head, Recompute, Role
 from .layout import Layout
-from .precision import FP8_BYTES
 
 __all__ = [
     "LOGIT_BYTES",
     "OPTIMIZER_BYTES_PER_PARAM",
     "ZeroState",
     "engine_workspace_bytes",
-    "fp8_saved_widths",
     "generation_engine_bytes",
     "head_params",
     "inference_activation_bytes",
@@ -48,6 +46,7 @@ __all__ = [
     "memory_fraction",
     "model_params",
     "pipeline_alive",
+    "quantized_saved_widths",
     "served_weight_bytes",
     "stored_activation_width",
     "training_activation_bytes",
@@ -300,7 +299,9 @@ def served_weight_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM) 
     ``precision = "fp8"`` vLLM (``quantization="fp8"``) stores the blocks' weights in FP8:
     ``W_shard·sb − (sb − 1)·(L/Pp)·N_ℓ`` with ``N_ℓ = W_block/Pt + W_exp/(Pt·Pe)`` one block's
     parameters on the device; the embedding and the LM head stay BF16 (vLLM quantizes every
-    ``Linear`` module but ``lm_head``; ``docs/cost-model.md`` §11).
+    ``Linear`` module but ``lm_head``; ``docs/cost-model.md`` §11). ``precision = "nvfp4"``
+    (vLLM's ModelOpt NVFP4 checkpoints) stores them at ``q = 0.5625`` bytes:
+    ``W_shard·sb − (sb − q)·(L/Pp)·N_ℓ``.
 
     Parameters
     ----------
@@ -313,11 +314,11 @@ def served_weight_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM) 
         Bytes per device.
     """
     full = weight_bytes(model, layout, head)
-    if not model.is_fp8:
+    if not model.is_low_precision:
         return full
     s = layout.strategy
     blocks = model.layers / s.pp * _block_params(model, s.tp, s.ep, s.etp)
-    return full - (model.dtype_bytes - FP8_BYTES) * blocks
+    return full - (model.dtype_bytes - model.gemm_bytes) * blocks
 
 
 def _layer_buffer_width(model: ModelSpec, tp: int, sp: bool = False) -> float:
@@ -373,9 +374,10 @@ def stored_activation_width(model: ModelSpec, tp: int, sp: bool = False) -> floa
     return (replicated / tp if sp else replicated) + sharded / tp
 
 
-def fp8_saved_widths(model: ModelSpec, tp: int, sp: bool = False) -> tuple[float, float]:
-    """``(a_8, a_+)``: scalars per token and layer that a layer keeps in FP8 instead of BF16 under
-    ``precision = "fp8"``, and the FP8 copies it keeps in addition (``docs/cost-model.md`` §11).
+def quantized_saved_widths(model: ModelSpec, tp: int, sp: bool = False) -> tuple[float, float]:
+    """``(a_8, a_+)``: scalars per token and layer that a layer keeps quantized instead of BF16
+    under ``precision = "fp8"`` or ``"nvfp4"``, and the quantized copies it keeps in addition
+    (``docs/cost-model.md`` §11).
 
     Transformer Engine saves each FP8 GEMM's quantized input for the weight-gradient GEMM. Where
     no other operation keeps the BF16 tensor, that replaces it: the two norms' outputs
@@ -453,8 +455,10 @@ def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: fl
     ``T_mb/Pc`` per device; sequence parallelism splits the replicated widths (the checkpoint's
     ``d``, the buffer's ``2d``, :func:`stored_activation_width`'s ``4d + routed``) over ``Pt``.
 
-    ``precision = "fp8"`` (``none``, ``selective``): ``min(mb, Pp)·T_mb·(L/Pp)·(sb·a − (sb − 1)·a_8
-    + a_+)`` with :func:`fp8_saved_widths`; ``full`` keeps its BF16 checkpoints and buffer.
+    ``precision = "fp8"`` or ``"nvfp4"`` (``none``, ``selective``):
+    ``min(mb, Pp)·T_mb·(L/Pp)·(sb·a − (sb − q)·a_8 + q·a_+)`` with :func:`quantized_saved_widths`
+    and ``q`` the quantized element's bytes (1, 0.5625); ``full`` keeps its BF16 checkpoints and
+    buffer.
 
     Parameters
     ----------
@@ -483,10 +487,10 @@ def training_activation_bytes(model: ModelSpec, layout: Layout, *, sequences: fl
         per_token = layers / c * checkpoint + c * _layer_buffer_width(model, s.tp, s.sp)
         return model.dtype_bytes * alive * b * tokens * per_token
     stored = layers * tokens * stored_activation_width(model, s.tp, s.sp)
-    if model.is_fp8:
-        a8, extra = fp8_saved_widths(model, s.tp, s.sp)
-        sb = model.dtype_bytes
-        return alive * b * (sb * stored - layers * tokens * ((sb - FP8_BYTES) * a8 - FP8_BYTES * extra))
+    if model.is_low_precision:
+        a8, extra = quantized_saved_widths(model, s.tp, s.sp)
+        sb, q = model.dtype_bytes, model.gemm_bytes
+        return alive * b * (sb * stored - layers * tokens * ((sb - q) * a8 - q * extra))
     return model.dtype_bytes * alive * b * stored
 
 
@@ -635,7 +639,7 @@ def zero_state_bytes(model: ModelSpec, role: Role, layout: Layout, head: Head = 
         return ZeroState(state, 2.0 * sb * owned + sb * gathered)
     if s.zero == 3:
         return ZeroState(sb * owned, sb * gathered)
-    if model.is_fp8 and Role(role) is Role.GENERATION:  # vLLM stores the blocks' weights in FP8
+    if model.is_low_precision and Role(role) is Role.GENERATION:  # vLLM stores the blocks' weights quantized
         return ZeroState(served_weight_bytes(model, layout, head), 0.0)
     return ZeroState(sb * shard, 0.0)
 

@@ -1,5 +1,5 @@
-"""The precision setting (BF16 / FP8 GEMMs) as the engines run it (issue 31; derivation in
-``docs/cost-model.md`` §11, choices in ``docs/decisions.md``, "The precision setting").
+"""The precision setting (BF16 / FP8 / NVFP4 GEMMs) as the engines run it (issue 31; derivation
+in ``docs/cost-model.md`` §11, choices in ``docs/decisions.md``, "The precision setting").
 
 With :attr:`ModelSpec.precision <rpeg.ir.models.ModelSpec.precision>` ``= "fp8"``:
 
@@ -18,12 +18,20 @@ With :attr:`ModelSpec.precision <rpeg.ir.models.ModelSpec.precision>` ``= "fp8"`
 * the GEMMs read FP8 weights and FP8 inputs (1 byte) and write BF16 outputs, which the roofline
   intensity uses (:func:`gemm_weight_bytes`, :func:`gemm_activation_bytes`);
 * Transformer Engine quantizes each FP8 GEMM's BF16 input and, in the backward, its BF16 output
-  gradient, in memory-bound kernels of their own (:func:`fp8_cast_scalars`, charged with the
+  gradient, in memory-bound kernels of their own (:func:`quantize_scalars`, charged with the
   non-GEMM work of a training or teacher-forced node; vLLM's are not modelled);
 * a generation engine stores the blocks' weights in FP8
   (:func:`~rpeg.costmodel.memory.served_weight_bytes`); a trainer
   and a teacher-forced pass keep BF16 weights (FP32 master copies and Adam moments unchanged:
   no ``fp8_param_gather``), so their memory and every weight transfer stay BF16.
+
+``"nvfp4"`` is the same model with NVFP4 GEMMs (Transformer Engine's ``NVFP4BlockScaling``:
+forward, data- and weight-gradient GEMMs in E2M1 with an E4M3 scale per 16 elements; vLLM's
+ModelOpt NVFP4 checkpoints, W4A4, on Blackwell): the blocks' weight GEMMs run at
+``F_peak,4`` (:attr:`Hardware.peak_flops_fp4 <rpeg.ir.hardware.Hardware.peak_flops_fp4>`),
+every operand of ``q = 0.5625`` bytes (:attr:`ModelSpec.gemm_bytes
+<rpeg.ir.models.ModelSpec.gemm_bytes>`) where FP8 has 1 — the roofline's bytes, the quantize
+kernels' writes, the saved GEMM inputs and a generation engine's weights.
 
 ``"bf16"`` changes nothing: every function here returns the BF16 figure, and the cost model's
 BF16 arithmetic is the same, bit for bit.
@@ -35,18 +43,14 @@ from ..ir.hardware import Hardware
 from ..ir.models import ModelSpec
 
 __all__ = [
-    "FP8_BYTES",
     "block_gemm_flops",
     "check_precision",
-    "fp8_cast_scalars",
     "gemm_activation_bytes",
     "gemm_peaks",
     "gemm_weight_bytes",
     "mixed_peak",
+    "quantize_scalars",
 ]
-
-#: Bytes of one FP8 (E4M3 or E5M2) scalar.
-FP8_BYTES = 1
 
 
 def check_precision(model: ModelSpec, hw: Hardware) -> None:
@@ -54,7 +58,9 @@ def check_precision(model: ModelSpec, hw: Hardware) -> None:
 
     ``precision = "fp8"`` needs FP8 tensor cores (Hopper, Ada, Blackwell): hardware without an
     FP8 peak (``peak_flops_fp8`` is ``None``: A100, the CPU runtime, a calibration file) is refused
-    rather than priced silently at BF16.
+    rather than priced silently at BF16. ``precision = "nvfp4"`` needs FP4 tensor cores
+    (Blackwell: ``peak_flops_fp4``); Hopper, which vLLM runs NVFP4 checkpoints on as weight-only
+    GEMMs and Transformer Engine does not train in NVFP4 on, is refused too.
 
     Parameters
     ----------
@@ -74,10 +80,17 @@ def check_precision(model: ModelSpec, hw: Hardware) -> None:
             "cores (no peak_flops_fp8: A100 and the CPU runtime have none); use precision 'bf16' or "
             "hardware with an FP8 peak (h100, h200, gh200, h20, b200, b300, gb200-nvl72, gb300-nvl72)"
         )
+    if model.precision == "nvfp4" and hw.peak_flops_fp4 is None:
+        raise ValueError(
+            f"model {model.name!r} has precision 'nvfp4', but hardware {hw.name!r} has no FP4 tensor "
+            "cores (no peak_flops_fp4: only Blackwell has them); use precision 'fp8' or 'bf16', or "
+            "hardware with an FP4 peak (b200, b300, gb200-nvl72, gb300-nvl72)"
+        )
 
 
 def gemm_peaks(model: ModelSpec, hw: Hardware) -> tuple[float, float | None]:
-    """``(F_peak, F_peak,8)``: the BF16 peak and, for an FP8 model, the FP8 peak (``None`` for BF16).
+    """``(F_peak, F_peak,q)``: the BF16 peak and, for an FP8 or NVFP4 model, the peak of its
+    low-precision GEMMs, ``F_peak,8`` or ``F_peak,4`` (``None`` for BF16).
 
     Parameters
     ----------
@@ -87,28 +100,28 @@ def gemm_peaks(model: ModelSpec, hw: Hardware) -> tuple[float, float | None]:
     Returns
     -------
     tuple
-        ``(hw.peak_flops, hw.peak_flops_fp8 or None)``.
+        ``(hw.peak_flops, F_peak,8 or F_peak,4 or None)``.
 
     Raises
     ------
     ValueError
-        For an FP8 model on hardware without an FP8 peak (:func:`check_precision`).
+        For a precision the hardware has no peak for (:func:`check_precision`).
     """
     check_precision(model, hw)
-    return hw.peak_flops, (hw.peak_flops_fp8 if model.is_fp8 else None)
+    return hw.peak_flops, {"fp8": hw.peak_flops_fp8, "nvfp4": hw.peak_flops_fp4}.get(model.precision)
 
 
 def mixed_peak(peak: float, peak_fp8: float, fp8_share: float) -> float:
-    """The compute-bound rate of work whose share ``ψ = fp8_share`` runs at ``F_peak,8`` and the
-    rest at ``F_peak``: the two kinds of GEMM take their times one after the other, so
-    ``F_mix = 1/(ψ/F_peak,8 + (1 − ψ)/F_peak)``.
+    """The compute-bound rate of work whose share ``ψ = fp8_share`` runs at the low-precision
+    peak ``F_peak,q`` (FP8 or NVFP4) and the rest at ``F_peak``: the two kinds of GEMM take their
+    times one after the other, so ``F_mix = 1/(ψ/F_peak,q + (1 − ψ)/F_peak)``.
 
     Parameters
     ----------
     peak, peak_fp8
-        ``F_peak`` (BF16) and ``F_peak,8``, FLOP/s.
+        ``F_peak`` (BF16) and ``F_peak,q``, FLOP/s.
     fp8_share
-        ``ψ ∈ [0, 1]``, the FP8 GEMMs' share of the FLOPs.
+        ``ψ ∈ [0, 1]``, the low-precision GEMMs' share of the FLOPs.
 
     Returns
     -------
@@ -139,25 +152,26 @@ def block_gemm_flops(model: ModelSpec, tokens: float) -> float:
     return model.layers * 2.0 * model.layer_params * tokens
 
 
-def gemm_weight_bytes(model: ModelSpec) -> int:
-    """Bytes per weight the blocks' GEMMs read: 1 under FP8 (TE casts the BF16 weights to FP8 once
-    per step and the GEMMs read that copy; vLLM stores them in FP8), else ``sb``."""
-    return FP8_BYTES if model.is_fp8 else model.dtype_bytes
+def gemm_weight_bytes(model: ModelSpec) -> float:
+    """Bytes per weight the blocks' GEMMs read: ``q`` (:attr:`~rpeg.ir.models.ModelSpec.gemm_bytes`)
+    under FP8 (1) and NVFP4 (0.5625) — TE casts the BF16 weights once per step and the GEMMs read
+    that copy; vLLM stores them so — else ``sb``."""
+    return model.gemm_bytes if model.is_low_precision else model.dtype_bytes
 
 
-def gemm_activation_bytes(model: ModelSpec) -> int:
+def gemm_activation_bytes(model: ModelSpec) -> float:
     """Bytes per activation scalar a block GEMM moves, its input read plus its output written:
-    ``1 + sb`` under FP8 (FP8 inputs, BF16 outputs), ``2·sb`` under BF16 (the roofline's
-    ``Ω_A = 2·b·ℓ·d·sb·L/Pp``)."""
-    return FP8_BYTES + model.dtype_bytes if model.is_fp8 else 2 * model.dtype_bytes
+    ``q + sb`` under FP8 or NVFP4 (quantized inputs, BF16 outputs), ``2·sb`` under BF16 (the
+    roofline's ``Ω_A = 2·b·ℓ·d·sb·L/Pp``)."""
+    return model.gemm_bytes + model.dtype_bytes if model.is_low_precision else 2 * model.dtype_bytes
 
 
-def fp8_cast_scalars(
+def quantize_scalars(
     model: ModelSpec, tp: int = 1, sp: bool = False, *, training: bool = True, recomputed: bool = False
 ) -> float:
-    """Scalar-equivalents (2 bytes each) Transformer Engine's FP8 quantize kernels move per token
-    and block of one device, averaged over the blocks (``docs/cost-model.md`` §11, "The quantize
-    kernels"); 0 for a BF16 model.
+    """Scalar-equivalents (2 bytes each) Transformer Engine's FP8 or NVFP4 quantize kernels move
+    per token and block of one device, averaged over the blocks (``docs/cost-model.md`` §11, "The
+    quantize kernels"); 0 for a BF16 model.
 
     Counted as Megatron-core runs a block under ``fp8_autocast``. A ``Linear`` (``GroupedLinear``
     for the experts) quantizes its BF16 input in a kernel of its own; with gradients enabled one
@@ -182,10 +196,18 @@ def fp8_cast_scalars(
       latents' ``r_q + r_kv``), on every tensor-parallel rank even under sequence parallelism:
       TE transposes the input it gathered over the sequence for the weight gradient.
 
-    So training moves ``2·x_f + 2·x_b + x_t`` (``4·x_f + 2·x_b + x_t`` under full recomputation,
-    whose second forward quantizes its inputs again) and a teacher-forced pass ``1.5·x_f``. The LM head
-    and the router stay BF16 and are not counted; TE's weight casts (once per step, not per
-    token) are not either.
+    So FP8 training moves ``2·x_f + 2·x_b + x_t`` (``4·x_f + 2·x_b + x_t`` under full
+    recomputation, whose second forward quantizes its inputs again) and a teacher-forced pass
+    ``1.5·x_f``. The LM head and the router stay BF16 and are not counted; TE's weight casts (once
+    per step, not per token) are not either.
+
+    NVFP4 runs the same kernels with ``q = 0.5625``-byte outputs
+    (:attr:`~rpeg.ir.models.ModelSpec.gemm_bytes`; the row-wise copy for the forward and
+    data-gradient GEMMs, the column-wise one, Hadamard-transformed in the same pass, for the
+    weight gradient): a cast-transpose reads 2 bytes and writes ``2q`` (``1 + q``
+    scalar-equivalents), a copy ``1 + q/2``, a transpose of a quantized input ``q``, so training
+    moves ``(1 + q)·x_f + (1 + q)·x_b + q·x_t`` (``2·(1 + q)·x_f`` for the forwards under full
+    recomputation) and a teacher-forced pass ``(1 + q/2)·x_f`` — the FP8 counts at ``q = 1``.
 
     Parameters
     ----------
@@ -205,8 +227,9 @@ def fp8_cast_scalars(
     float
         Scalar-equivalents per token and block.
     """
-    if not model.is_fp8:
+    if not model.is_low_precision:
         return 0.0
+    q = model.gemm_bytes
     d = model.hidden
     rho = 1.0 / tp if sp else 1.0
     n_in = 2 if model.ffn_projections == 3 else 1
@@ -228,8 +251,8 @@ def fp8_cast_scalars(
 
     def block(forward: float, backward: float, transposes: float) -> float:
         if training:
-            return (4.0 if recomputed else 2.0) * forward + 2.0 * backward + transposes
-        return 1.5 * forward
+            return (2.0 if recomputed else 1.0) * (1.0 + q) * forward + (1.0 + q) * backward + q * transposes
+        return (1.0 + 0.5 * q) * forward
 
     dense_ffn = (model.ffn_hidden / tp, n_in * model.ffn_hidden / tp + d * rho, float(d))
     dense = block(att_f + dense_ffn[0], att_b + dense_ffn[1], att_t + dense_ffn[2])

@@ -46,11 +46,11 @@ from .layout import Layout, check_tier, positive_int
 from .memory import ROLLOUT_MAX_SEQS, kv_budget_tokens, kv_scalars_per_device, model_params
 from .precision import (
     block_gemm_flops,
-    fp8_cast_scalars,
     gemm_activation_bytes,
     gemm_peaks,
     gemm_weight_bytes,
     mixed_peak,
+    quantize_scalars,
 )
 
 __all__ = [
@@ -185,7 +185,8 @@ class _Roofline:
     ``ψ`` of the work in the blocks' weight GEMMs runs at ``F_peak,8`` and the rest (attention
     core, LM head) at ``F_peak``, ``F_peak → F_mix = 1/(ψ/F_peak,8 + (1 − ψ)/F_peak)``; the
     GEMMs read 1-byte weights, ``Ω_W = (L/Pp)·W_read·1/Pt``, and move FP8 inputs and BF16
-    outputs, ``Ω_A = b·ℓ·d·(1 + sb)·L/Pp``.
+    outputs, ``Ω_A = b·ℓ·d·(1 + sb)·L/Pp``. NVFP4 (``precision = "nvfp4"``) is the same with
+    ``F_peak,4`` and ``q = 0.5625`` bytes where FP8 has 1 (:attr:`~rpeg.ir.models.ModelSpec.gemm_bytes`).
     """
 
     __slots__ = (
@@ -209,7 +210,7 @@ class _Roofline:
     def __init__(self, model: ModelSpec, layout: Layout, hw: Hardware, b: float) -> None:
         self.model = model
         self.hw = hw
-        self.peak_fp8 = gemm_peaks(model, hw)[1]  # None for BF16; refuses FP8 without an FP8 peak
+        self.peak_fp8 = gemm_peaks(model, hw)[1]  # FP8 or NVFP4 peak; None for BF16; refuses a missing one
         self.w_bytes = gemm_weight_bytes(model)
         self.act_bytes = gemm_activation_bytes(model)
         s = layout.strategy
@@ -618,12 +619,12 @@ class _Node:
         return s.mb * self.b * tokens / s.cp * per_token
 
     def fp8_casts(self, tokens: float, training: bool) -> float:
-        """The FP8 quantize kernels' time on one device (``docs/cost-model.md`` §11, "The
+        """The FP8 or NVFP4 quantize kernels' time on one device (``docs/cost-model.md`` §11, "The
         quantize kernels"): ``T·(L/Pp)·σ_cast·κ`` with ``T = mb·b·ℓ/Pc`` and ``σ_cast``
-        :func:`~.precision.fp8_cast_scalars` of a training step (twice the forward's under full
+        :func:`~.precision.quantize_scalars` of a training step (twice the forward's under full
         recomputation) or of a teacher-forced forward; 0 for a BF16 model."""
         s = self.s
-        sigma = fp8_cast_scalars(
+        sigma = quantize_scalars(
             self.model, s.tp, s.sp, training=training, recomputed=training and s.recompute is Recompute.FULL
         )
         if sigma == 0.0:

@@ -97,6 +97,7 @@ FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "gpu_memory_bytes": (1e6, 1e14, "bytes"),
     "peak_flops": (1e9, 1e18, "FLOP/s"),
     "peak_flops_fp8": (1e9, 1e18, "FLOP/s"),
+    "peak_flops_fp4": (1e9, 1e18, "FLOP/s"),
     "mem_bandwidth": (1e6, 1e15, "bytes/s"),
     "host_bandwidth": (1e6, 1e15, "bytes/s"),
     # GEMM-shape constants (tokens, width; 0: no shape loss); the calibration fit's grid ends at 1e7
@@ -420,6 +421,9 @@ class Hardware:
         ``peak_flops`` (``docs/cost-model.md`` §5, §11); ``None`` (the default, and A100's and the
         CPU's): no FP8 tensor cores, and a model with ``precision = "fp8"`` is refused
         (:func:`~rpeg.costmodel.precision.gemm_peaks`).
+    peak_flops_fp4
+        ``F_peak,4``, dense NVFP4 FLOP/s per GPU, derated by the same rule (Blackwell presets);
+        ``None`` (the default): no FP4 tensor cores, and ``precision = "nvfp4"`` is refused.
     mem_bandwidth
         ``BW_mem``, HBM bytes/s per GPU.
     gamma_m, gamma_k
@@ -491,11 +495,13 @@ class Hardware:
     attention: tuple[AttentionRate, ...] = ()
     peak_flops_fp8: float | None = None
     rollout_step: EngineStep | None = None
+    peak_flops_fp4: float | None = None
 
     def __post_init__(self) -> None:
         _check_figures(f"Hardware {self.name!r}: ", self, _HARDWARE_FIGURES)
-        if self.peak_flops_fp8 is not None:
-            _check_figures(f"Hardware {self.name!r}: ", self, ("peak_flops_fp8",))
+        for low in ("peak_flops_fp8", "peak_flops_fp4"):
+            if getattr(self, low) is not None:
+                _check_figures(f"Hardware {self.name!r}: ", self, (low,))
         if self.rollout_step is not None:
             step = self.rollout_step
             for key, figure in _STEP_FIGURES.items():
@@ -683,6 +689,8 @@ class Hardware:
             del d["attention"]
         if self.peak_flops_fp8 is None:  # no FP8 tensor cores: the file says nothing (as before)
             del d["peak_flops_fp8"]
+        if self.peak_flops_fp4 is None:  # no FP4 tensor cores: the file says nothing (as before)
+            del d["peak_flops_fp4"]
         if self.rollout_step is None:
             del d["rollout_step"]
         elif self.rollout_step.allreduce is None:  # no engine all-reduce: the file says nothing
@@ -753,6 +761,7 @@ class Hardware:
                 sources=tuple(doc.sources.items()),
                 attention=tuple(AttentionRate(a.head_dim, a.forward, a.backward) for a in doc.attention),
                 peak_flops_fp8=doc.peak_flops_fp8,
+                peak_flops_fp4=doc.peak_flops_fp4,
                 rollout_step=None if doc.rollout_step is None else _engine_step(doc.rollout_step),
             )
         except ValueError as exc:
@@ -869,6 +878,7 @@ class _HardwareFile(Strict):
     gpu_memory_bytes: _figure("gpu_memory_bytes")  # type: ignore[valid-type]
     peak_flops: _figure("peak_flops")  # type: ignore[valid-type]
     peak_flops_fp8: _figure("peak_flops_fp8") | None = None  # type: ignore[valid-type]
+    peak_flops_fp4: _figure("peak_flops_fp4") | None = None  # type: ignore[valid-type]
     mem_bandwidth: _figure("mem_bandwidth")  # type: ignore[valid-type]
     gamma_m: _figure("gamma_m")  # type: ignore[valid-type]
     gamma_k: _figure("gamma_k")  # type: ignore[valid-type]

@@ -23,6 +23,7 @@ from .errors import InputError, Strict, read_json
 
 __all__ = [
     "FAMILIES",
+    "GEMM_ELEMENT_BYTES",
     "HF_ARCHITECTURES",
     "MAX_EXPERTS",
     "MAX_FFN_HIDDEN",
@@ -45,10 +46,18 @@ __all__ = [
 FAMILIES = ("llama", "qwen2", "mistral")
 
 #: GEMM precisions a model runs with (:attr:`ModelSpec.precision`; ``docs/decisions.md``,
-#: "The precision setting"): ``"bf16"`` everywhere, or ``"fp8"`` — the transformer blocks'
+#: "The precision setting"): ``"bf16"`` everywhere, ``"fp8"`` — the transformer blocks'
 #: weight GEMMs in FP8 as Transformer Engine runs them for Megatron-core (training, teacher-forced
-#: inference) and as vLLM's ``quantization="fp8"`` runs them (generation, weights stored in FP8).
-PRECISIONS = ("bf16", "fp8")
+#: inference) and as vLLM's ``quantization="fp8"`` runs them (generation, weights stored in FP8) —
+#: or ``"nvfp4"``, the same GEMMs in NVFP4 (Transformer Engine's ``NVFP4BlockScaling`` recipe,
+#: Megatron-Bridge's ``bf16_with_nvfp4_mixed``; vLLM's ModelOpt NVFP4 checkpoints on Blackwell).
+PRECISIONS = ("bf16", "fp8", "nvfp4")
+
+#: Bytes per element of a low-precision GEMM operand (:attr:`ModelSpec.gemm_bytes`): FP8
+#: (E4M3/E5M2) is one byte; NVFP4 is a 4-bit E2M1 value plus one E4M3 scale per block of 16
+#: (``0.5 + 1/16``; the one FP32 scale per tensor is negligible) — NVIDIA, "Pretraining Large
+#: Language Models with NVFP4" (arXiv:2509.25149), §2, and Transformer Engine's NVFP4 recipe.
+GEMM_ELEMENT_BYTES = {"fp8": 1.0, "nvfp4": 0.5 + 1.0 / 16.0}
 
 # Upper bounds on a model's figures. Each is far above the largest published model's, so no real
 # model is refused: Llama-3.1-405B has 126 layers, d = 16,384, dff = 53,248 and 128 heads;
@@ -500,12 +509,14 @@ class ModelSpec:
         ``sliding_window > 0``.
     precision
         The GEMM precision the engines run this model with, one of :data:`PRECISIONS`:
-        ``"bf16"`` (default) or ``"fp8"``. With ``"fp8"`` the transformer blocks' weight GEMMs
-        (QKV, output projection, FFN and experts) run at the hardware's FP8 peak and read FP8
-        weights and inputs; the attention core and the LM head stay BF16; a generation engine
-        (vLLM ``quantization="fp8"``) stores the blocks' weights in 1 byte, a trainer keeps
-        BF16 weights with FP32 master copies (``docs/cost-model.md`` §11). Needs
-        ``dtype_bytes = 2`` (FP8 GEMMs of a BF16 model) and hardware with an FP8 peak.
+        ``"bf16"`` (default), ``"fp8"`` or ``"nvfp4"``. With ``"fp8"`` the transformer blocks'
+        weight GEMMs (QKV, output projection, FFN and experts) run at the hardware's FP8 peak and
+        read FP8 weights and inputs; the attention core and the LM head stay BF16; a generation
+        engine (vLLM ``quantization="fp8"``) stores the blocks' weights in 1 byte, a trainer keeps
+        BF16 weights with FP32 master copies (``docs/cost-model.md`` §11). ``"nvfp4"`` is the
+        same with the FP4 peak and :data:`GEMM_ELEMENT_BYTES` ``["nvfp4"]`` (0.5625) bytes per
+        weight and input. Both need ``dtype_bytes = 2`` (low-precision GEMMs of a BF16 model)
+        and hardware with the matching peak (FP8: Hopper, Ada, Blackwell; NVFP4: Blackwell).
 
     Raises
     ------
@@ -613,22 +624,34 @@ class ModelSpec:
         self._check_precision()
 
     def _check_precision(self) -> None:
-        """``precision`` is one of :data:`PRECISIONS`; ``"fp8"`` only for a BF16 model."""
+        """``precision`` is one of :data:`PRECISIONS`; ``"fp8"`` and ``"nvfp4"`` only for a BF16
+        model."""
         if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
             raise ValueError(
                 f"ModelSpec {self.name!r}: precision must be one of "
                 f"{', '.join(map(repr, PRECISIONS))}, got {_show(self.precision)}"
             )
-        if self.precision == "fp8" and self.dtype_bytes != 2:
+        if self.precision != "bf16" and self.dtype_bytes != 2:
             raise ValueError(
-                f"ModelSpec {self.name!r}: precision 'fp8' runs the FP8 GEMMs of a BF16 model "
-                f"(dtype_bytes = 2), got dtype_bytes = {self.dtype_bytes}"
+                f"ModelSpec {self.name!r}: precision {self.precision!r} runs the low-precision "
+                f"GEMMs of a BF16 model (dtype_bytes = 2), got dtype_bytes = {self.dtype_bytes}"
             )
 
     @property
     def is_fp8(self) -> bool:
         """Whether the blocks' weight GEMMs run in FP8 (``precision == "fp8"``)."""
         return self.precision == "fp8"
+
+    @property
+    def is_low_precision(self) -> bool:
+        """Whether the blocks' weight GEMMs run below BF16 (``precision`` ``"fp8"`` or ``"nvfp4"``)."""
+        return self.precision != "bf16"
+
+    @property
+    def gemm_bytes(self) -> float:
+        """Bytes per element of the blocks' GEMM operands: :data:`GEMM_ELEMENT_BYTES` of the
+        precision (1 for FP8, 0.5625 for NVFP4), ``sb`` for BF16."""
+        return GEMM_ELEMENT_BYTES.get(self.precision, float(self.dtype_bytes))
 
     def _layer_indices(self, field: str) -> tuple[int, ...]:
         """Field ``field`` (``dense_layers``, ``sliding_layers``) as a tuple of ints, stored back;
@@ -1668,7 +1691,7 @@ class ModelSpecFile(Strict):
     v_head_dim: Annotated[int, Field(ge=0)] = 0
     sliding_window: Annotated[int, Field(ge=0)] = 0
     sliding_layers: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
-    precision: Literal["bf16", "fp8"] = "bf16"
+    precision: Literal["bf16", "fp8", "nvfp4"] = "bf16"
 
 
 def _llama(name: str, L: int, d: int, dff: int, heads: int, kv: int, vocab: int) -> ModelSpec:

@@ -565,7 +565,7 @@ class _WorkloadFileSchema(Strict):
     kl_coef: Annotated[float, Field(ge=0.0)] | None = None
     old_logprob: Literal["rollout", "trainer"] = "rollout"
     mini_batches: Annotated[int, Field(ge=1)] = 1
-    precision: Literal["bf16", "fp8"] | None = None
+    precision: Literal["bf16", "fp8", "nvfp4"] | None = None
     batch: _BatchTable
     models: _ModelsTable
     structure: _StructureTable = Field(default_factory=_StructureTable)
@@ -651,8 +651,8 @@ def load_workload(path: str | Path) -> WorkloadFile:
     The file has top-level ``name``, ``description``, ``algorithm``, optional ``reward``
     (``"model"`` or ``"rule"``), ``reward_cost_s`` (host seconds per sequence of a rule reward)
     , ``kl_coef`` (0 drops the reference), ``old_logprob`` (``"rollout"`` or ``"trainer"``)
-    , ``mini_batches`` (optimizer updates per step) and ``precision`` (``"bf16"`` or
-    ``"fp8"``, given to every model: :attr:`~rpeg.ir.models.ModelSpec.precision`; an inline
+    , ``mini_batches`` (optimizer updates per step) and ``precision`` (``"bf16"``, ``"fp8"`` or
+    ``"nvfp4"``, given to every model: :attr:`~rpeg.ir.models.ModelSpec.precision`; an inline
     model table may set its own instead); a ``[batch]`` table with
     ``prompts``, ``rollouts``, ``prompt_len``, ``response_len`` and optional ``quantiles``
     (a list of ``[fraction, length]``); a ``[models]`` table mapping roles to preset names,

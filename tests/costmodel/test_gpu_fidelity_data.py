@@ -220,3 +220,23 @@ def test_rows_are_summarised_per_published_table_newest_first(fid):
     ]
     assert groups["release 26.04.01, FP8 recipes"] == [(100.0, 110.0), (200.0, 180.0)]
     assert sum(len(pairs) for pairs in groups.values()) == len(priced)
+
+
+def test_nvfp4_rows_are_priced_and_the_presets_carry_the_fitted_efficiency(fid):
+    """Every NVFP4 row is expressible; the pairs the NVFP4 efficiency is fitted on are one
+    table's same-layout FP8/NVFP4 rows; refitting it on the presets as they are gives 1.00 × their
+    NVFP4 peak — a cost-model change that moves the fit fails here until the presets are refitted
+    (``docs/decisions.md``, "NVFP4")."""
+    rows = fid.load_rows()
+    nvfp4 = [r for r in rows if r["precision"] == "NVFP4"]
+    assert len(nvfp4) >= 10 and all(fid.why_not(r) is None for r in nvfp4)
+    pairs = fid.nvfp4_pairs(rows)
+    fit = [p for p in pairs if p[0]["release"] == fid.FP4_FIT_RELEASE]
+    assert len(fit) >= 2 and len(pairs) > len(fit)
+    same = ("release", "model", "system", "gpus", "gbs", "mbs", "tp", "pp", "vp", "cp", "ep")
+    for fp8, fp4 in pairs:
+        assert all(fp8.get(k) == fp4.get(k) for k in same)
+        assert (fid.PRECISIONS[fp8["precision"]], fp4["precision"]) == ("fp8", "NVFP4")
+    r, mape = fid.fit_fp4_efficiency(pairs)
+    assert r == pytest.approx(1.0, abs=0.01)
+    assert mape == pytest.approx(fid._mape(fid.speedup_pairs(fit, r)))

@@ -212,29 +212,29 @@ def test_fp8_training_keeps_the_gemm_inputs_te_saves_in_one_byte(sp):
 
 
 # ------------------------------------------------------------------- the quantize kernels
-def test_fp8_cast_scalars_of_a_dense_block_by_hand():
+def test_quantize_scalars_of_a_dense_block_by_hand():
     """Llama-3.1-8B (d 4096, d_q 4096, d_kv 1024, gated dff 14336) at Pt = 2: forward inputs
     (output projection, second FFN projection), backward output gradients (QKV, output, both FFN
     projections) and the two fused norms' transposes, with ρ = 1/Pt under SP for what TP
     replicates (not the transposes: TE transposes the input it gathered over the sequence)."""
-    from rpeg.costmodel.precision import fp8_cast_scalars
+    from rpeg.costmodel.precision import quantize_scalars
 
     d, dq, dkv, f = 4096, 4096, 1024, 14336
     assert (M.hidden, M.q_width, M.kv_width, M.ffn_hidden, M.ffn_projections) == (d, dq, dkv, f, 3)
-    assert fp8_cast_scalars(M, 2) == 0.0  # BF16: nothing
+    assert quantize_scalars(M, 2) == 0.0  # BF16: nothing
     for sp, rho in ((False, 1.0), (True, 0.5)):
         x_f = dq / 2 + f / 2
         x_b = (dq + 2 * dkv) / 2 + d * rho + 2 * f / 2 + d * rho
         x_t = 2 * d  # transposed after the sequence-parallel gather: every rank, whole
-        assert fp8_cast_scalars(M8, 2, sp) == pytest.approx(2 * x_f + 2 * x_b + x_t)
-        assert fp8_cast_scalars(M8, 2, sp, training=False) == pytest.approx(1.5 * x_f)
-        assert fp8_cast_scalars(M8, 2, sp, recomputed=True) == pytest.approx(4 * x_f + 2 * x_b + x_t)
+        assert quantize_scalars(M8, 2, sp) == pytest.approx(2 * x_f + 2 * x_b + x_t)
+        assert quantize_scalars(M8, 2, sp, training=False) == pytest.approx(1.5 * x_f)
+        assert quantize_scalars(M8, 2, sp, recomputed=True) == pytest.approx(4 * x_f + 2 * x_b + x_t)
 
 
-def test_fp8_cast_scalars_of_a_moe_model_average_its_dense_and_expert_blocks():
+def test_quantize_scalars_of_a_moe_model_average_its_dense_and_expert_blocks():
     """Qwen3-30B-A3B: every block has experts (k = 8 of width 768, no shared expert), so the
     FFN's casts are the dispatched rows' and the experts' (no fused norm before the experts)."""
-    from rpeg.costmodel.precision import fp8_cast_scalars
+    from rpeg.costmodel.precision import quantize_scalars
 
     m8 = replace(MOE, precision="fp8")
     d, k, de = MOE.hidden, MOE.experts_active, MOE.expert_ffn
@@ -242,10 +242,10 @@ def test_fp8_cast_scalars_of_a_moe_model_average_its_dense_and_expert_blocks():
     x_f = MOE.q_width + k * d + k * de
     x_b = MOE.q_width + 2 * MOE.kv_width + d + 2 * k * de + k * d
     x_t = d
-    assert fp8_cast_scalars(m8) == pytest.approx(2 * x_f + 2 * x_b + x_t)
+    assert quantize_scalars(m8) == pytest.approx(2 * x_f + 2 * x_b + x_t)
     # the expert work is most of it: a fine-grained MoE block casts far more than a dense one of
     # the same width would at the same active FFN width
-    assert fp8_cast_scalars(m8) > 2 * (MOE.q_width + k * de)
+    assert quantize_scalars(m8) > 2 * (MOE.q_width + k * de)
 
 
 @pytest.mark.parametrize(
@@ -255,7 +255,7 @@ def test_an_fp8_node_pays_the_quantize_kernels_at_hbm_speed_with_its_non_gemm_wo
     """``T_nongemm(fp8) − T_nongemm(bf16) = mb·b·ℓ·(L/Pp)·σ_cast·κ``, ``κ = 2 bytes/BW_mem`` on a
     GPU preset (its ``c_ng`` is derived that way), and nothing else in the breakdown but the GEMM
     time changes."""
-    from rpeg.costmodel.precision import fp8_cast_scalars
+    from rpeg.costmodel.precision import quantize_scalars
 
     hw = hardware_preset("h100")
     lay = _layout(tp=2, pp=2, dp=2, mb=4, recompute=recompute, sp=True)
@@ -263,7 +263,7 @@ def test_an_fp8_node_pays_the_quantize_kernels_at_hbm_speed_with_its_non_gemm_wo
     a = op_time(M, role, lay, hw, **kw)
     b = op_time(M8, role, lay, hw, **kw)
     training = role is Role.TRAINING
-    sigma = fp8_cast_scalars(M8, 2, True, training=training, recomputed=training and recompute == "full")
+    sigma = quantize_scalars(M8, 2, True, training=training, recomputed=training and recompute == "full")
     tokens_per_device = 64 / 2 * 2048  # mb·b·ℓ = n/Pd·ℓ
     kappa = hw.c_nongemm / (hw.b_cal * hw.l_cal * reference_nongemm_scalars(hw.d_cal))
     assert kappa == pytest.approx(2 / hw.mem_bandwidth, rel=1e-3)  # c_ng is derived from BW_mem

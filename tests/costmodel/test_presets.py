@@ -214,8 +214,8 @@ def test_gb200_nvl72_is_a_rack_wide_nvlink_domain_of_four_gpu_trays():
 @pytest.mark.parametrize(("ultra", "base"), [("b300", "b200"), ("gb300-nvl72", "gb200-nvl72")])
 def test_blackwell_ultra_is_its_blackwell_node_with_more_memory_and_faster_nics(ultra, base):
     """Blackwell Ultra keeps the dense BF16 and FP8 tensor rates of the Blackwell part it replaces
-    (2,250 / 4,500 TFLOP/s in DGX B300, 2,500 / 5,000 in GB300 NVL72: the vendor adds dense NVFP4,
-    which rpeg does not model), its 8 TB/s HBM and NVLink 5; it carries 288 GB and each GPU's
+    (2,250 / 4,500 TFLOP/s in DGX B300, 2,500 / 5,000 in GB300 NVL72; its gain is dense NVFP4,
+    13,125 against 9,000 and 15,000 against 10,000 TFLOP/s), its 8 TB/s HBM and NVLink 5; it carries 288 GB and each GPU's
     compute NIC is an 800 Gb/s ConnectX-8 instead of a 400 Gb/s ConnectX-7, so the tier that
     leaves the NVLink domain is twice as fast (80 GB/s derated per GPU; 48 GB/s between DGX B300
     racks after the 0.6 factor)."""
@@ -239,6 +239,8 @@ def test_blackwell_ultra_is_its_blackwell_node_with_more_memory_and_faster_nics(
     sources = dict(new.sources)
     assert "ConnectX-8" in sources[f"collective.{TIER_NAMES[out]}"]
     assert "Blackwell Ultra" in new.notes and "NVFP4" in new.notes
+    fp4_gain = 13125 / 9000 if ultra == "b300" else 15000 / 10000
+    assert new.peak_flops_fp4 / old.peak_flops_fp4 == pytest.approx(fp4_gain, rel=1e-6)
 
 
 def test_blackwell_presets_outrun_hopper():

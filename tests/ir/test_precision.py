@@ -34,9 +34,24 @@ def _write(tmp_path, top="", extra=""):
 
 
 def test_default_is_bf16_and_the_plain_data_is_as_before():
-    assert PRECISIONS == ("bf16", "fp8")
-    assert M.precision == "bf16" and not M.is_fp8
+    assert PRECISIONS == ("bf16", "fp8", "nvfp4")
+    assert M.precision == "bf16" and not M.is_fp8 and not M.is_low_precision
+    assert M.gemm_bytes == M.dtype_bytes == 2
     assert "precision" not in M.to_dict()  # BF16 result files are byte-identical to before
+
+
+def test_gemm_operand_bytes_per_precision():
+    """FP8: one byte; NVFP4: a 4-bit value and an E4M3 scale per 16 (0.5 + 1/16)."""
+    assert replace(M, precision="fp8").gemm_bytes == 1.0
+    m4 = replace(M, precision="nvfp4")
+    assert m4.gemm_bytes == 0.5625 and m4.is_low_precision and not m4.is_fp8
+
+
+def test_nvfp4_round_trips_through_plain_data_and_the_file_schema():
+    m4 = replace(M, precision="nvfp4")
+    d = m4.to_dict()
+    assert d["precision"] == "nvfp4"
+    assert ModelSpec(**validate(ModelSpecFile, d, "result.json").model_dump()) == m4
 
 
 def test_fp8_round_trips_through_plain_data_and_the_file_schema():
@@ -49,17 +64,19 @@ def test_fp8_round_trips_through_plain_data_and_the_file_schema():
     assert ModelSpec(**back.model_dump()) == m8
 
 
-@pytest.mark.parametrize("bad", ["fp4", "FP8", "", 8, None])
+@pytest.mark.parametrize("bad", ["fp4", "FP8", "NVFP4", "mxfp4", "", 8, None])
 def test_a_bad_precision_is_named(bad):
-    with pytest.raises(ValueError, match=r"precision must be one of 'bf16', 'fp8', got "):
+    with pytest.raises(ValueError, match=r"precision must be one of 'bf16', 'fp8', 'nvfp4', got "):
         replace(M, precision=bad)
 
 
-def test_fp8_needs_a_bf16_model():
+@pytest.mark.parametrize("precision", ["fp8", "nvfp4"])
+def test_low_precision_needs_a_bf16_model(precision):
     with pytest.raises(
-        ValueError, match=r"precision 'fp8' runs the FP8 GEMMs of a BF16 model .*dtype_bytes = 4"
+        ValueError,
+        match=rf"precision '{precision}' runs the low-precision GEMMs of a BF16 model .*dtype_bytes = 4",
     ):
-        replace(M, dtype_bytes=4, precision="fp8")
+        replace(M, dtype_bytes=4, precision=precision)
 
 
 def test_a_bad_precision_in_a_result_file_names_file_field_and_value():
@@ -82,6 +99,11 @@ def test_workload_file_precision_applies_to_every_model(tmp_path):
     actor = wf.workload.to_dict()["models"]["actor"]
     assert actor["precision"] == "fp8"
     assert ModelSpec(**validate(ModelSpecFile, actor, "r.json").model_dump()) == models["actor"]
+
+
+def test_workload_file_takes_nvfp4(tmp_path):
+    wf = load_workload(_write(tmp_path, top='precision = "nvfp4"'))
+    assert {spec.precision for spec in wf.workload.models.values()} == {"nvfp4"}
 
 
 def test_workload_file_without_precision_stays_bf16_and_an_inline_table_may_set_its_own(tmp_path):
