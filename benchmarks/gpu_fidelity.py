@@ -24,7 +24,8 @@ tensor innermost, then context, data, pipeline outermost; expert groups ``etp-ep
 A mixture of experts' routed experts run whole on one rank, ``etp = 1`` (:data:`RECIPE_ETP`:
 Megatron-Bridge's MoE recipes set ``expert_tensor_parallel_size = 1``; the tables do not
 publish it), so its ``Pe`` expert-parallel ranks are drawn from the ``TP·DP·CP`` ranks
-(Megatron-core's MoE parallel folding) and EP must divide ``TP·DP·CP``.
+(Megatron-core's MoE parallel folding) and EP must divide ``TP·DP·CP``; its router balances
+exactly, ``λ = 1`` (:data:`RECIPE_LOAD_IMBALANCE`: the recipes force load balancing).
 
 One figure is fitted to these rows, as issue 31 allows (one efficiency per operation class and
 GPU generation, fitted on one table and reported on the others): the NVFP4 GEMMs' efficiency on
@@ -98,6 +99,12 @@ SYSTEMS = {
 #: ``perf_recipes/deepseek/common.py`` for DeepSeek-V3, ``perf_recipes/gpt_oss/*/gpt_oss.py``), so
 #: each expert is whole on one rank and the EP group folds into the TP·DP·CP ranks.
 RECIPE_ETP = 1
+#: The expert-parallel load imbalance ``λ`` the MoE rows run with: 1, the router balanced exactly
+#: (Megatron-Bridge's performance recipes set ``moe_router_force_load_balancing = True``, read at
+#: the data commit in ``src/megatron/bridge/perf_recipes/{qwen,deepseek,gpt_oss}``, and its
+#: ``scripts/performance`` sets it whenever tokens are not dropped), not the model's default
+#: (SPEC's 1.2, :attr:`~rpeg.ir.models.ModelSpec.load_imbalance`).
+RECIPE_LOAD_IMBALANCE = 1.0
 #: Published training precision → rpeg's :attr:`~rpeg.ir.models.ModelSpec.precision`. Megatron-Bridge's
 #: FP8 recipes (``--fp8-recipe`` delayed, tensorwise = "CS" current scaling, mxfp8 = "MX" block
 #: scaling) differ in their scaling factors, not in what runs in FP8 (TE's linear layers' GEMMs).
@@ -467,8 +474,11 @@ def predict(row: dict[str, Any], ep_overlap: bool = False, fp4_scale: float = 1.
     if fp4_scale != 1.0 and hw.peak_flops_fp4 is not None:
         hw = replace(hw, peak_flops_fp4=hw.peak_flops_fp4 * fp4_scale)
     ell = row["seq_len"]
+    spec = replace(model_spec(row["model_key"]), precision=PRECISIONS[row["precision"]])
+    if spec.is_moe:
+        spec = replace(spec, load_imbalance=RECIPE_LOAD_IMBALANCE)
     t = op_time(
-        replace(model_spec(row["model_key"]), precision=PRECISIONS[row["precision"]]),
+        spec,
         Role.TRAINING,
         Layout(strategy, gpus_per_node=g),
         hw,
@@ -1173,7 +1183,8 @@ def main(argv: list[str] | None = None) -> None:
         "DGX-B300 → b300, DGX-GB200 → gb200-nvl72, DGX-GB300 → gb300-nvl72); predicted tokens/s/GPU = GBS·ℓ/(T_step·GPUs). ZeRO-1, SP when TP > 1, "
         "no recomputation are assumptions (the tables do not publish them); a mixture of experts' experts "
         "run whole on one rank (etp = 1: Megatron-Bridge's MoE recipes set expert_tensor_parallel_size = 1), "
-        "their EP ranks folded into the TP·DP·CP ranks. "
+        "their EP ranks folded into the TP·DP·CP ranks, and their router balances exactly (load imbalance "
+        "λ = 1: the recipes set moe_router_force_load_balancing). "
         "The FP8 recipes (FP8, FP8-CS, FP8-MX, MXFP8) run with precision fp8 (docs/cost-model.md §11: "
         "the presets' FP8 peak for the blocks' weight GEMMs, attention core and LM head at the BF16 peak, "
         "1-byte weights and GEMM inputs in the roofline, Transformer Engine's quantize kernels as "

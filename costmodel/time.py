@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..ir.hardware import Hardware, Link
-from ..ir.models import ModelSpec
+from ..ir.models import DEFAULT_LOAD_IMBALANCE, ModelSpec
 from ..ir.plan import Strategy
 from ..ir.types import Head, Recompute, Role
 from ..ir.workload import LengthBucket
@@ -140,10 +140,9 @@ _TERMS = (
     "cp_comm",
 )
 
-#: Load imbalance ``λ`` of expert-parallel MoE layers (SPEC §15.2's default): the busiest of the
-#: ``Pe`` ranks receives ``λ`` times the mean tokens, and everyone waits for it. Not measured
-#: here (no MoE model runs on these engines yet); SPEC's figure.
-MOE_LOAD_IMBALANCE = 1.2
+#: The default load imbalance ``λ`` of expert-parallel MoE layers (SPEC §15.2's 1.2): a model's
+#: own is :attr:`ModelSpec.load_imbalance <rpeg.ir.models.ModelSpec.load_imbalance>`.
+MOE_LOAD_IMBALANCE = DEFAULT_LOAD_IMBALANCE
 
 
 class _Roofline:
@@ -170,7 +169,8 @@ class _Roofline:
     expert-parallel ranks each expert receives the tokens of all of them: the rank's ``E/Pe``
     experts get ``b·ℓ·k`` assignments, ``E_t = (E/Pe)·(1 − (1 − k/E)^(b·ℓ·Pe))`` of them touched
     (``r_e = b·ℓ·k·Pe/E`` once all are), a rank reads its touched experts, and the busiest
-    rank's expert GEMMs take ``λ`` times the mean (:data:`MOE_LOAD_IMBALANCE`):
+    rank's expert GEMMs take ``λ`` times the mean (the model's
+    :attr:`~rpeg.ir.models.ModelSpec.load_imbalance`, SPEC's 1.2 by default):
     ``η_MoE = 1/((1 − φψ)/η + λ·φψ/η_e)``.
 
     Experts whole on one rank (``etp = 1``, Megatron-core's MoE parallel folding; SPEC §15.2's
@@ -225,7 +225,7 @@ class _Roofline:
         # a MoE model's expert FLOP share and expert-GEMM width factor
         self.phi = model.expert_flop_share
         self.omega_w = None if model.is_moe else self.layers * model.layer_params * self.w_bytes / s.tp
-        self.imbalance = MOE_LOAD_IMBALANCE if s.ep > 1 else 1.0
+        self.imbalance = model.load_imbalance if s.ep > 1 else 1.0
         k_e = min(model.hidden, model.expert_ffn) / self.etp
         self.eta_e = k_e / (k_e + hw.gamma_k) if model.is_moe else 0.0
 

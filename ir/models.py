@@ -22,6 +22,7 @@ from pydantic import Field
 from .errors import InputError, Strict, read_json
 
 __all__ = [
+    "DEFAULT_LOAD_IMBALANCE",
     "FAMILIES",
     "GEMM_ELEMENT_BYTES",
     "HF_ARCHITECTURES",
@@ -31,6 +32,7 @@ __all__ = [
     "MAX_HEAD_DIM",
     "MAX_HIDDEN",
     "MAX_LAYERS",
+    "MAX_LOAD_IMBALANCE",
     "MAX_VOCAB",
     "MAX_WINDOW",
     "MODEL_PRESETS",
@@ -82,6 +84,14 @@ MAX_HEAD_DIM = 2**14
 MAX_EXPERTS = 2**14
 #: Widest attention window in tokens (4,096× Gemma-2's 4,096; gpt-oss has 128, Gemma-3 512 and 1,024).
 MAX_WINDOW = 2**24
+
+#: Load imbalance ``λ`` of expert-parallel MoE layers, SPEC §15.2's default
+#: (:attr:`ModelSpec.load_imbalance`): the busiest of the ``Pe`` ranks receives ``λ`` times the
+#: mean tokens and every rank waits for it. SPEC's figure, not measured here.
+DEFAULT_LOAD_IMBALANCE = 1.2
+#: Largest ``λ`` a model may set: the busiest of ``Pe`` ranks receives at most ``Pe`` times the
+#: mean, and 64 ranks' worth is far above any published measurement.
+MAX_LOAD_IMBALANCE = 64.0
 
 #: ``ModelSpec`` field → its bound (``head_dim`` may also be 0: derived from ``hidden // heads``).
 _LIMITS = {
@@ -517,6 +527,13 @@ class ModelSpec:
         same with the FP4 peak and :data:`GEMM_ELEMENT_BYTES` ``["nvfp4"]`` (0.5625) bytes per
         weight and input. Both need ``dtype_bytes = 2`` (low-precision GEMMs of a BF16 model)
         and hardware with the matching peak (FP8: Hopper, Ada, Blackwell; NVFP4: Blackwell).
+    load_imbalance
+        ``λ ≥ 1`` of SPEC §15.2 (a mixture of experts only): with expert parallelism the busiest
+        rank's expert GEMMs take ``λ`` times the mean, and every rank waits for it. Default
+        :data:`DEFAULT_LOAD_IMBALANCE` (1.2, SPEC's); 1 for a router that balances exactly
+        (Megatron-core's ``moe_router_force_load_balancing``, which NVIDIA's benchmark recipes
+        set), more for a router whose balance was measured worse; at most
+        :data:`MAX_LOAD_IMBALANCE`.
 
     Raises
     ------
@@ -553,6 +570,7 @@ class ModelSpec:
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] = ()
     precision: str = "bf16"
+    load_imbalance: float = DEFAULT_LOAD_IMBALANCE
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -711,6 +729,22 @@ class ModelSpec:
         """The mixture-of-experts fields agree with each other and with ``layers`` (SPEC §15.1)."""
         where = f"ModelSpec {self.name!r}"
         dense = self._layer_indices("dense_layers")
+        lam = self.load_imbalance
+        if (
+            isinstance(lam, bool)
+            or not isinstance(lam, numbers.Real)
+            or not math.isfinite(lam)
+            or not 1.0 <= lam <= MAX_LOAD_IMBALANCE
+        ):
+            raise ValueError(
+                f"{where}: load_imbalance must be a number in [1, {MAX_LOAD_IMBALANCE:g}] (the busiest "
+                f"expert-parallel rank's tokens over the mean), got {_show(lam)}"
+            )
+        object.__setattr__(self, "load_imbalance", float(lam))
+        if self.experts == 0 and lam != DEFAULT_LOAD_IMBALANCE:
+            raise ValueError(
+                f"{where}: load_imbalance = {lam!r} but experts = 0 (a dense model has no experts to balance)"
+            )
         if self.experts == 0:
             extra = [
                 f"{f} = {getattr(self, f)!r}"
@@ -1315,7 +1349,7 @@ class ModelSpec:
             "shared_experts": self.shared_experts,
             "shared_ffn": self.shared_ffn,
             "dense_layers": list(self.dense_layers),
-        }
+        } | ({"load_imbalance": self.load_imbalance} if self.load_imbalance != DEFAULT_LOAD_IMBALANCE else {})
 
 
 def _expert_figure(cfg: dict, key: str, path: Path, *, low: int = 1) -> int:
@@ -1692,6 +1726,7 @@ class ModelSpecFile(Strict):
     sliding_window: Annotated[int, Field(ge=0)] = 0
     sliding_layers: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
     precision: Literal["bf16", "fp8", "nvfp4"] = "bf16"
+    load_imbalance: Annotated[float, Field(ge=1.0, le=MAX_LOAD_IMBALANCE)] = DEFAULT_LOAD_IMBALANCE
 
 
 def _llama(name: str, L: int, d: int, dff: int, heads: int, kv: int, vocab: int) -> ModelSpec:

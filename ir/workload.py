@@ -25,7 +25,7 @@ from pydantic import Strict as StrictType
 
 from .cluster import parse_shape
 from .errors import InputError, Strict, require_file, tagged, validate
-from .models import ModelSpec, ModelSpecFile, model_preset
+from .models import MAX_LOAD_IMBALANCE, ModelSpec, ModelSpecFile, model_preset
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -566,6 +566,7 @@ class _WorkloadFileSchema(Strict):
     old_logprob: Literal["rollout", "trainer"] = "rollout"
     mini_batches: Annotated[int, Field(ge=1)] = 1
     precision: Literal["bf16", "fp8", "nvfp4"] | None = None
+    load_imbalance: Annotated[float, Field(ge=1.0, le=MAX_LOAD_IMBALANCE)] | None = None
     batch: _BatchTable
     models: _ModelsTable
     structure: _StructureTable = Field(default_factory=_StructureTable)
@@ -598,29 +599,34 @@ def _model(value: str | ModelSpecFile, where: str, base: Path | None) -> ModelSp
         raise InputError(f"{where}: {exc}") from None
 
 
-def _with_precision(
-    models: dict[str, ModelSpec], entries: _ModelsTable, precision: str, where: str
+def _with_setting(
+    models: dict[str, ModelSpec], entries: _ModelsTable, name: str, value: object, where: str
 ) -> dict[str, ModelSpec]:
-    """The workload file's top-level ``precision`` given to every model; an inline table that
-    names another precision is an error naming the file, the field and both values."""
+    """A workload file's top-level model setting (``precision``, ``load_imbalance``) given to every
+    model it applies to (``load_imbalance``: the mixtures of experts; the dense models have no
+    experts to balance); an inline table that names another value is an error naming the file,
+    the field and both values."""
     out = {}
     for role, spec in models.items():
         entry = getattr(entries, role)
         if (
             isinstance(entry, ModelSpecFile)
-            and "precision" in entry.model_fields_set
-            and entry.precision != precision
+            and name in entry.model_fields_set
+            and getattr(entry, name) != value
         ):
             raise InputError(
-                f"{where}: field 'models.{role}.precision' = {entry.precision!r} contradicts the "
-                f"top-level 'precision' = {precision!r}; give one of them",
+                f"{where}: field 'models.{role}.{name}' = {getattr(entry, name)!r} contradicts the "
+                f"top-level '{name}' = {value!r}; give one of them",
                 source=where,
-                field=f"models.{role}.precision",
+                field=f"models.{role}.{name}",
             )
+        if name == "load_imbalance" and not spec.is_moe:
+            out[role] = spec
+            continue
         try:
-            out[role] = replace(spec, precision=precision)
+            out[role] = replace(spec, **{name: value})
         except ValueError as exc:
-            raise InputError(f"{where}: models.{role}: {exc}", source=where, field="precision") from None
+            raise InputError(f"{where}: models.{role}: {exc}", source=where, field=name) from None
     return out
 
 
@@ -653,7 +659,8 @@ def load_workload(path: str | Path) -> WorkloadFile:
     , ``kl_coef`` (0 drops the reference), ``old_logprob`` (``"rollout"`` or ``"trainer"``)
     , ``mini_batches`` (optimizer updates per step) and ``precision`` (``"bf16"``, ``"fp8"`` or
     ``"nvfp4"``, given to every model: :attr:`~rpeg.ir.models.ModelSpec.precision`; an inline
-    model table may set its own instead); a ``[batch]`` table with
+    model table may set its own instead), ``load_imbalance`` (``λ ≥ 1`` of every mixture of
+    experts, :attr:`~rpeg.ir.models.ModelSpec.load_imbalance`; likewise); a ``[batch]`` table with
     ``prompts``, ``rollouts``, ``prompt_len``, ``response_len`` and optional ``quantiles``
     (a list of ``[fraction, length]``); a ``[models]`` table mapping roles to preset names,
     ``config.json`` paths (or folders holding one) or inline tables; an optional
@@ -694,8 +701,16 @@ def load_workload(path: str | Path) -> WorkloadFile:
         for role in ROLES
         if (entry := getattr(doc.models, role)) is not None
     }
-    if doc.precision is not None:
-        models = _with_precision(models, doc.models, doc.precision, where)
+    if doc.load_imbalance is not None and not any(spec.is_moe for spec in models.values()):
+        raise InputError(
+            f"{where}: field 'load_imbalance' = {doc.load_imbalance!r} but no model has experts "
+            "(it is the expert-parallel load imbalance of a mixture of experts)",
+            source=where,
+            field="load_imbalance",
+        )
+    for setting in ("precision", "load_imbalance"):
+        if getattr(doc, setting) is not None:
+            models = _with_setting(models, doc.models, setting, getattr(doc, setting), where)
     batch = doc.batch
     rollouts = batch.rollouts if batch.rollouts is not None else (2 if doc.algorithm == "dpo" else 1)
     try:

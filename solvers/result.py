@@ -430,7 +430,8 @@ class Result:
     # ------------------------------------------------------------------ text
     def _models_line(self) -> str:
         """``models`` line of :meth:`summary`: each model's name and parameters; a mixture of
-        experts also its active parameters and experts per token, latent attention said, a
+        experts also its active parameters, experts per token and load imbalance ``λ``, latent
+        attention said, a
         sliding window's width and layers, and a precision other than BF16."""
         parts = []
         for m, inst in self.graph.models.items():
@@ -439,7 +440,7 @@ class Result:
             if spec.is_moe:
                 text += (
                     f" ({_count(spec.active_params)} active: {spec.experts_active} of {spec.experts} "
-                    "experts per token)"
+                    f"experts per token, load imbalance {spec.load_imbalance:g})"
                 )
             if spec.is_mla:
                 text += " latent attention"

@@ -9,7 +9,6 @@ import dataclasses
 import pytest
 
 from rpeg import Cluster, Workload, hardware_preset, model_preset
-from rpeg.costmodel import time as time_module
 from rpeg.costmodel.collectives import allreduce_time, alltoall_time, p2p_time
 from rpeg.costmodel.flops import (
     attention_core_flops,
@@ -164,13 +163,24 @@ def test_expert_parallel_alltoalls_by_hand():
     )
 
 
-def test_load_imbalance_slows_the_expert_gemms_of_an_expert_parallel_layout(monkeypatch):
+def test_load_imbalance_slows_the_expert_gemms_of_an_expert_parallel_layout():
+    """``η_MoE = 1/((1 − φψ)/η + λ·φψ/η_e)``: in a compute-bound step the GEMM time is affine in
+    the model's ``λ`` (SPEC's 1.2 by default), and without expert parallelism ``λ`` does nothing
+    (one rank holds every expert)."""
+    assert QWEN3_MOE.load_imbalance == MOE_LOAD_IMBALANCE == 1.2
     s = make_strategy(NODE, (1, 1, 8), 8, 1, 1, 4, ep=8).variant(recompute="none")
     args = {"sequences": 64, "prompt_len": 512, "response_len": 512}
-    slow = op_time(QWEN3_MOE, Role.TRAINING, Layout(s), H100, **args).gemm
-    monkeypatch.setattr(time_module, "MOE_LOAD_IMBALANCE", 1.0)
-    even = op_time(QWEN3_MOE, Role.TRAINING, Layout(s), H100, **args).gemm
-    assert MOE_LOAD_IMBALANCE == 1.2 and slow > even
+
+    def gemm(lam: float, strategy=s) -> float:
+        spec = dataclasses.replace(QWEN3_MOE, load_imbalance=lam)
+        return op_time(spec, Role.TRAINING, Layout(strategy), H100, **args).gemm
+
+    even, default, twice = gemm(1.0), gemm(1.2), gemm(2.0)
+    assert even < default < twice
+    assert twice - even == pytest.approx(5.0 * (default - even), rel=1e-9)
+    assert op_time(QWEN3_MOE, Role.TRAINING, Layout(s), H100, **args).gemm == default
+    no_ep = make_strategy(NODE, (1, 1, 8), 8, 1, 1, 4).variant(recompute="none")
+    assert gemm(1.0, no_ep) == gemm(2.0, no_ep)
 
 
 def test_ring_attention_is_exposed_only_beyond_the_attention_core():

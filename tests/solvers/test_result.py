@@ -668,12 +668,12 @@ def test_summary_names_each_model_with_its_experts():
     wl = Workload("grpo", {"actor": moe, "reward": model_preset("llama3.1-8b")}, 64, 8, 512, 2048)
     lines = solve(wl, Cluster.from_shape("1x1x8", hardware_preset("h100")), "greedy").summary().splitlines()
     (line,) = [x for x in lines if x.startswith("models")]
-    assert "actor qwen3-30b-a3b 30.5B (3.4B active: 8 of 128 experts per token)" in line
+    assert "actor qwen3-30b-a3b 30.5B (3.4B active: 8 of 128 experts per token, load imbalance 1.2)" in line
     assert "reward llama3.1-8b 8.0B;" in line or line.endswith("reward llama3.1-8b 8.0B")
     dsv3 = Workload("grpo", {"actor": mla}, 64, 4, 512, 1024, reward="rule", kl_coef=0.0)
     planless = solve(dsv3, Cluster.from_shape("1x1x8", hardware_preset("h100")), "greedy")
     assert (
-        "actor deepseek-v3 671.0B (37.6B active: 8 of 256 experts per token) latent attention"
+        "actor deepseek-v3 671.0B (37.6B active: 8 of 256 experts per token, load imbalance 1.2) latent attention"
         in planless.summary()
     )
     oss = Workload(
@@ -681,7 +681,7 @@ def test_summary_names_each_model_with_its_experts():
     )
     summary = solve(oss, Cluster.from_shape("1x1x8", hardware_preset("h100")), "greedy").summary()
     assert (
-        "actor gpt-oss-20b 20.9B (4.2B active: 4 of 32 experts per token) 128-token window on 12 of 24 layers"
+        "actor gpt-oss-20b 20.9B (4.2B active: 4 of 32 experts per token, load imbalance 1.2) 128-token window on 12 of 24 layers"
         in summary
     )
     # a precision other than BF16 is said; BF16, the default, is not
