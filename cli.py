@@ -719,6 +719,13 @@ def _parser() -> argparse.ArgumentParser:
             help="the training engine runs the expert-parallel AlltoAlls in line, not under another "
             "microbatch's compute (Megatron-core overlaps them; the bundled torch engine: rpeg run)",
         )
+        sp.add_argument(
+            "--no-flex-dispatch",
+            dest="flex_dispatch",
+            action="store_false",
+            help="the training engine dispatches tokens to the experts with AlltoAlls only, once per expert "
+            "(without DeepEP or HybridEP, Megatron-core's flex dispatcher; the bundled torch engine: rpeg run)",
+        )
 
     s = sub.add_parser("solve", help="plan a workload")
     common(s)

@@ -455,11 +455,14 @@ def overlappable(row: dict[str, Any]) -> bool:
     return (row["ep"] or 1) > 1 and (row["pp"] == 1 or (row["vp"] or 1) > 1)
 
 
-def predict(row: dict[str, Any], ep_overlap: bool = False, fp4_scale: float = 1.0) -> float:
+def predict(
+    row: dict[str, Any], ep_overlap: bool = False, fp4_scale: float = 1.0, flex: bool = False
+) -> float:
     """rpeg's tokens/s/GPU for an expressible row: ``GBS·ℓ/(T_step·N_GPU)``, the model run at the
     row's precision (:data:`PRECISIONS`); with ``ep_overlap`` (where :func:`overlappable`) its
     AlltoAlls under another microbatch's compute; ``fp4_scale`` multiplies the preset's NVFP4
-    peak (:func:`fit_fp4_efficiency`)."""
+    peak (:func:`fit_fp4_efficiency`); with ``flex`` an expert-parallel row's tokens go through
+    the flex dispatcher (``Strategy.flex_dispatch``)."""
     from dataclasses import replace
 
     from rpeg.costmodel.hardware import hardware_preset
@@ -470,6 +473,8 @@ def predict(row: dict[str, Any], ep_overlap: bool = False, fp4_scale: float = 1.
     strategy, g = row_strategy(row)
     if ep_overlap and overlappable(row):
         strategy = replace(strategy, ep_overlap=True)
+    if flex and (row["ep"] or 1) > 1:
+        strategy = replace(strategy, flex_dispatch=True)
     hw = hardware_preset(SYSTEMS[row["system"]][0])
     if fp4_scale != 1.0 and hw.peak_flops_fp4 is not None:
         hw = replace(hw, peak_flops_fp4=hw.peak_flops_fp4 * fp4_scale)
@@ -489,6 +494,45 @@ def predict(row: dict[str, Any], ep_overlap: bool = False, fp4_scale: float = 1.
         tokens_sq=float(ell * ell),
     )
     return row["gbs"] * ell / (t.total * row["gpus"])
+
+
+#: Two layouts of Qwen3-30B-A3B FP8 on 16 DGX H100 in the tables (not in one release): EP 16 over
+#: both nodes, and EP 8 inside a node with PP 2.
+H100_EP_LAYOUTS = (("DGX-H100", "Qwen3_30B_a3B", 16, 1), ("DGX-H100", "Qwen3_30B_a3B", 8, 2))
+
+
+def flex_report(priced: list[tuple[dict[str, Any], float, float]]) -> list[str]:
+    """The summary lines of the flex dispatcher (``Strategy.flex_dispatch``): the expert-parallel
+    rows again with it, and how two layouts of one model compare, published and priced both ways
+    (the tables do not say which dispatcher each row ran)."""
+    moe = [(r, pub) for r, pub, _ in priced if (r["ep"] or 1) > 1]
+    pairs = [(pub, predict(r, flex=True)) for r, pub in moe]
+    lines = [
+        "",
+        "The expert-parallel rows with Megatron-core's flex dispatcher (DeepEP or HybridEP: each token once per "
+        "rank, and across nodes once per node, that holds one of its experts; `Strategy.flex_dispatch`, "
+        "docs/cost-model.md §10). Most of Megatron-Bridge's MoE recipes at the data file's commit set it, "
+        "Qwen3-235B-A22B's H100 recipes do not, and the tables do not say which rows ran which, so the rows "
+        "above are priced with the AlltoAll and these lines price them flex:",
+        "",
+        _summary("expert-parallel rows, flex dispatcher", pairs),
+    ]
+    newest: dict[tuple, tuple[dict[str, Any], float]] = {}
+    for r, pub in moe:
+        key = (r["system"], r["model"], r["ep"], r["pp"])
+        later = key not in newest or release_key(r["release"]) > release_key(newest[key][0]["release"])
+        if key in H100_EP_LAYOUTS and r["precision"] != "BF16" and later:
+            newest[key] = (r, pub)
+    if len(newest) == 2:
+        (a, pa), (b, pb) = (newest[k] for k in H100_EP_LAYOUTS)
+        lines.append(
+            f"- Qwen3-30B-A3B FP8 on 16 DGX H100, the newest row of each layout: EP 16 over two nodes (release "
+            f"{a['release']}) against EP 8 with PP 2 ({b['release']}), published {pa:,.0f} / {pb:,.0f} = "
+            f"{pa / pb:.2f}; rpeg with the AlltoAll {predict(a):,.0f} / {predict(b):,.0f} = "
+            f"{predict(a) / predict(b):.2f}, flex {predict(a, flex=True):,.0f} / {predict(b, flex=True):,.0f} = "
+            f"{predict(a, flex=True) / predict(b, flex=True):.2f}"
+        )
+    return lines
 
 
 #: The NVFP4 GEMMs' efficiency relative to the FP8 GEMMs' on Blackwell, which the Blackwell
@@ -1171,6 +1215,7 @@ def main(argv: list[str] | None = None) -> None:
     stats += ["", "By published table (one per release, newest first; the same rows as above):", ""]
     stats += [_summary(name, pairs) for name, pairs in release_breakdown(priced).items()]
     stats += overlap_report(priced)
+    stats += flex_report(priced)
     stats += fp4_report(rows)
     n_ok = len(priced)
     lines = [

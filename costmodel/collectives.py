@@ -18,10 +18,12 @@ __all__ = [
     "allgather_time",
     "allreduce_time",
     "alltoall_time",
+    "flex_dispatch_time",
     "hierarchical_alltoall_time",
     "one_kernel_allreduce_time",
     "p2p_time",
     "reduce_scatter_time",
+    "untouched_share",
 ]
 
 
@@ -185,6 +187,95 @@ def hierarchical_alltoall_time(p: int, local: int, nbytes: float, intra: Link, i
         return 0.0
     near = (local - 1) * intra.alpha + nbytes * (local - 1) / (p - 1) * intra.beta
     far = (p - local) * inter.alpha + nbytes * (p - local) / (p - 1) * inter.beta
+    return max(near, far)
+
+
+def untouched_share(experts: int, held: int, topk: int) -> float:
+    """The chance that a token's ``k`` distinct experts, drawn uniformly from ``E``, miss all
+    ``m`` experts a rank or a node holds: ``C(E − m, k)/C(E, k) = Π_{i<k} (E − m − i)/(E − i)``.
+
+    Parameters
+    ----------
+    experts, held, topk
+        ``E``, ``m`` and ``k``, ``0 ≤ m ≤ E``, ``1 ≤ k ≤ E``.
+
+    Returns
+    -------
+    float
+        In ``[0, 1]``.
+    """
+    if not 0 <= held <= experts or not 1 <= topk <= experts:
+        raise ValueError(
+            f"untouched_share: need 0 <= m <= E and 1 <= k <= E, got E={experts}, m={held}, k={topk}"
+        )
+    out = 1.0
+    for i in range(topk):
+        out *= max(0.0, (experts - held - i) / (experts - i))
+    return out
+
+
+def flex_dispatch_time(
+    p: int,
+    local: int,
+    row_bytes: float,
+    rank_share: float,
+    node_share: float,
+    intra: Link,
+    inter: Link,
+) -> float:
+    """One dispatch (or combine) of Megatron-core's flex dispatcher (DeepEP, HybridEP) over ``p``
+    expert-parallel ranks, ``g = local`` of them on each node, ``N = p/g`` nodes: each rank's
+    tokens go once to each rank holding one of their experts (``q_r = rank_share``: the chance a
+    token touches a given rank), not once per expert (``docs/cost-model.md`` §10).
+
+    Inside one node, or across nodes joined by a link not at least twice slower than the node's
+    own (an NVLink domain of several trays, where HybridEP sends directly):
+
+        max((g − 1)·α₀ + R·(g − 1)·q_r·β₀,  (p − g)·α + R·(p − g)·q_r·β)
+
+    (``g = p``: the first term only). Across a network hop (``β ≥ 2·β₀``) a token crosses it once
+    per node holding one of its experts (``q_n = node_share``), to the rank of the same local
+    index, which forwards it over the node's own link to the node's ranks that need it:
+
+        max((g − 1)·α₀ + R·N·(g − 1)·q_r·β₀,  (N − 1)·α + R·(N − 1)·q_n·β)
+
+    ``R = row_bytes``, one copy of the rank's tokens. Both are at most
+    :func:`hierarchical_alltoall_time` of the ``k`` copies (``q_r ≤ k/p``, ``q_n ≤ k/N``; the
+    forwarded bytes ``R·k·(g − 1)/g·β₀`` stay below the AlltoAll's off-node ``R·k·(N − 1)/N·β``
+    when ``β ≥ 2·β₀``). The combine sums the experts' outputs back along the same path.
+
+    Parameters
+    ----------
+    p, local
+        Ranks, and ranks per node (``1 ≤ g ≤ p``).
+    row_bytes
+        ``R``, bytes of one copy of the rank's dispatched tokens.
+    rank_share, node_share
+        ``q_r`` and ``q_n`` (:func:`untouched_share`: ``1 −`` the chance of missing the rank's
+        ``E/p`` or the node's ``E·g/p`` experts).
+    intra, inter
+        ``(α, β)`` inside a node and at the tier the group spans.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    _check(p, row_bytes)
+    if not 1 <= local <= p:
+        raise ValueError(f"flex_dispatch_time: local must be in [1, p={p}], got {local!r}")
+    if p == 1:
+        return 0.0
+    g = local
+    if g == p:
+        return (p - 1) * intra.alpha + row_bytes * (p - 1) * rank_share * intra.beta
+    if inter.beta < 2.0 * intra.beta:
+        near = (g - 1) * intra.alpha + row_bytes * (g - 1) * rank_share * intra.beta
+        far = (p - g) * inter.alpha + row_bytes * (p - g) * rank_share * inter.beta
+        return max(near, far)
+    nodes = p / g
+    near = (g - 1) * intra.alpha + row_bytes * nodes * (g - 1) * rank_share * intra.beta
+    far = (nodes - 1) * inter.alpha + row_bytes * (nodes - 1) * node_share * inter.beta
     return max(near, far)
 
 

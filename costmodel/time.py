@@ -23,10 +23,12 @@ from .collectives import (
     allgather_time,
     allreduce_time,
     alltoall_time,
+    flex_dispatch_time,
     hierarchical_alltoall_time,
     one_kernel_allreduce_time,
     p2p_time,
     reduce_scatter_time,
+    untouched_share,
 )
 from .flops import (
     TRAINING_PASSES,
@@ -701,14 +703,30 @@ class _Node:
         at ``ep_tier``, the ``g_e − 1`` peers on the rank's own node over the intra-node link
         (:func:`~.collectives.hierarchical_alltoall_time`, ``g_e`` =
         :attr:`Layout.ep_ranks_per_node <rpeg.costmodel.layout.Layout.ep_ranks_per_node>`);
-        0 with ``Pe = 1``."""
+        on the flex dispatcher (``Strategy.flex_dispatch``) each token once per rank, and across
+        a network hop once per node, that holds one of its experts
+        (:func:`~.collectives.flex_dispatch_time`); 0 with ``Pe = 1``."""
         s, m = self.s, self.model
         if s.ep == 1 or per_layer <= 0 or not m.is_moe:
             return 0.0
         dispatched = tokens / s.tp if s.sp else tokens
-        nbytes = dispatched * m.experts_active * m.hidden * m.dtype_bytes * (s.ep - 1) / s.ep
         moe_layers = m.moe_layers / s.pp
-        return per_layer * moe_layers * self._alltoall(s.ep, s.ep_tier, self.layout.ep_ranks_per_node, nbytes)
+        local = s.ep if s.ep_tier == 0 else min(s.ep, self.layout.ep_ranks_per_node)
+        if s.flex_dispatch:
+            links = self.hw.collective
+            per_rank, per_node = m.experts // s.ep, m.experts // s.ep * local
+            one = flex_dispatch_time(
+                s.ep,
+                local,
+                dispatched * m.hidden * m.dtype_bytes,
+                1.0 - untouched_share(m.experts, per_rank, m.experts_active),
+                1.0 - untouched_share(m.experts, per_node, m.experts_active),
+                links[0],
+                links[s.ep_tier],
+            )
+            return per_layer * moe_layers * one
+        nbytes = dispatched * m.experts_active * m.hidden * m.dtype_bytes * (s.ep - 1) / s.ep
+        return per_layer * moe_layers * self._alltoall(s.ep, s.ep_tier, local, nbytes)
 
     def _alltoall(self, p: int, tier: int, local: int, nbytes: float) -> float:
         """One AlltoAll of ``nbytes`` per rank over ``p`` ranks at ``tier``, ``local`` of them per

@@ -137,13 +137,15 @@ def parse_shape(shape: str) -> tuple[int, int, int]:
 
 
 #: The engine switches of :class:`Cluster` for SPEC §15's parallelisms (rules S1, C1, E1), the
-#: interleaved pipeline (rule V1) and the overlapped expert-parallel AlltoAlls (rule E5).
+#: interleaved pipeline (rule V1), the overlapped expert-parallel AlltoAlls (rule E5) and the
+#: flex dispatcher (rule E6).
 PARALLELISM_SWITCHES = (
     "sequence_parallel",
     "context_parallel",
     "expert_parallel",
     "virtual_pipeline_parallel",
     "expert_overlap",
+    "flex_dispatch",
 )
 #: Every SPEC §15 switch off, as keyword arguments of :class:`Cluster`: the plan space of engines
 #: that run none of them (the bundled torch engine; ``Cluster.from_shape(..., **NO_SPLITS)``).
@@ -194,6 +196,13 @@ class Cluster:
         rule E5 of :func:`~rpeg.ir.plan.check_strategy`); default ``True`` (Megatron-core does).
         ``False`` for the bundled torch engine, which runs them in line (``rpeg solve
         --no-expert-overlap``), or to compare with the best plan without.
+    flex_dispatch
+        Whether the training and inference engine dispatches tokens to the experts with
+        Megatron-core's flex dispatcher (DeepEP or HybridEP: each token once per rank, across
+        nodes once per node; rule E6 of :func:`~rpeg.ir.plan.check_strategy`); default ``True``
+        (Megatron-core has it with DeepEP or HybridEP installed; NVIDIA's MoE recipes use it).
+        ``False`` for engines with the AlltoAll dispatcher only — the bundled torch engine
+        (``rpeg solve --no-flex-dispatch``).
 
     Raises
     ------
@@ -215,6 +224,7 @@ class Cluster:
     expert_parallel: bool = True
     virtual_pipeline_parallel: bool = True
     expert_overlap: bool = True
+    flex_dispatch: bool = True
 
     def __post_init__(self) -> None:
         for name in ("racks", "nodes_per_rack", "gpus_per_node"):
@@ -256,6 +266,7 @@ class Cluster:
         expert_parallel: bool = True,
         virtual_pipeline_parallel: bool = True,
         expert_overlap: bool = True,
+        flex_dispatch: bool = True,
     ) -> Cluster:
         """Build from ``"RxNxG"`` (e.g. ``"2x8x4"``) or a ``(R, N, G)`` tuple (or list).
 
@@ -297,6 +308,7 @@ class Cluster:
             expert_parallel,
             virtual_pipeline_parallel,
             expert_overlap,
+            flex_dispatch,
         )
 
     @property

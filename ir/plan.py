@@ -152,6 +152,13 @@ class Strategy:
         only, not under full recomputation, and with ``Pp > 1`` only interleaved (``vp > 1``):
         rule E5 of :func:`check_strategy`, Megatron-core's ``TransformerConfig`` checks. Not part
         of the layout (no weight moves).
+    flex_dispatch
+        Whether the expert-parallel dispatch and combine run on Megatron-core's flex dispatcher
+        (``moe_token_dispatcher_type = "flex"`` with DeepEP or HybridEP, as NVIDIA's MoE recipes
+        run them) instead of its AlltoAll: a token goes once to each rank that holds one of its
+        experts, not once per expert, and across nodes once to each node, forwarded inside it
+        over NVLink (``docs/cost-model.md`` §10). Training and inference with ``Pe > 1`` where
+        the engines have it: rule E6 of :func:`check_strategy`. Not part of the layout.
     vp
         Model chunks per pipeline stage ``Pv`` of Megatron's interleaved 1F1B schedule
         (``virtual_pipeline_model_parallel_size``; Narayanan et al., SC'21, §2.2.2): the
@@ -191,6 +198,7 @@ class Strategy:
     vp: int = 1
     etp: int | None = None
     ep_overlap: bool = False
+    flex_dispatch: bool = False
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -217,8 +225,9 @@ class Strategy:
             raise ValueError(f"Strategy.cp_kind={self.cp_kind!r} needs cp > 1 (cp=1 keeps 'ring')")
         if not isinstance(self.sp, bool):
             raise ValueError(f"Strategy.sp must be True or False, got {self.sp!r}")
-        if not isinstance(self.ep_overlap, bool):
-            raise ValueError(f"Strategy.ep_overlap must be True or False, got {self.ep_overlap!r}")
+        for name in ("ep_overlap", "flex_dispatch"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Strategy.{name} must be True or False, got {getattr(self, name)!r}")
         if self.etp is not None:
             e = self.etp
             if isinstance(e, bool) or not isinstance(e, int) or e < 1:
@@ -266,6 +275,7 @@ class Strategy:
             self.vp,
             self.etp,
             self.ep_overlap,
+            self.flex_dispatch,
         )
 
     def __hash__(self) -> int:
@@ -298,7 +308,7 @@ class Strategy:
 
     def label(self) -> str:
         """``(dp,pp,tp) mb=…`` for tables, with ``vp=…``, ``cp=…`` (and ``ulysses``), ``ep=…``,
-        ``etp=…``, ``a2a-overlap`` and ``sp`` when set, ``rc=…`` when the recomputation is not ``full``, ``z=…`` when the ZeRO stage is
+        ``etp=…``, ``a2a-overlap``, ``flex`` and ``sp`` when set, ``rc=…`` when the recomputation is not ``full``, ``z=…`` when the ZeRO stage is
         not 2, ``u=…``, ``chunk=…``, ``padded`` and ``offload`` when set."""
         text = f"({self.dp},{self.pp},{self.tp}) mb={self.mb}"
         if self.vp > 1:
@@ -311,6 +321,8 @@ class Strategy:
             text += f" etp={self.etp}"
         if self.ep_overlap:
             text += " a2a-overlap"
+        if self.flex_dispatch:
+            text += " flex"
         if self.sp:
             text += " sp"
         if self.recompute is not Recompute.FULL:
@@ -518,6 +530,7 @@ def check_strategy(
     etp: int | None = None,
     ep_overlap: bool = False,
     recompute: Recompute | str | None = None,
+    flex_dispatch: bool = False,
 ) -> str | None:
     """Check P1–P8 (SPEC §4, with §14.2's microbatches), the head rules H1–H2 and the engine
     choices Z1–Z2 (SPEC §14) for one choice; return why not (the message starts with the rule's
@@ -563,7 +576,9 @@ def check_strategy(
     and with ``Pp > 1`` only interleaved (``vp > 1``; Megatron-core's ``TransformerConfig``:
     "disable full recomputation when enabling overlap_moe_expert_parallel_comm", "If enabling EP
     A2A overlap, virtual_pipeline_model_parallel_size must be specified when
-    pipeline_model_parallel_size > 1").
+    pipeline_model_parallel_size > 1"); E6 the flex dispatcher (``flex_dispatch``) only for
+    training and inference with ``Pe > 1`` where the engines have it (``flex_dispatch``: DeepEP
+    or HybridEP installed beside Megatron-core).
 
     The interleaved pipeline (``vp > 1``, Megatron-core's virtual pipeline): V1 training and
     inference with ``Pp > 1`` only, where the engines run it (``virtual_pipeline_parallel``);
@@ -638,6 +653,9 @@ def check_strategy(
     if why is not None:
         return why
     why = _check_ep_overlap(cluster, role, ep, pp, vp, ep_overlap, recompute)
+    if why is not None:
+        return why
+    why = _check_flex_dispatch(cluster, role, ep, flex_dispatch)
     if why is not None:
         return why
     why = _check_engine_choices(role, zero, mem_fraction, logits_chunk, packing)
@@ -773,6 +791,19 @@ def _check_ep_overlap(
     return None
 
 
+def _check_flex_dispatch(cluster: Cluster, role: Role | None, ep: int, flex_dispatch: bool) -> str | None:
+    """E6 of :func:`check_strategy`: the flex dispatcher (DeepEP / HybridEP)."""
+    if not isinstance(flex_dispatch, bool):
+        return f"E6: flex_dispatch={flex_dispatch!r} must be true or false"
+    if not flex_dispatch:
+        return None
+    if role not in (Role.TRAINING, Role.INFERENCE) or ep == 1:
+        return "E6: flex_dispatch dispatches a Megatron-core pass's experts (needs training or inference, ep > 1)"
+    if not cluster.flex_dispatch:
+        return "E6: flex_dispatch but the cluster's engines have no flex dispatcher (flex_dispatch=false)"
+    return None
+
+
 def _check_interleaving(
     cluster: Cluster, role: Role | None, layers: int, pp: int, mb: int, vp: int
 ) -> str | None:
@@ -823,6 +854,7 @@ def check_strategy_of(
         etp=s.etp,
         ep_overlap=s.ep_overlap,
         recompute=s.recompute,
+        flex_dispatch=s.flex_dispatch,
     )
 
 

@@ -219,6 +219,9 @@ def enumerate_strategies(
     generation = role is Role.GENERATION
     splits_sequences = cluster.context_parallel and not generation
     overlap = cluster.expert_overlap
+    # the flex dispatcher never costs more than the AlltoAll in the model (docs/cost-model.md
+    # §10): where the engines have it, an expert-parallel Megatron-core layout lists it only
+    flex = cluster.flex_dispatch and role in (Role.TRAINING, Role.INFERENCE)
     out: list[Strategy] = []
     for size in cluster.legal_sizes:
         extent = cluster.shape_for_size(size)
@@ -256,8 +259,9 @@ def enumerate_strategies(
                             if why is not None:
                                 continue
                             base = make_strategy(
-                                cluster, extent, dp, pp, tp, mb, cp=cp, cp_kind=kind, ep=ep, sp=sp, etp=etp
-                            )
+                                cluster, extent, dp, pp, tp, mb, cp=cp, cp_kind=kind, ep=ep, sp=sp, etp=etp,
+                                flex_dispatch=flex and ep > 1,
+                            )  # fmt: skip
                             for vp in interleavings(cluster, spec, role, pp, mb) if interleave else [1]:
                                 out.extend(
                                     s
@@ -470,6 +474,7 @@ def make_strategy(
     vp: int = 1,
     etp: int | None = None,
     ep_overlap: bool = False,
+    flex_dispatch: bool = False,
 ) -> Strategy:
     """A :class:`Strategy` with its link tiers. Ranks are ordered tensor-parallel innermost,
     then context-parallel, pipeline and data-parallel (device ``t + Pt·(c + Pc·(p + Pp·d))`` of
@@ -480,8 +485,9 @@ def make_strategy(
     (:meth:`~rpeg.ir.plan.Strategy.expert_group_devices`). (Tiers depend only on the shape, so the first aligned
     origin stands for all.) ``recompute`` is the activation recomputation (default the neutral
     ``full``); ``cp``, ``cp_kind``, ``ep`` and ``sp`` are SPEC §15's parallelisms, ``etp`` the
-    experts' tensor-parallel degree, ``ep_overlap`` whether the AlltoAlls overlap compute, ``vp``
-    the interleaved pipeline's chunks per stage."""
+    experts' tensor-parallel degree, ``ep_overlap`` whether the AlltoAlls overlap compute,
+    ``flex_dispatch`` whether the flex dispatcher carries them, ``vp`` the interleaved pipeline's
+    chunks per stage."""
     first = aligned_allocations(cluster, dp * pp * tp * cp)[0]
     devices = first.devices()
 
@@ -513,6 +519,7 @@ def make_strategy(
         vp=vp,
         etp=etp,
         ep_overlap=ep_overlap,
+        flex_dispatch=flex_dispatch,
     )
 
 

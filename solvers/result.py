@@ -532,7 +532,7 @@ def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
 def _degrees(s: Strategy) -> str:
     """The summary's degrees: ``(dp,pp,tp)``, the interleaved pipeline's ``vp=…`` and SPEC
     §15's splits when set — ``sp``,
-    ``cp=… ring|ulysses``, ``ep=…``, ``etp=…``, ``a2a-overlap``."""
+    ``cp=… ring|ulysses``, ``ep=…``, ``etp=…``, ``a2a-overlap``, ``flex``."""
     words = [f"({s.dp},{s.pp},{s.tp})"]
     if s.vp > 1:
         words.append(f"vp={s.vp}")
@@ -546,6 +546,8 @@ def _degrees(s: Strategy) -> str:
         words.append(f"etp={s.etp}")
     if s.ep_overlap:
         words.append("a2a-overlap")
+    if s.flex_dispatch:
+        words.append("flex")
     return " ".join(words)
 
 
@@ -668,6 +670,7 @@ class _ClusterBlock(Strict):
     expert_parallel: bool = True
     virtual_pipeline_parallel: bool = True
     expert_overlap: bool = True
+    flex_dispatch: bool = True
 
 
 class _StructureBlock(Strict):
@@ -776,6 +779,7 @@ def _problem(doc: _ResultFile, source: str) -> tuple[Workload, Cluster, Structur
             c.expert_parallel,
             c.virtual_pipeline_parallel,
             c.expert_overlap,
+            c.flex_dispatch,
         )
     except ValueError as exc:
         raise InputError(f"{source}: field 'cluster': {exc}", source=source, field="cluster") from None
@@ -978,6 +982,7 @@ _PARALLEL_FIELDS: dict[str, tuple[type, Any]] = {
     "vp": (int, 1),
     "etp": (int, None),
     "ep_overlap": (bool, False),
+    "flex_dispatch": (bool, False),
 }
 
 #: The keys of a ``plan`` entry (:func:`_plan_entry` writes them all; a ``/1`` entry lacks the
@@ -1043,6 +1048,7 @@ def _plan_entry(vertex: Vertex, choice: Choice) -> dict[str, Any]:
     entry["vp"] = s.vp
     entry["etp"] = s.etp
     entry["ep_overlap"] = s.ep_overlap
+    entry["flex_dispatch"] = s.flex_dispatch
     return entry
 
 

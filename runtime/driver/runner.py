@@ -360,8 +360,9 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
     attention) and, for a MoE model, a move of state between plans; tensor parallelism of a MoE
     model outside generation (the torch engine does not split experts). Sequence parallelism is
     refused, and so are an interleaved pipeline (``vp > 1``: the engines run plain 1F1B) and
-    overlapped expert-parallel AlltoAlls (``ep_overlap``: the torch engine runs them in line), and
-    context and expert parallelism where the engines do not run them
+    overlapped expert-parallel AlltoAlls (``ep_overlap``: the torch engine runs them in line), the
+    flex dispatcher (``flex_dispatch``: the torch engine's are AlltoAlls), and context and expert
+    parallelism where the engines do not run them
     (:func:`_context_parallel_refusal`, :func:`_expert_parallel_refusal`): the message names the
     ``rpeg solve`` switch that plans without them.
 
@@ -431,6 +432,12 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
                 f"expert-parallel AlltoAlls under another microbatch's compute (ep_overlap, ep={s.ep})",
                 s.ep_overlap,
                 "the torch engine runs them in line",
+            ),
+            (
+                "--no-flex-dispatch",
+                f"the flex dispatcher for the experts' tokens (flex_dispatch, ep={s.ep})",
+                s.flex_dispatch,
+                "the torch engine dispatches them with AlltoAlls",
             ),
         ):
             if planned and why:

@@ -9,13 +9,14 @@ import dataclasses
 
 import pytest
 
-from rpeg import Cluster, Structure, Workload, hardware_preset, model_preset
+from rpeg import Cluster, hardware_preset, model_preset
 from rpeg.costmodel.layout import Layout
 from rpeg.costmodel.time import op_time, overlapped_alltoall_time
 from rpeg.ir import Recompute, Role
 from rpeg.ir.cluster import NO_SPLITS
 from rpeg.ir.plan import check_strategy, check_strategy_of
 from rpeg.scoring.candidates import enumerate_strategies, make_strategy
+from tests.costmodel.moe_plans import bundled_cluster, small_moe_plan
 
 MOE = model_preset("qwen3-30b-a3b")
 H100 = hardware_preset("h100")
@@ -101,23 +102,10 @@ def test_directories_overlap_wherever_megatron_can_and_the_switch_turns_it_off()
     assert off.to_dict()["expert_overlap"] is False and "expert_overlap" not in TWO_NODES.to_dict()
 
 
-def _plan(extra: dict, cluster: Cluster = NODE):
-    from rpeg.solvers.result import result_for_plan
-
-    small = dataclasses.replace(MOE.scaled(layers=8, hidden=512, heads=8, vocab=4096), kv_heads=4)
-    w = Workload("grpo", {"actor": small}, 16, 4, 512, 3584, reward="rule", kl_coef=0.0)
-    every = ((0, 0, 0), (1, 1, 8))
-    table = {
-        "actor_gen": (*every, 8, 1, 1, 1, None, {}),
-        "actor_train": (*every, 8, 1, 1, 8, "none", {"ep": 8, **extra}),
-    }
-    return result_for_plan(w, cluster, Structure("grpo", False, (("actor", 0),)), table)
-
-
 def test_an_overlapped_plan_round_trips_and_the_summary_names_it():
     from rpeg import Result
 
-    result = _plan({"ep_overlap": True})
+    result = small_moe_plan({"ep_overlap": True})
     assert result.plan.choices[1].strategy.ep_overlap
     doc = result.to_dict()
     entry = next(e for e in doc["plan"] if e["vertex"] == "actor_train")
@@ -125,7 +113,7 @@ def test_an_overlapped_plan_round_trips_and_the_summary_names_it():
     back = Result.from_dict(doc)
     assert back.plan == result.plan and back.evaluation.makespan == result.evaluation.makespan
     assert "ep=8 a2a-overlap" in result.summary()
-    assert result.evaluation.makespan < _plan({}).evaluation.makespan
+    assert result.evaluation.makespan < small_moe_plan({}).evaluation.makespan
     del entry["ep_overlap"]  # an older file reads in line
     assert not Result.from_dict(doc).plan.choices[1].strategy.ep_overlap
     entry["ep_overlap"], entry["recompute"] = True, "full"
@@ -137,9 +125,7 @@ def test_the_runtime_refuses_it_naming_the_switch():
     pytest.importorskip("torch")
     from rpeg.runtime.driver.runner import check_engine_choices
 
-    bundled = Cluster.from_shape(
-        "1x1x8", hardware_preset("gh200"), max_zero_stage=2, sequence_parallel=False, context_parallel=False
-    )
-    check_engine_choices(_plan({}, bundled))
+    bundled = bundled_cluster()
+    check_engine_choices(small_moe_plan({}, bundled))
     with pytest.raises(ValueError, match=r"'actor_train': expert-parallel AlltoAlls.*--no-expert-overlap"):
-        check_engine_choices(_plan({"ep_overlap": True}, bundled))
+        check_engine_choices(small_moe_plan({"ep_overlap": True}, bundled))

@@ -873,6 +873,9 @@ def _check_entry(
             errors.append(f"{who}: E5 ep_overlap with full recomputation")
         if pp > 1 and entry.get("vp", 1) == 1:
             errors.append(f"{who}: E5 ep_overlap with pp={pp} needs an interleaved pipeline (vp > 1)")
+    # the flex dispatcher (absent in files before it)
+    if entry.get("flex_dispatch", False) and (forward_only or ep == 1):
+        errors.append(f"{who}: E6 flex_dispatch needs a training or inference vertex with ep > 1")
     # the interleaved pipeline (absent in files before it): vp chunks per stage
     vp = entry.get("vp", 1)
     if not _pos_int(vp):
