@@ -122,7 +122,8 @@ def _workload_file(arg: str) -> WorkloadFile:
 def _cluster(wf: WorkloadFile, args: argparse.Namespace) -> Cluster:
     """The cluster of ``solve``/``evaluate``: ``--cluster`` and ``--hardware`` (else the workload
     file's), with the engine limits ``--generation-max-pp``, ``--max-zero-stage``,
-    ``--no-host-offload`` and the parallelism switches ``--no-…-parallel``, ``--no-expert-overlap``."""
+    ``--no-host-offload`` and the parallelism switches ``--no-…-parallel``, ``--no-expert-overlap``,
+    ``--no-flex-dispatch``."""
     shape = args.cluster if args.cluster is not None else wf.cluster_shape
     hardware = args.hardware if args.hardware is not None else wf.hardware
     if shape is None:

@@ -116,7 +116,7 @@ def test_no_host_offload_plans_for_engines_that_cannot_offload(capsys, tmp_path)
 
 def test_the_parallelism_switches_plan_without_the_splits(capsys, tmp_path, checker):
     """``--no-sequence-parallel --no-context-parallel --no-expert-parallel
-    --no-virtual-pipeline-parallel --no-expert-overlap`` (SPEC §15, the interleaved pipeline; the bundled torch
+    --no-virtual-pipeline-parallel --no-expert-overlap --no-flex-dispatch`` (SPEC §15, the interleaved pipeline; the bundled torch
     engine) reach the result file's cluster and leave no split in the plan; the default plan of
     the same job uses one."""
     flags = (
@@ -125,6 +125,7 @@ def test_the_parallelism_switches_plan_without_the_splits(capsys, tmp_path, chec
         "--no-expert-parallel",
         "--no-virtual-pipeline-parallel",
         "--no-expert-overlap",
+        "--no-flex-dispatch",
     )
     docs = {}
     for off in (False, True):
@@ -149,10 +150,11 @@ def test_the_parallelism_switches_plan_without_the_splits(capsys, tmp_path, chec
         "expert_parallel",
         "virtual_pipeline_parallel",
         "expert_overlap",
+        "flex_dispatch",
     )
-    assert [cluster[k] for k in switches] == [False] * 5
+    assert [cluster[k] for k in switches] == [False] * 6
     assert all(e["cp"] == 1 and e["ep"] == 1 and not e["sp"] and e["vp"] == 1 for e in docs[True]["plan"])
-    assert not any(e["ep_overlap"] or e["etp"] is not None for e in docs[True]["plan"])
+    assert not any(e["ep_overlap"] or e["flex_dispatch"] or e["etp"] is not None for e in docs[True]["plan"])
     assert "sequence_parallel" not in docs[False]["cluster"]  # the default is written by omission
     assert any(e["sp"] or e["cp"] > 1 or e["vp"] > 1 for e in docs[False]["plan"])  # greedy's trainer splits
 
