@@ -183,7 +183,9 @@ def enumerate_strategies(
 ) -> list[Strategy]:
     """All strategies passing P1–P8, H1–H2, Z1–Z2 and V1–V3 for ``model`` and ``sequences`` =
     B·R, each layout with its engine choices (:func:`engine_variants`: recomputation, ZeRO stage,
-    loss chunking, memory fraction) and its interleavings (:func:`interleavings`).
+    loss chunking, memory fraction) and its interleavings (:func:`interleavings`); an
+    expert-parallel training or inference layout on the flex dispatcher where the cluster's
+    engines have it (``flex_dispatch``, rule E6: never dearer than the AlltoAll in the model).
 
     For each legal allocation size, every ``Pt | Ng`` that shards the heads on the engine of
     ``role`` (H1 ``Pt | heads``; H2 ``Pt | kv_heads`` on Megatron-core, ``Pt | kv_heads`` or
