@@ -153,11 +153,12 @@ def test_directories_list_the_flex_variant_only_and_the_switch_turns_it_off():
     assert off.to_dict()["flex_dispatch"] is False and "flex_dispatch" not in NODE.to_dict()
 
 
-def test_a_flex_plan_round_trips_and_the_summary_names_it():
+def test_a_flex_plan_round_trips_and_the_summary_names_it(checker):
     from rpeg import Result
 
     result = small_moe_plan({"flex_dispatch": True})
     doc = result.to_dict()
+    assert checker.check(doc) == []  # the independent checker knows rule E6
     entry = next(e for e in doc["plan"] if e["vertex"] == "actor_train")
     assert entry["flex_dispatch"] is True
     back = Result.from_dict(doc)
@@ -168,6 +169,7 @@ def test_a_flex_plan_round_trips_and_the_summary_names_it():
     assert not Result.from_dict(doc).plan.choices[1].strategy.flex_dispatch
     gen = next(e for e in doc["plan"] if e["vertex"] == "actor_gen")
     gen["flex_dispatch"] = True
+    assert any("actor_gen" in e and "E6 flex_dispatch" in e for e in checker.check(doc))
     with pytest.raises(Exception, match=r"actor_gen.*E6"):
         Result.from_dict(doc)
 
