@@ -27,11 +27,13 @@ __all__ = [
 ]
 
 
-def _check(p: int, nbytes: float) -> None:
+def _check(p: int, nbytes: float, local: int | None = None, who: str = "") -> None:
     if isinstance(p, bool) or not isinstance(p, int) or p < 1:
         raise ValueError(f"collective rank count p must be a positive integer, got {p!r}")
     if not nbytes >= 0.0:
         raise ValueError(f"message size nbytes must be non-negative, got {nbytes!r}")
+    if local is not None and not 1 <= local <= p:
+        raise ValueError(f"{who}: local must be in [1, p={p}], got {local!r}")
 
 
 def allreduce_time(p: int, nbytes: float, link: Link) -> float:
@@ -180,9 +182,7 @@ def hierarchical_alltoall_time(p: int, local: int, nbytes: float, intra: Link, i
     float
         Seconds.
     """
-    _check(p, nbytes)
-    if not 1 <= local <= p:
-        raise ValueError(f"hierarchical_alltoall_time: local must be in [1, p={p}], got {local!r}")
+    _check(p, nbytes, local, "hierarchical_alltoall_time")
     if p == 1:
         return 0.0
     near = (local - 1) * intra.alpha + nbytes * (local - 1) / (p - 1) * intra.beta
@@ -261,9 +261,7 @@ def flex_dispatch_time(
     float
         Seconds.
     """
-    _check(p, row_bytes)
-    if not 1 <= local <= p:
-        raise ValueError(f"flex_dispatch_time: local must be in [1, p={p}], got {local!r}")
+    _check(p, row_bytes, local, "flex_dispatch_time")
     if p == 1:
         return 0.0
     g = local

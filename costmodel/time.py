@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..ir.hardware import Hardware, Link
-from ..ir.models import DEFAULT_LOAD_IMBALANCE, ModelSpec
+from ..ir.models import ModelSpec
 from ..ir.plan import Strategy
 from ..ir.types import Head, Recompute, Role
 from ..ir.workload import LengthBucket
@@ -141,10 +141,6 @@ _TERMS = (
     "ep_comm",
     "cp_comm",
 )
-
-#: The default load imbalance ``λ`` of expert-parallel MoE layers (SPEC §15.2's 1.2): a model's
-#: own is :attr:`ModelSpec.load_imbalance <rpeg.ir.models.ModelSpec.load_imbalance>`.
-MOE_LOAD_IMBALANCE = DEFAULT_LOAD_IMBALANCE
 
 
 class _Roofline:

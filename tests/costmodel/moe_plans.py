@@ -1,6 +1,7 @@
-"""A small mixture-of-experts GRPO plan with one expert-parallel trainer, for the tests of the
-trainer's expert-parallel engine choices (``ep_overlap``, ``flex_dispatch``): round trips,
-summaries and the runtime's refusals."""
+"""The shared fixtures of the expert-parallelism tests (``etp``, ``ep_overlap``,
+``flex_dispatch``): Qwen3-30B-A3B, one and two DGX H100 nodes, and a small mixture-of-experts
+GRPO plan with one expert-parallel trainer for round trips, summaries and the runtime's
+refusals."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import dataclasses
 
 from rpeg import Cluster, Structure, Workload, hardware_preset, model_preset
 
-MOE = model_preset("qwen3-30b-a3b")
-NODE = Cluster.from_shape("1x1x8", hardware_preset("h100"))
+MOE = model_preset("qwen3-30b-a3b")  # 128 experts, 8 per token, 48 MoE layers, d = 2048, d_e = 768
+H100 = hardware_preset("h100")
+NODE = Cluster.from_shape("1x1x8", H100)
+TWO_NODES = Cluster.from_shape("1x2x8", H100)
 
 
 def small_moe_plan(extra: dict, cluster: Cluster = NODE):

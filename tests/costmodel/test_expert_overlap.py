@@ -9,19 +9,15 @@ import dataclasses
 
 import pytest
 
-from rpeg import Cluster, hardware_preset, model_preset
+from rpeg import Cluster
 from rpeg.costmodel.layout import Layout
 from rpeg.costmodel.time import op_time, overlapped_alltoall_time
 from rpeg.ir import Recompute, Role
 from rpeg.ir.cluster import NO_SPLITS
 from rpeg.ir.plan import check_strategy, check_strategy_of
 from rpeg.scoring.candidates import enumerate_strategies, make_strategy
-from tests.costmodel.moe_plans import bundled_cluster, small_moe_plan
+from tests.costmodel.moe_plans import H100, MOE, NODE, TWO_NODES, bundled_cluster, small_moe_plan
 
-MOE = model_preset("qwen3-30b-a3b")
-H100 = hardware_preset("h100")
-NODE = Cluster.from_shape("1x1x8", H100)
-TWO_NODES = Cluster.from_shape("1x2x8", H100)
 T, I, G = Role.TRAINING, Role.INFERENCE, Role.GENERATION  # noqa: E741
 ARGS = {"sequences": 256, "prompt_len": 2048, "response_len": 2048}
 

@@ -10,7 +10,7 @@ import pickle
 
 import pytest
 
-from rpeg import Cluster, Structure, Workload, hardware_preset, model_preset
+from rpeg import Structure, Workload, model_preset
 from rpeg.costmodel.collectives import allgather_time, reduce_scatter_time
 from rpeg.costmodel.layout import Layout
 from rpeg.costmodel.memory import weight_shard_params, zero_shard_params
@@ -19,12 +19,9 @@ from rpeg.ir import Role
 from rpeg.ir.hardware import Link
 from rpeg.ir.plan import Strategy, check_strategy, check_strategy_of
 from rpeg.scoring.candidates import enumerate_strategies, expert_layouts, make_strategy
+from tests.costmodel.moe_plans import H100, MOE, NODE, TWO_NODES
 
-MOE = model_preset("qwen3-30b-a3b")  # 128 experts, 8 per token, 48 MoE layers, d = 2048, d_e = 768
 DENSE = model_preset("qwen2.5-7b")
-H100 = hardware_preset("h100")
-NODE = Cluster.from_shape("1x1x8", H100)
-TWO_NODES = Cluster.from_shape("1x2x8", H100)
 T, I, G = Role.TRAINING, Role.INFERENCE, Role.GENERATION  # noqa: E741
 ARGS = {"sequences": 64, "prompt_len": 512, "response_len": 512}
 

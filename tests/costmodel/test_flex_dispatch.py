@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from rpeg import Cluster, hardware_preset, model_preset
+from rpeg import hardware_preset
 from rpeg.costmodel.collectives import flex_dispatch_time, hierarchical_alltoall_time, untouched_share
 from rpeg.costmodel.layout import Layout
 from rpeg.costmodel.time import op_time
@@ -19,12 +19,8 @@ from rpeg.ir.cluster import NO_SPLITS
 from rpeg.ir.hardware import Link
 from rpeg.ir.plan import check_strategy
 from rpeg.scoring.candidates import enumerate_strategies, make_strategy
-from tests.costmodel.moe_plans import bundled_cluster, small_moe_plan
+from tests.costmodel.moe_plans import H100, MOE, NODE, TWO_NODES, bundled_cluster, small_moe_plan
 
-MOE = model_preset("qwen3-30b-a3b")  # E = 128 experts, k = 8
-H100 = hardware_preset("h100")
-NODE = Cluster.from_shape("1x1x8", H100)
-TWO_NODES = Cluster.from_shape("1x2x8", H100)
 T, INF, G = Role.TRAINING, Role.INFERENCE, Role.GENERATION
 # every sequence 4,096 tokens long (the mean and the mean square given, no length distribution)
 ARGS = {"sequences": 256, "prompt_len": 2048, "response_len": 2048, "tokens": 4096.0, "tokens_sq": 4096.0**2}

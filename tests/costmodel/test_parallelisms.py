@@ -27,10 +27,11 @@ from rpeg.costmodel.memory import (
     weight_shard_params,
     zero_shard_params,
 )
-from rpeg.costmodel.time import MOE_LOAD_IMBALANCE, op_time
+from rpeg.costmodel.time import op_time
 from rpeg.ir import Recompute, Role
 from rpeg.ir.cluster import NO_SPLITS
 from rpeg.ir.hardware import Link
+from rpeg.ir.models import DEFAULT_LOAD_IMBALANCE
 from rpeg.ir.plan import check_strategy
 from rpeg.ir.types import Head
 from rpeg.scoring.candidates import build_directories, enumerate_strategies, make_strategy
@@ -167,7 +168,7 @@ def test_load_imbalance_slows_the_expert_gemms_of_an_expert_parallel_layout():
     """``η_MoE = 1/((1 − φψ)/η + λ·φψ/η_e)``: in a compute-bound step the GEMM time is affine in
     the model's ``λ`` (SPEC's 1.2 by default), and without expert parallelism ``λ`` does nothing
     (one rank holds every expert)."""
-    assert QWEN3_MOE.load_imbalance == MOE_LOAD_IMBALANCE == 1.2
+    assert QWEN3_MOE.load_imbalance == DEFAULT_LOAD_IMBALANCE == 1.2
     s = make_strategy(NODE, (1, 1, 8), 8, 1, 1, 4, ep=8).variant(recompute="none")
     args = {"sequences": 64, "prompt_len": 512, "response_len": 512}
 
