@@ -68,6 +68,7 @@ import math
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -578,25 +579,27 @@ def fit_fp4_efficiency(
     mine = [p for p in pairs if p[0]["release"] == release]
     if not mine:
         raise ValueError(f"no NVFP4/FP8 pair in release {release!r}")
+    return _fit_multiplier(lambda r: _mape(speedup_pairs(mine, r)))
 
-    def loss(log_r: float) -> float:
-        return _mape(speedup_pairs(mine, math.exp(log_r)))
 
+def _fit_multiplier(loss: Callable[[float], float]) -> tuple[float, float]:
+    """``(r, loss(r))`` with ``r`` minimising ``loss`` over ``[1/2, 2]``: golden-section search on
+    ``log r``, 60 steps."""
     lo, hi = -math.log(2.0), math.log(2.0)
     phi = (math.sqrt(5.0) - 1.0) / 2.0
     a, b = hi - phi * (hi - lo), lo + phi * (hi - lo)
-    fa, fb = loss(a), loss(b)
+    fa, fb = loss(math.exp(a)), loss(math.exp(b))
     for _ in range(60):
         if fa <= fb:
             hi, b, fb = b, a, fa
             a = hi - phi * (hi - lo)
-            fa = loss(a)
+            fa = loss(math.exp(a))
         else:
             lo, a, fa = a, b, fb
             b = lo + phi * (hi - lo)
-            fb = loss(b)
+            fb = loss(math.exp(b))
     r = math.exp((lo + hi) / 2.0)
-    return r, loss(math.log(r))
+    return r, loss(r)
 
 
 def fp4_report(rows: list[dict[str, Any]]) -> list[str]:
@@ -679,6 +682,14 @@ VLLM_SERVE_DEFAULTS = {"H100": (8192, 1024), "H200": (8192, 1024), "A100": (2048
 #: The random case whose rows are listed apart: 128 prompt tokens and 4 output tokens per request
 #: (:func:`vllm_front_end_bound`).
 FRONT_END_CASE = (128, 4)
+#: ``vllm bench serve``'s ShareGPT sampling keeps a conversation only when its prompt has at most
+#: 1,024 tokens and prompt plus completion at most 2,048 (``is_valid_sequence`` in
+#: vllm/benchmarks/datasets.py, ``max_prompt_len = 1024``, ``max_total_len = 2048``): the
+#: completion, which is the request's ``max_tokens``, is at most ``2048 − Lp``.
+SHAREGPT_MAX_TOTAL = 2048
+#: Pieces of the response-length law of one row (:func:`vllm_buckets`): one generation, not a
+#: workload's phases, so as many as the cap has tokens up to this.
+VLLM_LENGTH_PIECES = 128
 #: Served model (quantization suffix removed) → rpeg model preset, or ``None``: built here
 #: (:func:`vllm_model_spec`). Models outside this table have no rpeg model.
 VLLM_MODELS = {
@@ -973,6 +984,31 @@ def vllm_lengths(row: dict[str, Any]) -> tuple[int, int]:
     return max(1, round(row["total_input_tokens"] / n)), max(1, round(row["total_generated_tokens"] / n))
 
 
+def vllm_length_cap(row: dict[str, Any]) -> int:
+    """The most tokens a request of the row may generate: the random dataset's requested output
+    length (its ``max_tokens``; ``vllm bench serve`` does not set ``ignore_eos``, so a response
+    may end sooner), or a ShareGPT completion's bound ``2048 − Lp`` (:data:`SHAREGPT_MAX_TOTAL`)."""
+    if row["dataset"] == "random":
+        return int(row["output_len"])
+    return SHAREGPT_MAX_TOTAL - vllm_lengths(row)[0]
+
+
+def vllm_buckets(row: dict[str, Any]) -> tuple[Any, ...]:
+    """The response-length law a row is priced with: only the mean ``Ē`` (published generated
+    tokens per request) and the cap (:func:`vllm_length_cap`) are known, so the maximum-entropy
+    law on ``[0, cap]`` with that mean (:func:`rpeg.ir.workload.max_entropy_quantiles`, in
+    ``min(cap, 128)`` pieces); a point mass at the cap when ``Ē`` is within half a piece of it
+    (every response ran to its ``max_tokens``)."""
+    from rpeg.ir.workload import max_entropy_quantiles, quantile_buckets
+
+    cap = vllm_length_cap(row)
+    mean = row["total_generated_tokens"] / row["requests"]
+    pieces = min(cap, VLLM_LENGTH_PIECES)
+    if mean >= cap - cap / pieces / 2:
+        return quantile_buckets(((0.0, cap - 1), (1.0, cap)) if cap > 1 else ((1.0, 1),))
+    return quantile_buckets(max_entropy_quantiles(mean, cap, pieces))
+
+
 def vllm_engine_step(row: dict[str, Any], hw: Any) -> Any:
     """The :class:`~rpeg.ir.hardware.EngineStep` of the row's ``vllm serve``: the preset's
     per-step seconds with the server's token budget and sequence cap, its
@@ -1007,17 +1043,93 @@ def vllm_front_end_bound(row: dict[str, Any]) -> bool:
     return (row["dataset"], row["input_len"], row["output_len"]) == ("random", *FRONT_END_CASE)
 
 
-def vllm_predict(row: dict[str, Any]) -> tuple[float, float]:
+#: vLLM's prefill efficiency on Hopper, which the Hopper presets (h100, h200, h20, gh200) carry as
+#: their ``vllm`` engine's prefill ``efficiency`` (docs/cost-model.md §8, "The engine step"):
+#: issue 31's one efficiency per operation class per GPU generation, fitted
+#: (:func:`fit_prefill_efficiency`) on the engine-bound rows of :data:`PREFILL_FIT_PAGE` and
+#: reported on the other Hopper pages. The A100 rows, priced at the preset's roofline, fit
+#: without one (section ``gpu-fidelity-generation``).
+HOPPER_PREFILL_EFFICIENCY = 0.502
+#: The published table (one GPUStack page) the Hopper prefill efficiency is fitted on.
+PREFILL_FIT_PAGE = "qwen3-14b/h100.md"
+
+
+def vllm_page(row: dict[str, Any]) -> str:
+    """The row's page, ``model/gpu.md``, under :data:`VLLM_DOCS_DIR`."""
+    return row["source"]["path"].removeprefix(VLLM_DOCS_DIR + "/")
+
+
+def _scaled_prefill(hw: Any, scale: float) -> Any:
+    """``hw`` with its generation engine's prefill efficiency times ``scale`` (unchanged without
+    such an engine: a preset priced at its roofline)."""
+    from dataclasses import replace
+
+    eng = hw.engine("generation")
+    if eng is None or eng.prefill is None or scale == 1.0:
+        return hw
+    prefill = replace(eng.prefill, efficiency=eng.prefill.efficiency * scale)
+    return hw.with_engine(replace(eng, prefill=prefill))
+
+
+def fit_prefill_efficiency(rows: list[dict[str, Any]], page: str = PREFILL_FIT_PAGE) -> tuple[float, float]:
+    """``(r, MAPE)``: the multiplier ``r`` of the presets' vLLM prefill efficiency that minimises
+    the output-throughput MAPE of ``page``'s engine-bound rows (:func:`vllm_front_end_bound`
+    excluded; golden-section search on ``log r`` over ``[1/2, 2]``). ``r = 1`` when the presets
+    carry the fit."""
+    mine = [
+        r for r in rows if vllm_page(r) == page and vllm_why_not(r) is None and not vllm_front_end_bound(r)
+    ]
+    if not mine:
+        raise ValueError(f"no engine-bound row on page {page!r}")
+    return _fit_multiplier(
+        lambda k: _mape(
+            [(float(r["output_tokens_per_s"]), vllm_predict(r, prefill_scale=k)[1]) for r in mine]
+        )
+    )
+
+
+def prefill_report(rows: list[dict[str, Any]]) -> list[str]:
+    """Summary lines of the Hopper prefill efficiency: the refit on :data:`PREFILL_FIT_PAGE`
+    against the presets', and the other Hopper pages' engine-bound rows fitted and unfitted."""
+    r, fit_mape = fit_prefill_efficiency(rows)
+    held = [
+        x
+        for x in rows
+        if vllm_why_not(x) is None
+        and not vllm_front_end_bound(x)
+        and x["gpu"] != "A100"
+        and vllm_page(x) != PREFILL_FIT_PAGE
+    ]
+    unfit = 1.0 / HOPPER_PREFILL_EFFICIENCY
+
+    def held_mape(scale: float) -> str:
+        return f"{_mape([(float(x['output_tokens_per_s']), vllm_predict(x, prefill_scale=scale)[1]) for x in held]):.1f} %"
+
+    return [
+        "",
+        f"Hopper prefill efficiency (the one fitted figure of this table): the Hopper presets' vLLM engine "
+        f"runs a prefill at {HOPPER_PREFILL_EFFICIENCY} × the roofline, fitted on the engine-bound rows of "
+        f"{PREFILL_FIT_PAGE}:",
+        "",
+        f"- refit now on {PREFILL_FIT_PAGE}: {r:.3f} × the presets' efficiency (1.000: the presets carry the "
+        f"fit); MAPE {fit_mape:.1f} % there",
+        f"- held out, the other H100 and H200 pages' {len(held)} engine-bound rows: MAPE {held_mape(1.0)} "
+        f"(unfitted, at the roofline: {held_mape(unfit)})",
+    ]
+
+
+def vllm_predict(row: dict[str, Any], prefill_scale: float = 1.0) -> tuple[float, float]:
     """rpeg's ``(T_gen, output tokens/s)`` of an expressible row.
 
     The run is one generation on a continuously batching engine
     (:func:`rpeg.costmodel.time.generation_times`): ``n`` = the requests (all sent at once),
-    prompt ``Lp`` and a response of exactly ``Lr`` tokens (the published means; a point mass,
-    the buckets ``(0, Lr−1]`` with share 0 and ``(Lr−1, Lr]`` with share 1), tensor parallelism
+    prompt ``Lp`` (the published mean) and responses drawn from :func:`vllm_buckets` (the
+    maximum-entropy law with the published mean under the row's cap), tensor parallelism
     ``TP`` on one node of the GPU's preset, memory fraction ``--gpu-memory-utilization``
     (vLLM's 0.9 unless the command sets it), the checkpoint's precision (:func:`vllm_precision`),
-    the engine step of the server's flags and defaults (:func:`vllm_engine_step`). Predicted
-    output tokens/s =
+    the engine step of the server's flags and defaults (:func:`vllm_engine_step`), and the
+    preset's vLLM prefill efficiency times ``prefill_scale`` (:func:`fit_prefill_efficiency`
+    varies it). Predicted output tokens/s =
     published generated tokens / ``T_gen``, so rpeg/published is the published duration over
     ``T_gen`` and the same for total tokens/s.
     """
@@ -1027,18 +1139,13 @@ def vllm_predict(row: dict[str, Any]) -> tuple[float, float]:
     from rpeg.costmodel.layout import Layout
     from rpeg.costmodel.time import generation_times
     from rpeg.ir.plan import Strategy
-    from rpeg.ir.workload import LengthBucket
 
     hw = hardware_preset(VLLM_GPUS[row["gpu"]])
-    hw = replace(hw, rollout_step=vllm_engine_step(row, hw))
+    hw = _scaled_prefill(replace(hw, rollout_step=vllm_engine_step(row, hw)), prefill_scale)
     tp = row["tp"]
     strategy = Strategy((1, 1, tp), dp=1, pp=1, tp=tp, mb=1, mem_fraction=row["gpu_memory_utilization"])
-    lp, lr = vllm_lengths(row)
-    buckets = (
-        (LengthBucket(0.0, 0, lr - 1), LengthBucket(1.0, lr - 1, lr))
-        if lr > 1
-        else (LengthBucket(1.0, 0, 1),)
-    )
+    lp, _ = vllm_lengths(row)
+    buckets = vllm_buckets(row)
     (t,) = generation_times(
         replace(vllm_model_spec(row["model"]), precision=vllm_precision(row)),
         Layout(strategy, gpus_per_node=hw.gpus_per_node),
@@ -1118,14 +1225,21 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         f"Published rows: {doc['source']}, `benchmarks/data/vllm_serving.json` (every vLLM result block of "
         "the H100/H200/A100 throughput pages, figures as published: `vllm bench serve`, request rate inf, "
         "so all requests are queued at once). Each expressible row is one generation on rpeg's continuously "
-        "batching engine (`generation_times`, SPEC §14.5): n = the successful requests, prompt Lp and a "
-        "response of exactly Lr tokens (the published means per request), TP on one node of the GPU's "
-        "preset (H100 → h100, H200 → h200, A100 → a100-80gb), memory fraction 0.9 (vLLM's default "
+        "batching engine (`generation_times`, SPEC §14.5): n = the successful requests, prompt Lp (the "
+        "published mean per request) and responses whose lengths only the mean Lr (published) and the cap "
+        "are known of: the cap is a random case's requested output (its `max_tokens`; `vllm bench serve` "
+        "does not set `ignore_eos`, so a response may end sooner) or a ShareGPT completion's 2048 − Lp "
+        "(vLLM's ShareGPT sampling keeps prompt + completion ≤ 2,048 tokens), and the law is the "
+        "maximum-entropy one with that mean under the cap (`vllm_buckets`, `max_entropy_quantiles`: a "
+        "truncated exponential in up to 128 pieces; a point mass at the cap when every response ran to it: "
+        "the longest responses set how long the engine drains, which a point mass at the mean hides), "
+        "TP on one node of the GPU's "
+        "preset (H100 → h100, H200 → h200, A100 → a100-80gb, each with the memory its driver reports), "
+        "memory fraction 0.9 (vLLM's default "
         "`--gpu-memory-utilization`); FP8 checkpoints run with precision fp8 (FP8 GEMMs for the blocks, "
         "their weights in 1 byte, BF16 KV cache: docs/cost-model.md §11); "
         "predicted output tokens/s = published generated tokens / T_gen, so "
-        "rpeg/published is the same for output and total tokens/s. ShareGPT rows have variable lengths "
-        "and are priced at their means (an approximation); the random rows have fixed requested lengths. "
+        "rpeg/published is the same for output and total tokens/s. "
         "Each engine step costs the roofline of its weight GEMMs, then its attention kernel (the preset's "
         "fused-attention rate or F_peak, a decode step's bound by its KV reads: docs/cost-model.md §8, "
         '"The attention core on the engine"), plus the preset\'s cited fixed seconds per step, '
@@ -1136,7 +1250,8 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         "HTTP front end and the benchmark client more than the engine (their mean TTFT is most of the run "
         "although their prefill is a few dozen steps; `vllm_front_end_bound`): an in-process rollout engine "
         "pays none of it, so they are kept in the table and in 'all' but also summarised without them. "
-        "**No term is fitted to these rows.** "
+        f"**One figure is fitted**: the Hopper presets' vLLM prefill efficiency ({HOPPER_PREFILL_EFFICIENCY}, "
+        f"on {PREFILL_FIT_PAGE}; below the table); nothing else is fitted to these rows. "
         "Acceptance target of issue 31: MAPE ≤ 20 %.",
         "",
         f"{len(rows)} rows; {len(every)} expressible, {len(rows) - len(every)} not:",
@@ -1146,6 +1261,7 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         *table,
         "",
         *stats,
+        *prefill_report(rows),
     ]
     print("\n".join(lines))
     if write:

@@ -15,7 +15,7 @@ import numbers
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -40,6 +40,8 @@ __all__ = [
     "Workload",
     "WorkloadFile",
     "load_workload",
+    "max_entropy_quantiles",
+    "quantile_buckets",
     "with_response_len",
 ]
 
@@ -122,6 +124,110 @@ def default_quantiles(response_len: int) -> tuple[tuple[float, int], ...]:
         (0.85, max(1, response_len // 2)),
         (1.0, response_len),
     )
+
+
+def quantile_buckets(quantiles: Sequence[tuple[float, int]]) -> tuple[LengthBucket, ...]:
+    """The piecewise-uniform law of response-length quantiles ``((f_1, t_1), …, (f_Q, t_Q))``
+    (SPEC §14.1): a share ``f_q − f_{q−1}`` uniform on ``(t_{q−1}, t_q]``, ``t_0 = f_0 = 0``."""
+    out, prev_f, prev_t = [], 0.0, 0
+    for f, t in quantiles:
+        out.append(LengthBucket(f - prev_f, prev_t, t))
+        prev_f, prev_t = f, t
+    return tuple(out)
+
+
+#: Pieces of :func:`max_entropy_quantiles` when a workload file gives ``response_mean``: each
+#: piece is a phase of a split generation (SPEC §5, rule 1), so few; a benchmark pricing one
+#: generation may ask for more.
+MAX_ENTROPY_PIECES = 8
+#: The least share a piece of :func:`max_entropy_quantiles` keeps (quantile fractions must rise).
+_SLIVER = 1e-9
+
+
+def _truncated_exponential_cdf(x: float, theta: float, cap: float) -> float:
+    """``F(x) = (1 − e^(−θx))/(1 − e^(−θ·cap))`` of the density ``∝ e^(−θr)`` on ``[0, cap]``
+    (``x/cap`` at ``θ = 0``; for ``θ < 0`` by the mirror ``1 − F_{−θ}(cap − x)``, which keeps
+    every exponent negative)."""
+    if abs(theta * cap) < 1e-12:
+        return x / cap
+    if theta < 0.0:
+        return 1.0 - _truncated_exponential_cdf(cap - x, -theta, cap)
+    return math.expm1(-theta * x) / math.expm1(-theta * cap)
+
+
+def max_entropy_quantiles(
+    mean: float, response_len: int, pieces: int = MAX_ENTROPY_PIECES
+) -> tuple[tuple[float, int], ...]:
+    """The response-length quantiles of the least informative law on ``(0, Lr]`` with a given
+    mean: the maximum-entropy density on ``[0, Lr]`` whose mean is ``Ē`` is the truncated
+    exponential ``p(r) ∝ e^(−θr)`` (``θ > 0`` below ``Lr/2``, uniform at it, ``θ < 0`` above),
+    the law of a response that ends after each token with the same probability and is cut at
+    ``Lr`` (``docs/decisions.md``, "Response lengths from a mean").
+
+    The quantiles sit at ``pieces`` lengths of equal spacing, ``t_i = round(i·Lr/pieces)``, with
+    ``f_i = F_θ(t_i)``, and ``θ`` is solved (bisection) so that the piecewise-uniform law the
+    quantiles define (SPEC §14.1) has mean ``Σ (f_i − f_{i−1})·(t_{i−1} + t_i)/2 = Ē``: the
+    workload's real tokens are the stated ones (to ``pieces·10⁻⁹·Lr``, the slivers below). A piece whose share underflows keeps ``10⁻⁹``
+    (the fractions must rise strictly).
+
+    Parameters
+    ----------
+    mean
+        ``Ē``, the mean response length in tokens.
+    response_len
+        ``Lr``, the longest response (the cap).
+    pieces
+        Number of equal-width pieces (at most ``Lr``); each is a phase of a split generation.
+
+    Returns
+    -------
+    tuple of (float, int)
+        ``((f_1, t_1), …, (1.0, Lr))``.
+
+    Raises
+    ------
+    ValueError
+        If ``response_len`` or ``pieces`` is not a positive integer, or ``mean`` is not strictly
+        inside ``(w/2, Lr − w/2)`` with ``w = Lr/pieces`` the narrowest piece's width (a mean
+        outside puts all the responses in the first or the last piece; more pieces reach further).
+    """
+    if not _is_int(response_len) or not 1 <= response_len <= MAX_TOKENS:
+        raise ValueError(f"response_len must be an integer in [1, {MAX_TOKENS:,}], got {response_len!r}")
+    if not _is_int(pieces) or pieces < 1:
+        raise ValueError(f"pieces must be a positive integer, got {pieces!r}")
+    cap = int(response_len)
+    edges = sorted({round(cap * i / min(int(pieces), cap)) for i in range(min(int(pieces), cap) + 1)})
+    lo_mean, hi_mean = edges[1] / 2.0, (cap + edges[-2]) / 2.0
+    if not _is_number(mean) or not math.isfinite(mean) or not lo_mean < mean < hi_mean:
+        raise ValueError(
+            f"response_mean must be a number of tokens in ({lo_mean:g}, {hi_mean:g}) for response_len = "
+            f"{cap} in {len(edges) - 1} pieces, got {mean!r}"
+        )
+
+    def shares(theta: float) -> list[float]:
+        cdf = [_truncated_exponential_cdf(float(t), theta, cap) for t in edges]
+        return [b - a for a, b in zip(cdf, cdf[1:])]
+
+    def piecewise_mean(theta: float) -> float:
+        return sum(s * (a + b) / 2.0 for s, a, b in zip(shares(theta), edges, edges[1:]))
+
+    # the piecewise mean falls from near Lr − w/2 to near w/2 as θ runs over ±bound
+    lo, hi = -4000.0 / cap, 4000.0 / cap
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if piecewise_mean(mid) > mean:
+            lo = mid
+        else:
+            hi = mid
+    n = len(edges) - 1
+    out: list[tuple[float, int]] = []
+    f = 0.0
+    for i, (share, t) in enumerate(zip(shares(0.5 * (lo + hi)), edges[1:]), start=1):
+        # fractions must rise strictly: a piece whose share underflows keeps a sliver
+        f = min(max(f + share, f + _SLIVER), 1.0 - _SLIVER * (n - i))
+        out.append((f, t))
+    out[-1] = (1.0, cap)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -401,13 +507,9 @@ class Workload:
 
     @property
     def buckets(self) -> tuple[LengthBucket, ...]:
-        """The response-length distribution as :class:`LengthBucket` pieces (SPEC §14.1): a
-        share ``f_q − f_{q−1}`` uniform on ``(t_{q−1}, t_q]``, ``t_0 = f_0 = 0``."""
-        out, prev_f, prev_t = [], 0.0, 0
-        for f, t in self.quantiles:  # type: ignore[union-attr]
-            out.append(LengthBucket(f - prev_f, prev_t, t))
-            prev_f, prev_t = f, t
-        return tuple(out)
+        """The response-length distribution as :class:`LengthBucket` pieces (SPEC §14.1,
+        :func:`quantile_buckets`)."""
+        return quantile_buckets(self.quantiles)  # type: ignore[arg-type]
 
     @property
     def mean_response(self) -> float:
@@ -525,6 +627,7 @@ class _BatchTable(Strict):
     prompt_len: Annotated[int, Field(ge=1, le=MAX_TOKENS)]
     response_len: Annotated[int, Field(ge=1, le=MAX_TOKENS)]
     quantiles: Annotated[list[QuantilePair], Field(min_length=1)] | None = None
+    response_mean: Annotated[float, Field(gt=0.0, le=MAX_TOKENS)] | None = None
 
 
 ModelEntry = tagged(
@@ -662,7 +765,8 @@ def load_workload(path: str | Path) -> WorkloadFile:
     model table may set its own instead), ``load_imbalance`` (``λ ≥ 1`` of every mixture of
     experts, :attr:`~rpeg.ir.models.ModelSpec.load_imbalance`; likewise); a ``[batch]`` table with
     ``prompts``, ``rollouts``, ``prompt_len``, ``response_len`` and optional ``quantiles``
-    (a list of ``[fraction, length]``); a ``[models]`` table mapping roles to preset names,
+    (a list of ``[fraction, length]``) or ``response_mean`` (the mean response length: the
+    quantiles of :func:`max_entropy_quantiles` in :data:`MAX_ENTROPY_PIECES` pieces); a ``[models]`` table mapping roles to preset names,
     ``config.json`` paths (or folders holding one) or inline tables; an optional
     ``[structure]`` table with ``staleness = {actor = [0, 1], ...}`` and ``ac_sharing``; and an
     optional ``[cluster]`` table with ``shape = "RxNxG"``, ``hardware`` and ``k_eval``. Unknown
@@ -713,6 +817,23 @@ def load_workload(path: str | Path) -> WorkloadFile:
             models = _with_setting(models, doc.models, setting, getattr(doc, setting), where)
     batch = doc.batch
     rollouts = batch.rollouts if batch.rollouts is not None else (2 if doc.algorithm == "dpo" else 1)
+    quantiles = tuple((f, t) for f, t in batch.quantiles) if batch.quantiles is not None else None
+    if batch.response_mean is not None:
+        if quantiles is not None:
+            raise InputError(
+                f"{where}: fields 'batch.quantiles' and 'batch.response_mean' both describe the "
+                "response lengths; give one",
+                source=where,
+                field="batch.response_mean",
+            )
+        try:
+            quantiles = max_entropy_quantiles(batch.response_mean, batch.response_len)
+        except ValueError as exc:
+            raise InputError(
+                f"{where}: field 'batch.response_mean' {str(exc).removeprefix('response_mean ')}",
+                source=where,
+                field="batch.response_mean",
+            ) from None
     try:
         workload = Workload(
             algorithm=doc.algorithm,
@@ -721,7 +842,7 @@ def load_workload(path: str | Path) -> WorkloadFile:
             rollouts=rollouts,
             prompt_len=batch.prompt_len,
             response_len=batch.response_len,
-            quantiles=tuple((f, t) for f, t in batch.quantiles) if batch.quantiles is not None else None,
+            quantiles=quantiles,
             staleness={k: tuple(v) for k, v in doc.structure.staleness.items()},
             ac_sharing=doc.structure.ac_sharing,
             name=doc.name if doc.name is not None else path.stem,

@@ -23,11 +23,11 @@ def test_simulator_policies_on_a_short_trace(job, cache):
     st = rep["static"]
     assert all(x.decision.urgent for x in st.records if x.decision.admitted)  # only forced moves
     assert st.transitions == 1  # the pool drop at step 4
-    # at step 6 (2020 → 2160 tokens; static keeps the plan forced onto 16 GPUs at step 4) the
-    # plan's resident activations stop fitting: its trainers switch to full recomputation in place, which is not
-    # a transition (the rollout engine's cache is bounded by its memory fraction, SPEC §14.5, so
-    # longer responses slow it down rather than outgrow it)
-    assert [x.step for x in st.records if x.decision.leaner] == [6]
+    # at step 5 (1774 → 2020 tokens; static keeps the plan forced onto 16 GPUs at step 4, which
+    # uses the H100's 85.5 GB) the plan's resident activations stop fitting: its trainers switch to
+    # full recomputation in place, which is not a transition (the rollout engine's cache is bounded
+    # by its memory fraction, SPEC §14.5, so longer responses slow it down rather than outgrow it)
+    assert [x.step for x in st.records if x.decision.leaner] == [5]
     assert rep["payback"].transitions <= rep["always-adapt"].transitions
     assert any(r.transition_time > 0 for r in rep.values())
     # static with enough GPUs and moderate growth never transitions

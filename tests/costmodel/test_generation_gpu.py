@@ -244,7 +244,8 @@ def test_a_gpu_decode_prices_its_attention_core_as_a_kernel_of_its_own() -> None
 def test_a_gpu_prefill_runs_its_attention_core_at_the_kernel_rate() -> None:
     """The prompts' causal core (n·A(Lp)) runs at the preset's fused-attention forward rate (H100:
     cuDNN's, at the model's head width); the rest of the prefill at the roofline of its chunks;
-    an unrated preset runs the core at F_peak."""
+    an unrated preset runs the core at F_peak. Both over the engine's prefill efficiency ``η_p``
+    (Hopper's vLLM, fitted: docs/cost-model.md §8; 1 on B200)."""
     n, lp = 16, 4096
     for hw in (H100, hardware_preset("b200")):
         node = _Node(MODEL, LAYOUT, hw, n)
@@ -257,5 +258,12 @@ def test_a_gpu_prefill_runs_its_attention_core_at_the_kernel_rate() -> None:
         rate = rates[0] if rates else hw.peak_flops
         roof = _Roofline(MODEL, LAYOUT, hw, n / chunks)
         f = roof.flops(rest / chunks, lp, 0.0, block_gemm_flops(MODEL, n * lp) / rest)
-        assert _prefill_terms(node, lp, Head.LM)[0] == pytest.approx(rest / f + core / rate, rel=1e-12)
+        eta = hw.terms("prefill").efficiency
+        assert _prefill_terms(node, lp, Head.LM)[0] == pytest.approx(
+            (rest / f + core / rate) / eta, rel=1e-12
+        )
     assert H100.attention and not hardware_preset("b200").attention
+    assert (
+        H100.terms("prefill").efficiency == 0.502
+        and hardware_preset("b200").terms("prefill").efficiency == 1.0
+    )

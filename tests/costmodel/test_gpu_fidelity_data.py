@@ -147,6 +147,32 @@ def test_every_vllm_row_has_its_fields_and_a_source(fid):
     assert sum(fid.vllm_why_not(r) is None for r in rows) >= 20
 
 
+def test_each_vllm_row_is_priced_with_its_published_mean_under_its_cap(fid):
+    """Only the mean generated tokens and the cap of a request are published: the law a row is
+    priced with has exactly that mean, ends at the cap (a random case's requested output, a
+    ShareGPT completion's ``2048 − Lp``), and is a point mass at the cap only when every request
+    ran to it."""
+    rows = [r for r in fid.load_vllm_rows() if fid.vllm_why_not(r) is None]
+    seen = set()
+    for row in rows:
+        buckets = fid.vllm_buckets(row)
+        mean = row["total_generated_tokens"] / row["requests"]
+        cap = fid.vllm_length_cap(row)
+        assert buckets[-1].hi == cap
+        if row["dataset"] == "sharegpt":
+            assert cap == 2048 - fid.vllm_lengths(row)[0]
+        else:
+            assert cap == row["output_len"]
+        got = sum(b.share * b.mean for b in buckets)
+        if len(buckets) == 2 and buckets[0].share == 0.0:  # ran to the cap
+            assert got == cap - 0.5 and mean >= cap - 0.5
+            seen.add("point")
+        else:
+            assert got == pytest.approx(mean, rel=1e-6)
+            seen.add(row["dataset"])
+    assert seen == {"point", "random", "sharegpt"}
+
+
 def test_a_missing_vllm_field_is_named(fid, tmp_path):
     bad = tmp_path / "rows.json"
     bad.write_text('{"rows": [{"model": "x"}]}')

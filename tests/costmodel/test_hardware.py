@@ -46,15 +46,16 @@ def test_presets_load_and_are_sane(name):
 @pytest.mark.parametrize(
     ("name", "per_node", "memory", "nominal_flops"),
     [
-        ("a100-40gb", 8, 40e9, 312e12),
-        ("a100-80gb", 8, 80e9, 312e12),
-        ("b200", 8, 180e9, 2250e12),
+        # the driver's total (nvidia-smi, MiB) where a listing is cited; else the vendor's figure
+        ("a100-40gb", 8, 40960 * 2**20, 312e12),
+        ("a100-80gb", 8, 81920 * 2**20, 312e12),
+        ("b200", 8, 183359 * 2**20, 2250e12),
         ("b300", 8, 288e9, 2250e12),
         ("gb200-nvl72", 4, 186e9, 2500e12),
         ("gb300-nvl72", 4, 288e9, 2500e12),
         ("gh200", 4, 96e9, 990e12),
-        ("h100", 8, 80e9, 990e12),
-        ("h200", 8, 141e9, 990e12),
+        ("h100", 8, 81559 * 2**20, 990e12),
+        ("h200", 8, 143771 * 2**20, 990e12),
     ],
 )
 def test_gpu_preset_figures(name, per_node, memory, nominal_flops):
@@ -251,14 +252,23 @@ def test_engine_terms_round_trip_and_lookup(tmp_path):
         back.with_engine(dataclasses.replace(vllm, name="megatron"))
 
 
-def test_presets_have_neutral_engine_terms():
+HOPPER = ("gh200", "h100", "h20", "h200")
+
+
+def test_presets_have_neutral_engine_terms_but_hoppers_vllm_prefill():
+    """Presets carry SPEC's terms, except the one fitted figure: vLLM's prefill efficiency on
+    Hopper (``docs/cost-model.md`` §8, "vLLM's prefill on Hopper")."""
+    assert set(HOPPER) <= set(HARDWARE_PRESETS)
     for name in HARDWARE_PRESETS:
         hw = hardware_preset(name)
-        assert hw.dispatch_s == 0.0 and hw.engines == () and hw.weight_sync() is None
+        assert hw.dispatch_s == 0.0 and hw.weight_sync() is None and hw.tensor_parallel() is None
         assert hw.data_parallel() is None
         for cls in ("prefill", "decode", "inference", "training"):
             t = hw.terms(cls)
-            assert (t.efficiency, t.per_call_s, t.per_layer_s, t.per_step_s) == (1.0, 0.0, 0.0, 0.0)
+            eta = 0.502 if (name, cls) in {(h, "prefill") for h in HOPPER} else 1.0
+            assert (t.efficiency, t.per_call_s, t.per_layer_s, t.per_step_s) == (eta, 0.0, 0.0, 0.0)
+        assert hw.engine_for == (("vllm", "", "") if name in HOPPER else ("", "", ""))
+        assert (hw.engines == ()) == (name not in HOPPER)
 
 
 def test_version_1_files_are_refused_with_what_to_do(tmp_path):

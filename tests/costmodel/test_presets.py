@@ -7,6 +7,9 @@ from rpeg.costmodel import HARDWARE_PRESETS, hardware_preset
 from rpeg.ir.hardware import TIER_NAMES
 
 FIGURES = ("peak_flops", "mem_bandwidth", "gpu_memory_bytes")
+#: Presets whose memory is the driver's total as a public ``nvidia-smi`` listing shows it (MiB);
+#: the others keep the vendor's figure (``docs/cost-model.md`` §5).
+MIB = 2**20
 LINKS = tuple(f"{kind}.{tier}" for kind in ("collective", "p2p") for tier in TIER_NAMES)
 
 # The published node designs (see each preset's ``sources``): dense BF16 peak, HBM bandwidth and
@@ -17,7 +20,7 @@ PUBLISHED = {
     "a100-40gb": {
         "dense": 312e12,
         "hbm": 1555e9,
-        "memory": 40e9,
+        "memory": 40960 * MIB,
         "gpus": 8,
         "nvlink": 300e9,
         "nics": (8, 200e9),
@@ -26,7 +29,7 @@ PUBLISHED = {
     "a100-80gb": {
         "dense": 312e12,
         "hbm": 2039e9,
-        "memory": 80e9,
+        "memory": 81920 * MIB,
         "gpus": 8,
         "nvlink": 300e9,
         "nics": (8, 200e9),
@@ -35,7 +38,7 @@ PUBLISHED = {
     "b200": {
         "dense": 2250e12,
         "hbm": 8e12,
-        "memory": 180e9,
+        "memory": 183359 * MIB,
         "gpus": 8,
         "nvlink": 900e9,
         "nics": (8, 400e9),
@@ -54,7 +57,7 @@ PUBLISHED = {
     "h100": {
         "dense": 989.4e12,
         "hbm": 3.35e12,
-        "memory": 80e9,
+        "memory": 81559 * MIB,
         "gpus": 8,
         "nvlink": 450e9,
         "nics": (8, 400e9),
@@ -62,7 +65,7 @@ PUBLISHED = {
     "h200": {
         "dense": 989.4e12,
         "hbm": 4.8e12,
-        "memory": 141e9,
+        "memory": 143771 * MIB,
         "gpus": 8,
         "nvlink": 450e9,
         "nics": (8, 400e9),
@@ -72,7 +75,7 @@ PUBLISHED = {
     "h20": {
         "dense": 148e12,
         "hbm": 4.0e12,
-        "memory": 96e9,
+        "memory": 97871 * MIB,
         "gpus": 8,
         "nvlink": 450e9,
         "nics": (8, 400e9),
@@ -149,6 +152,11 @@ def test_gpu_presets_are_the_published_figures_derated(name):
     hw = hardware_preset(name)
     assert hw.gpus_per_node == pub["gpus"]
     assert hw.gpu_memory_bytes == pub["memory"]
+    memory_source = dict(hw.sources)["gpu_memory_bytes"]
+    if pub["memory"] % MIB == 0:  # the driver's total, cited to a listing
+        assert f"{pub['memory'] // MIB:,} MiB" in memory_source and "nvidia-smi" in memory_source
+    else:
+        assert "the vendor's figure" in memory_source
     assert hw.peak_flops == pytest.approx(0.70 * pub["dense"])
     assert hw.mem_bandwidth == pytest.approx(0.85 * pub["hbm"])
     count, bits = pub["nics"]
@@ -162,11 +170,11 @@ def test_gpu_presets_are_the_published_figures_derated(name):
 def test_h20_is_the_h100_node_with_the_h20_gpu():
     """HGX H20 keeps the DGX H100's links (NVLink 4 through NVSwitch, one 400 Gb/s NIC per GPU, the
     NICs an assumption) and its alphas; only the GPU differs: 0.70 × 148 = 103.6 TFLOP/s dense BF16
-    (about 15 % of the H100's 692.6), 0.85 × 4.0 = 3.4 TB/s HBM3, 96 GB."""
+    (about 15 % of the H100's 692.6), 0.85 × 4.0 = 3.4 TB/s HBM3, 96 GB (97,871 MiB to the driver)."""
     h20, h100 = hardware_preset("h20"), hardware_preset("h100")
     assert h20.peak_flops == pytest.approx(1.036e14)
     assert h20.mem_bandwidth == pytest.approx(3.4e12)
-    assert h20.gpu_memory_bytes == 96e9
+    assert h20.gpu_memory_bytes == 97871 * MIB  # nvidia-smi's total of the 96 GB part
     assert 1.0 / h20.collective[0].beta == pytest.approx(360e9)
     assert 1.0 / h20.collective[1].beta == pytest.approx(40e9)
     assert 1.0 / h20.collective[2].beta == pytest.approx(24e9)

@@ -29,8 +29,10 @@ def cluster(limit: int | None) -> Cluster:
     # host offload (SPEC §14.4), which frees the memory an unpipelined generation needs here, and
     # without SPEC §15's splits (context parallelism lets the trainers leave it more room); and
     # without the preset's rollout-engine step (its c_step per pipeline slot makes the unpipelined
-    # generation the faster one here, and the test needs an instance that pipelines)
-    hw = dataclasses.replace(hardware_preset("a100-40gb"), rollout_step=None)
+    # generation the faster one here, and the test needs an instance that pipelines); and with
+    # the vendor's 40 GB rather than the driver's 40,960 MiB, on which the unpipelined
+    # generation fits
+    hw = dataclasses.replace(hardware_preset("a100-40gb"), rollout_step=None, gpu_memory_bytes=40e9)
     return Cluster.from_shape("1x4x4", hw, generation_max_pp=limit, host_offload=False, **NO_SPLITS)
 
 
