@@ -1043,7 +1043,7 @@ def vllm_front_end_bound(row: dict[str, Any]) -> bool:
     return (row["dataset"], row["input_len"], row["output_len"]) == ("random", *FRONT_END_CASE)
 
 
-#: vLLM's prefill efficiency on Hopper, which the Hopper presets (h100, h200, h20, gh200) carry as
+#: vLLM's prefill efficiency on Hopper, which the h100 and h200 presets carry as
 #: their ``vllm`` engine's prefill ``efficiency`` (docs/cost-model.md §8, "The engine step"):
 #: issue 31's one efficiency per operation class per GPU generation, fitted
 #: (:func:`fit_prefill_efficiency`) on the engine-bound rows of :data:`PREFILL_FIT_PAGE` and
@@ -1107,7 +1107,7 @@ def prefill_report(rows: list[dict[str, Any]]) -> list[str]:
 
     return [
         "",
-        f"Hopper prefill efficiency (the one fitted figure of this table): the Hopper presets' vLLM engine "
+        f"Hopper prefill efficiency (the one fitted figure of this table): the h100 and h200 presets' vLLM engine "
         f"runs a prefill at {HOPPER_PREFILL_EFFICIENCY} × the roofline, fitted on the engine-bound rows of "
         f"{PREFILL_FIT_PAGE}:",
         "",
@@ -1250,7 +1250,7 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         "HTTP front end and the benchmark client more than the engine (their mean TTFT is most of the run "
         "although their prefill is a few dozen steps; `vllm_front_end_bound`): an in-process rollout engine "
         "pays none of it, so they are kept in the table and in 'all' but also summarised without them. "
-        f"**One figure is fitted**: the Hopper presets' vLLM prefill efficiency ({HOPPER_PREFILL_EFFICIENCY}, "
+        f"**One figure is fitted**: the h100 and h200 presets' vLLM prefill efficiency ({HOPPER_PREFILL_EFFICIENCY}, "
         f"on {PREFILL_FIT_PAGE}; below the table); nothing else is fitted to these rows. "
         "Acceptance target of issue 31: MAPE ≤ 20 %.",
         "",

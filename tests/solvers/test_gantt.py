@@ -7,7 +7,6 @@ when the plan has such nodes, one dashed line per RL step at the finish of its l
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import pytest
@@ -23,9 +22,6 @@ GIDS = ("gantt-op", "gantt-comm", "gantt-reshard")
 @pytest.fixture(scope="module")
 def results(problem_of):
     workload, cluster, k_eval = problem_of("ppo-7b-16gpu")
-    # SPEC's engine terms (the preset's fitted vLLM prefill efficiency off): SA's plan then splits
-    # its generation into phases and sends COMMs, so the legend tests see every kind of bar
-    cluster = dataclasses.replace(cluster, hardware=cluster.hardware.using(generation=""))
     return {
         "greedy": solve(workload, cluster, "greedy", k_eval=k_eval),
         "sa": solve(workload, cluster, "sa", k_eval=k_eval, max_evaluations=200),
