@@ -786,7 +786,7 @@ def parse_perf_lab(text: str, path: str, commit: str) -> list[dict[str, Any]]:
     ``dataset`` null. A label is a ``# ...`` line right above a result block.
     """
     gpu_file = re.search(r"/(h100|h200|a100)[^/]*\.md$", path)
-    hw = re.search(r"^(\d+) × NVIDIA (\S+)(.*)$", text, re.M)
+    hw = re.search(r"^(?:(\d+) ×|A single) NVIDIA (\S+)(.*)$", text, re.M)
     version = re.search(r"^- vLLM: (\S+)", text, re.M)
     cases = {
         m.group(1): (int(m.group(2)), int(m.group(3)))

@@ -139,6 +139,9 @@ def test_every_vllm_row_has_its_fields_and_a_source(fid):
         # the rows rpeg prices: the published output throughput is the generated tokens over
         # the duration (the comparison rests on it)
         if fid.vllm_why_not(row) is None:
+            # the page names the part ("A single NVIDIA H100 SXM GPU.", "8 × NVIDIA H200 SXM GPUs ..."):
+            # the SXM boards the presets model
+            assert f"NVIDIA {row['gpu']} SXM" in row["gpu_text"], row["gpu_text"]
             rate = row["total_generated_tokens"] / row["duration_s"]
             assert row["output_tokens_per_s"] == pytest.approx(rate, rel=0.01)
         assert row["dataset"] in ("random", "sharegpt", None)
