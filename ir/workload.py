@@ -249,7 +249,8 @@ class Workload:
         ``Lp`` and ``Lr`` in tokens.
     quantiles
         ``((f1, t1), …, (fQ, tQ))``: the fraction ``f_q`` of responses finished by length ``t_q``;
-        increasing in both, ``fQ = 1`` and ``tQ = Lr``. ``None`` gives the SPEC §2 default.
+        increasing in both, ``fQ = 1`` and ``tQ = Lr``. ``None`` gives the SPEC §2 default;
+        :func:`max_entropy_quantiles` builds them from a mean response length.
     staleness
         Allowed staleness budgets per trainable role (default ``{0, 1}`` each).
     ac_sharing
