@@ -1003,10 +1003,13 @@ def vllm_buckets(row: dict[str, Any]) -> tuple[Any, ...]:
 
     cap = vllm_length_cap(row)
     mean = row["total_generated_tokens"] / row["requests"]
-    pieces = min(cap, VLLM_LENGTH_PIECES)
-    if mean >= cap - cap / pieces / 2:
+    try:
+        return quantile_buckets(max_entropy_quantiles(mean, cap, min(cap, VLLM_LENGTH_PIECES)))
+    except ValueError:
+        if mean < cap / 2:  # within half a piece of 0 tokens: no serving row has such a mean
+            raise
+        # within half a piece of the cap: every response ran to it
         return quantile_buckets(((0.0, cap - 1), (1.0, cap)) if cap > 1 else ((1.0, 1),))
-    return quantile_buckets(max_entropy_quantiles(mean, cap, pieces))
 
 
 def vllm_engine_step(row: dict[str, Any], hw: Any) -> Any:
@@ -1047,7 +1050,7 @@ def vllm_front_end_bound(row: dict[str, Any]) -> bool:
 #: their ``vllm`` engine's prefill ``efficiency`` (docs/cost-model.md §8, "The engine step"):
 #: issue 31's one efficiency per operation class per GPU generation, fitted
 #: (:func:`fit_prefill_efficiency`) on the engine-bound rows of :data:`PREFILL_FIT_PAGE` and
-#: reported on the other Hopper pages. The A100 rows, priced at the preset's roofline, fit
+#: reported on the other H100 and H200 pages. The A100 rows, priced at the preset's roofline, fit
 #: without one (section ``gpu-fidelity-generation``).
 HOPPER_PREFILL_EFFICIENCY = 0.502
 #: The published table (one GPUStack page) the Hopper prefill efficiency is fitted on.
@@ -1199,7 +1202,7 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         if not vllm_front_end_bound(row):
             engine.append((pub, pred))
         lp, lr = vllm_lengths(row)
-        page = row["source"]["path"].removeprefix(VLLM_DOCS_DIR + "/")
+        page = vllm_page(row)
         ttft = row["mean_ttft_ms"] / 1e3 / row["duration_s"] if row.get("mean_ttft_ms") else float("nan")
         table.append(
             f"| {page} | {row['model']} | {row['gpu']} | {row['tp']} | {vllm_precision(row)} | "

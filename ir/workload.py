@@ -167,8 +167,8 @@ def max_entropy_quantiles(
     The quantiles sit at ``pieces`` lengths of equal spacing, ``t_i = round(i·Lr/pieces)``, with
     ``f_i = F_θ(t_i)``, and ``θ`` is solved (bisection) so that the piecewise-uniform law the
     quantiles define (SPEC §14.1) has mean ``Σ (f_i − f_{i−1})·(t_{i−1} + t_i)/2 = Ē``: the
-    workload's real tokens are the stated ones (to ``pieces·10⁻⁹·Lr``, the slivers below). A piece whose share underflows keeps ``10⁻⁹``
-    (the fractions must rise strictly).
+    workload's real tokens are the stated ones (to ``pieces·10⁻⁹·Lr``). A piece whose share
+    underflows keeps a sliver of ``10⁻⁹``: the fractions must rise strictly.
 
     Parameters
     ----------

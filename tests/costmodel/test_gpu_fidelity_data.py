@@ -269,3 +269,34 @@ def test_nvfp4_rows_are_priced_and_the_presets_carry_the_fitted_efficiency(fid):
     r, mape = fid.fit_fp4_efficiency(pairs)
     assert r == pytest.approx(1.0, abs=0.01)
     assert mape == pytest.approx(fid._mape(fid.speedup_pairs(fit, r)))
+
+
+def test_the_h100_and_h200_presets_carry_the_fitted_vllm_prefill_efficiency(fid):
+    """The serving table's one fitted figure: refitting vLLM's prefill efficiency on its page
+    gives 1.00 × what the h100 and h200 presets carry; a cost-model change that moves the fit
+    fails here until the presets are refitted (``docs/cost-model.md`` §8, "vLLM's prefill on
+    Hopper"). The page's rows and the held-out ones are both served by it."""
+    from rpeg.costmodel.hardware import hardware_preset
+
+    for name in ("h100", "h200"):
+        assert hardware_preset(name).terms("prefill").efficiency == fid.HOPPER_PREFILL_EFFICIENCY
+    rows = fid.load_vllm_rows()
+    r, fit_mape = fid.fit_prefill_efficiency(rows)
+    assert r == pytest.approx(1.0, abs=0.01) and fit_mape < 10.0
+    held = [
+        x
+        for x in rows
+        if fid.vllm_why_not(x) is None
+        and not fid.vllm_front_end_bound(x)
+        and x["gpu"] != "A100"
+        and fid.vllm_page(x) != fid.PREFILL_FIT_PAGE
+    ]
+    assert len(held) >= 10
+
+    def mape(scale: float) -> float:
+        return fid._mape(
+            [(float(x["output_tokens_per_s"]), fid.vllm_predict(x, prefill_scale=scale)[1]) for x in held]
+        )
+
+    # held out, it beats the roofline (scale 1/η undoes it)
+    assert mape(1.0) < mape(1.0 / fid.HOPPER_PREFILL_EFFICIENCY)
