@@ -1084,18 +1084,13 @@ def fit_prefill_efficiency(rows: list[dict[str, Any]], page: str = PREFILL_FIT_P
     ]
     if not mine:
         raise ValueError(f"no engine-bound row on page {page!r}")
-    return _fit_multiplier(
-        lambda k: _mape(
-            [(float(r["output_tokens_per_s"]), vllm_predict(r, prefill_scale=k)[1]) for r in mine]
-        )
-    )
+    return _fit_multiplier(lambda k: prefill_mape(mine, k))
 
 
-def prefill_report(rows: list[dict[str, Any]]) -> list[str]:
-    """Summary lines of the Hopper prefill efficiency: the refit on :data:`PREFILL_FIT_PAGE`
-    against the presets', and the other Hopper pages' engine-bound rows fitted and unfitted."""
-    r, fit_mape = fit_prefill_efficiency(rows)
-    held = [
+def prefill_held_out(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows the Hopper prefill efficiency is reported on: the expressible engine-bound rows
+    of the H100 and H200 pages other than :data:`PREFILL_FIT_PAGE`."""
+    return [
         x
         for x in rows
         if vllm_why_not(x) is None
@@ -1103,10 +1098,22 @@ def prefill_report(rows: list[dict[str, Any]]) -> list[str]:
         and x["gpu"] != "A100"
         and vllm_page(x) != PREFILL_FIT_PAGE
     ]
+
+
+def prefill_mape(rows: list[dict[str, Any]], scale: float = 1.0) -> float:
+    """Output-throughput MAPE of ``rows`` with the presets' vLLM prefill efficiency times ``scale``."""
+    return _mape([(float(x["output_tokens_per_s"]), vllm_predict(x, prefill_scale=scale)[1]) for x in rows])
+
+
+def prefill_report(rows: list[dict[str, Any]]) -> list[str]:
+    """Summary lines of the Hopper prefill efficiency: the refit on :data:`PREFILL_FIT_PAGE`
+    against the presets', and the other H100 and H200 pages' engine-bound rows fitted and unfitted."""
+    r, fit_mape = fit_prefill_efficiency(rows)
+    held = prefill_held_out(rows)
     unfit = 1.0 / HOPPER_PREFILL_EFFICIENCY
 
     def held_mape(scale: float) -> str:
-        return f"{_mape([(float(x['output_tokens_per_s']), vllm_predict(x, prefill_scale=scale)[1]) for x in held]):.1f} %"
+        return f"{prefill_mape(held, scale):.1f} %"
 
     return [
         "",

@@ -196,12 +196,13 @@ def max_entropy_quantiles(
     if not _is_int(pieces) or pieces < 1:
         raise ValueError(f"pieces must be a positive integer, got {pieces!r}")
     cap = int(response_len)
-    edges = sorted({round(cap * i / min(int(pieces), cap)) for i in range(min(int(pieces), cap) + 1)})
+    n = min(int(pieces), cap)
+    edges = [round(cap * i / n) for i in range(n + 1)]  # strictly rising: pieces are ≥ 1 token wide
     lo_mean, hi_mean = edges[1] / 2.0, (cap + edges[-2]) / 2.0
     if not _is_number(mean) or not math.isfinite(mean) or not lo_mean < mean < hi_mean:
         raise ValueError(
             f"response_mean must be a number of tokens in ({lo_mean:g}, {hi_mean:g}) for response_len = "
-            f"{cap} in {len(edges) - 1} pieces, got {mean!r}"
+            f"{cap} in {n} pieces, got {mean!r}"
         )
 
     def shares(theta: float) -> list[float]:
@@ -219,7 +220,6 @@ def max_entropy_quantiles(
             lo = mid
         else:
             hi = mid
-    n = len(edges) - 1
     out: list[tuple[float, int]] = []
     f = 0.0
     for i, (share, t) in enumerate(zip(shares(0.5 * (lo + hi)), edges[1:]), start=1):

@@ -283,20 +283,7 @@ def test_the_h100_and_h200_presets_carry_the_fitted_vllm_prefill_efficiency(fid)
     rows = fid.load_vllm_rows()
     r, fit_mape = fid.fit_prefill_efficiency(rows)
     assert r == pytest.approx(1.0, abs=0.01) and fit_mape < 10.0
-    held = [
-        x
-        for x in rows
-        if fid.vllm_why_not(x) is None
-        and not fid.vllm_front_end_bound(x)
-        and x["gpu"] != "A100"
-        and fid.vllm_page(x) != fid.PREFILL_FIT_PAGE
-    ]
+    held = fid.prefill_held_out(rows)
     assert len(held) >= 10
-
-    def mape(scale: float) -> float:
-        return fid._mape(
-            [(float(x["output_tokens_per_s"]), fid.vllm_predict(x, prefill_scale=scale)[1]) for x in held]
-        )
-
     # held out, it beats the roofline (scale 1/η undoes it)
-    assert mape(1.0) < mape(1.0 / fid.HOPPER_PREFILL_EFFICIENCY)
+    assert fid.prefill_mape(held) < fid.prefill_mape(held, 1.0 / fid.HOPPER_PREFILL_EFFICIENCY)

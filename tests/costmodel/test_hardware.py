@@ -254,23 +254,23 @@ def test_engine_terms_round_trip_and_lookup(tmp_path):
 
 #: The presets with the fitted vLLM prefill efficiency: the H100 and H200 parts it was fitted and
 #: reported on (GH200 and H20 keep the roofline).
-HOPPER = ("h100", "h200")
+FITTED_PREFILL = ("h100", "h200")
 
 
 def test_presets_have_neutral_engine_terms_but_hoppers_vllm_prefill():
     """Presets carry SPEC's terms, except the one fitted figure: vLLM's prefill efficiency on
     H100 and H200 (``docs/cost-model.md`` §8, "vLLM's prefill on Hopper")."""
-    assert set(HOPPER) <= set(HARDWARE_PRESETS)
+    assert set(FITTED_PREFILL) <= set(HARDWARE_PRESETS)
     for name in HARDWARE_PRESETS:
         hw = hardware_preset(name)
         assert hw.dispatch_s == 0.0 and hw.weight_sync() is None and hw.tensor_parallel() is None
         assert hw.data_parallel() is None
         for cls in ("prefill", "decode", "inference", "training"):
             t = hw.terms(cls)
-            eta = 0.502 if (name, cls) in {(h, "prefill") for h in HOPPER} else 1.0
+            eta = 0.502 if (name, cls) in {(h, "prefill") for h in FITTED_PREFILL} else 1.0
             assert (t.efficiency, t.per_call_s, t.per_layer_s, t.per_step_s) == (eta, 0.0, 0.0, 0.0)
-        assert hw.engine_for == (("vllm", "", "") if name in HOPPER else ("", "", ""))
-        assert (hw.engines == ()) == (name not in HOPPER)
+        assert hw.engine_for == (("vllm", "", "") if name in FITTED_PREFILL else ("", "", ""))
+        assert (hw.engines == ()) == (name not in FITTED_PREFILL)
 
 
 def test_version_1_files_are_refused_with_what_to_do(tmp_path):
