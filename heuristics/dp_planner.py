@@ -73,9 +73,12 @@ from ..ir.types import Role
 from ..scoring.candidates import (
     aligned_allocations,
     directory_key,
+    engine_groups,
     enumerate_strategies,
     explain_illegal,
     head_exclusions,
+    lean_picks,
+    past_deadline,
     scan_interleavings,
 )
 from ..scoring.costs import Costs
@@ -84,6 +87,7 @@ from .baselines import Infeasible
 
 __all__ = [
     "LAT_UNIT",
+    "LEAN_MEM_UNITS",
     "MEM_UNIT",
     "STAGES",
     "DPInstance",
@@ -94,7 +98,9 @@ __all__ = [
     "build_dp_instance",
     "build_frontier",
     "clear_frontier_cache",
+    "coarsen_memory",
     "dominates",
+    "lean_frontier",
     "model_stages",
     "place",
     "size_chain",
@@ -217,6 +223,9 @@ class Frontier:
     heads_excluded
         The H1–H2 messages of the in-node tensor-parallel degrees the model's heads exclude on
         the stage's engine (:func:`~rpeg.scoring.candidates.head_exclusions`).
+    lean
+        Whether the frontier is lean (:func:`lean_frontier`): built because a deadline left no
+        time for the full one.
     """
 
     stage: StageUnit
@@ -227,6 +236,7 @@ class Frontier:
     leanest: float
     why_illegal: str = ""
     heads_excluded: tuple[str, ...] = ()
+    lean: bool = False
 
 
 @dataclass
@@ -445,7 +455,9 @@ def frontier_key(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int) 
     return (per_vertex, tuple(sorted(set(sizes))), m_eff)
 
 
-def build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int) -> Frontier:
+def build_frontier(
+    costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int, deadline: float | None = None
+) -> Frontier | None:
     """The frontier of model-stage ``ms``: legal, memory-feasible, Pareto-optimal points.
 
     A strategy is legal when it passes P1–P8 and the head rules H1–H2 of the stage's engine
@@ -461,16 +473,46 @@ def build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int
     :func:`~rpeg.scoring.candidates.directory_key`, whether its model trains and its
     staleness, the sizes and ``M_eff``), so the last :data:`FRONTIER_CACHE` built are kept for
     the process, as directories are: the structures of one plan and the re-plans of a
-    controller share model-stages.
+    controller share model-stages. ``None`` when ``deadline`` (a ``time.monotonic()``
+    instant) passed before a frontier not kept was complete (:func:`lean_frontier` is the
+    fallback :func:`build_dp_instance` uses).
     """
-    f = _FRONTIERS.get(
-        frontier_key(costs, ms, sizes, m_eff), lambda: _build_frontier(costs, ms, sizes, m_eff)
-    )
+    key = frontier_key(costs, ms, sizes, m_eff)
+    f = _FRONTIERS.peek(key)
+    if f is None or f.lean:
+        f = _build_frontier(costs, ms, sizes, m_eff, deadline=deadline)
+        if f is None:
+            return None
+        _FRONTIERS.put(key, f)
     return dataclasses.replace(f, stage=ms, points=list(f.points))  # the caller's own copy
 
 
-def _build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int) -> Frontier:
-    """:func:`build_frontier`, uncached."""
+def lean_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int) -> Frontier:
+    """The lean frontier of model-stage ``ms`` (:attr:`Frontier.lean`; kept for the process
+    until a full one replaces it): as :func:`build_frontier`, but of each layout's engine
+    variants that start for every vertex only the leanest and the fastest-listed that fit
+    ``M_eff`` (as :func:`~rpeg.scoring.candidates.lean_directory` keeps them), and no
+    interleaved twins."""
+    key = frontier_key(costs, ms, sizes, m_eff)
+    f = _FRONTIERS.peek(key)
+    if f is None:
+        f = _build_frontier(costs, ms, sizes, m_eff, lean=True)
+        assert f is not None  # no deadline
+        _FRONTIERS.put(key, f)
+    return dataclasses.replace(f, stage=ms, points=list(f.points))
+
+
+def _build_frontier(
+    costs: Costs,
+    ms: StageUnit,
+    sizes: Sequence[int],
+    m_eff: int,
+    *,
+    deadline: float | None = None,
+    lean: bool = False,
+) -> Frontier | None:
+    """:func:`build_frontier` (or with ``lean``, :func:`lean_frontier`), uncached; ``None``
+    when ``deadline`` passed first."""
     g = costs.graph
     allowed = set(sizes)
     legal: list[Strategy] | None = None
@@ -526,24 +568,34 @@ def _build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: in
             return listed
         return [t for c in listed for t in (c, c.variant(offload=True))]
 
-    def admit(strategies: list[Strategy]) -> None:
+    def admit(strategies: list[Strategy]) -> bool:
+        """Score ``strategies`` into ``raw``; ``False`` when the deadline passed first."""
         nonlocal leanest, dropped_memory
-        for point in map(point_of, strategies):
+        for i, s in enumerate(strategies):
+            if past_deadline(deadline, i):
+                return False
+            point = point_of(s)
             leanest = min(leanest, point.footprint)
             if point.footprint > m_eff:
                 dropped_memory += 1
                 continue
             raw.append(point)
+        return True
 
-    admit(with_offload([s for s in legal if all(costs.runnable(v, s) for v in ms.vertices)]))
+    runnable = [s for s in legal if all(costs.runnable(v, s) for v in ms.vertices)]
+    if lean:
+        runnable = _lean_layouts(costs, ms, runnable, m_eff)
+    if not admit(with_offload(runnable)):
+        return None
     kept = _pareto(raw)
     dominated = len(raw) - len(kept)
     # the fastest interleaved twin (vp > 1) of each plain-1F1B point kept, then the filter again
-    interleaved = [
-        fast
-        for q in kept
-        if not q.strategy.offload and (fast := _fastest_interleaving(costs, ms, q.strategy, point_of, m_eff))
-    ]
+    interleaved = []
+    for i, q in enumerate([] if lean else kept):
+        if past_deadline(deadline, i):
+            return None
+        if not q.strategy.offload and (fast := _fastest_interleaving(costs, ms, q.strategy, point_of, m_eff)):
+            interleaved.append(fast)
     if interleaved:
         raw = kept[:]
         admit(with_offload(interleaved))
@@ -560,7 +612,32 @@ def _build_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: in
         leanest,
         why_illegal,
         excluded,
+        lean,
     )
+
+
+def _lean_layouts(costs: Costs, ms: StageUnit, strategies: list[Strategy], m_eff: int) -> list[Strategy]:
+    """Of each layout's engine variants in ``strategies`` (consecutive, in
+    :func:`~rpeg.scoring.candidates.engine_variants`' order), the two
+    :func:`~rpeg.scoring.candidates.lean_directory` keeps, by footprint ``P + T`` against
+    ``m_eff`` (KiB): the leanest that fits and the one at the fast end (the first listed, or the
+    last for generation); of a layout none of whose variants fits, its leanest (the frontier
+    scores it as dropped, and its ``leanest`` is right)."""
+    generation = ms.stage is Role.GENERATION
+
+    def footprint(s: Strategy) -> int:
+        p = t = 0.0
+        for v in ms.vertices:
+            pv, tv = _memory_terms(costs, v, s)
+            p, t = max(p, pv), max(t, tv)
+        return math.ceil(p / MEM_UNIT) + math.ceil(t / MEM_UNIT)
+
+    out: list[Strategy] = []
+    for group in engine_groups(strategies):
+        sized = [(footprint(strategies[j]), j) for j in group]
+        picks = lean_picks([x for x in sized if x[0] <= m_eff], generation) or [min(sized)[1]]
+        out += [strategies[j] for j in picks]
+    return out
 
 
 def _pareto(raw: list[FrontierPoint]) -> list[FrontierPoint]:
@@ -599,7 +676,7 @@ def _fastest_interleaving(
     return best[1] if best is not None else None
 
 
-def build_dp_instance(costs: Costs, budget: int | None = None) -> DPInstance:
+def build_dp_instance(costs: Costs, budget: int | None = None, deadline: float | None = None) -> DPInstance:
     """Model-stages, their frontiers, the GPU budget and ``M_eff`` for ``costs``' graph.
 
     Parameters
@@ -608,6 +685,11 @@ def build_dp_instance(costs: Costs, budget: int | None = None) -> DPInstance:
         The shared cost provider of one evaluator (graph, workload, cluster).
     budget
         GPUs per stage (default: the whole cluster).
+    deadline
+        A ``time.monotonic()`` instant (``None``: none). With one, every model-stage first gets
+        its lean frontier (:func:`lean_frontier`), then the full ones are built in order,
+        each replacing its lean one, until the deadline passes (as
+        :func:`~rpeg.scoring.candidates.build_directories` does with directories).
 
     Raises
     ------
@@ -624,10 +706,51 @@ def build_dp_instance(costs: Costs, budget: int | None = None) -> DPInstance:
     m_eff = math.floor(cluster.hardware.m_eff / MEM_UNIT)
     mss = model_stages(costs.graph)
     sizes = [s for s in size_chain(cluster) if s <= budget]
-    frontiers = [build_frontier(costs, ms, sizes, m_eff) for ms in mss]
+    frontiers: list[Frontier | None] = [None] * len(mss)
+    if deadline is not None:  # every model-stage has its lean frontier before the full ones are tried
+        frontiers = [lean_frontier(costs, ms, sizes, m_eff) for ms in mss]
+    for i, ms in enumerate(mss):
+        if frontiers[i] is not None and not frontiers[i].lean:
+            continue
+        full = build_frontier(costs, ms, sizes, m_eff, deadline)
+        if full is None:  # the deadline passed: the rest stay lean
+            break
+        frontiers[i] = full
     stages = [[i for i, ms in enumerate(mss) if ms.stage is r] for r in STAGES]
     stages = [s for s in stages if s]
-    return DPInstance(cluster, stages, frontiers, budget, m_eff, time.perf_counter() - t0)
+    built = [f for f in frontiers if f is not None]
+    assert len(built) == len(mss)  # lean ones with a deadline, full ones without
+    return DPInstance(cluster, stages, built, budget, m_eff, time.perf_counter() - t0)
+
+
+#: Memory unit (KiB) of the DP over lean frontiers (a deadline cut their build short): 1 GiB.
+#: Rounding each point's ``P`` and ``T`` up and ``M_eff`` down keeps every selection feasible
+#: and merges the points that differ by less; on the bundled 64-GPU example it cut the DP from
+#: 2.2 s to 0.08 s at the same optimum (``docs/dp-planner.md``).
+LEAN_MEM_UNITS = GIB
+
+
+def coarsen_memory(inst: DPInstance, units: int) -> DPInstance:
+    """``inst`` with memory in units of ``units`` KiB: each point's ``P`` and ``T`` rounded up,
+    ``M_eff`` down, and the points another then dominates dropped (:func:`_pareto`).
+
+    ``⌈P/u⌉ + ⌈T/u⌉ ≤ ⌊M/u⌋`` implies ``P + T ≤ M``, so whatever the DP selects on the coarse
+    instance fits; a selection near the cap may be lost (at most ``u`` per term). Latencies
+    stay exact.
+    """
+    frontiers = []
+    for f in inst.frontiers:
+        points = [
+            dataclasses.replace(q, persistent=-(-q.persistent // units), transient=-(-q.transient // units))
+            for q in f.points
+        ]
+        kept = _pareto(points)
+        frontiers.append(
+            dataclasses.replace(
+                f, points=kept, dropped_dominated=f.dropped_dominated + len(points) - len(kept)
+            )
+        )
+    return dataclasses.replace(inst, frontiers=frontiers, m_eff=inst.m_eff // units)
 
 
 # ---------------------------------------------------------------------------- the DP

@@ -39,11 +39,24 @@ class KeyedCache(Generic[V]):
                 self._values.move_to_end(key)
                 return hit
         value = build()
+        self.put(key, value)
+        return value
+
+    def peek(self, key: Hashable) -> V | None:
+        """The value of ``key`` when one is kept (marked recently used), else ``None``."""
+        with self._lock:
+            hit = self._values.get(key)
+            if hit is not None:
+                self._values.move_to_end(key)
+            return hit
+
+    def put(self, key: Hashable, value: V) -> None:
+        """Keep ``value`` for ``key`` (the least recently used one dropped beyond :attr:`size`)."""
         with self._lock:
             self._values[key] = value
+            self._values.move_to_end(key)
             while len(self._values) > self.size:
                 self._values.popitem(last=False)
-        return value
 
     def clear(self) -> None:
         """Forget every value."""

@@ -21,11 +21,16 @@ Options (all keyword):
     CP-SAT workers with ``engine="cpsat"`` (default 1).
 
 ``time_limit`` covers the whole method (one deadline from its start): structures are planned
-one after another while time is left (the first always is: a structure's frontiers and DP are
-one pass of milliseconds to a few tenths of a second and cannot stop half-way), and with
-``engine="cpsat"`` each gets the time left divided by the structures still to plan. When time
-runs out, or on Ctrl-C, before every structure is planned, the best plan so far is returned with
-status ``time_limit`` and a message naming how many structures were planned.
+one after another while time is left (the first always is: its DP is one pass and cannot stop
+half-way), and with ``engine="cpsat"`` each gets the time left divided by the structures still
+to plan. The frontiers may take half of the limit (:data:`~rpeg.scoring.candidates.BUILD_SHARE`):
+the model-stages whose full frontier is not built by then are planned over lean ones
+(:func:`~rpeg.heuristics.dp_planner.lean_frontier`) and the DP over them counts memory in GiB
+(:func:`~rpeg.heuristics.dp_planner.coarsen_memory`: every plan it selects still fits, and it is
+some thirty times quicker on the 64-GPU example); the result says so, with status
+``time_limit``. When time runs out, or on Ctrl-C, before
+every structure is planned, the best plan so far is returned with status ``time_limit`` and a
+message naming how many structures were planned.
 
 ``Result.extra["dp"]`` holds the predicted step latency, the per-stage latencies, each
 model-stage's pick and frontier size, and the frontier-building and selection times.
@@ -43,15 +48,18 @@ from ..formulations.dp_exact import solve_dp_cpsat
 from ..heuristics.baselines import Infeasible
 from ..heuristics.dp_planner import (
     LAT_UNIT,
+    LEAN_MEM_UNITS,
     STAGE_NAME,
     DPInstance,
     Selection,
     build_dp_instance,
+    coarsen_memory,
     place,
     solve_dp,
 )
 from ..ir.templates import Structure
 from ..ir.templates import structures as all_structures
+from ..scoring.candidates import BUILD_SHARE
 from ..scoring.evaluator import Evaluator
 from .result import Result, Status
 from .solve import Problem, check_structure_arg, register
@@ -109,17 +117,20 @@ def _dp(
     ys = _structures(problem, structure)
     t0 = problem.started  # solve()'s entry
     run = _plan_structures(problem, ys, Deadline(problem.time_limit, start=t0), budget, engine, threads)
+    lean = _lean_note(run.lean, run.best is not None and run.best.inst.m_eff < run.m_eff)
     if run.best is None:
         assert run.first_error is not None  # the first structure is always planned
         message = str(run.first_error)
         if run.stopped:  # the others were not tried: no proof
             message += f" ({run.stopped}: planned {run.planned} of {len(ys)} structures)"
+        if lean:  # nor over lean frontiers
+            message += f"; {lean}"
         return Result.infeasible(
             run.evaluators[0],
             "dp",
             message,
             runtime_s=time.monotonic() - t0,
-            status=Status.TIME_LIMIT if run.stopped else Status.INFEASIBLE,
+            status=Status.TIME_LIMIT if run.stopped or lean else Status.INFEASIBLE,
             evaluations=0,
         )
     best = run.best
@@ -143,15 +154,54 @@ def _dp(
     )
     if run.stopped:
         note = f"{run.stopped}: planned {run.planned} of {len(ys)} structures; best plan so far; " + note
+    if lean:
+        note += f"; {lean}"
     return Result.scored(
         best.ev,
         plan,
-        Status.TIME_LIMIT if best.status == "time_limit" or run.stopped else Status.FEASIBLE,
+        Status.TIME_LIMIT if best.status == "time_limit" or run.stopped or lean else Status.FEASIBLE,
         "dp",
         runtime_s=time.monotonic() - t0,
         evaluation=evaluation,
         message=note,
         extra=extra,
+    )
+
+
+def _select(
+    inst: DPInstance, lean: bool, engine: str, share: float | None, seed: int, threads: int | None
+) -> tuple[Selection, str, DPInstance]:
+    """:func:`select` on ``inst``, and the instance the selection indexes. Over lean frontiers
+    (the deadline is near) the memory is first counted in GiB (:func:`coarsen_memory`, far fewer
+    labels, every selection still feasible); only when that finds nothing is the exact
+    instance selected on, so that an infeasibility is reported in its own terms.
+
+    Raises
+    ------
+    Infeasible
+        From :func:`select` on ``inst``.
+    """
+    if lean:
+        coarse = coarsen_memory(inst, LEAN_MEM_UNITS)
+        try:
+            sel, status = select(coarse, engine, time_limit=share, seed=seed, threads=threads)
+            return sel, status, coarse
+        except Infeasible:
+            pass
+    sel, status = select(inst, engine, time_limit=share, seed=seed, threads=threads)
+    return sel, status, inst
+
+
+def _lean_note(names: Sequence[str], coarse: bool) -> str:
+    """What the result says when model-stages were planned over lean frontiers (and, with
+    ``coarse``, the plan's DP counted memory in GiB); ``""`` if none were."""
+    if not names:
+        return ""
+    gib = ", and the DP counted memory in whole GiB" if coarse else ""
+    return (
+        f"the time limit left no time to build the full frontiers of {', '.join(names)}: they hold per "
+        f"layout only its leanest and its fastest-listed engine variant that fit (no interleaved "
+        f"pipelines){gib}, so the plan is the best over those"
     )
 
 
@@ -200,6 +250,12 @@ class _Run:
         Structures planned (infeasible ones included).
     stopped
         Why not every structure was planned (``"time limit"``, ``"Ctrl-C"``; empty: all were).
+    lean
+        The model-stages planned over lean frontiers (the time limit cut their build short),
+        by name, once each.
+    m_eff
+        ``M_eff`` of the instances built, in the planner's units (the instance of a selection
+        that counted memory in GiB, :func:`coarsen_memory`, has a smaller one).
     """
 
     best: _Planned | None = None
@@ -207,6 +263,8 @@ class _Run:
     evaluators: list[Evaluator] = field(default_factory=list)
     planned: int = 0
     stopped: str = ""
+    lean: list[str] = field(default_factory=list)
+    m_eff: int = 0
 
 
 def _plan_structures(
@@ -229,12 +287,17 @@ def _plan_structures(
                 break
             ev = problem.evaluator(y)
             run.evaluators.append(ev)
-            inst = build_dp_instance(ev.costs, budget)
+            # past half the limit, the model-stages not yet built keep lean frontiers
+            build_at = None if deadline.unlimited else deadline.start + BUILD_SHARE * deadline.seconds
+            inst = build_dp_instance(ev.costs, budget, build_at)
+            run.m_eff = inst.m_eff  # in the planner's units (a coarse selection's is smaller)
+            lean = [f.stage.label for f in inst.frontiers if f.lean]
+            run.lean += [label for label in lean if label not in run.lean]
             share = deadline.limit()
             if share is not None:
                 share = max(0.01, share / (len(ys) - k))
             try:
-                sel, status = select(inst, engine, time_limit=share, seed=problem.seed, threads=threads)
+                sel, status, inst = _select(inst, bool(lean), engine, share, problem.seed, threads)
             except Infeasible as exc:
                 run.first_error = run.first_error or exc
                 continue

@@ -36,7 +36,11 @@ the engines' solutions (its evaluator makespan bounds its model makespan from ab
 method always returns at least its best warm start: with status ``time_limit`` when a model was
 too large to build in its share ("model too large to build in N s; returned the warm-start
 plan"), when the engine found nothing better in time, or after Ctrl-C (which stops the method
-with the best plan so far, as ``sa`` does).
+with the best plan so far, as ``sa`` does). The candidate directories may take half of the
+limit (:data:`~rpeg.scoring.candidates.BUILD_SHARE`): a vertex whose directory is not built by
+then gets a lean one (:func:`~rpeg.scoring.candidates.lean_directory`), and a structure solved
+over lean candidates is neither optimal nor proven infeasible: the result has status
+``time_limit`` and says which directories were lean.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from ..ir.errors import check_type
 from ..ir.plan import Choice, Plan
 from ..ir.templates import Structure, build_graph
 from ..ir.templates import structures as all_structures
-from ..scoring.candidates import Directory, build_directories
+from ..scoring.candidates import BUILD_SHARE, Directory, build_directories, lean_message
 from ..scoring.evaluator import Evaluator
 from .result import Result, Status
 from .solve import Problem, check_structure_arg, register, solve
@@ -136,6 +140,7 @@ def solve_exact(
     loader = _EngineLoader(engine, (engine_options or {}).get("solver"))
     ys = [structure] if structure is not None else all_structures(problem.workload)
     search = _Search(problem, engine_fn, candidates, warm_start, threads, engine_options or {})
+    search.build_at = t0 + BUILD_SHARE * limit  # past it, the directories not built stay lean
     try:
         order = search.order(ys, deadline)
         if not loader.wait(deadline.remaining()):
@@ -276,6 +281,20 @@ class _Search:
     unloaded: str = ""
     #: structure index → (evaluator, directories) built by :meth:`order`
     prepared: dict[int, tuple[Evaluator, list[Directory]]] = field(default_factory=dict)
+    #: the ``time.monotonic()`` instant past which directories not yet built stay lean
+    build_at: float | None = None
+    #: structure index → what its lean directories leave out (:func:`lean_message`; only those with some)
+    lean: dict[int, str] = field(default_factory=dict)
+
+    def directories(self, i: int, ev: Evaluator) -> list[Directory]:
+        """Structure ``i``'s directories (lean ones past :attr:`build_at`, noted in :attr:`lean`)."""
+        dirs = build_directories(ev.costs, self.build_at)
+        note = lean_message(ev.costs, dirs)
+        if note:
+            self.lean[i] = note
+        else:
+            self.lean.pop(i, None)
+        return dirs
 
     def order(self, ys: list[Structure], deadline: Deadline) -> list[int]:
         """The order to solve the structures in: by the evaluator's makespan of their concurrent
@@ -294,7 +313,7 @@ class _Search:
             if self.pool and deadline.expired():
                 break
             ev = self.problem.evaluator(y)
-            dirs = build_directories(ev.costs)
+            dirs = self.directories(i, ev)
             self.prepared[i] = (ev, dirs)
             try:
                 plan = concurrent_plan(ev, dirs)
@@ -348,9 +367,9 @@ class _Search:
             ev, dirs = self.prepared.pop(i)
         else:
             ev = problem.evaluator(y)
-            dirs = build_directories(ev.costs)
+            dirs = self.directories(i, ev)
         try:
-            check_directories(ev, dirs)
+            check_directories(ev, dirs)  # a lean directory is empty only when the full one is
         except Infeasible as exc:
             self._outcome({"structure": y.label, "status": "infeasible", "reason": str(exc)})
             return
@@ -362,6 +381,8 @@ class _Search:
         if stopped:
             raise _Interrupted
         outcome: dict[str, Any] = {"structure": y.label}
+        if i in self.lean:
+            outcome["lean"] = self.lean[i]
         self._outcome(outcome)
         self.too_large.pop(i, None)
         if share.expired() or self.unloaded:
@@ -422,6 +443,7 @@ class _Search:
         return (
             self.interrupted
             or bool(self.too_large)
+            or bool(self.lean)
             or any(o.get("status") in (Status.TIME_LIMIT.value, "skipped") for o in self.outcomes)
         )
 
@@ -451,7 +473,8 @@ def _without_plan(
     else ``ERROR`` (an engine failed) or ``UNKNOWN``."""
     outcomes = search.outcomes
     runtime = time.monotonic() - t0
-    proven = done and all(o.get("status") == "infeasible" for o in outcomes)
+    # over lean candidates (the directories the time limit cut short) nothing is proven
+    proven = done and not search.lean and all(o.get("status") == "infeasible" for o in outcomes)
     reasons = [o["reason"] for o in outcomes if o.get("status") == "infeasible" and "reason" in o]
     statuses = search.engine_statuses()
     if proven:
@@ -465,6 +488,8 @@ def _without_plan(
         status, msg = Status.TIME_LIMIT, "interrupted (Ctrl-C) before any plan was found"
     elif search.limited():
         status, msg = Status.TIME_LIMIT, f"no plan found within the time limit ({limit:g} s) over {cand_note}"
+        if search.lean:
+            msg += "; " + next(iter(search.lean.values()))
     else:
         status = Status.ERROR if Status.ERROR.value in statuses else Status.UNKNOWN
         why = next((o["reason"] for o in outcomes if o.get("status") == status.value and "reason" in o), "")
@@ -506,6 +531,7 @@ def _best_plan(
     ]
     all_optimal = (
         done
+        and not search.lean  # optimal over lean candidates is not optimal over the directories
         and math.isfinite(best)
         and all(o.get("status") in settled or o["structure"] in by_bound for o in outcomes)
     )
@@ -528,6 +554,8 @@ def _best_plan(
         evaluation = _follow_model(ev, plan, sol, evaluation, extra)
     extra["returned"] = "engine" if source == 0 else "warm_start"
     msg = _message(status, source, search, limit, n_structures, engine, cand_note)
+    if search.lean:
+        msg += "; " + next(iter(search.lean.values()))
     return Result.scored(
         ev,
         plan,

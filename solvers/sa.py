@@ -8,8 +8,11 @@ Options (all keyword):
 
 ``time_limit`` counts from the method's start, so building the search spaces (evaluators,
 directories) is included; the search checks it between proposal rounds and polish batches, so it
-ends within one round (a few evaluations) of the limit. Ctrl-C ends the search with the best plan
-so far (status ``time_limit``).
+ends within one round (a few evaluations) of the limit. The candidate directories may take half of
+it (:data:`~rpeg.scoring.candidates.BUILD_SHARE`); the vertices not built by then are
+searched over lean directories (:func:`~rpeg.scoring.candidates.lean_directory`) and the result
+says so, with status ``time_limit``. Ctrl-C ends the search with the best plan so far (status
+``time_limit``).
 ``workers``
     Local processes evaluating proposals in parallel (default 1; ``backend="local"`` only).
 ``backend``
@@ -354,7 +357,9 @@ def outcome_result(search: Anneal, outcome: Outcome, method: str, runtime_s: flo
             evaluations=outcome.evaluations,
             extra=extra,
         )
-    status = Status.TIME_LIMIT if outcome.interrupted else Status.FEASIBLE
+    lean = outcome.space.lean  # the plan's structure searched lean candidates: not all of them
+    status = Status.TIME_LIMIT if outcome.interrupted or lean else Status.FEASIBLE
+    message = _budget_note(search, outcome) + (f"; {lean}" if lean else "")
     return Result.scored(
         outcome.space.ev,
         outcome.plan,
@@ -362,7 +367,7 @@ def outcome_result(search: Anneal, outcome: Outcome, method: str, runtime_s: flo
         method,
         runtime_s=runtime_s,
         evaluations=outcome.evaluations,
-        message=_budget_note(search, outcome),
+        message=message,
         extra=extra,
     )
 

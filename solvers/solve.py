@@ -23,7 +23,7 @@ from ..ir.errors import check_positive_int, check_seconds, check_seed, check_typ
 from ..ir.plan import Plan
 from ..ir.templates import Structure, build_graph
 from ..ir.workload import MAX_K_EVAL, Workload
-from ..scoring.candidates import build_directories, clear_directory_cache
+from ..scoring.candidates import build_directories, clear_directory_cache, lean_message
 from ..scoring.evaluator import Evaluator
 from .result import Result, Status, check_structure
 
@@ -101,6 +101,12 @@ class Problem:
         if not 0 < self.delta <= 1:
             raise ValueError(f"delta must be in (0, 1], got {self.delta!r}")
         object.__setattr__(self, "delta", float(self.delta))
+
+    def deadline(self, share: float = 1.0) -> float | None:
+        """The ``time.monotonic()`` instant ``started + share·time_limit`` (``None`` without a
+        limit): what a method gives :func:`~rpeg.scoring.candidates.build_directories`, which
+        lists lean candidates for the vertices whose full directories it cannot build by then."""
+        return None if self.time_limit is None else self.started + share * self.time_limit
 
     def evaluator(self, structure: Structure | None = None) -> Evaluator:
         """A fresh evaluator for ``structure`` (default: synchronous)."""
@@ -303,16 +309,26 @@ def _baseline(name: str, planner: Callable[..., Plan], problem: Problem, options
     t0 = time.perf_counter()
     structure = Structure.synchronous(problem.workload)
     ev = problem.evaluator(structure)
-    dirs = build_directories(ev.costs)
+    # a one-pass construction: the directories may take the whole limit (lean ones past it)
+    dirs = build_directories(ev.costs, problem.deadline())
+    lean = lean_message(ev.costs, dirs)
     try:
         plan = planner(ev, dirs)
     except Infeasible as exc:
-        return Result.infeasible(ev, name, str(exc), runtime_s=time.perf_counter() - t0)
+        status = Status.TIME_LIMIT if lean else Status.INFEASIBLE  # no proof over lean candidates
+        message = f"{exc} ({lean})" if lean else str(exc)
+        return Result.infeasible(ev, name, message, runtime_s=time.perf_counter() - t0, status=status)
     evaluation = ev.evaluate(plan, keep=True)
     if not evaluation.feasible:  # the planners repair memory; this guards the invariant
         raise AssertionError(f"{name} produced a memory-infeasible plan")
     return Result.scored(
-        ev, plan, Status.FEASIBLE, name, runtime_s=time.perf_counter() - t0, evaluation=evaluation
+        ev,
+        plan,
+        Status.TIME_LIMIT if lean else Status.FEASIBLE,
+        name,
+        runtime_s=time.perf_counter() - t0,
+        evaluation=evaluation,
+        message=lean,
     )
 
 

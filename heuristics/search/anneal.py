@@ -39,7 +39,13 @@ from ...ir.cluster import Cluster
 from ...ir.plan import Choice, Plan, Strategy
 from ...ir.templates import Structure, structures
 from ...ir.workload import Workload
-from ...scoring.candidates import Directory, aligned_allocations, build_directories
+from ...scoring.candidates import (
+    BUILD_SHARE,
+    Directory,
+    aligned_allocations,
+    build_directories,
+    lean_message,
+)
 from ...scoring.evaluator import BETA_OOM, MEMORY_TOL, Evaluator
 from ..baselines import Infeasible, check_directories, concurrent_plan, greedy_plan
 from .acceptance import Acceptance, Metropolis
@@ -249,13 +255,17 @@ class SearchSpace:
         split_phases: bool,
         tune_microbatches: bool,
         candidates: int | None = None,
+        deadline: float | None = None,
     ) -> None:
         self.structure = structure
         self.ev = Evaluator(workload, cluster, structure, k_eval=k_eval, split_phases=split_phases)
         # the staleness variants of one sharing choice have the same vertices: the process's
         # directory cache builds each once and hands every structure its own copy (restricted
         # independently below)
-        dirs = build_directories(self.ev.costs)
+        # past ``deadline`` (a time.monotonic() instant) the vertices not yet built stay lean
+        dirs = build_directories(self.ev.costs, deadline)
+        #: what the result says when a directory is lean ("" when none is)
+        self.lean = lean_message(self.ev.costs, dirs)
         if not tune_microbatches:
             from ...ir.types import Role
 
@@ -448,6 +458,7 @@ class Anneal:
                 split_phases=split_phases,
                 tune_microbatches=tune_microbatches,
                 candidates=candidates,
+                deadline=None if budget.seconds is None else budget.start + BUILD_SHARE * budget.seconds,
             )
             self.spaces.append(space)
         #: structures left unprepared because the time limit ran out first
