@@ -73,10 +73,10 @@ from ..ir.types import Role
 from ..scoring.candidates import (
     aligned_allocations,
     directory_key,
-    engine_groups,
     enumerate_strategies,
     explain_illegal,
     head_exclusions,
+    lean_groups,
     lean_picks,
     past_deadline,
     scan_interleavings,
@@ -489,10 +489,10 @@ def build_frontier(
 
 def lean_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int) -> Frontier:
     """The lean frontier of model-stage ``ms`` (:attr:`Frontier.lean`; kept for the process
-    until a full one replaces it): as :func:`build_frontier`, but of each layout's engine
-    variants that start for every vertex only the leanest and the fastest-listed that fit
-    ``M_eff`` (as :func:`~rpeg.scoring.candidates.lean_directory` keeps them), and no
-    interleaved twins."""
+    until a full one replaces it): as :func:`build_frontier`, but of each group of degrees
+    only the two strategies that start for every vertex and fit ``M_eff`` that
+    :func:`~rpeg.scoring.candidates.lean_directory` keeps (the leanest, and the fast end at the
+    fewest microbatches), and no interleaved twins."""
     key = frontier_key(costs, ms, sizes, m_eff)
     f = _FRONTIERS.peek(key)
     if f is None:
@@ -617,12 +617,11 @@ def _build_frontier(
 
 
 def _lean_layouts(costs: Costs, ms: StageUnit, strategies: list[Strategy], m_eff: int) -> list[Strategy]:
-    """Of each layout's engine variants in ``strategies`` (consecutive, in
-    :func:`~rpeg.scoring.candidates.engine_variants`' order), the two
-    :func:`~rpeg.scoring.candidates.lean_directory` keeps, by footprint ``P + T`` against
-    ``m_eff`` (KiB): the leanest that fits and the one at the fast end (the first listed, or the
-    last for generation); of a layout none of whose variants fits, its leanest (the frontier
-    scores it as dropped, and its ``leanest`` is right)."""
+    """Of each group of degrees in ``strategies`` (:func:`~rpeg.scoring.candidates.lean_groups`),
+    the two :func:`~rpeg.scoring.candidates.lean_directory` keeps
+    (:func:`~rpeg.scoring.candidates.lean_picks`), by footprint ``P + T`` against ``m_eff``
+    (KiB); of a group none of whose strategies fits, its leanest (the frontier scores it as
+    dropped, and its ``leanest`` is right)."""
     generation = ms.stage is Role.GENERATION
 
     def footprint(s: Strategy) -> int:
@@ -633,9 +632,10 @@ def _lean_layouts(costs: Costs, ms: StageUnit, strategies: list[Strategy], m_eff
         return math.ceil(p / MEM_UNIT) + math.ceil(t / MEM_UNIT)
 
     out: list[Strategy] = []
-    for group in engine_groups(strategies):
-        sized = [(footprint(strategies[j]), j) for j in group]
-        picks = lean_picks([x for x in sized if x[0] <= m_eff], generation) or [min(sized)[1]]
+    for group in lean_groups(strategies):
+        sized = [(footprint(strategies[j]), strategies[j].mb, j) for j in group]
+        fitting = [x for x in sized if x[0] <= m_eff]
+        picks = lean_picks(fitting, generation) or [min(sized, key=lambda x: (x[0], x[2]))[2]]
         out += [strategies[j] for j in picks]
     return out
 
@@ -712,6 +712,8 @@ def build_dp_instance(costs: Costs, budget: int | None = None, deadline: float |
     for i, ms in enumerate(mss):
         if frontiers[i] is not None and not frontiers[i].lean:
             continue
+        if deadline is not None and time.monotonic() >= deadline:
+            break  # the rest stay lean
         full = build_frontier(costs, ms, sizes, m_eff, deadline)
         if full is None:  # the deadline passed: the rest stay lean
             break
@@ -725,8 +727,9 @@ def build_dp_instance(costs: Costs, budget: int | None = None, deadline: float |
 
 #: Memory unit (KiB) of the DP over lean frontiers (a deadline cut their build short): 1 GiB.
 #: Rounding each point's ``P`` and ``T`` up and ``M_eff`` down keeps every selection feasible
-#: and merges the points that differ by less; on the bundled 64-GPU example it cut the DP from
-#: 2.2 s to 0.08 s at the same optimum (``docs/dp-planner.md``).
+#: and merges the points that differ by less: on the bundled 64-GPU example the DP over its lean
+#: frontiers took 0.04 s instead of 0.37 s, for a 1 % longer predicted step
+#: (``docs/decisions.md``, "Candidates under a time limit").
 LEAN_MEM_UNITS = GIB
 
 

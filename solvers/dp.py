@@ -27,7 +27,7 @@ to plan. The frontiers may take half of the limit (:data:`~rpeg.scoring.candidat
 the model-stages whose full frontier is not built by then are planned over lean ones
 (:func:`~rpeg.heuristics.dp_planner.lean_frontier`) and the DP over them counts memory in GiB
 (:func:`~rpeg.heuristics.dp_planner.coarsen_memory`: every plan it selects still fits, and it is
-some thirty times quicker on the 64-GPU example); the result says so, with status
+some ten times quicker on the 64-GPU example); the result says so, with status
 ``time_limit``. When time runs out, or on Ctrl-C, before
 every structure is planned, the best plan so far is returned with status ``time_limit`` and a
 message naming how many structures were planned.
@@ -199,9 +199,9 @@ def _lean_note(names: Sequence[str], coarse: bool) -> str:
         return ""
     gib = ", and the DP counted memory in whole GiB" if coarse else ""
     return (
-        f"the time limit left no time to build the full frontiers of {', '.join(names)}: they hold per "
-        f"layout only its leanest and its fastest-listed engine variant that fit (no interleaved "
-        f"pipelines){gib}, so the plan is the best over those"
+        f"the time limit left no time to build the full frontiers of {', '.join(names)}: per parallel "
+        f"layout they hold only its leanest strategy that fits and the fast-end one at the fewest "
+        f"microbatches that fit (no interleaved pipelines){gib}, so the plan is the best over those"
     )
 
 

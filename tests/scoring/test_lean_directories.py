@@ -25,7 +25,7 @@ from rpeg.ir.types import Role
 from rpeg.scoring.candidates import (
     _build_directory,
     build_directories,
-    engine_group,
+    degree_group,
     lean_directory,
 )
 from rpeg.scoring.evaluator import Evaluator
@@ -54,14 +54,15 @@ def _listed(dirs) -> list[tuple]:
 def _groups(strategies) -> dict[tuple, list]:
     out: dict[tuple, list] = {}
     for s in strategies:
-        out.setdefault(engine_group(s), []).append(s)
+        out.setdefault(degree_group(s), []).append(s)
     return out
 
 
 def test_past_the_deadline_every_directory_is_lean_and_covers_every_layout_at_its_leanest(ppo7b):
-    """Each layout the full directory lists (plain 1F1B) is in the lean one, with a variant
-    that needs no more isolated memory than the leanest the full one keeps: a plan the full
-    directories allow on some devices has a lean candidate that fits there alone."""
+    """Each parallel layout (degrees, any microbatch count and engine variant) the full directory
+    lists with plain 1F1B is in the lean one, at most twice, with a strategy that needs no more
+    isolated memory than the leanest the full one keeps: a plan the full directories allow on
+    some devices has a lean candidate of the same degrees that fits there alone."""
     workload, cluster, _ = ppo7b
     clear_caches()
     ev = Evaluator(workload, cluster)
@@ -74,16 +75,15 @@ def test_past_the_deadline_every_directory_is_lean_and_covers_every_layout_at_it
         assert full is not None and not full.lean
         assert d.times == sorted(d.times)
         lean_groups = _groups(s for s in d.strategies if not s.offload)  # each with its offload twin
-        assert all(len(v) <= 2 for v in lean_groups.values()), "more than two variants of a layout"
+        assert all(len(v) <= 2 for v in lean_groups.values()), "more than two strategies of a layout"
         assert len(d.strategies) == (2 if cluster.host_offload else 1) * sum(map(len, lean_groups.values()))
         assert all(s.vp == 1 for s in d.strategies), "a lean directory lists no interleaved twin"
         full_groups = _groups(s for s in full.strategies if s.vp == 1 and not s.offload)
-        # (the full one also drops layouts another microbatch count of the same degrees dominates)
         assert full_groups.keys() <= lean_groups.keys(), d.vertex
         for key, ss in full_groups.items():
             least = min(ev.costs.memory(d.vertex, s).isolated for s in ss)
             assert min(ev.costs.memory(d.vertex, s).isolated for s in lean_groups[key]) <= least
-        # a third of the scoring or less: far fewer strategies scored than the full build lists
+        # fewer strategies timed than the full build times
         assert len(d.strategies) < len(full.strategies) + full.dominated
 
 
