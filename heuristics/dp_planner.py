@@ -490,9 +490,8 @@ def build_frontier(
 def lean_frontier(costs: Costs, ms: StageUnit, sizes: Sequence[int], m_eff: int) -> Frontier:
     """The lean frontier of model-stage ``ms`` (:attr:`Frontier.lean`; kept for the process
     until a full one replaces it): as :func:`build_frontier`, but of each group of degrees
-    only the two strategies that start for every vertex and fit ``M_eff`` that
-    :func:`~rpeg.scoring.candidates.lean_directory` keeps (the leanest, and the fast end at the
-    fewest microbatches), and no interleaved twins."""
+    only the strategies that start for every vertex and fit ``M_eff`` that
+    :func:`~rpeg.scoring.candidates.lean_picks` keeps, and no interleaved twins."""
     key = frontier_key(costs, ms, sizes, m_eff)
     f = _FRONTIERS.peek(key)
     if f is None:
@@ -728,7 +727,7 @@ def build_dp_instance(costs: Costs, budget: int | None = None, deadline: float |
 #: Memory unit (KiB) of the DP over lean frontiers (a deadline cut their build short): 1 GiB.
 #: Rounding each point's ``P`` and ``T`` up and ``M_eff`` down keeps every selection feasible
 #: and merges the points that differ by less: on the bundled 64-GPU example the DP over its lean
-#: frontiers took 0.04 s instead of 0.37 s, for a 1 % longer predicted step
+#: frontiers took 0.05 s instead of 0.37-0.61 s, for a 1 % longer predicted step
 #: (``docs/decisions.md``, "Candidates under a time limit").
 LEAN_MEM_UNITS = GIB
 

@@ -684,9 +684,9 @@ def build_directories(costs: Costs, deadline: float | None = None) -> list[Direc
     ``solve`` ask for the same vertices; :func:`clear_directory_cache` empties it).
 
     With a ``deadline`` (a ``time.monotonic()`` instant: a method's time limit), every vertex
-    whose directory is not kept first gets its *lean* directory (:func:`lean_directory`: per
-    group of degrees the leanest strategy that fits and the fast-end one at the fewest
-    microbatches that fit, no interleaved twins; a third to two thirds of the work), so that each vertex has candidates whatever the time; then the full
+    whose directory is not kept first gets its *lean* directory (:func:`lean_directory`: a few
+    strategies per parallel layout, no interleaved twins; a third to two thirds of the work), so
+    that each vertex has candidates whatever the time; then the full
     directories are built one vertex after another, each replacing its lean one, until the
     deadline passes (a build it interrupts is dropped). Lean directories are marked
     (:attr:`Directory.lean`) and kept too, so the other structures of one ``solve`` share
@@ -736,16 +736,16 @@ def lean_message(costs: Costs, dirs: Iterable[Directory]) -> str:
         return ""
     return (
         f"the time limit left no time to build the full candidate directories of {', '.join(names)}: "
-        "per parallel layout they list only its leanest strategy that fits and the fast-end one at the "
-        "fewest microbatches that fit (no interleaved pipelines), so the plan is the best found over "
-        "those, not over every candidate"
+        "they list only a few strategies per parallel layout (the leanest that fits, the fast-end engine "
+        "variant at the fewest and the most microbatches that fit, a generation's memory fractions; no "
+        "interleaved pipelines), so the plan is the best found over those, not over every candidate"
     )
 
 
-#: Share of a searching method's time limit (``sa``, ``dp``, ``cpsat``, ``milp``) that its
-#: candidate directories may take: past it, the vertices not yet built keep lean directories
-#: (:func:`build_directories`), so the search itself has at least the other half. The one-pass
-#: baselines give the directories the whole limit.
+#: Share of the time limit of ``dp``, ``cpsat`` and ``milp`` that their candidates (directories,
+#: frontiers) may take: past it, the vertices not yet built keep lean directories
+#: (:func:`build_directories`), so the engine has at least the other half for its model or
+#: DP. ``greedy``, ``concurrent`` and ``sa`` give the directories the whole limit.
 BUILD_SHARE = 0.5
 
 #: Strategies a directory build scores between two looks at the clock (a strategy takes about
@@ -854,15 +854,19 @@ def lean_groups(strategies: list[Strategy]) -> list[list[int]]:
 def lean_picks(fitting: list[tuple[float, int, int]], generation: bool) -> list[int]:
     """The indices a lean directory keeps of one group of degrees (:func:`lean_groups`), given
     its strategies that fit as ``(memory, mb, index)`` in listed order: the one of least memory
-    (the first listed of equals), and at the smallest microbatch count that fits, the variant at
-    the fast end of :func:`engine_variants`' order (the first listed; the last for a generation,
-    whose memory fractions ascend). None when none fits."""
+    (the first listed of equals) and, at the fewest and at the most microbatches that fit, the
+    variant at the fast end of :func:`engine_variants`' order (no recomputation, whole loss,
+    ZeRO 2 first). A generation keeps every memory fraction that fits at its fewest
+    microbatches instead (the fraction is what lets it share devices). None when none fits."""
     if not fitting:
         return []
     least = min(fitting, key=lambda x: (x[0], x[2]))[2]
     fewest = min(mb for _, mb, _ in fitting)
-    at = [j for _, mb, j in fitting if mb == fewest]
-    return sorted({least, at[-1] if generation else at[0]})
+    if generation:
+        return sorted({least} | {j for _, mb, j in fitting if mb == fewest})
+    most = max(mb for _, mb, _ in fitting)
+    ends = {next(j for _, mb, j in fitting if mb == n) for n in (fewest, most)}
+    return sorted({least} | ends)
 
 
 def lean_directory(costs: Costs, vi: int, by_shape: dict[tuple, list[Strategy]] | None = None) -> Directory:
@@ -871,15 +875,14 @@ def lean_directory(costs: Costs, vi: int, by_shape: dict[tuple, list[Strategy]] 
 
     Per group of degrees (:func:`degree_group`: extent, ``Pd``, ``Pp``, ``Pt``, ``Pc`` and its
     kind, ``Pe``, ``Pet``, sequence parallelism), of its strategies that fit ``M_eff`` alone and
-    start, two (:func:`lean_picks`): the one of least isolated memory, and at the fewest
-    microbatches that fit, the variant at the fast end (no recomputation, whole loss, ZeRO 2
-    for training and inference; the largest memory fraction for a generation). No interleaved
-    twins. So the lean directory is empty only when the full one is, and wherever degrees of the
-    full one fit alone, so does a lean strategy of the same degrees. Every strategy's memory is
-    computed, the time of at most two per group of degrees (the full build times every
-    strategy that fits and scans the interleavings): a third of a full build on the bundled
-    16- and 64-GPU examples (0.32-1.1 s against 0.84-3.0 s), two thirds for DeepSeek-V3 at 512
-    GPUs (14 s against 21 s: enumerating and sizing its 150,000 strategies is most of either). ``dropped`` counts the strategies that do not fit or start; ``dominated`` is 0.
+    start, those :func:`lean_picks` keeps: the one of least isolated memory, and at the fewest
+    and at the most microbatches that fit, the variant at the fast end (no recomputation, whole
+    loss, ZeRO 2); for a generation, every memory fraction at its fewest microbatches. No
+    interleaved twins. So the lean directory is empty only when the full one is, and wherever
+    degrees of the full one fit alone, so does a lean strategy of the same degrees. Every
+    strategy's memory is computed, the time of a few per group of degrees (the full build times
+    every strategy that fits and scans the interleavings). ``dropped`` counts the strategies
+    that do not fit or start; ``dominated`` is 0.
     """
     m_eff = costs.cluster.hardware.m_eff
     legal = _legal(costs, vi, by_shape if by_shape is not None else {})

@@ -199,9 +199,10 @@ def _lean_note(names: Sequence[str], coarse: bool) -> str:
         return ""
     gib = ", and the DP counted memory in whole GiB" if coarse else ""
     return (
-        f"the time limit left no time to build the full frontiers of {', '.join(names)}: per parallel "
-        f"layout they hold only its leanest strategy that fits and the fast-end one at the fewest "
-        f"microbatches that fit (no interleaved pipelines){gib}, so the plan is the best over those"
+        f"the time limit left no time to build the full frontiers of {', '.join(names)}: they hold only "
+        "a few strategies per parallel layout (the leanest that fits, the fast-end engine variant at the "
+        f"fewest and the most microbatches that fit, a generation's memory fractions; no interleaved "
+        f"pipelines){gib}, so the plan is the best over those"
     )
 
 

@@ -8,9 +8,9 @@ Options (all keyword):
 
 ``time_limit`` counts from the method's start, so building the search spaces (evaluators,
 directories) is included; the search checks it between proposal rounds and polish batches, so it
-ends within one round (a few evaluations) of the limit. The candidate directories may take half of
-it (:data:`~rpeg.scoring.candidates.BUILD_SHARE`); the vertices not built by then are
-searched over lean directories (:func:`~rpeg.scoring.candidates.lean_directory`) and the result
+ends within one round (a few evaluations) of the limit. The candidate directories may take all of
+it; the vertices not built by then are searched over lean directories
+(:func:`~rpeg.scoring.candidates.lean_directory`) and the result
 says so, with status ``time_limit``. Ctrl-C ends the search with the best plan so far (status
 ``time_limit``).
 ``workers``

@@ -40,7 +40,6 @@ from ...ir.plan import Choice, Plan, Strategy
 from ...ir.templates import Structure, structures
 from ...ir.workload import Workload
 from ...scoring.candidates import (
-    BUILD_SHARE,
     Directory,
     aligned_allocations,
     build_directories,
@@ -458,7 +457,9 @@ class Anneal:
                 split_phases=split_phases,
                 tune_microbatches=tune_microbatches,
                 candidates=candidates,
-                deadline=None if budget.seconds is None else budget.start + BUILD_SHARE * budget.seconds,
+                # the whole limit: a search over full candidates from its baselines beat one over
+                # lean candidates that started sooner (docs/decisions.md, candidates under a time limit)
+                deadline=None if budget.seconds is None else budget.start + budget.seconds,
             )
             self.spaces.append(space)
         #: structures left unprepared because the time limit ran out first

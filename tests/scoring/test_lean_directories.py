@@ -60,7 +60,7 @@ def _groups(strategies) -> dict[tuple, list]:
 
 def test_past_the_deadline_every_directory_is_lean_and_covers_every_layout_at_its_leanest(ppo7b):
     """Each parallel layout (degrees, any microbatch count and engine variant) the full directory
-    lists with plain 1F1B is in the lean one, at most twice, with a strategy that needs no more
+    lists with plain 1F1B is in the lean one, a few times at most, with a strategy that needs no more
     isolated memory than the leanest the full one keeps: a plan the full directories allow on
     some devices has a lean candidate of the same degrees that fits there alone."""
     workload, cluster, _ = ppo7b
@@ -75,7 +75,10 @@ def test_past_the_deadline_every_directory_is_lean_and_covers_every_layout_at_it
         assert full is not None and not full.lean
         assert d.times == sorted(d.times)
         lean_groups = _groups(s for s in d.strategies if not s.offload)  # each with its offload twin
-        assert all(len(v) <= 2 for v in lean_groups.values()), "more than two strategies of a layout"
+        if ev.graph.vertices[d.vertex].role is Role.GENERATION:  # its memory fractions, at one mb
+            assert all(len({s.mb for s in v}) <= 2 for v in lean_groups.values())
+        else:  # the leanest and the fast end at the fewest and the most microbatches
+            assert all(len(v) <= 3 for v in lean_groups.values()), "more than three strategies of a layout"
         assert len(d.strategies) == (2 if cluster.host_offload else 1) * sum(map(len, lean_groups.values()))
         assert all(s.vp == 1 for s in d.strategies), "a lean directory lists no interleaved twin"
         full_groups = _groups(s for s in full.strategies if s.vp == 1 and not s.offload)
