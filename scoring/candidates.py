@@ -742,10 +742,11 @@ def lean_message(costs: Costs, dirs: Iterable[Directory]) -> str:
     )
 
 
-#: Share of the time limit of ``dp``, ``cpsat`` and ``milp`` that their candidates (directories,
-#: frontiers) may take: past it, the vertices not yet built keep lean directories
-#: (:func:`build_directories`), so the engine has at least the other half for its model or
-#: DP. ``greedy``, ``concurrent`` and ``sa`` give the directories the whole limit.
+#: Share of the time limit of ``cpsat`` and ``milp`` that their candidate directories may take:
+#: past it, the vertices not yet built keep lean directories (:func:`build_directories`), so
+#: the engine has at least the other half for its model. ``greedy``, ``concurrent`` and ``sa``
+#: give the directories the whole limit, ``dp`` its frontiers 80 %
+#: (:data:`~rpeg.solvers.dp.FRONTIER_SHARE`).
 BUILD_SHARE = 0.5
 
 #: Strategies a directory build scores between two looks at the clock (a strategy takes about

@@ -23,14 +23,16 @@ Options (all keyword):
 ``time_limit`` covers the whole method (one deadline from its start): structures are planned
 one after another while time is left (the first always is: its DP is one pass and cannot stop
 half-way), and with ``engine="cpsat"`` each gets the time left divided by the structures still
-to plan. The frontiers may take half of the limit (:data:`~rpeg.scoring.candidates.BUILD_SHARE`):
-the model-stages whose full frontier is not built by then are planned over lean ones
-(:func:`~rpeg.heuristics.dp_planner.lean_frontier`) and the DP over them counts memory in GiB
-(:func:`~rpeg.heuristics.dp_planner.coarsen_memory`: every plan it selects still fits, and it is
-some ten times quicker on the 64-GPU example); the result says so, with status
-``time_limit``. When time runs out, or on Ctrl-C, before
-every structure is planned, the best plan so far is returned with status ``time_limit`` and a
-message naming how many structures were planned.
+to plan. With a limit the DP counts memory in whole GiB
+(:func:`~rpeg.heuristics.dp_planner.coarsen_memory`: every plan it selects still fits; on the
+64-GPU example it took 0.05-0.08 s where the KiB DP took 0.4-2.5 s, at the same optimum over the
+full frontiers and 1 % off it over the lean ones; the KiB DP runs when it finds nothing), so the
+frontiers may take :data:`FRONTIER_SHARE` of the limit: the model-stages whose full frontier is
+not built by then are planned over lean ones
+(:func:`~rpeg.heuristics.dp_planner.lean_frontier`), and the result says so, with status
+``time_limit``. Without a limit the DP is exact in KiB over full frontiers. When time runs out,
+or on Ctrl-C, before every structure is planned, the best plan so far is returned with status
+``time_limit`` and a message naming how many structures were planned.
 
 ``Result.extra["dp"]`` holds the predicted step latency, the per-stage latencies, each
 model-stage's pick and frontier size, and the frontier-building and selection times.
@@ -47,8 +49,8 @@ from ..formulations.deadline import Deadline
 from ..formulations.dp_exact import solve_dp_cpsat
 from ..heuristics.baselines import Infeasible
 from ..heuristics.dp_planner import (
+    COARSE_MEM_UNITS,
     LAT_UNIT,
-    LEAN_MEM_UNITS,
     STAGE_NAME,
     DPInstance,
     Selection,
@@ -59,7 +61,6 @@ from ..heuristics.dp_planner import (
 )
 from ..ir.templates import Structure
 from ..ir.templates import structures as all_structures
-from ..scoring.candidates import BUILD_SHARE
 from ..scoring.evaluator import Evaluator
 from .result import Result, Status
 from .solve import Problem, check_structure_arg, register
@@ -117,7 +118,8 @@ def _dp(
     ys = _structures(problem, structure)
     t0 = problem.started  # solve()'s entry
     run = _plan_structures(problem, ys, Deadline(problem.time_limit, start=t0), budget, engine, threads)
-    lean = _lean_note(run.lean, run.best is not None and run.best.inst.m_eff < run.m_eff)
+    lean = _lean_note(run.lean)
+    coarse = run.best is not None and run.best.inst.m_eff < run.m_eff
     if run.best is None:
         assert run.first_error is not None  # the first structure is always planned
         message = str(run.first_error)
@@ -151,6 +153,7 @@ def _dp(
             if best.status == "optimal"
             else f"CP-SAT status {best.status}"
         )
+        + (" (memory counted in whole GiB: the time limit's DP)" if coarse else "")
     )
     if run.stopped:
         note = f"{run.stopped}: planned {run.planned} of {len(ys)} structures; best plan so far; " + note
@@ -169,40 +172,45 @@ def _dp(
 
 
 def _select(
-    inst: DPInstance, lean: bool, engine: str, share: float | None, seed: int, threads: int | None
+    inst: DPInstance, coarse: bool, engine: str, share: float | None, seed: int, threads: int | None
 ) -> tuple[Selection, str, DPInstance]:
-    """:func:`select` on ``inst``, and the instance the selection indexes. Over lean frontiers
-    (the deadline is near) the memory is first counted in GiB (:func:`coarsen_memory`, far fewer
-    labels, every selection still feasible); only when that finds nothing is the exact
-    instance selected on, so that an infeasibility is reported in its own terms.
+    """:func:`select` on ``inst``, and the instance the selection indexes. With ``coarse`` (a
+    time limit) the memory is first counted in GiB (:func:`coarsen_memory`, far fewer labels,
+    every selection still feasible); only when that finds nothing is the exact instance
+    selected on, so that an infeasibility is reported in its own terms.
 
     Raises
     ------
     Infeasible
         From :func:`select` on ``inst``.
     """
-    if lean:
-        coarse = coarsen_memory(inst, LEAN_MEM_UNITS)
+    if coarse:
+        coarse_inst = coarsen_memory(inst, COARSE_MEM_UNITS)
         try:
-            sel, status = select(coarse, engine, time_limit=share, seed=seed, threads=threads)
-            return sel, status, coarse
+            sel, status = select(coarse_inst, engine, time_limit=share, seed=seed, threads=threads)
+            return sel, status, coarse_inst
         except Infeasible:
             pass
     sel, status = select(inst, engine, time_limit=share, seed=seed, threads=threads)
     return sel, status, inst
 
 
-def _lean_note(names: Sequence[str], coarse: bool) -> str:
-    """What the result says when model-stages were planned over lean frontiers (and, with
-    ``coarse``, the plan's DP counted memory in GiB); ``""`` if none were."""
+#: Share of the time limit the frontiers may take: with a limit the DP counts memory in GiB,
+#: which took a few hundredths of a second on the bundled examples, so most of the limit can go
+#: to the frontiers. Not tuned: a round number that leaves the DP a fifth of the limit.
+FRONTIER_SHARE = 0.8
+
+
+def _lean_note(names: Sequence[str]) -> str:
+    """What the result says when model-stages were planned over lean frontiers; ``""`` if none
+    were."""
     if not names:
         return ""
-    gib = ", and the DP counted memory in whole GiB" if coarse else ""
     return (
         f"the time limit left no time to build the full frontiers of {', '.join(names)}: they hold only "
         "a few strategies per parallel layout (the leanest that fits, the fast-end engine variant at the "
-        f"fewest and the most microbatches that fit, a generation's memory fractions; no interleaved "
-        f"pipelines){gib}, so the plan is the best over those"
+        "fewest and the most microbatches that fit, a generation's memory fractions; no interleaved "
+        "pipelines), so the plan is the best over those"
     )
 
 
@@ -288,8 +296,8 @@ def _plan_structures(
                 break
             ev = problem.evaluator(y)
             run.evaluators.append(ev)
-            # past half the limit, the model-stages not yet built keep lean frontiers
-            build_at = None if deadline.unlimited else deadline.start + BUILD_SHARE * deadline.seconds
+            # past FRONTIER_SHARE of the limit, the model-stages not yet built keep lean frontiers
+            build_at = None if deadline.unlimited else deadline.start + FRONTIER_SHARE * deadline.seconds
             inst = build_dp_instance(ev.costs, budget, build_at)
             run.m_eff = inst.m_eff  # in the planner's units (a coarse selection's is smaller)
             lean = [f.stage.label for f in inst.frontiers if f.lean]
@@ -298,7 +306,9 @@ def _plan_structures(
             if share is not None:
                 share = max(0.01, share / (len(ys) - k))
             try:
-                sel, status, inst = _select(inst, bool(lean), engine, share, problem.seed, threads)
+                sel, status, inst = _select(
+                    inst, not deadline.unlimited, engine, share, problem.seed, threads
+                )
             except Infeasible as exc:
                 run.first_error = run.first_error or exc
                 continue

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
+from rpeg import solve
 from rpeg.heuristics.dp_planner import (
-    LEAN_MEM_UNITS,
+    COARSE_MEM_UNITS,
     _build_frontier,
     build_dp_instance,
     coarsen_memory,
@@ -162,7 +163,7 @@ def test_a_selection_in_gib_fits_in_the_exact_units(ppo7b):
     workload, cluster, _ = ppo7b
     ev = Evaluator(workload, cluster)
     inst = build_dp_instance(ev.costs)
-    coarse = coarsen_memory(inst, LEAN_MEM_UNITS)
+    coarse = coarsen_memory(inst, COARSE_MEM_UNITS)
     assert all(len(c.points) <= len(f.points) for c, f in zip(coarse.frontiers, inst.frontiers))
     assert sum(len(c.points) for c in coarse.frontiers) < sum(len(f.points) for f in inst.frontiers)
     sel = solve_dp(coarse)
@@ -180,3 +181,17 @@ def test_a_selection_in_gib_fits_in_the_exact_units(ppo7b):
             tra = max([tra] + [q.transient for q in fine])
         per += widest
     assert per + tra <= inst.m_eff
+
+
+def test_dp_counts_memory_in_gib_under_a_time_limit_only(ppo7b):
+    """With a limit the DP selects on :func:`coarsen_memory`'s instance (and says so); without
+    one, on the exact KiB instance. Both plans fit; the coarse one is no better in the DP's own
+    terms."""
+    workload, cluster, k_eval = ppo7b
+    clear_caches()
+    exact = solve(workload, cluster, method="dp", k_eval=k_eval)
+    timed = solve(workload, cluster, method="dp", k_eval=k_eval, time_limit=600.0)
+    assert "GiB" not in exact.message and "memory counted in whole GiB" in timed.message
+    assert exact.status is Status.FEASIBLE and timed.status is Status.FEASIBLE
+    assert exact.evaluation.feasible and timed.evaluation.feasible
+    assert timed.extra["dp"]["step_latency_s"] >= exact.extra["dp"]["step_latency_s"]
