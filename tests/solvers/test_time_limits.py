@@ -114,14 +114,17 @@ def test_milp_returns_the_warm_start_in_time_from_a_cold_start(ppo13b):
 def test_every_method_on_the_64_gpu_example_ends_within_a_short_limit_from_a_cold_cache(ppo13b, method):
     """The full candidate directories of ``ppo-13b-64gpu`` take about 3 s to build here and its
     DP frontiers 4 s (then 2.5 s of DP): before the build watched the deadline, every method
-    overran a 1-s limit by 1.7-4.3 s (benchmarks/RESULTS.md, overshoot, 2026-12-06). Past the
-    deadline the vertices not built get lean directories (frontiers), and the result says so."""
+    overran a 1-s limit by 1.7-4.3 s and dp a 3-s one by 2.9 s, sa by 1.4 s
+    (benchmarks/RESULTS.md, overshoot, 2026-12-06). Past the deadline the vertices not built
+    get lean directories (frontiers), and the result says so. 3 s, not 1: beside another test
+    (``-n 2`` on two cores) everything runs about twice as slow, and the lean floor of this
+    example is about 1.2 s alone; the 1-s figures are the benchmark's."""
     clear_caches()
-    r, elapsed = run(ppo13b, method, 1.5)
-    assert elapsed <= bound(1.5), f"{method} took {elapsed:.2f} s on a 1.5-s limit"
+    r, elapsed = run(ppo13b, method, 3.0)
+    assert elapsed <= bound(3.0), f"{method} took {elapsed:.2f} s on a 3-s limit"
     assert r.plan is not None and r.evaluation.feasible
     if r.status is Status.TIME_LIMIT:
-        assert "left no time to build the full" in r.message or method == "sa", r.message
+        assert "left no time to build the full" in r.message, r.message
 
 
 def test_milp_returns_the_warm_start_in_time_when_its_model_is_too_large(ppo13b):
