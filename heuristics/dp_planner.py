@@ -711,7 +711,7 @@ def build_dp_instance(costs: Costs, budget: int | None = None, deadline: float |
     for i, ms in enumerate(mss):
         if frontiers[i] is not None and not frontiers[i].lean:
             continue
-        if deadline is not None and time.monotonic() >= deadline:
+        if past_deadline(deadline, 0):
             break  # the rest stay lean
         full = build_frontier(costs, ms, sizes, m_eff, deadline)
         if full is None:  # the deadline passed: the rest stay lean

@@ -15,7 +15,7 @@ import dataclasses
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..ir.cluster import Allocation, Cluster
@@ -52,6 +52,7 @@ __all__ = [
     "lean_directory",
     "lean_groups",
     "lean_message",
+    "lean_note",
     "lean_picks",
     "make_strategy",
     "past_deadline",
@@ -712,7 +713,7 @@ def build_directories(costs: Costs, deadline: float | None = None) -> list[Direc
                 found[key] = lean_directory(costs, vi, by_shape)
                 _DIRECTORIES.put(key, found[key])
     for vi, key in missing:
-        if deadline is not None and time.monotonic() >= deadline:
+        if past_deadline(deadline, 0):
             break  # the rest keep their lean directories
         full = _build_directory(costs, vi, by_shape, deadline)
         if full is None:  # the deadline passed while it was built
@@ -730,15 +731,20 @@ def build_directories(costs: Costs, deadline: float | None = None) -> list[Direc
 
 def lean_message(costs: Costs, dirs: Iterable[Directory]) -> str:
     """What a result says when some of ``dirs`` are lean (:attr:`Directory.lean`), naming their
-    vertices; ``""`` when none is."""
-    names = [costs.graph.vertices[d.vertex].name for d in dirs if d.lean]
+    vertices (:func:`lean_note`); ``""`` when none is."""
+    return lean_note([costs.graph.vertices[d.vertex].name for d in dirs if d.lean])
+
+
+def lean_note(names: Sequence[str], what: str = "candidate directories") -> str:
+    """What a result says when the time limit left ``names`` (vertices, or the DP's
+    model-stages with ``what="frontiers"``) with lean candidates; ``""`` when none."""
     if not names:
         return ""
     return (
-        f"the time limit left no time to build the full candidate directories of {', '.join(names)}: "
-        "they list only a few strategies per parallel layout (the leanest that fits, the fast-end engine "
-        "variant at the fewest and the most microbatches that fit, a generation's memory fractions; no "
-        "interleaved pipelines), so the plan is the best found over those, not over every candidate"
+        f"the time limit left no time to build the full {what} of {', '.join(names)}: they hold only "
+        "a few strategies per parallel layout (the leanest that fits, the fast-end engine variant at the "
+        "fewest and the most microbatches that fit, a generation's memory fractions; no interleaved "
+        "pipelines), so the plan is the best found over those, not over every candidate"
     )
 
 

@@ -61,6 +61,7 @@ from ..heuristics.dp_planner import (
 )
 from ..ir.templates import Structure
 from ..ir.templates import structures as all_structures
+from ..scoring.candidates import lean_note
 from ..scoring.evaluator import Evaluator
 from .result import Result, Status
 from .solve import Problem, check_structure_arg, register
@@ -118,8 +119,7 @@ def _dp(
     ys = _structures(problem, structure)
     t0 = problem.started  # solve()'s entry
     run = _plan_structures(problem, ys, Deadline(problem.time_limit, start=t0), budget, engine, threads)
-    lean = _lean_note(run.lean)
-    coarse = run.best is not None and run.best.inst.m_eff < run.m_eff
+    lean = lean_note(run.lean, "frontiers")
     if run.best is None:
         assert run.first_error is not None  # the first structure is always planned
         message = str(run.first_error)
@@ -153,7 +153,7 @@ def _dp(
             if best.status == "optimal"
             else f"CP-SAT status {best.status}"
         )
-        + (" (memory counted in whole GiB: the time limit's DP)" if coarse else "")
+        + (" (memory counted in whole GiB: the time limit's DP)" if best.coarse else "")
     )
     if run.stopped:
         note = f"{run.stopped}: planned {run.planned} of {len(ys)} structures; best plan so far; " + note
@@ -201,19 +201,6 @@ def _select(
 FRONTIER_SHARE = 0.8
 
 
-def _lean_note(names: Sequence[str]) -> str:
-    """What the result says when model-stages were planned over lean frontiers; ``""`` if none
-    were."""
-    if not names:
-        return ""
-    return (
-        f"the time limit left no time to build the full frontiers of {', '.join(names)}: they hold only "
-        "a few strategies per parallel layout (the leanest that fits, the fast-end engine variant at the "
-        "fewest and the most microbatches that fit, a generation's memory fractions; no interleaved "
-        "pipelines), so the plan is the best over those"
-    )
-
-
 def _structures(problem: Problem, structure: Structure | str | None) -> list[Structure]:
     """The structures the ``structure`` option names (module docstring).
 
@@ -233,14 +220,16 @@ def _structures(problem: Problem, structure: Structure | str | None) -> list[Str
 
 @dataclass(frozen=True)
 class _Planned:
-    """One structure's plan: its index in the structures, evaluator, DP instance, selection
-    and status word."""
+    """One structure's plan: its index in the structures, evaluator, DP instance, selection,
+    status word and whether the selection counted memory in GiB (:func:`coarsen_memory`;
+    ``inst`` is then the coarse instance)."""
 
     index: int
     ev: Evaluator
     inst: DPInstance
     sel: Selection
     status: str
+    coarse: bool = False
 
 
 @dataclass
@@ -262,9 +251,6 @@ class _Run:
     lean
         The model-stages planned over lean frontiers (the time limit cut their build short),
         by name, once each.
-    m_eff
-        ``M_eff`` of the instances built, in the planner's units (the instance of a selection
-        that counted memory in GiB, :func:`coarsen_memory`, has a smaller one).
     """
 
     best: _Planned | None = None
@@ -273,7 +259,6 @@ class _Run:
     planned: int = 0
     stopped: str = ""
     lean: list[str] = field(default_factory=list)
-    m_eff: int = 0
 
 
 def _plan_structures(
@@ -299,14 +284,13 @@ def _plan_structures(
             # past FRONTIER_SHARE of the limit, the model-stages not yet built keep lean frontiers
             build_at = None if deadline.unlimited else deadline.start + FRONTIER_SHARE * deadline.seconds
             inst = build_dp_instance(ev.costs, budget, build_at)
-            run.m_eff = inst.m_eff  # in the planner's units (a coarse selection's is smaller)
             lean = [f.stage.label for f in inst.frontiers if f.lean]
             run.lean += [label for label in lean if label not in run.lean]
             share = deadline.limit()
             if share is not None:
                 share = max(0.01, share / (len(ys) - k))
             try:
-                sel, status, inst = _select(
+                sel, status, picked = _select(
                     inst, not deadline.unlimited, engine, share, problem.seed, threads
                 )
             except Infeasible as exc:
@@ -315,7 +299,7 @@ def _plan_structures(
             finally:
                 run.planned += 1
             if run.best is None or sel.step_latency < run.best.sel.step_latency:
-                run.best = _Planned(k, ev, inst, sel, status)
+                run.best = _Planned(k, ev, picked, sel, status, picked is not inst)
     except KeyboardInterrupt:
         if run.best is None:
             raise

@@ -139,8 +139,15 @@ def solve_exact(
     # the engine's import (a second or more) runs while the structures are prepared
     loader = _EngineLoader(engine, (engine_options or {}).get("solver"))
     ys = [structure] if structure is not None else all_structures(problem.workload)
-    search = _Search(problem, engine_fn, candidates, warm_start, threads, engine_options or {})
-    search.build_at = t0 + BUILD_SHARE * limit  # past it, the directories not built stay lean
+    search = _Search(
+        problem,
+        engine_fn,
+        candidates,
+        warm_start,
+        threads,
+        engine_options or {},
+        build_at=t0 + BUILD_SHARE * limit,  # past it, the directories not built stay lean
+    )
     try:
         order = search.order(ys, deadline)
         if not loader.wait(deadline.remaining()):

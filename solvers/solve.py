@@ -102,11 +102,12 @@ class Problem:
             raise ValueError(f"delta must be in (0, 1], got {self.delta!r}")
         object.__setattr__(self, "delta", float(self.delta))
 
-    def deadline(self, share: float = 1.0) -> float | None:
-        """The ``time.monotonic()`` instant ``started + share·time_limit`` (``None`` without a
-        limit): what a method gives :func:`~rpeg.scoring.candidates.build_directories`, which
-        lists lean candidates for the vertices whose full directories it cannot build by then."""
-        return None if self.time_limit is None else self.started + share * self.time_limit
+    def deadline(self) -> float | None:
+        """The ``time.monotonic()`` instant ``started + time_limit`` (``None`` without a limit):
+        what the one-pass baselines give :func:`~rpeg.scoring.candidates.build_directories`,
+        which lists lean candidates for the vertices whose full directories it cannot build by
+        then."""
+        return None if self.time_limit is None else self.started + self.time_limit
 
     def evaluator(self, structure: Structure | None = None) -> Evaluator:
         """A fresh evaluator for ``structure`` (default: synchronous)."""

@@ -147,7 +147,7 @@ def test_milp_returns_the_warm_start_in_time_when_its_model_is_too_large(ppo13b)
 
 def test_cpsat_on_a_tiny_limit_returns_at_least_its_warm_start():
     """A 0.5-s limit. The first structure's evaluator and directories are always prepared (lean
-    ones past a quarter of a second: about half the full build's 0.8-1.5 s here), more
+    ones past a quarter of a second: about a third of the full build's 0.7-1.1 s here), more
     beside another test: a first run prepares them, and the second is timed, its limit spent in
     the engine."""
     problem = example_problem("ppo-7b-16gpu")
