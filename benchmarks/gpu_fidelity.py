@@ -936,14 +936,30 @@ def vllm_model_spec(model: str) -> Any:
 def vllm_precision(row: dict[str, Any]) -> str | None:
     """rpeg's precision of a served checkpoint: ``"bf16"`` for BF16 weights, ``"fp8"`` for FP8
     ones (a ``-FP8`` checkpoint's per-tensor or block-scaled weights, or DeepSeek's native
-    block-scaled FP8: vLLM runs each as W8A8 FP8 GEMMs on Hopper, weights stored in 1 byte);
-    ``None`` for the others (AWQ INT4, MXFP4)."""
+    block-scaled FP8: vLLM runs each as W8A8 FP8 GEMMs on Hopper, weights stored in 1 byte),
+    ``"mxfp4"`` for gpt-oss's native MXFP4 experts (vLLM's ``Mxfp4Config``: weight-only expert
+    GEMMs, Marlin on A100 and OpenAI's Triton kernels on H100); ``None`` for AWQ's INT4."""
     prec = row["precision"].split(" (")[0]
-    return {"BF16": "bf16", "FP8": "fp8"}.get(prec)
+    return {"BF16": "bf16", "FP8": "fp8", "MXFP4": "mxfp4"}.get(prec)
+
+
+#: Result blocks whose published serve command names another model than the one whose figures
+#: they show, ``(page, section) → why``: kept in the data file as published, not priced.
+VLLM_MISLABELLED = {
+    ("gpt-oss-20b/h100.md", "5. Tuning number of batched tokens in vLLM"): (
+        "the gpt-oss-20b page's command names openai/gpt-oss-120b, but its figures are the 20b's "
+        "(9,027 output tok/s and 4.96 s mean TTFT on one H100, against the page's 9,064 and 4.93 s "
+        "with async scheduling; the 120b page's best single-GPU run has 2,943): the model that ran "
+        "is uncertain"
+    ),
+}
 
 
 def vllm_why_not(row: dict[str, Any]) -> str | None:
     """Why rpeg cannot express a vLLM row, or ``None`` when it can."""
+    mislabelled = VLLM_MISLABELLED.get((vllm_page(row), row["source"]["section"]))
+    if mislabelled is not None:
+        return mislabelled
     base = _base_model(row["model"])
     if base not in VLLM_MODELS:
         return f"no rpeg model for {base}"
@@ -1117,7 +1133,7 @@ def prefill_report(rows: list[dict[str, Any]]) -> list[str]:
 
     return [
         "",
-        f"Hopper prefill efficiency (the one fitted figure of this table): the h100 and h200 presets' vLLM engine "
+        f"Hopper prefill efficiency (a fitted figure): the h100 and h200 presets' vLLM engine "
         f"runs a prefill at {HOPPER_PREFILL_EFFICIENCY} × the roofline, fitted on the engine-bound rows of "
         f"{PREFILL_FIT_PAGE}:",
         "",
@@ -1128,7 +1144,9 @@ def prefill_report(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def vllm_predict(row: dict[str, Any], prefill_scale: float = 1.0) -> tuple[float, float]:
+def vllm_predict(
+    row: dict[str, Any], prefill_scale: float = 1.0, weight_only: float | None = None
+) -> tuple[float, float]:
     """rpeg's ``(T_gen, output tokens/s)`` of an expressible row.
 
     The run is one generation on a continuously batching engine
@@ -1139,7 +1157,9 @@ def vllm_predict(row: dict[str, Any], prefill_scale: float = 1.0) -> tuple[float
     (vLLM's 0.9 unless the command sets it), the checkpoint's precision (:func:`vllm_precision`),
     the engine step of the server's flags and defaults (:func:`vllm_engine_step`), and the
     preset's vLLM prefill efficiency times ``prefill_scale`` (:func:`fit_prefill_efficiency`
-    varies it). Predicted output tokens/s =
+    varies it) and the engine's weight-only GEMM efficiency ``ε_w`` of the preset, or
+    ``weight_only`` when given (:func:`fit_weight_only_efficiency` varies it; MXFP4 rows only).
+    Predicted output tokens/s =
     published generated tokens / ``T_gen``, so rpeg/published is the published duration over
     ``T_gen`` and the same for total tokens/s.
     """
@@ -1151,7 +1171,10 @@ def vllm_predict(row: dict[str, Any], prefill_scale: float = 1.0) -> tuple[float
     from rpeg.ir.plan import Strategy
 
     hw = hardware_preset(VLLM_GPUS[row["gpu"]])
-    hw = _scaled_prefill(replace(hw, rollout_step=vllm_engine_step(row, hw)), prefill_scale)
+    step = vllm_engine_step(row, hw)
+    if weight_only is not None:
+        step = replace(step, weight_only_efficiency=weight_only)
+    hw = _scaled_prefill(replace(hw, rollout_step=step), prefill_scale)
     tp = row["tp"]
     strategy = Strategy((1, 1, tp), dp=1, pp=1, tp=tp, mb=1, mem_fraction=row["gpu_memory_utilization"])
     lp, _ = vllm_lengths(row)
@@ -1165,6 +1188,141 @@ def vllm_predict(row: dict[str, Any], prefill_scale: float = 1.0) -> tuple[float
         buckets=buckets,
     )
     return t.total, row["total_generated_tokens"] / t.total
+
+
+#: vLLM's weight-only (MXFP4, W4A16) MoE GEMM efficiency ``ε_w`` per GPU generation, which the
+#: presets of that generation carry as their rollout step's ``weight_only_efficiency``
+#: (docs/cost-model.md §11, "MXFP4 experts"): issue 31's one efficiency per operation class per
+#: GPU generation, each fitted (:func:`fit_weight_only_efficiency`) on the engine-bound rows of
+#: one page and reported on the other pages of that GPU. ``(GPU, fit page, presets, ε_w)``.
+WEIGHT_ONLY_FITS = (
+    ("H100", "gpt-oss-20b/h100.md", ("h100", "h200"), 0.724),
+    ("A100", "gpt-oss-20b/a100.md", ("a100-80gb", "a100-40gb"), 0.502),
+)
+
+
+def weight_only_rows(rows: list[dict[str, Any]], gpu: str) -> list[dict[str, Any]]:
+    """The expressible engine-bound (:func:`vllm_front_end_bound` excluded) MXFP4 rows of one GPU."""
+    return [
+        x
+        for x in rows
+        if x["gpu"] == gpu
+        and vllm_why_not(x) is None
+        and vllm_precision(x) == "mxfp4"
+        and not vllm_front_end_bound(x)
+    ]
+
+
+def weight_only_mape(rows: list[dict[str, Any]], eps: float | None = None) -> float:
+    """Output-throughput MAPE of ``rows`` with ``ε_w = eps`` (``None``: the presets')."""
+    return _mape([(float(x["output_tokens_per_s"]), vllm_predict(x, weight_only=eps)[1]) for x in rows])
+
+
+def fit_weight_only_efficiency(rows: list[dict[str, Any]], gpu: str, page: str) -> tuple[float, float]:
+    """``(ε_w, MAPE)``: the weight-only GEMM efficiency in ``[0.1, 1]`` that minimises the
+    output-throughput MAPE of ``page``'s engine-bound MXFP4 rows on ``gpu`` (golden-section
+    search, 40 steps)."""
+    mine = [x for x in weight_only_rows(rows, gpu) if vllm_page(x) == page]
+    if not mine:
+        raise ValueError(f"no engine-bound MXFP4 row on page {page!r}")
+    lo, hi = 0.1, 1.0
+    phi = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = hi - phi * (hi - lo), lo + phi * (hi - lo)
+    fa, fb = weight_only_mape(mine, a), weight_only_mape(mine, b)
+    for _ in range(40):
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = hi - phi * (hi - lo)
+            fa = weight_only_mape(mine, a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + phi * (hi - lo)
+            fb = weight_only_mape(mine, b)
+    eps = (lo + hi) / 2.0
+    return eps, weight_only_mape(mine, eps)
+
+
+def weight_only_report(rows: list[dict[str, Any]]) -> list[str]:
+    """Summary lines of the weight-only GEMM efficiencies: per GPU generation, the refit on its
+    page against the presets', and the other pages' engine-bound MXFP4 rows fitted and at
+    ``ε_w = 1``."""
+    lines = [
+        "",
+        "Weight-only MXFP4 expert GEMMs (one fitted figure per GPU generation; docs/cost-model.md §11): "
+        "the presets' vLLM rollout step runs them at ε_w × F_peak once compute-bound:",
+        "",
+    ]
+    for gpu, page, presets, eps in WEIGHT_ONLY_FITS:
+        fit, fit_mape = fit_weight_only_efficiency(rows, gpu, page)
+        held = [x for x in weight_only_rows(rows, gpu) if vllm_page(x) != page]
+        lines += [
+            f"- {gpu} ({', '.join(presets)} carry ε_w = {eps}): refit now on {page}: {fit:.3f}; MAPE "
+            f"{fit_mape:.1f} % there ({weight_only_mape([x for x in weight_only_rows(rows, gpu) if vllm_page(x) == page], 1.0):.1f} % at ε_w = 1)",
+            f"  - held out, the other {gpu} pages' {len(held)} engine-bound MXFP4 rows: MAPE "
+            f"{weight_only_mape(held):.1f} % (at ε_w = 1: {weight_only_mape(held, 1.0):.1f} %)",
+        ]
+    return lines
+
+
+#: Published vLLM start-up logs of gpt-oss-120b on one H100 (``gpu_model_runner.py``: "Model
+#: loading took X GiB"): ``(GiB, vLLM version and MoE backend, source)``.
+GPT_OSS_120B_LOADED = (
+    (65.9651, "of 2025-08-20 (Marlin)", "https://github.com/vllm-project/vllm/issues/23278"),
+    (64.38, "v0.14.1 (Triton)", "https://github.com/vllm-project/vllm/issues/33155"),
+)
+
+
+def _ratios(rows: list[dict[str, Any]], less: float) -> str:
+    """rpeg/published of ``rows``, their memory fraction lowered by ``less``: ``"lo–hi"``."""
+    r = [
+        vllm_predict({**x, "gpu_memory_utilization": x["gpu_memory_utilization"] - less})[1]
+        / x["output_tokens_per_s"]
+        for x in rows
+    ]
+    return f"{min(r):.2f}–{max(r):.2f}"
+
+
+def served_memory_report(rows: list[dict[str, Any]]) -> list[str]:
+    """rpeg's resident weights of gpt-oss-120b served whole on one H100
+    (:func:`~rpeg.costmodel.memory.served_weight_bytes`, precision mxfp4) against the published
+    vLLM logs of :data:`GPT_OSS_120B_LOADED`, and the one-H100 ShareGPT rows of ``rows`` priced
+    with the KV cache the smaller of those loads leaves."""
+    from dataclasses import replace
+
+    from rpeg.costmodel.hardware import hardware_preset
+    from rpeg.costmodel.layout import Layout
+    from rpeg.costmodel.memory import kv_budget_tokens, kv_bytes_per_token, served_weight_bytes
+    from rpeg.ir.models import model_preset
+    from rpeg.ir.plan import Strategy
+
+    spec = replace(model_preset("gpt-oss-120b"), precision="mxfp4")
+    hw = hardware_preset("h100")
+    lay = Layout(Strategy((1, 1, 1), dp=1, pp=1, tp=1, mb=1, mem_fraction=VLLM_MEMORY_FRACTION))
+    gib = served_weight_bytes(spec, lay) / 2**30
+    kv = kv_budget_tokens(spec, lay, hw) * kv_bytes_per_token(spec, lay) / 2**30
+    logged = "; ".join(f"{v:.2f} GiB with vLLM {what} ({src})" for v, what, src in GPT_OSS_120B_LOADED)
+    more = sorted(v - gib for v, _, _ in GPT_OSS_120B_LOADED)
+    sharegpt = [
+        x
+        for x in rows
+        if vllm_why_not(x) is None
+        and x["model"] == "openai/gpt-oss-120b"
+        and x["gpu"] == "H100"
+        and x["tp"] == 1
+        and x["dataset"] == "sharegpt"
+    ]
+    return [
+        "",
+        f"gpt-oss-120b's weights on one H100: rpeg {gib:.2f} GiB (MXFP4 experts at 0.53125 bytes, the rest "
+        f"BF16), vLLM logged {logged}. The difference, which rpeg does not model, is the MoE kernels' padded "
+        "and swizzled weight layouts (vLLM rounds the experts' widths up to the kernel's tile: "
+        "`mxfp4_round_up_hidden_size_and_intermediate_size`). At memory fraction 0.9 rpeg leaves the KV cache "
+        f"{kv:.1f} GiB where those loads leave {kv - more[-1]:.1f}–{kv - more[0]:.1f} GiB. Priced with the "
+        f"{more[0]:.2f} GiB less that the Triton load leaves (the memory fraction lowered by as much), the "
+        "120b's one-H100 ShareGPT rows go from "
+        f"{_ratios(sharegpt, 0.0)} to {_ratios(sharegpt, more[0] * 2**30 / hw.gpu_memory_bytes)} × published: "
+        "the missing layout accounts for part of their over-prediction.",
+    ]
 
 
 def _mape(pairs: list[tuple[float, float]]) -> float:
@@ -1247,7 +1405,10 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         "preset (H100 → h100, H200 → h200, A100 → a100-80gb, each with the memory its driver reports), "
         "memory fraction 0.9 (vLLM's default "
         "`--gpu-memory-utilization`); FP8 checkpoints run with precision fp8 (FP8 GEMMs for the blocks, "
-        "their weights in 1 byte, BF16 KV cache: docs/cost-model.md §11); "
+        "their weights in 1 byte, BF16 KV cache: docs/cost-model.md §11), gpt-oss's MXFP4 checkpoints "
+        "with precision mxfp4 (the routed experts stored in 0.53125 bytes per weight and run as "
+        'weight-only GEMMs at the BF16 peak, everything else BF16: docs/cost-model.md §11, "MXFP4 '
+        'experts"); '
         "predicted output tokens/s = published generated tokens / T_gen, so "
         "rpeg/published is the same for output and total tokens/s. "
         "Each engine step costs the roofline of its weight GEMMs, then its attention kernel (the preset's "
@@ -1260,8 +1421,11 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         "HTTP front end and the benchmark client more than the engine (their mean TTFT is most of the run "
         "although their prefill is a few dozen steps; `vllm_front_end_bound`): an in-process rollout engine "
         "pays none of it, so they are kept in the table and in 'all' but also summarised without them. "
-        f"**One figure is fitted**: the h100 and h200 presets' vLLM prefill efficiency ({HOPPER_PREFILL_EFFICIENCY}, "
-        f"on {PREFILL_FIT_PAGE}; below the table); nothing else is fitted to these rows. "
+        f"**Two kinds of figure are fitted**: the h100 and h200 presets' vLLM prefill efficiency "
+        f"({HOPPER_PREFILL_EFFICIENCY}, on {PREFILL_FIT_PAGE}) and, per GPU generation, the weight-only "
+        "MXFP4 expert GEMMs' efficiency (Hopper on "
+        f"{WEIGHT_ONLY_FITS[0][1]}, Ampere on {WEIGHT_ONLY_FITS[1][1]}); each is reported on the pages it "
+        "was not fitted on, below the table; nothing else is fitted to these rows. "
         "Acceptance target of issue 31: MAPE ≤ 20 %.",
         "",
         f"{len(rows)} rows; {len(every)} expressible, {len(rows) - len(every)} not:",
@@ -1272,6 +1436,8 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         "",
         *stats,
         *prefill_report(rows),
+        *weight_only_report(rows),
+        *served_memory_report(rows),
     ]
     print("\n".join(lines))
     if write:

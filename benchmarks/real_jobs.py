@@ -35,10 +35,17 @@ strategies. Then the public layouts, written as plans (``result_for_plan``) and 
   none; ``dapo-qwen2.5-math-7b.toml`` states it). What rpeg cannot express of that run yet is
   said in the output: HSDP (``fsdp_size=2``) and Ulysses sequence parallelism (``sp_size=4``).
 
+8. (issue 31, section ``real-jobs-mxfp4``) GRPO gpt-oss-20b as verl's example runs it
+   (256 × 5, Lp 512, Lr 8,192 on 8 H100) and GRPO gpt-oss-120b (512 × 8, Lr 8,192 on 4 nodes of
+   8 H100), each planned in the same run with BF16 rollouts (the BF16 copy verl's recipe
+   trains and serves) and with the rollouts served from MXFP4 experts (``precision = "mxfp4"``,
+   ``docs/cost-model.md`` §11), training BF16 in both.
+
 Run from the repository root::
 
     python benchmarks/real_jobs.py [--time-limit 60] [--only NAME,...] [--no-write]
     python benchmarks/real_jobs.py --moe [--time-limit 60]      # the jobs of 7
+    python benchmarks/real_jobs.py --mxfp4 [--time-limit 60]    # the jobs of 8
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ import argparse
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from _bench import command, machine, plan_labels, write_section
@@ -81,6 +88,12 @@ MOE_JOBS = [
     ("grpo-deepseek-v3", ["8x8x8"]),
     ("grpo-qwen2.5-7b-32k", ["1x4x8"]),
     ("grpo-qwen2.5-7b-64k", ["1x4x8"]),
+]
+
+#: Issue 31's gpt-oss jobs, each planned with BF16 and with MXFP4-expert rollouts
+MXFP4_JOBS = [
+    ("grpo-gpt-oss-20b", ["1x1x8"]),
+    ("grpo-gpt-oss-120b", ["1x4x8"]),
 ]
 
 #: verl's published colocated synchronous step of job (6) on H20, seconds per step:
@@ -149,10 +162,19 @@ def _table(rows: list[Row]) -> list[str]:
     return out
 
 
-def run_job(stem: str, shape: str, time_limit: float, splits: bool = True) -> list[Row]:
+def run_job(
+    stem: str, shape: str, time_limit: float, splits: bool = True, precision: str | None = None
+) -> list[Row]:
     """greedy, concurrent and sa on one workload file and cluster shape (``splits``: with SPEC
-    §15's expert, context and sequence parallelism in the plan space)."""
+    §15's expert, context and sequence parallelism in the plan space; ``precision``: given to
+    every mixture of experts of the workload, as a workload file's top-level setting would)."""
     wf = rpeg.load_workload(HERE / f"{stem}.toml")
+    if precision is not None:
+        models = {
+            role: replace(spec, precision=precision) if spec.is_moe else spec
+            for role, spec in wf.workload.models.items()
+        }
+        wf = replace(wf, workload=replace(wf.workload, models=models))
     cluster = rpeg.Cluster.from_shape(
         shape, rpeg.hardware_preset(wf.hardware or "h100"), **({} if splits else NO_SPLITS)
     )
@@ -166,6 +188,8 @@ def run_job(stem: str, shape: str, time_limit: float, splits: bool = True) -> li
         t0 = time.perf_counter()
         result = rpeg.solve(wf.workload, cluster, method=method, k_eval=wf.k_eval, **kwargs)
         label = method if splits else f"{method}, no EP/CP/SP"
+        if precision is not None:
+            label = f"{method}, {precision} rollouts"
         rows.append(_row(stem, shape, label, result, time.perf_counter() - t0))
         r = rows[-1]
         print(
@@ -281,9 +305,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--moe", action="store_true", help="issue 30's MoE and long-response jobs (section real-jobs-moe)"
     )
+    ap.add_argument(
+        "--mxfp4",
+        action="store_true",
+        help="issue 31's gpt-oss jobs with BF16 and MXFP4-expert rollouts (section real-jobs-mxfp4)",
+    )
     args = ap.parse_args(argv)
     if args.moe:
         return moe_jobs(args, argv)
+    if args.mxfp4:
+        return mxfp4_jobs(args, argv)
     only = {s for s in args.only.split(",") if s}
     rows: list[Row] = []
     for stem, shapes in JOBS:
@@ -375,6 +406,44 @@ def moe_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
     ]
     if not args.no_write:
         write_section("real-jobs-moe", out)
+    print("\n".join(out))
+    return 0
+
+
+def mxfp4_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """Issue 31's gpt-oss jobs, planned by greedy, concurrent and sa with BF16 rollouts and with
+    MXFP4-expert rollouts, into the section ``real-jobs-mxfp4``."""
+    rows: list[Row] = []
+    for stem, shapes in MXFP4_JOBS:
+        for shape in shapes:
+            rows.extend(run_job(stem, shape, args.time_limit, precision="bf16"))
+            rows.extend(run_job(stem, shape, args.time_limit, precision="mxfp4"))
+    gains = []
+    for stem, shapes in MXFP4_JOBS:
+        for shape in shapes:
+            pair = {
+                r.method: r for r in rows if r.job == stem and r.shape == shape and r.method.startswith("sa,")
+            }
+            bf16, mx = pair.get("sa, bf16 rollouts"), pair.get("sa, mxfp4 rollouts")
+            if bf16 and mx and bf16.throughput > 0 and mx.throughput > 0:
+                gains.append(f"{stem} on {shape} {mx.throughput / bf16.throughput:.2f} ×")
+    out = [
+        "## gpt-oss jobs with BF16 and with MXFP4-expert rollouts (issue 31)",
+        "",
+        f"Command: `{command('real_jobs.py', argv)}`. Machine: {machine()}.",
+        "",
+        "Each job is planned twice in the same run: with BF16 rollouts (the model RL trains; verl's "
+        "gpt-oss recipe dequantizes the checkpoint with `Mxfp4Config(dequantize=True)` and serves that "
+        "copy) and with the rollout engine serving the routed experts from MXFP4 weights, as vLLM "
+        'serves gpt-oss\'s published checkpoint (`precision = "mxfp4"`: 0.53125 bytes per expert weight, '
+        "weight-only expert GEMMs at the presets' fitted efficiency; training, the reference's pass and "
+        "the weight sync stay BF16; docs/cost-model.md §11). Step time is predicted (`makespan/k_eval`); "
+        f"throughput counts real tokens. sa's throughput with MXFP4 rollouts over BF16: {', '.join(gains) or 'n/a'}.",
+        "",
+        *_table(rows),
+    ]
+    if not args.no_write:
+        write_section("real-jobs-mxfp4", out)
     print("\n".join(out))
     return 0
 

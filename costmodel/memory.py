@@ -301,7 +301,9 @@ def served_weight_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM) 
     parameters on the device; the embedding and the LM head stay BF16 (vLLM quantizes every
     ``Linear`` module but ``lm_head``; ``docs/cost-model.md`` §11). ``precision = "nvfp4"``
     (vLLM's ModelOpt NVFP4 checkpoints) stores them at ``q = 0.5625`` bytes:
-    ``W_shard·sb − (sb − q)·(L/Pp)·N_ℓ``.
+    ``W_shard·sb − (sb − q)·(L/Pp)·N_ℓ``. ``precision = "mxfp4"`` (vLLM's ``Mxfp4Config``, which
+    quantizes only the MoE layers) stores the routed experts alone at ``q_e = 0.53125`` bytes
+    (:data:`~rpeg.ir.models.MXFP4_BYTES`): ``W_shard·sb − (sb − q_e)·(L/Pp)·W_exp/(Pet·Pe)``.
 
     Parameters
     ----------
@@ -314,9 +316,12 @@ def served_weight_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM) 
         Bytes per device.
     """
     full = weight_bytes(model, layout, head)
+    s = layout.strategy
+    if model.has_mxfp4_experts:
+        experts = model.layers / s.pp * model.expert_weights / ((s.tp if s.etp is None else s.etp) * s.ep)
+        return full - (model.dtype_bytes - model.served_expert_bytes) * experts
     if not model.is_low_precision:
         return full
-    s = layout.strategy
     blocks = model.layers / s.pp * _block_params(model, s.tp, s.ep, s.etp)
     return full - (model.dtype_bytes - model.gemm_bytes) * blocks
 
@@ -609,7 +614,8 @@ def zero_state_bytes(model: ModelSpec, role: Role, layout: Layout, head: Head = 
       rank), nothing transient;
     * inference, ``z = 3``: persistent ``sb·N_s/Pd``, transient ``sb·N_g``;
     * generation with ``precision = "fp8"``: persistent :func:`served_weight_bytes` (the
-      blocks' weights in FP8), nothing transient.
+      blocks' weights in FP8; NVFP4 likewise, the routed experts in MXFP4 under ``"mxfp4"``),
+      nothing transient.
 
     With context or expert parallelism (SPEC §15) every ``N_s/Pd`` above is the owned share
     :func:`zero_shard_params` (sharded over ``Pd·Pc``, an expert over ``Pd·Pc/Pe``) and
@@ -639,7 +645,7 @@ def zero_state_bytes(model: ModelSpec, role: Role, layout: Layout, head: Head = 
         return ZeroState(state, 2.0 * sb * owned + sb * gathered)
     if s.zero == 3:
         return ZeroState(sb * owned, sb * gathered)
-    if model.is_low_precision and Role(role) is Role.GENERATION:  # vLLM stores the blocks' weights quantized
+    if model.precision != "bf16" and Role(role) is Role.GENERATION:  # vLLM stores them quantized
         return ZeroState(served_weight_bytes(model, layout, head), 0.0)
     return ZeroState(sb * shard, 0.0)
 

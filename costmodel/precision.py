@@ -33,6 +33,15 @@ every operand of ``q = 0.5625`` bytes (:attr:`ModelSpec.gemm_bytes
 <rpeg.ir.models.ModelSpec.gemm_bytes>`) where FP8 has 1 — the roofline's bytes, the quantize
 kernels' writes, the saved GEMM inputs and a generation engine's weights.
 
+``"mxfp4"`` (a mixture of experts) is no GEMM precision: vLLM's ``Mxfp4Config`` stores the
+routed experts in MXFP4 and runs them as weight-only GEMMs at the BF16 peak, so every function
+here returns the BF16 figure for it; the engine's stored weights
+(:func:`~rpeg.costmodel.memory.served_weight_bytes`) and the bytes its expert GEMMs read
+(:class:`~rpeg.costmodel.time._Roofline`) are what change. Any hardware runs it: Marlin on
+Ampere, OpenAI's Triton kernels on Hopper, vLLM's CPU kernels. On Blackwell vLLM prefers
+FlashInfer's MXFP4 × MXFP8 GEMMs, which run on the FP8 tensor cores; rpeg prices them at the
+BF16 peak too, which makes a compute-bound prefill slower than it is (``docs/decisions.md``).
+
 ``"bf16"`` changes nothing: every function here returns the BF16 figure, and the cost model's
 BF16 arithmetic is the same, bit for bit.
 """

@@ -185,15 +185,27 @@ class _Roofline:
     GEMMs read 1-byte weights, ``Ω_W = (L/Pp)·W_read·1/Pt``, and move FP8 inputs and BF16
     outputs, ``Ω_A = b·ℓ·d·(1 + sb)·L/Pp``. NVFP4 (``precision = "nvfp4"``) is the same with
     ``F_peak,4`` and ``q = 0.5625`` bytes where FP8 has 1 (:attr:`~rpeg.ir.models.ModelSpec.gemm_bytes`).
+
+    MXFP4 experts (``precision = "mxfp4"``, a generation engine's weights: ``served``): the
+    touched routed experts are read at ``q_e = 0.53125`` bytes per weight
+    (:attr:`~rpeg.ir.models.ModelSpec.served_expert_bytes`) and the rest at ``sb``,
+    ``Ω_W = (L/Pp)·((W_read − W_routed)·sb/Pt + W_routed·q_e/Pet)``; the GEMMs dequantize in
+    their tiles and run at ``F_peak`` (weight-only, W4A16) on BF16 activations, and their row
+    knee is ``γM_e = γM·q_e/sb``: ``r_e/(r_e + γM)`` is a GEMM of few rows bound by reading its
+    weights (``γM`` rows cost as much compute as reading the BF16 weights), and MXFP4 weights are
+    read ``sb/q_e`` times faster at the same peak.
     """
 
     __slots__ = (
         "act_bytes",
         "b",
+        "e_bytes",
         "ep",
+        "eps_w",
         "eta_e",
         "eta_k",
         "etp",
+        "gamma_e",
         "hw",
         "imbalance",
         "layers",
@@ -201,15 +213,29 @@ class _Roofline:
         "omega_w",
         "peak_fp8",
         "phi",
+        "served",
         "tp",
         "w_bytes",
     )
 
-    def __init__(self, model: ModelSpec, layout: Layout, hw: Hardware, b: float) -> None:
+    def __init__(
+        self, model: ModelSpec, layout: Layout, hw: Hardware, b: float, served: bool = False
+    ) -> None:
         self.model = model
         self.hw = hw
+        self.served = served
         self.peak_fp8 = gemm_peaks(model, hw)[1]  # FP8 or NVFP4 peak; None for BF16; refuses a missing one
         self.w_bytes = gemm_weight_bytes(model)
+        # a routed expert's weight bytes: the MXFP4 ones a generation engine stores, else the others';
+        # the expert GEMMs' row knee γM moves with them (γM_e = γM·q_e/sb: a GEMM of few rows is
+        # bound by its weight reads, which MXFP4 shrinks while the BF16 peak stays)
+        self.e_bytes = model.served_expert_bytes if served and model.has_mxfp4_experts else self.w_bytes
+        self.gamma_e = hw.gamma_m
+        self.eps_w = 1.0  # the weight-only expert GEMMs' compute-bound share of F_peak
+        if self.e_bytes != self.w_bytes:
+            self.gamma_e = hw.gamma_m * self.e_bytes / self.w_bytes
+            if hw.rollout_step is not None:
+                self.eps_w = hw.rollout_step.weight_only_efficiency
         self.act_bytes = gemm_activation_bytes(model)
         s = layout.strategy
         self.b = b / s.cp  # a context-parallel rank's share of each sequence
@@ -245,13 +271,20 @@ class _Roofline:
             sent = rows * self.etp / self.tp if folded else rows  # rows this rank dispatches
             touched = m.experts_touched(sent, self.ep)
             r_e = sent * m.experts_active / touched if touched > 0.0 else 0.0
-            eta_e = r_e / (r_e + self.hw.gamma_m) * self.eta_e
+            eta_e = self.eps_w * r_e / (r_e + self.eps_w * self.gamma_e) * self.eta_e
             phi = self.phi * min(1.0, max(0.0, block_share))
             eta = 1.0 / ((1.0 - phi) / eta + self.imbalance * phi / eta_e)
             if folded:  # the touched routed experts whole, the rest split over Pt
                 routed = m.moe_layers * touched * m.expert_params / m.layers
                 rest = m.layer_weights_read(sent, self.ep) - routed
-                omega_w = self.layers * (rest / self.tp + routed / self.etp) * self.w_bytes
+                if self.e_bytes == self.w_bytes:
+                    omega_w = self.layers * (rest / self.tp + routed / self.etp) * self.w_bytes
+                else:  # MXFP4 experts
+                    omega_w = self.layers * (rest * self.w_bytes / self.tp + routed * self.e_bytes / self.etp)
+            elif self.e_bytes != self.w_bytes:  # MXFP4 experts, split over Pt like the rest
+                routed = m.moe_layers * touched * m.expert_params / m.layers
+                rest = m.layer_weights_read(rows, self.ep) - routed
+                omega_w = self.layers * (rest * self.w_bytes + routed * self.e_bytes) / self.tp
             else:
                 omega_w = self.layers * m.layer_weights_read(rows, self.ep) * self.w_bytes / self.tp
         omega_a = self.act_bytes * rows * m.hidden * self.layers  # 2·sb·b·ℓ·d·L/Pp in BF16
@@ -408,7 +441,7 @@ def op_time(
     role = Role(role)
     head = Head(head)
     _check_op_args(role, sequences, prompt_len, response_len, decode)
-    node = _Node(model, layout, hw, sequences)
+    node = _Node(model, layout, hw, sequences, served=role is Role.GENERATION)
     t_dp = t_opt = t_nongemm = 0.0
     flushes = 1  # pipeline fills and drains per step
     if role is Role.GENERATION:
@@ -570,7 +603,9 @@ class _Node:
 
     With ``n = sequences``, ``b = n/(Pd·mb)``, ``P = Pd·Pp·Pt`` and ``L/Pp`` layers per stage:
     :meth:`gemm` is ``W/(P·F_eff)``, :meth:`tp_rounds` ``count`` AllReduces over ``Pt`` at tier 0,
-    :meth:`pp_rounds` ``count`` pipeline P2P steps of ``n·ℓ·d·sb/(Pd·Pt·mb)``.
+    :meth:`pp_rounds` ``count`` pipeline P2P steps of ``n·ℓ·d·sb/(Pd·Pt·mb)``. ``served``: the
+    node is a generation engine's, whose GEMMs read the weights the engine stores (MXFP4
+    experts under ``precision = "mxfp4"``, :class:`_Roofline`).
     """
 
     __slots__ = (
@@ -587,7 +622,9 @@ class _Node:
         "slots",
     )
 
-    def __init__(self, model: ModelSpec, layout: Layout, hw: Hardware, sequences: float) -> None:
+    def __init__(
+        self, model: ModelSpec, layout: Layout, hw: Hardware, sequences: float, served: bool = False
+    ) -> None:
         s = layout.strategy
         self.model = model
         self.layout = layout
@@ -597,7 +634,7 @@ class _Node:
         self.n_devices = s.size
         self.layers = model.layers / s.pp
         self.b = sequences / (s.dp * s.mb)
-        self.roof = _Roofline(model, layout, hw, self.b)
+        self.roof = _Roofline(model, layout, hw, self.b, served)
         # stage-microbatch slots on the 1F1B critical path; interleaved, vp·mb + Pp − 1 chunk slots
         # of 1/vp of a stage each
         self.slots = s.mb + (s.pp - 1) / s.vp
@@ -869,7 +906,9 @@ def _prefill_terms(node: _Node, prompt_len: int, head: Head) -> tuple[float, flo
     if rest <= 0.0:
         t_gemm = t_core / pre.efficiency
     else:
-        roof = node.roof if chunks == 1 else _Roofline(model, node.layout, hw, node.b / chunks)
+        roof = (
+            node.roof if chunks == 1 else _Roofline(model, node.layout, hw, node.b / chunks, node.roof.served)
+        )
         flops = roof.flops(rest / (P * mb * chunks), prompt_len, 0.0, blocks / rest)
         t_gemm = (rest / (P * flops) + t_core) / pre.efficiency
     t_over = node.slots * (pre.per_step_s + layers * pre.per_layer_s)
@@ -1406,7 +1445,7 @@ def generation_times(
     prefill = _ZERO
     chunks = 0
     if prompt_len > 0:
-        whole = _Node(model, layout, hw, sequences)
+        whole = _Node(model, layout, hw, sequences, served=True)
         prefill = _engine_part(_prefill_terms(whole, prompt_len, head), s)
         chunks = _prefill_chunks(whole, prompt_len)
     parts = []
@@ -1414,7 +1453,7 @@ def generation_times(
         if seg.steps <= 0 or seg.running <= 0:
             parts.append((_ZERO, seg.done))
             continue
-        node = _Node(model, layout, hw, seg.running)
+        node = _Node(model, layout, hw, seg.running, served=True)
         bd = _engine_part(_decode_terms(node, seg.context, seg.steps, seg.rounds, head, seg.windowed), s)
         if step is not None and i == 0 and len(segments) > len(buckets):
             # the capped stretch admits the other sequences: their prefill chunks ride in its

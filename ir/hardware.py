@@ -328,6 +328,12 @@ class EngineStep:
         The size of that kernel's buffer (vLLM's custom all-reduce ``max_size``): an AllReduce
         of fewer bytes runs on it, one of as many or more goes to NCCL, the tier-0 ring
         (``CustomAllreduce.should_custom_ar``: ``inp_size < self.max_size``).
+    weight_only_efficiency
+        ``ε_w ∈ (0, 1]``: the share of ``F_peak`` the engine's weight-only MoE GEMMs (MXFP4
+        experts run W4A16: Marlin on Ampere, OpenAI's Triton ``matmul_ogs`` on Hopper) reach
+        once compute-bound; they dequantize every weight tile again for each tile of rows, on
+        the CUDA cores, so many rows cost more than BF16 GEMMs of the same shape
+        (docs/cost-model.md §11, "MXFP4 experts"). ``1``: no such loss.
     """
 
     token_budget: int = 8192
@@ -337,8 +343,12 @@ class EngineStep:
     cuda_graphs: bool = True
     allreduce: Link | None = None
     allreduce_max_bytes: int = 0
+    weight_only_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
+        eff = self.weight_only_efficiency
+        if not (_is_number(eff) and 0.0 < eff <= 1.0):
+            raise ValueError(f"EngineStep weight_only_efficiency must be in (0, 1], got {eff!r}")
         for name in ("token_budget", "max_seqs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -693,8 +703,11 @@ class Hardware:
             del d["peak_flops_fp4"]
         if self.rollout_step is None:
             del d["rollout_step"]
-        elif self.rollout_step.allreduce is None:  # no engine all-reduce: the file says nothing
-            del d["rollout_step"]["allreduce"], d["rollout_step"]["allreduce_max_bytes"]
+        else:
+            if self.rollout_step.allreduce is None:  # no engine all-reduce: the file says nothing
+                del d["rollout_step"]["allreduce"], d["rollout_step"]["allreduce_max_bytes"]
+            if self.rollout_step.weight_only_efficiency == 1.0:  # no weight-only loss: likewise
+                del d["rollout_step"]["weight_only_efficiency"]
         return d
 
     @classmethod
@@ -847,6 +860,7 @@ class _RolloutStepEntry(Strict):
     cuda_graphs: bool = True
     allreduce: _SyncEntry | None = None
     allreduce_max_bytes: Annotated[int, Field(ge=0, le=2**40)] = 0
+    weight_only_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
 
 
 def _engine_step(entry: _RolloutStepEntry) -> EngineStep:

@@ -36,6 +36,7 @@ __all__ = [
     "MAX_VOCAB",
     "MAX_WINDOW",
     "MODEL_PRESETS",
+    "MXFP4_BYTES",
     "OPTIMIZER_BYTES_PER_PARAM",
     "PRECISIONS",
     "HFArchitecture",
@@ -52,8 +53,18 @@ FAMILIES = ("llama", "qwen2", "mistral")
 #: weight GEMMs in FP8 as Transformer Engine runs them for Megatron-core (training, teacher-forced
 #: inference) and as vLLM's ``quantization="fp8"`` runs them (generation, weights stored in FP8) —
 #: or ``"nvfp4"``, the same GEMMs in NVFP4 (Transformer Engine's ``NVFP4BlockScaling`` recipe,
-#: Megatron-Bridge's ``bf16_with_nvfp4_mixed``; vLLM's ModelOpt NVFP4 checkpoints on Blackwell).
-PRECISIONS = ("bf16", "fp8", "nvfp4")
+#: Megatron-Bridge's ``bf16_with_nvfp4_mixed``; vLLM's ModelOpt NVFP4 checkpoints on Blackwell) —
+#: or ``"mxfp4"``, a mixture of experts whose routed experts a generation engine stores in MXFP4
+#: and runs as weight-only GEMMs (W4A16: vLLM's ``Mxfp4Config``, which quantizes only the
+#: ``FusedMoE`` layers — gpt-oss's published checkpoints; every other GEMM, training and the
+#: teacher-forced passes stay BF16).
+PRECISIONS = ("bf16", "fp8", "nvfp4", "mxfp4")
+
+#: Bytes per weight of an MXFP4 routed expert (:attr:`ModelSpec.served_expert_bytes`): a 4-bit
+#: E2M1 value plus one 8-bit E8M0 scale per block of 32 (``0.5 + 1/32``) — the OCP Microscaling
+#: Formats (MX) Specification v1.0, §5 (MXFP4: k = 32, scale E8M0), as gpt-oss's checkpoints
+#: store ``*_blocks`` (uint8, two values each) and ``*_scales`` (uint8, one per 32).
+MXFP4_BYTES = 0.5 + 1.0 / 32.0
 
 #: Bytes per element of a low-precision GEMM operand (:attr:`ModelSpec.gemm_bytes`): FP8
 #: (E4M3/E5M2) is one byte; NVFP4 is a 4-bit E2M1 value plus one E4M3 scale per block of 16
@@ -527,6 +538,12 @@ class ModelSpec:
         same with the FP4 peak and :data:`GEMM_ELEMENT_BYTES` ``["nvfp4"]`` (0.5625) bytes per
         weight and input. Both need ``dtype_bytes = 2`` (low-precision GEMMs of a BF16 model)
         and hardware with the matching peak (FP8: Hopper, Ada, Blackwell; NVFP4: Blackwell).
+        ``"mxfp4"`` (a mixture of experts only) changes generation alone: the engine stores the
+        routed experts in MXFP4 (:data:`MXFP4_BYTES`, 0.53125 bytes per weight) and their GEMMs
+        read those weights at the BF16 peak (weight-only, W4A16: vLLM's Marlin and Triton MoE
+        kernels on Ampere and Hopper); attention, shared experts, dense layers, embedding and
+        head stay BF16, and so do training, teacher-forced passes and weight transfers
+        (``docs/cost-model.md`` §11).
     load_imbalance
         ``λ ≥ 1`` of SPEC §15.2 (a mixture of experts only): with expert parallelism the busiest
         rank's expert GEMMs take ``λ`` times the mean, and every rank waits for it. Default
@@ -651,8 +668,19 @@ class ModelSpec:
             )
         if self.precision != "bf16" and self.dtype_bytes != 2:
             raise ValueError(
-                f"ModelSpec {self.name!r}: precision {self.precision!r} runs the low-precision "
-                f"GEMMs of a BF16 model (dtype_bytes = 2), got dtype_bytes = {self.dtype_bytes}"
+                f"ModelSpec {self.name!r}: precision {self.precision!r} "
+                + (
+                    "quantizes the experts of"
+                    if self.precision == "mxfp4"
+                    else "runs the low-precision GEMMs of"
+                )
+                + f" a BF16 model (dtype_bytes = 2), got dtype_bytes = {self.dtype_bytes}"
+            )
+        if self.precision == "mxfp4" and not self.experts:
+            raise ValueError(
+                f"ModelSpec {self.name!r}: precision 'mxfp4' stores a mixture of experts' routed "
+                "experts in MXFP4 (vLLM quantizes only the MoE layers), but the model has no "
+                "experts (experts = 0); use precision 'bf16', 'fp8' or 'nvfp4'"
             )
 
     @property
@@ -662,13 +690,29 @@ class ModelSpec:
 
     @property
     def is_low_precision(self) -> bool:
-        """Whether the blocks' weight GEMMs run below BF16 (``precision`` ``"fp8"`` or ``"nvfp4"``)."""
-        return self.precision != "bf16"
+        """Whether the blocks' weight GEMMs run below BF16 (``precision`` ``"fp8"`` or ``"nvfp4"``;
+        ``"mxfp4"``'s GEMMs run at the BF16 peak)."""
+        return self.precision in ("fp8", "nvfp4")
+
+    @property
+    def has_mxfp4_experts(self) -> bool:
+        """Whether a generation engine stores the routed experts in MXFP4 and runs them as
+        weight-only GEMMs (``precision == "mxfp4"``)."""
+        return self.precision == "mxfp4"
+
+    @property
+    def served_expert_bytes(self) -> float:
+        """Bytes per routed-expert weight in a generation engine: :data:`MXFP4_BYTES` (0.53125)
+        under ``"mxfp4"``, else the blocks' :attr:`gemm_bytes` under FP8 or NVFP4, else ``sb``."""
+        if self.has_mxfp4_experts:
+            return MXFP4_BYTES
+        return self.gemm_bytes if self.is_low_precision else float(self.dtype_bytes)
 
     @property
     def gemm_bytes(self) -> float:
         """Bytes per element of the blocks' GEMM operands: :data:`GEMM_ELEMENT_BYTES` of the
-        precision (1 for FP8, 0.5625 for NVFP4), ``sb`` for BF16."""
+        precision (1 for FP8, 0.5625 for NVFP4), ``sb`` for BF16 and for MXFP4, whose GEMMs
+        dequantize their weights and run on BF16 operands (:attr:`served_expert_bytes`)."""
         return GEMM_ELEMENT_BYTES.get(self.precision, float(self.dtype_bytes))
 
     def _layer_indices(self, field: str) -> tuple[int, ...]:
@@ -1170,7 +1214,8 @@ class ModelSpec:
         sequences changes nothing, a shorter one is over-counted (attention FLOPs and KV cache as
         full attention: conservative). gpt-oss's published ``quantization_config``
         (``quant_method`` ``"mxfp4"``: its experts stored in MXFP4) is read as the BF16 model it
-        dequantizes to, the model RL trains.
+        dequantizes to, the model RL trains (``precision = "mxfp4"`` on the spec prices rollouts
+        served from the MXFP4 experts instead).
         ``ModelSpec.family`` is the ``model_type`` for the runtime's :data:`FAMILIES` and
         ``"llama"`` for the others: they plan as themselves and run as a scaled Llama model (the
         runtime refuses their checkpoints' weights). When the directory also holds
@@ -1725,7 +1770,7 @@ class ModelSpecFile(Strict):
     v_head_dim: Annotated[int, Field(ge=0)] = 0
     sliding_window: Annotated[int, Field(ge=0)] = 0
     sliding_layers: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
-    precision: Literal["bf16", "fp8", "nvfp4"] = "bf16"
+    precision: Literal["bf16", "fp8", "nvfp4", "mxfp4"] = "bf16"
     load_imbalance: Annotated[float, Field(ge=1.0, le=MAX_LOAD_IMBALANCE)] = DEFAULT_LOAD_IMBALANCE
 
 

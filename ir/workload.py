@@ -669,7 +669,7 @@ class _WorkloadFileSchema(Strict):
     kl_coef: Annotated[float, Field(ge=0.0)] | None = None
     old_logprob: Literal["rollout", "trainer"] = "rollout"
     mini_batches: Annotated[int, Field(ge=1)] = 1
-    precision: Literal["bf16", "fp8", "nvfp4"] | None = None
+    precision: Literal["bf16", "fp8", "nvfp4", "mxfp4"] | None = None
     load_imbalance: Annotated[float, Field(ge=1.0, le=MAX_LOAD_IMBALANCE)] | None = None
     batch: _BatchTable
     models: _ModelsTable
@@ -707,12 +707,15 @@ def _with_setting(
     models: dict[str, ModelSpec], entries: _ModelsTable, name: str, value: object, where: str
 ) -> dict[str, ModelSpec]:
     """A workload file's top-level model setting (``precision``, ``load_imbalance``) given to every
-    model it applies to (``load_imbalance``: the mixtures of experts; the dense models have no
-    experts to balance); an inline table that names another value is an error naming the file,
-    the field and both values."""
+    model it applies to (``load_imbalance`` and ``precision = "mxfp4"``: the mixtures of experts;
+    the dense models have no experts to balance or store in MXFP4); an inline table that names
+    another value is an error naming the file, the field and both values."""
     out = {}
     for role, spec in models.items():
         entry = getattr(entries, role)
+        if value == "mxfp4" and not spec.is_moe:  # a dense model has no experts to store in MXFP4
+            out[role] = spec
+            continue
         if (
             isinstance(entry, ModelSpecFile)
             and name in entry.model_fields_set
@@ -762,7 +765,8 @@ def load_workload(path: str | Path) -> WorkloadFile:
     (``"model"`` or ``"rule"``), ``reward_cost_s`` (host seconds per sequence of a rule reward)
     , ``kl_coef`` (0 drops the reference), ``old_logprob`` (``"rollout"`` or ``"trainer"``)
     , ``mini_batches`` (optimizer updates per step) and ``precision`` (``"bf16"``, ``"fp8"`` or
-    ``"nvfp4"``, given to every model: :attr:`~rpeg.ir.models.ModelSpec.precision`; an inline
+    ``"nvfp4"``, given to every model, or ``"mxfp4"``, given to every mixture of experts:
+    :attr:`~rpeg.ir.models.ModelSpec.precision`; an inline
     model table may set its own instead), ``load_imbalance`` (``λ ≥ 1`` of every mixture of
     experts, :attr:`~rpeg.ir.models.ModelSpec.load_imbalance`; likewise); a ``[batch]`` table with
     ``prompts``, ``rollouts``, ``prompt_len``, ``response_len`` and optional ``quantiles``
@@ -806,6 +810,13 @@ def load_workload(path: str | Path) -> WorkloadFile:
         for role in ROLES
         if (entry := getattr(doc.models, role)) is not None
     }
+    if doc.precision == "mxfp4" and not any(spec.is_moe for spec in models.values()):
+        raise InputError(
+            f"{where}: field 'precision' = 'mxfp4' but no model has experts (MXFP4 stores a "
+            "mixture of experts' routed experts; use 'bf16', 'fp8' or 'nvfp4')",
+            source=where,
+            field="precision",
+        )
     if doc.load_imbalance is not None and not any(spec.is_moe for spec in models.values()):
         raise InputError(
             f"{where}: field 'load_imbalance' = {doc.load_imbalance!r} but no model has experts "

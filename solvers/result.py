@@ -446,7 +446,9 @@ class Result:
                 text += " latent attention"
             if spec.is_windowed:
                 text += f" {spec.sliding_window}-token window on {len(spec.sliding_layers)} of {spec.layers} layers"
-            if spec.precision != "bf16":
+            if spec.has_mxfp4_experts:
+                text += " MXFP4 experts in generation"
+            elif spec.precision != "bf16":
                 text += f" {spec.precision.upper()} GEMMs"
             parts.append(text)
         return "models     " + "; ".join(parts)

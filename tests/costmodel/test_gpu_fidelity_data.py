@@ -287,3 +287,32 @@ def test_the_h100_and_h200_presets_carry_the_fitted_vllm_prefill_efficiency(fid)
     assert len(held) >= 10
     # held out, it beats the roofline (scale 1/η undoes it)
     assert fid.prefill_mape(held) < fid.prefill_mape(held, 1.0 / fid.HOPPER_PREFILL_EFFICIENCY)
+
+
+def test_the_mxfp4_rows_are_priced_and_the_mislabelled_one_is_not(fid):
+    """gpt-oss's MXFP4 checkpoints run with precision mxfp4; the one block whose command names
+    another model than its figures show is listed, not priced."""
+    rows = fid.load_vllm_rows()
+    mx = [r for r in rows if fid.vllm_precision(r) == "mxfp4"]
+    assert mx and all(r["model"].startswith("openai/gpt-oss-") for r in mx)
+    assert sum(fid.vllm_why_not(r) is None for r in mx) >= 40
+    bad = [r for r in rows if (fid.vllm_page(r), r["source"]["section"]) in fid.VLLM_MISLABELLED]
+    assert len(bad) == 1 and bad[0]["model"] == "openai/gpt-oss-120b"
+    assert fid.vllm_page(bad[0]).startswith("gpt-oss-20b/") and "uncertain" in fid.vllm_why_not(bad[0])
+
+
+def test_the_hopper_and_ampere_presets_carry_the_fitted_weight_only_efficiency(fid):
+    """One weight-only (MXFP4) GEMM efficiency per GPU generation, fitted on one page: refitting
+    gives what the presets carry, and on the other pages of that GPU it beats ``ε_w = 1``. A
+    cost-model change that moves a fit fails here until the presets are refitted."""
+    from rpeg.costmodel.hardware import hardware_preset
+
+    rows = fid.load_vllm_rows()
+    for gpu, page, presets, eps in fid.WEIGHT_ONLY_FITS:
+        for name in presets:
+            assert hardware_preset(name).rollout_step.weight_only_efficiency == eps
+        fit, _ = fid.fit_weight_only_efficiency(rows, gpu, page)
+        assert fit == pytest.approx(eps, abs=0.01)
+        held = [x for x in fid.weight_only_rows(rows, gpu) if fid.vllm_page(x) != page]
+        assert len(held) >= 5
+        assert fid.weight_only_mape(held) < fid.weight_only_mape(held, 1.0)

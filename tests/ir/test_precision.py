@@ -34,7 +34,7 @@ def _write(tmp_path, top="", extra=""):
 
 
 def test_default_is_bf16_and_the_plain_data_is_as_before():
-    assert PRECISIONS == ("bf16", "fp8", "nvfp4")
+    assert PRECISIONS == ("bf16", "fp8", "nvfp4", "mxfp4")
     assert M.precision == "bf16" and not M.is_fp8 and not M.is_low_precision
     assert M.gemm_bytes == M.dtype_bytes == 2
     assert "precision" not in M.to_dict()  # BF16 result files are byte-identical to before
@@ -64,9 +64,9 @@ def test_fp8_round_trips_through_plain_data_and_the_file_schema():
     assert ModelSpec(**back.model_dump()) == m8
 
 
-@pytest.mark.parametrize("bad", ["fp4", "FP8", "NVFP4", "mxfp4", "", 8, None])
+@pytest.mark.parametrize("bad", ["fp4", "FP8", "NVFP4", "MXFP4", "mxfp8", "", 8, None])
 def test_a_bad_precision_is_named(bad):
-    with pytest.raises(ValueError, match=r"precision must be one of 'bf16', 'fp8', 'nvfp4', got "):
+    with pytest.raises(ValueError, match=r"precision must be one of 'bf16', 'fp8', 'nvfp4', 'mxfp4', got "):
         replace(M, precision=bad)
 
 

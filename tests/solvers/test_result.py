@@ -689,3 +689,8 @@ def test_summary_names_each_model_with_its_experts():
     wl8 = Workload("grpo", {"actor": fp8}, 16, 4, 512, 1024, reward="rule", kl_coef=0.0)
     summary8 = solve(wl8, Cluster.from_shape("1x1x8", hardware_preset("h100")), "greedy").summary()
     assert "actor llama3.1-8b 8.0B FP8 GEMMs" in summary8 and "GEMMs" not in summary
+    # MXFP4 experts are no GEMM precision: said as what they are
+    mx = dataclasses.replace(model_preset("gpt-oss-20b"), precision="mxfp4")
+    wlm = Workload("grpo", {"actor": mx}, 16, 4, 512, 1024, reward="rule", kl_coef=0.0)
+    summarym = solve(wlm, Cluster.from_shape("1x1x8", hardware_preset("h100")), "greedy").summary()
+    assert "layers MXFP4 experts in generation" in summarym and "GEMMs" not in summarym
