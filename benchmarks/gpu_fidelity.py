@@ -1032,7 +1032,8 @@ def vllm_engine_step(row: dict[str, Any], hw: Any) -> Any:
     """The :class:`~rpeg.ir.hardware.EngineStep` of the row's ``vllm serve``: the preset's
     per-step seconds with the server's token budget and sequence cap, its
     ``--max-num-batched-tokens`` and ``--max-num-seqs`` or else :data:`VLLM_SERVE_DEFAULTS` for
-    the GPU, and no CUDA graphs under ``--enforce-eager``."""
+    the GPU, no CUDA graphs under ``--enforce-eager``, and asynchronous scheduling under
+    ``--async-scheduling`` (off by default in the pages' vLLM v0.10.2 and v0.11.0)."""
     from dataclasses import replace
 
     command = row["serve_command"]
@@ -1047,6 +1048,7 @@ def vllm_engine_step(row: dict[str, Any], hw: Any) -> Any:
         token_budget=flag("--max-num-batched-tokens") or budget,
         max_seqs=flag("--max-num-seqs") or seqs,
         cuda_graphs="--enforce-eager" not in command.split(),
+        async_scheduling="--async-scheduling" in command.split(),
     )
 
 
@@ -1196,8 +1198,8 @@ def vllm_predict(
 #: GPU generation, each fitted (:func:`fit_weight_only_efficiency`) on the engine-bound rows of
 #: one page and reported on the other pages of that GPU. ``(GPU, fit page, presets, ε_w)``.
 WEIGHT_ONLY_FITS = (
-    ("H100", "gpt-oss-20b/h100.md", ("h100", "h200"), 0.724),
-    ("A100", "gpt-oss-20b/a100.md", ("a100-80gb", "a100-40gb"), 0.502),
+    ("H100", "gpt-oss-20b/h100.md", ("h100", "h200"), 0.701),
+    ("A100", "gpt-oss-20b/a100.md", ("a100-80gb", "a100-40gb"), 0.493),
 )
 
 
@@ -1240,6 +1242,37 @@ def fit_weight_only_efficiency(rows: list[dict[str, Any]], gpu: str, page: str) 
             fb = weight_only_mape(mine, b)
     eps = (lo + hi) / 2.0
     return eps, weight_only_mape(mine, eps)
+
+
+def async_report(rows: list[dict[str, Any]]) -> list[str]:
+    """Summary lines of the expressible engine-bound rows served with ``--async-scheduling``:
+    priced with the engine's asynchronous scheduling (:func:`vllm_engine_step`) and, beside them,
+    as if the flag were absent."""
+    served = [
+        x
+        for x in rows
+        if vllm_why_not(x) is None
+        and not vllm_front_end_bound(x)
+        and "--async-scheduling" in x["serve_command"]
+    ]
+    if not served:
+        return []
+
+    def pairs(sync: bool) -> list[tuple[float, float]]:
+        out = []
+        for x in served:
+            y = {**x, "serve_command": x["serve_command"].replace("--async-scheduling", "")} if sync else x
+            out.append((float(x["output_tokens_per_s"]), vllm_predict(y)[1]))
+        return out
+
+    return [
+        "",
+        "Rows served with `--async-scheduling` (the host's per-step seconds hidden behind the GPU's, "
+        '`EngineStep.async_scheduling`; docs/cost-model.md §8, "The engine step"):',
+        "",
+        _summary("engine-bound rows with the flag, priced asynchronous", pairs(False)),
+        _summary("the same rows priced synchronous", pairs(True)),
+    ]
 
 
 def weight_only_report(rows: list[dict[str, Any]]) -> list[str]:
@@ -1416,7 +1449,9 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         '"The attention core on the engine"), plus the preset\'s cited fixed seconds per step, '
         "the prompts are prefilled in chunks of the token budget, and the budget and sequence cap are "
         "`vllm serve`'s defaults for the GPU (8192 tokens and 1024 sequences; 2048 and 256 on A100) unless "
-        'the command sets them (`vllm_engine_step`; docs/cost-model.md §8, "The engine step"). '
+        'the command sets them (`vllm_engine_step`; docs/cost-model.md §8, "The engine step"); a '
+        "server started with `--async-scheduling` hides each step's host seconds behind its GPU "
+        "seconds. "
         f"The random {FRONT_END_CASE[0]}/{FRONT_END_CASE[1]} rows (4 output tokens per request) measure the "
         "HTTP front end and the benchmark client more than the engine (their mean TTFT is most of the run "
         "although their prefill is a few dozen steps; `vllm_front_end_bound`): an in-process rollout engine "
@@ -1436,6 +1471,7 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         "",
         *stats,
         *prefill_report(rows),
+        *async_report(rows),
         *weight_only_report(rows),
         *served_memory_report(rows),
     ]

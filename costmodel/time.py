@@ -888,7 +888,9 @@ def _prefill_terms(node: _Node, prompt_len: int, head: Head) -> tuple[float, flo
     replica and microbatch: each step's GEMMs run at the roofline of its own rows and read the
     weights once (``F_eff`` of a microbatch of ``b/k_p`` sequences), each step's tensor-parallel
     AllReduces carry its tokens (``2·(L/Pp)·mb·k_p`` of ``n·Lp·d·sb/(Pd·mb·k_p)``), and each
-    step pays the engine step's ``c_step`` (``T_over += (mb + Pp − 1)·k_p·c_step``). With
+    step pays the engine step's ``c_step`` (``T_over += (mb + Pp − 1)·k_p·c_step``; under
+    asynchronous scheduling ``max(0, c_step − t_GPU)``, ``t_GPU = (T_gemm + T_tp)/((mb + Pp −
+    1)·k_p)`` one chunk's GPU seconds). With
     ``k_p = 1`` (no :class:`~rpeg.ir.hardware.EngineStep`, or ``b·Lp ≤ B``) this is the whole
     prefill as one pass. With an ``EngineStep`` the prompts' causal attention core runs as a
     kernel of its own (:func:`_engine_core_rate`), the roofline covering the rest."""
@@ -911,16 +913,17 @@ def _prefill_terms(node: _Node, prompt_len: int, head: Head) -> tuple[float, flo
         )
         flops = roof.flops(rest / (P * mb * chunks), prompt_len, 0.0, blocks / rest)
         t_gemm = (rest / (P * flops) + t_core) / pre.efficiency
-    t_over = node.slots * (pre.per_step_s + layers * pre.per_layer_s)
-    if hw.rollout_step is not None:
-        t_over += node.slots * chunks * hw.rollout_step.step_s
-    sync = hw.weight_sync()
-    if sync is not None:
-        t_over += sync.alpha + model_params(model, head) * sb * sync.beta
     t_tp = node.engine_tp_rounds(
         2 * layers * mb * chunks, sequences * prompt_len * d * sb / (dp * mb * chunks)
     )
     t_pp = node.pp_rounds(mb + pp - 2, prompt_len)
+    t_over = node.slots * (pre.per_step_s + layers * pre.per_layer_s)
+    if hw.rollout_step is not None:
+        gpu = (t_gemm + t_tp) / (node.slots * chunks)  # one chunk's GPU seconds (async scheduling)
+        t_over += node.slots * chunks * hw.rollout_step.exposed_step_s(gpu)
+    sync = hw.weight_sync()
+    if sync is not None:
+        t_over += sync.alpha + model_params(model, head) * sb * sync.beta
     return t_gemm, t_tp, t_pp, t_over
 
 
@@ -935,7 +938,9 @@ def _decode_terms(
     (:meth:`~rpeg.ir.models.ModelSpec.attended`), ``windowed`` the windowed blocks' mean context
     ``E[min(c, W)]`` (``None``: ``min(c̄, W)``). With the hardware's
     :class:`~rpeg.ir.hardware.EngineStep` every step also pays its fixed seconds,
-    ``T_over += steps·(mb + Pp − 1)·(c_step + [no CUDA graphs] (L/Pp)·c_launch)``, and the
+    ``T_over += steps·(mb + Pp − 1)·(c_step + [no CUDA graphs] (L/Pp)·c_launch)`` (under
+    asynchronous scheduling ``max(0, c_step − t_GPU)`` for ``c_step``, ``t_GPU`` one slot-step's
+    GPU seconds: :func:`_decode_step_gpu_s`), and the
     attention core (:func:`~.flops.decode_attention_flops`) is a kernel of its own after the
     weight GEMMs, bound by its KV reads (:func:`_engine_core_rate`); without one, one roofline
     covers all the work and the KV reads (SPEC §6)."""
@@ -959,12 +964,21 @@ def _decode_terms(
         rate = _engine_core_rate(node, per_step / kv_reads if kv_reads > 0.0 else math.inf)
         t_core = core / (P * rate) if core > 0.0 else 0.0
         t_gemm = (node.gemm(rest, rest / (P * mb * steps), 1, 0.0, blocks) + t_core) / dec.efficiency
-    t_over = steps * node.slots * (dec.per_step_s + layers * dec.per_layer_s)
-    if hw.rollout_step is not None:
-        t_over += steps * node.slots * hw.rollout_step.decode_step_s(layers)
     t_tp = node.engine_tp_rounds(2 * layers * rounds, sequences * d * sb / dp)
     t_pp = node.pp_rounds(rounds * (mb + pp - 2), 1)
+    t_over = steps * node.slots * (dec.per_step_s + layers * dec.per_layer_s)
+    if hw.rollout_step is not None:
+        gpu = _decode_step_gpu_s(node, t_gemm + t_tp + t_pp, steps)
+        t_over += steps * node.slots * hw.rollout_step.decode_step_s(layers, gpu)
     return t_gemm, t_tp, t_pp, t_over
+
+
+def _decode_step_gpu_s(node: _Node, gpu_total: float, steps: float) -> float:
+    """``t_GPU`` of one decode step of one pipeline slot: the stretch's GPU seconds
+    (``T_gemm + T_tp + T_pp``) over its ``steps·(mb + Pp − 1)`` slot-steps; what an engine
+    with asynchronous scheduling hides its host seconds behind
+    (:meth:`~rpeg.ir.hardware.EngineStep.exposed_step_s`)."""
+    return gpu_total / (steps * node.slots) if steps > 0 else 0.0
 
 
 def _dp_link(node: _Node) -> Link:
@@ -1459,7 +1473,8 @@ def generation_times(
             # the capped stretch admits the other sequences: their prefill chunks ride in its
             # decode steps (one step, one c_step; the chunk hides an eager step's launches)
             shared = min(seg.steps, chunks * seg.done)
-            bd = bd + _overhead(-shared * node.slots * step.decode_step_s(node.layers))
+            gpu = _decode_step_gpu_s(node, bd.gemm + bd.tp_comm + bd.pp_comm, seg.steps)
+            bd = bd + _overhead(-shared * node.slots * step.decode_step_s(node.layers, gpu))
         parts.append((bd, seg.done))
     call = _overhead(pre.per_call_s + hw.dispatch_s)
     host = _overhead(host_s)

@@ -328,6 +328,13 @@ class EngineStep:
         The size of that kernel's buffer (vLLM's custom all-reduce ``max_size``): an AllReduce
         of fewer bytes runs on it, one of as many or more goes to NCCL, the tier-0 ring
         (``CustomAllreduce.should_custom_ar``: ``inp_size < self.max_size``).
+    async_scheduling
+        Whether the engine schedules step ``n + 1`` on the host while the GPU runs step ``n``
+        (vLLM's ``--async-scheduling``: opt-in in v0.10–v0.11, on by default in later releases
+        unless an option rules it out; ``SchedulerConfig.async_scheduling``): a step's ``c_step``
+        is then hidden behind its GPU time and only ``max(0, c_step − t_GPU)`` is exposed
+        (:meth:`exposed_step_s`). ``False`` in the presets, whose ``c_step`` was measured
+        without it.
     weight_only_efficiency
         ``ε_w ∈ (0, 1]``: the share of ``F_peak`` the engine's weight-only MoE GEMMs (MXFP4
         experts run W4A16: Marlin on Ampere, OpenAI's Triton ``matmul_ogs`` on Hopper) reach
@@ -344,8 +351,13 @@ class EngineStep:
     allreduce: Link | None = None
     allreduce_max_bytes: int = 0
     weight_only_efficiency: float = 1.0
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.async_scheduling, bool):
+            raise ValueError(
+                f"EngineStep async_scheduling must be true or false, got {self.async_scheduling!r}"
+            )
         eff = self.weight_only_efficiency
         if not (_is_number(eff) and 0.0 < eff <= 1.0):
             raise ValueError(f"EngineStep weight_only_efficiency must be in (0, 1], got {eff!r}")
@@ -380,10 +392,19 @@ class EngineStep:
             return None
         return self.allreduce if nbytes < self.allreduce_max_bytes else None
 
-    def decode_step_s(self, layers: float) -> float:
-        """Fixed seconds of one decode-only step over ``layers = L/Pp`` layers:
-        ``c_step`` with CUDA graphs, ``c_step + (L/Pp)·c_launch`` without."""
-        return self.step_s + (0.0 if self.cuda_graphs else layers * self.eager_layer_s)
+    def exposed_step_s(self, gpu_s: float = 0.0) -> float:
+        """The host seconds of one step that the GPU waits for: ``c_step``, or with
+        :attr:`async_scheduling` ``max(0, c_step − t_GPU)`` for a step whose GPU work takes
+        ``t_GPU = gpu_s`` seconds (the next step is scheduled while this one runs)."""
+        if self.async_scheduling:
+            return max(0.0, self.step_s - gpu_s)
+        return self.step_s
+
+    def decode_step_s(self, layers: float, gpu_s: float = 0.0) -> float:
+        """Fixed seconds of one decode-only step over ``layers = L/Pp`` layers whose GPU work
+        takes ``gpu_s``: :meth:`exposed_step_s` with CUDA graphs, plus ``(L/Pp)·c_launch``
+        without."""
+        return self.exposed_step_s(gpu_s) + (0.0 if self.cuda_graphs else layers * self.eager_layer_s)
 
 
 #: Each :class:`EngineStep` figure and the :data:`FIGURE_RANGES` entry that bounds it.
@@ -708,6 +729,8 @@ class Hardware:
                 del d["rollout_step"]["allreduce"], d["rollout_step"]["allreduce_max_bytes"]
             if self.rollout_step.weight_only_efficiency == 1.0:  # no weight-only loss: likewise
                 del d["rollout_step"]["weight_only_efficiency"]
+            if not self.rollout_step.async_scheduling:  # the synchronous loop: likewise
+                del d["rollout_step"]["async_scheduling"]
         return d
 
     @classmethod
@@ -861,6 +884,7 @@ class _RolloutStepEntry(Strict):
     allreduce: _SyncEntry | None = None
     allreduce_max_bytes: Annotated[int, Field(ge=0, le=2**40)] = 0
     weight_only_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
+    async_scheduling: bool = False
 
 
 def _engine_step(entry: _RolloutStepEntry) -> EngineStep:
