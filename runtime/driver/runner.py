@@ -357,7 +357,7 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
 
     Mixture-of-experts models run as scaled Qwen3-MoE models (SPEC §15.1); refused, naming the
     model: shared experts (Qwen3-MoE has none), latent attention (the runtime builds standard
-    attention) and, for a MoE model, a move of state between plans; tensor parallelism of a MoE
+    attention), MXFP4 experts (``precision = "mxfp4"``: the engines serve BF16 weights) and, for a MoE model, a move of state between plans; tensor parallelism of a MoE
     model outside generation (the torch engine does not split experts). Sequence parallelism is
     refused, and so are an interleaved pipeline (``vp > 1``: the engines run plain 1F1B) and
     overlapped expert-parallel AlltoAlls (``ep_overlap``: the torch engine runs them in line), the
@@ -384,6 +384,12 @@ def check_engine_choices(result: Result, *, moves_state: bool = False) -> None:
             raise ValueError(
                 f"model {name!r} ({spec.name}) is a mixture-of-experts model: moving its state between "
                 "plans (transitions, replanning after a lost worker) is not run yet (docs/runtime.md)"
+            )
+        if spec.has_mxfp4_experts:
+            raise ValueError(
+                f"model {name!r} ({spec.name}) has precision 'mxfp4': the bundled runtime serves the "
+                "seeded or local BF16 weights it trains, not MXFP4 experts (plans for it are made and "
+                "scored; give the model precision 'bf16' to run it; docs/runtime.md)"
             )
         if spec.is_mla:
             raise ValueError(

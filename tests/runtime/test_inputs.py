@@ -492,3 +492,22 @@ def test_a_moe_plan_with_shared_experts_is_refused_before_any_worker_starts():
     )
     with pytest.raises(ValueError, match=r"model 'actor' \(toy-moe\) has 1 shared expert\(s\)"):
         rpeg.run(result, 1)
+
+
+def test_a_plan_with_mxfp4_experts_is_refused_before_any_worker_starts():
+    """The engines serve the BF16 weights they train: a plan priced with MXFP4 experts is
+    refused, naming the model and the setting, not run as BF16 under another plan's figures."""
+    from dataclasses import replace
+
+    from rpeg.ir import ModelSpec, Workload
+    from tests.runtime.plans import ONE_DEVICE, hand
+
+    moe = ModelSpec("toy-moe", 4, 256, 512, 1000, 4, 4, experts=4, experts_active=2, expert_ffn=128)
+    mx = replace(moe, precision="mxfp4")
+    result = hand(
+        Workload("grpo", {"actor": mx, "reward": moe}, 8, 4, 64, 64), "1x1x1", ONE_DEVICE, (("actor", 0),)
+    )
+    with pytest.raises(
+        ValueError, match=r"model 'actor' \(toy-moe\) has precision 'mxfp4'.*precision 'bf16'"
+    ):
+        rpeg.run(result, 1)
