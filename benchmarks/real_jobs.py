@@ -41,11 +41,16 @@ strategies. Then the public layouts, written as plans (``result_for_plan``) and 
    trains and serves) and with the rollouts served from MXFP4 experts (``precision = "mxfp4"``,
    ``docs/cost-model.md`` §11), training BF16 in both.
 
+9. (issue 31, section ``real-jobs-async``) jobs 1, 3 and 7's Qwen3-30B-A3B planned in the same run
+   with the presets' synchronous rollout engine and with asynchronous scheduling
+   (``EngineStep.async_scheduling``: vLLM's default in its 2026 releases; ``docs/decisions.md``).
+
 Run from the repository root::
 
     python benchmarks/real_jobs.py [--time-limit 60] [--only NAME,...] [--no-write]
     python benchmarks/real_jobs.py --moe [--time-limit 60]      # the jobs of 7
     python benchmarks/real_jobs.py --mxfp4 [--time-limit 60]    # the jobs of 8
+    python benchmarks/real_jobs.py --async-scheduling [--time-limit 60]   # the jobs of 9
 """
 
 from __future__ import annotations
@@ -94,6 +99,13 @@ MOE_JOBS = [
 MXFP4_JOBS = [
     ("grpo-gpt-oss-20b", ["1x1x8"]),
     ("grpo-gpt-oss-120b", ["1x4x8"]),
+]
+
+#: Jobs planned with the presets' synchronous rollout engine and with asynchronous scheduling
+ASYNC_JOBS = [
+    ("grpo-qwen2.5-7b-8k", ["1x1x8"]),
+    ("ppo-llama3.1-8b", ["1x4x8"]),
+    ("grpo-qwen3-30b-a3b", ["1x2x8"]),
 ]
 
 #: verl's published colocated synchronous step of job (6) on H20, seconds per step:
@@ -163,11 +175,17 @@ def _table(rows: list[Row]) -> list[str]:
 
 
 def run_job(
-    stem: str, shape: str, time_limit: float, splits: bool = True, precision: str | None = None
+    stem: str,
+    shape: str,
+    time_limit: float,
+    splits: bool = True,
+    precision: str | None = None,
+    async_scheduling: bool | None = None,
 ) -> list[Row]:
     """greedy, concurrent and sa on one workload file and cluster shape (``splits``: with SPEC
     §15's expert, context and sequence parallelism in the plan space; ``precision``: given to
-    every mixture of experts of the workload, as a workload file's top-level setting would)."""
+    every mixture of experts of the workload, as a workload file's top-level setting would;
+    ``async_scheduling``: the rollout engine's, in place of the preset's)."""
     wf = rpeg.load_workload(HERE / f"{stem}.toml")
     if precision is not None:
         models = {
@@ -175,9 +193,10 @@ def run_job(
             for role, spec in wf.workload.models.items()
         }
         wf = replace(wf, workload=replace(wf.workload, models=models))
-    cluster = rpeg.Cluster.from_shape(
-        shape, rpeg.hardware_preset(wf.hardware or "h100"), **({} if splits else NO_SPLITS)
-    )
+    hw = rpeg.hardware_preset(wf.hardware or "h100")
+    if async_scheduling is not None:
+        hw = replace(hw, rollout_step=replace(hw.rollout_step, async_scheduling=async_scheduling))
+    cluster = rpeg.Cluster.from_shape(shape, hw, **({} if splits else NO_SPLITS))
     rows = []
     for method, kwargs in (
         ("greedy", {}),
@@ -190,6 +209,8 @@ def run_job(
         label = method if splits else f"{method}, no EP/CP/SP"
         if precision is not None:
             label = f"{method}, {precision} rollouts"
+        if async_scheduling is not None:
+            label = f"{method}, {'asynchronous' if async_scheduling else 'synchronous'} engine"
         rows.append(_row(stem, shape, label, result, time.perf_counter() - t0))
         r = rows[-1]
         print(
@@ -310,7 +331,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="issue 31's gpt-oss jobs with BF16 and MXFP4-expert rollouts (section real-jobs-mxfp4)",
     )
+    ap.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="jobs planned with a synchronous and an asynchronous rollout engine (section real-jobs-async)",
+    )
     args = ap.parse_args(argv)
+    if args.async_scheduling:
+        return async_jobs(args, argv)
     if args.moe:
         return moe_jobs(args, argv)
     if args.mxfp4:
@@ -444,6 +472,40 @@ def mxfp4_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
     ]
     if not args.no_write:
         write_section("real-jobs-mxfp4", out)
+    print("\n".join(out))
+    return 0
+
+
+def async_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """Jobs planned by greedy, concurrent and sa with the presets' synchronous rollout engine and
+    with asynchronous scheduling, into the section ``real-jobs-async``."""
+    rows: list[Row] = []
+    for stem, shapes in ASYNC_JOBS:
+        for shape in shapes:
+            rows.extend(run_job(stem, shape, args.time_limit, async_scheduling=False))
+            rows.extend(run_job(stem, shape, args.time_limit, async_scheduling=True))
+    ratios = []
+    for stem, shapes in ASYNC_JOBS:
+        for shape in shapes:
+            pair = {r.method: r for r in rows if r.job == stem and r.shape == shape}
+            sync, asyn = pair.get("sa, synchronous engine"), pair.get("sa, asynchronous engine")
+            if sync and asyn and math.isfinite(sync.step_s) and math.isfinite(asyn.step_s):
+                ratios.append(f"{stem} on {shape} {asyn.step_s / sync.step_s:.2f}")
+    out = [
+        "## Real jobs with a synchronous and an asynchronous rollout engine (issue 31)",
+        "",
+        f"Command: `{command('real_jobs.py', argv)}`. Machine: {machine()}.",
+        "",
+        "Each job is planned twice in the same run on its preset: as the presets price the rollout "
+        "engine (the synchronous loop: 5.5 ms of host time per step, docs/cost-model.md §8) and with "
+        "asynchronous scheduling (`EngineStep.async_scheduling`: only `max(0, c_step − t_GPU)` of a "
+        "step's host seconds exposed), vLLM's default in its 2026 releases. Step time is predicted "
+        f"(`makespan/k_eval`). sa's step, asynchronous over synchronous: {', '.join(ratios) or 'n/a'}.",
+        "",
+        *_table(rows),
+    ]
+    if not args.no_write:
+        write_section("real-jobs-async", out)
     print("\n".join(out))
     return 0
 
