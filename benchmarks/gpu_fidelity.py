@@ -968,11 +968,6 @@ def vllm_why_not(row: dict[str, Any]) -> str | None:
         return f"{row['precision'].split(' (')[0]} weights: rpeg has no such quantized-weight setting"
     if row["gpu"] not in VLLM_GPUS:
         return f"no hardware preset for {row['gpu']}"
-    if prec == "fp8" and hardware_has_no_fp8(VLLM_GPUS[row["gpu"]]):
-        return (
-            f"FP8 weights on {row['gpu']}: no FP8 tensor cores (vLLM runs them as weight-only W8A16 "
-            "Marlin GEMMs there; rpeg refuses precision fp8 on such hardware)"
-        )
     if row["speculative"]:
         return "speculative decoding not modelled"
     if row["kv_cache_dtype"] not in (None, "auto"):
@@ -985,13 +980,6 @@ def vllm_why_not(row: dict[str, Any]) -> str | None:
     if peak is not None and peak < row["requests"]:
         return "concurrency-limited run (peak concurrent requests below requests)"
     return None
-
-
-def hardware_has_no_fp8(preset: str) -> bool:
-    """Whether the hardware preset has no FP8 peak (``peak_flops_fp8`` is ``None``)."""
-    from rpeg.costmodel.hardware import hardware_preset
-
-    return hardware_preset(preset).peak_flops_fp8 is None
 
 
 def vllm_lengths(row: dict[str, Any]) -> tuple[int, int]:
@@ -1288,13 +1276,45 @@ def weight_only_report(rows: list[dict[str, Any]]) -> list[str]:
     for gpu, page, presets, eps in WEIGHT_ONLY_FITS:
         fit, fit_mape = fit_weight_only_efficiency(rows, gpu, page)
         held = [x for x in weight_only_rows(rows, gpu) if vllm_page(x) != page]
+        others = served_weight_only_rows(rows, gpu)
         lines += [
             f"- {gpu} ({', '.join(presets)} carry ε_w = {eps}): refit now on {page}: {fit:.3f}; MAPE "
             f"{fit_mape:.1f} % there ({weight_only_mape([x for x in weight_only_rows(rows, gpu) if vllm_page(x) == page], 1.0):.1f} % at ε_w = 1)",
             f"  - held out, the other {gpu} pages' {len(held)} engine-bound MXFP4 rows: MAPE "
             f"{weight_only_mape(held):.1f} % (at ε_w = 1: {weight_only_mape(held, 1.0):.1f} %)",
         ]
+        if others:
+            lines.append(
+                f"  - held out, the {len(others)} engine-bound {gpu} rows of FP8 checkpoints, which vLLM serves "
+                f"there as weight-only W8A16 Marlin GEMMs (no FP8 tensor cores): MAPE {weight_only_mape(others):.1f} % "
+                f"(at ε_w = 1: {weight_only_mape(others, 1.0):.1f} %)"
+            )
     return lines
+
+
+def served_weight_only_rows(rows: list[dict[str, Any]], gpu: str) -> list[dict[str, Any]]:
+    """The expressible engine-bound rows of one GPU whose FP8 or NVFP4 checkpoint it serves
+    weight-only (:func:`rpeg.costmodel.precision.served_weight_only`): FP8 on A100."""
+    from rpeg.costmodel.hardware import hardware_preset
+    from rpeg.costmodel.precision import served_weight_only
+
+    hw = hardware_preset(VLLM_GPUS[gpu])
+    return [
+        x
+        for x in rows
+        if x["gpu"] == gpu
+        and vllm_why_not(x) is None
+        and not vllm_front_end_bound(x)
+        and vllm_precision(x) in ("fp8", "nvfp4")
+        and served_weight_only(replace_precision(vllm_model_spec(x["model"]), vllm_precision(x)), hw)
+    ]
+
+
+def replace_precision(spec: Any, precision: str | None) -> Any:
+    """``spec`` with ``precision``."""
+    from dataclasses import replace
+
+    return replace(spec, precision=precision)
 
 
 #: Published vLLM start-up logs of gpt-oss-120b on one H100 (``gpu_model_runner.py``: "Model
@@ -1438,7 +1458,8 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         "preset (H100 → h100, H200 → h200, A100 → a100-80gb, each with the memory its driver reports), "
         "memory fraction 0.9 (vLLM's default "
         "`--gpu-memory-utilization`); FP8 checkpoints run with precision fp8 (FP8 GEMMs for the blocks, "
-        "their weights in 1 byte, BF16 KV cache: docs/cost-model.md §11), gpt-oss's MXFP4 checkpoints "
+        "their weights in 1 byte, BF16 KV cache: docs/cost-model.md §11; on A100, which has no FP8 tensor "
+        "cores, vLLM serves them as weight-only W8A16 Marlin GEMMs, and so does rpeg), gpt-oss's MXFP4 checkpoints "
         "with precision mxfp4 (the routed experts stored in 0.53125 bytes per weight and run as "
         'weight-only GEMMs at the BF16 peak, everything else BF16: docs/cost-model.md §11, "MXFP4 '
         'experts"); '

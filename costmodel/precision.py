@@ -42,6 +42,10 @@ Ampere, OpenAI's Triton kernels on Hopper, vLLM's CPU kernels. On Blackwell vLLM
 FlashInfer's MXFP4 × MXFP8 GEMMs, which run on the FP8 tensor cores; rpeg prices them at the
 BF16 peak too, which makes a compute-bound prefill slower than it is (``docs/decisions.md``).
 
+Without the matching tensor cores (FP8 on A100, NVFP4 before Blackwell) a trainer and a
+teacher-forced pass are refused (:func:`check_precision`); a generation engine serves the
+checkpoint as weight-only GEMMs (:func:`served_weight_only`), priced like MXFP4 experts.
+
 ``"bf16"`` changes nothing: every function here returns the BF16 figure, and the cost model's
 BF16 arithmetic is the same, bit for bit.
 """
@@ -59,17 +63,33 @@ __all__ = [
     "gemm_weight_bytes",
     "mixed_peak",
     "quantize_scalars",
+    "served_weight_only",
 ]
 
 
-def check_precision(model: ModelSpec, hw: Hardware) -> None:
+def served_weight_only(model: ModelSpec, hw: Hardware) -> bool:
+    """Whether a generation engine serves the model's FP8 or NVFP4 checkpoint as weight-only
+    GEMMs on this hardware: the hardware lacks the matching tensor cores (FP8 on A100, NVFP4
+    before Blackwell), so vLLM keeps the quantized weights and runs BF16 GEMMs that dequantize
+    them in the tile (its Marlin kernels: ``Fp8LinearMethod`` and the FP8 and FP4 MoE methods
+    fall back to them without the tensor cores; W8A16 or W4A16)."""
+    if model.is_fp8:
+        return hw.peak_flops_fp8 is None
+    if model.precision == "nvfp4":
+        return hw.peak_flops_fp4 is None
+    return False
+
+
+def check_precision(model: ModelSpec, hw: Hardware, *, served: bool = False) -> None:
     """Refuse a model whose precision the hardware cannot run.
 
     ``precision = "fp8"`` needs FP8 tensor cores (Hopper, Ada, Blackwell): hardware without an
     FP8 peak (``peak_flops_fp8`` is ``None``: A100, the CPU runtime, a calibration file) is refused
     rather than priced silently at BF16. ``precision = "nvfp4"`` needs FP4 tensor cores
-    (Blackwell: ``peak_flops_fp4``); Hopper, which vLLM runs NVFP4 checkpoints on as weight-only
-    GEMMs and Transformer Engine does not train in NVFP4 on, is refused too.
+    (Blackwell: ``peak_flops_fp4``); Hopper, on which Transformer Engine does not train in NVFP4,
+    is refused too. A generation engine (``served``) is the exception: vLLM serves such a
+    checkpoint as weight-only GEMMs (:func:`served_weight_only`), which the cost model prices;
+    a trainer and a teacher-forced pass are refused.
 
     Parameters
     ----------
@@ -77,34 +97,43 @@ def check_precision(model: ModelSpec, hw: Hardware) -> None:
         The model (its :attr:`~rpeg.ir.models.ModelSpec.precision`).
     hw
         The hardware.
+    served
+        Whether the model runs in a generation engine.
 
     Raises
     ------
     ValueError
         Naming the model, its precision and the hardware.
     """
+    if served:
+        return
+    engine = " (a generation engine serves it as weight-only GEMMs; a trainer and a teacher-forced pass cannot run it)"
     if model.is_fp8 and hw.peak_flops_fp8 is None:
         raise ValueError(
             f"model {model.name!r} has precision 'fp8', but hardware {hw.name!r} has no FP8 tensor "
-            "cores (no peak_flops_fp8: A100 and the CPU runtime have none); use precision 'bf16' or "
-            "hardware with an FP8 peak (h100, h200, gh200, h20, b200, b300, gb200-nvl72, gb300-nvl72)"
+            "cores (no peak_flops_fp8: A100 and the CPU runtime have none)" + engine + "; use "
+            "precision 'bf16' or hardware with an FP8 peak (h100, h200, gh200, h20, b200, b300, "
+            "gb200-nvl72, gb300-nvl72)"
         )
     if model.precision == "nvfp4" and hw.peak_flops_fp4 is None:
         raise ValueError(
             f"model {model.name!r} has precision 'nvfp4', but hardware {hw.name!r} has no FP4 tensor "
-            "cores (no peak_flops_fp4: only Blackwell has them); use precision 'fp8' or 'bf16', or "
-            "hardware with an FP4 peak (b200, b300, gb200-nvl72, gb300-nvl72)"
+            "cores (no peak_flops_fp4: only Blackwell has them)" + engine + "; use precision 'fp8' "
+            "or 'bf16', or hardware with an FP4 peak (b200, b300, gb200-nvl72, gb300-nvl72)"
         )
 
 
-def gemm_peaks(model: ModelSpec, hw: Hardware) -> tuple[float, float | None]:
+def gemm_peaks(model: ModelSpec, hw: Hardware, *, served: bool = False) -> tuple[float, float | None]:
     """``(F_peak, F_peak,q)``: the BF16 peak and, for an FP8 or NVFP4 model, the peak of its
-    low-precision GEMMs, ``F_peak,8`` or ``F_peak,4`` (``None`` for BF16).
+    low-precision GEMMs, ``F_peak,8`` or ``F_peak,4`` (``None`` for BF16, and for a generation
+    engine's weight-only GEMMs, :func:`served_weight_only`, which run at the BF16 peak).
 
     Parameters
     ----------
     model, hw
         The model and the hardware.
+    served
+        Whether the model runs in a generation engine.
 
     Returns
     -------
@@ -114,9 +143,10 @@ def gemm_peaks(model: ModelSpec, hw: Hardware) -> tuple[float, float | None]:
     Raises
     ------
     ValueError
-        For a precision the hardware has no peak for (:func:`check_precision`).
+        For a precision the hardware has no peak for, outside a generation engine
+        (:func:`check_precision`).
     """
-    check_precision(model, hw)
+    check_precision(model, hw, served=served)
     return hw.peak_flops, {"fp8": hw.peak_flops_fp8, "nvfp4": hw.peak_flops_fp4}.get(model.precision)
 
 

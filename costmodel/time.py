@@ -53,6 +53,7 @@ from .precision import (
     gemm_weight_bytes,
     mixed_peak,
     quantize_scalars,
+    served_weight_only,
 )
 
 __all__ = [
@@ -193,7 +194,13 @@ class _Roofline:
     their tiles and run at ``F_peak`` (weight-only, W4A16) on BF16 activations, and their row
     knee is ``γM_e = γM·q_e/sb``: ``r_e/(r_e + γM)`` is a GEMM of few rows bound by reading its
     weights (``γM`` rows cost as much compute as reading the BF16 weights), and MXFP4 weights are
-    read ``sb/q_e`` times faster at the same peak.
+    read ``sb/q_e`` times faster at the same peak. Their compute-bound end is ``ε_w·F_peak``
+    (the engine step's ``weight_only_efficiency``): ``η_e`` row factor ``ε_w·r_e/(r_e + ε_w·γM_e)``.
+
+    A served FP8 or NVFP4 checkpoint on hardware without the matching tensor cores
+    (:func:`~.precision.served_weight_only`: vLLM's Marlin fallback, W8A16 or W4A16) runs every
+    block GEMM so: ``q``-byte weights, BF16 activations (``Ω_A`` at ``2·sb``), the BF16 peak, and
+    the dense GEMMs' row factor ``ε_w·r/(r + ε_w·γM·q/sb)`` too.
     """
 
     __slots__ = (
@@ -201,10 +208,12 @@ class _Roofline:
         "b",
         "e_bytes",
         "ep",
+        "eps_d",
         "eps_w",
         "eta_e",
         "eta_k",
         "etp",
+        "gamma_d",
         "gamma_e",
         "hw",
         "imbalance",
@@ -224,19 +233,26 @@ class _Roofline:
         self.model = model
         self.hw = hw
         self.served = served
-        self.peak_fp8 = gemm_peaks(model, hw)[1]  # FP8 or NVFP4 peak; None for BF16; refuses a missing one
+        # FP8 or NVFP4 peak; None for BF16 and a served checkpoint's weight-only GEMMs; refuses a
+        # missing one outside a generation engine
+        self.peak_fp8 = gemm_peaks(model, hw, served=served)[1]
         self.w_bytes = gemm_weight_bytes(model)
-        # a routed expert's weight bytes: the MXFP4 ones a generation engine stores, else the others';
-        # the expert GEMMs' row knee γM moves with them (γM_e = γM·q_e/sb: a GEMM of few rows is
-        # bound by its weight reads, which MXFP4 shrinks while the BF16 peak stays)
-        self.e_bytes = model.served_expert_bytes if served and model.has_mxfp4_experts else self.w_bytes
-        self.gamma_e = hw.gamma_m
-        self.eps_w = 1.0  # the weight-only expert GEMMs' compute-bound share of F_peak
-        if self.e_bytes != self.w_bytes:
-            self.gamma_e = hw.gamma_m * self.e_bytes / self.w_bytes
-            if hw.rollout_step is not None:
-                self.eps_w = hw.rollout_step.weight_only_efficiency
         self.act_bytes = gemm_activation_bytes(model)
+        # a routed expert's weight bytes: the MXFP4 ones a generation engine stores, else the others'
+        self.e_bytes = model.served_expert_bytes if served and model.has_mxfp4_experts else self.w_bytes
+        # weight-only GEMMs (MXFP4 experts; an FP8 or NVFP4 checkpoint served without its tensor
+        # cores: every block GEMM) keep the BF16 peak, and their row knee moves with the bytes
+        # they read (γM·q/sb: a GEMM of few rows is bound by its weight reads) while their
+        # compute-bound end is ε_w·F_peak
+        eps = hw.rollout_step.weight_only_efficiency if hw.rollout_step is not None else 1.0
+        self.gamma_d, self.eps_d = hw.gamma_m, 1.0  # the dense (non-expert) block GEMMs
+        self.gamma_e, self.eps_w = hw.gamma_m, 1.0  # the routed experts'
+        if served and served_weight_only(model, hw):
+            self.act_bytes = 2.0 * model.dtype_bytes  # BF16 inputs and outputs
+            self.gamma_d = self.gamma_e = hw.gamma_m * self.w_bytes / model.dtype_bytes
+            self.eps_d = self.eps_w = eps
+        elif self.e_bytes != self.w_bytes:
+            self.gamma_e, self.eps_w = hw.gamma_m * self.e_bytes / self.w_bytes, eps
         s = layout.strategy
         self.b = b / s.cp  # a context-parallel rank's share of each sequence
         self.tp = s.tp
@@ -262,7 +278,7 @@ class _Roofline:
         dense work whatever the blocks' FFN."""
         m = self.model
         rows = self.b * tokens
-        eta = rows / (rows + self.hw.gamma_m) * self.eta_k
+        eta = self.eps_d * rows / (rows + self.eps_d * self.gamma_d) * self.eta_k
         omega_w = self.omega_w
         if omega_w is None:  # a mixture of experts: the expert GEMMs' efficiency, the experts touched
             # the rows each touched local expert receives: b·ℓ·k assignments reach the rank's

@@ -537,7 +537,9 @@ class ModelSpec:
         BF16 weights with FP32 master copies (``docs/cost-model.md`` §11). ``"nvfp4"`` is the
         same with the FP4 peak and :data:`GEMM_ELEMENT_BYTES` ``["nvfp4"]`` (0.5625) bytes per
         weight and input. Both need ``dtype_bytes = 2`` (low-precision GEMMs of a BF16 model)
-        and hardware with the matching peak (FP8: Hopper, Ada, Blackwell; NVFP4: Blackwell).
+        and hardware with the matching peak (FP8: Hopper, Ada, Blackwell; NVFP4: Blackwell) to
+        train or run teacher-forced; a generation engine without it serves the checkpoint as
+        weight-only GEMMs, as vLLM's Marlin kernels do (``docs/cost-model.md`` §11).
         ``"mxfp4"`` (a mixture of experts only) changes generation alone: the engine stores the
         routed experts in MXFP4 (:data:`MXFP4_BYTES`, 0.53125 bytes per weight) and their GEMMs
         read those weights at the BF16 peak (weight-only, W4A16: vLLM's Marlin and Triton MoE

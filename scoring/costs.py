@@ -85,8 +85,9 @@ class Costs:
     Raises
     ------
     ValueError
-        For a model whose precision the hardware cannot run (``"fp8"`` without an FP8 peak,
-        :func:`~rpeg.costmodel.precision.check_precision`).
+        For a model whose precision the hardware cannot run in a trainer or a teacher-forced
+        pass (``"fp8"`` without an FP8 peak, :func:`~rpeg.costmodel.precision.check_precision`;
+        a generation engine serves such a checkpoint as weight-only GEMMs).
     """
 
     def __init__(self, graph: RPEG, workload: Workload, cluster: Cluster) -> None:
@@ -101,8 +102,8 @@ class Costs:
         self._layout: dict[Strategy, Layout] = {}
         self._resident: dict[Strategy, Strategy] = {}
         self._specs = [graph.models[v.model].spec for v in graph.vertices]
-        for spec in self._specs:
-            check_precision(spec, self.hw)
+        for spec, v in zip(self._specs, graph.vertices):  # a generation may serve weight-only GEMMs
+            check_precision(spec, self.hw, served=v.role is Role.GENERATION)
         self._model_heads = [graph.models[v.model].head for v in graph.vertices]
         self._buckets = workload.buckets
         self._stats: dict[LengthBucket | None, tuple[float, float]] = {}

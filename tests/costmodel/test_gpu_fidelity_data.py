@@ -316,3 +316,13 @@ def test_the_hopper_and_ampere_presets_carry_the_fitted_weight_only_efficiency(f
         held = [x for x in fid.weight_only_rows(rows, gpu) if fid.vllm_page(x) != page]
         assert len(held) >= 5
         assert fid.weight_only_mape(held) < fid.weight_only_mape(held, 1.0)
+
+
+def test_the_a100_fp8_rows_are_priced_weight_only_and_held_out(fid):
+    """FP8 checkpoints on A100 (no FP8 tensor cores) are served as weight-only W8A16 GEMMs: the
+    rows are priced with the Ampere ``ε_w`` fitted on the MXFP4 rows of another page, and it
+    beats ``ε_w = 1`` on them."""
+    rows = fid.load_vllm_rows()
+    fp8 = fid.served_weight_only_rows(rows, "A100")
+    assert len(fp8) >= 5 and all(fid.vllm_precision(x) == "fp8" for x in fp8)
+    assert fid.weight_only_mape(fp8) < fid.weight_only_mape(fp8, 1.0)

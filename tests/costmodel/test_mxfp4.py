@@ -227,3 +227,42 @@ def test_an_inline_dense_model_with_mxfp4_is_named(tmp_path):
     critic = '{ name = "c", layers = 2, hidden = 64, ffn_hidden = 128, vocab = 100, heads = 4, kv_heads = 4, precision = "mxfp4" }'
     with pytest.raises(InputError, match=r"w\.toml.*models\.critic.*precision 'mxfp4'.*experts = 0"):
         load_workload(_write(tmp_path, critic=critic))
+
+
+# ---------------------------------------------------------------------------- weight-only checkpoints
+L8 = model_preset("llama3.1-8b")
+A100 = hardware_preset("a100-80gb")
+
+
+@pytest.mark.parametrize(("precision", "name", "q"), [("fp8", "a100-80gb", 1.0), ("nvfp4", "h100", 0.5625)])
+def test_a_served_checkpoint_without_its_tensor_cores_runs_weight_only(precision, name, q):
+    """vLLM serves an FP8 checkpoint on A100 (an NVFP4 one before Blackwell) with its Marlin
+    kernels: ``q``-byte weights, BF16 activations and peak, the knee ``γM·q/sb`` and ``ε_w``
+    for every block GEMM; a trainer and a teacher-forced pass are still refused."""
+    hw = hardware_preset(name)
+    m = replace(L8, precision=precision)
+    roof = _Roofline(m, _layout(), hw, 4.0, served=True)
+    eps = hw.rollout_step.weight_only_efficiency
+    assert roof.peak_fp8 is None and roof.w_bytes == q and roof.act_bytes == 4.0
+    assert roof.gamma_d == pytest.approx(hw.gamma_m * q / 2.0) and roof.eps_d == eps
+    # compute-bound (many rows): ε_w of the BF16 peak times the width factor
+    big = _Roofline(m, _layout(), hw, 1e7, served=True)
+    assert big.flops(1e18, 1, 0.0, 1.0) == pytest.approx(hw.peak_flops * eps * big.eta_k, rel=1e-3)
+    # memory-bound (a decode step of 4 rows): the q-byte weights against the BF16 ones
+    bf = _Roofline(L8, _layout(), replace(hw, gamma_m=0.0), 4.0, served=True)
+    wo = _Roofline(m, _layout(), replace(hw, gamma_m=0.0), 4.0, served=True)
+    assert wo.flops(1e9, 1, 0.0, 1.0) > bf.flops(1e9, 1, 0.0, 1.0) * (2.0 / q) * 0.9
+    # a decode of a few sequences reads half (a quarter of) the bytes: faster than BF16
+    args = dict(sequences=4, prompt_len=16, response_len=256)
+    assert (
+        op_time(m, Role.GENERATION, _layout(), hw, **args).total
+        < 0.8 * op_time(L8, Role.GENERATION, _layout(), hw, **args).total
+    )
+    for role in (Role.TRAINING, Role.INFERENCE):
+        with pytest.raises(ValueError, match=r"a generation engine serves it as weight-only GEMMs"):
+            op_time(m, role, _layout(), hw, **args)
+
+
+def test_an_fp8_checkpoint_with_its_tensor_cores_is_not_weight_only():
+    roof = _Roofline(replace(L8, precision="fp8"), _layout(), H100, 4.0, served=True)
+    assert roof.peak_fp8 == H100.peak_flops_fp8 and roof.gamma_d == H100.gamma_m and roof.eps_d == 1.0

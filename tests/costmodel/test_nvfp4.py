@@ -86,7 +86,7 @@ def test_a_bad_fp4_peak_in_a_file_names_file_field_and_value(tmp_path):
 
 # ---------------------------------------------------------------------------- refusal
 @pytest.mark.parametrize("name", ["h100", "a100-80gb", "cpu"])
-@pytest.mark.parametrize("role", list(Role))
+@pytest.mark.parametrize("role", [Role.TRAINING, Role.INFERENCE])
 def test_nvfp4_is_refused_without_fp4_tensor_cores(name, role):
     hw = hardware_preset(name)
     with pytest.raises(
