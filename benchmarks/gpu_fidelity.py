@@ -933,6 +933,14 @@ def vllm_model_spec(model: str) -> Any:
     )
 
 
+def vllm_spec(row: dict[str, Any]) -> Any:
+    """The :class:`~rpeg.ir.models.ModelSpec` a row is priced with: :func:`vllm_model_spec` with
+    the checkpoint's precision (:func:`vllm_precision`)."""
+    from dataclasses import replace
+
+    return replace(vllm_model_spec(row["model"]), precision=vllm_precision(row))
+
+
 def vllm_precision(row: dict[str, Any]) -> str | None:
     """rpeg's precision of a served checkpoint: ``"bf16"`` for BF16 weights, ``"fp8"`` for FP8
     ones (a ``-FP8`` checkpoint's per-tensor or block-scaled weights, or DeepSeek's native
@@ -1135,7 +1143,10 @@ def prefill_report(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def vllm_predict(
-    row: dict[str, Any], prefill_scale: float = 1.0, weight_only: float | None = None
+    row: dict[str, Any],
+    prefill_scale: float = 1.0,
+    weight_only: float | None = None,
+    async_scheduling: bool | None = None,
 ) -> tuple[float, float]:
     """rpeg's ``(T_gen, output tokens/s)`` of an expressible row.
 
@@ -1147,8 +1158,10 @@ def vllm_predict(
     (vLLM's 0.9 unless the command sets it), the checkpoint's precision (:func:`vllm_precision`),
     the engine step of the server's flags and defaults (:func:`vllm_engine_step`), and the
     preset's vLLM prefill efficiency times ``prefill_scale`` (:func:`fit_prefill_efficiency`
-    varies it) and the engine's weight-only GEMM efficiency ``ε_w`` of the preset, or
-    ``weight_only`` when given (:func:`fit_weight_only_efficiency` varies it; MXFP4 rows only).
+    varies it), the engine's weight-only GEMM efficiency ``ε_w`` of the preset, or
+    ``weight_only`` when given (:func:`fit_weight_only_efficiency` varies it; rows served
+    weight-only), and asynchronous scheduling as the command sets it, or ``async_scheduling``
+    when given (:func:`async_report` prices the flagged rows without it).
     Predicted output tokens/s =
     published generated tokens / ``T_gen``, so rpeg/published is the published duration over
     ``T_gen`` and the same for total tokens/s.
@@ -1164,13 +1177,15 @@ def vllm_predict(
     step = vllm_engine_step(row, hw)
     if weight_only is not None:
         step = replace(step, weight_only_efficiency=weight_only)
+    if async_scheduling is not None:
+        step = replace(step, async_scheduling=async_scheduling)
     hw = _scaled_prefill(replace(hw, rollout_step=step), prefill_scale)
     tp = row["tp"]
     strategy = Strategy((1, 1, tp), dp=1, pp=1, tp=tp, mb=1, mem_fraction=row["gpu_memory_utilization"])
     lp, _ = vllm_lengths(row)
     buckets = vllm_buckets(row)
     (t,) = generation_times(
-        replace(vllm_model_spec(row["model"]), precision=vllm_precision(row)),
+        vllm_spec(row),
         Layout(strategy, gpus_per_node=hw.gpus_per_node),
         hw,
         sequences=row["requests"],
@@ -1246,20 +1261,19 @@ def async_report(rows: list[dict[str, Any]]) -> list[str]:
     if not served:
         return []
 
-    def pairs(sync: bool) -> list[tuple[float, float]]:
-        out = []
-        for x in served:
-            y = {**x, "serve_command": x["serve_command"].replace("--async-scheduling", "")} if sync else x
-            out.append((float(x["output_tokens_per_s"]), vllm_predict(y)[1]))
-        return out
+    def pairs(async_scheduling: bool) -> list[tuple[float, float]]:
+        return [
+            (float(x["output_tokens_per_s"]), vllm_predict(x, async_scheduling=async_scheduling)[1])
+            for x in served
+        ]
 
     return [
         "",
         "Rows served with `--async-scheduling` (the host's per-step seconds hidden behind the GPU's, "
         '`EngineStep.async_scheduling`; docs/cost-model.md §8, "The engine step"):',
         "",
-        _summary("engine-bound rows with the flag, priced asynchronous", pairs(False)),
-        _summary("the same rows priced synchronous", pairs(True)),
+        _summary("engine-bound rows with the flag, priced asynchronous", pairs(True)),
+        _summary("the same rows priced synchronous", pairs(False)),
     ]
 
 
@@ -1275,11 +1289,13 @@ def weight_only_report(rows: list[dict[str, Any]]) -> list[str]:
     ]
     for gpu, page, presets, eps in WEIGHT_ONLY_FITS:
         fit, fit_mape = fit_weight_only_efficiency(rows, gpu, page)
-        held = [x for x in weight_only_rows(rows, gpu) if vllm_page(x) != page]
+        on_gpu = weight_only_rows(rows, gpu)
+        mine = [x for x in on_gpu if vllm_page(x) == page]
+        held = [x for x in on_gpu if vllm_page(x) != page]
         others = served_weight_only_rows(rows, gpu)
         lines += [
             f"- {gpu} ({', '.join(presets)} carry ε_w = {eps}): refit now on {page}: {fit:.3f}; MAPE "
-            f"{fit_mape:.1f} % there ({weight_only_mape([x for x in weight_only_rows(rows, gpu) if vllm_page(x) == page], 1.0):.1f} % at ε_w = 1)",
+            f"{fit_mape:.1f} % there ({weight_only_mape(mine, 1.0):.1f} % at ε_w = 1)",
             f"  - held out, the other {gpu} pages' {len(held)} engine-bound MXFP4 rows: MAPE "
             f"{weight_only_mape(held):.1f} % (at ε_w = 1: {weight_only_mape(held, 1.0):.1f} %)",
         ]
@@ -1306,15 +1322,8 @@ def served_weight_only_rows(rows: list[dict[str, Any]], gpu: str) -> list[dict[s
         and vllm_why_not(x) is None
         and not vllm_front_end_bound(x)
         and vllm_precision(x) in ("fp8", "nvfp4")
-        and served_weight_only(replace_precision(vllm_model_spec(x["model"]), vllm_precision(x)), hw)
+        and served_weight_only(vllm_spec(x), hw)
     ]
-
-
-def replace_precision(spec: Any, precision: str | None) -> Any:
-    """``spec`` with ``precision``."""
-    from dataclasses import replace
-
-    return replace(spec, precision=precision)
 
 
 #: Published vLLM start-up logs of gpt-oss-120b on one H100 (``gpu_model_runner.py``: "Model

@@ -61,6 +61,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from _bench import command, machine, plan_labels, write_section
 
@@ -393,19 +394,12 @@ def main(argv: list[str] | None = None) -> int:
             "|---|---|---:|---:|---:|---:|---|---|",
             *dapo,
         ]
-    if not args.no_write:
-        write_section("real-jobs", out)
-    print("\n".join(out))
-    return 0
+    return _publish("real-jobs", out, args)
 
 
 def moe_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
     """Issue 30's jobs, planned by greedy, concurrent and sa, into the section ``real-jobs-moe``."""
-    rows: list[Row] = []
-    for stem, shapes in MOE_JOBS:
-        for shape in shapes:
-            rows.extend(run_job(stem, shape, args.time_limit))
-            rows.extend(run_job(stem, shape, args.time_limit, splits=False))
+    rows, _ = _paired(MOE_JOBS, args.time_limit, {}, {"splits": False})
     with_splits = [r for r in rows if "no EP" not in r.method]
     feasible, sa_runs = _sa_feasible(with_splits)
     before, _ = _sa_feasible([r for r in rows if "no EP" in r.method])
@@ -432,8 +426,30 @@ def moe_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
         "",
         *_table(rows),
     ]
+    return _publish("real-jobs-moe", out, args)
+
+
+def _paired(
+    jobs: list[tuple[str, list[str]]], time_limit: float, first: dict[str, Any], second: dict[str, Any]
+) -> tuple[list[Row], list[tuple[str, str, Row, Row]]]:
+    """Each job of ``jobs`` on each of its shapes planned twice in the same run,
+    :func:`run_job` with ``first`` and then ``second``: every row, and per job and shape the two
+    sa rows ``(job, shape, sa with first, sa with second)`` (sa is :func:`run_job`'s last)."""
+    rows: list[Row] = []
+    pairs = []
+    for stem, shapes in jobs:
+        for shape in shapes:
+            a = run_job(stem, shape, time_limit, **first)
+            b = run_job(stem, shape, time_limit, **second)
+            rows += a + b
+            pairs.append((stem, shape, a[-1], b[-1]))
+    return rows, pairs
+
+
+def _publish(section: str, out: list[str], args: argparse.Namespace) -> int:
+    """Write ``out`` as RESULTS.md's ``section`` (unless ``--no-write``) and print it."""
     if not args.no_write:
-        write_section("real-jobs-moe", out)
+        write_section(section, out)
     print("\n".join(out))
     return 0
 
@@ -441,20 +457,12 @@ def moe_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
 def mxfp4_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
     """Issue 31's gpt-oss jobs, planned by greedy, concurrent and sa with BF16 rollouts and with
     MXFP4-expert rollouts, into the section ``real-jobs-mxfp4``."""
-    rows: list[Row] = []
-    for stem, shapes in MXFP4_JOBS:
-        for shape in shapes:
-            rows.extend(run_job(stem, shape, args.time_limit, precision="bf16"))
-            rows.extend(run_job(stem, shape, args.time_limit, precision="mxfp4"))
-    gains = []
-    for stem, shapes in MXFP4_JOBS:
-        for shape in shapes:
-            pair = {
-                r.method: r for r in rows if r.job == stem and r.shape == shape and r.method.startswith("sa,")
-            }
-            bf16, mx = pair.get("sa, bf16 rollouts"), pair.get("sa, mxfp4 rollouts")
-            if bf16 and mx and bf16.throughput > 0 and mx.throughput > 0:
-                gains.append(f"{stem} on {shape} {mx.throughput / bf16.throughput:.2f} ×")
+    rows, pairs = _paired(MXFP4_JOBS, args.time_limit, {"precision": "bf16"}, {"precision": "mxfp4"})
+    gains = [
+        f"{stem} on {shape} {mx.throughput / bf16.throughput:.2f} ×"
+        for stem, shape, bf16, mx in pairs
+        if bf16.throughput > 0 and mx.throughput > 0
+    ]
     out = [
         "## gpt-oss jobs with BF16 and with MXFP4-expert rollouts (issue 31)",
         "",
@@ -470,27 +478,20 @@ def mxfp4_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
         "",
         *_table(rows),
     ]
-    if not args.no_write:
-        write_section("real-jobs-mxfp4", out)
-    print("\n".join(out))
-    return 0
+    return _publish("real-jobs-mxfp4", out, args)
 
 
 def async_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
     """Jobs planned by greedy, concurrent and sa with the presets' synchronous rollout engine and
     with asynchronous scheduling, into the section ``real-jobs-async``."""
-    rows: list[Row] = []
-    for stem, shapes in ASYNC_JOBS:
-        for shape in shapes:
-            rows.extend(run_job(stem, shape, args.time_limit, async_scheduling=False))
-            rows.extend(run_job(stem, shape, args.time_limit, async_scheduling=True))
-    ratios = []
-    for stem, shapes in ASYNC_JOBS:
-        for shape in shapes:
-            pair = {r.method: r for r in rows if r.job == stem and r.shape == shape}
-            sync, asyn = pair.get("sa, synchronous engine"), pair.get("sa, asynchronous engine")
-            if sync and asyn and math.isfinite(sync.step_s) and math.isfinite(asyn.step_s):
-                ratios.append(f"{stem} on {shape} {asyn.step_s / sync.step_s:.2f}")
+    rows, pairs = _paired(
+        ASYNC_JOBS, args.time_limit, {"async_scheduling": False}, {"async_scheduling": True}
+    )
+    ratios = [
+        f"{stem} on {shape} {asyn.step_s / sync.step_s:.2f}"
+        for stem, shape, sync, asyn in pairs
+        if math.isfinite(sync.step_s) and math.isfinite(asyn.step_s)
+    ]
     out = [
         "## Real jobs with a synchronous and an asynchronous rollout engine (issue 31)",
         "",
@@ -504,10 +505,7 @@ def async_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
         "",
         *_table(rows),
     ]
-    if not args.no_write:
-        write_section("real-jobs-async", out)
-    print("\n".join(out))
-    return 0
+    return _publish("real-jobs-async", out, args)
 
 
 if __name__ == "__main__":

@@ -318,7 +318,7 @@ def served_weight_bytes(model: ModelSpec, layout: Layout, head: Head = Head.LM) 
     full = weight_bytes(model, layout, head)
     s = layout.strategy
     if model.has_mxfp4_experts:
-        experts = model.layers / s.pp * model.expert_weights / ((s.tp if s.etp is None else s.etp) * s.ep)
+        experts = model.layers / s.pp * model.expert_weights / (s.expert_tp * s.ep)
         return full - (model.dtype_bytes - model.served_expert_bytes) * experts
     if not model.is_low_precision:
         return full
