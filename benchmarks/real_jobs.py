@@ -42,8 +42,8 @@ strategies. Then the public layouts, written as plans (``result_for_plan``) and 
    ``docs/cost-model.md`` §11), training BF16 in both.
 
 9. (issue 31, section ``real-jobs-async``) jobs 1, 3 and 7's Qwen3-30B-A3B planned in the same run
-   with the presets' synchronous rollout engine and with asynchronous scheduling
-   (``EngineStep.async_scheduling``: vLLM's default in its 2026 releases; ``docs/decisions.md``).
+   with the synchronous engine loop and with the presets' asynchronous scheduling
+   (``EngineStep.async_scheduling``: the bundled vLLM's default; ``docs/decisions.md``).
 
 Run from the repository root::
 
@@ -102,7 +102,7 @@ MXFP4_JOBS = [
     ("grpo-gpt-oss-120b", ["1x4x8"]),
 ]
 
-#: Jobs planned with the presets' synchronous rollout engine and with asynchronous scheduling
+#: Jobs planned with the synchronous rollout engine and with the presets' asynchronous scheduling
 ASYNC_JOBS = [
     ("grpo-qwen2.5-7b-8k", ["1x1x8"]),
     ("ppo-llama3.1-8b", ["1x4x8"]),
@@ -110,7 +110,9 @@ ASYNC_JOBS = [
 ]
 
 #: verl's published colocated synchronous step of job (6) on H20, seconds per step:
-#: ``(GPUs, step, gen, old_log_prob, update_actor)`` (docs/advance/fully_async.md).
+#: ``(GPUs, step, gen, old_log_prob, update_actor)`` (docs/advance/fully_async.md, added in verl
+#: b25bb7d4f of 2025-10-17, whose setup.py pinned ``vllm>=0.7.3,<=0.9.1``: vLLM's synchronous
+#: engine loop, asynchronous scheduling being opt-in before PR #27614).
 VERL_DAPO_COLOCATED = [
     (32, 790.10, 357.41, 107.71, 313.81),
     (64, 365.28, 150.72, 70.26, 133.41),
@@ -196,7 +198,7 @@ def run_job(
         wf = replace(wf, workload=replace(wf.workload, models=models))
     hw = rpeg.hardware_preset(wf.hardware or "h100")
     if async_scheduling is not None:
-        hw = replace(hw, rollout_step=replace(hw.rollout_step, async_scheduling=async_scheduling))
+        hw = _engine_loop(hw, async_scheduling)
     cluster = rpeg.Cluster.from_shape(shape, hw, **({} if splits else NO_SPLITS))
     rows = []
     for method, kwargs in (
@@ -220,6 +222,11 @@ def run_job(
             flush=True,
         )
     return rows
+
+
+def _engine_loop(hw: rpeg.Hardware, async_scheduling: bool) -> rpeg.Hardware:
+    """``hw`` with its rollout engine scheduling asynchronously or on the synchronous loop."""
+    return replace(hw, rollout_step=replace(hw.rollout_step, async_scheduling=async_scheduling))
 
 
 def _local_microbatches(workload: rpeg.Workload, dp: int, budget: int, updates: int = 1) -> int:
@@ -262,12 +269,13 @@ def verl_fsdp_recipe(time_limit: float) -> list[str]:
 
 def verl_dapo_colocated() -> list[str]:
     """Job (6) with verl's colocated FSDP2 + vLLM layout on 32/64/128 H20, scored, beside the
-    published step and its parts."""
+    published step and its parts; the rollouts priced on the synchronous engine loop that run's
+    vLLM had (:data:`VERL_DAPO_COLOCATED`), not the preset's asynchronous scheduling."""
     wf = rpeg.load_workload(HERE / "dapo-qwen2.5-math-7b.toml")
     w = wf.workload
     lines = []
     for (gpus, step, gen, logp, update), shape in zip(VERL_DAPO_COLOCATED, ["1x4x8", "1x8x8", "2x8x8"]):
-        cluster = rpeg.Cluster.from_shape(shape, rpeg.hardware_preset("h20"))
+        cluster = rpeg.Cluster.from_shape(shape, _engine_loop(rpeg.hardware_preset("h20"), False))
         extent = cluster.shape_for_size(gpus)
         train_mb = _local_microbatches(w, gpus, 61_440, w.mini_batches)
         logp_mb = _local_microbatches(w, gpus, 92_160)
@@ -382,7 +390,10 @@ def main(argv: list[str] | None = None) -> int:
             "(`fsdp_size=2`; scored as FSDP over every GPU), Ulysses sequence parallelism (`sp_size=4`; "
             "scored without it). Its parameter and optimizer offload (`offload=True`) is scored as rpeg's "
             "host offload of the trainer and of the old-log-prob pass (SPEC §14.4: loaded before each "
-            "run and offloaded after it over PCIe 5.0, 50.4 GB/s). The response-length distribution is "
+            "run and offloaded after it over PCIe 5.0, 50.4 GB/s). Its rollouts are priced on vLLM's "
+            "synchronous engine loop, the one that run had (verl pinned vLLM ≤ 0.9.1 when it published "
+            "the table, before asynchronous scheduling became vLLM's default); the planned rows above "
+            "use the preset's asynchronous scheduling. The response-length distribution is "
             "assumed (the workload file states it).",
             "",
             "The last column bounds the published runs' sequences: the mean tokens per sequence that "
@@ -482,8 +493,8 @@ def mxfp4_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 
 def async_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
-    """Jobs planned by greedy, concurrent and sa with the presets' synchronous rollout engine and
-    with asynchronous scheduling, into the section ``real-jobs-async``."""
+    """Jobs planned by greedy, concurrent and sa with the synchronous rollout engine loop and with
+    the presets' asynchronous scheduling, into the section ``real-jobs-async``."""
     rows, pairs = _paired(
         ASYNC_JOBS, args.time_limit, {"async_scheduling": False}, {"async_scheduling": True}
     )
@@ -497,11 +508,13 @@ def async_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
         "",
         f"Command: `{command('real_jobs.py', argv)}`. Machine: {machine()}.",
         "",
-        "Each job is planned twice in the same run on its preset: as the presets price the rollout "
-        "engine (the synchronous loop: 5.5 ms of host time per step, docs/cost-model.md §8) and with "
-        "asynchronous scheduling (`EngineStep.async_scheduling`: only `max(0, c_step − t_GPU)` of a "
-        "step's host seconds exposed), vLLM's default in its 2026 releases. Step time is predicted "
-        f"(`makespan/k_eval`). sa's step, asynchronous over synchronous: {', '.join(ratios) or 'n/a'}.",
+        "Each job is planned twice in the same run on its preset: with the synchronous engine loop "
+        "(5.5 ms of host time per step, docs/cost-model.md §8; vLLM before asynchronous scheduling "
+        "became its default, and a hardware file with `async_scheduling = false`) and as the presets "
+        "price the rollout engine, with asynchronous scheduling (`EngineStep.async_scheduling`: only "
+        "`max(0, c_step − t_GPU)` of a step's host seconds exposed; the bundled vLLM's default). "
+        "Step time is predicted (`makespan/k_eval`). sa's step, asynchronous over synchronous: "
+        f"{', '.join(ratios) or 'n/a'}.",
         "",
         *_table(rows),
     ]

@@ -300,8 +300,8 @@ class EngineStep:
     A step processes at most ``B = token_budget`` tokens of at most ``S = max_seqs`` running
     sequences (one token per decoding sequence, the rest prefill chunks, vLLM's chunked prefill)
     and takes the roofline of those tokens plus ``c_step = step_s`` (scheduling, input
-    preparation, sampling and output processing on the host, which the engine loop does not
-    overlap with the GPU by default) plus, without CUDA graphs, ``(L/Pp)·eager_layer_s`` of
+    preparation, sampling and output processing on the host; with :attr:`async_scheduling`
+    only its part beyond the step's GPU time) plus, without CUDA graphs, ``(L/Pp)·eager_layer_s`` of
     kernel launches on a decode-only step (a step with a prefill chunk hides them behind its
     GEMMs).
 
@@ -333,8 +333,10 @@ class EngineStep:
         (vLLM's ``--async-scheduling``: opt-in in v0.10–v0.11, on by default in later releases
         unless an option rules it out; ``SchedulerConfig.async_scheduling``): a step's ``c_step``
         is then hidden behind its GPU time and only ``max(0, c_step − t_GPU)`` is exposed
-        (:meth:`exposed_step_s`). ``False`` in the presets, whose ``c_step`` was measured
-        without it.
+        (:meth:`exposed_step_s`). ``True`` in the GPU presets: the bundled vLLM's default
+        (``VllmConfig`` turns an unset ``async_scheduling`` on where the executor supports it),
+        and verl sets nothing else; their ``c_step`` was measured on the synchronous loop, which
+        ``False`` prices. The field's default, ``False``, is a file that does not say.
     weight_only_efficiency
         ``ε_w ∈ (0, 1]``: the share of ``F_peak`` the engine's weight-only MoE GEMMs (MXFP4
         experts run W4A16: Marlin on Ampere, OpenAI's Triton ``matmul_ogs`` on Hopper) reach

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from rpeg.costmodel import Hardware, hardware_preset
+from rpeg.costmodel.hardware import HARDWARE_PRESETS
 from rpeg.costmodel.layout import Layout
 from rpeg.costmodel.time import _decode_terms, _Node, _prefill_terms, generation_times, op_time
 from rpeg.ir.errors import InputError
@@ -18,8 +19,9 @@ from rpeg.ir.types import Head, Role
 from rpeg.ir.workload import quantile_buckets
 
 MODEL = model_preset("llama3.1-8b")
-H100 = hardware_preset("h100")
-ASYNC = replace(H100, rollout_step=replace(H100.rollout_step, async_scheduling=True))
+#: the preset schedules asynchronously (vLLM's default); ``H100`` is its synchronous loop
+ASYNC = hardware_preset("h100")
+H100 = replace(ASYNC, rollout_step=replace(ASYNC.rollout_step, async_scheduling=False))
 LAYOUT = Layout(Strategy((1, 1, 1), dp=1, pp=1, tp=1, mb=1), gpus_per_node=8)
 
 
@@ -39,8 +41,21 @@ def test_a_bad_async_flag_is_refused(bad):
         EngineStep(async_scheduling=bad)
 
 
+def test_every_gpu_preset_schedules_asynchronously_as_the_bundled_vllm_does():
+    """vLLM 0.32 (the runtime's engine) turns an unset ``async_scheduling`` on
+    (``VllmConfig``), and verl passes none: the presets price that engine, cited."""
+    for name in HARDWARE_PRESETS:
+        step = hardware_preset(name).rollout_step
+        if step is None:  # the CPU preset: no engine step at all
+            continue
+        assert step.async_scheduling is True, name
+        assert "VllmConfig" in dict(hardware_preset(name).sources)["rollout_step.async_scheduling"], name
+    assert EngineStep().async_scheduling is False  # a file that does not say: the synchronous loop
+
+
 def test_the_flag_round_trips_and_is_silent_when_off(tmp_path):
     assert "async_scheduling" not in H100.to_dict()["rollout_step"]
+    assert Hardware.from_dict(H100.to_dict()) == H100
     d = ASYNC.to_dict()
     assert d["rollout_step"]["async_scheduling"] is True
     assert Hardware.from_dict(d) == ASYNC

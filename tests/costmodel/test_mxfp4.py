@@ -252,11 +252,12 @@ def test_a_served_checkpoint_without_its_tensor_cores_runs_weight_only(precision
     bf = _Roofline(L8, _layout(), replace(hw, gamma_m=0.0), 4.0, served=True)
     wo = _Roofline(m, _layout(), replace(hw, gamma_m=0.0), 4.0, served=True)
     assert wo.flops(1e9, 1, 0.0, 1.0) > bf.flops(1e9, 1, 0.0, 1.0) * (2.0 / q) * 0.9
-    # a decode of a few sequences reads half (a quarter of) the bytes: faster than BF16
+    # a decode of a few sequences reads half (a quarter of) the bytes: its GEMMs beat BF16's (the
+    # step's host seconds, which asynchronous scheduling hides behind the longer BF16 step, aside)
     args = dict(sequences=4, prompt_len=16, response_len=256)
     assert (
-        op_time(m, Role.GENERATION, _layout(), hw, **args).total
-        < 0.8 * op_time(L8, Role.GENERATION, _layout(), hw, **args).total
+        op_time(m, Role.GENERATION, _layout(), hw, **args).gemm
+        < 0.8 * op_time(L8, Role.GENERATION, _layout(), hw, **args).gemm
     )
     for role in (Role.TRAINING, Role.INFERENCE):
         with pytest.raises(ValueError, match=r"a generation engine serves it as weight-only GEMMs"):

@@ -85,10 +85,20 @@ def test_without_keep_graph_and_schedule_are_dropped(ev, plans):
 
 # ---------------------------------------------------------------------------- penalty
 def _tight_evaluator(tiny_ppo, cluster, plan, ratio, **kw):
-    """An evaluator whose GPUs make ``plan`` peak at ``ratio``·M_eff."""
-    peak = Evaluator(tiny_ppo, cluster).memory(plan).max_peak
+    """An evaluator whose GPUs make ``plan`` peak at ``ratio``·M_eff.
+
+    A rollout engine's KV cache is a fraction of ``M_GPU`` (SPEC §14.5), so where a generation
+    holds the peak the peak shrinks with the GPU: ``M`` is the fixed point of
+    ``M = peak(M)/(ratio·(1 − h))``, a contraction (the KV fraction is below ``ratio·(1 − h)``)."""
     hw = cluster.hardware
-    hw = dataclasses.replace(hw, gpu_memory_bytes=peak / (ratio * (1 - hw.memory_headroom)))
+    memory = hw.gpu_memory_bytes
+    for _ in range(200):
+        trial = dataclasses.replace(hw, gpu_memory_bytes=memory)
+        peak = Evaluator(tiny_ppo, Cluster(*cluster.shape, trial)).memory(plan).max_peak
+        memory, previous = peak / (ratio * (1 - hw.memory_headroom)), memory
+        if abs(memory - previous) <= 1e-14 * memory:
+            break
+    hw = dataclasses.replace(hw, gpu_memory_bytes=memory)
     return Evaluator(tiny_ppo, Cluster(*cluster.shape, hw), **kw)
 
 
