@@ -453,6 +453,21 @@ class Result:
             parts.append(text)
         return "models     " + "; ".join(parts)
 
+    def _cluster_line(self) -> str:
+        """``cluster`` line of :meth:`summary`: shape, hardware, GPUs and their memory, and on
+        hardware with a rollout engine step (the GPU presets) whether that engine schedules
+        asynchronously (vLLM's default: its host seconds per step hidden behind the GPU's) or
+        on the synchronous loop (docs/cost-model.md §8, "The engine step")."""
+        hw = self.cluster.hardware
+        text = (
+            f"cluster    {self.cluster.shape_str} × {hw.name} "
+            f"({self.cluster.num_devices} GPUs, {hw.gpu_memory_bytes / GIB:.1f} GiB each"
+        )
+        if hw.rollout_step is not None:
+            loop = "asynchronous scheduling" if hw.rollout_step.async_scheduling else "synchronous loop"
+            text += f"; rollout engine: {loop}"
+        return text + ")"
+
     def summary(self) -> str:
         """A readable report: the workload, its models (parameters; a mixture of experts also
         its active parameters and experts per token), throughput, makespan, peak memory vs
@@ -466,8 +481,7 @@ class Result:
             f"workload   {self.workload.name} ({self.workload.algorithm}, B={self.workload.batch}, "
             f"R={self.workload.rollouts}, Lp={self.workload.prompt_len}, Lr={self.workload.response_len})",
             self._models_line(),
-            f"cluster    {self.cluster.shape_str} × {self.cluster.hardware.name} "
-            f"({self.cluster.num_devices} GPUs, {self.cluster.hardware.gpu_memory_bytes / GIB:.1f} GiB each)",
+            self._cluster_line(),
             f"method     {self.method}   status {self.status.value}   "
             f"{self.runtime_s:.2f} s, {self.evaluations} evaluations",
             f"structure  {self.structure.label}",

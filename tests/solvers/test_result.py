@@ -694,3 +694,25 @@ def test_summary_names_each_model_with_its_experts():
     wlm = Workload("grpo", {"actor": mx}, 16, 4, 512, 1024, reward="rule", kl_coef=0.0)
     summarym = solve(wlm, Cluster.from_shape("1x1x8", hardware_preset("h100")), "greedy").summary()
     assert "layers MXFP4 experts in generation" in summarym and "GEMMs" not in summarym
+
+
+def test_summary_says_how_the_rollout_engine_schedules():
+    """The cluster line says whether the hardware's rollout engine schedules asynchronously (the
+    GPU presets, vLLM's default) or on the synchronous loop; hardware without an engine step (a
+    calibrated CPU file) says nothing of it."""
+    from rpeg import Cluster, Workload, hardware_preset, model_preset, solve
+
+    wl = Workload("grpo", {"actor": model_preset("qwen2.5-7b")}, 16, 4, 512, 1024, reward="rule", kl_coef=0.0)
+    h100 = hardware_preset("h100")
+    sync = dataclasses.replace(
+        h100, rollout_step=dataclasses.replace(h100.rollout_step, async_scheduling=False)
+    )
+
+    def cluster_line(hw):
+        lines = solve(wl, Cluster.from_shape("1x1x8", hw), "greedy").summary().splitlines()
+        (line,) = [x for x in lines if x.startswith("cluster")]
+        return line
+
+    assert cluster_line(h100).endswith("GiB each; rollout engine: asynchronous scheduling)")
+    assert cluster_line(sync).endswith("GiB each; rollout engine: synchronous loop)")
+    assert "rollout engine" not in cluster_line(hardware_preset("cpu"))
