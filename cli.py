@@ -121,7 +121,7 @@ def _workload_file(arg: str) -> WorkloadFile:
 
 def _cluster(wf: WorkloadFile, args: argparse.Namespace) -> Cluster:
     """The cluster of ``solve``/``evaluate``: ``--cluster`` and ``--hardware`` (else the workload
-    file's), with the engine limits ``--generation-max-pp``, ``--max-zero-stage``,
+    file's; ``--rollout-scheduling`` sets its rollout engine's scheduling), with the engine limits ``--generation-max-pp``, ``--max-zero-stage``,
     ``--no-host-offload`` and the parallelism switches ``--no-…-parallel``, ``--no-expert-overlap``,
     ``--no-flex-dispatch``."""
     shape = args.cluster if args.cluster is not None else wf.cluster_shape
@@ -134,9 +134,18 @@ def _cluster(wf: WorkloadFile, args: argparse.Namespace) -> Cluster:
         dims = parse_shape(shape)
     except ValueError as exc:
         raise InputError(f"--cluster: {exc}", source="--cluster") from None
+    hw = load_hardware(hardware)
+    scheduling = getattr(args, "rollout_scheduling", None)
+    if scheduling is not None:
+        try:
+            hw = hw.with_rollout_scheduling(scheduling == "async")
+        except ValueError as exc:
+            raise InputError(
+                f"--rollout-scheduling {scheduling}: {exc}", source="--rollout-scheduling"
+            ) from None
     return Cluster.from_shape(
         dims,
-        load_hardware(hardware),
+        hw,
         generation_max_pp=args.generation_max_pp,
         max_zero_stage=args.max_zero_stage,
         host_offload=args.host_offload,
@@ -434,10 +443,11 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         _, plan_cluster, structure = problem_from_dict(doc, source=f"--plan {args.plan}")
         if plan_cluster.hardware != cluster.hardware:
             diff = _hardware_differences(plan_cluster.hardware, cluster.hardware)
-            if args.hardware is None:
+            if args.hardware is None and args.rollout_scheduling is None:
                 raise InputError(
                     f"--plan {args.plan} was made for other hardware than the workload's "
-                    f"{cluster.hardware.name!r}: {diff}; pass --hardware to re-score it deliberately",
+                    f"{cluster.hardware.name!r}: {diff}; pass --hardware (or --rollout-scheduling) to "
+                    "re-score it deliberately",
                     source=args.plan,
                 )
             hardware_note = (
@@ -694,6 +704,14 @@ def _parser() -> argparse.ArgumentParser:
             default=None,
             metavar="Z",
             help="largest ZeRO stage of training and forward passes (2 for the bundled torch engine: rpeg run)",
+        )
+        sp.add_argument(
+            "--rollout-scheduling",
+            choices=["async", "sync"],
+            default=None,
+            help="the rollout engine's scheduling on GPU hardware: async (the bundled vLLM's default, "
+            "the presets') or sync (an older vLLM's loop, which exposes every step's host time); "
+            "default: the hardware's",
         )
         sp.add_argument(
             "--no-host-offload",

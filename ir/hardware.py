@@ -610,6 +610,30 @@ class Hardware:
                 )
 
     # ------------------------------------------------------------------ engine terms
+    def with_rollout_scheduling(self, asynchronous: bool) -> Hardware:
+        """This hardware with its rollout engine scheduling asynchronously (``True``: vLLM's
+        default since PR #27614, the presets') or on the synchronous loop (``False``: vLLM
+        before it, which exposes every step's ``c_step``); :attr:`EngineStep.async_scheduling`.
+
+        Raises
+        ------
+        ValueError
+            If the hardware has no :class:`EngineStep` (a calibrated CPU file: its prefill and
+            decode terms are fitted in situ and carry no step of a GPU engine), or
+            ``asynchronous`` is not a bool.
+        """
+        if not isinstance(asynchronous, bool):
+            raise ValueError(
+                f"rollout scheduling must be asynchronous (true) or not (false), got {asynchronous!r}"
+            )
+        if self.rollout_step is None:
+            raise ValueError(
+                f"hardware {self.name!r} has no rollout engine step (rollout_step): its generation "
+                "terms are the calibrated ones, and the rollout scheduling applies to a GPU preset or "
+                "a hardware file with a rollout_step"
+            )
+        return replace(self, rollout_step=replace(self.rollout_step, async_scheduling=asynchronous))
+
     def engine(self, role: str) -> EngineTerms | None:
         """The :class:`EngineTerms` of the engine that runs ``role`` (``None``: SPEC's terms)."""
         name = self.engine_for[ENGINE_ROLES.index(role)]

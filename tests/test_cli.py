@@ -177,6 +177,48 @@ def test_evaluate_with_other_hardware_rescores_the_same_plan(capsys, tmp_path, c
     assert checker.check(redo) == []
 
 
+def test_rollout_scheduling_prices_the_synchronous_loop_and_says_so(capsys, tmp_path):
+    """``--rollout-scheduling sync`` plans for an engine without asynchronous scheduling: a
+    slower generation, said in the summary and kept in the result file; ``evaluate`` re-scores
+    a plan made for the presets' asynchronous engine only when asked to."""
+    path, slow = tmp_path / "async.json", tmp_path / "sync.json"
+    status, out, _ = run(capsys, "solve", "grpo-8b-16gpu", "--method", "greedy", "--json", str(path))
+    assert status == 0 and "rollout engine: asynchronous scheduling" in out
+    status, out, _ = run(
+        capsys, "solve", "grpo-8b-16gpu", "--method", "greedy", "--rollout-scheduling", "sync",
+        "--json", str(slow),
+    )  # fmt: skip
+    assert status == 0 and "rollout engine: synchronous loop" in out
+    fast_doc, slow_doc = json.loads(path.read_text()), json.loads(slow.read_text())
+    assert slow_doc["cluster"]["hardware"]["rollout_step"].get("async_scheduling", False) is False
+    assert fast_doc["cluster"]["hardware"]["rollout_step"]["async_scheduling"] is True
+    assert slow_doc["throughput"] < fast_doc["throughput"]
+    # the asynchronous plan against the synchronous engine: refused unless asked, then re-scored
+    status, _, err = run(capsys, "evaluate", "grpo-8b-16gpu", "--plan", str(slow))
+    assert status == 2 and "rollout_step.async_scheduling" in err and "--rollout-scheduling" in err
+    status, out, _ = run(
+        capsys, "evaluate", "grpo-8b-16gpu", "--plan", str(path), "--rollout-scheduling", "sync"
+    )
+    assert status == 0 and "rollout engine: synchronous loop" in out and "re-scored on h100" in out
+
+
+def test_rollout_scheduling_on_hardware_without_an_engine_step_is_an_error(capsys):
+    status, _, err = run(
+        capsys,
+        "solve",
+        "grpo-8b-16gpu",
+        "--method",
+        "greedy",
+        "--hardware",
+        "cpu",
+        "--rollout-scheduling",
+        "async",
+    )
+    assert status == 2
+    assert "--rollout-scheduling async: hardware 'cpu' has no rollout engine step" in err
+    assert "Traceback" not in err
+
+
 def test_infeasible_workload_exits_3_and_says_why(capsys, tmp_path):
     toml = tmp_path / "ppo-70b.toml"
     toml.write_text(TOML_70B)

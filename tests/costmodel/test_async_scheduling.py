@@ -98,3 +98,12 @@ def test_async_scheduling_speeds_up_a_generation_and_leaves_training_alone():
     args = dict(sequences=8, prompt_len=256, response_len=256)
     for role in (Role.TRAINING, Role.INFERENCE):
         assert op_time(MODEL, role, LAYOUT, ASYNC, **args) == op_time(MODEL, role, LAYOUT, H100, **args)
+
+
+def test_with_rollout_scheduling_switches_the_engine_loop_and_refuses_a_stepless_file():
+    assert ASYNC.with_rollout_scheduling(False) == H100
+    assert H100.with_rollout_scheduling(True) == ASYNC
+    with pytest.raises(ValueError, match=r"hardware 'cpu' has no rollout engine step"):
+        hardware_preset("cpu").with_rollout_scheduling(True)
+    with pytest.raises(ValueError, match=r"got 'sync'"):
+        ASYNC.with_rollout_scheduling("sync")
