@@ -1147,6 +1147,7 @@ def vllm_predict(
     prefill_scale: float = 1.0,
     weight_only: float | None = None,
     async_scheduling: bool | None = None,
+    async_host: float | None = None,
 ) -> tuple[float, float]:
     """rpeg's ``(T_gen, output tokens/s)`` of an expressible row.
 
@@ -1161,7 +1162,8 @@ def vllm_predict(
     varies it), the engine's weight-only GEMM efficiency ``ε_w`` of the preset, or
     ``weight_only`` when given (:func:`fit_weight_only_efficiency` varies it; rows served
     weight-only), and asynchronous scheduling as the command sets it, or ``async_scheduling``
-    when given (:func:`async_report` prices the flagged rows without it).
+    when given (:func:`async_report` prices the flagged rows without it), with the preset's
+    unhidden host seconds ``c_w``, or ``async_host`` when given (:func:`fit_async_host` varies it).
     Predicted output tokens/s =
     published generated tokens / ``T_gen``, so rpeg/published is the published duration over
     ``T_gen`` and the same for total tokens/s.
@@ -1179,6 +1181,8 @@ def vllm_predict(
         step = replace(step, weight_only_efficiency=weight_only)
     if async_scheduling is not None:
         step = replace(step, async_scheduling=async_scheduling)
+    if async_host is not None:
+        step = replace(step, async_host_s=async_host)
     hw = _scaled_prefill(replace(hw, rollout_step=step), prefill_scale)
     tp = row["tp"]
     strategy = Strategy((1, 1, tp), dp=1, pp=1, tp=tp, mb=1, mem_fraction=row["gpu_memory_utilization"])
@@ -1201,8 +1205,8 @@ def vllm_predict(
 #: GPU generation, each fitted (:func:`fit_weight_only_efficiency`) on the engine-bound rows of
 #: one page and reported on the other pages of that GPU. ``(GPU, fit page, presets, ε_w)``.
 WEIGHT_ONLY_FITS = (
-    ("H100", "gpt-oss-20b/h100.md", ("h100", "h200"), 0.701),
-    ("A100", "gpt-oss-20b/a100.md", ("a100-80gb", "a100-40gb"), 0.493),
+    ("H100", "gpt-oss-20b/h100.md", ("h100", "h200"), 0.724),
+    ("A100", "gpt-oss-20b/a100.md", ("a100-80gb", "a100-40gb"), 0.502),
 )
 
 
@@ -1247,10 +1251,75 @@ def fit_weight_only_efficiency(rows: list[dict[str, Any]], gpu: str, page: str) 
     return eps, weight_only_mape(mine, eps)
 
 
+#: The page whose pairs of runs with and without ``--async-scheduling`` fit ``c_w``, the host
+#: seconds per step asynchronous scheduling leaves exposed (``EngineStep.async_host_s``, every
+#: GPU preset's: a host figure, like ``c_step``); the other pages' pairs are held out
+#: (:func:`fit_async_host`, :func:`async_report`). The presets carry :data:`ASYNC_HOST_FIT`.
+ASYNC_FIT_PAGE = "gpt-oss-20b/h100.md"
+ASYNC_HOST_FIT = 0.00328
+
+
+def async_pairs(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(with the flag, without)``: the expressible engine-bound rows of one page published
+    twice, with and without ``--async-scheduling``, everything else (GPU, the rest of the
+    command, data set, lengths, request rate, requests) the same."""
+
+    def key(x: dict[str, Any]) -> tuple[Any, ...]:
+        command = " ".join(w for w in x["serve_command"].split() if w != "--async-scheduling")
+        return (vllm_page(x), x["gpu"], command, x["dataset"], x["input_len"], x["output_len"],
+                x["request_rate"], x["requests"])  # fmt: skip
+
+    found: dict[tuple[Any, ...], dict[bool, list[dict[str, Any]]]] = {}
+    for x in rows:
+        if vllm_why_not(x) is None and not vllm_front_end_bound(x):
+            flagged = "--async-scheduling" in x["serve_command"].split()
+            found.setdefault(key(x), {True: [], False: []})[flagged].append(x)
+    return [(g[True][0], g[False][0]) for g in found.values() if len(g[True]) == len(g[False]) == 1]
+
+
+def async_pair_error(pairs: list[tuple[dict[str, Any], dict[str, Any]]], host: float | None = None) -> float:
+    """Mean absolute relative error, in %, of rpeg's speed-up from the flag against the
+    published one over ``pairs``: ``|(r_a/r_s)/(p_a/p_s) − 1|``, ``r`` rpeg's output tokens/s
+    with ``c_w = host`` (``None``: the presets'), ``p`` the published. The rest of the model's
+    error on a configuration cancels in the ratio."""
+    errors = []
+    for flagged, plain in pairs:
+        ours = vllm_predict(flagged, async_host=host)[1] / vllm_predict(plain, async_host=host)[1]
+        theirs = float(flagged["output_tokens_per_s"]) / float(plain["output_tokens_per_s"])
+        errors.append(abs(ours / theirs - 1.0))
+    return 100.0 * sum(errors) / len(errors)
+
+
+def fit_async_host(rows: list[dict[str, Any]], page: str = ASYNC_FIT_PAGE) -> tuple[float, float]:
+    """``(c_w, error)``: the unhidden host seconds per step in ``[0, c_step]`` that minimise
+    :func:`async_pair_error` over ``page``'s pairs (golden-section search, 40 steps)."""
+    from rpeg.costmodel.hardware import hardware_preset
+
+    mine = [p for p in async_pairs(rows) if vllm_page(p[0]) == page]
+    if not mine:
+        raise ValueError(f"no pair of runs with and without --async-scheduling on page {page!r}")
+    lo, hi = 0.0, hardware_preset(VLLM_GPUS[mine[0][0]["gpu"]]).rollout_step.step_s
+    phi = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = hi - phi * (hi - lo), lo + phi * (hi - lo)
+    fa, fb = async_pair_error(mine, a), async_pair_error(mine, b)
+    for _ in range(40):
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = hi - phi * (hi - lo)
+            fa = async_pair_error(mine, a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + phi * (hi - lo)
+            fb = async_pair_error(mine, b)
+    host = (lo + hi) / 2.0
+    return host, async_pair_error(mine, host)
+
+
 def async_report(rows: list[dict[str, Any]]) -> list[str]:
     """Summary lines of the expressible engine-bound rows served with ``--async-scheduling``:
     priced with the engine's asynchronous scheduling (:func:`vllm_engine_step`) and, beside them,
-    as if the flag were absent."""
+    as if the flag were absent; then the pairs of runs with and without the flag, rpeg's
+    speed-up beside the published one, with the presets' fitted ``c_w`` and with ``c_w = 0``."""
     served = [
         x
         for x in rows
@@ -1267,14 +1336,44 @@ def async_report(rows: list[dict[str, Any]]) -> list[str]:
             for x in served
         ]
 
-    return [
+    lines = [
         "",
-        "Rows served with `--async-scheduling` (the host's per-step seconds hidden behind the GPU's, "
-        '`EngineStep.async_scheduling`; docs/cost-model.md §8, "The engine step"):',
+        "Rows served with `--async-scheduling` (the host's per-step seconds hidden behind the GPU's "
+        "but `c_w`, `EngineStep.async_scheduling` and `async_host_s`; docs/cost-model.md §8, "
+        '"The engine step"):',
         "",
         _summary("engine-bound rows with the flag, priced asynchronous", pairs(True)),
         _summary("the same rows priced synchronous", pairs(False)),
     ]
+    both = async_pairs(rows)
+    if not both:
+        return lines
+    host, err = fit_async_host(rows)
+    mine = [p for p in both if vllm_page(p[0]) == ASYNC_FIT_PAGE]
+    held = [p for p in both if vllm_page(p[0]) != ASYNC_FIT_PAGE]
+    lines += [
+        "",
+        f"Pairs of runs published with and without `--async-scheduling`, all else the same ({len(both)} "
+        "engine-bound pairs; the front-end-bound 128/4 pairs aside): the flag's speed-up, published "
+        "and rpeg's. The presets' `c_w` (the host seconds per step asynchronous scheduling leaves "
+        f"exposed) is {ASYNC_HOST_FIT * 1e3:.2f} ms, fitted on {ASYNC_FIT_PAGE}'s {len(mine)} pairs "
+        f"(refit now: {host * 1e3:.2f} ms, mean error of the speed-up {err:.1f} % there, "
+        f"{async_pair_error(mine, 0.0):.1f} % at `c_w = 0`); held out, the other pages' {len(held)} "
+        f"pairs: {async_pair_error(held):.1f} % ({async_pair_error(held, 0.0):.1f} % at `c_w = 0`).",
+        "",
+        "| page | data set | in / out | published speed-up | rpeg, fitted c_w | rpeg, c_w = 0 |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for flagged, plain in both:
+        theirs = float(flagged["output_tokens_per_s"]) / float(plain["output_tokens_per_s"])
+        fitted = vllm_predict(flagged)[1] / vllm_predict(plain)[1]
+        bare = vllm_predict(flagged, async_host=0.0)[1] / vllm_predict(plain, async_host=0.0)[1]
+        lengths = "—" if plain["input_len"] is None else f"{plain['input_len']} / {plain['output_len']}"
+        lines.append(
+            f"| {vllm_page(plain)}{' (fit)' if vllm_page(plain) == ASYNC_FIT_PAGE else ''} | "
+            f"{plain['dataset']} | {lengths} | {theirs:.3f} | {fitted:.3f} | {bare:.3f} |"
+        )
+    return lines
 
 
 def weight_only_report(rows: list[dict[str, Any]]) -> list[str]:

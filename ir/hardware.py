@@ -337,6 +337,13 @@ class EngineStep:
         (``VllmConfig`` turns an unset ``async_scheduling`` on where the executor supports it),
         and verl sets nothing else; their ``c_step`` was measured on the synchronous loop, which
         ``False`` prices. The field's default, ``False``, is a file that does not say.
+    async_host_s
+        ``c_w``: the seconds of ``c_step`` that asynchronous scheduling leaves on the critical
+        path (the worker's input preparation and the sampled tokens' bookkeeping between one
+        step's kernels and the next; the scheduler's part runs ahead): with
+        :attr:`async_scheduling` a step exposes ``min(c_w, c_step) + max(0, c_step − c_w − t_GPU)``
+        (:meth:`exposed_step_s`). ``0``: everything hides. The presets' figure is fitted on
+        published pairs of serving runs with and without the flag (docs/cost-model.md §8).
     weight_only_efficiency
         ``ε_w ∈ (0, 1]``: the share of ``F_peak`` the engine's weight-only MoE GEMMs (MXFP4
         experts run W4A16: Marlin on Ampere, OpenAI's Triton ``matmul_ogs`` on Hopper) reach
@@ -354,12 +361,15 @@ class EngineStep:
     allreduce_max_bytes: int = 0
     weight_only_efficiency: float = 1.0
     async_scheduling: bool = False
+    async_host_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.async_scheduling, bool):
             raise ValueError(
                 f"EngineStep async_scheduling must be true or false, got {self.async_scheduling!r}"
             )
+        if not (_is_number(self.async_host_s) and self.async_host_s >= 0):
+            raise ValueError(f"EngineStep async_host_s must be non-negative, got {self.async_host_s!r}")
         eff = self.weight_only_efficiency
         if not (_is_number(eff) and 0.0 < eff <= 1.0):
             raise ValueError(f"EngineStep weight_only_efficiency must be in (0, 1], got {eff!r}")
@@ -396,10 +406,12 @@ class EngineStep:
 
     def exposed_step_s(self, gpu_s: float = 0.0) -> float:
         """The host seconds of one step that the GPU waits for: ``c_step``, or with
-        :attr:`async_scheduling` ``max(0, c_step − t_GPU)`` for a step whose GPU work takes
-        ``t_GPU = gpu_s`` seconds (the next step is scheduled while this one runs)."""
+        :attr:`async_scheduling` ``min(c_w, c_step) + max(0, c_step − c_w − t_GPU)`` for a step
+        whose GPU work takes ``t_GPU = gpu_s`` seconds (the next step is scheduled while this
+        one runs; ``c_w = async_host_s`` of it is not)."""
         if self.async_scheduling:
-            return max(0.0, self.step_s - gpu_s)
+            unhidden = min(self.async_host_s, self.step_s)
+            return unhidden + max(0.0, self.step_s - unhidden - gpu_s)
         return self.step_s
 
     def decode_step_s(self, layers: float, gpu_s: float = 0.0) -> float:
@@ -415,6 +427,7 @@ _STEP_FIGURES = {
     "max_seqs": "max_seqs",
     "step_s": "per_step_s",
     "eager_layer_s": "per_layer_s",
+    "async_host_s": "per_step_s",
 }
 
 
@@ -757,6 +770,8 @@ class Hardware:
                 del d["rollout_step"]["weight_only_efficiency"]
             if not self.rollout_step.async_scheduling:  # the synchronous loop: likewise
                 del d["rollout_step"]["async_scheduling"]
+            if self.rollout_step.async_host_s == 0.0:  # everything hides: likewise
+                del d["rollout_step"]["async_host_s"]
         return d
 
     @classmethod
@@ -911,6 +926,7 @@ class _RolloutStepEntry(Strict):
     allreduce_max_bytes: Annotated[int, Field(ge=0, le=2**40)] = 0
     weight_only_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     async_scheduling: bool = False
+    async_host_s: _figure("per_step_s") = 0.0  # type: ignore[valid-type]
 
 
 def _engine_step(entry: _RolloutStepEntry) -> EngineStep:

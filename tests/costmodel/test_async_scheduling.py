@@ -33,6 +33,14 @@ def test_the_exposed_host_seconds():
     assert a.exposed_step_s(0.010) == 0.0
     # without CUDA graphs the launches stay on the critical path
     assert replace(a, cuda_graphs=False).decode_step_s(32, 0.010) == pytest.approx(0.032)
+    # c_w of the host seconds is never hidden, the rest behind the GPU's
+    w = replace(a, async_host_s=0.001)
+    assert w.exposed_step_s(0.002) == pytest.approx(0.001 + 0.002)
+    assert w.exposed_step_s(0.010) == pytest.approx(0.001)
+    assert replace(a, async_host_s=0.009).exposed_step_s(0.010) == pytest.approx(0.005)  # at most c_step
+    assert replace(step, async_host_s=0.001).exposed_step_s(0.010) == 0.005  # synchronous: all of it
+    with pytest.raises(ValueError, match=r"EngineStep async_host_s must be non-negative, got -1"):
+        EngineStep(async_host_s=-1)
 
 
 @pytest.mark.parametrize("bad", [1, "yes", None])
@@ -74,10 +82,10 @@ def test_a_decode_stretch_hides_its_host_seconds_behind_its_gpu_seconds(sequence
     sync = _decode_terms(_Node(MODEL, LAYOUT, H100, sequences, served=True), 1000.0, steps, steps, Head.LM)
     asyn = _decode_terms(_Node(MODEL, LAYOUT, ASYNC, sequences, served=True), 1000.0, steps, steps, Head.LM)
     assert asyn[:3] == sync[:3]
-    c_step = H100.rollout_step.step_s
+    c_step, c_w = H100.rollout_step.step_s, ASYNC.rollout_step.async_host_s
     gpu = sum(sync[:3]) / steps
     assert sync[3] == pytest.approx(steps * c_step)
-    assert asyn[3] == pytest.approx(steps * max(0.0, c_step - gpu))
+    assert asyn[3] == pytest.approx(steps * (c_w + max(0.0, c_step - c_w - gpu)))
     assert asyn[3] < sync[3]
 
 
@@ -94,7 +102,8 @@ def test_async_scheduling_speeds_up_a_generation_and_leaves_training_alone():
     def gen(hw):
         return generation_times(MODEL, LAYOUT, hw, sequences=64, prompt_len=256, buckets=buckets)[0].total
 
-    assert gen(ASYNC) < gen(H100) - 0.5 * 512 * H100.rollout_step.step_s
+    step = ASYNC.rollout_step  # what can hide: c_step − c_w per decode step
+    assert gen(ASYNC) < gen(H100) - 0.5 * 512 * (step.step_s - step.async_host_s)
     args = dict(sequences=8, prompt_len=256, response_len=256)
     for role in (Role.TRAINING, Role.INFERENCE):
         assert op_time(MODEL, role, LAYOUT, ASYNC, **args) == op_time(MODEL, role, LAYOUT, H100, **args)

@@ -326,3 +326,27 @@ def test_the_a100_fp8_rows_are_priced_weight_only_and_held_out(fid):
     fp8 = fid.served_weight_only_rows(rows, "A100")
     assert len(fp8) >= 5 and all(fid.vllm_precision(x) == "fp8" for x in fp8)
     assert fid.weight_only_mape(fp8) < fid.weight_only_mape(fp8, 1.0)
+
+
+def test_the_gpu_presets_carry_the_fitted_unhidden_host_seconds(fid):
+    """``c_w``, the host seconds per step asynchronous scheduling leaves exposed, is one host
+    figure fitted on one page's pairs of runs with and without ``--async-scheduling``: refitting
+    gives what every GPU preset carries, and on the other pages' pairs the fitted figure predicts
+    the flag's speed-up better than ``c_w = 0`` (everything hidden). A cost-model change that moves
+    the fit fails here until the presets are refitted."""
+    from rpeg.costmodel.hardware import HARDWARE_PRESETS, hardware_preset
+
+    for name in HARDWARE_PRESETS:
+        step = hardware_preset(name).rollout_step
+        assert step is None or step.async_host_s == fid.ASYNC_HOST_FIT, name
+    rows = fid.load_vllm_rows()
+    pairs = fid.async_pairs(rows)
+    mine = [p for p in pairs if fid.vllm_page(p[0]) == fid.ASYNC_FIT_PAGE]
+    held = [p for p in pairs if fid.vllm_page(p[0]) != fid.ASYNC_FIT_PAGE]
+    assert len(mine) >= 3 and len(held) >= 5
+    for flagged, plain in pairs:  # a pair differs in the flag only
+        assert flagged["serve_command"].replace(" --async-scheduling", "") == plain["serve_command"]
+        assert (flagged["dataset"], flagged["requests"]) == (plain["dataset"], plain["requests"])
+    host, _ = fid.fit_async_host(rows)
+    assert host == pytest.approx(fid.ASYNC_HOST_FIT, abs=2e-4)
+    assert fid.async_pair_error(held) < fid.async_pair_error(held, 0.0)
