@@ -582,23 +582,28 @@ def fit_fp4_efficiency(
     return _fit_multiplier(lambda r: _mape(speedup_pairs(mine, r)))
 
 
-def _fit_multiplier(loss: Callable[[float], float]) -> tuple[float, float]:
-    """``(r, loss(r))`` with ``r`` minimising ``loss`` over ``[1/2, 2]``: golden-section search on
-    ``log r``, 60 steps."""
-    lo, hi = -math.log(2.0), math.log(2.0)
+def _golden_min(loss: Callable[[float], float], lo: float, hi: float, steps: int) -> float:
+    """The ``x`` in ``[lo, hi]`` minimising a unimodal ``loss``: golden-section search, ``steps``
+    narrowings, the final bracket's midpoint."""
     phi = (math.sqrt(5.0) - 1.0) / 2.0
     a, b = hi - phi * (hi - lo), lo + phi * (hi - lo)
-    fa, fb = loss(math.exp(a)), loss(math.exp(b))
-    for _ in range(60):
+    fa, fb = loss(a), loss(b)
+    for _ in range(steps):
         if fa <= fb:
             hi, b, fb = b, a, fa
             a = hi - phi * (hi - lo)
-            fa = loss(math.exp(a))
+            fa = loss(a)
         else:
             lo, a, fa = a, b, fb
             b = lo + phi * (hi - lo)
-            fb = loss(math.exp(b))
-    r = math.exp((lo + hi) / 2.0)
+            fb = loss(b)
+    return (lo + hi) / 2.0
+
+
+def _fit_multiplier(loss: Callable[[float], float]) -> tuple[float, float]:
+    """``(r, loss(r))`` with ``r`` minimising ``loss`` over ``[1/2, 2]``: golden-section search on
+    ``log r``, 60 steps."""
+    r = math.exp(_golden_min(lambda x: loss(math.exp(x)), -math.log(2.0), math.log(2.0), 60))
     return r, loss(r)
 
 
@@ -1234,20 +1239,7 @@ def fit_weight_only_efficiency(rows: list[dict[str, Any]], gpu: str, page: str) 
     mine = [x for x in weight_only_rows(rows, gpu) if vllm_page(x) == page]
     if not mine:
         raise ValueError(f"no engine-bound MXFP4 row on page {page!r}")
-    lo, hi = 0.1, 1.0
-    phi = (math.sqrt(5.0) - 1.0) / 2.0
-    a, b = hi - phi * (hi - lo), lo + phi * (hi - lo)
-    fa, fb = weight_only_mape(mine, a), weight_only_mape(mine, b)
-    for _ in range(40):
-        if fa <= fb:
-            hi, b, fb = b, a, fa
-            a = hi - phi * (hi - lo)
-            fa = weight_only_mape(mine, a)
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + phi * (hi - lo)
-            fb = weight_only_mape(mine, b)
-    eps = (lo + hi) / 2.0
+    eps = _golden_min(lambda e: weight_only_mape(mine, e), 0.1, 1.0, 40)
     return eps, weight_only_mape(mine, eps)
 
 
@@ -1298,20 +1290,8 @@ def fit_async_host(rows: list[dict[str, Any]], page: str = ASYNC_FIT_PAGE) -> tu
     mine = [p for p in async_pairs(rows) if vllm_page(p[0]) == page]
     if not mine:
         raise ValueError(f"no pair of runs with and without --async-scheduling on page {page!r}")
-    lo, hi = 0.0, hardware_preset(VLLM_GPUS[mine[0][0]["gpu"]]).rollout_step.step_s
-    phi = (math.sqrt(5.0) - 1.0) / 2.0
-    a, b = hi - phi * (hi - lo), lo + phi * (hi - lo)
-    fa, fb = async_pair_error(mine, a), async_pair_error(mine, b)
-    for _ in range(40):
-        if fa <= fb:
-            hi, b, fb = b, a, fa
-            a = hi - phi * (hi - lo)
-            fa = async_pair_error(mine, a)
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + phi * (hi - lo)
-            fb = async_pair_error(mine, b)
-    host = (lo + hi) / 2.0
+    step_s = hardware_preset(VLLM_GPUS[mine[0][0]["gpu"]]).rollout_step.step_s
+    host = _golden_min(lambda c: async_pair_error(mine, c), 0.0, step_s, 40)
     return host, async_pair_error(mine, host)
 
 
