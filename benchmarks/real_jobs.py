@@ -511,8 +511,10 @@ def async_jobs(args: argparse.Namespace, argv: list[str] | None) -> int:
         "Each job is planned twice in the same run on its preset: with the synchronous engine loop "
         "(5.5 ms of host time per step, docs/cost-model.md §8; vLLM before asynchronous scheduling "
         "became its default, and a hardware file with `async_scheduling = false`) and as the presets "
-        "price the rollout engine, with asynchronous scheduling (`EngineStep.async_scheduling`: only "
-        "`max(0, c_step − t_GPU)` of a step's host seconds exposed; the bundled vLLM's default). "
+        "price the rollout engine, with asynchronous scheduling (`EngineStep.async_scheduling`: "
+        "`min(c_w, c_step) + max(0, c_step − c_w − t_GPU)` of a step's host seconds exposed, "
+        f"`c_w` = {rpeg.hardware_preset('h100').rollout_step.async_host_s * 1e3:.2f} ms; the bundled "
+        "vLLM's default). "
         "Step time is predicted (`makespan/k_eval`). sa's step, asynchronous over synchronous: "
         f"{', '.join(ratios) or 'n/a'}.",
         "",

@@ -905,8 +905,8 @@ def _prefill_terms(node: _Node, prompt_len: int, head: Head) -> tuple[float, flo
     weights once (``F_eff`` of a microbatch of ``b/k_p`` sequences), each step's tensor-parallel
     AllReduces carry its tokens (``2·(L/Pp)·mb·k_p`` of ``n·Lp·d·sb/(Pd·mb·k_p)``), and each
     step pays the engine step's ``c_step`` (``T_over += (mb + Pp − 1)·k_p·c_step``; under
-    asynchronous scheduling ``max(0, c_step − t_GPU)``, ``t_GPU = (T_gemm + T_tp)/((mb + Pp −
-    1)·k_p)`` one chunk's GPU seconds). With
+    asynchronous scheduling ``min(c_w, c_step) + max(0, c_step − c_w − t_GPU)``,
+    ``t_GPU = (T_gemm + T_tp)/((mb + Pp − 1)·k_p)`` one chunk's GPU seconds). With
     ``k_p = 1`` (no :class:`~rpeg.ir.hardware.EngineStep`, or ``b·Lp ≤ B``) this is the whole
     prefill as one pass. With an ``EngineStep`` the prompts' causal attention core runs as a
     kernel of its own (:func:`_engine_core_rate`), the roofline covering the rest."""
@@ -955,8 +955,8 @@ def _decode_terms(
     ``E[min(c, W)]`` (``None``: ``min(c̄, W)``). With the hardware's
     :class:`~rpeg.ir.hardware.EngineStep` every step also pays its fixed seconds,
     ``T_over += steps·(mb + Pp − 1)·(c_step + [no CUDA graphs] (L/Pp)·c_launch)`` (under
-    asynchronous scheduling ``max(0, c_step − t_GPU)`` for ``c_step``, ``t_GPU`` one slot-step's
-    GPU seconds: :func:`_decode_step_gpu_s`), and the
+    asynchronous scheduling ``min(c_w, c_step) + max(0, c_step − c_w − t_GPU)`` for ``c_step``,
+    ``t_GPU`` one slot-step's GPU seconds: :func:`_decode_step_gpu_s`), and the
     attention core (:func:`~.flops.decode_attention_flops`) is a kernel of its own after the
     weight GEMMs, bound by its KV reads (:func:`_engine_core_rate`); without one, one roofline
     covers all the work and the KV reads (SPEC §6)."""

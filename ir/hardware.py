@@ -332,7 +332,7 @@ class EngineStep:
         Whether the engine schedules step ``n + 1`` on the host while the GPU runs step ``n``
         (vLLM's ``--async-scheduling``: opt-in in v0.10–v0.11, on by default in later releases
         unless an option rules it out; ``SchedulerConfig.async_scheduling``): a step's ``c_step``
-        is then hidden behind its GPU time and only ``max(0, c_step − t_GPU)`` is exposed
+        is then hidden behind its GPU time but for :attr:`async_host_s`
         (:meth:`exposed_step_s`). ``True`` in the GPU presets: the bundled vLLM's default
         (``VllmConfig`` turns an unset ``async_scheduling`` on where the executor supports it),
         and verl sets nothing else; their ``c_step`` was measured on the synchronous loop, which

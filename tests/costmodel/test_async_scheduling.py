@@ -1,6 +1,7 @@
 """Asynchronous scheduling of the rollout engine (issue 31; ``docs/cost-model.md`` §8, "The engine
 step"): with ``EngineStep.async_scheduling`` a step's host seconds ``c_step`` hide behind its GPU
-seconds, ``max(0, c_step − t_GPU)`` exposed; without it, the synchronous loop, bit for bit."""
+seconds but ``c_w``, ``min(c_w, c_step) + max(0, c_step − c_w − t_GPU)`` exposed; without it, the
+synchronous loop, bit for bit."""
 
 import json
 from dataclasses import replace
@@ -76,7 +77,7 @@ def test_the_flag_round_trips_and_is_silent_when_off(tmp_path):
 
 @pytest.mark.parametrize("sequences", [1, 64, 1024])
 def test_a_decode_stretch_hides_its_host_seconds_behind_its_gpu_seconds(sequences):
-    """``T_over = steps·max(0, c_step − t_GPU)`` with ``t_GPU = (T_gemm + T_tp + T_pp)/steps``;
+    """``T_over = steps·(c_w + max(0, c_step − c_w − t_GPU))`` with ``t_GPU = (T_gemm + T_tp + T_pp)/steps``;
     the GPU terms are the synchronous ones."""
     steps = 100
     sync = _decode_terms(_Node(MODEL, LAYOUT, H100, sequences, served=True), 1000.0, steps, steps, Head.LM)
