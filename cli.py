@@ -121,8 +121,9 @@ def _workload_file(arg: str) -> WorkloadFile:
 
 def _cluster(wf: WorkloadFile, args: argparse.Namespace) -> Cluster:
     """The cluster of ``solve``/``evaluate``: ``--cluster`` and ``--hardware`` (else the workload
-    file's; ``--rollout-scheduling`` sets its rollout engine's scheduling), with the engine limits ``--generation-max-pp``, ``--max-zero-stage``,
-    ``--no-host-offload`` and the parallelism switches ``--no-…-parallel``, ``--no-expert-overlap``,
+    file's; ``--rollout-scheduling`` sets its rollout engine's scheduling), with the engine
+    limits ``--generation-max-pp``, ``--max-zero-stage``, ``--no-host-offload`` and the
+    parallelism switches ``--no-…-parallel``, ``--no-expert-overlap``,
     ``--no-flex-dispatch``."""
     shape = args.cluster if args.cluster is not None else wf.cluster_shape
     hardware = args.hardware if args.hardware is not None else wf.hardware

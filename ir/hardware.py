@@ -301,7 +301,7 @@ class EngineStep:
     sequences (one token per decoding sequence, the rest prefill chunks, vLLM's chunked prefill)
     and takes the roofline of those tokens plus ``c_step = step_s`` (scheduling, input
     preparation, sampling and output processing on the host; with :attr:`async_scheduling`
-    only its part beyond the step's GPU time) plus, without CUDA graphs, ``(L/Pp)·eager_layer_s`` of
+    only :meth:`exposed_step_s` of it) plus, without CUDA graphs, ``(L/Pp)·eager_layer_s`` of
     kernel launches on a decode-only step (a step with a prefill chunk hides them behind its
     GEMMs).
 
