@@ -136,7 +136,7 @@ def _cluster(wf: WorkloadFile, args: argparse.Namespace) -> Cluster:
     except ValueError as exc:
         raise InputError(f"--cluster: {exc}", source="--cluster") from None
     hw = load_hardware(hardware)
-    scheduling = getattr(args, "rollout_scheduling", None)
+    scheduling = args.rollout_scheduling
     if scheduling is not None:
         try:
             hw = hw.with_rollout_scheduling(scheduling == "async")

@@ -198,7 +198,7 @@ def run_job(
         wf = replace(wf, workload=replace(wf.workload, models=models))
     hw = rpeg.hardware_preset(wf.hardware or "h100")
     if async_scheduling is not None:
-        hw = _engine_loop(hw, async_scheduling)
+        hw = hw.with_rollout_scheduling(async_scheduling)
     cluster = rpeg.Cluster.from_shape(shape, hw, **({} if splits else NO_SPLITS))
     rows = []
     for method, kwargs in (
@@ -222,11 +222,6 @@ def run_job(
             flush=True,
         )
     return rows
-
-
-def _engine_loop(hw: rpeg.Hardware, async_scheduling: bool) -> rpeg.Hardware:
-    """``hw`` with its rollout engine scheduling asynchronously or on the synchronous loop."""
-    return replace(hw, rollout_step=replace(hw.rollout_step, async_scheduling=async_scheduling))
 
 
 def _local_microbatches(workload: rpeg.Workload, dp: int, budget: int, updates: int = 1) -> int:
@@ -275,7 +270,7 @@ def verl_dapo_colocated() -> list[str]:
     w = wf.workload
     lines = []
     for (gpus, step, gen, logp, update), shape in zip(VERL_DAPO_COLOCATED, ["1x4x8", "1x8x8", "2x8x8"]):
-        cluster = rpeg.Cluster.from_shape(shape, _engine_loop(rpeg.hardware_preset("h20"), False))
+        cluster = rpeg.Cluster.from_shape(shape, rpeg.hardware_preset("h20").with_rollout_scheduling(False))
         extent = cluster.shape_for_size(gpus)
         train_mb = _local_microbatches(w, gpus, 61_440, w.mini_batches)
         logp_mb = _local_microbatches(w, gpus, 92_160)

@@ -193,7 +193,8 @@ def test_rollout_scheduling_prices_the_synchronous_loop_and_says_so(capsys, tmp_
     assert slow_doc["cluster"]["hardware"]["rollout_step"].get("async_scheduling", False) is False
     assert fast_doc["cluster"]["hardware"]["rollout_step"]["async_scheduling"] is True
     assert slow_doc["throughput"] < fast_doc["throughput"]
-    # the asynchronous plan against the synchronous engine: refused unless asked, then re-scored
+    # a plan made for the other engine loop than the workload's preset: refused unless asked;
+    # the asynchronous plan re-scored on the synchronous loop when asked
     status, _, err = run(capsys, "evaluate", "grpo-8b-16gpu", "--plan", str(slow))
     assert status == 2 and "rollout_step.async_scheduling" in err and "--rollout-scheduling" in err
     status, out, _ = run(

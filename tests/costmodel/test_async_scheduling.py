@@ -22,7 +22,7 @@ from rpeg.ir.workload import quantile_buckets
 MODEL = model_preset("llama3.1-8b")
 #: the preset schedules asynchronously (vLLM's default); ``H100`` is its synchronous loop
 ASYNC = hardware_preset("h100")
-H100 = replace(ASYNC, rollout_step=replace(ASYNC.rollout_step, async_scheduling=False))
+H100 = ASYNC.with_rollout_scheduling(False)
 LAYOUT = Layout(Strategy((1, 1, 1), dp=1, pp=1, tp=1, mb=1), gpus_per_node=8)
 
 

@@ -161,9 +161,7 @@ def test_a_tp_decode_pays_the_kernel_per_layer_and_decoded_token() -> None:
     buckets = (LengthBucket(0.0, 0, 127), LengthBucket(1.0, 127, 128))
     # the synchronous loop: asynchronous scheduling (the preset's) exposes more of a shorter
     # step's host seconds, so there the overhead moves too
-    sync = {"async_scheduling": False}
-    fast_hw = dataclasses.replace(H100, rollout_step=dataclasses.replace(H100.rollout_step, **sync))
-    slow_hw = dataclasses.replace(ring, rollout_step=dataclasses.replace(ring.rollout_step, **sync))
+    fast_hw, slow_hw = H100.with_rollout_scheduling(False), ring.with_rollout_scheduling(False)
     (fast,) = generation_times(MODEL, layout, fast_hw, sequences=256, prompt_len=512, buckets=buckets)
     (slow,) = generation_times(MODEL, layout, slow_hw, sequences=256, prompt_len=512, buckets=buckets)
     assert fast.tp_comm < slow.tp_comm  # the prefill's 8192-token chunks stay on the ring

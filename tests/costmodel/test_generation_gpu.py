@@ -39,8 +39,7 @@ MODEL = model_preset("qwen2.5-7b")
 #: the H100 preset with the synchronous engine loop: these tests pin ``c_step``'s arithmetic,
 #: which asynchronous scheduling (the presets' default) hides behind the GPU
 #: (tests/costmodel/test_async_scheduling.py)
-H100 = hardware_preset("h100")
-H100 = dataclasses.replace(H100, rollout_step=dataclasses.replace(H100.rollout_step, async_scheduling=False))
+H100 = hardware_preset("h100").with_rollout_scheduling(False)
 LAYOUT = Layout(Strategy((1, 1, 1), 1, 1, 1, 1), 8)
 #: one response length of 64 tokens (a point mass)
 BUCKETS = (LengthBucket(0.0, 0, 63), LengthBucket(1.0, 63, 64))

@@ -704,9 +704,7 @@ def test_summary_says_how_the_rollout_engine_schedules():
 
     wl = Workload("grpo", {"actor": model_preset("qwen2.5-7b")}, 16, 4, 512, 1024, reward="rule", kl_coef=0.0)
     h100 = hardware_preset("h100")
-    sync = dataclasses.replace(
-        h100, rollout_step=dataclasses.replace(h100.rollout_step, async_scheduling=False)
-    )
+    sync = h100.with_rollout_scheduling(False)
 
     def cluster_line(hw):
         lines = solve(wl, Cluster.from_shape("1x1x8", hw), "greedy").summary().splitlines()
