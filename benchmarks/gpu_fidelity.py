@@ -27,10 +27,16 @@ publish it), so its ``Pe`` expert-parallel ranks are drawn from the ``TP·DP·CP
 (Megatron-core's MoE parallel folding) and EP must divide ``TP·DP·CP``; its router balances
 exactly, ``λ = 1`` (:data:`RECIPE_LOAD_IMBALANCE`: the recipes force load balancing).
 
-One figure is fitted to these rows, as issue 31 allows (one efficiency per operation class and
-GPU generation, fitted on one table and reported on the others): the NVFP4 GEMMs' efficiency on
-Blackwell (:data:`FP4_EFFICIENCY`, :func:`fit_fp4_efficiency`). The rest is the baseline of the
-presets as they are.
+A mixture of experts runs the token dispatcher and the AlltoAll overlap its performance recipe
+sets (:data:`RECIPES`, :func:`row_recipe`: read from Megatron-Bridge's ``perf_recipes`` at the
+data commit by ``--refresh-recipes GIT_DIR``; the older tables ran older recipes, which the
+repository does not keep, and are priced with these). Two figures are fitted to these rows, as
+issue 31 allows (one efficiency per operation class and GPU generation, fitted on one table and
+reported on the others): the expert-layer efficiency of MoE training (:data:`EXPERT_EFFICIENCY`,
+:func:`fit_expert_efficiency`, on the newest table; reported on the older tables and on
+Megatron-Bridge's controlled H100 runs, :data:`BRIDGE_MOE_RUNS`) and the NVFP4 GEMMs' efficiency
+on Blackwell (:data:`FP4_EFFICIENCY`, :func:`fit_fp4_efficiency`). The rest is the baseline of
+the presets as they are.
 
 Precision (:data:`PRECISIONS`): BF16 rows run with ``precision = "bf16"``; the FP8 recipes
 (``FP8`` delayed scaling, ``FP8-CS`` current scaling, ``FP8-MX``/``MXFP8`` block scaling on
@@ -63,6 +69,7 @@ count (:func:`megatron_lm_flops`); section ``gpu-fidelity-a100``; nothing is fit
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -235,6 +242,196 @@ def refresh(git_dir: str) -> None:
     print(f"wrote {len(rows)} rows to {DATA}")
 
 
+#: How each mixture-of-experts row's recipe ran its experts' communication:
+#: ``benchmarks/data/megatron_bridge_moe_recipes.json``, rebuilt by ``--refresh-recipes GIT_DIR``
+#: (:func:`refresh_recipes`) from Megatron-Bridge's performance recipes at the data file's commit.
+RECIPES = HERE / "data" / "megatron_bridge_moe_recipes.json"
+#: Published model, system and precision → the names of Megatron-Bridge's performance recipes
+#: (``src/megatron/bridge/perf_recipes/<family>/<system>/*.py``:
+#: ``<model>_pretrain_<N>gpu_<system>_<precision>_config``). The tables' plain "FP8" is the
+#: current-scaling recipe (``fp8cs``; the H100 delayed-scaling ``fp8ds`` recipes call it and
+#: change nothing this benchmark reads).
+RECIPE_MODELS = {
+    "Qwen3_30B_a3B": "qwen3_30b_a3b",
+    "Qwen3_235B_a22B": "qwen3_235b_a22b",
+    "DeepSeekV3": "deepseek_v3",
+    "GPT OSS 120B": "gpt_oss_120b",
+}
+RECIPE_SYSTEMS = {
+    "DGX-H100": "h100",
+    "DGX-B200": "b200",
+    "DGX-B300": "b300",
+    "DGX-GB200": "gb200",
+    "DGX-GB300": "gb300",
+}
+RECIPE_PRECISIONS = {
+    "BF16": "bf16",
+    "FP8": "fp8cs",
+    "FP8-CS": "fp8cs",
+    "FP8-MX": "fp8mx",
+    "MXFP8": "fp8mx",
+    "NVFP4": "nvfp4",
+}
+#: The recipe settings read: the token dispatcher (``alltoall`` unless a recipe sets it: every
+#: model bridge of these four models sets ``provider.moe_token_dispatcher_type = "alltoall"``),
+#: its flex backend, the AlltoAll overlap (``comm_overlap.overlap_moe_expert_parallel_comm``),
+#: recomputation and CUDA graphs (recorded, not priced).
+RECIPE_KEYS = (
+    "moe_token_dispatcher_type",
+    "moe_flex_dispatcher_backend",
+    "overlap_moe_expert_parallel_comm",
+    "recompute_granularity",
+    "recompute_modules",
+    "cuda_graph_impl",
+    "expert_model_parallel_size",
+)
+
+
+def recipe_name(row: dict[str, Any]) -> str | None:
+    """The Megatron-Bridge performance recipe a MoE row's configuration names, or ``None``."""
+    model = RECIPE_MODELS.get(row["model_key"])
+    prec = RECIPE_PRECISIONS.get(row["precision"] or "")
+    system = RECIPE_SYSTEMS.get(row["system"])
+    if model is None or prec is None or system is None:
+        return None
+    return f"{model}_pretrain_{row['gpus']}gpu_{system}_{prec}_config"
+
+
+def recipe_settings(sources: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """:data:`RECIPE_KEYS` of every function of the recipe modules ``sources`` (dotted module →
+    Python source), read without importing them (they need Megatron-core and a GPU stack): each
+    function's statements in order, a call to another function of these modules (its own, an
+    imported one under its alias, ``cfg = base_config()``) replayed where it stands, an assignment
+    ``cfg.<…>.<key> = literal`` recorded, and ``cfg.comm_overlap = CommOverlapConfig(...)``
+    resetting the overlap to its keyword (``False`` without one). Statements under ``if`` are
+    not read (none of the four models' recipes sets these keys under one at the data commit)."""
+    import ast
+
+    trees = {mod: ast.parse(src) for mod, src in sources.items()}
+    defs: dict[tuple[str, str], ast.FunctionDef] = {}
+    alias: dict[tuple[str, str], tuple[str, str]] = {}
+    for mod, tree in trees.items():
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                defs[mod, node.name] = node
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                for a in node.names:
+                    alias[mod, a.asname or a.name] = (node.module, a.name)
+
+    def target(mod: str, name: str, depth: int = 0) -> tuple[str, str] | None:
+        if (mod, name) in defs:
+            return mod, name
+        if (mod, name) in alias and depth < 8:
+            return target(*alias[mod, name], depth=depth + 1)
+        return None
+
+    def literal(node: ast.expr) -> Any:
+        try:
+            return ast.literal_eval(node)
+        except ValueError:
+            return ast.unparse(node)
+
+    def run(key: tuple[str, str], state: dict[str, Any], depth: int) -> None:
+        mod = key[0]
+
+        def call(node: ast.expr) -> None:
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and depth < 12:
+                callee = target(mod, node.func.id)
+                if callee is not None:
+                    run(callee, state, depth + 1)
+
+        for stmt in defs[key].body:
+            if isinstance(stmt, ast.Expr):
+                call(stmt.value)
+            elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                dest = ast.unparse(stmt.targets[0])
+                leaf = dest.rsplit(".", 1)[-1]
+                if dest == "cfg":
+                    call(stmt.value)
+                elif dest == "cfg.comm_overlap" and isinstance(stmt.value, ast.Call):
+                    given = {k.arg: literal(k.value) for k in stmt.value.keywords}
+                    state["overlap_moe_expert_parallel_comm"] = given.get(
+                        "overlap_moe_expert_parallel_comm", False
+                    )
+                elif leaf in RECIPE_KEYS:
+                    state[leaf] = literal(stmt.value)
+
+    out = {}
+    for mod, name in defs:
+        if name.endswith("_config") and "_pretrain_" in name and ".perf_recipes." in f".{mod}.":
+            state: dict[str, Any] = {}
+            run((mod, name), state, 0)
+            out[name] = {"module": mod, **state}
+    return out
+
+
+def refresh_recipes(git_dir: str) -> None:
+    """Rebuild :data:`RECIPES` from a Megatron-Bridge git directory at the training data file's
+    commit: the settings (:func:`recipe_settings`) of the recipe every MoE row names
+    (:func:`recipe_name`), and which rows name none."""
+    commit = json.loads(DATA.read_text())["commit"]
+    git = ["git", "-C", git_dir]
+    listing = subprocess.run(
+        [
+            *git,
+            "ls-tree",
+            "-r",
+            "--name-only",
+            commit,
+            "src/megatron/bridge/perf_recipes",
+            "src/megatron/bridge/recipes",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    sources = {}
+    for path in listing:
+        if path.endswith(".py"):
+            text = subprocess.run(
+                [*git, "show", f"{commit}:{path}"], check=True, capture_output=True, text=True
+            ).stdout
+            sources[path[len("src/") : -len(".py")].replace("/", ".").removesuffix(".__init__")] = text
+    settings = recipe_settings(sources)
+    wanted = {recipe_name(r) for r in load_rows() if r["model_key"] in RECIPE_MODELS} - {None}
+    recipes = {
+        name: {"path": "src/" + settings[name].pop("module").replace(".", "/") + ".py", **settings[name]}
+        for name in sorted(wanted & settings.keys())
+    }
+    doc = {
+        "source": f"https://github.com/{REPO}/tree/{commit}/src/megatron/bridge/perf_recipes",
+        "commit": commit,
+        "note": "Settings of the performance recipes the mixture-of-experts rows name, read from the recipe "
+        "functions and the helpers and base recipes they call (benchmarks/gpu_fidelity.py recipe_settings). "
+        "A key a recipe does not set is absent: the dispatcher is then the model bridge's alltoall and the "
+        "AlltoAll overlap off.",
+        "missing": sorted(wanted - settings.keys()),
+        "recipes": recipes,
+    }
+    RECIPES.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {len(recipes)} recipes ({len(doc['missing'])} named but absent) to {RECIPES}")
+
+
+def load_recipes(path: Path = RECIPES) -> dict[str, dict[str, Any]]:
+    """The MoE rows' recipe settings (:data:`RECIPES`), by recipe name."""
+    return json.loads(path.read_text())["recipes"]
+
+
+def row_recipe(
+    row: dict[str, Any], recipes: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any] | None:
+    """The settings of the recipe a MoE row names, or ``None`` (a dense row, or no such recipe
+    at the data commit)."""
+    name = recipe_name(row)
+    return None if name is None else (recipes if recipes is not None else _recipes()).get(name)
+
+
+@functools.cache
+def _recipes() -> dict[str, dict[str, Any]]:
+    """:func:`load_recipes`, read once."""
+    return load_recipes()
+
+
 def _load(path: Path, required: tuple[str, ...] | list[str]) -> list[dict[str, Any]]:
     """A data file's rows, each checked for the ``required`` fields.
 
@@ -349,15 +546,16 @@ def release_breakdown(
     return out
 
 
-#: Megatron-Bridge's own measurement of the EP AlltoAll overlap
-#: (``docs/training/communication-overlap.md`` at the data file's commit 067f987): 16 H100,
-#: Qwen3-30B-A3B, EP 16, the ``alltoall`` dispatcher, steady-state step 41.25 s in line and
-#: 31.31 s overlapped. The page names neither batch nor precision: priced here with the H100
-#: 16-GPU recipe's (``qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config``, which enables the
-#: overlap: BF16, GBS 1024, MBS 1, sequence 4096, TP 1, PP 1, EP 16) — an assumption.
-BRIDGE_OVERLAP_CHECK = {
-    "release": "main 2026-05-18",
-    "model": "Qwen3-30B-A3B (EP overlap check)",
+#: Megatron-Bridge's controlled runs of one MoE shape on 16 H100 (at the data file's commit
+#: 067f987): Qwen3-30B-A3B, BF16, sequence 4096, TP 1, PP 1, CP 1, EP 16, MBS 1, GBS 1024,
+#: forced-balanced routing (``skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md``, "HybridEP
+#: production-shape validation", which publishes the shape; its "Correctness-first alltoall smoke"
+#: ran the same 16-GPU shape, its command ``-c bf16 -ng 16``; ``docs/training/communication-overlap.md``
+#: publishes the same two AlltoAll steps). The runs change only the dispatcher and the AlltoAll
+#: overlap, the model and shape stay: :data:`BRIDGE_MOE_RUNS`.
+BRIDGE_MOE_CHECK = {
+    "release": "main 2026-05/07",
+    "model": "Qwen3-30B-A3B (controlled runs)",
     "model_key": "Qwen3_30B_a3B",
     "system": "DGX-H100",
     "gpus": 16,
@@ -371,38 +569,111 @@ BRIDGE_OVERLAP_CHECK = {
     "vp": None,
     "ep": 16,
     "fsdp": 0,
-    "in_line_s": 41.25,
-    "overlapped_s": 31.31,
 }
+#: ``(label, flex dispatcher, AlltoAll overlap, published steady step s)`` of
+#: :data:`BRIDGE_MOE_CHECK`'s runs: the AlltoAll smoke (2026-05-18; CUDA graphs off, permutation
+#: unfused) and the HybridEP A/B (2026-07-25; TE graphs over the router and pre-processing), each
+#: without and with ``overlap_moe_expert_parallel_comm``.
+BRIDGE_MOE_RUNS = (
+    ("AlltoAll, in line", False, False, 41.25),
+    ("AlltoAll, overlapped", False, True, 31.31),
+    ("HybridEP, in line", True, False, 24.7138),
+    ("HybridEP, overlapped", True, True, 21.0725),
+)
 
 
-def overlap_report(priced: list[tuple[dict[str, Any], float, float]]) -> list[str]:
-    """The summary lines of the AlltoAll overlap (``Strategy.ep_overlap``): the mixture-of-experts
-    rows again with their AlltoAlls overlapped where Megatron-core allows it (the tables do not
-    say which recipes enable it: some do, some do not), and Megatron-Bridge's own in-line
-    against overlapped measurement (:data:`BRIDGE_OVERLAP_CHECK`) beside rpeg's."""
-    moe = [(r, pub) for r, pub, _ in priced if model_spec(r["model_key"]).is_moe and overlappable(r)]
-    pairs = [(pub, predict(r, ep_overlap=True)) for r, pub in moe]
-    newest = max(release_key(r["release"]) for r, _, _ in priced)
-    latest = [(pub, predict(r, ep_overlap=True)) for r, pub in moe if release_key(r["release"]) == newest]
-    row = BRIDGE_OVERLAP_CHECK
-    step = row["gbs"] * row["seq_len"] / row["gpus"]  # tokens per GPU and step
-    in_line, overlapped = step / predict(row), step / predict(row, ep_overlap=True)
+def bridge_run_steps(expert_efficiency: float | None = None) -> list[tuple[str, float, float]]:
+    """``(label, published s, rpeg s)`` of :data:`BRIDGE_MOE_RUNS`: each run's step priced with
+    its dispatcher and overlap (:func:`predict`; ``expert_efficiency`` as there)."""
+    row = BRIDGE_MOE_CHECK
+    tokens = row["gbs"] * row["seq_len"] / row["gpus"]  # per GPU and step
     return [
-        "",
-        "The expert-parallel AlltoAlls overlapped with another microbatch's compute where Megatron-core "
-        "allows it (EP > 1, PP = 1 or VP > 1; `Strategy.ep_overlap`, docs/cost-model.md §10). The tables "
-        "do not say which recipes enable it (at the data file's commit some of Megatron-Bridge's MoE "
-        "recipes do, some do not), so the rows above are priced in line and these lines price the same "
-        "rows overlapped:",
-        "",
-        _summary("mixture of experts, AlltoAlls overlapped", pairs),
-        _summary("mixture of experts, AlltoAlls overlapped, newest table", latest) if len(latest) > 1 else "",
-        f"- Megatron-Bridge's own measurement (16 H100, Qwen3-30B-A3B, EP 16; the 16-GPU recipe's batch "
-        f"and BF16 assumed): step {row['in_line_s']:.2f} s in line → {row['overlapped_s']:.2f} s overlapped "
-        f"({row['overlapped_s'] / row['in_line_s'] - 1:+.1%}); rpeg {in_line:.2f} s → {overlapped:.2f} s "
-        f"({overlapped / in_line - 1:+.1%})",
+        (label, step, tokens / predict(row, ep_overlap=ov, flex=fx, expert_efficiency=expert_efficiency))
+        for label, fx, ov, step in BRIDGE_MOE_RUNS
     ]
+
+
+#: The expert-layer efficiency ``ε_e`` the GPU presets carry (``Hardware.expert_efficiency``,
+#: docs/cost-model.md §9): issue 31's grouped-GEMM efficiency for experts, one figure fitted
+#: (:func:`fit_expert_efficiency`) on :data:`EXPERT_FIT_RELEASE`'s mixture-of-experts rows, each
+#: priced as its recipe ran, and reported on the other tables and on :data:`BRIDGE_MOE_RUNS`.
+EXPERT_EFFICIENCY = 0.406
+#: The published table ``ε_e`` is fitted on: the newest, measured with the software whose recipes
+#: :data:`RECIPES` reads (its eight rows are Blackwell: GB200 and GB300).
+EXPERT_FIT_RELEASE = "26.08"
+
+
+def moe_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The expressible mixture-of-experts rows."""
+    return [r for r in rows if why_not(r) is None and model_spec(r["model_key"]).is_moe]
+
+
+def expert_mape(rows: list[dict[str, Any]], eps: float | None = None) -> float:
+    """MAPE of ``rows`` priced as their recipes ran, at ``ε_e = eps`` (the presets' when ``None``)."""
+    return _mape([(float(r["tokens_per_s_per_gpu"]), predict(r, expert_efficiency=eps)) for r in rows])
+
+
+def fit_expert_efficiency(
+    rows: list[dict[str, Any]], release: str = EXPERT_FIT_RELEASE
+) -> tuple[float, float]:
+    """``(ε_e, MAPE)``: the expert-layer efficiency minimising the MAPE of ``release``'s MoE rows
+    priced as their recipes ran (golden-section search over ``[0.1, 1]``, 40 steps)."""
+    mine = [r for r in moe_rows(rows) if r["release"] == release]
+    if not mine:
+        raise ValueError(f"no mixture-of-experts row in release {release!r}")
+    eps = _golden_min(lambda e: expert_mape(mine, e), 0.1, 1.0, 40)
+    return eps, expert_mape(mine, eps)
+
+
+def expert_report(rows: list[dict[str, Any]]) -> list[str]:
+    """Summary lines of the expert-layer efficiency: the refit on :data:`EXPERT_FIT_RELEASE`
+    against the presets', the other tables' MoE rows by GPU generation and the controlled H100
+    runs, each at the presets' ``ε_e`` and at 1; and the MoE rows priced with the AlltoAll in
+    line whatever their recipe (how these rows were priced before the recipes were read)."""
+    moe = moe_rows(rows)
+    eps, mape = fit_expert_efficiency(rows)
+    fit = [r for r in moe if r["release"] == EXPERT_FIT_RELEASE]
+    held = [r for r in moe if r["release"] != EXPERT_FIT_RELEASE]
+    hopper = [r for r in held if r["system"] == "DGX-H100"]
+    blackwell = [r for r in held if r["system"] != "DGX-H100"]
+    lines = [
+        "",
+        f"The expert-layer efficiency (the one fitted figure of these MoE rows; `Hardware.expert_efficiency`, "
+        f"docs/cost-model.md §9): the GPU presets run a training or teacher-forced pass's routed-expert GEMMs at "
+        f"ε_e = {EXPERT_EFFICIENCY} × the shape rule's rate, fitted on release {EXPERT_FIT_RELEASE}'s {len(fit)} MoE "
+        f"rows (GB200, GB300) priced as their recipes ran:",
+        "",
+        f"- refit now on release {EXPERT_FIT_RELEASE}: ε_e = {eps:.3f} (the presets carry {EXPERT_EFFICIENCY}); "
+        f"MAPE there {expert_mape(fit):.1f} % at the presets' ε_e ({mape:.1f} % at the refit, "
+        f"{expert_mape(fit, 1.0):.1f} % at ε_e = 1)",
+        f"- held out, the other tables' {len(blackwell)} Blackwell MoE rows: MAPE {expert_mape(blackwell):.1f} % "
+        f"(ε_e = 1: {expert_mape(blackwell, 1.0):.1f} %)",
+        f"- held out, the tables' {len(hopper)} H100 MoE rows (the Blackwell fit carried over): MAPE "
+        f"{expert_mape(hopper):.1f} % (ε_e = 1: {expert_mape(hopper, 1.0):.1f} %)",
+        "- held out, Megatron-Bridge's controlled runs of one shape on 16 H100 (Qwen3-30B-A3B BF16, EP 16, "
+        "MBS 1, GBS 1024, sequence 4096; only the dispatcher and the overlap change), published step against "
+        f"rpeg's at ε_e = {EXPERT_EFFICIENCY} and at 1:",
+    ]
+    at_one = {label: t for label, _, t in bridge_run_steps(1.0)}
+    for label, pub, t in bridge_run_steps():
+        lines.append(
+            f"  - {label}: published {pub:.2f} s, rpeg {t:.2f} s ({t / pub:.2f} ×; at ε_e = 1 {at_one[label]:.2f} s, "
+            f"{at_one[label] / pub:.2f} ×)"
+        )
+    inline = [(float(r["tokens_per_s_per_gpu"]), predict(r, ep_overlap=False, flex=False)) for r in moe]
+    inline_one = [
+        (float(r["tokens_per_s_per_gpu"]), predict(r, ep_overlap=False, flex=False, expert_efficiency=1.0))
+        for r in moe
+    ]
+    lines += [
+        "",
+        "The same MoE rows priced with the AlltoAll in line whatever their recipe (how this table priced them "
+        "before the recipes were read):",
+        "",
+        _summary(f"mixture of experts, AlltoAll in line, ε_e = {EXPERT_EFFICIENCY}", inline),
+        _summary("mixture of experts, AlltoAll in line, ε_e = 1 (the previous pricing)", inline_one),
+    ]
+    return lines
 
 
 def row_strategy(row: dict[str, Any]) -> tuple[Any, int]:
@@ -457,13 +728,20 @@ def overlappable(row: dict[str, Any]) -> bool:
 
 
 def predict(
-    row: dict[str, Any], ep_overlap: bool = False, fp4_scale: float = 1.0, flex: bool = False
+    row: dict[str, Any],
+    ep_overlap: bool | None = None,
+    fp4_scale: float = 1.0,
+    flex: bool | None = None,
+    expert_efficiency: float | None = None,
 ) -> float:
     """rpeg's tokens/s/GPU for an expressible row: ``GBS·ℓ/(T_step·N_GPU)``, the model run at the
-    row's precision (:data:`PRECISIONS`); with ``ep_overlap`` (where :func:`overlappable`) its
-    AlltoAlls under another microbatch's compute; ``fp4_scale`` multiplies the preset's NVFP4
-    peak (:func:`fit_fp4_efficiency`); with ``flex`` an expert-parallel row's tokens go through
-    the flex dispatcher (``Strategy.flex_dispatch``)."""
+    row's precision (:data:`PRECISIONS`). A mixture of experts' tokens go through the dispatcher
+    its recipe set and its AlltoAlls overlap another microbatch's compute where the recipe set
+    that and Megatron-core allows it (:func:`row_recipe`, :func:`overlappable`); ``flex`` and
+    ``ep_overlap`` force either (``Strategy.flex_dispatch``, ``Strategy.ep_overlap``).
+    ``fp4_scale`` multiplies the preset's NVFP4 peak (:func:`fit_fp4_efficiency`) and
+    ``expert_efficiency`` replaces its expert-layer efficiency ``ε_e``
+    (:func:`fit_expert_efficiency`)."""
     from dataclasses import replace
 
     from rpeg.costmodel.hardware import hardware_preset
@@ -472,6 +750,12 @@ def predict(
     from rpeg.ir.types import Role
 
     strategy, g = row_strategy(row)
+    spec = replace(model_spec(row["model_key"]), precision=PRECISIONS[row["precision"]])
+    recipe = row_recipe(row) if spec.is_moe else None
+    if flex is None:
+        flex = recipe is not None and recipe.get("moe_token_dispatcher_type") == "flex"
+    if ep_overlap is None:
+        ep_overlap = recipe is not None and recipe.get("overlap_moe_expert_parallel_comm") is True
     if ep_overlap and overlappable(row):
         strategy = replace(strategy, ep_overlap=True)
     if flex and (row["ep"] or 1) > 1:
@@ -479,8 +763,9 @@ def predict(
     hw = hardware_preset(SYSTEMS[row["system"]][0])
     if fp4_scale != 1.0 and hw.peak_flops_fp4 is not None:
         hw = replace(hw, peak_flops_fp4=hw.peak_flops_fp4 * fp4_scale)
+    if expert_efficiency is not None:
+        hw = replace(hw, expert_efficiency=expert_efficiency)
     ell = row["seq_len"]
-    spec = replace(model_spec(row["model_key"]), precision=PRECISIONS[row["precision"]])
     if spec.is_moe:
         spec = replace(spec, load_imbalance=RECIPE_LOAD_IMBALANCE)
     t = op_time(
@@ -503,37 +788,25 @@ H100_EP_LAYOUTS = (("DGX-H100", "Qwen3_30B_a3B", 16, 1), ("DGX-H100", "Qwen3_30B
 
 
 def flex_report(priced: list[tuple[dict[str, Any], float, float]]) -> list[str]:
-    """The summary lines of the flex dispatcher (``Strategy.flex_dispatch``): the expert-parallel
-    rows again with it, and how two layouts of one model compare, published and priced both ways
-    (the tables do not say which dispatcher each row ran)."""
-    moe = [(r, pub) for r, pub, _ in priced if (r["ep"] or 1) > 1]
-    pairs = [(pub, predict(r, flex=True)) for r, pub in moe]
-    lines = [
-        "",
-        "The expert-parallel rows with Megatron-core's flex dispatcher (DeepEP or HybridEP: each token once per "
-        "rank, and across nodes once per node, that holds one of its experts; `Strategy.flex_dispatch`, "
-        "docs/cost-model.md §10). Most of Megatron-Bridge's MoE recipes at the data file's commit set it, "
-        "Qwen3-235B-A22B's H100 recipes do not, and the tables do not say which rows ran which, so the rows "
-        "above are priced with the AlltoAll and these lines price them flex:",
-        "",
-        _summary("expert-parallel rows, flex dispatcher", pairs),
-    ]
+    """How two layouts of one model compare, published and priced with either dispatcher."""
     newest: dict[tuple, tuple[dict[str, Any], float]] = {}
-    for r, pub in moe:
+    for r, pub, _ in priced:
         key = (r["system"], r["model"], r["ep"], r["pp"])
         later = key not in newest or release_key(r["release"]) > release_key(newest[key][0]["release"])
         if key in H100_EP_LAYOUTS and r["precision"] != "BF16" and later:
             newest[key] = (r, pub)
-    if len(newest) == 2:
-        (a, pa), (b, pb) = (newest[k] for k in H100_EP_LAYOUTS)
-        lines.append(
-            f"- Qwen3-30B-A3B FP8 on 16 DGX H100, the newest row of each layout: EP 16 over two nodes (release "
-            f"{a['release']}) against EP 8 with PP 2 ({b['release']}), published {pa:,.0f} / {pb:,.0f} = "
-            f"{pa / pb:.2f}; rpeg with the AlltoAll {predict(a):,.0f} / {predict(b):,.0f} = "
-            f"{predict(a) / predict(b):.2f}, flex {predict(a, flex=True):,.0f} / {predict(b, flex=True):,.0f} = "
-            f"{predict(a, flex=True) / predict(b, flex=True):.2f}"
-        )
-    return lines
+    if len(newest) != 2:
+        return []
+    (a, pa), (b, pb) = (newest[k] for k in H100_EP_LAYOUTS)
+    a2a = [predict(x, flex=False, ep_overlap=False) for x in (a, b)]
+    flex = [predict(x, flex=True, ep_overlap=False) for x in (a, b)]
+    return [
+        "",
+        f"- Qwen3-30B-A3B FP8 on 16 DGX H100, the newest row of each layout: EP 16 over two nodes (release "
+        f"{a['release']}) against EP 8 with PP 2 ({b['release']}), published {pa:,.0f} / {pb:,.0f} = "
+        f"{pa / pb:.2f}; rpeg with the AlltoAll {a2a[0]:,.0f} / {a2a[1]:,.0f} = {a2a[0] / a2a[1]:.2f}, flex "
+        f"{flex[0]:,.0f} / {flex[1]:,.0f} = {flex[0] / flex[1]:.2f}",
+    ]
 
 
 #: The NVFP4 GEMMs' efficiency relative to the FP8 GEMMs' on Blackwell, which the Blackwell
@@ -1594,6 +1867,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--refresh", metavar="GIT_DIR", help="rebuild the data file from a Megatron-Bridge git dir"
     )
+    ap.add_argument(
+        "--refresh-recipes",
+        metavar="GIT_DIR",
+        help="rebuild the MoE rows' recipe settings from a Megatron-Bridge git dir (at the data commit)",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     ap.add_argument(
         "--generation", action="store_true", help="the vLLM serving rows (generation) instead of training"
@@ -1612,6 +1890,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.refresh_vllm:
         refresh_vllm(args.refresh_vllm)
+        return
+    if args.refresh_recipes:
+        refresh_recipes(args.refresh_recipes)
         return
     sys.path.insert(0, str(HERE))
     if args.generation:
@@ -1651,7 +1932,7 @@ def main(argv: list[str] | None = None) -> None:
     stats += [_summary(name, pairs) for name, pairs in breakdown(priced).items() if pairs]
     stats += ["", "By published table (one per release, newest first; the same rows as above):", ""]
     stats += [_summary(name, pairs) for name, pairs in release_breakdown(priced).items()]
-    stats += overlap_report(priced)
+    stats += expert_report(rows)
     stats += flex_report(priced)
     stats += fp4_report(rows)
     n_ok = len(priced)
@@ -1666,15 +1947,20 @@ def main(argv: list[str] | None = None) -> None:
         "no recomputation are assumptions (the tables do not publish them); a mixture of experts' experts "
         "run whole on one rank (etp = 1: Megatron-Bridge's MoE recipes set expert_tensor_parallel_size = 1), "
         "their EP ranks folded into the TP·DP·CP ranks, and their router balances exactly (load imbalance "
-        "λ = 1: the recipes set moe_router_force_load_balancing). "
+        "λ = 1: the recipes set moe_router_force_load_balancing), and its tokens go through the dispatcher "
+        "its performance recipe sets (AlltoAll or flex: DeepEP, HybridEP), its AlltoAlls overlapped where the "
+        "recipe sets overlap_moe_expert_parallel_comm (`benchmarks/data/megatron_bridge_moe_recipes.json`, read "
+        "from the recipes at the data commit; an older table ran older recipes, which the repository does not "
+        "keep: priced with these). "
         "The FP8 recipes (FP8, FP8-CS, FP8-MX, MXFP8) run with precision fp8 (docs/cost-model.md §11: "
         "the presets' FP8 peak for the blocks' weight GEMMs, attention core and LM head at the BF16 peak, "
         "1-byte weights and GEMM inputs in the roofline, Transformer Engine's quantize kernels as "
         "memory-bound work); NVFP4 rows run with precision nvfp4 (the same GEMMs at the presets' NVFP4 peak, "
         "0.5625-byte operands); statistics per published precision and pooled. "
-        "**One figure is fitted to this table, on one release and reported on the others: the NVFP4 GEMMs' "
-        "efficiency on Blackwell (the last lines). Nothing else is fitted: the rest is the baseline of the "
-        "current presets.**",
+        "**Two figures are fitted to this table, each on one release and reported on the others: the "
+        "expert-layer efficiency of mixture-of-experts training, on release 26.08, and the NVFP4 GEMMs' "
+        "efficiency on Blackwell, on release 26.04.01 (the lines below the table). Nothing else is fitted: "
+        "the rest is the baseline of the current presets.**",
         "",
         f"{len(rows)} rows of the six models; {n_ok} expressible, {len(rows) - n_ok} not:",
         "",

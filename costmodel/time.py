@@ -162,7 +162,10 @@ class _Roofline:
     sequences, where an untouched expert runs no GEMM); the rest at ``η``:
     ``η_MoE = 1/((1 − φψ)/η + φψ/η_e)`` (the two kinds of GEMM take their times one after the
     other). ``W_read`` counts the experts the microbatch's ``b·ℓ`` tokens touch
-    (:meth:`~rpeg.ir.models.ModelSpec.layer_weights_read`).
+    (:meth:`~rpeg.ir.models.ModelSpec.layer_weights_read`). In a training or teacher-forced pass
+    the expert GEMMs' compute end is the hardware's expert-layer efficiency ``ε_e``
+    (:attr:`~rpeg.ir.hardware.Hardware.expert_efficiency`; ``docs/cost-model.md`` §9), their row
+    knee moving with it: ``η_e = (ε_e·r_e/(r_e + ε_e·γM))·(k_e/(k_e + γK))``.
 
     SPEC §15: a context-parallel rank holds ``b·ℓ/Pc`` of the microbatch's rows. With ``Pe``
     expert-parallel ranks each expert receives the tokens of all of them: the rank's ``E/Pe``
@@ -246,7 +249,9 @@ class _Roofline:
         # compute-bound end is ε_w·F_peak
         eps = hw.rollout_step.weight_only_efficiency if hw.rollout_step is not None else 1.0
         self.gamma_d, self.eps_d = hw.gamma_m, 1.0  # the dense (non-expert) block GEMMs
-        self.gamma_e, self.eps_w = hw.gamma_m, 1.0  # the routed experts'
+        # the routed experts': a training or teacher-forced pass's at the hardware's expert-layer
+        # efficiency ε_e (docs/cost-model.md §9), a generation engine's at the shape rule's
+        self.gamma_e, self.eps_w = hw.gamma_m, 1.0 if served else hw.expert_efficiency
         if served and served_weight_only(model, hw):
             self.act_bytes = 2.0 * model.dtype_bytes  # BF16 inputs and outputs
             self.gamma_d = self.gamma_e = hw.gamma_m * self.w_bytes / model.dtype_bytes

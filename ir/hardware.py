@@ -515,6 +515,14 @@ class Hardware:
     attention
         Measured :class:`AttentionRate` of the fused attention kernel at one or more head widths
         (increasing); empty: the attention core runs at the GEMM roofline.
+    expert_efficiency
+        ``ε_e`` ∈ (0, 1]: a mixture of experts' routed-expert GEMMs in a training or teacher-forced
+        pass run at ``ε_e`` times the shape rule's rate (``η_e``'s compute end; its row knee moves
+        with it, ``ε_e·r_e/(r_e + ε_e·γM)``), standing for the expert layer's grouped GEMMs and
+        the work around them that the model does not price apart (``docs/cost-model.md`` §9,
+        "The expert layer's efficiency"). Default 1 (none: calibrated files and the CPU preset);
+        the GPU presets carry one fitted figure. A generation engine's experts keep their own
+        (``EngineStep.weight_only_efficiency``).
     """
 
     name: str
@@ -542,6 +550,7 @@ class Hardware:
     peak_flops_fp8: float | None = None
     rollout_step: EngineStep | None = None
     peak_flops_fp4: float | None = None
+    expert_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         _check_figures(f"Hardware {self.name!r}: ", self, _HARDWARE_FIGURES)
@@ -576,6 +585,10 @@ class Hardware:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GPUS_PER_NODE:
             raise ValueError(
                 f"Hardware {self.name!r}: gpus_per_node must be an integer in [1, {MAX_GPUS_PER_NODE}], got {n!r}"
+            )
+        if not (_is_number(self.expert_efficiency) and 0.0 < self.expert_efficiency <= 1.0):
+            raise ValueError(
+                f"Hardware {self.name!r}: expert_efficiency must be in (0, 1], got {self.expert_efficiency!r}"
             )
         if not (_is_number(self.kv_memory_fraction) and 0.0 < self.kv_memory_fraction <= 1.0):
             raise ValueError(
@@ -761,6 +774,8 @@ class Hardware:
             del d["peak_flops_fp8"]
         if self.peak_flops_fp4 is None:  # no FP4 tensor cores: the file says nothing (as before)
             del d["peak_flops_fp4"]
+        if self.expert_efficiency == 1.0:  # no expert-layer loss: the file says nothing (as before)
+            del d["expert_efficiency"]
         if self.rollout_step is None:
             del d["rollout_step"]
         else:
@@ -839,6 +854,7 @@ class Hardware:
                 attention=tuple(AttentionRate(a.head_dim, a.forward, a.backward) for a in doc.attention),
                 peak_flops_fp8=doc.peak_flops_fp8,
                 peak_flops_fp4=doc.peak_flops_fp4,
+                expert_efficiency=doc.expert_efficiency,
                 rollout_step=None if doc.rollout_step is None else _engine_step(doc.rollout_step),
             )
         except ValueError as exc:
@@ -979,3 +995,4 @@ class _HardwareFile(Strict):
     sources: dict[str, str] = Field(default_factory=dict)
     attention: list[_AttentionEntry] = Field(default_factory=list)
     rollout_step: _RolloutStepEntry | None = None
+    expert_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0

@@ -21,6 +21,8 @@ from rpeg.costmodel.memory import (
 )
 from rpeg.costmodel.time import _Roofline
 from rpeg.ir import Strategy
+from rpeg.ir.errors import InputError
+from rpeg.ir.hardware import Hardware
 from rpeg.ir.types import Head
 
 QWEN3_MOE = model_preset("qwen3-30b-a3b")
@@ -76,8 +78,9 @@ def test_a_decode_step_reads_the_experts_its_tokens_touch():
 def test_expert_gemms_run_at_their_own_efficiency():
     """With few rows per expert (b·ℓ·k/E) the expert GEMMs are less efficient than the dense ones:
     the MoE model's compute-bound F_eff is below the dense reading's, by the harmonic blend of the
-    two efficiencies over the experts' share φ·ψ of the work; a dense model is unchanged (φ = 0)."""
-    hw = hardware_preset("h100")
+    two efficiencies over the experts' share φ·ψ of the work; a dense model is unchanged (φ = 0).
+    The shape rule alone: the expert-layer efficiency ε_e at 1 (its own test below)."""
+    hw = dataclasses.replace(hardware_preset("h100"), expert_efficiency=1.0)
     lay = Layout(Strategy((1, 1, 1), 1, 1, 1, 1))
     moe, dense = _Roofline(QWEN3_MOE, lay, hw, 1.0), _Roofline(_dense_reading(QWEN3_MOE), lay, hw, 1.0)
     work, tokens = 1e18, 512.0  # huge work per byte: compute-bound
@@ -94,12 +97,67 @@ def test_expert_gemms_run_at_their_own_efficiency():
     assert dense.flops(work, tokens, 0.0, 1.0) == pytest.approx(hw.peak_flops * eta)
 
 
+def test_the_expert_layer_efficiency_scales_a_training_passs_expert_gemms_only():
+    """ε_e (Hardware.expert_efficiency, docs/cost-model.md §9) is the expert GEMMs' compute end in a
+    training or teacher-forced pass, its row knee moving with it: η_e = ε_e·r_e/(r_e + ε_e·γM)·η_k,e.
+    A dense model, and a generation engine's experts (served), do not see it."""
+    eps = 0.4
+    base = dataclasses.replace(hardware_preset("h100"), expert_efficiency=1.0)
+    hw = dataclasses.replace(base, expert_efficiency=eps)
+    lay = Layout(Strategy((1, 1, 1), 1, 1, 1, 1))
+    work, tokens, psi = 1e18, 512.0, 0.6  # compute-bound
+    moe = _Roofline(QWEN3_MOE, lay, hw, 1.0)
+    dense = _Roofline(_dense_reading(QWEN3_MOE), lay, hw, 1.0)
+    eta = tokens / (tokens + hw.gamma_m) * dense.eta_k
+    r_e = tokens * 8 / 128
+    eta_e = eps * r_e / (r_e + eps * hw.gamma_m) * moe.eta_e
+    phi = QWEN3_MOE.expert_flop_share
+    blend = hw.peak_flops / ((1 - phi * psi) / eta + phi * psi / eta_e)
+    assert moe.flops(work, tokens, 0.0, psi) == pytest.approx(blend, rel=1e-12)
+    assert moe.flops(work, tokens, 0.0, psi) < _Roofline(QWEN3_MOE, lay, base, 1.0).flops(
+        work, tokens, 0.0, psi
+    )
+    assert dense.flops(work, tokens, 0.0, psi) == _Roofline(_dense_reading(QWEN3_MOE), lay, base, 1.0).flops(
+        work, tokens, 0.0, psi
+    )
+    served = _Roofline(QWEN3_MOE, lay, hw, 1.0, served=True)
+    assert served.flops(work, tokens, 0.0, psi) == _Roofline(QWEN3_MOE, lay, base, 1.0, served=True).flops(
+        work, tokens, 0.0, psi
+    )
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5, 1.5, float("nan")])
+def test_an_expert_efficiency_outside_zero_one_is_refused(bad):
+    """ε_e ∈ (0, 1]: the constructor and the hardware file's schema refuse another value, naming it."""
+    with pytest.raises(ValueError, match="expert_efficiency"):
+        dataclasses.replace(hardware_preset("h100"), expert_efficiency=bad)
+    doc = hardware_preset("h100").to_dict()
+    doc["expert_efficiency"] = bad
+    with pytest.raises(InputError, match="expert_efficiency"):
+        Hardware.from_dict(doc, source="hw.json")
+
+
+def test_the_gpu_presets_carry_the_expert_efficiency_and_a_file_round_trips_it():
+    """Every GPU preset carries ε_e with its source; the CPU preset none (1, and its file says
+    nothing); to_dict/from_dict keep it."""
+    from rpeg.costmodel.hardware import HARDWARE_PRESETS
+
+    for name in HARDWARE_PRESETS:
+        hw = hardware_preset(name)
+        if name == "cpu":
+            assert hw.expert_efficiency == 1.0 and "expert_efficiency" not in hw.to_dict()
+            continue
+        assert 0.0 < hw.expert_efficiency < 1.0, name
+        assert "FITTED" in dict(hw.sources)["expert_efficiency"], name
+        assert Hardware.from_dict(hw.to_dict()).expert_efficiency == hw.expert_efficiency
+
+
 def test_an_expert_gemm_gets_the_rows_of_the_experts_a_step_touches():
     """A decode step of b sequences reaches E_t = E·(1 − (1 − k/E)^b) experts; each runs a GEMM of
     b·k/E_t rows (one row per touched expert for b = 1), not b·k/E: an untouched expert runs
     nothing. Expert parallelism: the rank's E/Pe experts receive the b·Pe tokens' b·k
     assignments."""
-    hw = hardware_preset("h100")
+    hw = dataclasses.replace(hardware_preset("h100"), expert_efficiency=1.0)  # the shape rule alone
     work = 1e18  # compute-bound
     for ep, b in [(1, 1.0), (1, 7.0), (4, 3.0)]:
         lay = Layout(Strategy((1, 1, 1), 4 if ep > 1 else 1, 1, 1, 1, ep=ep))

@@ -86,9 +86,10 @@ def test_training_and_teacher_forced_passes_are_bf16_bit_for_bit(role):
 def test_bf16_generation_is_unchanged_by_the_served_flag():
     """The served roofline is the same arithmetic as before for a model without MXFP4 experts."""
     lay = _layout(tp=2)
+    hw = replace(H100, expert_efficiency=1.0)  # a training pass's expert-layer efficiency aside
     for b in (1.0, 64.0, 8192.0):
-        assert _Roofline(QWEN, lay, H100, b, True).flops(1e12, 1, 0.0, 0.9) == _Roofline(
-            QWEN, lay, H100, b, False
+        assert _Roofline(QWEN, lay, hw, b, True).flops(1e12, 1, 0.0, 0.9) == _Roofline(
+            QWEN, lay, hw, b, False
         ).flops(1e12, 1, 0.0, 0.9)
 
 
@@ -123,9 +124,10 @@ def test_the_expert_row_knee_moves_with_the_weight_bytes_and_the_compute_end_wit
         assert roof.eps_w == eps
     # without an engine step (a calibrated CPU file) there is no weight-only efficiency
     assert _Roofline(QWEN4, lay, replace(H100, rollout_step=None), 1.0, served=True).eps_w == 1.0
-    # an unserved node has neither
+    # an unserved node (a training or teacher-forced pass) has BF16 experts at the expert-layer
+    # efficiency ε_e instead (docs/cost-model.md §9)
     plain = _Roofline(QWEN4, lay, H100, 1.0)
-    assert plain.gamma_e == H100.gamma_m and plain.eps_w == 1.0
+    assert plain.gamma_e == H100.gamma_m and plain.eps_w == H100.expert_efficiency
 
 
 def _generation(model, hw, n, lp, lr):

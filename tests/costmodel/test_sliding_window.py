@@ -335,7 +335,7 @@ def test_a_decode_window_across_w_takes_the_mean_of_its_contexts():
     lay = Layout(Strategy((1, 1, 1), 1, 1, 1, 1))
     assert OSS.windowed_mean(64, 320) == 120
     bd = op_time(OSS, Role.GENERATION, lay, H100, sequences=8, prompt_len=64, response_len=256, prefill=False)
-    node = _Node(OSS, lay, H100, 8)
+    node = _Node(OSS, lay, H100, 8, served=True)  # a generation engine's, as op_time's
     assert bd.gemm == pytest.approx(_decode_terms(node, 192, 256, 255, Head.LM, 120.0)[0], rel=1e-15)
     assert bd.gemm < _decode_terms(node, 192, 256, 255, Head.LM)[0]
 
