@@ -638,7 +638,7 @@ def expert_report(rows: list[dict[str, Any]]) -> list[str]:
     blackwell = [r for r in held if r["system"] != "DGX-H100"]
     lines = [
         "",
-        f"The expert-layer efficiency (the one fitted figure of these MoE rows; `Hardware.expert_efficiency`, "
+        f"The expert-layer efficiency (one of the two fitted figures of this table; `Hardware.expert_efficiency`, "
         f"docs/cost-model.md §9): the GPU presets run a training or teacher-forced pass's routed-expert GEMMs at "
         f"ε_e = {EXPERT_EFFICIENCY} × the shape rule's rate, fitted on release {EXPERT_FIT_RELEASE}'s {len(fit)} MoE "
         f"rows (GB200, GB300) priced as their recipes ran:",
@@ -897,7 +897,7 @@ def fp4_report(rows: list[dict[str, Any]]) -> list[str]:
     unfit = 1.0 / FP4_EFFICIENCY
     return [
         "",
-        f"NVFP4 (the one fitted figure of this table): the Blackwell presets run NVFP4 GEMMs at 0.70 × the "
+        f"NVFP4 (the other fitted figure of this table): the Blackwell presets run NVFP4 GEMMs at 0.70 × the "
         f"dense FP4 peak × {FP4_EFFICIENCY}, the NVFP4 GEMMs' efficiency relative to the FP8 ones, fitted on "
         f"the NVFP4-over-FP8 speedups of release {FP4_FIT_RELEASE}'s same-layout pairs:",
         "",
