@@ -641,7 +641,7 @@ def expert_report(rows: list[dict[str, Any]]) -> list[str]:
         f"The expert-layer efficiency (one of the two fitted figures of this table; `Hardware.expert_efficiency`, "
         f"docs/cost-model.md §9): the GPU presets run a training or teacher-forced pass's routed-expert GEMMs at "
         f"ε_e = {EXPERT_EFFICIENCY} × the shape rule's rate, fitted on release {EXPERT_FIT_RELEASE}'s {len(fit)} MoE "
-        f"rows (GB200, GB300) priced as their recipes ran:",
+        f"rows ({', '.join(sorted({r['system'].removeprefix('DGX-') for r in fit}))}) priced as their recipes ran:",
         "",
         f"- refit now on release {EXPERT_FIT_RELEASE}: ε_e = {eps:.3f} (the presets carry {EXPERT_EFFICIENCY}); "
         f"MAPE there {expert_mape(fit):.1f} % at the presets' ε_e ({mape:.1f} % at the refit, "
