@@ -29,8 +29,9 @@ exactly, ``λ = 1`` (:data:`RECIPE_LOAD_IMBALANCE`: the recipes force load balan
 
 A mixture of experts runs the token dispatcher and the AlltoAll overlap its performance recipe
 sets (:data:`RECIPES`, :func:`row_recipe`: read from Megatron-Bridge's ``perf_recipes`` at the
-data commit by ``--refresh-recipes GIT_DIR``; the older tables ran older recipes, which the
-repository does not keep, and are priced with these). Two figures are fitted to these rows, as
+data commit by ``--refresh-recipes GIT_DIR``; the older tables ran older recipes, which are in
+the repository's history — ``perf_recipes`` since 2026-06-25, ``scripts/performance/configs``
+before — and are not read: those tables are priced with the data commit's recipes). Two figures are fitted to these rows, as
 issue 31 allows (one efficiency per operation class and GPU generation, fitted on one table and
 reported on the others): the expert-layer efficiency of MoE training (:data:`EXPERT_EFFICIENCY`,
 :func:`fit_expert_efficiency`, on the newest table; reported on the older tables and on
@@ -1950,8 +1951,8 @@ def main(argv: list[str] | None = None) -> None:
         "λ = 1: the recipes set moe_router_force_load_balancing), and its tokens go through the dispatcher "
         "its performance recipe sets (AlltoAll or flex: DeepEP, HybridEP), its AlltoAlls overlapped where the "
         "recipe sets overlap_moe_expert_parallel_comm (`benchmarks/data/megatron_bridge_moe_recipes.json`, read "
-        "from the recipes at the data commit; an older table ran older recipes, which the repository does not "
-        "keep: priced with these). "
+        "from the recipes at the data commit; an older table ran older recipes, which are in the repository's "
+        "history and not read here: priced with the data commit's). "
         "The FP8 recipes (FP8, FP8-CS, FP8-MX, MXFP8) run with precision fp8 (docs/cost-model.md §11: "
         "the presets' FP8 peak for the blocks' weight GEMMs, attention core and LM head at the BF16 peak, "
         "1-byte weights and GEMM inputs in the roofline, Transformer Engine's quantize kernels as "
