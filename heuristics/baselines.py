@@ -14,20 +14,36 @@ explain which invocation does not fit and by how much (:class:`Infeasible`).
 from __future__ import annotations
 
 import itertools
+import math
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ..ir.cluster import Allocation, Cluster
 from ..ir.plan import Choice, Plan
 from ..scoring.candidates import (
     Directory,
+    TimeUp,
     aligned_allocations,
+    build_directories,
     enumerate_strategies,
     explain_illegal,
     head_exclusions,
+    lean_message,
 )
+from ..scoring.costs import Costs
 from ..scoring.evaluator import Evaluator
 
-__all__ = ["Infeasible", "concurrent_plan", "greedy_plan", "levels", "repair_memory"]
+__all__ = [
+    "FLOOR_NOTE",
+    "Infeasible",
+    "TimeUp",
+    "baselines_in_time",
+    "concurrent_plan",
+    "greedy_plan",
+    "levels",
+    "repair_memory",
+]
 
 GIB = 2**30
 
@@ -166,31 +182,50 @@ def _side_by_side(ev: Evaluator, group: list[int], smallest: list[int]) -> Infea
     )
 
 
-def repair_memory(ev: Evaluator, dirs: list[Directory], plan: Plan, max_moves: int = 200) -> Plan:
+def repair_memory(
+    ev: Evaluator, dirs: list[Directory], plan: Plan, max_moves: int = 200, deadline: float | None = None
+) -> Plan:
     """Make ``plan`` memory-feasible by changing strategies in place (allocations kept).
 
     Each move switches one vertex to another strategy of the same shape that strictly lowers the
     worst device's peak ratio, choosing the one that adds the least estimated time (ties: the
     larger drop). Stops when feasible or when no move helps.
 
+    A device's peak is ``Σ persistent + max transient`` over its vertices (SPEC §6), so it never
+    falls when one vertex's ``(transient, weights, train_state)``
+    (:class:`~rpeg.scoring.costs.VertexMemory`) falls in no component, and never rises when it
+    rises in none. So a move scores, per vertex, only the strategies whose triple is below the
+    current one's in some component and not at or above the triple of a strategy listed before it
+    (which is no slower and, its ratio being no larger, wins or ties first): the move the full
+    scan would pick, without scoring the others.
+
     Raises
     ------
     Infeasible
         When no sequence of such moves reaches feasibility.
+    TimeUp
+        When ``deadline`` (a ``time.monotonic()`` instant) passes first.
     """
     costs = ev.costs
     ratio = ev.memory(plan).ratio
     moves = 0
+    fronts: dict[tuple[int, int], list[tuple[int, tuple[float, float, float]]]] = {}
     while ratio > 1.0 + 1e-9 and moves < max_moves:
         best = None
         for d in dirs:
             cur = plan.choices[d.vertex]
             t_cur = costs.op_time(d.vertex, cur.strategy)
-            for i in d.of_size(cur.allocation.size):
-                s = d.strategies[i]
-                if s == cur.strategy:
-                    continue
-                trial = plan.replace(d.vertex, Choice(s, cur.allocation))
+            m_cur = costs.memory(d.vertex, cur.strategy)
+            now = (m_cur.transient, m_cur.weights, m_cur.train_state)
+            at = (d.vertex, cur.allocation.size)
+            if at not in fronts:
+                fronts[at] = _memory_front(costs, d, cur.allocation.size)
+            for i, triple in fronts[at]:
+                if triple[0] >= now[0] and triple[1] >= now[1] and triple[2] >= now[2]:
+                    continue  # no device's peak can fall (the current strategy among them)
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeUp("the time limit passed while a baseline was repaired for memory")
+                trial = plan.replace(d.vertex, Choice(d.strategies[i], cur.allocation))
                 r = ev.memory(trial).ratio
                 if r < ratio - 1e-12:
                     key = (d.times[i] - t_cur, r)
@@ -205,13 +240,28 @@ def repair_memory(ev: Evaluator, dirs: list[Directory], plan: Plan, max_moves: i
     return plan
 
 
-def greedy_plan(ev: Evaluator, dirs: list[Directory]) -> Plan:
+def _memory_front(costs: Costs, d: Directory, size: int) -> list[tuple[int, tuple[float, float, float]]]:
+    """The strategies of ``d`` on ``size`` GPUs with their ``(transient, weights, train_state)``
+    (:class:`~rpeg.scoring.costs.VertexMemory`), less each one whose triple is at or above a
+    strategy's listed before it (no slower, and no higher on any device wherever it runs)."""
+    front: list[tuple[int, tuple[float, float, float]]] = []
+    for i in d.of_size(size):  # sorted by time
+        m = costs.memory(d.vertex, d.strategies[i])
+        t = (m.transient, m.weights, m.train_state)
+        if not any(f[0] <= t[0] and f[1] <= t[1] and f[2] <= t[2] for _, f in front):
+            front.append((i, t))
+    return front
+
+
+def greedy_plan(ev: Evaluator, dirs: list[Directory], deadline: float | None = None) -> Plan:
     """SPEC §8 greedy baseline: all GPUs, fastest strategy per invocation, repaired for memory.
 
     Raises
     ------
     Infeasible
         If some invocation has no strategy on all GPUs, or the co-resident state cannot fit.
+    TimeUp
+        When ``deadline`` (a ``time.monotonic()`` instant) passes during the repair.
     """
     cluster = ev.cluster
     n = cluster.num_devices
@@ -219,7 +269,7 @@ def greedy_plan(ev: Evaluator, dirs: list[Directory]) -> Plan:
     check_directories(ev, dirs, n)
     alloc = aligned_allocations(cluster, n)[0]
     plan = Plan(tuple(Choice(d.strategies[d.of_size(n)[0]], alloc) for d in dirs))
-    return repair_memory(ev, dirs, plan)
+    return repair_memory(ev, dirs, plan, deadline=deadline)
 
 
 def levels(ev: Evaluator) -> list[list[int]]:
@@ -251,7 +301,9 @@ def _pack(cluster: Cluster, sizes: list[int]) -> list[Allocation] | None:
     return out  # type: ignore[return-value]
 
 
-def concurrent_plan(ev: Evaluator, dirs: list[Directory], *, alternatives: int = 8) -> Plan:
+def concurrent_plan(
+    ev: Evaluator, dirs: list[Directory], *, alternatives: int = 8, deadline: float | None = None
+) -> Plan:
     """SPEC §8 concurrent baseline: independent invocations side by side on disjoint devices.
 
     For each topological level, every assignment of legal sizes to its members that packs into
@@ -263,6 +315,8 @@ def concurrent_plan(ev: Evaluator, dirs: list[Directory], *, alternatives: int =
     ------
     Infeasible
         When no tried partition can be made memory-feasible.
+    TimeUp
+        When ``deadline`` (a ``time.monotonic()`` instant) passes during a repair.
     """
     cluster = ev.cluster
     check_directories(ev, dirs)
@@ -302,8 +356,83 @@ def concurrent_plan(ev: Evaluator, dirs: list[Directory], *, alternatives: int =
     first_error: Infeasible | None = None
     for picks in combos[: max(1, alternatives * len(ranked))]:
         try:
-            return repair_memory(ev, dirs, build(picks))
+            return repair_memory(ev, dirs, build(picks), deadline=deadline)
         except Infeasible as exc:
             first_error = first_error or exc
     assert first_error is not None
     raise first_error
+
+
+#: What a result says when a baseline over the full candidates did not finish by the deadline
+#: and the one over the lean candidates (:func:`baselines_in_time`) stands in for it.
+FLOOR_NOTE = (
+    "the time limit passed before the baseline over the full candidate directories was complete: "
+    "the plan is the baseline over the lean ones, built first"
+)
+
+
+def baselines_in_time(
+    ev: Evaluator,
+    planners: Sequence[Callable[..., Plan]],
+    deadline: float | None,
+    narrow: Callable[[list[Directory]], None] | None = None,
+) -> tuple[list[Directory], list[Plan | Infeasible], str]:
+    """Candidate directories and each of ``planners``' plans over them (or its
+    :class:`Infeasible`), with what a result must say, finishing by ``deadline`` where the work
+    allows it.
+
+    Without a deadline: the full directories (:func:`~rpeg.scoring.candidates.build_directories`)
+    and each planner over them; the message is ``""``.
+
+    With one (a ``time.monotonic()`` instant), the *floor* comes first: every vertex's kept
+    directory, or its lean one (:func:`~rpeg.scoring.candidates.lean_directory`), and each planner
+    over those, without a deadline — the least work that yields a plan, so it is done even when
+    it overruns. Then the full directories are built until the deadline, and each planner runs
+    again over them, stopping at the deadline (:class:`TimeUp`); a planner that did not finish
+    keeps its floor plan and the message says so (:data:`FLOOR_NOTE`). When the floor has no lean
+    directory, or the deadline came before any full one was built, the floor is the result. The
+    message also names the vertices left lean (:func:`~rpeg.scoring.candidates.lean_message`).
+    ``narrow`` (in place) is applied to every directory list before a planner sees it (an
+    ablation's restriction).
+
+    The floor's plans may use a strategy the full directory leaves out (a dominated lean pick):
+    it is legal and fits, so a search may start from it.
+    """
+    narrow = narrow or (lambda dirs: None)
+
+    def attempt(
+        planner: Callable[..., Plan], dirs: list[Directory], until: float | None
+    ) -> Plan | Infeasible:
+        try:
+            return planner(ev, dirs, deadline=until)
+        except Infeasible as exc:
+            return exc
+
+    if deadline is None:
+        dirs = build_directories(ev.costs)
+        narrow(dirs)
+        return dirs, [attempt(p, dirs, None) for p in planners], ""
+    floor = build_directories(ev.costs, -math.inf)  # kept full ones, else lean
+    narrow(floor)
+    floor_plans = [attempt(p, floor, None) for p in planners]
+    if not any(d.lean for d in floor):
+        return floor, floor_plans, ""
+    dirs = build_directories(ev.costs, deadline)
+    if [d.lean for d in dirs] == [d.lean for d in floor]:  # no full one was built in time: the
+        # floor's directories again, so its plans are the plans
+        return floor, floor_plans, lean_message(ev.costs, floor)
+    narrow(dirs)
+    plans: list[Plan | Infeasible] = []
+    stood_in = False
+    for planner, fallback in zip(planners, floor_plans):
+        if time.monotonic() >= deadline:
+            plans.append(fallback)
+            stood_in = True
+            continue
+        try:
+            plans.append(attempt(planner, dirs, deadline))
+        except TimeUp:
+            plans.append(fallback)
+            stood_in = True
+    notes = [lean_message(ev.costs, dirs), FLOOR_NOTE if stood_in else ""]
+    return dirs, plans, "; ".join(n for n in notes if n)

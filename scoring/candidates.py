@@ -37,6 +37,7 @@ __all__ = [
     "BUILD_SHARE",
     "DIRECTORY_CACHE",
     "Directory",
+    "TimeUp",
     "aligned_allocations",
     "build_directories",
     "clear_directory_cache",
@@ -653,7 +654,7 @@ def clear_directory_cache() -> None:
     _DIRECTORIES.clear()
 
 
-def build_directories(costs: Costs, deadline: float | None = None) -> list[Directory]:
+def build_directories(costs: Costs, deadline: float | None = None, *, floor: bool = True) -> list[Directory]:
     """Build ``Xcand(v)`` for every vertex of ``costs.graph`` (SPEC §4, §14).
 
     The legal strategies (P1–P8, H1–H2 for the vertex's model on its engine, Z1–Z2; each layout
@@ -693,6 +694,16 @@ def build_directories(costs: Costs, deadline: float | None = None) -> list[Direc
     (:attr:`Directory.lean`) and kept too, so the other structures of one ``solve`` share
     them; a later call with time left (or without a deadline) replaces a kept lean directory
     with the full one. Without a deadline every directory is full.
+
+    The lean directories are the *floor*: built whatever the time, so that a plan exists. With
+    ``floor=False`` they stop at the deadline too (:class:`TimeUp`): for a caller with
+    candidates already (a search's later structures), for which a late floor is not worth
+    overrunning the limit.
+
+    Raises
+    ------
+    TimeUp
+        With ``floor=False``, when ``deadline`` passes before every vertex has a directory.
     """
     n = len(costs.graph.vertices)
     keys = [directory_key(costs, vi) for vi in range(n)]
@@ -710,7 +721,7 @@ def build_directories(costs: Costs, deadline: float | None = None) -> list[Direc
     if deadline is not None:
         for vi, key in missing:
             if key not in found:
-                found[key] = lean_directory(costs, vi, by_shape)
+                found[key] = lean_directory(costs, vi, by_shape, None if floor else deadline)
                 _DIRECTORIES.put(key, found[key])
     for vi, key in missing:
         if past_deadline(deadline, 0):
@@ -758,6 +769,11 @@ BUILD_SHARE = 0.5
 #: Strategies a directory build scores between two looks at the clock (a strategy takes about
 #: 0.1 ms: a look every few milliseconds).
 DEADLINE_STRIDE = 64
+
+
+class TimeUp(Exception):
+    """A deadline passed before a piece of work that has no partial result was complete (a
+    directory, a baseline's memory repair): not a verdict on feasibility."""
 
 
 def past_deadline(deadline: float | None, i: int) -> bool:
@@ -876,7 +892,9 @@ def lean_picks(fitting: list[tuple[float, int, int]], generation: bool) -> list[
     return sorted({least} | ends)
 
 
-def lean_directory(costs: Costs, vi: int, by_shape: dict[tuple, list[Strategy]] | None = None) -> Directory:
+def lean_directory(
+    costs: Costs, vi: int, by_shape: dict[tuple, list[Strategy]] | None = None, deadline: float | None = None
+) -> Directory:
     """The lean directory of vertex ``vi``: what :func:`build_directories` lists while a
     deadline leaves no time for the full one (:attr:`Directory.lean`).
 
@@ -890,6 +908,11 @@ def lean_directory(costs: Costs, vi: int, by_shape: dict[tuple, list[Strategy]] 
     strategy's memory is computed, the time of a few per group of degrees (the full build times
     every strategy that fits and scans the interleavings). ``dropped`` counts the strategies
     that do not fit or start; ``dominated`` is 0.
+
+    Raises
+    ------
+    TimeUp
+        When ``deadline`` (a ``time.monotonic()`` instant; ``None``: none) passes first.
     """
     m_eff = costs.cluster.hardware.m_eff
     legal = _legal(costs, vi, by_shape if by_shape is not None else {})
@@ -897,7 +920,9 @@ def lean_directory(costs: Costs, vi: int, by_shape: dict[tuple, list[Strategy]] 
     smallest = float("inf")
     dropped = 0
     kept: list[tuple[float, int, Strategy]] = []
-    for group in lean_groups(legal):
+    for k, group in enumerate(lean_groups(legal)):
+        if past_deadline(deadline, k):
+            raise TimeUp(f"the deadline passed while the lean directory of vertex {vi} was built")
         fitting: list[tuple[float, int, int]] = []
         for j in group:
             iso = costs.memory(vi, legal[j]).isolated

@@ -63,7 +63,7 @@ from ..ir.errors import check_type
 from ..ir.plan import Choice, Plan
 from ..ir.templates import Structure, build_graph
 from ..ir.templates import structures as all_structures
-from ..scoring.candidates import BUILD_SHARE, Directory, build_directories, lean_message
+from ..scoring.candidates import BUILD_SHARE, Directory, TimeUp, build_directories, lean_message
 from ..scoring.evaluator import Evaluator
 from .result import Result, Status
 from .solve import Problem, check_structure_arg, register, solve
@@ -294,8 +294,16 @@ class _Search:
     lean: dict[int, str] = field(default_factory=dict)
 
     def directories(self, i: int, ev: Evaluator) -> list[Directory]:
-        """Structure ``i``'s directories (lean ones past :attr:`build_at`, noted in :attr:`lean`)."""
-        dirs = build_directories(ev.costs, self.build_at)
+        """Structure ``i``'s directories (lean ones past :attr:`build_at`, noted in :attr:`lean`).
+
+        Raises
+        ------
+        TimeUp
+            When a fallback is pooled already and :attr:`build_at` passes before the lean
+            directories of ``i``'s new vertices are built: only the first structure's floor is
+            built whatever the time (:func:`~rpeg.scoring.candidates.build_directories`).
+        """
+        dirs = build_directories(ev.costs, self.build_at, floor=not self.pool)
         note = lean_message(ev.costs, dirs)
         if note:
             self.lean[i] = note
@@ -320,7 +328,10 @@ class _Search:
             if self.pool and deadline.expired():
                 break
             ev = self.problem.evaluator(y)
-            dirs = self.directories(i, ev)
+            try:
+                dirs = self.directories(i, ev)
+            except TimeUp:  # ranked last with the rest; skipped, as no time is left
+                break
             self.prepared[i] = (ev, dirs)
             try:
                 plan = concurrent_plan(ev, dirs)
@@ -374,7 +385,12 @@ class _Search:
             ev, dirs = self.prepared.pop(i)
         else:
             ev = problem.evaluator(y)
-            dirs = self.directories(i, ev)
+            try:
+                dirs = self.directories(i, ev)
+            except TimeUp:
+                self._outcome({"structure": y.label, "status": "skipped", "reason": "no time left"})
+                self.bounds[i] = 0.0
+                return
         try:
             check_directories(ev, dirs)  # a lean directory is empty only when the full one is
         except Infeasible as exc:

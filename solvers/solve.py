@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..formulations.deadline import heap_frozen
-from ..heuristics.baselines import Infeasible, concurrent_plan, greedy_plan
+from ..heuristics.baselines import Infeasible, baselines_in_time, concurrent_plan, greedy_plan
 from ..heuristics.dp_planner import clear_frontier_cache
 from ..heuristics.search.parallel import EXIT_UNGUARDED, in_worker_bootstrap
 from ..ir.cluster import Cluster
@@ -23,7 +23,7 @@ from ..ir.errors import check_positive_int, check_seconds, check_seed, check_typ
 from ..ir.plan import Plan
 from ..ir.templates import Structure, build_graph
 from ..ir.workload import MAX_K_EVAL, Workload
-from ..scoring.candidates import build_directories, clear_directory_cache, lean_message
+from ..scoring.candidates import clear_directory_cache
 from ..scoring.evaluator import Evaluator
 from .result import Result, Status, check_structure
 
@@ -310,14 +310,12 @@ def _baseline(name: str, planner: Callable[..., Plan], problem: Problem, options
     t0 = time.perf_counter()
     structure = Structure.synchronous(problem.workload)
     ev = problem.evaluator(structure)
-    # a one-pass construction: the directories may take the whole limit (lean ones past it)
-    dirs = build_directories(ev.costs, problem.deadline())
-    lean = lean_message(ev.costs, dirs)
-    try:
-        plan = planner(ev, dirs)
-    except Infeasible as exc:
+    # a one-pass construction: the directories may take the whole limit (lean ones past it), the
+    # plan over the lean floor standing in where the one over the full ones is not done in time
+    _, (plan, *_), lean = baselines_in_time(ev, [planner], problem.deadline())
+    if isinstance(plan, Infeasible):
         status = Status.TIME_LIMIT if lean else Status.INFEASIBLE  # no proof over lean candidates
-        message = f"{exc} ({lean})" if lean else str(exc)
+        message = f"{plan} ({lean})" if lean else str(plan)
         return Result.infeasible(ev, name, message, runtime_s=time.perf_counter() - t0, status=status)
     evaluation = ev.evaluate(plan, keep=True)
     if not evaluation.feasible:  # the planners repair memory; this guards the invariant

@@ -46,7 +46,7 @@ from ...scoring.candidates import (
     lean_message,
 )
 from ...scoring.evaluator import BETA_OOM, MEMORY_TOL, Evaluator
-from ..baselines import Infeasible, check_directories, concurrent_plan, greedy_plan
+from ..baselines import Infeasible, TimeUp, baselines_in_time, check_directories, concurrent_plan, greedy_plan
 from .acceptance import Acceptance, Metropolis
 from .moves import Move, MoveContext, PairMove, SingleMove, SplitMove, VariantMove
 from .stop import Budget
@@ -213,12 +213,17 @@ def fixed_microbatch_ok(role_is_training: bool, s: Strategy) -> bool:
     return s.mb == (2 * s.pp if role_is_training else s.pp)
 
 
-def baseline_plans(ev: Evaluator, dirs: list[Directory]) -> list[Plan]:
-    """The concurrent and the greedy baseline over ``dirs``, those that exist, in that order."""
+#: The baselines a search starts from, in the order :func:`baseline_plans` lists them.
+BASELINES = (concurrent_plan, greedy_plan)
+
+
+def baseline_plans(ev: Evaluator, dirs: list[Directory], deadline: float | None = None) -> list[Plan]:
+    """The concurrent and the greedy baseline over ``dirs``, those that exist (and are done by
+    ``deadline``, a ``time.monotonic()`` instant), in that order."""
     plans = []
-    for baseline in (concurrent_plan, greedy_plan):
-        with contextlib.suppress(Infeasible):
-            plans.append(baseline(ev, dirs))
+    for baseline in BASELINES:
+        with contextlib.suppress(Infeasible, TimeUp):
+            plans.append(baseline(ev, dirs, deadline=deadline))
     return plans
 
 
@@ -242,7 +247,14 @@ def restrict(dirs: list[Directory], k: int, keep: list[Plan]) -> None:
 
 
 class SearchSpace:
-    """One structural candidate: its evaluator, directories, seed plan and evaluation cache."""
+    """One structural candidate: its evaluator, directories, seed plan and evaluation cache.
+
+    With a ``deadline`` (a ``time.monotonic()`` instant) the directories are built until it
+    (lean past it, :func:`~rpeg.scoring.candidates.build_directories`) and the baselines stop at
+    it; with ``floor`` too, the lean floor and its baselines come first and stand in for what
+    the deadline cuts (:func:`~rpeg.heuristics.baselines.baselines_in_time`): the structure
+    whose baselines are the search's incumbents is prepared so.
+    """
 
     def __init__(
         self,
@@ -255,37 +267,53 @@ class SearchSpace:
         tune_microbatches: bool,
         candidates: int | None = None,
         deadline: float | None = None,
+        floor: bool = False,
     ) -> None:
         self.structure = structure
         self.ev = Evaluator(workload, cluster, structure, k_eval=k_eval, split_phases=split_phases)
         # the staleness variants of one sharing choice have the same vertices: the process's
         # directory cache builds each once and hands every structure its own copy (restricted
         # independently below)
-        # past ``deadline`` (a time.monotonic() instant) the vertices not yet built stay lean
-        dirs = build_directories(self.ev.costs, deadline)
-        #: what the result says when a directory is lean ("" when none is)
-        self.lean = lean_message(self.ev.costs, dirs)
-        if not tune_microbatches:
-            from ...ir.types import Role
+        self.deadline = deadline
 
-            for d in dirs:
-                training = self.ev.graph.vertices[d.vertex].role is Role.TRAINING
-                keep = [i for i, s in enumerate(d.strategies) if fixed_microbatch_ok(training, s)]
-                d.strategies = [d.strategies[i] for i in keep]
-                d.times = [d.times[i] for i in keep]
+        def narrow(dirs: list[Directory]) -> None:
+            if not tune_microbatches:
+                from ...ir.types import Role
+
+                for d in dirs:
+                    training = self.ev.graph.vertices[d.vertex].role is Role.TRAINING
+                    keep = [i for i, s in enumerate(d.strategies) if fixed_microbatch_ok(training, s)]
+                    d.strategies = [d.strategies[i] for i in keep]
+                    d.times = [d.times[i] for i in keep]
+
         self._baselines: list[Plan] | None = None
+        if floor and deadline is not None:
+            # the floor first (lean directories and the baselines over them), so that a plan
+            # exists by the deadline wherever one can; then the full directories until it
+            dirs, plans, self.lean = baselines_in_time(self.ev, BASELINES, deadline, narrow)
+            self._baselines = [p for p in plans if isinstance(p, Plan)]
+        else:
+            # past ``deadline`` (a time.monotonic() instant) the vertices not yet built stay lean;
+            # a later structure's lean floor stops at it too (TimeUp: it is not searched)
+            dirs = build_directories(self.ev.costs, deadline, floor=floor)
+            #: what the result says when a directory is lean ("" when none is)
+            self.lean = lean_message(self.ev.costs, dirs)
+            narrow(dirs)
         if candidates is not None:  # the baselines are computed over the unrestricted directories
-            self._baselines = baseline_plans(self.ev, dirs)
+            if self._baselines is None:
+                self._baselines = baseline_plans(self.ev, dirs, deadline)
             restrict(dirs, candidates, self._baselines)
         self.dirs: list[Directory] = dirs
         self.cache: dict[tuple, Raw] = {}
         self.vertex_key = tuple(v.name for v in self.ev.graph.vertices)
 
     def baselines(self) -> list[Plan]:
-        """The structure's concurrent and greedy baselines (those that exist), computed once;
-        with a candidate restriction, over the directories before it (their strategies are kept)."""
+        """The structure's concurrent and greedy baselines (those that exist and are done by the
+        deadline), computed once; with a candidate restriction, over the directories before it
+        (their strategies are kept); for the structure prepared with its ``floor``, those over
+        the lean floor where the full ones were not done in time."""
         if self._baselines is None:
-            self._baselines = baseline_plans(self.ev, self.dirs)
+            self._baselines = baseline_plans(self.ev, self.dirs, self.deadline)
         return self._baselines
 
     def key(self, plan: Plan) -> tuple:
@@ -449,18 +477,23 @@ class Anneal:
             # for a new sharing choice, directories (about 0.4 s at 16 GPUs on this machine)
             if self.spaces and budget.seconds is not None and budget.elapsed() >= budget.seconds:
                 break
-            space = SearchSpace(
-                workload,
-                cluster,
-                y,
-                k_eval=k_eval,
-                split_phases=split_phases,
-                tune_microbatches=tune_microbatches,
-                candidates=candidates,
-                # the whole limit: a search over full candidates from its baselines beat one over
-                # lean candidates that started sooner (docs/decisions.md, candidates under a time limit)
-                deadline=None if budget.seconds is None else budget.start + budget.seconds,
-            )
+            try:
+                space = SearchSpace(
+                    workload,
+                    cluster,
+                    y,
+                    k_eval=k_eval,
+                    split_phases=split_phases,
+                    tune_microbatches=tune_microbatches,
+                    candidates=candidates,
+                    # the whole limit: a search over full candidates from its baselines beat one
+                    # over lean candidates that started sooner (docs/decisions.md, candidates
+                    # under a time limit); the first structure's floor is built whatever the time
+                    deadline=None if budget.seconds is None else budget.start + budget.seconds,
+                    floor=not self.spaces,
+                )
+            except TimeUp:  # a later structure's lean floor was cut by the deadline
+                break
             self.spaces.append(space)
         #: structures left unprepared because the time limit ran out first
         self.skipped = len(ys) - len(self.spaces)

@@ -152,7 +152,32 @@ def test_symmetry_breaking_keeps_the_optimum(shape, monkeypatch):
 
     _ev, _cands, inst = _symmetric(shape)
     with_sym = solve_plan_cpsat(inst, time_limit=60, threads=1)
-    monkeypatch.setattr(plan_model, "symmetry_fixing", lambda inst, keep=None: None)
+    monkeypatch.setattr(plan_model, "symmetry_fixing", lambda inst, keep=None, deadline=None: None)
     without = solve_plan_cpsat(inst, time_limit=60, threads=1)
     assert with_sym.status == without.status == "optimal"
     assert with_sym.makespan == pytest.approx(without.makespan, rel=1e-12)
+
+
+def test_a_block_swap_maps_a_mask_as_its_permutation_does():
+    from random import Random
+
+    from rpeg.formulations.plan_model import _block_swaps
+
+    rng = Random(0)
+    for n in (4, 16, 64):
+        for swap in _block_swaps(n):
+            perm = swap.perm(n)
+            for mask in [rng.getrandbits(n) for _ in range(8)]:
+                want = sum(1 << perm[d] for d in range(n) if mask >> d & 1)
+                assert swap.map_mask(mask) == want
+
+
+def test_symmetry_fixing_stops_at_its_deadline_with_what_it_certified():
+    """Past its deadline no permutation is certified and nothing is ruled out; with time, the
+    orbits of every certified swap."""
+    from rpeg.formulations.deadline import Deadline
+    from rpeg.formulations.plan_model import symmetry_fixing
+
+    _ev, _cands, inst = _symmetric()
+    assert symmetry_fixing(inst, deadline=Deadline(0.0)) is None
+    assert symmetry_fixing(inst, deadline=Deadline(3600.0)) == symmetry_fixing(inst)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
+import time
 
 import pytest
 
 from rpeg import Cluster, example_names
 from rpeg.heuristics.baselines import (
     Infeasible,
+    TimeUp,
     concurrent_plan,
     greedy_plan,
     levels,
@@ -189,3 +191,79 @@ def test_70b_actor_on_eight_a100s_is_infeasible(ppo_70b, a100_1x1x8, planner):
     assert over is not None
     assert float(over.group(1)) == pytest.approx((smallest - m_eff) / GIB, abs=0.05)
     assert float(over.group(2)) == pytest.approx(m_eff / GIB, abs=0.05)
+
+
+def _full_scan_repair(ev, dirs, plan, max_moves=200):
+    """The repair's rule scored on every strategy of the vertex's shape (no pruning): the
+    reference :func:`repair_memory` must agree with."""
+    ratio = ev.memory(plan).ratio
+    moves = 0
+    while ratio > 1.0 + 1e-9 and moves < max_moves:
+        best = None
+        for d in dirs:
+            cur = plan.choices[d.vertex]
+            t_cur = ev.costs.op_time(d.vertex, cur.strategy)
+            for i in d.of_size(cur.allocation.size):
+                if d.strategies[i] == cur.strategy:
+                    continue
+                trial = plan.replace(d.vertex, Choice(d.strategies[i], cur.allocation))
+                r = ev.memory(trial).ratio
+                if r < ratio - 1e-12 and (best is None or (d.times[i] - t_cur, r) < best[0]):
+                    best = ((d.times[i] - t_cur, r), trial, r)
+        if best is None:
+            break
+        _, plan, ratio = best
+        moves += 1
+    return plan if ratio <= 1.0 + 1e-9 else None
+
+
+@pytest.mark.parametrize("name", ["ppo-7b-16gpu", "ppo-13b-64gpu", "grpo-8b-16gpu"])
+@pytest.mark.parametrize("shrink", [1.0, 0.5])
+def test_the_repair_picks_what_the_full_scan_picks(problem_of, name, shrink):
+    """Scoring only the strategies below the current one's memory and on their shape's memory
+    front changes no move: the repaired plans (and failures) are the full scan's, from the
+    greedy start and from every concurrent partition, on the examples and on devices with half
+    the memory (more moves)."""
+    workload, cluster = problem_of(name)[:2]
+    hw = dataclasses.replace(cluster.hardware, gpu_memory_bytes=cluster.hardware.gpu_memory_bytes * shrink)
+    ev, dirs = _setup(workload, Cluster(*cluster.shape, hw))
+    starts = [_fastest_on_all(ev, dirs)]
+    for group in levels(ev):  # each level's members side by side, everything else on all GPUs
+        sizes = [min(dirs[v].strategies[i].size for i in range(len(dirs[v]))) for v in group]
+        choices = list(starts[0].choices)
+        used = 0
+        for v, size in zip(group, sizes):
+            alloc = next(
+                (a for a in ev.cluster.allocations_of_size(size) if not a.mask & used),
+                None,
+            )
+            if alloc is None:
+                break
+            used |= alloc.mask
+            choices[v] = Choice(dirs[v].strategies[dirs[v].of_size(size)[0]], alloc)
+        starts.append(Plan(tuple(choices)))
+    repaired = 0
+    for start in starts:
+        want = _full_scan_repair(ev, dirs, start)
+        try:
+            got = repair_memory(ev, dirs, start)
+        except Infeasible:
+            got = None
+        assert got == want
+        repaired += got is not None and got != start
+    assert repaired, "no start needed a repair: the comparison tested nothing"
+
+
+def test_a_repair_stops_at_its_deadline(tiny_ppo, cluster_1x2x4):
+    hw = dataclasses.replace(cluster_1x2x4.hardware, gpu_memory_bytes=50e9)
+    ev, dirs = _setup(tiny_ppo, Cluster(*cluster_1x2x4.shape, hw))
+    fast = _fastest_on_all(ev, dirs)
+    with pytest.raises(TimeUp):
+        repair_memory(ev, dirs, fast, deadline=time.monotonic() - 1.0)
+    with pytest.raises(TimeUp):
+        greedy_plan(ev, dirs, deadline=time.monotonic() - 1.0)
+    assert ev.memory(repair_memory(ev, dirs, fast, deadline=time.monotonic() + 3600)).ratio <= 1.0
+    # a plan that fits needs no move: it is returned whatever the time
+    ev, dirs = _setup(tiny_ppo, cluster_1x2x4)
+    fits = _fastest_on_all(ev, dirs)
+    assert repair_memory(ev, dirs, fits, deadline=time.monotonic() - 1.0) is fits

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from rpeg import solve
+from rpeg.heuristics.baselines import FLOOR_NOTE, Infeasible, baselines_in_time, concurrent_plan, greedy_plan
 from rpeg.heuristics.dp_planner import (
     COARSE_MEM_UNITS,
     _build_frontier,
@@ -22,8 +23,11 @@ from rpeg.heuristics.dp_planner import (
     size_chain,
     solve_dp,
 )
+from rpeg.heuristics.search.anneal import SearchSpace
+from rpeg.ir.templates import structures
 from rpeg.ir.types import Role
 from rpeg.scoring.candidates import (
+    TimeUp,
     _build_directory,
     build_directories,
     degree_group,
@@ -195,3 +199,82 @@ def test_dp_counts_memory_in_gib_under_a_time_limit_only(ppo7b):
     assert exact.status is Status.FEASIBLE and timed.status is Status.FEASIBLE
     assert exact.evaluation.feasible and timed.evaluation.feasible
     assert timed.extra["dp"]["step_latency_s"] >= exact.extra["dp"]["step_latency_s"]
+
+
+def test_only_the_floor_is_built_whatever_the_time(ppo7b):
+    """``floor=False`` (a search's later structures): past the deadline, a vertex with no kept
+    directory stops the build (``TimeUp``) instead of getting a lean one late; with every
+    directory kept, the kept ones are returned."""
+    workload, cluster, _ = ppo7b
+    clear_caches()
+    ev = Evaluator(workload, cluster)
+    with pytest.raises(TimeUp):
+        build_directories(ev.costs, _past(), floor=False)
+    with pytest.raises(TimeUp):
+        lean_directory(ev.costs, 0, deadline=_past())
+    lean = build_directories(ev.costs, _past())
+    assert _listed(build_directories(ev.costs, _past(), floor=False)) == _listed(lean)
+
+
+def _planned(dirs, planner, ev):
+    try:
+        return planner(ev, dirs)
+    except Infeasible as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize("when", ["none", "past", "ample"])
+def test_the_baselines_in_time_are_the_baselines_over_the_directories_they_return(ppo7b, when):
+    """Without a deadline or with time to spare: the full directories and the baselines over
+    them, nothing to say; past it: the lean floor and the baselines over it, named lean."""
+    workload, cluster, _ = ppo7b
+    clear_caches()
+    ev = Evaluator(workload, cluster)
+    deadline = {"none": None, "past": _past(), "ample": time.monotonic() + 3600}[when]
+    dirs, plans, note = baselines_in_time(ev, [concurrent_plan, greedy_plan], deadline)
+    assert all(d.lean for d in dirs) if when == "past" else not any(d.lean for d in dirs)
+    assert ("left no time to build the full" in note) == (when == "past")
+    assert FLOOR_NOTE not in note
+    for plan, planner in zip(plans, [concurrent_plan, greedy_plan]):
+        want = _planned(dirs, planner, ev)
+        assert (str(plan) if isinstance(plan, Infeasible) else plan) == want
+
+
+def test_a_baseline_cut_by_the_deadline_keeps_its_plan_over_the_floor(ppo7b):
+    """The full directories are built in time but the planner over them is not done: its plan
+    over the lean floor stands in, and the note says so."""
+    workload, cluster, _ = ppo7b
+    clear_caches()
+    ev = Evaluator(workload, cluster)
+    calls = []
+
+    def slow_concurrent(ev, dirs, deadline=None):
+        calls.append(all(d.lean for d in dirs))
+        if deadline is not None:
+            raise TimeUp("cut")
+        return concurrent_plan(ev, dirs)
+
+    dirs, (plan,), note = baselines_in_time(ev, [slow_concurrent], time.monotonic() + 3600)
+    assert calls == [True, False]  # over the floor first, then over the full directories
+    assert not any(d.lean for d in dirs)
+    lean = build_directories(ev.costs, _past())  # the kept full ones now; the floor was lean
+    assert not any(d.lean for d in lean)
+    clear_caches()
+    assert plan == concurrent_plan(ev, build_directories(ev.costs, _past()))
+    assert note == FLOOR_NOTE
+
+
+def test_a_later_structure_is_not_prepared_on_a_floor_past_the_deadline(ppo7b):
+    """The structure whose baselines are the incumbents is prepared on its lean floor whatever
+    the time, with those baselines; another whose vertices have no directory yet (actor–critic
+    sharing) is not (``TimeUp``: the search skips it)."""
+    workload, cluster, k_eval = ppo7b
+    clear_caches()
+    ys = structures(workload)
+    first, shared = ys[0], next(y for y in ys if y.ac_sharing)
+    opts = dict(k_eval=k_eval, split_phases=True, tune_microbatches=True, deadline=_past())
+    space = SearchSpace(workload, cluster, first, floor=True, **opts)
+    assert all(d.lean for d in space.dirs) and "left no time" in space.lean
+    assert space.baselines() and all(space.ev.memory(p).ratio <= 1.0 for p in space.baselines())
+    with pytest.raises(TimeUp):
+        SearchSpace(workload, cluster, shared, floor=False, **opts)

@@ -175,7 +175,9 @@ def test_an_expired_limit_prepares_one_structure_and_skips_the_rest(method, monk
     built = []
     real = exact.build_directories
     monkeypatch.setattr(
-        exact, "build_directories", lambda costs, deadline=None: built.append(1) or real(costs, deadline)
+        exact,
+        "build_directories",
+        lambda costs, deadline=None, **kw: built.append(1) or real(costs, deadline, **kw),
     )
     problem = example_problem("ppo-7b-16gpu")
     r, _ = run(problem, method, 1e-3)  # the engine's first import alone outlasts this limit
