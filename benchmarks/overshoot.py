@@ -5,17 +5,17 @@ bundled example, one fresh Python process imports rpeg, then times ``solve(..., 
 with ``time.monotonic`` (so the engines' own imports — OR-Tools, Pyomo, highspy — count, as
 they do on the command line; importing rpeg does not). Reported: wall time, overshoot
 ``wall − L`` in seconds and in % of ``L``, status, the evaluator's throughput and what the exact
-methods returned (their own solution or the warm start). The target is an overshoot of at most
-``10% of L + 1 s``. greedy, concurrent and dp (one structure) are one pass once their candidates
-are built; building those took most of a short limit at 64 GPUs until the build watched the
-deadline (lean candidates past it, ``docs/formulations.md`` §7).
+methods returned (their own solution or the warm start). The target is to end at most
+``10% of L + 1 s`` after ``max(L, floor)`` (below). greedy, concurrent and dp (one structure) are
+one pass once their candidates are built; building those took most of a short limit at 64 GPUs
+until the build watched the deadline (lean candidates past it, ``docs/formulations.md`` §7).
 
 Two configurations of the RPEG paper's Table X (``search_speed.py``'s, GH200, PPO) run too, at
 ``--large-limits`` (3 and 10 s by default): ``tablex-512`` (70B/70B/34B, 8x16x4) and
-``tablex-1024`` (175B/70B/34B, 16x16x4). There the lean floor every method builds first (its
-candidates and the baselines over them: what guarantees a plan) takes seconds of its own, so a
-limit shorter than it is overrun by design; the floor's time is measured as the wall time at
-``L = 0.01`` s (``sa``) and printed with the table.
+``tablex-1024`` (175B/70B/34B, 16x16x4). The lean floor every method builds first (its
+candidates, and for greedy, concurrent and sa the baselines over them: what guarantees a plan)
+takes seconds of its own there, so a limit shorter than it is overrun by design. Each method's floor on each configuration is
+measured as its wall time at ``L = 0.01`` s, and the target is judged after ``max(L, floor)``.
 
 Usage::
 
@@ -100,21 +100,23 @@ def main(argv: list[str] | None = None) -> None:
     large = [x for x in args.large.split(",") if x]
     large_limits = [float(x) for x in args.large_limits.split(",")]
     start = time.monotonic()
-    rows = []
-    floors = {name: measure(name, "sa", FLOOR_LIMIT)["wall"] for name in large}
-    for name, wall in floors.items():
-        print(f"floor of {name}: {wall:.2f} s (sa at L = {FLOOR_LIMIT:g} s)", flush=True)
     runs = [(name, limit) for limit in limits for name in examples]
     runs += [(name, limit) for limit in large_limits for name in large]
+    rows = []
     for method in methods:
+        floors = {}
+        for name in [*examples, *large]:
+            floors[name] = measure(name, method, FLOOR_LIMIT)["wall"]
+            print(f"{method:10s} {name:14s} floor {floors[name]:6.2f} s", flush=True)
         for name, limit in runs:
             m = measure(name, method, limit)
             over = m["wall"] - limit
-            rows.append((method, name, limit, m, over))
+            past = m["wall"] - max(limit, floors[name])
+            rows.append((method, name, limit, m, over, floors[name], past))
             print(
                 f"{method:10s} {name:14s} {limit:5g} s  wall {m['wall']:6.2f} s  over {over:+6.2f} s "
-                f"({100 * over / limit:+6.1f}%)  {m['status']:10s} {_bench.fmt_tp(m['throughput']):>8s} "
-                f"{m['returned']}",
+                f"({100 * over / limit:+6.1f}%)  past max(L, floor) {past:+6.2f} s  {m['status']:10s} "
+                f"{_bench.fmt_tp(m['throughput']):>8s} {m['returned']}",
                 flush=True,
             )
     total = time.monotonic() - start
@@ -125,50 +127,47 @@ def main(argv: list[str] | None = None) -> None:
         "cores: other engineers' jobs ran at the same time, so these are figures under load.",
         "",
         "Each run is a fresh process timing `solve(..., time_limit=L)` with `time.monotonic` (engine imports "
-        "included, importing rpeg not). Overshoot = wall − L; target ≤ 10% of L + 1 s. `returned`: whether an "
-        "exact method returned its engine's plan or its warm start (a model too large to build in time, or "
-        "nothing better found). greedy, concurrent and dp are one pass each once their candidates are built; "
-        "every method builds its candidate directories (dp: frontiers) within the limit (the searching ones "
-        "within half of it) and plans over lean ones past it, with status time_limit (docs/formulations.md §7).",
+        "included, importing rpeg not). Overshoot = wall − L. `returned`: whether an exact method returned "
+        "its engine's plan or its warm start (a model too large to build in time, or nothing better found). "
+        "Every method first builds a floor whatever the limit — the lean candidate directories (dp: frontiers) "
+        "and, for greedy, concurrent and sa, the baselines over them: what guarantees a plan — then the full "
+        "candidates until the limit (the exact methods until half of it), and plans over lean ones past it, "
+        "with status time_limit (docs/formulations.md §7). A method's floor on a configuration is measured as "
+        f"its wall time at L = {FLOOR_LIMIT:g} s; the target is to end within 10% of L + 1 s after "
+        "max(L, floor): a limit shorter than the floor is overrun by the floor, by design. `tablex-N`: "
+        "search_speed.py's Table X configuration of N GPUs (GH200, PPO).",
         "",
-        *(
-            [
-                "The Table X configurations (`tablex-N`: search_speed.py's, GH200, PPO, N GPUs) start with a lean "
-                "floor, the candidates and baselines every method builds first whatever the limit "
-                '(docs/decisions.md, "Candidates under a time limit"); measured as `sa`\'s wall time at '
-                f"L = {FLOOR_LIMIT:g} s: "
-                + ", ".join(f"{name} {wall:.2f} s" for name, wall in floors.items())
-                + ".",
-                "",
-            ]
-            if floors
-            else []
-        ),
         "### Worst overshoot per method",
         "",
-        "| method | max overshoot (s) | max overshoot (% of L) | within 10% + 1 s | statuses |",
-        "|---|---:|---:|---|---|",
+        "| method | max overshoot (s) | max overshoot (% of L) | max past max(L, floor) (s) | "
+        "within 10% + 1 s of max(L, floor) | runs with L below the floor | statuses |",
+        "|---|---:|---:|---:|---|---:|---|",
     ]
     for method in methods:
         mine = [r for r in rows if r[0] == method]
         worst_s = max(r[4] for r in mine)
         worst_p = max(100 * r[4] / r[2] for r in mine)
-        ok = all(r[4] <= target(r[2]) for r in mine)
+        worst_past = max(r[6] for r in mine)
+        ok = all(r[6] <= target(r[2]) for r in mine)
+        below = sum(r[2] < r[5] for r in mine)
         statuses = ", ".join(sorted({r[3]["status"] for r in mine}))
         lines.append(
-            f"| {method} | {worst_s:+.2f} | {worst_p:+.1f}% | {'yes' if ok else 'NO'} | {statuses} |"
+            f"| {method} | {worst_s:+.2f} | {worst_p:+.1f}% | {worst_past:+.2f} | {'yes' if ok else 'NO'} | "
+            f"{below} of {len(mine)} | {statuses} |"
         )
     lines += [
         "",
         "### Every run",
         "",
-        "| method | example | L (s) | wall (s) | overshoot (s) | overshoot (%) | status | tokens/s | returned |",
-        "|---|---|---:|---:|---:|---:|---|---:|---|",
+        "| method | example | L (s) | floor (s) | wall (s) | overshoot (s) | overshoot (%) | past max(L, floor) (s) "
+        "| status | tokens/s | returned |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|",
     ]
-    for method, name, limit, m, over in rows:
+    for method, name, limit, m, over, floor, past in rows:
         lines.append(
-            f"| {method} | {name} | {limit:g} | {m['wall']:.2f} | {over:+.2f} | {100 * over / limit:+.1f}% | "
-            f"{m['status']} | {_bench.fmt_tp(m['throughput'])} | {m['returned'] or '—'} |"
+            f"| {method} | {name} | {limit:g} | {floor:.2f} | {m['wall']:.2f} | {over:+.2f} | "
+            f"{100 * over / limit:+.1f}% | {past:+.2f} | {m['status']} | {_bench.fmt_tp(m['throughput'])} | "
+            f"{m['returned'] or '—'} |"
         )
     lines += ["", f"Total benchmark time {total:.0f} s."]
     print("\n".join(lines))
