@@ -366,8 +366,8 @@ def concurrent_plan(
 #: What a result says when a baseline over the full candidates did not finish by the deadline
 #: and the one over the lean candidates (:func:`baselines_in_time`) stands in for it.
 FLOOR_NOTE = (
-    "the time limit passed before the baseline over the full candidate directories was complete: "
-    "the plan is the baseline over the lean ones, built first"
+    "the time limit passed before a baseline over the full candidate directories was complete: "
+    "its plan over the lean ones, built first, stands in for it"
 )
 
 

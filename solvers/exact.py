@@ -330,7 +330,7 @@ class _Search:
             ev = self.problem.evaluator(y)
             try:
                 dirs = self.directories(i, ev)
-            except TimeUp:  # ranked last with the rest; skipped, as no time is left
+            except TimeUp:  # past the build share: ranked last with the rest, and skipped
                 break
             self.prepared[i] = (ev, dirs)
             try:
@@ -388,7 +388,8 @@ class _Search:
             try:
                 dirs = self.directories(i, ev)
             except TimeUp:
-                self._outcome({"structure": y.label, "status": "skipped", "reason": "no time left"})
+                why = "no time left to build its candidates (past the build share of the limit)"
+                self._outcome({"structure": y.label, "status": "skipped", "reason": why})
                 self.bounds[i] = 0.0
                 return
         try:

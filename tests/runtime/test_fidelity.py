@@ -333,9 +333,10 @@ assert sampler.samples == n and sampler._peak == seen, "sampled after the pause"
 assert alive - base >= 60 * 2**20, ("the buffer is not private memory", base, alive)
 # the peak is of samples taken while the buffer lived: what the process held then, give or take
 # the interpreter's own churn between a sample and the direct measurement (the peak since the
-# process started is no reference: memory freed since then lowers the private set; a fresh clone's
-# run once saw 2 MiB less than that)
-assert seen >= alive - 4 * 2**20, ("the freed buffer's peak is lost", alive, seen)
+# process started is no reference: memory freed since then lowers the private set; fresh clones'
+# runs saw 2 MiB and, on 2026-12-07 under load, 6.0 MiB less than that): a lost peak is the
+# 64-MiB buffer's, so an eighth of it tells the two apart
+assert seen >= alive - 8 * 2**20, ("the freed buffer's peak is lost", alive, seen)
 sampler.stop()
 assert not sampler.active
 print("ok")

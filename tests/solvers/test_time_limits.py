@@ -287,3 +287,26 @@ def test_an_engine_import_slower_than_the_limit_returns_the_warm_start_in_time(t
         f"{method}'s solver libraries did not finish loading within the time limit (0.5 s)" in got["message"]
     )
     assert "returned the warm-start plan" in got["message"]
+
+
+def test_an_exact_method_builds_only_the_first_structures_floor_past_its_build_share():
+    """With a fallback pooled, a structure whose vertices have no directory yet is not given lean
+    ones past the build share of the limit (``TimeUp``: skipped); without one, its floor is built
+    whatever the time."""
+    from rpeg.ir.templates import structures
+    from rpeg.scoring.candidates import TimeUp
+    from rpeg.solvers.exact import _Search
+    from rpeg.solvers.solve import Problem
+
+    workload, cluster, k_eval = example_problem("ppo-7b-16gpu")
+    clear_caches()
+    problem = Problem(workload, cluster, k_eval, time_limit=1.0)
+    search = _Search(problem, None, 3, "concurrent", None, {}, build_at=time.monotonic() - 1.0)
+    shared = next(y for y in structures(workload) if y.ac_sharing)
+    ev = problem.evaluator(shared)
+    search.pool.append((1.0, 1, 0, ev, None, None))  # a fallback in hand
+    with pytest.raises(TimeUp):
+        search.directories(1, ev)
+    search.pool.clear()
+    dirs = search.directories(1, ev)
+    assert dirs and all(d.lean for d in dirs) and 1 in search.lean
