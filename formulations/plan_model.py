@@ -130,9 +130,9 @@ class PlanModel:
     def __init__(self, inst: PlanInstance, deadline: Deadline | None, keep: Plan | None = None) -> None:
         self.inst = inst
         self.deadline = deadline or Deadline()
+        # symmetry breaking is optional: it may take a quarter of the time left, not the model's
         #: ``(v₀, candidates of v₀ ruled out)`` by the symmetry block (``keep``'s choice is kept;
         #: ``None``: no certified symmetry)
-        # symmetry breaking is optional: it may take a quarter of the time left, not the model's
         self.symmetry = symmetry_fixing(
             inst, keep, self.deadline.within(SYMMETRY_SHARE * self.deadline.remaining())
         )
