@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -30,6 +29,7 @@ from ..scoring.candidates import (
     explain_illegal,
     head_exclusions,
     lean_message,
+    past_deadline,
 )
 from ..scoring.costs import Costs
 from ..scoring.evaluator import Evaluator
@@ -223,7 +223,7 @@ def repair_memory(
             for i, triple in fronts[at]:
                 if triple[0] >= now[0] and triple[1] >= now[1] and triple[2] >= now[2]:
                     continue  # no device's peak can fall (the current strategy among them)
-                if deadline is not None and time.monotonic() >= deadline:
+                if past_deadline(deadline, 0):
                     raise TimeUp("the time limit passed while a baseline was repaired for memory")
                 trial = plan.replace(d.vertex, Choice(d.strategies[i], cur.allocation))
                 r = ev.memory(trial).ratio
@@ -425,7 +425,7 @@ def baselines_in_time(
     plans: list[Plan | Infeasible] = []
     stood_in = False
     for planner, fallback in zip(planners, floor_plans):
-        if time.monotonic() >= deadline:
+        if past_deadline(deadline, 0):
             plans.append(fallback)
             stood_in = True
             continue
