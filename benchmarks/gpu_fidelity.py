@@ -1345,7 +1345,7 @@ def vllm_front_end_bound(row: dict[str, Any]) -> bool:
 #: (:func:`fit_prefill_efficiency`) on the engine-bound rows of :data:`PREFILL_FIT_PAGE` and
 #: reported on the other H100 and H200 pages. The A100 rows, priced at the preset's roofline, fit
 #: without one (section ``gpu-fidelity-generation``).
-HOPPER_PREFILL_EFFICIENCY = 0.502
+HOPPER_PREFILL_EFFICIENCY = 0.484
 #: The published table (one GPUStack page) the Hopper prefill efficiency is fitted on.
 PREFILL_FIT_PAGE = "qwen3-14b/h100.md"
 
@@ -1427,6 +1427,7 @@ def vllm_predict(
     weight_only: float | None = None,
     async_scheduling: bool | None = None,
     async_host: float | None = None,
+    sink_attention: float | None = None,
 ) -> tuple[float, float]:
     """rpeg's ``(T_gen, output tokens/s)`` of an expressible row.
 
@@ -1442,7 +1443,9 @@ def vllm_predict(
     ``weight_only`` when given (:func:`fit_weight_only_efficiency` varies it; rows served
     weight-only), and asynchronous scheduling as the command sets it, or ``async_scheduling``
     when given (:func:`async_report` prices the flagged rows without it), with the preset's
-    unhidden host seconds ``c_w``, or ``async_host`` when given (:func:`fit_async_host` varies it).
+    unhidden host seconds ``c_w``, or ``async_host`` when given (:func:`fit_async_host` varies it),
+    and the engine's attention-sink kernel efficiency ``ε_s`` of the preset, or ``sink_attention``
+    when given (:func:`fit_sink_attention_efficiency` varies it; gpt-oss's rows).
     Predicted output tokens/s =
     published generated tokens / ``T_gen``, so rpeg/published is the published duration over
     ``T_gen`` and the same for total tokens/s.
@@ -1462,6 +1465,8 @@ def vllm_predict(
         step = replace(step, async_scheduling=async_scheduling)
     if async_host is not None:
         step = replace(step, async_host_s=async_host)
+    if sink_attention is not None:
+        step = replace(step, sink_attention_efficiency=sink_attention)
     hw = _scaled_prefill(replace(hw, rollout_step=step), prefill_scale)
     tp = row["tp"]
     strategy = Strategy((1, 1, tp), dp=1, pp=1, tp=tp, mb=1, mem_fraction=row["gpu_memory_utilization"])
@@ -1485,7 +1490,7 @@ def vllm_predict(
 #: one page and reported on the other pages of that GPU. ``(GPU, fit page, presets, ε_w)``.
 WEIGHT_ONLY_FITS = (
     ("H100", "gpt-oss-20b/h100.md", ("h100", "h200"), 0.724),
-    ("A100", "gpt-oss-20b/a100.md", ("a100-80gb", "a100-40gb"), 0.502),
+    ("A100", "gpt-oss-20b/a100.md", ("a100-80gb", "a100-40gb"), 0.67),
 )
 
 
@@ -1517,12 +1522,87 @@ def fit_weight_only_efficiency(rows: list[dict[str, Any]], gpu: str, page: str) 
     return eps, weight_only_mape(mine, eps)
 
 
+#: vLLM's attention kernel for models with attention sinks where FlashAttention-2 cannot run
+#: them (``TRITON_ATTN``: gpt-oss on Ampere), as a share ``ε_s`` of the kernel rate the preset
+#: otherwise uses (``F_peak`` on A100), which the Ampere presets carry as their rollout step's
+#: ``sink_attention_efficiency`` (docs/cost-model.md §8, "Attention sinks on the engine"): issue
+#: 31's one efficiency per operation class per GPU generation, fitted
+#: (:func:`fit_sink_attention_efficiency`) on the engine-bound rows of one page and reported on the
+#: other pages of that GPU. Hopper and Blackwell serve sinks with FlashAttention-3 and FlashInfer
+#: and keep 1. ``(GPU, fit page, presets, ε_s)``.
+SINK_ATTENTION_FIT = ("A100", "gpt-oss-20b/a100.md", ("a100-80gb", "a100-40gb"), 0.162)
+
+
+def sink_rows(rows: list[dict[str, Any]], gpu: str) -> list[dict[str, Any]]:
+    """The expressible engine-bound (:func:`vllm_front_end_bound` excluded) rows of one GPU whose
+    model has attention sinks (:attr:`~rpeg.ir.models.ModelSpec.attention_sinks`)."""
+    return [
+        x
+        for x in rows
+        if x["gpu"] == gpu
+        and vllm_why_not(x) is None
+        and vllm_spec(x).attention_sinks
+        and not vllm_front_end_bound(x)
+    ]
+
+
+def sink_mape(rows: list[dict[str, Any]], eps: float | None = None) -> float:
+    """Output-throughput MAPE of ``rows`` with ``ε_s = eps`` (``None``: the presets')."""
+    return _mape([(float(x["output_tokens_per_s"]), vllm_predict(x, sink_attention=eps)[1]) for x in rows])
+
+
+def fit_sink_attention_efficiency(
+    rows: list[dict[str, Any]], gpu: str = SINK_ATTENTION_FIT[0], page: str = SINK_ATTENTION_FIT[1]
+) -> tuple[float, float]:
+    """``(ε_s, MAPE)``: the attention-sink kernel efficiency in ``[0.02, 1]`` that minimises the
+    output-throughput MAPE of ``page``'s engine-bound rows of models with sinks on ``gpu``
+    (golden-section search, 40 steps)."""
+    mine = [x for x in sink_rows(rows, gpu) if vllm_page(x) == page]
+    if not mine:
+        raise ValueError(f"no engine-bound row of a model with attention sinks on page {page!r}")
+    eps = _golden_min(lambda e: sink_mape(mine, e), 0.02, 1.0, 40)
+    return eps, sink_mape(mine, eps)
+
+
+def sink_report(rows: list[dict[str, Any]]) -> list[str]:
+    """Summary lines of the attention-sink kernel's fitted efficiency: the refit on its page
+    against the presets', and the GPU's other pages' rows of models with sinks, fitted and at
+    ``ε_s = 1``, with their longest-prompt rows (where the kernel's share is largest) apart."""
+    gpu, page, presets, eps = SINK_ATTENTION_FIT
+    fit, fit_mape = fit_sink_attention_efficiency(rows)
+    on_gpu = sink_rows(rows, gpu)
+    mine = [x for x in on_gpu if vllm_page(x) == page]
+    held = [x for x in on_gpu if vllm_page(x) != page]
+    longest = max(vllm_lengths(x)[0] for x in held)
+    long_held = [x for x in held if vllm_lengths(x)[0] == longest]
+    return [
+        "",
+        'Attention sinks on Ampere (one fitted figure; docs/cost-model.md §8, "Attention sinks on the '
+        'engine"): FlashAttention-2 has no sinks, so vLLM serves gpt-oss on A100 with its Triton '
+        "attention kernel (TRITON_ATTN), which the presets' rollout step runs at ε_s × the rate they "
+        "otherwise give the attention kernel (F_peak on A100):",
+        "",
+        f"- {gpu} ({', '.join(presets)} carry ε_s = {eps}): refit now on {page}: {fit:.3f}; MAPE "
+        f"{fit_mape:.1f} % there ({sink_mape(mine, 1.0):.1f} % at ε_s = 1)",
+        f"  - held out, the other {gpu} pages' {len(held)} engine-bound rows of models with sinks: MAPE "
+        f"{sink_mape(held):.1f} % (at ε_s = 1: {sink_mape(held, 1.0):.1f} %); their {len(long_held)} "
+        f"rows of {longest}-token prompts: {_ratios_at(long_held, None)} × published (at ε_s = 1: "
+        f"{_ratios_at(long_held, 1.0)})",
+    ]
+
+
+def _ratios_at(rows: list[dict[str, Any]], eps: float | None) -> str:
+    """rpeg/published of ``rows`` at ``ε_s = eps``, as ``lo–hi``."""
+    ratios = sorted(vllm_predict(x, sink_attention=eps)[1] / float(x["output_tokens_per_s"]) for x in rows)
+    return f"{ratios[0]:.2f}–{ratios[-1]:.2f}"
+
+
 #: The page whose pairs of runs with and without ``--async-scheduling`` fit ``c_w``, the host
 #: seconds per step asynchronous scheduling leaves exposed (``EngineStep.async_host_s``, every
 #: GPU preset's: a host figure, like ``c_step``); the other pages' pairs are held out
 #: (:func:`fit_async_host`, :func:`async_report`). The presets carry :data:`ASYNC_HOST_FIT`.
 ASYNC_FIT_PAGE = "gpt-oss-20b/h100.md"
-ASYNC_HOST_FIT = 0.00328
+ASYNC_HOST_FIT = 0.00325
 
 
 def async_pairs(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -1827,9 +1907,11 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         'experts"); '
         "predicted output tokens/s = published generated tokens / T_gen, so "
         "rpeg/published is the same for output and total tokens/s. "
-        "Each engine step costs the roofline of its weight GEMMs, then its attention kernel (the preset's "
-        "fused-attention rate or F_peak, a decode step's bound by its KV reads: docs/cost-model.md §8, "
-        '"The attention core on the engine"), plus the preset\'s cited fixed seconds per step, '
+        "Each engine step costs the roofline of its weight GEMMs (over the engine's prefill efficiency, "
+        "where the preset has one), then its attention kernel (the preset's "
+        "fused-attention rate or F_peak, times the engine's ε_s for gpt-oss, whose attention sinks "
+        "vLLM serves on A100 with its Triton kernel; a decode step's bound by its KV reads: "
+        'docs/cost-model.md §8, "The attention core on the engine", "Attention sinks on the engine"), plus the preset\'s cited fixed seconds per step, '
         "the prompts are prefilled in chunks of the token budget, and the budget and sequence cap are "
         "`vllm serve`'s defaults for the GPU (8192 tokens and 1024 sequences; 2048 and 256 on A100) unless "
         'the command sets them (`vllm_engine_step`; docs/cost-model.md §8, "The engine step"); a '
@@ -1839,11 +1921,14 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         "HTTP front end and the benchmark client more than the engine (their mean TTFT is most of the run "
         "although their prefill is a few dozen steps; `vllm_front_end_bound`): an in-process rollout engine "
         "pays none of it, so they are kept in the table and in 'all' but also summarised without them. "
-        f"**Two kinds of figure are fitted**: the h100 and h200 presets' vLLM prefill efficiency "
-        f"({HOPPER_PREFILL_EFFICIENCY}, on {PREFILL_FIT_PAGE}) and, per GPU generation, the weight-only "
+        f"**Four kinds of figure are fitted**: the h100 and h200 presets' vLLM prefill efficiency "
+        f"({HOPPER_PREFILL_EFFICIENCY}, on {PREFILL_FIT_PAGE}), per GPU generation the weight-only "
         "MXFP4 expert GEMMs' efficiency (Hopper on "
-        f"{WEIGHT_ONLY_FITS[0][1]}, Ampere on {WEIGHT_ONLY_FITS[1][1]}); each is reported on the pages it "
-        "was not fitted on, below the table; nothing else is fitted to these rows. "
+        f"{WEIGHT_ONLY_FITS[0][1]}, Ampere on {WEIGHT_ONLY_FITS[1][1]}), the Ampere presets' "
+        f"attention-sink kernel efficiency ε_s ({SINK_ATTENTION_FIT[3]}, on {SINK_ATTENTION_FIT[1]}, "
+        "jointly with Ampere's ε_w: each refitted at the other's value until neither moves), and the "
+        "host seconds per step asynchronous scheduling leaves exposed (below); each is reported on "
+        "the pages it was not fitted on, below the table; nothing else is fitted to these rows. "
         "Acceptance target of issue 31: MAPE ≤ 20 %.",
         "",
         f"{len(rows)} rows; {len(every)} expressible, {len(rows) - len(every)} not:",
@@ -1856,6 +1941,7 @@ def generation_report(argv: list[str] | None, write: bool) -> None:
         *prefill_report(rows),
         *async_report(rows),
         *weight_only_report(rows),
+        *sink_report(rows),
         *served_memory_report(rows),
     ]
     print("\n".join(lines))

@@ -880,13 +880,18 @@ def _engine_core_rate(node: _Node, intensity: float = math.inf) -> float:
     """The FLOP/s of a GPU rollout engine's attention kernel (``docs/cost-model.md`` §8, "The
     attention core on the engine"): the hardware's fused-attention forward rate at the model's
     head width where it rates one (:meth:`~rpeg.ir.hardware.Hardware.attention_rates`), else
-    the BF16 ``F_peak``; capped by ``I·BW_mem`` for a kernel of intensity ``I`` FLOPs per byte
+    the BF16 ``F_peak``, times the engine's ``ε_s`` for a model with attention sinks
+    (:attr:`~rpeg.ir.hardware.EngineStep.sink_attention_efficiency`: vLLM's Triton kernel on
+    Ampere); capped by ``I·BW_mem`` for a kernel of intensity ``I`` FLOPs per byte
     (a decode step's core reads the KV cache of its running sequences). No row efficiency
     ``η``: the kernel's tiles are query positions (prefill) or the query heads sharing a KV
     head (decode), not the step's sequences."""
     hw, model = node.hw, node.model
     rates = hw.attention_rates(model.attention_width / model.heads) if hw.attention else None
     peak = rates[0] if rates is not None else hw.peak_flops
+    step = hw.rollout_step
+    if model.attention_sinks and step is not None:  # a kernel of its own for sinks (ε_s)
+        peak *= step.sink_attention_efficiency
     return min(peak, intensity * hw.mem_bandwidth)
 
 
@@ -914,7 +919,9 @@ def _prefill_terms(node: _Node, prompt_len: int, head: Head) -> tuple[float, flo
     ``t_GPU = (T_gemm + T_tp)/((mb + Pp − 1)·k_p)`` one chunk's GPU seconds). With
     ``k_p = 1`` (no :class:`~rpeg.ir.hardware.EngineStep`, or ``b·Lp ≤ B``) this is the whole
     prefill as one pass. With an ``EngineStep`` the prompts' causal attention core runs as a
-    kernel of its own (:func:`_engine_core_rate`), the roofline covering the rest."""
+    kernel of its own (:func:`_engine_core_rate`), the roofline covering the rest; the engine's
+    prefill efficiency ``η_p`` divides the roofline's part only, ``T_gemm = T_roof/η_p + T_core``
+    (the kernel's rate is its own figure, not the GEMMs')."""
     model, s, sequences, hw = node.model, node.s, node.sequences, node.hw
     P, mb, pp, dp = node.n_devices, s.mb, s.pp, s.dp
     sb, d, layers = model.dtype_bytes, model.hidden, node.layers
@@ -927,13 +934,13 @@ def _prefill_terms(node: _Node, prompt_len: int, head: Head) -> tuple[float, flo
     t_core = core / (P * _engine_core_rate(node)) if core > 0.0 else 0.0
     rest = w - core
     if rest <= 0.0:
-        t_gemm = t_core / pre.efficiency
+        t_gemm = t_core
     else:
         roof = (
             node.roof if chunks == 1 else _Roofline(model, node.layout, hw, node.b / chunks, node.roof.served)
         )
         flops = roof.flops(rest / (P * mb * chunks), prompt_len, 0.0, blocks / rest)
-        t_gemm = (rest / (P * flops) + t_core) / pre.efficiency
+        t_gemm = rest / (P * flops) / pre.efficiency + t_core
     t_tp = node.engine_tp_rounds(
         2 * layers * mb * chunks, sequences * prompt_len * d * sb / (dp * mb * chunks)
     )
@@ -963,8 +970,8 @@ def _decode_terms(
     asynchronous scheduling ``min(c_w, c_step) + max(0, c_step − c_w − t_GPU)`` for ``c_step``,
     ``t_GPU`` one slot-step's GPU seconds: :func:`_decode_step_gpu_s`), and the
     attention core (:func:`~.flops.decode_attention_flops`) is a kernel of its own after the
-    weight GEMMs, bound by its KV reads (:func:`_engine_core_rate`); without one, one roofline
-    covers all the work and the KV reads (SPEC §6)."""
+    weight GEMMs, bound by its KV reads (:func:`_engine_core_rate`), ``T_gemm = T_roof/η_d +
+    T_core``; without one, one roofline covers all the work and the KV reads (SPEC §6)."""
     model, s, sequences, hw = node.model, node.s, node.sequences, node.hw
     P, mb, pp, dp, tp = node.n_devices, s.mb, s.pp, s.dp, s.tp
     sb, d, layers = model.dtype_bytes, model.hidden, node.layers
@@ -984,7 +991,7 @@ def _decode_terms(
         per_step = core / (P * mb * steps)  # the core's FLOPs per device and step
         rate = _engine_core_rate(node, per_step / kv_reads if kv_reads > 0.0 else math.inf)
         t_core = core / (P * rate) if core > 0.0 else 0.0
-        t_gemm = (node.gemm(rest, rest / (P * mb * steps), 1, 0.0, blocks) + t_core) / dec.efficiency
+        t_gemm = node.gemm(rest, rest / (P * mb * steps), 1, 0.0, blocks) / dec.efficiency + t_core
     t_tp = node.engine_tp_rounds(2 * layers * rounds, sequences * d * sb / dp)
     t_pp = node.pp_rounds(rounds * (mb + pp - 2), 1)
     t_over = steps * node.slots * (dec.per_step_s + layers * dec.per_layer_s)

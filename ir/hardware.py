@@ -350,6 +350,15 @@ class EngineStep:
         once compute-bound; they dequantize every weight tile again for each tile of rows, on
         the CUDA cores, so many rows cost more than BF16 GEMMs of the same shape
         (docs/cost-model.md §11, "MXFP4 experts"). ``1``: no such loss.
+    sink_attention_efficiency
+        ``ε_s ∈ (0, 1]``: the share of its usual rate (the hardware's fused-attention forward
+        rate, else ``F_peak``) the engine's attention kernel reaches for a model with attention
+        sinks (:attr:`~rpeg.ir.models.ModelSpec.attention_sinks`) where the GPU's FlashAttention
+        cannot serve them: vLLM runs gpt-oss on Ampere with its Triton attention kernel
+        (``TRITON_ATTN``; FlashAttention-2 has no sinks), on Hopper and Blackwell with
+        FlashAttention-3 and FlashInfer, which have them (docs/cost-model.md §8, "Attention
+        sinks on the engine"). A decode step's kernel stays bound by its KV reads. ``1``: no
+        such loss.
     """
 
     token_budget: int = 8192
@@ -362,6 +371,7 @@ class EngineStep:
     weight_only_efficiency: float = 1.0
     async_scheduling: bool = False
     async_host_s: float = 0.0
+    sink_attention_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.async_scheduling, bool):
@@ -370,9 +380,10 @@ class EngineStep:
             )
         if not (_is_number(self.async_host_s) and self.async_host_s >= 0):
             raise ValueError(f"EngineStep async_host_s must be non-negative, got {self.async_host_s!r}")
-        eff = self.weight_only_efficiency
-        if not (_is_number(eff) and 0.0 < eff <= 1.0):
-            raise ValueError(f"EngineStep weight_only_efficiency must be in (0, 1], got {eff!r}")
+        for name in ("weight_only_efficiency", "sink_attention_efficiency"):
+            eff = getattr(self, name)
+            if not (_is_number(eff) and 0.0 < eff <= 1.0):
+                raise ValueError(f"EngineStep {name} must be in (0, 1], got {eff!r}")
         for name in ("token_budget", "max_seqs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -787,6 +798,8 @@ class Hardware:
                 del d["rollout_step"]["async_scheduling"]
             if self.rollout_step.async_host_s == 0.0:  # everything hides: likewise
                 del d["rollout_step"]["async_host_s"]
+            if self.rollout_step.sink_attention_efficiency == 1.0:  # no sink-kernel loss: likewise
+                del d["rollout_step"]["sink_attention_efficiency"]
         return d
 
     @classmethod
@@ -943,6 +956,7 @@ class _RolloutStepEntry(Strict):
     weight_only_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     async_scheduling: bool = False
     async_host_s: _figure("per_step_s") = 0.0  # type: ignore[valid-type]
+    sink_attention_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
 
 
 def _engine_step(entry: _RolloutStepEntry) -> EngineStep:

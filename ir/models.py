@@ -277,6 +277,9 @@ class HFArchitecture:
         The ``quantization_config.quant_method`` read as the unquantized model it dequantizes to
         (gpt-oss's ``"mxfp4"``, whose published checkpoint stores its experts so); ``""``: a
         quantized checkpoint is refused.
+    sinks
+        Whether the architecture's attention has a learned sink per head
+        (:attr:`ModelSpec.attention_sinks`; gpt-oss's ``GptOssAttention.sinks``).
     """
 
     source: str
@@ -297,6 +300,7 @@ class HFArchitecture:
     window_period: int = 0
     window_period_field: str = ""
     dequantized: str = ""
+    sinks: bool = False
 
 
 #: The ``model_type`` values :meth:`ModelSpec.from_hf_config` reads, each as its ``transformers``
@@ -438,6 +442,7 @@ HF_ARCHITECTURES: dict[str, HFArchitecture] = {
         experts="gpt_oss",
         window_period=2,
         dequantized="mxfp4",
+        sinks=True,
     ),
 }
 
@@ -553,6 +558,13 @@ class ModelSpec:
         (Megatron-core's ``moe_router_force_load_balancing``, which NVIDIA's benchmark recipes
         set), more for a router whose balance was measured worse; at most
         :data:`MAX_LOAD_IMBALANCE`.
+    attention_sinks
+        Whether each attention head adds a learned sink logit to its softmax's denominator
+        (gpt-oss: one scalar per head and layer, ``GptOssAttention.sinks``). The model's work is
+        the same; what changes is which kernels can run it: FlashAttention-2 cannot, so vLLM
+        serves such a model on Ampere with its Triton attention kernel (``TRITON_ATTN``), whose
+        rate a GPU preset's :attr:`~rpeg.ir.hardware.EngineStep.sink_attention_efficiency`
+        carries (``docs/cost-model.md`` §8, "Attention sinks on the engine"). Default ``False``.
 
     Raises
     ------
@@ -590,6 +602,7 @@ class ModelSpec:
     sliding_layers: tuple[int, ...] = ()
     precision: str = "bf16"
     load_imbalance: float = DEFAULT_LOAD_IMBALANCE
+    attention_sinks: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -647,10 +660,11 @@ class ModelSpec:
             raise ValueError(
                 f"ModelSpec {self.name!r}: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
             )
-        if not isinstance(self.tied_embeddings, bool):
-            raise ValueError(
-                f"ModelSpec {self.name!r}: tied_embeddings must be True or False, got {self.tied_embeddings!r}"
-            )
+        for flag in ("tied_embeddings", "attention_sinks"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(
+                    f"ModelSpec {self.name!r}: {flag} must be True or False, got {getattr(self, flag)!r}"
+                )
         if not isinstance(self.family, str) or self.family not in FAMILIES:
             raise ValueError(
                 f"ModelSpec {self.name!r}: family must be one of {', '.join(FAMILIES)}, got {self.family!r}"
@@ -1209,7 +1223,8 @@ class ModelSpec:
 
         Biases, learned position embeddings and LayerNorm biases are not counted (as the norms,
         they are not matmul work): GPT-2 small reads as 123.6M parameters against its 124.4M.
-        Nor are gpt-oss's attention sinks (one scalar per head and layer), Gemma-2/3's two extra
+        Nor are gpt-oss's attention sinks (one scalar per head and layer; read as
+        ``attention_sinks = True``, which changes which kernels serve it), Gemma-2/3's two extra
         norms per block and Gemma-3's QK-norms (two norms per block count, ``2d``, for every
         architecture). Mistral's ``sliding_window`` (and Qwen2/Qwen3's with
         ``use_sliding_window``, Phi-3's) is not modelled: a window at least as long as the
@@ -1342,6 +1357,7 @@ class ModelSpec:
             "dtype_bytes": dtypes[dtype],
             "family": arch.family,
             "checkpoint": str(path.parent.resolve()) if any(path.parent.glob("*.safetensors")) else "",
+            "attention_sinks": arch.sinks,
         }
         if arch.experts:
             fields.update(_read_experts(cfg, arch.experts, int(fields["layers"]), path))
@@ -1382,6 +1398,7 @@ class ModelSpec:
                 else {}
             )
             | ({"precision": self.precision} if self.precision != "bf16" else {})
+            | ({"attention_sinks": True} if self.attention_sinks else {})
         )
 
     def _expert_fields(self) -> dict[str, object]:
@@ -1774,6 +1791,7 @@ class ModelSpecFile(Strict):
     sliding_layers: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
     precision: Literal["bf16", "fp8", "nvfp4", "mxfp4"] = "bf16"
     load_imbalance: Annotated[float, Field(ge=1.0, le=MAX_LOAD_IMBALANCE)] = DEFAULT_LOAD_IMBALANCE
+    attention_sinks: bool = False
 
 
 def _llama(name: str, L: int, d: int, dff: int, heads: int, kv: int, vocab: int) -> ModelSpec:
@@ -1818,7 +1836,8 @@ def _moe(
 def _gpt_oss(name: str, L: int, experts: int) -> ModelSpec:
     """gpt-oss (config.json of openai/gpt-oss-20b and -120b): ``d = dff = d_e = 2880``, 64 query
     heads and 8 KV heads of 64, 4 routed experts per token, untied embeddings of 201,088 tokens,
-    a 128-token window on the even layers (``layer_types``: sliding, full, sliding, ...)."""
+    a 128-token window on the even layers (``layer_types``: sliding, full, sliding, ...), one
+    attention sink per head and layer."""
     return ModelSpec(
         name=name,
         layers=L,
@@ -1833,6 +1852,7 @@ def _gpt_oss(name: str, L: int, experts: int) -> ModelSpec:
         expert_ffn=2880,
         sliding_window=128,
         sliding_layers=tuple(range(0, L, 2)),
+        attention_sinks=True,
     )
 
 

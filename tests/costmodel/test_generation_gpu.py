@@ -252,8 +252,9 @@ def test_a_gpu_decode_prices_its_attention_core_as_a_kernel_of_its_own() -> None
 def test_a_gpu_prefill_runs_its_attention_core_at_the_kernel_rate() -> None:
     """The prompts' causal core (n·A(Lp)) runs at the preset's fused-attention forward rate (H100:
     cuDNN's, at the model's head width); the rest of the prefill at the roofline of its chunks;
-    an unrated preset runs the core at F_peak. Both over the engine's prefill efficiency ``η_p``
-    (Hopper's vLLM, fitted: docs/cost-model.md §8; 1 on B200)."""
+    an unrated preset runs the core at F_peak. The engine's prefill efficiency ``η_p`` (Hopper's
+    vLLM, fitted: docs/cost-model.md §8; 1 on B200) divides the roofline's part only: the kernel's
+    rate is its own figure."""
     n, lp = 16, 4096
     for hw in (H100, hardware_preset("b200")):
         node = _Node(MODEL, LAYOUT, hw, n)
@@ -267,11 +268,55 @@ def test_a_gpu_prefill_runs_its_attention_core_at_the_kernel_rate() -> None:
         roof = _Roofline(MODEL, LAYOUT, hw, n / chunks)
         f = roof.flops(rest / chunks, lp, 0.0, block_gemm_flops(MODEL, n * lp) / rest)
         eta = hw.terms("prefill").efficiency
-        assert _prefill_terms(node, lp, Head.LM)[0] == pytest.approx(
-            (rest / f + core / rate) / eta, rel=1e-12
-        )
+        assert _prefill_terms(node, lp, Head.LM)[0] == pytest.approx(rest / f / eta + core / rate, rel=1e-12)
     assert H100.attention and not hardware_preset("b200").attention
     assert (
-        H100.terms("prefill").efficiency == 0.502
+        H100.terms("prefill").efficiency == 0.484
         and hardware_preset("b200").terms("prefill").efficiency == 1.0
     )
+
+
+def test_a_model_with_attention_sinks_runs_its_attention_at_the_sink_kernel_efficiency() -> None:
+    """gpt-oss (attention sinks) on A100: vLLM's Triton kernel runs the prompts' core at
+    ``ε_s·F_peak`` (the preset's fitted ``sink_attention_efficiency``); the same shape without
+    sinks, and gpt-oss on H100 (FlashAttention-3 has sinks), keep the kernel's usual rate. The
+    weight GEMMs do not change. A long-context decode step stays bound by its KV reads."""
+    oss = model_preset("gpt-oss-20b")
+    plain = dataclasses.replace(oss, attention_sinks=False)
+    a100 = hardware_preset("a100-80gb")
+    eps = a100.rollout_step.sink_attention_efficiency
+    assert oss.attention_sinks and 0.0 < eps < 1.0
+    n, lp = 8, 8192
+    core = n * attention_core_flops(oss, lp)
+    t_sink = _prefill_terms(_Node(oss, LAYOUT, a100, n), lp, Head.LM)[0]
+    t_plain = _prefill_terms(_Node(plain, LAYOUT, a100, n), lp, Head.LM)[0]
+    assert t_sink - t_plain == pytest.approx(
+        core / (eps * a100.peak_flops) - core / a100.peak_flops, rel=1e-9
+    )
+    h100 = hardware_preset("h100")
+    assert h100.rollout_step.sink_attention_efficiency == 1.0
+    assert _prefill_terms(_Node(oss, LAYOUT, h100, n), lp, Head.LM) == _prefill_terms(
+        _Node(plain, LAYOUT, h100, n), lp, Head.LM
+    )
+    # decode at 32k context: the core reads its KV cache at BW_mem either way
+    node, node_plain = _Node(oss, LAYOUT, a100, 64), _Node(plain, LAYOUT, a100, 64)
+    assert _decode_terms(node, 32768, 100, 100, Head.LM) == pytest.approx(
+        _decode_terms(node_plain, 32768, 100, 100, Head.LM), rel=1e-12
+    )
+
+
+def test_the_sink_kernel_efficiency_is_checked_and_round_trips(tmp_path: Path) -> None:
+    for bad in (0.0, 1.5, "0.2", True):
+        with pytest.raises(ValueError, match="sink_attention_efficiency"):
+            EngineStep(sink_attention_efficiency=bad)  # type: ignore[arg-type]
+    a100 = hardware_preset("a100-80gb")
+    path = tmp_path / "a100.json"
+    a100.save(path)
+    assert Hardware.load(path).rollout_step == a100.rollout_step
+    doc = json.loads(path.read_text())
+    doc["rollout_step"]["sink_attention_efficiency"] = 0
+    path.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match=r"a100\.json.*rollout_step\.sink_attention_efficiency"):
+        Hardware.load(path)
+    # a file that does not say has no such loss, and one without the loss does not write it
+    assert "sink_attention_efficiency" not in hardware_preset("h100").to_dict()["rollout_step"]

@@ -318,6 +318,34 @@ def test_the_hopper_and_ampere_presets_carry_the_fitted_weight_only_efficiency(f
         assert fid.weight_only_mape(held) < fid.weight_only_mape(held, 1.0)
 
 
+def test_the_ampere_presets_carry_the_fitted_sink_attention_efficiency(fid):
+    """gpt-oss (attention sinks) is served on Ampere by vLLM's Triton attention kernel: one
+    efficiency ``ε_s`` fitted on one page, carried by the Ampere presets alone (Hopper and later
+    serve sinks with FlashAttention-3 or FlashInfer). Refitting gives what the presets carry; on the
+    other A100 page it beats ``ε_s = 1`` and brings the longest prompts, where the kernel's share is
+    largest, within 15 % (at ``ε_s = 1`` they are twice too fast). A cost-model change that moves the
+    fit fails here until the presets are refitted."""
+    from rpeg.costmodel.hardware import HARDWARE_PRESETS, hardware_preset
+
+    gpu, page, presets, eps = fid.SINK_ATTENTION_FIT
+    for name in HARDWARE_PRESETS:
+        step = hardware_preset(name).rollout_step
+        want = eps if name in presets else 1.0
+        assert step is None or step.sink_attention_efficiency == want, name
+    rows = fid.load_vllm_rows()
+    fit, _ = fid.fit_sink_attention_efficiency(rows)
+    assert fit == pytest.approx(eps, abs=0.01)
+    held = [x for x in fid.sink_rows(rows, gpu) if fid.vllm_page(x) != page]
+    assert len(held) >= 5 and all(fid.vllm_spec(x).attention_sinks for x in held)
+    assert fid.sink_mape(held) < fid.sink_mape(held, 1.0)
+    longest = [x for x in held if fid.vllm_lengths(x)[0] >= 32000]
+    assert len(longest) >= 2
+    for x in longest:
+        pub = float(x["output_tokens_per_s"])
+        assert fid.vllm_predict(x)[1] / pub == pytest.approx(1.0, abs=0.15)
+        assert fid.vllm_predict(x, sink_attention=1.0)[1] / pub > 1.5
+
+
 def test_the_a100_fp8_rows_are_priced_weight_only_and_held_out(fid):
     """FP8 checkpoints on A100 (no FP8 tensor cores) are served as weight-only W8A16 GEMMs: the
     rows are priced with the Ampere ``ε_w`` fitted on the MXFP4 rows of another page, and it

@@ -1119,6 +1119,22 @@ def test_from_hf_config_reads_gpt_oss_as_its_presets(tmp_path, cfg, preset):
     assert ModelSpec.from_hf_config(tmp_path).sliding_layers == tuple(range(1, spec.layers, 2))
 
 
+def test_attention_sinks_are_read_checked_and_round_trip(tmp_path):
+    """gpt-oss's config.json reads with attention sinks (its attention has one per head), other
+    architectures without; the flag is written only when set and refused when not a bool."""
+    (tmp_path / "config.json").write_text(json.dumps(GPT_OSS_20B_CONFIG))
+    assert ModelSpec.from_hf_config(tmp_path).attention_sinks
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA31_8B_CONFIG))
+    assert not ModelSpec.from_hf_config(tmp_path).attention_sinks
+    oss = model_preset("gpt-oss-120b")
+    assert oss.attention_sinks and oss.to_dict()["attention_sinks"] is True
+    assert ModelSpec(**ModelSpecFile(**oss.to_dict()).model_dump()) == oss  # a workload's inline table
+    assert "attention_sinks" not in model_preset("qwen3-30b-a3b").to_dict()
+    assert oss.scaled(layers=4, hidden=256, heads=4).attention_sinks
+    with pytest.raises(ValueError, match=r"attention_sinks must be True or False, got 'yes'"):
+        ModelSpec(**SMALL, attention_sinks="yes")
+
+
 def test_from_hf_config_reads_gemma_windows(tmp_path):
     def read(cfg):
         (tmp_path / "config.json").write_text(json.dumps(cfg))
