@@ -28,10 +28,14 @@ publish it), so its ``Pe`` expert-parallel ranks are drawn from the ``TP·DP·CP
 exactly, ``λ = 1`` (:data:`RECIPE_LOAD_IMBALANCE`: the recipes force load balancing).
 
 A mixture of experts runs the token dispatcher and the AlltoAll overlap its performance recipe
-sets (:data:`RECIPES`, :func:`row_recipe`: read from Megatron-Bridge's ``perf_recipes`` at the
-data commit by ``--refresh-recipes GIT_DIR``; the older tables ran older recipes, which are in
-the repository's history — ``perf_recipes`` since 2026-06-25, ``scripts/performance/configs``
-before — and are not read: those tables are priced with the data commit's recipes). Two figures are fitted to these rows, as
+sets: the newest table's from Megatron-Bridge's ``perf_recipes`` at the data commit
+(:data:`RECIPES`, :func:`row_recipe`, ``--refresh-recipes GIT_DIR``), an archived table's from
+the ``scripts/performance/configs`` workload config of its release with the row's layout
+(:data:`RELEASE_RECIPES`, :func:`release_recipe`, ``--refresh-release-recipes GIT_DIR``; the
+release tag nearest in time to the commit that published the table, an assumption), or the data
+commit's recipe where that release has no config with the row's layout. A row its table marks
+as measured under a known performance regression (:func:`regression_note`) is priced and shown
+but kept out of every statistic and fit. Two figures are fitted to these rows, as
 issue 31 allows (one efficiency per operation class and GPU generation, fitted on one table and
 reported on the others): the expert-layer efficiency of MoE training (:data:`EXPERT_EFFICIENCY`,
 :func:`fit_expert_efficiency`, on the newest table; reported on the older tables and on
@@ -177,8 +181,10 @@ def parse_summary(text: str, path: str, commit: str) -> list[dict[str, Any]]:
 
     Tables sit under ``## <release> NeMo Container`` / ``### Pre-Training Performance`` and a
     ``#### Model: <name>`` or ``#### System: <name>`` heading; SFT and LoRA tables are skipped,
-    and so are models outside :data:`MODELS`.
+    and so are models outside :data:`MODELS`. A row whose cells carry footnote markers
+    (``661[^gpt-oss-note]``) keeps the footnotes' text, as published, in ``notes``.
     """
+    footnotes = dict(re.findall(r"^\[\^([^\]]+)\]:\s*(.+?)\s*$", text, flags=re.M))
     rows: list[dict[str, Any]] = []
     release = section = heading = None
     header: list[str] | None = None
@@ -207,6 +213,9 @@ def parse_summary(text: str, path: str, commit: str) -> list[dict[str, Any]]:
             if model is None:
                 continue
             row["model_key"] = model
+            marks = re.findall(r"\[\^([^\]]+)\]", line)
+            if marks:
+                row["notes"] = [footnotes[m] for m in dict.fromkeys(marks)]
             row.setdefault("precision", None)  # 25.09's tables have no precision column
             row.setdefault("etp", None)  # no table publishes ETP
             row["source"] = {
@@ -413,6 +422,273 @@ def refresh_recipes(git_dir: str) -> None:
     print(f"wrote {len(recipes)} recipes ({len(doc['missing'])} named but absent) to {RECIPES}")
 
 
+#: The older tables' recipes: ``benchmarks/data/megatron_bridge_release_recipes.json``, rebuilt by
+#: ``--refresh-release-recipes GIT_DIR`` (:func:`refresh_release_recipes`) from the
+#: performance-workload configs of the Megatron-Bridge release that ran each archived table.
+RELEASE_RECIPES = HERE / "data" / "megatron_bridge_release_recipes.json"
+#: Published model → the prefix of its workload configs' names in ``scripts/performance/configs``
+#: (``QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1``).
+WORKLOAD_MODELS = {
+    "Qwen3_30B_a3B": "QWEN3_30B_A3B",
+    "Qwen3_235B_a22B": "QWEN3_235B_A22B",
+    "DeepSeekV3": "DEEPSEEK_V3",
+    "GPT OSS 120B": "GPT_OSS_120B",
+}
+#: Published precision → the workload configs' precision token. The tables' plain "FP8" is the
+#: current-scaling recipe, as in :data:`RECIPE_PRECISIONS`.
+WORKLOAD_PRECISIONS = {
+    "BF16": "BF16",
+    "FP8": "FP8_CS",
+    "FP8-CS": "FP8_CS",
+    "FP8-MX": "FP8_MX",
+    "MXFP8": "FP8_MX",
+    "NVFP4": "NVFP4",
+}
+#: A workload config's layout fields and the row fields they must equal for the config to be the
+#: one a row ran (``WorkloadBaseConfig``'s defaults fill what a config does not set).
+WORKLOAD_LAYOUT = {
+    "num_gpus": "gpus",
+    "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp",
+    "context_parallel_size": "cp",
+    "virtual_pipeline_model_parallel_size": "vp",
+    "expert_model_parallel_size": "ep",
+    "global_batch_size": "gbs",
+    "micro_batch_size": "mbs",
+}
+
+
+def release_tags(git_dir: str) -> dict[str, dict[str, str]]:
+    """For each release the archive publishes a table of: the Megatron-Bridge release tag
+    (``vX.Y.Z``) nearest in time to the commit that first published the table, with both
+    dates. NVIDIA's container of a release packages the Megatron-Bridge release cut beside it
+    (the v0.6.0 README: Megatron-Bridge "serves as the packaging layer for the NeMo 26.06
+    training stack"), and each table went in within days of a tag (26.04: 2026-04-17, v0.4.0
+    2026-04-16); which commit ran each benchmark is not published, so the nearest tag is an
+    assumption, stated in the data file."""
+    import datetime
+
+    git = ["git", "-C", git_dir]
+
+    def out(*args: str) -> str:
+        return subprocess.run([*git, *args], check=True, capture_output=True, text=True).stdout
+
+    tags = {}
+    for tag in out("tag", "--list", "v*").split():
+        if re.fullmatch(r"v\d+\.\d+\.\d+", tag):
+            tags[tag] = out("log", "-1", "--format=%cs", tag).strip()
+    commit = json.loads(DATA.read_text())["commit"]
+    found = {}
+    for release in sorted(
+        {r["release"] for r in load_rows() if r["source"]["path"] != DOCS[0]}, key=release_key
+    ):
+        first = out(
+            "log", "--reverse", "--format=%H %cs", f"-S## {release} NeMo Container", commit, "--", DOCS[0]
+        )
+        sha, date = first.split("\n", 1)[0].split()
+        day = datetime.date.fromisoformat(date)
+        tag = min(tags, key=lambda t: (abs((datetime.date.fromisoformat(tags[t]) - day).days), t))
+        found[release] = {"tag": tag, "tag_date": tags[tag], "published": date, "published_commit": sha}
+    return found
+
+
+def workload_settings(sources: dict[str, str], defaults: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every module-level workload config of the ``*workload_base_configs.py`` sources (path →
+    Python source), read without importing them: ``NAME = WorkloadBaseConfig(k=v, ...)`` on
+    ``defaults`` (``WorkloadBaseConfig``'s field defaults), ``NAME = replace(BASE, k=v, ...)`` on
+    ``BASE``'s settings and ``NAME = OTHER`` as ``OTHER``'s; non-literal values are kept as
+    their source text."""
+    import ast
+
+    def literal(node: ast.expr) -> Any:
+        try:
+            return ast.literal_eval(node)
+        except ValueError:
+            return ast.unparse(node)
+
+    out: dict[str, dict[str, Any]] = {}
+    for src in sources.values():
+        for node in ast.parse(src).body:
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+                continue
+            name, value = node.targets[0], node.value
+            if not isinstance(name, ast.Name):
+                continue
+            if isinstance(value, ast.Name) and value.id in out:
+                out[name.id] = dict(out[value.id])
+            elif isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+                kw = {k.arg: literal(k.value) for k in value.keywords if k.arg}
+                if value.func.id == "WorkloadBaseConfig":
+                    out[name.id] = {**defaults, **kw}
+                elif value.func.id == "replace" and value.args and isinstance(value.args[0], ast.Name):
+                    base = value.args[0].id
+                    if base in out:
+                        out[name.id] = {**out[base], **kw}
+    return out
+
+
+def _workload_defaults(source: str) -> dict[str, Any]:
+    """``WorkloadBaseConfig``'s field defaults, read from ``scripts/performance/utils/utils.py``."""
+    import ast
+
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef) and node.name == "WorkloadBaseConfig":
+            return {
+                stmt.target.id: ast.literal_eval(stmt.value)
+                for stmt in node.body
+                if isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and stmt.value is not None
+            }
+    raise ValueError("no WorkloadBaseConfig class in scripts/performance/utils/utils.py")
+
+
+def flex_systems(source: str) -> dict[str, list[str]]:
+    """The systems on which ``apply_flex_dispatcher_backend`` (``src/megatron/bridge/training/
+    flex_dispatcher_backend.py`` at one release) turns each flex backend on; elsewhere it skips
+    it and the AlltoAll dispatcher stays. Read from the two device checks the releases have had:
+    HybridEP on GB200/GB300 only (``device_properties.name in ["NVIDIA GB200", "NVIDIA GB300"]``,
+    to v0.3.x) or on every compute capability 8–10 (``major in [8, 9, 10]``, since v0.4.0);
+    DeepEP on capability 8–9 and the B200/B300 by name (every release)."""
+    deepep = ["DGX-H100", "DGX-B200", "DGX-B300"]
+    if '["NVIDIA GB200", "NVIDIA GB300"]' in source:
+        hybridep = ["DGX-GB200", "DGX-GB300"]
+    elif "major in [8, 9, 10]" in source:
+        hybridep = ["DGX-H100", "DGX-B200", "DGX-B300", "DGX-GB200", "DGX-GB300"]
+    else:
+        raise ValueError("apply_flex_dispatcher_backend: neither known HybridEP device check found")
+    if "major in [8, 9]" not in source or '"NVIDIA B200", "NVIDIA B300"' not in source:
+        raise ValueError("apply_flex_dispatcher_backend: the known DeepEP device check was not found")
+    return {"hybridep": hybridep, "deepep": deepep}
+
+
+def release_recipe_report(priced: list[tuple[dict[str, Any], float, float]]) -> list[str]:
+    """Summary lines of the archived tables' MoE rows: how many were priced with their release's
+    workload config (:func:`release_recipe`) and how many with the data commit's recipe, and
+    their MAPE priced each way."""
+    archived = [
+        (r, pub)
+        for r, pub, _ in priced
+        if model_spec(r["model_key"]).is_moe and r["source"]["path"] != DOCS[0]
+    ]
+    own = [(r, pub) for r, pub in archived if release_recipe(r) is not None]
+    if not archived:
+        return []
+
+    def mape(items: list[tuple[dict[str, Any], float]], recipe: Callable[[dict[str, Any]], Any]) -> str:
+        pairs = []
+        for r, pub in items:
+            rec = recipe(r)
+            flex = rec is not None and rec.get("moe_token_dispatcher_type") == "flex"
+            overlap = rec is not None and rec.get("overlap_moe_expert_parallel_comm") is True
+            pairs.append((pub, predict(r, ep_overlap=overlap, flex=flex)))
+        return f"{_mape(pairs):.1f} %"
+
+    tags = sorted({release_recipe(r)["tag"] for r, _ in own})  # type: ignore[index]
+    return [
+        "",
+        f"Archived tables' mixture-of-experts rows, priced with the recipes of their release: {len(own)} of "
+        f"{len(archived)} have a workload config with their layout at their release's tag ({', '.join(tags)}); "
+        f"the other {len(archived) - len(own)} are priced with the data commit's recipe.",
+        "",
+        f"- the {len(own)} rows: MAPE {mape(own, release_recipe)} with their release's config, "
+        f"{mape(own, row_recipe)} with the data commit's recipe (the pricing before 2026-12-07)",
+    ]
+
+
+def refresh_release_recipes(git_dir: str) -> None:
+    """Rebuild :data:`RELEASE_RECIPES`: for each archived table, its release tag
+    (:func:`release_tags`), that tag's pre-training workload configs of the four MoE models
+    (:func:`workload_settings`) and its flex backends' systems (:func:`flex_systems`)."""
+    git = ["git", "-C", git_dir]
+
+    def show(ref: str, path: str) -> str:
+        return subprocess.run(
+            [*git, "show", f"{ref}:{path}"], check=True, capture_output=True, text=True
+        ).stdout
+
+    releases = {}
+    for release, info in release_tags(git_dir).items():
+        tag = info["tag"]
+        listing = subprocess.run(
+            [*git, "ls-tree", "-r", "--name-only", tag, "scripts/performance/configs"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        sources = {p: show(tag, p) for p in listing if p.endswith("workload_base_configs.py")}
+        settings = workload_settings(
+            sources, _workload_defaults(show(tag, "scripts/performance/utils/utils.py"))
+        )
+        keep = ("moe_flex_dispatcher_backend", "moe_a2a_overlap", "cuda_graph_impl", *WORKLOAD_LAYOUT)
+        configs = {
+            name: {k: v[k] for k in keep if k in v}
+            for name, v in sorted(settings.items())
+            if any(name.startswith(m + "_") for m in WORKLOAD_MODELS.values())
+            and ("_PRETRAIN_CONFIG_" in name or name.endswith("_BASE_CONFIG"))
+        }
+        flex = flex_systems(show(tag, "src/megatron/bridge/training/flex_dispatcher_backend.py"))
+        releases[release] = {**info, "flex_systems": flex, "configs": configs}
+    doc = {
+        "source": f"https://github.com/{REPO} (scripts/performance/configs at each release tag)",
+        "note": "For each table of the performance-summary archive: the Megatron-Bridge release tag nearest in "
+        "time to the commit that first published it (an assumption: which commit ran each benchmark is not "
+        "published), that tag's pre-training workload configs of the four mixture-of-experts models "
+        "(WorkloadBaseConfig defaults filled in; benchmarks/gpu_fidelity.py workload_settings), and the "
+        "systems on which its apply_flex_dispatcher_backend turns each flex backend on.",
+        "releases": releases,
+    }
+    RELEASE_RECIPES.write_text(json.dumps(doc, indent=1) + "\n")
+    n = sum(len(r["configs"]) for r in releases.values())
+    print(f"wrote {len(releases)} releases ({n} workload configs) to {RELEASE_RECIPES}")
+
+
+def release_recipe(row: dict[str, Any], releases: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The recipe settings an archived table's MoE row ran with, from its release's workload
+    config (:data:`RELEASE_RECIPES`): the config of the row's model, system and precision
+    (``<MODEL>_PRETRAIN_CONFIG_<SYSTEM>_<PRECISION>[_<variant>]``, v0.2.x's
+    ``<MODEL>_<SYSTEM>_<PRECISION>_BASE_CONFIG``) whose
+    layout (:data:`WORKLOAD_LAYOUT`) is the row's, as :func:`row_recipe`'s keys — the flex
+    dispatcher where the config names a backend that release turns on for the system, the
+    AlltoAll overlap where it sets ``moe_a2a_overlap`` (the performance scripts'
+    ``_set_moe_a2a_overlap_overrides`` sets ``overlap_moe_expert_parallel_comm``), and
+    ``"config"``, ``"tag"``. ``None`` when the row's release has no entry (the newest table) or
+    no config has its layout."""
+    releases = releases if releases is not None else _release_recipes()
+    entry = releases.get(row.get("release", ""))
+    model = WORKLOAD_MODELS.get(row["model_key"])
+    prec = WORKLOAD_PRECISIONS.get(row["precision"] or "")
+    system = RECIPE_SYSTEMS.get(row["system"])
+    if entry is None or model is None or prec is None or system is None:
+        return None
+    # the names since v0.3.0, and v0.2.x's (pre-training implied)
+    names = rf"{model}_PRETRAIN_CONFIG_{system.upper()}_{prec}(_[A-Z0-9]+)?|{model}_{system.upper()}_{prec}_BASE_CONFIG"
+    matches = [
+        (name, cfg)
+        for name, cfg in entry["configs"].items()
+        if re.fullmatch(names, name)
+        and all((cfg.get(k) or 1) == (row.get(f) or 1) for k, f in WORKLOAD_LAYOUT.items())
+    ]
+    if not matches:
+        return None
+    name, cfg = matches[0]
+    backend = cfg.get("moe_flex_dispatcher_backend")
+    flex = backend in entry["flex_systems"] and row["system"] in entry["flex_systems"][backend]
+    return {
+        "moe_token_dispatcher_type": "flex" if flex else "alltoall",
+        "moe_flex_dispatcher_backend": backend,
+        "overlap_moe_expert_parallel_comm": cfg.get("moe_a2a_overlap") is True,
+        "config": name,
+        "tag": entry["tag"],
+    }
+
+
+@functools.cache
+def _release_recipes() -> dict[str, Any]:
+    """:data:`RELEASE_RECIPES`' releases, read once."""
+    return json.loads(RELEASE_RECIPES.read_text())["releases"]
+
+
 def load_recipes(path: Path = RECIPES) -> dict[str, dict[str, Any]]:
     """The MoE rows' recipe settings (:data:`RECIPES`), by recipe name."""
     return json.loads(path.read_text())["recipes"]
@@ -498,6 +774,21 @@ def why_not(row: dict[str, Any]) -> str | None:
     if (tp * dp * cp) % (row["ep"] or 1):
         return "EP does not divide TP·DP·CP"
     return None
+
+
+def regression_note(row: dict[str, Any]) -> str | None:
+    """The footnote with which the table marks ``row`` as measured under a known performance
+    regression of its software (26.06.01's GPT-OSS 120B rows: "Performance regression in GPT-OSS
+    120B pre-training is a known issue ... It will be resolved with the next container
+    release."), or ``None``. Such a row is priced and shown, but kept out of every statistic and
+    fit: it measures a defect the publisher names, not the configuration."""
+    return next((note for note in row.get("notes", ()) if "regression" in note.lower()), None)
+
+
+def compared(row: dict[str, Any]) -> bool:
+    """Whether ``row`` enters the statistics and fits: rpeg can express it (:func:`why_not`) and
+    its table does not mark it as a known regression (:func:`regression_note`)."""
+    return why_not(row) is None and regression_note(row) is None
 
 
 def release_key(release: str) -> tuple[int, ...]:
@@ -606,7 +897,7 @@ EXPERT_FIT_RELEASE = "26.08"
 
 def moe_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The expressible mixture-of-experts rows."""
-    return [r for r in rows if why_not(r) is None and model_spec(r["model_key"]).is_moe]
+    return [r for r in rows if compared(r) and model_spec(r["model_key"]).is_moe]
 
 
 def expert_mape(rows: list[dict[str, Any]], eps: float | None = None) -> float:
@@ -752,7 +1043,7 @@ def predict(
 
     strategy, g = row_strategy(row)
     spec = replace(model_spec(row["model_key"]), precision=PRECISIONS[row["precision"]])
-    recipe = row_recipe(row) if spec.is_moe else None
+    recipe = (release_recipe(row) or row_recipe(row)) if spec.is_moe else None
     if flex is None:
         flex = recipe is not None and recipe.get("moe_token_dispatcher_type") == "flex"
     if ep_overlap is None:
@@ -827,7 +1118,7 @@ def nvfp4_pairs(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[s
     keys = ("release", "model", "system", "gpus", "gbs", "mbs", "seq_len", "tp", "pp", "vp", "cp", "ep")
     found: dict[tuple, dict[str, dict[str, Any]]] = {}
     for r in rows:
-        prec = PRECISIONS.get(r["precision"]) if why_not(r) is None else None
+        prec = PRECISIONS.get(r["precision"]) if compared(r) else None
         if prec in ("fp8", "nvfp4"):
             found.setdefault(tuple(r.get(k) for k in keys), {})[prec] = r
     return [(v["fp8"], v["nvfp4"]) for v in found.values() if len(v) == 2]
@@ -887,7 +1178,7 @@ def fp4_report(rows: list[dict[str, Any]]) -> list[str]:
     pairs = nvfp4_pairs(rows)
     held = [p for p in pairs if p[0]["release"] != FP4_FIT_RELEASE]
     r, fit_mape = fit_fp4_efficiency(pairs)
-    nvfp4 = [x for x in rows if why_not(x) is None and PRECISIONS[x["precision"]] == "nvfp4"]
+    nvfp4 = [x for x in rows if compared(x) and PRECISIONS[x["precision"]] == "nvfp4"]
 
     def rows_mape(sel: list[dict[str, Any]], scale: float) -> str:
         return f"{_mape([(x['tokens_per_s_per_gpu'], predict(x, fp4_scale=scale)) for x in sel]):.1f} %"
@@ -1959,6 +2250,11 @@ def main(argv: list[str] | None = None) -> None:
         metavar="GIT_DIR",
         help="rebuild the MoE rows' recipe settings from a Megatron-Bridge git dir (at the data commit)",
     )
+    ap.add_argument(
+        "--refresh-release-recipes",
+        metavar="GIT_DIR",
+        help="rebuild the archived tables' workload configs from a Megatron-Bridge git dir (its release tags)",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     ap.add_argument(
         "--generation", action="store_true", help="the vLLM serving rows (generation) instead of training"
@@ -1981,6 +2277,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.refresh_recipes:
         refresh_recipes(args.refresh_recipes)
         return
+    if args.refresh_release_recipes:
+        refresh_release_recipes(args.refresh_release_recipes)
+        return
     sys.path.insert(0, str(HERE))
     if args.generation:
         generation_report(argv, not args.no_write)
@@ -1997,20 +2296,26 @@ def main(argv: list[str] | None = None) -> None:
     skipped: dict[str, int] = {}
     by_prec: dict[str, list[tuple[float, float]]] = {}
     priced: list[tuple[dict[str, Any], float, float]] = []
+    apart: dict[str, list[str]] = {}
     for row in rows:
         reason = why_not(row)
         if reason:
             skipped[reason] = skipped.get(reason, 0) + 1
             continue
         pub, pred = float(row["tokens_per_s_per_gpu"]), predict(row)
-        priced.append((row, pub, pred))
-        by_prec.setdefault(row["precision"], []).append((pub, pred))
-        if PRECISIONS[row["precision"]] == "fp8":  # an FP8 recipe (plain FP8 too): also pooled
-            by_prec.setdefault("all FP8 recipes", []).append((pub, pred))
+        note = regression_note(row)
+        label = f"{row['release']} {row['model']} {row['system']} {row['precision']}: {pred / pub:.2f}"
+        if note is not None:
+            apart.setdefault(note, []).append(label)
+        else:
+            priced.append((row, pub, pred))
+            by_prec.setdefault(row["precision"], []).append((pub, pred))
+            if PRECISIONS[row["precision"]] == "fp8":  # an FP8 recipe (plain FP8 too): also pooled
+                by_prec.setdefault("all FP8 recipes", []).append((pub, pred))
         table.append(
             f"| {row['release']} | {row['model']} | {row['system']} | {row['gpus']} | {row['precision']} | "
             f"{row['gbs']} | {row['mbs']} | {row['seq_len']} | {row['tp']} | {row['pp']} | {row['vp'] or 1} | {row['cp']} | "
-            f"{row['ep'] or 1} | {pub:,.0f} | {pred:,.0f} | {pred / pub:.2f} |"
+            f"{row['ep'] or 1} | {pub:,.0f} | {pred:,.0f} | {pred / pub:.2f}{' (apart)' if note else ''} |"
         )
     stats = []
     for prec, pairs in sorted(by_prec.items()):
@@ -2019,10 +2324,11 @@ def main(argv: list[str] | None = None) -> None:
     stats += [_summary(name, pairs) for name, pairs in breakdown(priced).items() if pairs]
     stats += ["", "By published table (one per release, newest first; the same rows as above):", ""]
     stats += [_summary(name, pairs) for name, pairs in release_breakdown(priced).items()]
+    stats += release_recipe_report(priced)
     stats += expert_report(rows)
     stats += flex_report(priced)
     stats += fp4_report(rows)
-    n_ok = len(priced)
+    n_ok, n_apart = len(priced), sum(len(labels) for labels in apart.values())
     lines = [
         "## GPU fidelity: Megatron-Bridge pre-training throughput vs rpeg (issue 31)",
         "",
@@ -2036,9 +2342,13 @@ def main(argv: list[str] | None = None) -> None:
         "their EP ranks folded into the TP·DP·CP ranks, and their router balances exactly (load imbalance "
         "λ = 1: the recipes set moe_router_force_load_balancing), and its tokens go through the dispatcher "
         "its performance recipe sets (AlltoAll or flex: DeepEP, HybridEP), its AlltoAlls overlapped where the "
-        "recipe sets overlap_moe_expert_parallel_comm (`benchmarks/data/megatron_bridge_moe_recipes.json`, read "
-        "from the recipes at the data commit; an older table ran older recipes, which are in the repository's "
-        "history and not read here: priced with the data commit's). "
+        "recipe sets overlap_moe_expert_parallel_comm: the newest table's from the recipes at the data commit "
+        "(`benchmarks/data/megatron_bridge_moe_recipes.json`), an archived table's from the workload config of "
+        "its release with the row's layout (`benchmarks/data/megatron_bridge_release_recipes.json`: the "
+        "release tag nearest in time to the commit that published the table, an assumption; its config's "
+        "moe_flex_dispatcher_backend where that release turns the backend on for the system, and "
+        "moe_a2a_overlap), or where no config of that release has the row's layout, the data commit's "
+        "(the lines below the table count them). "
         "The FP8 recipes (FP8, FP8-CS, FP8-MX, MXFP8) run with precision fp8 (docs/cost-model.md §11: "
         "the presets' FP8 peak for the blocks' weight GEMMs, attention core and LM head at the BF16 peak, "
         "1-byte weights and GEMM inputs in the roofline, Transformer Engine's quantize kernels as "
@@ -2049,10 +2359,22 @@ def main(argv: list[str] | None = None) -> None:
         "efficiency on Blackwell, on release 26.04.01 (the lines below the table). Nothing else is fitted: "
         "the rest is the baseline of the current presets.**",
         "",
-        f"{len(rows)} rows of the six models; {n_ok} expressible, {len(rows) - n_ok} not:",
+        f"{len(rows)} rows of the six models; {n_ok + n_apart} expressible, {len(rows) - n_ok - n_apart} not:",
         "",
         *[f"- {n} × {reason}" for reason, n in sorted(skipped.items(), key=lambda kv: -kv[1])],
         "",
+        *(
+            [
+                f"{n_apart} expressible rows are priced and shown ('apart') but kept out of every statistic "
+                "and fit below, because their table marks them as measured under a known performance "
+                "regression (`regression_note`):",
+                "",
+                *[f'- {", ".join(labels)} — the footnote: "{note}"' for note, labels in apart.items()],
+                "",
+            ]
+            if apart
+            else []
+        ),
         *table,
         "",
         *stats,

@@ -73,6 +73,36 @@ def test_parser_keeps_every_column_and_the_alternatives_as_text(fid):
     assert fid.why_not(oss) is None
 
 
+def test_a_footnoted_regression_is_kept_with_its_note_and_out_of_the_statistics(fid):
+    """A cell's footnote marker keeps the footnote's text with the row; a row its table marks as a
+    known performance regression is expressible but not compared (no statistic or fit sees it);
+    in the data file, exactly 26.06.01's two GPT-OSS 120B rows are so marked."""
+    text = "\n".join(
+        [
+            "## 26.06.01 NeMo Container",
+            "### Pre-Training Performance",
+            "#### Model: GPT OSS 120B",
+            "| System | #-GPUs | Precision | GBS | MBS | Sequence Length | TP | PP | CP | VP | EP"
+            " | Tokens / sec / GPU | Model TFLOP / sec / GPU |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| DGX-GB300 | 64 | MXFP8 | 1280 | 4 | 4096 | 1 | 1 | 1 | n/a | 16 | 20288 | 661[^slow] |",
+            "| DGX-GB200 | 64 | MXFP8 | 1280 | 4 | 4096 | 1 | 1 | 1 | n/a | 64 | 18304 | 597[^other] |",
+            "",
+            "[^slow]: Performance regression in this model is a known issue.",
+            "[^other]: Measured with a new cluster.",
+        ]
+    )
+    slow, other = fid.parse_summary(text, "docs/x.md", "0" * 40)
+    assert slow["notes"] == ["Performance regression in this model is a known issue."]
+    assert slow["model_tflops_per_gpu"] == 661  # the marker is not part of the figure
+    assert fid.why_not(slow) is None and not fid.compared(slow)
+    assert fid.regression_note(slow) == slow["notes"][0]
+    assert other["notes"] == ["Measured with a new cluster."] and fid.compared(other)
+    marked = [r for r in fid.load_rows() if fid.regression_note(r)]
+    assert [(r["release"], r["model"]) for r in marked] == [("26.06.01", "GPT OSS 120B")] * 2
+    assert not any(r in fid.moe_rows(fid.load_rows()) for r in marked)
+
+
 def test_a_rows_layout_is_the_strategy_the_benchmark_prices(fid):
     # 26.04 GPT-OSS-120B on 64 DGX-H100 GPUs: TP 1, PP 4, EP 8, GBS 1280, MBS 1 -> Pd = 16,
     # 80 microbatches; 8 GPUs per node. Megatron's rank order (tp-cp-ep-dp-pp, pipeline
@@ -406,6 +436,107 @@ def test_every_moe_row_names_a_recipe_whose_dispatcher_and_overlap_were_read(fid
     )
     assert fid.predict(r) == pytest.approx(fid.predict(r, flex=True, ep_overlap=False), rel=1e-12)
     assert fid.predict(r) != pytest.approx(fid.predict(r, flex=False, ep_overlap=False), rel=1e-6)
+
+
+WORKLOAD_SOURCE = """
+from dataclasses import replace
+BASE = WorkloadBaseConfig(expert_model_parallel_size=8, global_batch_size=512)
+QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1 = replace(BASE, num_gpus=8, micro_batch_size=4,
+    moe_flex_dispatcher_backend="hybridep", moe_a2a_overlap=True, cuda_graph_scope=SCOPES)
+QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V2 = replace(QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1,
+    micro_batch_size=8)
+QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1 = replace(BASE, num_gpus=16, expert_model_parallel_size=16,
+    global_batch_size=1024, moe_flex_dispatcher_backend="deepep")
+QWEN3_30B_A3B_PRETRAIN_CONFIG_GB300_FP8_MX_V1 = QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V2
+"""
+WORKLOAD_DEFAULTS = {
+    "num_gpus": 1,
+    "tensor_model_parallel_size": 1,
+    "pipeline_model_parallel_size": 1,
+    "context_parallel_size": 1,
+    "virtual_pipeline_model_parallel_size": None,
+    "expert_model_parallel_size": 1,
+    "global_batch_size": 1,
+    "micro_batch_size": 1,
+    "moe_flex_dispatcher_backend": None,
+    "moe_a2a_overlap": False,
+}
+
+
+def test_workload_configs_are_read_through_replace_and_aliases(fid):
+    """An older release's workload configs: ``WorkloadBaseConfig`` on its defaults, ``replace`` on
+    the base's settings, an alias as its target; a non-literal value kept as its text."""
+    cfgs = fid.workload_settings({"q.py": WORKLOAD_SOURCE}, WORKLOAD_DEFAULTS)
+    v1 = cfgs["QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1"]
+    assert (v1["num_gpus"], v1["expert_model_parallel_size"], v1["micro_batch_size"]) == (8, 8, 4)
+    assert (v1["moe_a2a_overlap"], v1["cuda_graph_scope"], v1["pipeline_model_parallel_size"]) == (
+        True,
+        "SCOPES",
+        1,
+    )
+    assert cfgs["QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V2"]["micro_batch_size"] == 8
+    assert (
+        cfgs["QWEN3_30B_A3B_PRETRAIN_CONFIG_GB300_FP8_MX_V1"]
+        == cfgs["QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V2"]
+    )
+    assert cfgs["BASE"]["moe_flex_dispatcher_backend"] is None
+
+
+def test_a_release_recipe_is_the_config_with_the_rows_layout_and_the_backend_the_release_runs(fid):
+    """The row's model, system and precision name the configs; its layout picks the variant; the
+    backend is flex only where that release's ``apply_flex_dispatcher_backend`` turns it on for
+    the system (HybridEP on GB200/GB300 only, to v0.3.x; DeepEP never on GB200/GB300)."""
+    cfgs = fid.workload_settings({"q.py": WORKLOAD_SOURCE}, WORKLOAD_DEFAULTS)
+    old = fid.flex_systems(
+        'if name in ["NVIDIA GB200", "NVIDIA GB300"] major in [8, 9] "NVIDIA B200", "NVIDIA B300"'
+    )
+    new = fid.flex_systems('major in [8, 9, 10] major in [8, 9] "NVIDIA B200", "NVIDIA B300"')
+    assert "DGX-H100" not in old["hybridep"] and "DGX-H100" in new["hybridep"]
+    assert "DGX-GB200" not in new["deepep"]
+    with pytest.raises(ValueError, match="HybridEP"):
+        fid.flex_systems("no device check")
+    releases = {"26.04": {"tag": "v0.4.0", "flex_systems": new, "configs": cfgs}}
+    row = {"release": "26.04", "model_key": "Qwen3_30B_a3B", "system": "DGX-GB200", "precision": "MXFP8",
+           "gpus": 8, "tp": 1, "pp": 1, "cp": 1, "vp": None, "ep": 8, "gbs": 512, "mbs": 8}  # fmt: skip
+    rec = fid.release_recipe(row, releases)
+    assert rec["config"].endswith("_V2") and rec["tag"] == "v0.4.0"
+    assert rec["moe_token_dispatcher_type"] == "flex" and rec["overlap_moe_expert_parallel_comm"] is True
+    assert fid.release_recipe({**row, "mbs": 2}, releases) is None  # no config has the layout
+    assert fid.release_recipe({**row, "release": "26.08"}, releases) is None  # the newest table
+    h100 = {**row, "system": "DGX-H100", "precision": "FP8", "gpus": 16, "ep": 16, "gbs": 1024, "mbs": 1}
+    assert fid.release_recipe(h100, releases)["moe_token_dispatcher_type"] == "flex"  # DeepEP on H100
+    gb = {**row, "system": "DGX-GB200"}
+    releases["26.04"]["configs"]["QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V2"][
+        "moe_flex_dispatcher_backend"
+    ] = "deepep"
+    assert fid.release_recipe(gb, releases)["moe_token_dispatcher_type"] == "alltoall"  # DeepEP skipped there
+
+
+def test_the_archived_moe_rows_are_priced_with_their_releases_configs(fid):
+    """The data file maps every archived table to a release tag; most archived MoE rows find the
+    config of their layout there, whose layout is the row's; a row so priced uses its release's
+    dispatcher and overlap, not the data commit's."""
+    rows = [r for r in fid.moe_rows(fid.load_rows()) if r["source"]["path"] != fid.DOCS[0]]
+    releases = fid._release_recipes()
+    assert {r["release"] for r in rows} <= releases.keys()
+    own = [(r, fid.release_recipe(r)) for r in rows if fid.release_recipe(r) is not None]
+    assert len(own) >= 0.8 * len(rows)
+    for r, rec in own:
+        cfg = releases[r["release"]]["configs"][rec["config"]]
+        assert all((cfg.get(k) or 1) == (r.get(f) or 1) for k, f in fid.WORKLOAD_LAYOUT.items())
+    differ = [
+        (r, rec) for r, rec in own
+        if (rec["overlap_moe_expert_parallel_comm"], rec["moe_token_dispatcher_type"]) != (
+            fid.row_recipe(r).get("overlap_moe_expert_parallel_comm") is True,
+            fid.row_recipe(r).get("moe_token_dispatcher_type", "alltoall"))
+        and fid.overlappable(r)
+    ]  # fmt: skip
+    assert differ
+    r, rec = differ[0]
+    flex = rec["moe_token_dispatcher_type"] == "flex"
+    assert fid.predict(r) == pytest.approx(
+        fid.predict(r, flex=flex, ep_overlap=rec["overlap_moe_expert_parallel_comm"]), rel=1e-12
+    )
 
 
 def test_recipe_settings_replay_calls_in_order_without_importing(fid):
