@@ -427,13 +427,8 @@ def refresh_recipes(git_dir: str) -> None:
 #: performance-workload configs of the Megatron-Bridge release that ran each archived table.
 RELEASE_RECIPES = HERE / "data" / "megatron_bridge_release_recipes.json"
 #: Published model → the prefix of its workload configs' names in ``scripts/performance/configs``
-#: (``QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1``).
-WORKLOAD_MODELS = {
-    "Qwen3_30B_a3B": "QWEN3_30B_A3B",
-    "Qwen3_235B_a22B": "QWEN3_235B_A22B",
-    "DeepSeekV3": "DEEPSEEK_V3",
-    "GPT OSS 120B": "GPT_OSS_120B",
-}
+#: (``QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1``): the recipe names' model, upper-cased.
+WORKLOAD_MODELS = {key: name.upper() for key, name in RECIPE_MODELS.items()}
 #: Published precision → the workload configs' precision token. The tables' plain "FP8" is the
 #: current-scaling recipe, as in :data:`RECIPE_PRECISIONS`.
 WORKLOAD_PRECISIONS = {
