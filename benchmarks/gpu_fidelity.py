@@ -307,6 +307,16 @@ def recipe_name(row: dict[str, Any]) -> str | None:
     return f"{model}_pretrain_{row['gpus']}gpu_{system}_{prec}_config"
 
 
+def _literal(node: Any) -> Any:
+    """A recipe's value as Python data where it is a literal, else its source text."""
+    import ast
+
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return ast.unparse(node)
+
+
 def recipe_settings(sources: dict[str, str]) -> dict[str, dict[str, Any]]:
     """:data:`RECIPE_KEYS` of every function of the recipe modules ``sources`` (dotted module →
     Python source), read without importing them (they need Megatron-core and a GPU stack): each
@@ -335,12 +345,6 @@ def recipe_settings(sources: dict[str, str]) -> dict[str, dict[str, Any]]:
             return target(*alias[mod, name], depth=depth + 1)
         return None
 
-    def literal(node: ast.expr) -> Any:
-        try:
-            return ast.literal_eval(node)
-        except ValueError:
-            return ast.unparse(node)
-
     def run(key: tuple[str, str], state: dict[str, Any], depth: int) -> None:
         mod = key[0]
 
@@ -359,12 +363,12 @@ def recipe_settings(sources: dict[str, str]) -> dict[str, dict[str, Any]]:
                 if dest == "cfg":
                     call(stmt.value)
                 elif dest == "cfg.comm_overlap" and isinstance(stmt.value, ast.Call):
-                    given = {k.arg: literal(k.value) for k in stmt.value.keywords}
+                    given = {k.arg: _literal(k.value) for k in stmt.value.keywords}
                     state["overlap_moe_expert_parallel_comm"] = given.get(
                         "overlap_moe_expert_parallel_comm", False
                     )
                 elif leaf in RECIPE_KEYS:
-                    state[leaf] = literal(stmt.value)
+                    state[leaf] = _literal(stmt.value)
 
     out = {}
     for mod, name in defs:
@@ -495,12 +499,6 @@ def workload_settings(sources: dict[str, str], defaults: dict[str, Any]) -> dict
     their source text."""
     import ast
 
-    def literal(node: ast.expr) -> Any:
-        try:
-            return ast.literal_eval(node)
-        except ValueError:
-            return ast.unparse(node)
-
     out: dict[str, dict[str, Any]] = {}
     for src in sources.values():
         for node in ast.parse(src).body:
@@ -512,7 +510,7 @@ def workload_settings(sources: dict[str, str], defaults: dict[str, Any]) -> dict
             if isinstance(value, ast.Name) and value.id in out:
                 out[name.id] = dict(out[value.id])
             elif isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
-                kw = {k.arg: literal(k.value) for k in value.keywords if k.arg}
+                kw = {k.arg: _literal(k.value) for k in value.keywords if k.arg}
                 if value.func.id == "WorkloadBaseConfig":
                     out[name.id] = {**defaults, **kw}
                 elif value.func.id == "replace" and value.args and isinstance(value.args[0], ast.Name):
@@ -543,7 +541,7 @@ def flex_systems(source: str) -> dict[str, list[str]]:
     flex_dispatcher_backend.py`` at one release) turns each flex backend on; elsewhere it skips
     it and the AlltoAll dispatcher stays. Read from the two device checks the releases have had:
     HybridEP on GB200/GB300 only (``device_properties.name in ["NVIDIA GB200", "NVIDIA GB300"]``,
-    to v0.3.x) or on every compute capability 8–10 (``major in [8, 9, 10]``, since v0.4.0);
+    to v0.2.x) or on every compute capability 8–10 (``major in [8, 9, 10]``, since v0.3.0);
     DeepEP on capability 8–9 and the B200/B300 by name (every release)."""
     deepep = ["DGX-H100", "DGX-B200", "DGX-B300"]
     if '["NVIDIA GB200", "NVIDIA GB300"]' in source:
@@ -571,13 +569,7 @@ def release_recipe_report(priced: list[tuple[dict[str, Any], float, float]]) -> 
         return []
 
     def mape(items: list[tuple[dict[str, Any], float]], recipe: Callable[[dict[str, Any]], Any]) -> str:
-        pairs = []
-        for r, pub in items:
-            rec = recipe(r)
-            flex = rec is not None and rec.get("moe_token_dispatcher_type") == "flex"
-            overlap = rec is not None and rec.get("overlap_moe_expert_parallel_comm") is True
-            pairs.append((pub, predict(r, ep_overlap=overlap, flex=flex)))
-        return f"{_mape(pairs):.1f} %"
+        return f"{_mape([(pub, predict(r, recipe=recipe(r))) for r, pub in items]):.1f} %"
 
     tags = sorted({release_recipe(r)["tag"] for r, _ in own})  # type: ignore[index]
     return [
@@ -1020,11 +1012,13 @@ def predict(
     fp4_scale: float = 1.0,
     flex: bool | None = None,
     expert_efficiency: float | None = None,
+    recipe: dict[str, Any] | None = None,
 ) -> float:
     """rpeg's tokens/s/GPU for an expressible row: ``GBS·ℓ/(T_step·N_GPU)``, the model run at the
     row's precision (:data:`PRECISIONS`). A mixture of experts' tokens go through the dispatcher
     its recipe set and its AlltoAlls overlap another microbatch's compute where the recipe set
-    that and Megatron-core allows it (:func:`row_recipe`, :func:`overlappable`); ``flex`` and
+    that and Megatron-core allows it (its release's, :func:`release_recipe`, else the data
+    commit's, :func:`row_recipe`, or ``recipe`` when given; :func:`overlappable`); ``flex`` and
     ``ep_overlap`` force either (``Strategy.flex_dispatch``, ``Strategy.ep_overlap``).
     ``fp4_scale`` multiplies the preset's NVFP4 peak (:func:`fit_fp4_efficiency`) and
     ``expert_efficiency`` replaces its expert-layer efficiency ``ε_e``
@@ -1038,7 +1032,8 @@ def predict(
 
     strategy, g = row_strategy(row)
     spec = replace(model_spec(row["model_key"]), precision=PRECISIONS[row["precision"]])
-    recipe = (release_recipe(row) or row_recipe(row)) if spec.is_moe else None
+    if recipe is None and spec.is_moe:
+        recipe = release_recipe(row) or row_recipe(row)
     if flex is None:
         flex = recipe is not None and recipe.get("moe_token_dispatcher_type") == "flex"
     if ep_overlap is None:
@@ -1780,16 +1775,21 @@ WEIGHT_ONLY_FITS = (
 )
 
 
-def weight_only_rows(rows: list[dict[str, Any]], gpu: str) -> list[dict[str, Any]]:
-    """The expressible engine-bound (:func:`vllm_front_end_bound` excluded) MXFP4 rows of one GPU."""
+def engine_bound_rows(
+    rows: list[dict[str, Any]], gpu: str, keep: Callable[[dict[str, Any]], bool]
+) -> list[dict[str, Any]]:
+    """The expressible engine-bound (:func:`vllm_front_end_bound` excluded) rows of one GPU that
+    ``keep`` selects."""
     return [
         x
         for x in rows
-        if x["gpu"] == gpu
-        and vllm_why_not(x) is None
-        and vllm_precision(x) == "mxfp4"
-        and not vllm_front_end_bound(x)
+        if x["gpu"] == gpu and vllm_why_not(x) is None and not vllm_front_end_bound(x) and keep(x)
     ]
+
+
+def weight_only_rows(rows: list[dict[str, Any]], gpu: str) -> list[dict[str, Any]]:
+    """The expressible engine-bound MXFP4 rows of one GPU (:func:`engine_bound_rows`)."""
+    return engine_bound_rows(rows, gpu, lambda x: vllm_precision(x) == "mxfp4")
 
 
 def weight_only_mape(rows: list[dict[str, Any]], eps: float | None = None) -> float:
@@ -1820,16 +1820,9 @@ SINK_ATTENTION_FIT = ("A100", "gpt-oss-20b/a100.md", ("a100-80gb", "a100-40gb"),
 
 
 def sink_rows(rows: list[dict[str, Any]], gpu: str) -> list[dict[str, Any]]:
-    """The expressible engine-bound (:func:`vllm_front_end_bound` excluded) rows of one GPU whose
-    model has attention sinks (:attr:`~rpeg.ir.models.ModelSpec.attention_sinks`)."""
-    return [
-        x
-        for x in rows
-        if x["gpu"] == gpu
-        and vllm_why_not(x) is None
-        and vllm_spec(x).attention_sinks
-        and not vllm_front_end_bound(x)
-    ]
+    """The expressible engine-bound rows of one GPU whose model has attention sinks
+    (:attr:`~rpeg.ir.models.ModelSpec.attention_sinks`; :func:`engine_bound_rows`)."""
+    return engine_bound_rows(rows, gpu, lambda x: vllm_spec(x).attention_sinks)
 
 
 def sink_mape(rows: list[dict[str, Any]], eps: float | None = None) -> float:
